@@ -1,0 +1,45 @@
+// The model and variant flags shared by the predict and verify command lines, and the
+// conversion of their values into a config and variants with one-line errors.
+#ifndef ESTIMATOR_CLI_FLAGS_H_
+#define ESTIMATOR_CLI_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+
+ABSL_DECLARE_FLAG(int64_t, layers);
+ABSL_DECLARE_FLAG(int64_t, width);
+ABSL_DECLARE_FLAG(int64_t, heads);
+ABSL_DECLARE_FLAG(int64_t, batch);
+ABSL_DECLARE_FLAG(int64_t, seq);
+ABSL_DECLARE_FLAG(std::string, variants);
+ABSL_DECLARE_FLAG(int64_t, every);
+ABSL_DECLARE_FLAG(std::string, policy);
+ABSL_DECLARE_FLAG(std::string, attention);
+ABSL_DECLARE_FLAG(std::string, format);
+ABSL_DECLARE_FLAG(std::string, json_out);
+
+namespace memledger {
+
+// RunSpec is what the shared flags ask for.
+struct RunSpec {
+  ModelConfig config;
+  AttentionMode attention = AttentionMode::kFlash;
+  std::vector<Variant> variants;
+  bool table = false;  // --format=table, else JSON
+};
+
+// RunSpecFromFlags validates every shared flag; errors name the flag.
+absl::StatusOr<RunSpec> RunSpecFromFlags();
+
+// ParseCommandLineOrExit parses flags with `usage` as the help text; it exits with
+// status 2 and a one-line message for positional arguments.
+void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_CLI_FLAGS_H_

@@ -1,0 +1,78 @@
+// Predict: every memory bucket of training a stack of pre-LN Transformer blocks, per
+// checkpointing variant, without running anything. The numbers are what memledger's
+// runtime measures in LibTorch 1.13, byte for byte (see DESIGN.md, "What is measured").
+//
+// Example:
+//   memledger::ModelConfig config;  // the study's: 6 x 128, 4 heads, batch 16, seq 64
+//   absl::StatusOr<memledger::Prediction> p = memledger::Predict(config, {});
+//   if (p.ok()) std::cout << p->variants[0].saved_bytes;  // "none": 51052544
+//
+// Predict is thread-safe and keeps no state between calls. Its cost does not depend on
+// batch, seq or width, and not on layers either (identical blocks are counted, not
+// walked one by one).
+#ifndef ESTIMATOR_PREDICT_H_
+#define ESTIMATOR_PREDICT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/block_graph.h"
+#include "estimator/config.h"
+#include "estimator/walker.h"
+
+namespace memledger {
+
+struct PredictOptions {
+  AttentionMode attention = AttentionMode::kFlash;
+  std::vector<Variant> variants = DefaultVariants();
+  // breakdown fills VariantPrediction::blocks with every kept storage, op by op.
+  bool breakdown = false;
+};
+
+// BlockKind is one kind of block in the stack, and how many blocks are of it.
+struct BlockKind {
+  bool checkpointed = false;
+  bool input_requires_grad = true;  // false only for the first block
+  int64_t count = 0;
+  BlockWalk walk;  // with storages when PredictOptions::breakdown
+};
+
+struct VariantPrediction {
+  Variant variant;
+  // saved_bytes: unique storages autograd keeps (parameters excluded) plus the selective
+  // cache, for the whole model and the loss.
+  int64_t saved_bytes = 0;
+  int64_t cache_bytes = 0;  // the selective cache's share of saved_bytes
+  double saved_ratio_vs_none = 0;
+  std::vector<BlockKind> blocks;  // if PredictOptions::breakdown
+  BlockWalk loss;                 // if PredictOptions::breakdown
+};
+
+struct Prediction {
+  ModelConfig config;
+  AttentionMode attention = AttentionMode::kFlash;
+  const BlockGraph* block_graph = nullptr;  // names for the breakdown's indices
+  const BlockGraph* loss_graph = nullptr;
+
+  int64_t n_params = 0;  // == layers * (12 d^2 + 13 d)
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t adamw_state_bytes = 0;  // exp_avg + exp_avg_sq
+  int64_t saved_bytes_none = 0;   // the reference for saved_ratio_vs_none
+  std::vector<VariantPrediction> variants;
+
+  // Korthikanti et al. 2022 for `none`: layers * 4 * 16 * B * T * d bytes (their 34sbh
+  // without the two 1-byte dropout masks, in fp32); for math attention plus
+  // layers * 8 * B * H * T^2 (their 5as^2b without the dropout mask, in fp32).
+  int64_t korthikanti_saved_bytes_none = 0;
+  double saved_none_over_korthikanti = 0;
+};
+
+// Predict returns InvalidArgument for a bad config, variant or policy (the message
+// names the flag) and OutOfRange when a byte count would overflow int64.
+absl::StatusOr<Prediction> Predict(const ModelConfig& config, const PredictOptions& options);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_PREDICT_H_

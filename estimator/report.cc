@@ -1,0 +1,182 @@
+#include "estimator/report.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "estimator/units.h"
+#include "rapidjson/prettywriter.h"
+#include "rapidjson/stringbuffer.h"
+
+namespace memledger {
+namespace {
+
+using Allocator = rapidjson::Document::AllocatorType;
+
+rapidjson::Value String(const std::string& s, Allocator& allocator) {
+  return rapidjson::Value(s, allocator);
+}
+
+std::string OpLabel(const BlockGraph& graph, const KeptStorage& kept) {
+  if (kept.op < 0) return "checkpoint";
+  const OpDef& op = graph.ops[kept.op];
+  return absl::StrCat(op.name, " (", OpTypeName(op.type), ")");
+}
+
+rapidjson::Value StoragesJson(const BlockGraph& graph, const BlockWalk& walk,
+                              Allocator& allocator) {
+  rapidjson::Value list(rapidjson::kArrayType);
+  for (const KeptStorage& kept : walk.storages) {
+    rapidjson::Value entry(rapidjson::kObjectType);
+    entry.AddMember("op", String(OpLabel(graph, kept), allocator), allocator);
+    entry.AddMember("tensor", String(graph.tensors[kept.tensor].name, allocator), allocator);
+    entry.AddMember("storage", String(graph.tensors[kept.storage_owner].name, allocator),
+                    allocator);
+    rapidjson::Value shape(rapidjson::kArrayType);
+    for (int i = 0; i < kept.layout.ndim; ++i) {
+      shape.PushBack(static_cast<int64_t>(kept.layout.sizes[i]), allocator);
+    }
+    entry.AddMember("shape", shape, allocator);
+    entry.AddMember("dtype", rapidjson::StringRef(DTypeName(graph.tensors[kept.tensor].dtype)),
+                    allocator);
+    entry.AddMember("storage_bytes", kept.bytes, allocator);
+    entry.AddMember("reason", rapidjson::StringRef(KeepReasonName(kept.reason)), allocator);
+    list.PushBack(entry, allocator);
+  }
+  return list;
+}
+
+std::string BlockKindLabel(const BlockKind& kind) {
+  return absl::StrCat(kind.checkpointed ? "checkpointed" : "plain", " block",
+                      kind.input_requires_grad ? "" : " 0 (input without grad)");
+}
+
+}  // namespace
+
+rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
+  rapidjson::Value json(rapidjson::kObjectType);
+  json.AddMember("layers", config.layers, allocator);
+  json.AddMember("width", config.width, allocator);
+  json.AddMember("heads", config.heads, allocator);
+  json.AddMember("batch", config.batch, allocator);
+  json.AddMember("seq", config.seq, allocator);
+  return json;
+}
+
+rapidjson::Document PredictionJson(const Prediction& p) {
+  rapidjson::Document doc(rapidjson::kObjectType);
+  Allocator& a = doc.GetAllocator();
+  doc.AddMember("config", ConfigJson(p.config, a), a);
+  doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(p.attention).data()), a);
+  doc.AddMember("n_params", p.n_params, a);
+  doc.AddMember("param_bytes", p.param_bytes, a);
+  doc.AddMember("grad_bytes", p.grad_bytes, a);
+  doc.AddMember("adamw_state_bytes", p.adamw_state_bytes, a);
+  rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
+      cache(rapidjson::kObjectType);
+  for (const VariantPrediction& v : p.variants) {
+    saved.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.saved_bytes), a);
+    ratio.AddMember(String(v.variant.Name(), a),
+                    rapidjson::Value(RoundTo4(v.saved_ratio_vs_none)), a);
+    cache.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.cache_bytes), a);
+  }
+  doc.AddMember("saved_bytes", saved, a);
+  doc.AddMember("saved_ratio_vs_none", ratio, a);
+  doc.AddMember("cache_bytes", cache, a);
+  for (const VariantPrediction& v : p.variants) {
+    if (v.variant.kind == VariantKind::kSelective) {
+      doc.AddMember("policy", String(SavePolicyName(v.variant.policy), a), a);
+    }
+  }
+  doc.AddMember("predicted_saved_bytes_none", p.korthikanti_saved_bytes_none, a);
+  doc.AddMember("measured_over_predicted", RoundTo4(p.saved_none_over_korthikanti), a);
+  if (!p.variants.empty() && (!p.variants[0].blocks.empty())) {
+    rapidjson::Value breakdown(rapidjson::kObjectType);
+    for (const VariantPrediction& v : p.variants) {
+      rapidjson::Value kinds(rapidjson::kArrayType);
+      for (const BlockKind& kind : v.blocks) {
+        rapidjson::Value k(rapidjson::kObjectType);
+        k.AddMember("block", String(BlockKindLabel(kind), a), a);
+        k.AddMember("count", kind.count, a);
+        k.AddMember("storages", StoragesJson(*p.block_graph, kind.walk, a), a);
+        kinds.PushBack(k, a);
+      }
+      rapidjson::Value loss(rapidjson::kObjectType);
+      loss.AddMember("block", "loss", a);
+      loss.AddMember("count", 1, a);
+      loss.AddMember("storages", StoragesJson(*p.loss_graph, v.loss, a), a);
+      kinds.PushBack(loss, a);
+      breakdown.AddMember(String(v.variant.Name(), a), kinds, a);
+    }
+    doc.AddMember("breakdown", breakdown, a);
+  }
+  return doc;
+}
+
+std::string JsonString(const rapidjson::Value& value) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> writer(buffer);
+  writer.SetIndent(' ', 2);
+  value.Accept(writer);
+  return absl::StrCat(buffer.GetString(), "\n");
+}
+
+std::string PredictionTable(const Prediction& p) {
+  const ModelConfig& c = p.config;
+  std::string out = absl::StrFormat(
+      "memledger prediction: %d layers, width %d, %d heads, batch %d, seq %d, %s attention\n\n",
+      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention));
+  absl::StrAppendFormat(&out, "%-20s %20s %14s\n", "bucket", "bytes", "");
+  absl::StrAppendFormat(&out, "%-20s %20d %14s\n", "n_params (count)", p.n_params, "");
+  for (const auto& [name, bytes] : {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
+                                    {"grad_bytes", p.grad_bytes},
+                                    {"adamw_state_bytes", p.adamw_state_bytes}}) {
+    absl::StrAppendFormat(&out, "%-20s %20d %14s\n", name, bytes, HumanBytes(bytes));
+  }
+  absl::StrAppendFormat(&out, "\n%-20s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",
+                        "vs none", "cache");
+  for (const VariantPrediction& v : p.variants) {
+    absl::StrAppendFormat(&out, "%-20s %20d %14s %10.4f %14s\n", v.variant.Name(),
+                          v.saved_bytes, HumanBytes(v.saved_bytes), v.saved_ratio_vs_none,
+                          v.cache_bytes > 0 ? HumanBytes(v.cache_bytes) : "-");
+  }
+  absl::StrAppendFormat(&out, "\n%-20s %20d %14s\n", "Korthikanti (none)",
+                        p.korthikanti_saved_bytes_none,
+                        HumanBytes(p.korthikanti_saved_bytes_none));
+  absl::StrAppendFormat(&out, "%-20s %20.4f\n", "exact / Korthikanti",
+                        p.saved_none_over_korthikanti);
+  return out;
+}
+
+std::string BreakdownText(const Prediction& p) {
+  std::string out;
+  auto storages = [&](const BlockGraph& graph, const BlockWalk& walk) {
+    absl::StrAppendFormat(&out, "  %-34s %-30s %-30s %-20s %-8s %12s  %s\n", "op",
+                          "tensor", "storage of", "shape", "dtype", "bytes", "kept by");
+    for (const KeptStorage& kept : walk.storages) {
+      const TensorDef& tensor = graph.tensors[kept.tensor];
+      absl::StrAppendFormat(&out, "  %-34s %-30s %-30s %-20s %-8s %12d  %s\n",
+                            OpLabel(graph, kept), tensor.name,
+                            graph.tensors[kept.storage_owner].name,
+                            kept.layout.ShapeString(), DTypeName(tensor.dtype), kept.bytes,
+                            KeepReasonName(kept.reason));
+    }
+  };
+  for (const VariantPrediction& v : p.variants) {
+    absl::StrAppendFormat(&out, "variant %s: %d bytes (%s)\n", v.variant.Name(), v.saved_bytes,
+                          HumanBytes(v.saved_bytes));
+    for (const BlockKind& kind : v.blocks) {
+      absl::StrAppendFormat(&out, " %s, x%d:\n", BlockKindLabel(kind), kind.count);
+      storages(*p.block_graph, kind.walk);
+    }
+    absl::StrAppendFormat(&out, " loss, x1:\n");
+    storages(*p.loss_graph, v.loss);
+    out += "\n";
+  }
+  out +=
+      "A block's input and output storages are shared with its neighbours and counted once\n"
+      "for the model; parameter storages are not counted.\n";
+  return out;
+}
+
+}  // namespace memledger

@@ -1,0 +1,36 @@
+// Renders a Prediction for people and programs: the study's JSON schema (via
+// RapidJSON), a table with human units, and the per-op breakdown (--explain).
+#ifndef ESTIMATOR_REPORT_H_
+#define ESTIMATOR_REPORT_H_
+
+#include <string>
+
+#include "estimator/config.h"
+#include "estimator/predict.h"
+#include "rapidjson/document.h"
+
+namespace memledger {
+
+// ConfigJson is the study's "config" object: layers, width, heads, batch, seq.
+rapidjson::Value ConfigJson(const ModelConfig& config,
+                            rapidjson::Document::AllocatorType& allocator);
+
+// PredictionJson holds the study's keys (config, n_params, param_bytes, grad_bytes,
+// adamw_state_bytes, saved_bytes, saved_ratio_vs_none, predicted_saved_bytes_none,
+// measured_over_predicted: here the exact prediction over Korthikanti's) plus
+// attention, policy, cache_bytes and, if the prediction has one, the breakdown.
+rapidjson::Document PredictionJson(const Prediction& prediction);
+
+// JsonString serializes with two-space indentation and a final newline.
+std::string JsonString(const rapidjson::Value& value);
+
+// PredictionTable is a table with exact bytes and human units.
+std::string PredictionTable(const Prediction& prediction);
+
+// BreakdownText lists every kept storage of each kind of block, op by op, with the
+// arithmetic's factors (shape, dtype) and bytes. REQUIRES: predicted with breakdown.
+std::string BreakdownText(const Prediction& prediction);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_REPORT_H_

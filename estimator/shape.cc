@@ -1,0 +1,117 @@
+#include "estimator/shape.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+
+namespace memledger {
+
+int64_t ElementSizeBytes(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 1;
+}
+
+const char* DTypeName(DType dtype) {
+  return dtype == DType::kFloat32 ? "float32" : "bool";
+}
+
+CheckedInt64 SymDim::Evaluate(const ModelConfig& config) const {
+  CheckedInt64 value = coeff;
+  for (int i = 0; i < b; ++i) value *= config.batch;
+  for (int i = 0; i < t; ++i) value *= config.seq;
+  for (int i = 0; i < w; ++i) value *= config.width;
+  for (int i = 0; i < h; ++i) value *= config.heads;
+  // A negative power of H divides d exactly (width % heads == 0 is validated).
+  for (int i = 0; i > h; --i) value = value.DividedBy(config.heads);
+  return value;
+}
+
+SymDim Sym(int64_t constant) { return SymDim{constant, 0, 0, 0, 0}; }
+
+SymDim operator*(SymDim a, SymDim b) {
+  return SymDim{a.coeff * b.coeff, static_cast<int8_t>(a.b + b.b),
+                static_cast<int8_t>(a.t + b.t), static_cast<int8_t>(a.w + b.w),
+                static_cast<int8_t>(a.h + b.h)};
+}
+
+SymDim operator*(int64_t coeff, SymDim a) {
+  a.coeff *= coeff;
+  return a;
+}
+
+Layout Layout::Contiguous(const int64_t* sizes, int ndim, bool* overflow) {
+  Layout layout;
+  layout.ndim = ndim;
+  CheckedInt64 stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    layout.sizes[i] = sizes[i];
+    layout.strides[i] = stride.value();
+    stride *= sizes[i];
+  }
+  *overflow = *overflow || stride.overflowed();
+  return layout;
+}
+
+CheckedInt64 Layout::Numel() const {
+  CheckedInt64 numel = 1;
+  for (int i = 0; i < ndim; ++i) numel *= sizes[i];
+  return numel;
+}
+
+bool Layout::IsContiguous() const {
+  int64_t expected = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+std::string Layout::ShapeString() const {
+  return absl::StrCat("(", absl::StrJoin(absl::MakeConstSpan(sizes.data(), ndim), ", "),
+                      ")");
+}
+
+bool ViewStrides(const Layout& old, const int64_t* new_sizes, int new_ndim,
+                 Layout* result, bool* overflow) {
+  // A transcription of ATen's computeStride (TensorUtils.cpp): walk the old dimensions
+  // from the innermost, grouping runs that are contiguous with each other ("chunks");
+  // each chunk must be covered exactly by consecutive new dimensions.
+  result->ndim = new_ndim;
+  for (int i = 0; i < new_ndim; ++i) result->sizes[i] = new_sizes[i];
+  if (old.ndim == 0) {
+    for (int i = 0; i < new_ndim; ++i) result->strides[i] = 1;
+    return true;
+  }
+  int view_d = new_ndim - 1;
+  CheckedInt64 chunk_base_stride = old.strides[old.ndim - 1];
+  CheckedInt64 tensor_numel = 1;
+  CheckedInt64 view_numel = 1;
+  for (int tensor_d = old.ndim - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= old.sizes[tensor_d];
+    if (tensor_d == 0 ||
+        (old.sizes[tensor_d - 1] != 1 &&
+         old.strides[tensor_d - 1] != (tensor_numel * chunk_base_stride).value())) {
+      while (view_d >= 0 &&
+             (view_numel.value() < tensor_numel.value() || new_sizes[view_d] == 1)) {
+        result->strides[view_d] = (view_numel * chunk_base_stride).value();
+        view_numel *= new_sizes[view_d];
+        --view_d;
+      }
+      if (view_numel.value() != tensor_numel.value()) return false;
+      if (tensor_d > 0) {
+        chunk_base_stride = old.strides[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  *overflow = *overflow || tensor_numel.overflowed() || view_numel.overflowed() ||
+              chunk_base_stride.overflowed();
+  return view_d == -1;
+}
+
+}  // namespace memledger

@@ -1,0 +1,78 @@
+// Walks a BlockGraph for one concrete configuration and finds which storages autograd
+// keeps for backward, exactly as LibTorch 1.13 plus the saved-tensor hook count them:
+// unique storages (views share their base's), parameter storages excluded.
+//
+// Example:
+//   WalkOptions options{.checkpointed = false, .input_requires_grad = true};
+//   absl::StatusOr<BlockWalk> walk =
+//       WalkBlock(BlockGraphFor(AttentionMode::kFlash), config, options);
+#ifndef ESTIMATOR_WALKER_H_
+#define ESTIMATOR_WALKER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/block_graph.h"
+#include "estimator/config.h"
+#include "estimator/shape.h"
+
+namespace memledger {
+
+struct WalkOptions {
+  // checkpointed: the block runs under checkpointing; it keeps only its input (which
+  // counts as saved) plus, for a selective policy, the outputs of the policy's ops.
+  bool checkpointed = false;
+  // input_requires_grad is false for the first block, whose input is the model input.
+  bool input_requires_grad = true;
+  // policy: the selective must-save op kinds; all false means plain full checkpointing.
+  SavePolicy policy = NoSavePolicy();
+  // record_storages fills BlockWalk::storages (the per-op breakdown).
+  bool record_storages = false;
+
+  static SavePolicy NoSavePolicy() {
+    SavePolicy none;
+    none.matmul = false;
+    return none;
+  }
+};
+
+// Why a storage is counted.
+enum class KeepReason : uint8_t {
+  kAutograd,         // a backward node saved it
+  kCheckpointInput,  // a checkpointed block's input, saved by the checkpoint node
+  kSelectiveCache,   // a must-saved output held in the selective cache
+};
+
+const char* KeepReasonName(KeepReason reason);  // "autograd", "checkpoint", "cache"
+
+// KeptStorage is one counted storage: the first op and tensor that kept it.
+struct KeptStorage {
+  int op = -1;  // index into BlockGraph::ops; -1 for the checkpoint node
+  int tensor = 0;
+  int storage_owner = 0;  // the tensor that allocated the storage (tensor is a view of it)
+  Layout layout;  // of the kept tensor (a view may be smaller than its storage)
+  int64_t bytes = 0;  // the whole storage's nbytes
+  KeepReason reason = KeepReason::kAutograd;
+};
+
+// BlockWalk is what one block keeps. The input and output storages are reported apart
+// because they are shared with the neighbouring blocks and counted once for the model.
+struct BlockWalk {
+  bool keeps_input = false;
+  bool keeps_output = false;
+  int64_t boundary_bytes = 0;  // nbytes of the input storage (= the output's)
+  int64_t inner_bytes = 0;     // other storages autograd keeps
+  int64_t cache_bytes = 0;     // selective cache
+  std::vector<KeptStorage> storages;  // if WalkOptions::record_storages
+};
+
+// WalkBlock returns InvalidArgument for an invalid config and OutOfRange if a byte
+// count overflows int64.
+// REQUIRES: `graph`'s input and output storages have the same size.
+absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ModelConfig& config,
+                                    const WalkOptions& options);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_WALKER_H_
