@@ -1,0 +1,235 @@
+// Predict against hand arithmetic. Per block and per token, flash attention keeps
+// (in fp32 elements): x d, ln1 mean+rstd 2, ln1 out d, qkv 3d, attention out d,
+// logsumexp H, x after the first residual d, ln2 mean+rstd 2, ln2 out d, fc1 out 4d,
+// gelu out 4d = 16d + 4 + H; the loss keeps the last output (d per token).
+// Math attention keeps 16d + 4 per token (q, k, v copies replace the qkv storage, the
+// merged heads replace out; no logsumexp) plus, per block, the softmax (B*H*T*T fp32)
+// and the causal mask (T*T bool).
+// A checkpointed block keeps its input (d per token); selective(matmul) adds the four
+// Linear outputs: 3d + d + 4d + d = 9d per token.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "estimator/config.h"
+#include "estimator/predict.h"
+#include "tests/status_matchers.h"
+
+namespace memledger {
+namespace {
+
+ModelConfig Config(int64_t layers, int64_t width, int64_t heads, int64_t batch, int64_t seq) {
+  ModelConfig config;
+  config.layers = layers;
+  config.width = width;
+  config.heads = heads;
+  config.batch = batch;
+  config.seq = seq;
+  return config;
+}
+
+std::vector<Variant> Variants(const char* names, const char* policy = "matmul") {
+  absl::StatusOr<std::vector<Variant>> variants = ParseVariants(names, /*every=*/2, policy);
+  EXPECT_TRUE(variants.ok()) << variants.status();
+  return *variants;
+}
+
+struct Expected {
+  int64_t none, full, every_2, every_3, every_1, selective;
+};
+
+void ExpectSaved(const ModelConfig& config, AttentionMode attention, const Expected& e) {
+  PredictOptions options;
+  options.attention = attention;
+  options.variants = Variants("none,full,every_2,every_3,every_1,selective");
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
+  ASSERT_EQ(p.variants.size(), 6u);
+  EXPECT_EQ(p.variants[0].saved_bytes, e.none);
+  EXPECT_EQ(p.variants[1].saved_bytes, e.full);
+  EXPECT_EQ(p.variants[2].saved_bytes, e.every_2);
+  EXPECT_EQ(p.variants[3].saved_bytes, e.every_3);
+  EXPECT_EQ(p.variants[4].saved_bytes, e.every_1);
+  EXPECT_EQ(p.variants[5].saved_bytes, e.selective);
+}
+
+TEST(PredictTest, StudyDefaultConfig) {
+  // L=6, d=128, H=4, B=16, T=64: 1024 tokens.
+  ModelConfig config;
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, {}));
+  // n_params = 6 * (12*128^2 + 13*128) = 6 * (196608 + 1664) = 1189632.
+  EXPECT_EQ(p.n_params, 1189632);
+  EXPECT_EQ(p.param_bytes, 4758528);        // x 4 B
+  EXPECT_EQ(p.grad_bytes, 4758528);
+  EXPECT_EQ(p.adamw_state_bytes, 9517056);  // exp_avg + exp_avg_sq
+  ASSERT_EQ(p.variants.size(), 4u);
+  // none: 4 B x 1024 x (6 x (16*128 + 4 + 4) + 128) = 4096 x 12464 = 51052544.
+  EXPECT_EQ(p.variants[0].saved_bytes, 51052544);
+  // full: 4 x 1024 x 128 x (6 inputs + 1 loss input) = 3670016.
+  EXPECT_EQ(p.variants[1].saved_bytes, 3670016);
+  // every_2: blocks 0, 2, 4 keep 128 each, 1, 3, 5 keep 2056 each, loss 128:
+  // 4096 x (3 x 128 + 3 x 2056 + 128) = 4096 x 6680 = 27361280.
+  EXPECT_EQ(p.variants[2].saved_bytes, 27361280);
+  // selective: 4096 x 128 x (6 x 10 + 1) = 31981568, of which the cache is
+  // 4096 x 6 x 9 x 128 = 28311552.
+  EXPECT_EQ(p.variants[3].saved_bytes, 31981568);
+  EXPECT_EQ(p.variants[3].cache_bytes, 28311552);
+  // Korthikanti: 6 x 4 x 16 x 1024 x 128 = 50331648; 51052544 / 50331648 = 1.01432...
+  EXPECT_EQ(p.korthikanti_saved_bytes_none, 50331648);
+  EXPECT_NEAR(p.saved_none_over_korthikanti, 1.014323, 1e-6);
+  // 3670016 / 51052544 = 0.071887...
+  EXPECT_NEAR(p.variants[1].saved_ratio_vs_none, 0.071887, 1e-6);
+}
+
+TEST(PredictTest, OneLayerOneTokenBothModes) {
+  // L=1, d=8, H=2, B=1, T=1: one token.
+  // flash none: 4 x (16*8 + 4 + 2 + 8 loss) = 4 x 142 = 568.
+  // full = every_k (block 0 is always checkpointed) = 4 x (8 + 8) = 64.
+  // selective: 4 x (8 + 9*8 + 8) = 352.
+  ExpectSaved(Config(1, 8, 2, 1, 1), AttentionMode::kFlash,
+              {/*none=*/568, /*full=*/64, /*every_2=*/64, /*every_3=*/64, /*every_1=*/64,
+               /*selective=*/352});
+  // math none: 4 x (16*8 + 4 + 8) + softmax 4 x 1*2*1*1 + mask 1 = 560 + 8 + 1 = 569.
+  // (B = 1 and T = 1 make every matmul reshape a view; the bytes are the same.)
+  ExpectSaved(Config(1, 8, 2, 1, 1), AttentionMode::kMath,
+              {569, 64, 64, 64, 64, 352});
+}
+
+TEST(PredictTest, TwoLayersSmallBatch) {
+  // L=2, d=16, H=4, B=2, T=3: 6 tokens, per block 16*16 + 4 + 4 = 264.
+  // none: 4 x 6 x (2 x 264 + 16) = 24 x 544 = 13056.
+  // full = every_1: 24 x 16 x 3 = 1152.
+  // every_2 = every_3 (only block 0 checkpointed): 24 x (16 + 264 + 16) = 7104.
+  // selective: 24 x 16 x 21 = 8064.
+  ExpectSaved(Config(2, 16, 4, 2, 3), AttentionMode::kFlash,
+              {13056, 1152, 7104, 7104, 1152, 8064});
+  // math: per block 16*16 + 4 = 260; none: 24 x (2 x 260 + 16) = 12864, plus per block
+  // softmax 4 x 2*4*3*3 = 288 and mask 9: 12864 + 2 x 297 = 13458.
+  // every_2: 24 x (16 + 260 + 16) + 297 = 7008 + 297 = 7305.
+  ExpectSaved(Config(2, 16, 4, 2, 3), AttentionMode::kMath,
+              {13458, 1152, 7305, 7305, 1152, 8064});
+}
+
+TEST(PredictTest, ThreeLayersOneHead) {
+  // L=3, d=32, H=1, B=4, T=8: 32 tokens, per block 16*32 + 4 + 1 = 517.
+  // none: 128 x (3 x 517 + 32) = 128 x 1583 = 202624.
+  // full: 128 x 32 x 4 = 16384.
+  // every_2 (blocks 0, 2): 128 x (2 x 32 + 517 + 32) = 128 x 613 = 78464.
+  // every_3 (block 0): 128 x (32 + 2 x 517 + 32) = 128 x 1098 = 140544.
+  // selective: 128 x 32 x 31 = 126976.
+  ExpectSaved(Config(3, 32, 1, 4, 8), AttentionMode::kFlash,
+              {202624, 16384, 78464, 140544, 16384, 126976});
+  // math: 128 x (3 x 516 + 32) = 202240, plus 3 x (softmax 4 x 4*1*8*8 = 1024 +
+  // mask 64) = 3264: 205504. every_2: 128 x (64 + 516 + 32) + 1088 = 78336 + 1088 = 79424.
+  // every_3: 128 x (32 + 2 x 516 + 32) + 2 x 1088 = 140288 + 2176 = 142464.
+  ExpectSaved(Config(3, 32, 1, 4, 8), AttentionMode::kMath,
+              {205504, 16384, 79424, 142464, 16384, 126976});
+}
+
+TEST(PredictTest, SelectivePolicies) {
+  // L=2, d=16, H=4, B=2, T=3 (6 tokens); full checkpointing keeps 1152 bytes.
+  const ModelConfig config = Config(2, 16, 4, 2, 3);
+  auto saved = [&](const char* policy, AttentionMode attention = AttentionMode::kFlash) {
+    PredictOptions options;
+    options.attention = attention;
+    options.variants = Variants("selective", policy);
+    absl::StatusOr<Prediction> p = Predict(config, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->variants[0].saved_bytes : -1;
+  };
+  // gelu: + 2 blocks x 6 x 64 x 4 = 3072 -> 4224.
+  EXPECT_EQ(saved("gelu"), 4224);
+  // layer_norm: out + mean + rstd, 2 per block: + 2 x 2 x 6 x (16 + 2) x 4 = 1728 -> 2880.
+  EXPECT_EQ(saved("layer_norm"), 2880);
+  // attention: out 6 x 16 x 4 = 384 + logsumexp 2*4*3 x 4 = 96, 2 blocks: + 960 -> 2112.
+  EXPECT_EQ(saved("attention"), 2112);
+  // An empty policy caches nothing: selective equals full.
+  EXPECT_EQ(saved(""), 1152);
+  // matmul,gelu: 8064 + 3072 = 11136.
+  EXPECT_EQ(saved("matmul,gelu"), 11136);
+  EXPECT_EQ(saved("matmul", AttentionMode::kMath), 8064);
+}
+
+TEST(PredictTest, Gpt3Scale) {
+  // GPT-3 175B: L=96, d=12288, H=96, B=1, T=2048.
+  ModelConfig config = Config(96, 12288, 96, 1, 2048);
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, {}));
+  // n_params = 96 x (12 x 12288^2 + 13 x 12288) = 96 x 1812099072 = 173961510912.
+  EXPECT_EQ(p.n_params, 173961510912);
+  // none: 4 x 2048 x (96 x (16*12288 + 4 + 96) + 12288) = 8192 x 18896256.
+  EXPECT_EQ(p.variants[0].saved_bytes, 154798129152);
+  // full: 8192 x 12288 x 97 = 9764339712.
+  EXPECT_EQ(p.variants[1].saved_bytes, 9764339712);
+}
+
+TEST(PredictTest, IdenticalLayersScaleLinearly) {
+  // 6000 layers of the default: none = 4096 x (6000 x 2056 + 128).
+  ModelConfig config;
+  config.layers = 6000;
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, {}));
+  EXPECT_EQ(p.variants[0].saved_bytes, int64_t{4096} * (6000 * 2056 + 128));
+  // every_2: 3000 checkpointed (128) + 3000 plain (2056) + loss 128.
+  EXPECT_EQ(p.variants[2].saved_bytes, int64_t{4096} * (3000 * 128 + 3000 * 2056 + 128));
+}
+
+TEST(PredictTest, BadInput) {
+  ModelConfig config;
+  config.width = 130;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kInvalidArgument,
+                "--width 130 is not divisible by --heads 4");
+  config = ModelConfig{};
+  config.layers = 0;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kInvalidArgument, "--layers");
+  config = ModelConfig{};
+  config.batch = -3;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kInvalidArgument, "--batch");
+  config = ModelConfig{};
+  config.seq = 0;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kInvalidArgument, "--seq");
+  config = ModelConfig{};
+  config.heads = 0;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kInvalidArgument, "--heads");
+
+  PredictOptions math;
+  math.attention = AttentionMode::kMath;
+  math.variants = Variants("selective", "attention");
+  EXPECT_STATUS(Predict(ModelConfig{}, math), absl::StatusCode::kInvalidArgument,
+                "--policy attention");
+}
+
+TEST(PredictTest, OverflowIsAnError) {
+  // 2^40 x 2^30 tokens x 128 x 4 B does not fit in int64.
+  ModelConfig config;
+  config.batch = int64_t{1} << 40;
+  config.seq = int64_t{1} << 30;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kOutOfRange, "overflow");
+  // Parameters alone: width 2^32 gives 12 x 2^64 parameters.
+  config = ModelConfig{};
+  config.width = int64_t{1} << 32;
+  EXPECT_STATUS(Predict(config, {}), absl::StatusCode::kOutOfRange, "overflow");
+}
+
+TEST(ParseVariantsTest, NamesAndErrors) {
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> v,
+                       ParseVariants("none,every_k,every_5,selective", 3, "gelu"));
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[1].Name(), "every_3");
+  EXPECT_EQ(v[2].Name(), "every_5");
+  EXPECT_TRUE(v[3].policy.gelu);
+  EXPECT_FALSE(v[3].policy.matmul);
+  EXPECT_STATUS(ParseVariants("none,fast", 2, "matmul"), absl::StatusCode::kInvalidArgument,
+                "unknown variant 'fast'");
+  EXPECT_STATUS(ParseVariants("every_k", 0, "matmul"), absl::StatusCode::kInvalidArgument,
+                "--every must be >= 1");
+  EXPECT_STATUS(ParseVariants("every_0", 2, "matmul"), absl::StatusCode::kInvalidArgument,
+                "every_0");
+  EXPECT_STATUS(ParseVariants("none,none", 2, "matmul"), absl::StatusCode::kInvalidArgument,
+                "twice");
+  EXPECT_STATUS(ParseVariants("selective", 2, "softmax"), absl::StatusCode::kInvalidArgument,
+                "--policy: unknown op kind 'softmax'");
+  EXPECT_STATUS(ParseVariants("", 2, "matmul"), absl::StatusCode::kInvalidArgument,
+                "at least one");
+}
+
+}  // namespace
+}  // namespace memledger

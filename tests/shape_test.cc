@@ -1,0 +1,66 @@
+// ATen's view rules as the walker applies them (strides in elements).
+#include "estimator/shape.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+namespace memledger {
+namespace {
+
+Layout Strided(std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides) {
+  Layout layout;
+  layout.ndim = static_cast<int>(sizes.size());
+  int i = 0;
+  for (int64_t s : sizes) layout.sizes[i++] = s;
+  i = 0;
+  for (int64_t s : strides) layout.strides[i++] = s;
+  return layout;
+}
+
+TEST(ViewStridesTest, ContiguousFlattens) {
+  // (2, 3, 4) contiguous has strides (12, 4, 1); viewed as (6, 4): strides (4, 1).
+  bool overflow = false;
+  Layout view;
+  const int64_t sizes[] = {6, 4};
+  ASSERT_TRUE(ViewStrides(Strided({2, 3, 4}, {12, 4, 1}), sizes, 2, &view, &overflow));
+  EXPECT_EQ(view.strides[0], 4);
+  EXPECT_EQ(view.strides[1], 1);
+  EXPECT_FALSE(overflow);
+}
+
+TEST(ViewStridesTest, PermutedHeadsNeedACopy) {
+  // q of a (B=2, T=3, 3*d=24) QKV output with H=2, d_head=4: (B, H, T, d_head) with
+  // strides (T*3d = 72, d_head = 4, 3d = 24, 1). Merging B and H needs 72 == 4 * 2: no.
+  bool overflow = false;
+  Layout view;
+  const int64_t sizes[] = {4, 3, 4};
+  EXPECT_FALSE(ViewStrides(Strided({2, 2, 3, 4}, {72, 4, 24, 1}), sizes, 3, &view, &overflow));
+}
+
+TEST(ViewStridesTest, SizeOneDimensionsMergeFreely) {
+  // The same q with H=1, d_head=4 (d=4, 3d=12): (2, 1, 3, 4), strides (36, 4, 12, 1).
+  // A size-1 dimension never blocks a view: (2, 3, 4) with strides (36, 12, 1).
+  bool overflow = false;
+  Layout view;
+  const int64_t sizes[] = {2, 3, 4};
+  ASSERT_TRUE(ViewStrides(Strided({2, 1, 3, 4}, {36, 4, 12, 1}), sizes, 3, &view, &overflow));
+  EXPECT_EQ(view.strides[0], 36);
+  EXPECT_EQ(view.strides[1], 12);
+  EXPECT_EQ(view.strides[2], 1);
+}
+
+TEST(LayoutTest, ContiguityIgnoresSizeOneDims) {
+  EXPECT_TRUE(Strided({2, 1, 4}, {4, 99, 1}).IsContiguous());
+  EXPECT_FALSE(Strided({2, 4}, {1, 2}).IsContiguous());
+}
+
+TEST(SymDimTest, EvaluatesMonomials) {
+  ModelConfig config;  // B=16, T=64, d=128, H=4
+  EXPECT_EQ((kB * kT).Evaluate(config).value(), 1024);
+  EXPECT_EQ(kDHead.Evaluate(config).value(), 32);  // 128 / 4
+  EXPECT_EQ((3 * kD).Evaluate(config).value(), 384);
+}
+
+}  // namespace
+}  // namespace memledger
