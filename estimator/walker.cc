@@ -44,7 +44,9 @@ class Walk {
       }
     }
     if (options_.checkpointed) Keep(-1, graph_.input, KeepReason::kCheckpointInput);
-    for (size_t op = 0; op < graph_.ops.size(); ++op) {
+    // A checkpointed block without a policy keeps nothing inside: skip its ops.
+    const bool walk_ops = !options_.checkpointed || !(options_.policy == WalkOptions::NoSavePolicy());
+    for (size_t op = 0; walk_ops && op < graph_.ops.size(); ++op) {
       if (absl::Status s = Apply(static_cast<int>(op)); !s.ok()) return s;
     }
     BlockWalk walk = Summarize();
@@ -256,7 +258,7 @@ class Walk {
     const int input_storage = tensors_[graph_.input].storage;
     const int output_storage = tensors_[graph_.output].storage;
     walk.keeps_input = storages_[input_storage].kept;
-    walk.keeps_output = storages_[output_storage].kept;
+    walk.keeps_output = output_storage >= 0 && storages_[output_storage].kept;
     walk.boundary_bytes = storages_[input_storage].bytes;
     CheckedInt64 inner = 0, cache = 0;
     for (int s = 0; s < static_cast<int>(storages_.size()); ++s) {

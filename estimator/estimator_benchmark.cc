@@ -1,0 +1,65 @@
+// Cost of a full prediction (the four default variants). Targets: under 20 us for any
+// config; independent of batch, seq and width; at most linear in layers (compare
+// BM_Predict/layers:6 with BM_Predict/layers:6000 in the same run).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+
+#include "estimator/config.h"
+#include "estimator/predict.h"
+
+namespace memledger {
+namespace {
+
+void RunPredict(benchmark::State& state, const ModelConfig& config,
+                AttentionMode attention = AttentionMode::kFlash) {
+  PredictOptions options;
+  options.attention = attention;
+  for (auto _ : state) {
+    absl::StatusOr<Prediction> p = Predict(config, options);
+    if (!p.ok()) {
+      state.SkipWithError(p.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(p->variants[0].saved_bytes);
+  }
+}
+
+void BM_Predict(benchmark::State& state) {
+  ModelConfig config;  // the study's
+  config.layers = state.range(0);
+  RunPredict(state, config);
+}
+BENCHMARK(BM_Predict)->ArgName("layers")->Arg(6)->Arg(6000)->Arg(6000000);
+
+void BM_PredictSizes(benchmark::State& state) {
+  // The study's config with B, T and d scaled by 2^range: the cost must not move.
+  ModelConfig config;
+  const int64_t scale = int64_t{1} << state.range(0);
+  config.batch *= scale;
+  config.seq *= scale;
+  config.width *= scale;
+  RunPredict(state, config);
+}
+BENCHMARK(BM_PredictSizes)->ArgName("log2_scale")->Arg(0)->Arg(6);
+
+void BM_PredictGpt3(benchmark::State& state) {
+  ModelConfig config;
+  config.layers = 96;
+  config.width = 12288;
+  config.heads = 96;
+  config.batch = 1;
+  config.seq = 2048;
+  RunPredict(state, config);
+}
+BENCHMARK(BM_PredictGpt3);
+
+void BM_PredictMath(benchmark::State& state) {
+  RunPredict(state, ModelConfig{}, AttentionMode::kMath);
+}
+BENCHMARK(BM_PredictMath);
+
+}  // namespace
+}  // namespace memledger
+
+BENCHMARK_MAIN();
