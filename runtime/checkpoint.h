@@ -1,0 +1,52 @@
+// Activation checkpointing for LibTorch 1.13, which has none, and the model forward
+// under a checkpointing Variant.
+//
+// A checkpointed block is a custom autograd Function over (x, the block's parameters):
+// its forward runs the block without a graph and saves only x, which counts as saved
+// even when x does not require grad (as PyTorch 2.x's non-reentrant checkpoint saves its
+// inputs). Its backward recomputes the block with grad enabled on a detached x and
+// returns the gradients of x and of every parameter. Under a SavePolicy (selective
+// checkpointing) the forward also fills a SelectiveCache that the node owns and the
+// recompute reuses.
+//
+// Example:
+//   ForwardResult result = ForwardWithVariant(*model, input, AttentionMode::kFlash,
+//                                             variant);
+//   result.loss.backward();
+#ifndef RUNTIME_CHECKPOINT_H_
+#define RUNTIME_CHECKPOINT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "estimator/config.h"
+#include "runtime/model.h"
+
+namespace memledger::runtime {
+
+// CheckpointBlock runs `block` on `x` under checkpointing. With a `policy` (selective)
+// the policy ops' outputs are cached; they are appended to `cached` when it is non-null
+// so the caller can account for them.
+at::Tensor CheckpointBlock(const std::shared_ptr<BlockImpl>& block, const at::Tensor& x,
+                           AttentionMode mode, const SavePolicy* policy = nullptr,
+                           std::vector<at::Tensor>* cached = nullptr);
+
+// ForwardResult is a model forward plus loss.
+struct ForwardResult {
+  at::Tensor loss;
+  // cache_bytes is the sum of nbytes over the unique storages of every selective cache
+  // filled by this forward (0 unless the variant is selective).
+  int64_t cache_bytes = 0;
+};
+
+// ForwardWithVariant runs the model and the loss, checkpointing the blocks `variant`
+// names (Variant::IsCheckpointed); selective variants cache their policy's ops.
+ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
+                                 AttentionMode mode, const Variant& variant);
+
+}  // namespace memledger::runtime
+
+#endif  // RUNTIME_CHECKPOINT_H_

@@ -1,0 +1,243 @@
+#include "runtime/runtime.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <exception>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/checkpoint.h"
+#include "runtime/model.h"
+#include "runtime/saved_tensor_recorder.h"
+
+namespace memledger::runtime {
+namespace {
+
+Variant NoneVariant() { return Variant(); }
+
+void ZeroGrads(const std::vector<at::Tensor>& parameters) {
+  for (const at::Tensor& p : parameters) p.mutable_grad() = at::Tensor();
+}
+
+int64_t TensorBytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// VariantRun is one measured forward+backward: its bytes and a copy of the gradients.
+struct VariantRun {
+  int64_t hooked_bytes = 0;
+  int64_t cache_bytes = 0;
+  std::vector<at::Tensor> grads;
+};
+
+VariantRun RunVariant(const ModelImpl& model, const at::Tensor& input, AttentionMode mode,
+                      const Variant& variant,
+                      const std::unordered_set<const void*>& parameter_storages) {
+  const std::vector<at::Tensor> parameters = model.parameters();
+  ZeroGrads(parameters);
+  SavedTensorRecorder recorder(parameter_storages);
+  ForwardResult forward;
+  {
+    // Only the forward is recorded; the scope is gone before backward runs.
+    ScopedSavedTensorRecording recording(&recorder);
+    forward = ForwardWithVariant(model, input, mode, variant);
+  }
+  VariantRun run;
+  run.hooked_bytes = recorder.bytes();
+  run.cache_bytes = forward.cache_bytes;
+  forward.loss.backward();
+  forward = ForwardResult();  // frees this variant's graph before the next one
+  run.grads.reserve(parameters.size());
+  for (const at::Tensor& p : parameters) run.grads.push_back(p.grad().clone());
+  ZeroGrads(parameters);
+  return run;
+}
+
+double MaxAbsDiff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  TORCH_CHECK(a.size() == b.size(), "gradient lists differ in length: ", a.size(), " vs ",
+              b.size());
+  double max_diff = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, (a[i] - b[i]).abs().max().item<double>());
+  }
+  return max_diff;
+}
+
+// TimingReporter keeps each repetition's wall time per iteration, in seconds.
+class TimingReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context& /*context*/) override { return true; }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
+      if (run.iterations > 0) {
+        seconds.push_back(run.real_accumulated_time / static_cast<double>(run.iterations));
+      }
+    }
+  }
+  std::vector<double> seconds;
+};
+
+double Median(std::vector<double> values) {
+  TORCH_CHECK(!values.empty(), "no timing repetitions were reported");
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// TimeVariant is the median forward+backward time over `repetitions` Google Benchmark
+// repetitions of one iteration each, after one untimed warm-up.
+double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMode mode,
+                   const Variant& variant, int repetitions) {
+  const std::vector<at::Tensor> parameters = model.parameters();
+  auto step = [&]() {
+    ZeroGrads(parameters);
+    ForwardWithVariant(model, input, mode, variant).loss.backward();
+  };
+  step();  // warm-up: allocator, thread pool, BLAS
+  const std::string name = absl::StrCat("memledger_runtime_", variant.Name());
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [&](benchmark::State& state) {
+                                 for (auto _ : state) step();
+                               })
+      ->Iterations(1)
+      ->Repetitions(repetitions)
+      ->UseRealTime();
+  TimingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter, absl::StrCat("^", name, "(/|$)"));
+  benchmark::ClearRegisteredBenchmarks();
+  ZeroGrads(parameters);
+  return Median(reporter.seconds);
+}
+
+absl::Status ValidateRequest(const ModelConfig& config, AttentionMode attention,
+                             const std::vector<Variant>& variants,
+                             const RunOptions& options) {
+  if (absl::Status status = ValidateConfig(config); !status.ok()) return status;
+  if (variants.empty()) return absl::InvalidArgumentError("no variants to measure");
+  std::set<std::string> names;
+  for (const Variant& variant : variants) {
+    if (!names.insert(variant.Name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variant ", variant.Name(), " is listed twice"));
+    }
+    if (variant.kind == VariantKind::kEveryK && variant.every < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("every_k needs k >= 1, got ", variant.every));
+    }
+    if (variant.kind == VariantKind::kSelective) {
+      if (absl::Status status = ValidatePolicy(variant.policy, attention); !status.ok()) {
+        return status;
+      }
+    }
+  }
+  if (!options.skip_timing && options.timing_repetitions < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timing_repetitions must be >= 1, got ", options.timing_repetitions));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
+                                           AttentionMode attention,
+                                           const std::vector<Variant>& variants,
+                                           const RunOptions& options) {
+  const int hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(std::max(1, std::min(4, hardware_threads)));
+
+  ModelAndInput built = BuildModel(config, options.seed);
+  const ModelImpl& model = *built.model;
+  const std::vector<at::Tensor> parameters = model.parameters();
+
+  Measurement m;
+  m.config = config;
+  m.attention = attention;
+  std::unordered_set<const void*> parameter_storages;
+  for (const at::Tensor& p : parameters) {
+    m.n_params += p.numel();
+    m.param_bytes += TensorBytes(p);
+    parameter_storages.insert(StorageKey(p));
+  }
+  if (m.n_params != ExpectedParameterCount(config)) {
+    return absl::InternalError(absl::StrCat("model has ", m.n_params,
+                                            " parameters, expected layers*(12d^2+13d) = ",
+                                            ExpectedParameterCount(config)));
+  }
+
+  // Gradients and optimizer state from one real step, as the study takes them.
+  {
+    torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(1e-3));
+    ZeroGrads(parameters);
+    ForwardWithVariant(model, built.input, attention, NoneVariant()).loss.backward();
+    for (const at::Tensor& p : parameters) m.grad_bytes += TensorBytes(p.grad());
+    optimizer.step();
+    for (const auto& entry : optimizer.state()) {
+      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
+      m.adamw_state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
+    }
+    ZeroGrads(parameters);
+  }
+
+  const bool none_requested =
+      std::any_of(variants.begin(), variants.end(),
+                  [](const Variant& v) { return v.kind == VariantKind::kNone; });
+  if (options.progress) {
+    options.progress(none_requested ? "none" : "none (gradient reference)");
+  }
+  const VariantRun reference =
+      RunVariant(model, built.input, attention, NoneVariant(), parameter_storages);
+
+  for (const Variant& variant : variants) {
+    VariantMeasurement vm;
+    vm.variant = variant;
+    if (variant.kind == VariantKind::kNone) {
+      vm.hooked_bytes = reference.hooked_bytes;
+      vm.cache_bytes = reference.cache_bytes;
+    } else {
+      if (options.progress) options.progress(variant.Name());
+      const VariantRun run =
+          RunVariant(model, built.input, attention, variant, parameter_storages);
+      vm.hooked_bytes = run.hooked_bytes;
+      vm.cache_bytes = run.cache_bytes;
+      vm.max_grad_diff = MaxAbsDiff(run.grads, reference.grads);
+    }
+    vm.saved_bytes = vm.hooked_bytes + vm.cache_bytes;
+    if (!options.skip_timing) {
+      vm.time_s = TimeVariant(model, built.input, attention, variant,
+                              options.timing_repetitions);
+    }
+    m.max_grad_diff = std::max(m.max_grad_diff, vm.max_grad_diff);
+    m.variants.push_back(std::move(vm));
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode attention,
+                                    const std::vector<Variant>& variants,
+                                    const RunOptions& options) {
+  if (absl::Status status = ValidateRequest(config, attention, variants, options);
+      !status.ok()) {
+    return status;
+  }
+  try {
+    return MeasureOrThrow(config, attention, variants, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("runtime: ", e.what()));
+  }
+}
+
+}  // namespace memledger::runtime

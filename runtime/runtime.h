@@ -1,0 +1,85 @@
+// memledger's runtime: trains the real model once per checkpointing variant in LibTorch
+// and measures the memory buckets the estimator predicts.
+//
+// saved_bytes of a variant is the sum of nbytes over every unique storage (by data
+// pointer) that autograd packs for backward during the forward (model and loss),
+// parameter storages excluded, plus the bytes of the selective must-save cache.
+//
+// Example:
+//   absl::StatusOr<Measurement> m = Measure(ModelConfig(), AttentionMode::kFlash,
+//                                           DefaultVariants(), RunOptions());
+//   if (m.ok()) std::cout << m->variants[0].saved_bytes;  // none: 51,052,544
+#ifndef RUNTIME_RUNTIME_H_
+#define RUNTIME_RUNTIME_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "estimator/config.h"
+
+namespace memledger::runtime {
+
+// RunOptions controls a measurement.
+struct RunOptions {
+  // seed seeds LibTorch before the model and the input are drawn.
+  int64_t seed = 0;
+  // skip_timing leaves every VariantMeasurement::time_s empty (much faster).
+  bool skip_timing = false;
+  // timing_repetitions is how many timed forward+backward runs a variant gets (after a
+  // warm-up); time_s is their median. Must be >= 1 unless skip_timing.
+  int timing_repetitions = 5;
+  // progress, when set, is called with the variant's name before it is measured.
+  std::function<void(absl::string_view what)> progress;
+};
+
+// VariantMeasurement is what one checkpointing variant kept and cost.
+struct VariantMeasurement {
+  Variant variant;
+  // saved_bytes = hooked_bytes + cache_bytes.
+  int64_t saved_bytes = 0;
+  // hooked_bytes: unique non-parameter storages autograd packed during the forward.
+  int64_t hooked_bytes = 0;
+  // cache_bytes: unique storages in the selective must-save caches (0 otherwise).
+  int64_t cache_bytes = 0;
+  // max_grad_diff: max |g - g_none| over every element of every parameter gradient.
+  double max_grad_diff = 0.0;
+  // time_s: median forward+backward wall time in seconds; empty with skip_timing.
+  std::optional<double> time_s;
+};
+
+// Measurement is the whole run on one config.
+struct Measurement {
+  ModelConfig config;
+  AttentionMode attention = AttentionMode::kFlash;
+  int64_t n_params = 0;
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  // adamw_state_bytes: exp_avg + exp_avg_sq after one real AdamW(lr 1e-3) step.
+  int64_t adamw_state_bytes = 0;
+  // variants, in the order requested.
+  std::vector<VariantMeasurement> variants;
+  // max_grad_diff: the largest of the variants' max_grad_diff.
+  double max_grad_diff = 0.0;
+};
+
+// Measure builds the seeded model, takes one AdamW step after a `none` forward and
+// backward (as the study does), then measures each variant with only its own graph
+// alive. The `none` variant is always run first as the gradient reference.
+// Timing uses Google Benchmark's global registry and clears it afterwards, so do not
+// call it with timing while benchmarks of your own are registered but not yet run.
+// Uses min(4, hardware threads) intra-op threads.
+//
+// Errors: InvalidArgument for a bad config (ValidateConfig), a policy the attention mode
+// lacks (ValidatePolicy), an empty or duplicate variant list or bad timing_repetitions;
+// Internal for a LibTorch error or a broken invariant.
+absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode attention,
+                                    const std::vector<Variant>& variants,
+                                    const RunOptions& options = RunOptions());
+
+}  // namespace memledger::runtime
+
+#endif  // RUNTIME_RUNTIME_H_

@@ -1,0 +1,114 @@
+#include "runtime/saved_tensor_recorder.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <atomic>
+#include <memory>
+#include <utility>
+
+namespace memledger::runtime {
+namespace {
+
+namespace ag = torch::autograd;
+
+// The recorder of the live scope; null outside any scope.
+std::atomic<SavedTensorRecorder*> active_recorder{nullptr};
+// The default engine that was installed when the live scope began.
+std::atomic<ag::Engine*> previous_engine{nullptr};
+
+// RecordingHooks reports the packed tensor and hands it back unchanged on unpack.
+class RecordingHooks : public ag::SavedVariableHooks {
+ public:
+  explicit RecordingHooks(SavedTensorRecorder* recorder) : recorder_(recorder) {}
+
+  void call_pack_hook(const at::Tensor& tensor) override {
+    recorder_->Record(tensor);
+    // detach(): the saved tensor may be the node's own output, whose grad_fn would
+    // otherwise point back at the node that owns this hook (a reference cycle).
+    // SavedVariable restores the autograd metadata on unpack.
+    packed_ = tensor.detach();
+  }
+  at::Tensor call_unpack_hook() override { return packed_; }
+
+ private:
+  SavedTensorRecorder* recorder_;
+  at::Tensor packed_;
+};
+
+// RecordingEngine differs from the base engine only in its saved-variable hooks.
+class RecordingEngine : public ag::Engine {
+ public:
+  RecordingEngine() = default;
+  ~RecordingEngine() override { stop(); }
+
+  std::unique_ptr<ag::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    SavedTensorRecorder* recorder = active_recorder.load();
+    if (recorder == nullptr) return nullptr;
+    return std::make_unique<RecordingHooks>(recorder);
+  }
+};
+
+ag::Engine& GetRecordingEngine() {
+  // Leaked on purpose: an Engine must outlive every autograd graph, including ones
+  // destroyed during static destruction.
+  static RecordingEngine* engine = new RecordingEngine();
+  return *engine;
+}
+
+ag::Engine& GetPreviousEngine() { return *previous_engine.load(); }
+
+}  // namespace
+
+const void* StorageKey(const at::Tensor& tensor) { return tensor.storage().data(); }
+
+int64_t StorageBytes(const at::Tensor& tensor) {
+  return static_cast<int64_t>(tensor.storage().nbytes());
+}
+
+int64_t UniqueStorageBytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (seen.insert(StorageKey(t)).second) bytes += StorageBytes(t);
+  }
+  return bytes;
+}
+
+SavedTensorRecorder::SavedTensorRecorder(std::unordered_set<const void*> excluded_storages)
+    : excluded_storages_(std::move(excluded_storages)) {}
+
+void SavedTensorRecorder::Record(const at::Tensor& tensor) {
+  ++num_packs_;
+  if (!tensor.defined() || !tensor.has_storage()) return;
+  const void* key = StorageKey(tensor);
+  if (excluded_storages_.count(key) > 0) return;
+  auto [it, inserted] = storages_.emplace(key, StorageBytes(tensor));
+  if (inserted) bytes_ += it->second;
+}
+
+ScopedSavedTensorRecording::ScopedSavedTensorRecording(SavedTensorRecorder* recorder) {
+  TORCH_CHECK(recorder != nullptr, "ScopedSavedTensorRecording: null recorder");
+  SavedTensorRecorder* expected = nullptr;
+  TORCH_CHECK(active_recorder.compare_exchange_strong(expected, recorder),
+              "ScopedSavedTensorRecording: another recording scope is alive");
+  previous_engine.store(&ag::Engine::get_default_engine());
+  ag::set_default_engine_stub(&GetRecordingEngine);
+}
+
+ScopedSavedTensorRecording::~ScopedSavedTensorRecording() {
+  ag::Engine* previous = previous_engine.load();
+  // Restore the exact stub when it was the base engine's, the usual case.
+  if (previous == &ag::Engine::get_base_engine()) {
+    ag::set_default_engine_stub(&ag::Engine::get_base_engine);
+  } else {
+    ag::set_default_engine_stub(&GetPreviousEngine);
+  }
+  active_recorder.store(nullptr);
+}
+
+bool IsRecording() { return active_recorder.load() != nullptr; }
+
+}  // namespace memledger::runtime
