@@ -1,0 +1,115 @@
+#include "verify/verify.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "estimator/checked_math.h"
+#include "estimator/units.h"
+
+namespace memledger {
+namespace {
+
+BucketCheck Check(std::string name, int64_t predicted, int64_t measured) {
+  BucketCheck check;
+  check.name = std::move(name);
+  check.predicted = predicted;
+  check.measured = measured;
+  check.ratio = predicted == 0 ? (measured == 0 ? 1.0 : 0.0)
+                               : static_cast<double>(measured) / static_cast<double>(predicted);
+  return check;
+}
+
+}  // namespace
+
+int64_t PredictedFootprintBytes(const Prediction& p) {
+  int64_t largest_saved = p.saved_bytes_none;
+  for (const VariantPrediction& v : p.variants) largest_saved = std::max(largest_saved, v.saved_bytes);
+  const ModelConfig& c = p.config;
+  CheckedInt64 scores = CheckedInt64(c.batch) * c.heads * c.seq * c.seq * 4;
+  CheckedInt64 total = CheckedInt64(p.param_bytes) + CheckedInt64(p.grad_bytes) * 2 +
+                       p.adamw_state_bytes + largest_saved + scores * 2;
+  return total.overflowed() ? INT64_MAX : total.value();
+}
+
+int64_t DefaultMaxMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024 / 2;
+  }
+  return int64_t{4} << 30;
+}
+
+absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptions& options) {
+  PredictOptions predict_options;
+  predict_options.attention = options.attention;
+  predict_options.variants = options.variants;
+  absl::StatusOr<Prediction> prediction = Predict(config, predict_options);
+  if (!prediction.ok()) return prediction.status();
+
+  VerifyReport report;
+  report.grad_tolerance = options.grad_tolerance;
+  report.predicted_footprint_bytes = PredictedFootprintBytes(*prediction);
+  const int64_t limit =
+      options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes();
+  if (report.predicted_footprint_bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the run is predicted to need ", HumanBytes(report.predicted_footprint_bytes), " (",
+        report.predicted_footprint_bytes, " bytes), more than --max_memory_gib allows (",
+        HumanBytes(limit), "); lower --batch, --seq, --width or --layers"));
+  }
+
+  absl::StatusOr<runtime::Measurement> measurement =
+      runtime::Measure(config, options.attention, options.variants, options.run);
+  if (!measurement.ok()) return measurement.status();
+
+  const Prediction& p = *prediction;
+  const runtime::Measurement& m = *measurement;
+  report.buckets.push_back(Check("n_params", p.n_params, m.n_params));
+  report.buckets.push_back(Check("param_bytes", p.param_bytes, m.param_bytes));
+  report.buckets.push_back(Check("grad_bytes", p.grad_bytes, m.grad_bytes));
+  report.buckets.push_back(Check("adamw_state_bytes", p.adamw_state_bytes, m.adamw_state_bytes));
+  if (p.variants.size() != m.variants.size()) {
+    return absl::InternalError("estimator and runtime report different variant lists");
+  }
+  for (size_t i = 0; i < p.variants.size(); ++i) {
+    report.buckets.push_back(Check(absl::StrCat("saved_bytes.", p.variants[i].variant.Name()),
+                                   p.variants[i].saved_bytes, m.variants[i].saved_bytes));
+  }
+  for (const BucketCheck& bucket : report.buckets) {
+    if (!bucket.exact()) {
+      report.failures.push_back(absl::StrFormat("%s: measured %d, predicted %d (ratio %.6f)",
+                                                bucket.name, bucket.measured,
+                                                bucket.predicted, bucket.ratio));
+    }
+  }
+  for (const runtime::VariantMeasurement& v : m.variants) {
+    if (!(v.max_grad_diff <= options.grad_tolerance)) {  // also catches NaN
+      report.failures.push_back(absl::StrFormat("max_grad_diff of %s is %g > tolerance %g",
+                                                v.variant.Name(), v.max_grad_diff,
+                                                options.grad_tolerance));
+    }
+  }
+  int64_t measured_none = -1;
+  for (const runtime::VariantMeasurement& v : m.variants) {
+    if (v.variant.kind == VariantKind::kNone) measured_none = v.saved_bytes;
+  }
+  // Without `none` in the list, Korthikanti's ratio uses the prediction (exact when the
+  // other buckets are).
+  if (measured_none < 0) measured_none = p.saved_bytes_none;
+  report.measured_over_korthikanti = static_cast<double>(measured_none) /
+                                     static_cast<double>(p.korthikanti_saved_bytes_none);
+  report.prediction = *std::move(prediction);
+  report.measurement = *std::move(measurement);
+  return report;
+}
+
+}  // namespace memledger

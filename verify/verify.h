@@ -1,0 +1,72 @@
+// Verify: runs the estimator and the LibTorch runtime on one config and compares them
+// bucket by bucket and variant by variant, with Korthikanti's formula alongside and the
+// gradients of every variant checked against `none`.
+//
+// Example:
+//   VerifyOptions options;
+//   options.run.skip_timing = true;
+//   absl::StatusOr<VerifyReport> report = Verify(ModelConfig{}, options);
+//   if (report.ok() && report->Passed()) ...  // every ratio exactly 1, grads agree
+#ifndef VERIFY_VERIFY_H_
+#define VERIFY_VERIFY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+#include "estimator/predict.h"
+#include "runtime/runtime.h"
+
+namespace memledger {
+
+struct VerifyOptions {
+  AttentionMode attention = AttentionMode::kFlash;
+  std::vector<Variant> variants = DefaultVariants();
+  runtime::RunOptions run;
+  // grad_tolerance: the largest acceptable max_grad_diff (fp32).
+  double grad_tolerance = 1e-5;
+  // max_memory_bytes: refuse configs whose predicted footprint exceeds this; <= 0 means
+  // half of this machine's available memory.
+  int64_t max_memory_bytes = 0;
+};
+
+// BucketCheck is one bucket: predicted by the estimator, measured by the runtime.
+struct BucketCheck {
+  std::string name;  // "param_bytes", "saved_bytes.every_2", ...
+  int64_t predicted = 0;
+  int64_t measured = 0;
+  double ratio = 0;  // measured / predicted (1 when both are 0)
+  bool exact() const { return predicted == measured; }
+};
+
+struct VerifyReport {
+  Prediction prediction;
+  runtime::Measurement measurement;
+  std::vector<BucketCheck> buckets;
+  double grad_tolerance = 0;
+  // measured saved_bytes of `none` over Korthikanti's prediction.
+  double measured_over_korthikanti = 0;
+  int64_t predicted_footprint_bytes = 0;
+  // failures: one line per bucket that is not exact or variant whose gradients differ.
+  std::vector<std::string> failures;
+
+  bool Passed() const { return failures.empty(); }
+};
+
+// PredictedFootprintBytes is the peak a verification run needs: parameters, gradients
+// and the reference gradients, AdamW state, the largest variant's saved bytes, and the
+// attention's transient (B, H, T, T) scores and probabilities.
+int64_t PredictedFootprintBytes(const Prediction& prediction);
+
+// DefaultMaxMemoryBytes is half of MemAvailable (/proc/meminfo); 4 GiB if unreadable.
+int64_t DefaultMaxMemoryBytes();
+
+// Verify returns InvalidArgument for bad input, ResourceExhausted (naming the predicted
+// size) if the run would not fit in max_memory_bytes, and the runtime's errors.
+absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptions& options);
+
+}  // namespace memledger
+
+#endif  // VERIFY_VERIFY_H_

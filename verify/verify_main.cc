@@ -1,0 +1,86 @@
+// verify: runs memledger's estimator and its LibTorch runtime on one config and shows,
+// bucket by bucket and variant by variant, that the prediction is exact.
+// Exit status: 0 when every ratio is exactly 1 and every gradient difference is within
+// tolerance; 1 when any is not (the report says which); 2 for bad input.
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/atomic_file.h"
+#include "estimator/cli_flags.h"
+#include "estimator/report.h"
+#include "verify/verify.h"
+#include "verify/verify_report.h"
+
+ABSL_FLAG(bool, skip_timing, false, "Report time_s as null (much faster).");
+ABSL_FLAG(double, max_memory_gib, 0,
+          "Refuse configs whose predicted footprint exceeds this many GiB; 0 means half of "
+          "this machine's available memory.");
+ABSL_FLAG(double, grad_tolerance, 1e-5, "Largest acceptable max_grad_diff.");
+ABSL_FLAG(int64_t, seed, 0, "Seed for the model's parameters and input.");
+
+namespace {
+
+constexpr char kUsage[] =
+    "Measures the real LibTorch training run for each checkpointing variant and compares "
+    "every memory bucket with memledger's prediction.\n\n"
+    "  ./bazelw run //verify -- --skip_timing --format=table\n\n"
+    "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input.";
+
+int Fail(const absl::Status& status, int code) {
+  std::cerr << "error: " << status.message() << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  memledger::ParseCommandLineOrExit(argc, argv, kUsage);
+  absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
+  if (!spec.ok()) return Fail(spec.status(), 2);
+  const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
+  if (max_gib < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--max_memory_gib must be >= 0, got ", max_gib)), 2);
+  }
+  const double tolerance = absl::GetFlag(FLAGS_grad_tolerance);
+  if (!(tolerance >= 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--grad_tolerance must be >= 0, got ", tolerance)), 2);
+  }
+
+  memledger::VerifyOptions options;
+  options.attention = spec->attention;
+  options.variants = spec->variants;
+  options.grad_tolerance = tolerance;
+  options.max_memory_bytes = static_cast<int64_t>(max_gib * (int64_t{1} << 30));
+  options.run.skip_timing = absl::GetFlag(FLAGS_skip_timing);
+  options.run.seed = absl::GetFlag(FLAGS_seed);
+  // Progress only once the run has taken a second: quick runs stay quiet.
+  const auto start = std::chrono::steady_clock::now();
+  options.run.progress = [start](absl::string_view what) {
+    if (std::chrono::steady_clock::now() - start >= std::chrono::seconds(1)) {
+      std::cerr << "verify: measuring " << what << "...\n";
+    }
+  };
+
+  absl::StatusOr<memledger::VerifyReport> report = memledger::Verify(spec->config, options);
+  if (!report.ok()) {
+    const absl::StatusCode code = report.status().code();
+    const bool user_error = code == absl::StatusCode::kInvalidArgument ||
+                            code == absl::StatusCode::kOutOfRange ||
+                            code == absl::StatusCode::kResourceExhausted;
+    return Fail(report.status(), user_error ? 2 : 1);
+  }
+
+  const std::string json = memledger::JsonString(memledger::VerifyJson(*report));
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) return Fail(s, 1);
+  }
+  std::cout << (spec->table ? memledger::VerifyTable(*report) : json);
+  return report->Passed() ? 0 : 1;
+}

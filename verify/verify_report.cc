@@ -1,0 +1,119 @@
+#include "verify/verify_report.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "estimator/report.h"
+#include "estimator/units.h"
+
+namespace memledger {
+namespace {
+
+using Allocator = rapidjson::Document::AllocatorType;
+
+rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Value(s, a); }
+
+// The measured `none` saved bytes, the reference of saved_ratio_vs_none.
+int64_t NoneSavedBytes(const VerifyReport& r) {
+  for (const runtime::VariantMeasurement& v : r.measurement.variants) {
+    if (v.variant.kind == VariantKind::kNone) return v.saved_bytes;
+  }
+  return r.prediction.saved_bytes_none;
+}
+
+}  // namespace
+
+rapidjson::Document VerifyJson(const VerifyReport& r) {
+  const runtime::Measurement& m = r.measurement;
+  const Prediction& p = r.prediction;
+  rapidjson::Document doc(rapidjson::kObjectType);
+  Allocator& a = doc.GetAllocator();
+  doc.AddMember("config", ConfigJson(m.config, a), a);
+  doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(m.attention).data()), a);
+  doc.AddMember("n_params", m.n_params, a);
+  doc.AddMember("param_bytes", m.param_bytes, a);
+  doc.AddMember("grad_bytes", m.grad_bytes, a);
+  doc.AddMember("adamw_state_bytes", m.adamw_state_bytes, a);
+
+  const double none_bytes = static_cast<double>(NoneSavedBytes(r));
+  rapidjson::Value saved(rapidjson::kObjectType), ratio_vs_none(rapidjson::kObjectType),
+      time_s(rapidjson::kObjectType), grad_diff(rapidjson::kObjectType);
+  for (const runtime::VariantMeasurement& v : m.variants) {
+    const std::string name = v.variant.Name();
+    saved.AddMember(Key(name, a), rapidjson::Value(v.saved_bytes), a);
+    ratio_vs_none.AddMember(Key(name, a), rapidjson::Value(RoundTo4(v.saved_bytes / none_bytes)), a);
+    rapidjson::Value t;  // null with --skip_timing
+    if (v.time_s.has_value()) t.SetDouble(std::round(*v.time_s * 1e5) / 1e5);
+    time_s.AddMember(Key(name, a), t, a);
+    grad_diff.AddMember(Key(name, a), rapidjson::Value(v.max_grad_diff), a);
+  }
+  doc.AddMember("saved_bytes", saved, a);
+  doc.AddMember("saved_ratio_vs_none", ratio_vs_none, a);
+  doc.AddMember("time_s", time_s, a);
+  doc.AddMember("max_grad_diff", m.max_grad_diff, a);
+  doc.AddMember("predicted_saved_bytes_none", p.korthikanti_saved_bytes_none, a);
+  doc.AddMember("measured_over_predicted", RoundTo4(r.measured_over_korthikanti), a);
+
+  rapidjson::Value predicted(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
+      predicted_saved(rapidjson::kObjectType), ratio_saved(rapidjson::kObjectType);
+  for (const BucketCheck& b : r.buckets) {
+    constexpr absl::string_view kSaved = "saved_bytes.";
+    if (absl::StartsWith(b.name, kSaved)) {
+      const std::string variant = b.name.substr(kSaved.size());
+      predicted_saved.AddMember(Key(variant, a), rapidjson::Value(b.predicted), a);
+      ratio_saved.AddMember(Key(variant, a), rapidjson::Value(b.ratio), a);
+    } else {
+      predicted.AddMember(Key(b.name, a), rapidjson::Value(b.predicted), a);
+      ratio.AddMember(Key(b.name, a), rapidjson::Value(b.ratio), a);
+    }
+  }
+  predicted.AddMember("saved_bytes", predicted_saved, a);
+  ratio.AddMember("saved_bytes", ratio_saved, a);
+  doc.AddMember("predicted", predicted, a);
+  doc.AddMember("ratio", ratio, a);
+  doc.AddMember("max_grad_diff_per_variant", grad_diff, a);
+  doc.AddMember("grad_tolerance", r.grad_tolerance, a);
+  doc.AddMember("passed", r.Passed(), a);
+  rapidjson::Value failures(rapidjson::kArrayType);
+  for (const std::string& f : r.failures) failures.PushBack(Key(f, a), a);
+  doc.AddMember("failures", failures, a);
+  return doc;
+}
+
+std::string VerifyTable(const VerifyReport& r) {
+  const ModelConfig& c = r.measurement.config;
+  std::string out = absl::StrFormat(
+      "memledger verify: %d layers, width %d, %d heads, batch %d, seq %d, %s attention\n\n",
+      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention));
+  absl::StrAppendFormat(&out, "%-24s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
+                        "ratio", "");
+  for (const BucketCheck& b : r.buckets) {
+    absl::StrAppendFormat(&out, "%-24s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
+                          b.measured, b.ratio,
+                          b.name == "n_params" ? "" : HumanBytes(b.measured),
+                          b.exact() ? "" : "  MISMATCH");
+  }
+  absl::StrAppendFormat(&out, "\n%-24s %16d %16s %10.4f   (measured none / Korthikanti)\n",
+                        "Korthikanti (none)", r.prediction.korthikanti_saved_bytes_none, "",
+                        r.measured_over_korthikanti);
+  absl::StrAppendFormat(&out, "\n%-24s %16s %16s\n", "variant", "max_grad_diff", "time_s");
+  for (const runtime::VariantMeasurement& v : r.measurement.variants) {
+    absl::StrAppendFormat(&out, "%-24s %16.3g %16s\n", v.variant.Name(), v.max_grad_diff,
+                          v.time_s.has_value() ? absl::StrFormat("%.5f", *v.time_s) : "-");
+  }
+  if (r.Passed()) {
+    absl::StrAppendFormat(&out,
+                          "\nOK: every bucket measured == predicted; gradients within %g of "
+                          "none.\n",
+                          r.grad_tolerance);
+  } else {
+    out += "\nFAILED:\n";
+    for (const std::string& f : r.failures) absl::StrAppend(&out, "  ", f, "\n");
+  }
+  return out;
+}
+
+}  // namespace memledger

@@ -1,0 +1,26 @@
+// Renders a VerifyReport: the study's JSON schema with measured values plus the exact
+// prediction and per-bucket ratios, or a table that shows the same at a glance.
+#ifndef VERIFY_VERIFY_REPORT_H_
+#define VERIFY_VERIFY_REPORT_H_
+
+#include <string>
+
+#include "rapidjson/document.h"
+#include "verify/verify.h"
+
+namespace memledger {
+
+// VerifyJson: the study's keys (config, n_params, param_bytes, grad_bytes,
+// adamw_state_bytes, saved_bytes, saved_ratio_vs_none, time_s, max_grad_diff,
+// predicted_saved_bytes_none, measured_over_predicted — Korthikanti's, as the study
+// defines it) with measured values, plus `predicted` (the exact estimator), `ratio`
+// (measured / predicted per bucket), `max_grad_diff_per_variant`, `passed`, `failures`.
+rapidjson::Document VerifyJson(const VerifyReport& report);
+
+// VerifyTable: predicted, measured and ratio per bucket; Korthikanti; gradients; times;
+// the verdict.
+std::string VerifyTable(const VerifyReport& report);
+
+}  // namespace memledger
+
+#endif  // VERIFY_VERIFY_REPORT_H_
