@@ -1,0 +1,91 @@
+// The verification suite: on a grid of configs (layers 1..8, widths 32..256, heads
+// 1..8 with d_head from 4 to 64, batch 1..8, seq 1..128, both attention modes), every
+// bucket the runtime measures equals the estimator's prediction exactly, for every
+// variant, and every variant's gradients equal `none`'s within 1e-5.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "estimator/config.h"
+#include "tests/status_matchers.h"
+#include "verify/verify.h"
+
+namespace memledger {
+namespace {
+
+struct GridCase {
+  int64_t layers, width, heads, batch, seq;
+  AttentionMode attention;
+  const char* variants;
+  const char* policy;
+
+  friend std::ostream& operator<<(std::ostream& os, const GridCase& c) {
+    return os << "L" << c.layers << "_d" << c.width << "_H" << c.heads << "_B" << c.batch
+              << "_T" << c.seq << "_" << AttentionModeName(c.attention) << "_" << c.variants
+              << "_" << c.policy;
+  }
+};
+
+constexpr AttentionMode kFlash = AttentionMode::kFlash;
+constexpr AttentionMode kMath = AttentionMode::kMath;
+constexpr char kStudy[] = "none,full,every_2,selective";
+
+class VerifyGridTest : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(VerifyGridTest, MeasuredEqualsPredicted) {
+  const GridCase& c = GetParam();
+  ModelConfig config;
+  config.layers = c.layers;
+  config.width = c.width;
+  config.heads = c.heads;
+  config.batch = c.batch;
+  config.seq = c.seq;
+  VerifyOptions options;
+  options.attention = c.attention;
+  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants(c.variants, /*every=*/2, c.policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+
+  // n_params, param/grad/AdamW bytes and one saved_bytes per variant.
+  ASSERT_EQ(report.buckets.size(), 4 + options.variants.size());
+  for (const BucketCheck& bucket : report.buckets) {
+    EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name;
+    EXPECT_GT(bucket.measured, 0) << bucket.name;
+  }
+  for (const runtime::VariantMeasurement& v : report.measurement.variants) {
+    EXPECT_LE(v.max_grad_diff, 1e-5) << v.variant.Name();
+  }
+  EXPECT_TRUE(report.Passed());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, VerifyGridTest,
+    ::testing::Values(
+        // One layer, one token.
+        GridCase{1, 32, 1, 1, 1, kFlash, kStudy, "matmul"},
+        GridCase{2, 32, 2, 2, 8, kMath, kStudy, "matmul"},
+        // every_1 == full, every_3, and k larger than layers.
+        GridCase{3, 64, 4, 1, 16, kFlash, "none,every_1,every_3,every_7", "matmul"},
+        // d_head = 4 with 8 heads.
+        GridCase{8, 32, 8, 2, 4, kFlash, kStudy, "matmul"},
+        // d_head = 32 with 3 heads, odd sizes.
+        GridCase{4, 96, 3, 3, 5, kFlash, kStudy, "matmul"},
+        // d_head = 64.
+        GridCase{2, 128, 2, 4, 32, kMath, kStudy, "matmul"},
+        GridCase{1, 256, 4, 1, 128, kFlash, kStudy, "matmul"},
+        GridCase{5, 48, 6, 2, 7, kFlash, "none,every_1,every_3,every_10,selective", "matmul"},
+        // One head: every reshape in math attention is a view.
+        GridCase{6, 64, 1, 8, 2, kMath, kStudy, "matmul"},
+        GridCase{2, 40, 5, 1, 1, kMath, kStudy, "matmul"},
+        // Other selective policies.
+        GridCase{3, 32, 4, 2, 3, kFlash, "none,selective", "gelu,layer_norm,attention"},
+        GridCase{4, 32, 2, 8, 16, kFlash, "none,full,selective", "matmul,gelu"},
+        GridCase{2, 64, 4, 3, 64, kMath, "none,selective", "layer_norm"},
+        GridCase{7, 64, 8, 1, 9, kFlash, kStudy, ""},
+        GridCase{2, 64, 4, 3, 128, kMath, kStudy, "matmul"}));
+
+}  // namespace
+}  // namespace memledger
