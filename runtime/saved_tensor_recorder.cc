@@ -81,12 +81,28 @@ SavedTensorRecorder::SavedTensorRecorder(std::unordered_set<const void*> exclude
     : excluded_storages_(std::move(excluded_storages)) {}
 
 void SavedTensorRecorder::Record(const at::Tensor& tensor) {
+  std::lock_guard<std::mutex> lock(mutex_);
   ++num_packs_;
   if (!tensor.defined() || !tensor.has_storage()) return;
   const void* key = StorageKey(tensor);
   if (excluded_storages_.count(key) > 0) return;
   auto [it, inserted] = storages_.emplace(key, StorageBytes(tensor));
   if (inserted) bytes_ += it->second;
+}
+
+int64_t SavedTensorRecorder::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+int64_t SavedTensorRecorder::num_storages() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(storages_.size());
+}
+
+int64_t SavedTensorRecorder::num_packs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return num_packs_;
 }
 
 ScopedSavedTensorRecording::ScopedSavedTensorRecording(SavedTensorRecorder* recorder) {

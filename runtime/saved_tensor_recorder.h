@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -42,16 +43,18 @@ class SavedTensorRecorder {
   SavedTensorRecorder(const SavedTensorRecorder&) = delete;
   SavedTensorRecorder& operator=(const SavedTensorRecorder&) = delete;
 
-  // Record notes one packed tensor. Called by the recording engine's pack hook.
+  // Record notes one packed tensor. Called by the recording engine's pack hook, from
+  // whichever thread saves the tensor; thread-safe.
   void Record(const at::Tensor& tensor);
 
   // bytes is the sum of nbytes over the unique, non-excluded storages recorded.
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const;
   // num_storages counts those storages; num_packs counts every Record call.
-  int64_t num_storages() const { return static_cast<int64_t>(storages_.size()); }
-  int64_t num_packs() const { return num_packs_; }
+  int64_t num_storages() const;
+  int64_t num_packs() const;
 
  private:
+  mutable std::mutex mutex_;
   std::unordered_set<const void*> excluded_storages_;
   std::unordered_map<const void*, int64_t> storages_;  // data pointer -> nbytes
   int64_t bytes_ = 0;

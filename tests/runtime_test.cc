@@ -61,7 +61,8 @@ TEST(MeasureTest, FlashSavedBytesMatchHandArithmetic) {
   ASSERT_EQ(m.variants.size(), 4u);
   // none: 64 B x (3 layers x (16*16 + 4 + 2) + 16) = 64 x 802 = 51,328.
   EXPECT_EQ(m.variants[0].saved_bytes, 51328);
-  // full: 64 B x 16 x (3 block inputs + the loss's input) = 4,096.
+  // full: 64 B x 16 x (3 block inputs + the loss's input) = 4,096. Block 0's input is
+  // the model input, which does not require grad: it counts all the same.
   EXPECT_EQ(m.variants[1].saved_bytes, 4096);
   // every_2: blocks 0 and 2 keep their inputs (16 each), block 1 keeps 262, loss 16:
   // 64 B x 310 = 19,840.
