@@ -19,6 +19,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/model.h"
 #include "runtime/saved_tensor_recorder.h"
+#include "runtime/threads.h"
 
 namespace memledger::runtime {
 namespace {
@@ -152,8 +153,7 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
                                            AttentionMode attention,
                                            const std::vector<Variant>& variants,
                                            const RunOptions& options) {
-  const int hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
-  at::set_num_threads(std::max(1, std::min(4, hardware_threads)));
+  ConfigureThreads();
 
   ModelAndInput built = BuildModel(config, options.seed);
   const ModelImpl& model = *built.model;
@@ -172,20 +172,6 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     return absl::InternalError(absl::StrCat("model has ", m.n_params,
                                             " parameters, expected layers*(12d^2+13d) = ",
                                             ExpectedParameterCount(config)));
-  }
-
-  // Gradients and optimizer state from one real step, as the study takes them.
-  {
-    torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(1e-3));
-    ZeroGrads(parameters);
-    ForwardWithVariant(model, built.input, attention, NoneVariant()).loss.backward();
-    for (const at::Tensor& p : parameters) m.grad_bytes += TensorBytes(p.grad());
-    optimizer.step();
-    for (const auto& entry : optimizer.state()) {
-      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
-      m.adamw_state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
-    }
-    ZeroGrads(parameters);
   }
 
   const bool none_requested =
@@ -218,6 +204,23 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     }
     m.max_grad_diff = std::max(m.max_grad_diff, vm.max_grad_diff);
     m.variants.push_back(std::move(vm));
+  }
+
+  // Gradient and optimizer-state bytes from one real AdamW step on the reference
+  // gradients. It comes last (the study steps first) so that no extra forward+backward
+  // is needed and every variant runs on the same parameters as the reference.
+  {
+    torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(1e-3));
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      parameters[i].mutable_grad() = reference.grads[i];
+      m.grad_bytes += TensorBytes(parameters[i].grad());
+    }
+    optimizer.step();
+    for (const auto& entry : optimizer.state()) {
+      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
+      m.adamw_state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
+    }
+    ZeroGrads(parameters);
   }
   return m;
 }

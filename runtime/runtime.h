@@ -66,12 +66,14 @@ struct Measurement {
   double max_grad_diff = 0.0;
 };
 
-// Measure builds the seeded model, takes one AdamW step after a `none` forward and
-// backward (as the study does), then measures each variant with only its own graph
-// alive. The `none` variant is always run first as the gradient reference.
+// Measure builds the seeded model and measures each variant with only its own graph
+// alive; the `none` variant always runs first as the gradient reference. Finally one
+// real AdamW step on the reference gradients gives the optimizer-state bytes (the study
+// steps before measuring; stepping last saves a forward+backward and keeps every
+// variant on the reference's parameters).
 // Timing uses Google Benchmark's global registry and clears it afterwards, so do not
 // call it with timing while benchmarks of your own are registered but not yet run.
-// Uses min(4, hardware threads) intra-op threads.
+// Uses min(4, hardware threads) intra-op threads (ConfigureThreads).
 //
 // Errors: InvalidArgument for a bad config (ValidateConfig), a policy the attention mode
 // lacks (ValidatePolicy), an empty or duplicate variant list or bad timing_repetitions;

@@ -26,6 +26,7 @@
 #include "runtime/model.h"
 #include "runtime/runtime.h"
 #include "runtime/saved_tensor_recorder.h"
+#include "runtime/threads.h"
 
 namespace memledger::runtime {
 namespace {
@@ -126,8 +127,7 @@ class MedianReporter : public benchmark::ConsoleReporter {
 int main(int argc, char** argv) {
   using namespace memledger;
   using namespace memledger::runtime;
-  const int threads = std::max(1, std::min(4, static_cast<int>(std::thread::hardware_concurrency())));
-  at::set_num_threads(threads);
+  const int threads = ConfigureThreads();  // as Measure() does
   std::printf("intra-op threads: %d\n", threads);
 
   ReportMemory();

@@ -1,0 +1,100 @@
+// Is verification cheap enough to run on every change? Compares, on the default config:
+//   BM_BareSteps        the four variants' bare forward+backward steps (no hooks, no
+//                       estimator, model already built);
+//   BM_VerifyInProcess  Verify() with skip_timing: model, estimator, hooks, gradients,
+//                       AdamW step;
+//   BM_VerifyProcess    a whole `verify --skip_timing` process, start to exit.
+// Target: a whole run <= 1.3 x the bare steps; both ratios are printed at the end.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "estimator/config.h"
+#include "runtime/checkpoint.h"
+#include "runtime/model.h"
+#include "runtime/threads.h"
+#include "verify/verify.h"
+
+namespace memledger {
+namespace {
+
+void BM_BareSteps(benchmark::State& state) {
+  runtime::ConfigureThreads();  // as Measure() does
+  runtime::ModelAndInput built = runtime::BuildModel(ModelConfig{}, /*seed=*/0);
+  const std::vector<at::Tensor> parameters = built.model->parameters();
+  auto steps = [&] {
+    for (const Variant& variant : DefaultVariants()) {
+      for (const at::Tensor& p : parameters) p.mutable_grad() = at::Tensor();
+      runtime::ForwardWithVariant(*built.model, built.input, AttentionMode::kFlash, variant)
+          .loss.backward();
+    }
+  };
+  steps();  // warm-up
+  for (auto _ : state) steps();
+}
+BENCHMARK(BM_BareSteps)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
+
+void BM_VerifyInProcess(benchmark::State& state) {
+  VerifyOptions options;
+  options.run.skip_timing = true;
+  for (auto _ : state) {
+    absl::StatusOr<VerifyReport> report = Verify(ModelConfig{}, options);
+    if (!report.ok() || !report->Passed()) {
+      state.SkipWithError("Verify failed");
+      break;
+    }
+  }
+}
+BENCHMARK(BM_VerifyInProcess)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
+
+void BM_VerifyProcess(benchmark::State& state) {
+  // `bazel run` starts benchmarks in their runfiles tree, where the binary lives.
+  for (auto _ : state) {
+    if (std::system("verify/verify --skip_timing > /dev/null") != 0) {
+      state.SkipWithError("verify --skip_timing failed");
+      break;
+    }
+  }
+}
+BENCHMARK(BM_VerifyProcess)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
+
+// RatioReporter prints as usual and remembers each benchmark's mean real time.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.run_type == Run::RT_Iteration && !run.error_occurred) {
+        seconds[run.benchmark_name()] = run.GetAdjustedRealTime();
+      }
+    }
+  }
+  std::map<std::string, double> seconds;
+};
+
+}  // namespace
+}  // namespace memledger
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  memledger::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  const auto& t = reporter.seconds;
+  const auto bare = t.find("BM_BareSteps/min_time:3.000/real_time");
+  const auto in_process = t.find("BM_VerifyInProcess/min_time:3.000/real_time");
+  const auto process = t.find("BM_VerifyProcess/min_time:3.000/real_time");
+  if (bare != t.end() && in_process != t.end()) {
+    std::printf("Verify() in process / bare steps = %.3f\n", in_process->second / bare->second);
+  }
+  if (bare != t.end() && process != t.end()) {
+    std::printf("verify --skip_timing process / bare steps = %.3f (target <= 1.3)\n",
+                process->second / bare->second);
+  }
+  benchmark::Shutdown();
+  return 0;
+}
