@@ -1,0 +1,82 @@
+// The verify binary as a user runs it: a passing run on a small config, JSON keys,
+// atomic --json_out, bad input and the memory guard (exit 2).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "rapidjson/document.h"
+#include "tests/subprocess.h"
+
+namespace {
+
+using memledger::testing::CommandResult;
+
+// Small enough to run in well under a second after LibTorch has loaded.
+constexpr char kSmall[] = "--layers=2 --width=32 --heads=2 --batch=2 --seq=8 --skip_timing";
+
+CommandResult Verify(const std::string& args, bool merge_stderr = true) {
+  return memledger::testing::RunCommand("verify/verify " + args, merge_stderr);
+}
+
+TEST(VerifyCliTest, PassingRunPrintsStudySchema) {
+  CommandResult r = Verify(kSmall, /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  for (const char* key : {"config", "n_params", "param_bytes", "grad_bytes",
+                          "adamw_state_bytes", "saved_bytes", "saved_ratio_vs_none", "time_s",
+                          "max_grad_diff", "predicted_saved_bytes_none",
+                          "measured_over_predicted", "predicted", "ratio"}) {
+    EXPECT_TRUE(doc.HasMember(key)) << key;
+  }
+  EXPECT_TRUE(doc["time_s"]["none"].IsNull());  // --skip_timing
+  EXPECT_TRUE(doc["passed"].GetBool());
+  // Measured none for L=2, d=32, H=2, 16 tokens: 4 x 16 x (2 x (16*32 + 4 + 2) + 32)
+  // = 64 x 1068 = 68352, and the ratio to the prediction is exactly 1.
+  EXPECT_EQ(doc["saved_bytes"]["none"].GetInt64(), 68352);
+  EXPECT_EQ(doc["predicted"]["saved_bytes"]["none"].GetInt64(), 68352);
+  EXPECT_EQ(doc["ratio"]["saved_bytes"]["selective"].GetDouble(), 1.0);
+  EXPECT_EQ(doc["ratio"]["adamw_state_bytes"].GetDouble(), 1.0);
+}
+
+TEST(VerifyCliTest, TableShowsRatiosAndVerdict) {
+  CommandResult r = Verify(std::string(kSmall) + " --format=table --attention=math");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("saved_bytes.every_2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1.0000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("OK: every bucket"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+}
+
+TEST(VerifyCliTest, JsonOutIsWrittenWhole) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/verify.json";
+  CommandResult r = Verify(std::string(kSmall) + " --json_out=" + path, /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream file(path);
+  std::stringstream contents;
+  contents << file.rdbuf();
+  EXPECT_EQ(contents.str(), r.output);
+}
+
+TEST(VerifyCliTest, BadInputExitsTwo) {
+  for (const auto& [args, message] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"--width=30 --heads=4", "--width 30 is not divisible by --heads 4"},
+           {"--layers=0", "--layers"},
+           {"--every=0", "--every"},
+           {"--variants=sometimes", "--variants"},
+           {"--max_memory_gib=-1", "--max_memory_gib"},
+           {"--grad_tolerance=-1", "--grad_tolerance"},
+           // The default config needs about 0.3 GiB: 1 MiB is refused before any
+           // allocation, naming the predicted size.
+           {"--max_memory_gib=0.001", "predicted to need"}}) {
+    CommandResult r = Verify(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+}
+
+}  // namespace
