@@ -63,6 +63,15 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
   return spec;
 }
 
+int ReportError(const absl::Status& status) {
+  std::cerr << "error: " << status.message() << "\n";
+  const absl::StatusCode code = status.code();
+  const bool user_error = code == absl::StatusCode::kInvalidArgument ||
+                          code == absl::StatusCode::kOutOfRange ||
+                          code == absl::StatusCode::kResourceExhausted;
+  return user_error ? 2 : 1;
+}
+
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
   absl::SetProgramUsageMessage(usage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -36,6 +36,10 @@ struct RunSpec {
 // RunSpecFromFlags validates every shared flag; errors name the flag.
 absl::StatusOr<RunSpec> RunSpecFromFlags();
 
+// ReportError prints "error: <message>" on stderr and returns the exit status: 2 for
+// the user's input (InvalidArgument, OutOfRange, ResourceExhausted), else 1.
+int ReportError(const absl::Status& status);
+
 // ParseCommandLineOrExit parses flags with `usage` as the help text; it exits with
 // status 2 and a one-line message for positional arguments.
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage);

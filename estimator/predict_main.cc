@@ -1,6 +1,5 @@
 // predict: memledger's estimator on the command line. Prints every memory bucket of
 // training the model for each checkpointing variant, as JSON (default) or a table.
-#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -24,34 +23,24 @@ constexpr char kUsage[] =
     "--seq=2048 --format=table\n\n"
     "Exit status: 0 on success, 2 for bad input.";
 
-int Fail(const absl::Status& status, int code) {
-  std::cerr << "error: " << status.message() << "\n";
-  return code;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, kUsage);
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
-  if (!spec.ok()) return Fail(spec.status(), 2);
+  if (!spec.ok()) return memledger::ReportError(spec.status());
 
   memledger::PredictOptions options;
   options.attention = spec->attention;
   options.variants = spec->variants;
   options.breakdown = absl::GetFlag(FLAGS_explain);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
-  if (!prediction.ok()) {
-    // Overflow and invalid values are the user's input; anything else is a bug.
-    bool user_error = prediction.status().code() == absl::StatusCode::kInvalidArgument ||
-                      prediction.status().code() == absl::StatusCode::kOutOfRange;
-    return Fail(prediction.status(), user_error ? 2 : 1);
-  }
+  if (!prediction.ok()) return memledger::ReportError(prediction.status());
 
   const std::string json = memledger::JsonString(memledger::PredictionJson(*prediction));
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
-      return Fail(s, 1);
+      return memledger::ReportError(s);
     }
   }
   if (spec->table) {

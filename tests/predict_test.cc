@@ -20,12 +20,8 @@ namespace memledger {
 namespace {
 
 ModelConfig Config(int64_t layers, int64_t width, int64_t heads, int64_t batch, int64_t seq) {
-  ModelConfig config;
-  config.layers = layers;
-  config.width = width;
-  config.heads = heads;
-  config.batch = batch;
-  config.seq = seq;
+  ModelConfig config{/*layers=*/layers, /*width=*/width, /*heads=*/heads,
+                     /*batch=*/batch, /*seq=*/seq};
   return config;
 }
 

@@ -20,12 +20,8 @@ namespace {
 
 // Layers 3, width 16, heads 2, batch 2, seq 8: BT = 16 tokens, 4 * BT = 64 B/element.
 ModelConfig SmallConfig() {
-  ModelConfig config;
-  config.layers = 3;
-  config.width = 16;
-  config.heads = 2;
-  config.batch = 2;
-  config.seq = 8;
+  ModelConfig config{/*layers=*/3, /*width=*/16, /*heads=*/2,
+                     /*batch=*/2, /*seq=*/8};
   return config;
 }
 
@@ -88,12 +84,8 @@ TEST(MeasureTest, MathSavedBytesAddTheAttentionMatrices) {
 
 TEST(MeasureTest, OneLayerOneHeadToy) {
   // L=1, d=8, H=1, B=1, T=2: BT = 2. none = 4 B x 2 x ((16*8 + 4 + 1) + 8) = 1,128.
-  ModelConfig config;
-  config.layers = 1;
-  config.width = 8;
-  config.heads = 1;
-  config.batch = 1;
-  config.seq = 2;
+  ModelConfig config{/*layers=*/1, /*width=*/8, /*heads=*/1,
+                     /*batch=*/1, /*seq=*/2};
   Measurement m = MeasureOrDie(config, AttentionMode::kFlash,
                                {MakeVariant(VariantKind::kNone)});
   EXPECT_EQ(m.variants[0].saved_bytes, 1128);

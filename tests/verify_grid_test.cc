@@ -37,12 +37,8 @@ class VerifyGridTest : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(VerifyGridTest, MeasuredEqualsPredicted) {
   const GridCase& c = GetParam();
-  ModelConfig config;
-  config.layers = c.layers;
-  config.width = c.width;
-  config.heads = c.heads;
-  config.batch = c.batch;
-  config.seq = c.seq;
+  ModelConfig config{/*layers=*/c.layers, /*width=*/c.width, /*heads=*/c.heads,
+                     /*batch=*/c.batch, /*seq=*/c.seq};
   VerifyOptions options;
   options.attention = c.attention;
   ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants(c.variants, /*every=*/2, c.policy));

@@ -31,26 +31,21 @@ constexpr char kUsage[] =
     "  ./bazelw run //verify -- --skip_timing --format=table\n\n"
     "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input.";
 
-int Fail(const absl::Status& status, int code) {
-  std::cerr << "error: " << status.message() << "\n";
-  return code;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, kUsage);
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
-  if (!spec.ok()) return Fail(spec.status(), 2);
+  if (!spec.ok()) return memledger::ReportError(spec.status());
   const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
   if (max_gib < 0) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--max_memory_gib must be >= 0, got ", max_gib)), 2);
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--max_memory_gib must be >= 0, got ", max_gib)));
   }
   const double tolerance = absl::GetFlag(FLAGS_grad_tolerance);
   if (!(tolerance >= 0)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--grad_tolerance must be >= 0, got ", tolerance)), 2);
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--grad_tolerance must be >= 0, got ", tolerance)));
   }
 
   memledger::VerifyOptions options;
@@ -69,17 +64,13 @@ int main(int argc, char** argv) {
   };
 
   absl::StatusOr<memledger::VerifyReport> report = memledger::Verify(spec->config, options);
-  if (!report.ok()) {
-    const absl::StatusCode code = report.status().code();
-    const bool user_error = code == absl::StatusCode::kInvalidArgument ||
-                            code == absl::StatusCode::kOutOfRange ||
-                            code == absl::StatusCode::kResourceExhausted;
-    return Fail(report.status(), user_error ? 2 : 1);
-  }
+  if (!report.ok()) return memledger::ReportError(report.status());
 
   const std::string json = memledger::JsonString(memledger::VerifyJson(*report));
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) return Fail(s, 1);
+    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+      return memledger::ReportError(s);
+    }
   }
   std::cout << (spec->table ? memledger::VerifyTable(*report) : json);
   return report->Passed() ? 0 : 1;
