@@ -1,4 +1,4 @@
-// The verification suite: on a grid of configs (layers 1..8, widths 32..256, heads
+// The verification suite: on a hand-picked grid (layers 1..8, widths 32..256, heads
 // 1..8 with d_head from 4 to 64, batch 1..8, seq 1..128, both attention modes), every
 // bucket the runtime measures equals the estimator's prediction exactly, for every
 // variant, and every variant's gradients equal `none`'s within 1e-5.
@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "estimator/config.h"
@@ -82,6 +84,39 @@ INSTANTIATE_TEST_SUITE_P(
         GridCase{2, 64, 4, 3, 64, kMath, "none,selective", "layer_norm"},
         GridCase{7, 64, 8, 1, 9, kFlash, kStudy, ""},
         GridCase{2, 64, 4, 3, 128, kMath, kStudy, "matmul"}));
+
+// A denser sweep of small configs: layers x heads (d_head 8 or 24) x (batch, seq) x
+// attention, every variant of the study plus every_3. 3 x 4 x 4 x 2 = 96 configs.
+class VerifySweepTest
+    : public ::testing::TestWithParam<
+          std::tuple<int64_t, std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>,
+                     AttentionMode>> {};
+
+TEST_P(VerifySweepTest, MeasuredEqualsPredicted) {
+  const auto& [layers, width_heads, batch_seq, attention] = GetParam();
+  ModelConfig config{/*layers=*/layers, /*width=*/width_heads.first,
+                     /*heads=*/width_heads.second, /*batch=*/batch_seq.first,
+                     /*seq=*/batch_seq.second};
+  VerifyOptions options;
+  options.attention = attention;
+  ASSERT_OK_AND_ASSIGN(options.variants,
+                       ParseVariants("none,full,every_2,every_3,selective", 2, "matmul"));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  for (const BucketCheck& bucket : report.buckets) {
+    EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name;
+  }
+  EXPECT_TRUE(report.Passed());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, VerifySweepTest,
+    ::testing::Combine(::testing::Values(1, 2, 4),
+                       ::testing::Values(std::make_pair(8, 1), std::make_pair(16, 2),
+                                         std::make_pair(72, 3), std::make_pair(64, 8)),
+                       ::testing::Values(std::make_pair(1, 1), std::make_pair(1, 6),
+                                         std::make_pair(3, 1), std::make_pair(2, 17)),
+                       ::testing::Values(kFlash, kMath)));
 
 }  // namespace
 }  // namespace memledger
