@@ -51,8 +51,7 @@ std::string BlockKindLabel(const BlockKind& kind) {
                       kind.input_requires_grad ? "" : " 0 (input without grad)");
 }
 
-}  // namespace
-
+// ConfigJson is the study's "config" object: layers, width, heads, batch, seq.
 rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
   rapidjson::Value json(rapidjson::kObjectType);
   json.AddMember("layers", config.layers, allocator);
@@ -63,15 +62,25 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
   return json;
 }
 
-rapidjson::Document PredictionJson(const Prediction& p) {
+}  // namespace
+
+rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode attention,
+                                  const ParameterBuckets& buckets) {
   rapidjson::Document doc(rapidjson::kObjectType);
   Allocator& a = doc.GetAllocator();
-  doc.AddMember("config", ConfigJson(p.config, a), a);
-  doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(p.attention).data()), a);
-  doc.AddMember("n_params", p.n_params, a);
-  doc.AddMember("param_bytes", p.param_bytes, a);
-  doc.AddMember("grad_bytes", p.grad_bytes, a);
-  doc.AddMember("adamw_state_bytes", p.adamw_state_bytes, a);
+  doc.AddMember("config", ConfigJson(config, a), a);
+  doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(attention).data()), a);
+  doc.AddMember("n_params", buckets.n_params, a);
+  doc.AddMember("param_bytes", buckets.param_bytes, a);
+  doc.AddMember("grad_bytes", buckets.grad_bytes, a);
+  doc.AddMember("adamw_state_bytes", buckets.adamw_state_bytes, a);
+  return doc;
+}
+
+rapidjson::Document PredictionJson(const Prediction& p) {
+  rapidjson::Document doc = StudyJsonHead(
+      p.config, p.attention, {p.n_params, p.param_bytes, p.grad_bytes, p.adamw_state_bytes});
+  Allocator& a = doc.GetAllocator();
   rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
       cache(rapidjson::kObjectType);
   for (const VariantPrediction& v : p.variants) {

@@ -3,6 +3,7 @@
 #ifndef ESTIMATOR_REPORT_H_
 #define ESTIMATOR_REPORT_H_
 
+#include <cstdint>
 #include <string>
 
 #include "estimator/config.h"
@@ -11,9 +12,18 @@
 
 namespace memledger {
 
-// ConfigJson is the study's "config" object: layers, width, heads, batch, seq.
-rapidjson::Value ConfigJson(const ModelConfig& config,
-                            rapidjson::Document::AllocatorType& allocator);
+// ParameterBuckets are the study's parameter-side keys, predicted or measured.
+struct ParameterBuckets {
+  int64_t n_params = 0;
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t adamw_state_bytes = 0;
+};
+
+// StudyJsonHead starts a report object the way the study's does: config, attention,
+// n_params, param_bytes, grad_bytes, adamw_state_bytes.
+rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode attention,
+                                  const ParameterBuckets& buckets);
 
 // PredictionJson holds the study's keys (config, n_params, param_bytes, grad_bytes,
 // adamw_state_bytes, saved_bytes, saved_ratio_vs_none, predicted_saved_bytes_none,

@@ -29,14 +29,9 @@ int64_t NoneSavedBytes(const VerifyReport& r) {
 rapidjson::Document VerifyJson(const VerifyReport& r) {
   const runtime::Measurement& m = r.measurement;
   const Prediction& p = r.prediction;
-  rapidjson::Document doc(rapidjson::kObjectType);
+  rapidjson::Document doc = StudyJsonHead(
+      m.config, m.attention, {m.n_params, m.param_bytes, m.grad_bytes, m.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
-  doc.AddMember("config", ConfigJson(m.config, a), a);
-  doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(m.attention).data()), a);
-  doc.AddMember("n_params", m.n_params, a);
-  doc.AddMember("param_bytes", m.param_bytes, a);
-  doc.AddMember("grad_bytes", m.grad_bytes, a);
-  doc.AddMember("adamw_state_bytes", m.adamw_state_bytes, a);
 
   const double none_bytes = static_cast<double>(NoneSavedBytes(r));
   rapidjson::Value saved(rapidjson::kObjectType), ratio_vs_none(rapidjson::kObjectType),
