@@ -164,6 +164,18 @@ TEST(MeasureTest, IsDeterministicAndTimesWhenAsked) {
   }
 }
 
+TEST(MeasureTest, LibTorchErrorBecomesAStatus) {
+  // The input alone would be 2^45 x 1 x 8 floats = 1 PiB, beyond the 128 TiB address
+  // space even with memory overcommit: LibTorch's allocator throws a
+  // c10::Error, which must come back as a Status, not an exception.
+  ModelConfig huge{/*layers=*/1, /*width=*/8, /*heads=*/1,
+                   /*batch=*/int64_t{1} << 45, /*seq=*/1};
+  absl::StatusOr<Measurement> m = Measure(huge, AttentionMode::kFlash, StudyVariants(),
+                                          NoTiming());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInternal) << m.status();
+  EXPECT_NE(m.status().message().find("LibTorch"), absl::string_view::npos) << m.status();
+}
+
 TEST(MeasureTest, BadInputIsInvalidArgument) {
   ModelConfig bad = SmallConfig();
   bad.width = 15;  // not divisible by 2 heads
