@@ -66,6 +66,8 @@ BENCHMARK(BM_VerifyProcess)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTi
 // RatioReporter prints as usual and remembers each benchmark's mean real time.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  RatioReporter() : ConsoleReporter(OO_Tabular) {}  // plain text, also in logs
+
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
