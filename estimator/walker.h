@@ -3,7 +3,8 @@
 // unique storages (views share their base's), parameter storages excluded.
 //
 // Example:
-//   WalkOptions options{.checkpointed = false, .input_requires_grad = true};
+//   WalkOptions options;
+//   options.input_requires_grad = false;  // the first block
 //   absl::StatusOr<BlockWalk> walk =
 //       WalkBlock(BlockGraphFor(AttentionMode::kFlash), config, options);
 #ifndef ESTIMATOR_WALKER_H_
