@@ -5,77 +5,50 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 namespace memledger::runtime {
 namespace {
 
 namespace ag = torch::autograd;
 
-// CausalMask is true above the diagonal: key positions a query may not see.
-at::Tensor CausalMask(int64_t seq, const at::TensorOptions& options) {
-  return at::ones({seq, seq}, options.dtype(at::kBool)).triu(1);
-}
+constexpr double kDropout = 0.0;
+constexpr bool kCausal = true;
 
-double Scale(const at::Tensor& q) { return 1.0 / std::sqrt(static_cast<double>(q.size(-1))); }
-
-// Scores are q k^T * scale with masked positions at -inf.
-at::Tensor MaskedScores(const at::Tensor& q, const at::Tensor& k) {
-  at::Tensor s = at::matmul(q, k.transpose(-2, -1)).mul_(Scale(q));
-  return s.masked_fill_(CausalMask(q.size(-2), q.options()),
-                        -std::numeric_limits<float>::infinity());
-}
-
-class FlashAttentionFunction : public ag::Function<FlashAttentionFunction> {
+// CachedFlashAttention returns the cached output; its backward is the real kernel's.
+// The cache comes in by pointer: a tensor argument would count as an autograd input.
+class CachedFlashAttention : public ag::Function<CachedFlashAttention> {
  public:
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
                             const FlashOutputs* cached) {
-    FlashOutputs outputs = cached != nullptr ? *cached : FlashAttentionForward(q, k, v);
-    ctx->save_for_backward({q, k, v, outputs.out, outputs.lse});
-    return outputs.out;
+    ctx->save_for_backward({q, k, v, cached->out, cached->lse});
+    return cached->out;
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
     const ag::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& q = saved[0];
-    const at::Tensor& k = saved[1];
-    const at::Tensor& v = saved[2];
-    const at::Tensor& out = saved[3];
-    const at::Tensor& lse = saved[4];
-    const at::Tensor& dout = grads[0];
-    const double scale = Scale(q);
-    // Recompute the probabilities from the kept logsumexp; masked entries are exp(-inf).
-    at::Tensor p = at::exp(MaskedScores(q, k).sub_(lse.unsqueeze(-1)));
-    at::Tensor dv = at::matmul(p.transpose(-2, -1), dout);
-    at::Tensor dp = at::matmul(dout, v.transpose(-2, -1));
-    at::Tensor delta = (dout * out).sum(-1, /*keepdim=*/true);
-    at::Tensor ds = p.mul_(dp.sub_(delta));
-    at::Tensor dq = at::matmul(ds, k).mul_(scale);
-    at::Tensor dk = at::matmul(ds.transpose(-2, -1), q).mul_(scale);
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], kDropout, kCausal);
     return {dq, dk, dv, at::Tensor()};
   }
 };
 
 }  // namespace
 
-FlashOutputs FlashAttentionForward(const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v) {
-  at::NoGradGuard no_grad;
-  const int64_t batch = q.size(0), heads = q.size(1), seq = q.size(2), head_dim = q.size(3);
-  at::Tensor s = MaskedScores(q, k);
-  at::Tensor lse = at::logsumexp(s, -1);  // (B, H, T)
-  at::Tensor p = at::exp(s.sub_(lse.unsqueeze(-1)));
-  // PyTorch's layout: out and lse are allocated token-major, handed out transposed.
-  at::Tensor out_buffer = at::empty({batch, seq, heads, head_dim}, q.options());
-  out_buffer.transpose(1, 2).copy_(at::matmul(p, v));
-  at::Tensor lse_buffer = at::empty({batch, seq, heads}, q.options());
-  lse_buffer.transpose(1, 2).copy_(lse);
-  return {out_buffer.transpose(1, 2), lse_buffer.transpose(1, 2)};
+at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, kDropout, kCausal);
 }
 
-at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const FlashOutputs* cached) {
-  return FlashAttentionFunction::apply(q, k, v, cached);
+FlashOutputs FlashAttentionOutputs(const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v) {
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, kDropout, kCausal);
+  return {out, lse};
+}
+
+at::Tensor FlashAttentionFromCache(const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const FlashOutputs& cached) {
+  return CachedFlashAttention::apply(q, k, v, &cached);
 }
 
 at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

@@ -1,10 +1,12 @@
 // Causal scaled-dot-product attention in the two modes of estimator/config.h.
 //
-// kFlash follows PyTorch 2.x's CPU flash SDPA saved-tensor contract in a custom autograd
-// Function: backward keeps q, k, v, out and logsumexp, never a (B, H, T, T) matrix, and
-// recomputes the probabilities. `out` lives in a contiguous (B, T, H, d_head) buffer and
-// is returned as its (B, H, T, d_head) transposed view, logsumexp likewise in a
-// (B, T, H) buffer, so a caller's `out.transpose(1, 2).reshape(B, T, d)` is a view.
+// kFlash is PyTorch's own kernel: at::scaled_dot_product_attention(q, k, v, {}, 0.0,
+// /*is_causal=*/true), which on the CPU dispatches to
+// _scaled_dot_product_flash_attention_for_cpu. Its backward node
+// (ScaledDotProductFlashAttentionForCpuBackward0) keeps query, key, value, output and
+// logsumexp, never a (B, H, T, T) matrix; `output` is allocated token-major (B, T, H, dh)
+// and handed out as its (1, 2)-transposed view, logsumexp likewise as (B, T, H) viewed
+// as (B, H, T).
 // kMath builds attention from plain ATen ops, which keep the T x T matrices.
 //
 // Example:
@@ -18,23 +20,29 @@
 
 namespace memledger::runtime {
 
-// FlashOutputs is what the flash forward produces and its backward keeps besides q, k, v.
+// FlashOutputs is what the CPU flash kernel returns: both are what its backward keeps.
 struct FlashOutputs {
   at::Tensor out;  // (B, H, T, dh), transposed view of a contiguous (B, T, H, dh) buffer
-  at::Tensor lse;  // (B, H, T), transposed view of a contiguous (B, T, H) buffer
+  at::Tensor lse;  // (B, H, T) logsumexp, transposed view of a contiguous (B, T, H) one
 };
 
-// FlashAttentionForward computes causal softmax(q k^T / sqrt(dh)) v and its logsumexp
-// without recording autograd history.
-// REQUIRES: q, k, v have the same shape (B, H, T, dh).
-FlashOutputs FlashAttentionForward(const at::Tensor& q, const at::Tensor& k,
+// FlashAttention is at::scaled_dot_product_attention(q, k, v, {}, 0.0, is_causal=true):
+// the real kernel under ordinary autograd.
+at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// FlashAttentionOutputs runs the op FlashAttention dispatches to on the CPU,
+// _scaled_dot_product_flash_attention_for_cpu, and returns both of its outputs. It
+// records autograd history like any op; selective checkpointing calls it in no-grad
+// mode to fill its cache.
+FlashOutputs FlashAttentionOutputs(const at::Tensor& q, const at::Tensor& k,
                                    const at::Tensor& v);
 
-// FlashAttention applies the flash autograd Function and returns `out`. When `cached` is
-// non-null its out and lse are used instead of being computed (selective
-// checkpointing's recompute); backward is the same either way.
-at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const FlashOutputs* cached = nullptr);
+// FlashAttentionFromCache returns `cached.out` as the attention of (q, k, v) with the
+// real kernel's backward (_scaled_dot_product_flash_attention_for_cpu_backward over the
+// cached out and logsumexp): what a must-saved flash op is at selective recompute.
+// REQUIRES: `cached` came from FlashAttentionOutputs on the same q, k, v values.
+at::Tensor FlashAttentionFromCache(const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const FlashOutputs& cached);
 
 // MathAttention is matmul, scale (mul.Scalar), masked_fill with a fresh causal mask,
 // softmax, matmul: plain ops under ordinary autograd.

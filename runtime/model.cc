@@ -118,13 +118,14 @@ at::Tensor GeluOp(const at::Tensor& input, SelectiveCache* cache) {
 
 at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, SelectiveCache* cache) {
-  // Only the flash op can be must-saved (ValidatePolicy rejects it for math).
+  // Only the flash op can be must-saved (ValidatePolicy rejects it for math). Its cache
+  // holds the real kernel's two outputs; at recompute its backward uses them.
   if (mode != AttentionMode::kFlash || cache == nullptr ||
       !cache->Saves(OpKind::kAttention)) {
     return Attention(mode, q, k, v);
   }
   if (!cache->replaying()) {
-    FlashOutputs outputs = FlashAttentionForward(q, k, v);
+    FlashOutputs outputs = FlashAttentionOutputs(q, k, v);
     cache->Save(outputs.out);
     cache->Save(outputs.lse);
     return outputs.out;
@@ -132,7 +133,7 @@ at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor
   FlashOutputs cached;
   cached.out = cache->Next();
   cached.lse = cache->Next();
-  return FlashAttention(q, k, v, &cached);
+  return FlashAttentionFromCache(q, k, v, cached);
 }
 
 }  // namespace
