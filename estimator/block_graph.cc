@@ -11,7 +11,7 @@ namespace memledger {
 namespace {
 
 // GraphBuilder appends tensors and ops in execution order. Composite helpers expand a
-// torch::nn call into the ATen ops LibTorch 1.13 runs for it.
+// torch::nn call into the ATen ops the pinned PyTorch runs for it.
 class GraphBuilder {
  public:
   int Input(std::string name, std::vector<SymDim> shape) {
@@ -71,9 +71,10 @@ class GraphBuilder {
     return Op1(OpType::kView, name + ".unflatten", {mm}, {kB, kT, out});
   }
 
-  // Matmul of (B, H, n, m) by (B, H, m, p) as at::matmul runs it in 1.13: expand both
-  // to the broadcast batch, reshape to (B*H, ., .) (a copy unless it can be a view),
-  // bmm, and _unsafe_view the result back to (B, H, n, p).
+  // Matmul of (B, H, n, m) by (B, H, m, p) as at::matmul runs it (the batched case of
+  // ATen's composite matmul): expand both to the broadcast batch, reshape to
+  // (B*H, ., .) (a copy unless it can be a view), bmm, and _unsafe_view the result back
+  // to (B, H, n, p).
   int BatchedMatmul(const std::string& name, int a, std::vector<SymDim> a_shape, int b,
                     std::vector<SymDim> b_shape) {
     int a3 = Op1(OpType::kReshape, name + ".reshape_self",
@@ -147,73 +148,7 @@ BlockGraph BuildLoss() {
   return g.Finish(g.Op1(OpType::kMean, "loss.mean", {squared}));
 }
 
-KeepRule In(int index, int needs_grad_of_input = -1) {
-  return KeepRule{false, index, needs_grad_of_input};
-}
-KeepRule Out(int index) { return KeepRule{true, index, -1}; }
-
 }  // namespace
-
-const char* OpTypeName(OpType type) {
-  switch (type) {
-    case OpType::kNativeLayerNorm: return "native_layer_norm";
-    case OpType::kView: return "view";
-    case OpType::kReshape: return "reshape";
-    case OpType::kUnsafeView: return "_unsafe_view";
-    case OpType::kPermute: return "permute";
-    case OpType::kTranspose: return "transpose";
-    case OpType::kSelect: return "select";
-    case OpType::kExpand: return "expand";
-    case OpType::kT: return "t";
-    case OpType::kAddmm: return "addmm";
-    case OpType::kBmm: return "bmm";
-    case OpType::kFlashAttention: return "flash_attention";
-    case OpType::kMulScalar: return "mul";
-    case OpType::kCausalMask: return "triu";
-    case OpType::kMaskedFill: return "masked_fill";
-    case OpType::kSoftmax: return "_softmax";
-    case OpType::kAdd: return "add";
-    case OpType::kGelu: return "gelu";
-    case OpType::kPow: return "pow";
-    case OpType::kMean: return "mean";
-  }
-  return "?";
-}
-
-const OpSemantics& SemanticsOf(OpType type) {
-  // Keep rules: the SavedVariable members of each backward node in LibTorch 1.13's
-  // torch/csrc/autograd/generated/Functions.h, with derivatives.yaml's conditions
-  // (a tensor used only by one input's gradient is saved only if that input requires
-  // grad: addmm keeps mat1 only for mat2's gradient and vice versa).
-  static const auto* const kTable = [] {
-    auto* table = new std::vector<OpSemantics>(static_cast<int>(OpType::kMean) + 1);
-    auto set = [&](OpType t, OpSemantics s) { (*table)[static_cast<int>(t)] = std::move(s); };
-    const OpSemantics view{{}, {0}, {0}};
-    // NativeLayerNormBackward0: input_, weight_, bias_, result1_ (mean), result2_ (rstd).
-    set(OpType::kNativeLayerNorm,
-        {{In(0), In(1), In(2), Out(1), Out(2)}, {0, 1, 2}, {-1, -1, -1}});
-    for (OpType t : {OpType::kView, OpType::kReshape, OpType::kUnsafeView, OpType::kPermute,
-                     OpType::kTranspose, OpType::kSelect, OpType::kExpand, OpType::kT}) {
-      set(t, view);  // ViewBackward0, PermuteBackward0, ...: sizes and dims only.
-    }
-    // AddmmBackward0: mat1_ (for mat2's grad), mat2_ (for mat1's grad).
-    set(OpType::kAddmm, {{In(1, /*needs_grad_of_input=*/2), In(2, 1)}, {0, 1, 2}, {-1}});
-    // BmmBackward0: self_ (for mat2's grad), mat2_ (for self's grad).
-    set(OpType::kBmm, {{In(0, 1), In(1, 0)}, {0, 1}, {-1}});
-    // PyTorch 2.x CPU flash SDPA: query, key, value, output, logsumexp.
-    set(OpType::kFlashAttention, {{In(0), In(1), In(2), Out(0), Out(1)}, {0, 1, 2}, {-1, -1}});
-    set(OpType::kMulScalar, {{}, {0}, {-1}});  // MulBackward1: a Scalar only.
-    set(OpType::kCausalMask, {{}, {}, {-1}});
-    set(OpType::kMaskedFill, {{In(1)}, {0}, {-1}});  // MaskedFillBackward0: mask_.
-    set(OpType::kSoftmax, {{Out(0)}, {0}, {-1}});     // SoftmaxBackward0: result_.
-    set(OpType::kAdd, {{}, {0, 1}, {-1}});            // AddBackward0: alpha only.
-    set(OpType::kGelu, {{In(0)}, {0}, {-1}});         // GeluBackward0: self_.
-    set(OpType::kPow, {{In(0)}, {0}, {-1}});          // PowBackward0: self_.
-    set(OpType::kMean, {{}, {0}, {-1}});              // MeanBackward0: sizes only.
-    return table;
-  }();
-  return (*kTable)[static_cast<int>(type)];
-}
 
 const BlockGraph& BlockGraphFor(AttentionMode mode) {
   static const BlockGraph* const kFlash = new BlockGraph(BuildBlock(AttentionMode::kFlash));

@@ -16,8 +16,9 @@ namespace {
 // whether it is checkpointed (and with which policy) and whether it is the first.
 class BlockWalks {
  public:
-  BlockWalks(const BlockGraph& graph, const ModelConfig& config, bool breakdown)
-      : graph_(graph), config_(config), breakdown_(breakdown) {
+  BlockWalks(const BlockGraph& graph, const ModelConfig& config, bool breakdown,
+             const RuleTable* rules)
+      : graph_(graph), config_(config), breakdown_(breakdown), rules_(rules) {
     // At most 6 kinds (plain, full and one policy; first or not): pointers stay valid.
     entries_.reserve(8);
   }
@@ -35,6 +36,7 @@ class BlockWalks {
     options.input_requires_grad = !first;
     options.policy = policy;
     options.record_storages = breakdown_;
+    options.rules = rules_;
     absl::StatusOr<BlockWalk> walk = WalkBlock(graph_, config_, options);
     if (!walk.ok()) return walk.status();
     entries_.push_back(Entry{checkpointed, first, policy, *std::move(walk)});
@@ -51,6 +53,7 @@ class BlockWalks {
   const BlockGraph& graph_;
   const ModelConfig& config_;
   bool breakdown_;
+  const RuleTable* rules_;
   std::vector<Entry> entries_;
 };
 
@@ -201,10 +204,11 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
 
   WalkOptions loss_options;
   loss_options.record_storages = options.breakdown;
+  loss_options.rules = options.rules;
   absl::StatusOr<BlockWalk> loss = WalkBlock(LossGraph(), config, loss_options);
   if (!loss.ok()) return loss.status();
 
-  BlockWalks walks(*prediction.block_graph, config, options.breakdown);
+  BlockWalks walks(*prediction.block_graph, config, options.breakdown, options.rules);
   Variant none;
   absl::StatusOr<VariantPrediction> reference =
       PredictVariant(none, config, *loss, /*breakdown=*/false, walks);

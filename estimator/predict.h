@@ -1,6 +1,7 @@
 // Predict: every memory bucket of training a stack of pre-LN Transformer blocks, per
 // checkpointing variant, without running anything. The numbers are what memledger's
-// runtime measures in LibTorch 1.13, byte for byte (see DESIGN.md, "What is measured").
+// runtime measures in the pinned LibTorch (kTorchRelease, estimator/rules.h), byte for
+// byte (see DESIGN.md, "What is measured").
 //
 // Example:
 //   memledger::ModelConfig config;  // the study's: 6 x 128, 4 heads, batch 16, seq 64
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "estimator/block_graph.h"
 #include "estimator/config.h"
+#include "estimator/rules.h"
 #include "estimator/walker.h"
 
 namespace memledger {
@@ -28,6 +30,9 @@ struct PredictOptions {
   std::vector<Variant> variants = DefaultVariants();
   // breakdown fills VariantPrediction::blocks with every kept storage, op by op.
   bool breakdown = false;
+  // rules: what each op views and keeps; null means the pinned release's
+  // (RuleTable::Pinned()). Tests of the verifier pass a deliberately wrong table.
+  const RuleTable* rules = nullptr;
 };
 
 // BlockKind is one kind of block in the stack, and how many blocks are of it.

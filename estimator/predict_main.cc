@@ -5,28 +5,34 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "estimator/atomic_file.h"
 #include "estimator/cli_flags.h"
 #include "estimator/predict.h"
 #include "estimator/report.h"
+#include "estimator/rules.h"
 
 ABSL_FLAG(bool, explain, false,
           "Also print the per-op breakdown: every kept storage of each kind of block.");
 
 namespace {
 
-constexpr char kUsage[] =
-    "Predicts the training memory of a stack of pre-LN Transformer blocks: parameters, "
-    "gradients, AdamW state and activations saved for backward under each "
-    "checkpointing variant, byte for byte as LibTorch keeps them.\n\n"
-    "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
-    "--seq=2048 --format=table\n\n"
-    "Exit status: 0 on success, 2 for bad input.";
+std::string Usage() {
+  return absl::StrCat(
+      "Predicts the training memory of a stack of pre-LN Transformer blocks: parameters, "
+      "gradients, AdamW state and activations saved for backward under each "
+      "checkpointing variant, byte for byte as LibTorch ", memledger::kTorchRelease,
+      " keeps them.\n\n"
+      "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
+      "--seq=2048 --format=table\n\n"
+      "Exit status: 0 on success, 2 for bad input.");
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  memledger::ParseCommandLineOrExit(argc, argv, kUsage);
+  const std::string usage = Usage();
+  memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
 

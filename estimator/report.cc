@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "estimator/rules.h"
 #include "estimator/units.h"
 #include "rapidjson/prettywriter.h"
 #include "rapidjson/stringbuffer.h"
@@ -70,6 +71,8 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   Allocator& a = doc.GetAllocator();
   doc.AddMember("config", ConfigJson(config, a), a);
   doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(attention).data()), a);
+  // The release whose saving rules the numbers follow (estimator/rules.h).
+  doc.AddMember("torch", rapidjson::StringRef(kTorchRelease), a);
   doc.AddMember("n_params", buckets.n_params, a);
   doc.AddMember("param_bytes", buckets.param_bytes, a);
   doc.AddMember("grad_bytes", buckets.grad_bytes, a);
@@ -133,8 +136,10 @@ std::string JsonString(const rapidjson::Value& value) {
 std::string PredictionTable(const Prediction& p) {
   const ModelConfig& c = p.config;
   std::string out = absl::StrFormat(
-      "memledger prediction: %d layers, width %d, %d heads, batch %d, seq %d, %s attention\n\n",
-      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention));
+      "memledger prediction: %d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
+      "torch %s\n\n",
+      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
+      kTorchRelease);
   absl::StrAppendFormat(&out, "%-20s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-20s %20d %14s\n", "n_params (count)", p.n_params, "");
   for (const auto& [name, bytes] : {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
@@ -158,7 +163,9 @@ std::string PredictionTable(const Prediction& p) {
 }
 
 std::string BreakdownText(const Prediction& p) {
-  std::string out;
+  std::string out = absl::StrCat(
+      "What each op keeps follows PyTorch ", kTorchRelease,
+      " (its generated Functions.h and derivatives.yaml; see estimator/rules.h).\n\n");
   auto storages = [&](const BlockGraph& graph, const BlockWalk& walk) {
     absl::StrAppendFormat(&out, "  %-34s %-30s %-30s %-20s %-8s %12s  %s\n", "op",
                           "tensor", "storage of", "shape", "dtype", "bytes", "kept by");

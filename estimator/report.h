@@ -21,7 +21,7 @@ struct ParameterBuckets {
 };
 
 // StudyJsonHead starts a report object the way the study's does: config, attention,
-// n_params, param_bytes, grad_bytes, adamw_state_bytes.
+// torch (kTorchRelease), n_params, param_bytes, grad_bytes, adamw_state_bytes.
 rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode attention,
                                   const ParameterBuckets& buckets);
 

@@ -30,6 +30,7 @@ class Walk {
  public:
   Walk(const BlockGraph& graph, const ModelConfig& config, const WalkOptions& options)
       : graph_(graph), config_(config), options_(options),
+        rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()),
         tensors_(graph.tensors.size()) {
     storages_.reserve(graph.tensors.size());
   }
@@ -213,7 +214,7 @@ class Walk {
   absl::Status Apply(int op_index) {
     const OpDef& op = graph_.ops[op_index];
     if (absl::Status s = Layouts(op); !s.ok()) return s;
-    const OpSemantics& semantics = SemanticsOf(op.type);
+    const OpSemantics& semantics = rules_.Of(op.type);
 
     bool has_grad_fn = false;
     for (int i : semantics.differentiable_inputs) {
@@ -277,6 +278,7 @@ class Walk {
   const BlockGraph& graph_;
   const ModelConfig& config_;
   const WalkOptions& options_;
+  const RuleTable& rules_;
   std::vector<TensorState> tensors_;
   std::vector<StorageState> storages_;
   std::vector<KeptStorage> storages_recorded_;

@@ -1,5 +1,5 @@
 // Walks a BlockGraph for one concrete configuration and finds which storages autograd
-// keeps for backward, exactly as LibTorch 1.13 plus the saved-tensor hook count them:
+// keeps for backward, exactly as the pinned LibTorch plus the saved-tensor hook count them:
 // unique storages (views share their base's), parameter storages excluded.
 //
 // Example:
@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "estimator/block_graph.h"
 #include "estimator/config.h"
+#include "estimator/rules.h"
 #include "estimator/shape.h"
 
 namespace memledger {
@@ -30,6 +31,8 @@ struct WalkOptions {
   SavePolicy policy = NoSavePolicy();
   // record_storages fills BlockWalk::storages (the per-op breakdown).
   bool record_storages = false;
+  // rules: what each op views and keeps; null means RuleTable::Pinned(). Not owned.
+  const RuleTable* rules = nullptr;
 
   static SavePolicy NoSavePolicy() {
     SavePolicy none;

@@ -1,5 +1,5 @@
-// Activation checkpointing for LibTorch 1.13, which has none, and the model forward
-// under a checkpointing Variant.
+// Activation checkpointing in C++ (torch.utils.checkpoint is Python-only, in 2.x too), and
+// the model forward under a checkpointing Variant.
 //
 // A checkpointed block is a custom autograd Function over (x, the block's parameters):
 // its forward runs the block without a graph and saves only x, which counts as saved

@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/adamw.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <exception>
@@ -182,6 +183,8 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
   }
   const VariantRun reference =
       RunVariant(model, built.input, attention, NoneVariant(), parameter_storages);
+  m.reference_saved_bytes = reference.hooked_bytes + reference.cache_bytes;
+  m.torch_version = TorchVersion();
 
   for (const Variant& variant : variants) {
     VariantMeasurement vm;
@@ -226,6 +229,8 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
 }
 
 }  // namespace
+
+std::string TorchVersion() { return TORCH_VERSION; }
 
 absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode attention,
                                     const std::vector<Variant>& variants,

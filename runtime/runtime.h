@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,9 +63,19 @@ struct Measurement {
   int64_t adamw_state_bytes = 0;
   // variants, in the order requested.
   std::vector<VariantMeasurement> variants;
+  // reference_saved_bytes: saved_bytes of `none`, which always runs first as the
+  // gradient reference, whether or not `none` was requested; the measured denominator of
+  // every saved_ratio_vs_none.
+  int64_t reference_saved_bytes = 0;
+  // torch_version: the LibTorch release the runtime was built against ("2.15.0").
+  std::string torch_version;
   // max_grad_diff: the largest of the variants' max_grad_diff.
   double max_grad_diff = 0.0;
 };
+
+// TorchVersion is the release of the LibTorch this runtime is built against (the
+// TORCH_VERSION of its headers, which come from the same wheel as its libraries).
+std::string TorchVersion();
 
 // Measure builds the seeded model and measures each variant with only its own graph
 // alive; the `none` variant always runs first as the gradient reference. Finally one

@@ -1,8 +1,11 @@
 // Records which tensor storages autograd saves for backward, the C++ stand-in for
-// Python's torch.autograd.graph.saved_tensors_hooks (LibTorch 1.13 has none).
+// Python's torch.autograd.graph.saved_tensors_hooks. LibTorch 2.15 still has no C++ API
+// for default hooks: at::SavedTensorDefaultHooks holds c10::SafePyObject pack/unpack
+// functions, for Python only.
 //
 // Every SavedVariable asks the default autograd Engine for saved-variable hooks when it
-// is created; while a ScopedSavedTensorRecording is alive, the default engine is a
+// is created (SavedVariable::get_default_hooks() calls the virtual
+// Engine::get_default_saved_variable_hooks(), as Python's engine does to install its own); while a ScopedSavedTensorRecording is alive, the default engine is a
 // recording engine whose pack hook reports each saved tensor's storage to a recorder.
 //
 // Example:

@@ -25,6 +25,7 @@ TEST(PredictCliTest, DefaultJson) {
   doc.Parse(r.output.c_str());
   ASSERT_FALSE(doc.HasParseError()) << r.output;
   EXPECT_EQ(doc["saved_bytes"]["none"].GetInt64(), 51052544);  // see predict_test
+  EXPECT_STREQ(doc["torch"].GetString(), "2.15.0");
 }
 
 TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
@@ -55,6 +56,14 @@ TEST(PredictCliTest, TableAndExplain) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("MiB"), std::string::npos);
   EXPECT_NE(r.output.find("kept by"), std::string::npos);
+  // The release whose rules the numbers follow, in the table and in the breakdown.
+  EXPECT_NE(r.output.find("torch 2.15.0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("follows PyTorch 2.15.0"), std::string::npos) << r.output;
+}
+
+TEST(PredictCliTest, HelpNamesTheTorchRelease) {
+  CommandResult r = Predict("--help");
+  EXPECT_NE(r.output.find("as LibTorch 2.15.0 keeps them"), std::string::npos) << r.output;
 }
 
 TEST(PredictCliTest, JsonOutWritesTheSameJson) {

@@ -40,6 +40,8 @@ TEST(ReportTest, JsonHasStudyKeysAndTypes) {
   // 51052544 / 50331648 = 1.01432 -> 1.0143.
   EXPECT_DOUBLE_EQ(doc["measured_over_predicted"].GetDouble(), 1.0143);
   EXPECT_STREQ(doc["attention"].GetString(), "flash");
+  // The release third_party/torch_requirements.txt pins.
+  EXPECT_STREQ(doc["torch"].GetString(), "2.15.0");
   EXPECT_FALSE(doc.HasMember("breakdown"));  // only on request
 }
 
@@ -62,7 +64,9 @@ TEST(ReportTest, BreakdownListsKeptStorages) {
   for (const auto& s : storages.GetArray()) sum += s["storage_bytes"].GetInt64();
   EXPECT_EQ(sum, 8421376);
   const std::string text = BreakdownText(p);
-  EXPECT_NE(text.find("attention (flash_attention)"), std::string::npos);
+  EXPECT_NE(text.find("attention (_scaled_dot_product_flash_attention_for_cpu)"),
+            std::string::npos);
+  EXPECT_NE(text.find("follows PyTorch 2.15.0"), std::string::npos);
   EXPECT_NE(text.find("(16, 4, 64, 32)"), std::string::npos);
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "estimator/config.h"
+#include "estimator/rules.h"
 
 namespace memledger::runtime {
 namespace {
@@ -68,6 +69,22 @@ TEST(MeasureTest, FlashSavedBytesMatchHandArithmetic) {
   EXPECT_EQ(m.variants[3].saved_bytes, 31744);
   EXPECT_EQ(m.variants[3].cache_bytes, 27648);
   EXPECT_EQ(m.variants[3].hooked_bytes, 4096);
+}
+
+TEST(MeasureTest, NoneIsMeasuredAsTheReferenceEvenWhenNotRequested) {
+  Measurement m = MeasureOrDie(SmallConfig(), AttentionMode::kFlash,
+                               {MakeVariant(VariantKind::kFull)});
+  ASSERT_EQ(m.variants.size(), 1u);
+  // none's 51,328 bytes (see above), measured by the gradient-reference run.
+  EXPECT_EQ(m.reference_saved_bytes, 51328);
+}
+
+TEST(MeasureTest, RuntimeLinksThePinnedTorch) {
+  // The estimator's rules describe kTorchRelease; the runtime must measure that release.
+  EXPECT_EQ(TorchVersion(), kTorchRelease);
+  Measurement m = MeasureOrDie(SmallConfig(), AttentionMode::kFlash,
+                               {MakeVariant(VariantKind::kNone)});
+  EXPECT_EQ(m.torch_version, kTorchRelease);
 }
 
 TEST(MeasureTest, MathSavedBytesAddTheAttentionMatrices) {

@@ -85,6 +85,35 @@ INSTANTIATE_TEST_SUITE_P(
         GridCase{7, 64, 8, 1, 9, kFlash, kStudy, ""},
         GridCase{2, 64, 4, 3, 128, kMath, kStudy, "matmul"}));
 
+// Every selective policy, i.e. every subset of the op kinds the attention mode has:
+// 16 subsets with flash attention, 8 with math (which has no flash op to must-save).
+class VerifyPolicyTest : public ::testing::TestWithParam<std::tuple<AttentionMode, int>> {};
+
+TEST_P(VerifyPolicyTest, MeasuredEqualsPredicted) {
+  const auto& [attention, subset] = GetParam();
+  std::string policy;
+  const char* kinds[] = {"matmul", "attention", "layer_norm", "gelu"};
+  for (int bit = 0; bit < 4; ++bit) {
+    if ((subset & (1 << bit)) == 0) continue;
+    if (attention == AttentionMode::kMath && bit == 1) GTEST_SKIP() << "no flash op in math";
+    policy += std::string(policy.empty() ? "" : ",") + kinds[bit];
+  }
+  const ModelConfig config{/*layers=*/3, /*width=*/24, /*heads=*/3, /*batch=*/2, /*seq=*/5};
+  VerifyOptions options;
+  options.attention = attention;
+  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,every_2,selective", 2, policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  for (const BucketCheck& bucket : report.buckets) {
+    EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name << " policy '" << policy << "'";
+  }
+  EXPECT_TRUE(report.Passed()) << "policy '" << policy << "'";
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, VerifyPolicyTest,
+                         ::testing::Combine(::testing::Values(kFlash, kMath),
+                                            ::testing::Range(0, 16)));
+
 // A denser sweep of small configs: layers x heads (d_head 8 or 24) x (batch, seq) x
 // attention, every variant of the study plus every_3. 3 x 4 x 4 x 2 = 96 configs.
 class VerifySweepTest

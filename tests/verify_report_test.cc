@@ -23,6 +23,8 @@ VerifyReport FailingReport() {
   full.saved_bytes = 250;
   full.max_grad_diff = 0.5;
   report.measurement.variants = {none, full};
+  report.measurement.reference_saved_bytes = 1000;
+  report.measurement.torch_version = "2.15.0";
   report.measurement.max_grad_diff = 0.5;
   report.prediction.korthikanti_saved_bytes_none = 800;
   report.measured_over_korthikanti = 1000.0 / 800.0;
@@ -43,6 +45,23 @@ TEST(VerifyReportTest, JsonSaysWhatFailed) {
   EXPECT_DOUBLE_EQ(doc["saved_ratio_vs_none"]["full"].GetDouble(), 0.25);  // 250 / 1000
   EXPECT_DOUBLE_EQ(doc["measured_over_predicted"].GetDouble(), 1.25);      // 1000 / 800
   EXPECT_DOUBLE_EQ(doc["max_grad_diff"].GetDouble(), 0.5);
+}
+
+TEST(VerifyReportTest, RatiosUseTheMeasuredReferenceWithoutNoneRequested) {
+  VerifyReport report = FailingReport();
+  // Only `full` was requested; `none` still ran (the gradient reference) and measured
+  // 1200 bytes, while the prediction for none says 1000.
+  report.measurement.variants.erase(report.measurement.variants.begin());
+  report.measurement.reference_saved_bytes = 1200;
+  report.prediction.saved_bytes_none = 1000;
+  report.measured_over_korthikanti = 1200.0 / 800.0;
+  rapidjson::Document doc;
+  doc.Parse(JsonString(VerifyJson(report)).c_str());
+  ASSERT_FALSE(doc.HasParseError());
+  EXPECT_FALSE(doc["saved_bytes"].HasMember("none"));
+  // 250 / 1200 = 0.20833 -> 0.2083 (measured over measured, not 250 / 1000).
+  EXPECT_DOUBLE_EQ(doc["saved_ratio_vs_none"]["full"].GetDouble(), 0.2083);
+  EXPECT_DOUBLE_EQ(doc["measured_over_predicted"].GetDouble(), 1.5);  // 1200 / 800
 }
 
 TEST(VerifyReportTest, TableMarksTheMismatch) {

@@ -18,3 +18,10 @@ cc_library(
         "-lc10",
     ],
 )
+
+# The pinned release's generated backward nodes: //tests:rules_functions_h_test checks
+# the estimator's keep rules against it.
+filegroup(
+    name = "functions_h",
+    srcs = ["include/torch/csrc/autograd/generated/Functions.h"],
+)

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/checked_math.h"
+#include "estimator/rules.h"
 #include "estimator/units.h"
 
 namespace memledger {
@@ -52,6 +53,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   PredictOptions predict_options;
   predict_options.attention = options.attention;
   predict_options.variants = options.variants;
+  predict_options.rules = options.rules;
   absl::StatusOr<Prediction> prediction = Predict(config, predict_options);
   if (!prediction.ok()) return prediction.status();
 
@@ -77,12 +79,24 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   report.buckets.push_back(Check("param_bytes", p.param_bytes, m.param_bytes));
   report.buckets.push_back(Check("grad_bytes", p.grad_bytes, m.grad_bytes));
   report.buckets.push_back(Check("adamw_state_bytes", p.adamw_state_bytes, m.adamw_state_bytes));
-  if (p.variants.size() != m.variants.size()) {
-    return absl::InternalError("estimator and runtime report different variant lists");
+  // Pair variants by name: the runtime reports them in the order requested, but nothing
+  // should rest on that.
+  for (const VariantPrediction& predicted : p.variants) {
+    const std::string name = predicted.variant.Name();
+    const runtime::VariantMeasurement* measured = nullptr;
+    for (const runtime::VariantMeasurement& v : m.variants) {
+      if (v.variant.Name() == name) measured = &v;
+    }
+    if (measured == nullptr) {
+      return absl::InternalError(absl::StrCat("the runtime did not measure variant ", name));
+    }
+    report.buckets.push_back(
+        Check(absl::StrCat("saved_bytes.", name), predicted.saved_bytes, measured->saved_bytes));
   }
-  for (size_t i = 0; i < p.variants.size(); ++i) {
-    report.buckets.push_back(Check(absl::StrCat("saved_bytes.", p.variants[i].variant.Name()),
-                                   p.variants[i].saved_bytes, m.variants[i].saved_bytes));
+  if (m.torch_version != kTorchRelease) {
+    report.failures.push_back(absl::StrCat("the estimator's rules describe torch ",
+                                           kTorchRelease, " but the runtime links torch ",
+                                           m.torch_version));
   }
   for (const BucketCheck& bucket : report.buckets) {
     if (!bucket.exact()) {
@@ -98,14 +112,8 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
                                                 options.grad_tolerance));
     }
   }
-  int64_t measured_none = -1;
-  for (const runtime::VariantMeasurement& v : m.variants) {
-    if (v.variant.kind == VariantKind::kNone) measured_none = v.saved_bytes;
-  }
-  // Without `none` in the list, Korthikanti's ratio uses the prediction (exact when the
-  // other buckets are).
-  if (measured_none < 0) measured_none = p.saved_bytes_none;
-  report.measured_over_korthikanti = static_cast<double>(measured_none) /
+  // Measured over measured: `none` always runs (the gradient reference), requested or not.
+  report.measured_over_korthikanti = static_cast<double>(m.reference_saved_bytes) /
                                      static_cast<double>(p.korthikanti_saved_bytes_none);
   report.prediction = *std::move(prediction);
   report.measurement = *std::move(measurement);

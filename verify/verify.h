@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
 #include "estimator/predict.h"
+#include "estimator/rules.h"
 #include "runtime/runtime.h"
 
 namespace memledger {
@@ -30,6 +31,9 @@ struct VerifyOptions {
   // max_memory_bytes: refuse configs whose predicted footprint exceeds this; <= 0 means
   // half of this machine's available memory.
   int64_t max_memory_bytes = 0;
+  // rules: the estimator's op rules; null means the pinned release's. Tests pass a
+  // deliberately wrong table to watch verify fail.
+  const RuleTable* rules = nullptr;
 };
 
 // BucketCheck is one bucket: predicted by the estimator, measured by the runtime.
@@ -46,10 +50,12 @@ struct VerifyReport {
   runtime::Measurement measurement;
   std::vector<BucketCheck> buckets;
   double grad_tolerance = 0;
-  // measured saved_bytes of `none` over Korthikanti's prediction.
+  // measured saved_bytes of `none` (Measurement::reference_saved_bytes, measured even
+  // when `none` was not requested) over Korthikanti's prediction.
   double measured_over_korthikanti = 0;
   int64_t predicted_footprint_bytes = 0;
-  // failures: one line per bucket that is not exact or variant whose gradients differ.
+  // failures: one line per bucket that is not exact, variant whose gradients differ, or
+  // a runtime built against another torch release than the estimator's rules describe.
   std::vector<std::string> failures;
 
   bool Passed() const { return failures.empty(); }

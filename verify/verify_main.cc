@@ -13,6 +13,7 @@
 #include "estimator/atomic_file.h"
 #include "estimator/cli_flags.h"
 #include "estimator/report.h"
+#include "estimator/rules.h"
 #include "verify/verify.h"
 #include "verify/verify_report.h"
 
@@ -25,16 +26,20 @@ ABSL_FLAG(int64_t, seed, 0, "Seed for the model's parameters and input.");
 
 namespace {
 
-constexpr char kUsage[] =
-    "Measures the real LibTorch training run for each checkpointing variant and compares "
-    "every memory bucket with memledger's prediction.\n\n"
-    "  ./bazelw run //verify -- --skip_timing --format=table\n\n"
-    "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input.";
+std::string Usage() {
+  return absl::StrCat(
+      "Measures the real LibTorch ", memledger::kTorchRelease,
+      " training run for each checkpointing variant and compares every memory bucket "
+      "with memledger's prediction.\n\n"
+      "  ./bazelw run //verify -- --skip_timing --format=table\n\n"
+      "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input.");
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  memledger::ParseCommandLineOrExit(argc, argv, kUsage);
+  const std::string usage = Usage();
+  memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
   const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);

@@ -16,14 +16,6 @@ using Allocator = rapidjson::Document::AllocatorType;
 
 rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Value(s, a); }
 
-// The measured `none` saved bytes, the reference of saved_ratio_vs_none.
-int64_t NoneSavedBytes(const VerifyReport& r) {
-  for (const runtime::VariantMeasurement& v : r.measurement.variants) {
-    if (v.variant.kind == VariantKind::kNone) return v.saved_bytes;
-  }
-  return r.prediction.saved_bytes_none;
-}
-
 }  // namespace
 
 rapidjson::Document VerifyJson(const VerifyReport& r) {
@@ -33,7 +25,7 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
       m.config, m.attention, {m.n_params, m.param_bytes, m.grad_bytes, m.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
 
-  const double none_bytes = static_cast<double>(NoneSavedBytes(r));
+  const double none_bytes = static_cast<double>(m.reference_saved_bytes);
   rapidjson::Value saved(rapidjson::kObjectType), ratio_vs_none(rapidjson::kObjectType),
       time_s(rapidjson::kObjectType), grad_diff(rapidjson::kObjectType);
   for (const runtime::VariantMeasurement& v : m.variants) {
@@ -81,8 +73,10 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
 std::string VerifyTable(const VerifyReport& r) {
   const ModelConfig& c = r.measurement.config;
   std::string out = absl::StrFormat(
-      "memledger verify: %d layers, width %d, %d heads, batch %d, seq %d, %s attention\n\n",
-      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention));
+      "memledger verify: %d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
+      "torch %s\n\n",
+      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention),
+      r.measurement.torch_version);
   absl::StrAppendFormat(&out, "%-24s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
                         "ratio", "");
   for (const BucketCheck& b : r.buckets) {

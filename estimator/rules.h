@@ -1,0 +1,103 @@
+// The ATen ops memledger's graphs are made of, and what the pinned PyTorch release does
+// with each: which outputs are views of an input, which inputs autograd differentiates,
+// and which tensors the op's backward node keeps (SavedVariable members of the generated
+// torch/csrc/autograd/generated/Functions.h, saved under the conditions of
+// tools/autograd/derivatives.yaml). Both files ship inside the pinned torch wheel; the
+// rules are re-derived from them whenever kTorchRelease changes, and
+// //tests:rules_functions_h_test checks every keep rule against the wheel's Functions.h.
+//
+// Example:
+//   const OpSemantics& addmm = RuleTable::Pinned().Of(OpType::kAddmm);
+//   for (const KeepRule& rule : addmm.keeps) ...  // mat1_ (if mat2 needs grad), mat2_
+#ifndef ESTIMATOR_RULES_H_
+#define ESTIMATOR_RULES_H_
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace memledger {
+
+// kTorchRelease is the PyTorch release whose rules this file describes and whose
+// LibTorch the runtime measures (third_party/torch_requirements.txt pins the same).
+inline constexpr char kTorchRelease[] = "2.15.0";
+
+// OpType is an ATen op, named as the pinned release names it. Views and copies follow
+// ATen's rules; keep rules follow the backward node in the generated Functions.h.
+enum class OpType : uint8_t {
+  kNativeLayerNorm,  // (input, weight, bias) -> (out, mean, rstd)
+  kView,             // view of the input; must be possible without a copy
+  kReshape,          // view when ATen's computeStride allows it, else a contiguous copy
+  kUnsafeView,       // _unsafe_view: reinterprets a contiguous result, shares storage
+  kPermute,
+  kTranspose,
+  kSelect,
+  kExpand,  // same sizes only (as matmul uses it)
+  kT,       // 2-D transpose
+  kAddmm,   // (bias, mat1, mat2)
+  kBmm,     // (self, mat2)
+  // (q, k, v) -> (out, logsumexp): what scaled_dot_product_attention(q, k, v,
+  // is_causal=true) dispatches to on the CPU.
+  kFlashAttention,
+  kMulScalar,
+  kCausalMask,  // ones(T, T, bool).triu(1): no inputs, not differentiable
+  kMaskedFill,  // (self, mask)
+  kSoftmax,
+  kAdd,
+  kGelu,
+  kPow,  // pow(self, 2)
+  kMean,
+};
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kMean) + 1;
+
+const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
+
+// KeepRule says which tensor of an op its backward node saves, and when: LibTorch only
+// saves a tensor if the gradient that needs it will be computed (derivatives.yaml).
+struct KeepRule {
+  bool is_output = false;
+  int index = 0;                 // into OpDef::inputs or OpDef::outputs
+  int needs_grad_of_input = -1;  // saved only if this input requires grad; -1: always
+  std::string_view saved_name;   // the SavedVariable member in Functions.h: "mat1_"
+};
+
+struct OpSemantics {
+  // Saved tensors of the backward node, as Functions.h lists them.
+  std::vector<KeepRule> keeps;
+  // Inputs that autograd differentiates (masked_fill's mask is not).
+  std::vector<int> differentiable_inputs;
+  // Output i is a view of input `view_of[i]` (shares its storage); -1 if new storage.
+  // kReshape decides at walk time.
+  std::vector<int> view_of;
+  // The backward nodes the op can create (reshape: a view's or a copy's), empty for an
+  // op that never has one; their SavedVariable members are exactly the `keeps` names
+  // plus `absent_saved`.
+  std::vector<std::string_view> backward_nodes;
+  // SavedVariable members for optional inputs the graph never passes, which hold an
+  // undefined tensor and no storage (SDPA's attn_mask_).
+  std::vector<std::string_view> absent_saved;
+};
+
+// RuleTable maps every OpType to its semantics. Pinned() is the pinned release's; a
+// copy can be changed with Set() to model another release, or a wrong rule in a test
+// of the verifier.
+class RuleTable {
+ public:
+  // Pinned returns kTorchRelease's rules; built once, immutable, thread-safe.
+  static const RuleTable& Pinned();
+
+  const OpSemantics& Of(OpType type) const { return table_[static_cast<int>(type)]; }
+  void Set(OpType type, OpSemantics semantics) {
+    table_[static_cast<int>(type)] = std::move(semantics);
+  }
+
+ private:
+  RuleTable() = default;
+  std::array<OpSemantics, kNumOpTypes> table_;
+};
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_RULES_H_
