@@ -10,6 +10,14 @@ stubs="$TEST_TMPDIR/stubs"
 mkdir -p "$stubs"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 passed=0
+# expect_failure CMD...: runs CMD expecting a non-zero exit; its output goes to $out.
+expect_failure() {
+  set +e
+  out=$("$@" 2>&1)
+  local rc=$?
+  set -e
+  [[ $rc -ne 0 ]] || fail "exited 0: $*"
+}
 
 # dpkg-query reports every package installed except those in $MISSING.
 cat > "$stubs/dpkg-query" <<'STUB'
@@ -68,11 +76,7 @@ out=$(MISSING="" "$bazelw" test //x 2>&1)
 ((++passed))
 
 # pip fails half-way: says so with the exact command, leaves nothing behind, no bazel.
-set +e
-out=$(MEMLEDGER_CACHE_DIR="$TEST_TMPDIR/cache2" PIP_FAILS=1 "$bazelw" build //y 2>&1)
-rc=$?
-set -e
-[[ $rc -ne 0 ]] || fail "failed pip install exited 0"
+expect_failure env MEMLEDGER_CACHE_DIR="$TEST_TMPDIR/cache2" PIP_FAILS=1 "$bazelw" build //y
 [[ "$out" == *"could not install torch==2.15.0"* ]] || fail "no failure message: $out"
 [[ "$out" == *"-m pip install --no-deps --no-compile --target $TEST_TMPDIR/cache2/torch-2.15.0-"* ]] ||
   fail "no pip command: $out"
@@ -81,11 +85,7 @@ set -e
 ((++passed))
 
 # Not root: names the packages and the command, exits non-zero, never runs bazel.
-set +e
-out=$(MISSING="libgtest-dev rapidjson-dev" FAKE_UID=1000 "$bazelw" test //x 2>&1)
-rc=$?
-set -e
-[[ $rc -ne 0 ]] || fail "non-root with missing packages exited 0"
+expect_failure env MISSING="libgtest-dev rapidjson-dev" FAKE_UID=1000 "$bazelw" test //x
 [[ "$out" == *"missing Debian packages: libgtest-dev rapidjson-dev"* ]] || fail "no package list: $out"
 [[ "$out" == *"apt-get install -y --no-install-recommends libgtest-dev rapidjson-dev"* ]] ||
   fail "no install command: $out"
@@ -102,11 +102,7 @@ grep -q -- 'install -y -q --no-install-recommends libabsl-dev$' "$TEST_TMPDIR/ap
 ((++passed))
 
 # Root but the archive is unreachable: says so, with the command, exits non-zero.
-set +e
-out=$(MISSING="libabsl-dev" APT_FAILS=1 "$bazelw" build //y 2>&1)
-rc=$?
-set -e
-[[ $rc -ne 0 ]] || fail "failed install exited 0"
+expect_failure env MISSING="libabsl-dev" APT_FAILS=1 "$bazelw" build //y
 [[ "$out" == *"could not install: libabsl-dev"* ]] || fail "no failure message: $out"
 ((++passed))
 echo "bazelw_test: $passed passed, 0 failed"

@@ -55,24 +55,24 @@ void BM_VerifyInProcess(benchmark::State& state) {
 }
 BENCHMARK(BM_VerifyInProcess)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 
-void BM_VerifyProcess(benchmark::State& state) {
-  // `bazel run` starts benchmarks in their runfiles tree, where the binary lives.
+// RunProcess times whole runs of `command`. `bazel run` starts benchmarks in their
+// runfiles tree, where verify/verify lives.
+void RunProcess(benchmark::State& state, const char* command) {
   for (auto _ : state) {
-    if (std::system("verify/verify --skip_timing > /dev/null") != 0) {
-      state.SkipWithError("verify --skip_timing failed");
+    if (std::system(command) != 0) {
+      state.SkipWithError(command);
       break;
     }
   }
 }
+
+void BM_VerifyProcess(benchmark::State& state) {
+  RunProcess(state, "verify/verify --skip_timing > /dev/null");
+}
 BENCHMARK(BM_VerifyProcess)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 
 void BM_ProcessStart(benchmark::State& state) {
-  for (auto _ : state) {
-    if (std::system("verify/verify --help > /dev/null 2>&1") != 0) {
-      state.SkipWithError("verify --help failed");
-      break;
-    }
-  }
+  RunProcess(state, "verify/verify --help > /dev/null 2>&1");
 }
 BENCHMARK(BM_ProcessStart)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 
