@@ -11,7 +11,7 @@ namespace memledger {
 namespace {
 
 // GraphBuilder appends tensors and ops in execution order. Composite helpers expand a
-// torch::nn call into the ATen ops the pinned PyTorch runs for it.
+// torch::nn / transformers call into the ATen ops the pinned PyTorch runs for it.
 class GraphBuilder {
  public:
   int Input(std::string name, std::vector<SymDim> shape) {
@@ -23,11 +23,28 @@ class GraphBuilder {
     return AddTensor(std::move(name), DType::kFloat32, true, std::move(shape));
   }
 
+  // TiedParam is a parameter owned by another segment (a tied LM head).
+  int TiedParam(std::string name, std::vector<SymDim> shape) {
+    int tensor = Param(std::move(name), std::move(shape));
+    graph_.tensors[tensor].is_tied = true;
+    return tensor;
+  }
+
+  int Global(std::string name, DType dtype, std::vector<SymDim> shape) {
+    int tensor = AddTensor(std::move(name), dtype, false, std::move(shape));
+    graph_.tensors[tensor].is_global = true;
+    return tensor;
+  }
+
+  // Op appends an op; its outputs have `dtype`, by default the first input's (views,
+  // copies and the ops here keep their input's dtype).
   std::vector<int> Op(OpType type, std::string name, std::vector<int> inputs,
                       std::vector<std::string> output_names, std::vector<SymDim> shape = {},
                       std::vector<int> dims = {},
                       std::optional<OpKind> policy_kind = std::nullopt,
-                      DType dtype = DType::kFloat32) {
+                      std::optional<DType> output_dtype = std::nullopt) {
+    const DType dtype = output_dtype.value_or(
+        inputs.empty() ? DType::kFloat32 : graph_.tensors[inputs[0]].dtype);
     OpDef op;
     op.type = type;
     op.name = name;
@@ -47,9 +64,10 @@ class GraphBuilder {
 
   int Op1(OpType type, std::string name, std::vector<int> inputs,
           std::vector<SymDim> shape = {}, std::vector<int> dims = {},
-          std::optional<OpKind> policy_kind = std::nullopt) {
+          std::optional<OpKind> policy_kind = std::nullopt,
+          std::optional<DType> dtype = std::nullopt) {
     return Op(type, std::move(name), std::move(inputs), {"out"}, std::move(shape),
-              std::move(dims), policy_kind)[0];
+              std::move(dims), policy_kind, dtype)[0];
   }
 
   // LayerNorm: torch::nn::LayerNorm -> at::layer_norm -> native_layer_norm.
@@ -60,7 +78,19 @@ class GraphBuilder {
               {}, {}, OpKind::kLayerNorm)[0];
   }
 
-  // Linear on a contiguous (B, T, in) input: at::linear's fused path,
+  // RmsNorm as transformers' LlamaRMSNorm runs it in fp32 (its .to(float32) casts are
+  // no-ops): weight * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).
+  int RmsNorm(const std::string& name, int x) {
+    int weight = Param(name + ".weight", {kD});
+    int squared = Op1(OpType::kPow, name + ".pow", {x});
+    int variance = Op1(OpType::kMeanDim, name + ".variance", {squared});
+    int shifted = Op1(OpType::kAddScalar, name + ".add_eps", {variance});
+    int inverse = Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
+    int normed = Op1(OpType::kMulTensor, name + ".normed", {x, inverse});
+    return Op1(OpType::kMulTensor, name, {weight, normed});
+  }
+
+  // Linear with bias on a contiguous (B, T, in) input: at::linear's fused path,
   // addmm(bias, x.view(B*T, in), weight.t()).view(B, T, out).
   int Linear(const std::string& name, int x, SymDim in, SymDim out) {
     int weight = Param(name + ".weight", {out, in});
@@ -68,6 +98,28 @@ class GraphBuilder {
     int flat = Op1(OpType::kView, name + ".flatten", {x}, {kB * kT, in});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
     int mm = Op1(OpType::kAddmm, name, {bias, flat, weight_t}, {}, {}, OpKind::kMatmul);
+    return Op1(OpType::kView, name + ".unflatten", {mm}, {kB, kT, out});
+  }
+
+  // LinearNoBias: at::linear without bias is at::matmul(x, weight.t()), which folds the
+  // (B, T, in) input: _unsafe_view(mm(x.reshape(B*T, in), weight.t()), (B, T, out)).
+  int LinearNoBias(const std::string& name, int x, SymDim in, SymDim out) {
+    return MatmulFolded(name, x, Param(name + ".weight", {out, in}), in, out);
+  }
+
+  int MatmulFolded(const std::string& name, int x, int weight, SymDim in, SymDim out) {
+    int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {kB * kT, in});
+    int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
+    int mm = Op1(OpType::kMm, name, {flat, weight_t}, {}, {}, OpKind::kMatmul);
+    return Op1(OpType::kUnsafeView, name + ".unflatten", {mm}, {kB, kT, out});
+  }
+
+  // Conv1D is GPT-2's linear: addmm(bias, x.view(-1, in), weight) with weight (in, out).
+  int Conv1D(const std::string& name, int x, SymDim in, SymDim out) {
+    int weight = Param(name + ".weight", {in, out});
+    int bias = Param(name + ".bias", {out});
+    int flat = Op1(OpType::kView, name + ".flatten", {x}, {kB * kT, in});
+    int mm = Op1(OpType::kAddmm, name, {bias, flat, weight}, {}, {}, OpKind::kMatmul);
     return Op1(OpType::kView, name + ".unflatten", {mm}, {kB, kT, out});
   }
 
@@ -88,6 +140,63 @@ class GraphBuilder {
                {kB, kH, a_shape[2], b_shape[3]});
   }
 
+  // CausalAttention of q, k, v of shape (B, H, T, d_head): the real SDPA kernel, or
+  // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul).
+  int CausalAttention(AttentionMode mode, int q, int k, int v) {
+    if (mode == AttentionMode::kFlash) {
+      return Op(OpType::kFlashAttention, "attention", {q, k, v}, {"out", "logsumexp"}, {}, {},
+                OpKind::kAttention)[0];
+    }
+    const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
+    int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {}, {2, 3});
+    int scores = BatchedMatmul("attention.scores", q, bhtd, k_t, {kB, kH, kDHead, kT});
+    int scaled = Op1(OpType::kMulScalar, "attention.scale", {scores});
+    int mask = Op(OpType::kCausalMask, "attention.causal_mask", {}, {"out"}, {kT, kT}, {},
+                  std::nullopt, DType::kBool)[0];
+    int masked = Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
+    int probs = Op1(OpType::kSoftmax, "attention.softmax", {masked});
+    return BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
+  }
+
+  // Slice is x.narrow(dim, start, length): a view.
+  int Slice(const std::string& name, int x, int dim, SymDim start, SymDim length) {
+    return Op1(OpType::kSlice, name, {x}, {start, length}, {dim});
+  }
+
+  // Rope is transformers' q * cos + rotate_half(q) * sin, rotate_half(x) =
+  // cat(-x[..., d_head/2:], x[..., :d_head/2]); cos and sin are (1, 1, T, d_head) views.
+  int Rope(const std::string& name, int x, int cos, int sin) {
+    int x1 = Slice(name + ".x1", x, 3, Sym(0), kDHead / 2);
+    int x2 = Slice(name + ".x2", x, 3, kDHead / 2, kDHead / 2);
+    int negated = Op1(OpType::kNeg, name + ".neg", {x2});
+    int rotated = Op1(OpType::kCat, name + ".rotate_half", {negated, x1});
+    int x_cos = Op1(OpType::kMulTensor, name + ".mul_cos", {x, cos});
+    int rotated_sin = Op1(OpType::kMulTensor, name + ".mul_sin", {rotated, sin});
+    return Op1(OpType::kAdd, name, {x_cos, rotated_sin});
+  }
+
+  // RepeatKv is transformers' repeat_kv: (B, kv, T, d_head) to (B, H, T, d_head) by
+  // x[:, :, None].expand(B, kv, H / kv, T, d_head).reshape(B, H, T, d_head), a copy.
+  int RepeatKv(const std::string& name, int x) {
+    int unsqueezed = Op1(OpType::kUnsqueeze, name + ".unsqueeze", {x}, {}, {2});
+    int expanded = Op1(OpType::kExpand, name + ".expand", {unsqueezed},
+                       {kB, kKv, kH / kKv, kT, kDHead});
+    return Op1(OpType::kReshape, name, {expanded}, {kB, kH, kT, kDHead});
+  }
+
+  // CrossEntropy is the families' loss: labels = pad(input_ids, (0, 1), value=-100)
+  // [..., 1:].contiguous(); cross_entropy(logits.view(-1, V), labels.view(-1)), i.e.
+  // nll_loss(log_softmax(logits)) (logits.float() is a no-op in fp32).
+  int CrossEntropy(int logits, int input_ids) {
+    int flat = Op1(OpType::kView, "loss.logits_flat", {logits}, {kB * kT, kV});
+    int padded = Op1(OpType::kConstantPad, "labels.pad", {input_ids});
+    int shifted = Slice("labels.shift", padded, 1, Sym(1), kT);
+    int labels = Op1(OpType::kContiguous, "labels", {shifted});
+    int labels_flat = Op1(OpType::kView, "labels.flat", {labels}, {kB * kT});
+    int log_probs = Op1(OpType::kLogSoftmax, "loss.log_softmax", {flat});
+    return Op(OpType::kNllLoss, "loss.nll", {log_probs, labels_flat}, {"out", "total_weight"})[0];
+  }
+
   BlockGraph Finish(int output) {
     graph_.output = output;
     return std::move(graph_);
@@ -96,8 +205,12 @@ class GraphBuilder {
  private:
   int AddTensor(std::string name, DType dtype, bool is_parameter,
                 std::vector<SymDim> shape) {
-    graph_.tensors.push_back(TensorDef{std::move(name), dtype, is_parameter,
-                                       std::move(shape)});
+    TensorDef tensor;
+    tensor.name = std::move(name);
+    tensor.dtype = dtype;
+    tensor.is_parameter = is_parameter;
+    tensor.shape = std::move(shape);
+    graph_.tensors.push_back(std::move(tensor));
     return static_cast<int>(graph_.tensors.size()) - 1;
   }
 
@@ -105,7 +218,7 @@ class GraphBuilder {
 };
 
 // The study's Block.forward, op by op (see runtime/ for the same model in LibTorch).
-BlockGraph BuildBlock(AttentionMode mode) {
+BlockGraph BuildStudyBlock(AttentionMode mode) {
   GraphBuilder g;
   int x = g.Input("x", {kB, kT, kD});
   int qkv = g.Linear("qkv", g.LayerNorm("ln1", x), kD, 3 * kD);
@@ -114,22 +227,7 @@ BlockGraph BuildBlock(AttentionMode mode) {
   int q = g.Op1(OpType::kSelect, "q", {qkv_first}, {}, {0, 0});
   int k = g.Op1(OpType::kSelect, "k", {qkv_first}, {}, {0, 1});
   int v = g.Op1(OpType::kSelect, "v", {qkv_first}, {}, {0, 2});
-  const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
-
-  int attention = 0;
-  if (mode == AttentionMode::kFlash) {
-    attention = g.Op(OpType::kFlashAttention, "attention", {q, k, v}, {"out", "logsumexp"},
-                     {}, {}, OpKind::kAttention)[0];
-  } else {
-    int k_t = g.Op1(OpType::kTranspose, "attention.k_t", {k}, {}, {2, 3});
-    int scores = g.BatchedMatmul("attention.scores", q, bhtd, k_t, {kB, kH, kDHead, kT});
-    int scaled = g.Op1(OpType::kMulScalar, "attention.scale", {scores});
-    int mask = g.Op(OpType::kCausalMask, "attention.causal_mask", {}, {"out"}, {kT, kT}, {},
-                    std::nullopt, DType::kBool)[0];
-    int masked = g.Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
-    int probs = g.Op1(OpType::kSoftmax, "attention.softmax", {masked});
-    attention = g.BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
-  }
+  int attention = g.CausalAttention(mode, q, k, v);
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {},
                             {1, 2})},
@@ -141,24 +239,131 @@ BlockGraph BuildBlock(AttentionMode mode) {
   return g.Finish(x2);
 }
 
-BlockGraph BuildLoss() {
+BlockGraph BuildStudyLoss() {
   GraphBuilder g;
   int y = g.Input("y", {kB, kT, kD});
   int squared = g.Op1(OpType::kPow, "loss.pow", {y});
   return g.Finish(g.Op1(OpType::kMean, "loss.mean", {squared}));
 }
 
-}  // namespace
-
-const BlockGraph& BlockGraphFor(AttentionMode mode) {
-  static const BlockGraph* const kFlash = new BlockGraph(BuildBlock(AttentionMode::kFlash));
-  static const BlockGraph* const kMath = new BlockGraph(BuildBlock(AttentionMode::kMath));
-  return mode == AttentionMode::kFlash ? *kFlash : *kMath;
+// Llama family (Llama 2/3, Mistral, Qwen2): embed_tokens(input_ids).
+BlockGraph BuildLlamaPrologue() {
+  GraphBuilder g;
+  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int weight = g.Param("embed_tokens.weight", {kV, kD});
+  return g.Finish(g.Op1(OpType::kEmbedding, "embed_tokens", {weight, input_ids}));
 }
 
-const BlockGraph& LossGraph() {
-  static const BlockGraph* const kLoss = new BlockGraph(BuildLoss());
-  return *kLoss;
+// LlamaDecoderLayer.forward with RoPE tables (1, T, d_head) made once per forward.
+BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
+  GraphBuilder g;
+  int x = g.Input("x", {kB, kT, kD});
+  int cos = g.Global("rope.cos", DType::kFloat32, {Sym(1), kT, kDHead});
+  int sin = g.Global("rope.sin", DType::kFloat32, {Sym(1), kT, kDHead});
+  int h = g.RmsNorm("input_layernorm", x);
+  auto project = [&](const std::string& name, SymDim heads) {
+    int out = config.qkv_bias ? g.Linear(name, h, kD, heads * kDHead)
+                              : g.LinearNoBias(name, h, kD, heads * kDHead);
+    int split = g.Op1(OpType::kView, name + ".split_heads", {out}, {kB, kT, heads, kDHead});
+    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {}, {1, 2});
+  };
+  int q = project("q_proj", kH);
+  int k = project("k_proj", kKv);
+  int v = project("v_proj", kKv);
+  int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {}, {1});
+  int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {}, {1});
+  q = g.Rope("q_rope", q, cos4, sin4);
+  k = g.Rope("k_rope", k, cos4, sin4);
+  if (config.KvHeads() < config.heads) {
+    k = g.RepeatKv("k_repeat", k);
+    v = g.RepeatKv("v_repeat", v);
+  }
+  int attention = g.CausalAttention(mode, q, k, v);
+  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {}, {1, 2});
+  int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
+                     {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
+                     {kB, kT, kH * kDHead});
+  int x1 = g.Op1(OpType::kAdd, "residual1",
+                 {x, g.LinearNoBias("o_proj", merged, kH * kDHead, kD)});
+  int h2 = g.RmsNorm("post_attention_layernorm", x1);
+  int gate = g.LinearNoBias("gate_proj", h2, kD, kF);
+  int up = g.LinearNoBias("up_proj", h2, kD, kF);
+  int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, {}, OpKind::kSilu);
+  int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
+  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.LinearNoBias("down_proj", product, kF, kD)});
+  return g.Finish(x2);
+}
+
+// Final norm, LM head (tied to embed_tokens or not) and the loss.
+BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
+  GraphBuilder g;
+  int x = g.Input("x", {kB, kT, kD});
+  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int h = g.RmsNorm("norm", x);
+  int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
+                                     : g.Param("lm_head.weight", {kV, kD});
+  int logits = g.MatmulFolded("lm_head", h, weight, kD, kV);
+  return g.Finish(g.CrossEntropy(logits, input_ids));
+}
+
+// GPT-2: wte(input_ids) + wpe(position_ids), position_ids = arange(T)[None].
+BlockGraph BuildGpt2Prologue() {
+  GraphBuilder g;
+  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int position_ids = g.Global("position_ids", DType::kInt64, {Sym(1), kT});
+  int tokens = g.Op1(OpType::kEmbedding, "wte", {g.Param("wte.weight", {kV, kD}), input_ids});
+  int positions =
+      g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
+  return g.Finish(g.Op1(OpType::kAdd, "embeddings", {tokens, positions}));
+}
+
+// GPT2Block without dropout: fused c_attn split into q, k, v; GELU (tanh) MLP.
+BlockGraph BuildGpt2Layer(AttentionMode mode) {
+  GraphBuilder g;
+  int x = g.Input("x", {kB, kT, kD});
+  int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * kD);
+  auto head = [&](const std::string& name, int index) {
+    int part = g.Slice(name, qkv, 2, index * kD, kD);
+    int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {kB, kT, kH, kDHead});
+    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {}, {1, 2});
+  };
+  int q = head("q", 0);
+  int k = head("k", 1);
+  int v = head("v", 2);
+  int attention = g.CausalAttention(mode, q, k, v);
+  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {}, {1, 2});
+  int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
+                     {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
+                     {kB, kT, kD});
+  int x1 = g.Op1(OpType::kAdd, "residual1", {x, g.Conv1D("attn.c_proj", merged, kD, kD)});
+  int fc = g.Conv1D("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
+  int gelu = g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, {}, OpKind::kGelu);
+  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.Conv1D("mlp.c_proj", gelu, kF, kD)});
+  return g.Finish(x2);
+}
+
+BlockGraph BuildGpt2Epilogue() {
+  GraphBuilder g;
+  int x = g.Input("x", {kB, kT, kD});
+  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int h = g.LayerNorm("ln_f", x);
+  int logits = g.MatmulFolded("lm_head", h, g.TiedParam("wte.weight", {kV, kD}), kD, kV);
+  return g.Finish(g.CrossEntropy(logits, input_ids));
+}
+
+}  // namespace
+
+ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
+  switch (config.family) {
+    case Family::kStudy:
+      return ModelGraphs{std::nullopt, BuildStudyBlock(mode), BuildStudyLoss()};
+    case Family::kLlama:
+      return ModelGraphs{BuildLlamaPrologue(), BuildLlamaLayer(config, mode),
+                         BuildLlamaEpilogue(config)};
+    case Family::kGpt2:
+      return ModelGraphs{BuildGpt2Prologue(), BuildGpt2Layer(mode), BuildGpt2Epilogue()};
+  }
+  return {};
 }
 
 }  // namespace memledger

@@ -24,7 +24,13 @@ struct TensorDef {
   std::string name;  // "ln1.out", "qkv.weight"
   DType dtype = DType::kFloat32;
   bool is_parameter = false;
-  std::vector<SymDim> shape;  // parameters and the graph input only
+  // is_global: a model-level storage made before the segments run and shared by them
+  // (input_ids, RoPE's cos and sin, position ids); never requires grad, and counts once
+  // for the whole model however many segments keep it. Matched across graphs by name.
+  bool is_global = false;
+  // is_tied: a parameter another segment owns (a tied LM head): not counted again.
+  bool is_tied = false;
+  std::vector<SymDim> shape;  // parameters, globals and the graph input only
 };
 
 // OpDef is one op in execution order.
@@ -39,18 +45,29 @@ struct OpDef {
   std::optional<OpKind> policy_kind;
 };
 
-// BlockGraph is one block (input x of shape (B, T, d) -> output) or the loss.
+// BlockGraph is one segment of the model: a decoder layer (hidden states (B, T, d) in,
+// out), the prologue (no hidden input; token ids to the first hidden states) or the
+// epilogue (the last hidden states to the loss).
 struct BlockGraph {
   std::vector<TensorDef> tensors;
   std::vector<OpDef> ops;
-  int input = 0;
-  int output = 0;
+  int input = -1;   // the hidden states coming in; -1 for the prologue
+  int output = 0;   // the hidden states going out (the prologue's, a layer's) or the loss
 };
 
-// BlockGraphFor returns the block graph for `mode`; built once, immutable, thread-safe.
-const BlockGraph& BlockGraphFor(AttentionMode mode);
-// LossGraph returns x.pow(2).mean() on the last block's output.
-const BlockGraph& LossGraph();
+// ModelGraphs is a model as segments: prologue (embedding; none for the study, whose
+// input is the hidden state itself), `layers` identical decoder layers, epilogue (final
+// norm, LM head and loss; the study's x.pow(2).mean()).
+struct ModelGraphs {
+  std::optional<BlockGraph> prologue;
+  BlockGraph layer;
+  BlockGraph epilogue;
+};
+
+// BuildModelGraphs returns the graphs of `config.family` with `mode` attention, as the
+// family's PyTorch code runs them (DESIGN.md, "Model families").
+// REQUIRES: ValidateConfig(config).ok().
+ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
 
 }  // namespace memledger
 

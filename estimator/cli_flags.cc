@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -11,10 +13,27 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/model_presets.h"
 
-ABSL_FLAG(int64_t, layers, 6, "Number of Transformer blocks (>= 1).");
-ABSL_FLAG(int64_t, width, 128, "Model width d (>= 1, divisible by --heads).");
-ABSL_FLAG(int64_t, heads, 4, "Attention heads H (>= 1).");
+ABSL_FLAG(std::string, model, "study",
+          "The model: a built-in name (study, gpt2, llama-2-7b, llama-3-8b, llama-3-70b, "
+          "mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2) or the path of a transformers "
+          "config.json (model_type llama, mistral, qwen2 or gpt2). The size flags below "
+          "override its sizes.");
+ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,
+          "Number of Transformer blocks / decoder layers (>= 1; default: the model's, the "
+          "study's 6).");
+ABSL_FLAG(std::optional<int64_t>, width, std::nullopt,
+          "Model width (hidden size) d (>= 1; default: the model's, the study's 128).");
+ABSL_FLAG(std::optional<int64_t>, heads, std::nullopt,
+          "Attention heads H (>= 1; default: the model's, the study's 4).");
+ABSL_FLAG(std::optional<int64_t>, kv_heads, std::nullopt,
+          "Key/value heads (grouped-query attention; default: the model's).");
+ABSL_FLAG(std::optional<int64_t>, head_dim, std::nullopt,
+          "Per-head width (default: the model's, usually width / heads).");
+ABSL_FLAG(std::optional<int64_t>, intermediate, std::nullopt,
+          "MLP width F (default: the model's, 4 x width for the study and GPT-2).");
+ABSL_FLAG(std::optional<int64_t>, vocab, std::nullopt, "Vocabulary size V (default: the model's).");
 ABSL_FLAG(int64_t, batch, 16, "Batch size B (>= 1).");
 ABSL_FLAG(int64_t, seq, 64, "Sequence length T (>= 1).");
 ABSL_FLAG(std::string, variants, "none,full,every_k,selective",
@@ -34,9 +53,36 @@ namespace memledger {
 
 absl::StatusOr<RunSpec> RunSpecFromFlags() {
   RunSpec spec;
-  spec.config.layers = absl::GetFlag(FLAGS_layers);
-  spec.config.width = absl::GetFlag(FLAGS_width);
-  spec.config.heads = absl::GetFlag(FLAGS_heads);
+  absl::StatusOr<ModelConfig> model = ModelFromFlag(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return model.status();
+  spec.config = *model;
+  spec.model = absl::GetFlag(FLAGS_model);
+  const bool width_or_heads_set = absl::GetFlag(FLAGS_width).has_value() ||
+                                  absl::GetFlag(FLAGS_heads).has_value();
+  for (const auto& [flag, field] :
+       {std::pair<const absl::Flag<std::optional<int64_t>>*, int64_t*>{&FLAGS_layers,
+                                                                       &spec.config.layers},
+        {&FLAGS_width, &spec.config.width},
+        {&FLAGS_heads, &spec.config.heads},
+        {&FLAGS_kv_heads, &spec.config.kv_heads},
+        {&FLAGS_head_dim, &spec.config.head_dim},
+        {&FLAGS_intermediate, &spec.config.intermediate},
+        {&FLAGS_vocab, &spec.config.vocab}}) {
+    if (std::optional<int64_t> value = absl::GetFlag(*flag); value.has_value()) *field = *value;
+  }
+  // A new width or head count redraws the head split unless it is given too; the
+  // study's and GPT-2's kv heads follow the heads.
+  if (width_or_heads_set && !absl::GetFlag(FLAGS_head_dim).has_value() &&
+      spec.config.heads > 0) {
+    spec.config.head_dim = spec.config.width / spec.config.heads;
+  }
+  if (spec.config.family != Family::kLlama && !absl::GetFlag(FLAGS_kv_heads).has_value()) {
+    spec.config.kv_heads = spec.config.heads;
+  }
+  if (spec.config.family != Family::kLlama && absl::GetFlag(FLAGS_width).has_value() &&
+      !absl::GetFlag(FLAGS_intermediate).has_value()) {
+    spec.config.intermediate = 4 * spec.config.width;
+  }
   spec.config.batch = absl::GetFlag(FLAGS_batch);
   spec.config.seq = absl::GetFlag(FLAGS_seq);
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
@@ -48,11 +94,10 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
   absl::StatusOr<std::vector<Variant>> variants = ParseVariants(
       absl::GetFlag(FLAGS_variants), absl::GetFlag(FLAGS_every), absl::GetFlag(FLAGS_policy));
   if (!variants.ok()) return variants.status();
-  for (const Variant& variant : *variants) {
-    if (variant.kind != VariantKind::kSelective) continue;
-    if (absl::Status s = ValidatePolicy(variant.policy, spec.attention); !s.ok()) return s;
-  }
   spec.variants = *std::move(variants);
+  if (absl::Status s = ValidateRun(spec.config, spec.attention, spec.variants); !s.ok()) {
+    return s;
+  }
 
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "json" && format != "table") {

@@ -4,6 +4,7 @@
 #define ESTIMATOR_CLI_FLAGS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,9 +12,14 @@
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
 
-ABSL_DECLARE_FLAG(int64_t, layers);
-ABSL_DECLARE_FLAG(int64_t, width);
-ABSL_DECLARE_FLAG(int64_t, heads);
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, layers);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, width);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, heads);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, kv_heads);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, head_dim);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, intermediate);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, vocab);
 ABSL_DECLARE_FLAG(int64_t, batch);
 ABSL_DECLARE_FLAG(int64_t, seq);
 ABSL_DECLARE_FLAG(std::string, variants);
@@ -28,6 +34,7 @@ namespace memledger {
 // RunSpec is what the shared flags ask for.
 struct RunSpec {
   ModelConfig config;
+  std::string model;  // --model as given: a preset name or a config.json path
   AttentionMode attention = AttentionMode::kFlash;
   std::vector<Variant> variants;
   bool table = false;  // --format=table, else JSON

@@ -21,6 +21,18 @@ absl::Status CheckPositive(absl::string_view flag, int64_t value) {
 
 }  // namespace
 
+absl::string_view FamilyName(Family family) {
+  switch (family) {
+    case Family::kStudy:
+      return "study";
+    case Family::kLlama:
+      return "llama";
+    case Family::kGpt2:
+      return "gpt2";
+  }
+  return "?";
+}
+
 absl::Status ValidateConfig(const ModelConfig& config) {
   for (const auto& [flag, value] :
        {std::pair<absl::string_view, int64_t>{"layers", config.layers},
@@ -30,10 +42,83 @@ absl::Status ValidateConfig(const ModelConfig& config) {
         {"seq", config.seq}}) {
     if (absl::Status s = CheckPositive(flag, value); !s.ok()) return s;
   }
-  if (config.width % config.heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--width ", config.width,
-                                                   " is not divisible by --heads ",
-                                                   config.heads));
+  for (const auto& [flag, value] :
+       {std::pair<absl::string_view, int64_t>{"kv_heads", config.kv_heads},
+        {"head_dim", config.head_dim},
+        {"intermediate", config.intermediate},
+        {"vocab", config.vocab},
+        {"max_positions", config.max_positions}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", value));
+    }
+  }
+  if (config.family == Family::kStudy || config.family == Family::kGpt2) {
+    // One fused projection of width d split into heads: d = heads x head_dim.
+    if (config.width % config.heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--width ", config.width,
+                                                     " is not divisible by --heads ",
+                                                     config.heads));
+    }
+    if (config.HeadDim() * config.heads != config.width ||
+        config.KvHeads() != config.heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          FamilyName(config.family), " needs --head_dim = --width / --heads and --kv_heads = "
+          "--heads"));
+    }
+  }
+  if (config.family == Family::kStudy) return absl::OkStatus();
+
+  if (config.vocab < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab must be >= 1 for the ", FamilyName(config.family), " family"));
+  }
+  if (config.heads % config.KvHeads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--heads ", config.heads,
+                                                   " is not divisible by --kv_heads ",
+                                                   config.KvHeads()));
+  }
+  if (config.family == Family::kLlama && config.HeadDim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--head_dim ", config.HeadDim(), " must be even (RoPE rotates pairs of halves)"));
+  }
+  if (config.family == Family::kGpt2 && config.max_positions < 1) {
+    return absl::InvalidArgumentError("--max_positions must be >= 1 for the gpt2 family");
+  }
+  if (config.family == Family::kGpt2 && config.seq > config.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq ", config.seq,
+                                                   " exceeds the model's ", config.max_positions,
+                                                   " learned positions"));
+  }
+  if (!(config.norm_eps > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the norm epsilon must be > 0, got ", config.norm_eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
+                         const std::vector<Variant>& variants) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (variants.empty()) {
+    return absl::InvalidArgumentError("--variants must name at least one variant");
+  }
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Variant& variant = variants[i];
+    for (size_t j = 0; j < i; ++j) {
+      if (variants[j].Name() == variant.Name()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--variants: '", variant.Name(), "' is listed twice"));
+      }
+    }
+    if (variant.kind == VariantKind::kEveryK && variant.every < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--every must be >= 1, got ", variant.every));
+    }
+    if (variant.kind == VariantKind::kSelective) {
+      if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family); !s.ok()) {
+        return s;
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -59,6 +144,8 @@ absl::string_view OpKindName(OpKind kind) {
       return "layer_norm";
     case OpKind::kGelu:
       return "gelu";
+    case OpKind::kSilu:
+      return "silu";
   }
   return "?";
 }
@@ -73,6 +160,8 @@ bool SavePolicy::Saves(OpKind kind) const {
       return layer_norm;
     case OpKind::kGelu:
       return gelu;
+    case OpKind::kSilu:
+      return silu;
   }
   return false;
 }
@@ -90,10 +179,12 @@ absl::StatusOr<SavePolicy> ParseSavePolicy(absl::string_view names) {
       policy.layer_norm = true;
     } else if (name == "gelu") {
       policy.gelu = true;
+    } else if (name == "silu") {
+      policy.silu = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "--policy: unknown op kind '", name,
-          "' (known: matmul, attention, layer_norm, gelu)"));
+          "' (known: matmul, attention, layer_norm, gelu, silu)"));
     }
   }
   return policy;
@@ -101,17 +192,27 @@ absl::StatusOr<SavePolicy> ParseSavePolicy(absl::string_view names) {
 
 std::string SavePolicyName(const SavePolicy& policy) {
   std::vector<absl::string_view> names;
-  for (OpKind kind :
-       {OpKind::kMatmul, OpKind::kAttention, OpKind::kLayerNorm, OpKind::kGelu}) {
+  for (OpKind kind : {OpKind::kMatmul, OpKind::kAttention, OpKind::kLayerNorm, OpKind::kGelu,
+                      OpKind::kSilu}) {
     if (policy.Saves(kind)) names.push_back(OpKindName(kind));
   }
   return absl::StrJoin(names, ",");
 }
 
-absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode) {
+absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family) {
   if (policy.attention && mode != AttentionMode::kFlash) {
     return absl::InvalidArgumentError(
         "--policy attention needs --attention=flash (math attention has no single op)");
+  }
+  const bool llama = family == Family::kLlama;
+  if (llama && (policy.layer_norm || policy.gelu)) {
+    return absl::InvalidArgumentError(
+        "--policy layer_norm and gelu are not ops of the llama family (RMSNorm is plain "
+        "ops; its activation is silu)");
+  }
+  if (!llama && policy.silu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--policy silu is an op of the llama family only, not of ", FamilyName(family)));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #define ESTIMATOR_CONFIG_H_
 
 #include <cstdint>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -19,24 +20,52 @@
 
 namespace memledger {
 
-// ModelConfig is a stack of `layers` pre-LN Transformer blocks of width `width` with
-// `heads` heads, trained on fp32 input of shape (batch, seq, width).
-// REQUIRES (checked by ValidateConfig): every field >= 1, width % heads == 0.
+// Family is the kind of model: which graph the estimator builds and the runtime runs
+// (DESIGN.md, "Model families").
+enum class Family : uint8_t {
+  kStudy,  // the reference study's pre-LN block stack, input (B, T, d), loss x.pow(2).mean()
+  kLlama,  // Llama 2/3, Mistral, Qwen2: embedding, RMSNorm, RoPE, GQA, SwiGLU, LM head, CE
+  kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, GELU-tanh, tied head, CE
+};
+absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
+
+// ModelConfig is the model spec plus the input's batch and seq. The first five fields
+// are the study's; the others describe the decoder families and, left at 0, take the
+// study's values (kv_heads = heads, head_dim = width / heads, intermediate = 4 width).
+// REQUIRES (checked by ValidateConfig): sizes >= 1; family-specific consistency.
 struct ModelConfig {
   int64_t layers = 6;
-  int64_t width = 128;
+  int64_t width = 128;  // hidden size d
   int64_t heads = 4;
   int64_t batch = 16;
   int64_t seq = 64;
+  Family family = Family::kStudy;
+  int64_t kv_heads = 0;       // key/value heads (grouped-query attention when < heads)
+  int64_t head_dim = 0;       // per-head width
+  int64_t intermediate = 0;   // MLP width F
+  int64_t vocab = 0;          // vocabulary V (decoder families)
+  int64_t max_positions = 0;  // GPT-2's learned positions; 0: unlimited (RoPE)
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;  // lm_head shares embed_tokens' weight
+  bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
+
+  int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
+  int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * width; }
 
   friend bool operator==(const ModelConfig& a, const ModelConfig& b) {
     return a.layers == b.layers && a.width == b.width && a.heads == b.heads &&
-           a.batch == b.batch && a.seq == b.seq;
+           a.batch == b.batch && a.seq == b.seq && a.family == b.family &&
+           a.KvHeads() == b.KvHeads() && a.HeadDim() == b.HeadDim() &&
+           a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
+           a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
+           a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias;
   }
 };
 
 // ValidateConfig returns InvalidArgument naming the offending flag, e.g.
-// "--width 130 is not divisible by --heads 4".
+// "--width 130 is not divisible by --heads 4" or "--heads 32 is not divisible by
+// --kv_heads 5". Every entry point (predict, runtime, verify) calls it.
 absl::Status ValidateConfig(const ModelConfig& config);
 
 // AttentionMode selects how causal attention is computed and what it keeps.
@@ -57,7 +86,8 @@ enum class OpKind {
   kMatmul,     // the four Linear layers' addmm (the study's policy)
   kAttention,  // flash attention: out and logsumexp (flash mode only)
   kLayerNorm,  // native_layer_norm: out, mean, rstd
-  kGelu,       // gelu: out
+  kGelu,       // gelu (exact for the study, tanh for GPT-2): out
+  kSilu,       // silu (Llama's SwiGLU gate): out
 };
 
 absl::string_view OpKindName(OpKind kind);  // "matmul", "attention", ...
@@ -68,11 +98,12 @@ struct SavePolicy {
   bool attention = false;
   bool layer_norm = false;
   bool gelu = false;
+  bool silu = false;
 
   bool Saves(OpKind kind) const;
   friend bool operator==(const SavePolicy& a, const SavePolicy& b) {
     return a.matmul == b.matmul && a.attention == b.attention &&
-           a.layer_norm == b.layer_norm && a.gelu == b.gelu;
+           a.layer_norm == b.layer_norm && a.gelu == b.gelu && a.silu == b.silu;
   }
 };
 
@@ -81,9 +112,10 @@ struct SavePolicy {
 absl::StatusOr<SavePolicy> ParseSavePolicy(absl::string_view names);
 std::string SavePolicyName(const SavePolicy& policy);  // "matmul,gelu"; "" if empty
 
-// ValidatePolicy rejects op kinds the attention mode lacks: "attention" names the flash
-// op, which math mode does not have.
-absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode);
+// ValidatePolicy rejects op kinds the model lacks: "attention" names the flash op, which
+// math mode does not have; layer_norm and gelu are not in Llama (RMSNorm is plain ops,
+// the activation is silu), silu is only in Llama.
+absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family);
 
 // VariantKind is the checkpointing choice.
 enum class VariantKind {
@@ -110,6 +142,12 @@ struct Variant {
 // `policy` the selective policy. Duplicate names are an error.
 absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int64_t every,
                                                    absl::string_view policy);
+
+// ValidateRun is the one validation path for a run, shared by predict, the runtime and
+// verify: the config, a non-empty list of distinct variants, every_k's k >= 1, and each
+// selective policy against the attention mode and family.
+absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
+                         const std::vector<Variant>& variants);
 
 // The study's four variants: none, full, every_2, selective (matmul).
 std::vector<Variant> DefaultVariants();

@@ -1,7 +1,9 @@
 #include "estimator/predict.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -12,8 +14,8 @@
 namespace memledger {
 namespace {
 
-// BlockWalks memoizes the walks of one Predict call: a block's walk depends only on
-// whether it is checkpointed (and with which policy) and whether it is the first.
+// BlockWalks memoizes the layer walks of one Predict call: a layer's walk depends only
+// on whether it is checkpointed (and with which policy) and whether it is the first.
 class BlockWalks {
  public:
   BlockWalks(const BlockGraph& graph, const ModelConfig& config, bool breakdown,
@@ -33,7 +35,9 @@ class BlockWalks {
     }
     WalkOptions options;
     options.checkpointed = checkpointed;
-    options.input_requires_grad = !first;
+    // The study's first block reads the model input, which does not require grad; the
+    // decoder families' first layer reads the embedding's output, which does.
+    options.input_requires_grad = !first || config_.family != Family::kStudy;
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
@@ -57,21 +61,46 @@ class BlockWalks {
   std::vector<Entry> entries_;
 };
 
+// Segments are the prologue and epilogue walks of one Predict call.
+struct Segments {
+  std::optional<BlockWalk> prologue;
+  BlockWalk epilogue;
+};
+
 // Multiples returns how many i in [lo, hi] have i % k == 0 (lo >= 1).
 int64_t Multiples(int64_t lo, int64_t hi, int64_t k) {
   return hi < lo ? 0 : hi / k - (lo - 1) / k;
 }
 
-// PredictVariant adds up the model's kept storages for one variant. Blocks 1..L-1 are
+// GlobalBytes adds each model-level storage once, to the first segment that keeps it.
+class GlobalBytes {
+ public:
+  CheckedInt64 Add(const BlockWalk& walk) {
+    CheckedInt64 added = 0;
+    for (const KeptGlobal& global : walk.kept_globals) {
+      bool seen = false;
+      for (const std::string& name : seen_) seen = seen || name == global.name;
+      if (seen) continue;
+      seen_.push_back(global.name);
+      added += global.bytes;
+    }
+    return added;
+  }
+
+ private:
+  std::vector<std::string> seen_;
+};
+
+// PredictVariant adds up the model's kept storages for one variant. Layers 1..L-1 are
 // of two kinds at most (checkpointed or not, by i % k), so the sum over layers is a sum
-// over kinds and over the kinds of adjacent pairs, whose shared storage (one block's
+// over kinds and over the kinds of adjacent pairs, whose shared storage (one layer's
 // output, the next one's input) counts once.
 absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
                                                  const ModelConfig& config,
-                                                 const BlockWalk& loss, bool breakdown,
+                                                 const Segments& segments, bool breakdown,
                                                  BlockWalks& walks) {
   const int64_t layers = config.layers;
-  // Full and selective checkpoint every block: k = 1. `none` checkpoints none.
+  // Full and selective checkpoint every layer: k = 1. `none` checkpoints none.
   const bool checkpoints = variant.kind != VariantKind::kNone;
   const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
   const SavePolicy policy = variant.kind == VariantKind::kSelective
@@ -84,12 +113,13 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   for (const auto* s : {&first, &plain, &ckpt}) {
     if (!s->ok()) return s->status();
   }
-  // Blocks 1..L-1: checkpointed iff i % k == 0 (never for `none`).
+  // Layers 1..L-1: checkpointed iff i % k == 0 (never for `none`).
   const int64_t n_ckpt = checkpoints ? Multiples(1, layers - 1, k) : 0;
   const int64_t n_plain = (layers - 1) - n_ckpt;
   const BlockWalk& f = **first;
   const BlockWalk& p = **plain;
   const BlockWalk& c = **ckpt;
+  const BlockWalk& epilogue = segments.epilogue;
 
   auto block_bytes = [](const BlockWalk& w) {
     return CheckedInt64(w.inner_bytes) + w.cache_bytes;
@@ -102,15 +132,18 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
     return before.keeps_output || after.keeps_input;
   };
 
-  CheckedInt64 saved = block_bytes(f) + CheckedInt64(n_ckpt) * block_bytes(c) +
-                       CheckedInt64(n_plain) * block_bytes(p);
+  CheckedInt64 layer_bytes = block_bytes(f) + CheckedInt64(n_ckpt) * block_bytes(c) +
+                             CheckedInt64(n_plain) * block_bytes(p);
   CheckedInt64 cache = CheckedInt64(f.cache_bytes) + CheckedInt64(n_ckpt) * c.cache_bytes +
                        CheckedInt64(n_plain) * p.cache_bytes;
-  // Boundary storages: 0 is the model input, L the last output (the loss's input).
-  int64_t kept_boundaries = f.keeps_input ? 1 : 0;
+  // Boundary storages: 0 is the model input (or the prologue's output), L the last
+  // output (the epilogue's input).
+  const bool prologue_keeps_output =
+      segments.prologue.has_value() && segments.prologue->keeps_output;
+  int64_t kept_boundaries = (prologue_keeps_output || f.keeps_input) ? 1 : 0;
   if (layers >= 2) {
     kept_boundaries += shared_kept(f, kind_of(1)) ? 1 : 0;
-    // Boundaries j = 2..L-1 sit between two non-first blocks.
+    // Boundaries j = 2..L-1 sit between two non-first layers.
     const int64_t ckpt_before = checkpoints ? Multiples(1, layers - 2, k) : 0;
     const int64_t ckpt_after = checkpoints ? Multiples(2, layers - 1, k) : 0;
     const int64_t pairs = layers - 2;
@@ -122,10 +155,21 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
                          (shared_kept(p, p) ? pairs - ckpt_before - ckpt_after : 0);
     }
   }
-  kept_boundaries += shared_kept(kind_of(layers - 1), loss) ? 1 : 0;
-  saved += CheckedInt64(kept_boundaries) * f.boundary_bytes;
-  saved += loss.inner_bytes;
+  layer_bytes += CheckedInt64(kept_boundaries) * f.boundary_bytes;
+  CheckedInt64 head_loss = epilogue.inner_bytes;
+  if (shared_kept(kind_of(layers - 1), epilogue)) head_loss += f.boundary_bytes;
 
+  GlobalBytes globals;
+  CheckedInt64 embedding = 0;
+  if (segments.prologue.has_value()) {
+    embedding = CheckedInt64(segments.prologue->inner_bytes) + globals.Add(*segments.prologue);
+  }
+  layer_bytes += globals.Add(f);
+  if (n_ckpt > 0) layer_bytes += globals.Add(c);
+  if (n_plain > 0) layer_bytes += globals.Add(p);
+  head_loss += globals.Add(epilogue);
+
+  CheckedInt64 saved = embedding + layer_bytes + head_loss;
   if (saved.overflowed() || cache.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "saved bytes of variant ", variant.Name(), " overflow int64 at layers=", layers));
@@ -134,20 +178,25 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   prediction.variant = variant;
   prediction.saved_bytes = saved.value();
   prediction.cache_bytes = cache.value();
+  prediction.embedding_bytes = embedding.value();
+  prediction.layers_bytes = layer_bytes.value();
+  prediction.head_loss_bytes = head_loss.value();
   if (breakdown) {
-    prediction.blocks.push_back(BlockKind{checkpoints, false, 1, f});
+    prediction.blocks.push_back(
+        BlockKind{checkpoints, config.family != Family::kStudy, 1, f});
     if (n_ckpt > 0) prediction.blocks.push_back(BlockKind{true, true, n_ckpt, c});
     if (n_plain > 0) prediction.blocks.push_back(BlockKind{false, true, n_plain, p});
-    prediction.loss = loss;
+    prediction.prologue = segments.prologue;
+    prediction.epilogue = epilogue;
   }
   return prediction;
 }
 
-// ParameterCount sums the block graph's parameters: 12 d^2 + 13 d for one block.
+// ParameterCount sums a graph's parameters, tied ones (owned by another segment) not.
 CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config) {
   CheckedInt64 count = 0;
   for (const TensorDef& tensor : graph.tensors) {
-    if (!tensor.is_parameter) continue;
+    if (!tensor.is_parameter || tensor.is_tied) continue;
     CheckedInt64 numel = 1;
     for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(config);
     count += numel;
@@ -159,83 +208,97 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config) 
 
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                    const PredictOptions& options) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  if (options.variants.empty()) {
-    return absl::InvalidArgumentError("--variants must name at least one variant");
-  }
-  for (const Variant& variant : options.variants) {
-    if (variant.kind == VariantKind::kEveryK && variant.every < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--every must be >= 1, got ", variant.every));
-    }
-    if (variant.kind == VariantKind::kSelective) {
-      if (absl::Status s = ValidatePolicy(variant.policy, options.attention); !s.ok()) {
-        return s;
-      }
-    }
+  if (absl::Status s = ValidateRun(config, options.attention, options.variants); !s.ok()) {
+    return s;
   }
 
   Prediction prediction;
   prediction.config = config;
   prediction.attention = options.attention;
-  prediction.block_graph = &BlockGraphFor(options.attention);
-  prediction.loss_graph = &LossGraph();
+  auto graphs = std::make_shared<const ModelGraphs>(BuildModelGraphs(config, options.attention));
+  prediction.graphs = graphs;
 
   const int64_t d = config.width;
-  CheckedInt64 n_params = CheckedInt64(config.layers) * ParameterCount(*prediction.block_graph, config);
-  // The analytic identity: per block 2 LayerNorms (2d each), QKV (3d^2 + 3d), proj
-  // (d^2 + d), fc1 (4d^2 + 4d), fc2 (4d^2 + d).
-  CheckedInt64 identity = CheckedInt64(config.layers) * (CheckedInt64(12) * d * d + CheckedInt64(13) * d);
-  CheckedInt64 param_bytes = n_params * 4;
+  CheckedInt64 n_params = CheckedInt64(config.layers) * ParameterCount(graphs->layer, config) +
+                          ParameterCount(graphs->epilogue, config);
+  if (graphs->prologue.has_value()) n_params += ParameterCount(*graphs->prologue, config);
+  if (config.family == Family::kStudy) {
+    // The analytic identity: per block 2 LayerNorms (2d each), QKV (3d^2 + 3d), proj
+    // (d^2 + d), fc1 (4d^2 + 4d), fc2 (4d^2 + d).
+    CheckedInt64 identity =
+        CheckedInt64(config.layers) * (CheckedInt64(12) * d * d + CheckedInt64(13) * d);
+    if (!identity.overflowed() && !n_params.overflowed() &&
+        n_params.value() != identity.value()) {
+      return absl::InternalError(absl::StrCat("block graph has ", n_params.value(),
+                                              " parameters, expected layers*(12d^2+13d) = ",
+                                              identity.value()));
+    }
+  }
+  // Parameters, their gradients and AdamW's two moments are fp32, one element each.
+  CheckedInt64 param_bytes = n_params * ElementSizeBytes(DType::kFloat32);
   CheckedInt64 adamw_bytes = param_bytes * 2;
-  if (param_bytes.overflowed() || adamw_bytes.overflowed() || identity.overflowed()) {
+  if (param_bytes.overflowed() || adamw_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
-  }
-  if (n_params.value() != identity.value()) {
-    return absl::InternalError(absl::StrCat("block graph has ", n_params.value(),
-                                            " parameters, expected layers*(12d^2+13d) = ",
-                                            identity.value()));
   }
   prediction.n_params = n_params.value();
   prediction.param_bytes = param_bytes.value();
   prediction.grad_bytes = param_bytes.value();
   prediction.adamw_state_bytes = adamw_bytes.value();
 
-  WalkOptions loss_options;
-  loss_options.record_storages = options.breakdown;
-  loss_options.rules = options.rules;
-  absl::StatusOr<BlockWalk> loss = WalkBlock(LossGraph(), config, loss_options);
-  if (!loss.ok()) return loss.status();
+  WalkOptions segment_options;
+  segment_options.record_storages = options.breakdown;
+  segment_options.rules = options.rules;
+  Segments segments;
+  if (graphs->prologue.has_value()) {
+    absl::StatusOr<BlockWalk> prologue = WalkBlock(*graphs->prologue, config, segment_options);
+    if (!prologue.ok()) return prologue.status();
+    segments.prologue = *std::move(prologue);
+  }
+  absl::StatusOr<BlockWalk> epilogue = WalkBlock(graphs->epilogue, config, segment_options);
+  if (!epilogue.ok()) return epilogue.status();
+  segments.epilogue = *std::move(epilogue);
 
-  BlockWalks walks(*prediction.block_graph, config, options.breakdown, options.rules);
+  BlockWalks walks(graphs->layer, config, options.breakdown, options.rules);
   Variant none;
   absl::StatusOr<VariantPrediction> reference =
-      PredictVariant(none, config, *loss, /*breakdown=*/false, walks);
+      PredictVariant(none, config, segments, /*breakdown=*/false, walks);
   if (!reference.ok()) return reference.status();
   prediction.saved_bytes_none = reference->saved_bytes;
 
   for (const Variant& variant : options.variants) {
     absl::StatusOr<VariantPrediction> v =
-        PredictVariant(variant, config, *loss, options.breakdown, walks);
+        PredictVariant(variant, config, segments, options.breakdown, walks);
     if (!v.ok()) return v.status();
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);
     prediction.variants.push_back(*std::move(v));
   }
 
-  CheckedInt64 korthikanti = CheckedInt64(config.layers) * 4 * 16 * config.batch * config.seq * d;
-  if (options.attention == AttentionMode::kMath) {
-    korthikanti += CheckedInt64(config.layers) * 8 * config.batch * config.heads * config.seq *
-                   config.seq;
-  }
-  if (korthikanti.overflowed()) {
+  prediction.korthikanti_saved_bytes_none = KorthikantiSavedBytes(config, options.attention);
+  if (prediction.korthikanti_saved_bytes_none < 0) {
     return absl::OutOfRangeError("Korthikanti's prediction overflows int64");
   }
-  prediction.korthikanti_saved_bytes_none = korthikanti.value();
   prediction.saved_none_over_korthikanti =
-      static_cast<double>(prediction.saved_bytes_none) / static_cast<double>(korthikanti.value());
+      static_cast<double>(prediction.saved_bytes_none) /
+      static_cast<double>(prediction.korthikanti_saved_bytes_none);
   return prediction;
+}
+
+int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention) {
+  // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  // Models", per layer without recompute: s*b*h*(34 + 5*a*s/h) bytes in fp16 with
+  // dropout. Without the two 1-byte dropout masks that is 32 bytes = 16 fp16 elements
+  // per token and width, in fp32 4 * 16; the attention term 5*a*s^2*b (softmax 2 bytes,
+  // its dropout mask 1, its output 2) drops the mask: 4 bytes fp16 = 8 bytes fp32, and
+  // exists only where the (B, H, T, T) matrix is kept (math attention).
+  CheckedInt64 bytes = CheckedInt64(config.layers) * 4 * 16 * config.batch * config.seq *
+                       config.width;
+  if (attention == AttentionMode::kMath) {
+    bytes += CheckedInt64(config.layers) * 8 * config.batch * config.heads * config.seq *
+             config.seq;
+  }
+  return bytes.overflowed() ? -1 : bytes.value();
 }
 
 }  // namespace memledger

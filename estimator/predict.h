@@ -1,5 +1,6 @@
-// Predict: every memory bucket of training a stack of pre-LN Transformer blocks, per
-// checkpointing variant, without running anything. The numbers are what memledger's
+// Predict: every memory bucket of training a model (the study's block stack, or a Llama
+// or GPT-2 family decoder from embedding to loss), per checkpointing variant, without
+// running anything. The numbers are what memledger's
 // runtime measures in the pinned LibTorch (kTorchRelease, estimator/rules.h), byte for
 // byte (see DESIGN.md, "What is measured").
 //
@@ -15,6 +16,8 @@
 #define ESTIMATOR_PREDICT_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,17 +53,24 @@ struct VariantPrediction {
   int64_t saved_bytes = 0;
   int64_t cache_bytes = 0;  // the selective cache's share of saved_bytes
   double saved_ratio_vs_none = 0;
-  std::vector<BlockKind> blocks;  // if PredictOptions::breakdown
-  BlockWalk loss;                 // if PredictOptions::breakdown
+  // saved_bytes by segment: embedding (the prologue's storages), decoder layers (theirs,
+  // the hidden states between them and the cache) and head + loss (the epilogue's and
+  // the last hidden states). A model-level storage counts where it is first kept.
+  int64_t embedding_bytes = 0;
+  int64_t layers_bytes = 0;
+  int64_t head_loss_bytes = 0;
+  std::vector<BlockKind> blocks;       // if PredictOptions::breakdown
+  std::optional<BlockWalk> prologue;   // if PredictOptions::breakdown and there is one
+  BlockWalk epilogue;                  // if PredictOptions::breakdown
 };
 
 struct Prediction {
   ModelConfig config;
   AttentionMode attention = AttentionMode::kFlash;
-  const BlockGraph* block_graph = nullptr;  // names for the breakdown's indices
-  const BlockGraph* loss_graph = nullptr;
+  // The graphs walked: names for the breakdown's indices. Owned, shared by copies.
+  std::shared_ptr<const ModelGraphs> graphs;
 
-  int64_t n_params = 0;  // == layers * (12 d^2 + 13 d)
+  int64_t n_params = 0;  // study: layers * (12 d^2 + 13 d); tied weights count once
   int64_t param_bytes = 0;
   int64_t grad_bytes = 0;
   int64_t adamw_state_bytes = 0;  // exp_avg + exp_avg_sq
@@ -73,6 +83,10 @@ struct Prediction {
   int64_t korthikanti_saved_bytes_none = 0;
   double saved_none_over_korthikanti = 0;
 };
+
+// KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none`, in fp32
+// without dropout masks (see the definition for the derivation); -1 on overflow.
+int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention);
 
 // Predict returns InvalidArgument for a bad config, variant or policy (the message
 // names the flag) and OutOfRange when a byte count would overflow int64.

@@ -52,7 +52,8 @@ std::string BlockKindLabel(const BlockKind& kind) {
                       kind.input_requires_grad ? "" : " 0 (input without grad)");
 }
 
-// ConfigJson is the study's "config" object: layers, width, heads, batch, seq.
+// ConfigJson is the study's "config" object: layers, width, heads, batch, seq; for a
+// decoder family also its name and the rest of the spec.
 rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
   rapidjson::Value json(rapidjson::kObjectType);
   json.AddMember("layers", config.layers, allocator);
@@ -60,6 +61,17 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
   json.AddMember("heads", config.heads, allocator);
   json.AddMember("batch", config.batch, allocator);
   json.AddMember("seq", config.seq, allocator);
+  if (config.family != Family::kStudy) {
+    json.AddMember("family", rapidjson::StringRef(FamilyName(config.family).data()), allocator);
+    json.AddMember("kv_heads", config.KvHeads(), allocator);
+    json.AddMember("head_dim", config.HeadDim(), allocator);
+    json.AddMember("intermediate", config.Intermediate(), allocator);
+    json.AddMember("vocab", config.vocab, allocator);
+    json.AddMember("max_positions", config.max_positions, allocator);
+    json.AddMember("norm_eps", config.norm_eps, allocator);
+    json.AddMember("tie_embeddings", config.tie_embeddings, allocator);
+    json.AddMember("qkv_bias", config.qkv_bias, allocator);
+  }
   return json;
 }
 
@@ -95,6 +107,18 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   doc.AddMember("saved_bytes", saved, a);
   doc.AddMember("saved_ratio_vs_none", ratio, a);
   doc.AddMember("cache_bytes", cache, a);
+  if (p.config.family != Family::kStudy) {
+    // Where the saved bytes sit: the logits' share shows in head_loss.
+    rapidjson::Value segments(rapidjson::kObjectType);
+    for (const VariantPrediction& v : p.variants) {
+      rapidjson::Value split(rapidjson::kObjectType);
+      split.AddMember("embedding", v.embedding_bytes, a);
+      split.AddMember("layers", v.layers_bytes, a);
+      split.AddMember("head_loss", v.head_loss_bytes, a);
+      segments.AddMember(String(v.variant.Name(), a), split, a);
+    }
+    doc.AddMember("saved_bytes_by_segment", segments, a);
+  }
   for (const VariantPrediction& v : p.variants) {
     if (v.variant.kind == VariantKind::kSelective) {
       doc.AddMember("policy", String(SavePolicyName(v.variant.policy), a), a);
@@ -106,17 +130,24 @@ rapidjson::Document PredictionJson(const Prediction& p) {
     rapidjson::Value breakdown(rapidjson::kObjectType);
     for (const VariantPrediction& v : p.variants) {
       rapidjson::Value kinds(rapidjson::kArrayType);
+      if (v.prologue.has_value()) {
+        rapidjson::Value prologue(rapidjson::kObjectType);
+        prologue.AddMember("block", "embedding", a);
+        prologue.AddMember("count", 1, a);
+        prologue.AddMember("storages", StoragesJson(*p.graphs->prologue, *v.prologue, a), a);
+        kinds.PushBack(prologue, a);
+      }
       for (const BlockKind& kind : v.blocks) {
         rapidjson::Value k(rapidjson::kObjectType);
         k.AddMember("block", String(BlockKindLabel(kind), a), a);
         k.AddMember("count", kind.count, a);
-        k.AddMember("storages", StoragesJson(*p.block_graph, kind.walk, a), a);
+        k.AddMember("storages", StoragesJson(p.graphs->layer, kind.walk, a), a);
         kinds.PushBack(k, a);
       }
       rapidjson::Value loss(rapidjson::kObjectType);
       loss.AddMember("block", "loss", a);
       loss.AddMember("count", 1, a);
-      loss.AddMember("storages", StoragesJson(*p.loss_graph, v.loss, a), a);
+      loss.AddMember("storages", StoragesJson(p.graphs->epilogue, v.epilogue, a), a);
       kinds.PushBack(loss, a);
       breakdown.AddMember(String(v.variant.Name(), a), kinds, a);
     }
@@ -135,10 +166,16 @@ std::string JsonString(const rapidjson::Value& value) {
 
 std::string PredictionTable(const Prediction& p) {
   const ModelConfig& c = p.config;
+  std::string model = "";
+  if (c.family != Family::kStudy) {
+    model = absl::StrFormat("%s family (kv heads %d, head dim %d, intermediate %d, vocab %d), ",
+                            FamilyName(c.family), c.KvHeads(), c.HeadDim(), c.Intermediate(),
+                            c.vocab);
+  }
   std::string out = absl::StrFormat(
-      "memledger prediction: %d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
+      "memledger prediction: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
       "torch %s\n\n",
-      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
+      model, c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
       kTorchRelease);
   absl::StrAppendFormat(&out, "%-20s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-20s %20d %14s\n", "n_params (count)", p.n_params, "");
@@ -153,6 +190,17 @@ std::string PredictionTable(const Prediction& p) {
     absl::StrAppendFormat(&out, "%-20s %20d %14s %10.4f %14s\n", v.variant.Name(),
                           v.saved_bytes, HumanBytes(v.saved_bytes), v.saved_ratio_vs_none,
                           v.cache_bytes > 0 ? HumanBytes(v.cache_bytes) : "-");
+  }
+  if (c.family != Family::kStudy) {
+    absl::StrAppendFormat(&out, "\n%-20s %14s %14s %14s %10s\n", "saved by segment",
+                          "embedding", "layers", "head+loss", "head share");
+    for (const VariantPrediction& v : p.variants) {
+      absl::StrAppendFormat(
+          &out, "%-20s %14s %14s %14s %9.1f%%\n", v.variant.Name(),
+          HumanBytes(v.embedding_bytes), HumanBytes(v.layers_bytes),
+          HumanBytes(v.head_loss_bytes),
+          100.0 * static_cast<double>(v.head_loss_bytes) / static_cast<double>(v.saved_bytes));
+    }
   }
   absl::StrAppendFormat(&out, "\n%-20s %20d %14s\n", "Korthikanti (none)",
                         p.korthikanti_saved_bytes_none,
@@ -181,17 +229,22 @@ std::string BreakdownText(const Prediction& p) {
   for (const VariantPrediction& v : p.variants) {
     absl::StrAppendFormat(&out, "variant %s: %d bytes (%s)\n", v.variant.Name(), v.saved_bytes,
                           HumanBytes(v.saved_bytes));
+    if (v.prologue.has_value()) {
+      absl::StrAppendFormat(&out, " embedding, x1:\n");
+      storages(*p.graphs->prologue, *v.prologue);
+    }
     for (const BlockKind& kind : v.blocks) {
       absl::StrAppendFormat(&out, " %s, x%d:\n", BlockKindLabel(kind), kind.count);
-      storages(*p.block_graph, kind.walk);
+      storages(p.graphs->layer, kind.walk);
     }
     absl::StrAppendFormat(&out, " loss, x1:\n");
-    storages(*p.loss_graph, v.loss);
+    storages(p.graphs->epilogue, v.epilogue);
     out += "\n";
   }
   out +=
       "A block's input and output storages are shared with its neighbours and counted once\n"
-      "for the model; parameter storages are not counted.\n";
+      "for the model, and so are model-level storages (input_ids, RoPE's cos and sin,\n"
+      "position ids) however many blocks keep them; parameter storages are not counted.\n";
   return out;
 }
 

@@ -98,6 +98,61 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kMean:
       // yaml:1159 mean: grad.expand_symint(self.sym_sizes()) / self.sym_numel().
       return {{}, {0}, {-1}, {"MeanBackward0"}, {}};
+    case OpType::kEmbedding:
+      // yaml:2060 embedding: indices: non_differentiable; weight:
+      // embedding_backward_symint(grad, indices, ...). (1.13 also kept weight_.)
+      return {{In(1, "indices_")}, {0}, {-1}, {"EmbeddingBackward0"}, {}};
+    case OpType::kMm:
+      // yaml:1238 mm: self: mm_mat1_backward(grad, mat2, ...), mat2:
+      // mm_mat2_backward(grad, self, ...).
+      return {{In(0, "self_", 1), In(1, "mat2_", 0)}, {0, 1}, {-1}, {"MmBackward0"}, {}};
+    case OpType::kMulTensor:
+      // yaml:1251 mul.Tensor: self: mul_tensor_backward(grad, other, ...), other:
+      // mul_tensor_backward(grad, self, ...).
+      return {{In(0, "self_", 1), In(1, "other_", 0)}, {0, 1}, {-1}, {"MulBackward0"}, {}};
+    case OpType::kAddScalar:
+      // yaml:234 add.Scalar: handle_r_to_c(self.scalar_type(), grad).
+      return {{}, {0}, {-1}, {"AddBackward1"}, {}};
+    case OpType::kRsqrt:
+      // yaml:1519 rsqrt: -0.5 * grad * result.pow(3).conj().
+      return {{Out(0, "result_")}, {0}, {-1}, {"RsqrtBackward0"}, {}};
+    case OpType::kMeanDim:
+      // yaml:1169 mean.dim: mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(),
+      // keepdim). (1.13 kept self_.)
+      return {{}, {0}, {-1}, {"MeanBackward1"}, {}};
+    case OpType::kSilu:
+      // yaml:2138 silu: ...silu_backward(grad, self).
+      return {{In(0, "self_")}, {0}, {-1}, {"SiluBackward0"}, {}};
+    case OpType::kNeg:
+      return {{}, {0}, {-1}, {"NegBackward0"}, {}};  // yaml:1324 neg: grad.neg()
+    case OpType::kSlice:
+      // yaml:1583 slice.Tensor: slice_backward_wrapper(grad, sizes, ...); split.Tensor
+      // (yaml:1632) is the same view with a node that keeps no tensor either.
+      return OpSemantics{{}, {0}, {0}, {"SliceBackward0", "SplitBackward0"}, {}};
+    case OpType::kCat:
+      // yaml:386 cat: cat_tensors_backward(grad, sizes, scalar types, dim).
+      return {{}, {0, 1}, {-1}, {"CatBackward0"}, {}};
+    case OpType::kUnsqueeze:
+      return View("UnsqueezeBackward0");  // yaml:1931 unsqueeze: grad.squeeze(dim)
+    case OpType::kLogSoftmax:
+      // yaml:2203 _log_softmax: _log_softmax_backward_data(grad, result, dim, ...).
+      return {{Out(0, "result_")}, {0}, {-1}, {"LogSoftmaxBackward0"}, {}};
+    case OpType::kNllLoss:
+      // yaml:2110 nll_loss_forward: self: nll_loss_backward_symint(grad, self, target,
+      // weight, reduction, ignore_index, total_weight); target: non_differentiable.
+      // weight is None: an undefined SavedVariable.
+      return {{In(0, "self_"), In(1, "target_"), Out(1, "total_weight_")},
+              {0},
+              {-1, -1},
+              {"NllLossBackward0"},
+              {"weight_"}};
+    case OpType::kConstantPad:
+      // yaml:2032 constant_pad_nd: constant_pad_nd_backward(grad, pad); labels are int64
+      // and never require grad.
+      return {{}, {0}, {-1}, {"ConstantPadNdBackward0"}, {}};
+    case OpType::kContiguous:
+      // contiguous() is clone(memory_format) when a copy is needed (yaml:451 clone: grad).
+      return OpSemantics{{}, {0}, {0}, {"CloneBackward0"}, {}};
   }
   return {};  // unreachable: every case returns
 }
@@ -126,6 +181,21 @@ const char* OpTypeName(OpType type) {
     case OpType::kGelu: return "gelu";
     case OpType::kPow: return "pow";
     case OpType::kMean: return "mean";
+    case OpType::kEmbedding: return "embedding";
+    case OpType::kMm: return "mm";
+    case OpType::kMulTensor: return "mul";
+    case OpType::kAddScalar: return "add";
+    case OpType::kRsqrt: return "rsqrt";
+    case OpType::kMeanDim: return "mean.dim";
+    case OpType::kSilu: return "silu";
+    case OpType::kNeg: return "neg";
+    case OpType::kSlice: return "slice";
+    case OpType::kCat: return "cat";
+    case OpType::kUnsqueeze: return "unsqueeze";
+    case OpType::kLogSoftmax: return "_log_softmax";
+    case OpType::kNllLoss: return "nll_loss_forward";
+    case OpType::kConstantPad: return "constant_pad_nd";
+    case OpType::kContiguous: return "contiguous";
   }
   return "?";
 }

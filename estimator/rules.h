@@ -49,8 +49,24 @@ enum class OpType : uint8_t {
   kGelu,
   kPow,  // pow(self, 2)
   kMean,
+  // The decoder families' ops.
+  kEmbedding,    // (weight, indices) -> rows of weight
+  kMm,           // (self, mat2): a Linear without bias, as matmul folds a 3-D input
+  kMulTensor,    // (self, other), broadcasting
+  kAddScalar,    // self + eps
+  kRsqrt,
+  kMeanDim,      // mean over the last dim, keepdim
+  kSilu,
+  kNeg,
+  kSlice,        // narrow along dims[0] from dims[1] to dims[2]: a view
+  kCat,          // (a, b) along the last dim
+  kUnsqueeze,    // insert a size-1 dim at dims[0]: a view
+  kLogSoftmax,   // over the last dim
+  kNllLoss,      // (log_probs, target) -> (loss, total_weight), mean over non-ignored
+  kConstantPad,  // pad the last dim by (0, 1): labels from input_ids
+  kContiguous,   // a view if already contiguous, else a contiguous copy (clone)
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kMean) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kContiguous) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

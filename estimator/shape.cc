@@ -10,30 +10,89 @@
 namespace memledger {
 
 int64_t ElementSizeBytes(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 1;
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kBool:
+      return 1;
+    case DType::kInt64:
+      return 8;
+  }
+  return 0;
 }
 
 const char* DTypeName(DType dtype) {
-  return dtype == DType::kFloat32 ? "float32" : "bool";
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kBool:
+      return "bool";
+    case DType::kInt64:
+      return "int64";
+  }
+  return "?";
+}
+
+int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
+  switch (symbol) {
+    case Symbol::kBatch:
+      return config.batch;
+    case Symbol::kSeq:
+      return config.seq;
+    case Symbol::kWidth:
+      return config.width;
+    case Symbol::kHeads:
+      return config.heads;
+    case Symbol::kKvHeads:
+      return config.KvHeads();
+    case Symbol::kHeadDim:
+      return config.HeadDim();
+    case Symbol::kIntermediate:
+      return config.Intermediate();
+    case Symbol::kVocab:
+      return config.vocab;
+    case Symbol::kPositions:
+      return config.max_positions;
+  }
+  return 0;
 }
 
 CheckedInt64 SymDim::Evaluate(const ModelConfig& config) const {
   CheckedInt64 value = coeff;
-  for (int i = 0; i < b; ++i) value *= config.batch;
-  for (int i = 0; i < t; ++i) value *= config.seq;
-  for (int i = 0; i < w; ++i) value *= config.width;
-  for (int i = 0; i < h; ++i) value *= config.heads;
-  // A negative power of H divides d exactly (width % heads == 0 is validated).
-  for (int i = 0; i > h; --i) value = value.DividedBy(config.heads);
-  return value;
+  for (int s = 0; s < kNumSymbols; ++s) {
+    const int64_t symbol_value = SymbolValue(static_cast<Symbol>(s), config);
+    for (int i = 0; i < powers[s]; ++i) value *= symbol_value;
+  }
+  for (int s = 0; s < kNumSymbols; ++s) {
+    const int64_t symbol_value = SymbolValue(static_cast<Symbol>(s), config);
+    for (int i = 0; i > powers[s]; --i) value = value.DividedBy(symbol_value);
+  }
+  return divisor == 1 ? value : value.DividedBy(divisor);
 }
 
-SymDim Sym(int64_t constant) { return SymDim{constant, 0, 0, 0, 0}; }
+SymDim Sym(int64_t constant) {
+  SymDim dim;
+  dim.coeff = constant;
+  return dim;
+}
+
+SymDim operator/(SymDim a, int64_t divisor) {
+  a.divisor *= divisor;
+  return a;
+}
+
+SymDim operator/(SymDim a, SymDim b) {
+  a.divisor *= b.coeff;
+  a.coeff *= b.divisor;
+  for (int s = 0; s < kNumSymbols; ++s) a.powers[s] = static_cast<int8_t>(a.powers[s] - b.powers[s]);
+  return a;
+}
 
 SymDim operator*(SymDim a, SymDim b) {
-  return SymDim{a.coeff * b.coeff, static_cast<int8_t>(a.b + b.b),
-                static_cast<int8_t>(a.t + b.t), static_cast<int8_t>(a.w + b.w),
-                static_cast<int8_t>(a.h + b.h)};
+  a.coeff *= b.coeff;
+  a.divisor *= b.divisor;
+  for (int s = 0; s < kNumSymbols; ++s) a.powers[s] = static_cast<int8_t>(a.powers[s] + b.powers[s]);
+  return a;
 }
 
 SymDim operator*(int64_t coeff, SymDim a) {

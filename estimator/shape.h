@@ -1,4 +1,4 @@
-// Symbolic shapes in the model's sizes (B, T, d, H) and the concrete tensor layouts
+// Symbolic shapes in the model's sizes (B, T, d, H, kv heads, d_head, F, V) and the concrete tensor layouts
 // (sizes, strides) that the walker derives from them, with ATen's view rules.
 #ifndef ESTIMATOR_SHAPE_H_
 #define ESTIMATOR_SHAPE_H_
@@ -13,30 +13,61 @@
 
 namespace memledger {
 
-enum class DType : uint8_t { kFloat32, kBool };
+enum class DType : uint8_t { kFloat32, kBool, kInt64 };
 
 int64_t ElementSizeBytes(DType dtype);
-const char* DTypeName(DType dtype);  // "float32", "bool"
+const char* DTypeName(DType dtype);  // "float32", "bool", "int64"
 
-// SymDim is one dimension as a monomial coeff * B^b * T^t * d^w * H^h, where h may be
-// -1 (d / H = d_head, exact because ValidateConfig requires d % H == 0).
+// Symbol names one size of the model or its input; SymbolValue gives its value for a
+// config.
+enum class Symbol : uint8_t {
+  kBatch,         // B
+  kSeq,           // T
+  kWidth,         // d, the hidden size
+  kHeads,         // H
+  kKvHeads,       // key/value heads
+  kHeadDim,       // d_head
+  kIntermediate,  // F, the MLP width
+  kVocab,         // V
+  kPositions,     // GPT-2's learned positions (max_positions)
+};
+inline constexpr int kNumSymbols = static_cast<int>(Symbol::kPositions) + 1;
+int64_t SymbolValue(Symbol symbol, const ModelConfig& config);
+
+// SymDim is one dimension as a monomial coeff * prod(symbol ^ power) / divisor, e.g.
+// 3 * H * d_head, d_head / 2 or H / kv_heads (power -1); ValidateConfig makes every
+// division the graphs use exact.
 struct SymDim {
   int64_t coeff = 1;
-  int8_t b = 0, t = 0, w = 0, h = 0;
+  int64_t divisor = 1;
+  std::array<int8_t, kNumSymbols> powers{};
 
   // Evaluate returns the dimension for `config`; overflow is sticky in the result.
   CheckedInt64 Evaluate(const ModelConfig& config) const;
 };
 
+// SymOf is the dimension `symbol` (power 1).
+constexpr SymDim SymOf(Symbol symbol) {
+  SymDim dim;
+  dim.powers[static_cast<int>(symbol)] = 1;
+  return dim;
+}
+
 // Symbols for writing shapes: {kB, kT, 3 * kD} is (B, T, 3d).
-inline constexpr SymDim kB{1, 1, 0, 0, 0};
-inline constexpr SymDim kT{1, 0, 1, 0, 0};
-inline constexpr SymDim kD{1, 0, 0, 1, 0};
-inline constexpr SymDim kH{1, 0, 0, 0, 1};
-inline constexpr SymDim kDHead{1, 0, 0, 1, -1};  // d / H
+inline constexpr SymDim kB = SymOf(Symbol::kBatch);
+inline constexpr SymDim kT = SymOf(Symbol::kSeq);
+inline constexpr SymDim kD = SymOf(Symbol::kWidth);
+inline constexpr SymDim kH = SymOf(Symbol::kHeads);
+inline constexpr SymDim kKv = SymOf(Symbol::kKvHeads);
+inline constexpr SymDim kDHead = SymOf(Symbol::kHeadDim);
+inline constexpr SymDim kF = SymOf(Symbol::kIntermediate);
+inline constexpr SymDim kV = SymOf(Symbol::kVocab);
+inline constexpr SymDim kP = SymOf(Symbol::kPositions);
 SymDim Sym(int64_t constant);
 SymDim operator*(SymDim a, SymDim b);
 SymDim operator*(int64_t coeff, SymDim a);
+SymDim operator/(SymDim a, int64_t divisor);
+SymDim operator/(SymDim a, SymDim b);  // H / kv heads: negative powers divide exactly
 
 // Layout is a concrete strided tensor: sizes and strides in elements, no heap.
 struct Layout {

@@ -21,6 +21,7 @@ struct StorageState {
   int64_t bytes = 0;
   int owner = 0;
   bool is_parameter = false;
+  bool is_global = false;
   bool kept = false;    // by autograd or the checkpoint node
   bool cached = false;  // by the selective cache
 };
@@ -38,13 +39,23 @@ class Walk {
   absl::StatusOr<BlockWalk> Run() {
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
       const TensorDef& def = graph_.tensors[i];
-      if (def.is_parameter || static_cast<int>(i) == graph_.input) {
-        bool is_input = static_cast<int>(i) == graph_.input;
-        NewStorage(static_cast<int>(i), Evaluate(def.shape), def.dtype, !is_input);
-        tensors_[i].requires_grad = is_input ? options_.input_requires_grad : true;
+      const bool is_input = static_cast<int>(i) == graph_.input;
+      if (def.is_parameter || def.is_global || is_input) {
+        NewStorage(static_cast<int>(i), Evaluate(def.shape), def.dtype, def.is_parameter);
+        storages_.back().is_global = def.is_global;
+        tensors_[i].requires_grad = def.is_parameter || (is_input && options_.input_requires_grad);
       }
     }
-    if (options_.checkpointed) Keep(-1, graph_.input, KeepReason::kCheckpointInput);
+    if (options_.checkpointed) {
+      // The checkpoint node keeps every tensor input of the block: the hidden states and
+      // the model-level tensors it reads (RoPE's cos and sin).
+      Keep(-1, graph_.input, KeepReason::kCheckpointInput);
+      for (size_t i = 0; i < graph_.tensors.size(); ++i) {
+        if (graph_.tensors[i].is_global) {
+          Keep(-1, static_cast<int>(i), KeepReason::kCheckpointInput);
+        }
+      }
+    }
     // A checkpointed block without a policy keeps nothing inside: skip its ops.
     const bool walk_ops = !options_.checkpointed || !(options_.policy == WalkOptions::NoSavePolicy());
     for (size_t op = 0; walk_ops && op < graph_.ops.size(); ++op) {
@@ -156,14 +167,109 @@ class Walk {
         return absl::OkStatus();
       }
       case OpType::kExpand: {
+        // Size-1 dimensions broadcast with stride 0; the others must match.
         Layout target = Evaluate(op.shape);
-        if (target.ndim != in.ndim ||
-            !std::equal(in.sizes.begin(), in.sizes.begin() + in.ndim, target.sizes.begin())) {
-          return Internal(op, "only same-size expand is modelled");
+        if (target.ndim != in.ndim) return Internal(op, "expand cannot add dimensions here");
+        Layout view = in;
+        for (int i = 0; i < in.ndim; ++i) {
+          if (in.sizes[i] == target.sizes[i]) continue;
+          if (in.sizes[i] != 1) return Internal(op, "expand of a dimension that is not 1");
+          view.sizes[i] = target.sizes[i];
+          view.strides[i] = 0;
         }
-        ViewOf(out, op.inputs[0], in);
+        ViewOf(out, op.inputs[0], view);
         return absl::OkStatus();
       }
+      case OpType::kUnsqueeze: {
+        const int dim = op.dims[0];
+        Layout view;
+        view.ndim = in.ndim + 1;
+        for (int i = 0, j = 0; i < view.ndim; ++i) {
+          if (i == dim) {
+            view.sizes[i] = 1;
+            view.strides[i] = dim < in.ndim ? in.sizes[dim] * in.strides[dim] : 1;
+          } else {
+            view.sizes[i] = in.sizes[j];
+            view.strides[i] = in.strides[j++];
+          }
+        }
+        ViewOf(out, op.inputs[0], view);
+        return absl::OkStatus();
+      }
+      case OpType::kSlice: {
+        // narrow(dim, start, length): same strides, a shorter dimension (the storage
+        // offset does not change what the storage holds).
+        Layout view = in;
+        const CheckedInt64 length = op.shape[1].Evaluate(config_);
+        overflow_ = overflow_ || length.overflowed();
+        view.sizes[op.dims[0]] = length.value();
+        ViewOf(out, op.inputs[0], view);
+        return absl::OkStatus();
+      }
+      case OpType::kContiguous:
+        if (in.IsContiguous()) {
+          ViewOf(out, op.inputs[0], in);
+        } else {
+          NewContiguous(out, in.sizes.data(), in.ndim);
+        }
+        return absl::OkStatus();
+      case OpType::kEmbedding: {
+        const Layout& weight = tensors_[op.inputs[0]].layout;
+        const Layout& indices = tensors_[op.inputs[1]].layout;
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(indices.sizes.begin(), indices.sizes.begin() + indices.ndim, sizes);
+        sizes[indices.ndim] = weight.sizes[1];
+        NewContiguous(out, sizes, indices.ndim + 1);
+        return absl::OkStatus();
+      }
+      case OpType::kMm: {
+        const Layout& mat2 = tensors_[op.inputs[1]].layout;
+        const int64_t sizes[] = {in.sizes[0], mat2.sizes[1]};
+        NewContiguous(out, sizes, 2);
+        return absl::OkStatus();
+      }
+      case OpType::kMulTensor:
+      case OpType::kAdd: {
+        // Broadcast, right-aligned; the output is a new contiguous tensor.
+        const Layout& a = tensors_[op.inputs[0]].layout;
+        const Layout& b = tensors_[op.inputs[1]].layout;
+        const int ndim = std::max(a.ndim, b.ndim);
+        int64_t sizes[Layout::kMaxDims];
+        for (int i = 0; i < ndim; ++i) {
+          const int ai = i - (ndim - a.ndim), bi = i - (ndim - b.ndim);
+          const int64_t as = ai >= 0 ? a.sizes[ai] : 1, bs = bi >= 0 ? b.sizes[bi] : 1;
+          if (as != bs && as != 1 && bs != 1) return Internal(op, "shapes do not broadcast");
+          sizes[i] = std::max(as, bs);
+        }
+        NewContiguous(out, sizes, ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kCat: {
+        const Layout& b = tensors_[op.inputs[1]].layout;
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
+        sizes[in.ndim - 1] += b.sizes[b.ndim - 1];
+        NewContiguous(out, sizes, in.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kMeanDim: {
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
+        sizes[in.ndim - 1] = 1;  // keepdim
+        NewContiguous(out, sizes, in.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kConstantPad: {
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
+        sizes[in.ndim - 1] += 1;  // pad (0, 1)
+        NewContiguous(out, sizes, in.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kNllLoss:
+        NewContiguous(op.outputs[0], nullptr, 0);  // the mean loss
+        NewContiguous(op.outputs[1], nullptr, 0);  // total_weight
+        return absl::OkStatus();
       case OpType::kAddmm: {
         const Layout& mat1 = tensors_[op.inputs[1]].layout;
         const Layout& mat2 = tensors_[op.inputs[2]].layout;
@@ -199,9 +305,13 @@ class Walk {
       case OpType::kMulScalar:
       case OpType::kMaskedFill:
       case OpType::kSoftmax:
-      case OpType::kAdd:
       case OpType::kGelu:
       case OpType::kPow:
+      case OpType::kAddScalar:
+      case OpType::kRsqrt:
+      case OpType::kSilu:
+      case OpType::kNeg:
+      case OpType::kLogSoftmax:
         NewContiguous(out, in.sizes.data(), in.ndim);  // elementwise, same shape
         return absl::OkStatus();
       case OpType::kMean:
@@ -256,16 +366,20 @@ class Walk {
 
   BlockWalk Summarize() {
     BlockWalk walk;
-    const int input_storage = tensors_[graph_.input].storage;
+    const int input_storage = graph_.input >= 0 ? tensors_[graph_.input].storage : -1;
     const int output_storage = tensors_[graph_.output].storage;
-    walk.keeps_input = storages_[input_storage].kept;
+    walk.keeps_input = input_storage >= 0 && storages_[input_storage].kept;
     walk.keeps_output = output_storage >= 0 && storages_[output_storage].kept;
-    walk.boundary_bytes = storages_[input_storage].bytes;
+    walk.boundary_bytes = storages_[input_storage >= 0 ? input_storage : output_storage].bytes;
     CheckedInt64 inner = 0, cache = 0;
     for (int s = 0; s < static_cast<int>(storages_.size()); ++s) {
-      if (storages_[s].cached) cache += storages_[s].bytes;
-      if (storages_[s].kept && s != input_storage && s != output_storage) {
-        inner += storages_[s].bytes;
+      const StorageState& storage = storages_[s];
+      if (storage.cached) cache += storage.bytes;
+      if (!storage.kept || s == input_storage || s == output_storage) continue;
+      if (storage.is_global) {
+        walk.kept_globals.push_back(KeptGlobal{graph_.tensors[storage.owner].name, storage.bytes});
+      } else {
+        inner += storage.bytes;
       }
     }
     walk.inner_bytes = inner.value();

@@ -11,6 +11,7 @@
 #define ESTIMATOR_WALKER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,14 +61,24 @@ struct KeptStorage {
   KeepReason reason = KeepReason::kAutograd;
 };
 
+// KeptGlobal is a model-level storage (TensorDef::is_global) a block keeps.
+struct KeptGlobal {
+  std::string name;  // "input_ids", "rope.cos"
+  int64_t bytes = 0;
+};
+
 // BlockWalk is what one block keeps. The input and output storages are reported apart
-// because they are shared with the neighbouring blocks and counted once for the model.
+// because they are shared with the neighbouring blocks and counted once for the model;
+// so are model-level storages, which any number of blocks may keep.
 struct BlockWalk {
   bool keeps_input = false;
   bool keeps_output = false;
-  int64_t boundary_bytes = 0;  // nbytes of the input storage (= the output's)
-  int64_t inner_bytes = 0;     // other storages autograd keeps
+  // nbytes of the input storage (= the output's for a layer; the output's for the
+  // prologue, which has no input)
+  int64_t boundary_bytes = 0;
+  int64_t inner_bytes = 0;     // other storages autograd keeps, model-level ones excluded
   int64_t cache_bytes = 0;     // selective cache
+  std::vector<KeptGlobal> kept_globals;
   std::vector<KeptStorage> storages;  // if WalkOptions::record_storages
 };
 

@@ -125,23 +125,8 @@ double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMod
 absl::Status ValidateRequest(const ModelConfig& config, AttentionMode attention,
                              const std::vector<Variant>& variants,
                              const RunOptions& options) {
-  if (absl::Status status = ValidateConfig(config); !status.ok()) return status;
-  if (variants.empty()) return absl::InvalidArgumentError("no variants to measure");
-  std::set<std::string> names;
-  for (const Variant& variant : variants) {
-    if (!names.insert(variant.Name()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("variant ", variant.Name(), " is listed twice"));
-    }
-    if (variant.kind == VariantKind::kEveryK && variant.every < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("every_k needs k >= 1, got ", variant.every));
-    }
-    if (variant.kind == VariantKind::kSelective) {
-      if (absl::Status status = ValidatePolicy(variant.policy, attention); !status.ok()) {
-        return status;
-      }
-    }
+  if (absl::Status status = ValidateRun(config, attention, variants); !status.ok()) {
+    return status;
   }
   if (!options.skip_timing && options.timing_repetitions < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -148,7 +148,7 @@ TEST(MeasureTest, EverySelectivePolicyMatchesNoneGradients) {
                               "matmul,layer_norm,gelu", "matmul,attention,layer_norm,gelu"}) {
       absl::StatusOr<SavePolicy> policy = ParseSavePolicy(names);
       ASSERT_TRUE(policy.ok()) << policy.status();
-      if (!ValidatePolicy(*policy, mode).ok()) continue;  // attention is flash-only
+      if (!ValidatePolicy(*policy, mode, Family::kStudy).ok()) continue;  // attention is flash-only
       Measurement m = MeasureOrDie(SmallConfig(), mode,
                                    {MakeVariant(VariantKind::kSelective, 2, *policy)});
       ASSERT_EQ(m.variants.size(), 1u);

@@ -1,0 +1,249 @@
+#include "estimator/model_presets.h"
+
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rapidjson/document.h"
+#include "rapidjson/error/en.h"
+
+namespace memledger {
+namespace {
+
+struct Preset {
+  const char* name;
+  ModelConfig config;
+};
+
+ModelConfig Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+                  int64_t intermediate, int64_t vocab, double eps) {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  c.layers = layers;
+  c.width = width;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = width / heads;
+  c.intermediate = intermediate;
+  c.vocab = vocab;
+  c.norm_eps = eps;
+  return c;
+}
+
+ModelConfig Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
+                 int64_t positions) {
+  ModelConfig c;
+  c.family = Family::kGpt2;
+  c.layers = layers;
+  c.width = width;
+  c.heads = heads;
+  c.kv_heads = heads;
+  c.head_dim = width / heads;
+  c.intermediate = 4 * width;
+  c.vocab = vocab;
+  c.max_positions = positions;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = true;
+  return c;
+}
+
+const std::vector<Preset>& Presets() {
+  static const auto* const kPresets = [] {
+    auto* presets = new std::vector<Preset>;
+    presets->push_back({"study", ModelConfig()});
+    // The published config.json sizes (max positions informational for RoPE models).
+    presets->push_back({"gpt2", Gpt2(12, 768, 12, 50257, 1024)});
+    presets->push_back({"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)});
+    presets->push_back({"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)});
+    presets->push_back({"llama-3-70b", Llama(80, 8192, 64, 8, 28672, 128256, 1e-5)});
+    presets->push_back({"mistral-7b", Llama(32, 4096, 32, 8, 14336, 32000, 1e-5)});
+    ModelConfig qwen = Llama(28, 3584, 28, 4, 18944, 152064, 1e-6);
+    qwen.qkv_bias = true;
+    presets->push_back({"qwen2.5-7b", qwen});
+    // Small enough to verify in a test: grouped-query attention (4 heads, 2 kv heads).
+    presets->push_back({"tiny-llama", Llama(2, 32, 4, 2, 64, 96, 1e-5)});
+    presets->push_back({"tiny-gpt2", Gpt2(2, 32, 4, 96, 128)});
+    return presets;
+  }();
+  return *kPresets;
+}
+
+// Reader reads typed keys of one config.json, naming the file and key in errors.
+class Reader {
+ public:
+  Reader(const rapidjson::Document& doc, absl::string_view source)
+      : doc_(doc), source_(source) {}
+
+  absl::Status Error(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": \"", key, "\" ", what));
+  }
+
+  // Positive reads a required (or, with a fallback, optional) integer >= 1.
+  absl::StatusOr<int64_t> Positive(const char* key, std::optional<int64_t> fallback = {}) const {
+    if (!doc_.HasMember(key) || doc_[key].IsNull()) {
+      if (fallback.has_value()) return *fallback;
+      return Error(key, "is missing");
+    }
+    const rapidjson::Value& value = doc_[key];
+    if (!value.IsInt64()) return Error(key, "must be an integer");
+    if (value.GetInt64() < 1) {
+      return Error(key, absl::StrCat("must be >= 1, got ", value.GetInt64()));
+    }
+    return value.GetInt64();
+  }
+
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    if (!doc_.HasMember(key)) return fallback;
+    if (!doc_[key].IsBool()) return Error(key, "must be true or false");
+    return doc_[key].GetBool();
+  }
+
+  absl::StatusOr<double> PositiveNumber(const char* key, double fallback) const {
+    if (!doc_.HasMember(key)) return fallback;
+    if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() > 0)) {
+      return Error(key, "must be a number > 0");
+    }
+    return doc_[key].GetDouble();
+  }
+
+  absl::StatusOr<std::string> String(const char* key, const char* fallback) const {
+    if (!doc_.HasMember(key)) return std::string(fallback);
+    if (!doc_[key].IsString()) return Error(key, "must be a string");
+    return std::string(doc_[key].GetString());
+  }
+
+ private:
+  const rapidjson::Document& doc_;
+  std::string source_;
+};
+
+#define MEMLEDGER_ASSIGN_OR_RETURN_(lhs, expr) \
+  do {                                         \
+    auto result_ = (expr);                     \
+    if (!result_.ok()) return result_.status(); \
+    lhs = *result_;                            \
+  } while (0)
+
+absl::StatusOr<ModelConfig> ReadLlama(const Reader& r, absl::string_view model_type) {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("intermediate_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("num_hidden_layers"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("num_attention_heads"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
+  if (!r.Positive("head_dim").ok() && c.width % c.heads != 0) {
+    return r.Error("hidden_size", absl::StrCat(c.width, " is not divisible by "
+                                               "num_attention_heads ", c.heads,
+                                               " and there is no head_dim"));
+  }
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", c.width / c.heads));
+  if (c.heads % c.kv_heads != 0) {
+    return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
+                                                       "num_key_value_heads ", c.kv_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return r.Error("head_dim", absl::StrCat(c.head_dim, " must be even for RoPE"));
+  }
+  std::string act;
+  MEMLEDGER_ASSIGN_OR_RETURN_(act, r.String("hidden_act", "silu"));
+  if (act != "silu") return r.Error("hidden_act", absl::StrCat("must be silu, got ", act));
+  bool attention_bias = false;
+  MEMLEDGER_ASSIGN_OR_RETURN_(attention_bias, r.Bool("attention_bias", false));
+  if (attention_bias) {
+    return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
+  }
+  c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ReadGpt2(const Reader& r) {
+  ModelConfig c;
+  c.family = Family::kGpt2;
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("n_embd"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("n_layer"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("n_head"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("n_positions"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("n_inner", 4 * c.width));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
+  if (c.width % c.heads != 0) {
+    return r.Error("n_embd", absl::StrCat(c.width, " is not divisible by n_head ", c.heads));
+  }
+  if (!c.tie_embeddings) {
+    return r.Error("tie_word_embeddings", "false is not supported for gpt2 (its head is tied)");
+  }
+  c.kv_heads = c.heads;
+  c.head_dim = c.width / c.heads;
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& preset : Presets()) names.push_back(preset.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name) {
+  for (const Preset& preset : Presets()) {
+    if (preset.name == name) return preset.config;
+  }
+  return absl::NotFoundError(absl::StrCat("no built-in model '", name, "' (known: ",
+                                          absl::StrJoin(PresetNames(), ", "), ")"));
+}
+
+absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
+                                                  absl::string_view source) {
+  rapidjson::Document doc;
+  doc.Parse(json.data(), json.size());
+  if (doc.HasParseError()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not JSON (", rapidjson::GetParseError_En(doc.GetParseError()),
+                     " at offset ", doc.GetErrorOffset(), ")"));
+  }
+  if (!doc.IsObject()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  Reader reader(doc, source);
+  if (!doc.HasMember("model_type")) return reader.Error("model_type", "is missing");
+  if (!doc["model_type"].IsString()) return reader.Error("model_type", "must be a string");
+  const std::string model_type = doc["model_type"].GetString();
+  absl::StatusOr<ModelConfig> config;
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
+    config = ReadLlama(reader, model_type);
+  } else if (model_type == "gpt2") {
+    config = ReadGpt2(reader);
+  } else {
+    return reader.Error("model_type", absl::StrCat("'", model_type,
+                                                   "' is not supported (llama, mistral, "
+                                                   "qwen2, gpt2)"));
+  }
+  return config;
+}
+
+absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value) {
+  absl::StatusOr<ModelConfig> preset = ModelFromPreset(value);
+  if (preset.ok()) return preset;
+  std::ifstream file{std::string(value)};
+  if (!file) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model: '", value, "' is neither a built-in model (",
+        absl::StrJoin(PresetNames(), ", "), ") nor a readable config.json"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return ModelFromHfConfigJson(text.str(), value);
+}
+
+}  // namespace memledger

@@ -1,0 +1,43 @@
+// The models memledger knows by name, and the reader for a Hugging Face transformers
+// config.json. No network: presets are the published configs' sizes, written here.
+//
+// Example:
+//   absl::StatusOr<ModelConfig> config = ModelFromFlag("llama-3-8b");  // or a path
+//   config->batch = 1;
+//   config->seq = 8192;
+#ifndef ESTIMATOR_MODEL_PRESETS_H_
+#define ESTIMATOR_MODEL_PRESETS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "estimator/config.h"
+
+namespace memledger {
+
+// PresetNames lists the built-in models: study, gpt2, llama-2-7b, llama-3-8b,
+// llama-3-70b, mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2.
+std::vector<std::string> PresetNames();
+
+// ModelFromPreset returns the named model with the study's batch and seq; NotFound for
+// an unknown name.
+absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
+
+// ModelFromHfConfigJson reads a transformers config.json's text: model_type llama,
+// mistral or qwen2 (hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, optional num_key_value_heads, head_dim, vocab_size,
+// tie_word_embeddings, rms_norm_eps, max_position_embeddings, hidden_act) or gpt2
+// (n_embd, n_layer, n_head, n_positions, vocab_size, optional n_inner,
+// layer_norm_epsilon, tie_word_embeddings). Errors are InvalidArgument, one line, naming
+// `source` (the file) and the key.
+absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
+                                                  absl::string_view source);
+
+// ModelFromFlag is --model: a preset name, or else the path of a config.json.
+absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_MODEL_PRESETS_H_
