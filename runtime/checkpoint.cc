@@ -16,23 +16,35 @@ namespace {
 
 namespace ag = torch::autograd;
 
-// CheckpointState is what a checkpoint node keeps besides x: the block to recompute
-// and, for selective checkpointing, the cache of must-saved outputs.
+// CheckpointState is what a checkpoint node keeps besides its saved tensors: the layer
+// to recompute and, for selective checkpointing, the cache of must-saved outputs.
 struct CheckpointState : torch::CustomClassHolder {
-  std::shared_ptr<BlockImpl> block;
+  std::shared_ptr<DecoderLayer> layer;
   AttentionMode mode = AttentionMode::kFlash;
+  bool has_rope = false;  // the extras are (cos, sin)
   std::optional<SelectiveCache> cache;
 };
 
+LayerExtras ExtrasFrom(const CheckpointState& state, const ag::variable_list& saved) {
+  LayerExtras extras;
+  if (state.has_rope) {
+    extras.cos = saved[1];
+    extras.sin = saved[2];
+  }
+  return extras;
+}
+
 class CheckpointFunction : public ag::Function<CheckpointFunction> {
  public:
-  // Runs below autograd (Function::apply disables grad), so the block builds no graph.
+  // Runs below autograd (Function::apply disables grad), so the layer builds no graph.
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& x,
-                            at::TensorList /*parameters*/,
+                            at::TensorList extras, at::TensorList /*parameters*/,
                             c10::intrusive_ptr<CheckpointState> state) {
     SelectiveCache* cache = state->cache ? &*state->cache : nullptr;
-    at::Tensor y = state->block->forward(x, state->mode, cache);
-    ctx->save_for_backward({x});
+    std::vector<at::Tensor> inputs = {x};
+    inputs.insert(inputs.end(), extras.begin(), extras.end());
+    at::Tensor y = state->layer->forward(x, ExtrasFrom(*state, inputs), state->mode, cache);
+    ctx->save_for_backward(inputs);
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     return y;
   }
@@ -41,9 +53,11 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data["state"].toCapsule());
     const bool x_needs_grad = ctx->needs_input_grad(0);
-    at::Tensor x = ctx->get_saved_variables()[0].detach();
+    const ag::variable_list saved = ctx->get_saved_variables();
+    at::Tensor x = saved[0].detach();
     x.requires_grad_(x_needs_grad);
-    const std::vector<at::Tensor> parameters = state->block->parameters();
+    const LayerExtras extras = ExtrasFrom(*state, saved);
+    const std::vector<at::Tensor> parameters = state->layer->parameters();
 
     SelectiveCache* cache = nullptr;
     if (state->cache) {
@@ -53,7 +67,7 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
     at::Tensor y;
     {
       at::AutoGradMode enable_grad(true);
-      y = state->block->forward(x, state->mode, cache);
+      y = state->layer->forward(x, extras, state->mode, cache);
     }
     ag::variable_list inputs;
     if (x_needs_grad) inputs.push_back(x);
@@ -63,11 +77,13 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
                  /*allow_unused=*/true);
     if (cache != nullptr) cache->Clear();  // the recompute was the cache's only reader
 
-    // One gradient per forward argument: x, each parameter, then the state.
+    // One gradient per forward tensor argument (x, each extra, each parameter), then
+    // one for the state.
     ag::variable_list result;
-    result.reserve(parameters.size() + 2);
+    result.reserve(parameters.size() + saved.size() + 1);
     size_t next = 0;
     result.push_back(x_needs_grad ? input_grads[next++] : at::Tensor());
+    for (size_t i = 1; i < saved.size(); ++i) result.push_back(at::Tensor());
     for (size_t i = 0; i < parameters.size(); ++i) result.push_back(input_grads[next++]);
     result.push_back(at::Tensor());
     return result;
@@ -76,15 +92,18 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
 
 }  // namespace
 
-at::Tensor CheckpointBlock(const std::shared_ptr<BlockImpl>& block, const at::Tensor& x,
-                           AttentionMode mode, const SavePolicy* policy,
-                           std::vector<at::Tensor>* cached) {
+at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at::Tensor& x,
+                           const LayerExtras& extras, AttentionMode mode,
+                           const SavePolicy* policy, std::vector<at::Tensor>* cached) {
   auto state = c10::make_intrusive<CheckpointState>();
-  state->block = block;
+  state->layer = layer;
   state->mode = mode;
+  state->has_rope = extras.cos.defined();
   if (policy != nullptr) state->cache.emplace(*policy);
-  const std::vector<at::Tensor> parameters = block->parameters();
-  at::Tensor y = CheckpointFunction::apply(x, at::TensorList(parameters), state);
+  const std::vector<at::Tensor> extra_tensors = extras.Defined();
+  const std::vector<at::Tensor> parameters = layer->parameters();
+  at::Tensor y = CheckpointFunction::apply(x, at::TensorList(extra_tensors),
+                                           at::TensorList(parameters), state);
   if (cached != nullptr && state->cache) {
     const std::vector<at::Tensor>& saved = state->cache->tensors();
     cached->insert(cached->end(), saved.begin(), saved.end());
@@ -97,16 +116,17 @@ ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input
   const SavePolicy* policy =
       variant.kind == VariantKind::kSelective ? &variant.policy : nullptr;
   std::vector<at::Tensor> cached;
-  at::Tensor x = input;
-  for (int64_t i = 0; i < model.num_blocks(); ++i) {
+  ModelStart start = model.Prologue(input);
+  at::Tensor x = std::move(start.hidden);
+  for (int64_t i = 0; i < model.num_layers(); ++i) {
     if (variant.IsCheckpointed(i)) {
-      x = CheckpointBlock(model.block(i), x, mode, policy, &cached);
+      x = CheckpointLayer(model.layer(i), x, start.extras, mode, policy, &cached);
     } else {
-      x = model.block(i)->forward(x, mode);
+      x = model.layer(i)->forward(x, start.extras, mode, nullptr);
     }
   }
   ForwardResult result;
-  result.loss = Loss(x);
+  result.loss = model.Epilogue(x, input);
   result.cache_bytes = UniqueStorageBytes(cached);
   return result;
 }

@@ -1,13 +1,13 @@
 // Activation checkpointing in C++ (torch.utils.checkpoint is Python-only, in 2.x too), and
 // the model forward under a checkpointing Variant.
 //
-// A checkpointed block is a custom autograd Function over (x, the block's parameters):
-// its forward runs the block without a graph and saves only x, which counts as saved
-// even when x does not require grad (as PyTorch 2.x's non-reentrant checkpoint saves its
-// inputs). Its backward recomputes the block with grad enabled on a detached x and
-// returns the gradients of x and of every parameter. Under a SavePolicy (selective
-// checkpointing) the forward also fills a SelectiveCache that the node owns and the
-// recompute reuses.
+// A checkpointed layer is a custom autograd Function over (x, the layer's extras, its
+// parameters): its forward runs the layer without a graph and saves only its tensor
+// inputs, x and the extras (Llama's cos and sin), which count as saved even when they do
+// not require grad (as PyTorch 2.x's non-reentrant checkpoint saves its inputs). Its
+// backward recomputes the layer with grad enabled on a detached x and returns the
+// gradients of x and of every parameter. Under a SavePolicy (selective checkpointing)
+// the forward also fills a SelectiveCache that the node owns and the recompute reuses.
 //
 // Example:
 //   ForwardResult result = ForwardWithVariant(*model, input, AttentionMode::kFlash,
@@ -27,11 +27,12 @@
 
 namespace memledger::runtime {
 
-// CheckpointBlock runs `block` on `x` under checkpointing. With a `policy` (selective)
+// CheckpointLayer runs `layer` on `x` under checkpointing. With a `policy` (selective)
 // the policy ops' outputs are cached; they are appended to `cached` when it is non-null
 // so the caller can account for them.
-at::Tensor CheckpointBlock(const std::shared_ptr<BlockImpl>& block, const at::Tensor& x,
-                           AttentionMode mode, const SavePolicy* policy = nullptr,
+at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at::Tensor& x,
+                           const LayerExtras& extras, AttentionMode mode,
+                           const SavePolicy* policy = nullptr,
                            std::vector<at::Tensor>* cached = nullptr);
 
 // ForwardResult is a model forward plus loss.
@@ -42,8 +43,9 @@ struct ForwardResult {
   int64_t cache_bytes = 0;
 };
 
-// ForwardWithVariant runs the model and the loss, checkpointing the blocks `variant`
-// names (Variant::IsCheckpointed); selective variants cache their policy's ops.
+// ForwardWithVariant runs the prologue, the layers (checkpointing those `variant` names,
+// Variant::IsCheckpointed; selective variants cache their policy's ops) and the
+// epilogue's loss.
 ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
                                  AttentionMode mode, const Variant& variant);
 

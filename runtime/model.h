@@ -1,77 +1,86 @@
-// The measured model: a stack of pre-LN Transformer blocks in LibTorch, and the
-// selective-checkpointing cache its ops consult.
+// The measured models in LibTorch: the study's block stack and the decoder families
+// (Llama, GPT-2), written op for op as DESIGN.md's "Model families" fixes them, so that
+// estimator and runtime describe the same computation.
 //
-// Block forward, x of shape (B, T, d):
-//   h = ln1(x); qkv = qkv_lin(h)                      // Linear(d, 3d)
-//   q, k, v = qkv.view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)   // views of qkv
-//   x = x + proj(attention(q, k, v).transpose(1, 2).reshape(B, T, d))
-//   x = x + fc2(gelu(fc1(ln2(x))))                   // Linear(d, 4d), exact GELU
+// A model is a prologue (model input -> first hidden states, plus the tensors every
+// layer reads), `num_layers()` decoder layers, and an epilogue (last hidden states ->
+// loss). Checkpointing (runtime/checkpoint.h) wraps single layers.
 //
 // Example:
 //   ModelAndInput built = BuildModel(config, /*seed=*/0);
-//   at::Tensor loss = Loss(built.model->block(0).forward(built.input, AttentionMode::kFlash));
+//   ModelStart start = built.model->Prologue(built.input);
+//   at::Tensor x = built.model->layer(0)->forward(start.hidden, start.extras,
+//                                                 AttentionMode::kFlash, nullptr);
 #ifndef RUNTIME_MODEL_H_
 #define RUNTIME_MODEL_H_
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "estimator/config.h"
+#include "runtime/selective_ops.h"
 
 namespace memledger::runtime {
 
-// SelectiveCache holds one checkpointed block's must-saved op outputs. While recording
-// (the checkpointed forward) the block's policy ops append their outputs; while
-// replaying (the recompute in backward) they take them back in the same order instead
-// of computing them, and their backward uses the recomputed inputs.
-class SelectiveCache {
- public:
-  explicit SelectiveCache(const SavePolicy& policy) : policy_(policy) {}
-
-  const SavePolicy& policy() const { return policy_; }
-  bool Saves(OpKind kind) const { return policy_.Saves(kind); }
-  bool replaying() const { return replaying_; }
-
-  // Save appends an output while recording.
-  void Save(const at::Tensor& tensor);
-  // StartReplay rewinds to the first saved output.
-  void StartReplay();
-  // Next returns the next saved output while replaying.
-  const at::Tensor& Next();
-  // Clear drops every saved output.
-  void Clear();
-
-  const std::vector<at::Tensor>& tensors() const { return tensors_; }
-
- private:
-  SavePolicy policy_;
-  bool replaying_ = false;
-  std::vector<at::Tensor> tensors_;
-  size_t cursor_ = 0;
+// LayerExtras are model-level tensors every decoder layer reads besides its hidden
+// states: Llama's RoPE tables cos and sin, (1, T, d_head), made once per forward with no
+// grad. Undefined for the other families.
+struct LayerExtras {
+  at::Tensor cos;
+  at::Tensor sin;
+  // Defined returns the defined tensors, in order: what a checkpointed layer keeps.
+  std::vector<at::Tensor> Defined() const;
 };
 
-// BlockImpl is one pre-LN block with 12 d^2 + 13 d parameters.
+// DecoderLayer is one layer. With a `cache`, the ops its policy names are recorded or
+// replayed (runtime/selective_ops.h); without, every op runs plainly.
+class DecoderLayer : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& x, const LayerExtras& extras,
+                             AttentionMode mode, SelectiveCache* cache) = 0;
+};
+
+// ModelStart is what the prologue hands the first layer.
+struct ModelStart {
+  at::Tensor hidden;
+  LayerExtras extras;
+};
+
+// ModelImpl is a whole trainable model; its layers are registered in order as "layers".
+class ModelImpl : public torch::nn::Module {
+ public:
+  int64_t num_layers() const { return static_cast<int64_t>(layers->size()); }
+  std::shared_ptr<DecoderLayer> layer(int64_t index) const {
+    return layers->ptr<DecoderLayer>(static_cast<size_t>(index));
+  }
+  // Prologue maps the model input to the first hidden states and the layers' extras.
+  virtual ModelStart Prologue(const at::Tensor& input) const = 0;
+  // Epilogue maps the last hidden states (and the model input, for labels) to the loss.
+  virtual at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input) const = 0;
+
+  torch::nn::ModuleList layers{nullptr};
+};
+
+// BlockImpl is the study's pre-LN block with 12 d^2 + 13 d parameters:
+//   h = ln1(x); qkv = qkv_lin(h)                      // Linear(d, 3d)
+//   q, k, v = qkv.view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)   // views of qkv
+//   x = x + proj(attention(q, k, v).transpose(1, 2).reshape(B, T, d))
+//   x = x + fc2(gelu(fc1(ln2(x))))                   // Linear(d, 4d), exact GELU
 // REQUIRES: width % heads == 0.
-class BlockImpl : public torch::nn::Module {
+class BlockImpl : public DecoderLayer {
  public:
   BlockImpl(int64_t width, int64_t heads);
-
-  // forward runs the block. With a `cache`, ops its policy names are recorded or
-  // replayed (see SelectiveCache); without, every op runs plainly.
-  at::Tensor forward(const at::Tensor& x, AttentionMode mode,
-                     SelectiveCache* cache = nullptr);
-
-  int64_t width() const { return width_; }
-  int64_t heads() const { return heads_; }
+  at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
+                     SelectiveCache* cache) override;
 
   torch::nn::LayerNorm ln1{nullptr};
   torch::nn::Linear qkv{nullptr};
@@ -84,35 +93,29 @@ class BlockImpl : public torch::nn::Module {
   int64_t width_;
   int64_t heads_;
 };
-TORCH_MODULE(Block);
 
-// ModelImpl is `config.layers` blocks, registered in order as "blocks".
-class ModelImpl : public torch::nn::Module {
- public:
-  explicit ModelImpl(const ModelConfig& config);
-
-  int64_t num_blocks() const { return static_cast<int64_t>(blocks->size()); }
-  std::shared_ptr<BlockImpl> block(int64_t index) const;
-
-  torch::nn::ModuleList blocks{nullptr};
-};
-TORCH_MODULE(Model);
-
-// ModelAndInput is a freshly built model and its input batch.
+// ModelAndInput is a freshly built model and its input batch: for the study fp32
+// hidden states (B, T, d) that do not require grad; for the decoder families int64
+// token ids (B, T) drawn uniformly from the vocabulary.
 struct ModelAndInput {
-  Model model{nullptr};
-  at::Tensor input;  // (batch, seq, width) fp32, does not require grad
+  std::shared_ptr<ModelImpl> model;
+  at::Tensor input;
 };
 
-// BuildModel seeds LibTorch's generator with `seed`, builds the model, then draws the
-// input with randn, so the same (config, seed) always gives the same model and input.
+// BuildModel seeds LibTorch's generator with `seed`, builds the model of
+// `config.family`, then draws the input, so the same (config, seed) always gives the
+// same model and input.
 // REQUIRES: ValidateConfig(config).ok().
 ModelAndInput BuildModel(const ModelConfig& config, int64_t seed);
 
-// Loss is the study's loss, x.pow(2).mean() (pow with a Scalar exponent).
-at::Tensor Loss(const at::Tensor& output);
+// StudyLoss is the study's loss, x.pow(2).mean() (pow with a Scalar exponent).
+at::Tensor StudyLoss(const at::Tensor& output);
 
-// ExpectedParameterCount is layers * (12 d^2 + 13 d).
+// CausalLmLoss is the decoder families' loss: labels = pad(input_ids, (0, 1),
+// value=-100)[..., 1:].contiguous(); cross_entropy(logits.view(-1, V), labels.view(-1)).
+at::Tensor CausalLmLoss(const at::Tensor& logits, const at::Tensor& input_ids);
+
+// ExpectedParameterCount is layers * (12 d^2 + 13 d), the study's.
 int64_t ExpectedParameterCount(const ModelConfig& config);
 
 }  // namespace memledger::runtime

@@ -154,7 +154,7 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     m.param_bytes += TensorBytes(p);
     parameter_storages.insert(StorageKey(p));
   }
-  if (m.n_params != ExpectedParameterCount(config)) {
+  if (config.family == Family::kStudy && m.n_params != ExpectedParameterCount(config)) {
     return absl::InternalError(absl::StrCat("model has ", m.n_params,
                                             " parameters, expected layers*(12d^2+13d) = ",
                                             ExpectedParameterCount(config)));

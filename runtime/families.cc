@@ -1,0 +1,233 @@
+#include "runtime/families.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+namespace memledger::runtime {
+namespace {
+
+// RmsNormImpl is transformers' LlamaRMSNorm in fp32 (its casts are no-ops):
+// weight * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t width, double eps) : eps_(eps) {
+    weight = register_parameter("weight", at::ones({width}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor variance = x.pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor normed = x * at::rsqrt(variance + eps_);
+    return weight * normed;
+  }
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+// RotateHalf is cat(-x[..., d/2:], x[..., :d/2]).
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+// RepeatKv is transformers' repeat_kv: (B, kv, T, dh) -> (B, kv * n_rep, T, dh), a copy.
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), dh = x.size(3);
+  return x.unsqueeze(2).expand({b, kv, n_rep, t, dh}).reshape({b, kv * n_rep, t, dh});
+}
+
+class LlamaLayerImpl : public DecoderLayer {
+ public:
+  explicit LlamaLayerImpl(const ModelConfig& c)
+      : heads_(c.heads), kv_heads_(c.KvHeads()), head_dim_(c.HeadDim()) {
+    const int64_t d = c.width, q_width = c.heads * c.HeadDim(),
+                  kv_width = c.KvHeads() * c.HeadDim();
+    auto linear = [](int64_t in, int64_t out, bool bias) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+    };
+    input_layernorm = register_module("input_layernorm", RmsNorm(d, c.norm_eps));
+    q_proj = register_module("q_proj", linear(d, q_width, c.qkv_bias));
+    k_proj = register_module("k_proj", linear(d, kv_width, c.qkv_bias));
+    v_proj = register_module("v_proj", linear(d, kv_width, c.qkv_bias));
+    o_proj = register_module("o_proj", linear(q_width, d, false));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", RmsNorm(d, c.norm_eps));
+    gate_proj = register_module("gate_proj", linear(d, c.Intermediate(), false));
+    up_proj = register_module("up_proj", linear(d, c.Intermediate(), false));
+    down_proj = register_module("down_proj", linear(c.Intermediate(), d, false));
+  }
+
+  at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
+                     SelectiveCache* cache) override {
+    const int64_t b = x.size(0), t = x.size(1);
+    at::Tensor h = input_layernorm->forward(x);
+    at::Tensor q = LinearOp(*q_proj, h, cache).view({b, t, heads_, head_dim_}).transpose(1, 2);
+    at::Tensor k =
+        LinearOp(*k_proj, h, cache).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    at::Tensor v =
+        LinearOp(*v_proj, h, cache).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    h.reset();  // released at its last use, as in Python
+    const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
+    q = q * cos + RotateHalf(q) * sin;
+    k = k * cos + RotateHalf(k) * sin;
+    if (kv_heads_ < heads_) {
+      k = RepeatKv(k, heads_ / kv_heads_);
+      v = RepeatKv(v, heads_ / kv_heads_);
+    }
+    at::Tensor a = AttentionOp(mode, q, k, v, cache);
+    q.reset();
+    k.reset();
+    v.reset();
+    a = a.transpose(1, 2).contiguous().reshape({b, t, -1});
+    at::Tensor x1 = x + LinearOp(*o_proj, a, cache);
+    a.reset();
+    at::Tensor h2 = post_attention_layernorm->forward(x1);
+    at::Tensor m =
+        SiluOp(LinearOp(*gate_proj, h2, cache), cache) * LinearOp(*up_proj, h2, cache);
+    h2.reset();
+    return x1 + LinearOp(*down_proj, m, cache);
+  }
+
+  RmsNorm input_layernorm{nullptr};
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm post_attention_layernorm{nullptr};
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+
+class LlamaModel : public ModelImpl {
+ public:
+  explicit LlamaModel(const ModelConfig& c) : head_dim_(c.HeadDim()) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.width));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<LlamaLayerImpl>(c));
+    norm = register_module("norm", RmsNorm(c.width, c.norm_eps));
+    if (!c.tie_embeddings) {
+      lm_head = register_module(
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, c.vocab).bias(false)));
+    }
+  }
+
+  ModelStart Prologue(const at::Tensor& input_ids) const override {
+    ModelStart start;
+    start.hidden = embed_tokens.ptr()->forward(input_ids);
+    // LlamaRotaryEmbedding (theta 10000, scaling 1): cos, sin of (1, T, d_head).
+    at::NoGradGuard no_grad;
+    const int64_t seq = input_ids.size(1);
+    at::Tensor inv_freq =
+        1.0 / at::pow(10000.0, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
+    at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
+    at::Tensor emb = at::cat({freqs, freqs}, -1);
+    start.extras.cos = emb.cos().unsqueeze(0);
+    start.extras.sin = emb.sin().unsqueeze(0);
+    return start;
+  }
+
+  at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
+    const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
+    return CausalLmLoss(at::linear(norm.ptr()->forward(hidden), weight), input_ids);
+  }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  RmsNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  int64_t head_dim_;
+};
+
+// Conv1DParams is GPT-2's Conv1D: weight (in, out) drawn from N(0, 0.02), bias zeros.
+struct Conv1DParams {
+  at::Tensor weight, bias;
+};
+
+class Gpt2LayerImpl : public DecoderLayer {
+ public:
+  explicit Gpt2LayerImpl(const ModelConfig& c)
+      : width_(c.width), heads_(c.heads), head_dim_(c.HeadDim()) {
+    const int64_t d = c.width, f = c.Intermediate();
+    auto norm = [&](const char* name) {
+      return register_module(
+          name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(c.norm_eps)));
+    };
+    auto conv = [&](const std::string& name, int64_t in, int64_t out) {
+      Conv1DParams p;
+      p.weight = register_parameter(name + "_weight", at::randn({in, out}) * 0.02);
+      p.bias = register_parameter(name + "_bias", at::zeros({out}));
+      return p;
+    };
+    ln_1 = norm("ln_1");
+    c_attn = conv("c_attn", d, 3 * d);
+    attn_c_proj = conv("attn_c_proj", d, d);
+    ln_2 = norm("ln_2");
+    c_fc = conv("c_fc", d, f);
+    mlp_c_proj = conv("mlp_c_proj", f, d);
+  }
+
+  at::Tensor forward(const at::Tensor& x, const LayerExtras& /*extras*/, AttentionMode mode,
+                     SelectiveCache* cache) override {
+    const int64_t b = x.size(0), t = x.size(1);
+    at::Tensor qkv = Conv1DOp(c_attn.weight, c_attn.bias, LayerNormOp(*ln_1, x, cache), cache);
+    std::vector<at::Tensor> parts = qkv.split(width_, 2);
+    qkv.reset();
+    for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
+    at::Tensor a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
+    parts.clear();
+    a = a.transpose(1, 2).contiguous().reshape({b, t, width_});
+    at::Tensor x1 = x + Conv1DOp(attn_c_proj.weight, attn_c_proj.bias, a, cache);
+    a.reset();
+    at::Tensor m = GeluOp(Conv1DOp(c_fc.weight, c_fc.bias, LayerNormOp(*ln_2, x1, cache), cache),
+                          "tanh", cache);
+    return x1 + Conv1DOp(mlp_c_proj.weight, mlp_c_proj.bias, m, cache);
+  }
+
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Conv1DParams c_attn, attn_c_proj, c_fc, mlp_c_proj;
+
+ private:
+  int64_t width_, heads_, head_dim_;
+};
+
+class Gpt2Model : public ModelImpl {
+ public:
+  explicit Gpt2Model(const ModelConfig& c) {
+    wte = register_module("wte", torch::nn::Embedding(c.vocab, c.width));
+    wpe = register_module("wpe", torch::nn::Embedding(c.max_positions, c.width));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<Gpt2LayerImpl>(c));
+    ln_f = register_module(
+        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(c.norm_eps)));
+  }
+
+  ModelStart Prologue(const at::Tensor& input_ids) const override {
+    // position_ids = arange(T)[None], as GPT2Model makes them from cache_position.
+    at::Tensor position_ids = at::arange(input_ids.size(1), at::kLong).unsqueeze(0);
+    return {wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids), {}};
+  }
+
+  at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
+    return CausalLmLoss(at::linear(ln_f.ptr()->forward(hidden), wte->weight), input_ids);
+  }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<ModelImpl> MakeLlamaModel(const ModelConfig& config) {
+  return std::make_shared<LlamaModel>(config);
+}
+
+std::shared_ptr<ModelImpl> MakeGpt2Model(const ModelConfig& config) {
+  return std::make_shared<Gpt2Model>(config);
+}
+
+}  // namespace memledger::runtime

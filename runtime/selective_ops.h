@@ -1,0 +1,80 @@
+// Ops that selective checkpointing can must-save, and the cache they use.
+//
+// Inside a checkpointed layer under a SavePolicy, each op of a kind the policy names
+// records its output in the layer's SelectiveCache during the forward and, during the
+// recompute in backward, takes that output back instead of computing it, while its
+// backward is the real op's (so gradients equal `none`'s). Ops of other kinds, and every
+// op outside a checkpointed layer (cache == nullptr), run plainly.
+//
+// Example:
+//   at::Tensor y = LinearOp(*fc1, x, cache);  // plain when cache is null
+#ifndef RUNTIME_SELECTIVE_OPS_H_
+#define RUNTIME_SELECTIVE_OPS_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "estimator/config.h"
+
+namespace memledger::runtime {
+
+// SelectiveCache holds one checkpointed layer's must-saved op outputs. While recording
+// (the checkpointed forward) the layer's policy ops append their outputs; while
+// replaying (the recompute in backward) they take them back in the same order.
+class SelectiveCache {
+ public:
+  explicit SelectiveCache(const SavePolicy& policy) : policy_(policy) {}
+
+  const SavePolicy& policy() const { return policy_; }
+  bool Saves(OpKind kind) const { return policy_.Saves(kind); }
+  bool replaying() const { return replaying_; }
+
+  // Save appends an output while recording.
+  void Save(const at::Tensor& tensor);
+  // StartReplay rewinds to the first saved output.
+  void StartReplay();
+  // Next returns the next saved output while replaying.
+  const at::Tensor& Next();
+  // Clear drops every saved output.
+  void Clear();
+
+  const std::vector<at::Tensor>& tensors() const { return tensors_; }
+
+ private:
+  SavePolicy policy_;
+  bool replaying_ = false;
+  std::vector<at::Tensor> tensors_;
+  size_t cursor_ = 0;
+};
+
+// LinearOp is linear.forward(input) (at::linear, with or without bias); kind matmul.
+at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
+                    SelectiveCache* cache);
+
+// Conv1DOp is GPT-2's Conv1D: addmm(bias, input.view(-1, in), weight).view(..., out)
+// with weight of shape (in, out); kind matmul.
+at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& input,
+                    SelectiveCache* cache);
+
+// LayerNormOp is norm.forward(input) (native_layer_norm underneath); kind layer_norm.
+at::Tensor LayerNormOp(torch::nn::LayerNormImpl& norm, const at::Tensor& input,
+                       SelectiveCache* cache);
+
+// GeluOp is at::gelu(input, approximate) ("none" or "tanh"); kind gelu.
+at::Tensor GeluOp(const at::Tensor& input, const char* approximate, SelectiveCache* cache);
+
+// SiluOp is at::silu(input); kind silu.
+at::Tensor SiluOp(const at::Tensor& input, SelectiveCache* cache);
+
+// AttentionOp is causal attention in `mode` (runtime/attention.h); kind attention, for
+// the flash op only.
+at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, SelectiveCache* cache);
+
+}  // namespace memledger::runtime
+
+#endif  // RUNTIME_SELECTIVE_OPS_H_
