@@ -1,5 +1,8 @@
 #include "estimator/block_graph.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -364,6 +367,22 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
       return ModelGraphs{BuildGpt2Prologue(), BuildGpt2Layer(mode), BuildGpt2Epilogue()};
   }
   return {};
+}
+
+std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
+                                                  AttentionMode mode) {
+  // Everything BuildModelGraphs branches on, packed into one index.
+  const int key = static_cast<int>(config.family) * 16 + static_cast<int>(mode) * 8 +
+                  (config.qkv_bias ? 4 : 0) + (config.KvHeads() < config.heads ? 2 : 0) +
+                  (config.tie_embeddings ? 1 : 0);
+  static std::mutex mutex;
+  static auto* const cache = new std::map<int, std::shared_ptr<const ModelGraphs>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<const ModelGraphs>& graphs = (*cache)[key];
+  if (graphs == nullptr) {
+    graphs = std::make_shared<const ModelGraphs>(BuildModelGraphs(config, mode));
+  }
+  return graphs;
 }
 
 }  // namespace memledger

@@ -9,6 +9,7 @@
 #define ESTIMATOR_BLOCK_GRAPH_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,12 @@ struct ModelGraphs {
 // family's PyTorch code runs them (DESIGN.md, "Model families").
 // REQUIRES: ValidateConfig(config).ok().
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
+
+// ModelGraphsFor is BuildModelGraphs memoized: graphs depend on the sizes only through
+// symbols, so one built graph serves every config of the same shape (family, attention
+// mode, q/k/v bias, grouped-query attention or not, tied head). Thread-safe.
+std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
+                                                  AttentionMode mode);
 
 }  // namespace memledger
 

@@ -1,11 +1,13 @@
-// Cost of a full prediction (the four default variants). Targets: under 20 us for any
-// config; independent of batch, seq and width; at most linear in layers (compare
-// BM_Predict/layers:6 with BM_Predict/layers:6000 in the same run).
+// Cost of a full prediction (the four default variants). Targets: under 20 us for the
+// study's block; every variant of llama-3-70b (embedding to loss) under 50 us
+// (BM_PredictLlama3_70b); independent of batch, seq and width; at most linear in layers
+// (compare BM_Predict/layers:6 with BM_Predict/layers:6000 in the same run).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 
 #include "estimator/config.h"
+#include "estimator/model_presets.h"
 #include "estimator/predict.h"
 
 namespace memledger {
@@ -49,6 +51,28 @@ void BM_PredictGpt3(benchmark::State& state) {
   RunPredict(state, config);
 }
 BENCHMARK(BM_PredictGpt3);
+
+void BM_PredictLlama3_70b(benchmark::State& state) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset("llama-3-70b");
+  if (!config.ok()) {
+    state.SkipWithError("no llama-3-70b preset");
+    return;
+  }
+  config->batch = 1;
+  config->seq = 8192;
+  RunPredict(state, *config);
+}
+BENCHMARK(BM_PredictLlama3_70b);
+
+void BM_PredictGpt2(benchmark::State& state) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset("gpt2");
+  if (!config.ok()) {
+    state.SkipWithError("no gpt2 preset");
+    return;
+  }
+  RunPredict(state, *config);
+}
+BENCHMARK(BM_PredictGpt2);
 
 void BM_PredictMath(benchmark::State& state) {
   RunPredict(state, ModelConfig{}, AttentionMode::kMath);

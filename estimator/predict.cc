@@ -194,11 +194,12 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
 
 // ParameterCount sums a graph's parameters, tied ones (owned by another segment) not.
 CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config) {
+  const SymbolValues symbols(config);
   CheckedInt64 count = 0;
   for (const TensorDef& tensor : graph.tensors) {
     if (!tensor.is_parameter || tensor.is_tied) continue;
     CheckedInt64 numel = 1;
-    for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(config);
+    for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
     count += numel;
   }
   return count;
@@ -215,7 +216,7 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   Prediction prediction;
   prediction.config = config;
   prediction.attention = options.attention;
-  auto graphs = std::make_shared<const ModelGraphs>(BuildModelGraphs(config, options.attention));
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, options.attention);
   prediction.graphs = graphs;
 
   const int64_t d = config.width;

@@ -57,17 +57,23 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
   return 0;
 }
 
+SymbolValues::SymbolValues(const ModelConfig& config) {
+  for (int s = 0; s < kNumSymbols; ++s) values[s] = SymbolValue(static_cast<Symbol>(s), config);
+}
+
 CheckedInt64 SymDim::Evaluate(const ModelConfig& config) const {
+  return Evaluate(SymbolValues(config));
+}
+
+CheckedInt64 SymDim::Evaluate(const SymbolValues& symbols) const {
+  // Multiply first, then divide: every division the graphs use is exact.
   CheckedInt64 value = coeff;
+  int64_t divide_by = divisor;
   for (int s = 0; s < kNumSymbols; ++s) {
-    const int64_t symbol_value = SymbolValue(static_cast<Symbol>(s), config);
-    for (int i = 0; i < powers[s]; ++i) value *= symbol_value;
+    for (int i = 0; i < powers[s]; ++i) value *= symbols.values[s];
+    for (int i = 0; i > powers[s]; --i) divide_by *= symbols.values[s];
   }
-  for (int s = 0; s < kNumSymbols; ++s) {
-    const int64_t symbol_value = SymbolValue(static_cast<Symbol>(s), config);
-    for (int i = 0; i > powers[s]; --i) value = value.DividedBy(symbol_value);
-  }
-  return divisor == 1 ? value : value.DividedBy(divisor);
+  return divide_by == 1 ? value : value.DividedBy(divide_by);
 }
 
 SymDim Sym(int64_t constant) {

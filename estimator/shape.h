@@ -34,6 +34,12 @@ enum class Symbol : uint8_t {
 inline constexpr int kNumSymbols = static_cast<int>(Symbol::kPositions) + 1;
 int64_t SymbolValue(Symbol symbol, const ModelConfig& config);
 
+// SymbolValues holds every symbol's value for one config, looked up once per walk.
+struct SymbolValues {
+  explicit SymbolValues(const ModelConfig& config);
+  std::array<int64_t, kNumSymbols> values{};
+};
+
 // SymDim is one dimension as a monomial coeff * prod(symbol ^ power) / divisor, e.g.
 // 3 * H * d_head, d_head / 2 or H / kv_heads (power -1); ValidateConfig makes every
 // division the graphs use exact.
@@ -44,6 +50,7 @@ struct SymDim {
 
   // Evaluate returns the dimension for `config`; overflow is sticky in the result.
   CheckedInt64 Evaluate(const ModelConfig& config) const;
+  CheckedInt64 Evaluate(const SymbolValues& symbols) const;
 };
 
 // SymOf is the dimension `symbol` (power 1).

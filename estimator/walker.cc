@@ -32,6 +32,7 @@ class Walk {
   Walk(const BlockGraph& graph, const ModelConfig& config, const WalkOptions& options)
       : graph_(graph), config_(config), options_(options),
         rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()),
+        symbols_(config),
         tensors_(graph.tensors.size()) {
     storages_.reserve(graph.tensors.size());
   }
@@ -74,7 +75,7 @@ class Walk {
   Layout Evaluate(const std::vector<SymDim>& shape) {
     int64_t sizes[Layout::kMaxDims];
     for (size_t i = 0; i < shape.size(); ++i) {
-      CheckedInt64 dim = shape[i].Evaluate(config_);
+      CheckedInt64 dim = shape[i].Evaluate(symbols_);
       overflow_ = overflow_ || dim.overflowed();
       sizes[i] = dim.value();
     }
@@ -200,7 +201,7 @@ class Walk {
         // narrow(dim, start, length): same strides, a shorter dimension (the storage
         // offset does not change what the storage holds).
         Layout view = in;
-        const CheckedInt64 length = op.shape[1].Evaluate(config_);
+        const CheckedInt64 length = op.shape[1].Evaluate(symbols_);
         overflow_ = overflow_ || length.overflowed();
         view.sizes[op.dims[0]] = length.value();
         ViewOf(out, op.inputs[0], view);
@@ -393,6 +394,7 @@ class Walk {
   const ModelConfig& config_;
   const WalkOptions& options_;
   const RuleTable& rules_;
+  const SymbolValues symbols_;
   std::vector<TensorState> tensors_;
   std::vector<StorageState> storages_;
   std::vector<KeptStorage> storages_recorded_;

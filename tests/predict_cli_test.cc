@@ -61,6 +61,44 @@ TEST(PredictCliTest, TableAndExplain) {
   EXPECT_NE(r.output.find("follows PyTorch 2.15.0"), std::string::npos) << r.output;
 }
 
+TEST(PredictCliTest, ModelPresetAnswersWithThePublishedParameterCount) {
+  CommandResult r = Predict("--model=llama-3-8b --batch=1 --seq=8192 --format=table");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("8030261248"), std::string::npos) << r.output;  // model_presets_test
+  EXPECT_NE(r.output.find("saved by segment"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("head share"), std::string::npos) << r.output;
+}
+
+TEST(PredictCliTest, SizeFlagsOverrideThePreset) {
+  // tiny-llama with 3 layers instead of 2: 24,736 + 9,280 (one layer, see
+  // model_presets_test) = 34,016.
+  CommandResult r = Predict("--model=tiny-llama --layers=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["n_params"].GetInt64(), 34016);
+  EXPECT_STREQ(doc["config"]["family"].GetString(), "llama");
+  EXPECT_TRUE(doc["saved_bytes_by_segment"]["none"].HasMember("head_loss"));
+}
+
+TEST(PredictCliTest, ConfigJsonErrorsExitTwoNamingFileAndKey) {
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/config.json";
+  std::ofstream(path) << R"({"model_type": "llama", "hidden_size": 64})";
+  CommandResult r = Predict("--model=" + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "error: " + path + ": \"intermediate_size\" is missing\n");
+  CommandResult good = Predict("--model=tests/testdata/gpt2.config.json --seq=1024 --batch=1");
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  for (const char* args : {"--model=no-such-model", "--model=tiny-llama --kv_heads=3",
+                           "--model=tiny-llama --policy=gelu --variants=selective",
+                           "--model=tiny-gpt2 --seq=129", "--model=tiny-llama --vocab=0"}) {
+    CommandResult bad = Predict(args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.output;
+    EXPECT_EQ(bad.output.find('\n'), bad.output.size() - 1) << args << ": " << bad.output;
+  }
+}
+
 TEST(PredictCliTest, HelpNamesTheTorchRelease) {
   CommandResult r = Predict("--help");
   EXPECT_NE(r.output.find("as LibTorch 2.15.0 keeps them"), std::string::npos) << r.output;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "estimator/config.h"
+#include "estimator/model_presets.h"
 #include "estimator/predict.h"
 #include "tests/status_matchers.h"
 
@@ -225,6 +226,87 @@ TEST(ParseVariantsTest, NamesAndErrors) {
                 "--policy: unknown op kind 'softmax'");
   EXPECT_STATUS(ParseVariants("", 2, "matmul"), absl::StatusCode::kInvalidArgument,
                 "at least one");
+}
+
+}  // namespace
+}  // namespace memledger
+
+namespace memledger {
+namespace {
+
+ModelConfig Preset(const char* name) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset(name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+TEST(PredictFamiliesTest, TinyLlamaByHand) {
+  // tiny-llama: L=2, d=32, H=4, kv=2, d_head=8, F=64, V=96; B=16, T=64: N = 1024 tokens.
+  // Per layer and token (fp32 elements): x 32 (pow and mul keep it), rsqrt 1, normed 32,
+  // h 32 (q/k/v mm keep it), q after RoPE 32, k and v repeated to 4 heads 2 x 32, SDPA
+  // out 32 and logsumexp 4, x after the residual 32, rsqrt 1, normed 32, h 32, gate 64
+  // (silu), silu 64 and up 64 (mul), their product 64 (down mm): 582 -> 582 x 4 x 1024
+  // = 2,383,872 per layer. RoPE's cos and sin, (1, 64, 8) each: 2 x 2,048 once.
+  // Embedding: input_ids 1024 x 8 = 8,192. Head and loss: x 32, rsqrt 1, normed 32, h 32
+  // = 97 x 4,096 = 397,312; log-probs 1024 x 96 x 4 = 393,216; labels 8,192; total
+  // weight 4. none = 4,767,744 + 4,096 + 8,192 + 397,312 + 393,216 + 8,192 + 4 = 5,578,756.
+  PredictOptions options;
+  options.variants = Variants("none,full");
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(Preset("tiny-llama"), options));
+  EXPECT_EQ(p.variants[0].saved_bytes, 5578756);
+  EXPECT_EQ(p.variants[0].embedding_bytes, 8192);
+  EXPECT_EQ(p.variants[0].head_loss_bytes, 397312 + 393216 + 8192 + 4);
+  EXPECT_EQ(p.variants[0].layers_bytes, 2 * 2383872 + 4096);
+  // full: each layer keeps its input (32 x 4,096 = 131,072) and cos, sin (4,096 once);
+  // the last hidden states are the head's (in head_loss): 2 x 131,072 + 4,096 + 8,192 +
+  // 798,724 = 1,073,156.
+  EXPECT_EQ(p.variants[1].saved_bytes, 1073156);
+}
+
+TEST(PredictFamiliesTest, TinyGpt2ByHand) {
+  // tiny-gpt2: L=2, d=32, H=4, F=128, V=96, 128 positions; B=16, T=64: N = 1024.
+  // Per layer and token: x 32, mean+rstd 2, ln_1 out 32 (c_attn addmm), c_attn out 96
+  // (q, k, v are its views), out 32, logsumexp 4, x1 32, mean+rstd 2, ln_2 out 32, c_fc
+  // out 128 (gelu), gelu out 128 (c_proj): 520 x 4,096 = 2,129,920. Embedding: input_ids
+  // 8,192 and position ids 64 x 8 = 512. Head: x 32, mean+rstd 2, ln_f out 32 = 66 x
+  // 4,096 = 270,336; log-probs 393,216; labels 8,192; total weight 4.
+  // none = 4,259,840 + 8,704 + 270,336 + 393,216 + 8,192 + 4 = 4,940,292.
+  PredictOptions options;
+  options.variants = Variants("none");
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(Preset("tiny-gpt2"), options));
+  EXPECT_EQ(p.variants[0].saved_bytes, 4940292);
+  EXPECT_EQ(p.variants[0].embedding_bytes, 8704);
+}
+
+TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {
+  ModelConfig untied = Preset("tiny-llama");
+  ModelConfig tied = untied;
+  tied.tie_embeddings = true;
+  ASSERT_OK_AND_ASSIGN(Prediction a, Predict(untied, {}));
+  ASSERT_OK_AND_ASSIGN(Prediction b, Predict(tied, {}));
+  EXPECT_EQ(a.n_params - b.n_params, 96 * 32);  // the LM head's V x d
+  // With kv heads == heads, k and v are no longer copied: SDPA keeps k after RoPE
+  // (4 heads of 8) and v_proj's output, the same 2 x 32 elements per token, while k and
+  // v projections grow from 2 x 512 to 2 x 1024 parameters per layer.
+  ModelConfig mha = untied;
+  mha.kv_heads = 4;
+  ASSERT_OK_AND_ASSIGN(Prediction c, Predict(mha, {}));
+  EXPECT_EQ(c.n_params - a.n_params, 2 * 2 * 512);
+  EXPECT_EQ(c.variants[0].saved_bytes, a.variants[0].saved_bytes);
+}
+
+TEST(PredictFamiliesTest, PoliciesTheFamilyLacksAreRejected) {
+  PredictOptions options;
+  options.variants = Variants("selective", "gelu");
+  EXPECT_STATUS(Predict(Preset("tiny-llama"), options), absl::StatusCode::kInvalidArgument,
+                "not ops of the llama family");
+  options.variants = Variants("selective", "silu");
+  EXPECT_STATUS(Predict(Preset("tiny-gpt2"), options), absl::StatusCode::kInvalidArgument,
+                "llama family only");
+  ModelConfig long_gpt2 = Preset("tiny-gpt2");
+  long_gpt2.seq = 129;
+  EXPECT_STATUS(Predict(long_gpt2, {}), absl::StatusCode::kInvalidArgument,
+                "--seq 129 exceeds the model's 128 learned positions");
 }
 
 }  // namespace

@@ -21,6 +21,18 @@ CommandResult Verify(const std::string& args, bool merge_stderr = true) {
   return memledger::testing::RunCommand("verify/verify " + args, merge_stderr);
 }
 
+TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
+  CommandResult r = Verify("--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --format=table");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("OK: every bucket measured == predicted"), std::string::npos)
+      << r.output;
+  CommandResult bad = Verify("--model=tiny-gpt2 --seq=500 --skip_timing");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--seq 500 exceeds the model's 128 learned positions"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST(VerifyCliTest, PassingRunPrintsStudySchema) {
   CommandResult r = Verify(kSmall, /*merge_stderr=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -1,7 +1,8 @@
-// The verification suite: on a hand-picked grid (layers 1..8, widths 32..256, heads
-// 1..8 with d_head from 4 to 64, batch 1..8, seq 1..128, both attention modes), every
-// bucket the runtime measures equals the estimator's prediction exactly, for every
-// variant, and every variant's gradients equal `none`'s within 1e-5.
+// The verification suite: on a hand-picked grid of the study's block (layers 1..8,
+// widths 32..256, heads 1..8 with d_head from 4 to 64, batch 1..8, seq 1..128, both
+// attention modes, every selective policy) and of the decoder families, every bucket
+// the runtime measures equals the estimator's prediction exactly, for every variant,
+// and every variant's gradients equal `none`'s within 1e-5.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "estimator/config.h"
+#include "estimator/model_presets.h"
 #include "tests/status_matchers.h"
 #include "verify/verify.h"
 
@@ -84,6 +86,69 @@ INSTANTIATE_TEST_SUITE_P(
         GridCase{2, 64, 4, 3, 64, kMath, "none,selective", "layer_norm"},
         GridCase{7, 64, 8, 1, 9, kFlash, kStudy, ""},
         GridCase{2, 64, 4, 3, 128, kMath, kStudy, "matmul"}));
+
+// The decoder families, embedding to loss: tiny-llama with kv heads < heads (repeat_kv
+// copies), == heads, == 1 (repeat_kv's reshape is a view), tied head, q/k/v biases
+// (Qwen2), and tiny-gpt2; both attention modes; every variant and the family's policies.
+struct FamilyCase {
+  const char* model;
+  int64_t kv_heads;  // 0: the preset's
+  bool tie_embeddings;
+  bool qkv_bias;
+  int64_t layers, batch, seq;
+  AttentionMode attention;
+  const char* policy;
+
+  friend std::ostream& operator<<(std::ostream& os, const FamilyCase& c) {
+    return os << c.model << "_kv" << c.kv_heads << (c.tie_embeddings ? "_tied" : "")
+              << (c.qkv_bias ? "_bias" : "") << "_L" << c.layers << "_B" << c.batch << "_T"
+              << c.seq << "_" << AttentionModeName(c.attention) << "_" << c.policy;
+  }
+};
+
+class VerifyFamilyTest : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
+  const FamilyCase& c = GetParam();
+  ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.model));
+  if (c.kv_heads > 0) config.kv_heads = c.kv_heads;
+  config.tie_embeddings = config.tie_embeddings || c.tie_embeddings;
+  config.qkv_bias = c.qkv_bias;
+  config.layers = c.layers;
+  config.batch = c.batch;
+  config.seq = c.seq;
+  VerifyOptions options;
+  options.attention = c.attention;
+  ASSERT_OK_AND_ASSIGN(options.variants,
+                       ParseVariants("none,full,every_2,every_3,selective", 2, c.policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  ASSERT_EQ(report.buckets.size(), 4 + options.variants.size());
+  for (const BucketCheck& bucket : report.buckets) {
+    EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name;
+    EXPECT_GT(bucket.measured, 0) << bucket.name;
+  }
+  EXPECT_TRUE(report.Passed()) << (report.failures.empty() ? "" : report.failures.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, VerifyFamilyTest,
+    ::testing::Values(
+        FamilyCase{"tiny-llama", 0, false, false, 2, 16, 64, kFlash, "matmul"},
+        FamilyCase{"tiny-llama", 0, false, false, 2, 16, 64, kMath, "matmul"},
+        FamilyCase{"tiny-llama", 4, false, false, 3, 2, 9, kFlash, "attention,silu"},
+        FamilyCase{"tiny-llama", 4, false, false, 3, 2, 9, kMath, "silu"},
+        FamilyCase{"tiny-llama", 1, false, false, 2, 3, 5, kFlash, "matmul,attention"},
+        FamilyCase{"tiny-llama", 1, false, false, 2, 3, 5, kMath, "matmul"},
+        FamilyCase{"tiny-llama", 0, true, false, 4, 1, 17, kFlash, "matmul,silu"},
+        FamilyCase{"tiny-llama", 0, true, false, 4, 1, 17, kMath, ""},
+        FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kFlash, "matmul,attention,silu"},
+        FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kMath, "matmul"},
+        FamilyCase{"tiny-gpt2", 0, false, false, 2, 16, 64, kFlash, "matmul"},
+        FamilyCase{"tiny-gpt2", 0, false, false, 2, 16, 64, kMath, "matmul"},
+        FamilyCase{"tiny-gpt2", 0, false, false, 3, 2, 11, kFlash,
+                   "matmul,attention,layer_norm,gelu"},
+        FamilyCase{"tiny-gpt2", 0, false, false, 3, 2, 11, kMath, "layer_norm,gelu"}));
 
 // Every selective policy, i.e. every subset of the op kinds the attention mode has:
 // 16 subsets with flash attention, 8 with math (which has no flash op to must-save).

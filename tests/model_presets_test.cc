@@ -1,0 +1,182 @@
+// Built-in models and the config.json reader: parameter counts equal the published
+// checkpoints' (hand arithmetic in the comments), and every kind of bad config.json is
+// one InvalidArgument line naming the file and the key.
+#include "estimator/model_presets.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "estimator/predict.h"
+#include "tests/status_matchers.h"
+
+namespace memledger {
+namespace {
+
+int64_t ParamsOf(const ModelConfig& config) {
+  absl::StatusOr<Prediction> p = Predict(config, {});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? p->n_params : -1;
+}
+
+int64_t PresetParams(const char* name) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset(name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? ParamsOf(*config) : -1;
+}
+
+TEST(ModelPresetsTest, ParameterCountsEqualThePublishedCheckpoints) {
+  // gpt2: wte 50257 x 768 = 38,597,376; wpe 1024 x 768 = 786,432; per layer ln_1 1,536
+  // + c_attn 768 x 2304 + 2304 = 1,771,776 + c_proj 768 x 768 + 768 = 590,592 + ln_2
+  // 1,536 + c_fc 768 x 3072 + 3072 = 2,362,368 + c_proj 3072 x 768 + 768 = 2,360,064
+  // = 7,087,872, x 12 = 85,054,464; ln_f 1,536; the head is tied: 124,439,808.
+  EXPECT_EQ(PresetParams("gpt2"), 124439808);
+  // llama-2-7b: embed and head 2 x 32000 x 4096 = 262,144,000; per layer q, k, v, o
+  // 4 x 4096^2 = 67,108,864 + MLP 3 x 4096 x 11008 = 135,266,304 + norms 8,192 =
+  // 202,383,360, x 32 = 6,476,267,520; final norm 4,096: 6,738,415,616.
+  EXPECT_EQ(PresetParams("llama-2-7b"), 6738415616);
+  // llama-3-8b: embed and head 2 x 128256 x 4096 = 1,050,673,152; per layer q and o
+  // 2 x 4096^2 = 33,554,432 + k and v 2 x 4096 x 1024 = 8,388,608 + MLP 3 x 4096 x
+  // 14336 = 176,160,768 + norms 8,192 = 218,112,000, x 32 = 6,979,584,000; final norm
+  // 4,096: 8,030,261,248.
+  EXPECT_EQ(PresetParams("llama-3-8b"), 8030261248);
+  // mistral-7b: the same layers with vocab 32000: 2 x 131,072,000 + 6,979,584,000 +
+  // 4,096 = 7,241,732,096.
+  EXPECT_EQ(PresetParams("mistral-7b"), 7241732096);
+  // qwen2.5-7b: embed and head 2 x 152064 x 3584 = 1,089,994,752; per layer q 3584^2 +
+  // 3584 = 12,848,640 + k and v 2 x (3584 x 512 + 512) = 3,671,040 + o 12,845,056 + MLP
+  // 3 x 3584 x 18944 = 203,685,888 + norms 7,168 = 233,057,792, x 28 = 6,525,618,176;
+  // final norm 3,584: 7,615,616,512.
+  EXPECT_EQ(PresetParams("qwen2.5-7b"), 7615616512);
+  // llama-3-70b: embed and head 2 x 128256 x 8192 = 2,101,346,304; per layer q and o
+  // 2 x 8192^2 = 134,217,728 + k and v 2 x 8192 x 1024 = 16,777,216 + MLP 3 x 8192 x
+  // 28672 = 704,643,072 + norms 16,384 = 855,654,400, x 80 = 68,452,352,000; final
+  // norm 8,192: 70,553,706,496.
+  EXPECT_EQ(PresetParams("llama-3-70b"), 70553706496);
+  // tiny-llama (d 32, 4 heads, 2 kv heads of 8, F 64, V 96, 2 layers): embed and head
+  // 2 x 3,072; per layer q and o 2 x 1,024 + k and v 2 x 512 + MLP 3 x 2,048 + norms 64
+  // = 9,280, x 2; final norm 32: 24,736.
+  EXPECT_EQ(PresetParams("tiny-llama"), 24736);
+  // tiny-gpt2 (d 32, F 128, V 96, 128 positions, 2 layers): wte 3,072 + wpe 4,096; per
+  // layer 64 + 3,168 + 1,056 + 64 + 4,224 + 4,128 = 12,704, x 2; ln_f 64: 32,640.
+  EXPECT_EQ(PresetParams("tiny-gpt2"), 32640);
+}
+
+TEST(ModelPresetsTest, StudyPresetIsTheDefaultConfig) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig study, ModelFromPreset("study"));
+  EXPECT_EQ(study, ModelConfig());
+  EXPECT_EQ(ModelFromPreset("llama-4").status().code(), absl::StatusCode::kNotFound);
+}
+
+std::string ReadTestdata(const std::string& name) {
+  std::ifstream in("tests/testdata/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(HfConfigTest, ReadsTheUsualKeysOfEachModelType) {
+  // The published config.json files give the presets' models back.
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromHfConfigJson(
+                                              ReadTestdata("llama-3-8b.config.json"), "l"));
+  EXPECT_EQ(llama.family, Family::kLlama);
+  EXPECT_EQ(llama.KvHeads(), 8);
+  EXPECT_EQ(llama.HeadDim(), 128);
+  EXPECT_EQ(ParamsOf(llama), 8030261248);
+  ASSERT_OK_AND_ASSIGN(ModelConfig qwen, ModelFromHfConfigJson(
+                                             ReadTestdata("qwen2.5-7b.config.json"), "q"));
+  EXPECT_TRUE(qwen.qkv_bias);
+  EXPECT_EQ(ParamsOf(qwen), 7615616512);
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2,
+                       ModelFromHfConfigJson(ReadTestdata("gpt2.config.json"), "g"));
+  EXPECT_EQ(gpt2.family, Family::kGpt2);
+  EXPECT_TRUE(gpt2.tie_embeddings);
+  EXPECT_EQ(gpt2.Intermediate(), 3072);  // n_inner absent: 4 x n_embd
+  EXPECT_EQ(ParamsOf(gpt2), 124439808);
+}
+
+TEST(HfConfigTest, MistralAndDefaults) {
+  // num_key_value_heads and head_dim absent: heads and hidden / heads.
+  ASSERT_OK_AND_ASSIGN(
+      ModelConfig c,
+      ModelFromHfConfigJson(R"({"model_type": "mistral", "hidden_size": 64,
+                                "intermediate_size": 128, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "vocab_size": 100})",
+                            "m.json"));
+  EXPECT_EQ(c.KvHeads(), 4);
+  EXPECT_EQ(c.HeadDim(), 16);
+  EXPECT_FALSE(c.tie_embeddings);
+}
+
+// LlamaJson is a valid small llama config.json with `key` set to `value` (raw JSON).
+std::string LlamaJson(const std::string& key = "", const std::string& value = "") {
+  std::map<std::string, std::string> fields = {
+      {"model_type", "\"llama\""},     {"hidden_size", "64"},
+      {"intermediate_size", "128"},    {"num_hidden_layers", "2"},
+      {"num_attention_heads", "4"},    {"vocab_size", "100"}};
+  if (!key.empty()) fields[key] = value;
+  std::string json = "{";
+  for (const auto& [k, v] : fields) {
+    json += (json.size() > 1 ? ", \"" : "\"") + k + "\": " + v;
+  }
+  return json + "}";
+}
+
+TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
+  ASSERT_TRUE(ModelFromHfConfigJson(LlamaJson(), "good.json").ok());  // the base is valid
+  struct Case {
+    std::string json;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{not json", "bad.json: not JSON (Missing a name for object member. at offset 1)"},
+           {"[1, 2]", "bad.json: not a JSON object"},
+           {"{}", "bad.json: \"model_type\" is missing"},
+           {R"({"model_type": 7})", "bad.json: \"model_type\" must be a string"},
+           {R"({"model_type": "bert"})",
+            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, gpt2)"},
+           {R"({"model_type": "llama"})", "bad.json: \"hidden_size\" is missing"},
+           {LlamaJson("num_hidden_layers", "\"two\""),
+            "bad.json: \"num_hidden_layers\" must be an integer"},
+           {LlamaJson("hidden_size", "64.5"), "bad.json: \"hidden_size\" must be an integer"},
+           {LlamaJson("vocab_size", "0"), "bad.json: \"vocab_size\" must be >= 1, got 0"},
+           {LlamaJson("num_key_value_heads", "3"),
+            "bad.json: \"num_attention_heads\" 4 is not divisible by num_key_value_heads 3"},
+           {LlamaJson("hidden_size", "66"),
+            "bad.json: \"hidden_size\" 66 is not divisible by num_attention_heads 4 and there "
+            "is no head_dim"},
+           {LlamaJson("head_dim", "15"), "bad.json: \"head_dim\" 15 must be even for RoPE"},
+           {LlamaJson("tie_word_embeddings", "\"yes\""),
+            "bad.json: \"tie_word_embeddings\" must be true or false"},
+           {LlamaJson("hidden_act", "\"gelu\""),
+            "bad.json: \"hidden_act\" must be silu, got gelu"},
+           {LlamaJson("rms_norm_eps", "-1"), "bad.json: \"rms_norm_eps\" must be a number > 0"},
+           {LlamaJson("attention_bias", "true"),
+            "bad.json: \"attention_bias\" true (biases on q, k, v and o) is not supported"},
+           {R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 5,
+                "n_positions": 32, "vocab_size": 10})",
+            "bad.json: \"n_embd\" 64 is not divisible by n_head 5"},
+       }) {
+    absl::StatusOr<ModelConfig> config = ModelFromHfConfigJson(c.json, "bad.json");
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_EQ(config.status().message(), c.message) << c.json;
+  }
+}
+
+TEST(HfConfigTest, ModelFlagReadsAFileOrNamesBothChoices) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromFlag("tests/testdata/gpt2.config.json"));
+  EXPECT_EQ(gpt2.layers, 12);
+  absl::StatusOr<ModelConfig> missing = ModelFromFlag("no-such-model");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("neither a built-in model"), std::string::npos)
+      << missing.status();
+}
+
+}  // namespace
+}  // namespace memledger
