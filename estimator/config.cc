@@ -150,38 +150,18 @@ absl::string_view OpKindName(OpKind kind) {
   return "?";
 }
 
-bool SavePolicy::Saves(OpKind kind) const {
-  switch (kind) {
-    case OpKind::kMatmul:
-      return matmul;
-    case OpKind::kAttention:
-      return attention;
-    case OpKind::kLayerNorm:
-      return layer_norm;
-    case OpKind::kGelu:
-      return gelu;
-    case OpKind::kSilu:
-      return silu;
-  }
-  return false;
-}
-
 absl::StatusOr<SavePolicy> ParseSavePolicy(absl::string_view names) {
   SavePolicy policy;
-  policy.matmul = false;
   for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipWhitespace())) {
     name = absl::StripAsciiWhitespace(name);
-    if (name == "matmul") {
-      policy.matmul = true;
-    } else if (name == "attention") {
-      policy.attention = true;
-    } else if (name == "layer_norm") {
-      policy.layer_norm = true;
-    } else if (name == "gelu") {
-      policy.gelu = true;
-    } else if (name == "silu") {
-      policy.silu = true;
-    } else {
+    bool known = false;
+    for (int i = 0; i < kNumOpKinds; ++i) {
+      if (name == OpKindName(static_cast<OpKind>(i))) {
+        policy.Add(static_cast<OpKind>(i));
+        known = true;
+      }
+    }
+    if (!known) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--policy: unknown op kind '", name,
           "' (known: matmul, attention, layer_norm, gelu, silu)"));
@@ -192,25 +172,24 @@ absl::StatusOr<SavePolicy> ParseSavePolicy(absl::string_view names) {
 
 std::string SavePolicyName(const SavePolicy& policy) {
   std::vector<absl::string_view> names;
-  for (OpKind kind : {OpKind::kMatmul, OpKind::kAttention, OpKind::kLayerNorm, OpKind::kGelu,
-                      OpKind::kSilu}) {
-    if (policy.Saves(kind)) names.push_back(OpKindName(kind));
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    if (policy.Saves(static_cast<OpKind>(i))) names.push_back(OpKindName(static_cast<OpKind>(i)));
   }
   return absl::StrJoin(names, ",");
 }
 
 absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family) {
-  if (policy.attention && mode != AttentionMode::kFlash) {
+  if (policy.Saves(OpKind::kAttention) && mode != AttentionMode::kFlash) {
     return absl::InvalidArgumentError(
         "--policy attention needs --attention=flash (math attention has no single op)");
   }
   const bool llama = family == Family::kLlama;
-  if (llama && (policy.layer_norm || policy.gelu)) {
+  if (llama && (policy.Saves(OpKind::kLayerNorm) || policy.Saves(OpKind::kGelu))) {
     return absl::InvalidArgumentError(
         "--policy layer_norm and gelu are not ops of the llama family (RMSNorm is plain "
         "ops; its activation is silu)");
   }
-  if (!llama && policy.silu) {
+  if (!llama && policy.Saves(OpKind::kSilu)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--policy silu is an op of the llama family only, not of ", FamilyName(family)));
   }

@@ -10,6 +10,7 @@
 #define ESTIMATOR_CONFIG_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 #include <string>
 #include <vector>
@@ -92,20 +93,32 @@ enum class OpKind {
 
 absl::string_view OpKindName(OpKind kind);  // "matmul", "attention", ...
 
-// SavePolicy is the set of op kinds a selective variant must-saves.
-struct SavePolicy {
-  bool matmul = true;
-  bool attention = false;
-  bool layer_norm = false;
-  bool gelu = false;
-  bool silu = false;
+inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kSilu) + 1;
 
-  bool Saves(OpKind kind) const;
-  friend bool operator==(const SavePolicy& a, const SavePolicy& b) {
-    return a.matmul == b.matmul && a.attention == b.attention &&
-           a.layer_norm == b.layer_norm && a.gelu == b.gelu && a.silu == b.silu;
+// SavePolicy is the set of op kinds a selective variant must-saves; empty by default
+// (selective then equals full). The study's policy is StudyPolicy(): matmuls.
+class SavePolicy {
+ public:
+  SavePolicy() = default;
+  SavePolicy(std::initializer_list<OpKind> kinds) {
+    for (OpKind kind : kinds) Add(kind);
   }
+
+  bool Saves(OpKind kind) const { return (kinds_ & Bit(kind)) != 0; }
+  void Add(OpKind kind) { kinds_ |= Bit(kind); }
+  bool empty() const { return kinds_ == 0; }
+
+  friend bool operator==(const SavePolicy& a, const SavePolicy& b) {
+    return a.kinds_ == b.kinds_;
+  }
+
+ private:
+  static uint32_t Bit(OpKind kind) { return uint32_t{1} << static_cast<int>(kind); }
+  uint32_t kinds_ = 0;
 };
+
+// StudyPolicy is the study's: must-save the matmuls (mm and addmm).
+inline SavePolicy StudyPolicy() { return SavePolicy{OpKind::kMatmul}; }
 
 // ParseSavePolicy parses a comma-separated list of op kind names ("matmul",
 // "matmul,gelu"); an empty list saves nothing (selective then equals full).
@@ -128,8 +141,8 @@ enum class VariantKind {
 // Variant is one checkpointing choice with its parameters.
 struct Variant {
   VariantKind kind = VariantKind::kNone;
-  int64_t every = 2;  // k, for kEveryK only
-  SavePolicy policy;  // for kSelective only
+  int64_t every = 2;                  // k, for kEveryK only
+  SavePolicy policy = StudyPolicy();  // for kSelective only
 
   // Name is the variant's report key: "none", "full", "every_2", "selective".
   std::string Name() const;

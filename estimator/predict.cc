@@ -103,9 +103,8 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   // Full and selective checkpoint every layer: k = 1. `none` checkpoints none.
   const bool checkpoints = variant.kind != VariantKind::kNone;
   const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
-  const SavePolicy policy = variant.kind == VariantKind::kSelective
-                                ? variant.policy
-                                : WalkOptions::NoSavePolicy();
+  const SavePolicy policy =
+      variant.kind == VariantKind::kSelective ? variant.policy : SavePolicy();
 
   absl::StatusOr<const BlockWalk*> first = walks.Get(checkpoints, policy, /*first=*/true);
   absl::StatusOr<const BlockWalk*> plain = walks.Get(false, policy, /*first=*/false);

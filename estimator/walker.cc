@@ -58,7 +58,7 @@ class Walk {
       }
     }
     // A checkpointed block without a policy keeps nothing inside: skip its ops.
-    const bool walk_ops = !options_.checkpointed || !(options_.policy == WalkOptions::NoSavePolicy());
+    const bool walk_ops = !options_.checkpointed || !options_.policy.empty();
     for (size_t op = 0; walk_ops && op < graph_.ops.size(); ++op) {
       if (absl::Status s = Apply(static_cast<int>(op)); !s.ok()) return s;
     }

@@ -26,20 +26,15 @@ struct WalkOptions {
   // checkpointed: the block runs under checkpointing; it keeps only its input (which
   // counts as saved) plus, for a selective policy, the outputs of the policy's ops.
   bool checkpointed = false;
-  // input_requires_grad is false for the first block, whose input is the model input.
+  // input_requires_grad is false for the study's first block, whose input is the model
+  // input.
   bool input_requires_grad = true;
-  // policy: the selective must-save op kinds; all false means plain full checkpointing.
-  SavePolicy policy = NoSavePolicy();
+  // policy: the selective must-save op kinds; empty means plain full checkpointing.
+  SavePolicy policy;
   // record_storages fills BlockWalk::storages (the per-op breakdown).
   bool record_storages = false;
   // rules: what each op views and keeps; null means RuleTable::Pinned(). Not owned.
   const RuleTable* rules = nullptr;
-
-  static SavePolicy NoSavePolicy() {
-    SavePolicy none;
-    none.matmul = false;
-    return none;
-  }
 };
 
 // Why a storage is counted.

@@ -212,8 +212,8 @@ TEST(ParseVariantsTest, NamesAndErrors) {
   ASSERT_EQ(v.size(), 4u);
   EXPECT_EQ(v[1].Name(), "every_3");
   EXPECT_EQ(v[2].Name(), "every_5");
-  EXPECT_TRUE(v[3].policy.gelu);
-  EXPECT_FALSE(v[3].policy.matmul);
+  EXPECT_TRUE(v[3].policy.Saves(OpKind::kGelu));
+  EXPECT_FALSE(v[3].policy.Saves(OpKind::kMatmul));
   EXPECT_STATUS(ParseVariants("none,fast", 2, "matmul"), absl::StatusCode::kInvalidArgument,
                 "unknown variant 'fast'");
   EXPECT_STATUS(ParseVariants("every_k", 0, "matmul"), absl::StatusCode::kInvalidArgument,

@@ -26,7 +26,8 @@ ModelConfig SmallConfig() {
   return config;
 }
 
-Variant MakeVariant(VariantKind kind, int64_t every = 2, SavePolicy policy = SavePolicy()) {
+Variant MakeVariant(VariantKind kind, int64_t every = 2,
+                    SavePolicy policy = StudyPolicy()) {
   Variant variant;
   variant.kind = kind;
   variant.every = every;
@@ -115,8 +116,8 @@ TEST(MeasureTest, OneLayerOneHeadToy) {
 }
 
 TEST(MeasureTest, SelectivePoliciesCacheTheirOps) {
-  SavePolicy all;
-  all.matmul = all.attention = all.layer_norm = all.gelu = true;
+  const SavePolicy all = {OpKind::kMatmul, OpKind::kAttention, OpKind::kLayerNorm,
+                         OpKind::kGelu};
   Measurement m = MeasureOrDie(SmallConfig(), AttentionMode::kFlash,
                                {MakeVariant(VariantKind::kSelective, 2, all)});
   // Per block, x 64 B per element: matmul 9d = 144, attention out d + lse H = 18,
@@ -198,8 +199,7 @@ TEST(MeasureTest, BadInputIsInvalidArgument) {
   bad.width = 15;  // not divisible by 2 heads
   EXPECT_EQ(Measure(bad, AttentionMode::kFlash, StudyVariants(), NoTiming()).status().code(),
             absl::StatusCode::kInvalidArgument);
-  SavePolicy attention;
-  attention.attention = true;
+  const SavePolicy attention = {OpKind::kAttention};
   EXPECT_EQ(Measure(SmallConfig(), AttentionMode::kMath,
                     {MakeVariant(VariantKind::kSelective, 2, attention)}, NoTiming())
                 .status()
