@@ -42,8 +42,7 @@ class GraphBuilder {
   // Op appends an op; its outputs have `dtype`, by default the first input's (views,
   // copies and the ops here keep their input's dtype).
   std::vector<int> Op(OpType type, std::string name, std::vector<int> inputs,
-                      std::vector<std::string> output_names, std::vector<SymDim> shape = {},
-                      std::vector<int> dims = {},
+                      std::vector<std::string> output_names, OpAttributes attributes = {},
                       std::optional<OpKind> policy_kind = std::nullopt,
                       std::optional<DType> output_dtype = std::nullopt) {
     const DType dtype = output_dtype.value_or(
@@ -58,19 +57,17 @@ class GraphBuilder {
           output_names.size() == 1 && output == "out" ? name : absl::StrCat(name, ".", output);
       op.outputs.push_back(AddTensor(std::move(tensor_name), dtype, false, {}));
     }
-    op.shape = std::move(shape);
-    op.dims = std::move(dims);
+    op.attributes = std::move(attributes);
     op.policy_kind = policy_kind;
     graph_.ops.push_back(std::move(op));
     return graph_.ops.back().outputs;
   }
 
   int Op1(OpType type, std::string name, std::vector<int> inputs,
-          std::vector<SymDim> shape = {}, std::vector<int> dims = {},
-          std::optional<OpKind> policy_kind = std::nullopt,
+          OpAttributes attributes = {}, std::optional<OpKind> policy_kind = std::nullopt,
           std::optional<DType> dtype = std::nullopt) {
-    return Op(type, std::move(name), std::move(inputs), {"out"}, std::move(shape),
-              std::move(dims), policy_kind, dtype)[0];
+    return Op(type, std::move(name), std::move(inputs), {"out"}, std::move(attributes),
+              policy_kind, dtype)[0];
   }
 
   // LayerNorm: torch::nn::LayerNorm -> at::layer_norm -> native_layer_norm.
@@ -78,7 +75,7 @@ class GraphBuilder {
     int weight = Param(name + ".weight", {kD});
     int bias = Param(name + ".bias", {kD});
     return Op(OpType::kNativeLayerNorm, name, {x, weight, bias}, {"out", "mean", "rstd"},
-              {}, {}, OpKind::kLayerNorm)[0];
+              {}, OpKind::kLayerNorm)[0];
   }
 
   // RmsNorm as transformers' LlamaRMSNorm runs it in fp32 (its .to(float32) casts are
@@ -98,10 +95,10 @@ class GraphBuilder {
   int Linear(const std::string& name, int x, SymDim in, SymDim out) {
     int weight = Param(name + ".weight", {out, in});
     int bias = Param(name + ".bias", {out});
-    int flat = Op1(OpType::kView, name + ".flatten", {x}, {kB * kT, in});
+    int flat = Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
-    int mm = Op1(OpType::kAddmm, name, {bias, flat, weight_t}, {}, {}, OpKind::kMatmul);
-    return Op1(OpType::kView, name + ".unflatten", {mm}, {kB, kT, out});
+    int mm = Op1(OpType::kAddmm, name, {bias, flat, weight_t}, {}, OpKind::kMatmul);
+    return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
 
   // LinearNoBias: at::linear without bias is at::matmul(x, weight.t()), which folds the
@@ -111,19 +108,19 @@ class GraphBuilder {
   }
 
   int MatmulFolded(const std::string& name, int x, int weight, SymDim in, SymDim out) {
-    int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {kB * kT, in});
+    int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {.shape = {kB * kT, in}});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
-    int mm = Op1(OpType::kMm, name, {flat, weight_t}, {}, {}, OpKind::kMatmul);
-    return Op1(OpType::kUnsafeView, name + ".unflatten", {mm}, {kB, kT, out});
+    int mm = Op1(OpType::kMm, name, {flat, weight_t}, {}, OpKind::kMatmul);
+    return Op1(OpType::kUnsafeView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
 
   // Conv1D is GPT-2's linear: addmm(bias, x.view(-1, in), weight) with weight (in, out).
   int Conv1D(const std::string& name, int x, SymDim in, SymDim out) {
     int weight = Param(name + ".weight", {in, out});
     int bias = Param(name + ".bias", {out});
-    int flat = Op1(OpType::kView, name + ".flatten", {x}, {kB * kT, in});
-    int mm = Op1(OpType::kAddmm, name, {bias, flat, weight}, {}, {}, OpKind::kMatmul);
-    return Op1(OpType::kView, name + ".unflatten", {mm}, {kB, kT, out});
+    int flat = Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}});
+    int mm = Op1(OpType::kAddmm, name, {bias, flat, weight}, {}, OpKind::kMatmul);
+    return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
 
   // Matmul of (B, H, n, m) by (B, H, m, p) as at::matmul runs it (the batched case of
@@ -133,29 +130,29 @@ class GraphBuilder {
   int BatchedMatmul(const std::string& name, int a, std::vector<SymDim> a_shape, int b,
                     std::vector<SymDim> b_shape) {
     int a3 = Op1(OpType::kReshape, name + ".reshape_self",
-                 {Op1(OpType::kExpand, name + ".expand_self", {a}, a_shape)},
-                 {kB * kH, a_shape[2], a_shape[3]});
+                 {Op1(OpType::kExpand, name + ".expand_self", {a}, {.shape = a_shape})},
+                 {.shape = {kB * kH, a_shape[2], a_shape[3]}});
     int b3 = Op1(OpType::kReshape, name + ".reshape_mat2",
-                 {Op1(OpType::kExpand, name + ".expand_mat2", {b}, b_shape)},
-                 {kB * kH, b_shape[2], b_shape[3]});
+                 {Op1(OpType::kExpand, name + ".expand_mat2", {b}, {.shape = b_shape})},
+                 {.shape = {kB * kH, b_shape[2], b_shape[3]}});
     int bmm = Op1(OpType::kBmm, name, {a3, b3});
     return Op1(OpType::kUnsafeView, name + ".unflatten", {bmm},
-               {kB, kH, a_shape[2], b_shape[3]});
+               {.shape = {kB, kH, a_shape[2], b_shape[3]}});
   }
 
   // CausalAttention of q, k, v of shape (B, H, T, d_head): the real SDPA kernel, or
   // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul).
   int CausalAttention(AttentionMode mode, int q, int k, int v) {
     if (mode == AttentionMode::kFlash) {
-      return Op(OpType::kFlashAttention, "attention", {q, k, v}, {"out", "logsumexp"}, {}, {},
+      return Op(OpType::kFlashAttention, "attention", {q, k, v}, {"out", "logsumexp"}, {},
                 OpKind::kAttention)[0];
     }
     const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
-    int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {}, {2, 3});
+    int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {.dim = 2, .dim1 = 3});
     int scores = BatchedMatmul("attention.scores", q, bhtd, k_t, {kB, kH, kDHead, kT});
     int scaled = Op1(OpType::kMulScalar, "attention.scale", {scores});
-    int mask = Op(OpType::kCausalMask, "attention.causal_mask", {}, {"out"}, {kT, kT}, {},
-                  std::nullopt, DType::kBool)[0];
+    int mask = Op(OpType::kCausalMask, "attention.causal_mask", {}, {"out"},
+                  {.shape = {kT, kT}}, std::nullopt, DType::kBool)[0];
     int masked = Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
     int probs = Op1(OpType::kSoftmax, "attention.softmax", {masked});
     return BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
@@ -163,7 +160,7 @@ class GraphBuilder {
 
   // Slice is x.narrow(dim, start, length): a view.
   int Slice(const std::string& name, int x, int dim, SymDim start, SymDim length) {
-    return Op1(OpType::kSlice, name, {x}, {start, length}, {dim});
+    return Op1(OpType::kSlice, name, {x}, {.dim = dim, .start = start, .length = length});
   }
 
   // Rope is transformers' q * cos + rotate_half(q) * sin, rotate_half(x) =
@@ -181,21 +178,21 @@ class GraphBuilder {
   // RepeatKv is transformers' repeat_kv: (B, kv, T, d_head) to (B, H, T, d_head) by
   // x[:, :, None].expand(B, kv, H / kv, T, d_head).reshape(B, H, T, d_head), a copy.
   int RepeatKv(const std::string& name, int x) {
-    int unsqueezed = Op1(OpType::kUnsqueeze, name + ".unsqueeze", {x}, {}, {2});
+    int unsqueezed = Op1(OpType::kUnsqueeze, name + ".unsqueeze", {x}, {.dim = 2});
     int expanded = Op1(OpType::kExpand, name + ".expand", {unsqueezed},
-                       {kB, kKv, kH / kKv, kT, kDHead});
-    return Op1(OpType::kReshape, name, {expanded}, {kB, kH, kT, kDHead});
+                       {.shape = {kB, kKv, kH / kKv, kT, kDHead}});
+    return Op1(OpType::kReshape, name, {expanded}, {.shape = {kB, kH, kT, kDHead}});
   }
 
   // CrossEntropy is the families' loss: labels = pad(input_ids, (0, 1), value=-100)
   // [..., 1:].contiguous(); cross_entropy(logits.view(-1, V), labels.view(-1)), i.e.
   // nll_loss(log_softmax(logits)) (logits.float() is a no-op in fp32).
   int CrossEntropy(int logits, int input_ids) {
-    int flat = Op1(OpType::kView, "loss.logits_flat", {logits}, {kB * kT, kV});
+    int flat = Op1(OpType::kView, "loss.logits_flat", {logits}, {.shape = {kB * kT, kV}});
     int padded = Op1(OpType::kConstantPad, "labels.pad", {input_ids});
     int shifted = Slice("labels.shift", padded, 1, Sym(1), kT);
     int labels = Op1(OpType::kContiguous, "labels", {shifted});
-    int labels_flat = Op1(OpType::kView, "labels.flat", {labels}, {kB * kT});
+    int labels_flat = Op1(OpType::kView, "labels.flat", {labels}, {.shape = {kB * kT}});
     int log_probs = Op1(OpType::kLogSoftmax, "loss.log_softmax", {flat});
     return Op(OpType::kNllLoss, "loss.nll", {log_probs, labels_flat}, {"out", "total_weight"})[0];
   }
@@ -225,19 +222,19 @@ BlockGraph BuildStudyBlock(AttentionMode mode) {
   GraphBuilder g;
   int x = g.Input("x", {kB, kT, kD});
   int qkv = g.Linear("qkv", g.LayerNorm("ln1", x), kD, 3 * kD);
-  int heads = g.Op1(OpType::kView, "qkv.split_heads", {qkv}, {kB, kT, Sym(3), kH, kDHead});
-  int qkv_first = g.Op1(OpType::kPermute, "qkv.permute", {heads}, {}, {2, 0, 3, 1, 4});
-  int q = g.Op1(OpType::kSelect, "q", {qkv_first}, {}, {0, 0});
-  int k = g.Op1(OpType::kSelect, "k", {qkv_first}, {}, {0, 1});
-  int v = g.Op1(OpType::kSelect, "v", {qkv_first}, {}, {0, 2});
+  int heads = g.Op1(OpType::kView, "qkv.split_heads", {qkv}, {.shape = {kB, kT, Sym(3), kH, kDHead}});
+  int qkv_first = g.Op1(OpType::kPermute, "qkv.permute", {heads}, {.permutation = {2, 0, 3, 1, 4}});
+  int q = g.Op1(OpType::kSelect, "q", {qkv_first}, {.dim = 0, .index = 0});
+  int k = g.Op1(OpType::kSelect, "k", {qkv_first}, {.dim = 0, .index = 1});
+  int v = g.Op1(OpType::kSelect, "v", {qkv_first}, {.dim = 0, .index = 2});
   int attention = g.CausalAttention(mode, q, k, v);
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
-                     {g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {},
-                            {1, 2})},
-                     {kB, kT, kD});
+                     {g.Op1(OpType::kTranspose, "attention.transpose", {attention},
+                            {.dim = 1, .dim1 = 2})},
+                     {.shape = {kB, kT, kD}});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, g.Linear("proj", merged, kD, kD)});
   int fc1 = g.Linear("fc1", g.LayerNorm("ln2", x1), kD, 4 * kD);
-  int gelu = g.Op1(OpType::kGelu, "gelu", {fc1}, {}, {}, OpKind::kGelu);
+  int gelu = g.Op1(OpType::kGelu, "gelu", {fc1}, {}, OpKind::kGelu);
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.Linear("fc2", gelu, 4 * kD, kD)});
   return g.Finish(x2);
 }
@@ -267,14 +264,14 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   auto project = [&](const std::string& name, SymDim heads) {
     int out = config.qkv_bias ? g.Linear(name, h, kD, heads * kDHead)
                               : g.LinearNoBias(name, h, kD, heads * kDHead);
-    int split = g.Op1(OpType::kView, name + ".split_heads", {out}, {kB, kT, heads, kDHead});
-    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {}, {1, 2});
+    int split = g.Op1(OpType::kView, name + ".split_heads", {out}, {.shape = {kB, kT, heads, kDHead}});
+    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };
   int q = project("q_proj", kH);
   int k = project("k_proj", kKv);
   int v = project("v_proj", kKv);
-  int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {}, {1});
-  int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {}, {1});
+  int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
+  int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
   q = g.Rope("q_rope", q, cos4, sin4);
   k = g.Rope("k_rope", k, cos4, sin4);
   if (config.KvHeads() < config.heads) {
@@ -282,16 +279,16 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
     v = g.RepeatKv("v_repeat", v);
   }
   int attention = g.CausalAttention(mode, q, k, v);
-  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {}, {1, 2});
+  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
-                     {kB, kT, kH * kDHead});
+                     {.shape = {kB, kT, kH * kDHead}});
   int x1 = g.Op1(OpType::kAdd, "residual1",
                  {x, g.LinearNoBias("o_proj", merged, kH * kDHead, kD)});
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
   int gate = g.LinearNoBias("gate_proj", h2, kD, kF);
   int up = g.LinearNoBias("up_proj", h2, kD, kF);
-  int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, {}, OpKind::kSilu);
+  int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.LinearNoBias("down_proj", product, kF, kD)});
   return g.Finish(x2);
@@ -327,20 +324,20 @@ BlockGraph BuildGpt2Layer(AttentionMode mode) {
   int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * kD);
   auto head = [&](const std::string& name, int index) {
     int part = g.Slice(name, qkv, 2, index * kD, kD);
-    int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {kB, kT, kH, kDHead});
-    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {}, {1, 2});
+    int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {.shape = {kB, kT, kH, kDHead}});
+    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };
   int q = head("q", 0);
   int k = head("k", 1);
   int v = head("v", 2);
   int attention = g.CausalAttention(mode, q, k, v);
-  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {}, {1, 2});
+  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
-                     {kB, kT, kD});
+                     {.shape = {kB, kT, kD}});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, g.Conv1D("attn.c_proj", merged, kD, kD)});
   int fc = g.Conv1D("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
-  int gelu = g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, {}, OpKind::kGelu);
+  int gelu = g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu);
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.Conv1D("mlp.c_proj", gelu, kF, kD)});
   return g.Finish(x2);
 }

@@ -34,14 +34,25 @@ struct TensorDef {
   std::vector<SymDim> shape;  // parameters, globals and the graph input only
 };
 
+// OpAttributes are an op's non-tensor arguments; each op reads only its own.
+struct OpAttributes {
+  std::vector<SymDim> shape = {};  // view, reshape, _unsafe_view, expand: target sizes;
+                                   // triu's causal mask: (T, T)
+  std::vector<int> permutation = {};  // permute
+  int dim = 0;                   // transpose, select, slice, unsqueeze
+  int dim1 = 0;                  // transpose: the other dimension
+  int64_t index = 0;             // select
+  SymDim start = Sym(0);  // slice: narrow(dim, start, length)
+  SymDim length = Sym(0);
+};
+
 // OpDef is one op in execution order.
 struct OpDef {
   OpType type;
   std::string name;  // where it sits in the block: "qkv", "attention.scores"
   std::vector<int> inputs;
   std::vector<int> outputs;
-  std::vector<SymDim> shape;  // target shape of view/reshape/_unsafe_view/expand
-  std::vector<int> dims;      // permute order; transpose (dim0, dim1); select (dim, index)
+  OpAttributes attributes;
   // policy_kind says which selective-checkpointing op kind this op belongs to.
   std::optional<OpKind> policy_kind;
 };

@@ -12,9 +12,10 @@ KeepRule Out(int index, std::string_view saved_name) {
   return KeepRule{true, index, -1, saved_name};
 }
 
-// A view op: output 0 shares input 0's storage; the backward node keeps sizes only.
+// A view op's rule: its backward node keeps sizes only. (Which outputs are views, and
+// when reshape copies, is ATen's layout logic, in the walker.)
 OpSemantics View(std::string_view backward_node) {
-  return OpSemantics{{}, {0}, {0}, {backward_node}, {}};
+  return OpSemantics{{}, {0}, {backward_node}, {}};
 }
 
 // PinnedSemantics is torch 2.15.0's rule for `type`. Line numbers are those of the
@@ -30,7 +31,6 @@ OpSemantics PinnedSemantics(OpType type) {
       return {{In(0, "input_"), In(1, "weight_"), In(2, "bias_"), Out(1, "result1_"),
                Out(2, "result2_")},
               {0, 1, 2},
-              {-1, -1, -1},
               {"NativeLayerNormBackward0"},
               {}};
     case OpType::kView:
@@ -39,7 +39,7 @@ OpSemantics PinnedSemantics(OpType type) {
       // reshape is composite (yaml:1505): view() when strides allow, else
       // _unsafe_view(clone(contiguous)); neither node keeps a tensor.
       return OpSemantics{
-          {}, {0}, {0}, {"ViewBackward0", "CloneBackward0", "UnsafeViewBackward0"}, {}};
+          {}, {0}, {"ViewBackward0", "CloneBackward0", "UnsafeViewBackward0"}, {}};
     case OpType::kUnsafeView:
       return View("UnsafeViewBackward0");  // yaml:1919
     case OpType::kPermute:
@@ -57,13 +57,12 @@ OpSemantics PinnedSemantics(OpType type) {
       // mm_mat2_backward(grad, mat1, ...): mat1 for mat2's gradient and vice versa.
       return {{In(1, "mat1_", /*needs_grad_of_input=*/2), In(2, "mat2_", 1)},
               {0, 1, 2},
-              {-1},
               {"AddmmBackward0"},
               {}};
     case OpType::kBmm:
       // yaml:378 bmm: self: grad.bmm(mat2.transpose(1, 2).conj()),
       // mat2: self.transpose(1, 2).conj().bmm(grad).
-      return {{In(0, "self_", 1), In(1, "mat2_", 0)}, {0, 1}, {-1}, {"BmmBackward0"}, {}};
+      return {{In(0, "self_", 1), In(1, "mat2_", 0)}, {0, 1}, {"BmmBackward0"}, {}};
     case OpType::kFlashAttention:
       // yaml:2943 _scaled_dot_product_flash_attention_for_cpu: query, key, value:
       // ..._backward(grad, query, key, value, output, logsumexp, dropout_p, is_causal,
@@ -71,88 +70,86 @@ OpSemantics PinnedSemantics(OpType type) {
       return {{In(0, "query_"), In(1, "key_"), In(2, "value_"), Out(0, "output_"),
                Out(1, "logsumexp_")},
               {0, 1, 2},
-              {-1, -1},
               {"ScaledDotProductFlashAttentionForCpuBackward0"},
               {"attn_mask_"}};
     case OpType::kMulScalar:
       // yaml:1256 mul.Scalar: mul_tensor_backward(grad, other, self.scalar_type()).
-      return {{}, {0}, {-1}, {"MulBackward1"}, {}};
+      return {{}, {0}, {"MulBackward1"}, {}};
     case OpType::kCausalMask:
-      return {{}, {}, {-1}, {}, {}};  // a bool constant: never has a backward node
+      return {{}, {}, {}, {}};  // a bool constant: never has a backward node
     case OpType::kMaskedFill:
       // yaml:1098 masked_fill.Scalar: self: grad.masked_fill(mask, 0); mask:
       // non_differentiable.
-      return {{In(1, "mask_")}, {0}, {-1}, {"MaskedFillBackward0"}, {}};
+      return {{In(1, "mask_")}, {0}, {"MaskedFillBackward0"}, {}};
     case OpType::kSoftmax:
       // yaml:2239 _softmax: _softmax_backward_data(grad, result, dim, ...).
-      return {{Out(0, "result_")}, {0}, {-1}, {"SoftmaxBackward0"}, {}};
+      return {{Out(0, "result_")}, {0}, {"SoftmaxBackward0"}, {}};
     case OpType::kAdd:
       // yaml:229 add.Tensor: grad, maybe_multiply(grad, alpha): no tensor.
-      return {{}, {0, 1}, {-1}, {"AddBackward0"}, {}};
+      return {{}, {0, 1}, {"AddBackward0"}, {}};
     case OpType::kGelu:
       // yaml:2162 gelu: gelu_backward(grad, self, approximate).
-      return {{In(0, "self_")}, {0}, {-1}, {"GeluBackward0"}, {}};
+      return {{In(0, "self_")}, {0}, {"GeluBackward0"}, {}};
     case OpType::kPow:
       // yaml:1415 pow.Tensor_Scalar: pow_backward(grad, self, exponent).
-      return {{In(0, "self_")}, {0}, {-1}, {"PowBackward0"}, {}};
+      return {{In(0, "self_")}, {0}, {"PowBackward0"}, {}};
     case OpType::kMean:
       // yaml:1159 mean: grad.expand_symint(self.sym_sizes()) / self.sym_numel().
-      return {{}, {0}, {-1}, {"MeanBackward0"}, {}};
+      return {{}, {0}, {"MeanBackward0"}, {}};
     case OpType::kEmbedding:
       // yaml:2060 embedding: indices: non_differentiable; weight:
       // embedding_backward_symint(grad, indices, ...). (1.13 also kept weight_.)
-      return {{In(1, "indices_")}, {0}, {-1}, {"EmbeddingBackward0"}, {}};
+      return {{In(1, "indices_")}, {0}, {"EmbeddingBackward0"}, {}};
     case OpType::kMm:
       // yaml:1238 mm: self: mm_mat1_backward(grad, mat2, ...), mat2:
       // mm_mat2_backward(grad, self, ...).
-      return {{In(0, "self_", 1), In(1, "mat2_", 0)}, {0, 1}, {-1}, {"MmBackward0"}, {}};
+      return {{In(0, "self_", 1), In(1, "mat2_", 0)}, {0, 1}, {"MmBackward0"}, {}};
     case OpType::kMulTensor:
       // yaml:1251 mul.Tensor: self: mul_tensor_backward(grad, other, ...), other:
       // mul_tensor_backward(grad, self, ...).
-      return {{In(0, "self_", 1), In(1, "other_", 0)}, {0, 1}, {-1}, {"MulBackward0"}, {}};
+      return {{In(0, "self_", 1), In(1, "other_", 0)}, {0, 1}, {"MulBackward0"}, {}};
     case OpType::kAddScalar:
       // yaml:234 add.Scalar: handle_r_to_c(self.scalar_type(), grad).
-      return {{}, {0}, {-1}, {"AddBackward1"}, {}};
+      return {{}, {0}, {"AddBackward1"}, {}};
     case OpType::kRsqrt:
       // yaml:1519 rsqrt: -0.5 * grad * result.pow(3).conj().
-      return {{Out(0, "result_")}, {0}, {-1}, {"RsqrtBackward0"}, {}};
+      return {{Out(0, "result_")}, {0}, {"RsqrtBackward0"}, {}};
     case OpType::kMeanDim:
       // yaml:1169 mean.dim: mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(),
       // keepdim). (1.13 kept self_.)
-      return {{}, {0}, {-1}, {"MeanBackward1"}, {}};
+      return {{}, {0}, {"MeanBackward1"}, {}};
     case OpType::kSilu:
       // yaml:2138 silu: ...silu_backward(grad, self).
-      return {{In(0, "self_")}, {0}, {-1}, {"SiluBackward0"}, {}};
+      return {{In(0, "self_")}, {0}, {"SiluBackward0"}, {}};
     case OpType::kNeg:
-      return {{}, {0}, {-1}, {"NegBackward0"}, {}};  // yaml:1324 neg: grad.neg()
+      return {{}, {0}, {"NegBackward0"}, {}};  // yaml:1324 neg: grad.neg()
     case OpType::kSlice:
       // yaml:1583 slice.Tensor: slice_backward_wrapper(grad, sizes, ...); split.Tensor
       // (yaml:1632) is the same view with a node that keeps no tensor either.
-      return OpSemantics{{}, {0}, {0}, {"SliceBackward0", "SplitBackward0"}, {}};
+      return OpSemantics{{}, {0}, {"SliceBackward0", "SplitBackward0"}, {}};
     case OpType::kCat:
       // yaml:386 cat: cat_tensors_backward(grad, sizes, scalar types, dim).
-      return {{}, {0, 1}, {-1}, {"CatBackward0"}, {}};
+      return {{}, {0, 1}, {"CatBackward0"}, {}};
     case OpType::kUnsqueeze:
       return View("UnsqueezeBackward0");  // yaml:1931 unsqueeze: grad.squeeze(dim)
     case OpType::kLogSoftmax:
       // yaml:2203 _log_softmax: _log_softmax_backward_data(grad, result, dim, ...).
-      return {{Out(0, "result_")}, {0}, {-1}, {"LogSoftmaxBackward0"}, {}};
+      return {{Out(0, "result_")}, {0}, {"LogSoftmaxBackward0"}, {}};
     case OpType::kNllLoss:
       // yaml:2110 nll_loss_forward: self: nll_loss_backward_symint(grad, self, target,
       // weight, reduction, ignore_index, total_weight); target: non_differentiable.
       // weight is None: an undefined SavedVariable.
       return {{In(0, "self_"), In(1, "target_"), Out(1, "total_weight_")},
               {0},
-              {-1, -1},
               {"NllLossBackward0"},
               {"weight_"}};
     case OpType::kConstantPad:
       // yaml:2032 constant_pad_nd: constant_pad_nd_backward(grad, pad); labels are int64
       // and never require grad.
-      return {{}, {0}, {-1}, {"ConstantPadNdBackward0"}, {}};
+      return {{}, {0}, {"ConstantPadNdBackward0"}, {}};
     case OpType::kContiguous:
       // contiguous() is clone(memory_format) when a copy is needed (yaml:451 clone: grad).
-      return OpSemantics{{}, {0}, {0}, {"CloneBackward0"}, {}};
+      return OpSemantics{{}, {0}, {"CloneBackward0"}, {}};
   }
   return {};  // unreachable: every case returns
 }

@@ -1,6 +1,6 @@
 // The ATen ops memledger's graphs are made of, and what the pinned PyTorch release does
-// with each: which outputs are views of an input, which inputs autograd differentiates,
-// and which tensors the op's backward node keeps (SavedVariable members of the generated
+// with each: which inputs autograd differentiates and which tensors the op's backward
+// node keeps (SavedVariable members of the generated
 // torch/csrc/autograd/generated/Functions.h, saved under the conditions of
 // tools/autograd/derivatives.yaml). Both files ship inside the pinned torch wheel; the
 // rules are re-derived from them whenever kTorchRelease changes, and
@@ -84,9 +84,6 @@ struct OpSemantics {
   std::vector<KeepRule> keeps;
   // Inputs that autograd differentiates (masked_fill's mask is not).
   std::vector<int> differentiable_inputs;
-  // Output i is a view of input `view_of[i]` (shares its storage); -1 if new storage.
-  // kReshape decides at walk time.
-  std::vector<int> view_of;
   // The backward nodes the op can create (reshape: a view's or a copy's), empty for an
   // op that never has one; their SavedVariable members are exactly the `keeps` names
   // plus `absent_saved`.

@@ -122,7 +122,7 @@ class Walk {
       case OpType::kView:
       case OpType::kReshape:
       case OpType::kUnsafeView: {
-        Layout target = Evaluate(op.shape);
+        Layout target = Evaluate(op.attributes.shape);
         Layout view;
         if (target.Numel().value() != in.Numel().value()) {
           return Internal(op, "element count changes");
@@ -140,8 +140,8 @@ class Walk {
         Layout view;
         view.ndim = in.ndim;
         for (int i = 0; i < in.ndim; ++i) {
-          view.sizes[i] = in.sizes[op.dims[i]];
-          view.strides[i] = in.strides[op.dims[i]];
+          view.sizes[i] = in.sizes[op.attributes.permutation[i]];
+          view.strides[i] = in.strides[op.attributes.permutation[i]];
         }
         ViewOf(out, op.inputs[0], view);
         return absl::OkStatus();
@@ -149,8 +149,8 @@ class Walk {
       case OpType::kTranspose:
       case OpType::kT: {
         Layout view = in;
-        int d0 = op.type == OpType::kT ? 0 : op.dims[0];
-        int d1 = op.type == OpType::kT ? 1 : op.dims[1];
+        int d0 = op.type == OpType::kT ? 0 : op.attributes.dim;
+        int d1 = op.type == OpType::kT ? 1 : op.attributes.dim1;
         std::swap(view.sizes[d0], view.sizes[d1]);
         std::swap(view.strides[d0], view.strides[d1]);
         ViewOf(out, op.inputs[0], view);
@@ -160,7 +160,7 @@ class Walk {
         Layout view;
         view.ndim = in.ndim - 1;
         for (int i = 0, j = 0; i < in.ndim; ++i) {
-          if (i == op.dims[0]) continue;
+          if (i == op.attributes.dim) continue;
           view.sizes[j] = in.sizes[i];
           view.strides[j++] = in.strides[i];
         }
@@ -169,7 +169,7 @@ class Walk {
       }
       case OpType::kExpand: {
         // Size-1 dimensions broadcast with stride 0; the others must match.
-        Layout target = Evaluate(op.shape);
+        Layout target = Evaluate(op.attributes.shape);
         if (target.ndim != in.ndim) return Internal(op, "expand cannot add dimensions here");
         Layout view = in;
         for (int i = 0; i < in.ndim; ++i) {
@@ -182,7 +182,7 @@ class Walk {
         return absl::OkStatus();
       }
       case OpType::kUnsqueeze: {
-        const int dim = op.dims[0];
+        const int dim = op.attributes.dim;
         Layout view;
         view.ndim = in.ndim + 1;
         for (int i = 0, j = 0; i < view.ndim; ++i) {
@@ -201,9 +201,9 @@ class Walk {
         // narrow(dim, start, length): same strides, a shorter dimension (the storage
         // offset does not change what the storage holds).
         Layout view = in;
-        const CheckedInt64 length = op.shape[1].Evaluate(symbols_);
+        const CheckedInt64 length = op.attributes.length.Evaluate(symbols_);
         overflow_ = overflow_ || length.overflowed();
-        view.sizes[op.dims[0]] = length.value();
+        view.sizes[op.attributes.dim] = length.value();
         ViewOf(out, op.inputs[0], view);
         return absl::OkStatus();
       }
@@ -299,7 +299,7 @@ class Walk {
         return absl::OkStatus();
       }
       case OpType::kCausalMask: {
-        Layout target = Evaluate(op.shape);
+        Layout target = Evaluate(op.attributes.shape);
         NewStorage(out, target, graph_.tensors[out].dtype, false);
         return absl::OkStatus();
       }
