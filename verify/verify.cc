@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "estimator/checked_math.h"
 #include "estimator/rules.h"
+#include "estimator/shape.h"
 #include "estimator/units.h"
 
 namespace memledger {
@@ -32,9 +33,13 @@ int64_t PredictedFootprintBytes(const Prediction& p) {
   int64_t largest_saved = p.saved_bytes_none;
   for (const VariantPrediction& v : p.variants) largest_saved = std::max(largest_saved, v.saved_bytes);
   const ModelConfig& c = p.config;
-  CheckedInt64 scores = CheckedInt64(c.batch) * c.heads * c.seq * c.seq * 4;
+  const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
+  // Transients beside what is saved: math attention's scores and probabilities, and the
+  // decoder families' logits next to their log-probabilities.
+  CheckedInt64 scores = CheckedInt64(c.batch) * c.heads * c.seq * c.seq * fp32;
+  CheckedInt64 logits = CheckedInt64(c.batch) * c.seq * c.vocab * fp32;
   CheckedInt64 total = CheckedInt64(p.param_bytes) + CheckedInt64(p.grad_bytes) * 2 +
-                       p.adamw_state_bytes + largest_saved + scores * 2;
+                       p.adamw_state_bytes + largest_saved + scores * 2 + logits;
   return total.overflowed() ? INT64_MAX : total.value();
 }
 

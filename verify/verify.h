@@ -61,9 +61,9 @@ struct VerifyReport {
   bool Passed() const { return failures.empty(); }
 };
 
-// PredictedFootprintBytes is the peak a verification run needs: parameters, gradients
-// and the reference gradients, AdamW state, the largest variant's saved bytes, and the
-// attention's transient (B, H, T, T) scores and probabilities.
+// PredictedFootprintBytes bounds what a verification run needs: parameters, gradients
+// and the reference gradients, AdamW state, the largest variant's saved bytes, the
+// attention's transient (B, H, T, T) scores and probabilities, and the logits.
 int64_t PredictedFootprintBytes(const Prediction& prediction);
 
 // DefaultMaxMemoryBytes is half of MemAvailable (/proc/meminfo); 4 GiB if unreadable.
