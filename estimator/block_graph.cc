@@ -17,13 +17,21 @@ namespace {
 // torch::nn / transformers call into the ATen ops the pinned PyTorch runs for it.
 class GraphBuilder {
  public:
+  // `dtype` is the model's: its parameters and hidden states.
+  explicit GraphBuilder(DType dtype) : dtype_(dtype) {}
+
   int Input(std::string name, std::vector<SymDim> shape) {
-    graph_.input = AddTensor(std::move(name), DType::kFloat32, false, std::move(shape));
+    graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
     return graph_.input;
   }
 
   int Param(std::string name, std::vector<SymDim> shape) {
-    return AddTensor(std::move(name), DType::kFloat32, true, std::move(shape));
+    return AddTensor(std::move(name), dtype_, true, std::move(shape));
+  }
+
+  // ToDtype is .to(dtype): a copy unless the tensor has that dtype already.
+  int ToDtype(const std::string& name, int x, DType dtype) {
+    return Op1(OpType::kToDtype, name, {x}, {}, std::nullopt, dtype);
   }
 
   // TiedParam is a parameter owned by another segment (a tied LM head).
@@ -78,16 +86,19 @@ class GraphBuilder {
               {}, OpKind::kLayerNorm)[0];
   }
 
-  // RmsNorm as transformers' LlamaRMSNorm runs it in fp32 (its .to(float32) casts are
-  // no-ops): weight * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).
+  // RmsNorm is transformers' LlamaRMSNorm: x32 = x.to(float32); weight *
+  // (x32 * rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype). In fp32 both
+  // casts return the tensor itself.
   int RmsNorm(const std::string& name, int x) {
     int weight = Param(name + ".weight", {kD});
-    int squared = Op1(OpType::kPow, name + ".pow", {x});
+    int x32 = ToDtype(name + ".upcast", x, DType::kFloat32);
+    int squared = Op1(OpType::kPow, name + ".pow", {x32});
     int variance = Op1(OpType::kMeanDim, name + ".variance", {squared});
     int shifted = Op1(OpType::kAddScalar, name + ".add_eps", {variance});
     int inverse = Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
-    int normed = Op1(OpType::kMulTensor, name + ".normed", {x, inverse});
-    return Op1(OpType::kMulTensor, name, {weight, normed});
+    int normed = Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
+    int downcast = ToDtype(name + ".downcast", normed, dtype_);
+    return Op1(OpType::kMulTensor, name, {weight, downcast});
   }
 
   // Linear with bias on a contiguous (B, T, in) input: at::linear's fused path,
@@ -144,8 +155,10 @@ class GraphBuilder {
   // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul).
   int CausalAttention(AttentionMode mode, int q, int k, int v) {
     if (mode == AttentionMode::kFlash) {
-      return Op(OpType::kFlashAttention, "attention", {q, k, v}, {"out", "logsumexp"}, {},
-                OpKind::kAttention)[0];
+      std::vector<int> outputs = Op(OpType::kFlashAttention, "attention", {q, k, v},
+                                    {"out", "logsumexp"}, {}, OpKind::kAttention);
+      graph_.tensors[outputs[1]].dtype = DType::kFloat32;  // logsumexp accumulates in fp32
+      return outputs[0];
     }
     const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
     int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {.dim = 2, .dim1 = 3});
@@ -186,9 +199,10 @@ class GraphBuilder {
 
   // CrossEntropy is the families' loss: labels = pad(input_ids, (0, 1), value=-100)
   // [..., 1:].contiguous(); cross_entropy(logits.view(-1, V), labels.view(-1)), i.e.
-  // nll_loss(log_softmax(logits)) (logits.float() is a no-op in fp32).
+  // nll_loss(log_softmax(logits.float())).
   int CrossEntropy(int logits, int input_ids) {
-    int flat = Op1(OpType::kView, "loss.logits_flat", {logits}, {.shape = {kB * kT, kV}});
+    int logits32 = ToDtype("loss.logits_float", logits, DType::kFloat32);
+    int flat = Op1(OpType::kView, "loss.logits_flat", {logits32}, {.shape = {kB * kT, kV}});
     int padded = Op1(OpType::kConstantPad, "labels.pad", {input_ids});
     int shifted = Slice("labels.shift", padded, 1, Sym(1), kT);
     int labels = Op1(OpType::kContiguous, "labels", {shifted});
@@ -214,12 +228,13 @@ class GraphBuilder {
     return static_cast<int>(graph_.tensors.size()) - 1;
   }
 
+  DType dtype_;
   BlockGraph graph_;
 };
 
 // The study's Block.forward, op by op (see runtime/ for the same model in LibTorch).
-BlockGraph BuildStudyBlock(AttentionMode mode) {
-  GraphBuilder g;
+BlockGraph BuildStudyBlock(const ModelConfig& config, AttentionMode mode) {
+  GraphBuilder g(config.dtype);
   int x = g.Input("x", {kB, kT, kD});
   int qkv = g.Linear("qkv", g.LayerNorm("ln1", x), kD, 3 * kD);
   int heads = g.Op1(OpType::kView, "qkv.split_heads", {qkv}, {.shape = {kB, kT, Sym(3), kH, kDHead}});
@@ -239,16 +254,16 @@ BlockGraph BuildStudyBlock(AttentionMode mode) {
   return g.Finish(x2);
 }
 
-BlockGraph BuildStudyLoss() {
-  GraphBuilder g;
+BlockGraph BuildStudyLoss(const ModelConfig& config) {
+  GraphBuilder g(config.dtype);
   int y = g.Input("y", {kB, kT, kD});
   int squared = g.Op1(OpType::kPow, "loss.pow", {y});
   return g.Finish(g.Op1(OpType::kMean, "loss.mean", {squared}));
 }
 
 // Llama family (Llama 2/3, Mistral, Qwen2): embed_tokens(input_ids).
-BlockGraph BuildLlamaPrologue() {
-  GraphBuilder g;
+BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
+  GraphBuilder g(config.dtype);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   return g.Finish(g.Op1(OpType::kEmbedding, "embed_tokens", {weight, input_ids}));
@@ -256,10 +271,11 @@ BlockGraph BuildLlamaPrologue() {
 
 // LlamaDecoderLayer.forward with RoPE tables (1, T, d_head) made once per forward.
 BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
-  GraphBuilder g;
+  GraphBuilder g(config.dtype);
   int x = g.Input("x", {kB, kT, kD});
-  int cos = g.Global("rope.cos", DType::kFloat32, {Sym(1), kT, kDHead});
-  int sin = g.Global("rope.sin", DType::kFloat32, {Sym(1), kT, kDHead});
+  // transformers' rotary embedding returns cos, sin cast to the hidden states' dtype.
+  int cos = g.Global("rope.cos", config.dtype, {Sym(1), kT, kDHead});
+  int sin = g.Global("rope.sin", config.dtype, {Sym(1), kT, kDHead});
   int h = g.RmsNorm("input_layernorm", x);
   auto project = [&](const std::string& name, SymDim heads) {
     int out = config.qkv_bias ? g.Linear(name, h, kD, heads * kDHead)
@@ -296,7 +312,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
 
 // Final norm, LM head (tied to embed_tokens or not) and the loss.
 BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
-  GraphBuilder g;
+  GraphBuilder g(config.dtype);
   int x = g.Input("x", {kB, kT, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.RmsNorm("norm", x);
@@ -307,8 +323,8 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
 }
 
 // GPT-2: wte(input_ids) + wpe(position_ids), position_ids = arange(T)[None].
-BlockGraph BuildGpt2Prologue() {
-  GraphBuilder g;
+BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
+  GraphBuilder g(config.dtype);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int position_ids = g.Global("position_ids", DType::kInt64, {Sym(1), kT});
   int tokens = g.Op1(OpType::kEmbedding, "wte", {g.Param("wte.weight", {kV, kD}), input_ids});
@@ -318,8 +334,8 @@ BlockGraph BuildGpt2Prologue() {
 }
 
 // GPT2Block without dropout: fused c_attn split into q, k, v; GELU (tanh) MLP.
-BlockGraph BuildGpt2Layer(AttentionMode mode) {
-  GraphBuilder g;
+BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
+  GraphBuilder g(config.dtype);
   int x = g.Input("x", {kB, kT, kD});
   int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * kD);
   auto head = [&](const std::string& name, int index) {
@@ -342,8 +358,8 @@ BlockGraph BuildGpt2Layer(AttentionMode mode) {
   return g.Finish(x2);
 }
 
-BlockGraph BuildGpt2Epilogue() {
-  GraphBuilder g;
+BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
+  GraphBuilder g(config.dtype);
   int x = g.Input("x", {kB, kT, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.LayerNorm("ln_f", x);
@@ -356,12 +372,13 @@ BlockGraph BuildGpt2Epilogue() {
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
   switch (config.family) {
     case Family::kStudy:
-      return ModelGraphs{std::nullopt, BuildStudyBlock(mode), BuildStudyLoss()};
+      return ModelGraphs{std::nullopt, BuildStudyBlock(config, mode), BuildStudyLoss(config)};
     case Family::kLlama:
-      return ModelGraphs{BuildLlamaPrologue(), BuildLlamaLayer(config, mode),
+      return ModelGraphs{BuildLlamaPrologue(config), BuildLlamaLayer(config, mode),
                          BuildLlamaEpilogue(config)};
     case Family::kGpt2:
-      return ModelGraphs{BuildGpt2Prologue(), BuildGpt2Layer(mode), BuildGpt2Epilogue()};
+      return ModelGraphs{BuildGpt2Prologue(config), BuildGpt2Layer(config, mode),
+                         BuildGpt2Epilogue(config)};
   }
   return {};
 }
@@ -369,9 +386,9 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on, packed into one index.
-  const int key = static_cast<int>(config.family) * 16 + static_cast<int>(mode) * 8 +
-                  (config.qkv_bias ? 4 : 0) + (config.KvHeads() < config.heads ? 2 : 0) +
-                  (config.tie_embeddings ? 1 : 0);
+  const int key = static_cast<int>(config.dtype) * 64 + static_cast<int>(config.family) * 16 +
+                  static_cast<int>(mode) * 8 + (config.qkv_bias ? 4 : 0) +
+                  (config.KvHeads() < config.heads ? 2 : 0) + (config.tie_embeddings ? 1 : 0);
   static std::mutex mutex;
   static auto* const cache = new std::map<int, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

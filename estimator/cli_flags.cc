@@ -45,6 +45,13 @@ ABSL_FLAG(std::string, policy, "matmul",
           "Linear layers), attention (flash only), layer_norm, gelu.");
 ABSL_FLAG(std::string, attention, "flash",
           "flash (PyTorch 2.x CPU flash SDPA contract) or math (plain ops, keeps T x T).");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
+          "(pure low precision; PyTorch still keeps some tensors in fp32).");
+ABSL_FLAG(std::string, optimizer, "adamw", "The optimizer: adamw, adam or sgd.");
+ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
+ABSL_FLAG(bool, master_weights, false,
+          "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(std::string, format, "json", "Output format: json or table.");
 ABSL_FLAG(std::string, json_out, "",
           "Also write the JSON report to this file (atomically: temp file + rename).");
@@ -83,6 +90,14 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
       !absl::GetFlag(FLAGS_intermediate).has_value()) {
     spec.config.intermediate = 4 * spec.config.width;
   }
+  absl::StatusOr<DType> dtype = ParseModelDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  spec.config.dtype = *dtype;
+  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(absl::GetFlag(FLAGS_optimizer));
+  if (!optimizer.ok()) return optimizer.status();
+  spec.optimizer.kind = *optimizer;
+  spec.optimizer.momentum = absl::GetFlag(FLAGS_momentum);
+  spec.optimizer.master_weights = absl::GetFlag(FLAGS_master_weights);
   spec.config.batch = absl::GetFlag(FLAGS_batch);
   spec.config.seq = absl::GetFlag(FLAGS_seq);
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
@@ -95,7 +110,9 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
       absl::GetFlag(FLAGS_variants), absl::GetFlag(FLAGS_every), absl::GetFlag(FLAGS_policy));
   if (!variants.ok()) return variants.status();
   spec.variants = *std::move(variants);
-  if (absl::Status s = ValidateRun(spec.config, spec.attention, spec.variants); !s.ok()) {
+  if (absl::Status s =
+          ValidateRun(spec.config, spec.attention, spec.variants, spec.optimizer);
+      !s.ok()) {
     return s;
   }
 

@@ -26,6 +26,10 @@ ABSL_DECLARE_FLAG(std::string, variants);
 ABSL_DECLARE_FLAG(int64_t, every);
 ABSL_DECLARE_FLAG(std::string, policy);
 ABSL_DECLARE_FLAG(std::string, attention);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(double, momentum);
+ABSL_DECLARE_FLAG(bool, master_weights);
 ABSL_DECLARE_FLAG(std::string, format);
 ABSL_DECLARE_FLAG(std::string, json_out);
 
@@ -37,6 +41,7 @@ struct RunSpec {
   std::string model;  // --model as given: a preset name or a config.json path
   AttentionMode attention = AttentionMode::kFlash;
   std::vector<Variant> variants;
+  OptimizerSpec optimizer;
   bool table = false;  // --format=table, else JSON
 };
 

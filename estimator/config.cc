@@ -21,6 +21,80 @@ absl::Status CheckPositive(absl::string_view flag, int64_t value) {
 
 }  // namespace
 
+int64_t ElementSizeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kBool:
+      return 1;
+    case DType::kInt64:
+      return 8;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kBool:
+      return "bool";
+    case DType::kInt64:
+      return "int64";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseModelDType(absl::string_view name) {
+  if (name == "fp32") return DType::kFloat32;
+  if (name == "bf16") return DType::kBFloat16;
+  if (name == "fp16") return DType::kFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype must be fp32, bf16 or fp16, got '", name, "'"));
+}
+
+absl::string_view ModelDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kBool:
+    case DType::kInt64:
+      break;  // never a model's dtype
+  }
+  return "?";
+}
+
+absl::string_view OptimizerName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+      return "adamw";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kSgd:
+      return "sgd";
+  }
+  return "?";
+}
+
+absl::StatusOr<OptimizerKind> ParseOptimizer(absl::string_view name) {
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd}) {
+    if (name == OptimizerName(kind)) return kind;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--optimizer must be adamw, adam or sgd, got '", name, "'"));
+}
+
 absl::string_view FamilyName(Family family) {
   switch (family) {
     case Family::kStudy:
@@ -97,8 +171,26 @@ absl::Status ValidateConfig(const ModelConfig& config) {
 }
 
 absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
-                         const std::vector<Variant>& variants) {
+                         const std::vector<Variant>& variants,
+                         const OptimizerSpec& optimizer) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (config.dtype != DType::kFloat32 && config.dtype != DType::kBFloat16 &&
+      config.dtype != DType::kFloat16) {
+    return absl::InvalidArgumentError("--dtype must be fp32, bf16 or fp16");
+  }
+  if (!(optimizer.momentum >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--momentum must be >= 0, got ", optimizer.momentum));
+  }
+  if (optimizer.momentum > 0 && optimizer.kind != OptimizerKind::kSgd) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--momentum applies to --optimizer=sgd, not ", OptimizerName(optimizer.kind)));
+  }
+  if (optimizer.master_weights && config.dtype == DType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "--master_weights needs --dtype=bf16 or fp16 (fp32 parameters are their own "
+        "masters)");
+  }
   if (variants.empty()) {
     return absl::InvalidArgumentError("--variants must name at least one variant");
   }

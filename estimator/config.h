@@ -21,6 +21,16 @@
 
 namespace memledger {
 
+// DType is an element type of a tensor.
+enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16 };
+
+int64_t ElementSizeBytes(DType dtype);
+const char* DTypeName(DType dtype);  // "float32", "bool", "int64", "bfloat16", "float16"
+
+// ParseModelDType parses --dtype: fp32, bf16 or fp16.
+absl::StatusOr<DType> ParseModelDType(absl::string_view name);
+absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
+
 // Family is the kind of model: which graph the estimator builds and the runtime runs
 // (DESIGN.md, "Model families").
 enum class Family : uint8_t {
@@ -49,6 +59,10 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head shares embed_tokens' weight
   bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
+  // dtype: parameters, gradients and activations ("pure" low precision when not fp32);
+  // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
+  // upcast, the logits' .float() before the loss).
+  DType dtype = DType::kFloat32;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
@@ -60,8 +74,27 @@ struct ModelConfig {
            a.KvHeads() == b.KvHeads() && a.HeadDim() == b.HeadDim() &&
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
-           a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias;
+           a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
+           a.dtype == b.dtype;
   }
+};
+
+// OptimizerKind is the optimizer whose state the step holds.
+enum class OptimizerKind : uint8_t {
+  kAdamW,  // exp_avg, exp_avg_sq (the study's, lr 1e-3)
+  kAdam,   // exp_avg, exp_avg_sq
+  kSgd,    // momentum_buffer when momentum > 0, nothing otherwise
+};
+absl::string_view OptimizerName(OptimizerKind kind);  // "adamw", "adam", "sgd"
+absl::StatusOr<OptimizerKind> ParseOptimizer(absl::string_view name);
+
+// OptimizerSpec is the optimizer and how it holds the parameters.
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  double momentum = 0;  // SGD only
+  // master_weights: for a low-precision model, the optimizer steps fp32 copies of the
+  // parameters (and keeps its state in fp32), as mixed-precision trainers do.
+  bool master_weights = false;
 };
 
 // ValidateConfig returns InvalidArgument naming the offending flag, e.g.
@@ -157,10 +190,12 @@ absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int6
                                                    absl::string_view policy);
 
 // ValidateRun is the one validation path for a run, shared by predict, the runtime and
-// verify: the config, a non-empty list of distinct variants, every_k's k >= 1, and each
-// selective policy against the attention mode and family.
+// verify: the config, a non-empty list of distinct variants, every_k's k >= 1, each
+// selective policy against the attention mode and family, and the optimizer (momentum
+// for SGD only, master weights for low precision only).
 absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
-                         const std::vector<Variant>& variants);
+                         const std::vector<Variant>& variants,
+                         const OptimizerSpec& optimizer = OptimizerSpec());
 
 // The study's four variants: none, full, every_2, selective (matmul).
 std::vector<Variant> DefaultVariants();

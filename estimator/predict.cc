@@ -208,7 +208,9 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config) 
 
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                    const PredictOptions& options) {
-  if (absl::Status s = ValidateRun(config, options.attention, options.variants); !s.ok()) {
+  if (absl::Status s =
+          ValidateRun(config, options.attention, options.variants, options.optimizer);
+      !s.ok()) {
     return s;
   }
 
@@ -234,17 +236,36 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                               identity.value()));
     }
   }
-  // Parameters, their gradients and AdamW's two moments are fp32, one element each.
-  CheckedInt64 param_bytes = n_params * ElementSizeBytes(DType::kFloat32);
-  CheckedInt64 adamw_bytes = param_bytes * 2;
-  if (param_bytes.overflowed() || adamw_bytes.overflowed()) {
+  // Parameters and their gradients are in the model's dtype. The optimizer's state is
+  // in the dtype of what it steps: the parameters, or their fp32 master copies.
+  const int64_t element = ElementSizeBytes(config.dtype);
+  const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
+  const OptimizerSpec& optimizer = options.optimizer;
+  const int64_t state_element = optimizer.master_weights ? fp32 : element;
+  int64_t states_per_parameter = 0;
+  switch (optimizer.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      states_per_parameter = 2;  // exp_avg, exp_avg_sq
+      break;
+    case OptimizerKind::kSgd:
+      states_per_parameter = optimizer.momentum > 0 ? 1 : 0;  // momentum_buffer
+      break;
+  }
+  CheckedInt64 param_bytes = n_params * element;
+  CheckedInt64 moment_bytes = n_params * states_per_parameter * state_element;
+  CheckedInt64 state_bytes = moment_bytes + n_params * (optimizer.master_weights ? fp32 : 0);
+  if (param_bytes.overflowed() || state_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
   }
+  prediction.optimizer = optimizer;
   prediction.n_params = n_params.value();
   prediction.param_bytes = param_bytes.value();
   prediction.grad_bytes = param_bytes.value();
-  prediction.adamw_state_bytes = adamw_bytes.value();
+  prediction.optimizer_state_bytes = state_bytes.value();
+  prediction.adamw_state_bytes =
+      optimizer.kind == OptimizerKind::kAdamW ? moment_bytes.value() : 0;
 
   WalkOptions segment_options;
   segment_options.record_storages = options.breakdown;
@@ -288,15 +309,16 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
 int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention) {
   // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   // Models", per layer without recompute: s*b*h*(34 + 5*a*s/h) bytes in fp16 with
-  // dropout. Without the two 1-byte dropout masks that is 32 bytes = 16 fp16 elements
-  // per token and width, in fp32 4 * 16; the attention term 5*a*s^2*b (softmax 2 bytes,
-  // its dropout mask 1, its output 2) drops the mask: 4 bytes fp16 = 8 bytes fp32, and
-  // exists only where the (B, H, T, T) matrix is kept (math attention).
-  CheckedInt64 bytes = CheckedInt64(config.layers) * 4 * 16 * config.batch * config.seq *
-                       config.width;
+  // dropout. Without the two 1-byte dropout masks that is 32 bytes = 16 elements per
+  // token and width, 16 x the element size in the model's dtype; the attention term
+  // 5*a*s^2*b (softmax 2 bytes, its dropout mask 1, its output 2) drops the mask: 2
+  // elements, and exists only where the (B, H, T, T) matrix is kept (math attention).
+  const int64_t element = ElementSizeBytes(config.dtype);
+  CheckedInt64 bytes = CheckedInt64(config.layers) * element * 16 * config.batch *
+                       config.seq * config.width;
   if (attention == AttentionMode::kMath) {
-    bytes += CheckedInt64(config.layers) * 8 * config.batch * config.heads * config.seq *
-             config.seq;
+    bytes += CheckedInt64(config.layers) * element * 2 * config.batch * config.heads *
+             config.seq * config.seq;
   }
   return bytes.overflowed() ? -1 : bytes.value();
 }

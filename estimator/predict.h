@@ -36,6 +36,8 @@ struct PredictOptions {
   // rules: what each op views and keeps; null means the pinned release's
   // (RuleTable::Pinned()). Tests of the verifier pass a deliberately wrong table.
   const RuleTable* rules = nullptr;
+  // optimizer: whose state optimizer_state_bytes counts.
+  OptimizerSpec optimizer;
 };
 
 // BlockKind is one kind of block in the stack, and how many blocks are of it.
@@ -70,10 +72,15 @@ struct Prediction {
   // The graphs walked: names for the breakdown's indices. Owned, shared by copies.
   std::shared_ptr<const ModelGraphs> graphs;
 
+  OptimizerSpec optimizer;
   int64_t n_params = 0;  // study: layers * (12 d^2 + 13 d); tied weights count once
-  int64_t param_bytes = 0;
-  int64_t grad_bytes = 0;
-  int64_t adamw_state_bytes = 0;  // exp_avg + exp_avg_sq
+  int64_t param_bytes = 0;  // in the model's dtype
+  int64_t grad_bytes = 0;   // .grad, in the parameters' dtype
+  // optimizer_state_bytes: everything the optimizer holds: Adam(W)'s exp_avg and
+  // exp_avg_sq, SGD's momentum_buffer (when momentum > 0), and with master weights the
+  // fp32 parameter copies (the state then is fp32 too).
+  int64_t optimizer_state_bytes = 0;
+  int64_t adamw_state_bytes = 0;  // AdamW's exp_avg + exp_avg_sq; 0 for other optimizers
   int64_t saved_bytes_none = 0;   // the reference for saved_ratio_vs_none
   std::vector<VariantPrediction> variants;
 
@@ -84,8 +91,9 @@ struct Prediction {
   double saved_none_over_korthikanti = 0;
 };
 
-// KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none`, in fp32
-// without dropout masks (see the definition for the derivation); -1 on overflow.
+// KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none` in the
+// model's dtype, without dropout masks (see the definition for the derivation); -1 on
+// overflow.
 int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention);
 
 // Predict returns InvalidArgument for a bad config, variant or policy (the message

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   memledger::PredictOptions options;
   options.attention = spec->attention;
   options.variants = spec->variants;
+  options.optimizer = spec->optimizer;
   options.breakdown = absl::GetFlag(FLAGS_explain);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());

@@ -78,6 +78,7 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
 }  // namespace
 
 rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode attention,
+                                  const OptimizerSpec& optimizer,
                                   const ParameterBuckets& buckets) {
   rapidjson::Document doc(rapidjson::kObjectType);
   Allocator& a = doc.GetAllocator();
@@ -85,16 +86,28 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(attention).data()), a);
   // The release whose saving rules the numbers follow (estimator/rules.h).
   doc.AddMember("torch", rapidjson::StringRef(kTorchRelease), a);
+  doc.AddMember("dtype", rapidjson::StringRef(ModelDTypeName(config.dtype).data()), a);
+  rapidjson::Value optimizer_json(rapidjson::kObjectType);
+  optimizer_json.AddMember("name", rapidjson::StringRef(OptimizerName(optimizer.kind).data()),
+                           a);
+  if (optimizer.kind == OptimizerKind::kSgd) optimizer_json.AddMember("momentum", optimizer.momentum, a);
+  optimizer_json.AddMember("master_weights", optimizer.master_weights, a);
+  doc.AddMember("optimizer", optimizer_json, a);
   doc.AddMember("n_params", buckets.n_params, a);
   doc.AddMember("param_bytes", buckets.param_bytes, a);
   doc.AddMember("grad_bytes", buckets.grad_bytes, a);
-  doc.AddMember("adamw_state_bytes", buckets.adamw_state_bytes, a);
+  if (optimizer.kind == OptimizerKind::kAdamW) {
+    doc.AddMember("adamw_state_bytes", buckets.adamw_state_bytes, a);
+  }
+  doc.AddMember("optimizer_state_bytes", buckets.optimizer_state_bytes, a);
   return doc;
 }
 
 rapidjson::Document PredictionJson(const Prediction& p) {
-  rapidjson::Document doc = StudyJsonHead(
-      p.config, p.attention, {p.n_params, p.param_bytes, p.grad_bytes, p.adamw_state_bytes});
+  rapidjson::Document doc =
+      StudyJsonHead(p.config, p.attention, p.optimizer,
+                    {p.n_params, p.param_bytes, p.grad_bytes, p.optimizer_state_bytes,
+                     p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
   rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
       cache(rapidjson::kObjectType);
@@ -174,38 +187,40 @@ std::string PredictionTable(const Prediction& p) {
   }
   std::string out = absl::StrFormat(
       "memledger prediction: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
-      "torch %s\n\n",
+      "%s, %s%s, torch %s\n\n",
       model, c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
-      kTorchRelease);
-  absl::StrAppendFormat(&out, "%-20s %20s %14s\n", "bucket", "bytes", "");
-  absl::StrAppendFormat(&out, "%-20s %20d %14s\n", "n_params (count)", p.n_params, "");
-  for (const auto& [name, bytes] : {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
-                                    {"grad_bytes", p.grad_bytes},
-                                    {"adamw_state_bytes", p.adamw_state_bytes}}) {
-    absl::StrAppendFormat(&out, "%-20s %20d %14s\n", name, bytes, HumanBytes(bytes));
+      ModelDTypeName(c.dtype), OptimizerName(p.optimizer.kind),
+      p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease);
+  absl::StrAppendFormat(&out, "%-22s %20s %14s\n", "bucket", "bytes", "");
+  absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "n_params (count)", p.n_params, "");
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
+        {"grad_bytes", p.grad_bytes},
+        {"optimizer_state_bytes", p.optimizer_state_bytes}}) {
+    absl::StrAppendFormat(&out, "%-22s %20d %14s\n", name, bytes, HumanBytes(bytes));
   }
-  absl::StrAppendFormat(&out, "\n%-20s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",
+  absl::StrAppendFormat(&out, "\n%-22s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",
                         "vs none", "cache");
   for (const VariantPrediction& v : p.variants) {
-    absl::StrAppendFormat(&out, "%-20s %20d %14s %10.4f %14s\n", v.variant.Name(),
+    absl::StrAppendFormat(&out, "%-22s %20d %14s %10.4f %14s\n", v.variant.Name(),
                           v.saved_bytes, HumanBytes(v.saved_bytes), v.saved_ratio_vs_none,
                           v.cache_bytes > 0 ? HumanBytes(v.cache_bytes) : "-");
   }
   if (c.family != Family::kStudy) {
-    absl::StrAppendFormat(&out, "\n%-20s %14s %14s %14s %10s\n", "saved by segment",
+    absl::StrAppendFormat(&out, "\n%-22s %14s %14s %14s %10s\n", "saved by segment",
                           "embedding", "layers", "head+loss", "head share");
     for (const VariantPrediction& v : p.variants) {
       absl::StrAppendFormat(
-          &out, "%-20s %14s %14s %14s %9.1f%%\n", v.variant.Name(),
+          &out, "%-22s %14s %14s %14s %9.1f%%\n", v.variant.Name(),
           HumanBytes(v.embedding_bytes), HumanBytes(v.layers_bytes),
           HumanBytes(v.head_loss_bytes),
           100.0 * static_cast<double>(v.head_loss_bytes) / static_cast<double>(v.saved_bytes));
     }
   }
-  absl::StrAppendFormat(&out, "\n%-20s %20d %14s\n", "Korthikanti (none)",
+  absl::StrAppendFormat(&out, "\n%-22s %20d %14s\n", "Korthikanti (none)",
                         p.korthikanti_saved_bytes_none,
                         HumanBytes(p.korthikanti_saved_bytes_none));
-  absl::StrAppendFormat(&out, "%-20s %20.4f\n", "exact / Korthikanti",
+  absl::StrAppendFormat(&out, "%-22s %20.4f\n", "exact / Korthikanti",
                         p.saved_none_over_korthikanti);
   return out;
 }

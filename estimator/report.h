@@ -12,17 +12,20 @@
 
 namespace memledger {
 
-// ParameterBuckets are the study's parameter-side keys, predicted or measured.
+// ParameterBuckets are the parameter-side keys, predicted or measured.
 struct ParameterBuckets {
   int64_t n_params = 0;
   int64_t param_bytes = 0;
   int64_t grad_bytes = 0;
-  int64_t adamw_state_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t adamw_state_bytes = 0;  // reported for AdamW only
 };
 
 // StudyJsonHead starts a report object the way the study's does: config, attention,
-// torch (kTorchRelease), n_params, param_bytes, grad_bytes, adamw_state_bytes.
+// torch (kTorchRelease), dtype, optimizer, n_params, param_bytes, grad_bytes,
+// optimizer_state_bytes and, for AdamW, adamw_state_bytes.
 rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode attention,
+                                  const OptimizerSpec& optimizer,
                                   const ParameterBuckets& buckets);
 
 // PredictionJson holds the study's keys (config, n_params, param_bytes, grad_bytes,

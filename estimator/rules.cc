@@ -150,6 +150,10 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kContiguous:
       // contiguous() is clone(memory_format) when a copy is needed (yaml:451 clone: grad).
       return OpSemantics{{}, {0}, {"CloneBackward0"}, {}};
+    case OpType::kToDtype:
+      // .to(dtype) is _to_copy when it converts (yaml:_to_copy: _to_copy_backward(grad,
+      // self.options())): no tensor kept.
+      return OpSemantics{{}, {0}, {"ToCopyBackward0"}, {}};
   }
   return {};  // unreachable: every case returns
 }
@@ -193,6 +197,7 @@ const char* OpTypeName(OpType type) {
     case OpType::kNllLoss: return "nll_loss_forward";
     case OpType::kConstantPad: return "constant_pad_nd";
     case OpType::kContiguous: return "contiguous";
+    case OpType::kToDtype: return "to";
   }
   return "?";
 }

@@ -65,8 +65,9 @@ enum class OpType : uint8_t {
   kNllLoss,      // (log_probs, target) -> (loss, total_weight), mean over non-ignored
   kConstantPad,  // pad the last dim by (0, 1): labels from input_ids
   kContiguous,   // a view if already contiguous, else a contiguous copy (clone)
+  kToDtype,      // .to(dtype): the tensor itself if it has that dtype, else a copy
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kContiguous) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kToDtype) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

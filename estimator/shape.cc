@@ -9,30 +9,6 @@
 
 namespace memledger {
 
-int64_t ElementSizeBytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kBool:
-      return 1;
-    case DType::kInt64:
-      return 8;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kBool:
-      return "bool";
-    case DType::kInt64:
-      return "int64";
-  }
-  return "?";
-}
-
 int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
   switch (symbol) {
     case Symbol::kBatch:

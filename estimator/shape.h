@@ -13,11 +13,6 @@
 
 namespace memledger {
 
-enum class DType : uint8_t { kFloat32, kBool, kInt64 };
-
-int64_t ElementSizeBytes(DType dtype);
-const char* DTypeName(DType dtype);  // "float32", "bool", "int64"
-
 // Symbol names one size of the model or its input; SymbolValue gives its value for a
 // config.
 enum class Symbol : uint8_t {

@@ -207,6 +207,14 @@ class Walk {
         ViewOf(out, op.inputs[0], view);
         return absl::OkStatus();
       }
+      case OpType::kToDtype:
+        // Same dtype: .to() returns the tensor itself (no node, no copy).
+        if (graph_.tensors[op.inputs[0]].dtype == graph_.tensors[out].dtype) {
+          ViewOf(out, op.inputs[0], in);
+        } else {
+          NewContiguous(out, in.sizes.data(), in.ndim);
+        }
+        return absl::OkStatus();
       case OpType::kContiguous:
         if (in.IsContiguous()) {
           ViewOf(out, op.inputs[0], in);

@@ -10,17 +10,18 @@
 namespace memledger::runtime {
 namespace {
 
-// RmsNormImpl is transformers' LlamaRMSNorm in fp32 (its casts are no-ops):
-// weight * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).
+// RmsNormImpl is transformers' LlamaRMSNorm: x32 = x.to(float32); weight *
+// (x32 * rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype).
 class RmsNormImpl : public torch::nn::Module {
  public:
   RmsNormImpl(int64_t width, double eps) : eps_(eps) {
     weight = register_parameter("weight", at::ones({width}));
   }
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor variance = x.pow(2).mean(-1, /*keepdim=*/true);
-    at::Tensor normed = x * at::rsqrt(variance + eps_);
-    return weight * normed;
+    const at::Tensor x32 = x.to(at::kFloat);  // the upcast; x itself in fp32
+    at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor normed = x32 * at::rsqrt(variance + eps_);
+    return weight * normed.to(x.scalar_type());
   }
   at::Tensor weight;
 
@@ -125,8 +126,9 @@ class LlamaModel : public ModelImpl {
         1.0 / at::pow(10000.0, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
     at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
     at::Tensor emb = at::cat({freqs, freqs}, -1);
-    start.extras.cos = emb.cos().unsqueeze(0);
-    start.extras.sin = emb.sin().unsqueeze(0);
+    // Returned in the hidden states' dtype, as transformers does (cos.to(x.dtype)).
+    start.extras.cos = emb.cos().unsqueeze(0).to(start.hidden.scalar_type());
+    start.extras.sin = emb.sin().unsqueeze(0).to(start.hidden.scalar_type());
     return start;
   }
 

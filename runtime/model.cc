@@ -76,6 +76,13 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
       built.input = at::randint(config.vocab, {config.batch, config.seq}, at::kLong);
       break;
   }
+  if (config.dtype != DType::kFloat32) {
+    // Drawn in fp32 with the same seed, then converted: the whole model in that dtype.
+    const at::ScalarType dtype =
+        config.dtype == DType::kBFloat16 ? at::kBFloat16 : at::kHalf;
+    built.model->to(dtype);
+    if (config.family == Family::kStudy) built.input = built.input.to(dtype);
+  }
   return built;
 }
 
@@ -83,9 +90,10 @@ at::Tensor StudyLoss(const at::Tensor& output) { return output.pow(2).mean(); }
 
 at::Tensor CausalLmLoss(const at::Tensor& logits, const at::Tensor& input_ids) {
   const int64_t vocab = logits.size(-1);
-  // logits.float() is a no-op in fp32.
+  // transformers upcasts before the loss: logits.float() (a no-op in fp32).
+  const at::Tensor logits32 = logits.to(at::kFloat);
   at::Tensor labels = at::constant_pad_nd(input_ids, {0, 1}, -100).slice(1, 1).contiguous();
-  return at::cross_entropy_loss(logits.view({-1, vocab}), labels.view(-1));
+  return at::cross_entropy_loss(logits32.view({-1, vocab}), labels.view(-1));
 }
 
 int64_t ExpectedParameterCount(const ModelConfig& config) {

@@ -104,7 +104,8 @@ struct ModelAndInput {
 
 // BuildModel seeds LibTorch's generator with `seed`, builds the model of
 // `config.family`, then draws the input, so the same (config, seed) always gives the
-// same model and input.
+// same model and input; a low-precision model (and the study's input) is then
+// converted to config.dtype.
 // REQUIRES: ValidateConfig(config).ok().
 ModelAndInput BuildModel(const ModelConfig& config, int64_t seed);
 
@@ -112,7 +113,8 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed);
 at::Tensor StudyLoss(const at::Tensor& output);
 
 // CausalLmLoss is the decoder families' loss: labels = pad(input_ids, (0, 1),
-// value=-100)[..., 1:].contiguous(); cross_entropy(logits.view(-1, V), labels.view(-1)).
+// value=-100)[..., 1:].contiguous(); cross_entropy(logits.float().view(-1, V),
+// labels.view(-1)).
 at::Tensor CausalLmLoss(const at::Tensor& logits, const at::Tensor& input_ids);
 
 // ExpectedParameterCount is layers * (12 d^2 + 13 d), the study's.

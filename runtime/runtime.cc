@@ -4,11 +4,15 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/version.h>
 
 #include <algorithm>
 #include <exception>
+#include <functional>
+#include <type_traits>
 #include <set>
 #include <string>
 #include <thread>
@@ -122,10 +126,81 @@ double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMod
   return Median(reporter.seconds);
 }
 
+// OptimizerStateBytes is what an optimizer holds after its first step.
+struct OptimizerStateBytes {
+  int64_t moments = 0;  // its state tensors
+  int64_t total = 0;    // plus master copies
+};
+
+// StepOptimizer makes one real step of `spec` over `parameters` (whose .grad is set)
+// and measures the tensors the optimizer then holds. With master weights it steps fp32
+// copies of the parameters, on fp32 copies of the gradients, and writes them back.
+OptimizerStateBytes StepOptimizer(const OptimizerSpec& spec,
+                                  const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> stepped = parameters;
+  OptimizerStateBytes bytes;
+  if (spec.master_weights) {
+    for (at::Tensor& master : stepped) {
+      at::Tensor grad = master.grad().to(at::kFloat);
+      master = master.detach().to(at::kFloat).requires_grad_(true);
+      master.mutable_grad() = grad;
+      bytes.total += TensorBytes(master);
+    }
+  }
+  auto sum_states = [&](auto& optimizer, auto tensors_of) {
+    optimizer.step();
+    for (const auto& entry : optimizer.state()) {
+      using State = typename std::decay_t<decltype(tensors_of)>::argument_type;
+      for (const at::Tensor& t : tensors_of(static_cast<State>(*entry.second))) {
+        bytes.moments += TensorBytes(t);
+      }
+    }
+  };
+  switch (spec.kind) {
+    case OptimizerKind::kAdamW: {
+      torch::optim::AdamW optimizer(stepped, torch::optim::AdamWOptions(1e-3));
+      sum_states(optimizer,
+                 std::function<std::vector<at::Tensor>(const torch::optim::AdamWParamState&)>(
+                     [](const torch::optim::AdamWParamState& s) {
+                       return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(),
+                                                      s.max_exp_avg_sq()};
+                     }));
+      break;
+    }
+    case OptimizerKind::kAdam: {
+      torch::optim::Adam optimizer(stepped, torch::optim::AdamOptions(1e-3));
+      sum_states(optimizer,
+                 std::function<std::vector<at::Tensor>(const torch::optim::AdamParamState&)>(
+                     [](const torch::optim::AdamParamState& s) {
+                       return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(),
+                                                      s.max_exp_avg_sq()};
+                     }));
+      break;
+    }
+    case OptimizerKind::kSgd: {
+      torch::optim::SGD optimizer(stepped,
+                                  torch::optim::SGDOptions(1e-3).momentum(spec.momentum));
+      sum_states(optimizer,
+                 std::function<std::vector<at::Tensor>(const torch::optim::SGDParamState&)>(
+                     [](const torch::optim::SGDParamState& s) {
+                       return std::vector<at::Tensor>{s.momentum_buffer()};
+                     }));
+      break;
+    }
+  }
+  if (spec.master_weights) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < parameters.size(); ++i) parameters[i].copy_(stepped[i]);
+  }
+  bytes.total += bytes.moments;
+  return bytes;
+}
+
 absl::Status ValidateRequest(const ModelConfig& config, AttentionMode attention,
                              const std::vector<Variant>& variants,
                              const RunOptions& options) {
-  if (absl::Status status = ValidateRun(config, attention, variants); !status.ok()) {
+  if (absl::Status status = ValidateRun(config, attention, variants, options.optimizer);
+      !status.ok()) {
     return status;
   }
   if (!options.skip_timing && options.timing_repetitions < 1) {
@@ -194,22 +269,18 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     m.variants.push_back(std::move(vm));
   }
 
-  // Gradient and optimizer-state bytes from one real AdamW step on the reference
+  // Gradient and optimizer-state bytes from one real optimizer step on the reference
   // gradients. It comes last (the study steps first) so that no extra forward+backward
   // is needed and every variant runs on the same parameters as the reference.
-  {
-    torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(1e-3));
-    for (size_t i = 0; i < parameters.size(); ++i) {
-      parameters[i].mutable_grad() = reference.grads[i];
-      m.grad_bytes += TensorBytes(parameters[i].grad());
-    }
-    optimizer.step();
-    for (const auto& entry : optimizer.state()) {
-      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
-      m.adamw_state_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq());
-    }
-    ZeroGrads(parameters);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    parameters[i].mutable_grad() = reference.grads[i];
+    m.grad_bytes += TensorBytes(parameters[i].grad());
   }
+  m.optimizer = options.optimizer;
+  const OptimizerStateBytes state = StepOptimizer(options.optimizer, parameters);
+  m.optimizer_state_bytes = state.total;
+  m.adamw_state_bytes = options.optimizer.kind == OptimizerKind::kAdamW ? state.moments : 0;
+  ZeroGrads(parameters);
   return m;
 }
 

@@ -33,6 +33,8 @@ struct RunOptions {
   // timing_repetitions is how many timed forward+backward runs a variant gets (after a
   // warm-up); time_s is their median. Must be >= 1 unless skip_timing.
   int timing_repetitions = 5;
+  // optimizer: the optimizer whose real step measures its state.
+  OptimizerSpec optimizer;
   // progress, when set, is called with the variant's name before it is measured.
   std::function<void(absl::string_view what)> progress;
 };
@@ -59,7 +61,11 @@ struct Measurement {
   int64_t n_params = 0;
   int64_t param_bytes = 0;
   int64_t grad_bytes = 0;
-  // adamw_state_bytes: exp_avg + exp_avg_sq after one real AdamW(lr 1e-3) step.
+  OptimizerSpec optimizer;
+  // optimizer_state_bytes: after one real step, the bytes of every state tensor the
+  // optimizer holds (exp_avg, exp_avg_sq; momentum_buffer) plus the fp32 master copies.
+  int64_t optimizer_state_bytes = 0;
+  // adamw_state_bytes: exp_avg + exp_avg_sq of AdamW (lr 1e-3); 0 for other optimizers.
   int64_t adamw_state_bytes = 0;
   // variants, in the order requested.
   std::vector<VariantMeasurement> variants;

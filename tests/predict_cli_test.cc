@@ -41,6 +41,10 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--every=0", "--every"},
            {"--attention=sparse", "--attention"},
            {"--format=xml", "--format"},
+           {"--dtype=fp8", "--dtype must be fp32, bf16 or fp16"},
+           {"--optimizer=lion", "--optimizer must be adamw, adam or sgd"},
+           {"--master_weights", "--master_weights needs --dtype=bf16 or fp16"},
+           {"--momentum=0.9", "--momentum applies to --optimizer=sgd"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"}}) {
     CommandResult r = Predict(args);

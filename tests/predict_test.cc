@@ -311,3 +311,70 @@ TEST(PredictFamiliesTest, PoliciesTheFamilyLacksAreRejected) {
 
 }  // namespace
 }  // namespace memledger
+
+namespace memledger {
+namespace {
+
+TEST(PredictPrecisionTest, OptimizerStateByHand) {
+  // The study's 1,189,632 parameters.
+  ModelConfig config;
+  PredictOptions options;
+  options.variants = Variants("none");
+  // fp32 AdamW: 2 moments x 4 B = 9,517,056 (the study's adamw_state_bytes).
+  ASSERT_OK_AND_ASSIGN(Prediction adamw, Predict(config, options));
+  EXPECT_EQ(adamw.optimizer_state_bytes, 9517056);
+  EXPECT_EQ(adamw.adamw_state_bytes, 9517056);
+  // SGD without momentum holds nothing; with momentum one buffer, 4,758,528.
+  options.optimizer.kind = OptimizerKind::kSgd;
+  ASSERT_OK_AND_ASSIGN(Prediction sgd, Predict(config, options));
+  EXPECT_EQ(sgd.optimizer_state_bytes, 0);
+  EXPECT_EQ(sgd.adamw_state_bytes, 0);
+  options.optimizer.momentum = 0.9;
+  ASSERT_OK_AND_ASSIGN(Prediction momentum, Predict(config, options));
+  EXPECT_EQ(momentum.optimizer_state_bytes, 4758528);
+  // bf16 Adam: parameters and gradients 2 B each (2,379,264), moments 2 x 2 B.
+  config.dtype = DType::kBFloat16;
+  options.optimizer = {OptimizerKind::kAdam, 0, false};
+  ASSERT_OK_AND_ASSIGN(Prediction bf16, Predict(config, options));
+  EXPECT_EQ(bf16.param_bytes, 2379264);
+  EXPECT_EQ(bf16.grad_bytes, 2379264);
+  EXPECT_EQ(bf16.optimizer_state_bytes, 4758528);
+  // With fp32 master weights: the copies 4 B and fp32 moments 2 x 4 B = 12 B each:
+  // 14,275,584.
+  options.optimizer.master_weights = true;
+  ASSERT_OK_AND_ASSIGN(Prediction master, Predict(config, options));
+  EXPECT_EQ(master.optimizer_state_bytes, 14275584);
+}
+
+TEST(PredictPrecisionTest, Bf16TinyLlamaKeepsFp32WherePyTorchDoes) {
+  // tiny-llama in bf16 (N = 1024 tokens). Each RMSNorm keeps its fp32 upcast of x
+  // (32 x 4 B), its fp32 rsqrt (4 B) and the bf16 normed (32 x 2 B), and the bf16 x is
+  // kept by nobody; its output h (64 B) is kept by the next matmuls: 260 B. Per layer:
+  // 2 norms 520 + q, k, v 3 x 64 + SDPA out 64 + fp32 logsumexp 4 x 4 + MLP 4 x 128
+  // = 1,304 B -> 1,335,296 per layer. cos, sin in bf16: 2 x 64 x 8 x 2 = 2,048. Embedding
+  // 8,192. Head: final norm 260 x 1024 = 266,240; the log-probs of logits.float(),
+  // 1024 x 96 x 4 = 393,216; labels 8,192; total weight 4.
+  // none = 2,670,592 + 2,048 + 8,192 + 266,240 + 393,216 + 8,192 + 4 = 3,348,484.
+  ModelConfig config = Preset("tiny-llama");
+  config.dtype = DType::kBFloat16;
+  PredictOptions options;
+  options.variants = Variants("none");
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
+  EXPECT_EQ(p.variants[0].saved_bytes, 3348484);
+}
+
+TEST(PredictPrecisionTest, UnsupportedCombinationsAreRejected) {
+  PredictOptions options;
+  options.optimizer.master_weights = true;
+  EXPECT_STATUS(Predict(ModelConfig(), options), absl::StatusCode::kInvalidArgument,
+                "--master_weights needs --dtype=bf16 or fp16");
+  options.optimizer = {OptimizerKind::kAdamW, 0.9, false};
+  EXPECT_STATUS(Predict(ModelConfig(), options), absl::StatusCode::kInvalidArgument,
+                "--momentum applies to --optimizer=sgd, not adamw");
+  options.optimizer = {OptimizerKind::kSgd, -1, false};
+  EXPECT_STATUS(Predict(ModelConfig(), options), absl::StatusCode::kInvalidArgument,
+                "--momentum must be >= 0");
+}
+
+}  // namespace
+}  // namespace memledger

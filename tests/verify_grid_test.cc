@@ -49,8 +49,9 @@ TEST_P(VerifyGridTest, MeasuredEqualsPredicted) {
   options.run.skip_timing = true;
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
 
-  // n_params, param/grad/AdamW bytes and one saved_bytes per variant.
-  ASSERT_EQ(report.buckets.size(), 4 + options.variants.size());
+  // n_params, param/grad/optimizer-state/AdamW-state bytes and one saved_bytes per
+  // variant.
+  ASSERT_EQ(report.buckets.size(), 5 + options.variants.size());
   for (const BucketCheck& bucket : report.buckets) {
     EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name;
     EXPECT_GT(bucket.measured, 0) << bucket.name;
@@ -123,13 +124,76 @@ TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
                        ParseVariants("none,full,every_2,every_3,selective", 2, c.policy));
   options.run.skip_timing = true;
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
-  ASSERT_EQ(report.buckets.size(), 4 + options.variants.size());
+  ASSERT_EQ(report.buckets.size(), 5 + options.variants.size());
   for (const BucketCheck& bucket : report.buckets) {
     EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name;
     EXPECT_GT(bucket.measured, 0) << bucket.name;
   }
   EXPECT_TRUE(report.Passed()) << (report.failures.empty() ? "" : report.failures.front());
 }
+
+// Precision and optimizers: the study's block, tiny-llama and tiny-gpt2 in bf16 and fp16
+// (PyTorch keeps SDPA's logsumexp, RMSNorm's upcast and the loss's logits in fp32), with
+// each optimizer, with and without fp32 master weights. Recompute is deterministic in
+// low precision too, so gradients must still agree to 1e-5 (they agree exactly here).
+struct PrecisionCase {
+  const char* model;
+  DType dtype;
+  OptimizerKind optimizer;
+  double momentum;
+  bool master_weights;
+  AttentionMode attention;
+  const char* policy;
+
+  friend std::ostream& operator<<(std::ostream& os, const PrecisionCase& c) {
+    return os << c.model << "_" << ModelDTypeName(c.dtype) << "_" << OptimizerName(c.optimizer)
+              << "_m" << c.momentum << (c.master_weights ? "_master" : "") << "_"
+              << AttentionModeName(c.attention) << "_" << c.policy;
+  }
+};
+
+class VerifyPrecisionTest : public ::testing::TestWithParam<PrecisionCase> {};
+
+TEST_P(VerifyPrecisionTest, MeasuredEqualsPredicted) {
+  const PrecisionCase& c = GetParam();
+  ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.model));
+  config.dtype = c.dtype;
+  config.batch = 2;
+  config.seq = 12;
+  VerifyOptions options;
+  options.attention = c.attention;
+  options.optimizer = {c.optimizer, c.momentum, c.master_weights};
+  ASSERT_OK_AND_ASSIGN(options.variants,
+                       ParseVariants("none,full,every_2,selective", 2, c.policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  for (const BucketCheck& bucket : report.buckets) {
+    EXPECT_EQ(bucket.measured, bucket.predicted) << bucket.name;
+  }
+  EXPECT_TRUE(report.Passed()) << (report.failures.empty() ? "" : report.failures.front());
+}
+
+constexpr DType kBf16 = DType::kBFloat16;
+constexpr DType kFp16 = DType::kFloat16;
+constexpr OptimizerKind kAdamW = OptimizerKind::kAdamW;
+constexpr OptimizerKind kAdam = OptimizerKind::kAdam;
+constexpr OptimizerKind kSgd = OptimizerKind::kSgd;
+
+INSTANTIATE_TEST_SUITE_P(
+    Precision, VerifyPrecisionTest,
+    ::testing::Values(
+        PrecisionCase{"study", kBf16, kAdamW, 0, false, kFlash, "matmul"},
+        PrecisionCase{"study", kBf16, kAdam, 0, true, kMath, "matmul,gelu"},
+        PrecisionCase{"study", kFp16, kSgd, 0.9, true, kFlash, "attention,layer_norm"},
+        PrecisionCase{"study", DType::kFloat32, kSgd, 0, false, kFlash, "matmul"},
+        PrecisionCase{"study", DType::kFloat32, kAdam, 0, false, kMath, "matmul"},
+        PrecisionCase{"tiny-llama", kBf16, kAdamW, 0, false, kFlash, "matmul,silu"},
+        PrecisionCase{"tiny-llama", kBf16, kSgd, 0.9, false, kMath, "matmul"},
+        PrecisionCase{"tiny-llama", kFp16, kAdam, 0, true, kFlash, "attention"},
+        PrecisionCase{"tiny-llama", DType::kFloat32, kSgd, 0.5, false, kFlash, "matmul"},
+        PrecisionCase{"tiny-gpt2", kBf16, kAdamW, 0, true, kFlash, "matmul,layer_norm,gelu"},
+        PrecisionCase{"tiny-gpt2", kFp16, kSgd, 0, false, kMath, "gelu"},
+        PrecisionCase{"tiny-gpt2", DType::kFloat32, kAdam, 0, false, kFlash, "attention"}));
 
 INSTANTIATE_TEST_SUITE_P(
     Families, VerifyFamilyTest,

@@ -59,6 +59,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   predict_options.attention = options.attention;
   predict_options.variants = options.variants;
   predict_options.rules = options.rules;
+  predict_options.optimizer = options.optimizer;
   absl::StatusOr<Prediction> prediction = Predict(config, predict_options);
   if (!prediction.ok()) return prediction.status();
 
@@ -74,8 +75,10 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
         HumanBytes(limit), "); lower --batch, --seq, --width or --layers"));
   }
 
+  runtime::RunOptions run_options = options.run;
+  run_options.optimizer = options.optimizer;
   absl::StatusOr<runtime::Measurement> measurement =
-      runtime::Measure(config, options.attention, options.variants, options.run);
+      runtime::Measure(config, options.attention, options.variants, run_options);
   if (!measurement.ok()) return measurement.status();
 
   const Prediction& p = *prediction;
@@ -83,7 +86,12 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   report.buckets.push_back(Check("n_params", p.n_params, m.n_params));
   report.buckets.push_back(Check("param_bytes", p.param_bytes, m.param_bytes));
   report.buckets.push_back(Check("grad_bytes", p.grad_bytes, m.grad_bytes));
-  report.buckets.push_back(Check("adamw_state_bytes", p.adamw_state_bytes, m.adamw_state_bytes));
+  report.buckets.push_back(
+      Check("optimizer_state_bytes", p.optimizer_state_bytes, m.optimizer_state_bytes));
+  if (options.optimizer.kind == OptimizerKind::kAdamW) {
+    report.buckets.push_back(
+        Check("adamw_state_bytes", p.adamw_state_bytes, m.adamw_state_bytes));
+  }
   // Pair variants by name: the runtime reports them in the order requested, but nothing
   // should rest on that.
   for (const VariantPrediction& predicted : p.variants) {

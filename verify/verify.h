@@ -25,7 +25,8 @@ namespace memledger {
 struct VerifyOptions {
   AttentionMode attention = AttentionMode::kFlash;
   std::vector<Variant> variants = DefaultVariants();
-  runtime::RunOptions run;
+  OptimizerSpec optimizer;
+  runtime::RunOptions run;  // its optimizer is replaced by the one above
   // grad_tolerance: the largest acceptable max_grad_diff (fp32).
   double grad_tolerance = 1e-5;
   // max_memory_bytes: refuse configs whose predicted footprint exceeds this; <= 0 means

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   memledger::VerifyOptions options;
   options.attention = spec->attention;
   options.variants = spec->variants;
+  options.optimizer = spec->optimizer;
   options.grad_tolerance = tolerance;
   options.max_memory_bytes = static_cast<int64_t>(max_gib * (int64_t{1} << 30));
   options.run.skip_timing = absl::GetFlag(FLAGS_skip_timing);

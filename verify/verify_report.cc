@@ -21,8 +21,10 @@ rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Val
 rapidjson::Document VerifyJson(const VerifyReport& r) {
   const runtime::Measurement& m = r.measurement;
   const Prediction& p = r.prediction;
-  rapidjson::Document doc = StudyJsonHead(
-      m.config, m.attention, {m.n_params, m.param_bytes, m.grad_bytes, m.adamw_state_bytes});
+  rapidjson::Document doc =
+      StudyJsonHead(m.config, m.attention, m.optimizer,
+                    {m.n_params, m.param_bytes, m.grad_bytes, m.optimizer_state_bytes,
+                     m.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
 
   const double none_bytes = static_cast<double>(m.reference_saved_bytes);
@@ -73,14 +75,17 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
 std::string VerifyTable(const VerifyReport& r) {
   const ModelConfig& c = r.measurement.config;
   std::string out = absl::StrFormat(
-      "memledger verify: %d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
-      "torch %s\n\n",
+      "memledger verify: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
+      "%s, %s%s, torch %s\n\n",
+      c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "),
       c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention),
+      ModelDTypeName(c.dtype), OptimizerName(r.measurement.optimizer.kind),
+      r.measurement.optimizer.master_weights ? " with fp32 master weights" : "",
       r.measurement.torch_version);
-  absl::StrAppendFormat(&out, "%-24s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
+  absl::StrAppendFormat(&out, "%-26s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
                         "ratio", "");
   for (const BucketCheck& b : r.buckets) {
-    absl::StrAppendFormat(&out, "%-24s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
+    absl::StrAppendFormat(&out, "%-26s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
                           b.measured, b.ratio,
                           b.name == "n_params" ? "" : HumanBytes(b.measured),
                           b.exact() ? "" : "  MISMATCH");
