@@ -17,8 +17,9 @@ namespace {
 // torch::nn / transformers call into the ATen ops the pinned PyTorch runs for it.
 class GraphBuilder {
  public:
-  // `dtype` is the model's: its parameters and hidden states.
-  explicit GraphBuilder(DType dtype) : dtype_(dtype) {}
+  // The model's dtype (its parameters and hidden states) and autocast's lower-precision
+  // dtype (kFloat32: no autocast).
+  explicit GraphBuilder(const ModelConfig& config) : dtype_(config.dtype), amp_(config.amp) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
     graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
@@ -32,6 +33,18 @@ class GraphBuilder {
   // ToDtype is .to(dtype): a copy unless the tensor has that dtype already.
   int ToDtype(const std::string& name, int x, DType dtype) {
     return Op1(OpType::kToDtype, name, {x}, {}, std::nullopt, dtype);
+  }
+
+  // Lower is autocast's cast of an fp32 argument of a lower-precision op (matmuls,
+  // SDPA): a copy in the autocast dtype (of a weight, too: the copy is no parameter).
+  // Without autocast, or for a tensor already in lower precision, the tensor itself.
+  // CPU autocast in 2.15 casts nothing else our graphs run: pow, rsqrt, layer_norm,
+  // softmax and log_softmax run in their input's dtype (unlike CUDA's fp32 list), and
+  // nll_loss, on its fp32 list, already gets fp32 log-probabilities
+  // (//tests:autocast_test checks this against LibTorch).
+  int Lower(const std::string& name, int x) {
+    if (amp_ == DType::kFloat32 || graph_.tensors[x].dtype != DType::kFloat32) return x;
+    return ToDtype(name + ".autocast", x, amp_);
   }
 
   // TiedParam is a parameter owned by another segment (a tied LM head).
@@ -53,8 +66,15 @@ class GraphBuilder {
                       std::vector<std::string> output_names, OpAttributes attributes = {},
                       std::optional<OpKind> policy_kind = std::nullopt,
                       std::optional<DType> output_dtype = std::nullopt) {
-    const DType dtype = output_dtype.value_or(
+    DType dtype = output_dtype.value_or(
         inputs.empty() ? DType::kFloat32 : graph_.tensors[inputs[0]].dtype);
+    if (!output_dtype.has_value() &&
+        (type == OpType::kAdd || type == OpType::kMulTensor || type == OpType::kCat)) {
+      // Type promotion: a floating op of two dtypes runs in fp32 (bf16 + fp32 -> fp32).
+      for (int input : inputs) {
+        if (graph_.tensors[input].dtype != dtype) dtype = DType::kFloat32;
+      }
+    }
     OpDef op;
     op.type = type;
     op.name = name;
@@ -82,8 +102,13 @@ class GraphBuilder {
   int LayerNorm(const std::string& name, int x) {
     int weight = Param(name + ".weight", {kD});
     int bias = Param(name + ".bias", {kD});
-    return Op(OpType::kNativeLayerNorm, name, {x, weight, bias}, {"out", "mean", "rstd"},
-              {}, OpKind::kLayerNorm)[0];
+    std::vector<int> outputs = Op(OpType::kNativeLayerNorm, name, {x, weight, bias},
+                                  {"out", "mean", "rstd"}, {}, OpKind::kLayerNorm);
+    // mean and rstd come in the parameters' dtype (fp32 for a bf16 input under
+    // autocast: ATen's mixed-dtype layer norm).
+    graph_.tensors[outputs[1]].dtype = graph_.tensors[weight].dtype;
+    graph_.tensors[outputs[2]].dtype = graph_.tensors[weight].dtype;
+    return outputs[0];
   }
 
   // RmsNorm is transformers' LlamaRMSNorm: x32 = x.to(float32); weight *
@@ -97,15 +122,16 @@ class GraphBuilder {
     int shifted = Op1(OpType::kAddScalar, name + ".add_eps", {variance});
     int inverse = Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
     int normed = Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
-    int downcast = ToDtype(name + ".downcast", normed, dtype_);
+    int downcast = ToDtype(name + ".downcast", normed, graph_.tensors[x].dtype);
     return Op1(OpType::kMulTensor, name, {weight, downcast});
   }
 
   // Linear with bias on a contiguous (B, T, in) input: at::linear's fused path,
   // addmm(bias, x.view(B*T, in), weight.t()).view(B, T, out).
   int Linear(const std::string& name, int x, SymDim in, SymDim out) {
-    int weight = Param(name + ".weight", {out, in});
-    int bias = Param(name + ".bias", {out});
+    int weight = Lower(name + ".weight", Param(name + ".weight", {out, in}));
+    int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
+    x = Lower(name + ".input", x);
     int flat = Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
     int mm = Op1(OpType::kAddmm, name, {bias, flat, weight_t}, {}, OpKind::kMatmul);
@@ -119,6 +145,8 @@ class GraphBuilder {
   }
 
   int MatmulFolded(const std::string& name, int x, int weight, SymDim in, SymDim out) {
+    weight = Lower(name + ".weight", weight);
+    x = Lower(name + ".input", x);
     int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {.shape = {kB * kT, in}});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
     int mm = Op1(OpType::kMm, name, {flat, weight_t}, {}, OpKind::kMatmul);
@@ -127,9 +155,10 @@ class GraphBuilder {
 
   // Conv1D is GPT-2's linear: addmm(bias, x.view(-1, in), weight) with weight (in, out).
   int Conv1D(const std::string& name, int x, SymDim in, SymDim out) {
-    int weight = Param(name + ".weight", {in, out});
-    int bias = Param(name + ".bias", {out});
-    int flat = Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}});
+    int weight = Lower(name + ".weight", Param(name + ".weight", {in, out}));
+    int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
+    int flat = Lower(name + ".input",
+                     Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}}));
     int mm = Op1(OpType::kAddmm, name, {bias, flat, weight}, {}, OpKind::kMatmul);
     return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
@@ -140,6 +169,8 @@ class GraphBuilder {
   // to (B, H, n, p).
   int BatchedMatmul(const std::string& name, int a, std::vector<SymDim> a_shape, int b,
                     std::vector<SymDim> b_shape) {
+    a = Lower(name + ".self", a);
+    b = Lower(name + ".mat2", b);
     int a3 = Op1(OpType::kReshape, name + ".reshape_self",
                  {Op1(OpType::kExpand, name + ".expand_self", {a}, {.shape = a_shape})},
                  {.shape = {kB * kH, a_shape[2], a_shape[3]}});
@@ -155,6 +186,9 @@ class GraphBuilder {
   // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul).
   int CausalAttention(AttentionMode mode, int q, int k, int v) {
     if (mode == AttentionMode::kFlash) {
+      q = Lower("attention.q", q);
+      k = Lower("attention.k", k);
+      v = Lower("attention.v", v);
       std::vector<int> outputs = Op(OpType::kFlashAttention, "attention", {q, k, v},
                                     {"out", "logsumexp"}, {}, OpKind::kAttention);
       graph_.tensors[outputs[1]].dtype = DType::kFloat32;  // logsumexp accumulates in fp32
@@ -229,12 +263,13 @@ class GraphBuilder {
   }
 
   DType dtype_;
+  DType amp_;
   BlockGraph graph_;
 };
 
 // The study's Block.forward, op by op (see runtime/ for the same model in LibTorch).
 BlockGraph BuildStudyBlock(const ModelConfig& config, AttentionMode mode) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
   int qkv = g.Linear("qkv", g.LayerNorm("ln1", x), kD, 3 * kD);
   int heads = g.Op1(OpType::kView, "qkv.split_heads", {qkv}, {.shape = {kB, kT, Sym(3), kH, kDHead}});
@@ -255,7 +290,7 @@ BlockGraph BuildStudyBlock(const ModelConfig& config, AttentionMode mode) {
 }
 
 BlockGraph BuildStudyLoss(const ModelConfig& config) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int y = g.Input("y", {kB, kT, kD});
   int squared = g.Op1(OpType::kPow, "loss.pow", {y});
   return g.Finish(g.Op1(OpType::kMean, "loss.mean", {squared}));
@@ -263,7 +298,7 @@ BlockGraph BuildStudyLoss(const ModelConfig& config) {
 
 // Llama family (Llama 2/3, Mistral, Qwen2): embed_tokens(input_ids).
 BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   return g.Finish(g.Op1(OpType::kEmbedding, "embed_tokens", {weight, input_ids}));
@@ -271,7 +306,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
 
 // LlamaDecoderLayer.forward with RoPE tables (1, T, d_head) made once per forward.
 BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
   // transformers' rotary embedding returns cos, sin cast to the hidden states' dtype.
   int cos = g.Global("rope.cos", config.dtype, {Sym(1), kT, kDHead});
@@ -312,7 +347,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
 
 // Final norm, LM head (tied to embed_tokens or not) and the loss.
 BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.RmsNorm("norm", x);
@@ -324,7 +359,7 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
 
 // GPT-2: wte(input_ids) + wpe(position_ids), position_ids = arange(T)[None].
 BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int position_ids = g.Global("position_ids", DType::kInt64, {Sym(1), kT});
   int tokens = g.Op1(OpType::kEmbedding, "wte", {g.Param("wte.weight", {kV, kD}), input_ids});
@@ -335,7 +370,7 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
 
 // GPT2Block without dropout: fused c_attn split into q, k, v; GELU (tanh) MLP.
 BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
   int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * kD);
   auto head = [&](const std::string& name, int index) {
@@ -359,7 +394,7 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
 }
 
 BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
-  GraphBuilder g(config.dtype);
+  GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.LayerNorm("ln_f", x);
@@ -386,7 +421,8 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on, packed into one index.
-  const int key = static_cast<int>(config.dtype) * 64 + static_cast<int>(config.family) * 16 +
+  const int key = static_cast<int>(config.amp) * 512 + static_cast<int>(config.dtype) * 64 +
+                  static_cast<int>(config.family) * 16 +
                   static_cast<int>(mode) * 8 + (config.qkv_bias ? 4 : 0) +
                   (config.KvHeads() < config.heads ? 2 : 0) + (config.tie_embeddings ? 1 : 0);
   static std::mutex mutex;

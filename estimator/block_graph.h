@@ -83,7 +83,7 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
 
 // ModelGraphsFor is BuildModelGraphs memoized: graphs depend on the sizes only through
 // symbols, so one built graph serves every config of the same shape (family, attention
-// mode, dtype, q/k/v bias, grouped-query attention or not, tied head). Thread-safe.
+// mode, dtype, autocast, q/k/v bias, grouped-query attention or not, tied head). Thread-safe.
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode);
 

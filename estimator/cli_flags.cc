@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, attention, "flash",
 ABSL_FLAG(std::string, dtype, "fp32",
           "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
           "(pure low precision; PyTorch still keeps some tensors in fp32).");
+ABSL_FLAG(std::string, amp, "none",
+          "Autocast over the fp32 model: none, bf16 or fp16 (matmuls and SDPA in that dtype "
+          "on cast copies, weights included; norms and losses in fp32).");
 ABSL_FLAG(std::string, optimizer, "adamw", "The optimizer: adamw, adam or sgd.");
 ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
 ABSL_FLAG(bool, master_weights, false,
@@ -93,6 +96,9 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
   absl::StatusOr<DType> dtype = ParseModelDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
   spec.config.dtype = *dtype;
+  absl::StatusOr<DType> amp = ParseAmp(absl::GetFlag(FLAGS_amp));
+  if (!amp.ok()) return amp.status();
+  spec.config.amp = *amp;
   absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(absl::GetFlag(FLAGS_optimizer));
   if (!optimizer.ok()) return optimizer.status();
   spec.optimizer.kind = *optimizer;

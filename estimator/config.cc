@@ -60,6 +60,18 @@ absl::StatusOr<DType> ParseModelDType(absl::string_view name) {
       absl::StrCat("--dtype must be fp32, bf16 or fp16, got '", name, "'"));
 }
 
+absl::StatusOr<DType> ParseAmp(absl::string_view name) {
+  if (name == "none") return DType::kFloat32;
+  if (name == "bf16") return DType::kBFloat16;
+  if (name == "fp16") return DType::kFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--amp must be none, bf16 or fp16, got '", name, "'"));
+}
+
+absl::string_view AmpName(DType amp) {
+  return amp == DType::kFloat32 ? "none" : ModelDTypeName(amp);
+}
+
 absl::string_view ModelDTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
@@ -177,6 +189,16 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
   if (config.dtype != DType::kFloat32 && config.dtype != DType::kBFloat16 &&
       config.dtype != DType::kFloat16) {
     return absl::InvalidArgumentError("--dtype must be fp32, bf16 or fp16");
+  }
+  if (config.amp != DType::kFloat32 && config.amp != DType::kBFloat16 &&
+      config.amp != DType::kFloat16) {
+    return absl::InvalidArgumentError("--amp must be none, bf16 or fp16");
+  }
+  if (config.amp != DType::kFloat32 && config.dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--amp=", AmpName(config.amp), " needs --dtype=fp32: autocast runs an fp32 model "
+        "(its master parameters) in lower precision, not a ", ModelDTypeName(config.dtype),
+        " one"));
   }
   if (!(optimizer.momentum >= 0)) {
     return absl::InvalidArgumentError(

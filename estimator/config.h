@@ -29,6 +29,9 @@ const char* DTypeName(DType dtype);  // "float32", "bool", "int64", "bfloat16", 
 
 // ParseModelDType parses --dtype: fp32, bf16 or fp16.
 absl::StatusOr<DType> ParseModelDType(absl::string_view name);
+// ParseAmp parses --amp: none (kFloat32), bf16 or fp16.
+absl::StatusOr<DType> ParseAmp(absl::string_view name);
+absl::string_view AmpName(DType amp);  // "none", "bf16", "fp16"
 absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
 
 // Family is the kind of model: which graph the estimator builds and the runtime runs
@@ -63,6 +66,10 @@ struct ModelConfig {
   // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
   // upcast, the logits' .float() before the loss).
   DType dtype = DType::kFloat32;
+  // amp: autocast's lower-precision dtype (bf16 or fp16) over an fp32 model; kFloat32
+  // means no autocast. Matmuls and SDPA run in it (on cast copies of their fp32 inputs
+  // and weights), norms, pow, rsqrt and losses in fp32, the rest in their inputs' dtype.
+  DType amp = DType::kFloat32;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
@@ -75,7 +82,7 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
-           a.dtype == b.dtype;
+           a.dtype == b.dtype && a.amp == b.amp;
   }
 };
 

@@ -87,6 +87,7 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   // The release whose saving rules the numbers follow (estimator/rules.h).
   doc.AddMember("torch", rapidjson::StringRef(kTorchRelease), a);
   doc.AddMember("dtype", rapidjson::StringRef(ModelDTypeName(config.dtype).data()), a);
+  doc.AddMember("amp", rapidjson::StringRef(AmpName(config.amp).data()), a);
   rapidjson::Value optimizer_json(rapidjson::kObjectType);
   optimizer_json.AddMember("name", rapidjson::StringRef(OptimizerName(optimizer.kind).data()),
                            a);
@@ -187,9 +188,11 @@ std::string PredictionTable(const Prediction& p) {
   }
   std::string out = absl::StrFormat(
       "memledger prediction: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
-      "%s, %s%s, torch %s\n\n",
+      "%s%s, %s%s, torch %s\n\n",
       model, c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
-      ModelDTypeName(c.dtype), OptimizerName(p.optimizer.kind),
+      ModelDTypeName(c.dtype),
+      c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
+      OptimizerName(p.optimizer.kind),
       p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease);
   absl::StrAppendFormat(&out, "%-22s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "n_params (count)", p.n_params, "");

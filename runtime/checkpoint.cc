@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "runtime/autocast.h"
 #include "runtime/saved_tensor_recorder.h"
 
 namespace memledger::runtime {
@@ -22,6 +23,9 @@ struct CheckpointState : torch::CustomClassHolder {
   std::shared_ptr<DecoderLayer> layer;
   AttentionMode mode = AttentionMode::kFlash;
   bool has_rope = false;  // the extras are (cos, sin)
+  // The autocast dtype of the forward, restored for the recompute (as PyTorch's
+  // checkpoint does), so the recomputed layer casts exactly as the original did.
+  std::optional<at::ScalarType> autocast;
   std::optional<SelectiveCache> cache;
 };
 
@@ -67,6 +71,7 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
     at::Tensor y;
     {
       at::AutoGradMode enable_grad(true);
+      ScopedAutocast autocast(state->autocast);
       y = state->layer->forward(x, extras, state->mode, cache);
     }
     ag::variable_list inputs;
@@ -99,6 +104,7 @@ at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at:
   state->layer = layer;
   state->mode = mode;
   state->has_rope = extras.cos.defined();
+  state->autocast = CurrentAutocast();
   if (policy != nullptr) state->cache.emplace(*policy);
   const std::vector<at::Tensor> extra_tensors = extras.Defined();
   const std::vector<at::Tensor> parameters = layer->parameters();
@@ -116,6 +122,9 @@ ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input
   const SavePolicy* policy =
       variant.kind == VariantKind::kSelective ? &variant.policy : nullptr;
   std::vector<at::Tensor> cached;
+  ForwardResult result;
+  // The forward, loss included, under autocast when the model trains with it.
+  ScopedAutocast autocast(AutocastDtype(model.amp));
   ModelStart start = model.Prologue(input);
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = 0; i < model.num_layers(); ++i) {
@@ -125,7 +134,6 @@ ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input
       x = model.layer(i)->forward(x, start.extras, mode, nullptr);
     }
   }
-  ForwardResult result;
   result.loss = model.Epilogue(x, input);
   result.cache_bytes = UniqueStorageBytes(cached);
   return result;

@@ -76,6 +76,7 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
       built.input = at::randint(config.vocab, {config.batch, config.seq}, at::kLong);
       break;
   }
+  built.model->amp = config.amp;
   if (config.dtype != DType::kFloat32) {
     // Drawn in fp32 with the same seed, then converted: the whole model in that dtype.
     const at::ScalarType dtype =

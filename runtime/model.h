@@ -68,6 +68,8 @@ class ModelImpl : public torch::nn::Module {
   virtual at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input) const = 0;
 
   torch::nn::ModuleList layers{nullptr};
+  // amp: autocast's dtype for the forward (config.amp); kFloat32 runs without autocast.
+  DType amp = DType::kFloat32;
 };
 
 // BlockImpl is the study's pre-LN block with 12 d^2 + 13 d parameters:

@@ -4,11 +4,13 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "runtime/attention.h"
+#include "runtime/autocast.h"
 
 namespace memledger::runtime {
 namespace {
@@ -105,6 +107,16 @@ class CachedActivation : public ag::Function<CachedActivation> {
   }
 };
 
+// Lower is what autocast does to an argument of a lower-precision op: an fp32 tensor
+// becomes a copy in the autocast dtype. The replays below bypass the dispatcher (custom
+// Functions are not autocast), so they cast their arguments themselves, as the op they
+// stand for would have had them cast.
+at::Tensor Lower(const at::Tensor& t) {
+  const std::optional<at::ScalarType> dtype = CurrentAutocast();
+  if (!dtype.has_value() || !t.defined() || t.scalar_type() != at::kFloat) return t;
+  return t.to(*dtype);
+}
+
 // Cached runs `compute` and caches its output while recording, or replays the cached
 // output through `replay` while replaying; `kind` off the policy runs `compute` plainly.
 template <typename Compute, typename Replay>
@@ -147,9 +159,9 @@ at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
   return Cached(
       cache, OpKind::kMatmul, [&] { return linear.forward(input); },
       [&](const at::Tensor& out) {
-        std::vector<at::Tensor> parameters = {linear.weight};
-        if (linear.bias.defined()) parameters.push_back(linear.bias);
-        return CachedLinear::apply(input, at::TensorList(parameters), &out);
+        std::vector<at::Tensor> parameters = {Lower(linear.weight)};
+        if (linear.bias.defined()) parameters.push_back(Lower(linear.bias));
+        return CachedLinear::apply(Lower(input), at::TensorList(parameters), &out);
       });
 }
 
@@ -162,7 +174,9 @@ at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::
         sizes.back() = weight.size(1);
         return at::addmm(bias, input.view({-1, input.size(-1)}), weight).view(sizes);
       },
-      [&](const at::Tensor& out) { return CachedConv1D::apply(input, weight, bias, &out); });
+      [&](const at::Tensor& out) {
+        return CachedConv1D::apply(Lower(input), Lower(weight), Lower(bias), &out);
+      });
 }
 
 at::Tensor LayerNormOp(torch::nn::LayerNormImpl& norm, const at::Tensor& input,
@@ -209,7 +223,9 @@ at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor
     return Attention(mode, q, k, v);
   }
   if (!cache->replaying()) {
-    FlashOutputs outputs = FlashAttentionOutputs(q, k, v);
+    // The CPU kernel's op is not on autocast's list (scaled_dot_product_attention is):
+    // cast as the composite would have.
+    FlashOutputs outputs = FlashAttentionOutputs(Lower(q), Lower(k), Lower(v));
     cache->Save(outputs.out);
     cache->Save(outputs.lse);
     return outputs.out;
@@ -217,7 +233,7 @@ at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor
   FlashOutputs cached;
   cached.out = cache->Next();
   cached.lse = cache->Next();
-  return FlashAttentionFromCache(q, k, v, cached);
+  return FlashAttentionFromCache(Lower(q), Lower(k), Lower(v), cached);
 }
 
 }  // namespace memledger::runtime

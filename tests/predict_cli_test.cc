@@ -44,6 +44,8 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--dtype=fp8", "--dtype must be fp32, bf16 or fp16"},
            {"--optimizer=lion", "--optimizer must be adamw, adam or sgd"},
            {"--master_weights", "--master_weights needs --dtype=bf16 or fp16"},
+           {"--amp=fp16 --dtype=bf16", "--amp=fp16 needs --dtype=fp32"},
+           {"--amp=int8", "--amp must be none, bf16 or fp16"},
            {"--momentum=0.9", "--momentum applies to --optimizer=sgd"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"}}) {

@@ -378,3 +378,31 @@ TEST(PredictPrecisionTest, UnsupportedCombinationsAreRejected) {
 
 }  // namespace
 }  // namespace memledger
+
+namespace memledger {
+namespace {
+
+TEST(PredictPrecisionTest, AutocastKeepsCastCopiesOfInputsAndWeights) {
+  // The study's block, L=1, d=8, H=1, B=1, T=2, under bf16 autocast. Per token: x fp32
+  // 32 B and ln1's fp32 mean, rstd 8 B; qkv's bf16 copy of its input 16 B (addmm's mat1);
+  // qkv out bf16 48 B (q, k, v); SDPA out bf16 16 B (also proj's input) and logsumexp
+  // fp32 4 B; x1 = x + proj (bf16), promoted to fp32, 32 B and ln2's stats 8 B; fc1's
+  // input copy 16 B; fc1 out bf16 64 B (gelu); gelu out bf16 64 B (fc2); the loss's y
+  // fp32 32 B: 340 B x 2 tokens = 680. Each matmul keeps its bf16 weight copy (no
+  // parameter): qkv 24 x 8 x 2 = 384, proj 128, fc1 512, fc2 512 = 1,536. none = 2,216.
+  ModelConfig config{/*layers=*/1, /*width=*/8, /*heads=*/1, /*batch=*/1, /*seq=*/2};
+  config.amp = DType::kBFloat16;
+  PredictOptions options;
+  options.variants = Variants("none");
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
+  EXPECT_EQ(p.variants[0].saved_bytes, 2216);
+  // Parameters, gradients and AdamW's state stay fp32 under autocast: 872 x 4 B.
+  EXPECT_EQ(p.param_bytes, 3488);
+  EXPECT_EQ(p.optimizer_state_bytes, 2 * 3488);
+  config.dtype = DType::kBFloat16;
+  EXPECT_STATUS(Predict(config, options), absl::StatusCode::kInvalidArgument,
+                "--amp=bf16 needs --dtype=fp32");
+}
+
+}  // namespace
+}  // namespace memledger

@@ -133,12 +133,13 @@ TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
 }
 
 // Precision and optimizers: the study's block, tiny-llama and tiny-gpt2 in bf16 and fp16
-// (PyTorch keeps SDPA's logsumexp, RMSNorm's upcast and the loss's logits in fp32), with
-// each optimizer, with and without fp32 master weights. Recompute is deterministic in
+// (PyTorch keeps SDPA's logsumexp, RMSNorm's upcast and the loss's logits in fp32) and
+// under bf16 / fp16 autocast, with each optimizer, with and without fp32 master weights. Recompute is deterministic in
 // low precision too, so gradients must still agree to 1e-5 (they agree exactly here).
 struct PrecisionCase {
   const char* model;
   DType dtype;
+  DType amp;
   OptimizerKind optimizer;
   double momentum;
   bool master_weights;
@@ -146,7 +147,8 @@ struct PrecisionCase {
   const char* policy;
 
   friend std::ostream& operator<<(std::ostream& os, const PrecisionCase& c) {
-    return os << c.model << "_" << ModelDTypeName(c.dtype) << "_" << OptimizerName(c.optimizer)
+    return os << c.model << "_" << ModelDTypeName(c.dtype) << "_amp" << AmpName(c.amp) << "_"
+              << OptimizerName(c.optimizer)
               << "_m" << c.momentum << (c.master_weights ? "_master" : "") << "_"
               << AttentionModeName(c.attention) << "_" << c.policy;
   }
@@ -158,6 +160,7 @@ TEST_P(VerifyPrecisionTest, MeasuredEqualsPredicted) {
   const PrecisionCase& c = GetParam();
   ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.model));
   config.dtype = c.dtype;
+  config.amp = c.amp;
   config.batch = 2;
   config.seq = 12;
   VerifyOptions options;
@@ -173,6 +176,7 @@ TEST_P(VerifyPrecisionTest, MeasuredEqualsPredicted) {
   EXPECT_TRUE(report.Passed()) << (report.failures.empty() ? "" : report.failures.front());
 }
 
+constexpr DType kFp32 = DType::kFloat32;
 constexpr DType kBf16 = DType::kBFloat16;
 constexpr DType kFp16 = DType::kFloat16;
 constexpr OptimizerKind kAdamW = OptimizerKind::kAdamW;
@@ -182,18 +186,27 @@ constexpr OptimizerKind kSgd = OptimizerKind::kSgd;
 INSTANTIATE_TEST_SUITE_P(
     Precision, VerifyPrecisionTest,
     ::testing::Values(
-        PrecisionCase{"study", kBf16, kAdamW, 0, false, kFlash, "matmul"},
-        PrecisionCase{"study", kBf16, kAdam, 0, true, kMath, "matmul,gelu"},
-        PrecisionCase{"study", kFp16, kSgd, 0.9, true, kFlash, "attention,layer_norm"},
-        PrecisionCase{"study", DType::kFloat32, kSgd, 0, false, kFlash, "matmul"},
-        PrecisionCase{"study", DType::kFloat32, kAdam, 0, false, kMath, "matmul"},
-        PrecisionCase{"tiny-llama", kBf16, kAdamW, 0, false, kFlash, "matmul,silu"},
-        PrecisionCase{"tiny-llama", kBf16, kSgd, 0.9, false, kMath, "matmul"},
-        PrecisionCase{"tiny-llama", kFp16, kAdam, 0, true, kFlash, "attention"},
-        PrecisionCase{"tiny-llama", DType::kFloat32, kSgd, 0.5, false, kFlash, "matmul"},
-        PrecisionCase{"tiny-gpt2", kBf16, kAdamW, 0, true, kFlash, "matmul,layer_norm,gelu"},
-        PrecisionCase{"tiny-gpt2", kFp16, kSgd, 0, false, kMath, "gelu"},
-        PrecisionCase{"tiny-gpt2", DType::kFloat32, kAdam, 0, false, kFlash, "attention"}));
+        PrecisionCase{"study", kBf16, kFp32, kAdamW, 0, false, kFlash, "matmul"},
+        PrecisionCase{"study", kBf16, kFp32, kAdam, 0, true, kMath, "matmul,gelu"},
+        PrecisionCase{"study", kFp16, kFp32, kSgd, 0.9, true, kFlash, "attention,layer_norm"},
+        PrecisionCase{"study", kFp32, kFp32, kSgd, 0, false, kFlash, "matmul"},
+        PrecisionCase{"study", kFp32, kFp32, kAdam, 0, false, kMath, "matmul"},
+        PrecisionCase{"tiny-llama", kBf16, kFp32, kAdamW, 0, false, kFlash, "matmul,silu"},
+        PrecisionCase{"tiny-llama", kBf16, kFp32, kSgd, 0.9, false, kMath, "matmul"},
+        PrecisionCase{"tiny-llama", kFp16, kFp32, kAdam, 0, true, kFlash, "attention"},
+        PrecisionCase{"tiny-llama", kFp32, kFp32, kSgd, 0.5, false, kFlash, "matmul"},
+        PrecisionCase{"tiny-gpt2", kBf16, kFp32, kAdamW, 0, true, kFlash, "matmul,layer_norm,gelu"},
+        PrecisionCase{"tiny-gpt2", kFp16, kFp32, kSgd, 0, false, kMath, "gelu"},
+        PrecisionCase{"tiny-gpt2", kFp32, kFp32, kAdam, 0, false, kFlash, "attention"},
+        // Autocast over fp32 models: cast copies of inputs and weights kept by matmuls.
+        PrecisionCase{"study", kFp32, kBf16, kAdamW, 0, false, kFlash, "matmul"},
+        PrecisionCase{"study", kFp32, kBf16, kSgd, 0.9, false, kMath, "matmul,gelu"},
+        PrecisionCase{"study", kFp32, kFp16, kAdam, 0, false, kFlash, "attention,layer_norm"},
+        PrecisionCase{"tiny-llama", kFp32, kBf16, kAdamW, 0, false, kFlash, "matmul,attention,silu"},
+        PrecisionCase{"tiny-llama", kFp32, kBf16, kAdamW, 0, false, kMath, "matmul"},
+        PrecisionCase{"tiny-llama", kFp32, kFp16, kSgd, 0, false, kFlash, "silu"},
+        PrecisionCase{"tiny-gpt2", kFp32, kBf16, kAdam, 0, false, kFlash, "matmul,layer_norm,gelu"},
+        PrecisionCase{"tiny-gpt2", kFp32, kFp16, kAdamW, 0, false, kMath, "layer_norm"}));
 
 INSTANTIATE_TEST_SUITE_P(
     Families, VerifyFamilyTest,

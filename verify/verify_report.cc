@@ -76,10 +76,12 @@ std::string VerifyTable(const VerifyReport& r) {
   const ModelConfig& c = r.measurement.config;
   std::string out = absl::StrFormat(
       "memledger verify: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
-      "%s, %s%s, torch %s\n\n",
+      "%s%s, %s%s, torch %s\n\n",
       c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "),
       c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention),
-      ModelDTypeName(c.dtype), OptimizerName(r.measurement.optimizer.kind),
+      ModelDTypeName(c.dtype),
+      c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
+      OptimizerName(r.measurement.optimizer.kind),
       r.measurement.optimizer.master_weights ? " with fp32 master weights" : "",
       r.measurement.torch_version);
   absl::StrAppendFormat(&out, "%-26s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
