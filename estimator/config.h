@@ -23,6 +23,7 @@ namespace memledger {
 
 // DType is an element type of a tensor.
 enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16 };
+inline constexpr int kNumDTypes = static_cast<int>(DType::kFloat16) + 1;
 
 int64_t ElementSizeBytes(DType dtype);
 const char* DTypeName(DType dtype);  // "float32", "bool", "int64", "bfloat16", "float16"

@@ -1,5 +1,6 @@
 #include "estimator/predict.h"
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -72,9 +73,15 @@ int64_t Multiples(int64_t lo, int64_t hi, int64_t k) {
   return hi < lo ? 0 : hi / k - (lo - 1) / k;
 }
 
-// GlobalBytes adds each model-level storage once, to the first segment that keeps it.
+// ByDtype is a byte count split by dtype (indexed by DType).
+using ByDtype = std::array<CheckedInt64, kNumDTypes>;
+
+// GlobalBytes adds each model-level storage once, to the first segment that keeps it,
+// and to its dtype in `by_dtype`.
 class GlobalBytes {
  public:
+  explicit GlobalBytes(ByDtype& by_dtype) : by_dtype_(by_dtype) {}
+
   CheckedInt64 Add(const BlockWalk& walk) {
     CheckedInt64 added = 0;
     for (const KeptGlobal& global : walk.kept_globals) {
@@ -83,11 +90,13 @@ class GlobalBytes {
       if (seen) continue;
       seen_.push_back(global.name);
       added += global.bytes;
+      by_dtype_[static_cast<int>(global.dtype)] += global.bytes;
     }
     return added;
   }
 
  private:
+  ByDtype& by_dtype_;
   std::vector<std::string> seen_;
 };
 
@@ -156,9 +165,29 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   }
   layer_bytes += CheckedInt64(kept_boundaries) * f.boundary_bytes;
   CheckedInt64 head_loss = epilogue.inner_bytes;
-  if (shared_kept(kind_of(layers - 1), epilogue)) head_loss += f.boundary_bytes;
+  const bool last_boundary_kept = shared_kept(kind_of(layers - 1), epilogue);
+  if (last_boundary_kept) head_loss += f.boundary_bytes;
 
-  GlobalBytes globals;
+  // The same sum by dtype: every term above is a walk's quantity times a count.
+  ByDtype by_dtype{};
+  auto add_walk = [&](const BlockWalk& w, int64_t count) {
+    for (int d = 0; d < kNumDTypes; ++d) {
+      by_dtype[d] += CheckedInt64(count) * (CheckedInt64(w.inner_by_dtype[d]) + w.cache_by_dtype[d]);
+    }
+  };
+  add_walk(f, 1);
+  add_walk(c, n_ckpt);
+  add_walk(p, n_plain);
+  add_walk(epilogue, 1);
+  if (segments.prologue.has_value()) add_walk(*segments.prologue, 1);
+  by_dtype[static_cast<int>(f.boundary_dtype)] +=
+      CheckedInt64(kept_boundaries + (last_boundary_kept ? 1 : 0)) * f.boundary_bytes;
+  CheckedInt64 weight_copies = CheckedInt64(f.weight_copy_bytes) +
+                               CheckedInt64(n_ckpt) * c.weight_copy_bytes +
+                               CheckedInt64(n_plain) * p.weight_copy_bytes +
+                               epilogue.weight_copy_bytes;
+
+  GlobalBytes globals(by_dtype);
   CheckedInt64 embedding = 0;
   if (segments.prologue.has_value()) {
     embedding = CheckedInt64(segments.prologue->inner_bytes) + globals.Add(*segments.prologue);
@@ -169,9 +198,17 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   head_loss += globals.Add(epilogue);
 
   CheckedInt64 saved = embedding + layer_bytes + head_loss;
-  if (saved.overflowed() || cache.overflowed()) {
+  CheckedInt64 dtype_total = 0;
+  for (const CheckedInt64& bytes : by_dtype) dtype_total += bytes;
+  if (saved.overflowed() || cache.overflowed() || dtype_total.overflowed() ||
+      weight_copies.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "saved bytes of variant ", variant.Name(), " overflow int64 at layers=", layers));
+  }
+  if (dtype_total.value() != saved.value()) {
+    return absl::InternalError(absl::StrCat("variant ", variant.Name(), ": saved bytes ",
+                                            saved.value(), " but by dtype ",
+                                            dtype_total.value()));
   }
   VariantPrediction prediction;
   prediction.variant = variant;
@@ -180,6 +217,8 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   prediction.embedding_bytes = embedding.value();
   prediction.layers_bytes = layer_bytes.value();
   prediction.head_loss_bytes = head_loss.value();
+  for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
+  prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {
     prediction.blocks.push_back(
         BlockKind{checkpoints, config.family != Family::kStudy, 1, f});

@@ -15,6 +15,7 @@
 #ifndef ESTIMATOR_PREDICT_H_
 #define ESTIMATOR_PREDICT_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,6 +62,10 @@ struct VariantPrediction {
   int64_t embedding_bytes = 0;
   int64_t layers_bytes = 0;
   int64_t head_loss_bytes = 0;
+  // saved_bytes by the storages' dtype (indexed by DType), and the part that is
+  // autocast's copies of weights, kept by the matmuls that use them.
+  std::array<int64_t, kNumDTypes> saved_by_dtype{};
+  int64_t weight_copy_bytes = 0;
   std::vector<BlockKind> blocks;       // if PredictOptions::breakdown
   std::optional<BlockWalk> prologue;   // if PredictOptions::breakdown and there is one
   BlockWalk epilogue;                  // if PredictOptions::breakdown

@@ -121,6 +121,23 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   doc.AddMember("saved_bytes", saved, a);
   doc.AddMember("saved_ratio_vs_none", ratio, a);
   doc.AddMember("cache_bytes", cache, a);
+  {
+    // Which dtypes the saved bytes are in (fp32 statistics and logits next to bf16
+    // activations), and autocast's weight copies among them.
+    rapidjson::Value by_dtype(rapidjson::kObjectType), copies(rapidjson::kObjectType);
+    for (const VariantPrediction& v : p.variants) {
+      rapidjson::Value split(rapidjson::kObjectType);
+      for (int d = 0; d < kNumDTypes; ++d) {
+        if (v.saved_by_dtype[d] == 0) continue;
+        split.AddMember(rapidjson::StringRef(DTypeName(static_cast<DType>(d))),
+                        rapidjson::Value(v.saved_by_dtype[d]), a);
+      }
+      by_dtype.AddMember(String(v.variant.Name(), a), split, a);
+      copies.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.weight_copy_bytes), a);
+    }
+    doc.AddMember("saved_bytes_by_dtype", by_dtype, a);
+    if (p.config.amp != DType::kFloat32) doc.AddMember("autocast_weight_copy_bytes", copies, a);
+  }
   if (p.config.family != Family::kStudy) {
     // Where the saved bytes sit: the logits' share shows in head_loss.
     rapidjson::Value segments(rapidjson::kObjectType);
@@ -218,6 +235,20 @@ std::string PredictionTable(const Prediction& p) {
           HumanBytes(v.embedding_bytes), HumanBytes(v.layers_bytes),
           HumanBytes(v.head_loss_bytes),
           100.0 * static_cast<double>(v.head_loss_bytes) / static_cast<double>(v.saved_bytes));
+    }
+  }
+  if (c.dtype != DType::kFloat32 || c.amp != DType::kFloat32) {
+    absl::StrAppendFormat(&out, "\n%-22s %14s %14s %14s %14s\n", "saved by dtype", "float32",
+                          "16-bit", "int64, bool",
+                          c.amp != DType::kFloat32 ? "weight copies" : "");
+    for (const VariantPrediction& v : p.variants) {
+      auto bytes = [&](DType d) { return v.saved_by_dtype[static_cast<int>(d)]; };
+      absl::StrAppendFormat(
+          &out, "%-22s %14s %14s %14s %14s\n", v.variant.Name(),
+          HumanBytes(bytes(DType::kFloat32)),
+          HumanBytes(bytes(DType::kBFloat16) + bytes(DType::kFloat16)),
+          HumanBytes(bytes(DType::kInt64) + bytes(DType::kBool)),
+          c.amp != DType::kFloat32 ? HumanBytes(v.weight_copy_bytes) : "");
     }
   }
   absl::StrAppendFormat(&out, "\n%-22s %20d %14s\n", "Korthikanti (none)",

@@ -22,6 +22,7 @@ struct StorageState {
   int owner = 0;
   bool is_parameter = false;
   bool is_global = false;
+  bool is_weight_copy = false;  // .to() of a parameter (autocast's cast of a weight)
   bool kept = false;    // by autograd or the checkpoint node
   bool cached = false;  // by the selective cache
 };
@@ -213,6 +214,7 @@ class Walk {
           ViewOf(out, op.inputs[0], in);
         } else {
           NewContiguous(out, in.sizes.data(), in.ndim);
+          storages_.back().is_weight_copy = graph_.tensors[op.inputs[0]].is_parameter;
         }
         return absl::OkStatus();
       case OpType::kContiguous:
@@ -379,16 +381,25 @@ class Walk {
     const int output_storage = tensors_[graph_.output].storage;
     walk.keeps_input = input_storage >= 0 && storages_[input_storage].kept;
     walk.keeps_output = output_storage >= 0 && storages_[output_storage].kept;
-    walk.boundary_bytes = storages_[input_storage >= 0 ? input_storage : output_storage].bytes;
+    const int boundary_storage = input_storage >= 0 ? input_storage : output_storage;
+    walk.boundary_bytes = storages_[boundary_storage].bytes;
+    walk.boundary_dtype = graph_.tensors[storages_[boundary_storage].owner].dtype;
     CheckedInt64 inner = 0, cache = 0;
     for (int s = 0; s < static_cast<int>(storages_.size()); ++s) {
       const StorageState& storage = storages_[s];
-      if (storage.cached) cache += storage.bytes;
+      const DType dtype = graph_.tensors[storage.owner].dtype;
+      if (storage.cached) {
+        cache += storage.bytes;
+        walk.cache_by_dtype[static_cast<int>(dtype)] += storage.bytes;
+      }
       if (!storage.kept || s == input_storage || s == output_storage) continue;
       if (storage.is_global) {
-        walk.kept_globals.push_back(KeptGlobal{graph_.tensors[storage.owner].name, storage.bytes});
+        walk.kept_globals.push_back(
+            KeptGlobal{graph_.tensors[storage.owner].name, storage.bytes, dtype});
       } else {
         inner += storage.bytes;
+        walk.inner_by_dtype[static_cast<int>(dtype)] += storage.bytes;
+        if (storage.is_weight_copy) walk.weight_copy_bytes += storage.bytes;
       }
     }
     walk.inner_bytes = inner.value();

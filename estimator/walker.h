@@ -10,6 +10,7 @@
 #ifndef ESTIMATOR_WALKER_H_
 #define ESTIMATOR_WALKER_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@ struct KeptStorage {
 struct KeptGlobal {
   std::string name;  // "input_ids", "rope.cos"
   int64_t bytes = 0;
+  DType dtype = DType::kFloat32;
 };
 
 // BlockWalk is what one block keeps. The input and output storages are reported apart
@@ -73,6 +75,13 @@ struct BlockWalk {
   int64_t boundary_bytes = 0;
   int64_t inner_bytes = 0;     // other storages autograd keeps, model-level ones excluded
   int64_t cache_bytes = 0;     // selective cache
+  // The same by the storages' dtypes (indexed by DType), and the boundary's dtype.
+  std::array<int64_t, kNumDTypes> inner_by_dtype{};
+  std::array<int64_t, kNumDTypes> cache_by_dtype{};
+  DType boundary_dtype = DType::kFloat32;
+  // weight_copy_bytes: the part of inner_bytes that is copies of parameters (autocast's
+  // casts of weights, kept by the matmuls that use them).
+  int64_t weight_copy_bytes = 0;
   std::vector<KeptGlobal> kept_globals;
   std::vector<KeptStorage> storages;  // if WalkOptions::record_storages
 };

@@ -396,6 +396,13 @@ TEST(PredictPrecisionTest, AutocastKeepsCastCopiesOfInputsAndWeights) {
   options.variants = Variants("none");
   ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
   EXPECT_EQ(p.variants[0].saved_bytes, 2216);
+  EXPECT_EQ(p.variants[0].weight_copy_bytes, 1536);
+  // By dtype, per token: bf16 input copies 16 + 16, qkv 48, SDPA out 16, fc1 out 64,
+  // gelu out 64 = 224, x 2 tokens = 448, plus the weight copies 1,536: 1,984; fp32 x 32,
+  // ln1 stats 8, logsumexp 4, x1 32, ln2 stats 8, y 32 = 116, x 2 = 232. 1,984 + 232 =
+  // 2,216.
+  EXPECT_EQ(p.variants[0].saved_by_dtype[static_cast<int>(DType::kBFloat16)], 1984);
+  EXPECT_EQ(p.variants[0].saved_by_dtype[static_cast<int>(DType::kFloat32)], 232);
   // Parameters, gradients and AdamW's state stay fp32 under autocast: 872 x 4 B.
   EXPECT_EQ(p.param_bytes, 3488);
   EXPECT_EQ(p.optimizer_state_bytes, 2 * 3488);
