@@ -13,7 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "estimator/model_presets.h"
+#include "estimator/run_request.h"
 
 ABSL_FLAG(std::string, model, "study",
           "The model: a built-in name (study, gpt2, llama-2-7b, llama-3-8b, llama-3-70b, "
@@ -55,79 +55,48 @@ ABSL_FLAG(std::string, optimizer, "adamw", "The optimizer: adamw, adam or sgd.")
 ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
-ABSL_FLAG(std::string, format, "json", "Output format: json or table.");
+ABSL_FLAG(std::string, format, "json",
+          "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
           "Also write the JSON report to this file (atomically: temp file + rename).");
 
 namespace memledger {
 
+RunRequest RunRequestFromFlags() {
+  RunRequest request;
+  request.model = absl::GetFlag(FLAGS_model);
+  request.layers = absl::GetFlag(FLAGS_layers);
+  request.width = absl::GetFlag(FLAGS_width);
+  request.heads = absl::GetFlag(FLAGS_heads);
+  request.kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  request.head_dim = absl::GetFlag(FLAGS_head_dim);
+  request.intermediate = absl::GetFlag(FLAGS_intermediate);
+  request.vocab = absl::GetFlag(FLAGS_vocab);
+  request.batch = absl::GetFlag(FLAGS_batch);
+  request.seq = absl::GetFlag(FLAGS_seq);
+  request.variants = absl::GetFlag(FLAGS_variants);
+  request.every = absl::GetFlag(FLAGS_every);
+  request.policy = absl::GetFlag(FLAGS_policy);
+  request.attention = absl::GetFlag(FLAGS_attention);
+  request.dtype = absl::GetFlag(FLAGS_dtype);
+  request.amp = absl::GetFlag(FLAGS_amp);
+  request.optimizer = absl::GetFlag(FLAGS_optimizer);
+  request.momentum = absl::GetFlag(FLAGS_momentum);
+  request.master_weights = absl::GetFlag(FLAGS_master_weights);
+  return request;
+}
+
 absl::StatusOr<RunSpec> RunSpecFromFlags() {
-  RunSpec spec;
-  absl::StatusOr<ModelConfig> model = ModelFromFlag(absl::GetFlag(FLAGS_model));
-  if (!model.ok()) return model.status();
-  spec.config = *model;
-  spec.model = absl::GetFlag(FLAGS_model);
-  const bool width_or_heads_set = absl::GetFlag(FLAGS_width).has_value() ||
-                                  absl::GetFlag(FLAGS_heads).has_value();
-  for (const auto& [flag, field] :
-       {std::pair<const absl::Flag<std::optional<int64_t>>*, int64_t*>{&FLAGS_layers,
-                                                                       &spec.config.layers},
-        {&FLAGS_width, &spec.config.width},
-        {&FLAGS_heads, &spec.config.heads},
-        {&FLAGS_kv_heads, &spec.config.kv_heads},
-        {&FLAGS_head_dim, &spec.config.head_dim},
-        {&FLAGS_intermediate, &spec.config.intermediate},
-        {&FLAGS_vocab, &spec.config.vocab}}) {
-    if (std::optional<int64_t> value = absl::GetFlag(*flag); value.has_value()) *field = *value;
-  }
-  // A new width or head count redraws the head split unless it is given too; the
-  // study's and GPT-2's kv heads follow the heads.
-  if (width_or_heads_set && !absl::GetFlag(FLAGS_head_dim).has_value() &&
-      spec.config.heads > 0) {
-    spec.config.head_dim = spec.config.width / spec.config.heads;
-  }
-  if (spec.config.family != Family::kLlama && !absl::GetFlag(FLAGS_kv_heads).has_value()) {
-    spec.config.kv_heads = spec.config.heads;
-  }
-  if (spec.config.family != Family::kLlama && absl::GetFlag(FLAGS_width).has_value() &&
-      !absl::GetFlag(FLAGS_intermediate).has_value()) {
-    spec.config.intermediate = 4 * spec.config.width;
-  }
-  absl::StatusOr<DType> dtype = ParseModelDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return dtype.status();
-  spec.config.dtype = *dtype;
-  absl::StatusOr<DType> amp = ParseAmp(absl::GetFlag(FLAGS_amp));
-  if (!amp.ok()) return amp.status();
-  spec.config.amp = *amp;
-  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(absl::GetFlag(FLAGS_optimizer));
-  if (!optimizer.ok()) return optimizer.status();
-  spec.optimizer.kind = *optimizer;
-  spec.optimizer.momentum = absl::GetFlag(FLAGS_momentum);
-  spec.optimizer.master_weights = absl::GetFlag(FLAGS_master_weights);
-  spec.config.batch = absl::GetFlag(FLAGS_batch);
-  spec.config.seq = absl::GetFlag(FLAGS_seq);
-  if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
-
-  absl::StatusOr<AttentionMode> attention = ParseAttentionMode(absl::GetFlag(FLAGS_attention));
-  if (!attention.ok()) return attention.status();
-  spec.attention = *attention;
-
-  absl::StatusOr<std::vector<Variant>> variants = ParseVariants(
-      absl::GetFlag(FLAGS_variants), absl::GetFlag(FLAGS_every), absl::GetFlag(FLAGS_policy));
-  if (!variants.ok()) return variants.status();
-  spec.variants = *std::move(variants);
-  if (absl::Status s =
-          ValidateRun(spec.config, spec.attention, spec.variants, spec.optimizer);
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(RunRequestFromFlags());
+  if (!spec.ok()) return spec.status();
 
   const std::string format = absl::GetFlag(FLAGS_format);
-  if (format != "json" && format != "table") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--format must be json or table, got '", format, "'"));
+  if (format != "json" && format != "table" && format != "csv" && format != "jsonl") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format must be json or table (csv or jsonl with --sweep), got '", format, "'"));
   }
-  spec.table = format == "table";
+  spec->format = format;
+  spec->table = format == "table";
   return spec;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
+#include "estimator/run_request.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::optional<int64_t>, layers);
@@ -36,15 +37,8 @@ ABSL_DECLARE_FLAG(std::string, json_out);
 
 namespace memledger {
 
-// RunSpec is what the shared flags ask for.
-struct RunSpec {
-  ModelConfig config;
-  std::string model;  // --model as given: a preset name or a config.json path
-  AttentionMode attention = AttentionMode::kFlash;
-  std::vector<Variant> variants;
-  OptimizerSpec optimizer;
-  bool table = false;  // --format=table, else JSON
-};
+// RunRequestFromFlags collects the shared flags as a request, unvalidated.
+RunRequest RunRequestFromFlags();
 
 // RunSpecFromFlags validates every shared flag; errors name the flag.
 absl::StatusOr<RunSpec> RunSpecFromFlags();

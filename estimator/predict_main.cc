@@ -11,9 +11,17 @@
 #include "estimator/predict.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
+#include "estimator/sweep.h"
 
 ABSL_FLAG(bool, explain, false,
           "Also print the per-op breakdown: every kept storage of each kind of block.");
+ABSL_FLAG(std::string, sweep, "",
+          "A grid of runs, e.g. batch:1..64,seq:1024..32768 (lo..hi doubles, or v1|v2|v3; "
+          "axes batch, seq, layers), printed one row per point and variant as --format=csv "
+          "(default) or jsonl.");
+ABSL_FLAG(double, budget_gib, 0,
+          "With --sweep: the memory budget in GiB; each row says whether parameters, "
+          "gradients, optimizer state and saved activations fit in it.");
 
 namespace {
 
@@ -28,6 +36,31 @@ std::string Usage() {
       "Exit status: 0 on success, 2 for bad input.");
 }
 
+// RunSweep prints the grid's rows (csv unless --format=jsonl) to stdout, and to
+// --json_out atomically when given.
+int RunSweep(const memledger::RunSpec& spec, const std::string& text, double budget_gib) {
+  if (spec.format == "table") {
+    return memledger::ReportError(
+        absl::InvalidArgumentError("--sweep prints --format=csv or --format=jsonl"));
+  }
+  absl::StatusOr<memledger::SweepGrid> grid = memledger::ParseSweep(text);
+  if (!grid.ok()) return memledger::ReportError(grid.status());
+  // CSV unless --format=jsonl (the default json means csv here).
+  const auto format = spec.format == "jsonl" ? memledger::SweepFormat::kJsonLines
+                                             : memledger::SweepFormat::kCsv;
+  absl::StatusOr<std::string> rows = memledger::RunSweep(
+      memledger::RunRequestFromFlags(), *grid,
+      static_cast<int64_t>(budget_gib * static_cast<double>(int64_t{1} << 30)), format);
+  if (!rows.ok()) return memledger::ReportError(rows.status());
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, *rows); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  std::cout << *rows;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -35,6 +68,17 @@ int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
+  const std::string sweep = absl::GetFlag(FLAGS_sweep);
+  const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
+  if (!(budget_gib >= 0)) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--budget_gib must be >= 0, got ", budget_gib)));
+  }
+  if (!sweep.empty()) return RunSweep(*spec, sweep, budget_gib);
+  if (spec->format == "csv" || spec->format == "jsonl" || budget_gib > 0) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--format=csv, --format=jsonl and --budget_gib go with --sweep"));
+  }
 
   memledger::PredictOptions options;
   options.attention = spec->attention;

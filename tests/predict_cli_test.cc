@@ -2,6 +2,7 @@
 // JSON on stdout, atomic --json_out.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -102,6 +103,19 @@ TEST(PredictCliTest, ConfigJsonErrorsExitTwoNamingFileAndKey) {
     CommandResult bad = Predict(args);
     EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.output;
     EXPECT_EQ(bad.output.find('\n'), bad.output.size() - 1) << args << ": " << bad.output;
+  }
+}
+
+TEST(PredictCliTest, SweepPrintsCsvRows) {
+  CommandResult r = Predict("--sweep=batch:1..4 --variants=none,full --budget_gib=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // A header and 3 batches x 2 variants.
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 7) << r.output;
+  EXPECT_EQ(r.output.rfind("model,layers,batch,seq,variant,", 0), 0u) << r.output;
+  for (const char* args : {"--sweep=batch:1..4 --format=table", "--format=csv",
+                           "--budget_gib=8", "--sweep=batch:1 --budget_gib=-1"}) {
+    CommandResult bad = Predict(args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.output;
   }
 }
 

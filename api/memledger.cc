@@ -1,0 +1,159 @@
+#include "api/memledger.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/predict.h"
+#include "estimator/report.h"
+#include "estimator/rules.h"
+#include "estimator/run_request.h"
+#include "rapidjson/document.h"
+#include "rapidjson/error/en.h"
+
+namespace memledger {
+namespace {
+
+char* CopyString(const std::string& s) {
+  char* copy = static_cast<char*>(std::malloc(s.size() + 1));
+  if (copy != nullptr) std::memcpy(copy, s.c_str(), s.size() + 1);
+  return copy;
+}
+
+absl::Status KeyError(const char* key, const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat("request: \"", key, "\" ", what));
+}
+
+// ParseRequest fills a RunRequest from the JSON object; `explain` from its "explain".
+absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain) {
+  if (json == nullptr) return absl::InvalidArgumentError("request: NULL");
+  rapidjson::Document doc;
+  doc.Parse(json);
+  if (doc.HasParseError()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: not JSON (", rapidjson::GetParseError_En(doc.GetParseError()), " at offset ",
+        doc.GetErrorOffset(), ")"));
+  }
+  if (!doc.IsObject()) return absl::InvalidArgumentError("request: not a JSON object");
+  RunRequest request;
+  for (const auto& member : doc.GetObject()) {
+    const char* key = member.name.GetString();
+    const rapidjson::Value& value = member.value;
+    auto integer = [&](int64_t* out) -> absl::Status {
+      if (!value.IsInt64()) return KeyError(key, "must be an integer");
+      *out = value.GetInt64();
+      return absl::OkStatus();
+    };
+    auto optional_integer = [&](std::optional<int64_t>* out) -> absl::Status {
+      if (!value.IsInt64()) return KeyError(key, "must be an integer");
+      *out = value.GetInt64();
+      return absl::OkStatus();
+    };
+    auto string = [&](std::string* out) -> absl::Status {
+      if (!value.IsString()) return KeyError(key, "must be a string");
+      *out = value.GetString();
+      return absl::OkStatus();
+    };
+    auto boolean = [&](bool* out) -> absl::Status {
+      if (!value.IsBool()) return KeyError(key, "must be true or false");
+      *out = value.GetBool();
+      return absl::OkStatus();
+    };
+    const std::string name = key;
+    absl::Status status;
+    if (name == "model") status = string(&request.model);
+    else if (name == "layers") status = optional_integer(&request.layers);
+    else if (name == "width") status = optional_integer(&request.width);
+    else if (name == "heads") status = optional_integer(&request.heads);
+    else if (name == "kv_heads") status = optional_integer(&request.kv_heads);
+    else if (name == "head_dim") status = optional_integer(&request.head_dim);
+    else if (name == "intermediate") status = optional_integer(&request.intermediate);
+    else if (name == "vocab") status = optional_integer(&request.vocab);
+    else if (name == "batch") status = integer(&request.batch);
+    else if (name == "seq") status = integer(&request.seq);
+    else if (name == "every") status = integer(&request.every);
+    else if (name == "variants") status = string(&request.variants);
+    else if (name == "policy") status = string(&request.policy);
+    else if (name == "attention") status = string(&request.attention);
+    else if (name == "dtype") status = string(&request.dtype);
+    else if (name == "amp") status = string(&request.amp);
+    else if (name == "optimizer") status = string(&request.optimizer);
+    else if (name == "momentum") {
+      if (!value.IsNumber()) return KeyError(key, "must be a number");
+      request.momentum = value.GetDouble();
+    } else if (name == "master_weights") status = boolean(&request.master_weights);
+    else if (name == "explain") status = boolean(explain);
+    else return KeyError(key, "is not a request key (see api/memledger.h)");
+    if (!status.ok()) return status;
+  }
+  return request;
+}
+
+absl::StatusOr<std::string> PredictJson(const char* request_json) {
+  bool explain = false;
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
+  if (!spec.ok()) return spec.status();
+  PredictOptions options;
+  options.attention = spec->attention;
+  options.variants = spec->variants;
+  options.optimizer = spec->optimizer;
+  options.breakdown = explain;
+  absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
+  if (!prediction.ok()) return prediction.status();
+  return JsonString(PredictionJson(*prediction));
+}
+
+int CodeOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kNotFound:
+      return MEMLEDGER_INVALID_ARGUMENT;
+    default:
+      return MEMLEDGER_INTERNAL;
+  }
+}
+
+}  // namespace
+}  // namespace memledger
+
+extern "C" {
+
+const char* memledger_version(void) {
+  static const std::string* const kVersion = new std::string(absl::StrCat(
+      "memledger ", MEMLEDGER_ABI_VERSION, " (torch ", memledger::kTorchRelease, ")"));
+  return kVersion->c_str();
+}
+
+int memledger_abi_version(void) { return MEMLEDGER_ABI_VERSION; }
+
+int memledger_predict(const char* request_json, char** response_json, char** error_message) {
+  if (response_json != nullptr) *response_json = nullptr;
+  if (error_message != nullptr) *error_message = nullptr;
+  int code = MEMLEDGER_INTERNAL;
+  std::string error;
+  try {
+    absl::StatusOr<std::string> json = memledger::PredictJson(request_json);
+    if (json.ok()) {
+      if (response_json != nullptr) *response_json = memledger::CopyString(*json);
+      return MEMLEDGER_OK;
+    }
+    code = memledger::CodeOf(json.status());
+    error = std::string(json.status().message());
+  } catch (const std::exception& e) {  // nothing may unwind into C
+    error = absl::StrCat("internal error: ", e.what());
+  } catch (...) {
+    error = "internal error";
+  }
+  if (error_message != nullptr) *error_message = memledger::CopyString(error);
+  return code;
+}
+
+void memledger_free(char* string) { std::free(string); }
+
+}  // extern "C"

@@ -1,0 +1,58 @@
+/* memledger's C ABI: predict a training run's memory from a JSON request.
+ *
+ * One call takes a JSON object with the command line's fields and returns the JSON that
+ * `predict` prints (the same schema), or an error code with a one-line message. No C++
+ * type crosses the boundary; strings the library returns are freed with memledger_free.
+ * The library needs no LibTorch. Thread-safe: calls may run concurrently.
+ *
+ * Request keys (all optional; the CLI's defaults): "model" (a built-in name such as
+ * "llama-3-8b" or a config.json path), "layers", "width", "heads", "kv_heads",
+ * "head_dim", "intermediate", "vocab", "batch", "seq", "every" (integers), "variants",
+ * "policy", "attention", "dtype", "amp", "optimizer" (strings), "momentum" (number),
+ * "master_weights", "explain" (booleans). An unknown key is an error.
+ *
+ * Example:
+ *   char* response = NULL;
+ *   char* error = NULL;
+ *   int rc = memledger_predict("{\"model\": \"llama-3-8b\", \"batch\": 1, \"seq\": 8192}",
+ *                              &response, &error);
+ *   if (rc == MEMLEDGER_OK) puts(response); else fprintf(stderr, "%s\n", error);
+ *   memledger_free(response);
+ *   memledger_free(error);
+ */
+#ifndef API_MEMLEDGER_H_
+#define API_MEMLEDGER_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* MEMLEDGER_ABI_VERSION changes when a function's signature or meaning changes. */
+#define MEMLEDGER_ABI_VERSION 1
+
+/* Return codes of memledger_predict, as the CLI's exit statuses. */
+#define MEMLEDGER_OK 0
+#define MEMLEDGER_INTERNAL 1
+#define MEMLEDGER_INVALID_ARGUMENT 2
+
+/* memledger_version: "memledger <ABI version> (torch <release>)", static storage. */
+const char* memledger_version(void);
+
+/* memledger_abi_version: MEMLEDGER_ABI_VERSION of the library actually loaded. */
+int memledger_abi_version(void);
+
+/* memledger_predict parses `request_json` and predicts. On MEMLEDGER_OK *response_json
+ * holds the prediction's JSON and *error_message is NULL; otherwise *response_json is
+ * NULL and *error_message holds one line naming the bad key or value. Either pointer
+ * out-argument may be NULL to discard that string. REQUIRES: request_json is a
+ * NUL-terminated string (NULL is reported as an invalid argument). */
+int memledger_predict(const char* request_json, char** response_json, char** error_message);
+
+/* memledger_free releases a string memledger_predict returned; NULL is fine. */
+void memledger_free(char* string);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* API_MEMLEDGER_H_ */

@@ -1,0 +1,68 @@
+#include "estimator/run_request.h"
+
+#include <utility>
+
+#include "estimator/model_presets.h"
+
+namespace memledger {
+
+absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
+  RunSpec spec;
+  absl::StatusOr<ModelConfig> model = ModelFromFlag(request.model);
+  if (!model.ok()) return model.status();
+  spec.config = *model;
+  spec.model = request.model;
+  for (const auto& [value, field] :
+       {std::pair<const std::optional<int64_t>*, int64_t*>{&request.layers, &spec.config.layers},
+        {&request.width, &spec.config.width},
+        {&request.heads, &spec.config.heads},
+        {&request.kv_heads, &spec.config.kv_heads},
+        {&request.head_dim, &spec.config.head_dim},
+        {&request.intermediate, &spec.config.intermediate},
+        {&request.vocab, &spec.config.vocab}}) {
+    if (value->has_value()) *field = **value;
+  }
+  // A new width or head count redraws the head split unless it is given too; the
+  // study's and GPT-2's kv heads follow the heads, their MLP the width.
+  const bool width_or_heads_set = request.width.has_value() || request.heads.has_value();
+  if (width_or_heads_set && !request.head_dim.has_value() && spec.config.heads > 0) {
+    spec.config.head_dim = spec.config.width / spec.config.heads;
+  }
+  if (spec.config.family != Family::kLlama && !request.kv_heads.has_value()) {
+    spec.config.kv_heads = spec.config.heads;
+  }
+  if (spec.config.family != Family::kLlama && request.width.has_value() &&
+      !request.intermediate.has_value()) {
+    spec.config.intermediate = 4 * spec.config.width;
+  }
+  absl::StatusOr<DType> dtype = ParseModelDType(request.dtype);
+  if (!dtype.ok()) return dtype.status();
+  spec.config.dtype = *dtype;
+  absl::StatusOr<DType> amp = ParseAmp(request.amp);
+  if (!amp.ok()) return amp.status();
+  spec.config.amp = *amp;
+  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(request.optimizer);
+  if (!optimizer.ok()) return optimizer.status();
+  spec.optimizer.kind = *optimizer;
+  spec.optimizer.momentum = request.momentum;
+  spec.optimizer.master_weights = request.master_weights;
+  spec.config.batch = request.batch;
+  spec.config.seq = request.seq;
+  if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
+
+  absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);
+  if (!attention.ok()) return attention.status();
+  spec.attention = *attention;
+
+  absl::StatusOr<std::vector<Variant>> variants =
+      ParseVariants(request.variants, request.every, request.policy);
+  if (!variants.ok()) return variants.status();
+  spec.variants = *std::move(variants);
+  if (absl::Status s = ValidateRun(spec.config, spec.attention, spec.variants, spec.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  return spec;
+}
+
+}  // namespace memledger

@@ -1,0 +1,58 @@
+// RunRequest: what a caller asks for, as the command line's flags or the C ABI's JSON
+// request name it, and its conversion into a validated config, attention mode, variants
+// and optimizer. The CLIs and the C ABI share this path, so the same bad input gets the
+// same one-line message everywhere.
+//
+// Example:
+//   RunRequest request;
+//   request.model = "llama-3-8b";
+//   request.seq = 8192;
+//   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+#ifndef ESTIMATOR_RUN_REQUEST_H_
+#define ESTIMATOR_RUN_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+
+namespace memledger {
+
+// RunRequest mirrors the flags (see --help); sizes left empty take the model's.
+struct RunRequest {
+  std::string model = "study";  // a preset name or a config.json path
+  std::optional<int64_t> layers, width, heads, kv_heads, head_dim, intermediate, vocab;
+  int64_t batch = 16;
+  int64_t seq = 64;
+  std::string variants = "none,full,every_k,selective";
+  int64_t every = 2;
+  std::string policy = "matmul";
+  std::string attention = "flash";
+  std::string dtype = "fp32";
+  std::string amp = "none";
+  std::string optimizer = "adamw";
+  double momentum = 0;
+  bool master_weights = false;
+};
+
+// RunSpec is a validated request.
+struct RunSpec {
+  ModelConfig config;
+  std::string model;  // as requested: a preset name or a config.json path
+  AttentionMode attention = AttentionMode::kFlash;
+  std::vector<Variant> variants;
+  OptimizerSpec optimizer;
+  bool table = false;  // the CLIs' --format=table, else JSON
+  std::string format = "json";  // the CLIs' --format: json, table, csv or jsonl
+};
+
+// RunSpecFromRequest resolves the model, applies the size overrides and validates the
+// whole run (ValidateRun); errors are InvalidArgument naming the flag or key.
+absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_RUN_REQUEST_H_

@@ -1,0 +1,131 @@
+// The C ABI as a capacity planner calls it: a request in, predict's JSON out; every kind
+// of bad request is an error code and one line; strings are owned by the caller; 16
+// threads at once get what one thread gets.
+#include "api/memledger.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rapidjson/document.h"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string response;
+  std::string error;
+};
+
+Result Call(const char* request) {
+  char* response = nullptr;
+  char* error = nullptr;
+  Result result;
+  result.code = memledger_predict(request, &response, &error);
+  if (response != nullptr) result.response = response;
+  if (error != nullptr) result.error = error;
+  memledger_free(response);
+  memledger_free(error);
+  return result;
+}
+
+TEST(ApiTest, DefaultRequestIsTheStudysPrediction) {
+  Result r = Call("{}");
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  EXPECT_TRUE(r.error.empty());
+  rapidjson::Document doc;
+  doc.Parse(r.response.c_str());
+  ASSERT_FALSE(doc.HasParseError());
+  EXPECT_EQ(doc["saved_bytes"]["none"].GetInt64(), 51052544);  // see predict_test
+  EXPECT_STREQ(doc["torch"].GetString(), "2.15.0");
+}
+
+TEST(ApiTest, FieldsAreTheFlags) {
+  Result r = Call(R"({"model": "llama-3-8b", "batch": 1, "seq": 8192, "amp": "bf16",
+                      "variants": "none,full", "explain": false})");
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  rapidjson::Document doc;
+  doc.Parse(r.response.c_str());
+  EXPECT_EQ(doc["n_params"].GetInt64(), 8030261248);  // model_presets_test
+  EXPECT_STREQ(doc["amp"].GetString(), "bf16");
+  EXPECT_TRUE(doc["saved_bytes"].HasMember("full"));
+  EXPECT_FALSE(doc["saved_bytes"].HasMember("every_2"));
+  Result explained = Call(R"({"layers": 1, "explain": true})");
+  ASSERT_EQ(explained.code, MEMLEDGER_OK) << explained.error;
+  EXPECT_NE(explained.response.find("\"breakdown\""), std::string::npos);
+}
+
+TEST(ApiTest, BadRequestsAreOneLineErrors) {
+  struct Case {
+    const char* request;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{"{", "request: not JSON (Missing a name for object member. at offset 1)"},
+           Case{"[]", "request: not a JSON object"},
+           Case{R"({"layer": 2})", "request: \"layer\" is not a request key (see api/memledger.h)"},
+           Case{R"({"layers": "2"})", "request: \"layers\" must be an integer"},
+           Case{R"({"layers": 2.5})", "request: \"layers\" must be an integer"},
+           Case{R"({"model": 7})", "request: \"model\" must be a string"},
+           Case{R"({"momentum": "high"})", "request: \"momentum\" must be a number"},
+           Case{R"({"master_weights": 1})", "request: \"master_weights\" must be true or false"},
+           Case{R"({"layers": 0})", "--layers must be >= 1, got 0"},
+           Case{R"({"width": 130})", "--width 130 is not divisible by --heads 4"},
+           Case{R"({"model": "llama-9"})",
+                "--model: 'llama-9' is neither a built-in model (study, gpt2, llama-2-7b, "
+                "llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2) nor "
+                "a readable config.json"},
+           Case{R"({"amp": "bf16", "dtype": "bf16"})",
+                "--amp=bf16 needs --dtype=fp32: autocast runs an fp32 model (its master "
+                "parameters) in lower precision, not a bf16 one"},
+       }) {
+    Result r = Call(c.request);
+    EXPECT_EQ(r.code, MEMLEDGER_INVALID_ARGUMENT) << c.request;
+    EXPECT_EQ(r.error, c.message) << c.request;
+    EXPECT_TRUE(r.response.empty()) << c.request;
+  }
+  // Overflow is the user's too: 2^40 x 2^30 tokens.
+  EXPECT_EQ(Call(R"({"batch": 1099511627776, "seq": 1073741824})").code,
+            MEMLEDGER_INVALID_ARGUMENT);
+  // NULL request, NULL out-arguments.
+  char* error = nullptr;
+  EXPECT_EQ(memledger_predict(nullptr, nullptr, &error), MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_STREQ(error, "request: NULL");
+  memledger_free(error);
+  EXPECT_EQ(memledger_predict("{}", nullptr, nullptr), MEMLEDGER_OK);
+}
+
+TEST(ApiTest, VersionNamesAbiAndTorch) {
+  EXPECT_EQ(memledger_abi_version(), MEMLEDGER_ABI_VERSION);
+  EXPECT_EQ(std::string(memledger_version()), "memledger 1 (torch 2.15.0)");
+}
+
+TEST(ApiTest, SixteenThreadsGetTheSerialResults) {
+  // Different specs, so threads share the graph cache but not their answers.
+  std::vector<std::string> requests;
+  const char* models[] = {"study", "gpt2", "tiny-llama", "llama-3-8b"};
+  for (int i = 0; i < 16; ++i) {
+    requests.push_back(std::string(R"({"model": ")") + models[i % 4] +
+                       R"(", "batch": )" + std::to_string(1 + i) +
+                       (i % 2 ? R"(, "amp": "bf16")" : R"(, "attention": "math")") + "}");
+  }
+  std::vector<Result> serial;
+  for (const std::string& request : requests) serial.push_back(Call(request.c_str()));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Result> parallel(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] { parallel[i] = Call(requests[i].c_str()); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_EQ(serial[i].code, MEMLEDGER_OK) << requests[i] << ": " << serial[i].error;
+      EXPECT_EQ(parallel[i].code, serial[i].code) << requests[i];
+      EXPECT_EQ(parallel[i].response, serial[i].response) << requests[i];
+    }
+  }
+}
+
+}  // namespace
