@@ -1,0 +1,65 @@
+"""The Python module as a capacity planner uses it: predict() returns the CLI's JSON as a
+dict, bad input raises ValueError with the CLI's message, and a sweep finds the largest
+batch that fits a budget. Expected numbers come from hand arithmetic in the C++ tests
+(model_presets_test, predict_test)."""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.environ.get("TEST_SRCDIR", "."), "memledger", "api"))
+import memledger  # noqa: E402
+
+
+class PredictTest(unittest.TestCase):
+    def test_five_line_example(self):
+        p = memledger.predict(model="llama-3-8b", batch=1, seq=8192, amp="bf16")
+        self.assertEqual(p["n_params"], 8030261248)
+        self.assertEqual(p["amp"], "bf16")
+        self.assertEqual(set(p["saved_bytes"]), {"none", "full", "every_2", "selective"})
+        self.assertTrue(memledger.__version__.startswith("memledger 1 (torch 2.15.0)"))
+
+    def test_default_is_the_study(self):
+        self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
+
+    def test_every_kind_of_bad_input_raises_value_error(self):
+        cases = [
+            (dict(layers=0), "--layers must be >= 1, got 0"),
+            (dict(width=130), "--width 130 is not divisible by --heads 4"),
+            (dict(model="llama-9"), "--model: 'llama-9' is neither a built-in model"),
+            (dict(variants="none,fast"), "--variants: unknown variant 'fast'"),
+            (dict(policy="softmax"), "--policy: unknown op kind 'softmax'"),
+            (dict(amp="bf16", dtype="bf16"), "--amp=bf16 needs --dtype=fp32"),
+            (dict(layer=2), '"layer" is not a request key'),
+            (dict(layers="2"), '"layers" must be an integer'),
+            (dict(master_weights=1), '"master_weights" must be true or false'),
+            (dict(batch=2**40, seq=2**30), "overflow"),
+        ]
+        for fields, message in cases:
+            with self.subTest(fields=fields):
+                with self.assertRaises(ValueError) as raised:
+                    memledger.predict(**fields)
+                self.assertIn(message, str(raised.exception))
+
+    def test_sweep_finds_the_largest_batch_that_fits(self):
+        # llama-3-8b, bf16 with fp32 master weights and AdamW, full checkpointing: the
+        # fixed part is 2 + 2 + 12 bytes per parameter; activations grow with the batch.
+        budget = 160 * 2**30
+        best = {}
+        for seq in (1024, 2048, 4096, 8192):
+            for batch in (1, 2, 4, 8, 16, 32, 64):
+                p = memledger.predict(model="llama-3-8b", batch=batch, seq=seq, dtype="bf16",
+                                      master_weights=True, variants="full")
+                total = (p["param_bytes"] + p["grad_bytes"] + p["optimizer_state_bytes"] +
+                         p["saved_bytes"]["full"])
+                if total <= budget:
+                    best[seq] = batch
+        # The largest batch shrinks as sequences grow, and something fits at 1024.
+        self.assertIn(1024, best)
+        fitting = [best.get(seq, 0) for seq in (1024, 2048, 4096, 8192)]
+        self.assertEqual(fitting, sorted(fitting, reverse=True))
+        self.assertGreater(fitting[0], fitting[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()
