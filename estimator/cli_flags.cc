@@ -10,9 +10,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "estimator/run_request.h"
 
 ABSL_FLAG(std::string, model, "study",
@@ -109,8 +111,60 @@ int ReportError(const absl::Status& status) {
   return user_error ? 2 : 1;
 }
 
+namespace {
+
+// CheckFlagsOrExit looks at every --flag[=value] before Abseil parses them, so that an
+// unknown flag or a value that does not parse exits 2 with one line, like every other
+// bad input (Abseil's own parser exits 1).
+void CheckFlagsOrExit(int argc, char** argv) {
+  auto fail = [](const std::string& message) {
+    std::cerr << "error: " << message << "\n";
+    std::exit(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    const size_t equals = arg.find('=');
+    absl::string_view name = arg.substr(0, equals);
+    for (absl::string_view builtin : {"help", "helpfull", "helpshort", "helppackage",
+                                      "version", "only_check_args", "flagfile", "fromenv",
+                                      "tryfromenv", "undefok"}) {
+      if (name == builtin) name = "";
+    }
+    if (name.empty()) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && equals == absl::string_view::npos) {
+      // --noexplain is --explain=false.
+      absl::string_view positive = name;
+      if (absl::ConsumePrefix(&positive, "no")) {
+        absl::CommandLineFlag* boolean = absl::FindCommandLineFlag(positive);
+        if (boolean != nullptr && boolean->IsOfType<bool>()) continue;
+      }
+    }
+    if (flag == nullptr) fail(absl::StrCat("unknown flag --", name, " (see --help)"));
+    std::string value;
+    if (equals != absl::string_view::npos) {
+      value = std::string(arg.substr(equals + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];  // --flag value
+    } else {
+      fail(absl::StrCat("--", name, " needs a value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      fail(absl::StrCat("--", name, ": ", error));
+    }
+  }
+}
+
+}  // namespace
+
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
   absl::SetProgramUsageMessage(usage);
+  CheckFlagsOrExit(argc, argv);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::vector<std::string> extra(positional.begin() + 1, positional.end());

@@ -48,7 +48,8 @@ absl::StatusOr<RunSpec> RunSpecFromFlags();
 int ReportError(const absl::Status& status);
 
 // ParseCommandLineOrExit parses flags with `usage` as the help text; it exits with
-// status 2 and a one-line message for positional arguments.
+// status 2 and a one-line message for an unknown flag, a value that does not parse or a
+// positional argument.
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
 
 }  // namespace memledger

@@ -49,7 +49,12 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--amp=int8", "--amp must be none, bf16 or fp16"},
            {"--momentum=0.9", "--momentum applies to --optimizer=sgd"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
-           {"stray", "unexpected argument"}}) {
+           {"stray", "unexpected argument"},
+           // Abseil's parse errors exit 2 like the rest.
+           {"--layers=abc", "--layers: Illegal value 'abc' specified for flag 'layers'"},
+           {"--nosuchflag=1", "unknown flag --nosuchflag"},
+           {"--layers", "--layers needs a value"},
+           {"--explain=maybe", "--explain"}}) {
     CommandResult r = Predict(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(flag), std::string::npos) << args << ": " << r.output;

@@ -26,6 +26,9 @@ TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("OK: every bucket measured == predicted"), std::string::npos)
       << r.output;
+  CommandResult typo = Verify("--skip_timng");
+  EXPECT_EQ(typo.exit_code, 2) << typo.output;
+  EXPECT_NE(typo.output.find("unknown flag --skip_timng"), std::string::npos) << typo.output;
   CommandResult bad = Verify("--model=tiny-gpt2 --seq=500 --skip_timing");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--seq 500 exceeds the model's 128 learned positions"),
