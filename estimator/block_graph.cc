@@ -126,13 +126,16 @@ class GraphBuilder {
     return Op1(OpType::kMulTensor, name, {weight, downcast});
   }
 
-  // Linear with bias on a contiguous (B, T, in) input: at::linear's fused path,
-  // addmm(bias, x.view(B*T, in), weight.t()).view(B, T, out).
+  // Linear with bias on a (B, T, in) input: at::linear's fused path for a contiguous
+  // input, addmm(bias, x.reshape(B*T, in), weight.t()).view(B, T, out). A non-contiguous
+  // input (math attention's merged heads when d_head is 1) takes matmul(x, weight.t())
+  // .add_(bias) instead, whose fold reshapes (copies) x the same way and whose mm keeps
+  // the same two tensors, so one description serves both.
   int Linear(const std::string& name, int x, SymDim in, SymDim out) {
     int weight = Lower(name + ".weight", Param(name + ".weight", {out, in}));
     int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
     x = Lower(name + ".input", x);
-    int flat = Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}});
+    int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {.shape = {kB * kT, in}});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
     int mm = Op1(OpType::kAddmm, name, {bias, flat, weight_t}, {}, OpKind::kMatmul);
     return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});

@@ -158,6 +158,11 @@ absl::Status ValidateConfig(const ModelConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("--vocab must be >= 1 for the ", FamilyName(config.family), " family"));
   }
+  if (config.HeadDim() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--head_dim would be --width ", config.width, " / --heads ", config.heads,
+        " = 0; give --head_dim"));
+  }
   if (config.heads % config.KvHeads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--heads ", config.heads,
                                                    " is not divisible by --kv_heads ",

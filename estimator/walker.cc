@@ -60,10 +60,14 @@ class Walk {
     }
     // A checkpointed block without a policy keeps nothing inside: skip its ops.
     const bool walk_ops = !options_.checkpointed || !options_.policy.empty();
-    for (size_t op = 0; walk_ops && op < graph_.ops.size(); ++op) {
-      if (absl::Status s = Apply(static_cast<int>(op)); !s.ok()) return s;
+    // Once a size overflows, layouts are meaningless: stop and report the overflow
+    // (an "impossible view" then is the overflow's doing, not a graph bug).
+    for (size_t op = 0; walk_ops && !overflow_ && op < graph_.ops.size(); ++op) {
+      absl::Status s = Apply(static_cast<int>(op));
+      if (!s.ok() && !overflow_) return s;
     }
-    BlockWalk walk = Summarize();
+    BlockWalk walk;
+    if (!overflow_) walk = Summarize();
     if (overflow_) {
       return absl::OutOfRangeError(absl::StrCat(
           "byte counts overflow int64 for width=", config_.width,

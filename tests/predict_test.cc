@@ -303,6 +303,13 @@ TEST(PredictFamiliesTest, PoliciesTheFamilyLacksAreRejected) {
   options.variants = Variants("selective", "silu");
   EXPECT_STATUS(Predict(Preset("tiny-gpt2"), options), absl::StatusCode::kInvalidArgument,
                 "llama family only");
+  // Found by //fuzz:predict_fuzzer: more heads than width leaves no head dimension.
+  ModelConfig no_head_dim = Preset("tiny-llama");
+  no_head_dim.heads = 64;
+  no_head_dim.kv_heads = 64;
+  no_head_dim.head_dim = 0;
+  EXPECT_STATUS(Predict(no_head_dim, {}), absl::StatusCode::kInvalidArgument,
+                "--head_dim would be --width 32 / --heads 64 = 0");
   ModelConfig long_gpt2 = Preset("tiny-gpt2");
   long_gpt2.seq = 129;
   EXPECT_STATUS(Predict(long_gpt2, {}), absl::StatusCode::kInvalidArgument,

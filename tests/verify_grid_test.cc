@@ -86,7 +86,12 @@ INSTANTIATE_TEST_SUITE_P(
         GridCase{4, 32, 2, 8, 16, kFlash, "none,full,selective", "matmul,gelu"},
         GridCase{2, 64, 4, 3, 64, kMath, "none,selective", "layer_norm"},
         GridCase{7, 64, 8, 1, 9, kFlash, kStudy, ""},
-        GridCase{2, 64, 4, 3, 128, kMath, kStudy, "matmul"}));
+        GridCase{2, 64, 4, 3, 128, kMath, kStudy, "matmul"},
+        // d_head = 1 in math mode: the merged heads are a non-contiguous view, so proj's
+        // at::linear leaves its fused path and matmul copies them (found by
+        // //fuzz:predict_fuzzer as an Internal error before the fix).
+        GridCase{2, 4, 4, 2, 3, kMath, kStudy, "matmul"},
+        GridCase{3, 8, 8, 3, 5, kMath, kStudy, "matmul,gelu"}));
 
 // The decoder families, embedding to loss: tiny-llama with kv heads < heads (repeat_kv
 // copies), == heads, == 1 (repeat_kv's reshape is a view), tied head, q/k/v biases
