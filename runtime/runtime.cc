@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
-#include <type_traits>
 #include <set>
 #include <string>
 #include <thread>
@@ -126,6 +125,20 @@ double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMod
   return Median(reporter.seconds);
 }
 
+// StepAndSumStates steps `optimizer` once and sums the bytes of every parameter's state
+// tensors, as `tensors` lists them from its State.
+template <typename State, typename Optimizer, typename Tensors>
+int64_t StepAndSumStates(Optimizer& optimizer, Tensors tensors) {
+  optimizer.step();
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    for (const at::Tensor& t : tensors(static_cast<const State&>(*entry.second))) {
+      bytes += TensorBytes(t);
+    }
+  }
+  return bytes;
+}
+
 // OptimizerStateBytes is what an optimizer holds after its first step.
 struct OptimizerStateBytes {
   int64_t moments = 0;  // its state tensors
@@ -147,44 +160,28 @@ OptimizerStateBytes StepOptimizer(const OptimizerSpec& spec,
       bytes.total += TensorBytes(master);
     }
   }
-  auto sum_states = [&](auto& optimizer, auto tensors_of) {
-    optimizer.step();
-    for (const auto& entry : optimizer.state()) {
-      using State = typename std::decay_t<decltype(tensors_of)>::argument_type;
-      for (const at::Tensor& t : tensors_of(static_cast<State>(*entry.second))) {
-        bytes.moments += TensorBytes(t);
-      }
-    }
+  // Adam and AdamW keep the same per-parameter tensors (max_exp_avg_sq with amsgrad).
+  auto adam_states = [](const auto& state) {
+    return std::vector<at::Tensor>{state.exp_avg(), state.exp_avg_sq(), state.max_exp_avg_sq()};
   };
   switch (spec.kind) {
     case OptimizerKind::kAdamW: {
       torch::optim::AdamW optimizer(stepped, torch::optim::AdamWOptions(1e-3));
-      sum_states(optimizer,
-                 std::function<std::vector<at::Tensor>(const torch::optim::AdamWParamState&)>(
-                     [](const torch::optim::AdamWParamState& s) {
-                       return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(),
-                                                      s.max_exp_avg_sq()};
-                     }));
+      bytes.moments = StepAndSumStates<torch::optim::AdamWParamState>(optimizer, adam_states);
       break;
     }
     case OptimizerKind::kAdam: {
       torch::optim::Adam optimizer(stepped, torch::optim::AdamOptions(1e-3));
-      sum_states(optimizer,
-                 std::function<std::vector<at::Tensor>(const torch::optim::AdamParamState&)>(
-                     [](const torch::optim::AdamParamState& s) {
-                       return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(),
-                                                      s.max_exp_avg_sq()};
-                     }));
+      bytes.moments = StepAndSumStates<torch::optim::AdamParamState>(optimizer, adam_states);
       break;
     }
     case OptimizerKind::kSgd: {
       torch::optim::SGD optimizer(stepped,
                                   torch::optim::SGDOptions(1e-3).momentum(spec.momentum));
-      sum_states(optimizer,
-                 std::function<std::vector<at::Tensor>(const torch::optim::SGDParamState&)>(
-                     [](const torch::optim::SGDParamState& s) {
-                       return std::vector<at::Tensor>{s.momentum_buffer()};
-                     }));
+      bytes.moments = StepAndSumStates<torch::optim::SGDParamState>(
+          optimizer, [](const torch::optim::SGDParamState& state) {
+            return std::vector<at::Tensor>{state.momentum_buffer()};
+          });
       break;
     }
   }
