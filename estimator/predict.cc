@@ -82,6 +82,14 @@ class GlobalBytes {
  public:
   explicit GlobalBytes(ByDtype& by_dtype) : by_dtype_(by_dtype) {}
 
+  // BytesOf is the bytes of a model-level storage some segment keeps; 0 if none does.
+  int64_t BytesOf(const std::string& name) const {
+    for (size_t i = 0; i < seen_.size(); ++i) {
+      if (seen_[i] == name) return seen_bytes_[i];
+    }
+    return 0;
+  }
+
   CheckedInt64 Add(const BlockWalk& walk) {
     CheckedInt64 added = 0;
     for (const KeptGlobal& global : walk.kept_globals) {
@@ -89,6 +97,7 @@ class GlobalBytes {
       for (const std::string& name : seen_) seen = seen || name == global.name;
       if (seen) continue;
       seen_.push_back(global.name);
+      seen_bytes_.push_back(global.bytes);
       added += global.bytes;
       by_dtype_[static_cast<int>(global.dtype)] += global.bytes;
     }
@@ -96,8 +105,10 @@ class GlobalBytes {
   }
 
  private:
+ private:
   ByDtype& by_dtype_;
   std::vector<std::string> seen_;
+  std::vector<int64_t> seen_bytes_;
 };
 
 // PredictVariant adds up the model's kept storages for one variant. Layers 1..L-1 are
@@ -217,6 +228,12 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   prediction.embedding_bytes = embedding.value();
   prediction.layers_bytes = layer_bytes.value();
   prediction.head_loss_bytes = head_loss.value();
+  // The model input: the study's hidden states (boundary 0, with no prologue) or the
+  // families' token ids.
+  prediction.input_bytes_kept =
+      segments.prologue.has_value()
+          ? globals.BytesOf("input_ids")
+          : (f.keeps_input ? f.boundary_bytes : 0);
   for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
   prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {

@@ -62,6 +62,9 @@ struct VariantPrediction {
   int64_t embedding_bytes = 0;
   int64_t layers_bytes = 0;
   int64_t head_loss_bytes = 0;
+  // input_bytes_kept: the part of saved_bytes that is the model input itself (the
+  // study's hidden states, or token ids), which the caller allocated before the forward.
+  int64_t input_bytes_kept = 0;
   // saved_bytes by the storages' dtype (indexed by DType), and the part that is
   // autocast's copies of weights, kept by the matmuls that use them.
   std::array<int64_t, kNumDTypes> saved_by_dtype{};

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint.h"
+#include "runtime/counting_allocator.h"
 #include "runtime/model.h"
 #include "runtime/saved_tensor_recorder.h"
 #include "runtime/threads.h"
@@ -42,6 +43,7 @@ int64_t TensorBytes(const at::Tensor& t) {
 struct VariantRun {
   int64_t hooked_bytes = 0;
   int64_t cache_bytes = 0;
+  int64_t held_after_forward_bytes = 0;
   std::vector<at::Tensor> grads;
 };
 
@@ -52,12 +54,20 @@ VariantRun RunVariant(const ModelImpl& model, const at::Tensor& input, Attention
   ZeroGrads(parameters);
   SavedTensorRecorder recorder(parameter_storages);
   ForwardResult forward;
-  {
-    // Only the forward is recorded; the scope is gone before backward runs.
-    ScopedSavedTensorRecording recording(&recorder);
-    forward = ForwardWithVariant(model, input, mode, variant);
-  }
   VariantRun run;
+  {
+    // The allocator's witness: what the forward allocated and is still allocated when
+    // it returns is what the graph (and the selective caches) hold, plus the loss the
+    // caller holds. Independent of the hooks, which only see what nodes pack.
+    ScopedCountingAllocator counting;
+    {
+      // Only the forward is recorded; the scope is gone before backward runs.
+      ScopedSavedTensorRecording recording(&recorder);
+      forward = ForwardWithVariant(model, input, mode, variant);
+    }
+    run.held_after_forward_bytes =
+        counting.live_bytes() - static_cast<int64_t>(forward.loss.storage().nbytes());
+  }
   run.hooked_bytes = recorder.bytes();
   run.cache_bytes = forward.cache_bytes;
   forward.loss.backward();
@@ -249,12 +259,14 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     if (variant.kind == VariantKind::kNone) {
       vm.hooked_bytes = reference.hooked_bytes;
       vm.cache_bytes = reference.cache_bytes;
+      vm.held_after_forward_bytes = reference.held_after_forward_bytes;
     } else {
       if (options.progress) options.progress(variant.Name());
       const VariantRun run =
           RunVariant(model, built.input, attention, variant, parameter_storages);
       vm.hooked_bytes = run.hooked_bytes;
       vm.cache_bytes = run.cache_bytes;
+      vm.held_after_forward_bytes = run.held_after_forward_bytes;
       vm.max_grad_diff = MaxAbsDiff(run.grads, reference.grads);
     }
     vm.saved_bytes = vm.hooked_bytes + vm.cache_bytes;

@@ -48,6 +48,11 @@ struct VariantMeasurement {
   int64_t hooked_bytes = 0;
   // cache_bytes: unique storages in the selective must-save caches (0 otherwise).
   int64_t cache_bytes = 0;
+  // held_after_forward_bytes: what a counting CPU allocator still has allocated, of what
+  // the forward allocated, when the forward returns, less the loss the caller holds: the
+  // graph's saved tensors and the caches, witnessed without the hooks. The model input,
+  // allocated before, is not in it even when it is saved.
+  int64_t held_after_forward_bytes = 0;
   // max_grad_diff: max |g - g_none| over every element of every parameter gradient.
   double max_grad_diff = 0.0;
   // time_s: median forward+backward wall time in seconds; empty with skip_timing.

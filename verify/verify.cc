@@ -106,6 +106,17 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
     report.buckets.push_back(
         Check(absl::StrCat("saved_bytes.", name), predicted.saved_bytes, measured->saved_bytes));
   }
+  // The allocator's witness of the same: what stays allocated after the forward, which
+  // does not include the model input the caller allocated.
+  for (const VariantPrediction& predicted : p.variants) {
+    const std::string name = predicted.variant.Name();
+    for (const runtime::VariantMeasurement& v : m.variants) {
+      if (v.variant.Name() != name) continue;
+      report.buckets.push_back(Check(absl::StrCat("held_after_forward_bytes.", name),
+                                     predicted.saved_bytes - predicted.input_bytes_kept,
+                                     v.held_after_forward_bytes));
+    }
+  }
   if (m.torch_version != kTorchRelease) {
     report.failures.push_back(absl::StrCat("the estimator's rules describe torch ",
                                            kTorchRelease, " but the runtime links torch ",

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <string>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/report.h"
@@ -40,27 +39,35 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
     grad_diff.AddMember(Key(name, a), rapidjson::Value(v.max_grad_diff), a);
   }
   doc.AddMember("saved_bytes", saved, a);
+  rapidjson::Value held(rapidjson::kObjectType);
+  for (const runtime::VariantMeasurement& v : m.variants) {
+    held.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.held_after_forward_bytes), a);
+  }
+  doc.AddMember("held_after_forward_bytes", held, a);
   doc.AddMember("saved_ratio_vs_none", ratio_vs_none, a);
   doc.AddMember("time_s", time_s, a);
   doc.AddMember("max_grad_diff", m.max_grad_diff, a);
   doc.AddMember("predicted_saved_bytes_none", p.korthikanti_saved_bytes_none, a);
   doc.AddMember("measured_over_predicted", RoundTo4(r.measured_over_korthikanti), a);
 
-  rapidjson::Value predicted(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
-      predicted_saved(rapidjson::kObjectType), ratio_saved(rapidjson::kObjectType);
+  // Buckets named "<bucket>.<variant>" nest by bucket: predicted.saved_bytes.none.
+  rapidjson::Value predicted(rapidjson::kObjectType), ratio(rapidjson::kObjectType);
   for (const BucketCheck& b : r.buckets) {
-    constexpr absl::string_view kSaved = "saved_bytes.";
-    if (absl::StartsWith(b.name, kSaved)) {
-      const std::string variant = b.name.substr(kSaved.size());
-      predicted_saved.AddMember(Key(variant, a), rapidjson::Value(b.predicted), a);
-      ratio_saved.AddMember(Key(variant, a), rapidjson::Value(b.ratio), a);
-    } else {
+    const size_t dot = b.name.find('.');
+    if (dot == std::string::npos) {
       predicted.AddMember(Key(b.name, a), rapidjson::Value(b.predicted), a);
       ratio.AddMember(Key(b.name, a), rapidjson::Value(b.ratio), a);
+      continue;
     }
+    const std::string bucket = b.name.substr(0, dot), variant = b.name.substr(dot + 1);
+    for (rapidjson::Value* object : {&predicted, &ratio}) {
+      if (!object->HasMember(bucket.c_str())) {
+        object->AddMember(Key(bucket, a), rapidjson::Value(rapidjson::kObjectType), a);
+      }
+    }
+    predicted[bucket.c_str()].AddMember(Key(variant, a), rapidjson::Value(b.predicted), a);
+    ratio[bucket.c_str()].AddMember(Key(variant, a), rapidjson::Value(b.ratio), a);
   }
-  predicted.AddMember("saved_bytes", predicted_saved, a);
-  ratio.AddMember("saved_bytes", ratio_saved, a);
   doc.AddMember("predicted", predicted, a);
   doc.AddMember("ratio", ratio, a);
   doc.AddMember("max_grad_diff_per_variant", grad_diff, a);
@@ -84,10 +91,10 @@ std::string VerifyTable(const VerifyReport& r) {
       OptimizerName(r.measurement.optimizer.kind),
       r.measurement.optimizer.master_weights ? " with fp32 master weights" : "",
       r.measurement.torch_version);
-  absl::StrAppendFormat(&out, "%-26s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
+  absl::StrAppendFormat(&out, "%-34s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
                         "ratio", "");
   for (const BucketCheck& b : r.buckets) {
-    absl::StrAppendFormat(&out, "%-26s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
+    absl::StrAppendFormat(&out, "%-34s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
                           b.measured, b.ratio,
                           b.name == "n_params" ? "" : HumanBytes(b.measured),
                           b.exact() ? "" : "  MISMATCH");
