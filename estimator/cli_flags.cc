@@ -103,8 +103,13 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
 }
 
 int ReportError(const absl::Status& status) {
-  std::cerr << "error: " << status.message() << "\n";
   const absl::StatusCode code = status.code();
+  if (code == absl::StatusCode::kUnimplemented) {
+    std::cerr << "not measurable here: " << status.message()
+              << " (predict still answers for this config)\n";
+    return 3;
+  }
+  std::cerr << "error: " << status.message() << "\n";
   const bool user_error = code == absl::StatusCode::kInvalidArgument ||
                           code == absl::StatusCode::kOutOfRange ||
                           code == absl::StatusCode::kResourceExhausted;

@@ -44,7 +44,9 @@ RunRequest RunRequestFromFlags();
 absl::StatusOr<RunSpec> RunSpecFromFlags();
 
 // ReportError prints "error: <message>" on stderr and returns the exit status: 2 for
-// the user's input (InvalidArgument, OutOfRange, ResourceExhausted), else 1.
+// the user's input (InvalidArgument, OutOfRange, ResourceExhausted), 3 for a config
+// LibTorch cannot run on this machine (Unimplemented: an op without a CPU kernel in that
+// dtype), else 1.
 int ReportError(const absl::Status& status);
 
 // ParseCommandLineOrExit parses flags with `usage` as the help text; it exits with

@@ -306,6 +306,11 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
   }
   try {
     return MeasureOrThrow(config, attention, variants, options);
+  } catch (const c10::NotImplementedError& e) {
+    // An op without a CPU kernel in this dtype: the config cannot be measured here.
+    return absl::UnimplementedError(absl::StrCat("LibTorch ", TorchVersion(),
+                                                 " cannot run this config on the CPU: ",
+                                                 e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {

@@ -97,7 +97,9 @@ std::string TorchVersion();
 // call it with timing while benchmarks of your own are registered but not yet run.
 // Uses min(4, hardware threads) intra-op threads (ConfigureThreads).
 //
-// Errors: InvalidArgument for a bad config (ValidateConfig), a policy the attention mode
+// Errors: Unimplemented when LibTorch has no CPU kernel for an op in the config's dtype
+// (nothing in the current graphs; every op has bf16 and fp16 CPU kernels in 2.15);
+// InvalidArgument for a bad config (ValidateConfig), a policy the attention mode
 // lacks (ValidatePolicy), an empty or duplicate variant list or bad timing_repetitions;
 // Internal for a LibTorch error or a broken invariant.
 absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode attention,

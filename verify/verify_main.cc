@@ -32,7 +32,8 @@ std::string Usage() {
       " training run for each checkpointing variant and compares every memory bucket "
       "with memledger's prediction.\n\n"
       "  ./bazelw run //verify -- --skip_timing --format=table\n\n"
-      "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input.");
+      "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input, 3 a "
+      "config LibTorch cannot run on the CPU.");
 }
 
 }  // namespace
