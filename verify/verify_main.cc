@@ -1,7 +1,8 @@
 // verify: runs memledger's estimator and its LibTorch runtime on one config and shows,
 // bucket by bucket and variant by variant, that the prediction is exact.
 // Exit status: 0 when every ratio is exactly 1 and every gradient difference is within
-// tolerance; 1 when any is not (the report says which); 2 for bad input.
+// tolerance; 1 when any is not (the report says which); 2 for bad input; 3 when LibTorch
+// cannot run the config on the CPU.
 #include <chrono>
 #include <cstdint>
 #include <iostream>
