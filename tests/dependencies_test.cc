@@ -25,6 +25,15 @@ TEST(DependenciesTest, LibTorchMatmul) {
   EXPECT_FLOAT_EQ(at::mm(a, b).sum().item<float>(), 10.0f);
 }
 
+// The wheel's LibTorch and Debian's Abseil/GoogleTest/Benchmark must agree on the C++11
+// string ABI: toString() returns a std::string across the library boundary, so this
+// links only if LibTorch was built with the same _GLIBCXX_USE_CXX11_ABI as this code.
+static_assert(_GLIBCXX_USE_CXX11_ABI == 1, "Debian's libraries use the C++11 ABI");
+
+TEST(DependenciesTest, LibTorchSharesTheCxx11StringAbi) {
+  EXPECT_EQ(at::ones({1}).toString(), "CPUFloatType");
+}
+
 TEST(DependenciesTest, AbseilStatusAndFlags) {
   absl::StatusOr<int> bad = absl::InvalidArgumentError(absl::StrCat("bad ", 42));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
