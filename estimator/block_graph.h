@@ -1,10 +1,11 @@
-// The symbolic graph of one pre-LN Transformer block (and of the loss) as the pinned
-// PyTorch (estimator/rules.h) executes it: every ATen op the forward runs, with symbolic
-// shapes in (B, T, d, H). What each op views and keeps is in estimator/rules.h.
+// The symbolic graphs of a model's segments (prologue, decoder layer, epilogue) as the
+// pinned PyTorch (estimator/rules.h) executes them for each family: every ATen op the
+// forward runs, with symbolic shapes over the config's sizes (B, T, d, H, kv heads,
+// d_head, F, V) and each tensor's dtype. What each op keeps is in estimator/rules.h.
 //
 // Example:
-//   const BlockGraph& block = BlockGraphFor(AttentionMode::kFlash);
-//   for (const OpDef& op : block.ops) ...  // in execution order
+//   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, AttentionMode::kFlash);
+//   for (const OpDef& op : graphs->layer.ops) ...  // in execution order
 #ifndef ESTIMATOR_BLOCK_GRAPH_H_
 #define ESTIMATOR_BLOCK_GRAPH_H_
 

@@ -4,9 +4,9 @@
 //
 // Example:
 //   WalkOptions options;
-//   options.input_requires_grad = false;  // the first block
+//   options.input_requires_grad = false;  // the study's first block
 //   absl::StatusOr<BlockWalk> walk =
-//       WalkBlock(BlockGraphFor(AttentionMode::kFlash), config, options);
+//       WalkBlock(ModelGraphsFor(config, AttentionMode::kFlash)->layer, config, options);
 #ifndef ESTIMATOR_WALKER_H_
 #define ESTIMATOR_WALKER_H_
 
