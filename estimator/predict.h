@@ -1,17 +1,17 @@
 // Predict: every memory bucket of training a model (the study's block stack, or a Llama
 // or GPT-2 family decoder from embedding to loss), per checkpointing variant, without
-// running anything. The numbers are what memledger's
-// runtime measures in the pinned LibTorch (kTorchRelease, estimator/rules.h), byte for
-// byte (see DESIGN.md, "What is measured").
+// running anything. The numbers are what memledger's runtime measures in the pinned
+// LibTorch (kTorchRelease, estimator/rules.h), byte for byte (see DESIGN.md, "What is
+// measured").
 //
 // Example:
 //   memledger::ModelConfig config;  // the study's: 6 x 128, 4 heads, batch 16, seq 64
 //   absl::StatusOr<memledger::Prediction> p = memledger::Predict(config, {});
 //   if (p.ok()) std::cout << p->variants[0].saved_bytes;  // "none": 51052544
 //
-// Predict is thread-safe and keeps no state between calls. Its cost does not depend on
-// batch, seq or width, and not on layers either (identical blocks are counted, not
-// walked one by one).
+// Predict is thread-safe; the only state it keeps between calls is the graphs it built,
+// one per model shape (ModelGraphsFor). Its cost does not depend on batch, seq or width,
+// and not on layers either (identical layers are counted, not walked one by one).
 #ifndef ESTIMATOR_PREDICT_H_
 #define ESTIMATOR_PREDICT_H_
 
@@ -34,7 +34,7 @@ struct PredictOptions {
   std::vector<Variant> variants = DefaultVariants();
   // breakdown fills VariantPrediction::blocks with every kept storage, op by op.
   bool breakdown = false;
-  // rules: what each op views and keeps; null means the pinned release's
+  // rules: what each op keeps; null means the pinned release's
   // (RuleTable::Pinned()). Tests of the verifier pass a deliberately wrong table.
   const RuleTable* rules = nullptr;
   // optimizer: whose state optimizer_state_bytes counts.
