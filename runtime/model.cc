@@ -48,15 +48,22 @@ BlockImpl::BlockImpl(int64_t width, int64_t heads) : width_(width), heads_(heads
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const LayerExtras& /*extras*/,
                               AttentionMode mode, SelectiveCache* cache) {
+  // One statement per last use (see Last): each intermediate dies right after the op
+  // that reads it last, so a graph-free (checkpointed) forward peaks as Python's would.
   const int64_t batch = x.size(0), seq = x.size(1), d = width_;
-  at::Tensor h = LayerNormOp(*ln1, x, cache);
-  at::Tensor qkv_out = LinearOp(*qkv, h, cache);
-  at::Tensor heads = qkv_out.view({batch, seq, 3, heads_, d / heads_}).permute({2, 0, 3, 1, 4});
+  at::Tensor qkv_out = LinearOp(*qkv, LayerNormOp(*ln1, x, cache), cache);
+  at::Tensor heads =
+      Last(qkv_out).view({batch, seq, 3, heads_, d / heads_}).permute({2, 0, 3, 1, 4});
   at::Tensor a = AttentionOp(mode, heads.select(0, 0), heads.select(0, 1),
                              heads.select(0, 2), cache);
-  at::Tensor y = x + LinearOp(*proj, a.transpose(1, 2).reshape({batch, seq, d}), cache);
-  at::Tensor m = GeluOp(LinearOp(*fc1, LayerNormOp(*ln2, y, cache), cache), "none", cache);
-  return y + LinearOp(*fc2, m, cache);
+  heads.reset();
+  at::Tensor projected =
+      LinearOp(*proj, Last(a).transpose(1, 2).reshape({batch, seq, d}), cache);
+  at::Tensor y = x + Last(projected);
+  at::Tensor hidden = LinearOp(*fc1, LayerNormOp(*ln2, y, cache), cache);
+  at::Tensor m = GeluOp(Last(hidden), "none", cache);
+  at::Tensor out = LinearOp(*fc2, Last(m), cache);
+  return Last(y) + Last(out);
 }
 
 ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {

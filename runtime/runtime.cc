@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <functional>
 #include <set>
 #include <string>
@@ -135,72 +136,121 @@ double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMod
   return Median(reporter.seconds);
 }
 
-// StepAndSumStates steps `optimizer` once and sums the bytes of every parameter's state
-// tensors, as `tensors` lists them from its State.
-template <typename State, typename Optimizer, typename Tensors>
-int64_t StepAndSumStates(Optimizer& optimizer, Tensors tensors) {
-  optimizer.step();
-  int64_t bytes = 0;
-  for (const auto& entry : optimizer.state()) {
-    for (const at::Tensor& t : tensors(static_cast<const State&>(*entry.second))) {
-      bytes += TensorBytes(t);
-    }
-  }
-  return bytes;
-}
-
 // OptimizerStateBytes is what an optimizer holds after its first step.
 struct OptimizerStateBytes {
   int64_t moments = 0;  // its state tensors
   int64_t total = 0;    // plus master copies
 };
 
-// StepOptimizer makes one real step of `spec` over `parameters` (whose .grad is set)
-// and measures the tensors the optimizer then holds. With master weights it steps fp32
-// copies of the parameters, on fp32 copies of the gradients, and writes them back.
-OptimizerStateBytes StepOptimizer(const OptimizerSpec& spec,
-                                  const std::vector<at::Tensor>& parameters) {
-  std::vector<at::Tensor> stepped = parameters;
-  OptimizerStateBytes bytes;
-  if (spec.master_weights) {
-    for (at::Tensor& master : stepped) {
-      at::Tensor grad = master.grad().to(at::kFloat);
-      master = master.detach().to(at::kFloat).requires_grad_(true);
-      master.mutable_grad() = grad;
-      bytes.total += TensorBytes(master);
+// OptimizerRunner is one optimizer of `spec` over a model's parameters for as long as
+// it lives, as in a training loop. With master weights it owns fp32 copies of the
+// parameters, which the optimizer steps on fp32 copies of the gradients before they are
+// written back.
+class OptimizerRunner {
+ public:
+  OptimizerRunner(const OptimizerSpec& spec, std::vector<at::Tensor> parameters)
+      : spec_(spec), parameters_(std::move(parameters)) {
+    std::vector<at::Tensor> stepped = parameters_;
+    if (spec.master_weights) {
+      for (at::Tensor& master : stepped) {
+        master = master.detach().to(at::kFloat).requires_grad_(true);
+      }
+      masters_ = stepped;
+    }
+    switch (spec.kind) {
+      case OptimizerKind::kAdamW:
+        optimizer_ = std::make_unique<torch::optim::AdamW>(
+            stepped, torch::optim::AdamWOptions(1e-3));
+        break;
+      case OptimizerKind::kAdam:
+        optimizer_ =
+            std::make_unique<torch::optim::Adam>(stepped, torch::optim::AdamOptions(1e-3));
+        break;
+      case OptimizerKind::kSgd:
+        optimizer_ = std::make_unique<torch::optim::SGD>(
+            stepped, torch::optim::SGDOptions(1e-3).momentum(spec.momentum));
+        break;
     }
   }
-  // Adam and AdamW keep the same per-parameter tensors (max_exp_avg_sq with amsgrad).
-  auto adam_states = [](const auto& state) {
-    return std::vector<at::Tensor>{state.exp_avg(), state.exp_avg_sq(), state.max_exp_avg_sq()};
-  };
-  switch (spec.kind) {
-    case OptimizerKind::kAdamW: {
-      torch::optim::AdamW optimizer(stepped, torch::optim::AdamWOptions(1e-3));
-      bytes.moments = StepAndSumStates<torch::optim::AdamWParamState>(optimizer, adam_states);
-      break;
+
+  // Step is optimizer.step() on the parameters' .grad.
+  void Step() {
+    if (spec_.master_weights) {
+      for (size_t i = 0; i < masters_.size(); ++i) {
+        masters_[i].mutable_grad() = parameters_[i].grad().to(at::kFloat);
+      }
     }
-    case OptimizerKind::kAdam: {
-      torch::optim::Adam optimizer(stepped, torch::optim::AdamOptions(1e-3));
-      bytes.moments = StepAndSumStates<torch::optim::AdamParamState>(optimizer, adam_states);
-      break;
-    }
-    case OptimizerKind::kSgd: {
-      torch::optim::SGD optimizer(stepped,
-                                  torch::optim::SGDOptions(1e-3).momentum(spec.momentum));
-      bytes.moments = StepAndSumStates<torch::optim::SGDParamState>(
-          optimizer, [](const torch::optim::SGDParamState& state) {
-            return std::vector<at::Tensor>{state.momentum_buffer()};
-          });
-      break;
+    optimizer_->step();
+    if (spec_.master_weights) {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters_.size(); ++i) {
+        parameters_[i].copy_(masters_[i]);
+        masters_[i].mutable_grad() = at::Tensor();
+      }
     }
   }
-  if (spec.master_weights) {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < parameters.size(); ++i) parameters[i].copy_(stepped[i]);
+
+  // StateBytes: the optimizer's state tensors (exp_avg, exp_avg_sq, max_exp_avg_sq;
+  // momentum_buffer) and, in total, the master copies.
+  OptimizerStateBytes StateBytes() const {
+    OptimizerStateBytes bytes;
+    for (const auto& entry : optimizer_->state()) {
+      for (const at::Tensor& t : StateTensors(*entry.second)) bytes.moments += TensorBytes(t);
+    }
+    bytes.total = bytes.moments;
+    for (const at::Tensor& master : masters_) bytes.total += TensorBytes(master);
+    return bytes;
   }
-  bytes.total += bytes.moments;
-  return bytes;
+
+ private:
+  std::vector<at::Tensor> StateTensors(const torch::optim::OptimizerParamState& state) const {
+    switch (spec_.kind) {
+      case OptimizerKind::kAdamW: {
+        const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(state);
+        return {adamw.exp_avg(), adamw.exp_avg_sq(), adamw.max_exp_avg_sq()};
+      }
+      case OptimizerKind::kAdam: {
+        const auto& adam = static_cast<const torch::optim::AdamParamState&>(state);
+        return {adam.exp_avg(), adam.exp_avg_sq(), adam.max_exp_avg_sq()};
+      }
+      case OptimizerKind::kSgd:
+        return {static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer()};
+    }
+    return {};
+  }
+
+  OptimizerSpec spec_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<at::Tensor> masters_;  // fp32 copies; empty without master weights
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+// MeasureStep runs one whole training step of `variant` under a timeline-recording
+// counting allocator. zero_grad(set_to_none) only frees, so it runs just before the
+// count starts (frees of storages counted by an earlier scope would otherwise show as
+// negative bytes); the loss lives until the step ends, as in a training loop.
+StepMemory MeasureStep(const ModelImpl& model, const at::Tensor& input, AttentionMode mode,
+                       const Variant& variant, OptimizerRunner& optimizer,
+                       int64_t resident_bytes) {
+  ZeroGrads(model.parameters());
+  StepMemory step;
+  step.resident_bytes = resident_bytes;
+  ForwardResult forward;
+  {
+    ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
+    counting.MarkPhase("forward");
+    forward = ForwardWithVariant(model, input, mode, variant);
+    counting.MarkPhase("backward");
+    forward.loss.backward();
+    counting.MarkPhase("optimizer");
+    optimizer.Step();
+    step.peak = counting.peak();
+    step.events = counting.events();
+    step.phases = counting.phases();
+    step.op_names = counting.op_names();
+  }
+  step.peak_bytes = resident_bytes + step.peak.bytes;
+  return step;
 }
 
 absl::Status ValidateRequest(const ModelConfig& config, AttentionMode attention,
@@ -286,9 +336,23 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     m.grad_bytes += TensorBytes(parameters[i].grad());
   }
   m.optimizer = options.optimizer;
-  const OptimizerStateBytes state = StepOptimizer(options.optimizer, parameters);
+  OptimizerRunner optimizer(options.optimizer, parameters);
+  optimizer.Step();
+  const OptimizerStateBytes state = optimizer.StateBytes();
   m.optimizer_state_bytes = state.total;
   m.adamw_state_bytes = options.optimizer.kind == OptimizerKind::kAdamW ? state.moments : 0;
+
+  // Each variant's whole step, now that the optimizer state exists (the parameters move
+  // with every step; their gradients were compared above).
+  if (options.measure_steps) {
+    const int64_t resident_bytes =
+        m.param_bytes + m.optimizer_state_bytes + TensorBytes(built.input);
+    for (VariantMeasurement& vm : m.variants) {
+      if (options.progress) options.progress(absl::StrCat(vm.variant.Name(), " (step)"));
+      vm.step = MeasureStep(model, built.input, attention, vm.variant, optimizer,
+                            resident_bytes);
+    }
+  }
   ZeroGrads(parameters);
   return m;
 }

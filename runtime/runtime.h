@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "estimator/config.h"
+#include "runtime/counting_allocator.h"
 
 namespace memledger::runtime {
 
@@ -35,8 +36,30 @@ struct RunOptions {
   int timing_repetitions = 5;
   // optimizer: the optimizer whose real step measures its state.
   OptimizerSpec optimizer;
+  // measure_steps: run each variant's whole training step once more under the counting
+  // allocator (VariantMeasurement::step): one more forward+backward+step per variant.
+  bool measure_steps = true;
   // progress, when set, is called with the variant's name before it is measured.
   std::function<void(absl::string_view what)> progress;
+};
+
+// StepMemory is the memory of one whole training step (DESIGN.md, "Peak memory"):
+// zero_grad(set_to_none), forward, backward, optimizer.step(), with parameters, optimizer
+// state (and master weights) and the model input existing before it starts. Counted by
+// a ScopedCountingAllocator with a timeline: the bytes the step allocates on top of
+// `resident_bytes`, and where their maximum happens.
+struct StepMemory {
+  // resident_bytes: parameters + optimizer state (with master copies) + the model input.
+  int64_t resident_bytes = 0;
+  // peak_bytes = resident_bytes + the step's largest live bytes.
+  int64_t peak_bytes = 0;
+  // peak: where (phase "forward", "backward" or "optimizer"; the op running). Its
+  // bytes are the step's own, without resident_bytes.
+  PeakPoint peak;
+  // The timeline: every allocation and free, and where each phase begins.
+  std::vector<AllocationEvent> events;
+  std::vector<PhaseMark> phases;
+  std::vector<std::string> op_names;
 };
 
 // VariantMeasurement is what one checkpointing variant kept and cost.
@@ -55,6 +78,8 @@ struct VariantMeasurement {
   int64_t held_after_forward_bytes = 0;
   // max_grad_diff: max |g - g_none| over every element of every parameter gradient.
   double max_grad_diff = 0.0;
+  // step: one whole training step of this variant under the counting allocator.
+  StepMemory step;
   // time_s: median forward+backward wall time in seconds; empty with skip_timing.
   std::optional<double> time_s;
 };

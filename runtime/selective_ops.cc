@@ -157,7 +157,7 @@ void SelectiveCache::Clear() {
 at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
                     SelectiveCache* cache) {
   return Cached(
-      cache, OpKind::kMatmul, [&] { return linear.forward(input); },
+      cache, OpKind::kMatmul, [&] { return at::linear(input, linear.weight, linear.bias); },
       [&](const at::Tensor& out) {
         std::vector<at::Tensor> parameters = {Lower(linear.weight)};
         if (linear.bias.defined()) parameters.push_back(Lower(linear.bias));

@@ -172,9 +172,11 @@ TEST(MeasureTest, IsDeterministicAndTimesWhenAsked) {
                                           NoTiming());
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(progress, (std::vector<std::string>{"none", "full"}));
+  EXPECT_EQ(progress,
+            (std::vector<std::string>{"none", "full", "none (step)", "full (step)"}));
   for (size_t i = 0; i < variants.size(); ++i) {
     EXPECT_EQ(a->variants[i].saved_bytes, b->variants[i].saved_bytes);
+    EXPECT_EQ(a->variants[i].step.peak_bytes, b->variants[i].step.peak_bytes);
     EXPECT_EQ(a->variants[i].max_grad_diff, b->variants[i].max_grad_diff);
     ASSERT_TRUE(a->variants[i].time_s.has_value());
     EXPECT_GT(*a->variants[i].time_s, 0.0);
