@@ -25,6 +25,7 @@ struct StorageState {
   bool is_weight_copy = false;  // .to() of a parameter (autocast's cast of a weight)
   bool kept = false;    // by autograd or the checkpoint node
   bool cached = false;  // by the selective cache
+  std::vector<int> kept_by;  // with record_layouts: every keeping op (-1: checkpoint)
 };
 
 // Walk holds the per-call state; nothing is shared between calls.
@@ -90,7 +91,11 @@ class Walk {
   void NewStorage(int tensor, const Layout& layout, DType dtype, bool is_parameter) {
     CheckedInt64 bytes = layout.Numel() * ElementSizeBytes(dtype);
     overflow_ = overflow_ || bytes.overflowed();
-    storages_.push_back(StorageState{bytes.value(), tensor, is_parameter, false, false});
+    StorageState storage;
+    storage.bytes = bytes.value();
+    storage.owner = tensor;
+    storage.is_parameter = is_parameter;
+    storages_.push_back(std::move(storage));
     tensors_[tensor].layout = layout;
     tensors_[tensor].storage = static_cast<int>(storages_.size()) - 1;
   }
@@ -369,6 +374,9 @@ class Walk {
 
   void Keep(int op, int tensor, KeepReason reason) {
     StorageState& storage = storages_[tensors_[tensor].storage];
+    if (options_.record_layouts && reason != KeepReason::kSelectiveCache) {
+      storage.kept_by.push_back(op);
+    }
     if (storage.is_parameter) return;  // parameters are accounted elsewhere
     bool& flag = reason == KeepReason::kSelectiveCache ? storage.cached : storage.kept;
     if (flag) return;
@@ -410,6 +418,18 @@ class Walk {
     walk.cache_bytes = cache.value();
     overflow_ = overflow_ || inner.overflowed() || cache.overflowed();
     walk.storages = std::move(storages_recorded_);
+    if (options_.record_layouts) {
+      walk.tensor_layouts.reserve(tensors_.size());
+      for (const TensorState& t : tensors_) {
+        walk.tensor_layouts.push_back(WalkedTensor{t.storage, t.layout, t.requires_grad});
+      }
+      walk.storage_list.reserve(storages_.size());
+      for (StorageState& s : storages_) {
+        walk.storage_list.push_back(WalkedStorage{s.bytes, s.owner, s.is_parameter,
+                                                  s.is_global, s.is_weight_copy,
+                                                  std::move(s.kept_by), s.cached});
+      }
+    }
     return walk;
   }
 

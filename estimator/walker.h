@@ -34,6 +34,9 @@ struct WalkOptions {
   SavePolicy policy;
   // record_storages fills BlockWalk::storages (the per-op breakdown).
   bool record_storages = false;
+  // record_layouts fills BlockWalk::tensor_layouts and ::storage_list (what the liveness
+  // simulation, estimator/liveness.h, replays).
+  bool record_layouts = false;
   // rules: what each op views and keeps; null means RuleTable::Pinned(). Not owned.
   const RuleTable* rules = nullptr;
 };
@@ -64,6 +67,27 @@ struct KeptGlobal {
   DType dtype = DType::kFloat32;
 };
 
+// WalkedTensor is one tensor of the graph as the walk laid it out.
+struct WalkedTensor {
+  int storage = -1;  // into BlockWalk::storage_list; -1 if the walk never reached it
+  Layout layout;
+  bool requires_grad = false;
+};
+
+// WalkedStorage is one storage the walk created (parameters, model-level tensors and the
+// block input first, then every op's new outputs in execution order).
+struct WalkedStorage {
+  int64_t bytes = 0;
+  int owner = 0;  // the tensor that allocated it
+  bool is_parameter = false;
+  bool is_global = false;
+  bool is_weight_copy = false;
+  // kept_by: every op whose backward node keeps it (in execution order; -1 for the
+  // checkpoint node), parameters included; cached: in the selective cache.
+  std::vector<int> kept_by;
+  bool cached = false;
+};
+
 // BlockWalk is what one block keeps. The input and output storages are reported apart
 // because they are shared with the neighbouring blocks and counted once for the model;
 // so are model-level storages, which any number of blocks may keep.
@@ -84,6 +108,9 @@ struct BlockWalk {
   int64_t weight_copy_bytes = 0;
   std::vector<KeptGlobal> kept_globals;
   std::vector<KeptStorage> storages;  // if WalkOptions::record_storages
+  // if WalkOptions::record_layouts:
+  std::vector<WalkedTensor> tensor_layouts;  // indexed like BlockGraph::tensors
+  std::vector<WalkedStorage> storage_list;
 };
 
 // WalkBlock returns InvalidArgument for an invalid config and OutOfRange if a byte

@@ -1,0 +1,971 @@
+#include "estimator/liveness.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/block_graph.h"
+#include "estimator/checked_math.h"
+#include "estimator/walker.h"
+
+namespace memledger {
+namespace {
+
+// Handle is one tensor the simulation holds: a reference to a storage, and its layout.
+struct Handle {
+  int storage = -1;
+  Layout layout;
+  DType dtype = DType::kFloat32;
+  bool defined() const { return storage >= 0; }
+};
+
+int64_t NumelOf(const Layout& layout) { return layout.Numel().value(); }
+
+Layout ContiguousOf(const Layout& layout) {
+  bool overflow = false;
+  return Layout::Contiguous(layout.sizes.data(), layout.ndim, &overflow);
+}
+
+bool SameSizes(const Layout& a, const Layout& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int i = 0; i < a.ndim; ++i) {
+    if (a.sizes[i] != b.sizes[i]) return false;
+  }
+  return true;
+}
+
+bool SameLayout(const Layout& a, const Layout& b) {
+  if (!SameSizes(a, b)) return false;
+  for (int i = 0; i < a.ndim; ++i) {
+    if (a.sizes[i] != 1 && a.strides[i] != b.strides[i]) return false;
+  }
+  return true;
+}
+
+// NonOverlappingAndDense is ATen's is_non_overlapping_and_dense: some order of the
+// dimensions makes the layout contiguous.
+bool NonOverlappingAndDense(const Layout& layout) {
+  std::vector<int> dims(layout.ndim);
+  std::iota(dims.begin(), dims.end(), 0);
+  std::sort(dims.begin(), dims.end(), [&](int a, int b) {
+    return layout.strides[a] < layout.strides[b];
+  });
+  int64_t expected = 1;
+  for (int d : dims) {
+    if (layout.sizes[d] == 1) continue;
+    if (layout.strides[d] != expected) return false;
+    expected *= layout.sizes[d];
+  }
+  return true;
+}
+
+Layout Permuted(const Layout& layout, const std::vector<int>& permutation) {
+  Layout out;
+  out.ndim = layout.ndim;
+  for (int i = 0; i < layout.ndim; ++i) {
+    out.sizes[i] = layout.sizes[permutation[i]];
+    out.strides[i] = layout.strides[permutation[i]];
+  }
+  return out;
+}
+
+Layout Transposed(const Layout& layout, int d0, int d1) {
+  Layout out = layout;
+  std::swap(out.sizes[d0], out.sizes[d1]);
+  std::swap(out.strides[d0], out.strides[d1]);
+  return out;
+}
+
+// Memory is the ledger: storages with reference counts, live bytes by category, the
+// events and the peak.
+class Memory {
+ public:
+  Memory(StepTimeline* out, bool record) : out_(out), record_(record) {}
+
+  // Begin starts the step from the resident bytes (StepTimeline::resident).
+  void Begin() {
+    live_ = out_->resident;
+    total_ = 0;
+    for (int64_t bytes : live_) total_ += bytes;
+    out_->resident_bytes = total_;
+    out_->peak.bytes = total_;
+    out_->peak.by_category = live_;
+  }
+
+  void SetPhase(StepPhase phase) { phase_ = phase; }
+
+  // SetOp names what runs now (interned; consecutive repeats share one label).
+  void SetOp(std::string label) {
+    if (!out_->op_labels.empty() && out_->op_labels.back() == label) return;
+    out_->op_labels.push_back(std::move(label));
+    op_ = static_cast<int32_t>(out_->op_labels.size()) - 1;
+  }
+
+  // Alloc makes a storage with one reference.
+  int Alloc(int64_t bytes, MemoryCategory category) {
+    storages_.push_back(Storage{bytes, category, category, 1, 0});
+    Event(bytes, category);
+    return static_cast<int>(storages_.size()) - 1;
+  }
+
+  void Ref(int s) { ++storages_[s].refs; }
+
+  void Unref(int s) {
+    Storage& storage = storages_[s];
+    if (--storage.refs > 0) return;
+    Event(-storage.bytes, storage.category);
+  }
+
+  int refs(int s) const { return storages_[s].refs; }
+  int64_t bytes(int s) const { return storages_[s].bytes; }
+
+  // Keep: a backward node (or the checkpoint node, or the cache) now holds `s`; while any
+  // does it is an activation. Release undoes one Keep.
+  void Keep(int s) {
+    Storage& storage = storages_[s];
+    ++storage.refs;
+    if (storage.keeps++ == 0) Recategorize(s, MemoryCategory::kActivation);
+  }
+  void Release(int s) {
+    Storage& storage = storages_[s];
+    if (--storage.keeps == 0 && storage.refs > 1) Recategorize(s, storage.base);
+    Unref(s);
+  }
+
+  // MakeGradient: the storage is now a parameter's .grad.
+  void MakeGradient(int s) {
+    storages_[s].base = MemoryCategory::kGradient;
+    Recategorize(s, MemoryCategory::kGradient);
+  }
+
+  // Adopt registers a storage that is already live (counted in the resident bytes), with
+  // one reference.
+  int Adopt(int64_t bytes, MemoryCategory category) {
+    storages_.push_back(Storage{bytes, category, category, 1, 0});
+    return static_cast<int>(storages_.size()) - 1;
+  }
+
+  // Transient allocates and frees a workspace around nothing else.
+  void Transient(int64_t bytes) { Unref(Alloc(bytes, MemoryCategory::kTemporary)); }
+
+ private:
+  struct Storage {
+    int64_t bytes = 0;
+    MemoryCategory category;  // now
+    MemoryCategory base;      // when nothing keeps it
+    int refs = 0;
+    int keeps = 0;
+  };
+
+  void Recategorize(int s, MemoryCategory category) {
+    Storage& storage = storages_[s];
+    if (storage.category == category || storage.category == MemoryCategory::kInput) return;
+    Event(-storage.bytes, storage.category);
+    storage.category = category;
+    Event(storage.bytes, category);
+  }
+
+  void Event(int64_t bytes, MemoryCategory category) {
+    if (bytes == 0) return;
+    live_[static_cast<int>(category)] += bytes;
+    total_ += bytes;
+    if (record_) out_->events.push_back(TimelineEvent{bytes, category, phase_, op_});
+    ++event_count_;
+    if (total_ > out_->peak.bytes) {
+      out_->peak.bytes = total_;
+      out_->peak.phase = phase_;
+      out_->peak.by_category = live_;
+      out_->peak.event = event_count_ - 1;
+      peak_op_ = op_;
+    }
+  }
+
+ public:
+  int32_t peak_op() const { return peak_op_; }
+
+ private:
+  StepTimeline* out_;
+  bool record_;
+  std::vector<Storage> storages_;
+  std::array<int64_t, kNumMemoryCategories> live_{};
+  int64_t total_ = 0;
+  StepPhase phase_ = StepPhase::kForward;
+  int32_t op_ = -1;
+  int32_t peak_op_ = -1;
+  int64_t event_count_ = 0;
+};
+
+// SegmentPlan is one segment graph walked for one config, with what the replay needs:
+// each op's storages read and each storage's last forward use.
+struct SegmentPlan {
+  const BlockGraph* graph = nullptr;
+  BlockWalk walk;  // with layouts, not checkpointed
+  std::vector<std::vector<int>> reads;  // per op: distinct non-parameter storages read
+  std::vector<int> last_use;            // per storage: the last op reading it, -1: none
+  int input_storage = -1;
+  int output_storage = -1;
+};
+
+absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
+                                                      const ModelConfig& config,
+                                                      bool input_requires_grad,
+                                                      const RuleTable* rules) {
+  WalkOptions options;
+  options.input_requires_grad = input_requires_grad;
+  options.record_layouts = true;
+  options.rules = rules;
+  absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config, options);
+  if (!walk.ok()) return walk.status();
+  auto plan = std::make_unique<SegmentPlan>();
+  plan->graph = &graph;
+  plan->walk = *std::move(walk);
+  const std::vector<WalkedTensor>& tensors = plan->walk.tensor_layouts;
+  plan->last_use.assign(plan->walk.storage_list.size(), -1);
+  plan->reads.resize(graph.ops.size());
+  for (size_t op = 0; op < graph.ops.size(); ++op) {
+    for (int input : graph.ops[op].inputs) {
+      const int s = tensors[input].storage;
+      if (s < 0 || plan->walk.storage_list[s].is_parameter) continue;
+      std::vector<int>& reads = plan->reads[op];
+      if (std::find(reads.begin(), reads.end(), s) == reads.end()) reads.push_back(s);
+      plan->last_use[s] = static_cast<int>(op);
+    }
+  }
+  if (graph.input >= 0) plan->input_storage = tensors[graph.input].storage;
+  plan->output_storage = tensors[graph.output].storage;
+  return plan;
+}
+
+// FlashSplits are the CPU flash kernel's block sizes for a sequence of length t: the q
+// block by thresholds on t (256, 64 or 32, at most t), the kv block 512 (at most t).
+struct FlashSplits {
+  int64_t q = 0;
+  int64_t kv = 0;
+};
+FlashSplits FlashSplitsFor(int64_t t) {
+  const int64_t q = t >= 768 ? 256 : (t >= 192 ? 64 : 32);
+  return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
+}
+
+// Grads are the engine's input buffers of one segment's backward, by tensor.
+using Buffers = std::map<int, Handle>;
+
+class Simulation {
+ public:
+  Simulation(const ModelConfig& config, AttentionMode attention, const Variant& variant,
+             const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
+      : config_(config), attention_(attention), variant_(variant), optimizer_(optimizer),
+        options_(options), out_(out), memory_(out, options.record_events) {}
+
+  absl::Status Run(const ModelGraphs& graphs);
+  // NamePeak fills StepPeak::op from the label current at the peak.
+  void NamePeak() {
+    const int32_t op = memory_.peak_op();
+    out_->peak.op = op >= 0 ? out_->op_labels[op] : "";
+  }
+
+ private:
+  // One segment instance in the model: its plan and its storages' ids in Memory.
+  struct Instance {
+    const SegmentPlan* plan = nullptr;
+    std::string name;  // "layer 3", "head"
+    std::vector<int> ids;  // walked storage -> Memory id; -1: parameter or not made
+    // cached: the selective cache, walked storage -> Memory id, filled by a recording
+    // forward and read by the replaying one.
+    std::map<int, int> cached;
+  };
+
+  // How a segment's forward runs.
+  enum class Pass {
+    kGraph,     // with grad: backward nodes keep what the rules say
+    kNoGraph,   // a checkpointed layer's forward: nothing kept
+    kRecord,    // kNoGraph, and the policy's ops' outputs go into the selective cache
+    kReplay,    // the recompute under a policy: its ops return their cached outputs
+  };
+
+  absl::Status Unimplemented(const std::string& what) {
+    return absl::UnimplementedError(absl::StrCat(
+        "peak memory: the step simulation does not model ", what, " yet"));
+  }
+
+  std::string Label(const Instance& inst, const OpDef& op, const char* node) {
+    return node == nullptr ? absl::StrCat(inst.name, " ", op.name)
+                           : absl::StrCat(inst.name, " ", op.name, " (", node, ")");
+  }
+
+  absl::Status Forward(Instance& inst, const Handle* input, Pass pass, Handle* output);
+  bool FromCache(const OpDef& op) const {
+    return variant_.kind == VariantKind::kSelective && op.policy_kind.has_value() &&
+           variant_.policy.Saves(*op.policy_kind);
+  }
+  absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
+  absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
+  absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
+  absl::Status CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
+                                  Buffers& outer);
+  void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
+             bool capture_parameters);
+  void Accumulate(Buffers& buffers, int tensor, Handle grad);
+  void AccumulateGrad(const std::string& parameter, const Layout& layout, Handle grad);
+  absl::Status OptimizerStep();
+
+  // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
+  static constexpr int kLayerInputKey = -1;
+
+  // ParameterKey names a parameter's .grad: per segment instance, except a tied weight,
+  // which is the prologue's.
+  static std::string ParameterKey(const Instance& inst, const TensorDef& def) {
+    return def.is_tied ? absl::StrCat("embedding/", def.name)
+                       : absl::StrCat(inst.name, "/", def.name);
+  }
+
+  Handle NewGrad(const Layout& layout, DType dtype) {
+    Handle h;
+    h.layout = ContiguousOf(layout);
+    h.dtype = dtype;
+    h.storage = memory_.Alloc(NumelOf(layout) * ElementSizeBytes(dtype),
+                              MemoryCategory::kTemporary);
+    return h;
+  }
+  Handle Alias(const Handle& h) {
+    memory_.Ref(h.storage);
+    return h;
+  }
+  Handle ViewOf(const Handle& h, const Layout& layout) {
+    Handle view = Alias(h);
+    view.layout = layout;
+    return view;
+  }
+  // Reshape is ATen's reshape of a gradient: a view when the strides allow, else a copy.
+  Handle Reshape(const Handle& h, const Layout& target) {
+    Layout view;
+    bool overflow = false;
+    if (ViewStrides(h.layout, target.sizes.data(), target.ndim, &view, &overflow)) {
+      return ViewOf(h, view);
+    }
+    return NewGrad(target, h.dtype);
+  }
+
+  const WalkedTensor& TensorOf(const Instance& inst, int tensor) const {
+    return inst.plan->walk.tensor_layouts[tensor];
+  }
+  bool IsParameter(const Instance& inst, int tensor) const {
+    return inst.plan->graph->tensors[tensor].is_parameter;
+  }
+
+  const ModelConfig& config_;
+  AttentionMode attention_;
+  const Variant& variant_;
+  const OptimizerSpec& optimizer_;
+  const StepOptions& options_;
+  StepTimeline* out_;
+  Memory memory_;
+  // Parameters' .grad storages by name (a tied weight has one .grad).
+  std::map<std::string, int> grads_;
+  std::vector<std::string> parameter_order_;
+};
+
+// ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
+absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
+  switch (op.type) {
+    case OpType::kFlashAttention: {
+      // cpu_flash_attention: per-thread fp32 blocks of q x kv scores, row max and sum,
+      // and the q x d_head output accumulator; a reduced-precision copy of the scores
+      // for bf16/fp16 (empty in fp32).
+      const Layout& q = TensorOf(inst, op.inputs[0]).layout;  // (B, H, T, d_head)
+      const int64_t t = q.sizes[2], head = q.sizes[3];
+      const FlashSplits splits = FlashSplitsFor(t);
+      const int64_t q_split = splits.q, kv_split = splits.kv;
+      const int64_t threads = options_.cpu_threads;
+      const int64_t per_thread = q_split * kv_split + 2 * q_split + q_split * head;
+      const DType dtype = inst.plan->graph->tensors[op.inputs[0]].dtype;
+      const int buf = memory_.Alloc(threads * per_thread * 4, MemoryCategory::kTemporary);
+      const int reduced = memory_.Alloc(
+          dtype == DType::kFloat32 ? 0 : threads * q_split * kv_split * ElementSizeBytes(dtype),
+          MemoryCategory::kTemporary);
+      memory_.Unref(buf);
+      memory_.Unref(reduced);
+      return absl::OkStatus();
+    }
+    case OpType::kMean: {
+      // mean of everything: sum, then a division by the element count, a wrapped
+      // double scalar (8 B) converted to the tensor's dtype (4 B in fp32).
+      int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      memory_.Unref(wrapped);
+      wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::OkStatus();
+  }
+}
+
+absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
+                                 Handle* output) {
+  const SegmentPlan& plan = *inst.plan;
+  const BlockGraph& graph = *plan.graph;
+  const std::vector<WalkedStorage>& storages = plan.walk.storage_list;
+  const bool grad_mode = pass == Pass::kGraph || pass == Pass::kReplay;
+  inst.ids.assign(storages.size(), -1);
+  for (size_t s = 0; s < storages.size(); ++s) {
+    if (storages[s].is_global) return Unimplemented("model-level tensors (RoPE, token ids)");
+  }
+  if (input != nullptr && plan.input_storage >= 0) {
+    inst.ids[plan.input_storage] = input->storage;
+    if (grad_mode) {
+      for (int keeper : storages[plan.input_storage].kept_by) {
+        if (keeper >= 0) memory_.Keep(input->storage);
+      }
+    }
+  }
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const OpDef& op = graph.ops[i];
+    memory_.SetOp(Label(inst, op, nullptr));
+    const bool replayed = pass == Pass::kReplay && FromCache(op);
+    std::vector<int> made;
+    for (int out : op.outputs) {
+      const int s = TensorOf(inst, out).storage;
+      if (s < 0 || storages[s].owner != out || storages[s].is_parameter) continue;
+      int id;
+      if (replayed) {
+        id = inst.cached.at(s);  // the op is skipped: its output comes from the cache
+        memory_.Ref(id);
+      } else {
+        id = memory_.Alloc(storages[s].bytes, MemoryCategory::kTemporary);
+        if (pass == Pass::kRecord && FromCache(op)) {
+          memory_.Keep(id);
+          inst.cached[s] = id;
+        }
+      }
+      inst.ids[s] = id;
+      made.push_back(s);
+      if (grad_mode) {
+        for (int keeper : storages[s].kept_by) {
+          if (keeper >= 0) memory_.Keep(id);
+        }
+      }
+    }
+    if (!replayed) {
+      if (absl::Status s = ForwardWorkspace(op, inst); !s.ok()) return s;
+    }
+    // Outputs nobody reads die inside the op (SDPA's logsumexp without grad, layer
+    // norm's statistics); then, by Python's reference counting, every storage whose last
+    // reader this op was (the caller holds the segment's input and output).
+    for (int s : made) {
+      if (plan.last_use[s] < 0 && s != plan.output_storage) memory_.Unref(inst.ids[s]);
+    }
+    for (int s : plan.reads[i]) {
+      if (plan.last_use[s] != static_cast<int>(i) || s == plan.input_storage ||
+          s == plan.output_storage) {
+        continue;
+      }
+      memory_.Unref(inst.ids[s]);
+    }
+  }
+  output->storage = inst.ids[plan.output_storage];
+  output->layout = TensorOf(inst, graph.output).layout;
+  output->dtype = graph.tensors[graph.output].dtype;
+  return absl::OkStatus();
+}
+
+void Simulation::Accumulate(Buffers& buffers, int tensor, Handle grad) {
+  auto [it, inserted] = buffers.emplace(tensor, grad);
+  if (inserted) return;
+  Handle& old = it->second;
+  // InputBuffer::accumulate: in place when the buffer holds the only reference to a
+  // dense tensor (can_accumulate_inplace), else a new sum.
+  if (memory_.refs(old.storage) == 1 && NonOverlappingAndDense(old.layout)) {
+    memory_.Unref(grad.storage);
+    return;
+  }
+  Handle sum = NewGrad(old.layout, old.dtype);
+  memory_.Unref(old.storage);
+  memory_.Unref(grad.storage);
+  old = sum;
+}
+
+void Simulation::AccumulateGrad(const std::string& parameter, const Layout& layout,
+                                Handle grad) {
+  auto it = grads_.find(parameter);
+  if (it != grads_.end()) {
+    memory_.Unref(grad.storage);  // .grad += new, in place
+    return;
+  }
+  // AccumulateGrad steals a gradient nobody else holds that has the parameter's layout;
+  // otherwise it clones it.
+  if (memory_.refs(grad.storage) == 1 && SameLayout(grad.layout, layout)) {
+    memory_.MakeGradient(grad.storage);
+    grads_.emplace(parameter, grad.storage);
+    return;
+  }
+  const int clone =
+      memory_.Alloc(NumelOf(layout) * ElementSizeBytes(grad.dtype), MemoryCategory::kGradient);
+  memory_.Unref(grad.storage);
+  grads_.emplace(parameter, clone);
+}
+
+void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
+                       bool capture_parameters) {
+  const TensorDef& def = inst.plan->graph->tensors[tensor];
+  if (def.is_parameter && !capture_parameters) {
+    AccumulateGrad(ParameterKey(inst, def), TensorOf(inst, tensor).layout, grad);
+    return;
+  }
+  Accumulate(buffers, tensor, grad);
+}
+
+// Node runs op `op_index`'s backward node as Engine::evaluate_function does: the
+// formula's outputs and workspaces, then validate_outputs (sum_to a broadcast input's
+// shape), then the incoming gradients die, then the saved tensors are released, then
+// each output goes to its input's buffer (or .grad).
+absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
+                              bool capture_parameters) {
+  const SegmentPlan& plan = *inst.plan;
+  const OpDef& op = plan.graph->ops[op_index];
+  const OpSemantics& semantics =
+      (options_.rules != nullptr ? *options_.rules : RuleTable::Pinned()).Of(op.type);
+  if (!TensorOf(inst, op.outputs[0]).requires_grad) return absl::OkStatus();  // no node
+  auto found = buffers.find(op.outputs[0]);
+  if (found == buffers.end()) return absl::OkStatus();  // no gradient reached it
+  const Handle grad = found->second;
+  buffers.erase(found);
+  const char* node = semantics.backward_nodes.empty()
+                         ? "?"
+                         : std::string_view(semantics.backward_nodes[0]).data();
+  memory_.SetOp(Label(inst, op, node));
+
+  auto needs = [&](int input) { return TensorOf(inst, op.inputs[input]).requires_grad; };
+  auto layout_of = [&](int input) -> const Layout& {
+    return TensorOf(inst, op.inputs[input]).layout;
+  };
+  auto dtype_of = [&](int input) { return plan.graph->tensors[op.inputs[input]].dtype; };
+  std::vector<Handle> grads(op.inputs.size());
+
+  switch (op.type) {
+    case OpType::kView:
+    case OpType::kUnsafeView:
+    case OpType::kReshape:
+      // grad.reshape(self.sizes()) (a reshape that copied in the forward has a
+      // CloneBackward0 + UnsafeViewBackward0 pair that ends the same way).
+      grads[0] = Reshape(grad, layout_of(0));
+      break;
+    case OpType::kPermute: {
+      std::vector<int> inverse(op.attributes.permutation.size());
+      for (size_t i = 0; i < inverse.size(); ++i) inverse[op.attributes.permutation[i]] = i;
+      grads[0] = ViewOf(grad, Permuted(grad.layout, inverse));
+      break;
+    }
+    case OpType::kTranspose:
+      grads[0] = ViewOf(grad, Transposed(grad.layout, op.attributes.dim, op.attributes.dim1));
+      break;
+    case OpType::kT:
+      grads[0] = ViewOf(grad, Transposed(grad.layout, 0, 1));
+      break;
+    case OpType::kSelect:
+      // select_backward: zeros of the input's sizes, the gradient copied into a slice.
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kAdd:
+      // grad to both inputs (the same tensor); validate_outputs reduces a broadcast one.
+      if (needs(0)) grads[0] = Alias(grad);
+      if (needs(1)) grads[1] = Alias(grad);
+      break;
+    case OpType::kAddmm: {
+      // (bias, mat1, mat2): mm_mat1_backward = grad.mm(mat2^T) (contiguous);
+      // mm_mat2_backward = mat1^T.mm(grad), laid out like mat2 when mat2 is a
+      // transposed contiguous weight; bias: grad itself, summed by validate_outputs.
+      if (needs(1)) grads[1] = NewGrad(layout_of(1), grad.dtype);
+      if (needs(2)) {
+        grads[2] = NewGrad(layout_of(2), grad.dtype);
+        if (!layout_of(2).IsContiguous()) grads[2].layout = layout_of(2);
+      }
+      if (needs(0)) grads[0] = Alias(grad);
+      break;
+    }
+    case OpType::kMm:
+      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      if (needs(1)) {
+        grads[1] = NewGrad(layout_of(1), grad.dtype);
+        if (!layout_of(1).IsContiguous()) grads[1].layout = layout_of(1);
+      }
+      break;
+    case OpType::kNativeLayerNorm: {
+      // native_layer_norm_backward: dX, dgamma, dbeta, then the CPU kernel's
+      // per-thread fp32 partial sums of dgamma and dbeta (a (threads, 2N) buffer).
+      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      if (needs(1)) grads[1] = NewGrad(layout_of(1), dtype_of(1));
+      if (needs(2)) grads[2] = NewGrad(layout_of(2), dtype_of(2));
+      // Its (2, threads, N) zero-filled buffer in X's dtype, only for dgamma or dbeta.
+      const int64_t n = NumelOf(layout_of(1));
+      if (needs(1) || needs(2)) {
+        memory_.Transient(options_.cpu_threads * 2 * n * ElementSizeBytes(dtype_of(0)));
+      }
+      break;
+    }
+    case OpType::kGelu:
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kPow: {
+      // pow_backward(grad, self, 2) = grad * (2 * self.pow(1)): self.pow(1) (a copy),
+      // the wrapped scalar 2 (8 B double, then 4 B), their product, the result.
+      const Layout& self = layout_of(0);
+      const int64_t bytes = NumelOf(self) * ElementSizeBytes(dtype_of(0));
+      const int powered = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
+      grads[0] = NewGrad(self, grad.dtype);
+      memory_.Unref(powered);
+      memory_.Unref(scaled);
+      break;
+    }
+    case OpType::kMean: {
+      // grad.expand(self.sizes()) / numel: the wrapped divisor (8 B, then 4 B).
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
+      break;
+    }
+    case OpType::kFlashAttention: {
+      // _scaled_dot_product_flash_attention_for_cpu_backward: grad_q, grad_k, grad_v,
+      // then per-thread fp32 blocks of scores and their gradients (and a
+      // reduced-precision copy), and each thread's row sums in the parallel loop.
+      // grad_q/k/v are zeros in (B, T, H, d_head) memory, returned as (B, H, T, d_head)
+      // views; the kernel reads grad_out.transpose(1, 2).contiguous() (a copy unless
+      // grad_out already has that memory order).
+      const Layout& q = layout_of(0);
+      for (int i = 0; i < 3; ++i) {
+        grads[i] = NewGrad(Transposed(layout_of(i), 1, 2), dtype_of(i));
+        grads[i].layout = Transposed(grads[i].layout, 1, 2);
+      }
+      std::optional<int> grad_out_copy;
+      if (!Transposed(grad.layout, 1, 2).IsContiguous()) {
+        grad_out_copy = memory_.Alloc(NumelOf(grad.layout) * ElementSizeBytes(grad.dtype),
+                                      MemoryCategory::kTemporary);
+      }
+      const int64_t t = q.sizes[2];
+      const FlashSplits splits = FlashSplitsFor(t);
+      const int64_t q_split = splits.q, kv_split = splits.kv;
+      const int64_t threads = options_.cpu_threads;
+      const DType dtype = dtype_of(0);
+      const int buf = memory_.Alloc(threads * 2 * q_split * kv_split * 4,
+                                    MemoryCategory::kTemporary);
+      const int reduced = memory_.Alloc(
+          dtype == DType::kFloat32 ? 0 : threads * 2 * q_split * kv_split * ElementSizeBytes(dtype),
+          MemoryCategory::kTemporary);
+      // parallel_for over B * H rows in one chunk per thread; each chunk allocates its
+      // fp32 row sums (q_split).
+      std::vector<int> rows;
+      const int64_t chunks = std::min<int64_t>(threads, q.sizes[0] * q.sizes[1]);
+      for (int64_t i = 0; i < chunks; ++i) {
+        rows.push_back(memory_.Alloc(q_split * 4, MemoryCategory::kTemporary));
+      }
+      for (int row : rows) memory_.Unref(row);
+      memory_.Unref(buf);
+      memory_.Unref(reduced);
+      if (grad_out_copy) memory_.Unref(*grad_out_copy);
+      break;
+    }
+    default:
+      return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
+  }
+
+  // validate_outputs: a gradient whose shape differs from its input's (a broadcast
+  // bias) is reduced with sum_to.
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined() || SameSizes(grads[i].layout, layout_of(i))) continue;
+    Handle reduced = NewGrad(layout_of(i), grads[i].dtype);
+    memory_.Unref(grads[i].storage);
+    grads[i] = reduced;
+  }
+  memory_.Unref(grad.storage);  // the incoming gradient, unless someone else holds it
+  // release_variables(), in Functions.h's order: saved inputs by name, then outputs.
+  std::vector<const KeepRule*> keeps;
+  for (const KeepRule& rule : semantics.keeps) keeps.push_back(&rule);
+  std::sort(keeps.begin(), keeps.end(), [](const KeepRule* a, const KeepRule* b) {
+    return std::make_pair(a->is_output, a->saved_name) <
+           std::make_pair(b->is_output, b->saved_name);
+  });
+  for (const KeepRule* rule : keeps) {
+    if (rule->needs_grad_of_input >= 0 && !needs(rule->needs_grad_of_input)) continue;
+    const int tensor = rule->is_output ? op.outputs[rule->index] : op.inputs[rule->index];
+    const int s = TensorOf(inst, tensor).storage;
+    if (s >= 0 && inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture_parameters) {
+  const BlockGraph& graph = *inst.plan->graph;
+  for (int op = static_cast<int>(graph.ops.size()) - 1; op >= 0; --op) {
+    if (absl::Status s = Node(inst, op, buffers, capture_parameters); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// CheckpointBackward is the checkpoint node of a layer (runtime/checkpoint.cc): recompute
+// the layer with grad on a detached input, then torch::autograd::grad over it with the
+// incoming gradient, capturing the input's and the parameters' gradients, which the node
+// returns to the outer engine.
+absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
+                                            Buffers& outer) {
+  const SegmentPlan& plan = *inst.plan;
+  const BlockGraph& graph = *plan.graph;
+  memory_.SetOp(absl::StrCat(inst.name, " (CheckpointFunction)"));
+  // get_saved_variables() and x.detach(): two more references to the input.
+  Handle x;
+  x.storage = saved_input;
+  x.layout = TensorOf(inst, graph.input).layout;
+  x.dtype = graph.tensors[graph.input].dtype;
+  memory_.Ref(saved_input);
+  memory_.Ref(saved_input);
+  Handle y;
+  const std::string name = inst.name;
+  inst.name = absl::StrCat(name, " recompute");
+  const Pass pass = variant_.kind == VariantKind::kSelective ? Pass::kReplay : Pass::kGraph;
+  if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
+  // autograd::grad: the graph root holds the incoming gradient, and so does y's buffer.
+  memory_.Ref(incoming.storage);
+  Buffers inner;
+  inner.emplace(graph.output, Alias(incoming));
+  if (absl::Status s = Backward(inst, inner, /*capture_parameters=*/true); !s.ok()) return s;
+  inst.name = name;
+  memory_.SetOp(absl::StrCat(inst.name, " (CheckpointFunction)"));
+  memory_.Unref(incoming.storage);  // the root
+  for (const auto& [storage, id] : inst.cached) memory_.Release(id);  // cache->Clear()
+  inst.cached.clear();
+  // The node's locals die as its backward returns: y, the detached input, the saved list.
+  memory_.Unref(y.storage);
+  memory_.Unref(saved_input);
+  memory_.Unref(saved_input);
+  // Then the outer engine: the incoming gradient dies, the saved input is released, and
+  // the captured gradients are routed (the input's, then every parameter's).
+  memory_.Unref(incoming.storage);
+  memory_.Release(saved_input);
+  auto input_grad = inner.find(graph.input);
+  if (input_grad != inner.end()) {
+    Accumulate(outer, kLayerInputKey, input_grad->second);
+    inner.erase(input_grad);
+  }
+  for (auto& [tensor, grad] : inner) {
+    const TensorDef& def = graph.tensors[tensor];
+    if (!def.is_parameter) continue;
+    AccumulateGrad(ParameterKey(inst, def), TensorOf(inst, tensor).layout, grad);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Simulation::Run(const ModelGraphs& graphs) {
+  if (graphs.prologue.has_value()) {
+    return Unimplemented("the decoder families (embedding, RoPE, cross-entropy)");
+  }
+  const RuleTable* rules = options_.rules;
+  absl::StatusOr<std::unique_ptr<SegmentPlan>> first =
+      MakePlan(graphs.layer, config_, /*input_requires_grad=*/false, rules);
+  if (!first.ok()) return first.status();
+  absl::StatusOr<std::unique_ptr<SegmentPlan>> rest =
+      MakePlan(graphs.layer, config_, /*input_requires_grad=*/true, rules);
+  if (!rest.ok()) return rest.status();
+  absl::StatusOr<std::unique_ptr<SegmentPlan>> head =
+      MakePlan(graphs.epilogue, config_, /*input_requires_grad=*/true, rules);
+  if (!head.ok()) return head.status();
+
+  // The model input: resident, held by the caller for the whole step.
+  const BlockGraph& layer = graphs.layer;
+  Handle input;
+  input.layout = (*first)->walk.tensor_layouts[layer.input].layout;
+  input.dtype = layer.tensors[layer.input].dtype;
+  const int64_t input_bytes = (*first)->walk.storage_list[(*first)->input_storage].bytes;
+  out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes;
+  memory_.Begin();
+  input.storage = memory_.Adopt(input_bytes, MemoryCategory::kInput);
+
+  const int64_t layers = config_.layers;
+  std::vector<Instance> instances(layers);
+  std::vector<int> checkpoint_inputs(layers, -1);
+  memory_.SetPhase(StepPhase::kForward);
+  Handle x = input;
+  for (int64_t i = 0; i < layers; ++i) {
+    Instance& inst = instances[i];
+    inst.plan = i == 0 ? first->get() : rest->get();
+    inst.name = absl::StrCat("layer ", i);
+    Handle y;
+    if (variant_.IsCheckpointed(i)) {
+      // The checkpointed layer runs without a graph (filling the selective cache); its
+      // node keeps the input.
+      const Pass pass =
+          variant_.kind == VariantKind::kSelective ? Pass::kRecord : Pass::kNoGraph;
+      if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
+      memory_.Keep(x.storage);
+      checkpoint_inputs[i] = x.storage;
+    } else if (absl::Status s = Forward(inst, &x, Pass::kGraph, &y); !s.ok()) {
+      return s;
+    }
+    if (x.storage != input.storage) memory_.Unref(x.storage);  // x = layer(x)
+    x = y;
+  }
+  Instance head_inst;
+  head_inst.plan = head->get();
+  head_inst.name = "head";
+  Handle loss;
+  if (absl::Status s = Forward(head_inst, &x, Pass::kGraph, &loss); !s.ok()) return s;
+  if (x.storage != input.storage) memory_.Unref(x.storage);  // the forward returns
+
+  // loss.backward(): the graph root holds ones_like(loss).
+  memory_.SetPhase(StepPhase::kBackward);
+  memory_.SetOp("loss.backward()");
+  Handle seed;
+  seed.layout = loss.layout;
+  seed.dtype = loss.dtype;
+  seed.storage = memory_.Alloc(memory_.bytes(loss.storage), MemoryCategory::kTemporary);
+  Buffers buffers;
+  buffers.emplace(graphs.epilogue.output, Alias(seed));
+  if (absl::Status s = Backward(head_inst, buffers, false); !s.ok()) return s;
+  std::optional<Handle> grad;
+  if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
+  for (int64_t i = layers - 1; i >= 0 && grad.has_value(); --i) {
+    Instance& inst = instances[i];
+    const Handle incoming = *grad;
+    grad.reset();
+    Buffers layer_buffers;
+    if (checkpoint_inputs[i] >= 0) {
+      inst.plan = i == 0 ? first->get() : rest->get();
+      if (absl::Status s = CheckpointBackward(inst, checkpoint_inputs[i], incoming,
+                                              layer_buffers);
+          !s.ok()) {
+        return s;
+      }
+      if (auto it = layer_buffers.find(kLayerInputKey); it != layer_buffers.end()) {
+        grad = it->second;
+      }
+    } else {
+      layer_buffers.emplace(layer.output, incoming);
+      if (absl::Status s = Backward(inst, layer_buffers, false); !s.ok()) return s;
+      if (auto it = layer_buffers.find(layer.input); it != layer_buffers.end()) {
+        grad = it->second;
+      }
+    }
+  }
+  if (grad.has_value()) memory_.Unref(grad->storage);  // the model input's: not kept
+  memory_.Unref(seed.storage);  // the graph task ends
+
+  // The optimizer visits model.parameters(): each segment's, in the graph's order (the
+  // modules' registration order).
+  for (size_t i = 0; i < instances.size() + 1; ++i) {
+    const Instance& inst = i < instances.size() ? instances[i] : head_inst;
+    const BlockGraph& graph = *inst.plan->graph;
+    for (const TensorDef& def : graph.tensors) {
+      if (def.is_parameter && !def.is_tied) parameter_order_.push_back(ParameterKey(inst, def));
+    }
+  }
+  memory_.SetPhase(StepPhase::kOptimizer);
+  return OptimizerStep();
+}
+
+// OptimizerStep is the C++ frontend's optimizer.step() (torch/csrc/api/src/optim), one
+// parameter after another. Scalars passed to in-place ops are wrapped as 8-byte double
+// tensors and converted to the parameter's dtype (4 B in fp32) for the call.
+absl::Status Simulation::OptimizerStep() {
+  if (optimizer_.master_weights) return Unimplemented("master weights in the optimizer step");
+  if (config_.dtype != DType::kFloat32) return Unimplemented("a low-precision optimizer step");
+  memory_.SetOp(absl::StrCat(OptimizerName(optimizer_.kind), ".step()"));
+  auto scalar_op = [&] {
+    const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+    const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+    memory_.Unref(converted);
+    memory_.Unref(wrapped);
+  };
+  for (const std::string& parameter : parameter_order_) {
+    const int64_t bytes = memory_.bytes(grads_.at(parameter));
+    switch (optimizer_.kind) {
+      case OptimizerKind::kAdamW:
+      case OptimizerKind::kAdam: {
+        // AdamW: p.mul_(1 - lr * wd); both: exp_avg.mul_(b1).add_(g, 1 - b1);
+        // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2);
+        // denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(exp_avg, denom, -s).
+        if (optimizer_.kind == OptimizerKind::kAdamW) scalar_op();
+        scalar_op();
+        scalar_op();
+        const int root = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+        const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+        const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+        const int denom = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+        memory_.Unref(converted);
+        memory_.Unref(wrapped);
+        scalar_op();
+        memory_.Unref(root);
+        memory_.Unref(denom);
+        break;
+      }
+      case OptimizerKind::kSgd:
+        // buf.mul_(momentum).add_(g, 1 - dampening); p.add_(buf, -lr).
+        if (optimizer_.momentum != 0) scalar_op();
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,
+                                          const Variant& variant,
+                                          const OptimizerSpec& optimizer,
+                                          const ResidentBytes& resident,
+                                          const StepOptions& options) {
+  if (absl::Status s = ValidateRun(config, attention, {variant}, optimizer); !s.ok()) return s;
+  if (options.cpu_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
+  }
+  StepTimeline timeline;
+  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
+  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
+      resident.optimizer_state_bytes;
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  Simulation simulation(config, attention, variant, optimizer, options, &timeline);
+  if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
+  simulation.NamePeak();
+  return timeline;
+}
+
+const char* MemoryCategoryName(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::kParameter: return "parameter";
+    case MemoryCategory::kGradient: return "gradient";
+    case MemoryCategory::kOptimizerState: return "optimizer_state";
+    case MemoryCategory::kActivation: return "activation";
+    case MemoryCategory::kTemporary: return "temporary";
+    case MemoryCategory::kInput: return "input";
+  }
+  return "?";
+}
+
+const char* StepPhaseName(StepPhase phase) {
+  switch (phase) {
+    case StepPhase::kForward: return "forward";
+    case StepPhase::kBackward: return "backward";
+    case StepPhase::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+}  // namespace memledger

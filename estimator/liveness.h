@@ -1,0 +1,106 @@
+// Liveness: the memory timeline of one whole training step (DESIGN.md, "Peak memory"),
+// predicted by replaying the step allocation by allocation: zero_grad(set_to_none), the
+// forward op by op (each output allocated, each storage freed at its last use unless a
+// backward node keeps it), the backward node by node in the autograd engine's order (each
+// backward formula's outputs and workspaces, saved tensors released after their node,
+// gradients accumulated into the engine's input buffers and stolen into .grad, checkpointed
+// layers recomputed inside their node) and the optimizer step with its temporaries.
+// Parameters, optimizer state and the model input exist before the step ("resident").
+//
+// The engine semantics and each kernel's allocations are those of the pinned release
+// (kTorchRelease): the runtime's counting allocator measures the same step, and verify
+// compares the two peaks byte for byte.
+//
+// Example:
+//   absl::StatusOr<StepTimeline> t = SimulateStep(
+//       ModelConfig(), AttentionMode::kFlash, Variant(), OptimizerSpec(),
+//       ResidentBytes{prediction.param_bytes, prediction.optimizer_state_bytes}, {});
+//   if (t.ok()) std::cout << t->peak.bytes << " at " << t->peak.op;
+#ifndef ESTIMATOR_LIVENESS_H_
+#define ESTIMATOR_LIVENESS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+#include "estimator/rules.h"
+
+namespace memledger {
+
+// MemoryCategory is what a live byte is for (as PyTorch's MemTracker names them).
+enum class MemoryCategory : uint8_t {
+  kParameter,
+  kGradient,        // a parameter's .grad
+  kOptimizerState,  // moments, master weights
+  kActivation,      // kept for backward: saved tensors, checkpoint inputs, the cache
+  kTemporary,       // everything else: forward intermediates, gradients in flight, workspace
+  kInput,           // the model input (and the labels made from it)
+};
+inline constexpr int kNumMemoryCategories = static_cast<int>(MemoryCategory::kInput) + 1;
+// "parameter", "gradient", "optimizer_state", "activation", "temporary", "input".
+const char* MemoryCategoryName(MemoryCategory category);
+
+// StepPhase is where in the step an allocation happens.
+enum class StepPhase : uint8_t { kForward, kBackward, kOptimizer };
+inline constexpr int kNumStepPhases = 3;
+const char* StepPhaseName(StepPhase phase);  // "forward", "backward", "optimizer"
+
+// TimelineEvent is one allocation (bytes > 0) or free (bytes < 0). A storage that changes
+// category (a gradient stolen into .grad) is a free and an allocation at one instant.
+struct TimelineEvent {
+  int64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::kTemporary;
+  StepPhase phase = StepPhase::kForward;
+  int32_t op = 0;  // into StepTimeline::op_labels
+};
+
+// StepPeak is the step's largest live total (resident included) and the moment it
+// happens first.
+struct StepPeak {
+  int64_t bytes = 0;
+  StepPhase phase = StepPhase::kForward;
+  std::string op;  // "layer 5 fc2 (AddmmBackward0)"
+  std::array<int64_t, kNumMemoryCategories> by_category{};
+  int64_t event = -1;  // index into events; -1: the resident bytes alone
+};
+
+struct StepTimeline {
+  // resident: live before the step (parameter, optimizer_state, input).
+  std::array<int64_t, kNumMemoryCategories> resident{};
+  int64_t resident_bytes = 0;
+  std::vector<TimelineEvent> events;  // empty unless StepOptions::record_events
+  std::vector<std::string> op_labels;
+  StepPeak peak;
+};
+
+struct StepOptions {
+  // cpu_threads: LibTorch's intra-op threads; CPU kernels size per-thread workspaces by
+  // it (flash attention, layer norm's backward). The runtime uses min(4, cores).
+  int cpu_threads = 1;
+  bool record_events = true;
+  // rules: what each op keeps; null means RuleTable::Pinned().
+  const RuleTable* rules = nullptr;
+};
+
+// ResidentBytes are what exists before the step besides the model input (Predict's
+// param_bytes and optimizer_state_bytes).
+struct ResidentBytes {
+  int64_t parameter_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+};
+
+// SimulateStep predicts the step's timeline and peak. Unimplemented for a config whose
+// step the simulation does not model yet (the message names the op or optimizer);
+// InvalidArgument for a bad config or variant; OutOfRange on overflow.
+absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,
+                                          const Variant& variant,
+                                          const OptimizerSpec& optimizer,
+                                          const ResidentBytes& resident,
+                                          const StepOptions& options);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_LIVENESS_H_
