@@ -349,6 +349,25 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
     if (!v.ok()) return v.status();
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);
+    if (options.peak) {
+      StepOptions step;
+      step.cpu_threads = options.cpu_threads;
+      step.record_events = options.timeline;
+      step.rules = options.rules;
+      absl::StatusOr<StepTimeline> timeline = SimulateStep(
+          config, options.attention, variant, optimizer,
+          ResidentBytes{prediction.param_bytes, prediction.optimizer_state_bytes}, step);
+      if (timeline.ok()) {
+        v->peak = timeline->peak;
+        if (options.timeline) {
+          v->timeline = std::make_shared<const StepTimeline>(*std::move(timeline));
+        }
+      } else if (absl::IsUnimplemented(timeline.status())) {
+        v->peak_unavailable = std::string(timeline.status().message());
+      } else {
+        return timeline.status();
+      }
+    }
     prediction.variants.push_back(*std::move(v));
   }
 

@@ -19,11 +19,13 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "estimator/block_graph.h"
 #include "estimator/config.h"
+#include "estimator/liveness.h"
 #include "estimator/rules.h"
 #include "estimator/walker.h"
 
@@ -39,6 +41,13 @@ struct PredictOptions {
   const RuleTable* rules = nullptr;
   // optimizer: whose state optimizer_state_bytes counts.
   OptimizerSpec optimizer;
+  // peak: predict each variant's whole-step peak (estimator/liveness.h), for configs
+  // the step simulation models; timeline also keeps every allocation event.
+  bool peak = true;
+  bool timeline = false;
+  // cpu_threads: LibTorch's intra-op threads, which size CPU kernels' workspaces (a few
+  // KiB); the runtime uses min(4, cores).
+  int cpu_threads = 1;
 };
 
 // BlockKind is one kind of block in the stack, and how many blocks are of it.
@@ -69,6 +78,12 @@ struct VariantPrediction {
   // autocast's copies of weights, kept by the matmuls that use them.
   std::array<int64_t, kNumDTypes> saved_by_dtype{};
   int64_t weight_copy_bytes = 0;
+  // peak: the whole training step's peak and where it happens, when the step
+  // simulation models this config; otherwise peak_unavailable says why.
+  std::optional<StepPeak> peak;
+  std::string peak_unavailable;
+  // timeline: every allocation of the step, if PredictOptions::timeline.
+  std::shared_ptr<const StepTimeline> timeline;
   std::vector<BlockKind> blocks;       // if PredictOptions::breakdown
   std::optional<BlockWalk> prologue;   // if PredictOptions::breakdown and there is one
   BlockWalk epilogue;                  // if PredictOptions::breakdown

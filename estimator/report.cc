@@ -104,6 +104,20 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   return doc;
 }
 
+rapidjson::Value PeakJson(const StepPeak& peak, rapidjson::Document::AllocatorType& a) {
+  rapidjson::Value json(rapidjson::kObjectType);
+  json.AddMember("bytes", peak.bytes, a);
+  json.AddMember("phase", rapidjson::StringRef(StepPhaseName(peak.phase)), a);
+  json.AddMember("op", String(peak.op, a), a);
+  rapidjson::Value categories(rapidjson::kObjectType);
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    categories.AddMember(rapidjson::StringRef(MemoryCategoryName(static_cast<MemoryCategory>(c))),
+                         peak.by_category[c], a);
+  }
+  json.AddMember("by_category", categories, a);
+  return json;
+}
+
 rapidjson::Document PredictionJson(const Prediction& p) {
   rapidjson::Document doc =
       StudyJsonHead(p.config, p.attention, p.optimizer,
@@ -121,6 +135,24 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   doc.AddMember("saved_bytes", saved, a);
   doc.AddMember("saved_ratio_vs_none", ratio, a);
   doc.AddMember("cache_bytes", cache, a);
+  {
+    // The whole step's peak (estimator/liveness.h), where the simulation models it.
+    rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType);
+    std::string unavailable;
+    for (const VariantPrediction& v : p.variants) {
+      if (!v.peak.has_value()) {
+        if (!v.peak_unavailable.empty()) unavailable = v.peak_unavailable;
+        continue;
+      }
+      peak_bytes.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.peak->bytes), a);
+      peaks.AddMember(String(v.variant.Name(), a), PeakJson(*v.peak, a), a);
+    }
+    if (!peak_bytes.ObjectEmpty()) {
+      doc.AddMember("peak_bytes", peak_bytes, a);
+      doc.AddMember("peak", peaks, a);
+    }
+    if (!unavailable.empty()) doc.AddMember("peak_unavailable", String(unavailable, a), a);
+  }
   {
     // Which dtypes the saved bytes are in (fp32 statistics and logits next to bf16
     // activations), and autocast's weight copies among them.
@@ -249,6 +281,24 @@ std::string PredictionTable(const Prediction& p) {
           HumanBytes(bytes(DType::kBFloat16) + bytes(DType::kFloat16)),
           HumanBytes(bytes(DType::kInt64) + bytes(DType::kBool)),
           c.amp != DType::kFloat32 ? HumanBytes(v.weight_copy_bytes) : "");
+    }
+  }
+  bool any_peak = false;
+  for (const VariantPrediction& v : p.variants) any_peak = any_peak || v.peak.has_value();
+  if (any_peak) {
+    absl::StrAppendFormat(&out, "\n%-22s %20s %14s  %s\n", "peak of the step", "bytes", "",
+                          "where");
+    for (const VariantPrediction& v : p.variants) {
+      if (!v.peak.has_value()) continue;
+      absl::StrAppendFormat(&out, "%-22s %20d %14s  %s, %s\n", v.variant.Name(), v.peak->bytes,
+                            HumanBytes(v.peak->bytes), StepPhaseName(v.peak->phase),
+                            v.peak->op);
+    }
+  }
+  for (const VariantPrediction& v : p.variants) {
+    if (!v.peak_unavailable.empty()) {
+      absl::StrAppendFormat(&out, "\npeak: %s\n", v.peak_unavailable);
+      break;
     }
   }
   absl::StrAppendFormat(&out, "\n%-22s %20d %14s\n", "Korthikanti (none)",

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "estimator/config.h"
+#include "estimator/liveness.h"
 #include "estimator/predict.h"
 #include "rapidjson/document.h"
 
@@ -33,6 +34,9 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
 // measured_over_predicted: here the exact prediction over Korthikanti's) plus
 // attention, policy, cache_bytes and, if the prediction has one, the breakdown.
 rapidjson::Document PredictionJson(const Prediction& prediction);
+
+// PeakJson is a step peak as {"bytes", "phase", "op", "by_category": {category: bytes}}.
+rapidjson::Value PeakJson(const StepPeak& peak, rapidjson::Document::AllocatorType& allocator);
 
 // JsonString serializes with two-space indentation and a final newline.
 std::string JsonString(const rapidjson::Value& value);

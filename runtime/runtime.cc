@@ -236,6 +236,10 @@ StepMemory MeasureStep(const ModelImpl& model, const at::Tensor& input, Attentio
   StepMemory step;
   step.resident_bytes = resident_bytes;
   ForwardResult forward;
+  // One intra-op thread: parallel kernels allocate per-chunk workspaces on pool threads,
+  // whose overlap in time would make the peak race by a few bytes.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(kStepThreads);
   {
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
     counting.MarkPhase("forward");
@@ -249,6 +253,7 @@ StepMemory MeasureStep(const ModelImpl& model, const at::Tensor& input, Attentio
     step.phases = counting.phases();
     step.op_names = counting.op_names();
   }
+  at::set_num_threads(threads);
   step.peak_bytes = resident_bytes + step.peak.bytes;
   return step;
 }

@@ -43,11 +43,16 @@ struct RunOptions {
   std::function<void(absl::string_view what)> progress;
 };
 
+// kStepThreads: the intra-op threads a measured step runs on (see StepMemory).
+inline constexpr int kStepThreads = 1;
+
 // StepMemory is the memory of one whole training step (DESIGN.md, "Peak memory"):
 // zero_grad(set_to_none), forward, backward, optimizer.step(), with parameters, optimizer
 // state (and master weights) and the model input existing before it starts. Counted by
 // a ScopedCountingAllocator with a timeline: the bytes the step allocates on top of
-// `resident_bytes`, and where their maximum happens.
+// `resident_bytes`, and where their maximum happens. The step runs on kStepThreads
+// intra-op threads: parallel kernels allocate workspaces per chunk on pool threads, and
+// their overlap in time would make the peak race by a few bytes.
 struct StepMemory {
   // resident_bytes: parameters + optimizer state (with master copies) + the model input.
   int64_t resident_bytes = 0;

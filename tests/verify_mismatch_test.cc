@@ -40,25 +40,33 @@ TEST(VerifyMismatchTest, AWrongKeepRuleFailsTheBucketsItAffects) {
   // none: both blocks plain, 2 x 4096 bytes missing; every_2: block 1 plain, 4096. The
   // hooks (saved_bytes) and the counting allocator (held_after_forward_bytes) both see
   // the bytes the wrong rule forgets.
+  //
+  // The step's peak is a third witness. The wrong rule frees fc1's output right after
+  // gelu instead of after gelu's backward node, so the predicted curve lies below the
+  // measured one by at most the outputs it frees early, and the measured peak happens in
+  // a layer's fc2 backward while they are still held: none loses up to 2 x 4096 bytes,
+  // every_2 (block 1 plain) and full (the block being recomputed) up to 4096; selective
+  // is exact, its recompute's gelu keeping an output the matmul cache holds anyway.
+  auto peak_gap = [](int64_t gap, int64_t forgotten) { return gap > 0 && gap <= forgotten; };
   for (const BucketCheck& bucket : report.buckets) {
     if (bucket.name == "saved_bytes.none" || bucket.name == "held_after_forward_bytes.none") {
       EXPECT_EQ(bucket.measured - bucket.predicted, 2 * 4096) << bucket.name;
     } else if (bucket.name == "saved_bytes.every_2" ||
                bucket.name == "held_after_forward_bytes.every_2") {
       EXPECT_EQ(bucket.measured - bucket.predicted, 4096) << bucket.name;
+    } else if (bucket.name == "peak_bytes.none") {
+      EXPECT_TRUE(peak_gap(bucket.measured - bucket.predicted, 2 * 4096)) << bucket.name;
+    } else if (bucket.name == "peak_bytes.every_2" || bucket.name == "peak_bytes.full") {
+      EXPECT_TRUE(peak_gap(bucket.measured - bucket.predicted, 4096)) << bucket.name;
     } else {
       // full and selective walk no keep rules inside checkpointed blocks; the parameter
       // buckets do not depend on rules.
       EXPECT_TRUE(bucket.exact()) << bucket.name;
     }
   }
-  EXPECT_TRUE(NamesBucket(report, "saved_bytes.none"));
-  EXPECT_TRUE(NamesBucket(report, "saved_bytes.every_2"));
-  EXPECT_TRUE(NamesBucket(report, "held_after_forward_bytes.none"));
-  EXPECT_TRUE(NamesBucket(report, "held_after_forward_bytes.every_2"));
-  EXPECT_FALSE(NamesBucket(report, "saved_bytes.full"));
-  EXPECT_FALSE(NamesBucket(report, "saved_bytes.selective"));
-  EXPECT_EQ(report.failures.size(), 4u);
+  EXPECT_TRUE(NamesBucket(report, "peak_bytes.full"));
+  EXPECT_FALSE(NamesBucket(report, "peak_bytes.selective"));
+  EXPECT_EQ(report.failures.size(), 7u);
 }
 
 TEST(VerifyMismatchTest, ThePinnedRulesPassOnTheSameConfig) {

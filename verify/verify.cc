@@ -30,6 +30,20 @@ BucketCheck Check(std::string name, int64_t predicted, int64_t measured) {
 }  // namespace
 
 int64_t PredictedFootprintBytes(const Prediction& p) {
+  // With the step's predicted peaks: the largest, plus what verification itself holds
+  // besides a training step: the reference gradients and one variant's copy of them.
+  int64_t largest_peak = -1;
+  for (const VariantPrediction& v : p.variants) {
+    if (!v.peak.has_value()) {
+      largest_peak = -1;
+      break;
+    }
+    largest_peak = std::max(largest_peak, v.peak->bytes);
+  }
+  if (largest_peak >= 0) {
+    CheckedInt64 total = CheckedInt64(largest_peak) + CheckedInt64(p.grad_bytes) * 2;
+    return total.overflowed() ? INT64_MAX : total.value();
+  }
   int64_t largest_saved = p.saved_bytes_none;
   for (const VariantPrediction& v : p.variants) largest_saved = std::max(largest_saved, v.saved_bytes);
   const ModelConfig& c = p.config;
@@ -60,6 +74,9 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   predict_options.variants = options.variants;
   predict_options.rules = options.rules;
   predict_options.optimizer = options.optimizer;
+  predict_options.timeline = options.timeline;
+  // The measured step's intra-op threads size the CPU kernels' workspaces.
+  predict_options.cpu_threads = runtime::kStepThreads;
   absl::StatusOr<Prediction> prediction = Predict(config, predict_options);
   if (!prediction.ok()) return prediction.status();
 
@@ -115,6 +132,19 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
       report.buckets.push_back(Check(absl::StrCat("held_after_forward_bytes.", name),
                                      predicted.saved_bytes - predicted.input_bytes_kept,
                                      v.held_after_forward_bytes));
+    }
+  }
+  // The whole step's peak, where the step simulation models the config.
+  for (const VariantPrediction& predicted : p.variants) {
+    if (!predicted.peak.has_value()) {
+      report.peak_unavailable = predicted.peak_unavailable;
+      continue;
+    }
+    const std::string name = predicted.variant.Name();
+    for (const runtime::VariantMeasurement& v : m.variants) {
+      if (v.variant.Name() != name || v.step.peak_bytes == 0) continue;
+      report.buckets.push_back(
+          Check(absl::StrCat("peak_bytes.", name), predicted.peak->bytes, v.step.peak_bytes));
     }
   }
   if (m.torch_version != kTorchRelease) {

@@ -32,6 +32,8 @@ struct VerifyOptions {
   // max_memory_bytes: refuse configs whose predicted footprint exceeds this; <= 0 means
   // half of this machine's available memory.
   int64_t max_memory_bytes = 0;
+  // timeline: keep the predicted step's every allocation (for --timeline_svg).
+  bool timeline = false;
   // rules: the estimator's op rules; null means the pinned release's. Tests pass a
   // deliberately wrong table to watch verify fail.
   const RuleTable* rules = nullptr;
@@ -55,6 +57,8 @@ struct VerifyReport {
   // when `none` was not requested) over Korthikanti's prediction.
   double measured_over_korthikanti = 0;
   int64_t predicted_footprint_bytes = 0;
+  // peak_unavailable: why the step's peak was not predicted (then not compared), or "".
+  std::string peak_unavailable;
   // failures: one line per bucket that is not exact, variant whose gradients differ, or
   // a runtime built against another torch release than the estimator's rules describe.
   std::vector<std::string> failures;
@@ -62,9 +66,11 @@ struct VerifyReport {
   bool Passed() const { return failures.empty(); }
 };
 
-// PredictedFootprintBytes bounds what a verification run needs: parameters, gradients
-// and the reference gradients, AdamW state, the largest variant's saved bytes, the
-// attention's transient (B, H, T, T) scores and probabilities, and the logits.
+// PredictedFootprintBytes bounds what a verification run needs: the largest predicted
+// step peak plus the reference gradients and a variant's copy of them; where the step's
+// peak is not modelled, parameters, gradients and the reference gradients, AdamW state,
+// the largest variant's saved bytes, the attention's transient (B, H, T, T) scores and
+// probabilities, and the logits.
 int64_t PredictedFootprintBytes(const Prediction& prediction);
 
 // DefaultMaxMemoryBytes is half of MemAvailable (/proc/meminfo); 4 GiB if unreadable.

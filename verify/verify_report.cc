@@ -44,6 +44,33 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
     held.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.held_after_forward_bytes), a);
   }
   doc.AddMember("held_after_forward_bytes", held, a);
+  // The whole step's measured peak (resident bytes included) and where the counting
+  // allocator saw it; the prediction's own account of its peak beside it.
+  rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType);
+  for (const runtime::VariantMeasurement& v : m.variants) {
+    if (v.step.peak_bytes == 0) continue;  // steps not measured
+    peak_bytes.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.step.peak_bytes), a);
+    rapidjson::Value where(rapidjson::kObjectType);
+    where.AddMember("bytes", v.step.peak_bytes, a);
+    where.AddMember("phase", Key(v.step.peak.phase, a), a);
+    where.AddMember("op", Key(v.step.peak.op, a), a);
+    where.AddMember("kernel", Key(v.step.peak.inner_op, a), a);
+    peaks.AddMember(Key(v.variant.Name(), a), where, a);
+  }
+  if (!peak_bytes.ObjectEmpty()) {
+    doc.AddMember("peak_bytes", peak_bytes, a);
+    doc.AddMember("peak", peaks, a);
+  }
+  rapidjson::Value predicted_peaks(rapidjson::kObjectType);
+  for (const VariantPrediction& v : p.variants) {
+    if (v.peak.has_value()) {
+      predicted_peaks.AddMember(Key(v.variant.Name(), a), PeakJson(*v.peak, a), a);
+    }
+  }
+  if (!predicted_peaks.ObjectEmpty()) doc.AddMember("predicted_peak", predicted_peaks, a);
+  if (!r.peak_unavailable.empty()) {
+    doc.AddMember("peak_unavailable", Key(r.peak_unavailable, a), a);
+  }
   doc.AddMember("saved_ratio_vs_none", ratio_vs_none, a);
   doc.AddMember("time_s", time_s, a);
   doc.AddMember("max_grad_diff", m.max_grad_diff, a);
