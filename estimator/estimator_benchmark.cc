@@ -1,7 +1,9 @@
-// Cost of a full prediction (the four default variants). Targets: under 20 us for the
-// study's block; every variant of llama-3-70b (embedding to loss) under 50 us
-// (BM_PredictLlama3_70b); independent of batch, seq and width; at most linear in layers
-// (compare BM_Predict/layers:6 with BM_Predict/layers:6000 in the same run).
+// Cost of a full prediction (the four default variants). The buckets alone
+// (BM_PredictBuckets): under 20 us for the study's block, every variant of llama-3-70b
+// (embedding to loss) under 50 us, independent of batch, seq, width and layers. With
+// the whole step's peak (the default; estimator/liveness.h replays the step op by op):
+// independent of batch, seq and width, linear in layers (compare BM_Predict/layers:6
+// with BM_Predict/layers:600 in the same run).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -14,9 +16,10 @@ namespace memledger {
 namespace {
 
 void RunPredict(benchmark::State& state, const ModelConfig& config,
-                AttentionMode attention = AttentionMode::kFlash) {
+                AttentionMode attention = AttentionMode::kFlash, bool peak = true) {
   PredictOptions options;
   options.attention = attention;
+  options.peak = peak;
   for (auto _ : state) {
     absl::StatusOr<Prediction> p = Predict(config, options);
     if (!p.ok()) {
@@ -32,7 +35,14 @@ void BM_Predict(benchmark::State& state) {
   config.layers = state.range(0);
   RunPredict(state, config);
 }
-BENCHMARK(BM_Predict)->ArgName("layers")->Arg(6)->Arg(6000)->Arg(6000000);
+BENCHMARK(BM_Predict)->ArgName("layers")->Arg(6)->Arg(600);
+
+void BM_PredictBuckets(benchmark::State& state) {
+  ModelConfig config;
+  config.layers = state.range(0);
+  RunPredict(state, config, AttentionMode::kFlash, /*peak=*/false);
+}
+BENCHMARK(BM_PredictBuckets)->ArgName("layers")->Arg(6)->Arg(6000000);
 
 void BM_PredictSizes(benchmark::State& state) {
   // The study's config with B, T and d scaled by 2^range: the cost must not move.

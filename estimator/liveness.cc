@@ -84,11 +84,48 @@ Layout Transposed(const Layout& layout, int d0, int d1) {
   return out;
 }
 
+// Where is what runs, cheap to set at every op; it becomes text ("layer 3 fc2
+// (AddmmBackward0)") only for recorded events and the peak.
+struct Where {
+  enum class Activity : uint8_t { kOp, kCheckpointNode, kLossBackward, kOptimizerStep };
+  static constexpr int32_t kHead = -1;
+  const BlockGraph* graph = nullptr;
+  int32_t segment = 0;  // layer index, or kHead
+  int32_t op = -1;
+  const char* node = nullptr;  // the backward node; null in the forward
+  bool recompute = false;
+  Activity activity = Activity::kOp;
+  friend bool operator==(const Where& a, const Where& b) {
+    return a.graph == b.graph && a.segment == b.segment && a.op == b.op && a.node == b.node &&
+           a.recompute == b.recompute && a.activity == b.activity;
+  }
+};
+
+std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
+  const std::string segment =
+      where.segment == Where::kHead ? "head" : absl::StrCat("layer ", where.segment);
+  switch (where.activity) {
+    case Where::Activity::kCheckpointNode:
+      return absl::StrCat(segment, " (CheckpointFunction)");
+    case Where::Activity::kLossBackward:
+      return "loss.backward()";
+    case Where::Activity::kOptimizerStep:
+      return absl::StrCat(OptimizerName(optimizer.kind), ".step()");
+    case Where::Activity::kOp:
+      break;
+  }
+  std::string text = absl::StrCat(segment, where.recompute ? " recompute " : " ",
+                                  where.graph->ops[where.op].name);
+  if (where.node != nullptr) absl::StrAppend(&text, " (", where.node, ")");
+  return text;
+}
+
 // Memory is the ledger: storages with reference counts, live bytes by category, the
 // events and the peak.
 class Memory {
  public:
-  Memory(StepTimeline* out, bool record) : out_(out), record_(record) {}
+  Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer)
+      : out_(out), record_(record), optimizer_(optimizer) {}
 
   // Begin starts the step from the resident bytes (StepTimeline::resident).
   void Begin() {
@@ -102,11 +139,12 @@ class Memory {
 
   void SetPhase(StepPhase phase) { phase_ = phase; }
 
-  // SetOp names what runs now (interned; consecutive repeats share one label).
-  void SetOp(std::string label) {
-    if (!out_->op_labels.empty() && out_->op_labels.back() == label) return;
-    out_->op_labels.push_back(std::move(label));
-    op_ = static_cast<int32_t>(out_->op_labels.size()) - 1;
+  // SetOp says what runs now.
+  void SetOp(const Where& where) { where_ = where; }
+
+  // PeakText names what ran at the peak.
+  std::string PeakText() const {
+    return peak_where_.has_value() ? WhereText(*peak_where_, optimizer_) : "";
   }
 
   // Alloc makes a storage with one reference.
@@ -153,6 +191,19 @@ class Memory {
     return static_cast<int>(storages_.size()) - 1;
   }
 
+  // Peek: would `bytes` more (of `category`) now be a new peak? Records it if so. For
+  // transients whose events nobody records (the optimizer's per-parameter temporaries).
+  void Peek(int64_t bytes, MemoryCategory category) {
+    if (total_ + bytes <= out_->peak.bytes) return;
+    out_->peak.bytes = total_ + bytes;
+    out_->peak.phase = phase_;
+    out_->peak.by_category = live_;
+    out_->peak.by_category[static_cast<int>(category)] += bytes;
+    out_->peak.event = event_count_;
+    peak_where_ = where_;
+  }
+  bool recording() const { return record_; }
+
   // Transient allocates and frees a workspace around nothing else.
   void Transient(int64_t bytes) { Unref(Alloc(bytes, MemoryCategory::kTemporary)); }
 
@@ -177,19 +228,24 @@ class Memory {
     if (bytes == 0) return;
     live_[static_cast<int>(category)] += bytes;
     total_ += bytes;
-    if (record_) out_->events.push_back(TimelineEvent{bytes, category, phase_, op_});
+    if (record_) {
+      // Consecutive events of one op share its label.
+      if (!labelled_.has_value() || !(*labelled_ == where_)) {
+        out_->op_labels.push_back(WhereText(where_, optimizer_));
+        labelled_ = where_;
+      }
+      out_->events.push_back(TimelineEvent{
+          bytes, category, phase_, static_cast<int32_t>(out_->op_labels.size()) - 1});
+    }
     ++event_count_;
     if (total_ > out_->peak.bytes) {
       out_->peak.bytes = total_;
       out_->peak.phase = phase_;
       out_->peak.by_category = live_;
       out_->peak.event = event_count_ - 1;
-      peak_op_ = op_;
+      peak_where_ = where_;
     }
   }
-
- public:
-  int32_t peak_op() const { return peak_op_; }
 
  private:
   StepTimeline* out_;
@@ -198,8 +254,10 @@ class Memory {
   std::array<int64_t, kNumMemoryCategories> live_{};
   int64_t total_ = 0;
   StepPhase phase_ = StepPhase::kForward;
-  int32_t op_ = -1;
-  int32_t peak_op_ = -1;
+  const OptimizerSpec& optimizer_;
+  Where where_;
+  std::optional<Where> labelled_;    // the last label recorded
+  std::optional<Where> peak_where_;
   int64_t event_count_ = 0;
 };
 
@@ -255,6 +313,10 @@ FlashSplits FlashSplitsFor(int64_t t) {
   return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
 }
 
+// ParameterKey names a parameter's .grad: its segment instance and tensor. (A tied
+// weight would be its owner's; the families are not simulated yet.)
+using ParameterKey = std::pair<int32_t, int>;
+
 // Grads are the engine's input buffers of one segment's backward, by tensor.
 using Buffers = std::map<int, Handle>;
 
@@ -263,20 +325,18 @@ class Simulation {
   Simulation(const ModelConfig& config, AttentionMode attention, const Variant& variant,
              const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
       : config_(config), attention_(attention), variant_(variant), optimizer_(optimizer),
-        options_(options), out_(out), memory_(out, options.record_events) {}
+        options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
 
   absl::Status Run(const ModelGraphs& graphs);
   // NamePeak fills StepPeak::op from the label current at the peak.
-  void NamePeak() {
-    const int32_t op = memory_.peak_op();
-    out_->peak.op = op >= 0 ? out_->op_labels[op] : "";
-  }
+  void NamePeak() { out_->peak.op = memory_.PeakText(); }
 
  private:
   // One segment instance in the model: its plan and its storages' ids in Memory.
   struct Instance {
     const SegmentPlan* plan = nullptr;
-    std::string name;  // "layer 3", "head"
+    int32_t segment = Where::kHead;  // layer index, or Where::kHead
+    bool recompute = false;          // a checkpointed layer's forward again, with grad
     std::vector<int> ids;  // walked storage -> Memory id; -1: parameter or not made
     // cached: the selective cache, walked storage -> Memory id, filled by a recording
     // forward and read by the replaying one.
@@ -296,9 +356,20 @@ class Simulation {
         "peak memory: the step simulation does not model ", what, " yet"));
   }
 
-  std::string Label(const Instance& inst, const OpDef& op, const char* node) {
-    return node == nullptr ? absl::StrCat(inst.name, " ", op.name)
-                           : absl::StrCat(inst.name, " ", op.name, " (", node, ")");
+  Where At(const Instance& inst, int op, const char* node) const {
+    Where where;
+    where.graph = inst.plan->graph;
+    where.segment = inst.segment;
+    where.op = op;
+    where.node = node;
+    where.recompute = inst.recompute;
+    return where;
+  }
+  Where Special(int32_t segment, Where::Activity activity) const {
+    Where where;
+    where.segment = segment;
+    where.activity = activity;
+    return where;
   }
 
   absl::Status Forward(Instance& inst, const Handle* input, Pass pass, Handle* output);
@@ -314,18 +385,13 @@ class Simulation {
   void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
              bool capture_parameters);
   void Accumulate(Buffers& buffers, int tensor, Handle grad);
-  void AccumulateGrad(const std::string& parameter, const Layout& layout, Handle grad);
+  void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, Handle grad);
   absl::Status OptimizerStep();
 
   // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
   static constexpr int kLayerInputKey = -1;
 
-  // ParameterKey names a parameter's .grad: per segment instance, except a tied weight,
-  // which is the prologue's.
-  static std::string ParameterKey(const Instance& inst, const TensorDef& def) {
-    return def.is_tied ? absl::StrCat("embedding/", def.name)
-                       : absl::StrCat(inst.name, "/", def.name);
-  }
+  static ParameterKey KeyOf(const Instance& inst, int tensor) { return {inst.segment, tensor}; }
 
   Handle NewGrad(const Layout& layout, DType dtype) {
     Handle h;
@@ -369,8 +435,8 @@ class Simulation {
   StepTimeline* out_;
   Memory memory_;
   // Parameters' .grad storages by name (a tied weight has one .grad).
-  std::map<std::string, int> grads_;
-  std::vector<std::string> parameter_order_;
+  std::map<ParameterKey, int> grads_;
+  std::vector<ParameterKey> parameter_order_;
 };
 
 // ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
@@ -431,7 +497,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   }
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
-    memory_.SetOp(Label(inst, op, nullptr));
+    memory_.SetOp(At(inst, static_cast<int>(i), nullptr));
     const bool replayed = pass == Pass::kReplay && FromCache(op);
     std::vector<int> made;
     for (int out : op.outputs) {
@@ -495,7 +561,7 @@ void Simulation::Accumulate(Buffers& buffers, int tensor, Handle grad) {
   old = sum;
 }
 
-void Simulation::AccumulateGrad(const std::string& parameter, const Layout& layout,
+void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& layout,
                                 Handle grad) {
   auto it = grads_.find(parameter);
   if (it != grads_.end()) {
@@ -519,7 +585,7 @@ void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers
                        bool capture_parameters) {
   const TensorDef& def = inst.plan->graph->tensors[tensor];
   if (def.is_parameter && !capture_parameters) {
-    AccumulateGrad(ParameterKey(inst, def), TensorOf(inst, tensor).layout, grad);
+    AccumulateGrad(KeyOf(inst, tensor), TensorOf(inst, tensor).layout, grad);
     return;
   }
   Accumulate(buffers, tensor, grad);
@@ -543,7 +609,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   const char* node = semantics.backward_nodes.empty()
                          ? "?"
                          : std::string_view(semantics.backward_nodes[0]).data();
-  memory_.SetOp(Label(inst, op, node));
+  memory_.SetOp(At(inst, op_index, node));
 
   auto needs = [&](int input) { return TensorOf(inst, op.inputs[input]).requires_grad; };
   auto layout_of = [&](int input) -> const Layout& {
@@ -729,7 +795,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
                                             Buffers& outer) {
   const SegmentPlan& plan = *inst.plan;
   const BlockGraph& graph = *plan.graph;
-  memory_.SetOp(absl::StrCat(inst.name, " (CheckpointFunction)"));
+  memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
   // get_saved_variables() and x.detach(): two more references to the input.
   Handle x;
   x.storage = saved_input;
@@ -738,8 +804,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   memory_.Ref(saved_input);
   memory_.Ref(saved_input);
   Handle y;
-  const std::string name = inst.name;
-  inst.name = absl::StrCat(name, " recompute");
+  inst.recompute = true;
   const Pass pass = variant_.kind == VariantKind::kSelective ? Pass::kReplay : Pass::kGraph;
   if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
   // autograd::grad: the graph root holds the incoming gradient, and so does y's buffer.
@@ -747,8 +812,8 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   Buffers inner;
   inner.emplace(graph.output, Alias(incoming));
   if (absl::Status s = Backward(inst, inner, /*capture_parameters=*/true); !s.ok()) return s;
-  inst.name = name;
-  memory_.SetOp(absl::StrCat(inst.name, " (CheckpointFunction)"));
+  inst.recompute = false;
+  memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
   memory_.Unref(incoming.storage);  // the root
   for (const auto& [storage, id] : inst.cached) memory_.Release(id);  // cache->Clear()
   inst.cached.clear();
@@ -768,15 +833,51 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   for (auto& [tensor, grad] : inner) {
     const TensorDef& def = graph.tensors[tensor];
     if (!def.is_parameter) continue;
-    AccumulateGrad(ParameterKey(inst, def), TensorOf(inst, tensor).layout, grad);
+    AccumulateGrad(KeyOf(inst, tensor), TensorOf(inst, tensor).layout, grad);
   }
   return absl::OkStatus();
 }
 
+// Modelled says whether Node has the backward of `type`.
+bool Modelled(OpType type) {
+  switch (type) {
+    case OpType::kAdd:
+    case OpType::kAddmm:
+    case OpType::kFlashAttention:
+    case OpType::kGelu:
+    case OpType::kMean:
+    case OpType::kMm:
+    case OpType::kNativeLayerNorm:
+    case OpType::kPermute:
+    case OpType::kPow:
+    case OpType::kReshape:
+    case OpType::kSelect:
+    case OpType::kT:
+    case OpType::kTranspose:
+    case OpType::kUnsafeView:
+    case OpType::kView:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status Simulation::Run(const ModelGraphs& graphs) {
+  // What the simulation does not model yet, found before any work.
   if (graphs.prologue.has_value()) {
     return Unimplemented("the decoder families (embedding, RoPE, cross-entropy)");
   }
+  for (const BlockGraph* graph : {&graphs.layer, &graphs.epilogue}) {
+    for (const OpDef& op : graph->ops) {
+      if (!Modelled(op.type)) {
+        return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
+      }
+    }
+  }
+  if (config_.dtype != DType::kFloat32 || config_.amp != DType::kFloat32) {
+    return Unimplemented("bf16/fp16 models and autocast");
+  }
+  if (optimizer_.master_weights) return Unimplemented("master weights in the optimizer step");
   const RuleTable* rules = options_.rules;
   absl::StatusOr<std::unique_ptr<SegmentPlan>> first =
       MakePlan(graphs.layer, config_, /*input_requires_grad=*/false, rules);
@@ -806,7 +907,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   for (int64_t i = 0; i < layers; ++i) {
     Instance& inst = instances[i];
     inst.plan = i == 0 ? first->get() : rest->get();
-    inst.name = absl::StrCat("layer ", i);
+    inst.segment = static_cast<int32_t>(i);
     Handle y;
     if (variant_.IsCheckpointed(i)) {
       // The checkpointed layer runs without a graph (filling the selective cache); its
@@ -824,14 +925,14 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   }
   Instance head_inst;
   head_inst.plan = head->get();
-  head_inst.name = "head";
+  head_inst.segment = Where::kHead;
   Handle loss;
   if (absl::Status s = Forward(head_inst, &x, Pass::kGraph, &loss); !s.ok()) return s;
   if (x.storage != input.storage) memory_.Unref(x.storage);  // the forward returns
 
   // loss.backward(): the graph root holds ones_like(loss).
   memory_.SetPhase(StepPhase::kBackward);
-  memory_.SetOp("loss.backward()");
+  memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
   Handle seed;
   seed.layout = loss.layout;
   seed.dtype = loss.dtype;
@@ -873,7 +974,9 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     const Instance& inst = i < instances.size() ? instances[i] : head_inst;
     const BlockGraph& graph = *inst.plan->graph;
     for (const TensorDef& def : graph.tensors) {
-      if (def.is_parameter && !def.is_tied) parameter_order_.push_back(ParameterKey(inst, def));
+      if (def.is_parameter && !def.is_tied) {
+        parameter_order_.push_back(KeyOf(inst, static_cast<int>(&def - graph.tensors.data())));
+      }
     }
   }
   memory_.SetPhase(StepPhase::kOptimizer);
@@ -884,16 +987,14 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
 // parameter after another. Scalars passed to in-place ops are wrapped as 8-byte double
 // tensors and converted to the parameter's dtype (4 B in fp32) for the call.
 absl::Status Simulation::OptimizerStep() {
-  if (optimizer_.master_weights) return Unimplemented("master weights in the optimizer step");
-  if (config_.dtype != DType::kFloat32) return Unimplemented("a low-precision optimizer step");
-  memory_.SetOp(absl::StrCat(OptimizerName(optimizer_.kind), ".step()"));
+  memory_.SetOp(Special(Where::kHead, Where::Activity::kOptimizerStep));
   auto scalar_op = [&] {
     const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
     const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
     memory_.Unref(converted);
     memory_.Unref(wrapped);
   };
-  for (const std::string& parameter : parameter_order_) {
+  for (const ParameterKey& parameter : parameter_order_) {
     const int64_t bytes = memory_.bytes(grads_.at(parameter));
     switch (optimizer_.kind) {
       case OptimizerKind::kAdamW:
@@ -901,6 +1002,11 @@ absl::Status Simulation::OptimizerStep() {
         // AdamW: p.mul_(1 - lr * wd); both: exp_avg.mul_(b1).add_(g, 1 - b1);
         // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2);
         // denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(exp_avg, denom, -s).
+        // Its largest moment: sqrt's and div's results and div's scalar, 2 p + 12.
+        if (!memory_.recording()) {
+          memory_.Peek(2 * bytes + 12, MemoryCategory::kTemporary);
+          break;
+        }
         if (optimizer_.kind == OptimizerKind::kAdamW) scalar_op();
         scalar_op();
         scalar_op();
@@ -917,7 +1023,12 @@ absl::Status Simulation::OptimizerStep() {
       }
       case OptimizerKind::kSgd:
         // buf.mul_(momentum).add_(g, 1 - dampening); p.add_(buf, -lr).
-        if (optimizer_.momentum != 0) scalar_op();
+        if (optimizer_.momentum == 0) break;
+        if (memory_.recording()) {
+          scalar_op();
+        } else {
+          memory_.Peek(12, MemoryCategory::kTemporary);
+        }
         break;
     }
   }
