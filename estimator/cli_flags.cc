@@ -61,6 +61,10 @@ ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
           "Also write the JSON report to this file (atomically: temp file + rename).");
+ABSL_FLAG(std::string, timeline_svg, "",
+          "Also write the step's memory timeline as an SVG chart to this path: live bytes by "
+          "category along forward, backward and optimizer step, one panel per variant, the "
+          "peak marked.");
 
 namespace memledger {
 

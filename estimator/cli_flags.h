@@ -34,6 +34,7 @@ ABSL_DECLARE_FLAG(double, momentum);
 ABSL_DECLARE_FLAG(bool, master_weights);
 ABSL_DECLARE_FLAG(std::string, format);
 ABSL_DECLARE_FLAG(std::string, json_out);
+ABSL_DECLARE_FLAG(std::string, timeline_svg);
 
 namespace memledger {
 

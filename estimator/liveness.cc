@@ -219,12 +219,12 @@ class Memory {
   void Recategorize(int s, MemoryCategory category) {
     Storage& storage = storages_[s];
     if (storage.category == category || storage.category == MemoryCategory::kInput) return;
-    Event(-storage.bytes, storage.category);
+    Event(-storage.bytes, storage.category, /*relabel=*/true);
     storage.category = category;
-    Event(storage.bytes, category);
+    Event(storage.bytes, category, /*relabel=*/true);
   }
 
-  void Event(int64_t bytes, MemoryCategory category) {
+  void Event(int64_t bytes, MemoryCategory category, bool relabel = false) {
     if (bytes == 0) return;
     live_[static_cast<int>(category)] += bytes;
     total_ += bytes;
@@ -235,7 +235,7 @@ class Memory {
         labelled_ = where_;
       }
       out_->events.push_back(TimelineEvent{
-          bytes, category, phase_, static_cast<int32_t>(out_->op_labels.size()) - 1});
+          bytes, category, phase_, static_cast<int32_t>(out_->op_labels.size()) - 1, relabel});
     }
     ++event_count_;
     if (total_ > out_->peak.bytes) {

@@ -55,6 +55,9 @@ struct TimelineEvent {
   MemoryCategory category = MemoryCategory::kTemporary;
   StepPhase phase = StepPhase::kForward;
   int32_t op = 0;  // into StepTimeline::op_labels
+  // relabel: half of a category change (no memory comes or goes; the allocator sees
+  // nothing).
+  bool relabel = false;
 };
 
 // StepPeak is the step's largest live total (resident included) and the moment it

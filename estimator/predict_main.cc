@@ -1,7 +1,9 @@
 // predict: memledger's estimator on the command line. Prints every memory bucket of
 // training the model for each checkpointing variant, as JSON (default) or a table.
 #include <iostream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
@@ -12,6 +14,7 @@
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/sweep.h"
+#include "estimator/timeline_svg.h"
 
 ABSL_FLAG(bool, explain, false,
           "Also print the per-op breakdown: every kept storage of each kind of block.");
@@ -19,6 +22,9 @@ ABSL_FLAG(std::string, sweep, "",
           "A grid of runs, e.g. batch:1..64,seq:1024..32768 (lo..hi doubles, or v1|v2|v3; "
           "axes batch, seq, layers), printed one row per point and variant as --format=csv "
           "(default) or jsonl.");
+ABSL_FLAG(int32_t, cpu_threads, 1,
+          "LibTorch's intra-op threads on the CPU, which size some kernels' workspaces in "
+          "the step's peak (a few KiB).");
 ABSL_FLAG(double, budget_gib, 0,
           "With --sweep: the memory budget in GiB; each row says whether parameters, "
           "gradients, optimizer state and saved activations fit in it.");
@@ -85,9 +91,33 @@ int main(int argc, char** argv) {
   options.variants = spec->variants;
   options.optimizer = spec->optimizer;
   options.breakdown = absl::GetFlag(FLAGS_explain);
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  if (options.cpu_threads < 1) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--cpu_threads must be >= 1, got ", options.cpu_threads)));
+  }
+  const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
+  options.timeline = !svg_path.empty();
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
 
+  if (!svg_path.empty()) {
+    std::vector<memledger::TimelinePanel> panels;
+    for (const memledger::VariantPrediction& v : prediction->variants) {
+      if (v.timeline == nullptr) {
+        return memledger::ReportError(absl::UnimplementedError(
+            absl::StrCat("--timeline_svg: ", v.peak_unavailable)));
+      }
+      panels.push_back({v.variant.Name(), v.timeline.get(), std::nullopt});
+    }
+    const std::string svg = memledger::TimelineSvg(
+        absl::StrCat("memledger: predicted memory of one training step (torch ",
+                     memledger::kTorchRelease, ")"),
+        panels);
+    if (absl::Status s = memledger::WriteFileAtomically(svg_path, svg); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
   const std::string json = memledger::JsonString(memledger::PredictionJson(*prediction));
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {

@@ -71,8 +71,17 @@ int main(int argc, char** argv) {
     }
   };
 
+  const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
+  options.timeline = !svg_path.empty();
   absl::StatusOr<memledger::VerifyReport> report = memledger::Verify(spec->config, options);
   if (!report.ok()) return memledger::ReportError(report.status());
+  if (!svg_path.empty()) {
+    absl::StatusOr<std::string> svg = memledger::VerifyTimelineSvg(*report);
+    if (!svg.ok()) return memledger::ReportError(svg.status());
+    if (absl::Status s = memledger::WriteFileAtomically(svg_path, *svg); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
 
   const std::string json = memledger::JsonString(memledger::VerifyJson(*report));
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {

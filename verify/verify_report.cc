@@ -2,10 +2,14 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/report.h"
+#include "estimator/rules.h"
+#include "estimator/timeline_svg.h"
 #include "estimator/units.h"
 
 namespace memledger {
@@ -16,6 +20,52 @@ using Allocator = rapidjson::Document::AllocatorType;
 rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Value(s, a); }
 
 }  // namespace
+
+absl::StatusOr<std::string> VerifyTimelineSvg(const VerifyReport& r) {
+  if (!r.peak_unavailable.empty()) {
+    return absl::UnimplementedError(absl::StrCat("--timeline_svg: ", r.peak_unavailable));
+  }
+  std::vector<TimelinePanel> panels;
+  for (const VariantPrediction& v : r.prediction.variants) {
+    if (v.timeline == nullptr) {
+      return absl::FailedPreconditionError("the report has no predicted timeline");
+    }
+    const runtime::VariantMeasurement* measured = nullptr;
+    for (const runtime::VariantMeasurement& m : r.measurement.variants) {
+      if (m.variant.Name() == v.variant.Name()) measured = &m;
+    }
+    if (measured == nullptr || measured->step.events.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("variant ", v.variant.Name(), " has no measured step"));
+    }
+    const runtime::StepMemory& step = measured->step;
+    MeasuredLine line;
+    line.peak_bytes = step.peak_bytes;
+    // Zero-byte allocations (empty workspaces) move nothing: left out, like the
+    // prediction's, so that the two steps line up event for event.
+    line.live.reserve(step.events.size());
+    size_t mark = 0;
+    for (size_t i = 0; i < step.events.size(); ++i) {
+      for (; mark < step.phases.size() && step.phases[mark].first_event <= static_cast<int64_t>(i);
+           ++mark) {
+        for (int p = 0; p < kNumStepPhases; ++p) {
+          if (step.phases[mark].name == StepPhaseName(static_cast<StepPhase>(p))) {
+            line.phase_start[p] = static_cast<int64_t>(line.live.size());
+          }
+        }
+      }
+      if (step.events[i].bytes != 0) {
+        line.live.push_back(step.resident_bytes + step.events[i].live);
+      }
+    }
+    panels.push_back({v.variant.Name(), v.timeline.get(), std::move(line)});
+  }
+  return TimelineSvg(
+      absl::StrCat("memledger verify: one training step, predicted (areas) and measured "
+                   "(line), torch ",
+                   kTorchRelease),
+      panels);
+}
 
 rapidjson::Document VerifyJson(const VerifyReport& r) {
   const runtime::Measurement& m = r.measurement;

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+
 #include "rapidjson/document.h"
 #include "verify/verify.h"
 
@@ -16,6 +18,12 @@ namespace memledger {
 // defines it) with measured values, plus `predicted` (the exact estimator), `ratio`
 // (measured / predicted per bucket), `max_grad_diff_per_variant`, `passed`, `failures`.
 rapidjson::Document VerifyJson(const VerifyReport& report);
+
+// VerifyTimelineSvg: the predicted step's timeline per variant with the measured live
+// bytes drawn over it (estimator/timeline_svg.h). FailedPrecondition if the report has no
+// predicted timeline (verified without VerifyOptions::timeline) or no measured step;
+// Unimplemented, with the reason, where the step simulation does not model the config.
+absl::StatusOr<std::string> VerifyTimelineSvg(const VerifyReport& report);
 
 // VerifyTable: predicted, measured and ratio per bucket; Korthikanti; gradients; times;
 // the verdict.
