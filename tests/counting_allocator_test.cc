@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace memledger::runtime {
 namespace {
 
@@ -44,6 +47,50 @@ TEST(CountingAllocatorTest, FreesAfterTheScopeAreStillRecorded) {
   ScopedCountingAllocator next;
   kept.reset();             // freed by the first scope's allocator: the ledger drops it
   EXPECT_EQ(next.live_bytes(), -32);  // relative to this scope's start
+}
+
+// The timeline on a tiny graph, by hand: every event with the live bytes after it and
+// the op running, the phases, and where the peak was.
+TEST(CountingAllocatorTest, TimelineOfATinyGraph) {
+  std::vector<AllocationEvent> events;
+  std::vector<PhaseMark> phases;
+  std::vector<std::string> names;
+  PeakPoint peak;
+  {
+    ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
+    counting.MarkPhase("make");
+    at::Tensor a = at::empty({10, 10});   // +400 -> 400, in aten::empty
+    counting.MarkPhase("use");
+    at::Tensor b = at::relu(a);           // +400 -> 800, in aten::relu
+    at::Tensor c = b.sum();               // +4 -> 804 (the peak), in aten::sum
+    a.reset();                            // -400 -> 404, outside every op
+    b.reset();                            // -400 -> 4
+    EXPECT_EQ(counting.live_bytes(), 4);
+    events = counting.events();
+    phases = counting.phases();
+    names = counting.op_names();
+    peak = counting.peak();
+  }
+  auto op = [&](const AllocationEvent& e) { return e.op < 0 ? std::string("-") : names[e.op]; };
+  ASSERT_EQ(events.size(), 5u);
+  const int64_t bytes[] = {400, 400, 4, -400, -400};
+  const int64_t live[] = {400, 800, 804, 404, 4};
+  const char* ops[] = {"aten::empty", "aten::relu", "aten::sum", "-", "-"};
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].bytes, bytes[i]) << i;
+    EXPECT_EQ(events[i].live, live[i]) << i;
+    EXPECT_EQ(op(events[i]), ops[i]) << i;
+  }
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[0].name, "make");
+  EXPECT_EQ(phases[0].first_event, 0);
+  EXPECT_EQ(phases[1].name, "use");
+  EXPECT_EQ(phases[1].first_event, 1);
+  EXPECT_EQ(phases[1].live, 400);
+  EXPECT_EQ(peak.bytes, 804);
+  EXPECT_EQ(peak.event, 2);
+  EXPECT_EQ(peak.phase, "use");
+  EXPECT_EQ(peak.op, "aten::sum");
 }
 
 }  // namespace

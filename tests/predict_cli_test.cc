@@ -143,4 +143,25 @@ TEST(PredictCliTest, JsonOutWritesTheSameJson) {
   EXPECT_NE(bad.output.find("/nonexistent-dir/p.json"), std::string::npos) << bad.output;
 }
 
+TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/timeline.svg";
+  CommandResult r = Predict("--variants=none,full --timeline_svg=" + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"peak_bytes\""), std::string::npos) << r.output;
+  std::ifstream file(path);
+  std::stringstream contents;
+  contents << file.rdbuf();
+  EXPECT_EQ(contents.str().rfind("<svg ", 0), 0u);
+  EXPECT_NE(contents.str().find(">full</text>"), std::string::npos);
+  // Math attention's step is not simulated yet: exit 3 with the reason, no file.
+  const std::string math = std::string(getenv("TEST_TMPDIR")) + "/math.svg";
+  CommandResult unmodelled = Predict("--attention=math --timeline_svg=" + math);
+  EXPECT_EQ(unmodelled.exit_code, 3) << unmodelled.output;
+  EXPECT_NE(unmodelled.output.find("--timeline_svg"), std::string::npos) << unmodelled.output;
+  EXPECT_FALSE(std::ifstream(math).good());
+  CommandResult threads = Predict("--cpu_threads=0");
+  EXPECT_EQ(threads.exit_code, 2) << threads.output;
+  EXPECT_NE(threads.output.find("--cpu_threads"), std::string::npos) << threads.output;
+}
+
 }  // namespace

@@ -196,6 +196,31 @@ TEST(MeasureTest, LibTorchErrorBecomesAStatus) {
   EXPECT_NE(m.status().message().find("LibTorch"), absl::string_view::npos) << m.status();
 }
 
+// The whole step of one tiny block (width 8, 2 heads, batch 1, seq 4; SGD without
+// momentum), measured by the counting allocator: the peak that liveness_test derives by
+// hand, 3616 resident bytes (parameters 3488, input 128) + 4104, in qkv's backward.
+TEST(MeasureTest, TinyBlockStepPeakByHand) {
+  const ModelConfig tiny{/*layers=*/1, /*width=*/8, /*heads=*/2, /*batch=*/1, /*seq=*/4};
+  RunOptions options = NoTiming();
+  options.optimizer.kind = OptimizerKind::kSgd;
+  absl::StatusOr<Measurement> m =
+      Measure(tiny, AttentionMode::kFlash, {MakeVariant(VariantKind::kNone)}, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const StepMemory& step = m->variants[0].step;
+  EXPECT_EQ(step.resident_bytes, 3616);
+  EXPECT_EQ(step.peak_bytes, 3616 + 4104);
+  EXPECT_EQ(step.peak.phase, "backward");
+  EXPECT_EQ(step.peak.op, "autograd::engine::evaluate_function: AddmmBackward0");
+  // The phases, in order, and the step's own bytes back to gradients (3488) + loss (4).
+  ASSERT_EQ(step.phases.size(), 3u);
+  EXPECT_EQ(step.phases[0].name, "forward");
+  EXPECT_EQ(step.phases[1].name, "backward");
+  EXPECT_EQ(step.phases[2].name, "optimizer");
+  EXPECT_EQ(step.phases[1].live, 2148);  // held after the forward, loss included
+  ASSERT_FALSE(step.events.empty());
+  EXPECT_EQ(step.events.back().live, 3488 + 4);
+}
+
 TEST(MeasureTest, BadInputIsInvalidArgument) {
   ModelConfig bad = SmallConfig();
   bad.width = 15;  // not divisible by 2 heads
