@@ -18,10 +18,13 @@ class RmsNormImpl : public torch::nn::Module {
     weight = register_parameter("weight", at::ones({width}));
   }
   at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor x32 = x.to(at::kFloat);  // the upcast; x itself in fp32
+    // One statement per last use (see Last in runtime/model.h).
+    at::Tensor x32 = x.to(at::kFloat);  // the upcast; x itself in fp32
     at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-    at::Tensor normed = x32 * at::rsqrt(variance + eps_);
-    return weight * normed.to(x.scalar_type());
+    at::Tensor shifted = Last(variance) + eps_;
+    at::Tensor inverse = at::rsqrt(Last(shifted));
+    at::Tensor normed = Last(x32) * Last(inverse);
+    return weight * Last(normed).to(x.scalar_type());
   }
   at::Tensor weight;
 
@@ -30,16 +33,21 @@ class RmsNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RmsNorm);
 
-// RotateHalf is cat(-x[..., d/2:], x[..., :d/2]).
-at::Tensor RotateHalf(const at::Tensor& x) {
+// Rope is transformers' apply_rotary_pos_emb for one of q, k: x * cos +
+// rotate_half(x) * sin, rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]), in the order
+// of the estimator's graph, each intermediate released after its last reader.
+at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  at::Tensor x_cos = Last(x) * cos;
+  at::Tensor rotated_sin = Last(rotated) * sin;
+  return Last(x_cos) + Last(rotated_sin);
 }
 
 // RepeatKv is transformers' repeat_kv: (B, kv, T, dh) -> (B, kv * n_rep, T, dh), a copy.
-at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
   const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), dh = x.size(3);
-  return x.unsqueeze(2).expand({b, kv, n_rep, t, dh}).reshape({b, kv * n_rep, t, dh});
+  return Last(x).unsqueeze(2).expand({b, kv, n_rep, t, dh}).reshape({b, kv * n_rep, t, dh});
 }
 
 class LlamaLayerImpl : public DecoderLayer {
@@ -65,33 +73,33 @@ class LlamaLayerImpl : public DecoderLayer {
 
   at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
                      SelectiveCache* cache) override {
+    // One statement per last use (see Last in runtime/model.h), in the graph's order.
     const int64_t b = x.size(0), t = x.size(1);
+    auto heads = [&](const at::Tensor& projected, int64_t n) {
+      return projected.view({b, t, n, head_dim_}).transpose(1, 2);
+    };
     at::Tensor h = input_layernorm->forward(x);
-    at::Tensor q = LinearOp(*q_proj, h, cache).view({b, t, heads_, head_dim_}).transpose(1, 2);
-    at::Tensor k =
-        LinearOp(*k_proj, h, cache).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    at::Tensor v =
-        LinearOp(*v_proj, h, cache).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    h.reset();  // released at its last use, as in Python
+    at::Tensor q = heads(LinearOp(*q_proj, h, cache), heads_);
+    at::Tensor k = heads(LinearOp(*k_proj, h, cache), kv_heads_);
+    at::Tensor v = heads(LinearOp(*v_proj, Last(h), cache), kv_heads_);
     const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
-    q = q * cos + RotateHalf(q) * sin;
-    k = k * cos + RotateHalf(k) * sin;
+    q = Rope(Last(q), cos, sin);
+    k = Rope(Last(k), cos, sin);
     if (kv_heads_ < heads_) {
-      k = RepeatKv(k, heads_ / kv_heads_);
-      v = RepeatKv(v, heads_ / kv_heads_);
+      k = RepeatKv(Last(k), heads_ / kv_heads_);
+      v = RepeatKv(Last(v), heads_ / kv_heads_);
     }
-    at::Tensor a = AttentionOp(mode, q, k, v, cache);
-    q.reset();
-    k.reset();
-    v.reset();
-    a = a.transpose(1, 2).contiguous().reshape({b, t, -1});
-    at::Tensor x1 = x + LinearOp(*o_proj, a, cache);
-    a.reset();
+    at::Tensor a = AttentionOp(mode, Last(q), Last(k), Last(v), cache);
+    at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
+    at::Tensor projected = LinearOp(*o_proj, Last(merged), cache);
+    at::Tensor x1 = x + Last(projected);
     at::Tensor h2 = post_attention_layernorm->forward(x1);
-    at::Tensor m =
-        SiluOp(LinearOp(*gate_proj, h2, cache), cache) * LinearOp(*up_proj, h2, cache);
-    h2.reset();
-    return x1 + LinearOp(*down_proj, m, cache);
+    at::Tensor gate = LinearOp(*gate_proj, h2, cache);
+    at::Tensor up = LinearOp(*up_proj, Last(h2), cache);
+    at::Tensor act = SiluOp(Last(gate), cache);
+    at::Tensor product = Last(act) * Last(up);
+    at::Tensor down = LinearOp(*down_proj, Last(product), cache);
+    return Last(x1) + Last(down);
   }
 
   RmsNorm input_layernorm{nullptr};
@@ -134,7 +142,8 @@ class LlamaModel : public ModelImpl {
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
     const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
-    return CausalLmLoss(at::linear(norm.ptr()->forward(hidden), weight), input_ids);
+    at::Tensor logits = at::linear(norm.ptr()->forward(hidden), weight);
+    return CausalLmLoss(Last(logits), input_ids);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -175,19 +184,20 @@ class Gpt2LayerImpl : public DecoderLayer {
 
   at::Tensor forward(const at::Tensor& x, const LayerExtras& /*extras*/, AttentionMode mode,
                      SelectiveCache* cache) override {
+    // One statement per last use (see Last in runtime/model.h), in the graph's order.
     const int64_t b = x.size(0), t = x.size(1);
     at::Tensor qkv = Conv1DOp(c_attn.weight, c_attn.bias, LayerNormOp(*ln_1, x, cache), cache);
-    std::vector<at::Tensor> parts = qkv.split(width_, 2);
-    qkv.reset();
+    std::vector<at::Tensor> parts = Last(qkv).split(width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
     at::Tensor a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
     parts.clear();
-    a = a.transpose(1, 2).contiguous().reshape({b, t, width_});
-    at::Tensor x1 = x + Conv1DOp(attn_c_proj.weight, attn_c_proj.bias, a, cache);
-    a.reset();
-    at::Tensor m = GeluOp(Conv1DOp(c_fc.weight, c_fc.bias, LayerNormOp(*ln_2, x1, cache), cache),
-                          "tanh", cache);
-    return x1 + Conv1DOp(mlp_c_proj.weight, mlp_c_proj.bias, m, cache);
+    at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, width_});
+    at::Tensor projected = Conv1DOp(attn_c_proj.weight, attn_c_proj.bias, Last(merged), cache);
+    at::Tensor x1 = x + Last(projected);
+    at::Tensor fc = Conv1DOp(c_fc.weight, c_fc.bias, LayerNormOp(*ln_2, x1, cache), cache);
+    at::Tensor m = GeluOp(Last(fc), "tanh", cache);
+    at::Tensor out = Conv1DOp(mlp_c_proj.weight, mlp_c_proj.bias, Last(m), cache);
+    return Last(x1) + Last(out);
   }
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -215,7 +225,8 @@ class Gpt2Model : public ModelImpl {
   }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
-    return CausalLmLoss(at::linear(ln_f.ptr()->forward(hidden), wte->weight), input_ids);
+    at::Tensor logits = at::linear(ln_f.ptr()->forward(hidden), wte->weight);
+    return CausalLmLoss(Last(logits), input_ids);
   }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -96,12 +96,13 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
 
 at::Tensor StudyLoss(const at::Tensor& output) { return output.pow(2).mean(); }
 
-at::Tensor CausalLmLoss(const at::Tensor& logits, const at::Tensor& input_ids) {
+at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids) {
   const int64_t vocab = logits.size(-1);
-  // transformers upcasts before the loss: logits.float() (a no-op in fp32).
-  const at::Tensor logits32 = logits.to(at::kFloat);
+  // transformers upcasts before the loss: logits.float() (a no-op in fp32); the
+  // lower-precision logits die with it.
+  at::Tensor logits32 = Last(logits).to(at::kFloat);
   at::Tensor labels = at::constant_pad_nd(input_ids, {0, 1}, -100).slice(1, 1).contiguous();
-  return at::cross_entropy_loss(logits32.view({-1, vocab}), labels.view(-1));
+  return at::cross_entropy_loss(Last(logits32).view({-1, vocab}), Last(labels).view(-1));
 }
 
 int64_t ExpectedParameterCount(const ModelConfig& config) {

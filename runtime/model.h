@@ -127,7 +127,7 @@ at::Tensor StudyLoss(const at::Tensor& output);
 // CausalLmLoss is the decoder families' loss: labels = pad(input_ids, (0, 1),
 // value=-100)[..., 1:].contiguous(); cross_entropy(logits.float().view(-1, V),
 // labels.view(-1)).
-at::Tensor CausalLmLoss(const at::Tensor& logits, const at::Tensor& input_ids);
+at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids);
 
 // ExpectedParameterCount is layers * (12 d^2 + 13 d), the study's.
 int64_t ExpectedParameterCount(const ModelConfig& config);
