@@ -24,6 +24,9 @@ struct Handle {
   int storage = -1;
   Layout layout;
   DType dtype = DType::kFloat32;
+  // is_view: made by a view op in the backward, so its base tensor is alive with it and
+  // the storage has two users (the engine never accumulates into it in place).
+  bool is_view = false;
   bool defined() const { return storage >= 0; }
 };
 
@@ -87,8 +90,10 @@ Layout Transposed(const Layout& layout, int d0, int d1) {
 // Where is what runs, cheap to set at every op; it becomes text ("layer 3 fc2
 // (AddmmBackward0)") only for recorded events and the peak.
 struct Where {
-  enum class Activity : uint8_t { kOp, kCheckpointNode, kLossBackward, kOptimizerStep };
+  enum class Activity : uint8_t {
+    kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables };
   static constexpr int32_t kHead = -1;
+  static constexpr int32_t kPrologue = -2;
   const BlockGraph* graph = nullptr;
   int32_t segment = 0;  // layer index, or kHead
   int32_t op = -1;
@@ -102,13 +107,16 @@ struct Where {
 };
 
 std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
-  const std::string segment =
-      where.segment == Where::kHead ? "head" : absl::StrCat("layer ", where.segment);
+  const std::string segment = where.segment == Where::kHead       ? "head"
+                              : where.segment == Where::kPrologue ? "embedding"
+                                                                  : absl::StrCat("layer ", where.segment);
   switch (where.activity) {
     case Where::Activity::kCheckpointNode:
       return absl::StrCat(segment, " (CheckpointFunction)");
     case Where::Activity::kLossBackward:
       return "loss.backward()";
+    case Where::Activity::kTables:
+      return absl::StrCat(segment, " model-level tensors (RoPE tables, position ids)");
     case Where::Activity::kOptimizerStep:
       return absl::StrCat(OptimizerName(optimizer.kind), ".step()");
     case Where::Activity::kOp:
@@ -270,6 +278,10 @@ struct SegmentPlan {
   std::vector<int> last_use;            // per storage: the last op reading it, -1: none
   int input_storage = -1;
   int output_storage = -1;
+  // same_as: for the output of an op that returns its input itself (.to() of the same
+  // dtype, contiguous() of a contiguous tensor), that input; -1 otherwise. Such an op
+  // makes no backward node: gradients go straight to the input.
+  std::vector<int> same_as;
 };
 
 absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
@@ -297,6 +309,14 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
       plan->last_use[s] = static_cast<int>(op);
     }
   }
+  plan->same_as.assign(graph.tensors.size(), -1);
+  for (const OpDef& op : graph.ops) {
+    const bool identity =
+        (op.type == OpType::kToDtype &&
+         graph.tensors[op.inputs[0]].dtype == graph.tensors[op.outputs[0]].dtype) ||
+        (op.type == OpType::kContiguous && tensors[op.inputs[0]].layout.IsContiguous());
+    if (identity) plan->same_as[op.outputs[0]] = op.inputs[0];
+  }
   if (graph.input >= 0) plan->input_storage = tensors[graph.input].storage;
   plan->output_storage = tensors[graph.output].storage;
   return plan;
@@ -313,8 +333,8 @@ FlashSplits FlashSplitsFor(int64_t t) {
   return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
 }
 
-// ParameterKey names a parameter's .grad: its segment instance and tensor. (A tied
-// weight would be its owner's; the families are not simulated yet.)
+// ParameterKey names a parameter's .grad: its segment instance and tensor (a tied
+// weight's is its owner's, the prologue's).
 using ParameterKey = std::pair<int32_t, int>;
 
 // Grads are the engine's input buffers of one segment's backward, by tensor.
@@ -380,8 +400,10 @@ class Simulation {
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
-  absl::Status CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
+  absl::Status CheckpointBackward(Instance& inst, int saved_input,
+                                  const std::vector<int>& extras, Handle incoming,
                                   Buffers& outer);
+  void RopeTables(std::vector<int>* extras);
   void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
              bool capture_parameters);
   void Accumulate(Buffers& buffers, int tensor, Handle grad);
@@ -391,7 +413,18 @@ class Simulation {
   // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
   static constexpr int kLayerInputKey = -1;
 
-  static ParameterKey KeyOf(const Instance& inst, int tensor) { return {inst.segment, tensor}; }
+  ParameterKey KeyOf(const Instance& inst, int tensor) const {
+    const TensorDef& def = inst.plan->graph->tensors[tensor];
+    if (def.is_tied && prologue_graph_ != nullptr) {
+      // The LM head's tied weight is the embedding's: one .grad.
+      for (size_t t = 0; t < prologue_graph_->tensors.size(); ++t) {
+        if (prologue_graph_->tensors[t].name == def.name) {
+          return {Where::kPrologue, static_cast<int>(t)};
+        }
+      }
+    }
+    return {inst.segment, tensor};
+  }
 
   Handle NewGrad(const Layout& layout, DType dtype) {
     Handle h;
@@ -401,6 +434,16 @@ class Simulation {
                               MemoryCategory::kTemporary);
     return h;
   }
+  // NewGradLike is an elementwise backward's result: TensorIterator lays it out like its
+  // gradient input when that is dense and of the same sizes (a transposed gradient gives
+  // a transposed result), else contiguous.
+  Handle NewGradLike(const Handle& like, const Layout& layout, DType dtype) {
+    Handle h = NewGrad(layout, dtype);
+    if (SameSizes(like.layout, layout) && NonOverlappingAndDense(like.layout)) {
+      h.layout = like.layout;
+    }
+    return h;
+  }
   Handle Alias(const Handle& h) {
     memory_.Ref(h.storage);
     return h;
@@ -408,6 +451,7 @@ class Simulation {
   Handle ViewOf(const Handle& h, const Layout& layout) {
     Handle view = Alias(h);
     view.layout = layout;
+    view.is_view = true;
     return view;
   }
   // Reshape is ATen's reshape of a gradient: a view when the strides allow, else a copy.
@@ -436,6 +480,9 @@ class Simulation {
   Memory memory_;
   // Parameters' .grad storages by name (a tied weight has one .grad).
   std::map<ParameterKey, int> grads_;
+  // Model-level tensors (TensorDef::is_global) by name: Memory ids.
+  std::map<std::string, int> globals_;
+  const BlockGraph* prologue_graph_ = nullptr;
   std::vector<ParameterKey> parameter_order_;
 };
 
@@ -459,6 +506,14 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
           MemoryCategory::kTemporary);
       memory_.Unref(buf);
       memory_.Unref(reduced);
+      return absl::OkStatus();
+    }
+    case OpType::kMeanDim: {
+      // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then 4 B).
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
       return absl::OkStatus();
     }
     case OpType::kMean: {
@@ -485,7 +540,19 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   const bool grad_mode = pass == Pass::kGraph || pass == Pass::kReplay;
   inst.ids.assign(storages.size(), -1);
   for (size_t s = 0; s < storages.size(); ++s) {
-    if (storages[s].is_global) return Unimplemented("model-level tensors (RoPE, token ids)");
+    if (!storages[s].is_global) continue;
+    // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
+    const std::string& name = graph.tensors[storages[s].owner].name;
+    auto global = globals_.find(name);
+    if (global == globals_.end()) {
+      return absl::InternalError(absl::StrCat("step simulation: no model-level ", name));
+    }
+    inst.ids[s] = global->second;
+    if (grad_mode) {
+      for (int keeper : storages[s].kept_by) {
+        if (keeper >= 0) memory_.Keep(global->second);
+      }
+    }
   }
   if (input != nullptr && plan.input_storage >= 0) {
     inst.ids[plan.input_storage] = input->storage;
@@ -499,6 +566,13 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     const OpDef& op = graph.ops[i];
     memory_.SetOp(At(inst, static_cast<int>(i), nullptr));
     const bool replayed = pass == Pass::kReplay && FromCache(op);
+    // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
+    // the op's dtype (4 B in fp32), freed after the op.
+    std::vector<int> prelude;
+    if (op.type == OpType::kAddScalar && !replayed) {
+      prelude.push_back(memory_.Alloc(8, MemoryCategory::kTemporary));
+      prelude.push_back(memory_.Alloc(4, MemoryCategory::kTemporary));
+    }
     std::vector<int> made;
     for (int out : op.outputs) {
       const int s = TensorOf(inst, out).storage;
@@ -525,6 +599,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     if (!replayed) {
       if (absl::Status s = ForwardWorkspace(op, inst); !s.ok()) return s;
     }
+    for (auto it = prelude.rbegin(); it != prelude.rend(); ++it) memory_.Unref(*it);
     // Outputs nobody reads die inside the op (SDPA's logsumexp without grad, layer
     // norm's statistics); then, by Python's reference counting, every storage whose last
     // reader this op was (the caller holds the segment's input and output).
@@ -533,7 +608,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     }
     for (int s : plan.reads[i]) {
       if (plan.last_use[s] != static_cast<int>(i) || s == plan.input_storage ||
-          s == plan.output_storage) {
+          s == plan.output_storage || storages[s].is_global) {
         continue;
       }
       memory_.Unref(inst.ids[s]);
@@ -551,11 +626,11 @@ void Simulation::Accumulate(Buffers& buffers, int tensor, Handle grad) {
   Handle& old = it->second;
   // InputBuffer::accumulate: in place when the buffer holds the only reference to a
   // dense tensor (can_accumulate_inplace), else a new sum.
-  if (memory_.refs(old.storage) == 1 && NonOverlappingAndDense(old.layout)) {
+  if (memory_.refs(old.storage) == 1 && !old.is_view && NonOverlappingAndDense(old.layout)) {
     memory_.Unref(grad.storage);
     return;
   }
-  Handle sum = NewGrad(old.layout, old.dtype);
+  Handle sum = NewGradLike(old, old.layout, old.dtype);
   memory_.Unref(old.storage);
   memory_.Unref(grad.storage);
   old = sum;
@@ -583,6 +658,7 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
 
 void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
                        bool capture_parameters) {
+  while (inst.plan->same_as[tensor] >= 0) tensor = inst.plan->same_as[tensor];
   const TensorDef& def = inst.plan->graph->tensors[tensor];
   if (def.is_parameter && !capture_parameters) {
     AccumulateGrad(KeyOf(inst, tensor), TensorOf(inst, tensor).layout, grad);
@@ -602,6 +678,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   const OpSemantics& semantics =
       (options_.rules != nullptr ? *options_.rules : RuleTable::Pinned()).Of(op.type);
   if (!TensorOf(inst, op.outputs[0]).requires_grad) return absl::OkStatus();  // no node
+  if (plan.same_as[op.outputs[0]] >= 0) return absl::OkStatus();  // returned its input
   auto found = buffers.find(op.outputs[0]);
   if (found == buffers.end()) return absl::OkStatus();  // no gradient reached it
   const Handle grad = found->second;
@@ -660,11 +737,94 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     }
     case OpType::kMm:
-      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      // MmBackward0 computes mat2's gradient (the weight's, laid out like it) first.
       if (needs(1)) {
         grads[1] = NewGrad(layout_of(1), grad.dtype);
         if (!layout_of(1).IsContiguous()) grads[1].layout = layout_of(1);
       }
+      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kMulTensor: {
+      // mul_tensor_backward: self's grad * other, then other's grad * self, each in the
+      // broadcast shape; validate_outputs reduces a broadcast input's.
+      if (needs(0)) grads[0] = NewGradLike(grad, grad.layout, grad.dtype);
+      if (needs(1)) grads[1] = NewGradLike(grad, grad.layout, grad.dtype);
+      break;
+    }
+    case OpType::kAddScalar:
+    case OpType::kContiguous:
+      grads[0] = Alias(grad);  // grad itself (clone's backward too)
+      break;
+    case OpType::kToDtype:
+      // .to() of the same dtype is the tensor itself; else the gradient is cast back.
+      grads[0] = dtype_of(0) == grad.dtype ? Alias(grad) : NewGrad(layout_of(0), dtype_of(0));
+      break;
+    case OpType::kRsqrt: {
+      // -0.5 * grad * result.pow(3): result.pow(3), the wrapped -0.5, a product, then the
+      // gradient; the two temporaries die after it.
+      const int64_t bytes = NumelOf(layout_of(0)) * ElementSizeBytes(grad.dtype);
+      const int cubed = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      memory_.Unref(cubed);
+      memory_.Unref(scaled);
+      break;
+    }
+    case OpType::kMeanDim: {
+      // mean_backward: grad.expand(sizes) / count, the wrapped count (8 B, then 4 B).
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
+      break;
+    }
+    case OpType::kSilu:
+    case OpType::kNeg:
+    case OpType::kLogSoftmax:
+      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
+      break;
+    case OpType::kSlice:
+      // slice_backward: zeros of the input's sizes, the gradient copied into a slice.
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kCat: {
+      // cat_tensors_backward: each input's gradient is a narrow view of grad.
+      const int dim = layout_of(0).ndim - 1;
+      for (int i = 0; i < 2; ++i) {
+        Layout part = grad.layout;
+        part.sizes[dim] = layout_of(i).sizes[dim];
+        if (needs(i)) grads[i] = ViewOf(grad, part);
+      }
+      break;
+    }
+    case OpType::kUnsqueeze: {
+      Layout squeezed;
+      squeezed.ndim = grad.layout.ndim - 1;
+      for (int i = 0, j = 0; i < grad.layout.ndim; ++i) {
+        if (i == op.attributes.dim) continue;
+        squeezed.sizes[j] = grad.layout.sizes[i];
+        squeezed.strides[j++] = grad.layout.strides[i];
+      }
+      grads[0] = ViewOf(grad, squeezed);
+      break;
+    }
+    case OpType::kExpand:
+      // at::sum_to(grad, self.sizes()): a reduction when a dimension was broadcast.
+      grads[0] = SameSizes(grad.layout, layout_of(0)) ? Alias(grad)
+                                                       : NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kNllLoss:
+      // nll_loss_backward: zeros of the log-probabilities' sizes, scattered.
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kEmbedding:
+      // embedding_dense_backward: the whole weight's gradient.
+      grads[0] = NewGrad(layout_of(0), dtype_of(0));
       break;
     case OpType::kNativeLayerNorm: {
       // native_layer_norm_backward: dX, dgamma, dbeta, then the CPU kernel's
@@ -680,7 +840,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     }
     case OpType::kGelu:
-      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       break;
     case OpType::kPow: {
       // pow_backward(grad, self, 2) = grad * (2 * self.pow(1)): self.pow(1) (a copy),
@@ -791,7 +951,8 @@ absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture
 // the layer with grad on a detached input, then torch::autograd::grad over it with the
 // incoming gradient, capturing the input's and the parameters' gradients, which the node
 // returns to the outer engine.
-absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
+absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input,
+                                            const std::vector<int>& extras, Handle incoming,
                                             Buffers& outer) {
   const SegmentPlan& plan = *inst.plan;
   const BlockGraph& graph = *plan.graph;
@@ -825,6 +986,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   // the captured gradients are routed (the input's, then every parameter's).
   memory_.Unref(incoming.storage);
   memory_.Release(saved_input);
+  for (int extra : extras) memory_.Release(extra);
   auto input_grad = inner.find(graph.input);
   if (input_grad != inner.end()) {
     Accumulate(outer, kLayerInputKey, input_grad->second);
@@ -847,6 +1009,22 @@ bool Modelled(OpType type) {
     case OpType::kGelu:
     case OpType::kMean:
     case OpType::kMm:
+    case OpType::kMulTensor:
+    case OpType::kAddScalar:
+    case OpType::kContiguous:
+    case OpType::kToDtype:
+    case OpType::kRsqrt:
+    case OpType::kMeanDim:
+    case OpType::kSilu:
+    case OpType::kNeg:
+    case OpType::kLogSoftmax:
+    case OpType::kSlice:
+    case OpType::kCat:
+    case OpType::kUnsqueeze:
+    case OpType::kExpand:
+    case OpType::kNllLoss:
+    case OpType::kEmbedding:
+    case OpType::kConstantPad:
     case OpType::kNativeLayerNorm:
     case OpType::kPermute:
     case OpType::kPow:
@@ -864,10 +1042,9 @@ bool Modelled(OpType type) {
 
 absl::Status Simulation::Run(const ModelGraphs& graphs) {
   // What the simulation does not model yet, found before any work.
-  if (graphs.prologue.has_value()) {
-    return Unimplemented("the decoder families (embedding, RoPE, cross-entropy)");
-  }
-  for (const BlockGraph* graph : {&graphs.layer, &graphs.epilogue}) {
+  for (const BlockGraph* graph : {graphs.prologue ? &*graphs.prologue : nullptr,
+                                  &graphs.layer, &graphs.epilogue}) {
+    if (graph == nullptr) continue;
     for (const OpDef& op : graph->ops) {
       if (!Modelled(op.type)) {
         return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
@@ -879,8 +1056,19 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   }
   if (optimizer_.master_weights) return Unimplemented("master weights in the optimizer step");
   const RuleTable* rules = options_.rules;
+  const bool families = graphs.prologue.has_value();
+  std::unique_ptr<SegmentPlan> prologue;
+  if (families) {
+    absl::StatusOr<std::unique_ptr<SegmentPlan>> plan =
+        MakePlan(*graphs.prologue, config_, /*input_requires_grad=*/false, rules);
+    if (!plan.ok()) return plan.status();
+    prologue = *std::move(plan);
+    prologue_graph_ = &*graphs.prologue;
+  }
+  // The study's first layer reads the model input, which needs no gradient; the
+  // families' first layer reads the embeddings.
   absl::StatusOr<std::unique_ptr<SegmentPlan>> first =
-      MakePlan(graphs.layer, config_, /*input_requires_grad=*/false, rules);
+      MakePlan(graphs.layer, config_, /*input_requires_grad=*/families, rules);
   if (!first.ok()) return first.status();
   absl::StatusOr<std::unique_ptr<SegmentPlan>> rest =
       MakePlan(graphs.layer, config_, /*input_requires_grad=*/true, rules);
@@ -889,21 +1077,51 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
       MakePlan(graphs.epilogue, config_, /*input_requires_grad=*/true, rules);
   if (!head.ok()) return head.status();
 
-  // The model input: resident, held by the caller for the whole step.
+  // The model input (the study's hidden states, the families' token ids): resident, held
+  // by the caller for the whole step.
   const BlockGraph& layer = graphs.layer;
-  Handle input;
-  input.layout = (*first)->walk.tensor_layouts[layer.input].layout;
-  input.dtype = layer.tensors[layer.input].dtype;
-  const int64_t input_bytes = (*first)->walk.storage_list[(*first)->input_storage].bytes;
+  const SegmentPlan& input_plan = families ? *prologue : **first;
+  int input_storage = input_plan.input_storage;
+  for (size_t s = 0; families && s < prologue->walk.storage_list.size(); ++s) {
+    const WalkedStorage& storage = prologue->walk.storage_list[s];
+    if (storage.is_global && graphs.prologue->tensors[storage.owner].name == "input_ids") {
+      input_storage = static_cast<int>(s);
+    }
+  }
+  const int64_t input_bytes = input_plan.walk.storage_list[input_storage].bytes;
   out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes;
   memory_.Begin();
-  input.storage = memory_.Adopt(input_bytes, MemoryCategory::kInput);
+  const int input_id = memory_.Adopt(input_bytes, MemoryCategory::kInput);
+  Handle x;
+  x.storage = input_id;
+  if (families) {
+    globals_["input_ids"] = input_id;
+  } else {
+    x.layout = (*first)->walk.tensor_layouts[layer.input].layout;
+    x.dtype = layer.tensors[layer.input].dtype;
+  }
+
+  memory_.SetPhase(StepPhase::kForward);
+  Instance prologue_inst;
+  std::vector<int> extras;  // the layers' model-level tensors the caller holds
+  if (families) {
+    prologue_inst.plan = prologue.get();
+    prologue_inst.segment = Where::kPrologue;
+    // GPT-2's position ids, arange(T)[None] (int64), live in the prologue's scope.
+    int positions = -1;
+    if (config_.family == Family::kGpt2) {
+      memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+      positions = memory_.Alloc(config_.seq * 8, MemoryCategory::kTemporary);
+      globals_["position_ids"] = positions;
+    }
+    if (absl::Status s = Forward(prologue_inst, nullptr, Pass::kGraph, &x); !s.ok()) return s;
+    if (config_.family == Family::kLlama) RopeTables(&extras);
+    if (positions >= 0) memory_.Unref(positions);
+  }
 
   const int64_t layers = config_.layers;
   std::vector<Instance> instances(layers);
   std::vector<int> checkpoint_inputs(layers, -1);
-  memory_.SetPhase(StepPhase::kForward);
-  Handle x = input;
   for (int64_t i = 0; i < layers; ++i) {
     Instance& inst = instances[i];
     inst.plan = i == 0 ? first->get() : rest->get();
@@ -911,16 +1129,17 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     Handle y;
     if (variant_.IsCheckpointed(i)) {
       // The checkpointed layer runs without a graph (filling the selective cache); its
-      // node keeps the input.
+      // node keeps its tensor inputs: x and the model-level tensors it reads.
       const Pass pass =
           variant_.kind == VariantKind::kSelective ? Pass::kRecord : Pass::kNoGraph;
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
+      for (int extra : extras) memory_.Keep(extra);
       checkpoint_inputs[i] = x.storage;
     } else if (absl::Status s = Forward(inst, &x, Pass::kGraph, &y); !s.ok()) {
       return s;
     }
-    if (x.storage != input.storage) memory_.Unref(x.storage);  // x = layer(x)
+    if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
     x = y;
   }
   Instance head_inst;
@@ -928,7 +1147,9 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   head_inst.segment = Where::kHead;
   Handle loss;
   if (absl::Status s = Forward(head_inst, &x, Pass::kGraph, &loss); !s.ok()) return s;
-  if (x.storage != input.storage) memory_.Unref(x.storage);  // the forward returns
+  // The forward returns: its last hidden states, then the layers' extras, die.
+  if (x.storage != input_id) memory_.Unref(x.storage);
+  for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
 
   // loss.backward(): the graph root holds ones_like(loss).
   memory_.SetPhase(StepPhase::kBackward);
@@ -949,7 +1170,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     Buffers layer_buffers;
     if (checkpoint_inputs[i] >= 0) {
       inst.plan = i == 0 ? first->get() : rest->get();
-      if (absl::Status s = CheckpointBackward(inst, checkpoint_inputs[i], incoming,
+      if (absl::Status s = CheckpointBackward(inst, checkpoint_inputs[i], extras, incoming,
                                               layer_buffers);
           !s.ok()) {
         return s;
@@ -965,22 +1186,71 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
       }
     }
   }
+  if (families && grad.has_value()) {
+    Buffers prologue_buffers;
+    prologue_buffers.emplace(graphs.prologue->output, *grad);
+    grad.reset();
+    if (absl::Status s = Backward(prologue_inst, prologue_buffers, false); !s.ok()) return s;
+  }
   if (grad.has_value()) memory_.Unref(grad->storage);  // the model input's: not kept
   memory_.Unref(seed.storage);  // the graph task ends
 
   // The optimizer visits model.parameters(): each segment's, in the graph's order (the
   // modules' registration order).
-  for (size_t i = 0; i < instances.size() + 1; ++i) {
-    const Instance& inst = i < instances.size() ? instances[i] : head_inst;
-    const BlockGraph& graph = *inst.plan->graph;
-    for (const TensorDef& def : graph.tensors) {
-      if (def.is_parameter && !def.is_tied) {
-        parameter_order_.push_back(KeyOf(inst, static_cast<int>(&def - graph.tensors.data())));
+  std::vector<const Instance*> order;
+  if (families) order.push_back(&prologue_inst);
+  for (const Instance& inst : instances) order.push_back(&inst);
+  order.push_back(&head_inst);
+  for (const Instance* inst : order) {
+    const BlockGraph& graph = *inst->plan->graph;
+    for (size_t t = 0; t < graph.tensors.size(); ++t) {
+      if (graph.tensors[t].is_parameter && !graph.tensors[t].is_tied) {
+        parameter_order_.push_back(KeyOf(*inst, static_cast<int>(t)));
       }
     }
   }
   memory_.SetPhase(StepPhase::kOptimizer);
   return OptimizerStep();
+}
+
+// RopeTables is transformers' LlamaRotaryEmbedding as the runtime computes it once per
+// forward, without grad: inv_freq = 1 / 10000^(arange(0, d_head, 2) / d_head) (the
+// division and pow each wrap a scalar), freqs = outer(arange(T), inv_freq), emb =
+// cat(freqs, freqs), cos = emb.cos(), sin = emb.sin() (the (1, T, d_head) tables every
+// layer reads); the temporaries die when the prologue returns.
+void Simulation::RopeTables(std::vector<int>* extras) {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
+  auto scalar = [&] {
+    const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+    const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+    memory_.Unref(converted);
+    memory_.Unref(wrapped);
+  };
+  const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
+  const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+  const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+  const int scaled = memory_.Alloc(half, MemoryCategory::kTemporary);
+  memory_.Unref(converted);
+  memory_.Unref(wrapped);
+  const int powered = memory_.Alloc(half, MemoryCategory::kTemporary);
+  scalar();
+  const int inv_freq = memory_.Alloc(half, MemoryCategory::kTemporary);
+  memory_.Unref(exponents);
+  memory_.Unref(scaled);
+  memory_.Unref(powered);
+  const int positions = memory_.Alloc(t * 4, MemoryCategory::kTemporary);
+  const int freqs = memory_.Alloc(t * half, MemoryCategory::kTemporary);
+  memory_.Unref(positions);
+  const int emb = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
+  const int cos = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
+  const int sin = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
+  memory_.Unref(emb);
+  memory_.Unref(freqs);
+  memory_.Unref(inv_freq);
+  globals_["rope.cos"] = cos;
+  globals_["rope.sin"] = sin;
+  *extras = {cos, sin};
 }
 
 // OptimizerStep is the C++ frontend's optimizer.step() (torch/csrc/api/src/optim), one

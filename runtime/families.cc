@@ -38,7 +38,10 @@ TORCH_MODULE(RmsNorm);
 // of the estimator's graph, each intermediate released after its last reader.
 at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
-  at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  // rotate_half's order: x1 = x[..., :half], x2 = x[..., half:], cat(-x2, x1).
+  at::Tensor x1 = x.slice(-1, 0, half);
+  at::Tensor x2 = x.slice(-1, half);
+  at::Tensor rotated = at::cat({-Last(x2), Last(x1)}, -1);
   at::Tensor x_cos = Last(x) * cos;
   at::Tensor rotated_sin = Last(rotated) * sin;
   return Last(x_cos) + Last(rotated_sin);

@@ -102,7 +102,10 @@ at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids) {
   // lower-precision logits die with it.
   at::Tensor logits32 = Last(logits).to(at::kFloat);
   at::Tensor labels = at::constant_pad_nd(input_ids, {0, 1}, -100).slice(1, 1).contiguous();
-  return at::cross_entropy_loss(Last(logits32).view({-1, vocab}), Last(labels).view(-1));
+  // cross_entropy's two ops, so that the fp32 logits die right after log_softmax.
+  at::Tensor log_probs = at::log_softmax(Last(logits32).view({-1, vocab}), 1);
+  return at::nll_loss_nd(Last(log_probs), Last(labels).view(-1), {}, at::Reduction::Mean,
+                         -100);
 }
 
 int64_t ExpectedParameterCount(const ModelConfig& config) {
