@@ -87,6 +87,7 @@ class GraphBuilder {
     }
     op.attributes = std::move(attributes);
     op.policy_kind = policy_kind;
+    op.composite = composite_;
     graph_.ops.push_back(std::move(op));
     return graph_.ops.back().outputs;
   }
@@ -132,6 +133,7 @@ class GraphBuilder {
   // .add_(bias) instead, whose fold reshapes (copies) x the same way and whose mm keeps
   // the same two tensors, so one description serves both.
   int Linear(const std::string& name, int x, SymDim in, SymDim out) {
+    Composite call(this);
     int weight = Lower(name + ".weight", Param(name + ".weight", {out, in}));
     int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
     x = Lower(name + ".input", x);
@@ -148,6 +150,7 @@ class GraphBuilder {
   }
 
   int MatmulFolded(const std::string& name, int x, int weight, SymDim in, SymDim out) {
+    Composite call(this);
     weight = Lower(name + ".weight", weight);
     x = Lower(name + ".input", x);
     int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {.shape = {kB * kT, in}});
@@ -158,6 +161,7 @@ class GraphBuilder {
 
   // Conv1D is GPT-2's linear: addmm(bias, x.view(-1, in), weight) with weight (in, out).
   int Conv1D(const std::string& name, int x, SymDim in, SymDim out) {
+    Composite call(this);
     int weight = Lower(name + ".weight", Param(name + ".weight", {in, out}));
     int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
     int flat = Lower(name + ".input",
@@ -172,6 +176,7 @@ class GraphBuilder {
   // to (B, H, n, p).
   int BatchedMatmul(const std::string& name, int a, std::vector<SymDim> a_shape, int b,
                     std::vector<SymDim> b_shape) {
+    Composite call(this);
     a = Lower(name + ".self", a);
     b = Lower(name + ".mat2", b);
     int a3 = Op1(OpType::kReshape, name + ".reshape_self",
@@ -265,9 +270,23 @@ class GraphBuilder {
     return static_cast<int>(graph_.tensors.size()) - 1;
   }
 
+  // Composite marks the ops appended while it lives as one composite call.
+  class Composite {
+   public:
+    explicit Composite(GraphBuilder* g) : g_(g) { g_->composite_ = g_->next_composite_++; }
+    ~Composite() { g_->composite_ = -1; }
+    Composite(const Composite&) = delete;
+    Composite& operator=(const Composite&) = delete;
+
+   private:
+    GraphBuilder* g_;
+  };
+
   DType dtype_;
   DType amp_;
   BlockGraph graph_;
+  int composite_ = -1;
+  int next_composite_ = 0;
 };
 
 // The study's Block.forward, op by op (see runtime/ for the same model in LibTorch).

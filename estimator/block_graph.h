@@ -56,6 +56,10 @@ struct OpDef {
   OpAttributes attributes;
   // policy_kind says which selective-checkpointing op kind this op belongs to.
   std::optional<OpKind> policy_kind;
+  // composite: the ops of one composite ATen call (matmul, linear) share an id, -1 for
+  // none. The call's arguments are held until it returns, so a storage it reads lives
+  // at least until the last of its ops.
+  int composite = -1;
 };
 
 // BlockGraph is one segment of the model: a decoder layer (hidden states (B, T, d) in,

@@ -309,6 +309,34 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
       plan->last_use[s] = static_cast<int>(op);
     }
   }
+  // A composite call (matmul, linear) holds its arguments until its last op: a storage
+  // read inside one lives to the call's end.
+  std::vector<int> composite_end;
+  for (size_t op = 0; op < graph.ops.size(); ++op) {
+    const int c = graph.ops[op].composite;
+    if (c < 0) continue;
+    if (composite_end.size() <= static_cast<size_t>(c)) composite_end.resize(c + 1, -1);
+    composite_end[c] = static_cast<int>(op);
+  }
+  for (size_t s = 0; s < plan->last_use.size(); ++s) {
+    const int last = plan->last_use[s];
+    if (last < 0 || graph.ops[last].composite < 0) continue;
+    const int end = composite_end[graph.ops[last].composite];
+    // Only an argument of the call: a storage made inside it dies at its last reader.
+    const int owner_op = [&] {
+      for (size_t op = 0; op < graph.ops.size(); ++op) {
+        for (int out : graph.ops[op].outputs) {
+          if (out == plan->walk.storage_list[s].owner) return static_cast<int>(op);
+        }
+      }
+      return -1;
+    }();
+    if (owner_op >= 0 && graph.ops[owner_op].composite == graph.ops[last].composite) continue;
+    if (end > last) {
+      plan->last_use[s] = end;
+      plan->reads[end].push_back(static_cast<int>(s));
+    }
+  }
   plan->same_as.assign(graph.tensors.size(), -1);
   for (const OpDef& op : graph.ops) {
     const bool identity =
@@ -517,11 +545,11 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       return absl::OkStatus();
     }
     case OpType::kMean: {
-      // mean of everything: sum, then a division by the element count, a wrapped
-      // double scalar (8 B) converted to the tensor's dtype (4 B in fp32).
-      int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      memory_.Unref(wrapped);
-      wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      // mean of everything: sum (with more than one thread, through an 8-byte partial
+      // result), then a division by the element count, a wrapped double scalar (8 B)
+      // converted to the tensor's dtype (4 B in fp32).
+      if (options_.cpu_threads > 1) memory_.Transient(8);
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
       const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
       memory_.Unref(converted);
       memory_.Unref(wrapped);
@@ -569,9 +597,14 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
     std::vector<int> prelude;
-    if (op.type == OpType::kAddScalar && !replayed) {
+    if ((op.type == OpType::kAddScalar || op.type == OpType::kMulScalar) && !replayed) {
       prelude.push_back(memory_.Alloc(8, MemoryCategory::kTemporary));
       prelude.push_back(memory_.Alloc(4, MemoryCategory::kTemporary));
+    }
+    // The causal mask is ones(T, T).triu(1): the ones die after triu.
+    if (op.type == OpType::kCausalMask) {
+      const Layout& mask = TensorOf(inst, op.outputs[0]).layout;
+      prelude.push_back(memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary));
     }
     std::vector<int> made;
     for (int out : op.outputs) {
@@ -818,6 +851,24 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       grads[0] = SameSizes(grad.layout, layout_of(0)) ? Alias(grad)
                                                        : NewGrad(layout_of(0), grad.dtype);
       break;
+    case OpType::kBmm:
+      // BmmBackward0: mat2's gradient self^T.bmm(grad) first, then self's.
+      if (needs(1)) grads[1] = NewGrad(layout_of(1), grad.dtype);
+      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kMulScalar: {
+      // grad * scalar: the wrapped scalar (8 B, then 4 B) around the product.
+      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
+      memory_.Unref(converted);
+      memory_.Unref(wrapped);
+      break;
+    }
+    case OpType::kMaskedFill:
+    case OpType::kSoftmax:
+      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
+      break;
     case OpType::kNllLoss:
       // nll_loss_backward: zeros of the log-probabilities' sizes, scattered.
       grads[0] = NewGrad(layout_of(0), grad.dtype);
@@ -1025,6 +1076,11 @@ bool Modelled(OpType type) {
     case OpType::kNllLoss:
     case OpType::kEmbedding:
     case OpType::kConstantPad:
+    case OpType::kBmm:
+    case OpType::kMulScalar:
+    case OpType::kMaskedFill:
+    case OpType::kSoftmax:
+    case OpType::kCausalMask:
     case OpType::kNativeLayerNorm:
     case OpType::kPermute:
     case OpType::kPow:

@@ -7,6 +7,8 @@
 #include <limits>
 #include <tuple>
 
+#include "runtime/last_use.h"
+
 namespace memledger::runtime {
 namespace {
 
@@ -52,13 +54,14 @@ at::Tensor FlashAttentionFromCache(const at::Tensor& q, const at::Tensor& k,
 }
 
 at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  // One statement per last use (see Last in runtime/model.h).
   const int64_t seq = q.size(2);
-  at::Tensor s = at::matmul(q, k.transpose(-2, -1));
-  s = s.mul(1.0 / std::sqrt(static_cast<double>(q.size(-1))));  // mul.Scalar
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  at::Tensor scaled = Last(scores).mul(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   at::Tensor mask = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);
-  s = s.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  at::Tensor p = at::softmax(s, -1);
-  return at::matmul(p, v);
+  at::Tensor masked = Last(scaled).masked_fill(Last(mask), -std::numeric_limits<float>::infinity());
+  at::Tensor p = at::softmax(Last(masked), -1);
+  return at::matmul(Last(p), v);
 }
 
 at::Tensor Attention(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,

@@ -24,22 +24,13 @@
 
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "estimator/config.h"
+#include "runtime/last_use.h"
 #include "runtime/selective_ops.h"
 
 namespace memledger::runtime {
-
-// Last hands over `t` for its last use and leaves it undefined: the argument becomes a
-// temporary that dies at the end of the caller's full expression. The model code
-// releases every intermediate right after its last reader, as Python's reference
-// counting does in the equivalent PyTorch module (DESIGN.md, "Peak memory"); a named
-// C++ local would otherwise keep its storage alive until the end of its scope.
-//   at::Tensor a = Attention(...);
-//   at::Tensor projected = proj(Last(a).transpose(1, 2));  // a's storage may die here
-inline at::Tensor Last(at::Tensor& t) { return std::move(t); }
 
 // LayerExtras are model-level tensors every decoder layer reads besides its hidden
 // states: Llama's RoPE tables cos and sin, (1, T, d_head), made once per forward with no

@@ -117,25 +117,16 @@ TEST(SimulateStepTest, CheckpointingLowersThePeak) {
 
 TEST(SimulateStepTest, WhatIsNotModelledYetIsUnimplementedWithTheReason) {
   ModelConfig config;
-  absl::StatusOr<StepTimeline> math = SimulateStep(config, AttentionMode::kMath, Variant(),
-                                                   OptimizerSpec(), ResidentBytes{}, {});
-  EXPECT_EQ(math.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(math.status().message().find("the backward of bmm"), std::string::npos)
-      << math.status();  // math attention's first unmodelled op
-
   config.dtype = DType::kBFloat16;
-  EXPECT_EQ(SimulateStep(config, AttentionMode::kFlash, Variant(), OptimizerSpec(),
-                         ResidentBytes{}, {})
-                .status()
-                .code(),
-            absl::StatusCode::kUnimplemented);
+  absl::StatusOr<StepTimeline> bf16 = SimulateStep(config, AttentionMode::kFlash, Variant(),
+                                                   OptimizerSpec(), ResidentBytes{}, {});
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(bf16.status().message().find("bf16"), std::string::npos) << bf16.status();
 
   // Predict reports it per variant instead of failing.
-  PredictOptions options;
-  options.attention = AttentionMode::kMath;
-  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(ModelConfig(), options));
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));
   EXPECT_FALSE(p.variants[0].peak.has_value());
-  EXPECT_NE(p.variants[0].peak_unavailable.find("bmm"), std::string::npos);
+  EXPECT_NE(p.variants[0].peak_unavailable.find("bf16"), std::string::npos);
 }
 
 TEST(SimulateStepTest, BadInputIsInvalidArgument) {
