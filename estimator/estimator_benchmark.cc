@@ -1,9 +1,9 @@
 // Cost of a full prediction (the four default variants). The buckets alone
 // (BM_PredictBuckets): under 20 us for the study's block, every variant of llama-3-70b
 // (embedding to loss) under 50 us, independent of batch, seq, width and layers. With
-// the whole step's peak (the default; estimator/liveness.h replays the step op by op):
-// independent of batch, seq and width, linear in layers (compare BM_Predict/layers:6
-// with BM_Predict/layers:600 in the same run).
+// the whole step's peak (the default; estimator/liveness.h replays the step op by op on
+// a model of at most 2k + 3 layers and composes the rest): independent of batch, seq,
+// width and layers (compare BM_Predict/layers:6 with BM_Predict/layers:600).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>

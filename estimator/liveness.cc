@@ -128,6 +128,19 @@ std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
   return text;
 }
 
+// SegmentSummary is one stretch of the step (a layer's forward, a layer's backward, ...):
+// its net bytes by category and its own highest point, relative to where it started.
+// Identical layers have identical stretches, so a long model's peak can be composed from
+// a short model's stretches (ComposePeak).
+struct SegmentSummary {
+  std::array<int64_t, kNumMemoryCategories> net{};
+  bool has_rise = false;  // some moment of it rose above its start
+  int64_t rise = 0;       // the highest total minus the start's
+  std::array<int64_t, kNumMemoryCategories> at_rise{};  // live minus the start's, then
+  StepPhase phase = StepPhase::kForward;
+  Where where;
+};
+
 // Memory is the ledger: storages with reference counts, live bytes by category, the
 // events and the peak.
 class Memory {
@@ -149,6 +162,17 @@ class Memory {
 
   // SetOp says what runs now.
   void SetOp(const Where& where) { where_ = where; }
+
+  // BeginSegment and EndSegment bracket a stretch of the step and summarize it.
+  void BeginSegment() {
+    segment_ = SegmentSummary();
+    segment_start_ = live_;
+    segment_start_total_ = total_;
+  }
+  SegmentSummary EndSegment() {
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment_.net[c] = live_[c] - segment_start_[c];
+    return segment_;
+  }
 
   // PeakText names what ran at the peak.
   std::string PeakText() const {
@@ -202,6 +226,9 @@ class Memory {
   // Peek: would `bytes` more (of `category`) now be a new peak? Records it if so. For
   // transients whose events nobody records (the optimizer's per-parameter temporaries).
   void Peek(int64_t bytes, MemoryCategory category) {
+    std::array<int64_t, kNumMemoryCategories> live = live_;
+    live[static_cast<int>(category)] += bytes;
+    NoteRise(live, total_ + bytes);
     if (total_ + bytes <= out_->peak.bytes) return;
     out_->peak.bytes = total_ + bytes;
     out_->peak.phase = phase_;
@@ -253,6 +280,17 @@ class Memory {
       out_->peak.event = event_count_ - 1;
       peak_where_ = where_;
     }
+    NoteRise(live_, total_);
+  }
+
+  void NoteRise(const std::array<int64_t, kNumMemoryCategories>& live, int64_t total) {
+    const int64_t rise = total - segment_start_total_;
+    if (segment_.has_rise && rise <= segment_.rise) return;
+    segment_.has_rise = true;
+    segment_.rise = rise;
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment_.at_rise[c] = live[c] - segment_start_[c];
+    segment_.phase = phase_;
+    segment_.where = where_;
   }
 
  private:
@@ -267,6 +305,9 @@ class Memory {
   std::optional<Where> labelled_;    // the last label recorded
   std::optional<Where> peak_where_;
   int64_t event_count_ = 0;
+  SegmentSummary segment_;
+  std::array<int64_t, kNumMemoryCategories> segment_start_{};
+  int64_t segment_start_total_ = 0;
 };
 
 // SegmentPlan is one segment graph walked for one config, with what the replay needs:
@@ -376,6 +417,18 @@ class Simulation {
         options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
 
   absl::Status Run(const ModelGraphs& graphs);
+  // The step's stretches, for ComposePeak.
+  struct Segments {
+    SegmentSummary prologue;               // model-level tensors, embeddings
+    std::vector<SegmentSummary> forward;   // per layer: its forward and x = layer(x)
+    SegmentSummary head_forward;           // the head and the forward's return
+    SegmentSummary head_backward;          // the seed and the head's backward
+    std::vector<SegmentSummary> backward;  // per layer
+    SegmentSummary tail;                   // the embeddings' backward, the graph's end
+    SegmentSummary optimizer;
+  };
+  const Segments& segments() const { return segments_; }
+  std::string Text(const Where& where) const { return WhereText(where, optimizer_); }
   // NamePeak fills StepPeak::op from the label current at the peak.
   void NamePeak() { out_->peak.op = memory_.PeakText(); }
 
@@ -511,6 +564,7 @@ class Simulation {
   // Model-level tensors (TensorDef::is_global) by name: Memory ids.
   std::map<std::string, int> globals_;
   const BlockGraph* prologue_graph_ = nullptr;
+  Segments segments_;
   std::vector<ParameterKey> parameter_order_;
 };
 
@@ -1158,6 +1212,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   }
 
   memory_.SetPhase(StepPhase::kForward);
+  memory_.BeginSegment();
   Instance prologue_inst;
   std::vector<int> extras;  // the layers' model-level tensors the caller holds
   if (families) {
@@ -1174,11 +1229,13 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     if (config_.family == Family::kLlama) RopeTables(&extras);
     if (positions >= 0) memory_.Unref(positions);
   }
+  segments_.prologue = memory_.EndSegment();
 
   const int64_t layers = config_.layers;
   std::vector<Instance> instances(layers);
   std::vector<int> checkpoint_inputs(layers, -1);
   for (int64_t i = 0; i < layers; ++i) {
+    memory_.BeginSegment();
     Instance& inst = instances[i];
     inst.plan = i == 0 ? first->get() : rest->get();
     inst.segment = static_cast<int32_t>(i);
@@ -1197,7 +1254,9 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     }
     if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
     x = y;
+    segments_.forward.push_back(memory_.EndSegment());
   }
+  memory_.BeginSegment();
   Instance head_inst;
   head_inst.plan = head->get();
   head_inst.segment = Where::kHead;
@@ -1206,8 +1265,10 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   // The forward returns: its last hidden states, then the layers' extras, die.
   if (x.storage != input_id) memory_.Unref(x.storage);
   for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
+  segments_.head_forward = memory_.EndSegment();
 
   // loss.backward(): the graph root holds ones_like(loss).
+  memory_.BeginSegment();
   memory_.SetPhase(StepPhase::kBackward);
   memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
   Handle seed;
@@ -1219,7 +1280,10 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   if (absl::Status s = Backward(head_inst, buffers, false); !s.ok()) return s;
   std::optional<Handle> grad;
   if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
+  segments_.head_backward = memory_.EndSegment();
+  segments_.backward.resize(layers);
   for (int64_t i = layers - 1; i >= 0 && grad.has_value(); --i) {
+    memory_.BeginSegment();
     Instance& inst = instances[i];
     const Handle incoming = *grad;
     grad.reset();
@@ -1241,7 +1305,9 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
         grad = it->second;
       }
     }
+    segments_.backward[i] = memory_.EndSegment();
   }
+  memory_.BeginSegment();
   if (families && grad.has_value()) {
     Buffers prologue_buffers;
     prologue_buffers.emplace(graphs.prologue->output, *grad);
@@ -1250,6 +1316,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   }
   if (grad.has_value()) memory_.Unref(grad->storage);  // the model input's: not kept
   memory_.Unref(seed.storage);  // the graph task ends
+  segments_.tail = memory_.EndSegment();
 
   // The optimizer visits model.parameters(): each segment's, in the graph's order (the
   // modules' registration order).
@@ -1266,7 +1333,10 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     }
   }
   memory_.SetPhase(StepPhase::kOptimizer);
-  return OptimizerStep();
+  memory_.BeginSegment();
+  absl::Status status = OptimizerStep();
+  segments_.optimizer = memory_.EndSegment();
+  return status;
 }
 
 // RopeTables is transformers' LlamaRotaryEmbedding as the runtime computes it once per
@@ -1361,6 +1431,68 @@ absl::Status Simulation::OptimizerStep() {
   return absl::OkStatus();
 }
 
+// Composing a long model's peak from a short one's stretches. A layer's forward and
+// backward stretches depend on its own kind (plain or checkpointed) and its neighbours'
+// (every_k repeats them with period k), and on whether it is the first or the last: a
+// model of 2k + 3 layers (congruent to the real count mod k) has a stretch equal to each
+// real layer's (verified against the whole simulation by liveness_test).
+int64_t PeriodOf(const Variant& variant) {
+  return variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
+}
+
+int64_t ReducedLayers(int64_t layers, const Variant& variant) {
+  const int64_t k = PeriodOf(variant);
+  int64_t reduced = 2 * k + 3;
+  while (reduced % k != layers % k) ++reduced;
+  return std::min(reduced, layers);
+}
+
+// Representative is the short model's layer whose stretches equal real layer i's.
+int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
+  if (i == 0) return 0;
+  if (i == layers - 1) return reduced - 1;
+  return k + 1 + ((i - k - 1) % k + k) % k;  // in [k + 1, 2k], congruent to i mod k
+}
+
+// ComposePeak walks the real model's stretches in step order, each the short model's
+// representative one, and keeps the first highest moment.
+StepPeak ComposePeak(const Simulation& simulation, const StepTimeline& short_timeline,
+                     int64_t layers, int64_t reduced, int64_t k) {
+  const auto& segments = simulation.segments();
+  std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
+  int64_t total = short_timeline.resident_bytes;
+  StepPeak peak;
+  peak.bytes = total;
+  peak.by_category = live;
+  std::optional<Where> where;
+  auto visit = [&](const SegmentSummary& s, int64_t real_layer) {
+    if (s.has_rise && total + s.rise > peak.bytes) {
+      peak.bytes = total + s.rise;
+      peak.phase = s.phase;
+      for (int c = 0; c < kNumMemoryCategories; ++c) peak.by_category[c] = live[c] + s.at_rise[c];
+      where = s.where;
+      if (real_layer >= 0 && where->segment >= 0) where->segment = static_cast<int32_t>(real_layer);
+    }
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      live[c] += s.net[c];
+      total += s.net[c];
+    }
+  };
+  visit(segments.prologue, -1);
+  for (int64_t i = 0; i < layers; ++i) {
+    visit(segments.forward[Representative(i, layers, reduced, k)], i);
+  }
+  visit(segments.head_forward, -1);
+  visit(segments.head_backward, -1);
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    visit(segments.backward[Representative(i, layers, reduced, k)], i);
+  }
+  visit(segments.tail, -1);
+  visit(segments.optimizer, -1);
+  peak.op = where.has_value() ? simulation.Text(*where) : "";
+  return peak;
+}
+
 }  // namespace
 
 absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,
@@ -1378,6 +1510,17 @@ absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMo
   timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
       resident.optimizer_state_bytes;
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  // Without events, a long model's peak is composed from a short one's stretches: the
+  // cost stops growing with layers.
+  const int64_t reduced = ReducedLayers(config.layers, variant);
+  if (!options.record_events && reduced < config.layers) {
+    ModelConfig short_config = config;
+    short_config.layers = reduced;
+    Simulation simulation(short_config, attention, variant, optimizer, options, &timeline);
+    if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
+    timeline.peak = ComposePeak(simulation, timeline, config.layers, reduced, PeriodOf(variant));
+    return timeline;
+  }
   Simulation simulation(config, attention, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
   simulation.NamePeak();

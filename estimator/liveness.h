@@ -6,6 +6,9 @@
 // gradients accumulated into the engine's input buffers and stolen into .grad, checkpointed
 // layers recomputed inside their node) and the optimizer step with its temporaries.
 // Parameters, optimizer state and the model input exist before the step ("resident").
+// Without recorded events, a long model is replayed as a short one (at most 2k + 3
+// layers for every_k, 5 otherwise) whose stretches (each layer's forward, each layer's
+// backward, ...) compose the long one's peak: the cost does not grow with layers.
 //
 // The engine semantics and each kernel's allocations are those of the pinned release
 // (kTorchRelease): the runtime's counting allocator measures the same step, and verify

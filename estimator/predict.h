@@ -11,7 +11,9 @@
 //
 // Predict is thread-safe; the only state it keeps between calls is the graphs it built,
 // one per model shape (ModelGraphsFor). Its cost does not depend on batch, seq or width,
-// and not on layers either (identical layers are counted, not walked one by one).
+// and not on layers either (identical layers are counted, not walked one by one; the
+// step's peak is replayed on a few layers and composed). The buckets take microseconds,
+// the peak (PredictOptions::peak) about 0.1-0.2 ms per variant.
 #ifndef ESTIMATOR_PREDICT_H_
 #define ESTIMATOR_PREDICT_H_
 

@@ -10,7 +10,9 @@
 
 #include "absl/status/status.h"
 #include "estimator/config.h"
+#include "estimator/model_presets.h"
 #include "estimator/predict.h"
+#include "absl/strings/str_cat.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {
@@ -103,6 +105,50 @@ TEST(SimulateStepTest, EventsReplayToThePeakForEveryVariant) {
     EXPECT_EQ(by_category[static_cast<int>(MemoryCategory::kGradient)], p.grad_bytes);
     EXPECT_EQ(by_category[static_cast<int>(MemoryCategory::kActivation)], 0) << variant.Name();
   }
+}
+
+// Without events a long model's peak is composed from a short model's stretches; it is
+// the whole simulation's, byte for byte, category by category, and at the same op.
+TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
+  ModelConfig study{/*layers=*/1, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<Variant> variants,
+      ParseVariants("none,full,every_k,selective", /*every=*/2, "matmul"));
+  for (int64_t every : {3, 5}) {
+    Variant v;
+    v.kind = VariantKind::kEveryK;
+    v.every = every;
+    variants.push_back(v);
+  }
+  int compared = 0;
+  for (ModelConfig config : {study, llama, gpt2}) {
+    for (AttentionMode attention : {AttentionMode::kFlash, AttentionMode::kMath}) {
+      for (int64_t layers : {6, 7, 12, 14, 19}) {
+        config.layers = layers;
+        for (const Variant& variant : variants) {
+          StepOptions whole, composed;
+          composed.record_events = false;
+          ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(config, attention, variant,
+                                                            OptimizerSpec(), ResidentBytes{},
+                                                            whole));
+          ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(config, attention, variant,
+                                                            OptimizerSpec(), ResidentBytes{},
+                                                            composed));
+          const std::string what = absl::StrCat(FamilyName(config.family), " ",
+                                                AttentionModeName(attention), " L", layers,
+                                                " ", variant.Name());
+          EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
+          EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
+          EXPECT_EQ(a.peak.phase, b.peak.phase) << what;
+          EXPECT_EQ(a.peak.op, b.peak.op) << what;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 2 * 5 * 6);
 }
 
 // Checkpointing lowers the peak on the default config: full < every_2 < none.
