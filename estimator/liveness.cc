@@ -239,6 +239,25 @@ class Memory {
   }
   bool recording() const { return record_; }
 
+  // A Scalar operand of an ATen op is wrapped as an 8-byte double tensor and converted to
+  // the op's dtype (4 B in fp32); both live until the op is done (Drop).
+  struct Wrapped {
+    int wrapped = -1;
+    int converted = -1;
+  };
+  Wrapped WrapScalar() {
+    Wrapped w;
+    w.wrapped = Alloc(8, MemoryCategory::kTemporary);
+    w.converted = Alloc(4, MemoryCategory::kTemporary);
+    return w;
+  }
+  void Drop(const Wrapped& w) {
+    Unref(w.converted);
+    Unref(w.wrapped);
+  }
+  // ScalarOp is an in-place op with a Scalar operand: its wrapping comes and goes.
+  void ScalarOp() { Drop(WrapScalar()); }
+
   // Transient allocates and frees a workspace around nothing else.
   void Transient(int64_t bytes) { Unref(Alloc(bytes, MemoryCategory::kTemporary)); }
 
@@ -515,6 +534,21 @@ class Simulation {
                               MemoryCategory::kTemporary);
     return h;
   }
+  // ScaledPowerGrad is grad * (c * x.pow(e)) as pow's and rsqrt's backward formulas run:
+  // the power (a copy even for e = 1), the wrapped scalar c, their product, then the
+  // gradient; the two temporaries die after it.
+  Handle ScaledPowerGrad(const Layout& layout, DType dtype) {
+    const int64_t bytes = NumelOf(layout) * ElementSizeBytes(dtype);
+    const int power = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+    const Memory::Wrapped scalar = memory_.WrapScalar();
+    const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+    memory_.Drop(scalar);
+    Handle grad = NewGrad(layout, dtype);
+    memory_.Unref(power);
+    memory_.Unref(scaled);
+    return grad;
+  }
+
   // NewGradLike is an elementwise backward's result: TensorIterator lays it out like its
   // gradient input when that is dense and of the same sizes (a transposed gradient gives
   // a transposed result), else contiguous.
@@ -592,10 +626,7 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
     }
     case OpType::kMeanDim: {
       // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then 4 B).
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
+      memory_.ScalarOp();
       return absl::OkStatus();
     }
     case OpType::kMean: {
@@ -603,10 +634,7 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       // result), then a division by the element count, a wrapped double scalar (8 B)
       // converted to the tensor's dtype (4 B in fp32).
       if (options_.cpu_threads > 1) memory_.Transient(8);
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
+      memory_.ScalarOp();
       return absl::OkStatus();
     }
     default:
@@ -652,8 +680,8 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // the op's dtype (4 B in fp32), freed after the op.
     std::vector<int> prelude;
     if ((op.type == OpType::kAddScalar || op.type == OpType::kMulScalar) && !replayed) {
-      prelude.push_back(memory_.Alloc(8, MemoryCategory::kTemporary));
-      prelude.push_back(memory_.Alloc(4, MemoryCategory::kTemporary));
+      const Memory::Wrapped scalar = memory_.WrapScalar();
+      prelude = {scalar.wrapped, scalar.converted};
     }
     // The causal mask is ones(T, T).triu(1): the ones die after triu.
     if (op.type == OpType::kCausalMask) {
@@ -846,30 +874,19 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       // .to() of the same dtype is the tensor itself; else the gradient is cast back.
       grads[0] = dtype_of(0) == grad.dtype ? Alias(grad) : NewGrad(layout_of(0), dtype_of(0));
       break;
-    case OpType::kRsqrt: {
-      // -0.5 * grad * result.pow(3): result.pow(3), the wrapped -0.5, a product, then the
-      // gradient; the two temporaries die after it.
-      const int64_t bytes = NumelOf(layout_of(0)) * ElementSizeBytes(grad.dtype);
-      const int cubed = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-      const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
-      grads[0] = NewGrad(layout_of(0), grad.dtype);
-      memory_.Unref(cubed);
-      memory_.Unref(scaled);
+    case OpType::kPow:    // pow_backward(grad, self, 2) = grad * (2 * self.pow(1))
+    case OpType::kRsqrt:  // -0.5 * grad * result.pow(3)
+      grads[0] = ScaledPowerGrad(layout_of(0), grad.dtype);
       break;
-    }
+    case OpType::kMean:
     case OpType::kMeanDim: {
-      // mean_backward: grad.expand(sizes) / count, the wrapped count (8 B, then 4 B).
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      // grad.expand(self's sizes) / count, the wrapped count (8 B, then 4 B).
+      const Memory::Wrapped scalar = memory_.WrapScalar();
       grads[0] = NewGrad(layout_of(0), grad.dtype);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
+      memory_.Drop(scalar);
       break;
     }
+    case OpType::kGelu:
     case OpType::kSilu:
     case OpType::kNeg:
     case OpType::kLogSoftmax:
@@ -912,11 +929,9 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     case OpType::kMulScalar: {
       // grad * scalar: the wrapped scalar (8 B, then 4 B) around the product.
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+      const Memory::Wrapped scalar = memory_.WrapScalar();
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
+      memory_.Drop(scalar);
       break;
     }
     case OpType::kMaskedFill:
@@ -942,34 +957,6 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (needs(1) || needs(2)) {
         memory_.Transient(options_.cpu_threads * 2 * n * ElementSizeBytes(dtype_of(0)));
       }
-      break;
-    }
-    case OpType::kGelu:
-      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
-      break;
-    case OpType::kPow: {
-      // pow_backward(grad, self, 2) = grad * (2 * self.pow(1)): self.pow(1) (a copy),
-      // the wrapped scalar 2 (8 B double, then 4 B), their product, the result.
-      const Layout& self = layout_of(0);
-      const int64_t bytes = NumelOf(self) * ElementSizeBytes(dtype_of(0));
-      const int powered = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-      const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
-      grads[0] = NewGrad(self, grad.dtype);
-      memory_.Unref(powered);
-      memory_.Unref(scaled);
-      break;
-    }
-    case OpType::kMean: {
-      // grad.expand(self.sizes()) / numel: the wrapped divisor (8 B, then 4 B).
-      const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-      grads[0] = NewGrad(layout_of(0), grad.dtype);
-      memory_.Unref(converted);
-      memory_.Unref(wrapped);
       break;
     }
     case OpType::kFlashAttention: {
@@ -1347,20 +1334,12 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
 void Simulation::RopeTables(std::vector<int>* extras) {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
-  auto scalar = [&] {
-    const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-    const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-    memory_.Unref(converted);
-    memory_.Unref(wrapped);
-  };
   const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
-  const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-  const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+  const Memory::Wrapped scalar = memory_.WrapScalar();
   const int scaled = memory_.Alloc(half, MemoryCategory::kTemporary);
-  memory_.Unref(converted);
-  memory_.Unref(wrapped);
+  memory_.Drop(scalar);
   const int powered = memory_.Alloc(half, MemoryCategory::kTemporary);
-  scalar();
+  memory_.ScalarOp();
   const int inv_freq = memory_.Alloc(half, MemoryCategory::kTemporary);
   memory_.Unref(exponents);
   memory_.Unref(scaled);
@@ -1384,12 +1363,6 @@ void Simulation::RopeTables(std::vector<int>* extras) {
 // tensors and converted to the parameter's dtype (4 B in fp32) for the call.
 absl::Status Simulation::OptimizerStep() {
   memory_.SetOp(Special(Where::kHead, Where::Activity::kOptimizerStep));
-  auto scalar_op = [&] {
-    const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-    const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
-    memory_.Unref(converted);
-    memory_.Unref(wrapped);
-  };
   for (const ParameterKey& parameter : parameter_order_) {
     const int64_t bytes = memory_.bytes(grads_.at(parameter));
     switch (optimizer_.kind) {
@@ -1403,16 +1376,14 @@ absl::Status Simulation::OptimizerStep() {
           memory_.Peek(2 * bytes + 12, MemoryCategory::kTemporary);
           break;
         }
-        if (optimizer_.kind == OptimizerKind::kAdamW) scalar_op();
-        scalar_op();
-        scalar_op();
+        if (optimizer_.kind == OptimizerKind::kAdamW) memory_.ScalarOp();
+        memory_.ScalarOp();
+        memory_.ScalarOp();
         const int root = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-        const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
-        const int converted = memory_.Alloc(4, MemoryCategory::kTemporary);
+        const Memory::Wrapped scalar = memory_.WrapScalar();
         const int denom = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-        memory_.Unref(converted);
-        memory_.Unref(wrapped);
-        scalar_op();
+        memory_.Drop(scalar);
+        memory_.ScalarOp();
         memory_.Unref(root);
         memory_.Unref(denom);
         break;
@@ -1421,7 +1392,7 @@ absl::Status Simulation::OptimizerStep() {
         // buf.mul_(momentum).add_(g, 1 - dampening); p.add_(buf, -lr).
         if (optimizer_.momentum == 0) break;
         if (memory_.recording()) {
-          scalar_op();
+          memory_.ScalarOp();
         } else {
           memory_.Peek(12, MemoryCategory::kTemporary);
         }
