@@ -430,9 +430,10 @@ using Buffers = std::map<int, Handle>;
 
 class Simulation {
  public:
-  Simulation(const ModelConfig& config, AttentionMode attention, const Variant& variant,
+  // The attention mode is in the graphs Run() gets.
+  Simulation(const ModelConfig& config, const Variant& variant,
              const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
-      : config_(config), attention_(attention), variant_(variant), optimizer_(optimizer),
+      : config_(config), variant_(variant), optimizer_(optimizer),
         options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
 
   absl::Status Run(const ModelGraphs& graphs);
@@ -587,7 +588,6 @@ class Simulation {
   }
 
   const ModelConfig& config_;
-  AttentionMode attention_;
   const Variant& variant_;
   const OptimizerSpec& optimizer_;
   const StepOptions& options_;
@@ -1487,12 +1487,12 @@ absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMo
   if (!options.record_events && reduced < config.layers) {
     ModelConfig short_config = config;
     short_config.layers = reduced;
-    Simulation simulation(short_config, attention, variant, optimizer, options, &timeline);
+    Simulation simulation(short_config, variant, optimizer, options, &timeline);
     if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
     timeline.peak = ComposePeak(simulation, timeline, config.layers, reduced, PeriodOf(variant));
     return timeline;
   }
-  Simulation simulation(config, attention, variant, optimizer, options, &timeline);
+  Simulation simulation(config, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
   simulation.NamePeak();
   return timeline;
