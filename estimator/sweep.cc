@@ -96,7 +96,7 @@ absl::StatusOr<std::string> RunSweep(const RunRequest& request, const SweepGrid&
   std::string out;
   if (format == SweepFormat::kCsv) {
     out = "model,layers,batch,seq,variant,param_bytes,grad_bytes,optimizer_state_bytes,"
-          "saved_bytes,sum_bytes,fits\n";
+          "saved_bytes,sum_bytes,peak_bytes,fits\n";
   }
   std::vector<size_t> index(grid.axes.size(), 0);
   for (int64_t point = 0; point < grid.size(); ++point) {
@@ -129,14 +129,18 @@ absl::StatusOr<std::string> RunSweep(const RunRequest& request, const SweepGrid&
       const CheckedInt64 sum = CheckedInt64(p->param_bytes) + p->grad_bytes +
                                p->optimizer_state_bytes + v.saved_bytes;
       if (sum.overflowed()) return SweepError(absl::StrCat("bytes overflow at ", where));
+      // What must fit is the step's peak where it is simulated; otherwise the sum, which
+      // bounds it from above for everything but workspaces.
+      const int64_t needed = v.peak.has_value() ? v.peak->bytes : sum.value();
       const std::string fits =
-          budget_bytes <= 0 ? "" : (sum.value() <= budget_bytes ? "true" : "false");
+          budget_bytes <= 0 ? "" : (needed <= budget_bytes ? "true" : "false");
+      const std::string peak = v.peak.has_value() ? absl::StrCat(v.peak->bytes) : "";
       const ModelConfig& c = p->config;
       if (format == SweepFormat::kCsv) {
         absl::StrAppend(&out, CsvField(run.model), ",", c.layers, ",", c.batch, ",", c.seq, ",",
                         v.variant.Name(), ",", p->param_bytes, ",", p->grad_bytes, ",",
                         p->optimizer_state_bytes, ",", v.saved_bytes, ",", sum.value(), ",",
-                        fits, "\n");
+                        peak, ",", fits, "\n");
       } else {
         rapidjson::StringBuffer buffer;
         rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
@@ -160,6 +164,12 @@ absl::StatusOr<std::string> RunSweep(const RunRequest& request, const SweepGrid&
               {"sum_bytes", sum.value()}}) {
           w.Key(key);
           w.Int64(value);
+        }
+        w.Key("peak_bytes");
+        if (v.peak.has_value()) {
+          w.Int64(v.peak->bytes);
+        } else {
+          w.Null();
         }
         w.Key("fits");
         if (fits.empty()) {

@@ -38,8 +38,9 @@ enum class SweepFormat { kCsv, kJsonLines };
 
 // RunSweep predicts every point of `grid` (the request with the point's values) and
 // returns the text: one row per point and variant with the parameter, gradient,
-// optimizer-state and saved bytes, their sum, and whether the sum fits `budget_bytes`
-// (<= 0: no budget, fits is empty). A point the request's model cannot take (e.g. seq
+// optimizer-state and saved bytes, their sum, the step's peak (empty where not
+// simulated) and whether the peak (else the sum) fits `budget_bytes` (<= 0: no budget,
+// fits is empty). A point the request's model cannot take (e.g. seq
 // beyond GPT-2's positions) is an error naming the point.
 absl::StatusOr<std::string> RunSweep(const RunRequest& request, const SweepGrid& grid,
                                      int64_t budget_bytes, SweepFormat format);
