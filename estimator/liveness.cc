@@ -338,6 +338,9 @@ struct SegmentPlan {
   std::vector<int> last_use;            // per storage: the last op reading it, -1: none
   int input_storage = -1;
   int output_storage = -1;
+  // releases: per op, the storages its node's release_variables() lets go, in
+  // Functions.h's order (saved inputs by name, then outputs), as the rules keep them.
+  std::vector<std::vector<int>> releases;
   // same_as: for the output of an op that returns its input itself (.to() of the same
   // dtype, contiguous() of a contiguous tensor), that input; -1 otherwise. Such an op
   // makes no backward node: gradients go straight to the input.
@@ -397,6 +400,25 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
       plan->reads[end].push_back(static_cast<int>(s));
     }
   }
+  const RuleTable& table = rules != nullptr ? *rules : RuleTable::Pinned();
+  plan->releases.resize(graph.ops.size());
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const OpDef& op = graph.ops[i];
+    std::vector<const KeepRule*> keeps;
+    for (const KeepRule& rule : table.Of(op.type).keeps) keeps.push_back(&rule);
+    std::sort(keeps.begin(), keeps.end(), [](const KeepRule* a, const KeepRule* b) {
+      return std::make_pair(a->is_output, a->saved_name) <
+             std::make_pair(b->is_output, b->saved_name);
+    });
+    for (const KeepRule* rule : keeps) {
+      if (rule->needs_grad_of_input >= 0 &&
+          !tensors[op.inputs[rule->needs_grad_of_input]].requires_grad) {
+        continue;
+      }
+      const int tensor = rule->is_output ? op.outputs[rule->index] : op.inputs[rule->index];
+      if (tensors[tensor].storage >= 0) plan->releases[i].push_back(tensors[tensor].storage);
+    }
+  }
   plan->same_as.assign(graph.tensors.size(), -1);
   for (const OpDef& op : graph.ops) {
     const bool identity =
@@ -421,6 +443,17 @@ FlashSplits FlashSplitsFor(int64_t t) {
   return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
 }
 
+// ModelPlans are a model's segment plans, made once and shared by every variant's
+// simulation: the prologue (families), the first layer (whose input needs no gradient in
+// the study), the other layers and the head.
+struct ModelPlans {
+  std::shared_ptr<const ModelGraphs> graphs;
+  std::unique_ptr<SegmentPlan> prologue;
+  std::unique_ptr<SegmentPlan> first;
+  std::unique_ptr<SegmentPlan> rest;
+  std::unique_ptr<SegmentPlan> head;
+};
+
 // ParameterKey names a parameter's .grad: its segment instance and tensor (a tied
 // weight's is its owner's, the prologue's).
 using ParameterKey = std::pair<int32_t, int>;
@@ -436,7 +469,7 @@ class Simulation {
       : config_(config), variant_(variant), optimizer_(optimizer),
         options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
 
-  absl::Status Run(const ModelGraphs& graphs);
+  absl::Status Run(const ModelPlans& plans);
   // The step's stretches, for ComposePeak.
   struct Segments {
     SegmentSummary prologue;               // model-level tensors, embeddings
@@ -1012,18 +1045,9 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     grads[i] = reduced;
   }
   memory_.Unref(grad.storage);  // the incoming gradient, unless someone else holds it
-  // release_variables(), in Functions.h's order: saved inputs by name, then outputs.
-  std::vector<const KeepRule*> keeps;
-  for (const KeepRule& rule : semantics.keeps) keeps.push_back(&rule);
-  std::sort(keeps.begin(), keeps.end(), [](const KeepRule* a, const KeepRule* b) {
-    return std::make_pair(a->is_output, a->saved_name) <
-           std::make_pair(b->is_output, b->saved_name);
-  });
-  for (const KeepRule* rule : keeps) {
-    if (rule->needs_grad_of_input >= 0 && !needs(rule->needs_grad_of_input)) continue;
-    const int tensor = rule->is_output ? op.outputs[rule->index] : op.inputs[rule->index];
-    const int s = TensorOf(inst, tensor).storage;
-    if (s >= 0 && inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
+  // release_variables(), in Functions.h's order.
+  for (int s : plan.releases[op_index]) {
+    if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
   }
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
@@ -1137,50 +1161,22 @@ bool Modelled(OpType type) {
   }
 }
 
-absl::Status Simulation::Run(const ModelGraphs& graphs) {
-  // What the simulation does not model yet, found before any work.
-  for (const BlockGraph* graph : {graphs.prologue ? &*graphs.prologue : nullptr,
-                                  &graphs.layer, &graphs.epilogue}) {
-    if (graph == nullptr) continue;
-    for (const OpDef& op : graph->ops) {
-      if (!Modelled(op.type)) {
-        return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
-      }
-    }
-  }
-  if (config_.dtype != DType::kFloat32 || config_.amp != DType::kFloat32) {
-    return Unimplemented("bf16/fp16 models and autocast");
-  }
+absl::Status Simulation::Run(const ModelPlans& plans) {
   if (optimizer_.master_weights) return Unimplemented("master weights in the optimizer step");
-  const RuleTable* rules = options_.rules;
+  const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
-  std::unique_ptr<SegmentPlan> prologue;
-  if (families) {
-    absl::StatusOr<std::unique_ptr<SegmentPlan>> plan =
-        MakePlan(*graphs.prologue, config_, /*input_requires_grad=*/false, rules);
-    if (!plan.ok()) return plan.status();
-    prologue = *std::move(plan);
-    prologue_graph_ = &*graphs.prologue;
-  }
-  // The study's first layer reads the model input, which needs no gradient; the
-  // families' first layer reads the embeddings.
-  absl::StatusOr<std::unique_ptr<SegmentPlan>> first =
-      MakePlan(graphs.layer, config_, /*input_requires_grad=*/families, rules);
-  if (!first.ok()) return first.status();
-  absl::StatusOr<std::unique_ptr<SegmentPlan>> rest =
-      MakePlan(graphs.layer, config_, /*input_requires_grad=*/true, rules);
-  if (!rest.ok()) return rest.status();
-  absl::StatusOr<std::unique_ptr<SegmentPlan>> head =
-      MakePlan(graphs.epilogue, config_, /*input_requires_grad=*/true, rules);
-  if (!head.ok()) return head.status();
+  if (families) prologue_graph_ = &*graphs.prologue;
+  const SegmentPlan* const first = plans.first.get();
+  const SegmentPlan* const rest = plans.rest.get();
+  const SegmentPlan* const head = plans.head.get();
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step.
   const BlockGraph& layer = graphs.layer;
-  const SegmentPlan& input_plan = families ? *prologue : **first;
+  const SegmentPlan& input_plan = families ? *plans.prologue : *first;
   int input_storage = input_plan.input_storage;
-  for (size_t s = 0; families && s < prologue->walk.storage_list.size(); ++s) {
-    const WalkedStorage& storage = prologue->walk.storage_list[s];
+  for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
+    const WalkedStorage& storage = plans.prologue->walk.storage_list[s];
     if (storage.is_global && graphs.prologue->tensors[storage.owner].name == "input_ids") {
       input_storage = static_cast<int>(s);
     }
@@ -1194,7 +1190,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   if (families) {
     globals_["input_ids"] = input_id;
   } else {
-    x.layout = (*first)->walk.tensor_layouts[layer.input].layout;
+    x.layout = first->walk.tensor_layouts[layer.input].layout;
     x.dtype = layer.tensors[layer.input].dtype;
   }
 
@@ -1203,7 +1199,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   Instance prologue_inst;
   std::vector<int> extras;  // the layers' model-level tensors the caller holds
   if (families) {
-    prologue_inst.plan = prologue.get();
+    prologue_inst.plan = plans.prologue.get();
     prologue_inst.segment = Where::kPrologue;
     // GPT-2's position ids, arange(T)[None] (int64), live in the prologue's scope.
     int positions = -1;
@@ -1224,7 +1220,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   for (int64_t i = 0; i < layers; ++i) {
     memory_.BeginSegment();
     Instance& inst = instances[i];
-    inst.plan = i == 0 ? first->get() : rest->get();
+    inst.plan = i == 0 ? first : rest;
     inst.segment = static_cast<int32_t>(i);
     Handle y;
     if (variant_.IsCheckpointed(i)) {
@@ -1245,7 +1241,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
   }
   memory_.BeginSegment();
   Instance head_inst;
-  head_inst.plan = head->get();
+  head_inst.plan = head;
   head_inst.segment = Where::kHead;
   Handle loss;
   if (absl::Status s = Forward(head_inst, &x, Pass::kGraph, &loss); !s.ok()) return s;
@@ -1276,7 +1272,7 @@ absl::Status Simulation::Run(const ModelGraphs& graphs) {
     grad.reset();
     Buffers layer_buffers;
     if (checkpoint_inputs[i] >= 0) {
-      inst.plan = i == 0 ? first->get() : rest->get();
+      inst.plan = i == 0 ? first : rest;
       if (absl::Status s = CheckpointBackward(inst, checkpoint_inputs[i], extras, incoming,
                                               layer_buffers);
           !s.ok()) {
@@ -1466,36 +1462,89 @@ StepPeak ComposePeak(const Simulation& simulation, const StepTimeline& short_tim
 
 }  // namespace
 
+absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
+                                                    AttentionMode attention,
+                                                    const StepOptions& options) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (options.cpu_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
+  }
+  auto plans = std::make_shared<ModelPlans>();
+  plans->graphs = ModelGraphsFor(config, attention);
+  const ModelGraphs& graphs = *plans->graphs;
+  // What the simulation does not model yet, found before any work.
+  for (const BlockGraph* graph : {graphs.prologue ? &*graphs.prologue : nullptr,
+                                  &graphs.layer, &graphs.epilogue}) {
+    if (graph == nullptr) continue;
+    for (const OpDef& op : graph->ops) {
+      if (!Modelled(op.type)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "peak memory: the step simulation does not model the backward of ",
+            OpTypeName(op.type), " yet"));
+      }
+    }
+  }
+  if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {
+    return absl::UnimplementedError(
+        "peak memory: the step simulation does not model bf16/fp16 models and autocast yet");
+  }
+  const bool families = graphs.prologue.has_value();
+  const RuleTable* rules = options.rules;
+  auto make = [&](const BlockGraph& graph, bool input_requires_grad,
+                  std::unique_ptr<SegmentPlan>* plan) {
+    absl::StatusOr<std::unique_ptr<SegmentPlan>> made =
+        MakePlan(graph, config, input_requires_grad, rules);
+    if (made.ok()) *plan = *std::move(made);
+    return made.status();
+  };
+  if (families) {
+    if (absl::Status s = make(*graphs.prologue, false, &plans->prologue); !s.ok()) return s;
+  }
+  // The study's first layer reads the model input, which needs no gradient; the
+  // families' first layer reads the embeddings.
+  if (absl::Status s = make(graphs.layer, families, &plans->first); !s.ok()) return s;
+  if (absl::Status s = make(graphs.layer, true, &plans->rest); !s.ok()) return s;
+  if (absl::Status s = make(graphs.epilogue, true, &plans->head); !s.ok()) return s;
+  return StepSimulator(config, attention, options, std::move(plans));
+}
+
+absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
+                                                     const OptimizerSpec& optimizer,
+                                                     const ResidentBytes& resident) const {
+  if (absl::Status s = ValidateRun(config_, attention_, {variant}, optimizer); !s.ok()) {
+    return s;
+  }
+  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  StepTimeline timeline;
+  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
+  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
+      resident.optimizer_state_bytes;
+  // Without events, a long model's peak is composed from a short one's stretches: the
+  // cost stops growing with layers.
+  const int64_t reduced = ReducedLayers(config_.layers, variant);
+  if (!options_.record_events && reduced < config_.layers) {
+    ModelConfig short_config = config_;
+    short_config.layers = reduced;
+    Simulation simulation(short_config, variant, optimizer, options_, &timeline);
+    if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
+    timeline.peak = ComposePeak(simulation, timeline, config_.layers, reduced, PeriodOf(variant));
+    return timeline;
+  }
+  Simulation simulation(config_, variant, optimizer, options_, &timeline);
+  if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
+  simulation.NamePeak();
+  return timeline;
+}
+
 absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,
                                           const Variant& variant,
                                           const OptimizerSpec& optimizer,
                                           const ResidentBytes& resident,
                                           const StepOptions& options) {
-  if (absl::Status s = ValidateRun(config, attention, {variant}, optimizer); !s.ok()) return s;
-  if (options.cpu_threads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
-  }
-  StepTimeline timeline;
-  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
-  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
-      resident.optimizer_state_bytes;
-  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
-  // Without events, a long model's peak is composed from a short one's stretches: the
-  // cost stops growing with layers.
-  const int64_t reduced = ReducedLayers(config.layers, variant);
-  if (!options.record_events && reduced < config.layers) {
-    ModelConfig short_config = config;
-    short_config.layers = reduced;
-    Simulation simulation(short_config, variant, optimizer, options, &timeline);
-    if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
-    timeline.peak = ComposePeak(simulation, timeline, config.layers, reduced, PeriodOf(variant));
-    return timeline;
-  }
-  Simulation simulation(config, variant, optimizer, options, &timeline);
-  if (absl::Status s = simulation.Run(*graphs); !s.ok()) return s;
-  simulation.NamePeak();
-  return timeline;
+  absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, attention, options);
+  if (!simulator.ok()) return simulator.status();
+  return simulator->Simulate(variant, optimizer, resident);
 }
 
 const char* MemoryCategoryName(MemoryCategory category) {

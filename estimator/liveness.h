@@ -24,7 +24,9 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -96,6 +98,31 @@ struct StepOptions {
 struct ResidentBytes {
   int64_t parameter_bytes = 0;
   int64_t optimizer_state_bytes = 0;
+};
+
+// StepSimulator simulates the steps of one model (config and attention mode) under any
+// variant and optimizer; it checks what is modelled and walks the model's segments once,
+// so that many variants cost one walk. Thread-safe once created.
+class StepSimulator {
+ public:
+  // Create returns InvalidArgument for a bad config or options and Unimplemented for a
+  // model whose step is not simulated yet (the message names what).
+  static absl::StatusOr<StepSimulator> Create(const ModelConfig& config,
+                                              AttentionMode attention,
+                                              const StepOptions& options);
+  // Simulate returns the variant's timeline and peak (Unimplemented for master weights).
+  absl::StatusOr<StepTimeline> Simulate(const Variant& variant, const OptimizerSpec& optimizer,
+                                        const ResidentBytes& resident) const;
+
+ private:
+  StepSimulator(const ModelConfig& config, AttentionMode attention, const StepOptions& options,
+                std::shared_ptr<const void> plans)
+      : config_(config), attention_(attention), options_(options), plans_(std::move(plans)) {}
+
+  ModelConfig config_;
+  AttentionMode attention_;
+  StepOptions options_;
+  std::shared_ptr<const void> plans_;  // the segments' plans (liveness.cc's ModelPlans)
 };
 
 // SimulateStep predicts the step's timeline and peak. Unimplemented for a config whose

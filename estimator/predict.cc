@@ -343,20 +343,34 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   if (!reference.ok()) return reference.status();
   prediction.saved_bytes_none = reference->saved_bytes;
 
+  // One step simulator for every variant: it walks the model's segments once.
+  std::optional<StepSimulator> simulator;
+  std::string peak_unavailable;
+  if (options.peak) {
+    StepOptions step;
+    step.cpu_threads = options.cpu_threads;
+    step.record_events = options.timeline;
+    step.rules = options.rules;
+    absl::StatusOr<StepSimulator> created =
+        StepSimulator::Create(config, options.attention, step);
+    if (created.ok()) {
+      simulator = *std::move(created);
+    } else if (absl::IsUnimplemented(created.status())) {
+      peak_unavailable = std::string(created.status().message());
+    } else {
+      return created.status();
+    }
+  }
   for (const Variant& variant : options.variants) {
     absl::StatusOr<VariantPrediction> v =
         PredictVariant(variant, config, segments, options.breakdown, walks);
     if (!v.ok()) return v.status();
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);
-    if (options.peak) {
-      StepOptions step;
-      step.cpu_threads = options.cpu_threads;
-      step.record_events = options.timeline;
-      step.rules = options.rules;
-      absl::StatusOr<StepTimeline> timeline = SimulateStep(
-          config, options.attention, variant, optimizer,
-          ResidentBytes{prediction.param_bytes, prediction.optimizer_state_bytes}, step);
+    if (simulator.has_value()) {
+      absl::StatusOr<StepTimeline> timeline = simulator->Simulate(
+          variant, optimizer,
+          ResidentBytes{prediction.param_bytes, prediction.optimizer_state_bytes});
       if (timeline.ok()) {
         v->peak = timeline->peak;
         if (options.timeline) {
@@ -367,6 +381,8 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
       } else {
         return timeline.status();
       }
+    } else {
+      v->peak_unavailable = peak_unavailable;
     }
     prediction.variants.push_back(*std::move(v));
   }
