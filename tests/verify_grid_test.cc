@@ -263,6 +263,34 @@ INSTANTIATE_TEST_SUITE_P(Policies, VerifyPolicyTest,
                          ::testing::Combine(::testing::Values(kFlash, kMath),
                                             ::testing::Range(0, 16)));
 
+// The optimizer's step as the peak: two wide layers on four tokens hold little activation,
+// so AdamW's and Adam's per-parameter temporaries (the sqrt and the division, twice the
+// largest parameter) make the peak; SGD's (none, or a momentum scalar) leave it in the
+// backward. Exact either way.
+TEST(VerifyOptimizerTest, OptimizerStepPeaksAreExact) {
+  const ModelConfig config{/*layers=*/2, /*width=*/256, /*heads=*/4, /*batch=*/1, /*seq=*/4};
+  struct Case {
+    OptimizerKind kind;
+    double momentum;
+    const char* peak_phase;
+  };
+  for (const Case& c : {Case{OptimizerKind::kAdamW, 0, "optimizer"},
+                        Case{OptimizerKind::kAdam, 0, "optimizer"},
+                        Case{OptimizerKind::kSgd, 0.9, "backward"},
+                        Case{OptimizerKind::kSgd, 0, "backward"}}) {
+    VerifyOptions options;
+    options.optimizer.kind = c.kind;
+    options.optimizer.momentum = c.momentum;
+    options.run.skip_timing = true;
+    ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+    ExpectExact(report);
+    for (const runtime::VariantMeasurement& v : report.measurement.variants) {
+      EXPECT_EQ(v.step.peak.phase, c.peak_phase)
+          << OptimizerName(c.kind) << " " << v.variant.Name();
+    }
+  }
+}
+
 // A denser sweep of small configs: layers x heads (d_head 8 or 24) x (batch, seq) x
 // attention, every variant of the study plus every_3. 3 x 4 x 4 x 2 = 96 configs.
 class VerifySweepTest
