@@ -36,7 +36,8 @@ std::string Usage() {
       "Predicts the training memory of a stack of pre-LN Transformer blocks: parameters, "
       "gradients, AdamW state and activations saved for backward under each "
       "checkpointing variant, byte for byte as LibTorch ", memledger::kTorchRelease,
-      " keeps them.\n\n"
+      " keeps them, and the whole training step's peak (where, and by category; "
+      "--timeline_svg draws it).\n\n"
       "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
       "--seq=2048 --format=table\n\n"
       "Exit status: 0 on success, 2 for bad input.");
