@@ -361,6 +361,12 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   plan->graph = &graph;
   plan->walk = *std::move(walk);
   const std::vector<WalkedTensor>& tensors = plan->walk.tensor_layouts;
+  for (const OpDef& op : graph.ops) {
+    if (op.inputs.size() > 3) {  // Node keeps at most three gradients
+      return absl::InternalError(absl::StrCat("step simulation: op '", op.name, "' has ",
+                                              op.inputs.size(), " inputs"));
+    }
+  }
   plan->last_use.assign(plan->walk.storage_list.size(), -1);
   plan->reads.resize(graph.ops.size());
   for (size_t op = 0; op < graph.ops.size(); ++op) {
@@ -841,7 +847,10 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     return TensorOf(inst, op.inputs[input]).layout;
   };
   auto dtype_of = [&](int input) { return plan.graph->tensors[op.inputs[input]].dtype; };
-  std::vector<Handle> grads(op.inputs.size());
+  // One gradient per input (an op has at most three).
+  std::array<Handle, 3> grad_slots;
+  const size_t n_inputs = std::min(op.inputs.size(), grad_slots.size());
+  Handle* const grads = grad_slots.data();
 
   switch (op.type) {
     case OpType::kView:
@@ -1038,7 +1047,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
 
   // validate_outputs: a gradient whose shape differs from its input's (a broadcast
   // bias) is reduced with sum_to.
-  for (size_t i = 0; i < grads.size(); ++i) {
+  for (size_t i = 0; i < n_inputs; ++i) {
     if (!grads[i].defined() || SameSizes(grads[i].layout, layout_of(i))) continue;
     Handle reduced = NewGrad(layout_of(i), grads[i].dtype);
     memory_.Unref(grads[i].storage);
@@ -1049,7 +1058,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   for (int s : plan.releases[op_index]) {
     if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
   }
-  for (size_t i = 0; i < grads.size(); ++i) {
+  for (size_t i = 0; i < n_inputs; ++i) {
     if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
   }
   return absl::OkStatus();
