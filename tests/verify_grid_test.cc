@@ -37,6 +37,15 @@ constexpr AttentionMode kFlash = AttentionMode::kFlash;
 constexpr AttentionMode kMath = AttentionMode::kMath;
 constexpr char kStudy[] = "none,full,every_2,selective";
 
+// ExpectEveryBucket: n_params, param/grad/optimizer-state/AdamW-state bytes, and per
+// variant its saved_bytes, the allocator's held_after_forward_bytes and the step's peak,
+// each measured (nonzero).
+void ExpectEveryBucket(const VerifyReport& report, size_t variants) {
+  EXPECT_TRUE(report.peak_unavailable.empty()) << report.peak_unavailable;
+  ASSERT_EQ(report.buckets.size(), 5 + 3 * variants);
+  for (const BucketCheck& bucket : report.buckets) EXPECT_GT(bucket.measured, 0) << bucket.name;
+}
+
 // ExpectExact: every bucket measured == predicted, and the report passed (gradients too).
 void ExpectExact(const VerifyReport& report) {
   for (const BucketCheck& bucket : report.buckets) {
@@ -57,12 +66,7 @@ TEST_P(VerifyGridTest, MeasuredEqualsPredicted) {
   options.run.skip_timing = true;
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
 
-  // n_params, param/grad/optimizer-state/AdamW-state bytes, and per variant its
-  // saved_bytes, the allocator's held_after_forward_bytes and the step's peak.
-  const bool peak = true;
-  EXPECT_EQ(report.peak_unavailable.empty(), peak) << report.peak_unavailable;
-  ASSERT_EQ(report.buckets.size(), 5 + (peak ? 3 : 2) * options.variants.size());
-  for (const BucketCheck& bucket : report.buckets) EXPECT_GT(bucket.measured, 0) << bucket.name;
+  ExpectEveryBucket(report, options.variants.size());
   for (const runtime::VariantMeasurement& v : report.measurement.variants) {
     EXPECT_LE(v.max_grad_diff, 1e-5) << v.variant.Name();
   }
@@ -136,11 +140,7 @@ TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
                        ParseVariants("none,full,every_2,every_3,selective", 2, c.policy));
   options.run.skip_timing = true;
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
-  // The step's peak too.
-  const bool peak = true;
-  EXPECT_EQ(report.peak_unavailable.empty(), peak) << report.peak_unavailable;
-  ASSERT_EQ(report.buckets.size(), 5 + (peak ? 3 : 2) * options.variants.size());
-  for (const BucketCheck& bucket : report.buckets) EXPECT_GT(bucket.measured, 0) << bucket.name;
+  ExpectEveryBucket(report, options.variants.size());
   ExpectExact(report);
 }
 
