@@ -226,6 +226,10 @@ class Memory {
   // Peek: would `bytes` more (of `category`) now be a new peak? Records it if so. For
   // transients whose events nobody records (the optimizer's per-parameter temporaries).
   void Peek(int64_t bytes, MemoryCategory category) {
+    if (total_ > INT64_MAX - bytes) {
+      overflow_ = true;
+      return;
+    }
     std::array<int64_t, kNumMemoryCategories> live = live_;
     live[static_cast<int>(category)] += bytes;
     NoteRise(live, total_ + bytes);
@@ -238,6 +242,8 @@ class Memory {
     peak_where_ = where_;
   }
   bool recording() const { return record_; }
+  // overflowed: some sum of live bytes left int64; every number after it is meaningless.
+  bool overflowed() const { return overflow_; }
 
   // A Scalar operand of an ATen op is wrapped as an 8-byte double tensor and converted to
   // the op's dtype (4 B in fp32); both live until the op is done (Drop).
@@ -280,8 +286,11 @@ class Memory {
 
   void Event(int64_t bytes, MemoryCategory category, bool relabel = false) {
     if (bytes == 0) return;
-    live_[static_cast<int>(category)] += bytes;
-    total_ += bytes;
+    // Each storage's size fits int64 (the walk checked); their sum may not.
+    overflow_ = overflow_ ||
+                __builtin_add_overflow(live_[static_cast<int>(category)], bytes,
+                                       &live_[static_cast<int>(category)]) ||
+                __builtin_add_overflow(total_, bytes, &total_);
     if (record_) {
       // Consecutive events of one op share its label.
       if (!labelled_.has_value() || !(*labelled_ == where_)) {
@@ -318,6 +327,7 @@ class Memory {
   std::vector<Storage> storages_;
   std::array<int64_t, kNumMemoryCategories> live_{};
   int64_t total_ = 0;
+  bool overflow_ = false;
   StepPhase phase_ = StepPhase::kForward;
   const OptimizerSpec& optimizer_;
   Where where_;
@@ -1328,6 +1338,11 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   memory_.BeginSegment();
   absl::Status status = OptimizerStep();
   segments_.optimizer = memory_.EndSegment();
+  if (status.ok() && memory_.overflowed()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the step's live bytes overflow int64 for layers=", config_.layers,
+        " width=", config_.width, " batch=", config_.batch, " seq=", config_.seq));
+  }
   return status;
 }
 
@@ -1432,7 +1447,8 @@ int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
 
 // ComposePeak walks the real model's stretches in step order, each the short model's
 // representative one, and keeps the first highest moment.
-StepPeak ComposePeak(const Simulation& simulation, const StepTimeline& short_timeline,
+absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
+                                     const StepTimeline& short_timeline,
                      int64_t layers, int64_t reduced, int64_t k) {
   const auto& segments = simulation.segments();
   std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
@@ -1441,8 +1457,11 @@ StepPeak ComposePeak(const Simulation& simulation, const StepTimeline& short_tim
   peak.bytes = total;
   peak.by_category = live;
   std::optional<Where> where;
+  bool overflow = false;
   auto visit = [&](const SegmentSummary& s, int64_t real_layer) {
-    if (s.has_rise && total + s.rise > peak.bytes) {
+    int64_t top = 0;
+    overflow = overflow || __builtin_add_overflow(total, s.rise, &top);
+    if (s.has_rise && !overflow && top > peak.bytes) {
       peak.bytes = total + s.rise;
       peak.phase = s.phase;
       for (int c = 0; c < kNumMemoryCategories; ++c) peak.by_category[c] = live[c] + s.at_rise[c];
@@ -1450,8 +1469,8 @@ StepPeak ComposePeak(const Simulation& simulation, const StepTimeline& short_tim
       if (real_layer >= 0 && where->segment >= 0) where->segment = static_cast<int32_t>(real_layer);
     }
     for (int c = 0; c < kNumMemoryCategories; ++c) {
-      live[c] += s.net[c];
-      total += s.net[c];
+      overflow = overflow || __builtin_add_overflow(live[c], s.net[c], &live[c]) ||
+                 __builtin_add_overflow(total, s.net[c], &total);
     }
   };
   visit(segments.prologue, -1);
@@ -1465,6 +1484,10 @@ StepPeak ComposePeak(const Simulation& simulation, const StepTimeline& short_tim
   }
   visit(segments.tail, -1);
   visit(segments.optimizer, -1);
+  if (overflow) {
+    return absl::OutOfRangeError(absl::StrCat("the step's live bytes overflow int64 for ",
+                                              layers, " layers"));
+  }
   peak.op = where.has_value() ? simulation.Text(*where) : "";
   return peak;
 }
@@ -1537,7 +1560,10 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     short_config.layers = reduced;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);
     if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
-    timeline.peak = ComposePeak(simulation, timeline, config_.layers, reduced, PeriodOf(variant));
+    absl::StatusOr<StepPeak> peak =
+        ComposePeak(simulation, timeline, config_.layers, reduced, PeriodOf(variant));
+    if (!peak.ok()) return peak.status();
+    timeline.peak = *std::move(peak);
     return timeline;
   }
   Simulation simulation(config_, variant, optimizer, options_, &timeline);
