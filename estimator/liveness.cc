@@ -170,6 +170,7 @@ class Memory {
     segment_start_total_ = total_;
   }
   SegmentSummary EndSegment() {
+    if (overflow_) return segment_;
     for (int c = 0; c < kNumMemoryCategories; ++c) segment_.net[c] = live_[c] - segment_start_[c];
     return segment_;
   }
@@ -226,7 +227,7 @@ class Memory {
   // Peek: would `bytes` more (of `category`) now be a new peak? Records it if so. For
   // transients whose events nobody records (the optimizer's per-parameter temporaries).
   void Peek(int64_t bytes, MemoryCategory category) {
-    if (total_ > INT64_MAX - bytes) {
+    if (overflow_ || total_ > INT64_MAX - bytes) {
       overflow_ = true;
       return;
     }
@@ -285,12 +286,13 @@ class Memory {
   }
 
   void Event(int64_t bytes, MemoryCategory category, bool relabel = false) {
-    if (bytes == 0) return;
+    if (bytes == 0 || overflow_) return;  // after an overflow nothing is meaningful
     // Each storage's size fits int64 (the walk checked); their sum may not.
     overflow_ = overflow_ ||
                 __builtin_add_overflow(live_[static_cast<int>(category)], bytes,
                                        &live_[static_cast<int>(category)]) ||
                 __builtin_add_overflow(total_, bytes, &total_);
+    if (overflow_) return;
     if (record_) {
       // Consecutive events of one op share its label.
       if (!labelled_.has_value() || !(*labelled_ == where_)) {
@@ -1464,7 +1466,10 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
     if (s.has_rise && !overflow && top > peak.bytes) {
       peak.bytes = total + s.rise;
       peak.phase = s.phase;
-      for (int c = 0; c < kNumMemoryCategories; ++c) peak.by_category[c] = live[c] + s.at_rise[c];
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        overflow = overflow ||
+                   __builtin_add_overflow(live[c], s.at_rise[c], &peak.by_category[c]);
+      }
       where = s.where;
       if (real_layer >= 0 && where->segment >= 0) where->segment = static_cast<int32_t>(real_layer);
     }
