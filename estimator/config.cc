@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -238,6 +239,19 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
         return s;
       }
     }
+    if (variant.kind == VariantKind::kPlan) {
+      if (static_cast<int64_t>(variant.layers.size()) != config.layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the plan has ", variant.layers.size(), " layer choices but --layers is ",
+                         config.layers));
+      }
+      for (const LayerChoice& choice : variant.layers) {
+        if (!choice.checkpointed) continue;
+        if (absl::Status s = ValidatePolicy(choice.policy, attention, config.family); !s.ok()) {
+          return s;
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -325,6 +339,8 @@ std::string Variant::Name() const {
       return absl::StrCat("every_", every);
     case VariantKind::kSelective:
       return "selective";
+    case VariantKind::kPlan:
+      return "plan";
   }
   return "?";
 }
@@ -338,8 +354,46 @@ bool Variant::IsCheckpointed(int64_t index) const {
       return true;
     case VariantKind::kEveryK:
       return index % every == 0;
+    case VariantKind::kPlan:
+      return index >= 0 && index < static_cast<int64_t>(layers.size()) &&
+             layers[index].checkpointed;
   }
   return false;
+}
+
+SavePolicy Variant::PolicyAt(int64_t index) const {
+  if (kind == VariantKind::kSelective) return policy;
+  if (kind == VariantKind::kPlan && IsCheckpointed(index)) return layers[index].policy;
+  return SavePolicy();
+}
+
+Variant PlanVariant(std::vector<LayerChoice> layers) {
+  Variant variant;
+  variant.kind = VariantKind::kPlan;
+  variant.layers = std::move(layers);
+  return variant;
+}
+
+std::string LayerChoice::Name() const {
+  if (!checkpointed) return "none";
+  if (policy.empty()) return "full";
+  return absl::StrCat("selective:", SavePolicyName(policy));
+}
+
+absl::StatusOr<LayerChoice> ParseLayerChoice(absl::string_view name) {
+  LayerChoice choice;
+  if (name == "none") return choice;
+  choice.checkpointed = true;
+  if (name == "full") return choice;
+  absl::string_view policy = name;
+  if (absl::ConsumePrefix(&policy, "selective:")) {
+    absl::StatusOr<SavePolicy> parsed = ParseSavePolicy(policy);
+    if (!parsed.ok()) return parsed.status();
+    choice.policy = *parsed;
+    return choice;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown layer choice '", name, "' (known: none, full, selective:<op kinds>)"));
 }
 
 absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int64_t every,

@@ -177,19 +177,45 @@ enum class VariantKind {
   kFull,       // every block checkpointed
   kEveryK,     // blocks i with i % k == 0 checkpointed
   kSelective,  // every block checkpointed, policy ops' outputs must-saved
+  kPlan,       // a choice per layer (LayerChoice), e.g. a checkpoint planner's
 };
+
+// LayerChoice is one layer's checkpointing: not checkpointed, or checkpointed with the
+// op kinds its selective cache must-saves (empty: full recompute).
+struct LayerChoice {
+  bool checkpointed = false;
+  SavePolicy policy;  // checkpointed layers only
+
+  // Name: "none", "full" or "selective:<policy>" (e.g. "selective:matmul,silu").
+  std::string Name() const;
+  friend bool operator==(const LayerChoice& a, const LayerChoice& b) {
+    return a.checkpointed == b.checkpointed && (!a.checkpointed || a.policy == b.policy);
+  }
+};
+
+// ParseLayerChoice parses LayerChoice::Name()'s forms.
+absl::StatusOr<LayerChoice> ParseLayerChoice(absl::string_view name);
 
 // Variant is one checkpointing choice with its parameters.
 struct Variant {
   VariantKind kind = VariantKind::kNone;
   int64_t every = 2;                  // k, for kEveryK only
   SavePolicy policy = StudyPolicy();  // for kSelective only
+  std::vector<LayerChoice> layers;    // for kPlan only: one per layer
 
-  // Name is the variant's report key: "none", "full", "every_2", "selective".
+  // Name is the variant's report key: "none", "full", "every_2", "selective", "plan".
   std::string Name() const;
   // IsCheckpointed says whether block `index` runs under checkpointing.
   bool IsCheckpointed(int64_t index) const;
+  // PolicyAt is what block `index`'s selective cache must-saves (empty when the block
+  // is not checkpointed or fully recomputed).
+  SavePolicy PolicyAt(int64_t index) const;
+  // At is block `index`'s choice.
+  LayerChoice At(int64_t index) const { return {IsCheckpointed(index), PolicyAt(index)}; }
 };
+
+// PlanVariant is the kPlan variant of per-layer choices.
+Variant PlanVariant(std::vector<LayerChoice> layers);
 
 // ParseVariants parses a comma-separated list of "none", "full", "every_k" (or
 // "every_<k>", e.g. "every_3"), "selective". `every` is the k used by "every_k";
@@ -199,7 +225,8 @@ absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int6
 
 // ValidateRun is the one validation path for a run, shared by predict, the runtime and
 // verify: the config, a non-empty list of distinct variants, every_k's k >= 1, each
-// selective policy against the attention mode and family, and the optimizer (momentum
+// selective policy against the attention mode and family, a plan's one choice per
+// layer, and the optimizer (momentum
 // for SGD only, master weights for low precision only).
 absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
                          const std::vector<Variant>& variants,

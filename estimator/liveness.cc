@@ -545,9 +545,8 @@ class Simulation {
   }
 
   absl::Status Forward(Instance& inst, const Handle* input, Pass pass, Handle* output);
-  bool FromCache(const OpDef& op) const {
-    return variant_.kind == VariantKind::kSelective && op.policy_kind.has_value() &&
-           variant_.policy.Saves(*op.policy_kind);
+  bool FromCache(const Instance& inst, const OpDef& op) const {
+    return op.policy_kind.has_value() && variant_.PolicyAt(inst.segment).Saves(*op.policy_kind);
   }
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
@@ -726,7 +725,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     memory_.SetOp(At(inst, static_cast<int>(i), nullptr));
-    const bool replayed = pass == Pass::kReplay && FromCache(op);
+    const bool replayed = pass == Pass::kReplay && FromCache(inst, op);
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
     std::vector<int> prelude;
@@ -749,7 +748,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         memory_.Ref(id);
       } else {
         id = memory_.Alloc(storages[s].bytes, MemoryCategory::kTemporary);
-        if (pass == Pass::kRecord && FromCache(op)) {
+        if (pass == Pass::kRecord && FromCache(inst, op)) {
           memory_.Keep(id);
           inst.cached[s] = id;
         }
@@ -1103,7 +1102,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input,
   memory_.Ref(saved_input);
   Handle y;
   inst.recompute = true;
-  const Pass pass = variant_.kind == VariantKind::kSelective ? Pass::kReplay : Pass::kGraph;
+  const Pass pass = variant_.PolicyAt(inst.segment).empty() ? Pass::kGraph : Pass::kReplay;
   if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
   // autograd::grad: the graph root holds the incoming gradient, and so does y's buffer.
   memory_.Ref(incoming.storage);
@@ -1247,8 +1246,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
     if (variant_.IsCheckpointed(i)) {
       // The checkpointed layer runs without a graph (filling the selective cache); its
       // node keeps its tensor inputs: x and the model-level tensors it reads.
-      const Pass pass =
-          variant_.kind == VariantKind::kSelective ? Pass::kRecord : Pass::kNoGraph;
+      const Pass pass = variant_.PolicyAt(i).empty() ? Pass::kNoGraph : Pass::kRecord;
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
       for (int extra : extras) memory_.Keep(extra);
@@ -1434,6 +1432,8 @@ int64_t PeriodOf(const Variant& variant) {
 }
 
 int64_t ReducedLayers(int64_t layers, const Variant& variant) {
+  // A plan has no period: the whole model is replayed.
+  if (variant.kind == VariantKind::kPlan) return layers;
   const int64_t k = PeriodOf(variant);
   int64_t reduced = 2 * k + 3;
   while (reduced % k != layers % k) ++reduced;
@@ -1575,6 +1575,41 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
   simulation.NamePeak();
   return timeline;
+}
+
+absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
+                                                       const OptimizerSpec& optimizer,
+                                                       const ResidentBytes& resident) const {
+  if (absl::Status s = ValidateRun(config_, attention_, {variant}, optimizer); !s.ok()) {
+    return s;
+  }
+  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  StepTimeline timeline;
+  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
+  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
+      resident.optimizer_state_bytes;
+  StepOptions options = options_;
+  options.record_events = false;
+  Simulation simulation(config_, variant, optimizer, options, &timeline);
+  if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
+  auto stretch = [](const SegmentSummary& summary) {
+    StepStretch out;
+    for (int64_t bytes : summary.net) out.net += bytes;
+    out.has_rise = summary.has_rise;
+    out.rise = summary.rise;
+    return out;
+  };
+  const Simulation::Segments& segments = simulation.segments();
+  StepStretches out;
+  out.resident_bytes = timeline.resident_bytes;
+  out.prologue = stretch(segments.prologue);
+  for (const SegmentSummary& s : segments.forward) out.forward.push_back(stretch(s));
+  out.head_forward = stretch(segments.head_forward);
+  out.head_backward = stretch(segments.head_backward);
+  for (const SegmentSummary& s : segments.backward) out.backward.push_back(stretch(s));
+  out.tail = stretch(segments.tail);
+  out.optimizer = stretch(segments.optimizer);
+  return out;
 }
 
 absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,

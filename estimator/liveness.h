@@ -100,6 +100,30 @@ struct ResidentBytes {
   int64_t optimizer_state_bytes = 0;
 };
 
+// StepStretch is one stretch of the step (a layer's forward or backward, the head's, the
+// optimizer's): its net bytes and its highest total, both relative to its start.
+struct StepStretch {
+  int64_t net = 0;
+  bool has_rise = false;  // some moment of it rose above its start
+  int64_t rise = 0;
+};
+
+// StepStretches is a step cut into stretches, in step order: the prologue, each layer's
+// forward, the head's forward and backward, each layer's backward (from the last), the
+// tail (the embeddings' backward) and the optimizer. The step's peak is the highest
+// `start + rise` as the stretches follow one another: a caller can compose the peak of a
+// model whose layers differ (the checkpoint planner) from stretches of short models.
+struct StepStretches {
+  int64_t resident_bytes = 0;
+  StepStretch prologue;
+  std::vector<StepStretch> forward;  // by layer
+  StepStretch head_forward;
+  StepStretch head_backward;
+  std::vector<StepStretch> backward;  // by layer
+  StepStretch tail;
+  StepStretch optimizer;
+};
+
 // StepSimulator simulates the steps of one model (config and attention mode) under any
 // variant and optimizer; it checks what is modelled and walks the model's segments once,
 // so that many variants cost one walk. Thread-safe once created.
@@ -113,6 +137,11 @@ class StepSimulator {
   // Simulate returns the variant's timeline and peak (Unimplemented for master weights).
   absl::StatusOr<StepTimeline> Simulate(const Variant& variant, const OptimizerSpec& optimizer,
                                         const ResidentBytes& resident) const;
+  // Stretches replays every layer (no events) and returns the step's stretches.
+  absl::StatusOr<StepStretches> Stretches(const Variant& variant, const OptimizerSpec& optimizer,
+                                          const ResidentBytes& resident) const;
+  const ModelConfig& config() const { return config_; }
+  AttentionMode attention() const { return attention_; }
 
  private:
   StepSimulator(const ModelConfig& config, AttentionMode attention, const StepOptions& options,

@@ -1,6 +1,8 @@
 #include "estimator/predict.h"
 
+#include <algorithm>
 #include <array>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,8 +24,6 @@ class BlockWalks {
   BlockWalks(const BlockGraph& graph, const ModelConfig& config, bool breakdown,
              const RuleTable* rules)
       : graph_(graph), config_(config), breakdown_(breakdown), rules_(rules) {
-    // At most 6 kinds (plain, full and one policy; first or not): pointers stay valid.
-    entries_.reserve(8);
   }
 
   absl::StatusOr<const BlockWalk*> Get(bool checkpointed, const SavePolicy& policy,
@@ -59,7 +59,7 @@ class BlockWalks {
   const ModelConfig& config_;
   bool breakdown_;
   const RuleTable* rules_;
-  std::vector<Entry> entries_;
+  std::deque<Entry> entries_;  // deque: Get's pointers stay valid
 };
 
 // Segments are the prologue and epilogue walks of one Predict call.
@@ -111,72 +111,122 @@ class GlobalBytes {
   std::vector<int64_t> seen_bytes_;
 };
 
-// PredictVariant adds up the model's kept storages for one variant. Layers 1..L-1 are
-// of two kinds at most (checkpointed or not, by i % k), so the sum over layers is a sum
-// over kinds and over the kinds of adjacent pairs, whose shared storage (one layer's
-// output, the next one's input) counts once.
-absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
-                                                 const ModelConfig& config,
-                                                 const Segments& segments, bool breakdown,
-                                                 BlockWalks& walks) {
-  const int64_t layers = config.layers;
+// LayerCensus is the decoder stack as kinds of layers: each kind's walk and how many
+// layers are of it (the first layer is its own kind), and how many of the boundaries
+// between two layers are kept (one layer's output, the next one's input: one storage).
+struct LayerCensus {
+  struct Kind {
+    const BlockWalk* walk = nullptr;
+    bool checkpointed = false;
+    bool first = false;
+    int64_t count = 0;
+  };
+  std::vector<Kind> kinds;  // kinds[0]: the first layer
+  int64_t kept_boundaries = 0;  // among boundaries 1..L-1
+  const BlockWalk* last = nullptr;
+};
+
+bool SharedKept(const BlockWalk& before, const BlockWalk& after) {
+  return before.keeps_output || after.keeps_input;
+}
+
+// PeriodicCensus counts a variant other than a plan in closed form: layers 1..L-1 are of
+// two kinds at most (checkpointed or not, by i % k), so the counts of kinds and of
+// adjacent pairs are counts of multiples of k (the layer count may be any int64).
+absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t layers,
+                                           BlockWalks& walks) {
   // Full and selective checkpoint every layer: k = 1. `none` checkpoints none.
   const bool checkpoints = variant.kind != VariantKind::kNone;
   const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
-  const SavePolicy policy =
-      variant.kind == VariantKind::kSelective ? variant.policy : SavePolicy();
-
+  const SavePolicy policy = variant.PolicyAt(0);
   absl::StatusOr<const BlockWalk*> first = walks.Get(checkpoints, policy, /*first=*/true);
   absl::StatusOr<const BlockWalk*> plain = walks.Get(false, policy, /*first=*/false);
   absl::StatusOr<const BlockWalk*> ckpt = walks.Get(checkpoints, policy, /*first=*/false);
   for (const auto* s : {&first, &plain, &ckpt}) {
     if (!s->ok()) return s->status();
   }
-  // Layers 1..L-1: checkpointed iff i % k == 0 (never for `none`).
-  const int64_t n_ckpt = checkpoints ? Multiples(1, layers - 1, k) : 0;
-  const int64_t n_plain = (layers - 1) - n_ckpt;
   const BlockWalk& f = **first;
   const BlockWalk& p = **plain;
   const BlockWalk& c = **ckpt;
-  const BlockWalk& epilogue = segments.epilogue;
-
-  auto block_bytes = [](const BlockWalk& w) {
-    return CheckedInt64(w.inner_bytes) + w.cache_bytes;
-  };
-  auto kind_of = [&](int64_t i) -> const BlockWalk& {
-    if (i == 0) return f;
-    return variant.IsCheckpointed(i) ? c : p;
-  };
-  auto shared_kept = [](const BlockWalk& before, const BlockWalk& after) {
-    return before.keeps_output || after.keeps_input;
-  };
-
-  CheckedInt64 layer_bytes = block_bytes(f) + CheckedInt64(n_ckpt) * block_bytes(c) +
-                             CheckedInt64(n_plain) * block_bytes(p);
-  CheckedInt64 cache = CheckedInt64(f.cache_bytes) + CheckedInt64(n_ckpt) * c.cache_bytes +
-                       CheckedInt64(n_plain) * p.cache_bytes;
-  // Boundary storages: 0 is the model input (or the prologue's output), L the last
-  // output (the epilogue's input).
-  const bool prologue_keeps_output =
-      segments.prologue.has_value() && segments.prologue->keeps_output;
-  int64_t kept_boundaries = (prologue_keeps_output || f.keeps_input) ? 1 : 0;
+  // Layers 1..L-1: checkpointed iff i % k == 0 (never for `none`).
+  const int64_t n_ckpt = checkpoints ? Multiples(1, layers - 1, k) : 0;
+  const int64_t n_plain = (layers - 1) - n_ckpt;
+  LayerCensus census;
+  census.kinds.push_back({&f, checkpoints, true, 1});
+  if (n_ckpt > 0) census.kinds.push_back({&c, true, false, n_ckpt});
+  if (n_plain > 0) census.kinds.push_back({&p, false, false, n_plain});
+  census.last = layers == 1 ? &f : (variant.IsCheckpointed(layers - 1) ? &c : &p);
   if (layers >= 2) {
-    kept_boundaries += shared_kept(f, kind_of(1)) ? 1 : 0;
+    census.kept_boundaries += SharedKept(f, variant.IsCheckpointed(1) ? c : p) ? 1 : 0;
     // Boundaries j = 2..L-1 sit between two non-first layers.
     const int64_t ckpt_before = checkpoints ? Multiples(1, layers - 2, k) : 0;
     const int64_t ckpt_after = checkpoints ? Multiples(2, layers - 1, k) : 0;
     const int64_t pairs = layers - 2;
     if (k == 1 && checkpoints) {
-      kept_boundaries += shared_kept(c, c) ? pairs : 0;
+      census.kept_boundaries += SharedKept(c, c) ? pairs : 0;
     } else {
-      kept_boundaries += (shared_kept(c, p) ? ckpt_before : 0) +
-                         (shared_kept(p, c) ? ckpt_after : 0) +
-                         (shared_kept(p, p) ? pairs - ckpt_before - ckpt_after : 0);
+      census.kept_boundaries += (SharedKept(c, p) ? ckpt_before : 0) +
+                                (SharedKept(p, c) ? ckpt_after : 0) +
+                                (SharedKept(p, p) ? pairs - ckpt_before - ckpt_after : 0);
     }
   }
+  return census;
+}
+
+// PlanCensus counts a plan layer by layer (a plan lists every layer).
+absl::StatusOr<LayerCensus> PlanCensus(const Variant& variant, int64_t layers,
+                                       BlockWalks& walks) {
+  LayerCensus census;
+  const BlockWalk* previous = nullptr;
+  for (int64_t i = 0; i < layers; ++i) {
+    const LayerChoice choice = variant.At(i);
+    absl::StatusOr<const BlockWalk*> walk = walks.Get(choice.checkpointed, choice.policy, i == 0);
+    if (!walk.ok()) return walk.status();
+    auto kind = std::find_if(census.kinds.begin(), census.kinds.end(),
+                             [&](const LayerCensus::Kind& k) { return k.walk == *walk; });
+    if (kind == census.kinds.end()) {
+      census.kinds.push_back({*walk, choice.checkpointed, i == 0, 1});
+    } else {
+      ++kind->count;
+    }
+    if (previous != nullptr && SharedKept(*previous, **walk)) ++census.kept_boundaries;
+    previous = *walk;
+  }
+  census.last = previous;
+  return census;
+}
+
+// PredictVariant adds up the model's kept storages for one variant: each kind of layer
+// times its count, and each kept boundary storage once.
+absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
+                                                 const ModelConfig& config,
+                                                 const Segments& segments, bool breakdown,
+                                                 BlockWalks& walks) {
+  const int64_t layers = config.layers;
+  absl::StatusOr<LayerCensus> counted = variant.kind == VariantKind::kPlan
+                                            ? PlanCensus(variant, layers, walks)
+                                            : PeriodicCensus(variant, layers, walks);
+  if (!counted.ok()) return counted.status();
+  const LayerCensus& census = *counted;
+  const BlockWalk& f = *census.kinds[0].walk;
+  const BlockWalk& epilogue = segments.epilogue;
+
+  CheckedInt64 layer_bytes = 0;
+  CheckedInt64 cache = 0;
+  for (const LayerCensus::Kind& kind : census.kinds) {
+    layer_bytes += CheckedInt64(kind.count) *
+                   (CheckedInt64(kind.walk->inner_bytes) + kind.walk->cache_bytes);
+    cache += CheckedInt64(kind.count) * kind.walk->cache_bytes;
+  }
+  // Boundary storages: 0 is the model input (or the prologue's output), L the last
+  // output (the epilogue's input).
+  const bool prologue_keeps_output =
+      segments.prologue.has_value() && segments.prologue->keeps_output;
+  int64_t kept_boundaries =
+      ((prologue_keeps_output || f.keeps_input) ? 1 : 0) + census.kept_boundaries;
   layer_bytes += CheckedInt64(kept_boundaries) * f.boundary_bytes;
   CheckedInt64 head_loss = epilogue.inner_bytes;
-  const bool last_boundary_kept = shared_kept(kind_of(layers - 1), epilogue);
+  const bool last_boundary_kept = SharedKept(*census.last, epilogue);
   if (last_boundary_kept) head_loss += f.boundary_bytes;
 
   // The same sum by dtype: every term above is a walk's quantity times a count.
@@ -186,26 +236,22 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
       by_dtype[d] += CheckedInt64(count) * (CheckedInt64(w.inner_by_dtype[d]) + w.cache_by_dtype[d]);
     }
   };
-  add_walk(f, 1);
-  add_walk(c, n_ckpt);
-  add_walk(p, n_plain);
+  CheckedInt64 weight_copies = epilogue.weight_copy_bytes;
+  for (const LayerCensus::Kind& kind : census.kinds) {
+    add_walk(*kind.walk, kind.count);
+    weight_copies += CheckedInt64(kind.count) * kind.walk->weight_copy_bytes;
+  }
   add_walk(epilogue, 1);
   if (segments.prologue.has_value()) add_walk(*segments.prologue, 1);
   by_dtype[static_cast<int>(f.boundary_dtype)] +=
       CheckedInt64(kept_boundaries + (last_boundary_kept ? 1 : 0)) * f.boundary_bytes;
-  CheckedInt64 weight_copies = CheckedInt64(f.weight_copy_bytes) +
-                               CheckedInt64(n_ckpt) * c.weight_copy_bytes +
-                               CheckedInt64(n_plain) * p.weight_copy_bytes +
-                               epilogue.weight_copy_bytes;
 
   GlobalBytes globals(by_dtype);
   CheckedInt64 embedding = 0;
   if (segments.prologue.has_value()) {
     embedding = CheckedInt64(segments.prologue->inner_bytes) + globals.Add(*segments.prologue);
   }
-  layer_bytes += globals.Add(f);
-  if (n_ckpt > 0) layer_bytes += globals.Add(c);
-  if (n_plain > 0) layer_bytes += globals.Add(p);
+  for (const LayerCensus::Kind& kind : census.kinds) layer_bytes += globals.Add(*kind.walk);
   head_loss += globals.Add(epilogue);
 
   CheckedInt64 saved = embedding + layer_bytes + head_loss;
@@ -237,10 +283,11 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
   prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {
-    prediction.blocks.push_back(
-        BlockKind{checkpoints, config.family != Family::kStudy, 1, f});
-    if (n_ckpt > 0) prediction.blocks.push_back(BlockKind{true, true, n_ckpt, c});
-    if (n_plain > 0) prediction.blocks.push_back(BlockKind{false, true, n_plain, p});
+    for (const LayerCensus::Kind& kind : census.kinds) {
+      prediction.blocks.push_back(BlockKind{kind.checkpointed,
+                                            !kind.first || config.family != Family::kStudy,
+                                            kind.count, *kind.walk});
+    }
     prediction.prologue = segments.prologue;
     prediction.epilogue = epilogue;
   }

@@ -47,6 +47,16 @@ rapidjson::Value StoragesJson(const BlockGraph& graph, const BlockWalk& walk,
   return list;
 }
 
+// PlanJson is a plan variant's choices, one per layer: ["none", "full",
+// "selective:matmul", ...] (LayerChoice::Name()).
+rapidjson::Value PlanJson(const Variant& plan, Allocator& allocator) {
+  rapidjson::Value list(rapidjson::kArrayType);
+  for (const LayerChoice& choice : plan.layers) {
+    list.PushBack(String(choice.Name(), allocator), allocator);
+  }
+  return list;
+}
+
 std::string BlockKindLabel(const BlockKind& kind) {
   return absl::StrCat(kind.checkpointed ? "checkpointed" : "plain", " block",
                       kind.input_requires_grad ? "" : " 0 (input without grad)");
@@ -185,6 +195,9 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   for (const VariantPrediction& v : p.variants) {
     if (v.variant.kind == VariantKind::kSelective) {
       doc.AddMember("policy", String(SavePolicyName(v.variant.policy), a), a);
+    }
+    if (v.variant.kind == VariantKind::kPlan) {
+      doc.AddMember("plan", PlanJson(v.variant, a), a);
     }
   }
   doc.AddMember("predicted_saved_bytes_none", p.korthikanti_saved_bytes_none, a);

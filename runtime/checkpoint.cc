@@ -119,8 +119,6 @@ at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at:
 
 ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
                                  AttentionMode mode, const Variant& variant) {
-  const SavePolicy* policy =
-      variant.kind == VariantKind::kSelective ? &variant.policy : nullptr;
   std::vector<at::Tensor> cached;
   ForwardResult result;
   // The forward, loss included, under autocast when the model trains with it.
@@ -129,7 +127,10 @@ ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = 0; i < model.num_layers(); ++i) {
     if (variant.IsCheckpointed(i)) {
-      x = CheckpointLayer(model.layer(i), x, start.extras, mode, policy, &cached);
+      // A layer with an empty policy is fully recomputed: no selective cache.
+      const SavePolicy policy = variant.PolicyAt(i);
+      x = CheckpointLayer(model.layer(i), x, start.extras, mode,
+                          policy.empty() ? nullptr : &policy, &cached);
     } else {
       x = model.layer(i)->forward(x, start.extras, mode, nullptr);
     }

@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "estimator/config.h"
 #include "estimator/model_presets.h"
 #include "estimator/predict.h"
@@ -416,6 +418,85 @@ TEST(PredictPrecisionTest, AutocastKeepsCastCopiesOfInputsAndWeights) {
   config.dtype = DType::kBFloat16;
   EXPECT_STATUS(Predict(config, options), absl::StatusCode::kInvalidArgument,
                 "--amp=bf16 needs --dtype=fp32");
+}
+
+}  // namespace
+}  // namespace memledger
+
+namespace memledger {
+namespace {
+
+// A plan spells out one choice per layer; the same choices as a periodic variant must
+// predict the same. The two paths are independent: the plan's saved bytes are counted
+// layer by layer (the periodic variant's in closed form), and its peak is replayed layer
+// by layer (the periodic variant's composed from a short model's stretches).
+TEST(PredictPlanTest, APlanOfAVariantsChoicesPredictsLikeTheVariant) {
+  ModelConfig study = Config(1, 32, 2, 2, 16);
+  int compared = 0;
+  for (ModelConfig config : {study, Preset("tiny-llama"), Preset("tiny-gpt2")}) {
+    for (AttentionMode attention : {AttentionMode::kFlash, AttentionMode::kMath}) {
+      for (int64_t layers : {1, 2, 7}) {
+        config.layers = layers;
+        config.batch = 2;
+        config.seq = 16;
+        PredictOptions options;
+        options.attention = attention;
+        options.variants = Variants("none,full,every_2,every_3,selective");
+        for (Variant& v : options.variants) {
+          if (v.kind == VariantKind::kSelective && config.family == Family::kLlama) {
+            v.policy = SavePolicy{OpKind::kMatmul, OpKind::kSilu};
+          }
+        }
+        ASSERT_OK_AND_ASSIGN(Prediction periodic, Predict(config, options));
+        for (const VariantPrediction& expected : periodic.variants) {
+          std::vector<LayerChoice> choices;
+          for (int64_t i = 0; i < layers; ++i) choices.push_back(expected.variant.At(i));
+          PredictOptions plan_options = options;
+          plan_options.variants = {PlanVariant(choices)};
+          ASSERT_OK_AND_ASSIGN(Prediction plan, Predict(config, plan_options));
+          const VariantPrediction& got = plan.variants[0];
+          const std::string what =
+              absl::StrCat(FamilyName(config.family), " ", AttentionModeName(attention), " L",
+                           layers, " ", expected.variant.Name());
+          EXPECT_EQ(got.saved_bytes, expected.saved_bytes) << what;
+          EXPECT_EQ(got.cache_bytes, expected.cache_bytes) << what;
+          EXPECT_EQ(got.layers_bytes, expected.layers_bytes) << what;
+          EXPECT_EQ(got.head_loss_bytes, expected.head_loss_bytes) << what;
+          EXPECT_EQ(got.saved_by_dtype, expected.saved_by_dtype) << what;
+          ASSERT_TRUE(got.peak.has_value() && expected.peak.has_value()) << what;
+          EXPECT_EQ(got.peak->bytes, expected.peak->bytes) << what;
+          EXPECT_EQ(got.peak->op, expected.peak->op) << what;
+          EXPECT_EQ(got.peak->by_category, expected.peak->by_category) << what;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 2 * 3 * 5);
+}
+
+TEST(PredictPlanTest, LayerChoicesParseAndPlansAreChecked) {
+  ASSERT_OK_AND_ASSIGN(LayerChoice none, ParseLayerChoice("none"));
+  EXPECT_FALSE(none.checkpointed);
+  ASSERT_OK_AND_ASSIGN(LayerChoice full, ParseLayerChoice("full"));
+  EXPECT_TRUE(full.checkpointed && full.policy.empty());
+  ASSERT_OK_AND_ASSIGN(LayerChoice sel, ParseLayerChoice("selective:matmul,gelu"));
+  EXPECT_TRUE(sel.policy.Saves(OpKind::kMatmul) && sel.policy.Saves(OpKind::kGelu));
+  EXPECT_EQ(sel.Name(), "selective:matmul,gelu");
+  EXPECT_EQ(full.Name(), "full");
+  EXPECT_STATUS(ParseLayerChoice("half"), absl::StatusCode::kInvalidArgument,
+                "unknown layer choice 'half'");
+  EXPECT_STATUS(ParseLayerChoice("selective:softmax"), absl::StatusCode::kInvalidArgument,
+                "softmax");
+
+  PredictOptions options;
+  options.variants = {PlanVariant({none, full})};
+  EXPECT_STATUS(Predict(Config(3, 32, 2, 2, 16), options), absl::StatusCode::kInvalidArgument,
+                "the plan has 2 layer choices but --layers is 3");
+  LayerChoice silu{true, SavePolicy{OpKind::kSilu}};
+  options.variants = {PlanVariant({none, silu, full})};
+  EXPECT_STATUS(Predict(Config(3, 32, 2, 2, 16), options), absl::StatusCode::kInvalidArgument,
+                "silu");
 }
 
 }  // namespace
