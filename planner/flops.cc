@@ -1,0 +1,156 @@
+#include "planner/flops.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/block_graph.h"
+#include "estimator/checked_math.h"
+#include "estimator/rules.h"
+#include "estimator/walker.h"
+
+namespace memledger {
+namespace {
+
+// OpFlops are one op's forward and backward FLOPs.
+struct OpFlops {
+  CheckedInt64 forward = 0;
+  CheckedInt64 backward = 0;
+};
+
+OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
+  auto size = [&](int tensor, int dim) -> int64_t {
+    const Layout& layout = tensors[tensor].layout;
+    return layout.sizes[dim < 0 ? layout.ndim + dim : dim];
+  };
+  auto numel = [&](int tensor) { return tensors[tensor].layout.Numel(); };
+  OpFlops f;
+  switch (op.type) {
+    case OpType::kAddmm: {  // (bias, mat1 (M, K), mat2 (K, N))
+      const CheckedInt64 m = size(op.inputs[1], 0), k = size(op.inputs[1], 1),
+                         n = size(op.inputs[2], 1);
+      f.forward = CheckedInt64(2) * m * k * n + m * n;
+      f.backward = CheckedInt64(4) * m * k * n + m * n;
+      return f;
+    }
+    case OpType::kMm: {  // (M, K) x (K, N)
+      const CheckedInt64 m = size(op.inputs[0], 0), k = size(op.inputs[0], 1),
+                         n = size(op.inputs[1], 1);
+      f.forward = CheckedInt64(2) * m * k * n;
+      f.backward = CheckedInt64(2) * f.forward;
+      return f;
+    }
+    case OpType::kBmm: {  // (b, M, K) x (b, K, N)
+      const CheckedInt64 b = size(op.inputs[0], 0), m = size(op.inputs[0], 1),
+                         k = size(op.inputs[0], 2), n = size(op.inputs[1], 2);
+      f.forward = CheckedInt64(2) * b * m * k * n;
+      f.backward = CheckedInt64(2) * f.forward;
+      return f;
+    }
+    case OpType::kFlashAttention: {  // q (B, H, T, d)
+      const CheckedInt64 b = size(op.inputs[0], 0), h = size(op.inputs[0], 1),
+                         t = size(op.inputs[0], 2), d = size(op.inputs[0], 3);
+      f.forward = CheckedInt64(2) * b * h * d * t * (t + 1);
+      const CheckedInt64 five = f.forward * 5;
+      f.backward = five.overflowed() ? five : CheckedInt64(five.value() / 2);
+      return f;
+    }
+    case OpType::kNativeLayerNorm:
+    case OpType::kSoftmax:
+    case OpType::kLogSoftmax:
+      f.forward = CheckedInt64(5) * numel(op.outputs[0]);
+      break;
+    case OpType::kNllLoss:
+      // One row per target: the log-probability picked and the mean.
+      f.forward = CheckedInt64(5) * (numel(op.inputs[0]).value() / size(op.inputs[0], -1));
+      break;
+    case OpType::kMulScalar:
+    case OpType::kAdd:
+    case OpType::kGelu:
+    case OpType::kPow:
+    case OpType::kMulTensor:
+    case OpType::kAddScalar:
+    case OpType::kRsqrt:
+    case OpType::kSilu:
+    case OpType::kNeg:
+    case OpType::kMaskedFill:
+      f.forward = numel(op.outputs[0]);
+      break;
+    case OpType::kMean:
+    case OpType::kMeanDim:
+      f.forward = numel(op.inputs[0]);
+      break;
+    default:  // views, copies, concatenation, embeddings, masks, padding: no arithmetic
+      return f;
+  }
+  f.backward = CheckedInt64(2) * f.forward;
+  return f;
+}
+
+// SegmentFlops sums a segment's ops; `skip(op)` leaves an op out.
+template <typename Skip>
+absl::StatusOr<OpFlops> SegmentFlops(const BlockGraph& graph, const ModelConfig& config,
+                                     Skip skip) {
+  WalkOptions options;
+  options.record_layouts = true;
+  absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config, options);
+  if (!walk.ok()) return walk.status();
+  OpFlops sum;
+  for (const OpDef& op : graph.ops) {
+    if (skip(op)) continue;
+    const OpFlops f = FlopsOf(op, walk->tensor_layouts);
+    sum.forward += f.forward;
+    sum.backward += f.backward;
+  }
+  if (sum.forward.overflowed() || sum.backward.overflowed()) {
+    return absl::OutOfRangeError("the step's FLOPs overflow int64");
+  }
+  return sum;
+}
+
+}  // namespace
+
+absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMode attention) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  auto all = [](const OpDef&) { return false; };
+  absl::StatusOr<OpFlops> layer = SegmentFlops(graphs->layer, config, all);
+  if (!layer.ok()) return layer.status();
+  absl::StatusOr<OpFlops> head = SegmentFlops(graphs->epilogue, config, all);
+  if (!head.ok()) return head.status();
+  OpFlops other = *head;
+  if (graphs->prologue.has_value()) {
+    absl::StatusOr<OpFlops> prologue = SegmentFlops(*graphs->prologue, config, all);
+    if (!prologue.ok()) return prologue.status();
+    other.forward += prologue->forward;
+    other.backward += prologue->backward;
+  }
+  const CheckedInt64 total = CheckedInt64(config.layers) * (layer->forward + layer->backward) +
+                            other.forward + other.backward;
+  if (total.overflowed() || other.forward.overflowed() || other.backward.overflowed()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("the step's FLOPs overflow int64 at layers=", config.layers));
+  }
+  StepFlops flops;
+  flops.layer_forward = layer->forward.value();
+  flops.layer_backward = layer->backward.value();
+  flops.other_forward = other.forward.value();
+  flops.other_backward = other.backward.value();
+  flops.total = total.value();
+  return flops;
+}
+
+absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
+                                       const LayerChoice& choice) {
+  if (!choice.checkpointed) return 0;
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  absl::StatusOr<OpFlops> recompute =
+      SegmentFlops(graphs->layer, config, [&](const OpDef& op) {
+        return op.policy_kind.has_value() && choice.policy.Saves(*op.policy_kind);
+      });
+  if (!recompute.ok()) return recompute.status();
+  return recompute->forward.value();
+}
+
+}  // namespace memledger

@@ -1,0 +1,48 @@
+// Flops: the arithmetic of one training step, counted op by op from the model's graphs,
+// the checkpoint planner's cost model. A step's time is predicted as its FLOPs over a
+// throughput the user measures once per machine (//runtime:runtime_benchmark's
+// BM_StepThroughput); recompute overheads are FLOP ratios and need no calibration.
+//
+// What an op costs (forward; a multiply-add is 2 FLOPs):
+//   - addmm, mm, bmm: 2 M K N (addmm adds M N for the bias);
+//   - flash attention: 2 B H d T (T + 1) (its two products over the causal triangle
+//     only, which the CPU kernel skips block by block);
+//   - norms, softmax, log_softmax, nll_loss: 5 per element; other elementwise ops and
+//     reductions: 1 per element; views, copies, embeddings, masks: 0.
+// Backward: 2x forward for the products (a gradient per operand), 2.5x for flash
+// attention (FlashAttention-2's five products against two), 2x for the rest.
+//
+// Example:
+//   absl::StatusOr<StepFlops> f = CountStepFlops(config, AttentionMode::kFlash);
+//   absl::StatusOr<int64_t> r = RecomputeFlops(config, AttentionMode::kFlash, choice);
+#ifndef PLANNER_FLOPS_H_
+#define PLANNER_FLOPS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+
+namespace memledger {
+
+// StepFlops is one step without recompute.
+struct StepFlops {
+  int64_t layer_forward = 0;   // one decoder layer
+  int64_t layer_backward = 0;
+  int64_t other_forward = 0;   // prologue (embeddings) and epilogue (head, loss)
+  int64_t other_backward = 0;
+  // Total: every layer, prologue and epilogue, forward and backward.
+  int64_t total = 0;
+};
+
+// CountStepFlops counts a config's step; OutOfRange when it overflows int64.
+absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMode attention);
+
+// RecomputeFlops is what one layer's checkpoint recomputes under `choice`: its forward
+// less the ops its selective cache serves (0 when not checkpointed).
+absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
+                                       const LayerChoice& choice);
+
+}  // namespace memledger
+
+#endif  // PLANNER_FLOPS_H_

@@ -1,0 +1,269 @@
+// Tests for planner/: the FLOP counts against hand arithmetic, the composed peak of a
+// plan against the step simulation's replay of it, and the solver's optimum against
+// exhaustive search over every plan of small models (peaks replayed, not composed).
+#include "planner/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "estimator/config.h"
+#include "estimator/liveness.h"
+#include "estimator/model_presets.h"
+#include "estimator/predict.h"
+#include "planner/flops.h"
+#include "tests/status_matchers.h"
+
+namespace memledger {
+namespace {
+
+ModelConfig SmallStudy(int64_t layers) {
+  return ModelConfig{layers, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+}
+
+ModelConfig Preset(const char* name, int64_t layers) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset(name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->layers = layers;
+  config->batch = 2;
+  config->seq = 16;
+  return *config;
+}
+
+// The study block by hand, N = B T tokens, width d, flash attention:
+//   forward: ln1, ln2 5 N d each; qkv 2 N d 3d + 3 N d (bias); attention
+//   2 B d T (T + 1) (H heads of d/H); proj 2 N d^2 + N d; two residual adds N d each;
+//   fc1 2 N d 4d + 4 N d; gelu 4 N d; fc2 2 N 4d d + N d
+//   = 24 N d^2 + 25 N d + 2 B d T (T + 1).
+//   backward: the four addmm 2x their products plus the bias once (48 N d^2 + 9 N d),
+//   attention 2.5x (5 B d T (T + 1)), the rest 2x (2 x 16 N d)
+//   = 48 N d^2 + 41 N d + 5 B d T (T + 1).
+//   The loss x.pow(2).mean(): N d + N d forward, twice that backward.
+// selective(matmul) skips the four products at recompute: 24 N d^2 + 9 N d less.
+TEST(FlopsTest, StudyBlockByHand) {
+  const ModelConfig config;  // 6 x 128, 4 heads, B 16, T 64
+  const int64_t n = 16 * 64, d = 128, b = 16, t = 64;
+  const int64_t forward = 24 * n * d * d + 25 * n * d + 2 * b * d * t * (t + 1);
+  const int64_t backward = 48 * n * d * d + 41 * n * d + 5 * b * d * t * (t + 1);
+  ASSERT_OK_AND_ASSIGN(StepFlops flops, CountStepFlops(config, AttentionMode::kFlash));
+  EXPECT_EQ(flops.layer_forward, forward);
+  EXPECT_EQ(flops.layer_backward, backward);
+  EXPECT_EQ(flops.other_forward, 2 * n * d);
+  EXPECT_EQ(flops.other_backward, 4 * n * d);
+  EXPECT_EQ(flops.total, 6 * (forward + backward) + 6 * n * d);
+
+  ASSERT_OK_AND_ASSIGN(int64_t none, RecomputeFlops(config, AttentionMode::kFlash, {}));
+  EXPECT_EQ(none, 0);
+  ASSERT_OK_AND_ASSIGN(int64_t full,
+                       RecomputeFlops(config, AttentionMode::kFlash, LayerChoice{true, {}}));
+  EXPECT_EQ(full, forward);
+  ASSERT_OK_AND_ASSIGN(int64_t matmul, RecomputeFlops(config, AttentionMode::kFlash,
+                                                      LayerChoice{true, StudyPolicy()}));
+  EXPECT_EQ(matmul, forward - (24 * n * d * d + 9 * n * d));
+}
+
+// The simulation's replay of a plan (every layer, no composition).
+int64_t SimulatedPeak(const StepSimulator& simulator, const ResidentBytes& resident,
+                      const Planner& planner, const std::vector<int>& plan) {
+  std::vector<LayerChoice> layers;
+  for (int c : plan) layers.push_back(planner.choices()[c]);
+  absl::StatusOr<StepTimeline> t =
+      simulator.Simulate(PlanVariant(layers), OptimizerSpec(), resident);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? t->peak.bytes : -1;
+}
+
+ResidentBytes ResidentOf(const ModelConfig& config, AttentionMode attention) {
+  PredictOptions options;
+  options.attention = attention;
+  options.variants = {Variant()};
+  options.peak = false;
+  absl::StatusOr<Prediction> p = Predict(config, options);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return ResidentBytes{p->param_bytes, p->optimizer_state_bytes};
+}
+
+// Every plan of `choices` over `layers` layers, as indices into choices.
+std::vector<std::vector<int>> AllPlans(int64_t layers, int choices) {
+  std::vector<std::vector<int>> plans(1);
+  for (int64_t i = 0; i < layers; ++i) {
+    std::vector<std::vector<int>> longer;
+    for (const std::vector<int>& plan : plans) {
+      for (int c = 0; c < choices; ++c) {
+        longer.push_back(plan);
+        longer.back().push_back(c);
+      }
+    }
+    plans = std::move(longer);
+  }
+  return plans;
+}
+
+struct Case {
+  const char* name;
+  ModelConfig config;
+  AttentionMode attention;
+  bool general = false;  // PlannerOptions::general
+};
+
+std::vector<Case> Cases(int64_t layers) {
+  // Wide and short: parameters outweigh activations, so AdamW's step temporaries
+  // (2 x the largest parameter) make the peak, after the backward.
+  const ModelConfig wide{layers, /*width=*/128, /*heads=*/2, /*batch=*/1, /*seq=*/4};
+  return {
+      {"study flash", SmallStudy(layers), AttentionMode::kFlash},
+      {"study math", SmallStudy(layers), AttentionMode::kMath},
+      {"tiny-llama flash", Preset("tiny-llama", layers), AttentionMode::kFlash},
+      {"tiny-gpt2 math", Preset("tiny-gpt2", layers), AttentionMode::kMath},
+      {"study flash, general labels", SmallStudy(layers), AttentionMode::kFlash, true},
+      {"tiny-llama flash, general labels", Preset("tiny-llama", layers),
+       AttentionMode::kFlash, true},
+      {"wide study flash", wide, AttentionMode::kFlash},
+  };
+}
+
+// The planner composes a plan's peak from stretches of short probe models; the
+// simulation replays the plan itself. Every 3-layer plan, and random longer ones.
+TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
+  std::mt19937 random(7);
+  int compared = 0;
+  for (int64_t layers : {1, 2, 3, 9}) {
+    for (const Case& c : Cases(layers)) {
+      if (c.general) continue;  // the same composition
+      PlannerOptions options;
+      options.attention = c.attention;
+      ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
+      StepOptions step;
+      step.record_events = false;
+      ASSERT_OK_AND_ASSIGN(StepSimulator simulator,
+                           StepSimulator::Create(c.config, c.attention, step));
+      const ResidentBytes resident = ResidentOf(c.config, c.attention);
+      const int n = static_cast<int>(planner.choices().size());
+      std::vector<std::vector<int>> plans;
+      if (layers <= 3) {
+        plans = AllPlans(layers, n);
+      } else {
+        for (int k = 0; k < 40; ++k) {
+          std::vector<int> plan(layers);
+          for (int& choice : plan) choice = static_cast<int>(random() % n);
+          plans.push_back(plan);
+        }
+      }
+      for (const std::vector<int>& plan : plans) {
+        ASSERT_EQ(planner.PeakOf(plan), SimulatedPeak(simulator, resident, planner, plan))
+            << c.name << " plan " << absl::StrJoin(plan, " ");
+        ++compared;
+      }
+    }
+  }
+  // 1, 2 and 3 layers: 17^k plans for the two studies with flash (4 op kinds), 9^k with
+  // math (3), 9^k for llama (3), 9^k for gpt2 with math (3); 5 x 40 random 9-layer plans.
+  EXPECT_EQ(compared, 2 * (17 + 17 * 17 + 17 * 17 * 17) + 3 * (9 + 81 + 729) + 5 * 40);
+}
+
+// The solver against every plan: at budgets between the smallest and the largest peak
+// (each a plan's replayed peak, where the answer changes), the least recompute among the
+// plans that fit.
+TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
+  int budgets = 0;
+  for (int64_t layers : {3, 4}) {
+    for (const Case& c : Cases(layers)) {
+      PlannerOptions options;
+      options.attention = c.attention;
+      options.general = c.general;
+      if (layers == 4) {  // keep 4^4 plans: none, full and two policies
+        options.choices = {LayerChoice{false, {}}, LayerChoice{true, {}},
+                           LayerChoice{true, SavePolicy{OpKind::kMatmul}},
+                           LayerChoice{true, c.config.family == Family::kLlama
+                                                 ? SavePolicy{OpKind::kSilu}
+                                                 : SavePolicy{OpKind::kMatmul, OpKind::kGelu}}};
+      }
+      ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
+      StepOptions step;
+      step.record_events = false;
+      ASSERT_OK_AND_ASSIGN(StepSimulator simulator,
+                           StepSimulator::Create(c.config, c.attention, step));
+      const ResidentBytes resident = ResidentOf(c.config, c.attention);
+      const int n = static_cast<int>(planner.choices().size());
+      struct Scored {
+        int64_t peak;
+        int64_t cost;
+      };
+      std::vector<Scored> scored;
+      for (const std::vector<int>& plan : AllPlans(layers, n)) {
+        int64_t cost = 0;
+        for (int choice : plan) cost += planner.recompute_flops()[choice];
+        scored.push_back({SimulatedPeak(simulator, resident, planner, plan), cost});
+      }
+      std::vector<int64_t> peaks;
+      for (const Scored& s : scored) peaks.push_back(s.peak);
+      std::sort(peaks.begin(), peaks.end());
+      peaks.erase(std::unique(peaks.begin(), peaks.end()), peaks.end());
+      EXPECT_EQ(planner.SmallestBudget(), peaks.front()) << c.name;
+      EXPECT_STATUS(planner.Solve(peaks.front() - 1), absl::StatusCode::kResourceExhausted,
+                    absl::StrCat("smallest peak any plan reaches is"));
+      // Every distinct peak when few, else 40 of them evenly, plus one byte below each.
+      const size_t stride = std::max<size_t>(1, peaks.size() / 40);
+      for (size_t k = 0; k < peaks.size(); k += stride) {
+        for (int64_t budget : {peaks[k], peaks[k] + 1, k > 0 ? peaks[k] - 1 : peaks[k]}) {
+          int64_t best = -1;
+          for (const Scored& s : scored) {
+            if (s.peak <= budget && (best < 0 || s.cost < best)) best = s.cost;
+          }
+          ASSERT_OK_AND_ASSIGN(PlanResult plan, planner.Solve(budget));
+          EXPECT_EQ(plan.recompute_flops, best) << c.name << " L" << layers << " budget "
+                                                << budget;
+          std::vector<int> indices;
+          for (const LayerChoice& choice : plan.layers) {
+            indices.push_back(static_cast<int>(
+                std::find(planner.choices().begin(), planner.choices().end(), choice) -
+                planner.choices().begin()));
+          }
+          const int64_t replayed = SimulatedPeak(simulator, resident, planner, indices);
+          EXPECT_EQ(plan.peak_bytes, replayed) << c.name;
+          EXPECT_LE(replayed, budget) << c.name;
+          ++budgets;
+        }
+      }
+    }
+  }
+  EXPECT_GT(budgets, 200);
+}
+
+TEST(PlannerTest, FrontierFallsFromNoneToTheSmallestPeak) {
+  const ModelConfig config = SmallStudy(6);
+  ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(config, PlannerOptions()));
+  ASSERT_OK_AND_ASSIGN(std::vector<FrontierPoint> frontier, planner.Frontier(5));
+  ASSERT_EQ(frontier.size(), 5u);
+  EXPECT_EQ(frontier.front().budget_bytes, planner.SmallestBudget());
+  // At none's own peak, none fits: no recompute.
+  EXPECT_EQ(frontier.back().plan.recompute_flops, 0);
+  EXPECT_EQ(frontier.back().plan.overhead, 1.0);
+  for (size_t k = 1; k < frontier.size(); ++k) {
+    EXPECT_LE(frontier[k].plan.recompute_flops, frontier[k - 1].plan.recompute_flops);
+    EXPECT_LE(frontier[k].plan.peak_bytes, frontier[k].budget_bytes);
+  }
+}
+
+TEST(PlannerTest, BadInput) {
+  ModelConfig config = SmallStudy(2);
+  PlannerOptions options;
+  options.choices = {LayerChoice{true, SavePolicy{OpKind::kSilu}}};
+  EXPECT_STATUS(Planner::Create(config, options), absl::StatusCode::kInvalidArgument, "silu");
+  config.width = 33;
+  EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kInvalidArgument,
+                "--width");
+  config = SmallStudy(2);
+  config.dtype = DType::kBFloat16;
+  EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kUnimplemented,
+                "bf16");
+}
+
+}  // namespace
+}  // namespace memledger
