@@ -15,6 +15,7 @@
 #include "estimator/cli_flags.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
+#include "planner/plan_report.h"
 #include "verify/verify.h"
 #include "verify/verify_report.h"
 
@@ -24,6 +25,9 @@ ABSL_FLAG(double, max_memory_gib, 0,
           "this machine's available memory.");
 ABSL_FLAG(double, grad_tolerance, 1e-5, "Largest acceptable max_grad_diff.");
 ABSL_FLAG(int64_t, seed, 0, "Seed for the model's parameters and input.");
+ABSL_FLAG(std::string, plan, "",
+          "A checkpoint plan from //planner (--plan_out): verify it, layer by layer, beside "
+          "`none` (instead of --variants).");
 
 namespace {
 
@@ -32,7 +36,8 @@ std::string Usage() {
       "Measures the real LibTorch ", memledger::kTorchRelease,
       " training run for each checkpointing variant and compares every memory bucket "
       "with memledger's prediction.\n\n"
-      "  ./bazelw run //verify -- --skip_timing --format=table\n\n"
+      "  ./bazelw run //verify -- --skip_timing --format=table\n"
+      "  ./bazelw run //verify -- --plan=plan.json  (a //planner plan, same model flags)\n\n"
       "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input, 3 a "
       "config LibTorch cannot run on the CPU.");
 }
@@ -58,6 +63,11 @@ int main(int argc, char** argv) {
   memledger::VerifyOptions options;
   options.attention = spec->attention;
   options.variants = spec->variants;
+  if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
+    absl::StatusOr<memledger::Variant> plan = memledger::ReadPlanFile(path);
+    if (!plan.ok()) return memledger::ReportError(plan.status());
+    options.variants = {memledger::Variant(), *plan};
+  }
   options.optimizer = spec->optimizer;
   options.grad_tolerance = tolerance;
   options.max_memory_bytes = static_cast<int64_t>(max_gib * (int64_t{1} << 30));

@@ -1,0 +1,176 @@
+#include "planner/plan_report.h"
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "estimator/report.h"
+#include "estimator/units.h"
+#include "rapidjson/error/en.h"
+
+namespace memledger {
+namespace {
+
+using Allocator = rapidjson::Document::AllocatorType;
+
+rapidjson::Value String(const std::string& s, Allocator& allocator) {
+  return rapidjson::Value(s, allocator);
+}
+
+
+std::string Flops(int64_t flops) { return absl::StrFormat("%.3g", static_cast<double>(flops)); }
+
+}  // namespace
+
+std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers) {
+  std::vector<std::string> runs;
+  size_t start = 0;
+  for (size_t i = 1; i <= layers.size(); ++i) {
+    if (i < layers.size() && layers[i] == layers[start]) continue;
+    const std::string span =
+        i - 1 == start ? absl::StrCat(start) : absl::StrCat(start, "-", i - 1);
+    runs.push_back(absl::StrCat(span, " ", layers[start].Name()));
+    start = i;
+  }
+  return runs;
+}
+
+rapidjson::Document PlanReportJson(const PlanReport& r) {
+  const Prediction& p = r.prediction;
+  rapidjson::Document doc =
+      StudyJsonHead(p.config, p.attention, p.optimizer,
+                    {p.n_params, p.param_bytes, p.grad_bytes, p.optimizer_state_bytes,
+                     p.adamw_state_bytes});
+  Allocator& a = doc.GetAllocator();
+  doc.AddMember("budget_bytes", r.budget_bytes, a);
+  rapidjson::Value plan(rapidjson::kArrayType);
+  for (const LayerChoice& choice : r.plan.layers) plan.PushBack(String(choice.Name(), a), a);
+  doc.AddMember("plan", plan, a);
+  doc.AddMember("peak_bytes", r.plan.peak_bytes, a);
+  doc.AddMember("recompute_flops", r.plan.recompute_flops, a);
+  doc.AddMember("step_flops", r.plan.step_flops, a);
+  doc.AddMember("overhead", RoundTo4(r.plan.overhead), a);
+  if (r.flops_per_second > 0) {
+    doc.AddMember("flops_per_second", r.flops_per_second, a);
+    doc.AddMember("step_seconds",
+                  RoundTo4(static_cast<double>(r.plan.step_flops + r.plan.recompute_flops) /
+                         r.flops_per_second),
+                  a);
+  }
+  doc.AddMember("smallest_budget_bytes", r.smallest_budget_bytes, a);
+  rapidjson::Value variants(rapidjson::kObjectType);
+  for (const VariantCost& v : r.variants) {
+    rapidjson::Value entry(rapidjson::kObjectType);
+    if (v.peak_bytes.has_value()) entry.AddMember("peak_bytes", *v.peak_bytes, a);
+    entry.AddMember("recompute_flops", v.recompute_flops, a);
+    entry.AddMember("overhead", RoundTo4(v.overhead), a);
+    variants.AddMember(String(v.name, a), entry, a);
+  }
+  doc.AddMember("variants", variants, a);
+  rapidjson::Value frontier(rapidjson::kArrayType);
+  for (const FrontierPoint& point : r.frontier) {
+    rapidjson::Value entry(rapidjson::kObjectType);
+    entry.AddMember("budget_bytes", point.budget_bytes, a);
+    entry.AddMember("peak_bytes", point.plan.peak_bytes, a);
+    entry.AddMember("recompute_flops", point.plan.recompute_flops, a);
+    entry.AddMember("overhead", RoundTo4(point.plan.overhead), a);
+    rapidjson::Value runs(rapidjson::kArrayType);
+    for (const std::string& run : PlanRuns(point.plan.layers)) runs.PushBack(String(run, a), a);
+    entry.AddMember("plan", runs, a);
+    frontier.PushBack(entry, a);
+  }
+  doc.AddMember("frontier", frontier, a);
+  return doc;
+}
+
+std::string PlanReportTable(const PlanReport& r) {
+  const ModelConfig& c = r.prediction.config;
+  std::string out = absl::StrFormat(
+      "checkpoint plan: %s, %d layers, batch %d, seq %d, %s attention, %s; budget %s\n",
+      FamilyName(c.family), c.layers, c.batch, c.seq, AttentionModeName(r.prediction.attention),
+      OptimizerName(r.prediction.optimizer.kind), HumanBytes(r.budget_bytes));
+  for (const std::string& run : PlanRuns(r.plan.layers)) {
+    absl::StrAppend(&out, "  layers ", run, "\n");
+  }
+  absl::StrAppendFormat(&out,
+                        "peak %s (%d B), recompute %s FLOPs, overhead %.4f over no "
+                        "checkpointing (step %s FLOPs)",
+                        HumanBytes(r.plan.peak_bytes), r.plan.peak_bytes,
+                        Flops(r.plan.recompute_flops), r.plan.overhead,
+                        Flops(r.plan.step_flops));
+  if (r.flops_per_second > 0) {
+    absl::StrAppendFormat(
+        &out, ", %.4g s at %.4g FLOP/s",
+        static_cast<double>(r.plan.step_flops + r.plan.recompute_flops) / r.flops_per_second,
+        r.flops_per_second);
+  }
+  absl::StrAppendFormat(&out, "\nsmallest budget any plan fits: %s (%d B)\n\n",
+                        HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);
+  absl::StrAppend(&out, "variant        peak          overhead\n");
+  for (const VariantCost& v : r.variants) {
+    absl::StrAppendFormat(&out, "%-14s %-13s %.4f\n", v.name,
+                          v.peak_bytes.has_value() ? HumanBytes(*v.peak_bytes) : "-",
+                          v.overhead);
+  }
+  if (!r.frontier.empty()) {
+    absl::StrAppend(&out, "\nfrontier (budget -> least recompute)\n",
+                    "budget        peak          overhead  plan\n");
+    for (const FrontierPoint& point : r.frontier) {
+      std::vector<std::string> runs = PlanRuns(point.plan.layers);
+      absl::StrAppendFormat(&out, "%-13s %-13s %.4f    %s\n", HumanBytes(point.budget_bytes),
+                            HumanBytes(point.plan.peak_bytes), point.plan.overhead,
+                            absl::StrJoin(runs, ", "));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Variant> ParsePlanJson(absl::string_view json) {
+  rapidjson::Document doc;
+  doc.Parse(json.data(), json.size());
+  if (doc.HasParseError()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "not JSON at offset ", doc.GetErrorOffset(), ": ", rapidjson::GetParseError_En(doc.GetParseError())));
+  }
+  if (!doc.IsObject() || !doc.HasMember("plan") || !doc["plan"].IsArray()) {
+    return absl::InvalidArgumentError(
+        "expected an object with a \"plan\" array of layer choices (as //planner writes)");
+  }
+  std::vector<LayerChoice> layers;
+  const rapidjson::Value& plan = doc["plan"];
+  for (rapidjson::SizeType i = 0; i < plan.Size(); ++i) {
+    if (!plan[i].IsString()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan[", i, "] is not a string"));
+    }
+    absl::StatusOr<LayerChoice> choice =
+        ParseLayerChoice(absl::string_view(plan[i].GetString(), plan[i].GetStringLength()));
+    if (!choice.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan[", i, "]: ", choice.status().message()));
+    }
+    layers.push_back(*choice);
+  }
+  if (layers.empty()) return absl::InvalidArgumentError("the plan has no layers");
+  return PlanVariant(std::move(layers));
+}
+
+absl::StatusOr<Variant> ReadPlanFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return absl::InvalidArgumentError(absl::StrCat("--plan ", path, ": cannot read the file"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  absl::StatusOr<Variant> plan = ParsePlanJson(text.str());
+  if (!plan.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--plan ", path, ": ", plan.status().message()));
+  }
+  return plan;
+}
+
+}  // namespace memledger

@@ -1,0 +1,67 @@
+// The checkpoint planner's report: JSON (the plan per layer, its predicted peak and
+// recompute, the standard variants beside it, the frontier) and a table, and the
+// reader of a plan file that verify --plan runs.
+//
+// Example:
+//   PlanReport report{...};
+//   std::cout << JsonString(PlanReportJson(report));
+//   absl::StatusOr<Variant> plan = ParsePlanJson(text);  // {"plan": ["none", ...]}
+#ifndef PLANNER_PLAN_REPORT_H_
+#define PLANNER_PLAN_REPORT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "estimator/config.h"
+#include "estimator/predict.h"
+#include "planner/planner.h"
+#include "rapidjson/document.h"
+
+namespace memledger {
+
+// VariantCost is one standard variant's predicted peak and recompute overhead.
+struct VariantCost {
+  std::string name;
+  std::optional<int64_t> peak_bytes;  // absent where the peak is not simulated
+  int64_t recompute_flops = 0;
+  double overhead = 1;
+};
+
+struct PlanReport {
+  Prediction prediction;  // the model's buckets (and the standard variants' peaks)
+  int64_t budget_bytes = 0;
+  PlanResult plan;
+  int64_t smallest_budget_bytes = 0;
+  std::vector<VariantCost> variants;
+  std::vector<FrontierPoint> frontier;
+  double flops_per_second = 0;  // > 0: also predict step times
+};
+
+// PlanRuns is a plan as runs of equal choices: "0-3 full", "4 selective:matmul".
+std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers);
+
+// PlanReportJson: the study's head (config, attention, optimizer, parameter buckets),
+// then budget_bytes, plan (one choice name per layer), peak_bytes, recompute_flops,
+// step_flops, overhead, smallest_budget_bytes, variants {name: {peak_bytes,
+// recompute_flops, overhead}}, frontier [{budget_bytes, peak_bytes, recompute_flops,
+// overhead, plan (runs)}] and, with a throughput, step_seconds.
+rapidjson::Document PlanReportJson(const PlanReport& report);
+
+// PlanReportTable: the plan as runs of layers, its peak and overhead, the standard
+// variants and the frontier.
+std::string PlanReportTable(const PlanReport& report);
+
+// ParsePlanJson reads a plan document's "plan" array (LayerChoice names) as a kPlan
+// variant; errors say what is wrong and where ("plan[3]: unknown layer choice 'half'").
+absl::StatusOr<Variant> ParsePlanJson(absl::string_view json);
+
+// ReadPlanFile reads and parses a plan file; errors start "--plan PATH: ".
+absl::StatusOr<Variant> ReadPlanFile(const std::string& path);
+
+}  // namespace memledger
+
+#endif  // PLANNER_PLAN_REPORT_H_

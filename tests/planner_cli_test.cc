@@ -1,0 +1,136 @@
+// The planner binary as a user runs it: the plan and frontier as JSON and as a table,
+// exit 3 when no plan fits, one-line errors (exit 2), and a plan written with
+// --plan_out that verify --plan runs in LibTorch.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "rapidjson/document.h"
+#include "tests/subprocess.h"
+
+namespace {
+
+using memledger::testing::CommandResult;
+using memledger::testing::RunCommand;
+
+CommandResult Planner(const std::string& args, bool merge_stderr = true) {
+  return RunCommand("planner/planner " + args, merge_stderr);
+}
+
+std::string TempPath(const char* name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// The study's default config (6 x 128, 4 heads, B 16, T 64, AdamW) under 50 MiB.
+TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
+  CommandResult r = Planner("--budget_gib=0.048828125", /*merge_stderr=*/false);  // 50 MiB
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["budget_bytes"].GetInt64(), 50 << 20);
+  ASSERT_EQ(doc["plan"].Size(), 6u);
+  EXPECT_LE(doc["peak_bytes"].GetInt64(), 50 << 20);
+  // Measured by the counting allocator (runtime_test, verify): the study's `none` peaks
+  // at 67,687,944 B and `full` at 30,070,792 B, so 50 MiB needs some recompute, and an
+  // all-full plan fits any budget above 30,070,792.
+  EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(), 67687944);
+  EXPECT_EQ(doc["variants"]["full"]["peak_bytes"].GetInt64(), 30070792);
+  EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+  EXPECT_LE(doc["smallest_budget_bytes"].GetInt64(), 30070792);
+  // full recomputes every layer's forward: 6 x (24 N d^2 + 25 N d + 2 B d T (T + 1)),
+  // N = 1024 tokens, d = 128 (planner_test derives it).
+  const int64_t n = 1024, d = 128;
+  EXPECT_EQ(doc["variants"]["full"]["recompute_flops"].GetInt64(),
+            6 * (24 * n * d * d + 25 * n * d + 2 * 16 * d * 64 * 65));
+  EXPECT_EQ(doc["variants"]["none"]["overhead"].GetDouble(), 1.0);
+  // The plan recomputes less than full does.
+  EXPECT_LT(doc["recompute_flops"].GetInt64(),
+            doc["variants"]["full"]["recompute_flops"].GetInt64());
+  const rapidjson::Value& frontier = doc["frontier"];
+  ASSERT_EQ(frontier.Size(), 9u);
+  EXPECT_EQ(frontier[0].GetObject()["budget_bytes"].GetInt64(),
+            doc["smallest_budget_bytes"].GetInt64());
+  EXPECT_EQ(frontier[8].GetObject()["budget_bytes"].GetInt64(), 67687944);
+  EXPECT_EQ(frontier[8].GetObject()["overhead"].GetDouble(), 1.0);
+}
+
+TEST(PlannerCliTest, TableShowsRunsOfLayersAndTheFrontier) {
+  CommandResult r = Planner("--budget_gib=0.04 --format=table --frontier_points=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint plan: study, 6 layers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  layers 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("frontier (budget -> least recompute)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("every_2"), std::string::npos) << r.output;
+}
+
+TEST(PlannerCliTest, NoPlanFitsExitsThreeWithTheSmallestBudget) {
+  CommandResult r = Planner("--budget_gib=0.01");  // 10 MiB: below what full needs
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("no checkpoint plan fits 10.24 MiB"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the smallest peak any plan reaches is"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+}
+
+TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
+  for (const auto& [args, flag] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"", "--budget_gib must be a positive number"},
+           {"--budget_gib=-1", "--budget_gib"},
+           {"--budget_gib=nan", "--budget_gib"},
+           {"--budget_gib=1e30", "--budget_gib"},
+           {"--budget_gib=1 --frontier_points=1", "--frontier_points"},
+           {"--budget_gib=1 --format=csv", "--format must be json or table"},
+           {"--budget_gib=1 --flops_per_second=-2", "--flops_per_second"},
+           {"--budget_gib=1 --cpu_threads=0", "--cpu_threads"},
+           {"--budget_gib=1 --layers=0", "--layers"},
+           {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
+           {"--budget_gib=1 --dtype=bf16", "bf16"},
+           {"--budget_gib=1 stray", "unexpected argument"}}) {
+    CommandResult r = Planner(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
+  }
+}
+
+// The plan the planner writes is the plan verify runs: measured == predicted.
+TEST(PlannerCliTest, PlanOutVerifiesInLibTorch) {
+  const std::string plan = TempPath("plan.json");
+  const std::string model = "--layers=3 --width=32 --heads=2 --batch=2 --seq=16";
+  CommandResult r = Planner(model + " --budget_gib=0.0008 --frontier_points=0 --plan_out=" +
+                                plan,
+                            /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream file(plan);
+  std::stringstream written;
+  written << file.rdbuf();
+  EXPECT_EQ(written.str(), r.output);  // the same JSON document
+  CommandResult v = RunCommand("verify/verify " + model + " --skip_timing --plan=" + plan);
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  rapidjson::Document doc;
+  doc.Parse(v.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << v.output;
+  EXPECT_EQ(doc["ratio"]["peak_bytes"]["plan"].GetDouble(), 1.0) << v.output;
+
+  // A file that is not a plan: exit 2, naming the file.
+  std::ofstream(TempPath("bad.json")) << "{\"plan\": [\"none\", \"half\", \"full\"]}";
+  CommandResult bad =
+      RunCommand("verify/verify " + model + " --skip_timing --plan=" + TempPath("bad.json"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("plan[1]: unknown layer choice 'half'"), std::string::npos)
+      << bad.output;
+  CommandResult missing = RunCommand("verify/verify " + model + " --plan=/nonexistent.json");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("--plan /nonexistent.json: cannot read"), std::string::npos)
+      << missing.output;
+}
+
+}  // namespace
