@@ -95,11 +95,14 @@ struct Planner::Tables {
   // hull: the lower convex hull of (the least forward net of a choice, its recompute)
   // over the candidates, by rising forward net: the LP relaxation of "the cheapest way
   // to place r more layers in M bytes" is r * hull(M / r).
-  std::vector<std::pair<long double, long double>> hull;
+  std::vector<std::pair<double, double>> hull;
+  std::vector<double> hull_slope;  // between hull[k] and hull[k + 1]
+  std::vector<int> candidates_by_checkpoint[2];
   std::vector<int64_t> least_forward_net;  // per choice, over its contexts
   // CostBound is a lower bound on the recompute of `r` more layers whose forward nets
-  // sum to at most `memory`; infinity when even the leanest cannot fit.
-  long double CostBound(int64_t r, int64_t memory) const;
+  // sum to at most `memory`; infinity when even the leanest cannot fit. It errs low
+  // (by a relative 1e-9 and one FLOP) so that double rounding never prunes the optimum.
+  double CostBound(int64_t r, int64_t memory) const;
 
   // Search says what Feasible looks for.
   struct Search {
@@ -181,13 +184,25 @@ class ParetoSet {
   // Insert adds `label` (stored in `arena`) unless a member dominates it, and removes
   // the members it dominates. `use_s`: whether s differs between labels at all.
   void Insert(std::vector<Label>& arena, const Label& label, bool use_s) {
+    if (Dominated(label, use_s)) return;
+    InsertUndominated(arena, label, use_s);
+  }
+
+  // Dominated: some member is no larger in f, u, s and cost.
+  bool Dominated(const Label& label, bool use_s) const {
     const int64_t s = use_s ? label.s : 0;
     for (const Group& g : groups_) {
       if (g.u > label.u || g.s > s) continue;
       auto it = std::upper_bound(g.steps.begin(), g.steps.end(), label.f,
                                  [](int64_t f, const Step& step) { return f < step.f; });
-      if (it != g.steps.begin() && std::prev(it)->cost <= label.cost) return;
+      if (it != g.steps.begin() && std::prev(it)->cost <= label.cost) return true;
     }
+    return false;
+  }
+
+  // InsertUndominated: Insert for a label known not to be dominated.
+  void InsertUndominated(std::vector<Label>& arena, const Label& label, bool use_s) {
+    const int64_t s = use_s ? label.s : 0;
     Group* own = nullptr;
     for (Group& g : groups_) {
       if (g.u < label.u || g.s < s) continue;
@@ -245,24 +260,26 @@ class ParetoSet {
 bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                                std::vector<int>* plan) const {
   const int64_t layers = config.layers;
-  const int n = static_cast<int>(choices.size());
   if (resident > budget) return false;
-  // States: (choice of layer i, previous checkpointed, first checkpointed).
-  auto state = [&](int choice, bool previous, bool first_ckpt) {
-    return (static_cast<size_t>(choice) * 2 + previous) * 2 + first_ckpt;
+  // A label at step i has placed layers 0..i-1 and committed to whether layer i is
+  // checkpointed; its state is (layer i-1 checkpointed, layer i checkpointed, layer 0
+  // checkpointed), which is all the stretches still to come depend on. Choosing layer
+  // i's choice (of the committed kind) and layer i+1's kind places layer i. Labels
+  // that reached the same state by different choices compete in one Pareto set.
+  auto state = [](bool previous, bool current, bool first_ckpt) {
+    return (static_cast<size_t>(previous) * 2 + current) * 2 + first_ckpt;
   };
-  std::vector<std::vector<Label>> arenas(layers);
-  std::vector<ParetoSet> sets(static_cast<size_t>(n) * 4);
-  for (int c : candidates) {
-    const Bracket& b = first[Checkpointed(c)];
+  constexpr size_t kStates = 8;
+  std::vector<std::vector<Label>> arenas(layers + 1);
+  std::vector<ParetoSet> sets(kStates);
+  for (int current = 0; current < 2; ++current) {
+    if (candidates_by_checkpoint[current].empty()) continue;
+    const Bracket& b = first[current];
     if (b.prologue.has_rise && resident + b.prologue.rise > budget) continue;
-    Label label;
-    label.cost = search.any ? 0 : recompute[c];
-    label.choice = static_cast<int16_t>(c);
-    sets[state(c, false, first_matters && Checkpointed(c))].Insert(arenas[0], label, !local);
+    sets[state(false, current, first_matters && current)].Insert(arenas[0], Label(), !local);
   }
-  // Place layer i (its next neighbour now chosen) into a label; false if a forward
-  // moment, or a lower bound of the moments still to come, exceeds the budget.
+  // Place layer i into a label; false if a forward moment, a backward one known now
+  // (`local`), or a lower bound of the moments still to come exceeds the budget.
   // Under `local`, the later layers' D: the last one's, and the middle ones'.
   const Bracket& any_head = last[0].seen ? last[0] : last[1];
   const int64_t head_net = any_head.head_forward.net + any_head.head_backward.net;
@@ -286,87 +303,83 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     return base + to->f + remaining * min_forward_net + min_end_rise <= budget;
   };
   const bool bounded = !search.any && search.incumbent != std::numeric_limits<int64_t>::max();
-  for (int64_t i = 0; i + 1 < layers; ++i) {
-    std::vector<ParetoSet> next_sets(sets.size());
+  for (int64_t i = 0; i < layers; ++i) {
+    std::vector<ParetoSet> next_sets(kStates);
     const int position = PositionOf(i, layers);
     const int64_t remaining = layers - 1 - i;
-    for (int c = 0; c < n; ++c) {
-      for (int previous = 0; previous < 2; ++previous) {
+    for (int previous = 0; previous < 2; ++previous) {
+      for (int current = 0; current < 2; ++current) {
         for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
-          const ParetoSet& set = sets[state(c, previous, first_ckpt)];
+          const ParetoSet& set = sets[state(previous, current, first_ckpt)];
           if (set.empty()) continue;
           const int64_t base = resident + first[first_ckpt].prologue.net;
-          for (int next : candidates) {
-            const LayerStretches& st = layer[Key(position, previous, c, Checkpointed(next))];
-            ParetoSet& into = next_sets[state(next, Checkpointed(c), first_ckpt)];
-            set.ForEach([&](int32_t index) {
-              const Label& from = arenas[i][index];
-              Label to;
-              if (!place(from, st, base, remaining, &to)) return;
-              to.cost = search.any ? 0 : from.cost + recompute[next];
-              if (bounded) {
-                // Layers i + 2.. are still to choose; layer i + 1's forward is ahead.
-                const long double rest =
-                    CostBound(remaining - 1, budget - base - min_end_rise - to.f -
-                                                 least_forward_net[next]);
-                if (static_cast<long double>(to.cost) + rest * (1 - 1e-9L) - 1 >
-                    static_cast<long double>(search.incumbent)) {
-                  return;
+          set.ForEach([&](int32_t index) {
+            const Label& from = arenas[i][index];
+            for (int c : candidates_by_checkpoint[current]) {
+              const int64_t cost = search.any ? 0 : from.cost + recompute[c];
+              for (int next = 0; next < (remaining > 0 ? 2 : 1); ++next) {
+                if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
+                Label to;
+                if (!place(from, layer[Key(position, previous, c, next)], base, remaining,
+                           &to)) {
+                  continue;
                 }
+                to.cost = cost;
+                ParetoSet& into = next_sets[state(current, next, first_ckpt)];
+                if (into.Dominated(to, !local)) continue;
+                // The LP bound of layers i + 1.. in what the forward has left.
+                if (bounded && static_cast<double>(cost) +
+                                       CostBound(remaining, budget - base - min_end_rise - to.f) >
+                                   static_cast<double>(search.incumbent)) {
+                  continue;
+                }
+                to.parent = index;
+                to.choice = static_cast<int16_t>(c);
+                into.InsertUndominated(arenas[i + 1], to, !local);
               }
-              to.parent = index;
-              to.choice = static_cast<int16_t>(next);
-              into.Insert(arenas[i + 1], to, !local);
-            });
-          }
+            }
+          });
         }
       }
     }
     sets = std::move(next_sets);
   }
-  // The last layer, the head, the backward, the tail and the optimizer.
-  const int position = PositionOf(layers - 1, layers);
+  // The head, the backward, the tail and the optimizer.
   int32_t best = -1;
   int64_t best_cost = 0;
-  for (int c = 0; c < n; ++c) {
-    for (int previous = 0; previous < 2; ++previous) {
-      for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
-        const Bracket& head = last[Checkpointed(c)];
-        const Bracket& ends = first[first_ckpt];
-        const int64_t base = resident + ends.prologue.net;
-        const LayerStretches& st = layer[Key(position, previous, c, false)];
-        sets[state(c, previous, first_ckpt)].ForEach([&](int32_t index) {
-          const Label& from = arenas[layers - 1][index];
-          Label to;
-          if (!place(from, st, base, 0, &to)) return;
-          const int64_t forward_end = base + to.f;
-          if (RiseOf(head.head_forward) != kNoRise &&
-              forward_end + head.head_forward.rise > budget) {
-            return;
-          }
-          const int64_t after_head = forward_end + head.head_forward.net;
-          if (head.head_backward.has_rise && after_head + head.head_backward.rise > budget) {
-            return;
-          }
-          const int64_t h = base + head.head_forward.net + head.head_backward.net;
-          if (to.u != kNoRise && h + to.f + to.u > budget) return;
-          const int64_t tail_start = h + to.s;
-          if (ends.tail.has_rise && tail_start + ends.tail.rise > budget) return;
-          if (optimizer.has_rise && tail_start + ends.tail.net + optimizer.rise > budget) return;
-          if ((best < 0 || from.cost < best_cost) && from.cost <= search.incumbent) {
-            best = index;
-            best_cost = from.cost;
-          }
-        });
-      }
+  for (int previous = 0; previous < 2; ++previous) {
+    for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
+      const Bracket& head = last[previous];  // `previous` is now the last layer's kind
+      const Bracket& ends = first[first_ckpt];
+      const int64_t base = resident + ends.prologue.net;
+      sets[state(previous, false, first_ckpt)].ForEach([&](int32_t index) {
+        const Label& to = arenas[layers][index];
+        const int64_t forward_end = base + to.f;
+        if (head.head_forward.has_rise && forward_end + head.head_forward.rise > budget) {
+          return;
+        }
+        const int64_t after_head = forward_end + head.head_forward.net;
+        if (head.head_backward.has_rise && after_head + head.head_backward.rise > budget) {
+          return;
+        }
+        const int64_t h = base + head.head_forward.net + head.head_backward.net;
+        if (to.u != kNoRise && h + to.f + to.u > budget) return;
+        const int64_t tail_start = h + to.s;
+        if (ends.tail.has_rise && tail_start + ends.tail.rise > budget) return;
+        if (optimizer.has_rise && tail_start + ends.tail.net + optimizer.rise > budget) return;
+        if ((best < 0 || to.cost < best_cost) && to.cost <= search.incumbent) {
+          best = index;
+          best_cost = to.cost;
+        }
+      });
     }
   }
   if (best < 0) return false;
   if (plan != nullptr) {
     plan->assign(layers, 0);
     int32_t index = best;
-    for (int64_t i = layers - 1; i >= 0; --i) {
-      (*plan)[i] = arenas[i][index].choice;
+    for (int64_t i = layers; i >= 1; --i) {
+      (*plan)[i - 1] = arenas[i][index].choice;
       index = arenas[i][index].parent;
     }
   }
@@ -444,9 +457,10 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
   if (!buckets.ok()) return buckets.status();
   const ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes};
 
-  // Probes: for each choice c, [c N c N c F c F c N c] and [c F c] (N none, F full)
-  // place c first and last after both neighbours, and in the middle between every pair;
-  // a one-layer model has only [c].
+  // Probes: for each choice c, with o the other kind of layer (none when c is
+  // checkpointed, full when not), [c o c o c c c o c] places c first and last beside
+  // an o and in the middle in all four contexts, and [c c] first and last beside its
+  // own kind; a one-layer model has only [c].
   const int none = 0, full = 1;
   StepOptions step;
   step.cpu_threads = options.cpu_threads;
@@ -467,11 +481,12 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
   } else {
     std::vector<std::vector<int>> longs, shorts;
     for (int c = 0; c < n; ++c) {
-      longs.push_back({c, none, c, none, c, full, c, full, c, none, c});
-      shorts.push_back({c, full, c});
+      const int o = tables->Checkpointed(c) ? none : full;
+      longs.push_back({c, o, c, o, c, c, c, o, c});
+      shorts.push_back({c, c});
     }
-    probes.emplace_back(11, std::move(longs));
-    probes.emplace_back(3, std::move(shorts));
+    probes.emplace_back(9, std::move(longs));
+    probes.emplace_back(2, std::move(shorts));
   }
   for (const auto& [layers, plans] : probes) {
     absl::StatusOr<StepSimulator> simulator = simulator_for(layers);
@@ -608,10 +623,11 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
         }
       }
     }
-    std::vector<std::pair<long double, long double>> points;
+    std::vector<std::pair<double, double>> points;
     for (int c : t.candidates) {
-      points.emplace_back(static_cast<long double>(t.least_forward_net[c]),
-                          static_cast<long double>(t.recompute[c]));
+      points.emplace_back(static_cast<double>(t.least_forward_net[c]),
+                          static_cast<double>(t.recompute[c]));
+      t.candidates_by_checkpoint[t.Checkpointed(c)].push_back(c);
     }
     std::sort(points.begin(), points.end());
     // The lower-left convex hull: cost falls as the forward net rises.
@@ -629,6 +645,10 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
         }
       }
       t.hull.push_back(p);
+    }
+    for (size_t k = 0; k + 1 < t.hull.size(); ++k) {
+      t.hull_slope.push_back((t.hull[k + 1].second - t.hull[k].second) /
+                             (t.hull[k + 1].first - t.hull[k].first));
     }
   }
   return Planner(std::move(tables));
@@ -657,17 +677,19 @@ int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
 
 int64_t Planner::PeakOf(const std::vector<int>& plan) const { return tables_->PeakOf(plan); }
 
-long double Planner::Tables::CostBound(int64_t r, int64_t memory) const {
-  constexpr long double kInfinity = std::numeric_limits<long double>::infinity();
+double Planner::Tables::CostBound(int64_t r, int64_t memory) const {
+  constexpr double kInfinity = std::numeric_limits<double>::infinity();
   if (r <= 0) return memory >= 0 ? 0 : kInfinity;
-  const long double x = static_cast<long double>(memory) / r;  // per layer
+  const double x = static_cast<double>(memory) / static_cast<double>(r);  // per layer
   if (hull.empty() || x < hull.front().first) return kInfinity;
+  double per_layer = hull.back().second;
   for (size_t k = 0; k + 1 < hull.size(); ++k) {
-    const auto& [f0, c0] = hull[k];
-    const auto& [f1, c1] = hull[k + 1];
-    if (x < f1) return r * (c0 + (c1 - c0) * (x - f0) / (f1 - f0));
+    if (x < hull[k + 1].first) {
+      per_layer = hull[k].second + hull_slope[k] * (x - hull[k].first);
+      break;
+    }
   }
-  return r * hull.back().second;
+  return static_cast<double>(r) * per_layer * (1 - 1e-9) - 1;
 }
 
 bool Planner::Tables::Incumbent(int64_t budget, std::vector<int>* plan, int64_t* cost) const {
