@@ -1,7 +1,7 @@
 // Flops: the arithmetic of one training step, counted op by op from the model's graphs,
 // the checkpoint planner's cost model. A step's time is predicted as its FLOPs over a
-// throughput the user measures once per machine (//runtime:runtime_benchmark's
-// BM_StepThroughput); recompute overheads are FLOP ratios and need no calibration.
+// throughput the user measures once per machine (//runtime:runtime_benchmark prints
+// it); recompute overheads are FLOP ratios and need no calibration.
 //
 // What an op costs (forward; a multiply-add is 2 FLOPs):
 //   - addmm, mm, bmm: 2 M K N (addmm adds M N for the bias);

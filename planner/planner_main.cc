@@ -27,8 +27,8 @@ ABSL_FLAG(int32_t, frontier_points, 9,
 ABSL_FLAG(std::string, plan_out, "",
           "Also write the JSON report to this file, for verify --plan=FILE.");
 ABSL_FLAG(double, flops_per_second, 0,
-          "This machine's throughput (BM_StepThroughput of //runtime:runtime_benchmark "
-          "reports it), to predict step times; 0: overheads only.");
+          "This machine's throughput, to predict step times (./bazelw run "
+          "//runtime:runtime_benchmark prints it, measured once); 0: overheads only.");
 ABSL_FLAG(int32_t, cpu_threads, 1,
           "LibTorch's intra-op threads on the CPU, which size some kernels' workspaces in "
           "the step's peak (a few KiB).");

@@ -8,7 +8,9 @@
 //   - peak RSS growth of one `none` forward+backward vs a whole Measure() (one graph
 //     alive at a time, so the two should be close);
 // and after it the ratios: hook overhead (measured / plain forward+backward of `none`,
-// target <= 1.05) and recompute cost (full / none, selective / none).
+// target <= 1.05) and recompute cost (full / none, selective / none) beside the
+// planner's FLOP model of it, and this machine's throughput (the step's FLOPs over
+// none's median time), which //planner takes as --flops_per_second.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "estimator/config.h"
+#include "planner/flops.h"
 #include "runtime/checkpoint.h"
 #include "runtime/model.h"
 #include "runtime/runtime.h"
@@ -182,9 +185,28 @@ int main(int argc, char** argv) {
   if (none > 0) {
     std::printf("hook overhead, measured/plain (none): %.3f (target <= 1.05)\n",
                 median("none/measured") / none);
-    std::printf("recompute cost, full/none: %.3f\n", median("full/plain") / none);
-    std::printf("recompute cost, every_2/none: %.3f\n", median("every_2/plain") / none);
-    std::printf("recompute cost, selective/none: %.3f\n", median("selective/plain") / none);
+    // Measured forward+backward time over none's, beside the planner's predicted
+    // (step + recompute FLOPs) / step FLOPs.
+    const ModelConfig config;
+    absl::StatusOr<StepFlops> flops = CountStepFlops(config, AttentionMode::kFlash);
+    for (const Variant& v : DefaultVariants()) {
+      if (v.kind == VariantKind::kNone || !flops.ok()) continue;
+      int64_t recompute = 0;
+      for (int64_t i = 0; i < config.layers; ++i) {
+        absl::StatusOr<int64_t> r = RecomputeFlops(config, AttentionMode::kFlash, v.At(i));
+        recompute += r.ok() ? *r : 0;
+      }
+      std::printf("recompute cost, %s/none: measured %.3f, predicted by FLOPs %.3f\n",
+                  v.Name().c_str(), median(v.Name() + "/plain") / none,
+                  static_cast<double>(flops->total + recompute) /
+                      static_cast<double>(flops->total));
+    }
+    if (flops.ok()) {
+      std::printf("throughput: %.4g FLOP/s (none's step, %.4g FLOPs, in %.4g s; "
+                  "//planner --flops_per_second)\n",
+                  static_cast<double>(flops->total) / none, static_cast<double>(flops->total),
+                  none);
+    }
   }
   return 0;
 }
