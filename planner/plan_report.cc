@@ -53,6 +53,7 @@ rapidjson::Document PlanReportJson(const PlanReport& r) {
   for (const LayerChoice& choice : r.plan.layers) plan.PushBack(String(choice.Name(), a), a);
   doc.AddMember("plan", plan, a);
   doc.AddMember("peak_bytes", r.plan.peak_bytes, a);
+  if (r.plan_peak.has_value()) doc.AddMember("peak", PeakJson(*r.plan_peak, a), a);
   doc.AddMember("recompute_flops", r.plan.recompute_flops, a);
   doc.AddMember("step_flops", r.plan.step_flops, a);
   doc.AddMember("overhead", RoundTo4(r.plan.overhead), a);
@@ -109,6 +110,10 @@ std::string PlanReportTable(const PlanReport& r) {
         &out, ", %.4g s at %.4g FLOP/s",
         static_cast<double>(r.plan.step_flops + r.plan.recompute_flops) / r.flops_per_second,
         r.flops_per_second);
+  }
+  if (r.plan_peak.has_value()) {
+    absl::StrAppendFormat(&out, "\npeak in the %s: %s", StepPhaseName(r.plan_peak->phase),
+                          r.plan_peak->op);
   }
   absl::StrAppendFormat(&out, "\nsmallest budget any plan fits: %s (%d B)\n\n",
                         HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);

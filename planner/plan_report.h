@@ -35,6 +35,9 @@ struct PlanReport {
   Prediction prediction;  // the model's buckets (and the standard variants' peaks)
   int64_t budget_bytes = 0;
   PlanResult plan;
+  // plan_peak: where the plan's peak happens, from the step simulation's replay of the
+  // plan (equal in bytes to plan.peak_bytes, which the planner composed).
+  std::optional<StepPeak> plan_peak;
   int64_t smallest_budget_bytes = 0;
   std::vector<VariantCost> variants;
   std::vector<FrontierPoint> frontier;
@@ -45,7 +48,8 @@ struct PlanReport {
 std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers);
 
 // PlanReportJson: the study's head (config, attention, optimizer, parameter buckets),
-// then budget_bytes, plan (one choice name per layer), peak_bytes, recompute_flops,
+// then budget_bytes, plan (one choice name per layer), peak_bytes, peak (phase, op,
+// by_category), recompute_flops,
 // step_flops, overhead, smallest_budget_bytes, variants {name: {peak_bytes,
 // recompute_flops, overhead}}, frontier [{budget_bytes, peak_bytes, recompute_flops,
 // overhead, plan (runs)}] and, with a throughput, step_seconds.

@@ -131,6 +131,18 @@ int main(int argc, char** argv) {
   }
   if (!plan.ok()) return memledger::ReportError(plan.status());
   report.plan = *plan;
+  // Replay the plan itself: where its peak happens, and a check of the composition.
+  predict.variants = {memledger::PlanVariant(plan->layers)};
+  absl::StatusOr<memledger::Prediction> replayed = memledger::Predict(spec->config, predict);
+  if (!replayed.ok()) return memledger::ReportError(replayed.status());
+  if (const auto& peak = replayed->variants[0].peak; peak.has_value()) {
+    if (peak->bytes != plan->peak_bytes) {
+      return memledger::ReportError(absl::InternalError(absl::StrCat(
+          "the plan's replayed peak ", peak->bytes, " differs from the composed ",
+          plan->peak_bytes)));
+    }
+    report.plan_peak = *peak;
+  }
   report.smallest_budget_bytes = planner->SmallestBudget();
   if (points > 0) {
     absl::StatusOr<std::vector<memledger::FrontierPoint>> frontier = planner->Frontier(points);

@@ -37,6 +37,9 @@ TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
   EXPECT_EQ(doc["budget_bytes"].GetInt64(), 50 << 20);
   ASSERT_EQ(doc["plan"].Size(), 6u);
   EXPECT_LE(doc["peak_bytes"].GetInt64(), 50 << 20);
+  // The plan replayed (estimator/liveness) peaks where the planner composed it.
+  EXPECT_EQ(doc["peak"]["bytes"].GetInt64(), doc["peak_bytes"].GetInt64());
+  EXPECT_TRUE(doc["peak"]["op"].IsString());
   // Measured by the counting allocator (runtime_test, verify): the study's `none` peaks
   // at 67,687,944 B and `full` at 30,070,792 B, so 50 MiB needs some recompute, and an
   // all-full plan fits any budget above 30,070,792.
