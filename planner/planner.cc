@@ -550,10 +550,16 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
                         SameStretch(t.first[0].tail, t.first[1].tail));
     for (int position = 0; position < kPositions; ++position) t.d_of[position] = d[position];
     // Every plan's forward ends, then its head's forward runs: the smaller of the two
-    // head rises (or 0 when a head has none) is a moment still to come.
+    // heads' rises (or 0 when a head has none) is a moment still to come.
+    // So is the head's backward (its loss gradient, often the peak), at the head's
+    // forward net above the forward's end.
     int64_t end = std::numeric_limits<int64_t>::max();
     for (const Tables::Bracket& b : t.last) {
-      if (b.seen) end = std::min<int64_t>(end, b.head_forward.has_rise ? std::max<int64_t>(b.head_forward.rise, 0) : 0);
+      if (!b.seen) continue;
+      const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
+      const int64_t backward_moment =
+          b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
+      end = std::min(end, std::max(forward_moment, backward_moment));
     }
     t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
     // Under `local`, the last layer's backward comes after the head's nets: a second

@@ -2,7 +2,8 @@
 // per-layer choice (none, full, selective with each of the 7 non-empty subsets of
 // matmul, attention and silu), at budgets 1/4, 1/2 and 3/4 of the way from the
 // smallest peak any plan reaches to the peak without checkpointing. The target (issue
-// 13): a plan in <= 10 ms, probes included (BM_PlanLlama70b).
+// 13): a plan in <= 10 ms, probes included (BM_PlanLlama70b); BM_CreateLlama70b and
+// BM_SolveLlama70b split it.
 //   ./bazelw run //planner:planner_benchmark
 #include <benchmark/benchmark.h>
 
@@ -51,6 +52,16 @@ void BM_PlanLlama70b(benchmark::State& state) {
   state.counters["candidates"] = static_cast<double>(setup->candidates().size());
 }
 BENCHMARK(BM_PlanLlama70b)->ArgName("quarter")->Arg(1)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond);
+
+// Create alone: the probe simulations, FLOP counts and tables.
+void BM_CreateLlama70b(benchmark::State& state) {
+  const ModelConfig config = Llama70b();
+  for (auto _ : state) {
+    absl::StatusOr<Planner> planner = Planner::Create(config, PlannerOptions());
+    benchmark::DoNotOptimize(planner->candidates().size());
+  }
+}
+BENCHMARK(BM_CreateLlama70b)->Unit(benchmark::kMillisecond);
 
 // Solve alone, the probes done once.
 void BM_SolveLlama70b(benchmark::State& state) {
