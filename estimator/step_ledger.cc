@@ -1,0 +1,31 @@
+#include "estimator/step_ledger.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace memledger::liveness_internal {
+
+std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
+  const std::string segment = where.segment == Where::kHead       ? "head"
+                              : where.segment == Where::kPrologue ? "embedding"
+                                                                  : absl::StrCat("layer ", where.segment);
+  switch (where.activity) {
+    case Where::Activity::kCheckpointNode:
+      return absl::StrCat(segment, " (CheckpointFunction)");
+    case Where::Activity::kLossBackward:
+      return "loss.backward()";
+    case Where::Activity::kTables:
+      return absl::StrCat(segment, " model-level tensors (RoPE tables, position ids)");
+    case Where::Activity::kOptimizerStep:
+      return absl::StrCat(OptimizerName(optimizer.kind), ".step()");
+    case Where::Activity::kOp:
+      break;
+  }
+  std::string text = absl::StrCat(segment, where.recompute ? " recompute " : " ",
+                                  where.graph->ops[where.op].name);
+  if (where.node != nullptr) absl::StrAppend(&text, " (", where.node, ")");
+  return text;
+}
+
+}  // namespace memledger::liveness_internal
