@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
+#include "estimator/svg.h"
 #include "estimator/units.h"
 
 namespace memledger {
@@ -44,25 +44,6 @@ const char* Color(MemoryCategory category) {
 const char* Label(MemoryCategory category) {
   return category == MemoryCategory::kOptimizerState ? "optimizer state"
                                                      : MemoryCategoryName(category);
-}
-
-std::string Escape(const std::string& text) {
-  return absl::StrReplaceAll(text, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}});
-}
-
-// NiceCeiling rounds up to 4 ticks of 1, 2, 2.5 or 5 x 10^k of the unit (B, KiB, MiB,
-// GiB, TiB) the bytes are shown in, so the axis reads 0, 16 MiB, 32 MiB, ...
-int64_t NiceCeiling(int64_t bytes) {
-  double unit = 1;
-  while (bytes / unit >= 1024 && unit < static_cast<double>(int64_t{1} << 40)) unit *= 1024;
-  const double step = static_cast<double>(bytes) / unit / 4;
-  double magnitude = 1;
-  while (magnitude * 10 <= step) magnitude *= 10;
-  while (magnitude > step) magnitude /= 10;
-  for (double factor : {1.0, 2.0, 2.5, 5.0, 10.0}) {
-    if (factor * magnitude >= step) return static_cast<int64_t>(4 * factor * magnitude * unit);
-  }
-  return bytes;
 }
 
 // PhaseColumns maps a step's events to pixel columns: phase p owns columns
@@ -158,7 +139,7 @@ void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* 
   }
 
   absl::StrAppendFormat(svg, "<text x=\"%d\" y=\"%d\" class=\"panel\">%s</text>\n", kLeft,
-                        top + 14, Escape(panel.title));
+                        top + 14, SvgEscape(panel.title));
   // Areas, bottom to top.
   std::vector<double> lower(kPlotWidth, static_cast<double>(plot_top + kPlotHeight));
   std::vector<int64_t> cumulative(kPlotWidth, 0);
@@ -233,7 +214,7 @@ void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* 
   absl::StrAppendFormat(svg,
                         "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" class=\"peak\"/>"
                         "<text x=\"%d\" y=\"%d\" class=\"peaklabel\">%s</text>\n",
-                        peak_x, peak_y, kLeft, top + 30, Escape(label));
+                        peak_x, peak_y, kLeft, top + 30, SvgEscape(label));
 }
 
 }  // namespace
@@ -248,7 +229,7 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
       y_max = std::max(y_max, panel.measured->peak_bytes);
     }
   }
-  y_max = NiceCeiling(y_max + y_max / 12);  // headroom for the peak's marker
+  y_max = NiceBytesCeiling(y_max + y_max / 12);  // headroom for the peak's marker
   const int height = kTitleHeight + kPanelHeight * static_cast<int>(panels.size()) + 8;
   std::string svg = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -261,7 +242,7 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
       ".measured{fill:none;stroke:#000;stroke-width:1.2}</style>\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"#ffffff\"/>\n"
       "<text x=\"%d\" y=\"22\" class=\"title\">%s</text>\n",
-      kWidth, height, kWidth, height, kLeft, Escape(title));
+      kWidth, height, kWidth, height, kLeft, SvgEscape(title));
   // The legend, in stacking order (bottom first), above every panel.
   int x = kLeft;
   for (MemoryCategory category : kStackOrder) {

@@ -15,6 +15,7 @@
 #include "estimator/predict.h"
 #include "estimator/report.h"
 #include "planner/flops.h"
+#include "planner/frontier_svg.h"
 #include "planner/plan_report.h"
 #include "planner/planner.h"
 
@@ -29,6 +30,9 @@ ABSL_FLAG(std::string, plan_out, "",
 ABSL_FLAG(double, flops_per_second, 0,
           "This machine's throughput, to predict step times (./bazelw run "
           "//runtime:runtime_benchmark prints it, measured once); 0: overheads only.");
+ABSL_FLAG(std::string, frontier_svg, "",
+          "Also draw the frontier (budget -> least overhead, the fixed variants, the plan) "
+          "as an SVG chart to this file.");
 ABSL_FLAG(int32_t, cpu_threads, 1,
           "LibTorch's intra-op threads on the CPU, which size some kernels' workspaces in "
           "the step's peak (a few KiB).");
@@ -150,6 +154,20 @@ int main(int argc, char** argv) {
     report.frontier = *frontier;
   }
 
+  if (const std::string path = absl::GetFlag(FLAGS_frontier_svg); !path.empty()) {
+    if (report.frontier.size() < 2) {
+      return memledger::ReportError(
+          absl::InvalidArgumentError("--frontier_svg needs --frontier_points >= 2"));
+    }
+    const memledger::ModelConfig& c = spec->config;
+    const std::string title = absl::StrCat(
+        "memledger planner: ", spec->model, ", ", c.layers, " layers, batch ", c.batch, ", seq ",
+        c.seq, ", ", memledger::OptimizerName(spec->optimizer.kind));
+    if (absl::Status s = memledger::WriteFileAtomically(path, memledger::FrontierSvg(title, report));
+        !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
   const std::string json = memledger::JsonString(memledger::PlanReportJson(report));
   for (const std::string& path : {absl::GetFlag(FLAGS_plan_out), absl::GetFlag(FLAGS_json_out)}) {
     if (path.empty()) continue;

@@ -104,6 +104,30 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
   }
 }
 
+// --frontier_svg draws the frontier; librsvg (which ./bazelw installs) renders it.
+TEST(PlannerCliTest, FrontierSvgRenders) {
+  const std::string svg = TempPath("frontier.svg"), png = TempPath("frontier.png");
+  CommandResult r = Planner("--budget_gib=0.04 --frontier_points=5 --frontier_svg=" + svg,
+                            /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream file(svg);
+  std::stringstream text;
+  text << file.rdbuf();
+  EXPECT_EQ(text.str().rfind("<svg ", 0), 0u);
+  EXPECT_NE(text.str().find("class=\"frontier\""), std::string::npos);
+  EXPECT_NE(text.str().find("class=\"plan\""), std::string::npos);
+  EXPECT_NE(text.str().find(">every_2 1.166x</text>"), std::string::npos) << text.str();
+  EXPECT_EQ(RunCommand("rsvg-convert --format=png -o '" + png + "' '" + svg + "'").exit_code, 0);
+  std::ifstream image(png, std::ios::binary);
+  char magic[4] = {};
+  image.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+
+  CommandResult bad = Planner("--budget_gib=0.04 --frontier_points=0 --frontier_svg=" + svg);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--frontier_svg needs --frontier_points >= 2"), std::string::npos);
+}
+
 // The plan the planner writes is the plan verify runs: measured == predicted.
 TEST(PlannerCliTest, PlanOutVerifiesInLibTorch) {
   const std::string plan = TempPath("plan.json");
