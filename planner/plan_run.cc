@@ -1,0 +1,109 @@
+#include "planner/plan_run.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/predict.h"
+#include "planner/flops.h"
+#include "planner/planner.h"
+
+namespace memledger {
+namespace {
+
+// Overhead of recomputing `recompute` on top of `step` FLOPs.
+double Overhead(int64_t step, int64_t recompute) {
+  return step > 0 ? (static_cast<double>(step) + static_cast<double>(recompute)) /
+                        static_cast<double>(step)
+                  : 1;
+}
+
+}  // namespace
+
+absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
+  if (options.budget_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--budget_gib must be a positive number of GiB, got ",
+                     options.budget_bytes, " bytes"));
+  }
+  if (options.frontier_points < 0 || options.frontier_points == 1 ||
+      options.frontier_points > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--frontier_points must be 0 or between 2 and 1000, got ", options.frontier_points));
+  }
+  if (options.cpu_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu_threads must be >= 1, got ", options.cpu_threads));
+  }
+  if (!(options.flops_per_second >= 0) || options.flops_per_second > 1e30) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--flops_per_second must be >= 0, got ", options.flops_per_second));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
+  if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
+  PlannerOptions planner_options;
+  planner_options.attention = spec.attention;
+  planner_options.optimizer = spec.optimizer;
+  planner_options.cpu_threads = options.cpu_threads;
+  absl::StatusOr<Planner> planner = Planner::Create(spec.config, planner_options);
+  if (absl::IsUnimplemented(planner.status())) {
+    // Not simulated yet (bf16, autocast): the input is what cannot be planned.
+    return absl::InvalidArgumentError(planner.status().message());
+  }
+  if (!planner.ok()) return planner.status();
+
+  PlanReport report;
+  report.budget_bytes = options.budget_bytes;
+  report.flops_per_second = options.flops_per_second;
+  // The fixed variants beside the plan, their peaks and recompute.
+  PredictOptions predict;
+  predict.attention = spec.attention;
+  predict.optimizer = spec.optimizer;
+  predict.variants = spec.variants;
+  predict.cpu_threads = options.cpu_threads;
+  absl::StatusOr<Prediction> prediction = Predict(spec.config, predict);
+  if (!prediction.ok()) return prediction.status();
+  report.prediction = *prediction;
+  const int64_t step = planner->step_flops().total;
+  for (const VariantPrediction& v : prediction->variants) {
+    VariantCost cost;
+    cost.name = v.variant.Name();
+    if (v.peak.has_value()) cost.peak_bytes = v.peak->bytes;
+    for (int64_t i = 0; i < spec.config.layers; ++i) {
+      absl::StatusOr<int64_t> flops = RecomputeFlops(spec.config, spec.attention, v.variant.At(i));
+      if (!flops.ok()) return flops.status();
+      cost.recompute_flops += *flops;
+    }
+    cost.overhead = Overhead(step, cost.recompute_flops);
+    report.variants.push_back(cost);
+  }
+
+  absl::StatusOr<PlanResult> plan = planner->Solve(options.budget_bytes);
+  if (!plan.ok()) return plan.status();
+  report.plan = *plan;
+  // Replay the plan itself: where its peak happens, and a check of the composition.
+  predict.variants = {PlanVariant(plan->layers)};
+  absl::StatusOr<Prediction> replayed = Predict(spec.config, predict);
+  if (!replayed.ok()) return replayed.status();
+  if (const auto& peak = replayed->variants[0].peak; peak.has_value()) {
+    if (peak->bytes != plan->peak_bytes) {
+      return absl::InternalError(absl::StrCat("the plan's replayed peak ", peak->bytes,
+                                              " differs from the composed ", plan->peak_bytes));
+    }
+    report.plan_peak = *peak;
+  }
+  report.smallest_budget_bytes = planner->SmallestBudget();
+  if (options.frontier_points > 0) {
+    absl::StatusOr<std::vector<FrontierPoint>> frontier =
+        planner->Frontier(options.frontier_points);
+    if (!frontier.ok()) return frontier.status();
+    report.frontier = *frontier;
+  }
+  return report;
+}
+
+}  // namespace memledger

@@ -1,0 +1,39 @@
+// RunPlanner: one planner run as the CLI and the C ABI make it: the plan for a budget,
+// its replayed peak, the fixed variants beside it and the frontier, as a PlanReport.
+//
+// Example:
+//   PlanRunOptions options;
+//   options.budget_bytes = int64_t{80} << 30;
+//   absl::StatusOr<PlanReport> report = RunPlanner(spec, options);
+//   if (absl::IsResourceExhausted(report.status())) ...  // no plan fits; the message
+//                                                         // names the smallest budget
+#ifndef PLANNER_PLAN_RUN_H_
+#define PLANNER_PLAN_RUN_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "estimator/run_request.h"
+#include "planner/plan_report.h"
+
+namespace memledger {
+
+struct PlanRunOptions {
+  int64_t budget_bytes = 0;   // REQUIRES: > 0
+  int frontier_points = 9;    // 0, or 2..1000
+  int cpu_threads = 1;        // >= 1
+  double flops_per_second = 0;  // > 0: step times too
+};
+
+// ValidatePlanRunOptions names the bad option ("--budget_gib", ...) as InvalidArgument.
+absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
+
+// RunPlanner plans `spec` (its variants are the fixed ones shown beside the plan).
+// InvalidArgument for bad input, including configs whose step is not simulated yet
+// (bf16, autocast); ResourceExhausted when no plan fits the budget; Internal if the
+// plan's replayed peak differs from the planner's composed one.
+absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);
+
+}  // namespace memledger
+
+#endif  // PLANNER_PLAN_RUN_H_
