@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -11,6 +12,8 @@
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/run_request.h"
+#include "planner/plan_report.h"
+#include "planner/plan_run.h"
 #include "rapidjson/document.h"
 #include "rapidjson/error/en.h"
 
@@ -27,8 +30,16 @@ absl::Status KeyError(const char* key, const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("request: \"", key, "\" ", what));
 }
 
-// ParseRequest fills a RunRequest from the JSON object; `explain` from its "explain".
-absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain) {
+// PlanKeys are memledger_plan's keys beyond the run's.
+struct PlanKeys {
+  std::optional<double> budget_gib;
+  int64_t frontier_points = 9;
+  int64_t cpu_threads = 1;
+};
+
+// ParseRequest fills a RunRequest from the JSON object; `explain` from its "explain"
+// (predict's only: null for a plan), `plan` from the planner's keys (null for predict).
+absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKeys* plan) {
   if (json == nullptr) return absl::InvalidArgumentError("request: NULL");
   rapidjson::Document doc;
   doc.Parse(json);
@@ -85,8 +96,18 @@ absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain) {
       if (!value.IsNumber()) return KeyError(key, "must be a number");
       request.momentum = value.GetDouble();
     } else if (name == "master_weights") status = boolean(&request.master_weights);
-    else if (name == "explain") status = boolean(explain);
-    else return KeyError(key, "is not a request key (see api/memledger.h)");
+    else if (name == "explain" && explain != nullptr) status = boolean(explain);
+    else if (name == "budget_gib" && plan != nullptr) {
+      if (!value.IsNumber()) return KeyError(key, "must be a number");
+      plan->budget_gib = value.GetDouble();
+    } else if (name == "frontier_points" && plan != nullptr) {
+      status = integer(&plan->frontier_points);
+    } else if (name == "cpu_threads" && plan != nullptr) {
+      status = integer(&plan->cpu_threads);
+    } else {
+      return KeyError(key, plan != nullptr ? "is not a plan request key (see api/memledger.h)"
+                                           : "is not a request key (see api/memledger.h)");
+    }
     if (!status.ok()) return status;
   }
   return request;
@@ -94,7 +115,7 @@ absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain) {
 
 absl::StatusOr<std::string> PredictJson(const char* request_json) {
   bool explain = false;
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain);
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain, nullptr);
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
@@ -108,8 +129,39 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   return JsonString(PredictionJson(*prediction));
 }
 
+absl::StatusOr<std::string> PlanJson(const char* request_json) {
+  PlanKeys keys;
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, &keys);
+  if (!request.ok()) return request.status();
+  if (!keys.budget_gib.has_value()) {
+    return absl::InvalidArgumentError("request: \"budget_gib\" is required");
+  }
+  const double budget = *keys.budget_gib * static_cast<double>(int64_t{1} << 30);
+  if (!(*keys.budget_gib > 0) || !(budget < 9.2e18)) {
+    return KeyError("budget_gib", "must be a positive number of GiB below 2^33");
+  }
+  // Out of int's range here; the rest of each range is RunPlanner's to check.
+  if (keys.frontier_points < 0 || keys.frontier_points > 1000) {
+    return KeyError("frontier_points", "must be 0 or between 2 and 1000");
+  }
+  if (keys.cpu_threads < 1 || keys.cpu_threads > 1024) {
+    return KeyError("cpu_threads", "must be between 1 and 1024");
+  }
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
+  if (!spec.ok()) return spec.status();
+  PlanRunOptions options;
+  options.budget_bytes = static_cast<int64_t>(budget);
+  options.frontier_points = static_cast<int>(keys.frontier_points);
+  options.cpu_threads = static_cast<int>(keys.cpu_threads);
+  absl::StatusOr<PlanReport> report = RunPlanner(*spec, options);
+  if (!report.ok()) return report.status();
+  return JsonString(PlanReportJson(*report));
+}
+
 int CodeOf(const absl::Status& status) {
   switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return MEMLEDGER_NO_PLAN;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kNotFound:
@@ -117,6 +169,31 @@ int CodeOf(const absl::Status& status) {
     default:
       return MEMLEDGER_INTERNAL;
   }
+}
+
+// Call runs one request through `run` and hands the result over the C boundary: the
+// JSON, or the error code and one line; nothing may unwind into C.
+int Call(absl::StatusOr<std::string> (*run)(const char*), const char* request_json,
+         char** response_json, char** error_message) {
+  if (response_json != nullptr) *response_json = nullptr;
+  if (error_message != nullptr) *error_message = nullptr;
+  int code = MEMLEDGER_INTERNAL;
+  std::string error;
+  try {
+    absl::StatusOr<std::string> json = run(request_json);
+    if (json.ok()) {
+      if (response_json != nullptr) *response_json = memledger::CopyString(*json);
+      return MEMLEDGER_OK;
+    }
+    code = memledger::CodeOf(json.status());
+    error = std::string(json.status().message());
+  } catch (const std::exception& e) {  // nothing may unwind into C
+    error = absl::StrCat("internal error: ", e.what());
+  } catch (...) {
+    error = "internal error";
+  }
+  if (error_message != nullptr) *error_message = memledger::CopyString(error);
+  return code;
 }
 
 }  // namespace
@@ -133,25 +210,11 @@ const char* memledger_version(void) {
 int memledger_abi_version(void) { return MEMLEDGER_ABI_VERSION; }
 
 int memledger_predict(const char* request_json, char** response_json, char** error_message) {
-  if (response_json != nullptr) *response_json = nullptr;
-  if (error_message != nullptr) *error_message = nullptr;
-  int code = MEMLEDGER_INTERNAL;
-  std::string error;
-  try {
-    absl::StatusOr<std::string> json = memledger::PredictJson(request_json);
-    if (json.ok()) {
-      if (response_json != nullptr) *response_json = memledger::CopyString(*json);
-      return MEMLEDGER_OK;
-    }
-    code = memledger::CodeOf(json.status());
-    error = std::string(json.status().message());
-  } catch (const std::exception& e) {  // nothing may unwind into C
-    error = absl::StrCat("internal error: ", e.what());
-  } catch (...) {
-    error = "internal error";
-  }
-  if (error_message != nullptr) *error_message = memledger::CopyString(error);
-  return code;
+  return memledger::Call(memledger::PredictJson, request_json, response_json, error_message);
+}
+
+int memledger_plan(const char* request_json, char** response_json, char** error_message) {
+  return memledger::Call(memledger::PlanJson, request_json, response_json, error_message);
 }
 
 void memledger_free(char* string) { std::free(string); }

@@ -11,6 +11,11 @@
  * "policy", "attention", "dtype", "amp", "optimizer" (strings), "momentum" (number),
  * "master_weights", "explain" (booleans). An unknown key is an error.
  *
+ * memledger_plan takes the same keys (but "explain") plus "budget_gib" (a number,
+ * required), "frontier_points" (an integer, default 9) and "cpu_threads", and returns
+ * the checkpoint planner's JSON (`//planner --format=json`: plan, peak_bytes, overhead,
+ * variants, frontier).
+ *
  * Example:
  *   char* response = NULL;
  *   char* error = NULL;
@@ -34,6 +39,9 @@ extern "C" {
 #define MEMLEDGER_OK 0
 #define MEMLEDGER_INTERNAL 1
 #define MEMLEDGER_INVALID_ARGUMENT 2
+/* memledger_plan only: no plan fits the budget; the message names the smallest that
+ * would. */
+#define MEMLEDGER_NO_PLAN 3
 
 /* memledger_version: "memledger <ABI version> (torch <release>)", static storage. */
 const char* memledger_version(void);
@@ -48,7 +56,13 @@ int memledger_abi_version(void);
  * NUL-terminated string (NULL is reported as an invalid argument). */
 int memledger_predict(const char* request_json, char** response_json, char** error_message);
 
-/* memledger_free releases a string memledger_predict returned; NULL is fine. */
+/* memledger_plan parses `request_json` and plans checkpointing under its "budget_gib":
+ * MEMLEDGER_OK with the planner's JSON, MEMLEDGER_INVALID_ARGUMENT for bad input,
+ * MEMLEDGER_NO_PLAN when no plan fits; out-arguments as memledger_predict's. */
+int memledger_plan(const char* request_json, char** response_json, char** error_message);
+
+/* memledger_free releases a string memledger_predict or memledger_plan returned; NULL
+ * is fine. */
 void memledger_free(char* string);
 
 #ifdef __cplusplus

@@ -6,8 +6,11 @@
 //
 // predict(**fields) takes the request fields of api/memledger.h as keyword arguments and
 // returns predict's JSON as a dict; bad input raises ValueError with the CLI's message.
+// plan(budget_gib=..., **fields) returns the checkpoint planner's JSON; when no plan
+// fits it raises memledger.NoPlanFits (a ValueError) naming the smallest budget.
 #include <pybind11/pybind11.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "api/memledger.h"
@@ -16,24 +19,35 @@ namespace py = pybind11;
 
 namespace {
 
-py::object Predict(const py::kwargs& fields) {
+// NoPlanFits is memledger_plan's MEMLEDGER_NO_PLAN, raised as memledger.NoPlanFits.
+struct NoPlanFits : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Call sends the keyword arguments as a JSON request to `run` (memledger_predict or
+// memledger_plan) and returns its JSON as Python objects.
+py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& fields) {
   py::module_ json = py::module_::import("json");
   const std::string request = py::str(json.attr("dumps")(fields));
   char* response = nullptr;
   char* error = nullptr;
   int code = 0;
   {
-    py::gil_scoped_release release;  // predictions run in parallel from Python threads
-    code = memledger_predict(request.c_str(), &response, &error);
+    py::gil_scoped_release release;  // calls run in parallel from Python threads
+    code = run(request.c_str(), &response, &error);
   }
   const std::string response_text = response != nullptr ? response : "";
   const std::string error_text = error != nullptr ? error : "";
   memledger_free(response);
   memledger_free(error);
   if (code == MEMLEDGER_INVALID_ARGUMENT) throw py::value_error(error_text);
+  if (code == MEMLEDGER_NO_PLAN) throw NoPlanFits(error_text);
   if (code != MEMLEDGER_OK) throw std::runtime_error(error_text);
   return json.attr("loads")(response_text);
 }
+
+py::object Predict(const py::kwargs& fields) { return Call(memledger_predict, fields); }
+py::object Plan(const py::kwargs& fields) { return Call(memledger_plan, fields); }
 
 }  // namespace
 
@@ -44,5 +58,11 @@ PYBIND11_MODULE(memledger, m) {
         "api/memledger.h (model, layers, width, heads, kv_heads, head_dim, intermediate, "
         "vocab, batch, seq, variants, every, policy, attention, dtype, amp, optimizer, "
         "momentum, master_weights, explain). Raises ValueError for bad input.");
+  m.def("plan", &Plan,
+        "plan(budget_gib=..., **fields) -> dict: the checkpoint plan with the least "
+        "recompute whose predicted step peak fits budget_gib (plan, peak_bytes, overhead, "
+        "variants, frontier); fields as predict's, plus frontier_points and cpu_threads. "
+        "Raises ValueError for bad input and NoPlanFits (a ValueError) when no plan fits.");
+  py::register_exception<NoPlanFits>(m, "NoPlanFits", PyExc_ValueError);
   m.attr("__version__") = memledger_version();
 }

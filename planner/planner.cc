@@ -430,6 +430,12 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
       !s.ok()) {
     return s;
   }
+  // The dynamic program keeps every layer's partial plans to trace the answer back.
+  if (config.layers > kMaxPlannerLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint planner handles at most ",
+                                                   kMaxPlannerLayers, " layers, got --layers ",
+                                                   config.layers));
+  }
   for (const LayerChoice& choice : tables->choices) {
     if (!choice.checkpointed) continue;
     if (absl::Status s = ValidatePolicy(choice.policy, options.attention, config.family);

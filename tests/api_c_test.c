@@ -22,6 +22,15 @@ int main(void) {
     ++failures;
   }
   memledger_free(error);
-  printf("api_c_test: %d passed, %d failed\n", 2 - failures, failures);
+  response = NULL;
+  error = NULL;
+  if (memledger_plan("{\"layers\": 2, \"budget_gib\": 1}", &response, &error) != MEMLEDGER_OK ||
+      response == NULL || strstr(response, "\"plan\"") == NULL || error != NULL) {
+    fprintf(stderr, "FAIL: plan: %s\n", error != NULL ? error : "(no error)");
+    ++failures;
+  }
+  memledger_free(response);
+  memledger_free(error);
+  printf("api_c_test: %d passed, %d failed\n", 3 - failures, failures);
   return failures == 0 ? 0 : 1;
 }

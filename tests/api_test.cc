@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "rapidjson/document.h"
@@ -19,11 +21,11 @@ struct Result {
   std::string error;
 };
 
-Result Call(const char* request) {
+Result Call(const char* request, int (*run)(const char*, char**, char**) = memledger_predict) {
   char* response = nullptr;
   char* error = nullptr;
   Result result;
-  result.code = memledger_predict(request, &response, &error);
+  result.code = run(request, &response, &error);
   if (response != nullptr) result.response = response;
   if (error != nullptr) result.error = error;
   memledger_free(response);
@@ -95,6 +97,45 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
   EXPECT_STREQ(error, "request: NULL");
   memledger_free(error);
   EXPECT_EQ(memledger_predict("{}", nullptr, nullptr), MEMLEDGER_OK);
+}
+
+// memledger_plan: the planner's JSON, the same as `//planner --format=json` makes it
+// (planner_cli_test checks that document; here the ABI's codes and keys).
+TEST(ApiTest, PlanReturnsThePlannersJson) {
+  // The study's default: none peaks at 67,687,944 B and full at 30,070,792 B (measured
+  // by the counting allocator in runtime_test and verify), so 50 MiB needs recompute.
+  Result r = Call(R"({"budget_gib": 0.048828125, "frontier_points": 3})", memledger_plan);
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  rapidjson::Document doc;
+  doc.Parse(r.response.c_str());
+  ASSERT_FALSE(doc.HasParseError());
+  EXPECT_EQ(doc["budget_bytes"].GetInt64(), 50 << 20);
+  EXPECT_EQ(doc["plan"].Size(), 6u);
+  EXPECT_LE(doc["peak_bytes"].GetInt64(), 50 << 20);
+  EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+  EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(), 67687944);
+  EXPECT_EQ(doc["frontier"].Size(), 3u);
+
+  Result tight = Call(R"({"budget_gib": 0.01})", memledger_plan);
+  EXPECT_EQ(tight.code, MEMLEDGER_NO_PLAN);
+  EXPECT_NE(tight.error.find("the smallest peak any plan reaches is"), std::string::npos);
+  for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"{}", "request: \"budget_gib\" is required"},
+           {R"({"budget_gib": -1})", "request: \"budget_gib\" must be a positive number"},
+           {R"({"budget_gib": "80"})", "request: \"budget_gib\" must be a number"},
+           {R"({"budget_gib": 1, "explain": true})", "request: \"explain\" is not a plan request key"},
+           {R"({"budget_gib": 1, "frontier_points": 1})", "--frontier_points must be 0 or between 2"},
+           {R"({"budget_gib": 1, "frontier_points": 5000})", "\"frontier_points\" must be 0 or"},
+           {R"({"budget_gib": 1, "cpu_threads": 0})", "\"cpu_threads\" must be between 1"},
+           {R"({"budget_gib": 1, "dtype": "bf16"})", "bf16"}}) {
+    Result bad = Call(request, memledger_plan);
+    EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT) << request << ": " << bad.error;
+    EXPECT_NE(bad.error.find(message), std::string::npos) << request << ": " << bad.error;
+    EXPECT_TRUE(bad.response.empty());
+  }
+  // predict does not take the planner's keys.
+  EXPECT_EQ(Call(R"({"budget_gib": 1})").error,
+            "request: \"budget_gib\" is not a request key (see api/memledger.h)");
 }
 
 TEST(ApiTest, VersionNamesAbiAndTorch) {

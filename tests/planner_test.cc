@@ -259,6 +259,9 @@ TEST(PlannerTest, BadInput) {
   config.width = 33;
   EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kInvalidArgument,
                 "--width");
+  config = SmallStudy(kMaxPlannerLayers + 1);
+  EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kInvalidArgument,
+                "at most 1024 layers");
   config = SmallStudy(2);
   config.dtype = DType::kBFloat16;
   EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kUnimplemented,

@@ -1,6 +1,6 @@
 """The Python module as a capacity planner uses it: predict() returns the CLI's JSON as a
-dict, bad input raises ValueError with the CLI's message, and a sweep finds the largest
-batch that fits a budget. Expected numbers come from hand arithmetic in the C++ tests
+dict, bad input raises ValueError with the CLI's message, a sweep finds the largest
+batch that fits a budget, and plan() returns the checkpoint planner's answer. Expected numbers come from hand arithmetic in the C++ tests
 (model_presets_test, predict_test)."""
 
 import os
@@ -59,6 +59,27 @@ class PredictTest(unittest.TestCase):
         fitting = [best.get(seq, 0) for seq in (1024, 2048, 4096, 8192)]
         self.assertEqual(fitting, sorted(fitting, reverse=True))
         self.assertGreater(fitting[0], fitting[-1])
+
+
+
+
+class PlanTest(unittest.TestCase):
+    def test_plan_fits_the_budget_and_beats_full(self):
+        # The study's default: full checkpointing peaks at 30,070,792 B (measured by the
+        # counting allocator, runtime_test); a 40 MiB budget lets the planner keep more.
+        p = memledger.plan(budget_gib=40 / 1024, frontier_points=0)
+        self.assertEqual(len(p["plan"]), 6)
+        self.assertLessEqual(p["peak_bytes"], 40 * 2**20)
+        self.assertEqual(p["variants"]["full"]["peak_bytes"], 30070792)
+        self.assertLess(p["overhead"], p["variants"]["full"]["overhead"])
+
+    def test_no_plan_fits_raises_no_plan_fits(self):
+        with self.assertRaises(memledger.NoPlanFits) as raised:
+            memledger.plan(budget_gib=0.01)
+        self.assertIn("the smallest peak any plan reaches is", str(raised.exception))
+        self.assertTrue(issubclass(memledger.NoPlanFits, ValueError))
+        with self.assertRaises(ValueError):
+            memledger.plan(layers=3)  # no budget
 
 
 if __name__ == "__main__":
