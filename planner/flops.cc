@@ -1,6 +1,9 @@
 #include "planner/flops.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -151,6 +154,36 @@ absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode 
       });
   if (!recompute.ok()) return recompute.status();
   return recompute->forward.value();
+}
+
+absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, AttentionMode attention,
+                                             const Variant& variant) {
+  absl::StatusOr<StepFlops> step = CountStepFlops(config, attention);
+  if (!step.ok()) return step.status();
+  // Layers of one choice cost the same: count each distinct choice once.
+  std::vector<std::pair<LayerChoice, int64_t>> seen;
+  CheckedInt64 recompute = 0;
+  for (int64_t i = 0; i < config.layers; ++i) {
+    const LayerChoice choice = variant.At(i);
+    auto it = std::find_if(seen.begin(), seen.end(),
+                           [&](const auto& entry) { return entry.first == choice; });
+    if (it == seen.end()) {
+      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, choice);
+      if (!flops.ok()) return flops.status();
+      seen.emplace_back(choice, *flops);
+      it = std::prev(seen.end());
+    }
+    recompute += it->second;
+  }
+  if (recompute.overflowed()) return absl::OutOfRangeError("the recompute FLOPs overflow int64");
+  VariantRecompute out;
+  out.recompute_flops = recompute.value();
+  out.step_flops = step->total;
+  out.overhead = step->total > 0 ? (static_cast<double>(step->total) +
+                                    static_cast<double>(out.recompute_flops)) /
+                                       static_cast<double>(step->total)
+                                 : 1;
+  return out;
 }
 
 }  // namespace memledger

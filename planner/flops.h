@@ -43,6 +43,18 @@ absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMod
 absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
                                        const LayerChoice& choice);
 
+// VariantRecompute is what a variant recomputes over its layers, and the overhead
+// (step + recompute) / step of its forward and backward.
+struct VariantRecompute {
+  int64_t recompute_flops = 0;
+  int64_t step_flops = 0;
+  double overhead = 1;
+};
+
+// RecomputeOf counts `variant`'s recompute layer by layer.
+absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, AttentionMode attention,
+                                             const Variant& variant);
+
 }  // namespace memledger
 
 #endif  // PLANNER_FLOPS_H_

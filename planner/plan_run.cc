@@ -10,16 +10,6 @@
 #include "planner/planner.h"
 
 namespace memledger {
-namespace {
-
-// Overhead of recomputing `recompute` on top of `step` FLOPs.
-double Overhead(int64_t step, int64_t recompute) {
-  return step > 0 ? (static_cast<double>(step) + static_cast<double>(recompute)) /
-                        static_cast<double>(step)
-                  : 1;
-}
-
-}  // namespace
 
 absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
   if (options.budget_bytes <= 0) {
@@ -68,17 +58,14 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   absl::StatusOr<Prediction> prediction = Predict(spec.config, predict);
   if (!prediction.ok()) return prediction.status();
   report.prediction = *prediction;
-  const int64_t step = planner->step_flops().total;
   for (const VariantPrediction& v : prediction->variants) {
     VariantCost cost;
     cost.name = v.variant.Name();
     if (v.peak.has_value()) cost.peak_bytes = v.peak->bytes;
-    for (int64_t i = 0; i < spec.config.layers; ++i) {
-      absl::StatusOr<int64_t> flops = RecomputeFlops(spec.config, spec.attention, v.variant.At(i));
-      if (!flops.ok()) return flops.status();
-      cost.recompute_flops += *flops;
-    }
-    cost.overhead = Overhead(step, cost.recompute_flops);
+    absl::StatusOr<VariantRecompute> recompute = RecomputeOf(spec.config, spec.attention, v.variant);
+    if (!recompute.ok()) return recompute.status();
+    cost.recompute_flops = recompute->recompute_flops;
+    cost.overhead = recompute->overhead;
     report.variants.push_back(cost);
   }
 

@@ -190,16 +190,11 @@ int main(int argc, char** argv) {
     const ModelConfig config;
     absl::StatusOr<StepFlops> flops = CountStepFlops(config, AttentionMode::kFlash);
     for (const Variant& v : DefaultVariants()) {
-      if (v.kind == VariantKind::kNone || !flops.ok()) continue;
-      int64_t recompute = 0;
-      for (int64_t i = 0; i < config.layers; ++i) {
-        absl::StatusOr<int64_t> r = RecomputeFlops(config, AttentionMode::kFlash, v.At(i));
-        recompute += r.ok() ? *r : 0;
-      }
+      if (v.kind == VariantKind::kNone) continue;
+      absl::StatusOr<VariantRecompute> r = RecomputeOf(config, AttentionMode::kFlash, v);
+      if (!r.ok()) continue;
       std::printf("recompute cost, %s/none: measured %.3f, predicted by FLOPs %.3f\n",
-                  v.Name().c_str(), median(v.Name() + "/plain") / none,
-                  static_cast<double>(flops->total + recompute) /
-                      static_cast<double>(flops->total));
+                  v.Name().c_str(), median(v.Name() + "/plain") / none, r->overhead);
     }
     if (flops.ok()) {
       std::printf("throughput: %.4g FLOP/s (none's step, %.4g FLOPs, in %.4g s; "

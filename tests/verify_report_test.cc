@@ -47,6 +47,26 @@ TEST(VerifyReportTest, JsonSaysWhatFailed) {
   EXPECT_DOUBLE_EQ(doc["max_grad_diff"].GetDouble(), 0.5);
 }
 
+// The recompute overhead: measured time over none's beside the FLOP model's number.
+TEST(VerifyReportTest, RecomputeOverheadSitsBesideTheMeasuredTimeRatio) {
+  VerifyReport report = FailingReport();
+  report.measurement.variants[0].time_s = 0.020;
+  report.measurement.variants[1].time_s = 0.025;
+  report.predicted_overhead = {1.0, 1.33};
+  rapidjson::Document doc;
+  doc.Parse(JsonString(VerifyJson(report)).c_str());
+  ASSERT_FALSE(doc.HasParseError());
+  EXPECT_DOUBLE_EQ(doc["recompute_overhead"]["full"]["measured"].GetDouble(), 1.25);  // 25/20
+  EXPECT_DOUBLE_EQ(doc["recompute_overhead"]["full"]["predicted"].GetDouble(), 1.33);
+  const std::string table = VerifyTable(report);
+  EXPECT_NE(table.find("time/none"), std::string::npos) << table;
+  EXPECT_NE(table.find("1.250        1.330"), std::string::npos) << table;
+  // Without timing the measured ratio is null.
+  report.measurement.variants[0].time_s.reset();
+  doc.Parse(JsonString(VerifyJson(report)).c_str());
+  EXPECT_TRUE(doc["recompute_overhead"]["full"]["measured"].IsNull());
+}
+
 TEST(VerifyReportTest, RatiosUseTheMeasuredReferenceWithoutNoneRequested) {
   VerifyReport report = FailingReport();
   // Only `full` was requested; `none` still ran (the gradient reference) and measured

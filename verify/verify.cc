@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "estimator/rules.h"
 #include "estimator/shape.h"
 #include "estimator/units.h"
+#include "planner/flops.h"
 
 namespace memledger {
 namespace {
@@ -171,6 +173,11 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
                                      static_cast<double>(p.korthikanti_saved_bytes_none);
   report.prediction = *std::move(prediction);
   report.measurement = *std::move(measurement);
+  for (const runtime::VariantMeasurement& v : report.measurement.variants) {
+    absl::StatusOr<VariantRecompute> recompute = RecomputeOf(config, options.attention, v.variant);
+    report.predicted_overhead.push_back(
+        recompute.ok() ? std::optional<double>(recompute->overhead) : std::nullopt);
+  }
   return report;
 }
 

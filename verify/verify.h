@@ -11,6 +11,7 @@
 #define VERIFY_VERIFY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ struct VerifyReport {
   int64_t predicted_footprint_bytes = 0;
   // peak_unavailable: why the step's peak was not predicted (then not compared), or "".
   std::string peak_unavailable;
+  // predicted_overhead: per measured variant (measurement.variants' order), the FLOP
+  // model's (step + recompute) / step (planner/flops.h), to set beside the measured
+  // time_s ratio to none; empty where the FLOPs could not be counted.
+  std::vector<std::optional<double>> predicted_overhead;
   // failures: one line per bucket that is not exact, variant whose gradients differ, or
   // a runtime built against another torch release than the estimator's rules describe.
   std::vector<std::string> failures;

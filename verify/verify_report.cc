@@ -1,6 +1,7 @@
 #include "verify/verify_report.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,16 @@ namespace {
 using Allocator = rapidjson::Document::AllocatorType;
 
 rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Value(s, a); }
+
+// NoneTime is `none`'s measured forward+backward time, if measured and positive.
+std::optional<double> NoneTime(const runtime::Measurement& m) {
+  for (const runtime::VariantMeasurement& v : m.variants) {
+    if (v.variant.kind == VariantKind::kNone && v.time_s.has_value() && *v.time_s > 0) {
+      return v.time_s;
+    }
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -123,6 +134,22 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
   }
   doc.AddMember("saved_ratio_vs_none", ratio_vs_none, a);
   doc.AddMember("time_s", time_s, a);
+  // Recompute overhead: the FLOP model's prediction beside the measured time ratio to
+  // none (null without timing or without none).
+  const std::optional<double> none_time = NoneTime(m);
+  rapidjson::Value overhead(rapidjson::kObjectType);
+  for (size_t i = 0; i < m.variants.size() && i < r.predicted_overhead.size(); ++i) {
+    const runtime::VariantMeasurement& v = m.variants[i];
+    rapidjson::Value entry(rapidjson::kObjectType), predicted, measured;
+    if (r.predicted_overhead[i].has_value()) predicted.SetDouble(RoundTo4(*r.predicted_overhead[i]));
+    if (v.time_s.has_value() && none_time.has_value()) {
+      measured.SetDouble(RoundTo4(*v.time_s / *none_time));
+    }
+    entry.AddMember("predicted", predicted, a);
+    entry.AddMember("measured", measured, a);
+    overhead.AddMember(Key(v.variant.Name(), a), entry, a);
+  }
+  doc.AddMember("recompute_overhead", overhead, a);
   doc.AddMember("max_grad_diff", m.max_grad_diff, a);
   doc.AddMember("predicted_saved_bytes_none", p.korthikanti_saved_bytes_none, a);
   doc.AddMember("measured_over_predicted", RoundTo4(r.measured_over_korthikanti), a);
@@ -179,10 +206,18 @@ std::string VerifyTable(const VerifyReport& r) {
   absl::StrAppendFormat(&out, "\n%-24s %16d %16s %10.4f   (measured none / Korthikanti)\n",
                         "Korthikanti (none)", r.prediction.korthikanti_saved_bytes_none, "",
                         r.measured_over_korthikanti);
-  absl::StrAppendFormat(&out, "\n%-24s %16s %16s\n", "variant", "max_grad_diff", "time_s");
-  for (const runtime::VariantMeasurement& v : r.measurement.variants) {
-    absl::StrAppendFormat(&out, "%-24s %16.3g %16s\n", v.variant.Name(), v.max_grad_diff,
-                          v.time_s.has_value() ? absl::StrFormat("%.5f", *v.time_s) : "-");
+  absl::StrAppendFormat(&out, "\n%-24s %16s %16s %12s %12s\n", "variant", "max_grad_diff",
+                        "time_s", "time/none", "FLOPs model");
+  const std::optional<double> none_time = NoneTime(r.measurement);
+  for (size_t i = 0; i < r.measurement.variants.size(); ++i) {
+    const runtime::VariantMeasurement& v = r.measurement.variants[i];
+    const bool ratio = v.time_s.has_value() && none_time.has_value();
+    const bool model = i < r.predicted_overhead.size() && r.predicted_overhead[i].has_value();
+    absl::StrAppendFormat(&out, "%-24s %16.3g %16s %12s %12s\n", v.variant.Name(),
+                          v.max_grad_diff,
+                          v.time_s.has_value() ? absl::StrFormat("%.5f", *v.time_s) : "-",
+                          ratio ? absl::StrFormat("%.3f", *v.time_s / *none_time) : "-",
+                          model ? absl::StrFormat("%.3f", *r.predicted_overhead[i]) : "-");
   }
   if (r.Passed()) {
     absl::StrAppendFormat(&out,
