@@ -86,6 +86,7 @@ absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKey
     else if (name == "batch") status = integer(&request.batch);
     else if (name == "seq") status = integer(&request.seq);
     else if (name == "every") status = integer(&request.every);
+    else if (name == "tp") status = integer(&request.tp);
     else if (name == "variants") status = string(&request.variants);
     else if (name == "policy") status = string(&request.policy);
     else if (name == "attention") status = string(&request.attention);

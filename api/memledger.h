@@ -7,7 +7,7 @@
  *
  * Request keys (all optional; the CLI's defaults): "model" (a built-in name such as
  * "llama-3-8b" or a config.json path), "layers", "width", "heads", "kv_heads",
- * "head_dim", "intermediate", "vocab", "batch", "seq", "every" (integers), "variants",
+ * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp" (integers), "variants",
  * "policy", "attention", "dtype", "amp", "optimizer" (strings), "momentum" (number),
  * "master_weights", "explain" (booleans). An unknown key is an error.
  *

@@ -19,7 +19,8 @@ class GraphBuilder {
  public:
   // The model's dtype (its parameters and hidden states) and autocast's lower-precision
   // dtype (kFloat32: no autocast).
-  explicit GraphBuilder(const ModelConfig& config) : dtype_(config.dtype), amp_(config.amp) {}
+  explicit GraphBuilder(const ModelConfig& config)
+      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
     graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
@@ -206,11 +207,25 @@ class GraphBuilder {
     int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {.dim = 2, .dim1 = 3});
     int scores = BatchedMatmul("attention.scores", q, bhtd, k_t, {kB, kH, kDHead, kT});
     int scaled = Op1(OpType::kMulScalar, "attention.scale", {scores});
-    int mask = Op(OpType::kCausalMask, "attention.causal_mask", {}, {"out"},
-                  {.shape = {kT, kT}}, std::nullopt, DType::kBool)[0];
-    int masked = Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
-    int probs = Op1(OpType::kSoftmax, "attention.softmax", {masked});
+    // Megatron's scaled_upper_triang_masked_softmax masks inside the kernel: no mask
+    // tensor; it keeps its output, as softmax does.
+    int masked = scaled;
+    if (!megatron_) {
+      int mask = Op(OpType::kCausalMask, "attention.causal_mask", {}, {"out"},
+                    {.shape = {kT, kT}}, std::nullopt, DType::kBool)[0];
+      masked = Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
+    }
+    int probs = Dropout("attention.dropout", Op1(OpType::kSoftmax, "attention.softmax", {masked}));
     return BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
+  }
+
+  // Dropout is Megatron's training dropout (p = 0.1) where the model has it (native_dropout,
+  // whose backward keeps the bool mask); the tensor itself otherwise.
+  int Dropout(const std::string& name, int x) {
+    if (!megatron_) return x;
+    std::vector<int> outputs = Op(OpType::kNativeDropout, name, {x}, {"out", "mask"});
+    graph_.tensors[outputs[1]].dtype = DType::kBool;
+    return outputs[0];
   }
 
   // Slice is x.narrow(dim, start, length): a view.
@@ -284,6 +299,7 @@ class GraphBuilder {
 
   DType dtype_;
   DType amp_;
+  bool megatron_;  // Megatron-LM's dropouts and fused causal softmax
   BlockGraph graph_;
   int composite_ = -1;
   int next_composite_ = 0;
@@ -387,16 +403,20 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   int tokens = g.Op1(OpType::kEmbedding, "wte", {g.Param("wte.weight", {kV, kD}), input_ids});
   int positions =
       g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
-  return g.Finish(g.Op1(OpType::kAdd, "embeddings", {tokens, positions}));
+  return g.Finish(
+      g.Dropout("embeddings.dropout", g.Op1(OpType::kAdd, "embeddings", {tokens, positions})));
 }
 
-// GPT2Block without dropout: fused c_attn split into q, k, v; GELU (tanh) MLP.
+// GPT2Block: fused c_attn split into q, k, v; GELU (tanh) MLP; with config.megatron,
+// Megatron's dropouts on the attention probabilities and both residual branches. The
+// attention width is H x d_head (= d; with tensor parallelism a rank's H / tp heads).
 BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
-  int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * kD);
+  const SymDim attention_width = kH * kDHead;
+  int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
   auto head = [&](const std::string& name, int index) {
-    int part = g.Slice(name, qkv, 2, index * kD, kD);
+    int part = g.Slice(name, qkv, 2, index * attention_width, attention_width);
     int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {.shape = {kB, kT, kH, kDHead}});
     return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };
@@ -407,11 +427,13 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
-                     {.shape = {kB, kT, kD}});
-  int x1 = g.Op1(OpType::kAdd, "residual1", {x, g.Conv1D("attn.c_proj", merged, kD, kD)});
+                     {.shape = {kB, kT, attention_width}});
+  int attn_out = g.Dropout("attn.dropout", g.Conv1D("attn.c_proj", merged, attention_width, kD));
+  int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
   int fc = g.Conv1D("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
   int gelu = g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu);
-  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.Conv1D("mlp.c_proj", gelu, kF, kD)});
+  int mlp_out = g.Dropout("mlp.dropout", g.Conv1D("mlp.c_proj", gelu, kF, kD));
+  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   return g.Finish(x2);
 }
 
@@ -443,7 +465,8 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on, packed into one index.
-  const int key = static_cast<int>(config.amp) * 512 + static_cast<int>(config.dtype) * 64 +
+  const int key = (config.megatron ? 4096 : 0) + static_cast<int>(config.amp) * 512 +
+                  static_cast<int>(config.dtype) * 64 +
                   static_cast<int>(config.family) * 16 +
                   static_cast<int>(mode) * 8 + (config.qkv_bias ? 4 : 0) +
                   (config.KvHeads() < config.heads ? 2 : 0) + (config.tie_embeddings ? 1 : 0);

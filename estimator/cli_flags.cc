@@ -19,7 +19,7 @@
 
 ABSL_FLAG(std::string, model, "study",
           "The model: a built-in name (study, gpt2, llama-2-7b, llama-3-8b, llama-3-70b, "
-          "mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2) or the path of a transformers "
+          "mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2, megatron-gpt) or the path of a transformers "
           "config.json (model_type llama, mistral, qwen2 or gpt2). The size flags below "
           "override its sizes.");
 ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,
@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, optimizer, "adamw", "The optimizer: adamw, adam or sgd.")
 ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
+ABSL_FLAG(int64_t, tp, 1,
+          "Tensor-parallel ranks (Megatron's split of heads, MLP columns and vocabulary; "
+          "llama and gpt2 families): the buckets are one rank's.");
 ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
@@ -89,6 +92,7 @@ RunRequest RunRequestFromFlags() {
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
   request.momentum = absl::GetFlag(FLAGS_momentum);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
+  request.tp = absl::GetFlag(FLAGS_tp);
   return request;
 }
 

@@ -153,6 +153,32 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           "--heads"));
     }
   }
+  if (config.tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 1, got ", config.tp));
+  }
+  if (config.megatron && config.family != Family::kGpt2) {
+    return absl::InvalidArgumentError(
+        "Megatron's ops (dropout, fused softmax) are modelled for the gpt2 family only "
+        "(--model=megatron-gpt)");
+  }
+  if (config.tp > 1) {
+    if (config.family == Family::kStudy) {
+      return absl::InvalidArgumentError(
+          "--tp: tensor parallelism is modelled for the llama and gpt2 families, not the "
+          "study's block");
+    }
+    // Megatron splits whole heads, kv heads, MLP columns and vocabulary rows.
+    for (const auto& [flag, value] :
+         {std::pair<absl::string_view, int64_t>{"heads", config.heads},
+          {"kv_heads", config.KvHeads()},
+          {"intermediate", config.Intermediate()},
+          {"vocab", config.vocab}}) {
+      if (value % config.tp != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", value,
+                                                       " is not divisible by --tp ", config.tp));
+      }
+    }
+  }
   if (config.family == Family::kStudy) return absl::OkStatus();
 
   if (config.vocab < 1) {
@@ -192,6 +218,11 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
                          const std::vector<Variant>& variants,
                          const OptimizerSpec& optimizer) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (config.megatron && attention != AttentionMode::kMath) {
+    return absl::InvalidArgumentError(
+        "megatron-gpt needs --attention=math: Megatron's core attention keeps the "
+        "dropped-out probabilities (the CPU flash kernel has no dropout)");
+  }
   if (config.dtype != DType::kFloat32 && config.dtype != DType::kBFloat16 &&
       config.dtype != DType::kFloat16) {
     return absl::InvalidArgumentError("--dtype must be fp32, bf16 or fp16");

@@ -71,6 +71,16 @@ struct ModelConfig {
   // means no autocast. Matmuls and SDPA run in it (on cast copies of their fp32 inputs
   // and weights), norms, pow, rsqrt and losses in fp32, the rest in their inputs' dtype.
   DType amp = DType::kFloat32;
+  // megatron: Megatron-LM's ops in the gpt2 family (--model=megatron-gpt): dropouts
+  // (p = 0.1) after the embeddings, the attention probabilities and both residual
+  // branches, each keeping a bool mask for backward, and the fused causal softmax (no
+  // mask tensor). Needs math attention.
+  bool megatron = false;
+  // tp: tensor parallelism, Megatron-style. The model is one rank's shard: q/k/v, the
+  // MLP's first projection and the vocabulary split column-wise (heads, kv heads,
+  // intermediate and vocab / tp per rank), the attention output and the MLP's second
+  // projection row-wise; norms, residuals and dropouts replicated.
+  int64_t tp = 1;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
@@ -83,7 +93,7 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
-           a.dtype == b.dtype && a.amp == b.amp;
+           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp;
   }
 };
 

@@ -67,6 +67,12 @@ const std::vector<Preset>& Presets() {
     // Small enough to verify in a test: grouped-query attention (4 heads, 2 kv heads).
     presets->push_back({"tiny-llama", Llama(2, 32, 4, 2, 64, 96, 1e-5)});
     presets->push_back({"tiny-gpt2", Gpt2(2, 32, 4, 96, 128)});
+    // Korthikanti et al.'s setup: a GPT block with Megatron's dropouts (sizes from the
+    // flags; GPT-2's by default, vocabulary padded to 51200 so that --tp up to 64
+    // divides it, 2048 learned positions).
+    ModelConfig megatron = Gpt2(12, 768, 12, 51200, 2048);
+    megatron.megatron = true;
+    presets->push_back({"megatron-gpt", megatron});
     return presets;
   }();
   return *kPresets;

@@ -18,7 +18,7 @@
 namespace memledger {
 
 // PresetNames lists the built-in models: study, gpt2, llama-2-7b, llama-3-8b,
-// llama-3-70b, mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2.
+// llama-3-70b, mistral-7b, qwen2.5-7b, tiny-llama, tiny-gpt2, megatron-gpt.
 std::vector<std::string> PresetNames();
 
 // ModelFromPreset returns the named model with the study's batch and seq; NotFound for

@@ -81,6 +81,9 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
     json.AddMember("norm_eps", config.norm_eps, allocator);
     json.AddMember("tie_embeddings", config.tie_embeddings, allocator);
     json.AddMember("qkv_bias", config.qkv_bias, allocator);
+    if (config.megatron) json.AddMember("megatron", true, allocator);
+    // Sizes above are the whole model's; with tp > 1 every bucket is one rank's.
+    if (config.tp > 1) json.AddMember("tp", config.tp, allocator);
   }
   return json;
 }

@@ -154,6 +154,10 @@ OpSemantics PinnedSemantics(OpType type) {
       // .to(dtype) is _to_copy when it converts (yaml:_to_copy: _to_copy_backward(grad,
       // self.options())): no tensor kept.
       return OpSemantics{{}, {0}, {"ToCopyBackward0"}, {}};
+    case OpType::kNativeDropout:
+      // yaml:620 native_dropout: input: native_dropout_backward(grad, result1, scale):
+      // the bool mask only.
+      return {{Out(1, "result1_")}, {0}, {"NativeDropoutBackward0"}, {}};
   }
   return {};  // unreachable: every case returns
 }
@@ -198,6 +202,7 @@ const char* OpTypeName(OpType type) {
     case OpType::kConstantPad: return "constant_pad_nd";
     case OpType::kContiguous: return "contiguous";
     case OpType::kToDtype: return "to";
+    case OpType::kNativeDropout: return "native_dropout";
   }
   return "?";
 }

@@ -66,8 +66,9 @@ enum class OpType : uint8_t {
   kConstantPad,  // pad the last dim by (0, 1): labels from input_ids
   kContiguous,   // a view if already contiguous, else a contiguous copy (clone)
   kToDtype,      // .to(dtype): the tensor itself if it has that dtype, else a copy
+  kNativeDropout,  // (input) -> (out, mask): training dropout, mask bool
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kToDtype) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kNativeDropout) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

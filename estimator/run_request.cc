@@ -48,6 +48,7 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.optimizer.master_weights = request.master_weights;
   spec.config.batch = request.batch;
   spec.config.seq = request.seq;
+  spec.config.tp = request.tp;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
 
   absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);

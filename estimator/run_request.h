@@ -36,6 +36,7 @@ struct RunRequest {
   std::string optimizer = "adamw";
   double momentum = 0;
   bool master_weights = false;
+  int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's
 };
 
 // RunSpec is a validated request.

@@ -17,16 +17,18 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
       return config.seq;
     case Symbol::kWidth:
       return config.width;
+    // A tensor-parallel rank holds heads, kv heads, MLP columns and vocabulary rows / tp
+    // (ValidateConfig makes the divisions exact); a head keeps its width.
     case Symbol::kHeads:
-      return config.heads;
+      return config.heads / config.tp;
     case Symbol::kKvHeads:
-      return config.KvHeads();
+      return config.KvHeads() / config.tp;
     case Symbol::kHeadDim:
       return config.HeadDim();
     case Symbol::kIntermediate:
-      return config.Intermediate();
+      return config.Intermediate() / config.tp;
     case Symbol::kVocab:
-      return config.vocab;
+      return config.vocab / config.tp;
     case Symbol::kPositions:
       return config.max_positions;
   }

@@ -337,6 +337,11 @@ class Walk {
       case OpType::kMean:
         NewContiguous(out, nullptr, 0);  // a scalar
         return absl::OkStatus();
+      case OpType::kNativeDropout:
+        // The output and a bool mask, both of the input's shape.
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        NewContiguous(op.outputs[1], in.sizes.data(), in.ndim);
+        return absl::OkStatus();
     }
     return Internal(op, "unknown op");
   }

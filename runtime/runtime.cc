@@ -373,6 +373,13 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
       !status.ok()) {
     return status;
   }
+  // One process, PyTorch's ops: tensor-parallel ranks and Megatron's ops (dropout, fused
+  // softmax) are predicted, not measured yet.
+  if (config.tp > 1 || config.megatron) {
+    return absl::UnimplementedError(
+        "the runtime runs one process without dropout: --tp and megatron-gpt are predicted "
+        "only (no distributed runtime yet)");
+  }
   try {
     return MeasureOrThrow(config, attention, variants, options);
   } catch (const c10::NotImplementedError& e) {
