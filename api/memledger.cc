@@ -97,6 +97,7 @@ absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKey
       if (!value.IsNumber()) return KeyError(key, "must be a number");
       request.momentum = value.GetDouble();
     } else if (name == "master_weights") status = boolean(&request.master_weights);
+    else if (name == "sp") status = boolean(&request.sp);
     else if (name == "explain" && explain != nullptr) status = boolean(explain);
     else if (name == "budget_gib" && plan != nullptr) {
       if (!value.IsNumber()) return KeyError(key, "must be a number");

@@ -9,7 +9,7 @@
  * "llama-3-8b" or a config.json path), "layers", "width", "heads", "kv_heads",
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp" (integers), "variants",
  * "policy", "attention", "dtype", "amp", "optimizer" (strings), "momentum" (number),
- * "master_weights", "explain" (booleans). An unknown key is an error.
+ * "master_weights", "sp", "explain" (booleans). An unknown key is an error.
  *
  * memledger_plan takes the same keys (but "explain") plus "budget_gib" (a number,
  * required), "frontier_points" (an integer, default 9) and "cpu_threads", and returns

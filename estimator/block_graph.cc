@@ -20,7 +20,7 @@ class GraphBuilder {
   // The model's dtype (its parameters and hidden states) and autocast's lower-precision
   // dtype (kFloat32: no autocast).
   explicit GraphBuilder(const ModelConfig& config)
-      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron) {}
+      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron), sp_(config.sp) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
     graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
@@ -89,6 +89,7 @@ class GraphBuilder {
     op.attributes = std::move(attributes);
     op.policy_kind = policy_kind;
     op.composite = composite_;
+    op.core_attention = core_attention_;
     graph_.ops.push_back(std::move(op));
     return graph_.ops.back().outputs;
   }
@@ -171,6 +172,27 @@ class GraphBuilder {
     return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
 
+  // ColumnParallel is a linear whose output columns are split over tensor-parallel
+  // ranks (out is one rank's); with sequence parallelism Megatron's gather-linear,
+  // which all-gathers the (B, T / tp, in) input and keeps the shard for backward.
+  int ColumnParallel(const std::string& name, int x, SymDim in, SymDim out) {
+    if (!sp_) return Conv1D(name, x, in, out);
+    int weight = Param(name + ".weight", {in, out});
+    int bias = Param(name + ".bias", {out});
+    return Op1(OpType::kGatherLinear, name, {x, weight, bias}, {.shape = {kB, kT, out}},
+               OpKind::kMatmul);
+  }
+
+  // RowParallel is a linear whose input rows are split over ranks: each computes a
+  // partial (B, T, out) sum, which an all-reduce (in place: no new tensor) or, with
+  // sequence parallelism, a reduce-scatter to (B, T / tp, out) completes.
+  int RowParallel(const std::string& name, int x, SymDim in, SymDim out) {
+    int partial = Conv1D(name, x, in, out);
+    if (!sp_) return partial;
+    return Op1(OpType::kReduceScatter, name + ".reduce_scatter", {partial},
+               {.shape = {kB, kTs, out}});
+  }
+
   // Matmul of (B, H, n, m) by (B, H, m, p) as at::matmul runs it (the batched case of
   // ATen's composite matmul): expand both to the broadcast batch, reshape to
   // (B*H, ., .) (a copy unless it can be a view), bmm, and _unsafe_view the result back
@@ -204,6 +226,7 @@ class GraphBuilder {
       return outputs[0];
     }
     const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
+    core_attention_ = true;  // from q, k, v to the values: the core
     int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {.dim = 2, .dim1 = 3});
     int scores = BatchedMatmul("attention.scores", q, bhtd, k_t, {kB, kH, kDHead, kT});
     int scaled = Op1(OpType::kMulScalar, "attention.scale", {scores});
@@ -216,7 +239,9 @@ class GraphBuilder {
       masked = Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
     }
     int probs = Dropout("attention.dropout", Op1(OpType::kSoftmax, "attention.softmax", {masked}));
-    return BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
+    const int values = BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
+    core_attention_ = false;
+    return values;
   }
 
   // Dropout is Megatron's training dropout (p = 0.1) where the model has it (native_dropout,
@@ -300,9 +325,11 @@ class GraphBuilder {
   DType dtype_;
   DType amp_;
   bool megatron_;  // Megatron-LM's dropouts and fused causal softmax
+  bool sp_;        // Megatron's sequence parallelism
   BlockGraph graph_;
   int composite_ = -1;
   int next_composite_ = 0;
+  bool core_attention_ = false;  // appending math attention's core ops
 };
 
 // The study's Block.forward, op by op (see runtime/ for the same model in LibTorch).
@@ -403,8 +430,12 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   int tokens = g.Op1(OpType::kEmbedding, "wte", {g.Param("wte.weight", {kV, kD}), input_ids});
   int positions =
       g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
-  return g.Finish(
-      g.Dropout("embeddings.dropout", g.Op1(OpType::kAdd, "embeddings", {tokens, positions})));
+  int embeddings = g.Op1(OpType::kAdd, "embeddings", {tokens, positions});
+  if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
+    embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
+                       {.shape = {kB, kTs, kD}});
+  }
+  return g.Finish(g.Dropout("embeddings.dropout", embeddings));
 }
 
 // GPT2Block: fused c_attn split into q, k, v; GELU (tanh) MLP; with config.megatron,
@@ -412,9 +443,10 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
 // attention width is H x d_head (= d; with tensor parallelism a rank's H / tp heads).
 BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   GraphBuilder g(config);
-  int x = g.Input("x", {kB, kT, kD});
+  // The residual stream holds T tokens, or T / tp with sequence parallelism (kTs).
+  int x = g.Input("x", {kB, kTs, kD});
   const SymDim attention_width = kH * kDHead;
-  int qkv = g.Conv1D("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
+  int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
   auto head = [&](const std::string& name, int index) {
     int part = g.Slice(name, qkv, 2, index * attention_width, attention_width);
     int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {.shape = {kB, kT, kH, kDHead}});
@@ -428,21 +460,26 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
                      {.shape = {kB, kT, attention_width}});
-  int attn_out = g.Dropout("attn.dropout", g.Conv1D("attn.c_proj", merged, attention_width, kD));
+  int attn_out =
+      g.Dropout("attn.dropout", g.RowParallel("attn.c_proj", merged, attention_width, kD));
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
-  int fc = g.Conv1D("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
+  int fc = g.ColumnParallel("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
   int gelu = g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu);
-  int mlp_out = g.Dropout("mlp.dropout", g.Conv1D("mlp.c_proj", gelu, kF, kD));
+  int mlp_out = g.Dropout("mlp.dropout", g.RowParallel("mlp.c_proj", gelu, kF, kD));
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   return g.Finish(x2);
 }
 
 BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
   GraphBuilder g(config);
-  int x = g.Input("x", {kB, kT, kD});
+  int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.LayerNorm("ln_f", x);
-  int logits = g.MatmulFolded("lm_head", h, g.TiedParam("wte.weight", {kV, kD}), kD, kV);
+  int weight = g.TiedParam("wte.weight", {kV, kD});
+  // With sequence parallelism the vocabulary-parallel head gathers its input too.
+  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+                                 {.shape = {kB, kT, kV}}, OpKind::kMatmul)
+                         : g.MatmulFolded("lm_head", h, weight, kD, kV);
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 
@@ -465,7 +502,7 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on, packed into one index.
-  const int key = (config.megatron ? 4096 : 0) + static_cast<int>(config.amp) * 512 +
+  const int key = (config.sp ? 8192 : 0) + (config.megatron ? 4096 : 0) + static_cast<int>(config.amp) * 512 +
                   static_cast<int>(config.dtype) * 64 +
                   static_cast<int>(config.family) * 16 +
                   static_cast<int>(mode) * 8 + (config.qkv_bias ? 4 : 0) +

@@ -60,6 +60,9 @@ struct OpDef {
   // none. The call's arguments are held until it returns, so a storage it reads lives
   // at least until the last of its ops.
   int composite = -1;
+  // core_attention: one of math attention's core ops (scores to values), which
+  // Megatron's selective recompute runs again in the backward instead of keeping.
+  bool core_attention = false;
 };
 
 // BlockGraph is one segment of the model: a decoder layer (hidden states (B, T, d) in,

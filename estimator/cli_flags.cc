@@ -60,6 +60,9 @@ ABSL_FLAG(bool, master_weights, false,
 ABSL_FLAG(int64_t, tp, 1,
           "Tensor-parallel ranks (Megatron's split of heads, MLP columns and vocabulary; "
           "llama and gpt2 families): the buckets are one rank's.");
+ABSL_FLAG(bool, sp, false,
+          "Megatron's sequence parallelism with --tp (megatron-gpt): norms, dropouts and "
+          "residuals hold seq / tp tokens per rank.");
 ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
@@ -93,6 +96,7 @@ RunRequest RunRequestFromFlags() {
   request.momentum = absl::GetFlag(FLAGS_momentum);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);
+  request.sp = absl::GetFlag(FLAGS_sp);
   return request;
 }
 

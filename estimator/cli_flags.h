@@ -33,6 +33,7 @@ ABSL_DECLARE_FLAG(std::string, optimizer);
 ABSL_DECLARE_FLAG(double, momentum);
 ABSL_DECLARE_FLAG(bool, master_weights);
 ABSL_DECLARE_FLAG(int64_t, tp);
+ABSL_DECLARE_FLAG(bool, sp);
 ABSL_DECLARE_FLAG(std::string, format);
 ABSL_DECLARE_FLAG(std::string, json_out);
 ABSL_DECLARE_FLAG(std::string, timeline_svg);

@@ -179,6 +179,16 @@ absl::Status ValidateConfig(const ModelConfig& config) {
       }
     }
   }
+  if (config.sp) {
+    if (!config.megatron || config.tp < 2) {
+      return absl::InvalidArgumentError(
+          "--sp (sequence parallelism) needs --model=megatron-gpt and --tp >= 2");
+    }
+    if (config.seq % config.tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sp: --seq ", config.seq, " is not divisible by --tp ", config.tp));
+    }
+  }
   if (config.family == Family::kStudy) return absl::OkStatus();
 
   if (config.vocab < 1) {
@@ -269,6 +279,11 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
       if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family); !s.ok()) {
         return s;
       }
+    }
+    if (variant.kind == VariantKind::kCoreAttention && attention != AttentionMode::kMath) {
+      return absl::InvalidArgumentError(
+          "--variants core_attention recomputes math attention's core: it needs "
+          "--attention=math");
     }
     if (variant.kind == VariantKind::kPlan) {
       if (static_cast<int64_t>(variant.layers.size()) != config.layers) {
@@ -372,6 +387,8 @@ std::string Variant::Name() const {
       return "selective";
     case VariantKind::kPlan:
       return "plan";
+    case VariantKind::kCoreAttention:
+      return "core_attention";
   }
   return "?";
 }
@@ -388,6 +405,8 @@ bool Variant::IsCheckpointed(int64_t index) const {
     case VariantKind::kPlan:
       return index >= 0 && index < static_cast<int64_t>(layers.size()) &&
              layers[index].checkpointed;
+    case VariantKind::kCoreAttention:
+      return false;
   }
   return false;
 }
@@ -446,6 +465,8 @@ absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int6
     } else if (name == "selective") {
       variant.kind = VariantKind::kSelective;
       variant.policy = *save_policy;
+    } else if (name == "core_attention") {
+      variant.kind = VariantKind::kCoreAttention;
     } else if (name == "every_k") {
       variant.kind = VariantKind::kEveryK;
       variant.every = every;
@@ -460,7 +481,7 @@ absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int6
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("--variants: unknown variant '", name,
-                       "' (known: none, full, every_k, every_<k>, selective)"));
+                       "' (known: none, full, every_k, every_<k>, selective, core_attention)"));
     }
     for (const Variant& seen : variants) {
       if (seen.Name() == variant.Name()) {

@@ -81,6 +81,10 @@ struct ModelConfig {
   // intermediate and vocab / tp per rank), the attention output and the MLP's second
   // projection row-wise; norms, residuals and dropouts replicated.
   int64_t tp = 1;
+  // sp: Megatron's sequence parallelism with tp > 1: the norms, dropouts and residuals
+  // hold T / tp tokens; a column-parallel linear all-gathers its input (keeping the
+  // shard for backward) and a row-parallel one reduce-scatters its output (megatron-gpt).
+  bool sp = false;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
@@ -93,7 +97,7 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
-           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp;
+           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp;
   }
 };
 
@@ -188,6 +192,10 @@ enum class VariantKind {
   kEveryK,     // blocks i with i % k == 0 checkpointed
   kSelective,  // every block checkpointed, policy ops' outputs must-saved
   kPlan,       // a choice per layer (LayerChoice), e.g. a checkpoint planner's
+  // Megatron's selective recompute (--recompute-granularity=selective): no layer is
+  // checkpointed, but the core attention (scores, softmax, dropout, values) keeps
+  // nothing and is recomputed from q, k and v in the backward (math attention).
+  kCoreAttention,
 };
 
 // LayerChoice is one layer's checkpointing: not checkpointed, or checkpointed with the
@@ -213,7 +221,8 @@ struct Variant {
   SavePolicy policy = StudyPolicy();  // for kSelective only
   std::vector<LayerChoice> layers;    // for kPlan only: one per layer
 
-  // Name is the variant's report key: "none", "full", "every_2", "selective", "plan".
+  // Name is the variant's report key: "none", "full", "every_2", "selective", "plan",
+  // "core_attention".
   std::string Name() const;
   // IsCheckpointed says whether block `index` runs under checkpointing.
   bool IsCheckpointed(int64_t index) const;

@@ -26,16 +26,20 @@ class BlockWalks {
       : graph_(graph), config_(config), breakdown_(breakdown), rules_(rules) {
   }
 
+  // Get walks a layer; `core`: Megatron's selective recompute of the core attention
+  // (for a layer that is not checkpointed).
   absl::StatusOr<const BlockWalk*> Get(bool checkpointed, const SavePolicy& policy,
-                                       bool first) {
+                                       bool first, bool core = false) {
+    core = core && !checkpointed;
     for (Entry& entry : entries_) {
-      if (entry.checkpointed == checkpointed && entry.first == first &&
+      if (entry.checkpointed == checkpointed && entry.first == first && entry.core == core &&
           (!checkpointed || entry.policy == policy)) {
         return &entry.walk;
       }
     }
     WalkOptions options;
     options.checkpointed = checkpointed;
+    options.recompute_core_attention = core;
     // The study's first block reads the model input, which does not require grad; the
     // decoder families' first layer reads the embedding's output, which does.
     options.input_requires_grad = !first || config_.family != Family::kStudy;
@@ -44,7 +48,7 @@ class BlockWalks {
     options.rules = rules_;
     absl::StatusOr<BlockWalk> walk = WalkBlock(graph_, config_, options);
     if (!walk.ok()) return walk.status();
-    entries_.push_back(Entry{checkpointed, first, policy, *std::move(walk)});
+    entries_.push_back(Entry{checkpointed, first, core, policy, *std::move(walk)});
     return &entries_.back().walk;
   }
 
@@ -52,6 +56,7 @@ class BlockWalks {
   struct Entry {
     bool checkpointed;
     bool first;
+    bool core;
     SavePolicy policy;
     BlockWalk walk;
   };
@@ -136,11 +141,14 @@ bool SharedKept(const BlockWalk& before, const BlockWalk& after) {
 absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t layers,
                                            BlockWalks& walks) {
   // Full and selective checkpoint every layer: k = 1. `none` checkpoints none.
-  const bool checkpoints = variant.kind != VariantKind::kNone;
+  const bool checkpoints =
+      variant.kind != VariantKind::kNone && variant.kind != VariantKind::kCoreAttention;
   const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
   const SavePolicy policy = variant.PolicyAt(0);
-  absl::StatusOr<const BlockWalk*> first = walks.Get(checkpoints, policy, /*first=*/true);
-  absl::StatusOr<const BlockWalk*> plain = walks.Get(false, policy, /*first=*/false);
+  // core_attention checkpoints no layer; each recomputes its core attention.
+  const bool core = variant.kind == VariantKind::kCoreAttention;
+  absl::StatusOr<const BlockWalk*> first = walks.Get(checkpoints, policy, /*first=*/true, core);
+  absl::StatusOr<const BlockWalk*> plain = walks.Get(false, policy, /*first=*/false, core);
   absl::StatusOr<const BlockWalk*> ckpt = walks.Get(checkpoints, policy, /*first=*/false);
   for (const auto* s : {&first, &plain, &ckpt}) {
     if (!s->ok()) return s->status();

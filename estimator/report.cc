@@ -84,6 +84,7 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
     if (config.megatron) json.AddMember("megatron", true, allocator);
     // Sizes above are the whole model's; with tp > 1 every bucket is one rank's.
     if (config.tp > 1) json.AddMember("tp", config.tp, allocator);
+    if (config.sp) json.AddMember("sp", true, allocator);
   }
   return json;
 }

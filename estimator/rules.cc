@@ -158,6 +158,18 @@ OpSemantics PinnedSemantics(OpType type) {
       // yaml:620 native_dropout: input: native_dropout_backward(grad, result1, scale):
       // the bool mask only.
       return {{Out(1, "result1_")}, {0}, {"NativeDropoutBackward0"}, {}};
+    case OpType::kGatherLinear:
+      // Megatron's LinearWithGradAccumulationAndAsyncCommunication with sequence
+      // parallelism: ctx.save_for_backward(input, weight), the input before its
+      // all-gather (backward gathers it again).
+      return {{In(0, "input"), In(1, "weight")}, {0, 1, 2}, {"LinearWithGradAccumulation"},
+              {}, /*custom_function=*/true};
+    case OpType::kReduceScatter:
+      // _ReduceScatterToSequenceParallelRegion: backward all-gathers; nothing saved.
+      return {{}, {0}, {"ReduceScatterToSequenceParallelRegion"}, {}, true};
+    case OpType::kScatter:
+      // _ScatterToSequenceParallelRegion: backward all-gathers; nothing saved.
+      return {{}, {0}, {"ScatterToSequenceParallelRegion"}, {}, true};
   }
   return {};  // unreachable: every case returns
 }
@@ -203,6 +215,9 @@ const char* OpTypeName(OpType type) {
     case OpType::kContiguous: return "contiguous";
     case OpType::kToDtype: return "to";
     case OpType::kNativeDropout: return "native_dropout";
+    case OpType::kGatherLinear: return "megatron_gather_linear";
+    case OpType::kReduceScatter: return "megatron_reduce_scatter";
+    case OpType::kScatter: return "megatron_scatter";
   }
   return "?";
 }

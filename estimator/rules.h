@@ -67,8 +67,13 @@ enum class OpType : uint8_t {
   kContiguous,   // a view if already contiguous, else a contiguous copy (clone)
   kToDtype,      // .to(dtype): the tensor itself if it has that dtype, else a copy
   kNativeDropout,  // (input) -> (out, mask): training dropout, mask bool
+  // Megatron-LM's sequence-parallel collectives and linear (custom autograd Functions,
+  // not ATen ops: no Functions.h node):
+  kGatherLinear,   // (shard x, weight, bias): all-gather x along T, then x W^T + b
+  kReduceScatter,  // (x): sum over ranks, each keeping its T / tp tokens
+  kScatter,        // (x): each rank keeps its T / tp tokens (the embeddings' output)
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kNativeDropout) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kScatter) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 
@@ -93,6 +98,9 @@ struct OpSemantics {
   // SavedVariable members for optional inputs the graph never passes, which hold an
   // undefined tensor and no storage (SDPA's attn_mask_).
   std::vector<std::string_view> absent_saved;
+  // custom_function: a Python autograd Function of Megatron-LM's (its ctx saves the
+  // keeps), not an ATen op: no Functions.h node to check the names against.
+  bool custom_function = false;
 };
 
 // RuleTable maps every OpType to its semantics. Pinned() is the pinned release's; a

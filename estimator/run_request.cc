@@ -49,6 +49,7 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.config.batch = request.batch;
   spec.config.seq = request.seq;
   spec.config.tp = request.tp;
+  spec.config.sp = request.sp;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
 
   absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);

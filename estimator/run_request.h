@@ -37,6 +37,7 @@ struct RunRequest {
   double momentum = 0;
   bool master_weights = false;
   int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's
+  bool sp = false;  // sequence parallelism (with tp)
 };
 
 // RunSpec is a validated request.

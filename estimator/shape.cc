@@ -31,6 +31,8 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
       return config.vocab / config.tp;
     case Symbol::kPositions:
       return config.max_positions;
+    case Symbol::kSeqShard:
+      return config.sp ? config.seq / config.tp : config.seq;
   }
   return 0;
 }

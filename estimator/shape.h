@@ -25,8 +25,9 @@ enum class Symbol : uint8_t {
   kIntermediate,  // F, the MLP width
   kVocab,         // V
   kPositions,     // GPT-2's learned positions (max_positions)
+  kSeqShard,      // T where sequence parallelism shards it: T / tp with --sp, else T
 };
-inline constexpr int kNumSymbols = static_cast<int>(Symbol::kPositions) + 1;
+inline constexpr int kNumSymbols = static_cast<int>(Symbol::kSeqShard) + 1;
 int64_t SymbolValue(Symbol symbol, const ModelConfig& config);
 
 // SymbolValues holds every symbol's value for one config, looked up once per walk.
@@ -65,6 +66,7 @@ inline constexpr SymDim kDHead = SymOf(Symbol::kHeadDim);
 inline constexpr SymDim kF = SymOf(Symbol::kIntermediate);
 inline constexpr SymDim kV = SymOf(Symbol::kVocab);
 inline constexpr SymDim kP = SymOf(Symbol::kPositions);
+inline constexpr SymDim kTs = SymOf(Symbol::kSeqShard);
 SymDim Sym(int64_t constant);
 SymDim operator*(SymDim a, SymDim b);
 SymDim operator*(int64_t coeff, SymDim a);

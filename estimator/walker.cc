@@ -35,8 +35,12 @@ class Walk {
       : graph_(graph), config_(config), options_(options),
         rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()),
         symbols_(config),
-        tensors_(graph.tensors.size()) {
+        tensors_(graph.tensors.size()),
+        producer_(graph.tensors.size(), -1) {
     storages_.reserve(graph.tensors.size());
+    for (size_t op = 0; op < graph.ops.size(); ++op) {
+      for (int out : graph.ops[op].outputs) producer_[out] = static_cast<int>(op);
+    }
   }
 
   absl::StatusOr<BlockWalk> Run() {
@@ -342,6 +346,15 @@ class Walk {
         NewContiguous(out, in.sizes.data(), in.ndim);
         NewContiguous(op.outputs[1], in.sizes.data(), in.ndim);
         return absl::OkStatus();
+      case OpType::kGatherLinear:
+      case OpType::kReduceScatter:
+      case OpType::kScatter: {
+        // Megatron's collectives: a new tensor of the target shape (the gathered input
+        // of a gather-linear is a buffer of the call, freed inside it).
+        const Layout target = Evaluate(op.attributes.shape);
+        NewContiguous(out, target.sizes.data(), target.ndim);
+        return absl::OkStatus();
+      }
     }
     return Internal(op, "unknown op");
   }
@@ -366,6 +379,16 @@ class Walk {
       return absl::OkStatus();
     }
     if (!has_grad_fn) return absl::OkStatus();  // no backward node, nothing saved
+    if (options_.recompute_core_attention && op.core_attention) {
+      // Recomputed in the backward from its inputs: the core keeps what it reads from
+      // outside itself (q, k, v), as a checkpoint keeps its input.
+      for (int input : op.inputs) {
+        const int producer = producer_[input];
+        if (producer >= 0 && graph_.ops[producer].core_attention) continue;
+        if (!graph_.tensors[input].is_parameter) Keep(op_index, input, KeepReason::kCheckpointInput);
+      }
+      return absl::OkStatus();
+    }
     for (const KeepRule& rule : semantics.keeps) {
       if (rule.needs_grad_of_input >= 0 &&
           !tensors_[op.inputs[rule.needs_grad_of_input]].requires_grad) {
@@ -444,6 +467,7 @@ class Walk {
   const RuleTable& rules_;
   const SymbolValues symbols_;
   std::vector<TensorState> tensors_;
+  std::vector<int> producer_;  // per tensor: the op that made it, -1: none
   std::vector<StorageState> storages_;
   std::vector<KeptStorage> storages_recorded_;
   bool overflow_ = false;

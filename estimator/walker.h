@@ -39,6 +39,9 @@ struct WalkOptions {
   bool record_layouts = false;
   // rules: what each op views and keeps; null means RuleTable::Pinned(). Not owned.
   const RuleTable* rules = nullptr;
+  // recompute_core_attention: Megatron's selective recompute: the core attention ops
+  // keep nothing; what they read from outside the core (q, k, v) is kept instead.
+  bool recompute_core_attention = false;
 };
 
 // Why a storage is counted.

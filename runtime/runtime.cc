@@ -375,7 +375,13 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
   }
   // One process, PyTorch's ops: tensor-parallel ranks and Megatron's ops (dropout, fused
   // softmax) are predicted, not measured yet.
-  if (config.tp > 1 || config.megatron) {
+  for (const Variant& variant : variants) {
+    if (variant.kind == VariantKind::kCoreAttention) {
+      return absl::UnimplementedError(
+          "the runtime has no core_attention recompute yet (predict still answers)");
+    }
+  }
+  if (config.tp > 1 || config.sp || config.megatron) {
     return absl::UnimplementedError(
         "the runtime runs one process without dropout: --tp and megatron-gpt are predicted "
         "only (no distributed runtime yet)");

@@ -8,7 +8,12 @@
 // h width, a heads, t tensor-parallel ranks:
 //   no parallelism:               s b h (34 + 5 a s / h)
 //   tensor parallel:              s b h (10 + 24 / t + 5 a s / (h t))
-//   full recompute:               2 s b h (the layer's input)
+//   tensor + sequence parallel:   s b h (34 / t + 5 a s / (h t))
+//   selective recompute (of the core attention: Megatron's default):
+//                                 s b h (10 + 24 / t), s b h 34 / t with sequence
+//                                 parallelism
+//   full recompute:               2 s b h (the layer's input), 2 s b h / t with sequence
+//                                 parallelism
 // With 1F1B pipelining the first stage holds p micro-batches of L / p layers: L layers'
 // worth, so a GPU's activations are L times the per-layer bytes (Table 2). These are
 // computed here from the formulas, not taken from the walk, and the walk's layer bytes
@@ -43,7 +48,7 @@ constexpr PaperModel kModels[] = {
 constexpr int64_t kSeq = 2048;
 constexpr int64_t kTensorParallel = 8;
 
-ModelConfig Megatron(const PaperModel& m, int64_t tp) {
+ModelConfig Megatron(const PaperModel& m, int64_t tp, bool sp = false) {
   absl::StatusOr<ModelConfig> config = ModelFromPreset("megatron-gpt");
   EXPECT_TRUE(config.ok()) << config.status();
   config->layers = m.layers;
@@ -56,6 +61,7 @@ ModelConfig Megatron(const PaperModel& m, int64_t tp) {
   config->seq = kSeq;
   config->dtype = DType::kFloat16;
   config->tp = tp;
+  config->sp = sp;
   return *config;
 }
 
@@ -73,7 +79,7 @@ int64_t LayerBytes(const ModelConfig& config, const char* variant) {
 }
 
 TEST(KorthikantiTest, PerGpuActivationsMatchThePaper) {
-  std::printf("%-6s %-16s %14s %14s %8s\n", "model", "setup", "paper (GiB)", "walk (GiB)",
+  std::printf("%-6s %-16s %14s %14s %10s\n", "model", "setup", "paper (GiB)", "walk (GiB)",
               "ratio");
   for (const PaperModel& m : kModels) {
     const double sbh = static_cast<double>(kSeq) * m.batch * m.width;
@@ -82,19 +88,24 @@ TEST(KorthikantiTest, PerGpuActivationsMatchThePaper) {
     struct Setup {
       const char* name;
       int64_t tp;
+      bool sp;
       const char* variant;
       double per_layer;  // the paper's bytes per layer
     };
     const Setup setups[] = {
-        {"no parallelism", 1, "none", sbh * (34 + attention)},
-        {"tensor parallel", kTensorParallel, "none", sbh * (10 + 24 / t + attention / t)},
-        {"full recompute", kTensorParallel, "full", 2 * sbh},
+        {"no parallelism", 1, false, "none", sbh * (34 + attention)},
+        {"tensor parallel", kTensorParallel, false, "none", sbh * (10 + 24 / t + attention / t)},
+        {"tensor+sequence", kTensorParallel, true, "none", sbh * (34 / t + attention / t)},
+        {"selective", kTensorParallel, false, "core_attention", sbh * (10 + 24 / t)},
+        {"selective+seq", kTensorParallel, true, "core_attention", sbh * 34 / t},
+        {"full recompute", kTensorParallel, false, "full", 2 * sbh},
+        {"full, sequence", kTensorParallel, true, "full", 2 * sbh / t},
     };
     for (const Setup& setup : setups) {
       const double paper = setup.per_layer * m.layers;
-      const int64_t walk = LayerBytes(Megatron(m, setup.tp), setup.variant);
+      const int64_t walk = LayerBytes(Megatron(m, setup.tp, setup.sp), setup.variant);
       const double ratio = static_cast<double>(walk) / paper;
-      std::printf("%-6s %-16s %14.2f %14.2f %8.4f\n", m.name, setup.name,
+      std::printf("%-6s %-16s %14.2f %14.2f %10.6f\n", m.name, setup.name,
                   paper / (1 << 30), static_cast<double>(walk) / (1 << 30), ratio);
       EXPECT_NEAR(ratio, 1.0, 0.02) << m.name << " " << setup.name;
     }
@@ -150,6 +161,10 @@ TEST(KorthikantiTest, TensorParallelInputIsChecked) {
   study.tp = 2;
   EXPECT_STATUS(Predict(study, PredictOptions()), absl::StatusCode::kInvalidArgument,
                 "not the study's block");
+  ModelConfig sp = Megatron(kModels[0], 1, /*sp=*/true);
+  options.attention = AttentionMode::kMath;
+  EXPECT_STATUS(Predict(sp, options), absl::StatusCode::kInvalidArgument,
+                "--sp (sequence parallelism) needs --model=megatron-gpt and --tp >= 2");
 }
 
 }  // namespace

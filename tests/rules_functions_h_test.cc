@@ -73,6 +73,7 @@ TEST(RulesFunctionsHTest, EveryKeepRuleNamesExactlyTheNodesSavedTensors) {
       EXPECT_TRUE(expected.empty()) << OpTypeName(type) << " keeps tensors but has no node";
       continue;
     }
+    if (rule.custom_function) continue;  // Megatron's autograd Functions: not in the header
     std::set<std::string> saved;
     for (std::string_view node : rule.backward_nodes) {
       bool found = false;
