@@ -260,6 +260,12 @@ std::string PredictionTable(const Prediction& p) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(p.optimizer.kind),
       p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease);
+  if (c.tp > 1) {
+    absl::StrAppendFormat(&out,
+                          "one of %d tensor-parallel ranks%s: every number below is that "
+                          "rank's\n\n",
+                          c.tp, c.sp ? " with sequence parallelism" : "");
+  }
   absl::StrAppendFormat(&out, "%-22s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "n_params (count)", p.n_params, "");
   for (const auto& [name, bytes] :

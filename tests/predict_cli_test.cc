@@ -48,6 +48,12 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--amp=fp16 --dtype=bf16", "--amp=fp16 needs --dtype=fp32"},
            {"--amp=int8", "--amp must be none, bf16 or fp16"},
            {"--momentum=0.9", "--momentum applies to --optimizer=sgd"},
+           {"--tp=0", "--tp must be >= 1, got 0"},
+           {"--tp=2", "not the study's block"},
+           {"--model=tiny-gpt2 --tp=3", "--heads 4 is not divisible by --tp 3"},
+           {"--sp", "--sp (sequence parallelism) needs --model=megatron-gpt and --tp >= 2"},
+           {"--model=megatron-gpt", "megatron-gpt needs --attention=math"},
+           {"--variants=core_attention", "core_attention recomputes math attention's core"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"},
            // Abseil's parse errors exit 2 like the rest.
@@ -61,6 +67,28 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
     // One line.
     EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
   }
+}
+
+// One tensor-parallel rank of Korthikanti et al.'s 22B model (korthikanti_test checks
+// the numbers): the table says whose buckets these are, the JSON config carries tp.
+TEST(PredictCliTest, TensorParallelRank) {
+  const std::string model =
+      "--model=megatron-gpt --layers=48 --width=6144 --heads=64 --batch=4 --seq=2048 "
+      "--dtype=fp16 --attention=math --tp=8 --sp --variants=none,core_attention";
+  CommandResult table = Predict(model + " --format=table");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("one of 8 tensor-parallel ranks with sequence parallelism"),
+            std::string::npos)
+      << table.output;
+  CommandResult json = Predict(model);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  rapidjson::Document doc;
+  doc.Parse(json.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << json.output;
+  EXPECT_EQ(doc["config"]["tp"].GetInt64(), 8);
+  EXPECT_TRUE(doc["config"]["sp"].GetBool());
+  EXPECT_TRUE(doc["config"]["megatron"].GetBool());
+  EXPECT_TRUE(doc["saved_bytes"].HasMember("core_attention"));
 }
 
 TEST(PredictCliTest, TableAndExplain) {
