@@ -51,6 +51,13 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
       f.backward = CheckedInt64(2) * f.forward;
       return f;
     }
+    case OpType::kGatherLinear: {  // (B, T, out) from an input of width in
+      const CheckedInt64 rows = numel(op.outputs[0]).value() / size(op.outputs[0], -1);
+      const CheckedInt64 k = size(op.inputs[0], -1), n = size(op.outputs[0], -1);
+      f.forward = CheckedInt64(2) * rows * k * n;
+      f.backward = CheckedInt64(2) * f.forward;
+      return f;
+    }
     case OpType::kFlashAttention: {  // q (B, H, T, d)
       const CheckedInt64 b = size(op.inputs[0], 0), h = size(op.inputs[0], 1),
                          t = size(op.inputs[0], 2), d = size(op.inputs[0], 3);

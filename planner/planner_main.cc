@@ -41,8 +41,8 @@ constexpr char kUsage[] =
     "peak fits --budget_gib: each layer not checkpointed, checkpointed, or selective with "
     "any set of op kinds saved (matmul, attention, layer_norm, gelu, silu). Exact, by a "
     "dynamic program over layers on the step simulation's stretches.\n\n"
-    "  ./bazelw run //planner -- --model=llama-3-8b --seq=8192 --budget_gib=80 "
-    "--format=table\n\n"
+    "  ./bazelw run //planner -- --model=llama-3-8b --batch=1 --seq=8192 "
+    "--optimizer=sgd --budget_gib=80 --format=table\n\n"
     "Recompute is counted in FLOPs; the overhead is (step + recompute) / step.\n"
     "Exit status: 0 on success, 2 for bad input, 3 when no plan fits (the message gives "
     "the smallest budget that would).";
