@@ -78,6 +78,10 @@ struct Planner::Tables {
 
   // Record adds a probe's stretches, checking those already seen.
   absl::Status Record(const std::vector<int>& probe, const StepStretches& s);
+  // After the probes: the bounds, the candidates and the hull (see below).
+  void DeriveBounds();
+  void ChooseCandidates(const std::vector<int>& allowed);
+  void BuildHull();
   // local: D = forward + backward net is one number per position and the head's nets
   // do not depend on the last layer's choice. Then S is the same for every label at a
   // layer, the backward moment of layer i is known once it is placed
@@ -386,6 +390,158 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   return true;
 }
 
+// DeriveBounds sets `local`, `first_matters`, D by position and the pruning bounds from
+// the recorded stretches.
+void Planner::Tables::DeriveBounds() {
+  Tables& t = *this;
+  const int n = static_cast<int>(choices.size());
+  bool any = false;
+  int64_t d[kPositions] = {};
+  bool d_seen[kPositions] = {};
+  bool d_varies = false;
+  for (int position = 0; position < kPositions; ++position) {
+    for (int previous = 0; previous < 2; ++previous) {
+      for (int c = 0; c < n; ++c) {
+        for (int next = 0; next < 2; ++next) {
+          const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next)];
+          if (!st.seen) continue;
+          t.min_forward_net = any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
+          any = true;
+          const int64_t dd = st.forward.net + st.backward.net;
+          if (d_seen[position] && d[position] != dd) d_varies = true;
+          d[position] = dd;
+          d_seen[position] = true;
+        }
+      }
+    }
+  }
+  bool head_varies = false;
+  if (t.last[0].seen && t.last[1].seen) {
+    head_varies = t.last[0].head_forward.net + t.last[0].head_backward.net !=
+                  t.last[1].head_forward.net + t.last[1].head_backward.net;
+  }
+  t.local = !d_varies && !head_varies && !t.options.general;
+  t.first_matters = !(t.first[0].seen && t.first[1].seen &&
+                      SameStretch(t.first[0].prologue, t.first[1].prologue) &&
+                      SameStretch(t.first[0].tail, t.first[1].tail));
+  for (int position = 0; position < kPositions; ++position) t.d_of[position] = d[position];
+  // Every plan's forward ends, then its head's forward runs: the smaller of the two
+  // heads' rises (or 0 when a head has none) is a moment still to come.
+  // So is the head's backward (its loss gradient, often the peak), at the head's
+  // forward net above the forward's end.
+  int64_t end = std::numeric_limits<int64_t>::max();
+  for (const Tables::Bracket& b : t.last) {
+    if (!b.seen) continue;
+    const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
+    const int64_t backward_moment =
+        b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
+    end = std::min(end, std::max(forward_moment, backward_moment));
+  }
+  t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
+  // Under `local`, the last layer's backward comes after the head's nets: a second
+  // moment every plan reaches, R + P + H + F_all + its rise.
+  if (t.local) {
+    const Tables::Bracket& head = t.last[0].seen ? t.last[0] : t.last[1];
+    int64_t least_rise = std::numeric_limits<int64_t>::max();
+    for (int position : {kLast, kOnly}) {
+      for (int previous = 0; previous < 2; ++previous) {
+        for (int c = 0; c < n; ++c) {
+          const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, false)];
+          if (st.seen) least_rise = std::min(least_rise, st.backward.has_rise ? st.backward.rise : 0);
+        }
+      }
+    }
+    if (least_rise != std::numeric_limits<int64_t>::max()) {
+      t.min_end_rise = std::max(t.min_end_rise, head.head_forward.net +
+                                                    head.head_backward.net + least_rise);
+    }
+  }
+}
+
+// ChooseCandidates keeps the allowed choices no other allowed choice with the same
+// checkpointing beats: cost no higher and every stretch of every context no larger
+// (ties keep the first). Replacing a beaten choice by its better one in any plan leaves
+// every later moment of the step no higher, since its neighbours see only its kind.
+void Planner::Tables::ChooseCandidates(const std::vector<int>& allowed) {
+  Tables& t = *this;
+  auto no_larger = [&](int a, int b) {  // a's stretches <= b's in every context
+    for (int position = 0; position < kPositions; ++position) {
+      for (int previous = 0; previous < 2; ++previous) {
+        for (int next = 0; next < 2; ++next) {
+          const Tables::LayerStretches& x = t.layer[t.Key(position, previous, a, next)];
+          const Tables::LayerStretches& y = t.layer[t.Key(position, previous, b, next)];
+          if (x.seen != y.seen) return false;
+          if (!x.seen) continue;
+          if (x.forward.net > y.forward.net || RiseOf(x.forward) > RiseOf(y.forward) ||
+              x.forward.net + x.backward.net > y.forward.net + y.backward.net) {
+            return false;
+          }
+          if (x.backward.has_rise && (!y.backward.has_rise ||
+                                      x.forward.net + x.backward.rise >
+                                          y.forward.net + y.backward.rise)) {
+            return false;
+          }
+        }
+      }
+    }
+    return true;
+  };
+  for (int c : allowed) {
+    bool dominated = false;
+    for (int other : allowed) {
+      if (other == c || t.Checkpointed(other) != t.Checkpointed(c)) continue;
+      if (t.recompute[other] > t.recompute[c] || !no_larger(other, c)) continue;
+      const bool tie = t.recompute[other] == t.recompute[c] && no_larger(c, other);
+      if (!tie || other < c) dominated = true;
+    }
+    if (!dominated) t.candidates.push_back(c);
+  }
+}
+
+// BuildHull groups the candidates by kind and makes the LP bound's hull.
+void Planner::Tables::BuildHull() {
+  Tables& t = *this;
+  const int n = static_cast<int>(choices.size());
+  t.least_forward_net.assign(n, std::numeric_limits<int64_t>::max());
+  for (int position = 0; position < kPositions; ++position) {
+    for (int previous = 0; previous < 2; ++previous) {
+      for (int c = 0; c < n; ++c) {
+        for (int next = 0; next < 2; ++next) {
+          const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next)];
+          if (st.seen) t.least_forward_net[c] = std::min(t.least_forward_net[c], st.forward.net);
+        }
+      }
+    }
+  }
+  std::vector<std::pair<double, double>> points;
+  for (int c : t.candidates) {
+    points.emplace_back(static_cast<double>(t.least_forward_net[c]),
+                        static_cast<double>(t.recompute[c]));
+    t.candidates_by_checkpoint[t.Checkpointed(c)].push_back(c);
+  }
+  std::sort(points.begin(), points.end());
+  // The lower-left convex hull: cost falls as the forward net rises.
+  for (const auto& p : points) {
+    if (!t.hull.empty() && p.second >= t.hull.back().second) continue;
+    while (t.hull.size() >= 2) {
+      const auto& a = t.hull[t.hull.size() - 2];
+      const auto& b = t.hull.back();
+      // b is above the segment a-p: drop it.
+      if ((b.second - a.second) * (p.first - a.first) >=
+          (p.second - a.second) * (b.first - a.first)) {
+        t.hull.pop_back();
+      } else {
+        break;
+      }
+    }
+    t.hull.push_back(p);
+  }
+  for (size_t k = 0; k + 1 < t.hull.size(); ++k) {
+    t.hull_slope.push_back((t.hull[k + 1].second - t.hull[k].second) /
+                           (t.hull[k + 1].first - t.hull[k].first));
+  }
+}
+
 std::vector<LayerChoice> AllChoices(const ModelConfig& config, AttentionMode attention) {
   std::vector<LayerChoice> choices = {LayerChoice{false, {}}, LayerChoice{true, {}}};
   std::vector<OpKind> kinds;
@@ -522,147 +678,9 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
         "checkpoint planner: the step's live bytes overflow int64 at layers=", config.layers));
   }
 
-  // Pruning bounds and whether S matters (see Tables).
-  {
-    Tables& t = *tables;
-    bool any = false;
-    int64_t d[kPositions] = {};
-    bool d_seen[kPositions] = {};
-    bool d_varies = false;
-    for (int position = 0; position < kPositions; ++position) {
-      for (int previous = 0; previous < 2; ++previous) {
-        for (int c = 0; c < n; ++c) {
-          for (int next = 0; next < 2; ++next) {
-            const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next)];
-            if (!st.seen) continue;
-            t.min_forward_net = any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
-            any = true;
-            const int64_t dd = st.forward.net + st.backward.net;
-            if (d_seen[position] && d[position] != dd) d_varies = true;
-            d[position] = dd;
-            d_seen[position] = true;
-          }
-        }
-      }
-    }
-    bool head_varies = false;
-    if (t.last[0].seen && t.last[1].seen) {
-      head_varies = t.last[0].head_forward.net + t.last[0].head_backward.net !=
-                    t.last[1].head_forward.net + t.last[1].head_backward.net;
-    }
-    t.local = !d_varies && !head_varies && !options.general;
-    t.first_matters = !(t.first[0].seen && t.first[1].seen &&
-                        SameStretch(t.first[0].prologue, t.first[1].prologue) &&
-                        SameStretch(t.first[0].tail, t.first[1].tail));
-    for (int position = 0; position < kPositions; ++position) t.d_of[position] = d[position];
-    // Every plan's forward ends, then its head's forward runs: the smaller of the two
-    // heads' rises (or 0 when a head has none) is a moment still to come.
-    // So is the head's backward (its loss gradient, often the peak), at the head's
-    // forward net above the forward's end.
-    int64_t end = std::numeric_limits<int64_t>::max();
-    for (const Tables::Bracket& b : t.last) {
-      if (!b.seen) continue;
-      const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
-      const int64_t backward_moment =
-          b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
-      end = std::min(end, std::max(forward_moment, backward_moment));
-    }
-    t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
-    // Under `local`, the last layer's backward comes after the head's nets: a second
-    // moment every plan reaches, R + P + H + F_all + its rise.
-    if (t.local) {
-      const Tables::Bracket& head = t.last[0].seen ? t.last[0] : t.last[1];
-      int64_t least_rise = std::numeric_limits<int64_t>::max();
-      for (int position : {kLast, kOnly}) {
-        for (int previous = 0; previous < 2; ++previous) {
-          for (int c = 0; c < n; ++c) {
-            const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, false)];
-            if (st.seen) least_rise = std::min(least_rise, st.backward.has_rise ? st.backward.rise : 0);
-          }
-        }
-      }
-      if (least_rise != std::numeric_limits<int64_t>::max()) {
-        t.min_end_rise = std::max(t.min_end_rise, head.head_forward.net +
-                                                      head.head_backward.net + least_rise);
-      }
-    }
-  }
-
-  // Candidates: the allowed choices no other allowed choice with the same checkpointing
-  // beats (cost no higher, every stretch of every context no larger; ties keep the first).
-  auto no_larger = [&](int a, int b) {  // a's stretches <= b's in every context
-    for (int position = 0; position < kPositions; ++position) {
-      for (int previous = 0; previous < 2; ++previous) {
-        for (int next = 0; next < 2; ++next) {
-          const Tables::LayerStretches& x = tables->layer[tables->Key(position, previous, a, next)];
-          const Tables::LayerStretches& y = tables->layer[tables->Key(position, previous, b, next)];
-          if (x.seen != y.seen) return false;
-          if (!x.seen) continue;
-          if (x.forward.net > y.forward.net || RiseOf(x.forward) > RiseOf(y.forward) ||
-              x.forward.net + x.backward.net > y.forward.net + y.backward.net) {
-            return false;
-          }
-          if (x.backward.has_rise && (!y.backward.has_rise ||
-                                      x.forward.net + x.backward.rise >
-                                          y.forward.net + y.backward.rise)) {
-            return false;
-          }
-        }
-      }
-    }
-    return true;
-  };
-  for (int c : allowed) {
-    bool dominated = false;
-    for (int other : allowed) {
-      if (other == c || tables->Checkpointed(other) != tables->Checkpointed(c)) continue;
-      if (tables->recompute[other] > tables->recompute[c] || !no_larger(other, c)) continue;
-      const bool tie = tables->recompute[other] == tables->recompute[c] && no_larger(c, other);
-      if (!tie || other < c) dominated = true;
-    }
-    if (!dominated) tables->candidates.push_back(c);
-  }
-  {
-    Tables& t = *tables;
-    t.least_forward_net.assign(n, std::numeric_limits<int64_t>::max());
-    for (int position = 0; position < kPositions; ++position) {
-      for (int previous = 0; previous < 2; ++previous) {
-        for (int c = 0; c < n; ++c) {
-          for (int next = 0; next < 2; ++next) {
-            const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next)];
-            if (st.seen) t.least_forward_net[c] = std::min(t.least_forward_net[c], st.forward.net);
-          }
-        }
-      }
-    }
-    std::vector<std::pair<double, double>> points;
-    for (int c : t.candidates) {
-      points.emplace_back(static_cast<double>(t.least_forward_net[c]),
-                          static_cast<double>(t.recompute[c]));
-      t.candidates_by_checkpoint[t.Checkpointed(c)].push_back(c);
-    }
-    std::sort(points.begin(), points.end());
-    // The lower-left convex hull: cost falls as the forward net rises.
-    for (const auto& p : points) {
-      if (!t.hull.empty() && p.second >= t.hull.back().second) continue;
-      while (t.hull.size() >= 2) {
-        const auto& a = t.hull[t.hull.size() - 2];
-        const auto& b = t.hull.back();
-        // b is above the segment a-p: drop it.
-        if ((b.second - a.second) * (p.first - a.first) >=
-            (p.second - a.second) * (b.first - a.first)) {
-          t.hull.pop_back();
-        } else {
-          break;
-        }
-      }
-      t.hull.push_back(p);
-    }
-    for (size_t k = 0; k + 1 < t.hull.size(); ++k) {
-      t.hull_slope.push_back((t.hull[k + 1].second - t.hull[k].second) /
-                             (t.hull[k + 1].first - t.hull[k].first));
-    }
-  }
+  tables->DeriveBounds();
+  tables->ChooseCandidates(allowed);
+  tables->BuildHull();
   return Planner(std::move(tables));
 }
 
