@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -68,25 +69,34 @@ TEST(FlopsTest, StudyBlockByHand) {
   EXPECT_EQ(matmul, forward - (24 * n * d * d + 9 * n * d));
 }
 
-// The simulation's replay of a plan (every layer, no composition).
-int64_t SimulatedPeak(const StepSimulator& simulator, const ResidentBytes& resident,
-                      const Planner& planner, const std::vector<int>& plan) {
-  std::vector<LayerChoice> layers;
-  for (int c : plan) layers.push_back(planner.choices()[c]);
-  absl::StatusOr<StepTimeline> t =
-      simulator.Simulate(PlanVariant(layers), OptimizerSpec(), resident);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? t->peak.bytes : -1;
-}
+// Replayer replays plans of one model in the step simulation (every layer, no
+// composition): the independent peak the planner's composed one is compared with.
+struct Replayer {
+  StepSimulator simulator;
+  ResidentBytes resident;
 
-ResidentBytes ResidentOf(const ModelConfig& config, AttentionMode attention) {
+  int64_t Peak(const Planner& planner, const std::vector<int>& plan) const {
+    std::vector<LayerChoice> layers;
+    for (int c : plan) layers.push_back(planner.choices()[c]);
+    absl::StatusOr<StepTimeline> t =
+        simulator.Simulate(PlanVariant(layers), OptimizerSpec(), resident);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->peak.bytes : -1;
+  }
+};
+
+absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& config, AttentionMode attention) {
+  StepOptions step;
+  step.record_events = false;
+  absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, attention, step);
+  if (!simulator.ok()) return simulator.status();
   PredictOptions options;
   options.attention = attention;
   options.variants = {Variant()};
   options.peak = false;
   absl::StatusOr<Prediction> p = Predict(config, options);
-  EXPECT_TRUE(p.ok()) << p.status();
-  return ResidentBytes{p->param_bytes, p->optimizer_state_bytes};
+  if (!p.ok()) return p.status();
+  return Replayer{*std::move(simulator), {p->param_bytes, p->optimizer_state_bytes}};
 }
 
 // Every plan of `choices` over `layers` layers, as indices into choices.
@@ -139,11 +149,7 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
       PlannerOptions options;
       options.attention = c.attention;
       ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
-      StepOptions step;
-      step.record_events = false;
-      ASSERT_OK_AND_ASSIGN(StepSimulator simulator,
-                           StepSimulator::Create(c.config, c.attention, step));
-      const ResidentBytes resident = ResidentOf(c.config, c.attention);
+      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention));
       const int n = static_cast<int>(planner.choices().size());
       std::vector<std::vector<int>> plans;
       if (layers <= 3) {
@@ -156,7 +162,7 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
         }
       }
       for (const std::vector<int>& plan : plans) {
-        ASSERT_EQ(planner.PeakOf(plan), SimulatedPeak(simulator, resident, planner, plan))
+        ASSERT_EQ(planner.PeakOf(plan), replay.Peak(planner, plan))
             << c.name << " plan " << absl::StrJoin(plan, " ");
         ++compared;
       }
@@ -185,11 +191,7 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
                                                  : SavePolicy{OpKind::kMatmul, OpKind::kGelu}}};
       }
       ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
-      StepOptions step;
-      step.record_events = false;
-      ASSERT_OK_AND_ASSIGN(StepSimulator simulator,
-                           StepSimulator::Create(c.config, c.attention, step));
-      const ResidentBytes resident = ResidentOf(c.config, c.attention);
+      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention));
       const int n = static_cast<int>(planner.choices().size());
       struct Scored {
         int64_t peak;
@@ -199,7 +201,7 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
       for (const std::vector<int>& plan : AllPlans(layers, n)) {
         int64_t cost = 0;
         for (int choice : plan) cost += planner.recompute_flops()[choice];
-        scored.push_back({SimulatedPeak(simulator, resident, planner, plan), cost});
+        scored.push_back({replay.Peak(planner, plan), cost});
       }
       std::vector<int64_t> peaks;
       for (const Scored& s : scored) peaks.push_back(s.peak);
@@ -225,7 +227,7 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
                 std::find(planner.choices().begin(), planner.choices().end(), choice) -
                 planner.choices().begin()));
           }
-          const int64_t replayed = SimulatedPeak(simulator, resident, planner, indices);
+          const int64_t replayed = replay.Peak(planner, indices);
           EXPECT_EQ(plan.peak_bytes, replayed) << c.name;
           EXPECT_LE(replayed, budget) << c.name;
           ++budgets;
