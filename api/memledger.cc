@@ -12,6 +12,7 @@
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/run_request.h"
+#include "estimator/units.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
 #include "rapidjson/document.h"
@@ -138,8 +139,8 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   if (!keys.budget_gib.has_value()) {
     return absl::InvalidArgumentError("request: \"budget_gib\" is required");
   }
-  const double budget = *keys.budget_gib * static_cast<double>(int64_t{1} << 30);
-  if (!(*keys.budget_gib > 0) || !(budget < 9.2e18)) {
+  const std::optional<int64_t> budget = GibToBytes(*keys.budget_gib);
+  if (!budget.has_value()) {
     return KeyError("budget_gib", "must be a positive number of GiB below 2^33");
   }
   // Out of int's range here; the rest of each range is RunPlanner's to check.
@@ -152,7 +153,7 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
   PlanRunOptions options;
-  options.budget_bytes = static_cast<int64_t>(budget);
+  options.budget_bytes = *budget;
   options.frontier_points = static_cast<int>(keys.frontier_points);
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
   absl::StatusOr<PlanReport> report = RunPlanner(*spec, options);

@@ -2,6 +2,7 @@
 // a memory budget, per layer, with the frontier of budgets and overheads.
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "estimator/atomic_file.h"
 #include "estimator/cli_flags.h"
 #include "estimator/report.h"
+#include "estimator/units.h"
 #include "planner/frontier_svg.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
@@ -58,13 +60,13 @@ int main(int argc, char** argv) {
         absl::StrCat("--format must be json or table, got '", spec->format, "'")));
   }
   const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
-  const double budget = budget_gib * static_cast<double>(int64_t{1} << 30);
-  if (!(budget_gib > 0) || !(budget < 9.2e18)) {
+  const std::optional<int64_t> budget = memledger::GibToBytes(budget_gib);
+  if (!budget.has_value()) {
     return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
         "--budget_gib must be a positive number of GiB below 2^33, got ", budget_gib)));
   }
   memledger::PlanRunOptions options;
-  options.budget_bytes = static_cast<int64_t>(budget);
+  options.budget_bytes = *budget;
   options.frontier_points = absl::GetFlag(FLAGS_frontier_points);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.flops_per_second = absl::GetFlag(FLAGS_flops_per_second);
