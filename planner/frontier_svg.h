@@ -1,7 +1,7 @@
 // FrontierSvg draws the planner's answer as a chart: the least recompute overhead at
 // each memory budget (a staircase falling from the smallest budget any plan fits to
 // the peak without checkpointing), the standard variants as labelled points (a variant
-// above the staircase costs more than the plan at its own peak), the budget asked for
+// above the staircase costs more than a plan at its own peak), the budget asked for
 // and the plan chosen under it.
 //
 // Example:

@@ -23,7 +23,6 @@ rapidjson::Value String(const std::string& s, Allocator& allocator) {
   return rapidjson::Value(s, allocator);
 }
 
-
 std::string Flops(int64_t flops) { return absl::StrFormat("%.3g", static_cast<double>(flops)); }
 
 }  // namespace
