@@ -51,7 +51,7 @@ FlashSplits FlashSplitsFor(int64_t t) {
 
 // ParameterKey names a parameter's .grad: its segment instance and tensor (a tied
 // weight's is its owner's, the prologue's).
-using ParameterKey = std::pair<int32_t, int>;
+using ParameterKey = std::pair<int64_t, int>;
 
 // Grads are the engine's input buffers of one segment's backward, by tensor.
 using Buffers = std::map<int, Handle>;
@@ -84,7 +84,7 @@ class Simulation {
   // One segment instance in the model: its plan and its storages' ids in Memory.
   struct Instance {
     const SegmentPlan* plan = nullptr;
-    int32_t segment = Where::kHead;  // layer index, or Where::kHead
+    int64_t segment = Where::kHead;  // layer index, or Where::kHead
     bool recompute = false;          // a checkpointed layer's forward again, with grad
     std::vector<int> ids;  // walked storage -> Memory id; -1: parameter or not made
     // cached: the selective cache, walked storage -> Memory id, filled by a recording
@@ -114,7 +114,7 @@ class Simulation {
     where.recompute = inst.recompute;
     return where;
   }
-  Where Special(int32_t segment, Where::Activity activity) const {
+  Where Special(int64_t segment, Where::Activity activity) const {
     Where where;
     where.segment = segment;
     where.activity = activity;
@@ -818,7 +818,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
     memory_.BeginSegment();
     Instance& inst = instances[i];
     inst.plan = i == 0 ? first : rest;
-    inst.segment = static_cast<int32_t>(i);
+    inst.segment = i;
     Handle y;
     if (variant_.IsCheckpointed(i)) {
       // The checkpointed layer runs without a graph (filling the selective cache); its
@@ -1025,10 +1025,17 @@ int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
 }
 
 // ComposePeak walks the real model's stretches in step order, each the short model's
-// representative one, and keeps the first highest moment.
+// representative one, and keeps the first highest moment. The middle layers (all but the
+// first and the last) repeat one period of k stretches, and its cost does not grow with
+// the layer count: a period's moments sit at live-at-its-start plus a fixed offset, and
+// live grows by the same d from one period to the next. Over a run of periods each
+// moment is highest in the last period when d > 0 and in the first when d <= 0 (first
+// of equals), so the periods between the first and the last two are skipped with their
+// net added at once. Every sum that could overflow is linear in the period's number,
+// extreme at the ends, and the ends are walked.
 absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
                                      const StepTimeline& short_timeline,
-                     int64_t layers, int64_t reduced, int64_t k) {
+                                     int64_t layers, int64_t reduced, int64_t k) {
   const auto& segments = simulation.segments();
   std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
   int64_t total = short_timeline.resident_bytes;
@@ -1041,29 +1048,50 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
     int64_t top = 0;
     overflow = overflow || __builtin_add_overflow(total, s.rise, &top);
     if (s.has_rise && !overflow && top > peak.bytes) {
-      peak.bytes = total + s.rise;
+      peak.bytes = top;
       peak.phase = s.phase;
       for (int c = 0; c < kNumMemoryCategories; ++c) {
         overflow = overflow ||
                    __builtin_add_overflow(live[c], s.at_rise[c], &peak.by_category[c]);
       }
       where = s.where;
-      if (real_layer >= 0 && where->segment >= 0) where->segment = static_cast<int32_t>(real_layer);
+      if (real_layer >= 0 && where->segment >= 0) where->segment = real_layer;
     }
     for (int c = 0; c < kNumMemoryCategories; ++c) {
       overflow = overflow || __builtin_add_overflow(live[c], s.net[c], &live[c]) ||
                  __builtin_add_overflow(total, s.net[c], &total);
     }
   };
+  // walk visits the layers' stretches from first to last (step +1 or -1), skipping
+  // whole middle periods after the first.
+  auto walk = [&](const std::vector<SegmentSummary>& stretches, int64_t first, int64_t step) {
+    const int64_t middle = layers - 2;  // ComposePeak runs only for layers > 2k + 3
+    const int64_t skipped_periods = middle / k >= 3 ? middle / k - 2 : 0;
+    std::array<int64_t, kNumMemoryCategories> period_start{};
+    for (int64_t n = 0, i = first; n < layers; ++n, i += step) {
+      if (n == 1) period_start = live;
+      visit(stretches[Representative(i, layers, reduced, k)], i);
+      if (n == k && skipped_periods > 0) {
+        // One period walked: skip the next skipped_periods with their net bytes.
+        for (int c = 0; c < kNumMemoryCategories; ++c) {
+          int64_t period_net = 0;
+          int64_t net = 0;
+          overflow = overflow ||
+                     __builtin_sub_overflow(live[c], period_start[c], &period_net) ||
+                     __builtin_mul_overflow(period_net, skipped_periods, &net) ||
+                     __builtin_add_overflow(live[c], net, &live[c]) ||
+                     __builtin_add_overflow(total, net, &total);
+        }
+        n += skipped_periods * k;
+        i += skipped_periods * k * step;
+      }
+    }
+  };
   visit(segments.prologue, -1);
-  for (int64_t i = 0; i < layers; ++i) {
-    visit(segments.forward[Representative(i, layers, reduced, k)], i);
-  }
+  walk(segments.forward, 0, +1);
   visit(segments.head_forward, -1);
   visit(segments.head_backward, -1);
-  for (int64_t i = layers - 1; i >= 0; --i) {
-    visit(segments.backward[Representative(i, layers, reduced, k)], i);
-  }
+  walk(segments.backward, layers - 1, -1);
   visit(segments.tail, -1);
   visit(segments.optimizer, -1);
   if (overflow) {

@@ -100,12 +100,12 @@ inline Layout Transposed(const Layout& layout, int d0, int d1) {
 struct Where {
   enum class Activity : uint8_t {
     kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables };
-  static constexpr int32_t kHead = -1;
-  static constexpr int32_t kPrologue = -2;
+  static constexpr int64_t kHead = -1;
+  static constexpr int64_t kPrologue = -2;
   const BlockGraph* graph = nullptr;
-  int32_t segment = 0;  // layer index, or kHead
-  int32_t op = -1;
+  int64_t segment = 0;  // layer index (a composed peak's may pass 2^31), or kHead
   const char* node = nullptr;  // the backward node; null in the forward
+  int32_t op = -1;
   bool recompute = false;
   Activity activity = Activity::kOp;
   friend bool operator==(const Where& a, const Where& b) {

@@ -13,6 +13,7 @@
 #include "estimator/model_presets.h"
 #include "estimator/predict.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {
@@ -125,7 +126,7 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
   int compared = 0;
   for (ModelConfig config : {study, llama, gpt2}) {
     for (AttentionMode attention : {AttentionMode::kFlash, AttentionMode::kMath}) {
-      for (int64_t layers : {6, 7, 12, 14, 19}) {
+      for (int64_t layers : {6, 7, 12, 14, 19, 40}) {
         config.layers = layers;
         for (const Variant& variant : variants) {
           StepOptions whole, composed;
@@ -148,7 +149,57 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
       }
     }
   }
-  EXPECT_EQ(compared, 3 * 2 * 5 * 6);
+  EXPECT_EQ(compared, 3 * 2 * 6 * 6);
+}
+
+// A composed peak skips the repeating middle layers, so any layer count costs the same:
+// here 3e9 + 40 (past int32). Its expected value comes from the whole simulation of
+// short models: once the peak moves with the model's end, L and L + k layers differ by
+// the same d as L + k and L + 2k, so L + n k layers peak at peak(L) + n d, in the same
+// op, which names layer L + n k - 1 when the short models' ops name their last layer.
+TEST(SimulateStepTest, ComposedPeakOfBillionsOfLayersExtrapolatesTheWholeSimulation) {
+  const ModelConfig study{/*layers=*/1, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
+                       ParseVariants("none,full,every_k,selective", /*every=*/3, "matmul"));
+  constexpr int64_t kShort = 40;
+  constexpr int64_t kPeriods = 1000000000;
+  for (const Variant& variant : variants) {
+    const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
+    auto peak_of = [&](int64_t layers, bool whole) -> StepPeak {
+      ModelConfig config = study;
+      config.layers = layers;
+      StepOptions options;
+      options.record_events = whole;
+      absl::StatusOr<StepTimeline> t = SimulateStep(config, AttentionMode::kFlash, variant,
+                                                    OptimizerSpec(), ResidentBytes{}, options);
+      EXPECT_TRUE(t.ok()) << t.status();
+      return t.ok() ? t->peak : StepPeak();
+    };
+    const StepPeak a = peak_of(kShort, true);
+    const StepPeak b = peak_of(kShort + k, true);
+    const StepPeak c = peak_of(kShort + 2 * k, true);
+    const int64_t d = b.bytes - a.bytes;
+    ASSERT_EQ(c.bytes - b.bytes, d) << variant.Name() << ": not linear yet at " << kShort;
+    const StepPeak huge = peak_of(kShort + kPeriods * k, false);
+    EXPECT_EQ(huge.bytes, a.bytes + kPeriods * d) << variant.Name();
+    for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+      const int64_t dc = b.by_category[cat] - a.by_category[cat];
+      ASSERT_EQ(c.by_category[cat] - b.by_category[cat], dc) << variant.Name();
+      EXPECT_EQ(huge.by_category[cat], a.by_category[cat] + kPeriods * dc) << variant.Name();
+    }
+    EXPECT_EQ(huge.phase, a.phase) << variant.Name();
+    // The op: the same, or the same in the model's last layer.
+    auto in_last_layer = [&](int64_t layers) {
+      return absl::StrReplaceAll(a.op, {{absl::StrCat("layer ", kShort - 1, " "),
+                                         absl::StrCat("layer ", layers - 1, " ")}});
+    };
+    if (a.op == b.op) {
+      EXPECT_EQ(huge.op, a.op) << variant.Name();
+    } else {
+      ASSERT_EQ(b.op, in_last_layer(kShort + k)) << variant.Name() << ": " << a.op;
+      EXPECT_EQ(huge.op, in_last_layer(kShort + kPeriods * k)) << variant.Name();
+    }
+  }
 }
 
 // Checkpointing lowers the peak on the default config: full < every_2 < none.
