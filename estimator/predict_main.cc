@@ -1,5 +1,6 @@
 // predict: memledger's estimator on the command line. Prints every memory bucket of
 // training the model for each checkpointing variant, as JSON (default) or a table.
+#include <cstdint>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "estimator/rules.h"
 #include "estimator/sweep.h"
 #include "estimator/timeline_svg.h"
+#include "estimator/units.h"
 
 ABSL_FLAG(bool, explain, false,
           "Also print the per-op breakdown: every kept storage of each kind of block.");
@@ -45,7 +47,7 @@ std::string Usage() {
 
 // RunSweep prints the grid's rows (csv unless --format=jsonl) to stdout, and to
 // --json_out atomically when given.
-int RunSweep(const memledger::RunSpec& spec, const std::string& text, double budget_gib) {
+int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t budget_bytes) {
   if (spec.format == "table") {
     return memledger::ReportError(
         absl::InvalidArgumentError("--sweep prints --format=csv or --format=jsonl"));
@@ -56,8 +58,7 @@ int RunSweep(const memledger::RunSpec& spec, const std::string& text, double bud
   const auto format = spec.format == "jsonl" ? memledger::SweepFormat::kJsonLines
                                              : memledger::SweepFormat::kCsv;
   absl::StatusOr<std::string> rows = memledger::RunSweep(
-      memledger::RunRequestFromFlags(), *grid,
-      static_cast<int64_t>(budget_gib * static_cast<double>(int64_t{1} << 30)), format);
+      memledger::RunRequestFromFlags(), *grid, budget_bytes, format);
   if (!rows.ok()) return memledger::ReportError(rows.status());
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     if (absl::Status s = memledger::WriteFileAtomically(path, *rows); !s.ok()) {
@@ -77,11 +78,14 @@ int main(int argc, char** argv) {
   if (!spec.ok()) return memledger::ReportError(spec.status());
   const std::string sweep = absl::GetFlag(FLAGS_sweep);
   const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
-  if (!(budget_gib >= 0)) {
-    return memledger::ReportError(absl::InvalidArgumentError(
-        absl::StrCat("--budget_gib must be >= 0, got ", budget_gib)));
+  // 0: no budget column; otherwise whole bytes that fit int64.
+  const std::optional<int64_t> budget_bytes =
+      budget_gib == 0 ? std::optional<int64_t>(0) : memledger::GibToBytes(budget_gib);
+  if (!budget_bytes.has_value()) {
+    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
+        "--budget_gib must be >= 0 and below 2^33 GiB, got ", budget_gib)));
   }
-  if (!sweep.empty()) return RunSweep(*spec, sweep, budget_gib);
+  if (!sweep.empty()) return RunSweep(*spec, sweep, *budget_bytes);
   if (spec->format == "csv" || spec->format == "jsonl" || budget_gib > 0) {
     return memledger::ReportError(absl::InvalidArgumentError(
         "--format=csv, --format=jsonl and --budget_gib go with --sweep"));

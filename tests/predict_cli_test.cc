@@ -146,7 +146,8 @@ TEST(PredictCliTest, SweepPrintsCsvRows) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 7) << r.output;
   EXPECT_EQ(r.output.rfind("model,layers,batch,seq,variant,", 0), 0u) << r.output;
   for (const char* args : {"--sweep=batch:1..4 --format=table", "--format=csv",
-                           "--budget_gib=8", "--sweep=batch:1 --budget_gib=-1"}) {
+                           "--budget_gib=8", "--sweep=batch:1 --budget_gib=-1",
+                           "--sweep=batch:1 --budget_gib=1e300"}) {
     CommandResult bad = Predict(args);
     EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.output;
   }
