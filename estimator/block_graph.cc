@@ -217,6 +217,9 @@ class GraphBuilder {
   // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul).
   int CausalAttention(AttentionMode mode, int q, int k, int v) {
     if (mode == AttentionMode::kFlash) {
+      // One call: autocast casts its arguments inside it, so the caller's q, k, v live
+      // to its end.
+      Composite call(this);
       q = Lower("attention.q", q);
       k = Lower("attention.k", k);
       v = Lower("attention.v", v);

@@ -168,7 +168,7 @@ class Simulation {
   Handle ScaledPowerGrad(const Layout& layout, DType dtype) {
     const int64_t bytes = NumelOf(layout) * ElementSizeBytes(dtype);
     const int power = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-    const Memory::Wrapped scalar = memory_.WrapScalar();
+    const Memory::Wrapped scalar = memory_.WrapScalar(dtype);
     const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
     memory_.Drop(scalar);
     Handle grad = NewGrad(layout, dtype);
@@ -231,6 +231,7 @@ class Simulation {
 
 // ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
 absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
+  const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
   switch (op.type) {
     case OpType::kFlashAttention: {
       // cpu_flash_attention: per-thread fp32 blocks of q x kv scores, row max and sum,
@@ -242,7 +243,6 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       const int64_t q_split = splits.q, kv_split = splits.kv;
       const int64_t threads = options_.cpu_threads;
       const int64_t per_thread = q_split * kv_split + 2 * q_split + q_split * head;
-      const DType dtype = inst.plan->graph->tensors[op.inputs[0]].dtype;
       const int buf = memory_.Alloc(threads * per_thread * 4, MemoryCategory::kTemporary);
       const int reduced = memory_.Alloc(
           dtype == DType::kFloat32 ? 0 : threads * q_split * kv_split * ElementSizeBytes(dtype),
@@ -252,16 +252,17 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       return absl::OkStatus();
     }
     case OpType::kMeanDim: {
-      // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then 4 B).
-      memory_.ScalarOp();
+      // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then the
+      // dtype's size).
+      memory_.ScalarOp(dtype);
       return absl::OkStatus();
     }
     case OpType::kMean: {
       // mean of everything: sum (with more than one thread, through an 8-byte partial
       // result), then a division by the element count, a wrapped double scalar (8 B)
-      // converted to the tensor's dtype (4 B in fp32).
+      // converted to the tensor's dtype.
       if (options_.cpu_threads > 1) memory_.Transient(8);
-      memory_.ScalarOp();
+      memory_.ScalarOp(dtype);
       return absl::OkStatus();
     }
     default:
@@ -307,8 +308,20 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // the op's dtype (4 B in fp32), freed after the op.
     std::vector<int> prelude;
     if ((op.type == OpType::kAddScalar || op.type == OpType::kMulScalar) && !replayed) {
-      const Memory::Wrapped scalar = memory_.WrapScalar();
+      const Memory::Wrapped scalar = memory_.WrapScalar(graph.tensors[op.outputs[0]].dtype);
       prelude = {scalar.wrapped, scalar.converted};
+    }
+    // An elementwise op on CPU computes in its inputs' common dtype: an input of another
+    // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
+    // the copy dies after the op. Autocast's bf16 matmul outputs meet fp32 tensors so.
+    if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor) && !replayed) {
+      const DType common = graph.tensors[op.outputs[0]].dtype;
+      for (int in : op.inputs) {
+        if (graph.tensors[in].dtype == common) continue;
+        prelude.push_back(memory_.Alloc(NumelOf(TensorOf(inst, in).layout) *
+                                            ElementSizeBytes(common),
+                                        MemoryCategory::kTemporary));
+      }
     }
     // The causal mask is ones(T, T).triu(1): the ones die after triu.
     if (op.type == OpType::kCausalMask) {
@@ -510,8 +523,8 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     case OpType::kMean:
     case OpType::kMeanDim: {
-      // grad.expand(self's sizes) / count, the wrapped count (8 B, then 4 B).
-      const Memory::Wrapped scalar = memory_.WrapScalar();
+      // grad.expand(self's sizes) / count, the wrapped count (8 B, then the dtype's).
+      const Memory::Wrapped scalar = memory_.WrapScalar(grad.dtype);
       grads[0] = NewGrad(layout_of(0), grad.dtype);
       memory_.Drop(scalar);
       break;
@@ -558,8 +571,8 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
       break;
     case OpType::kMulScalar: {
-      // grad * scalar: the wrapped scalar (8 B, then 4 B) around the product.
-      const Memory::Wrapped scalar = memory_.WrapScalar();
+      // grad * scalar: the wrapped scalar (8 B, then the dtype's) around the product.
+      const Memory::Wrapped scalar = memory_.WrapScalar(grad.dtype);
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       memory_.Drop(scalar);
       break;
@@ -932,11 +945,11 @@ void Simulation::RopeTables(std::vector<int>* extras) {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
   const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
-  const Memory::Wrapped scalar = memory_.WrapScalar();
+  const Memory::Wrapped scalar = memory_.WrapScalar(DType::kFloat32);
   const int scaled = memory_.Alloc(half, MemoryCategory::kTemporary);
   memory_.Drop(scalar);
   const int powered = memory_.Alloc(half, MemoryCategory::kTemporary);
-  memory_.ScalarOp();
+  memory_.ScalarOp(DType::kFloat32);
   const int inv_freq = memory_.Alloc(half, MemoryCategory::kTemporary);
   memory_.Unref(exponents);
   memory_.Unref(scaled);
@@ -945,8 +958,17 @@ void Simulation::RopeTables(std::vector<int>* extras) {
   const int freqs = memory_.Alloc(t * half, MemoryCategory::kTemporary);
   memory_.Unref(positions);
   const int emb = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
-  const int cos = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
-  const int sin = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
+  // cos and sin are computed in fp32 and returned in the hidden states' dtype (the
+  // model's; autocast leaves the embedding's output alone), as transformers does.
+  auto in_model_dtype = [&](int fp32_table) {
+    if (config_.dtype == DType::kFloat32) return fp32_table;
+    const int table = memory_.Alloc(t * half / 2 * ElementSizeBytes(config_.dtype),
+                                    MemoryCategory::kTemporary);
+    memory_.Unref(fp32_table);
+    return table;
+  };
+  const int cos = in_model_dtype(memory_.Alloc(t * half * 2, MemoryCategory::kTemporary));
+  const int sin = in_model_dtype(memory_.Alloc(t * half * 2, MemoryCategory::kTemporary));
   memory_.Unref(emb);
   memory_.Unref(freqs);
   memory_.Unref(inv_freq);
@@ -957,30 +979,32 @@ void Simulation::RopeTables(std::vector<int>* extras) {
 
 // OptimizerStep is the C++ frontend's optimizer.step() (torch/csrc/api/src/optim), one
 // parameter after another. Scalars passed to in-place ops are wrapped as 8-byte double
-// tensors and converted to the parameter's dtype (4 B in fp32) for the call.
+// tensors and converted to the parameter's dtype (4 B in fp32, 2 B in bf16) for the call.
 absl::Status Simulation::OptimizerStep() {
   memory_.SetOp(Special(Where::kHead, Where::Activity::kOptimizerStep));
   for (const ParameterKey& parameter : parameter_order_) {
     const int64_t bytes = memory_.bytes(grads_.at(parameter));
+    const DType dtype = config_.dtype;  // of the parameter, its gradient and its state
+    const int64_t scalar_bytes = 8 + ElementSizeBytes(dtype);
     switch (optimizer_.kind) {
       case OptimizerKind::kAdamW:
       case OptimizerKind::kAdam: {
         // AdamW: p.mul_(1 - lr * wd); both: exp_avg.mul_(b1).add_(g, 1 - b1);
         // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2);
         // denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(exp_avg, denom, -s).
-        // Its largest moment: sqrt's and div's results and div's scalar, 2 p + 12.
+        // Its largest moment: sqrt's and div's results and div's scalar, 2 p + 8 + 4 (fp32).
         if (!memory_.recording()) {
-          memory_.Peek(2 * bytes + 12, MemoryCategory::kTemporary);
+          memory_.Peek(2 * bytes + scalar_bytes, MemoryCategory::kTemporary);
           break;
         }
-        if (optimizer_.kind == OptimizerKind::kAdamW) memory_.ScalarOp();
-        memory_.ScalarOp();
-        memory_.ScalarOp();
+        if (optimizer_.kind == OptimizerKind::kAdamW) memory_.ScalarOp(dtype);
+        memory_.ScalarOp(dtype);
+        memory_.ScalarOp(dtype);
         const int root = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-        const Memory::Wrapped scalar = memory_.WrapScalar();
+        const Memory::Wrapped scalar = memory_.WrapScalar(dtype);
         const int denom = memory_.Alloc(bytes, MemoryCategory::kTemporary);
         memory_.Drop(scalar);
-        memory_.ScalarOp();
+        memory_.ScalarOp(dtype);
         memory_.Unref(root);
         memory_.Unref(denom);
         break;
@@ -989,9 +1013,9 @@ absl::Status Simulation::OptimizerStep() {
         // buf.mul_(momentum).add_(g, 1 - dampening); p.add_(buf, -lr).
         if (optimizer_.momentum == 0) break;
         if (memory_.recording()) {
-          memory_.ScalarOp();
+          memory_.ScalarOp(dtype);
         } else {
-          memory_.Peek(12, MemoryCategory::kTemporary);
+          memory_.Peek(scalar_bytes, MemoryCategory::kTemporary);
         }
         break;
     }
@@ -1127,9 +1151,10 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
       }
     }
   }
-  if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {
+  if (config.amp != DType::kFloat32) {
+    // Autocast's backward (gradients cast back to each input's dtype) is not modelled.
     return absl::UnimplementedError(
-        "peak memory: the step simulation does not model bf16/fp16 models and autocast yet");
+        "peak memory: the step simulation does not model autocast yet");
   }
   const bool families = graphs.prologue.has_value();
   const RuleTable* rules = options.rules;

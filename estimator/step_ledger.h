@@ -236,15 +236,15 @@ class Memory {
   bool overflowed() const { return overflow_; }
 
   // A Scalar operand of an ATen op is wrapped as an 8-byte double tensor and converted to
-  // the op's dtype (4 B in fp32); both live until the op is done (Drop).
+  // the op's dtype (4 B in fp32, 2 B in bf16); both live until the op is done (Drop).
   struct Wrapped {
     int wrapped = -1;
     int converted = -1;
   };
-  Wrapped WrapScalar() {
+  Wrapped WrapScalar(DType dtype) {
     Wrapped w;
     w.wrapped = Alloc(8, MemoryCategory::kTemporary);
-    w.converted = Alloc(4, MemoryCategory::kTemporary);
+    w.converted = Alloc(ElementSizeBytes(dtype), MemoryCategory::kTemporary);
     return w;
   }
   void Drop(const Wrapped& w) {
@@ -252,7 +252,7 @@ class Memory {
     Unref(w.wrapped);
   }
   // ScalarOp is an in-place op with a Scalar operand: its wrapping comes and goes.
-  void ScalarOp() { Drop(WrapScalar()); }
+  void ScalarOp(DType dtype) { Drop(WrapScalar(dtype)); }
 
   // Transient allocates and frees a workspace around nothing else.
   void Transient(int64_t bytes) { Unref(Alloc(bytes, MemoryCategory::kTemporary)); }

@@ -30,7 +30,7 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
 
 // RunPlanner plans `spec` (its variants are the fixed ones shown beside the plan).
 // InvalidArgument for bad input, including configs whose step is not simulated yet
-// (bf16, autocast); ResourceExhausted when no plan fits the budget; Internal if the
+// (autocast, master weights); ResourceExhausted when no plan fits the budget; Internal if the
 // plan's replayed peak differs from the planner's composed one.
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);
 

@@ -277,6 +277,7 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
                                            const std::vector<Variant>& variants,
                                            const RunOptions& options) {
   ConfigureThreads();
+  UseNativeKernels();
 
   ModelAndInput built = BuildModel(config, options.seed);
   const ModelImpl& model = *built.model;

@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
   using namespace memledger;
   using namespace memledger::runtime;
   const int threads = ConfigureThreads();  // as Measure() does
+  UseNativeKernels();
   std::printf("intra-op threads: %d\n", threads);
 
   ReportMemory();

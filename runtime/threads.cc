@@ -1,5 +1,6 @@
 #include "runtime/threads.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -13,5 +14,7 @@ int ConfigureThreads() {
   at::set_num_threads(threads);
   return threads;
 }
+
+void UseNativeKernels() { at::globalContext().setUserEnabledMkldnn(false); }
 
 }  // namespace memledger::runtime

@@ -127,7 +127,7 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
            {R"({"budget_gib": 1, "frontier_points": 1})", "--frontier_points must be 0 or between 2"},
            {R"({"budget_gib": 1, "frontier_points": 5000})", "\"frontier_points\" must be 0 or"},
            {R"({"budget_gib": 1, "cpu_threads": 0})", "\"cpu_threads\" must be between 1"},
-           {R"({"budget_gib": 1, "dtype": "bf16"})", "bf16"}}) {
+           {R"({"budget_gib": 1, "amp": "bf16"})", "autocast"}}) {
     Result bad = Call(request, memledger_plan);
     EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT) << request << ": " << bad.error;
     EXPECT_NE(bad.error.find(message), std::string::npos) << request << ": " << bad.error;

@@ -95,7 +95,7 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --cpu_threads=0", "--cpu_threads"},
            {"--budget_gib=1 --layers=0", "--layers"},
            {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
-           {"--budget_gib=1 --dtype=bf16", "bf16"},
+           {"--budget_gib=1 --amp=bf16", "autocast"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;

@@ -265,9 +265,9 @@ TEST(PlannerTest, BadInput) {
   EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kInvalidArgument,
                 "at most 1024 layers");
   config = SmallStudy(2);
-  config.dtype = DType::kBFloat16;
+  config.amp = DType::kBFloat16;
   EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kUnimplemented,
-                "bf16");
+                "autocast");
 }
 
 }  // namespace

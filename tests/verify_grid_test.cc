@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "estimator/config.h"
 #include "estimator/model_presets.h"
 #include "tests/status_matchers.h"
@@ -146,8 +147,9 @@ TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
 
 // Precision and optimizers: the study's block, tiny-llama and tiny-gpt2 in bf16 and fp16
 // (PyTorch keeps SDPA's logsumexp, RMSNorm's upcast and the loss's logits in fp32) and
-// under bf16 / fp16 autocast, with each optimizer, with and without fp32 master weights. Recompute is deterministic in
-// low precision too, so gradients must still agree to 1e-5 (they agree exactly here).
+// under bf16 / fp16 autocast, with each optimizer, with and without fp32 master weights;
+// the step's peak too where it is simulated. Recompute is deterministic in low precision
+// too, so gradients must still agree to 1e-5 (they agree exactly here).
 struct PrecisionCase {
   const char* model;
   DType dtype;
@@ -182,6 +184,18 @@ TEST_P(VerifyPrecisionTest, MeasuredEqualsPredicted) {
                        ParseVariants("none,full,every_2,selective", 2, c.policy));
   options.run.skip_timing = true;
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  // The step simulation models bf16/fp16 models, not autocast or master weights yet.
+  int peaks = 0;
+  for (const BucketCheck& bucket : report.buckets) {
+    peaks += absl::StartsWith(bucket.name, "peak_bytes.") && bucket.measured > 0;
+  }
+  if (c.amp == DType::kFloat32 && !c.master_weights) {
+    EXPECT_TRUE(report.peak_unavailable.empty()) << report.peak_unavailable;
+    EXPECT_EQ(peaks, static_cast<int>(options.variants.size()));
+  } else {
+    EXPECT_FALSE(report.peak_unavailable.empty());
+    EXPECT_EQ(peaks, 0);
+  }
   ExpectExact(report);
 }
 

@@ -28,6 +28,7 @@ namespace {
 
 void BM_BareSteps(benchmark::State& state) {
   runtime::ConfigureThreads();  // as Measure() does
+  runtime::UseNativeKernels();
   runtime::ModelAndInput built = runtime::BuildModel(ModelConfig{}, /*seed=*/0);
   const std::vector<at::Tensor> parameters = built.model->parameters();
   auto steps = [&] {
