@@ -72,9 +72,7 @@ class GraphBuilder {
     if (!output_dtype.has_value() &&
         (type == OpType::kAdd || type == OpType::kMulTensor || type == OpType::kCat)) {
       // Type promotion: a floating op of two dtypes runs in fp32 (bf16 + fp32 -> fp32).
-      for (int input : inputs) {
-        if (graph_.tensors[input].dtype != dtype) dtype = DType::kFloat32;
-      }
+      for (int input : inputs) dtype = PromoteTypes(dtype, graph_.tensors[input].dtype);
     }
     OpDef op;
     op.type = type;
@@ -134,10 +132,15 @@ class GraphBuilder {
   // input (math attention's merged heads when d_head is 1) takes matmul(x, weight.t())
   // .add_(bias) instead, whose fold reshapes (copies) x the same way and whose mm keeps
   // the same two tensors, so one description serves both.
+  // Under autocast the arguments are cast in the order the pinned build's autocast
+  // wrapper evaluates them (GCC: last to first): bias, weight, input. Their ToCopy nodes
+  // run in the reverse order in the backward.
   int Linear(const std::string& name, int x, SymDim in, SymDim out) {
     Composite call(this);
-    int weight = Lower(name + ".weight", Param(name + ".weight", {out, in}));
-    int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
+    int weight = Param(name + ".weight", {out, in});  // the module's order: weight, bias
+    int bias = Param(name + ".bias", {out});
+    bias = Lower(name + ".bias", bias);
+    weight = Lower(name + ".weight", weight);
     x = Lower(name + ".input", x);
     int flat = Op1(OpType::kReshape, name + ".flatten", {x}, {.shape = {kB * kT, in}});
     int weight_t = Op1(OpType::kT, name + ".weight_t", {weight});
@@ -162,12 +165,15 @@ class GraphBuilder {
   }
 
   // Conv1D is GPT-2's linear: addmm(bias, x.view(-1, in), weight) with weight (in, out).
+  // Autocast casts addmm's arguments last to first: weight, input, bias.
   int Conv1D(const std::string& name, int x, SymDim in, SymDim out) {
     Composite call(this);
-    int weight = Lower(name + ".weight", Param(name + ".weight", {in, out}));
-    int bias = Lower(name + ".bias", Param(name + ".bias", {out}));
+    int weight = Param(name + ".weight", {in, out});  // the module's order: weight, bias
+    int bias = Param(name + ".bias", {out});
+    weight = Lower(name + ".weight", weight);
     int flat = Lower(name + ".input",
                      Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}}));
+    bias = Lower(name + ".bias", bias);
     int mm = Op1(OpType::kAddmm, name, {bias, flat, weight}, {}, OpKind::kMatmul);
     return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
@@ -450,8 +456,11 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int x = g.Input("x", {kB, kTs, kD});
   const SymDim attention_width = kH * kDHead;
   int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
+  // qkv.split(width, 2): three parts with one backward node.
   auto head = [&](const std::string& name, int index) {
-    int part = g.Slice(name, qkv, 2, index * attention_width, attention_width);
+    int part = g.Op1(OpType::kSlice, name, {qkv},
+                     {.dim = 2, .start = index * attention_width, .length = attention_width,
+                      .split_part = true});
     int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {.shape = {kB, kT, kH, kDHead}});
     return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };

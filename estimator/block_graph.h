@@ -45,6 +45,10 @@ struct OpAttributes {
   int64_t index = 0;             // select
   SymDim start = Sym(0);  // slice: narrow(dim, start, length)
   SymDim length = Sym(0);
+  // split_part: the slice is one part of a split() of its input; the parts share one
+  // backward node (SplitBackward0: the parts' gradients concatenated) instead of one
+  // SliceBackward0 each.
+  bool split_part = false;
 };
 
 // OpDef is one op in execution order.

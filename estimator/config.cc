@@ -37,6 +37,8 @@ int64_t ElementSizeBytes(DType dtype) {
   return 0;
 }
 
+DType PromoteTypes(DType a, DType b) { return a == b ? a : DType::kFloat32; }
+
 const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:

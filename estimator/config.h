@@ -26,6 +26,10 @@ enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16 };
 inline constexpr int kNumDTypes = static_cast<int>(DType::kFloat16) + 1;
 
 int64_t ElementSizeBytes(DType dtype);
+
+// PromoteTypes is ATen's result type of an op on two floating tensors of these dtypes:
+// the dtype itself when they agree, else fp32 (bf16 with fp32 or fp16 -> fp32).
+DType PromoteTypes(DType a, DType b);
 const char* DTypeName(DType dtype);  // "float32", "bool", "int64", "bfloat16", "float16"
 
 // ParseModelDType parses --dtype: fp32, bf16 or fp16.

@@ -125,9 +125,21 @@ class Simulation {
   bool FromCache(const Instance& inst, const OpDef& op) const {
     return op.policy_kind.has_value() && variant_.PolicyAt(inst.segment).Saves(*op.policy_kind);
   }
+  // CallIsReplayed: `op` belongs to a composite call (a linear) whose op the replay
+  // returns from the selective cache. The replay bypasses the dispatcher and casts its
+  // arguments itself (runtime/selective_ops.cc), so autocast's cache never sees them.
+  bool CallIsReplayed(const Instance& inst, const OpDef& op) const {
+    if (op.composite < 0) return false;
+    for (const OpDef& other : inst.plan->graph->ops) {
+      if (other.composite == op.composite && FromCache(inst, other)) return true;
+    }
+    return false;
+  }
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
+  absl::Status SplitBackward(Instance& inst, int op_index, Buffers& buffers,
+                             bool capture_parameters);
   absl::Status CheckpointBackward(Instance& inst, int saved_input,
                                   const std::vector<int>& extras, Handle incoming,
                                   Buffers& outer);
@@ -224,6 +236,23 @@ class Simulation {
   std::map<ParameterKey, int> grads_;
   // Model-level tensors (TensorDef::is_global) by name: Memory ids.
   std::map<std::string, int> globals_;
+  // autocast_cache_: autocast's casts of weights (leaves that require grad), which its
+  // cast cache holds until the outermost autocast scope ends: the forward's (loss
+  // included), or a checkpointed layer's recompute.
+  // Each entry: the Memory id and the segment (layer index, or Where::kHead) that made it.
+  std::vector<std::pair<int, int64_t>> autocast_cache_;
+  // ClearAutocastCache ends the scope; at the forward's end, what it frees is noted in
+  // the layers' forward stretches (SegmentSummary::freed_at_forward_end).
+  void ClearAutocastCache(bool forward_end) {
+    for (const auto& [id, segment] : autocast_cache_) {
+      if (forward_end && segment >= 0 && memory_.refs(id) == 1) {
+        segments_.forward[segment].freed_at_forward_end[static_cast<int>(
+            memory_.category(id))] += memory_.bytes(id);
+      }
+      memory_.Unref(id);
+    }
+    autocast_cache_.clear();
+  }
   const BlockGraph* prologue_graph_ = nullptr;
   Segments segments_;
   std::vector<ParameterKey> parameter_order_;
@@ -345,6 +374,11 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       inst.ids[s] = id;
       made.push_back(s);
+      if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy && !replayed &&
+          !(pass == Pass::kReplay && CallIsReplayed(inst, op))) {
+        memory_.Ref(id);
+        autocast_cache_.emplace_back(id, inst.segment);
+      }
       if (grad_mode) {
         for (int keeper : storages[s].kept_by) {
           if (keeper >= 0) memory_.Keep(id);
@@ -434,6 +468,9 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       (options_.rules != nullptr ? *options_.rules : RuleTable::Pinned()).Of(op.type);
   if (!TensorOf(inst, op.outputs[0]).requires_grad) return absl::OkStatus();  // no node
   if (plan.same_as[op.outputs[0]] >= 0) return absl::OkStatus();  // returned its input
+  if (op.type == OpType::kSlice && op.attributes.split_part) {
+    return SplitBackward(inst, op_index, buffers, capture_parameters);
+  }
   auto found = buffers.find(op.outputs[0]);
   if (found == buffers.end()) return absl::OkStatus();  // no gradient reached it
   const Handle grad = found->second;
@@ -505,8 +542,21 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     case OpType::kMulTensor: {
       // mul_tensor_backward: self's grad * other, then other's grad * self, each in the
       // broadcast shape; validate_outputs reduces a broadcast input's.
-      if (needs(0)) grads[0] = NewGradLike(grad, grad.layout, grad.dtype);
-      if (needs(1)) grads[1] = NewGradLike(grad, grad.layout, grad.dtype);
+      // Each product is in grad's and the other factor's common dtype; a factor of
+      // another dtype is copied to it first (TensorIterator's input promotion).
+      auto product = [&](int factor) {
+        const DType common = PromoteTypes(grad.dtype, dtype_of(factor));
+        std::optional<int> promoted;
+        if (dtype_of(factor) != common) {
+          promoted = memory_.Alloc(NumelOf(layout_of(factor)) * ElementSizeBytes(common),
+                                   MemoryCategory::kTemporary);
+        }
+        Handle h = NewGradLike(grad, grad.layout, common);
+        if (promoted) memory_.Unref(*promoted);
+        return h;
+      };
+      if (needs(0)) grads[0] = product(1);
+      if (needs(1)) grads[1] = product(0);
       break;
     }
     case OpType::kAddScalar:
@@ -647,12 +697,20 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   }
 
   // validate_outputs: a gradient whose shape differs from its input's (a broadcast
-  // bias) is reduced with sum_to.
+  // bias) is reduced with sum_to; one whose dtype differs (autocast's bf16 matmul output
+  // met an fp32 tensor) is cast to the input's.
   for (size_t i = 0; i < n_inputs; ++i) {
-    if (!grads[i].defined() || SameSizes(grads[i].layout, layout_of(i))) continue;
-    Handle reduced = NewGrad(layout_of(i), grads[i].dtype);
-    memory_.Unref(grads[i].storage);
-    grads[i] = reduced;
+    if (!grads[i].defined()) continue;
+    if (!SameSizes(grads[i].layout, layout_of(i))) {
+      Handle reduced = NewGrad(layout_of(i), grads[i].dtype);
+      memory_.Unref(grads[i].storage);
+      grads[i] = reduced;
+    }
+    if (grads[i].dtype != dtype_of(i)) {
+      Handle cast = NewGradLike(grads[i], grads[i].layout, dtype_of(i));
+      memory_.Unref(grads[i].storage);
+      grads[i] = cast;
+    }
   }
   memory_.Unref(grad.storage);  // the incoming gradient, unless someone else holds it
   // release_variables(), in Functions.h's order.
@@ -662,6 +720,48 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   for (size_t i = 0; i < n_inputs; ++i) {
     if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
   }
+  return absl::OkStatus();
+}
+
+// SplitBackward is split()'s one node for all its parts. It runs once every part's
+// gradient has arrived: at the first part, the last one the backward reaches (the
+// others' gradients wait in their buffers). split_backward concatenates them, zeros for
+// a part without one, into the input's gradient; then the parts' gradients die.
+absl::Status Simulation::SplitBackward(Instance& inst, int op_index, Buffers& buffers,
+                                       bool capture_parameters) {
+  const BlockGraph& graph = *inst.plan->graph;
+  const OpDef& op = graph.ops[op_index];
+  std::vector<const OpDef*> parts;  // in forward order
+  for (const OpDef& other : graph.ops) {
+    if (other.type == OpType::kSlice && other.attributes.split_part &&
+        other.inputs[0] == op.inputs[0]) {
+      parts.push_back(&other);
+    }
+  }
+  if (parts.front() != &op) return absl::OkStatus();
+  std::vector<Handle> incoming;
+  std::vector<const OpDef*> missing;  // parts no gradient reached
+  for (const OpDef* part : parts) {
+    if (auto it = buffers.find(part->outputs[0]); it != buffers.end()) {
+      incoming.push_back(it->second);
+      buffers.erase(it);
+    } else {
+      missing.push_back(part);
+    }
+  }
+  if (incoming.empty()) return absl::OkStatus();  // no gradient reached the split
+  memory_.SetOp(At(inst, op_index, "SplitBackward0"));
+  const DType dtype = incoming.front().dtype;
+  std::vector<int> zeros;
+  for (const OpDef* part : missing) {
+    zeros.push_back(memory_.Alloc(
+        NumelOf(TensorOf(inst, part->outputs[0]).layout) * ElementSizeBytes(dtype),
+        MemoryCategory::kTemporary));
+  }
+  Handle grad = NewGrad(TensorOf(inst, op.inputs[0]).layout, dtype);
+  for (int z : zeros) memory_.Unref(z);
+  for (const Handle& h : incoming) memory_.Unref(h.storage);
+  Route(inst, op.inputs[0], grad, buffers, capture_parameters);
   return absl::OkStatus();
 }
 
@@ -694,6 +794,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input,
   inst.recompute = true;
   const Pass pass = variant_.PolicyAt(inst.segment).empty() ? Pass::kGraph : Pass::kReplay;
   if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
+  ClearAutocastCache(/*forward_end=*/false);  // the recompute's autocast scope ends
   // autograd::grad: the graph root holds the incoming gradient, and so does y's buffer.
   memory_.Ref(incoming.storage);
   Buffers inner;
@@ -854,9 +955,11 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   head_inst.segment = Where::kHead;
   Handle loss;
   if (absl::Status s = Forward(head_inst, &x, Pass::kGraph, &loss); !s.ok()) return s;
-  // The forward returns: its last hidden states, then the layers' extras, die.
+  // The forward returns: its last hidden states, then the layers' extras, die; then the
+  // autocast scope ends and its cast cache is cleared.
   if (x.storage != input_id) memory_.Unref(x.storage);
   for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
+  ClearAutocastCache(/*forward_end=*/true);
   segments_.head_forward = memory_.EndSegment();
 
   // loss.backward(): the graph root holds ones_like(loss).
@@ -1068,6 +1171,9 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   peak.by_category = live;
   std::optional<Where> where;
   bool overflow = false;
+  // What the real layers' forwards leave only in autocast's cache, freed at the head's
+  // forward end in place of the short model's.
+  std::array<int64_t, kNumMemoryCategories> freed_at_forward_end{};
   auto visit = [&](const SegmentSummary& s, int64_t real_layer) {
     int64_t top = 0;
     overflow = overflow || __builtin_add_overflow(total, s.rise, &top);
@@ -1083,7 +1189,9 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
     }
     for (int c = 0; c < kNumMemoryCategories; ++c) {
       overflow = overflow || __builtin_add_overflow(live[c], s.net[c], &live[c]) ||
-                 __builtin_add_overflow(total, s.net[c], &total);
+                 __builtin_add_overflow(total, s.net[c], &total) ||
+                 __builtin_add_overflow(freed_at_forward_end[c], s.freed_at_forward_end[c],
+                                        &freed_at_forward_end[c]);
     }
   };
   // walk visits the layers' stretches from first to last (step +1 or -1), skipping
@@ -1091,20 +1199,27 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   auto walk = [&](const std::vector<SegmentSummary>& stretches, int64_t first, int64_t step) {
     const int64_t middle = layers - 2;  // ComposePeak runs only for layers > 2k + 3
     const int64_t skipped_periods = middle / k >= 3 ? middle / k - 2 : 0;
-    std::array<int64_t, kNumMemoryCategories> period_start{};
+    std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
     for (int64_t n = 0, i = first; n < layers; ++n, i += step) {
-      if (n == 1) period_start = live;
+      if (n == 1) {
+        period_start = live;
+        period_start_freed = freed_at_forward_end;
+      }
       visit(stretches[Representative(i, layers, reduced, k)], i);
       if (n == k && skipped_periods > 0) {
         // One period walked: skip the next skipped_periods with their net bytes.
         for (int c = 0; c < kNumMemoryCategories; ++c) {
-          int64_t period_net = 0;
-          int64_t net = 0;
+          int64_t period_net = 0, net = 0, period_freed = 0, freed = 0;
           overflow = overflow ||
                      __builtin_sub_overflow(live[c], period_start[c], &period_net) ||
                      __builtin_mul_overflow(period_net, skipped_periods, &net) ||
                      __builtin_add_overflow(live[c], net, &live[c]) ||
-                     __builtin_add_overflow(total, net, &total);
+                     __builtin_add_overflow(total, net, &total) ||
+                     __builtin_sub_overflow(freed_at_forward_end[c], period_start_freed[c],
+                                            &period_freed) ||
+                     __builtin_mul_overflow(period_freed, skipped_periods, &freed) ||
+                     __builtin_add_overflow(freed_at_forward_end[c], freed,
+                                            &freed_at_forward_end[c]);
         }
         n += skipped_periods * k;
         i += skipped_periods * k * step;
@@ -1113,7 +1228,19 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   };
   visit(segments.prologue, -1);
   walk(segments.forward, 0, +1);
-  visit(segments.head_forward, -1);
+  // The head's forward ends by clearing autocast's cache: it frees the real layers'
+  // cached casts, not the short model's (its moments all come before).
+  SegmentSummary head_forward = segments.head_forward;
+  for (const SegmentSummary& layer : segments.forward) {
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      head_forward.net[c] += layer.freed_at_forward_end[c];  // the short model's back
+    }
+  }
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    overflow = overflow || __builtin_sub_overflow(head_forward.net[c], freed_at_forward_end[c],
+                                                  &head_forward.net[c]);
+  }
+  visit(head_forward, -1);
   visit(segments.head_backward, -1);
   walk(segments.backward, layers - 1, -1);
   visit(segments.tail, -1);
@@ -1150,11 +1277,6 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
             OpTypeName(op.type), " yet"));
       }
     }
-  }
-  if (config.amp != DType::kFloat32) {
-    // Autocast's backward (gradients cast back to each input's dtype) is not modelled.
-    return absl::UnimplementedError(
-        "peak memory: the step simulation does not model autocast yet");
   }
   const bool families = graphs.prologue.has_value();
   const RuleTable* rules = options.rules;
@@ -1216,6 +1338,13 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
                                                        const ResidentBytes& resident) const {
   if (absl::Status s = ValidateRun(config_, attention_, {variant}, optimizer); !s.ok()) {
     return s;
+  }
+  if (config_.amp != DType::kFloat32) {
+    // A layer's forward leaves casts in autocast's cache that the head's forward frees:
+    // a stretch's net then depends on every earlier layer's choice.
+    return absl::UnimplementedError(
+        "peak memory: the stretches of a step under autocast do not compose yet (its cast "
+        "cache, filled by checkpointed layers, is freed at the forward's end)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
   StepTimeline timeline;

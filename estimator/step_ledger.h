@@ -128,6 +128,11 @@ struct SegmentSummary {
   std::array<int64_t, kNumMemoryCategories> at_rise{};  // live minus the start's, then
   StepPhase phase = StepPhase::kForward;
   Where where;
+  // freed_at_forward_end: of a layer's forward, what it leaves that only autocast's cast
+  // cache holds (casts of weights in a checkpointed layer), by category. The cache is
+  // cleared at the head's forward end, so a composed model's head_forward frees its own
+  // layers' sum, not the short model's.
+  std::array<int64_t, kNumMemoryCategories> freed_at_forward_end{};
 };
 
 // Memory is the ledger: storages with reference counts, live bytes by category, the
@@ -186,6 +191,7 @@ class Memory {
 
   int refs(int s) const { return storages_[s].refs; }
   int64_t bytes(int s) const { return storages_[s].bytes; }
+  MemoryCategory category(int s) const { return storages_[s].category; }
 
   // Keep: a backward node (or the checkpoint node, or the cache) now holds `s`; while any
   // does it is an activation. Release undoes one Keep.

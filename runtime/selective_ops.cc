@@ -159,9 +159,14 @@ at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
   return Cached(
       cache, OpKind::kMatmul, [&] { return at::linear(input, linear.weight, linear.bias); },
       [&](const at::Tensor& out) {
+        // In autocast's order for linear: bias, weight, input (its wrapper's call
+        // arguments, evaluated last to first), so that the casts' backward nodes run in
+        // the order they do after a real linear.
+        const at::Tensor bias = linear.bias.defined() ? Lower(linear.bias) : at::Tensor();
         std::vector<at::Tensor> parameters = {Lower(linear.weight)};
-        if (linear.bias.defined()) parameters.push_back(Lower(linear.bias));
-        return CachedLinear::apply(Lower(input), at::TensorList(parameters), &out);
+        if (bias.defined()) parameters.push_back(bias);
+        const at::Tensor x = Lower(input);
+        return CachedLinear::apply(x, at::TensorList(parameters), &out);
       });
 }
 
@@ -175,7 +180,11 @@ at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::
         return at::addmm(bias, input.view({-1, input.size(-1)}), weight).view(sizes);
       },
       [&](const at::Tensor& out) {
-        return CachedConv1D::apply(Lower(input), Lower(weight), Lower(bias), &out);
+        // In autocast's order for addmm(bias, input, weight): weight, input, bias.
+        const at::Tensor w = Lower(weight);
+        const at::Tensor x = Lower(input);
+        const at::Tensor b = Lower(bias);
+        return CachedConv1D::apply(x, w, b, &out);
       });
 }
 

@@ -182,9 +182,9 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
   contents << file.rdbuf();
   EXPECT_EQ(contents.str().rfind("<svg ", 0), 0u);
   EXPECT_NE(contents.str().find(">full</text>"), std::string::npos);
-  // Autocast's step is not simulated yet: exit 3 with the reason, no file.
-  const std::string math = std::string(getenv("TEST_TMPDIR")) + "/amp.svg";
-  CommandResult unmodelled = Predict("--amp=bf16 --timeline_svg=" + math);
+  // fp32 master weights' step is not simulated yet: exit 3 with the reason, no file.
+  const std::string math = std::string(getenv("TEST_TMPDIR")) + "/master.svg";
+  CommandResult unmodelled = Predict("--dtype=bf16 --master_weights --timeline_svg=" + math);
   EXPECT_EQ(unmodelled.exit_code, 3) << unmodelled.output;
   EXPECT_NE(unmodelled.output.find("--timeline_svg"), std::string::npos) << unmodelled.output;
   EXPECT_FALSE(std::ifstream(math).good());
