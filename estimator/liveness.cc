@@ -74,6 +74,9 @@ class Simulation {
     std::vector<SegmentSummary> backward;  // per layer
     SegmentSummary tail;                   // the embeddings' backward, the graph's end
     SegmentSummary optimizer;
+    // optimizer_layer_bytes: with master weights, one layer's fp32 .grad copies, all
+    // live through the optimizer's step: its rise grows by them per layer.
+    int64_t optimizer_layer_bytes = 0;
   };
   const Segments& segments() const { return segments_; }
   std::string Text(const Where& where) const { return WhereText(where, optimizer_); }
@@ -873,7 +876,6 @@ bool Modelled(OpType type) {
 }
 
 absl::Status Simulation::Run(const ModelPlans& plans) {
-  if (optimizer_.master_weights) return Unimplemented("master weights in the optimizer step");
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
   if (families) prologue_graph_ = &*graphs.prologue;
@@ -1085,9 +1087,25 @@ void Simulation::RopeTables(std::vector<int>* extras) {
 // tensors and converted to the parameter's dtype (4 B in fp32, 2 B in bf16) for the call.
 absl::Status Simulation::OptimizerStep() {
   memory_.SetOp(Special(Where::kHead, Where::Activity::kOptimizerStep));
-  for (const ParameterKey& parameter : parameter_order_) {
-    const int64_t bytes = memory_.bytes(grads_.at(parameter));
-    const DType dtype = config_.dtype;  // of the parameter, its gradient and its state
+  // With master weights (runtime/runtime.cc, OptimizerRunner::Step) every .grad is first
+  // copied to fp32 as its master's .grad; the optimizer steps the fp32 masters; then
+  // each parameter is copied back from its master (in place) and the master's .grad
+  // dies.
+  const DType dtype = optimizer_.master_weights ? DType::kFloat32 : config_.dtype;
+  std::vector<int> master_grads;
+  if (optimizer_.master_weights) {
+    for (const ParameterKey& parameter : parameter_order_) {
+      const int64_t numel =
+          memory_.bytes(grads_.at(parameter)) / ElementSizeBytes(config_.dtype);
+      master_grads.push_back(memory_.Alloc(numel * 4, MemoryCategory::kGradient));
+      if (parameter.first == 0) segments_.optimizer_layer_bytes += numel * 4;
+    }
+  }
+  for (size_t p = 0; p < parameter_order_.size(); ++p) {
+    const ParameterKey& parameter = parameter_order_[p];
+    // of the stepped tensor (the parameter or its master), its gradient and its state
+    const int64_t bytes = optimizer_.master_weights ? memory_.bytes(master_grads[p])
+                                                    : memory_.bytes(grads_.at(parameter));
     const int64_t scalar_bytes = 8 + ElementSizeBytes(dtype);
     switch (optimizer_.kind) {
       case OptimizerKind::kAdamW:
@@ -1123,6 +1141,7 @@ absl::Status Simulation::OptimizerStep() {
         break;
     }
   }
+  for (int master_grad : master_grads) memory_.Unref(master_grad);
   return absl::OkStatus();
 }
 
@@ -1244,7 +1263,17 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   visit(segments.head_backward, -1);
   walk(segments.backward, layers - 1, -1);
   visit(segments.tail, -1);
-  visit(segments.optimizer, -1);
+  // With master weights the optimizer's step holds every layer's fp32 .grad copy.
+  SegmentSummary optimizer = segments.optimizer;
+  int64_t more_copies = 0;
+  overflow = overflow ||
+             __builtin_mul_overflow(layers - reduced, segments.optimizer_layer_bytes,
+                                    &more_copies) ||
+             __builtin_add_overflow(optimizer.rise, more_copies, &optimizer.rise) ||
+             __builtin_add_overflow(
+                 optimizer.at_rise[static_cast<int>(MemoryCategory::kGradient)], more_copies,
+                 &optimizer.at_rise[static_cast<int>(MemoryCategory::kGradient)]);
+  visit(optimizer, -1);
   if (overflow) {
     return absl::OutOfRangeError(absl::StrCat("the step's live bytes overflow int64 for ",
                                               layers, " layers"));
@@ -1345,6 +1374,13 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
     return absl::UnimplementedError(
         "peak memory: the stretches of a step under autocast do not compose yet (its cast "
         "cache, filled by checkpointed layers, is freed at the forward's end)");
+  }
+  if (optimizer.master_weights) {
+    // The optimizer's stretch holds every layer's fp32 .grad copy: it depends on the
+    // layer count, which a caller composing stretches changes.
+    return absl::UnimplementedError(
+        "peak memory: the stretches of a step with master weights do not compose yet (the "
+        "optimizer's step holds every layer's fp32 gradient copy)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
   StepTimeline timeline;

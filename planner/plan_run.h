@@ -29,9 +29,9 @@ struct PlanRunOptions {
 absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
 
 // RunPlanner plans `spec` (its variants are the fixed ones shown beside the plan).
-// InvalidArgument for bad input, including configs whose step is not simulated yet
-// (autocast, master weights); ResourceExhausted when no plan fits the budget; Internal if the
-// plan's replayed peak differs from the planner's composed one.
+// InvalidArgument for bad input, including configs whose stretches do not compose yet
+// (autocast, master weights, Megatron's ops); ResourceExhausted when no plan fits the
+// budget; Internal if the plan's replayed peak differs from the planner's composed one.
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);
 
 }  // namespace memledger

@@ -72,8 +72,9 @@ struct FrontierPoint {
 class Planner {
  public:
   // Create simulates the probes and counts FLOPs. InvalidArgument for a bad config or
-  // choice, Unimplemented where the step simulation is (autocast, master weights), Internal when a
-  // layer's stretches depend on more than its context.
+  // choice, Unimplemented where the stretches do not compose yet (autocast, master
+  // weights, Megatron's ops), Internal when a layer's stretches depend on more than its
+  // context.
   static absl::StatusOr<Planner> Create(const ModelConfig& config,
                                         const PlannerOptions& options);
 
