@@ -16,10 +16,12 @@ namespace memledger {
 namespace {
 
 void RunPredict(benchmark::State& state, const ModelConfig& config,
-                AttentionMode attention = AttentionMode::kFlash, bool peak = true) {
+                AttentionMode attention = AttentionMode::kFlash, bool peak = true,
+                OptimizerSpec optimizer = {}) {
   PredictOptions options;
   options.attention = attention;
   options.peak = peak;
+  options.optimizer = optimizer;
   for (auto _ : state) {
     absl::StatusOr<Prediction> p = Predict(config, options);
     if (!p.ok()) {
@@ -73,6 +75,28 @@ void BM_PredictLlama3_70b(benchmark::State& state) {
   RunPredict(state, *config);
 }
 BENCHMARK(BM_PredictLlama3_70b);
+
+// The same model trained in low precision: 0 under bf16 autocast (the peak replays the
+// cast cache and the gradients cast back), 1 in bf16 with fp32 master weights (the
+// optimizer step over fp32 copies). Each should cost what fp32 does.
+void BM_PredictLlama3_70bLowPrecision(benchmark::State& state) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset("llama-3-70b");
+  if (!config.ok()) {
+    state.SkipWithError("no llama-3-70b preset");
+    return;
+  }
+  config->batch = 1;
+  config->seq = 8192;
+  OptimizerSpec optimizer;
+  if (state.range(0) == 0) {
+    config->amp = DType::kBFloat16;
+  } else {
+    config->dtype = DType::kBFloat16;
+    optimizer.master_weights = true;
+  }
+  RunPredict(state, *config, AttentionMode::kFlash, /*peak=*/true, optimizer);
+}
+BENCHMARK(BM_PredictLlama3_70bLowPrecision)->ArgName("master_weights")->Arg(0)->Arg(1);
 
 void BM_PredictGpt2(benchmark::State& state) {
   absl::StatusOr<ModelConfig> config = ModelFromPreset("gpt2");
