@@ -63,6 +63,20 @@ ABSL_FLAG(int64_t, tp, 1,
 ABSL_FLAG(bool, sp, false,
           "Megatron's sequence parallelism with --tp (megatron-gpt): norms, dropouts and "
           "residuals hold seq / tp tokens per rank.");
+ABSL_FLAG(int64_t, dp, 1,
+          "Data-parallel ranks (predict: every kind of rank's memory, under --zero).");
+ABSL_FLAG(int64_t, pp, 1,
+          "Pipeline stages (llama and gpt2 families; --layers divisible by --pp x "
+          "--virtual_stages): each stage holds its layers' micro-batches in flight.");
+ABSL_FLAG(int64_t, virtual_stages, 1,
+          "Model chunks per pipeline rank (with --schedule=interleaved).");
+ABSL_FLAG(int64_t, micro_batches, 1,
+          "Micro-batches per step and pipeline, each of --batch sequences.");
+ABSL_FLAG(int64_t, zero, 0,
+          "ZeRO stage over the --dp ranks: 1 shards the optimizer's state, 2 the "
+          "gradients too, 3 the parameters too.");
+ABSL_FLAG(std::string, schedule, "1f1b",
+          "The pipeline schedule: 1f1b or interleaved (Megatron-LM's).");
 ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
@@ -97,6 +111,12 @@ RunRequest RunRequestFromFlags() {
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);
   request.sp = absl::GetFlag(FLAGS_sp);
+  request.dp = absl::GetFlag(FLAGS_dp);
+  request.pp = absl::GetFlag(FLAGS_pp);
+  request.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
+  request.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  request.zero = absl::GetFlag(FLAGS_zero);
+  request.schedule = absl::GetFlag(FLAGS_schedule);
   return request;
 }
 

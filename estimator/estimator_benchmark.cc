@@ -10,7 +10,9 @@
 
 #include "estimator/config.h"
 #include "estimator/model_presets.h"
+#include "estimator/parallel_spec.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 
 namespace memledger {
 namespace {
@@ -97,6 +99,37 @@ void BM_PredictLlama3_70bLowPrecision(benchmark::State& state) {
   RunPredict(state, *config, AttentionMode::kFlash, /*peak=*/true, optimizer);
 }
 BENCHMARK(BM_PredictLlama3_70bLowPrecision)->ArgName("master_weights")->Arg(0)->Arg(1);
+
+// The per-rank question: llama-3-70b on 512 GPUs, TP 8 x PP 4 x DP 16 with
+// ZeRO-1, bf16 autocast, seq 8192, 8 micro-batches of 1: every stage's buckets and its
+// micro-batches in flight, for the four default variants.
+void BM_PredictRanksLlama3_70b(benchmark::State& state) {
+  absl::StatusOr<ModelConfig> config = ModelFromPreset("llama-3-70b");
+  if (!config.ok()) {
+    state.SkipWithError("no llama-3-70b preset");
+    return;
+  }
+  config->batch = 1;
+  config->seq = 8192;
+  config->amp = DType::kBFloat16;
+  config->tp = 8;
+  ParallelSpec parallel;
+  parallel.dp = 16;
+  parallel.pp = 4;
+  parallel.zero = 1;
+  parallel.micro_batches = 8;
+  PredictOptions options;
+  options.peak = false;
+  for (auto _ : state) {
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(*config, parallel, options);
+    if (!ranks.ok()) {
+      state.SkipWithError(ranks.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(ranks->kinds[0].param_bytes);
+  }
+}
+BENCHMARK(BM_PredictRanksLlama3_70b);
 
 void BM_PredictGpt2(benchmark::State& state) {
   absl::StatusOr<ModelConfig> config = ModelFromPreset("gpt2");

@@ -135,10 +135,11 @@ bool SharedKept(const BlockWalk& before, const BlockWalk& after) {
   return before.keeps_output || after.keeps_input;
 }
 
-// PeriodicCensus counts a variant other than a plan in closed form: layers 1..L-1 are of
-// two kinds at most (checkpointed or not, by i % k), so the counts of kinds and of
-// adjacent pairs are counts of multiples of k (the layer count may be any int64).
-absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t layers,
+// PeriodicCensus counts a variant other than a plan in closed form over the model's
+// layers [lo, lo + n) (all of them, or a pipeline stage's): the first is its own kind,
+// the others are of two kinds at most (checkpointed or not, by i % k), so the counts of
+// kinds and of adjacent pairs are counts of multiples of k (any int64 layer count).
+absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t lo, int64_t n,
                                            BlockWalks& walks) {
   // Full and selective checkpoint every layer: k = 1. `none` checkpoints none.
   const bool checkpoints =
@@ -147,7 +148,9 @@ absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t layer
   const SavePolicy policy = variant.PolicyAt(0);
   // core_attention checkpoints no layer; each recomputes its core attention.
   const bool core = variant.kind == VariantKind::kCoreAttention;
-  absl::StatusOr<const BlockWalk*> first = walks.Get(checkpoints, policy, /*first=*/true, core);
+  auto checkpointed = [&](int64_t i) { return checkpoints && i % k == 0; };
+  absl::StatusOr<const BlockWalk*> first =
+      walks.Get(checkpointed(lo), policy, /*first=*/lo == 0, core);
   absl::StatusOr<const BlockWalk*> plain = walks.Get(false, policy, /*first=*/false, core);
   absl::StatusOr<const BlockWalk*> ckpt = walks.Get(checkpoints, policy, /*first=*/false);
   for (const auto* s : {&first, &plain, &ckpt}) {
@@ -156,20 +159,21 @@ absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t layer
   const BlockWalk& f = **first;
   const BlockWalk& p = **plain;
   const BlockWalk& c = **ckpt;
-  // Layers 1..L-1: checkpointed iff i % k == 0 (never for `none`).
-  const int64_t n_ckpt = checkpoints ? Multiples(1, layers - 1, k) : 0;
-  const int64_t n_plain = (layers - 1) - n_ckpt;
+  const int64_t hi = lo + n - 1;  // the last layer
+  // Layers lo+1..hi: checkpointed iff i % k == 0 (never for `none`).
+  const int64_t n_ckpt = checkpoints ? Multiples(lo + 1, hi, k) : 0;
+  const int64_t n_plain = (n - 1) - n_ckpt;
   LayerCensus census;
-  census.kinds.push_back({&f, checkpoints, true, 1});
+  census.kinds.push_back({&f, checkpointed(lo), lo == 0, 1});
   if (n_ckpt > 0) census.kinds.push_back({&c, true, false, n_ckpt});
   if (n_plain > 0) census.kinds.push_back({&p, false, false, n_plain});
-  census.last = layers == 1 ? &f : (variant.IsCheckpointed(layers - 1) ? &c : &p);
-  if (layers >= 2) {
-    census.kept_boundaries += SharedKept(f, variant.IsCheckpointed(1) ? c : p) ? 1 : 0;
-    // Boundaries j = 2..L-1 sit between two non-first layers.
-    const int64_t ckpt_before = checkpoints ? Multiples(1, layers - 2, k) : 0;
-    const int64_t ckpt_after = checkpoints ? Multiples(2, layers - 1, k) : 0;
-    const int64_t pairs = layers - 2;
+  census.last = n == 1 ? &f : (checkpointed(hi) ? &c : &p);
+  if (n >= 2) {
+    census.kept_boundaries += SharedKept(f, checkpointed(lo + 1) ? c : p) ? 1 : 0;
+    // Boundaries after layers j = lo+1..hi-1 sit between two non-first layers.
+    const int64_t ckpt_before = checkpoints ? Multiples(lo + 1, hi - 1, k) : 0;
+    const int64_t ckpt_after = checkpoints ? Multiples(lo + 2, hi, k) : 0;
+    const int64_t pairs = n - 2;
     if (k == 1 && checkpoints) {
       census.kept_boundaries += SharedKept(c, c) ? pairs : 0;
     } else {
@@ -182,11 +186,11 @@ absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t layer
 }
 
 // PlanCensus counts a plan layer by layer (a plan lists every layer).
-absl::StatusOr<LayerCensus> PlanCensus(const Variant& variant, int64_t layers,
+absl::StatusOr<LayerCensus> PlanCensus(const Variant& variant, int64_t lo, int64_t n,
                                        BlockWalks& walks) {
   LayerCensus census;
   const BlockWalk* previous = nullptr;
-  for (int64_t i = 0; i < layers; ++i) {
+  for (int64_t i = lo; i < lo + n; ++i) {
     const LayerChoice choice = variant.At(i);
     absl::StatusOr<const BlockWalk*> walk = walks.Get(choice.checkpointed, choice.policy, i == 0);
     if (!walk.ok()) return walk.status();
@@ -204,20 +208,29 @@ absl::StatusOr<LayerCensus> PlanCensus(const Variant& variant, int64_t layers,
   return census;
 }
 
-// PredictVariant adds up the model's kept storages for one variant: each kind of layer
-// times its count, and each kept boundary storage once.
+// PredictVariant adds up the kept storages of the model (or of one pipeline stage's
+// part of it) for one variant: each kind of layer times its count, and each kept
+// boundary storage once.
 absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
                                                  const ModelConfig& config,
-                                                 const Segments& segments, bool breakdown,
-                                                 BlockWalks& walks) {
-  const int64_t layers = config.layers;
-  absl::StatusOr<LayerCensus> counted = variant.kind == VariantKind::kPlan
-                                            ? PlanCensus(variant, layers, walks)
-                                            : PeriodicCensus(variant, layers, walks);
+                                                 const Segments& whole, bool breakdown,
+                                                 BlockWalks& walks,
+                                                 const StageRange& stage) {
+  const int64_t layers = stage.layers;
+  absl::StatusOr<LayerCensus> counted =
+      variant.kind == VariantKind::kPlan
+          ? PlanCensus(variant, stage.first_layer, layers, walks)
+          : PeriodicCensus(variant, stage.first_layer, layers, walks);
   if (!counted.ok()) return counted.status();
   const LayerCensus& census = *counted;
   const BlockWalk& f = *census.kinds[0].walk;
-  const BlockWalk& epilogue = segments.epilogue;
+  // The stage's segments: a stage without the embedding receives its input (a leaf
+  // that requires grad, kept if its first layer keeps it); one without the head sends
+  // its output (kept only if its last layer keeps it).
+  Segments segments;
+  if (stage.prologue) segments.prologue = whole.prologue;
+  BlockWalk no_head;
+  const BlockWalk& epilogue = stage.head ? whole.epilogue : no_head;
 
   CheckedInt64 layer_bytes = 0;
   CheckedInt64 cache = 0;
@@ -249,7 +262,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
     add_walk(*kind.walk, kind.count);
     weight_copies += CheckedInt64(kind.count) * kind.walk->weight_copy_bytes;
   }
-  add_walk(epilogue, 1);
+  if (stage.head) add_walk(epilogue, 1);
   if (segments.prologue.has_value()) add_walk(*segments.prologue, 1);
   by_dtype[static_cast<int>(f.boundary_dtype)] +=
       CheckedInt64(kept_boundaries + (last_boundary_kept ? 1 : 0)) * f.boundary_bytes;
@@ -260,7 +273,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
     embedding = CheckedInt64(segments.prologue->inner_bytes) + globals.Add(*segments.prologue);
   }
   for (const LayerCensus::Kind& kind : census.kinds) layer_bytes += globals.Add(*kind.walk);
-  head_loss += globals.Add(epilogue);
+  if (stage.head) head_loss += globals.Add(epilogue);
 
   CheckedInt64 saved = embedding + layer_bytes + head_loss;
   CheckedInt64 dtype_total = 0;
@@ -285,9 +298,9 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   // The model input: the study's hidden states (boundary 0, with no prologue) or the
   // families' token ids.
   prediction.input_bytes_kept =
-      segments.prologue.has_value()
+      whole.prologue.has_value()
           ? globals.BytesOf("input_ids")
-          : (f.keeps_input ? f.boundary_bytes : 0);
+          : (f.keeps_input && stage.first_layer == 0 ? f.boundary_bytes : 0);
   for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
   prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {
@@ -302,12 +315,32 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   return prediction;
 }
 
-// ParameterCount sums a graph's parameters, tied ones (owned by another segment) not.
-CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config) {
+// WalkSegments walks the prologue (if the model has one) and the epilogue.
+absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConfig& config,
+                                      const PredictOptions& options) {
+  WalkOptions segment_options;
+  segment_options.record_storages = options.breakdown;
+  segment_options.rules = options.rules;
+  Segments segments;
+  if (graphs.prologue.has_value()) {
+    absl::StatusOr<BlockWalk> prologue = WalkBlock(*graphs.prologue, config, segment_options);
+    if (!prologue.ok()) return prologue.status();
+    segments.prologue = *std::move(prologue);
+  }
+  absl::StatusOr<BlockWalk> epilogue = WalkBlock(graphs.epilogue, config, segment_options);
+  if (!epilogue.ok()) return epilogue.status();
+  segments.epilogue = *std::move(epilogue);
+  return segments;
+}
+
+// ParameterCount sums a graph's parameters; `tied`: those owned by another segment
+// (a tied LM head's weight) instead of the others.
+CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
+                            bool tied = false) {
   const SymbolValues symbols(config);
   CheckedInt64 count = 0;
   for (const TensorDef& tensor : graph.tensors) {
-    if (!tensor.is_parameter || tensor.is_tied) continue;
+    if (!tensor.is_parameter || tensor.is_tied != tied) continue;
     CheckedInt64 numel = 1;
     for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
     count += numel;
@@ -347,25 +380,13 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                               identity.value()));
     }
   }
-  // Parameters and their gradients are in the model's dtype. The optimizer's state is
-  // in the dtype of what it steps: the parameters, or their fp32 master copies.
+  // Parameters and their gradients are in the model's dtype.
   const int64_t element = ElementSizeBytes(config.dtype);
-  const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
   const OptimizerSpec& optimizer = options.optimizer;
-  const int64_t state_element = optimizer.master_weights ? fp32 : element;
-  int64_t states_per_parameter = 0;
-  switch (optimizer.kind) {
-    case OptimizerKind::kAdamW:
-    case OptimizerKind::kAdam:
-      states_per_parameter = 2;  // exp_avg, exp_avg_sq
-      break;
-    case OptimizerKind::kSgd:
-      states_per_parameter = optimizer.momentum > 0 ? 1 : 0;  // momentum_buffer
-      break;
-  }
+  const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, optimizer);
   CheckedInt64 param_bytes = n_params * element;
-  CheckedInt64 moment_bytes = n_params * states_per_parameter * state_element;
-  CheckedInt64 state_bytes = moment_bytes + n_params * (optimizer.master_weights ? fp32 : 0);
+  CheckedInt64 moment_bytes = n_params * per_parameter.moments;
+  CheckedInt64 state_bytes = moment_bytes + n_params * per_parameter.master;
   if (param_bytes.overflowed() || state_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
@@ -378,23 +399,14 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   prediction.adamw_state_bytes =
       optimizer.kind == OptimizerKind::kAdamW ? moment_bytes.value() : 0;
 
-  WalkOptions segment_options;
-  segment_options.record_storages = options.breakdown;
-  segment_options.rules = options.rules;
-  Segments segments;
-  if (graphs->prologue.has_value()) {
-    absl::StatusOr<BlockWalk> prologue = WalkBlock(*graphs->prologue, config, segment_options);
-    if (!prologue.ok()) return prologue.status();
-    segments.prologue = *std::move(prologue);
-  }
-  absl::StatusOr<BlockWalk> epilogue = WalkBlock(graphs->epilogue, config, segment_options);
-  if (!epilogue.ok()) return epilogue.status();
-  segments.epilogue = *std::move(epilogue);
+  absl::StatusOr<Segments> walked = WalkSegments(*graphs, config, options);
+  if (!walked.ok()) return walked.status();
+  const Segments& segments = *walked;
 
   BlockWalks walks(graphs->layer, config, options.breakdown, options.rules);
   Variant none;
   absl::StatusOr<VariantPrediction> reference =
-      PredictVariant(none, config, segments, /*breakdown=*/false, walks);
+      PredictVariant(none, config, segments, /*breakdown=*/false, walks, WholeModel(config));
   if (!reference.ok()) return reference.status();
   prediction.saved_bytes_none = reference->saved_bytes;
 
@@ -418,7 +430,7 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   }
   for (const Variant& variant : options.variants) {
     absl::StatusOr<VariantPrediction> v =
-        PredictVariant(variant, config, segments, options.breakdown, walks);
+        PredictVariant(variant, config, segments, options.breakdown, walks, WholeModel(config));
     if (!v.ok()) return v.status();
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);
@@ -449,6 +461,70 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   prediction.saved_none_over_korthikanti =
       static_cast<double>(prediction.saved_bytes_none) /
       static_cast<double>(prediction.korthikanti_saved_bytes_none);
+  return prediction;
+}
+
+OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
+                                            const OptimizerSpec& optimizer) {
+  // The state is in the dtype of what the optimizer steps: the parameters, or their
+  // fp32 master copies.
+  const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
+  const int64_t state_element =
+      optimizer.master_weights ? fp32 : ElementSizeBytes(config.dtype);
+  int64_t states = 0;
+  switch (optimizer.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      states = 2;  // exp_avg, exp_avg_sq
+      break;
+    case OptimizerKind::kSgd:
+      states = optimizer.momentum > 0 ? 1 : 0;  // momentum_buffer
+      break;
+  }
+  return {states * state_element, optimizer.master_weights ? fp32 : 0};
+}
+
+StageRange WholeModel(const ModelConfig& config) {
+  return StageRange{0, config.layers, true, true};
+}
+
+absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
+                                             const PredictOptions& options,
+                                             const StageRange& stage) {
+  if (absl::Status s =
+          ValidateRun(config, options.attention, options.variants, options.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  if (stage.first_layer < 0 || stage.layers < 1 ||
+      stage.first_layer > config.layers - stage.layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage: layers [", stage.first_layer, ", ", stage.first_layer, " + ", stage.layers,
+        ") are not within the model's ", config.layers));
+  }
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, options.attention);
+  CheckedInt64 n_params = CheckedInt64(stage.layers) * ParameterCount(graphs->layer, config);
+  if (stage.prologue && graphs->prologue.has_value()) {
+    n_params += ParameterCount(*graphs->prologue, config);
+  }
+  if (stage.head) {
+    n_params += ParameterCount(graphs->epilogue, config);
+    if (!stage.prologue) n_params += ParameterCount(graphs->epilogue, config, /*tied=*/true);
+  }
+  if (n_params.overflowed()) {
+    return absl::OutOfRangeError("stage: parameter count overflows int64");
+  }
+  absl::StatusOr<Segments> segments = WalkSegments(*graphs, config, options);
+  if (!segments.ok()) return segments.status();
+  BlockWalks walks(graphs->layer, config, options.breakdown, options.rules);
+  StagePrediction prediction;
+  prediction.n_params = n_params.value();
+  for (const Variant& variant : options.variants) {
+    absl::StatusOr<VariantPrediction> v =
+        PredictVariant(variant, config, *segments, options.breakdown, walks, stage);
+    if (!v.ok()) return v.status();
+    prediction.variants.push_back(*std::move(v));
+  }
   return prediction;
 }
 

@@ -116,6 +116,45 @@ struct Prediction {
   double saved_none_over_korthikanti = 0;
 };
 
+// OptimizerBytesPerParameter is what the optimizer holds per parameter: its moments
+// (AdamW's exp_avg and exp_avg_sq, SGD's momentum buffer), in the dtype of what it
+// steps, and with master weights the fp32 copy.
+struct OptimizerBytesPerParameter {
+  int64_t moments = 0;
+  int64_t master = 0;
+};
+OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
+                                            const OptimizerSpec& optimizer);
+
+// StageRange is the part of the model one pipeline stage runs for a micro-batch (one
+// model chunk, with interleaving): layers [first_layer, first_layer + layers), with the
+// embedding (prologue) or not, with the head and loss or not. A stage without the
+// embedding receives its input (a leaf that requires grad, kept if its first layer
+// keeps it); one without the head sends its output, keeping it only if its last layer
+// does (the send holds no reference, as Megatron's deallocate_output_tensor).
+struct StageRange {
+  int64_t first_layer = 0;
+  int64_t layers = 0;
+  bool prologue = true;
+  bool head = true;
+};
+StageRange WholeModel(const ModelConfig& config);
+
+// StagePrediction is a stage's parameters and, per variant, what it keeps for one
+// micro-batch (VariantPrediction's saved bytes and splits; no peak).
+struct StagePrediction {
+  // n_params: a stage with the head but not the embedding holds its own copy of a tied
+  // embedding weight (Megatron keeps one on the last stage and all-reduces its grads).
+  int64_t n_params = 0;
+  std::vector<VariantPrediction> variants;
+};
+
+// PredictStage: InvalidArgument for a bad config or a range outside the model's layers,
+// OutOfRange on int64 overflow.
+absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
+                                             const PredictOptions& options,
+                                             const StageRange& stage);
+
 // KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none` in the
 // model's dtype, without dropout masks (see the definition for the derivation); -1 on
 // overflow.

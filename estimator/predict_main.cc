@@ -12,6 +12,7 @@
 #include "estimator/atomic_file.h"
 #include "estimator/cli_flags.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/sweep.h"
@@ -52,6 +53,10 @@ int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t bu
     return memledger::ReportError(
         absl::InvalidArgumentError("--sweep prints --format=csv or --format=jsonl"));
   }
+  if (spec.parallel.Distributed()) {
+    return memledger::ReportError(
+        absl::InvalidArgumentError("--sweep does not take --dp or --pp yet"));
+  }
   absl::StatusOr<memledger::SweepGrid> grid = memledger::ParseSweep(text);
   if (!grid.ok()) return memledger::ReportError(grid.status());
   // CSV unless --format=jsonl (the default json means csv here).
@@ -67,6 +72,35 @@ int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t bu
   }
   std::cout << *rows;
   return 0;
+}
+
+// Output writes `json` to --json_out (atomically) and prints `json` or `table`.
+int Output(const memledger::RunSpec& spec, const std::string& json, const std::string& table) {
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  std::cout << (spec.table ? table : json);
+  return 0;
+}
+
+// PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
+// every kind of rank.
+int PrintRanks(const memledger::RunSpec& spec, memledger::PredictOptions options,
+               const std::string& svg_path) {
+  if (!svg_path.empty() || options.breakdown) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--timeline_svg and --explain describe one rank's step: not with --dp or --pp yet"));
+  }
+  options.peak = false;  // not simulated per rank yet
+  absl::StatusOr<memledger::Prediction> whole = memledger::Predict(spec.config, options);
+  if (!whole.ok()) return memledger::ReportError(whole.status());
+  absl::StatusOr<memledger::RanksPrediction> ranks =
+      memledger::PredictRanks(spec.config, spec.parallel, options);
+  if (!ranks.ok()) return memledger::ReportError(ranks.status());
+  return Output(spec, memledger::JsonString(memledger::RanksJson(*whole, *ranks)),
+                spec.table ? memledger::RanksTable(*whole, *ranks) : "");
 }
 
 }  // namespace
@@ -103,6 +137,7 @@ int main(int argc, char** argv) {
   }
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   options.timeline = !svg_path.empty();
+  if (spec->parallel.Distributed()) return PrintRanks(*spec, options, svg_path);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
 
@@ -124,16 +159,10 @@ int main(int argc, char** argv) {
     }
   }
   const std::string json = memledger::JsonString(memledger::PredictionJson(*prediction));
-  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
-      return memledger::ReportError(s);
-    }
-  }
+  std::string table;
   if (spec->table) {
-    std::cout << memledger::PredictionTable(*prediction);
-    if (options.breakdown) std::cout << "\n" << memledger::BreakdownText(*prediction);
-  } else {
-    std::cout << json;
+    table = memledger::PredictionTable(*prediction);
+    if (options.breakdown) table += "\n" + memledger::BreakdownText(*prediction);
   }
-  return 0;
+  return Output(*spec, json, table);
 }

@@ -1,9 +1,11 @@
 #include "estimator/report.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "estimator/rules.h"
 #include "estimator/units.h"
 #include "rapidjson/prettywriter.h"
@@ -244,7 +246,7 @@ std::string JsonString(const rapidjson::Value& value) {
   return absl::StrCat(buffer.GetString(), "\n");
 }
 
-std::string PredictionTable(const Prediction& p) {
+std::string PredictionTable(const Prediction& p, const std::string& scope) {
   const ModelConfig& c = p.config;
   std::string model = "";
   if (c.family != Family::kStudy) {
@@ -260,7 +262,9 @@ std::string PredictionTable(const Prediction& p) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(p.optimizer.kind),
       p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease);
-  if (c.tp > 1) {
+  if (!scope.empty()) {
+    absl::StrAppend(&out, scope, "\n\n");
+  } else if (c.tp > 1) {
     absl::StrAppendFormat(&out,
                           "one of %d tensor-parallel ranks%s: every number below is that "
                           "rank's\n\n",
@@ -367,6 +371,129 @@ std::string BreakdownText(const Prediction& p) {
       "A block's input and output storages are shared with its neighbours and counted once\n"
       "for the model, and so are model-level storages (input_ids, RoPE's cos and sin,\n"
       "position ids) however many blocks keep them; parameter storages are not counted.\n";
+  return out;
+}
+
+}  // namespace memledger
+
+namespace memledger {
+
+Prediction RankView(const Prediction& whole, const RankKind& kind) {
+  Prediction view = whole;
+  view.n_params = kind.n_params;
+  view.param_bytes = kind.param_bytes;
+  view.grad_bytes = kind.grad_bytes;
+  view.optimizer_state_bytes = kind.optimizer_state_bytes;
+  view.adamw_state_bytes = kind.adamw_state_bytes;
+  view.saved_bytes_none = kind.saved_bytes_none;
+  view.variants.clear();
+  for (const RankVariant& v : kind.variants) view.variants.push_back(v.held);
+  view.korthikanti_saved_bytes_none = kind.korthikanti_saved_bytes_none;
+  view.saved_none_over_korthikanti =
+      kind.korthikanti_saved_bytes_none == 0
+          ? 0
+          : static_cast<double>(kind.saved_bytes_none) /
+                static_cast<double>(kind.korthikanti_saved_bytes_none);
+  return view;
+}
+
+namespace {
+
+// LayersText: "layers 0-19", or "layers 0-4, 20-24" for interleaved chunks.
+std::string LayersText(const RankKind& kind) {
+  std::vector<std::string> parts;
+  for (const StageRange& chunk : kind.chunks) {
+    parts.push_back(absl::StrCat(chunk.first_layer, "-", chunk.first_layer + chunk.layers - 1));
+  }
+  return absl::StrCat("layers ", absl::StrJoin(parts, ", "));
+}
+
+}  // namespace
+
+rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks) {
+  rapidjson::Document doc = PredictionJson(RankView(whole, ranks.kinds.front()));
+  Allocator& a = doc.GetAllocator();
+  const ParallelSpec& p = ranks.parallel;
+  rapidjson::Value parallel(rapidjson::kObjectType);
+  parallel.AddMember("dp", p.dp, a);
+  parallel.AddMember("tp", whole.config.tp, a);
+  parallel.AddMember("sp", whole.config.sp, a);
+  parallel.AddMember("pp", p.pp, a);
+  parallel.AddMember("virtual_stages", p.virtual_stages, a);
+  parallel.AddMember("micro_batches", p.micro_batches, a);
+  parallel.AddMember("schedule", rapidjson::StringRef(PipelineScheduleName(p.schedule).data()), a);
+  parallel.AddMember("zero", p.zero, a);
+  parallel.AddMember("world_size", p.dp * whole.config.tp * p.pp, a);
+  doc.AddMember("parallel", parallel, a);
+  rapidjson::Value kinds(rapidjson::kArrayType);
+  for (const RankKind& kind : ranks.kinds) {
+    rapidjson::Value rank(rapidjson::kObjectType);
+    rank.AddMember("stage", kind.stage, a);
+    rank.AddMember("ranks", kind.ranks, a);
+    rapidjson::Value layers(rapidjson::kArrayType);
+    for (const StageRange& chunk : kind.chunks) {
+      rapidjson::Value range(rapidjson::kArrayType);
+      range.PushBack(chunk.first_layer, a);
+      range.PushBack(chunk.first_layer + chunk.layers, a);
+      layers.PushBack(range, a);
+    }
+    rank.AddMember("layers", layers, a);  // [first, end) per chunk
+    bool embedding = false, head = false;
+    for (const StageRange& chunk : kind.chunks) {
+      embedding = embedding || (chunk.prologue && whole.graphs->prologue.has_value());
+      head = head || chunk.head;
+    }
+    rank.AddMember("embedding", embedding, a);
+    rank.AddMember("head", head, a);
+    rank.AddMember("n_params", kind.n_params, a);
+    rank.AddMember("param_bytes", kind.param_bytes, a);
+    rank.AddMember("grad_bytes", kind.grad_bytes, a);
+    rank.AddMember("optimizer_state_bytes", kind.optimizer_state_bytes, a);
+    rapidjson::Value saved(rapidjson::kObjectType), in_flight(rapidjson::kObjectType),
+        total(rapidjson::kObjectType);
+    for (size_t v = 0; v < kind.variants.size(); ++v) {
+      const std::string name = kind.variants[v].held.variant.Name();
+      saved.AddMember(String(name, a), rapidjson::Value(kind.variants[v].held.saved_bytes), a);
+      in_flight.AddMember(String(name, a), rapidjson::Value(kind.variants[v].in_flight), a);
+      total.AddMember(String(name, a), rapidjson::Value(kind.Total(v)), a);
+    }
+    rank.AddMember("saved_bytes", saved, a);
+    rank.AddMember("micro_batches_in_flight", in_flight, a);
+    rank.AddMember("total_bytes", total, a);
+    kinds.PushBack(rank, a);
+  }
+  doc.AddMember("ranks", kinds, a);
+  return doc;
+}
+
+std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
+  const ParallelSpec& p = ranks.parallel;
+  const RankKind& most = ranks.kinds.front();
+  const std::string scope = absl::StrFormat(
+      "%d ranks (dp %d x tp %d x pp %d, %s%s, %d micro-batches, ZeRO-%d); every number "
+      "below up to the rank table is the most loaded rank's: pipeline stage %d, %s",
+      p.dp * whole.config.tp * p.pp, p.dp, whole.config.tp, p.pp,
+      PipelineScheduleName(p.schedule),
+      p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
+      p.micro_batches, p.zero, most.stage, LayersText(most));
+  std::string out = PredictionTable(RankView(whole, most), scope);
+  absl::StrAppendFormat(&out, "\nper kind of rank (the most loaded first), total = params + "
+                              "grads + optimizer state + saved\n");
+  absl::StrAppendFormat(&out, "%-6s %6s %-16s %12s %12s %12s", "stage", "ranks", "layers",
+                        "params", "grads", "opt state");
+  for (const RankVariant& v : most.variants) {
+    absl::StrAppendFormat(&out, " %14s", absl::StrCat(v.held.variant.Name(), " total"));
+  }
+  absl::StrAppend(&out, "\n");
+  for (const RankKind& kind : ranks.kinds) {
+    absl::StrAppendFormat(&out, "%-6d %6d %-16s %12s %12s %12s", kind.stage, kind.ranks,
+                          LayersText(kind).substr(7), HumanBytes(kind.param_bytes),
+                          HumanBytes(kind.grad_bytes), HumanBytes(kind.optimizer_state_bytes));
+    for (size_t v = 0; v < kind.variants.size(); ++v) {
+      absl::StrAppendFormat(&out, " %14s", HumanBytes(kind.Total(v)));
+    }
+    absl::StrAppend(&out, "\n");
+  }
   return out;
 }
 

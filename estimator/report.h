@@ -9,6 +9,7 @@
 #include "estimator/config.h"
 #include "estimator/liveness.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "rapidjson/document.h"
 
 namespace memledger {
@@ -41,8 +42,23 @@ rapidjson::Value PeakJson(const StepPeak& peak, rapidjson::Document::AllocatorTy
 // JsonString serializes with two-space indentation and a final newline.
 std::string JsonString(const rapidjson::Value& value);
 
-// PredictionTable is a table with exact bytes and human units.
-std::string PredictionTable(const Prediction& prediction);
+// PredictionTable is a table with exact bytes and human units. `scope`, if given, says
+// whose numbers they are (in place of the tensor-parallel line).
+std::string PredictionTable(const Prediction& prediction, const std::string& scope = "");
+
+// RankView is `whole` (the model's prediction) seen from one kind of rank: its
+// parameters, gradients, optimizer state and held activations in place of the whole
+// model's, Korthikanti's per-GPU formula for it, and no peaks.
+Prediction RankView(const Prediction& whole, const RankKind& kind);
+
+// RanksJson is PredictionJson of the most loaded rank (RankView of ranks.kinds[0]) plus
+// "parallel" (the layout) and "ranks": every kind of rank, the most loaded first, with
+// its position (stage, layers, embedding, head), how many ranks share it, its buckets
+// and, per variant, its saved bytes, micro-batches in flight and total.
+rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks);
+
+// RanksTable is PredictionTable of the most loaded rank, then a row per kind of rank.
+std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks);
 
 // BreakdownText lists every kept storage of each kind of block, op by op, with the
 // arithmetic's factors (shape, dtype) and bytes. REQUIRES: predicted with breakdown.

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
+#include "estimator/parallel_spec.h"
 
 namespace memledger {
 
@@ -38,6 +39,13 @@ struct RunRequest {
   bool master_weights = false;
   int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's
   bool sp = false;  // sequence parallelism (with tp)
+  // Data and pipeline parallelism (ParallelSpec): predict reports every kind of rank.
+  int64_t dp = 1;
+  int64_t pp = 1;
+  int64_t virtual_stages = 1;
+  int64_t micro_batches = 1;
+  int64_t zero = 0;
+  std::string schedule = "1f1b";
 };
 
 // RunSpec is a validated request.
@@ -47,6 +55,7 @@ struct RunSpec {
   AttentionMode attention = AttentionMode::kFlash;
   std::vector<Variant> variants;
   OptimizerSpec optimizer;
+  ParallelSpec parallel;
   bool table = false;  // the CLIs' --format=table, else JSON
   std::string format = "json";  // the CLIs' --format: json, table, csv or jsonl
 };

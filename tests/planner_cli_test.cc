@@ -96,6 +96,7 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --layers=0", "--layers"},
            {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
            {"--budget_gib=1 --amp=bf16", "autocast"},
+           {"--budget_gib=1 --model=tiny-llama --pp=2", "--dp and --pp"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;

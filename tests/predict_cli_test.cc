@@ -91,6 +91,51 @@ TEST(PredictCliTest, TensorParallelRank) {
   EXPECT_TRUE(doc["saved_bytes"].HasMember("core_attention"));
 }
 
+// --dp/--pp: the top-level buckets are the most loaded rank's, `ranks` lists every kind
+// of rank. tiny-llama, 8 layers over 2 stages (4 each), dp 2 with ZeRO-1: stage 0 holds
+// 4 x 9,280 + 3,072 (embedding) = 40,192 parameters and, in fp32 AdamW, ceil(40,192 /
+// 2) x 8 B = 160,768 B of optimizer state; with 4 micro-batches it holds 2 of them.
+TEST(PredictCliTest, DistributedRunReportsEveryKindOfRank) {
+  const std::string model =
+      "--model=tiny-llama --layers=8 --batch=2 --seq=8 --variants=none,full --dp=2 --pp=2 "
+      "--zero=1 --micro_batches=4";
+  CommandResult json = Predict(model);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  rapidjson::Document doc;
+  doc.Parse(json.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << json.output;
+  EXPECT_EQ(doc["parallel"]["world_size"].GetInt64(), 4);
+  const auto& ranks = doc["ranks"];
+  ASSERT_EQ(ranks.Size(), 2u);
+  for (const auto& rank : ranks.GetArray()) {
+    EXPECT_EQ(rank["ranks"].GetInt64(), 2);
+    EXPECT_EQ(rank["micro_batches_in_flight"]["none"].GetInt64(),
+              2 - rank["stage"].GetInt64());
+    if (rank["stage"].GetInt64() == 0) {
+      EXPECT_EQ(rank["n_params"].GetInt64(), 40192);
+      EXPECT_EQ(rank["optimizer_state_bytes"].GetInt64(), 160768);
+      EXPECT_TRUE(rank["embedding"].GetBool());
+    }
+  }
+  // The top level is ranks[0]'s, the most loaded.
+  EXPECT_EQ(doc["n_params"].GetInt64(), ranks[0]["n_params"].GetInt64());
+  EXPECT_EQ(doc["saved_bytes"]["none"].GetInt64(), ranks[0]["saved_bytes"]["none"].GetInt64());
+  EXPECT_GE(ranks[0]["total_bytes"]["none"].GetInt64(),
+            ranks[1]["total_bytes"]["none"].GetInt64());
+  EXPECT_FALSE(doc.HasMember("peak_bytes"));
+  CommandResult table = Predict(model + " --format=table");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("4 ranks (dp 2 x tp 1 x pp 2, 1f1b, 4 micro-batches, ZeRO-1)"),
+            std::string::npos)
+      << table.output;
+  EXPECT_NE(table.output.find("per kind of rank"), std::string::npos) << table.output;
+  for (const char* bad : {"--pp=3", "--zero=1", "--pp=2 --schedule=zigzag",
+                          "--pp=2 --timeline_svg=/tmp/x.svg", "--dp=2 --sweep=batch:1..2"}) {
+    CommandResult r = Predict(std::string("--model=tiny-llama --layers=8 ") + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
+  }
+}
+
 TEST(PredictCliTest, TableAndExplain) {
   CommandResult r = Predict("--format=table --explain --layers=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -92,6 +92,11 @@ TEST(VerifyCliTest, BadInputExitsTwo) {
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
+  // Data and pipeline parallelism are predicted, not run yet: exit 3 with the reason.
+  CommandResult distributed = Verify("--model=tiny-llama --dp=2");
+  EXPECT_EQ(distributed.exit_code, 3) << distributed.output;
+  EXPECT_NE(distributed.output.find("data or pipeline parallelism"), std::string::npos)
+      << distributed.output;
 }
 
 }  // namespace

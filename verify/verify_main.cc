@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
+  if (spec->parallel.Distributed()) {
+    return memledger::ReportError(absl::UnimplementedError(
+        "the runtime does not run data or pipeline parallelism yet (--dp, --pp); predict "
+        "answers per rank"));
+  }
   const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
   if (max_gib < 0) {
     return memledger::ReportError(absl::InvalidArgumentError(

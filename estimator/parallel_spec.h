@@ -1,0 +1,61 @@
+// ParallelSpec: how a training run is laid out over ranks beyond tensor parallelism
+// (ModelConfig::tp and ::sp, which change the graphs one rank runs): data parallelism
+// with ZeRO's sharding, and pipeline parallelism with its schedule.
+//
+// Example:
+//   ParallelSpec spec;
+//   spec.dp = 16;
+//   spec.pp = 4;
+//   spec.zero = 1;
+//   absl::Status s = ValidateParallel(config, spec);  // "--layers 30 is not divisible..."
+#ifndef ESTIMATOR_PARALLEL_SPEC_H_
+#define ESTIMATOR_PARALLEL_SPEC_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "estimator/config.h"
+
+namespace memledger {
+
+// PipelineSchedule is the order in which a pipeline rank runs its micro-batches'
+// forwards and backwards (Megatron-LM's schedules).
+enum class PipelineSchedule : uint8_t {
+  k1F1B,         // warm-up forwards, then one forward one backward, then cool-down
+  kInterleaved,  // 1F1B over virtual_stages model chunks per rank
+};
+absl::string_view PipelineScheduleName(PipelineSchedule schedule);  // "1f1b", "interleaved"
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(absl::string_view name);
+
+struct ParallelSpec {
+  int64_t dp = 1;  // data-parallel ranks
+  int64_t pp = 1;  // pipeline stages
+  // virtual_stages: model chunks per pipeline rank (interleaving): rank s runs chunks
+  // s, s + pp, s + 2 pp, ... of pp x virtual_stages equal chunks.
+  int64_t virtual_stages = 1;
+  // micro_batches: per step and pipeline, each of ModelConfig::batch sequences.
+  int64_t micro_batches = 1;
+  // zero: ZeRO's stage over the dp ranks: 1 shards the optimizer's state, 2 the
+  // gradients too, 3 the parameters too; each rank holds ceil(n / dp) of a stage's n
+  // parameters' elements (one flat buffer, padded to a multiple of dp).
+  int zero = 0;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+
+  // Distributed: more than tensor parallelism.
+  bool Distributed() const { return dp > 1 || pp > 1; }
+  friend bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
+    return a.dp == b.dp && a.pp == b.pp && a.virtual_stages == b.virtual_stages &&
+           a.micro_batches == b.micro_batches && a.zero == b.zero && a.schedule == b.schedule;
+  }
+};
+
+// ValidateParallel returns InvalidArgument naming the flag, e.g. "--zero=1 shards over
+// data-parallel ranks: it needs --dp > 1" or "--layers 30 is not divisible by --pp 4 x
+// --virtual_stages 1".
+absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_PARALLEL_SPEC_H_

@@ -1,0 +1,273 @@
+// Per-rank memory of distributed runs (estimator/ranks.h): pipeline stages' parameters
+// and held activations, ZeRO's shards and the schedules' micro-batches in flight, each
+// against hand arithmetic or the whole model's prediction.
+#include "estimator/ranks.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "estimator/config.h"
+#include "estimator/model_presets.h"
+#include "estimator/parallel_spec.h"
+#include "estimator/predict.h"
+#include "tests/status_matchers.h"
+
+namespace memledger {
+namespace {
+
+ModelConfig TinyLlama(int64_t layers) {
+  ModelConfig config = *ModelFromPreset("tiny-llama");
+  config.layers = layers;
+  config.batch = 2;
+  config.seq = 8;
+  return config;
+}
+
+PredictOptions Variants(const char* names) {
+  PredictOptions options;
+  options.variants = *ParseVariants(names, /*every=*/2, "matmul");
+  options.peak = false;
+  return options;
+}
+
+// tiny-llama (width 32, 4 heads of 8, 2 kv heads, MLP 64, vocab 96, untied) has, by hand,
+// per layer q 32x32 + k 32x16 + v 32x16 + o 32x32 + gate, up, down 3 x 32x64 + two norms
+// 2 x 32 = 9,280 parameters; the embedding 96 x 32 = 3,072; the head its norm 32 and
+// lm_head 96 x 32: 3,104.
+TEST(PredictStageTest, StageParametersByHand) {
+  const ModelConfig config = TinyLlama(4);
+  const PredictOptions options = Variants("none");
+  ASSERT_OK_AND_ASSIGN(StagePrediction first,
+                       PredictStage(config, options, StageRange{0, 2, true, false}));
+  ASSERT_OK_AND_ASSIGN(StagePrediction last,
+                       PredictStage(config, options, StageRange{2, 2, false, true}));
+  EXPECT_EQ(first.n_params, 2 * 9280 + 3072);
+  EXPECT_EQ(last.n_params, 2 * 9280 + 3104);
+  ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
+  EXPECT_EQ(whole.n_params, first.n_params + last.n_params);
+
+  // Tied embeddings: the last stage keeps its own copy of the embedding's weight (as
+  // Megatron does), 96 x 32 more; the model counts it once.
+  ModelConfig tied = config;
+  tied.tie_embeddings = true;
+  ASSERT_OK_AND_ASSIGN(StagePrediction tied_last,
+                       PredictStage(tied, options, StageRange{2, 2, false, true}));
+  EXPECT_EQ(tied_last.n_params, 2 * 9280 + 32 + 3072);
+  ASSERT_OK_AND_ASSIGN(Prediction tied_whole, Predict(tied, options));
+  EXPECT_EQ(tied_whole.n_params, 4 * 9280 + 3072 + 32);
+}
+
+// The whole model as one stage is the model's prediction, field by field.
+TEST(PredictStageTest, TheWholeModelAsOneStageIsThePrediction) {
+  for (const char* model : {"tiny-llama", "tiny-gpt2"}) {
+    ModelConfig config = *ModelFromPreset(model);
+    config.layers = 5;
+    const PredictOptions options = Variants("none,full,every_2,selective");
+    ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
+    ASSERT_OK_AND_ASSIGN(StagePrediction stage,
+                         PredictStage(config, options, WholeModel(config)));
+    EXPECT_EQ(stage.n_params, whole.n_params);
+    ASSERT_EQ(stage.variants.size(), whole.variants.size());
+    for (size_t v = 0; v < whole.variants.size(); ++v) {
+      const VariantPrediction& a = whole.variants[v];
+      const VariantPrediction& b = stage.variants[v];
+      EXPECT_EQ(a.saved_bytes, b.saved_bytes) << model << " " << a.variant.Name();
+      EXPECT_EQ(a.embedding_bytes, b.embedding_bytes);
+      EXPECT_EQ(a.layers_bytes, b.layers_bytes);
+      EXPECT_EQ(a.head_loss_bytes, b.head_loss_bytes);
+      EXPECT_EQ(a.saved_by_dtype, b.saved_by_dtype);
+      EXPECT_EQ(a.input_bytes_kept, b.input_bytes_kept);
+    }
+  }
+}
+
+// Two stages keep what the model keeps, plus what each must hold for itself. A Llama
+// layer keeps its input (RMSNorm's pow) and not its output, so the hidden states between
+// the stages are kept once, by the second stage (its received input). Both stages'
+// layers keep RoPE's cos and sin tables, each computing its own: 2 x T 8 x d_head 8 x
+// 4 B = 512 B more. The same for every variant that keeps the tables (each layer's
+// rotary mul, or a checkpointed layer's inputs).
+TEST(PredictStageTest, TwoStagesKeepTheModelsBytesAndTheirOwnRopeTables) {
+  const ModelConfig config = TinyLlama(4);
+  const PredictOptions options = Variants("none,full,every_2,selective");
+  ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
+  ASSERT_OK_AND_ASSIGN(StagePrediction first,
+                       PredictStage(config, options, StageRange{0, 2, true, false}));
+  ASSERT_OK_AND_ASSIGN(StagePrediction last,
+                       PredictStage(config, options, StageRange{2, 2, false, true}));
+  for (size_t v = 0; v < whole.variants.size(); ++v) {
+    EXPECT_EQ(first.variants[v].saved_bytes + last.variants[v].saved_bytes,
+              whole.variants[v].saved_bytes + 512)
+        << whole.variants[v].variant.Name();
+    EXPECT_EQ(first.variants[v].head_loss_bytes, 0);
+    EXPECT_EQ(last.variants[v].embedding_bytes, 0);
+  }
+}
+
+// ZeRO over dp = 3 shards a stage's n parameters' elements into ceil(n / 3): the last of
+// two stages above (21,664 parameters) holds 7,222 of each. fp32 AdamW: 4 B per
+// parameter and gradient, 8 B of moments.
+TEST(PredictRanksTest, ZeroShardsByHand) {
+  const ModelConfig config = TinyLlama(4);
+  const PredictOptions options = Variants("none");
+  for (int zero : {0, 1, 2, 3}) {
+    ParallelSpec parallel;
+    parallel.dp = 3;
+    parallel.pp = 2;
+    parallel.zero = zero;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, parallel, options));
+    ASSERT_EQ(ranks.kinds.size(), 2u);
+    const RankKind& last = ranks.kinds[0].stage == 1 ? ranks.kinds[0] : ranks.kinds[1];
+    EXPECT_EQ(last.n_params, 21664);
+    EXPECT_EQ(last.ranks, 3);
+    EXPECT_EQ(last.optimizer_state_bytes, (zero >= 1 ? 7222 : 21664) * 8) << zero;
+    EXPECT_EQ(last.adamw_state_bytes, last.optimizer_state_bytes);
+    EXPECT_EQ(last.grad_bytes, (zero >= 2 ? 7222 : 21664) * 4) << zero;
+    EXPECT_EQ(last.param_bytes, (zero >= 3 ? 7222 : 21664) * 4) << zero;
+  }
+}
+
+// 1F1B: stage s runs pp - s - 1 warm-up forwards, then one more before its first
+// backward: it holds min(pp - s, micro_batches) micro-batches.
+TEST(PredictRanksTest, OneFOneBHoldsPpMinusStageMicroBatches) {
+  const ModelConfig config = TinyLlama(8);
+  const PredictOptions options = Variants("none,full");
+  ASSERT_OK_AND_ASSIGN(StagePrediction middle,
+                       PredictStage(config, options, StageRange{2, 2, false, false}));
+  for (int64_t micro_batches : {8, 2}) {
+    ParallelSpec parallel;
+    parallel.pp = 4;
+    parallel.micro_batches = micro_batches;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, parallel, options));
+    ASSERT_EQ(ranks.kinds.size(), 4u);
+    for (const RankKind& kind : ranks.kinds) {
+      const int64_t expected = std::min<int64_t>(4 - kind.stage, micro_batches);
+      for (const RankVariant& v : kind.variants) EXPECT_EQ(v.in_flight, expected);
+      if (kind.stage == 1) {
+        ASSERT_EQ(kind.chunks.size(), 1u);
+        EXPECT_EQ(kind.chunks[0].first_layer, 2);
+        for (size_t v = 0; v < 2; ++v) {
+          EXPECT_EQ(kind.variants[v].held.saved_bytes,
+                    expected * middle.variants[v].saved_bytes);
+        }
+      }
+    }
+    // The most loaded first.
+    for (size_t i = 1; i < ranks.kinds.size(); ++i) {
+      EXPECT_GE(ranks.kinds[i - 1].Total(0), ranks.kinds[i].Total(0));
+    }
+  }
+}
+
+// Interleaving, pp 2, 2 chunks per rank, 4 micro-batches (8 chunk forwards per rank).
+// Forward k runs chunk (k mod 4) / 2, backward k chunk 1 - (k mod 4) / 2; held counts
+// are (chunk 0, chunk 1).
+// Rank 0: (2 - 0 - 1) x 2 + (2 - 1) x 2 = 4 warm-up forwards (chunks 0 0 1 1): (2, 2).
+// Then F4 (chunk 0): (3, 2); B0 (chunk 1); F5 (chunk 0): (4, 1); B1 (chunk 1); F6
+// (chunk 1): (4, 1); B2 (chunk 0); F7 (chunk 1): (3, 2); then only backwards. 5 in
+// flight at most, as Megatron's estimate (1 + (pp - 1) / (pp v)) x pp micro-batches of
+// the rank's 2 chunks = 1.25 x 4 = 5 chunks; the fuller mix is (4, 1) when chunk 0 (with
+// the embedding, which keeps the token ids) holds more than chunk 1.
+// Rank 1: 2 warm-up forwards (chunks 0 0): (2, 0); F2 (chunk 1): (2, 1); B0 (chunk 1);
+// F3 (chunk 1): (2, 1); B1 (chunk 1); F4 (chunk 0): (3, 0); B2 (chunk 0); F5 (chunk 0):
+// (3, 0); ... 3 in flight, (2, 1) or (3, 0), whichever holds more.
+TEST(PredictRanksTest, InterleavedScheduleByHand) {
+  const ModelConfig config = TinyLlama(8);
+  const PredictOptions options = Variants("none");
+  ParallelSpec parallel;
+  parallel.pp = 2;
+  parallel.virtual_stages = 2;
+  parallel.micro_batches = 4;
+  parallel.schedule = PipelineSchedule::kInterleaved;
+  ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, parallel, options));
+  ASSERT_EQ(ranks.kinds.size(), 2u);
+  for (const RankKind& kind : ranks.kinds) {
+    ASSERT_EQ(kind.chunks.size(), 2u);
+    std::vector<int64_t> saved;
+    for (const StageRange& chunk : kind.chunks) {
+      ASSERT_OK_AND_ASSIGN(StagePrediction p, PredictStage(config, options, chunk));
+      saved.push_back(p.variants[0].saved_bytes);
+    }
+    if (kind.stage == 0) {
+      EXPECT_EQ(kind.chunks[0].first_layer, 0);  // chunks 0 and 2 of 4: layers 0-1, 4-5
+      EXPECT_EQ(kind.chunks[1].first_layer, 4);
+      EXPECT_EQ(kind.variants[0].in_flight, 5);
+      EXPECT_GT(saved[0], saved[1]);
+      EXPECT_EQ(kind.variants[0].held.saved_bytes, 4 * saved[0] + saved[1]);
+    } else {
+      EXPECT_EQ(kind.chunks[1].first_layer, 6);
+      EXPECT_TRUE(kind.chunks[1].head);
+      EXPECT_EQ(kind.variants[0].in_flight, 3);
+      EXPECT_EQ(kind.variants[0].held.saved_bytes,
+                std::max(2 * saved[0] + saved[1], 3 * saved[0]));
+    }
+  }
+}
+
+// Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p
+// micro-batches of L / p layers: the model's layers once. With GPT-2's block (each layer
+// keeps its input, nothing model-level) that is exact: the first of 4 stages' layers
+// bytes with 8 micro-batches equal the whole model's for one.
+TEST(PredictRanksTest, TheFirstStageHoldsTheModelsLayersOnce) {
+  ModelConfig config = *ModelFromPreset("tiny-gpt2");
+  config.layers = 8;
+  const PredictOptions options = Variants("none,full,selective");
+  ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
+  ParallelSpec parallel;
+  parallel.pp = 4;
+  parallel.micro_batches = 8;
+  ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, parallel, options));
+  const RankKind* first = nullptr;
+  for (const RankKind& kind : ranks.kinds) first = kind.stage == 0 ? &kind : first;
+  ASSERT_NE(first, nullptr);
+  for (size_t v = 0; v < whole.variants.size(); ++v) {
+    EXPECT_EQ(first->variants[v].held.layers_bytes, whole.variants[v].layers_bytes)
+        << whole.variants[v].variant.Name();
+    EXPECT_EQ(first->variants[v].held.embedding_bytes, 4 * whole.variants[v].embedding_bytes);
+  }
+}
+
+TEST(PredictRanksTest, BadLayoutsNameTheFlag) {
+  const ModelConfig config = TinyLlama(8);
+  const PredictOptions options = Variants("none");
+  struct Case {
+    ParallelSpec parallel;
+    const char* message;
+  };
+  ParallelSpec zero_without_dp;
+  zero_without_dp.zero = 2;
+  ParallelSpec indivisible;
+  indivisible.pp = 3;
+  ParallelSpec interleaved_alone;
+  interleaved_alone.pp = 2;
+  interleaved_alone.schedule = PipelineSchedule::kInterleaved;
+  ParallelSpec chunks_without_interleaving;
+  chunks_without_interleaving.pp = 2;
+  chunks_without_interleaving.virtual_stages = 2;
+  ParallelSpec odd_micro_batches = interleaved_alone;
+  odd_micro_batches.virtual_stages = 2;
+  odd_micro_batches.micro_batches = 3;
+  ParallelSpec no_dp;
+  no_dp.dp = 0;
+  for (const Case& c : {Case{zero_without_dp, "--zero=2 shards over data-parallel ranks"},
+                        Case{indivisible, "--layers 8 is not divisible by --pp 3"},
+                        Case{interleaved_alone, "--schedule=interleaved needs --virtual_stages"},
+                        Case{chunks_without_interleaving, "needs --schedule=interleaved"},
+                        Case{odd_micro_batches, "--micro_batches divisible by --pp"},
+                        Case{no_dp, "--dp must be >= 1"}}) {
+    EXPECT_STATUS(PredictRanks(config, c.parallel, options),
+                  absl::StatusCode::kInvalidArgument, c.message);
+  }
+  ParallelSpec study_pipeline;
+  study_pipeline.pp = 2;
+  EXPECT_STATUS(PredictRanks(ModelConfig(), study_pipeline, options),
+                absl::StatusCode::kInvalidArgument, "not the study's block");
+}
+
+}  // namespace
+}  // namespace memledger
