@@ -40,7 +40,7 @@ struct ParallelSpec {
   // zero: ZeRO's stage over the dp ranks: 1 shards the optimizer's state, 2 the
   // gradients too, 3 the parameters too; each rank holds ceil(n / dp) of a stage's n
   // parameters' elements (one flat buffer, padded to a multiple of dp).
-  int zero = 0;
+  int64_t zero = 0;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
 
   // Distributed: more than tensor parallelism.

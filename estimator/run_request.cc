@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "estimator/model_presets.h"
 
 namespace memledger {
@@ -54,13 +53,8 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
   absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(request.schedule);
   if (!schedule.ok()) return schedule.status();
-  if (request.zero < 0 || request.zero > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--zero must be 0, 1, 2 or 3, got ", request.zero));
-  }
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
-                               request.micro_batches, static_cast<int>(request.zero),
-                               *schedule};
+                               request.micro_batches, request.zero, *schedule};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
 
   absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);
