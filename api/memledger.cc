@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/run_request.h"
@@ -88,6 +89,12 @@ absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKey
     else if (name == "seq") status = integer(&request.seq);
     else if (name == "every") status = integer(&request.every);
     else if (name == "tp") status = integer(&request.tp);
+    else if (name == "dp") status = integer(&request.dp);
+    else if (name == "pp") status = integer(&request.pp);
+    else if (name == "virtual_stages") status = integer(&request.virtual_stages);
+    else if (name == "micro_batches") status = integer(&request.micro_batches);
+    else if (name == "zero") status = integer(&request.zero);
+    else if (name == "schedule") status = string(&request.schedule);
     else if (name == "variants") status = string(&request.variants);
     else if (name == "policy") status = string(&request.policy);
     else if (name == "attention") status = string(&request.attention);
@@ -127,6 +134,12 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   options.variants = spec->variants;
   options.optimizer = spec->optimizer;
   options.breakdown = explain;
+  if (spec->parallel.Distributed()) {
+    absl::StatusOr<DistributedPrediction> p =
+        PredictDistributed(spec->config, spec->parallel, options);
+    if (!p.ok()) return p.status();
+    return JsonString(RanksJson(p->whole, p->ranks));
+  }
   absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
   if (!prediction.ok()) return prediction.status();
   return JsonString(PredictionJson(*prediction));

@@ -7,11 +7,15 @@
  *
  * Request keys (all optional; the CLI's defaults): "model" (a built-in name such as
  * "llama-3-8b" or a config.json path), "layers", "width", "heads", "kv_heads",
- * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp" (integers), "variants",
- * "policy", "attention", "dtype", "amp", "optimizer" (strings), "momentum" (number),
- * "master_weights", "sp", "explain" (booleans). An unknown key is an error.
+ * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
+ * "virtual_stages", "micro_batches", "zero" (integers), "variants", "policy",
+ * "attention", "dtype", "amp", "optimizer", "schedule" (strings), "momentum" (number),
+ * "master_weights", "sp", "explain" (booleans). An unknown key is an error. With "dp" or
+ * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,
+ * "parallel" and "ranks".
  *
- * memledger_plan takes the same keys (but "explain") plus "budget_gib" (a number,
+ * memledger_plan takes the same keys (but "explain"; "dp" and "pp" only as 1) plus
+ * "budget_gib" (a number,
  * required), "frontier_points" (an integer, default 9) and "cpu_threads", and returns
  * the checkpoint planner's JSON (`//planner --format=json`: plan, peak_bytes, overhead,
  * variants, frontier).

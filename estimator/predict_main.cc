@@ -87,20 +87,12 @@ int Output(const memledger::RunSpec& spec, const std::string& json, const std::s
 
 // PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
 // every kind of rank.
-int PrintRanks(const memledger::RunSpec& spec, memledger::PredictOptions options,
-               const std::string& svg_path) {
-  if (!svg_path.empty() || options.breakdown) {
-    return memledger::ReportError(absl::InvalidArgumentError(
-        "--timeline_svg and --explain describe one rank's step: not with --dp or --pp yet"));
-  }
-  options.peak = false;  // not simulated per rank yet
-  absl::StatusOr<memledger::Prediction> whole = memledger::Predict(spec.config, options);
-  if (!whole.ok()) return memledger::ReportError(whole.status());
-  absl::StatusOr<memledger::RanksPrediction> ranks =
-      memledger::PredictRanks(spec.config, spec.parallel, options);
-  if (!ranks.ok()) return memledger::ReportError(ranks.status());
-  return Output(spec, memledger::JsonString(memledger::RanksJson(*whole, *ranks)),
-                spec.table ? memledger::RanksTable(*whole, *ranks) : "");
+int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options) {
+  absl::StatusOr<memledger::DistributedPrediction> p =
+      memledger::PredictDistributed(spec.config, spec.parallel, options);
+  if (!p.ok()) return memledger::ReportError(p.status());
+  return Output(spec, memledger::JsonString(memledger::RanksJson(p->whole, p->ranks)),
+                spec.table ? memledger::RanksTable(p->whole, p->ranks) : "");
 }
 
 }  // namespace
@@ -137,7 +129,7 @@ int main(int argc, char** argv) {
   }
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   options.timeline = !svg_path.empty();
-  if (spec->parallel.Distributed()) return PrintRanks(*spec, options, svg_path);
+  if (spec->parallel.Distributed()) return PrintRanks(*spec, options);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
 

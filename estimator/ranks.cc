@@ -207,4 +207,19 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
   return prediction;
 }
 
+absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& config,
+                                                         const ParallelSpec& parallel,
+                                                         PredictOptions options) {
+  if (options.timeline || options.breakdown) {
+    return absl::InvalidArgumentError(
+        "--timeline_svg and --explain describe one rank's step: not with --dp or --pp yet");
+  }
+  options.peak = false;
+  absl::StatusOr<Prediction> whole = Predict(config, options);
+  if (!whole.ok()) return whole.status();
+  absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+  if (!ranks.ok()) return ranks.status();
+  return DistributedPrediction{*std::move(whole), *std::move(ranks)};
+}
+
 }  // namespace memledger

@@ -69,6 +69,17 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
                                              const ParallelSpec& parallel,
                                              const PredictOptions& options);
 
+// DistributedPrediction is what predict reports for a run with --dp or --pp: the whole
+// model's prediction (its config and graphs; no peaks, which are not simulated per rank
+// yet) and every kind of rank (see RanksJson in estimator/report.h).
+struct DistributedPrediction {
+  Prediction whole;
+  RanksPrediction ranks;
+};
+absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& config,
+                                                         const ParallelSpec& parallel,
+                                                         PredictOptions options);
+
 }  // namespace memledger
 
 #endif  // ESTIMATOR_RANKS_H_

@@ -35,6 +35,11 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
 
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
+  if (spec.parallel.Distributed()) {
+    return absl::InvalidArgumentError(
+        "--dp and --pp: the planner plans one tensor-parallel rank, not data or pipeline "
+        "parallelism yet");
+  }
   PlannerOptions planner_options;
   planner_options.attention = spec.attention;
   planner_options.optimizer = spec.optimizer;

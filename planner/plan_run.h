@@ -30,7 +30,8 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
 
 // RunPlanner plans `spec` (its variants are the fixed ones shown beside the plan).
 // InvalidArgument for bad input, including configs whose stretches do not compose yet
-// (autocast, master weights, Megatron's ops); ResourceExhausted when no plan fits the
+// (autocast, master weights, Megatron's ops) and data or pipeline parallelism;
+// ResourceExhausted when no plan fits the
 // budget; Internal if the plan's replayed peak differs from the planner's composed one.
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);
 

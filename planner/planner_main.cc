@@ -59,11 +59,6 @@ int main(int argc, char** argv) {
     return memledger::ReportError(absl::InvalidArgumentError(
         absl::StrCat("--format must be json or table, got '", spec->format, "'")));
   }
-  if (spec->parallel.Distributed()) {
-    return memledger::ReportError(absl::InvalidArgumentError(
-        "--dp and --pp: the planner plans one tensor-parallel rank, not data or pipeline "
-        "parallelism yet"));
-  }
   const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
   const std::optional<int64_t> budget = memledger::GibToBytes(budget_gib);
   if (!budget.has_value()) {

@@ -59,6 +59,28 @@ TEST(ApiTest, FieldsAreTheFlags) {
   EXPECT_NE(explained.response.find("\"breakdown\""), std::string::npos);
 }
 
+// The parallel keys are the flags': the per-rank JSON, whose numbers ranks_test and
+// predict_cli_test check by hand.
+TEST(ApiTest, ParallelKeysGiveThePerRankJson) {
+  Result r = Call(R"({"model": "tiny-llama", "layers": 8, "batch": 2, "seq": 8, "dp": 2,
+                      "pp": 2, "zero": 1, "micro_batches": 4, "schedule": "1f1b",
+                      "variants": "none"})");
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  rapidjson::Document doc;
+  doc.Parse(r.response.c_str());
+  ASSERT_FALSE(doc.HasParseError());
+  EXPECT_EQ(doc["parallel"]["world_size"].GetInt64(), 4);
+  ASSERT_EQ(doc["ranks"].Size(), 2u);
+  EXPECT_EQ(doc["n_params"].GetInt64(), doc["ranks"][0]["n_params"].GetInt64());
+  Result bad = Call(R"({"model": "tiny-llama", "layers": 8, "pp": 3})");
+  EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_NE(bad.error.find("--layers 8 is not divisible by --pp 3"), std::string::npos)
+      << bad.error;
+  Result plan = Call(R"({"model": "tiny-llama", "pp": 2, "budget_gib": 1})", memledger_plan);
+  EXPECT_EQ(plan.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_NE(plan.error.find("--dp and --pp"), std::string::npos) << plan.error;
+}
+
 TEST(ApiTest, BadRequestsAreOneLineErrors) {
   struct Case {
     const char* request;

@@ -60,6 +60,23 @@ class PredictTest(unittest.TestCase):
         self.assertEqual(fitting, sorted(fitting, reverse=True))
         self.assertGreater(fitting[0], fitting[-1])
 
+    def test_the_most_loaded_gpu_of_a_512_gpu_run(self):
+        # llama-3-70b, TP 8 x PP 4 x DP 16, ZeRO-1. By hand, one tensor-parallel rank's
+        # layer holds q 8192 x 1024 + k, v 8192 x 128 + o 1024 x 8192 + gate, up, down
+        # 3 x 8192 x 3584 + two norms 2 x 8192 = 106,971,136 parameters; stage 0 has 20
+        # layers and the embedding's 128,256 / 8 x 8192 rows: 2,270,756,864. AdamW's
+        # fp32 moments over ZeRO-1's ceil(n / 16) = 141,922,304: 1,135,378,432 B.
+        p = memledger.predict(model="llama-3-70b", tp=8, pp=4, dp=16, zero=1, amp="bf16",
+                              batch=1, seq=8192, micro_batches=8, variants="none,full")
+        self.assertEqual(p["parallel"]["world_size"], 512)
+        self.assertEqual([r["ranks"] for r in p["ranks"]], [128] * 4)
+        first = p["ranks"][0]
+        self.assertEqual(first["stage"], 0)
+        self.assertEqual(first["n_params"], 2270756864)
+        self.assertEqual(first["optimizer_state_bytes"], 1135378432)
+        self.assertEqual(first["micro_batches_in_flight"], {"none": 4, "full": 4})
+        self.assertEqual(p["saved_bytes"], first["saved_bytes"])
+
 
 
 
