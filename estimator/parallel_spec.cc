@@ -59,7 +59,12 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
   }
   int64_t chunks = 0;
   if (__builtin_mul_overflow(spec.pp, spec.virtual_stages, &chunks) ||
-      config.layers % chunks != 0) {
+      chunks > kMaxPipelineChunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pp ", spec.pp, " x --virtual_stages ", spec.virtual_stages, " must be at most ",
+        kMaxPipelineChunks, " model chunks"));
+  }
+  if (config.layers % chunks != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--layers ", config.layers, " is not divisible by --pp ", spec.pp,
         " x --virtual_stages ", spec.virtual_stages, " (every model chunk holds as many)"));

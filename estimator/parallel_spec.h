@@ -51,6 +51,10 @@ struct ParallelSpec {
   }
 };
 
+// kMaxPipelineChunks bounds pp x virtual_stages: each chunk is predicted on its own
+// (Megatron-LM runs at most a few hundred).
+inline constexpr int64_t kMaxPipelineChunks = 1024;
+
 // ValidateParallel returns InvalidArgument naming the flag, e.g. "--zero=1 shards over
 // data-parallel ranks: it needs --dp > 1" or "--layers 30 is not divisible by --pp 4 x
 // --virtual_stages 1".

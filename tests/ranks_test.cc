@@ -254,12 +254,15 @@ TEST(PredictRanksTest, BadLayoutsNameTheFlag) {
   odd_micro_batches.micro_batches = 3;
   ParallelSpec no_dp;
   no_dp.dp = 0;
+  ParallelSpec too_many_chunks;  // 2^40 layers could split so; each chunk is predicted
+  too_many_chunks.pp = 2048;
   for (const Case& c : {Case{zero_without_dp, "--zero=2 shards over data-parallel ranks"},
                         Case{indivisible, "--layers 8 is not divisible by --pp 3"},
                         Case{interleaved_alone, "--schedule=interleaved needs --virtual_stages"},
                         Case{chunks_without_interleaving, "needs --schedule=interleaved"},
                         Case{odd_micro_batches, "--micro_batches divisible by --pp"},
-                        Case{no_dp, "--dp must be >= 1"}}) {
+                        Case{no_dp, "--dp must be >= 1"},
+                        Case{too_many_chunks, "must be at most 1024 model chunks"}}) {
     EXPECT_STATUS(PredictRanks(config, c.parallel, options),
                   absl::StatusCode::kInvalidArgument, c.message);
   }
