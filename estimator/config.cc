@@ -273,9 +273,10 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
             absl::StrCat("--variants: '", variant.Name(), "' is listed twice"));
       }
     }
-    if (variant.kind == VariantKind::kEveryK && variant.every < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--every must be >= 1, got ", variant.every));
+    if (variant.kind == VariantKind::kEveryK &&
+        (variant.every < 1 || variant.every > kMaxEvery)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--every must be between 1 and ", kMaxEvery, ", got ", variant.every));
     }
     if (variant.kind == VariantKind::kSelective) {
       if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family); !s.ok()) {

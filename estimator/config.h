@@ -246,6 +246,10 @@ Variant PlanVariant(std::vector<LayerChoice> layers);
 absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int64_t every,
                                                    absl::string_view policy);
 
+// kMaxEvery bounds every_k's k: the step simulation replays a short model of 2k + 3
+// layers and walks one period of k layers to compose a long model's peak.
+inline constexpr int64_t kMaxEvery = 1024;
+
 // ValidateRun is the one validation path for a run, shared by predict, the runtime and
 // verify: the config, a non-empty list of distinct variants, every_k's k >= 1, each
 // selective policy against the attention mode and family, a plan's one choice per

@@ -1158,9 +1158,11 @@ int64_t ReducedLayers(int64_t layers, const Variant& variant) {
   // A plan has no period: the whole model is replayed.
   if (variant.kind == VariantKind::kPlan) return layers;
   const int64_t k = PeriodOf(variant);
-  int64_t reduced = 2 * k + 3;
-  while (reduced % k != layers % k) ++reduced;
-  return std::min(reduced, layers);
+  // The least r >= 2k + 3 congruent to layers mod k, in closed form (k may be any int64:
+  // a loop would run up to k times); the real model itself when r would not be shorter.
+  if (k > (layers - 3) / 2) return layers;  // 2k + 3 > layers
+  const int64_t base = 2 * k + 3;
+  return std::min(layers, base + ((layers - base) % k + k) % k);
 }
 
 // Representative is the short model's layer whose stretches equal real layer i's.

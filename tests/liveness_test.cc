@@ -221,6 +221,32 @@ TEST(SimulateStepTest, ComposedPeakOfBillionsOfLayersExtrapolatesTheWholeSimulat
   }
 }
 
+// every_k with k above the layer count checkpoints layer 0 alone; its peak is that of
+// the plan saying so layer by layer (a plan replays every layer: no period, no short
+// model). k beyond kMaxEvery is refused.
+TEST(SimulateStepTest, EveryKOfAHugeKIsThePlanOfItsOneCheckpoint) {
+  ModelConfig config = *ModelFromPreset("tiny-gpt2");
+  config.layers = 7;
+  Variant every;
+  every.kind = VariantKind::kEveryK;
+  every.every = kMaxEvery + 1;
+  EXPECT_STATUS(SimulateStep(config, AttentionMode::kFlash, every, OptimizerSpec(),
+                             ResidentBytes{}, {}),
+                absl::StatusCode::kInvalidArgument, "--every must be between 1 and 1024");
+  every.every = kMaxEvery;
+  std::vector<LayerChoice> choices(7);
+  choices[0].checkpointed = true;
+  const Variant plan = PlanVariant(choices);
+  StepOptions composed;
+  composed.record_events = false;
+  ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(config, AttentionMode::kFlash, every,
+                                                    OptimizerSpec(), ResidentBytes{}, composed));
+  ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(config, AttentionMode::kFlash, plan,
+                                                    OptimizerSpec(), ResidentBytes{}, composed));
+  EXPECT_EQ(a.peak.bytes, b.peak.bytes);
+  EXPECT_EQ(a.peak.by_category, b.peak.by_category);
+}
+
 // Checkpointing lowers the peak on the default config: full < every_2 < none.
 TEST(SimulateStepTest, CheckpointingLowersThePeak) {
   PredictOptions options;
