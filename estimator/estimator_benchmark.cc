@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "estimator/config.h"
 #include "estimator/model_presets.h"
@@ -66,14 +67,22 @@ void BM_PredictGpt3(benchmark::State& state) {
 }
 BENCHMARK(BM_PredictGpt3);
 
-void BM_PredictLlama3_70b(benchmark::State& state) {
+// Llama3_70b is llama-3-70b at batch 1, seq 8192; nullopt (the benchmark skipped) if the
+// preset is missing.
+std::optional<ModelConfig> Llama3_70b(benchmark::State& state) {
   absl::StatusOr<ModelConfig> config = ModelFromPreset("llama-3-70b");
   if (!config.ok()) {
     state.SkipWithError("no llama-3-70b preset");
-    return;
+    return std::nullopt;
   }
   config->batch = 1;
   config->seq = 8192;
+  return *config;
+}
+
+void BM_PredictLlama3_70b(benchmark::State& state) {
+  std::optional<ModelConfig> config = Llama3_70b(state);
+  if (!config.has_value()) return;
   RunPredict(state, *config);
 }
 BENCHMARK(BM_PredictLlama3_70b);
@@ -82,13 +91,8 @@ BENCHMARK(BM_PredictLlama3_70b);
 // cast cache and the gradients cast back), 1 in bf16 with fp32 master weights (the
 // optimizer step over fp32 copies). Each should cost what fp32 does.
 void BM_PredictLlama3_70bLowPrecision(benchmark::State& state) {
-  absl::StatusOr<ModelConfig> config = ModelFromPreset("llama-3-70b");
-  if (!config.ok()) {
-    state.SkipWithError("no llama-3-70b preset");
-    return;
-  }
-  config->batch = 1;
-  config->seq = 8192;
+  std::optional<ModelConfig> config = Llama3_70b(state);
+  if (!config.has_value()) return;
   OptimizerSpec optimizer;
   if (state.range(0) == 0) {
     config->amp = DType::kBFloat16;
@@ -104,13 +108,8 @@ BENCHMARK(BM_PredictLlama3_70bLowPrecision)->ArgName("master_weights")->Arg(0)->
 // ZeRO-1, bf16 autocast, seq 8192, 8 micro-batches of 1: every stage's buckets and its
 // micro-batches in flight, for the four default variants.
 void BM_PredictRanksLlama3_70b(benchmark::State& state) {
-  absl::StatusOr<ModelConfig> config = ModelFromPreset("llama-3-70b");
-  if (!config.ok()) {
-    state.SkipWithError("no llama-3-70b preset");
-    return;
-  }
-  config->batch = 1;
-  config->seq = 8192;
+  std::optional<ModelConfig> config = Llama3_70b(state);
+  if (!config.has_value()) return;
   config->amp = DType::kBFloat16;
   config->tp = 8;
   ParallelSpec parallel;

@@ -1154,6 +1154,15 @@ int64_t PeriodOf(const Variant& variant) {
   return variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
 }
 
+// ResidentTimeline starts a step's timeline from what is resident throughout it.
+StepTimeline ResidentTimeline(const ResidentBytes& resident) {
+  StepTimeline timeline;
+  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
+  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
+      resident.optimizer_state_bytes;
+  return timeline;
+}
+
 int64_t ReducedLayers(int64_t layers, const Variant& variant) {
   // A plan has no period: the whole model is replayed.
   if (variant.kind == VariantKind::kPlan) return layers;
@@ -1340,10 +1349,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
         "peak memory: the step simulation does not model core_attention's recompute yet");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
-  StepTimeline timeline;
-  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
-  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
-      resident.optimizer_state_bytes;
+  StepTimeline timeline = ResidentTimeline(resident);
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t reduced = ReducedLayers(config_.layers, variant);
@@ -1385,10 +1391,7 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
         "optimizer's step holds every layer's fp32 gradient copy)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
-  StepTimeline timeline;
-  timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
-  timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
-      resident.optimizer_state_bytes;
+  StepTimeline timeline = ResidentTimeline(resident);
   StepOptions options = options_;
   options.record_events = false;
   Simulation simulation(config_, variant, optimizer, options, &timeline);
