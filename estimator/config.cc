@@ -276,7 +276,8 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
     if (variant.kind == VariantKind::kEveryK &&
         (variant.every < 1 || variant.every > kMaxEvery)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--every must be between 1 and ", kMaxEvery, ", got ", variant.every));
+          "--every (k of every_k, or every_<k>) must be between 1 and ", kMaxEvery,
+          ", got ", variant.every));
     }
     if (variant.kind == VariantKind::kSelective) {
       if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family); !s.ok()) {

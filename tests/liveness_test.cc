@@ -232,7 +232,7 @@ TEST(SimulateStepTest, EveryKOfAHugeKIsThePlanOfItsOneCheckpoint) {
   every.every = kMaxEvery + 1;
   EXPECT_STATUS(SimulateStep(config, AttentionMode::kFlash, every, OptimizerSpec(),
                              ResidentBytes{}, {}),
-                absl::StatusCode::kInvalidArgument, "--every must be between 1 and 1024");
+                absl::StatusCode::kInvalidArgument, "must be between 1 and 1024, got 1025");
   every.every = kMaxEvery;
   std::vector<LayerChoice> choices(7);
   choices[0].checkpointed = true;
