@@ -510,4 +510,8 @@ std::vector<Variant> DefaultVariants() {
   return {none, full, every_2, selective};
 }
 
+StageRange WholeModel(const ModelConfig& config) {
+  return StageRange{0, config.layers, true, true};
+}
+
 }  // namespace memledger

@@ -484,10 +484,6 @@ OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
   return {states * state_element, optimizer.master_weights ? fp32 : 0};
 }
 
-StageRange WholeModel(const ModelConfig& config) {
-  return StageRange{0, config.layers, true, true};
-}
-
 absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
                                              const PredictOptions& options,
                                              const StageRange& stage) {

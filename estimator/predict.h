@@ -126,20 +126,6 @@ struct OptimizerBytesPerParameter {
 OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
                                             const OptimizerSpec& optimizer);
 
-// StageRange is the part of the model one pipeline stage runs for a micro-batch (one
-// model chunk, with interleaving): layers [first_layer, first_layer + layers), with the
-// embedding (prologue) or not, with the head and loss or not. A stage without the
-// embedding receives its input (a leaf that requires grad, kept if its first layer
-// keeps it); one without the head sends its output, keeping it only if its last layer
-// does (the send holds no reference, as Megatron's deallocate_output_tensor).
-struct StageRange {
-  int64_t first_layer = 0;
-  int64_t layers = 0;
-  bool prologue = true;
-  bool head = true;
-};
-StageRange WholeModel(const ModelConfig& config);
-
 // StagePrediction is a stage's parameters and, per variant, what it keeps for one
 // micro-batch (VariantPrediction's saved bytes and splits; no peak).
 struct StagePrediction {

@@ -119,13 +119,26 @@ at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at:
 
 ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
                                  AttentionMode mode, const Variant& variant) {
+  const StageRange whole{0, model.num_layers(), /*prologue=*/true, /*head=*/true};
+  return ForwardStage(model, whole, at::Tensor(), input, mode, variant);
+}
+
+ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
+                           const at::Tensor& received, const at::Tensor& input,
+                           AttentionMode mode, const Variant& variant) {
   std::vector<at::Tensor> cached;
   ForwardResult result;
   // The forward, loss included, under autocast when the model trains with it.
   ScopedAutocast autocast(AutocastDtype(model.amp));
-  ModelStart start = model.Prologue(input);
+  ModelStart start;
+  if (stage.prologue) {
+    start = model.Prologue(input);
+  } else {
+    start.hidden = received;
+    start.extras = model.Extras(received.size(1), received.scalar_type());
+  }
   at::Tensor x = std::move(start.hidden);
-  for (int64_t i = 0; i < model.num_layers(); ++i) {
+  for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
     if (variant.IsCheckpointed(i)) {
       // A layer with an empty policy is fully recomputed: no selective cache.
       const SavePolicy policy = variant.PolicyAt(i);
@@ -135,7 +148,7 @@ ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input
       x = model.layer(i)->forward(x, start.extras, mode, nullptr);
     }
   }
-  result.loss = model.Epilogue(x, input);
+  result.loss = stage.head ? model.Epilogue(x, input) : std::move(x);
   result.cache_bytes = UniqueStorageBytes(cached);
   return result;
 }

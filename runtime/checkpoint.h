@@ -49,6 +49,15 @@ struct ForwardResult {
 ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
                                  AttentionMode mode, const Variant& variant);
 
+// ForwardStage runs one pipeline stage's part of the model as ForwardWithVariant runs
+// all of it (layer indices, and so the variant's choices, are the whole model's). A stage
+// without the prologue starts from `received` (the previous stage's output; its extras
+// made here); `input` is the model input (the prologue's, and the loss's labels). Its
+// `loss` is the loss with the head, else the stage's output hidden states.
+ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
+                           const at::Tensor& received, const at::Tensor& input,
+                           AttentionMode mode, const Variant& variant);
+
 }  // namespace memledger::runtime
 
 #endif  // RUNTIME_CHECKPOINT_H_

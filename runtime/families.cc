@@ -130,17 +130,22 @@ class LlamaModel : public ModelImpl {
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     ModelStart start;
     start.hidden = embed_tokens.ptr()->forward(input_ids);
+    start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
+    return start;
+  }
+
+  LayerExtras Extras(int64_t seq, at::ScalarType dtype) const override {
     // LlamaRotaryEmbedding (theta 10000, scaling 1): cos, sin of (1, T, d_head).
     at::NoGradGuard no_grad;
-    const int64_t seq = input_ids.size(1);
     at::Tensor inv_freq =
         1.0 / at::pow(10000.0, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
     at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
     at::Tensor emb = at::cat({freqs, freqs}, -1);
     // Returned in the hidden states' dtype, as transformers does (cos.to(x.dtype)).
-    start.extras.cos = emb.cos().unsqueeze(0).to(start.hidden.scalar_type());
-    start.extras.sin = emb.sin().unsqueeze(0).to(start.hidden.scalar_type());
-    return start;
+    LayerExtras extras;
+    extras.cos = emb.cos().unsqueeze(0).to(dtype);
+    extras.sin = emb.sin().unsqueeze(0).to(dtype);
+    return extras;
   }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {

@@ -67,6 +67,10 @@ class ModelImpl : public torch::nn::Module {
   virtual ModelStart Prologue(const at::Tensor& input) const = 0;
   // Epilogue maps the last hidden states (and the model input, for labels) to the loss.
   virtual at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input) const = 0;
+  // Extras makes the layers' extras for `seq` tokens whose hidden states have `dtype`,
+  // without grad: what Prologue adds, for a pipeline stage that receives its hidden
+  // states (each stage computes its own RoPE tables, as Megatron does).
+  virtual LayerExtras Extras(int64_t /*seq*/, at::ScalarType /*dtype*/) const { return {}; }
 
   torch::nn::ModuleList layers{nullptr};
   // amp: autocast's dtype for the forward (config.amp); kFloat32 runs without autocast.

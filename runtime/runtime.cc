@@ -4,9 +4,6 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <c10/util/Exception.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -24,6 +21,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
 #include "runtime/model.h"
+#include "runtime/optimizer_runner.h"
 #include "runtime/saved_tensor_recorder.h"
 #include "runtime/threads.h"
 
@@ -34,10 +32,6 @@ Variant NoneVariant() { return Variant(); }
 
 void ZeroGrads(const std::vector<at::Tensor>& parameters) {
   for (const at::Tensor& p : parameters) p.mutable_grad() = at::Tensor();
-}
-
-int64_t TensorBytes(const at::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
 // VariantRun is one measured forward+backward: its bytes and a copy of the gradients.
@@ -135,95 +129,6 @@ double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMod
   ZeroGrads(parameters);
   return Median(reporter.seconds);
 }
-
-// OptimizerStateBytes is what an optimizer holds after its first step.
-struct OptimizerStateBytes {
-  int64_t moments = 0;  // its state tensors
-  int64_t total = 0;    // plus master copies
-};
-
-// OptimizerRunner is one optimizer of `spec` over a model's parameters for as long as
-// it lives, as in a training loop. With master weights it owns fp32 copies of the
-// parameters, which the optimizer steps on fp32 copies of the gradients before they are
-// written back.
-class OptimizerRunner {
- public:
-  OptimizerRunner(const OptimizerSpec& spec, std::vector<at::Tensor> parameters)
-      : spec_(spec), parameters_(std::move(parameters)) {
-    std::vector<at::Tensor> stepped = parameters_;
-    if (spec.master_weights) {
-      for (at::Tensor& master : stepped) {
-        master = master.detach().to(at::kFloat).requires_grad_(true);
-      }
-      masters_ = stepped;
-    }
-    switch (spec.kind) {
-      case OptimizerKind::kAdamW:
-        optimizer_ = std::make_unique<torch::optim::AdamW>(
-            stepped, torch::optim::AdamWOptions(1e-3));
-        break;
-      case OptimizerKind::kAdam:
-        optimizer_ =
-            std::make_unique<torch::optim::Adam>(stepped, torch::optim::AdamOptions(1e-3));
-        break;
-      case OptimizerKind::kSgd:
-        optimizer_ = std::make_unique<torch::optim::SGD>(
-            stepped, torch::optim::SGDOptions(1e-3).momentum(spec.momentum));
-        break;
-    }
-  }
-
-  // Step is optimizer.step() on the parameters' .grad.
-  void Step() {
-    if (spec_.master_weights) {
-      for (size_t i = 0; i < masters_.size(); ++i) {
-        masters_[i].mutable_grad() = parameters_[i].grad().to(at::kFloat);
-      }
-    }
-    optimizer_->step();
-    if (spec_.master_weights) {
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < masters_.size(); ++i) {
-        parameters_[i].copy_(masters_[i]);
-        masters_[i].mutable_grad() = at::Tensor();
-      }
-    }
-  }
-
-  // StateBytes: the optimizer's state tensors (exp_avg, exp_avg_sq, max_exp_avg_sq;
-  // momentum_buffer) and, in total, the master copies.
-  OptimizerStateBytes StateBytes() const {
-    OptimizerStateBytes bytes;
-    for (const auto& entry : optimizer_->state()) {
-      for (const at::Tensor& t : StateTensors(*entry.second)) bytes.moments += TensorBytes(t);
-    }
-    bytes.total = bytes.moments;
-    for (const at::Tensor& master : masters_) bytes.total += TensorBytes(master);
-    return bytes;
-  }
-
- private:
-  std::vector<at::Tensor> StateTensors(const torch::optim::OptimizerParamState& state) const {
-    switch (spec_.kind) {
-      case OptimizerKind::kAdamW: {
-        const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(state);
-        return {adamw.exp_avg(), adamw.exp_avg_sq(), adamw.max_exp_avg_sq()};
-      }
-      case OptimizerKind::kAdam: {
-        const auto& adam = static_cast<const torch::optim::AdamParamState&>(state);
-        return {adam.exp_avg(), adam.exp_avg_sq(), adam.max_exp_avg_sq()};
-      }
-      case OptimizerKind::kSgd:
-        return {static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer()};
-    }
-    return {};
-  }
-
-  OptimizerSpec spec_;
-  std::vector<at::Tensor> parameters_;
-  std::vector<at::Tensor> masters_;  // fp32 copies; empty without master weights
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-};
 
 // MeasureStep runs one whole training step of `variant` under a timeline-recording
 // counting allocator. zero_grad(set_to_none) only frees, so it runs just before the
@@ -384,8 +289,8 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
   }
   if (config.tp > 1 || config.sp || config.megatron) {
     return absl::UnimplementedError(
-        "the runtime runs one process without dropout: --tp and megatron-gpt are predicted "
-        "only (no distributed runtime yet)");
+        "the runtime runs without dropout or tensor parallelism: --tp and megatron-gpt are "
+        "predicted only (verify runs --dp and --pp on Gloo ranks)");
   }
   try {
     return MeasureOrThrow(config, attention, variants, options);

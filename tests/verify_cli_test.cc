@@ -92,11 +92,16 @@ TEST(VerifyCliTest, BadInputExitsTwo) {
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
-  // Data and pipeline parallelism are predicted, not run yet: exit 3 with the reason.
-  CommandResult distributed = Verify("--model=tiny-llama --dp=2");
-  EXPECT_EQ(distributed.exit_code, 3) << distributed.output;
-  EXPECT_NE(distributed.output.find("data or pipeline parallelism"), std::string::npos)
-      << distributed.output;
+  // Tensor parallelism is predicted, not run: exit 3 with the reason.
+  CommandResult tensor_parallel = Verify("--model=tiny-llama --tp=2");
+  EXPECT_EQ(tensor_parallel.exit_code, 3) << tensor_parallel.output;
+  EXPECT_NE(tensor_parallel.output.find("--tp and megatron-gpt are predicted only"),
+            std::string::npos)
+      << tensor_parallel.output;
+  // On ranks, the memory guard counts every rank process: refused before any starts.
+  CommandResult ranks = Verify("--model=tiny-llama --dp=2 --max_memory_gib=0.001");
+  EXPECT_EQ(ranks.exit_code, 2) << ranks.output;
+  EXPECT_NE(ranks.output.find("predicted to need"), std::string::npos) << ranks.output;
 }
 
 }  // namespace

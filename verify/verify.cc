@@ -17,9 +17,8 @@
 #include "planner/flops.h"
 
 namespace memledger {
-namespace {
 
-BucketCheck Check(std::string name, int64_t predicted, int64_t measured) {
+BucketCheck CheckBucket(std::string name, int64_t predicted, int64_t measured) {
   BucketCheck check;
   check.name = std::move(name);
   check.predicted = predicted;
@@ -29,7 +28,19 @@ BucketCheck Check(std::string name, int64_t predicted, int64_t measured) {
   return check;
 }
 
-}  // namespace
+absl::Status CheckFootprint(int64_t footprint_bytes, int64_t max_memory_bytes) {
+  const int64_t limit = max_memory_bytes > 0 ? max_memory_bytes : DefaultMaxMemoryBytes();
+  if (footprint_bytes <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the run is predicted to need ", HumanBytes(footprint_bytes), " (", footprint_bytes,
+      " bytes), more than --max_memory_gib allows (", HumanBytes(limit),
+      "); lower --batch, --seq, --width or --layers"));
+}
+
+std::string MismatchLine(const BucketCheck& bucket) {
+  return absl::StrFormat("%s: measured %d, predicted %d (ratio %.6f)", bucket.name,
+                         bucket.measured, bucket.predicted, bucket.ratio);
+}
 
 int64_t PredictedFootprintBytes(const Prediction& p) {
   // With the step's predicted peaks: the largest, plus what verification itself holds
@@ -85,13 +96,9 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   VerifyReport report;
   report.grad_tolerance = options.grad_tolerance;
   report.predicted_footprint_bytes = PredictedFootprintBytes(*prediction);
-  const int64_t limit =
-      options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes();
-  if (report.predicted_footprint_bytes > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the run is predicted to need ", HumanBytes(report.predicted_footprint_bytes), " (",
-        report.predicted_footprint_bytes, " bytes), more than --max_memory_gib allows (",
-        HumanBytes(limit), "); lower --batch, --seq, --width or --layers"));
+  if (absl::Status s = CheckFootprint(report.predicted_footprint_bytes, options.max_memory_bytes);
+      !s.ok()) {
+    return s;
   }
 
   runtime::RunOptions run_options = options.run;
@@ -102,14 +109,14 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
 
   const Prediction& p = *prediction;
   const runtime::Measurement& m = *measurement;
-  report.buckets.push_back(Check("n_params", p.n_params, m.n_params));
-  report.buckets.push_back(Check("param_bytes", p.param_bytes, m.param_bytes));
-  report.buckets.push_back(Check("grad_bytes", p.grad_bytes, m.grad_bytes));
+  report.buckets.push_back(CheckBucket("n_params", p.n_params, m.n_params));
+  report.buckets.push_back(CheckBucket("param_bytes", p.param_bytes, m.param_bytes));
+  report.buckets.push_back(CheckBucket("grad_bytes", p.grad_bytes, m.grad_bytes));
   report.buckets.push_back(
-      Check("optimizer_state_bytes", p.optimizer_state_bytes, m.optimizer_state_bytes));
+      CheckBucket("optimizer_state_bytes", p.optimizer_state_bytes, m.optimizer_state_bytes));
   if (options.optimizer.kind == OptimizerKind::kAdamW) {
     report.buckets.push_back(
-        Check("adamw_state_bytes", p.adamw_state_bytes, m.adamw_state_bytes));
+        CheckBucket("adamw_state_bytes", p.adamw_state_bytes, m.adamw_state_bytes));
   }
   // Pair variants by name: the runtime reports them in the order requested, but nothing
   // should rest on that.
@@ -123,7 +130,8 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
       return absl::InternalError(absl::StrCat("the runtime did not measure variant ", name));
     }
     report.buckets.push_back(
-        Check(absl::StrCat("saved_bytes.", name), predicted.saved_bytes, measured->saved_bytes));
+        CheckBucket(absl::StrCat("saved_bytes.", name), predicted.saved_bytes,
+                    measured->saved_bytes));
   }
   // The allocator's witness of the same: what stays allocated after the forward, which
   // does not include the model input the caller allocated.
@@ -131,7 +139,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
     const std::string name = predicted.variant.Name();
     for (const runtime::VariantMeasurement& v : m.variants) {
       if (v.variant.Name() != name) continue;
-      report.buckets.push_back(Check(absl::StrCat("held_after_forward_bytes.", name),
+      report.buckets.push_back(CheckBucket(absl::StrCat("held_after_forward_bytes.", name),
                                      predicted.saved_bytes - predicted.input_bytes_kept,
                                      v.held_after_forward_bytes));
     }
@@ -146,7 +154,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
     for (const runtime::VariantMeasurement& v : m.variants) {
       if (v.variant.Name() != name || v.step.peak_bytes == 0) continue;
       report.buckets.push_back(
-          Check(absl::StrCat("peak_bytes.", name), predicted.peak->bytes, v.step.peak_bytes));
+          CheckBucket(absl::StrCat("peak_bytes.", name), predicted.peak->bytes, v.step.peak_bytes));
     }
   }
   if (m.torch_version != kTorchRelease) {
@@ -155,11 +163,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
                                            m.torch_version));
   }
   for (const BucketCheck& bucket : report.buckets) {
-    if (!bucket.exact()) {
-      report.failures.push_back(absl::StrFormat("%s: measured %d, predicted %d (ratio %.6f)",
-                                                bucket.name, bucket.measured,
-                                                bucket.predicted, bucket.ratio));
-    }
+    if (!bucket.exact()) report.failures.push_back(MismatchLine(bucket));
   }
   for (const runtime::VariantMeasurement& v : m.variants) {
     if (!(v.max_grad_diff <= options.grad_tolerance)) {  // also catches NaN

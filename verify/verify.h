@@ -48,6 +48,10 @@ struct BucketCheck {
   double ratio = 0;  // measured / predicted (1 when both are 0)
   bool exact() const { return predicted == measured; }
 };
+// Check makes a BucketCheck (ratio 1 when both are 0); MismatchLine is the failure line
+// of one that is not exact.
+BucketCheck CheckBucket(std::string name, int64_t predicted, int64_t measured);
+std::string MismatchLine(const BucketCheck& bucket);
 
 struct VerifyReport {
   Prediction prediction;
@@ -80,6 +84,10 @@ int64_t PredictedFootprintBytes(const Prediction& prediction);
 
 // DefaultMaxMemoryBytes is half of MemAvailable (/proc/meminfo); 4 GiB if unreadable.
 int64_t DefaultMaxMemoryBytes();
+
+// CheckFootprint: ResourceExhausted naming both sizes when `footprint_bytes` exceeds
+// max_memory_bytes (<= 0: DefaultMaxMemoryBytes()).
+absl::Status CheckFootprint(int64_t footprint_bytes, int64_t max_memory_bytes);
 
 // Verify returns InvalidArgument for bad input, ResourceExhausted (naming the predicted
 // size) if the run would not fit in max_memory_bytes, and the runtime's errors.

@@ -17,6 +17,7 @@
 #include "estimator/rules.h"
 #include "planner/plan_report.h"
 #include "verify/verify.h"
+#include "verify/verify_ranks.h"
 #include "verify/verify_report.h"
 
 ABSL_FLAG(bool, skip_timing, false, "Report time_s as null (much faster).");
@@ -25,6 +26,15 @@ ABSL_FLAG(double, max_memory_gib, 0,
           "this machine's available memory.");
 ABSL_FLAG(double, grad_tolerance, 1e-5, "Largest acceptable max_grad_diff.");
 ABSL_FLAG(int64_t, seed, 0, "Seed for the model's parameters and input.");
+ABSL_FLAG(int64_t, rank_timeout_s, 300,
+          "With --dp or --pp: how long the rank processes may run before they are all "
+          "killed and the rank that did not finish is reported.");
+// The rank processes verify starts are verify itself with this flag (runtime/distributed.h).
+ABSL_FLAG(std::string, rank_worker, "",
+          "Internal: run one rank of a distributed verify (DIR:RANK).");
+ABSL_FLAG(std::string, rank_fault, "",
+          "Testing only: RANK:exit or RANK:hang makes that rank fail, to exercise the "
+          "reporting of a dead or hung rank.");
 ABSL_FLAG(std::string, plan, "",
           "A checkpoint plan from //planner (--plan_out): verify it, layer by layer, beside "
           "`none` (instead of --variants).");
@@ -42,6 +52,48 @@ std::string Usage() {
       "config LibTorch cannot run on the CPU.");
 }
 
+// VerifyOnRanks: --dp / --pp. verify starts the rank processes as itself plus
+// --rank_worker; that flag makes this process one of them.
+int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
+  memledger::runtime::DistributedRequest request;
+  request.attention = spec.attention;
+  request.variants = spec.variants;
+  request.optimizer = spec.optimizer;
+  request.seed = absl::GetFlag(FLAGS_seed);
+  request.timeout_s = absl::GetFlag(FLAGS_rank_timeout_s);
+  request.fault = absl::GetFlag(FLAGS_rank_fault);
+  if (const std::string worker = absl::GetFlag(FLAGS_rank_worker); !worker.empty()) {
+    return memledger::runtime::RunRankWorker(spec.config, spec.parallel, request, worker);
+  }
+  if (!absl::GetFlag(FLAGS_plan).empty() || !absl::GetFlag(FLAGS_timeline_svg).empty()) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--plan and --timeline_svg verify one process; drop them with --dp or --pp"));
+  }
+  const double tolerance = absl::GetFlag(FLAGS_grad_tolerance);
+  if (!(tolerance >= 0)) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--grad_tolerance must be >= 0, got ", tolerance)));
+  }
+  const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
+  if (max_gib < 0) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--max_memory_gib must be >= 0, got ", max_gib)));
+  }
+  absl::StatusOr<memledger::RanksVerifyReport> report = memledger::VerifyRanks(
+      spec.config, spec.parallel, request, tolerance,
+      static_cast<int64_t>(max_gib * (int64_t{1} << 30)),
+      std::vector<std::string>(argv, argv + argc));
+  if (!report.ok()) return memledger::ReportError(report.status());
+  const std::string json = memledger::JsonString(memledger::RanksVerifyJson(*report));
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  std::cout << (spec.table ? memledger::RanksVerifyTable(*report) : json);
+  return report->Passed() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,11 +101,7 @@ int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
-  if (spec->parallel.Distributed()) {
-    return memledger::ReportError(absl::UnimplementedError(
-        "the runtime does not run data or pipeline parallelism yet (--dp, --pp); predict "
-        "answers per rank"));
-  }
+  if (spec->parallel.Distributed()) return VerifyOnRanks(*spec, argc, argv);
   const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
   if (max_gib < 0) {
     return memledger::ReportError(absl::InvalidArgumentError(

@@ -1,0 +1,841 @@
+#include "runtime/distributed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/checkpoint.h"
+#include "runtime/model.h"
+#include "runtime/optimizer_runner.h"
+#include "runtime/saved_tensor_recorder.h"
+#include "runtime/threads.h"
+
+extern char** environ;
+
+namespace memledger::runtime {
+namespace {
+
+using GroupPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
+
+// ---- Layout ----------------------------------------------------------------------
+
+StageRange StageOf(const ModelConfig& config, const ParallelSpec& parallel, int64_t stage) {
+  const int64_t per_stage = config.layers / parallel.pp;
+  return StageRange{stage * per_stage, per_stage, /*prologue=*/stage == 0,
+                    /*head=*/stage == parallel.pp - 1};
+}
+
+// The whole batch every rank draws: dp x micro_batches x batch sequences, so that the
+// parameters (drawn first) and the data are the single-process reference's.
+ModelConfig WholeBatch(const ModelConfig& config, const ParallelSpec& parallel) {
+  ModelConfig whole = config;
+  whole.batch = config.batch * parallel.dp * parallel.micro_batches;
+  return whole;
+}
+
+std::vector<Variant> WithReference(const std::vector<Variant>& variants) {
+  std::vector<Variant> all = {Variant()};
+  for (const Variant& v : variants) {
+    if (v.kind != VariantKind::kNone) all.push_back(v);
+  }
+  return all;
+}
+
+absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& parallel,
+                                 const DistributedRequest& request) {
+  if (absl::Status s = ValidateRun(config, request.attention, request.variants, request.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
+  if (config.tp > 1 || config.sp || config.megatron) {
+    return absl::UnimplementedError(
+        "the distributed runtime runs data and pipeline parallelism; --tp, --sp and "
+        "megatron-gpt are predicted only");
+  }
+  if (parallel.schedule != PipelineSchedule::k1F1B || parallel.virtual_stages != 1) {
+    return absl::UnimplementedError(
+        "the distributed runtime runs the 1f1b schedule; --schedule=interleaved is "
+        "predicted only");
+  }
+  for (const Variant& v : request.variants) {
+    if (v.kind == VariantKind::kCoreAttention) {
+      return absl::UnimplementedError(
+          "the runtime has no core_attention recompute yet (predict still answers)");
+    }
+  }
+  if (request.timeout_s < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank_timeout_s must be >= 1, got ", request.timeout_s));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Flat buffers (ZeRO's view of a stage's parameters) --------------------------
+
+// Flat concatenates the tensors, flattened, into one buffer of `padded` elements (the
+// tail zeros), in the first tensor's dtype.
+at::Tensor Flat(const std::vector<at::Tensor>& tensors, int64_t padded) {
+  std::vector<at::Tensor> pieces;
+  int64_t n = 0;
+  for (const at::Tensor& t : tensors) {
+    pieces.push_back(t.detach().reshape({-1}));
+    n += t.numel();
+  }
+  if (padded > n) pieces.push_back(at::zeros({padded - n}, tensors.front().options()));
+  return at::cat(pieces);
+}
+
+// Unflatten copies flat's first elements back into the tensors, in order.
+void Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+int64_t ShardElements(int64_t n, int64_t dp) { return (n + dp - 1) / dp; }
+
+// ---- Result files ------------------------------------------------------------------
+
+std::string RankFile(const std::string& dir, int64_t rank, absl::string_view what) {
+  return absl::StrCat(dir, "/rank", rank, ".", what);
+}
+
+// A piece of a stage's flat buffer, as fp32 on disk.
+struct Piece {
+  int64_t offset = 0;
+  int64_t length = 0;  // within the stage's n_params (padding excluded)
+};
+
+Piece WritePiece(const std::string& path, const at::Tensor& values, int64_t offset,
+                 int64_t n_params) {
+  Piece piece{offset, std::max<int64_t>(0, std::min(values.numel(), n_params - offset))};
+  at::Tensor fp32 = values.detach().narrow(0, 0, piece.length).to(at::kFloat).contiguous();
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(fp32.data_ptr()),
+            static_cast<std::streamsize>(piece.length * sizeof(float)));
+  TORCH_CHECK(out.good(), "cannot write ", path);
+  return piece;
+}
+
+at::Tensor ReadPiece(const std::string& path, int64_t length) {
+  at::Tensor values = at::empty({length}, at::kFloat);
+  std::ifstream in(path, std::ios::binary);
+  in.read(static_cast<char*>(values.data_ptr()),
+          static_cast<std::streamsize>(length * sizeof(float)));
+  TORCH_CHECK(in.good(), "cannot read ", length, " floats from ", path);
+  return values;
+}
+
+// ---- One rank ------------------------------------------------------------------------
+
+GroupPtr MakeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                   int64_t rank, int64_t size, std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>(prefix, store), static_cast<int>(rank),
+      static_cast<int>(size), options);
+}
+
+// ScheduleStats: what one variant's schedule held.
+struct ScheduleStats {
+  int64_t held_bytes = 0;
+  int64_t in_flight = 0;
+};
+
+// Rank is one rank's state for the whole run.
+class Rank {
+ public:
+  Rank(const ModelConfig& config, const ParallelSpec& parallel, const DistributedRequest& request,
+       std::string dir, int64_t rank)
+      : config_(config),
+        parallel_(parallel),
+        request_(request),
+        dir_(std::move(dir)),
+        position_(PositionOf(rank, parallel)),
+        stage_(StageOf(config, parallel, position_.stage)) {}
+
+  void Run() {
+    at::set_num_threads(1);  // every rank shares this machine's cores
+    UseNativeKernels();
+    built_ = BuildModel(WholeBatch(config_, parallel_), request_.seed);
+    parameters_ = built_.model->parameters();
+    for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
+    MakeGroups();
+    InjectFault();
+
+    std::ostringstream result;
+    const std::vector<Variant> variants = WithReference(request_.variants);
+    for (size_t v = 0; v < variants.size(); ++v) {
+      for (const at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
+      Progress(absl::StrCat(variants[v].Name(), ": 1f1b schedule"));
+      const ScheduleStats stats = RunSchedule(variants[v]);
+      if (v == 0) FindOwned();
+      Progress(absl::StrCat(variants[v].Name(), ": reducing gradients"));
+      ExchangeTiedGradients();
+      const Piece piece =
+          ReduceGradients(v == 0, RankFile(dir_, position_.rank, absl::StrCat("grad", v)));
+      result << "variant " << v << " " << stats.held_bytes << " " << stats.in_flight << " "
+             << piece.offset << " " << piece.length << "\n";
+    }
+    Progress("optimizer step");
+    const Piece params = Step();
+    result << "n_params " << n_params_ << "\nparam_bytes " << param_bytes_ << "\ngrad_bytes "
+           << grad_bytes_ << "\noptimizer_state_bytes " << optimizer_state_bytes_
+           << "\nadamw_state_bytes " << adamw_state_bytes_ << "\nparams " << params.offset << " "
+           << params.length << "\n";
+    for (const std::string& name : owned_names_) result << "owned " << name << "\n";
+    // Written whole, then renamed: the parent reads it only after a clean exit anyway.
+    const std::string path = RankFile(dir_, position_.rank, "txt");
+    {
+      std::ofstream out(path + ".tmp");
+      out << result.str();
+      TORCH_CHECK(out.good(), "cannot write ", path);
+    }
+    std::filesystem::rename(path + ".tmp", path);
+  }
+
+ private:
+  // Progress goes to the rank's log: the parent names a hung rank's last line.
+  void Progress(absl::string_view what) const {
+    std::cerr << "memledger rank " << position_.rank << ": " << what << std::endl;
+  }
+
+  void MakeGroups() {
+    Progress("joining the process groups");
+    const auto timeout = std::chrono::milliseconds(request_.timeout_s * 2000);
+    store_ = c10::make_intrusive<c10d::FileStore>(dir_ + "/store",
+                                                  static_cast<int>(WorldSize(parallel_)));
+    if (parallel_.dp > 1) {
+      dp_group_ = MakeGroup(store_, absl::StrCat("dp", position_.stage), position_.dp_rank,
+                            parallel_.dp, timeout);
+    }
+    if (parallel_.pp > 1) {
+      pp_group_ = MakeGroup(store_, absl::StrCat("pp", position_.dp_rank), position_.stage,
+                            parallel_.pp, timeout);
+    }
+  }
+
+  void InjectFault() {
+    if (request_.fault.empty()) return;
+    std::vector<std::string> parts = absl::StrSplit(request_.fault, ':');
+    int64_t rank = -1;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) || rank != position_.rank) {
+      return;
+    }
+    std::cerr << "memledger rank " << rank << ": injected fault " << parts[1] << std::endl;
+    if (parts[1] == "exit") std::_Exit(7);
+    if (parts[1] == "hang") {
+      for (;;) pause();
+    }
+  }
+
+  // The micro-batch j of this rank's data-parallel slice: a tensor of its own, as a
+  // data loader hands it over (a view would count the whole batch where it is saved).
+  at::Tensor MicroBatch(int64_t j) const {
+    const int64_t first = (position_.dp_rank * parallel_.micro_batches + j) * config_.batch;
+    return built_.input.narrow(0, first, config_.batch).clone();
+  }
+
+  // RunSchedule runs every micro-batch forward and backward in Megatron's 1F1B order
+  // (warm-up forwards, one forward one backward, cool-down backwards), receiving inputs
+  // and output gradients from the neighbouring stages and sending them on, and counts
+  // the saved bytes of the micro-batches in flight.
+  ScheduleStats RunSchedule(const Variant& variant) {
+    const int64_t m = parallel_.micro_batches;
+    const int64_t warmup = std::min(parallel_.pp - position_.stage - 1, m);
+    const int tag_stride = 2;
+    struct InFlight {
+      int64_t index;
+      at::Tensor received;  // a leaf that requires grad; undefined on the first stage
+      at::Tensor output;    // the loss (last stage) or the hidden states sent on
+      int64_t saved_bytes;
+    };
+    std::deque<InFlight> in_flight;
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+    std::vector<at::Tensor> sent;  // kept alive until their sends complete
+    ScheduleStats stats;
+    int64_t held = 0;
+    const std::vector<int64_t> hidden_shape = {config_.batch, config_.seq, config_.width};
+    // The residual stream keeps the parameters' dtype (autocast casts inside the layers).
+    const at::TensorOptions hidden_options = parameters_.front().options();
+
+    auto forward = [&](int64_t j) {
+      InFlight f{j, at::Tensor(), at::Tensor(), 0};
+      if (!stage_.prologue) {
+        std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
+        pp_group_
+            ->recv(buffer, static_cast<int>(position_.stage - 1), static_cast<int>(j * tag_stride))
+            ->wait();
+        f.received = buffer[0].requires_grad_(true);
+      }
+      SavedTensorRecorder recorder(parameter_storages_);
+      ForwardResult result;
+      {
+        ScopedSavedTensorRecording recording(&recorder);
+        result = ForwardStage(*built_.model, stage_, f.received, MicroBatch(j), request_.attention,
+                              variant);
+      }
+      f.saved_bytes = recorder.bytes() + result.cache_bytes;
+      if (stage_.head) {
+        // Megatron's loss scaling: the step's gradient is the mean over micro-batches.
+        f.output = result.loss / static_cast<double>(m);
+      } else {
+        f.output = result.loss;
+        std::vector<at::Tensor> buffer = {f.output.detach()};
+        sends.push_back(pp_group_->send(buffer, static_cast<int>(position_.stage + 1),
+                                        static_cast<int>(j * tag_stride)));
+        sent.push_back(buffer[0]);
+      }
+      held += f.saved_bytes;
+      if (held > stats.held_bytes) {
+        stats.held_bytes = held;
+        stats.in_flight = static_cast<int64_t>(in_flight.size()) + 1;
+      }
+      in_flight.push_back(std::move(f));
+    };
+    auto backward = [&]() {
+      InFlight f = std::move(in_flight.front());
+      in_flight.pop_front();
+      if (stage_.head) {
+        f.output.backward();
+      } else {
+        std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
+        pp_group_
+            ->recv(buffer, static_cast<int>(position_.stage + 1),
+                   static_cast<int>(f.index * tag_stride + 1))
+            ->wait();
+        f.output.backward(buffer[0]);
+      }
+      if (!stage_.prologue) {
+        std::vector<at::Tensor> buffer = {f.received.grad().contiguous()};
+        sends.push_back(pp_group_->send(buffer, static_cast<int>(position_.stage - 1),
+                                        static_cast<int>(f.index * tag_stride + 1)));
+        sent.push_back(buffer[0]);
+      }
+      held -= f.saved_bytes;
+    };
+
+    for (int64_t j = 0; j < warmup; ++j) forward(j);
+    for (int64_t j = warmup; j < m; ++j) {
+      forward(j);
+      backward();
+    }
+    while (!in_flight.empty()) backward();
+    for (auto& work : sends) work->wait();
+    return stats;
+  }
+
+  // FindOwned: the stage's parameters are those its forward used (they have
+  // gradients after the first backward), in the model's order.
+  void FindOwned() {
+    for (const auto& item : built_.model->named_parameters()) {
+      if (!item.value().grad().defined()) continue;
+      owned_.push_back(item.value());
+      owned_names_.push_back(item.key());
+      n_params_ += item.value().numel();
+    }
+  }
+
+  // ExchangeTiedGradients: with a tied embedding and more than one stage, the first and
+  // the last stage each hold the weight and add each other's gradients (Megatron's
+  // embedding group). The shared names come through the store.
+  void ExchangeTiedGradients() {
+    if (parallel_.pp < 2 || (!stage_.prologue && !stage_.head)) return;
+    if (!tied_found_) {
+      tied_found_ = true;
+      const std::string own_key = absl::StrCat("owned/", position_.dp_rank, "/", position_.stage);
+      const std::string joined = absl::StrJoin(owned_names_, ",");
+      store_->set(own_key, std::vector<uint8_t>(joined.begin(), joined.end()));
+      const int64_t peer_stage = stage_.prologue ? parallel_.pp - 1 : 0;
+      const std::vector<uint8_t> peer =
+          store_->get(absl::StrCat("owned/", position_.dp_rank, "/", peer_stage));
+      const std::vector<std::string> peer_names =
+          absl::StrSplit(std::string(peer.begin(), peer.end()), ',');
+      for (size_t i = 0; i < owned_names_.size(); ++i) {
+        if (std::find(peer_names.begin(), peer_names.end(), owned_names_[i]) != peer_names.end()) {
+          tied_.push_back(owned_[i]);
+        }
+      }
+    }
+    if (tied_.empty()) return;
+    const int peer = static_cast<int>(stage_.prologue ? parallel_.pp - 1 : 0);
+    for (size_t i = 0; i < tied_.size(); ++i) {
+      std::vector<at::Tensor> mine = {tied_[i].grad().clone()};
+      std::vector<at::Tensor> theirs = {at::empty_like(mine[0])};
+      auto send = pp_group_->send(mine, peer, static_cast<int>(1000000 + i));
+      pp_group_->recv(theirs, peer, static_cast<int>(1000000 + i))->wait();
+      send->wait();
+      tied_[i].mutable_grad().add_(theirs[0]);
+    }
+  }
+
+  std::vector<at::Tensor> OwnedGrads() const {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : owned_) grads.push_back(p.grad());
+    return grads;
+  }
+
+  // ReduceGradients averages the gradients over the data-parallel group: an all-reduce
+  // of the whole flat buffer (ZeRO 0, 1) or a reduce-scatter into this rank's shard
+  // (ZeRO 2, 3, after which the full gradients are freed). Writes what the rank holds
+  // to `path`; with `for_step` keeps it for the optimizer and records grad_bytes.
+  Piece ReduceGradients(bool for_step, const std::string& path) {
+    const int64_t dp = parallel_.dp;
+    const int64_t shard = ShardElements(n_params_, dp);
+    at::Tensor flat = Flat(OwnedGrads(), shard * dp);
+    Piece piece;
+    if (parallel_.zero >= 2) {
+      at::Tensor mine = at::empty({shard}, flat.options());
+      dp_group_->reduce_scatter_single(mine, flat)->wait();
+      mine.div_(static_cast<double>(dp));
+      flat = at::Tensor();
+      for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+      piece = WritePiece(path, mine, position_.dp_rank * shard, n_params_);
+      if (for_step) {
+        step_grads_ = mine;
+        grad_bytes_ = TensorBytes(mine);
+      }
+    } else {
+      if (dp > 1) {
+        std::vector<at::Tensor> buffer = {flat};
+        dp_group_->allreduce(buffer)->wait();
+        flat.div_(static_cast<double>(dp));
+        Unflatten(flat, OwnedGrads());
+      }
+      piece = WritePiece(path, flat, 0, n_params_);
+      if (for_step) {
+        step_grads_ = flat;
+        grad_bytes_ = 0;
+        for (const at::Tensor& g : OwnedGrads()) grad_bytes_ += TensorBytes(g);
+      }
+    }
+    return piece;
+  }
+
+  // Step runs the optimizer on `none`'s reduced gradients: on every owned parameter
+  // (ZeRO 0), or on this rank's shard of the flat parameters, all-gathered back into
+  // the parameters (ZeRO 1, 2) or kept as all the rank holds (ZeRO 3, which frees the
+  // parameters). Writes the rank's updated parameters.
+  Piece Step() {
+    const std::string path = RankFile(dir_, position_.rank, "params");
+    const int64_t dp = parallel_.dp;
+    const int64_t shard = ShardElements(n_params_, dp);
+    if (parallel_.zero == 0) {
+      for (const at::Tensor& p : owned_) p.mutable_grad() = at::zeros_like(p);
+      Unflatten(step_grads_, OwnedGrads());
+      OptimizerRunner optimizer(request_.optimizer, owned_);
+      optimizer.Step();
+      RecordOptimizer(optimizer);
+      for (const at::Tensor& p : owned_) param_bytes_ += TensorBytes(p);
+      return WritePiece(path, Flat(owned_, n_params_), 0, n_params_);
+    }
+    at::Tensor shard_param =
+        Flat(owned_, shard * dp).narrow(0, position_.dp_rank * shard, shard).clone();
+    shard_param.requires_grad_(true);
+    shard_param.mutable_grad() =
+        parallel_.zero >= 2 ? step_grads_
+                            : step_grads_.narrow(0, position_.dp_rank * shard, shard).clone();
+    step_grads_ = at::Tensor();
+    OptimizerRunner optimizer(request_.optimizer, {shard_param});
+    optimizer.Step();
+    RecordOptimizer(optimizer);
+    shard_param.mutable_grad() = at::Tensor();
+    const Piece piece = WritePiece(path, shard_param, position_.dp_rank * shard, n_params_);
+    if (parallel_.zero == 3) {
+      // The rank keeps only its shard; a forward would all-gather the parameters again.
+      for (const at::Tensor& p : owned_) p.set_data(at::empty({0}, p.options()));
+      param_bytes_ = TensorBytes(shard_param);
+    } else {
+      at::Tensor gathered = at::empty({shard * dp}, shard_param.options());
+      at::Tensor mine = shard_param.detach();
+      dp_group_->all_gather_single(gathered, mine)->wait();
+      Unflatten(gathered, owned_);
+    }
+    for (const at::Tensor& p : owned_) param_bytes_ += TensorBytes(p);
+    return piece;
+  }
+
+  void RecordOptimizer(const OptimizerRunner& optimizer) {
+    const OptimizerStateBytes state = optimizer.StateBytes();
+    optimizer_state_bytes_ = state.total;
+    adamw_state_bytes_ = request_.optimizer.kind == OptimizerKind::kAdamW ? state.moments : 0;
+  }
+
+  const ModelConfig config_;
+  const ParallelSpec parallel_;
+  const DistributedRequest request_;
+  const std::string dir_;
+  const RankPosition position_;
+  const StageRange stage_;
+
+  ModelAndInput built_;
+  std::vector<at::Tensor> parameters_;
+  std::unordered_set<const void*> parameter_storages_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  GroupPtr dp_group_, pp_group_;
+  std::vector<at::Tensor> owned_;
+  std::vector<std::string> owned_names_;
+  bool tied_found_ = false;
+  std::vector<at::Tensor> tied_;
+  at::Tensor step_grads_;
+  int64_t n_params_ = 0, param_bytes_ = 0, grad_bytes_ = 0;
+  int64_t optimizer_state_bytes_ = 0, adamw_state_bytes_ = 0;
+};
+
+// ---- The parent ------------------------------------------------------------------------
+
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last.empty() ? "(no output)" : last;
+}
+
+// RankProcesses owns the rank processes: killed and reaped if still running when it
+// goes out of scope.
+class RankProcesses {
+ public:
+  ~RankProcesses() { KillAll(); }
+
+  absl::Status Start(const std::vector<std::string>& argv, const std::string& log) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = 0;
+    const int error = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (error != 0) {
+      return absl::InternalError(absl::StrCat("cannot start a rank process: ", strerror(error)));
+    }
+    pids_.push_back(pid);
+    return absl::OkStatus();
+  }
+
+  // Wait returns when every rank exited 0, or the first rank that failed, or the
+  // ranks still running at the deadline (then killed).
+  absl::Status Wait(std::chrono::seconds timeout, const std::string& dir) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<bool> done(pids_.size(), false);
+    size_t finished = 0;
+    while (finished < pids_.size()) {
+      for (size_t r = 0; r < pids_.size(); ++r) {
+        if (done[r]) continue;
+        int status = 0;
+        if (waitpid(pids_[r], &status, WNOHANG) != pids_[r]) continue;
+        done[r] = true;
+        pids_[r] = 0;
+        ++finished;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+          const std::string how = WIFEXITED(status)
+                                      ? absl::StrCat("exited with status ", WEXITSTATUS(status))
+                                      : absl::StrCat("was killed by signal ", WTERMSIG(status));
+          return absl::InternalError(absl::StrCat("rank ", r, " of ", pids_.size(), " ", how, ": ",
+                                                  LastLine(RankFile(dir, r, "log"))));
+        }
+      }
+      if (finished == pids_.size()) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        // Each unfinished rank with the last thing it said: a rank waiting in a
+        // collective for a hung one hangs too, and the logs tell them apart.
+        std::vector<std::string> running;
+        for (size_t r = 0; r < pids_.size(); ++r) {
+          if (!done[r]) {
+            running.push_back(absl::StrCat(r, " (\"", LastLine(RankFile(dir, r, "log")), "\")"));
+          }
+        }
+        return absl::DeadlineExceededError(
+            absl::StrCat("killed after ", timeout.count(), " s (--rank_timeout_s): rank",
+                         running.size() == 1 ? " " : "s ", absl::StrJoin(running, ", "), " of ",
+                         pids_.size(), " did not finish"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  void KillAll() {
+    for (pid_t pid : pids_) {
+      if (pid <= 0) continue;
+      kill(pid, SIGKILL);
+      int status = 0;
+      waitpid(pid, &status, 0);
+    }
+    pids_.clear();
+  }
+
+  std::vector<pid_t> pids_;
+};
+
+// TempDir is a private directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TEST_TMPDIR");
+    if (base == nullptr) base = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(base != nullptr ? base : "/tmp", "/memledger-ranks-XXXXXX");
+    if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// RankResult is a rank's result file, parsed.
+struct RankResult {
+  RankMeasurement measurement;
+  std::vector<Piece> grads;  // per variant, `none` first
+  Piece params;
+  std::vector<std::string> owned;
+};
+
+absl::StatusOr<RankResult> ReadRankResult(const std::string& path, size_t variants) {
+  std::ifstream in(path);
+  if (!in) return absl::InternalError(absl::StrCat("a rank wrote no result: ", path));
+  RankResult result;
+  RankMeasurement& m = result.measurement;
+  std::map<std::string, int64_t*> scalars = {{"n_params", &m.n_params},
+                                             {"param_bytes", &m.param_bytes},
+                                             {"grad_bytes", &m.grad_bytes},
+                                             {"optimizer_state_bytes", &m.optimizer_state_bytes},
+                                             {"adamw_state_bytes", &m.adamw_state_bytes}};
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    bool ok = f.size() >= 2;
+    if (ok && f[0] == "variant" && f.size() == 6) {
+      RankVariantMeasurement v;
+      Piece piece;
+      ok = absl::SimpleAtoi(f[2], &v.held_bytes) && absl::SimpleAtoi(f[3], &v.in_flight) &&
+           absl::SimpleAtoi(f[4], &piece.offset) && absl::SimpleAtoi(f[5], &piece.length);
+      m.variants.push_back(v);
+      result.grads.push_back(piece);
+    } else if (ok && f[0] == "params" && f.size() == 3) {
+      ok = absl::SimpleAtoi(f[1], &result.params.offset) &&
+           absl::SimpleAtoi(f[2], &result.params.length);
+    } else if (ok && f[0] == "owned") {
+      result.owned.push_back(f[1]);
+    } else if (ok && scalars.count(f[0]) == 1) {
+      ok = absl::SimpleAtoi(f[1], scalars[f[0]]);
+    } else {
+      ok = false;
+    }
+    if (!ok) return absl::InternalError(absl::StrCat("bad line in ", path, ": ", line));
+  }
+  if (m.variants.size() != variants) {
+    return absl::InternalError(
+        absl::StrCat(path, " has ", m.variants.size(), " variants, expected ", variants));
+  }
+  return result;
+}
+
+// MaxDiff is max |a - b| (0 where they are equal, infinities too); NaN if either has a
+// NaN the other lacks. With `nan_equal`, NaN in both at one position counts as equal (a
+// pure fp16 AdamW step makes NaN and inf where g^2 underflows, sharded or not).
+double MaxDiff(const at::Tensor& a, const at::Tensor& b, bool nan_equal = false) {
+  if (a.numel() == 0) return 0;
+  at::Tensor same = a == b;
+  if (nan_equal) same = same | (a.isnan() & b.isnan());
+  at::Tensor diff = (a - b).abs().masked_fill(same, 0);
+  return diff.max().item<double>();
+}
+
+absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
+                                                      const ParallelSpec& parallel,
+                                                      const DistributedRequest& request,
+                                                      const std::vector<std::string>& command) {
+  TempDir dir;
+  if (dir.path().empty()) return absl::InternalError("cannot create a directory for the ranks");
+  const int64_t world = WorldSize(parallel);
+  {
+    RankProcesses processes;
+    for (int64_t r = 0; r < world; ++r) {
+      std::vector<std::string> argv = command;
+      argv.push_back(absl::StrCat(kRankWorkerFlag, dir.path(), ":", r));
+      if (absl::Status s = processes.Start(argv, RankFile(dir.path(), r, "log")); !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = processes.Wait(std::chrono::seconds(request.timeout_s), dir.path());
+        !s.ok()) {
+      return s;
+    }
+  }
+
+  // The single-process reference: the whole batch's gradients, and the parameters
+  // before the step.
+  ConfigureThreads();
+  UseNativeKernels();
+  ModelAndInput built = BuildModel(WholeBatch(config, parallel), request.seed);
+  ForwardWithVariant(*built.model, built.input, request.attention, Variant()).loss.backward();
+  std::map<std::string, at::Tensor> initial_params, reference_grads;
+  for (const auto& item : built.model->named_parameters()) {
+    reference_grads[item.key()] = item.value().grad().to(at::kFloat);
+    initial_params[item.key()] = item.value().detach();
+  }
+
+  const std::vector<Variant> variants = WithReference(request.variants);
+  std::vector<RankResult> results;
+  for (int64_t r = 0; r < world; ++r) {
+    absl::StatusOr<RankResult> result =
+        ReadRankResult(RankFile(dir.path(), r, "txt"), variants.size());
+    if (!result.ok()) return result.status();
+    for (const std::string& name : result->owned) {
+      if (reference_grads.count(name) == 0) {
+        return absl::InternalError(absl::StrCat("rank ", r, " owns an unknown parameter ", name));
+      }
+    }
+    results.push_back(*std::move(result));
+  }
+
+  // Per stage, the unsharded step: the stage's parameters stepped on the gradients its
+  // ranks reduced, gathered from their pieces. Each rank's updated parameters must match
+  // its piece of it: ZeRO's sharded step and all-gather change nothing. (Against the
+  // single process's own step instead, AdamW's first update, about lr x g / |g|, would
+  // magnify rounding in the near-zero gradients.)
+  std::map<int64_t, at::Tensor> stepped;  // by stage: the flat updated parameters, fp32
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t stage = PositionOf(r, parallel).stage;
+    const RankResult& result = results[r];
+    const int64_t n = result.measurement.n_params;
+    if (stepped.count(stage) == 0) stepped[stage] = at::zeros({n}, at::kFloat);
+    // Reuse the slot for the gathered gradients until the stage's step below.
+    const Piece& piece = result.grads[0];
+    stepped[stage]
+        .narrow(0, piece.offset, piece.length)
+        .copy_(ReadPiece(RankFile(dir.path(), r, "grad0"), piece.length));
+  }
+  for (auto& [stage, flat] : stepped) {
+    const RankResult& any = results[stage * parallel.dp];
+    std::vector<at::Tensor> params;
+    int64_t offset = 0;
+    for (const std::string& name : any.owned) {
+      at::Tensor p = initial_params[name].clone().requires_grad_(true);
+      p.mutable_grad() = flat.narrow(0, offset, p.numel()).view(p.sizes()).to(p.scalar_type());
+      offset += p.numel();
+      params.push_back(p);
+    }
+    OptimizerRunner optimizer(request.optimizer, params);
+    optimizer.Step();
+    flat = Flat(params, 0).to(at::kFloat);
+  }
+
+  DistributedMeasurement measurement;
+  measurement.parallel = parallel;
+  for (int64_t r = 0; r < world; ++r) {
+    RankResult& result = results[r];
+    RankMeasurement& m = result.measurement;
+    m.position = PositionOf(r, parallel);
+    std::vector<at::Tensor> grads;
+    for (const std::string& name : result.owned) grads.push_back(reference_grads[name]);
+    const at::Tensor flat_grads = Flat(grads, 0);
+    for (size_t v = 0; v < variants.size(); ++v) {
+      const Piece& piece = result.grads[v];
+      m.variants[v].variant = variants[v];
+      m.variants[v].max_grad_diff =
+          MaxDiff(ReadPiece(RankFile(dir.path(), r, absl::StrCat("grad", v)), piece.length),
+                  flat_grads.narrow(0, piece.offset, piece.length));
+    }
+    m.max_param_diff = MaxDiff(
+        ReadPiece(RankFile(dir.path(), r, "params"), result.params.length),
+        stepped[m.position.stage].narrow(0, result.params.offset, result.params.length),
+        /*nan_equal=*/true);
+    measurement.ranks.push_back(std::move(m));
+  }
+  return measurement;
+}
+
+}  // namespace
+
+RankPosition PositionOf(int64_t rank, const ParallelSpec& parallel) {
+  return RankPosition{rank, rank % parallel.dp, rank / parallel.dp};
+}
+
+int64_t WorldSize(const ParallelSpec& parallel) { return parallel.dp * parallel.pp; }
+
+absl::StatusOr<DistributedMeasurement> MeasureDistributed(const ModelConfig& config,
+                                                          const ParallelSpec& parallel,
+                                                          const DistributedRequest& request,
+                                                          const std::vector<std::string>& command) {
+  if (absl::Status s = ValidateDistributed(config, parallel, request); !s.ok()) return s;
+  try {
+    return MeasureOrThrow(config, parallel, request, command);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("runtime: ", e.what()));
+  }
+}
+
+int RunRankWorker(const ModelConfig& config, const ParallelSpec& parallel,
+                  const DistributedRequest& request, absl::string_view worker) {
+  const size_t colon = worker.rfind(':');
+  int64_t rank = -1;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(worker.substr(colon + 1), &rank) ||
+      rank < 0 || rank >= WorldSize(parallel)) {
+    std::cerr << "memledger rank: bad " << kRankWorkerFlag << worker << "\n";
+    return 2;
+  }
+  if (absl::Status s = ValidateDistributed(config, parallel, request); !s.ok()) {
+    std::cerr << "memledger rank " << rank << ": " << s.message() << "\n";
+    return 2;
+  }
+  try {
+    Rank(config, parallel, request, std::string(worker.substr(0, colon)), rank).Run();
+  } catch (const c10::Error& e) {
+    std::cerr << "memledger rank " << rank << ": LibTorch: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "memledger rank " << rank << ": " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace memledger::runtime

@@ -1,0 +1,134 @@
+// verify --dp / --pp as a user runs it: real Gloo rank processes on loopback, each
+// rank's buckets against PredictRanks, gradients against one process on the whole
+// batch, and a dead or hung rank reported instead of a hung test.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "rapidjson/document.h"
+#include "tests/subprocess.h"
+
+namespace {
+
+using memledger::testing::CommandResult;
+
+// The study's block at L=2, d=32, H=2, batch 2, seq 8 per micro-batch: small enough for
+// several rank processes on two cores.
+constexpr char kStudy[] = "--layers=2 --width=32 --heads=2 --batch=2 --seq=8 --skip_timing";
+
+CommandResult Verify(const std::string& args) {
+  return memledger::testing::RunCommand("verify/verify " + args, /*merge_stderr=*/false);
+}
+
+rapidjson::Document Parse(const CommandResult& r) {
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  EXPECT_FALSE(doc.HasParseError()) << r.output;
+  return doc;
+}
+
+const rapidjson::Value& Rank(const rapidjson::Document& doc, int rank) {
+  return doc["ranks"][static_cast<rapidjson::SizeType>(rank)];
+}
+
+TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
+  // n_params = 2 x (12 d^2 + 13 d) = 2 x (12288 + 416) = 25408; fp32, so all of them
+  // are 101632 bytes and a ZeRO shard ceil(25408 / 2) = 12704 elements, 50816 bytes.
+  // AdamW keeps two moments of whatever it steps.
+  struct Case {
+    int zero;
+    int64_t param_bytes, grad_bytes, optimizer_state_bytes;
+  };
+  for (const Case& c : {Case{1, 101632, 101632, 2 * 50816}, Case{2, 101632, 50816, 2 * 50816},
+                        Case{3, 50816, 50816, 2 * 50816}}) {
+    SCOPED_TRACE(c.zero);
+    CommandResult r = Verify(std::string(kStudy) + " --dp=2 --zero=" + std::to_string(c.zero));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    rapidjson::Document doc = Parse(r);
+    ASSERT_EQ(doc["ranks"].Size(), 2u);
+    EXPECT_TRUE(doc["passed"].GetBool());
+    EXPECT_STREQ(doc["backend"].GetString(), "gloo");
+    for (int rank = 0; rank < 2; ++rank) {
+      const rapidjson::Value& measured = Rank(doc, rank)["measured"];
+      EXPECT_EQ(Rank(doc, rank)["dp_rank"].GetInt(), rank);
+      EXPECT_EQ(measured["n_params"].GetInt64(), 25408);
+      EXPECT_EQ(measured["param_bytes"].GetInt64(), c.param_bytes);
+      EXPECT_EQ(measured["grad_bytes"].GetInt64(), c.grad_bytes);
+      EXPECT_EQ(measured["optimizer_state_bytes"].GetInt64(), c.optimizer_state_bytes);
+      // One micro-batch of 16 tokens, as the single-process run of this config
+      // (verify_cli_test: 4 x 16 x (2 x (16*32 + 4 + 2) + 32) = 68352).
+      EXPECT_EQ(measured["saved_bytes.none"].GetInt64(), 68352);
+      EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.selective"].GetDouble(), 1.0);
+      EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["full"].GetDouble(), 1e-5);
+    }
+  }
+}
+
+TEST(VerifyRanksTest, PipelineStagesHoldTheirOneFOneBMicroBatches) {
+  // 1F1B with 4 micro-batches over 2 stages: the first stage runs 1 warm-up forward and
+  // then one more before its first backward, so it holds 2; the last stage holds 1.
+  CommandResult r = Verify(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --pp=2 --micro_batches=4 "
+      "--variants=none,full");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  ASSERT_EQ(doc["ranks"].Size(), 2u);
+  EXPECT_TRUE(doc["passed"].GetBool());
+  EXPECT_EQ(Rank(doc, 0)["stage"].GetInt(), 0);
+  EXPECT_EQ(Rank(doc, 1)["stage"].GetInt(), 1);
+  EXPECT_EQ(Rank(doc, 0)["measured"]["micro_batches_in_flight.none"].GetInt64(), 2);
+  EXPECT_EQ(Rank(doc, 1)["measured"]["micro_batches_in_flight.none"].GetInt64(), 1);
+  EXPECT_EQ(Rank(doc, 0)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
+  EXPECT_EQ(Rank(doc, 1)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
+}
+
+TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
+  // GPT-2 ties its embedding: the first and the last stage each hold it and add each
+  // other's gradients, so both must match the single process.
+  CommandResult r = Verify(
+      "--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --dp=2 --pp=2 --zero=2 "
+      "--micro_batches=3 --variants=none,every_k --every=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  ASSERT_EQ(doc["ranks"].Size(), 4u);
+  EXPECT_TRUE(doc["passed"].GetBool());
+  EXPECT_EQ(doc["parallel"]["world_size"].GetInt(), 4);
+  // rank = dp_rank + dp x stage.
+  EXPECT_EQ(Rank(doc, 3)["dp_rank"].GetInt(), 1);
+  EXPECT_EQ(Rank(doc, 3)["stage"].GetInt(), 1);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["max_param_diff"].GetDouble(), 0.0);
+  }
+}
+
+TEST(VerifyRanksTest, ADeadRankIsReportedAndTheOthersStopped) {
+  CommandResult r = Verify(std::string(kStudy) + " --dp=2 --rank_fault=1:exit");
+  EXPECT_EQ(r.exit_code, 1);
+  CommandResult merged = memledger::testing::RunCommand(std::string("verify/verify ") + kStudy +
+                                                        " --dp=2 --rank_fault=1:exit");
+  EXPECT_NE(merged.output.find("rank 1 of 2 exited with status 7"), std::string::npos)
+      << merged.output;
+}
+
+TEST(VerifyRanksTest, AHungRankIsKilledAtTheTimeout) {
+  CommandResult r = memledger::testing::RunCommand(
+      std::string("verify/verify ") + kStudy + " --dp=2 --rank_fault=0:hang --rank_timeout_s=3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("killed after 3 s (--rank_timeout_s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("injected fault hang"), std::string::npos) << r.output;
+}
+
+TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
+  CommandResult tp = memledger::testing::RunCommand(
+      "verify/verify --model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --tp=2");
+  EXPECT_EQ(tp.exit_code, 3) << tp.output;
+  EXPECT_NE(tp.output.find("--tp, --sp and megatron-gpt are predicted only"), std::string::npos)
+      << tp.output;
+  CommandResult timeout = memledger::testing::RunCommand(std::string("verify/verify ") + kStudy +
+                                                         " --dp=2 --rank_timeout_s=0");
+  EXPECT_EQ(timeout.exit_code, 2) << timeout.output;
+  EXPECT_NE(timeout.output.find("--rank_timeout_s must be >= 1"), std::string::npos)
+      << timeout.output;
+}
+
+}  // namespace

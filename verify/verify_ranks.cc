@@ -1,0 +1,222 @@
+#include "verify/verify_ranks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "estimator/checked_math.h"
+#include "estimator/report.h"
+#include "estimator/rules.h"
+#include "estimator/units.h"
+
+namespace memledger {
+namespace {
+
+using Allocator = rapidjson::Document::AllocatorType;
+
+rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Value(s, a); }
+
+const RankKind* KindOfStage(const RanksPrediction& prediction, int64_t stage) {
+  for (const RankKind& kind : prediction.kinds) {
+    if (kind.stage == stage) return &kind;
+  }
+  return nullptr;
+}
+
+std::string RankName(const runtime::RankPosition& p) {
+  return absl::StrCat("rank ", p.rank, " (dp ", p.dp_rank, ", stage ", p.stage, ")");
+}
+
+}  // namespace
+
+absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
+                                              const ParallelSpec& parallel,
+                                              const runtime::DistributedRequest& request,
+                                              double grad_tolerance, int64_t max_memory_bytes,
+                                              const std::vector<std::string>& command) {
+  PredictOptions options;
+  options.attention = request.attention;
+  options.variants = request.variants;
+  options.optimizer = request.optimizer;
+  options.peak = false;
+  absl::StatusOr<RanksPrediction> prediction = PredictRanks(config, parallel, options);
+  if (!prediction.ok()) return prediction.status();
+  // Every rank process, and the reference, holds the whole model and batch.
+  ModelConfig whole_batch = config;
+  whole_batch.batch = config.batch * parallel.dp * parallel.micro_batches;
+  absl::StatusOr<Prediction> whole = Predict(whole_batch, options);
+  if (!whole.ok()) return whole.status();
+  const CheckedInt64 footprint =
+      CheckedInt64(PredictedFootprintBytes(*whole)) * (parallel.dp * parallel.pp + 1);
+  if (absl::Status s =
+          CheckFootprint(footprint.overflowed() ? INT64_MAX : footprint.value(), max_memory_bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<runtime::DistributedMeasurement> measurement =
+      runtime::MeasureDistributed(config, parallel, request, command);
+  if (!measurement.ok()) return measurement.status();
+
+  RanksVerifyReport report;
+  report.config = config;
+  report.parallel = parallel;
+  report.request = request;
+  report.grad_tolerance = grad_tolerance;
+  for (runtime::RankMeasurement& m : measurement->ranks) {
+    const RankKind* kind = KindOfStage(*prediction, m.position.stage);
+    if (kind == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("no predicted rank kind for stage ", m.position.stage));
+    }
+    RankCheck check;
+    check.buckets.push_back(CheckBucket("n_params", kind->n_params, m.n_params));
+    check.buckets.push_back(CheckBucket("param_bytes", kind->param_bytes, m.param_bytes));
+    check.buckets.push_back(CheckBucket("grad_bytes", kind->grad_bytes, m.grad_bytes));
+    check.buckets.push_back(
+        CheckBucket("optimizer_state_bytes", kind->optimizer_state_bytes, m.optimizer_state_bytes));
+    if (request.optimizer.kind == OptimizerKind::kAdamW) {
+      check.buckets.push_back(
+          CheckBucket("adamw_state_bytes", kind->adamw_state_bytes, m.adamw_state_bytes));
+    }
+    // Per requested variant: what the schedule held at once, and how many micro-batches.
+    for (const RankVariant& predicted : kind->variants) {
+      const std::string name = predicted.held.variant.Name();
+      for (const runtime::RankVariantMeasurement& v : m.variants) {
+        if (v.variant.Name() != name) continue;
+        check.buckets.push_back(CheckBucket(absl::StrCat("saved_bytes.", name),
+                                            predicted.held.saved_bytes, v.held_bytes));
+        check.buckets.push_back(CheckBucket(absl::StrCat("micro_batches_in_flight.", name),
+                                            predicted.in_flight, v.in_flight));
+      }
+    }
+    for (const BucketCheck& bucket : check.buckets) {
+      if (!bucket.exact()) {
+        report.failures.push_back(absl::StrCat(RankName(m.position), " ", MismatchLine(bucket)));
+      }
+    }
+    for (const runtime::RankVariantMeasurement& v : m.variants) {
+      if (!(v.max_grad_diff <= grad_tolerance)) {  // also catches NaN
+        report.failures.push_back(absl::StrFormat(
+            "%s: gradients of %s differ from the single process's by %g > tolerance %g",
+            RankName(m.position), v.variant.Name(), v.max_grad_diff, grad_tolerance));
+      }
+    }
+    if (!(m.max_param_diff <= grad_tolerance)) {
+      report.failures.push_back(
+          absl::StrFormat("%s: parameters after the step differ from the unsharded step's by %g > "
+                          "tolerance %g",
+                          RankName(m.position), m.max_param_diff, grad_tolerance));
+    }
+    check.measured = std::move(m);
+    report.ranks.push_back(std::move(check));
+  }
+  report.prediction = *std::move(prediction);
+  return report;
+}
+
+rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
+  rapidjson::Document doc(rapidjson::kObjectType);
+  Allocator& a = doc.GetAllocator();
+  rapidjson::Value config(rapidjson::kObjectType);
+  const ModelConfig& c = r.config;
+  config.AddMember("family", Key(std::string(FamilyName(c.family)), a), a);
+  config.AddMember("layers", c.layers, a);
+  config.AddMember("width", c.width, a);
+  config.AddMember("heads", c.heads, a);
+  config.AddMember("batch", c.batch, a);
+  config.AddMember("seq", c.seq, a);
+  config.AddMember("dtype", Key(std::string(ModelDTypeName(c.dtype)), a), a);
+  config.AddMember("amp", Key(std::string(AmpName(c.amp)), a), a);
+  doc.AddMember("config", config, a);
+  doc.AddMember("attention", Key(std::string(AttentionModeName(r.request.attention)), a), a);
+  doc.AddMember("optimizer", Key(std::string(OptimizerName(r.request.optimizer.kind)), a), a);
+  const ParallelSpec& p = r.parallel;
+  rapidjson::Value parallel(rapidjson::kObjectType);
+  parallel.AddMember("dp", p.dp, a);
+  parallel.AddMember("pp", p.pp, a);
+  parallel.AddMember("micro_batches", p.micro_batches, a);
+  parallel.AddMember("schedule", Key(std::string(PipelineScheduleName(p.schedule)), a), a);
+  parallel.AddMember("zero", p.zero, a);
+  parallel.AddMember("world_size", p.dp * p.pp, a);
+  doc.AddMember("parallel", parallel, a);
+  doc.AddMember("backend", "gloo", a);
+  doc.AddMember("torch_version", Key(kTorchRelease, a), a);
+
+  rapidjson::Value ranks(rapidjson::kArrayType);
+  for (const RankCheck& check : r.ranks) {
+    const runtime::RankMeasurement& m = check.measured;
+    rapidjson::Value rank(rapidjson::kObjectType);
+    rank.AddMember("rank", m.position.rank, a);
+    rank.AddMember("dp_rank", m.position.dp_rank, a);
+    rank.AddMember("stage", m.position.stage, a);
+    rapidjson::Value predicted(rapidjson::kObjectType), measured(rapidjson::kObjectType),
+        ratio(rapidjson::kObjectType);
+    for (const BucketCheck& b : check.buckets) {
+      predicted.AddMember(Key(b.name, a), rapidjson::Value(b.predicted), a);
+      measured.AddMember(Key(b.name, a), rapidjson::Value(b.measured), a);
+      ratio.AddMember(Key(b.name, a), rapidjson::Value(b.ratio), a);
+    }
+    rank.AddMember("measured", measured, a);
+    rank.AddMember("predicted", predicted, a);
+    rank.AddMember("ratio", ratio, a);
+    rapidjson::Value grad_diff(rapidjson::kObjectType);
+    for (const runtime::RankVariantMeasurement& v : m.variants) {
+      grad_diff.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.max_grad_diff), a);
+    }
+    rank.AddMember("max_grad_diff", grad_diff, a);
+    rank.AddMember("max_param_diff", m.max_param_diff, a);
+    ranks.PushBack(rank, a);
+  }
+  doc.AddMember("ranks", ranks, a);
+  doc.AddMember("passed", r.Passed(), a);
+  rapidjson::Value failures(rapidjson::kArrayType);
+  for (const std::string& f : r.failures) failures.PushBack(Key(f, a), a);
+  doc.AddMember("failures", failures, a);
+  return doc;
+}
+
+std::string RanksVerifyTable(const RanksVerifyReport& r) {
+  const ModelConfig& c = r.config;
+  const ParallelSpec& p = r.parallel;
+  std::string out = absl::StrFormat(
+      "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; dp %d "
+      "(ZeRO-%d), pp %d with %d micro-batches (1f1b); %s, torch %s\n",
+      p.dp * p.pp,
+      c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
+      c.width, c.batch, c.seq, p.dp, p.zero, p.pp, p.micro_batches,
+      OptimizerName(r.request.optimizer.kind), kTorchRelease);
+  for (const RankCheck& check : r.ranks) {
+    const runtime::RankMeasurement& m = check.measured;
+    absl::StrAppendFormat(&out, "\n%s\n%-36s %16s %16s %10s %12s\n", RankName(m.position), "bucket",
+                          "predicted", "measured", "ratio", "");
+    for (const BucketCheck& b : check.buckets) {
+      const bool bytes = absl::StrContains(b.name, "bytes");
+      absl::StrAppendFormat(&out, "%-36s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
+                            b.measured, b.ratio, bytes ? HumanBytes(b.measured) : "",
+                            b.exact() ? "" : "  MISMATCH");
+    }
+    double worst = 0;
+    for (const runtime::RankVariantMeasurement& v : m.variants) {
+      worst = std::max(worst, v.max_grad_diff);
+    }
+    absl::StrAppendFormat(&out, "%-36s %16.3g\n%-36s %16.3g\n", "max_grad_diff (all variants)",
+                          worst, "max_param_diff (after the step)", m.max_param_diff);
+  }
+  if (r.Passed()) {
+    absl::StrAppendFormat(&out,
+                          "\nOK: every rank's buckets measured == predicted; gradients within %g "
+                          "of one process on the whole batch; the sharded step equals the "
+                          "unsharded one.\n",
+                          r.grad_tolerance);
+  } else {
+    out += "\nFAILED:\n";
+    for (const std::string& f : r.failures) absl::StrAppend(&out, "  ", f, "\n");
+  }
+  return out;
+}
+
+}  // namespace memledger

@@ -1,0 +1,65 @@
+// VerifyRanks: the distributed runtime (runtime/distributed.h) against PredictRanks,
+// rank by rank: each rank's parameters, gradients and optimizer state after the step,
+// and per variant the saved bytes its schedule held at once and how many micro-batches
+// that was; plus each rank's gradients and updated parameters against one process
+// training on the whole batch.
+//
+// Example (in verify's main, which also runs the rank processes):
+//   absl::StatusOr<RanksVerifyReport> r =
+//       VerifyRanks(config, parallel, request, 1e-5, 0, {argv, argv + argc});
+//   std::cout << RanksVerifyTable(*r);
+#ifndef VERIFY_VERIFY_RANKS_H_
+#define VERIFY_VERIFY_RANKS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+#include "estimator/parallel_spec.h"
+#include "estimator/ranks.h"
+#include "rapidjson/document.h"
+#include "runtime/distributed.h"
+#include "verify/verify.h"
+
+namespace memledger {
+
+// RankCheck is one rank: its buckets, predicted (its stage's RankKind) and measured.
+struct RankCheck {
+  runtime::RankMeasurement measured;
+  std::vector<BucketCheck> buckets;
+};
+
+struct RanksVerifyReport {
+  ModelConfig config;
+  ParallelSpec parallel;
+  runtime::DistributedRequest request;
+  RanksPrediction prediction;
+  std::vector<RankCheck> ranks;  // by rank
+  double grad_tolerance = 0;
+  // failures: one line per bucket that is not exact, and per rank whose gradients or
+  // updated parameters differ from the single process's by more than grad_tolerance.
+  std::vector<std::string> failures;
+  bool Passed() const { return failures.empty(); }
+};
+
+// VerifyRanks: the estimator's errors (InvalidArgument), ResourceExhausted when the
+// ranks and the reference would not fit in max_memory_bytes (CheckFootprint; every rank
+// process builds the whole model and batch, as the reference does), and
+// MeasureDistributed's.
+absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
+                                              const ParallelSpec& parallel,
+                                              const runtime::DistributedRequest& request,
+                                              double grad_tolerance, int64_t max_memory_bytes,
+                                              const std::vector<std::string>& command);
+
+// RanksVerifyJson: config, parallel, and per rank its position, buckets (predicted,
+// measured, ratio), max_grad_diff per variant and max_param_diff; passed, failures.
+rapidjson::Document RanksVerifyJson(const RanksVerifyReport& report);
+
+// RanksVerifyTable: one line per rank and bucket, then the verdict.
+std::string RanksVerifyTable(const RanksVerifyReport& report);
+
+}  // namespace memledger
+
+#endif  // VERIFY_VERIFY_RANKS_H_
