@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -48,10 +47,58 @@ using GroupPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
 // ---- Layout ----------------------------------------------------------------------
 
-StageRange StageOf(const ModelConfig& config, const ParallelSpec& parallel, int64_t stage) {
-  const int64_t per_stage = config.layers / parallel.pp;
-  return StageRange{stage * per_stage, per_stage, /*prologue=*/stage == 0,
-                    /*head=*/stage == parallel.pp - 1};
+// ChunksOf: pipeline rank `stage`'s model chunks, in order: chunk c is model chunk
+// g = c x pp + stage of pp x virtual_stages equal ones; g = 0 has the embedding, the
+// last the head.
+std::vector<StageRange> ChunksOf(const ModelConfig& config, const ParallelSpec& parallel,
+                                 int64_t stage) {
+  const int64_t chunks = parallel.pp * parallel.virtual_stages;
+  const int64_t per_chunk = config.layers / chunks;
+  std::vector<StageRange> ranges;
+  for (int64_t c = 0; c < parallel.virtual_stages; ++c) {
+    const int64_t g = c * parallel.pp + stage;
+    ranges.push_back(StageRange{g * per_chunk, per_chunk, /*prologue=*/g == 0,
+                                /*head=*/g == chunks - 1});
+  }
+  return ranges;
+}
+
+// ScheduleStep is one forward or backward of one micro-batch through one local chunk.
+struct ScheduleStep {
+  bool forward = true;
+  int64_t micro_batch = 0;
+  int64_t chunk = 0;
+};
+
+// MegatronOrder is pipeline rank `stage`'s order of steps, as Megatron-LM's
+// forward_backward_pipelining_without_interleaving and ..._with_interleaving run them:
+// warm-up forwards, then one forward before each backward, then the remaining
+// backwards. 1F1B warms up with min(pp - stage - 1, m) forwards; interleaved with
+// (pp - stage - 1) x 2 + (v - 1) x pp (all m x v when m == pp), and forward k runs
+// chunk (k mod pp v) / pp of micro-batch (k / pp v) x pp + k mod pp, backward k the
+// chunks in reverse.
+std::vector<ScheduleStep> MegatronOrder(const ParallelSpec& p, int64_t stage) {
+  const int64_t m = p.micro_batches, v = p.virtual_stages, pp = p.pp;
+  const int64_t group = pp * v, total = m * v;
+  int64_t warmup = 0;
+  if (p.schedule == PipelineSchedule::k1F1B) {
+    warmup = std::min(pp - stage - 1, m);
+  } else {
+    warmup = m == pp ? total : std::min((pp - stage - 1) * 2 + (v - 1) * pp, total);
+  }
+  auto micro_batch = [&](int64_t k) { return (k / group) * pp + k % pp; };
+  auto forward = [&](int64_t k) { return ScheduleStep{true, micro_batch(k), (k % group) / pp}; };
+  auto backward = [&](int64_t k) {
+    return ScheduleStep{false, micro_batch(k), v - 1 - (k % group) / pp};
+  };
+  std::vector<ScheduleStep> order;
+  for (int64_t k = 0; k < warmup; ++k) order.push_back(forward(k));
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    order.push_back(forward(warmup + k));
+    order.push_back(backward(k));
+  }
+  for (int64_t k = total - warmup; k < total; ++k) order.push_back(backward(k));
+  return order;
 }
 
 // The whole batch every rank draws: dp x micro_batches x batch sequences, so that the
@@ -81,11 +128,6 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     return absl::UnimplementedError(
         "the distributed runtime runs data and pipeline parallelism; --tp, --sp and "
         "megatron-gpt are predicted only");
-  }
-  if (parallel.schedule != PipelineSchedule::k1F1B || parallel.virtual_stages != 1) {
-    return absl::UnimplementedError(
-        "the distributed runtime runs the 1f1b schedule; --schedule=interleaved is "
-        "predicted only");
   }
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {
@@ -186,7 +228,9 @@ class Rank {
         request_(request),
         dir_(std::move(dir)),
         position_(PositionOf(rank, parallel)),
-        stage_(StageOf(config, parallel, position_.stage)) {}
+        chunks_(ChunksOf(config, parallel, position_.stage)),
+        first_(chunks_.front().prologue),
+        last_(chunks_.back().head) {}
 
   void Run() {
     at::set_num_threads(1);  // every rank shares this machine's cores
@@ -201,7 +245,7 @@ class Rank {
     const std::vector<Variant> variants = WithReference(request_.variants);
     for (size_t v = 0; v < variants.size(); ++v) {
       for (const at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
-      Progress(absl::StrCat(variants[v].Name(), ": 1f1b schedule"));
+      Progress(absl::StrCat(variants[v].Name(), ": pipeline schedule"));
       const ScheduleStats stats = RunSchedule(variants[v]);
       if (v == 0) FindOwned();
       Progress(absl::StrCat(variants[v].Name(), ": reducing gradients"));
@@ -270,21 +314,25 @@ class Rank {
     return built_.input.narrow(0, first, config_.batch).clone();
   }
 
-  // RunSchedule runs every micro-batch forward and backward in Megatron's 1F1B order
-  // (warm-up forwards, one forward one backward, cool-down backwards), receiving inputs
-  // and output gradients from the neighbouring stages and sending them on, and counts
-  // the saved bytes of the micro-batches in flight.
+  // RunSchedule runs every micro-batch through every local model chunk, forward and
+  // backward, in Megatron's order (MegatronOrder), receiving inputs and output gradients
+  // from the ranks of the neighbouring chunks and sending them on, and counts the saved
+  // bytes of the chunk micro-batches in flight.
   ScheduleStats RunSchedule(const Variant& variant) {
     const int64_t m = parallel_.micro_batches;
-    const int64_t warmup = std::min(parallel_.pp - position_.stage - 1, m);
-    const int tag_stride = 2;
-    struct InFlight {
-      int64_t index;
-      at::Tensor received;  // a leaf that requires grad; undefined on the first stage
-      at::Tensor output;    // the loss (last stage) or the hidden states sent on
-      int64_t saved_bytes;
+    const int64_t chunks = parallel_.pp * parallel_.virtual_stages;  // model chunks in all
+    // Tags name (micro-batch, model chunk g, direction): the activation entering chunk g,
+    // or the gradient leaving it backwards.
+    auto tag = [&](int64_t micro_batch, int64_t g, bool gradient) {
+      return static_cast<int>((micro_batch * chunks + g) * 2 + (gradient ? 1 : 0));
     };
-    std::deque<InFlight> in_flight;
+    auto rank_of = [&](int64_t g) { return static_cast<int>(g % parallel_.pp); };
+    struct InFlight {
+      at::Tensor received;  // a leaf that requires grad; undefined for the first chunk
+      at::Tensor output;    // the loss (last chunk) or the hidden states sent on
+      int64_t saved_bytes = 0;
+    };
+    std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (micro-batch, chunk)
     std::vector<c10::intrusive_ptr<c10d::Work>> sends;
     std::vector<at::Tensor> sent;  // kept alive until their sends complete
     ScheduleStats stats;
@@ -292,69 +340,69 @@ class Rank {
     const std::vector<int64_t> hidden_shape = {config_.batch, config_.seq, config_.width};
     // The residual stream keeps the parameters' dtype (autocast casts inside the layers).
     const at::TensorOptions hidden_options = parameters_.front().options();
+    auto send = [&](at::Tensor t, int64_t g, int tag_value) {
+      std::vector<at::Tensor> buffer = {std::move(t)};
+      sends.push_back(pp_group_->send(buffer, rank_of(g), tag_value));
+      sent.push_back(buffer[0]);
+    };
+    auto receive = [&](int64_t g, int tag_value) {
+      std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
+      pp_group_->recv(buffer, rank_of(g), tag_value)->wait();
+      return buffer[0];
+    };
 
-    auto forward = [&](int64_t j) {
-      InFlight f{j, at::Tensor(), at::Tensor(), 0};
-      if (!stage_.prologue) {
-        std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
-        pp_group_
-            ->recv(buffer, static_cast<int>(position_.stage - 1), static_cast<int>(j * tag_stride))
-            ->wait();
-        f.received = buffer[0].requires_grad_(true);
-      }
+    auto forward = [&](int64_t j, int64_t c) {
+      const StageRange& chunk = chunks_[c];
+      const int64_t g = c * parallel_.pp + position_.stage;
+      InFlight f;
+      if (!chunk.prologue) f.received = receive(g - 1, tag(j, g, false)).requires_grad_(true);
       SavedTensorRecorder recorder(parameter_storages_);
       ForwardResult result;
       {
         ScopedSavedTensorRecording recording(&recorder);
-        result = ForwardStage(*built_.model, stage_, f.received, MicroBatch(j), request_.attention,
+        result = ForwardStage(*built_.model, chunk, f.received, MicroBatch(j), request_.attention,
                               variant);
       }
       f.saved_bytes = recorder.bytes() + result.cache_bytes;
-      if (stage_.head) {
+      if (chunk.head) {
         // Megatron's loss scaling: the step's gradient is the mean over micro-batches.
         f.output = result.loss / static_cast<double>(m);
       } else {
         f.output = result.loss;
-        std::vector<at::Tensor> buffer = {f.output.detach()};
-        sends.push_back(pp_group_->send(buffer, static_cast<int>(position_.stage + 1),
-                                        static_cast<int>(j * tag_stride)));
-        sent.push_back(buffer[0]);
+        send(f.output.detach(), g + 1, tag(j, g + 1, false));
       }
       held += f.saved_bytes;
       if (held > stats.held_bytes) {
         stats.held_bytes = held;
         stats.in_flight = static_cast<int64_t>(in_flight.size()) + 1;
       }
-      in_flight.push_back(std::move(f));
+      in_flight[{j, c}] = std::move(f);
     };
-    auto backward = [&]() {
-      InFlight f = std::move(in_flight.front());
-      in_flight.pop_front();
-      if (stage_.head) {
+    auto backward = [&](int64_t j, int64_t c) {
+      const StageRange& chunk = chunks_[c];
+      const int64_t g = c * parallel_.pp + position_.stage;
+      auto it = in_flight.find({j, c});
+      TORCH_CHECK(it != in_flight.end(), "backward of micro-batch ", j, " chunk ", c,
+                  " before its forward");
+      InFlight f = std::move(it->second);
+      in_flight.erase(it);
+      if (chunk.head) {
         f.output.backward();
       } else {
-        std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
-        pp_group_
-            ->recv(buffer, static_cast<int>(position_.stage + 1),
-                   static_cast<int>(f.index * tag_stride + 1))
-            ->wait();
-        f.output.backward(buffer[0]);
+        f.output.backward(receive(g + 1, tag(j, g + 1, true)));
       }
-      if (!stage_.prologue) {
-        std::vector<at::Tensor> buffer = {f.received.grad().contiguous()};
-        sends.push_back(pp_group_->send(buffer, static_cast<int>(position_.stage - 1),
-                                        static_cast<int>(f.index * tag_stride + 1)));
-        sent.push_back(buffer[0]);
-      }
+      if (!chunk.prologue) send(f.received.grad().contiguous(), g - 1, tag(j, g, true));
       held -= f.saved_bytes;
     };
 
-    for (int64_t j = 0; j < warmup; ++j) forward(j);
-    for (int64_t j = warmup; j < m; ++j) {
-      forward(j);
-      backward();
+    for (const ScheduleStep& step : MegatronOrder(parallel_, position_.stage)) {
+      if (step.forward) {
+        forward(step.micro_batch, step.chunk);
+      } else {
+        backward(step.micro_batch, step.chunk);
+      }
     }
-    while (!in_flight.empty()) backward();
+    TORCH_CHECK(in_flight.empty(), "the schedule left micro-batches without a backward");
     for (auto& work : sends) work->wait();
     return stats;
   }
@@ -374,13 +422,13 @@ class Rank {
   // the last stage each hold the weight and add each other's gradients (Megatron's
   // embedding group). The shared names come through the store.
   void ExchangeTiedGradients() {
-    if (parallel_.pp < 2 || (!stage_.prologue && !stage_.head)) return;
+    if (parallel_.pp < 2 || (!first_ && !last_)) return;
     if (!tied_found_) {
       tied_found_ = true;
       const std::string own_key = absl::StrCat("owned/", position_.dp_rank, "/", position_.stage);
       const std::string joined = absl::StrJoin(owned_names_, ",");
       store_->set(own_key, std::vector<uint8_t>(joined.begin(), joined.end()));
-      const int64_t peer_stage = stage_.prologue ? parallel_.pp - 1 : 0;
+      const int64_t peer_stage = first_ ? parallel_.pp - 1 : 0;
       const std::vector<uint8_t> peer =
           store_->get(absl::StrCat("owned/", position_.dp_rank, "/", peer_stage));
       const std::vector<std::string> peer_names =
@@ -392,12 +440,15 @@ class Rank {
       }
     }
     if (tied_.empty()) return;
-    const int peer = static_cast<int>(stage_.prologue ? parallel_.pp - 1 : 0);
+    const int peer = static_cast<int>(first_ ? parallel_.pp - 1 : 0);
     for (size_t i = 0; i < tied_.size(); ++i) {
       std::vector<at::Tensor> mine = {tied_[i].grad().clone()};
       std::vector<at::Tensor> theirs = {at::empty_like(mine[0])};
-      auto send = pp_group_->send(mine, peer, static_cast<int>(1000000 + i));
-      pp_group_->recv(theirs, peer, static_cast<int>(1000000 + i))->wait();
+      // Tags past every schedule tag (RunSchedule's are below 2 x m x pp x v).
+      const int tag = static_cast<int>(
+          2 * parallel_.micro_batches * parallel_.pp * parallel_.virtual_stages + i);
+      auto send = pp_group_->send(mine, peer, tag);
+      pp_group_->recv(theirs, peer, tag)->wait();
       send->wait();
       tied_[i].mutable_grad().add_(theirs[0]);
     }
@@ -500,7 +551,9 @@ class Rank {
   const DistributedRequest request_;
   const std::string dir_;
   const RankPosition position_;
-  const StageRange stage_;
+  const std::vector<StageRange> chunks_;  // its model chunks, in order
+  const bool first_;                      // runs the embedding (the first pipeline rank)
+  const bool last_;                       // runs the head and loss (the last pipeline rank)
 
   ModelAndInput built_;
   std::vector<at::Tensor> parameters_;
@@ -782,10 +835,10 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
           MaxDiff(ReadPiece(RankFile(dir.path(), r, absl::StrCat("grad", v)), piece.length),
                   flat_grads.narrow(0, piece.offset, piece.length));
     }
-    m.max_param_diff = MaxDiff(
-        ReadPiece(RankFile(dir.path(), r, "params"), result.params.length),
-        stepped[m.position.stage].narrow(0, result.params.offset, result.params.length),
-        /*nan_equal=*/true);
+    m.max_param_diff =
+        MaxDiff(ReadPiece(RankFile(dir.path(), r, "params"), result.params.length),
+                stepped[m.position.stage].narrow(0, result.params.offset, result.params.length),
+                /*nan_equal=*/true);
     measurement.ranks.push_back(std::move(m));
   }
   return measurement;

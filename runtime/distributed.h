@@ -1,7 +1,8 @@
 // The distributed runtime: one training step on real c10d ranks. Each rank is its own
 // process on loopback, in a Gloo process group (a FileStore in a private directory);
 // it runs its pipeline stage of the seeded model on its data-parallel slice of the
-// batch, in Megatron's 1F1B order with send/recv between stages, reduces gradients over
+// batch, in Megatron's order (1F1B, or interleaved over virtual stages) with send/recv
+// between the ranks of neighbouring model chunks, reduces gradients over
 // its data-parallel group (an all-reduce, or ZeRO-2/3's reduce-scatter into a shard),
 // steps the optimizer on its ZeRO shard and all-gathers the result, and measures its
 // own buckets. The parent gathers every rank's gradients and compares them with one
@@ -98,7 +99,7 @@ inline constexpr absl::string_view kRankWorkerFlag = "--rank_worker=";
 // (dp x micro_batches x config.batch sequences), their updated parameters with the
 // unsharded step (RankMeasurement::max_param_diff).
 // Errors: InvalidArgument for a bad request; Unimplemented for what the distributed
-// runtime does not run (tp, sp, megatron-gpt, the interleaved schedule, core_attention);
+// runtime does not run (tp, sp, megatron-gpt, core_attention);
 // DeadlineExceeded naming the rank that did not finish; Internal naming the rank that
 // failed, with the last line it wrote.
 absl::StatusOr<DistributedMeasurement> MeasureDistributed(const ModelConfig& config,

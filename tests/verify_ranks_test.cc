@@ -82,6 +82,21 @@ TEST(VerifyRanksTest, PipelineStagesHoldTheirOneFOneBMicroBatches) {
   EXPECT_EQ(Rank(doc, 1)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
 }
 
+TEST(VerifyRanksTest, InterleavedRanksHoldMegatronsWarmUpPlusOne) {
+  // pp 2, 2 virtual stages, 4 micro-batches: rank 0 warms up with (pp - 0 - 1) x 2 +
+  // (v - 1) x pp = 4 chunk forwards and runs one more before its first backward: 5;
+  // rank 1 with 0 x 2 + 2 = 2, so 3.
+  CommandResult r = Verify(
+      "--model=tiny-llama --layers=4 --batch=1 --seq=8 --skip_timing --pp=2 "
+      "--virtual_stages=2 --schedule=interleaved --micro_batches=4 --variants=none,full");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  EXPECT_TRUE(doc["passed"].GetBool());
+  EXPECT_EQ(Rank(doc, 0)["measured"]["micro_batches_in_flight.none"].GetInt64(), 5);
+  EXPECT_EQ(Rank(doc, 1)["measured"]["micro_batches_in_flight.none"].GetInt64(), 3);
+  EXPECT_EQ(Rank(doc, 0)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
+}
+
 TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
   // GPT-2 ties its embedding: the first and the last stage each hold it and add each
   // other's gradients, so both must match the single process.

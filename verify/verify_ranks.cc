@@ -138,6 +138,7 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
   rapidjson::Value parallel(rapidjson::kObjectType);
   parallel.AddMember("dp", p.dp, a);
   parallel.AddMember("pp", p.pp, a);
+  parallel.AddMember("virtual_stages", p.virtual_stages, a);
   parallel.AddMember("micro_batches", p.micro_batches, a);
   parallel.AddMember("schedule", Key(std::string(PipelineScheduleName(p.schedule)), a), a);
   parallel.AddMember("zero", p.zero, a);
@@ -182,12 +183,16 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
 std::string RanksVerifyTable(const RanksVerifyReport& r) {
   const ModelConfig& c = r.config;
   const ParallelSpec& p = r.parallel;
+  const std::string pipeline =
+      p.schedule == PipelineSchedule::kInterleaved
+          ? absl::StrFormat("%d virtual stages, interleaved", p.virtual_stages)
+          : std::string("1f1b");
   std::string out = absl::StrFormat(
       "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; dp %d "
-      "(ZeRO-%d), pp %d with %d micro-batches (1f1b); %s, torch %s\n",
+      "(ZeRO-%d), pp %d with %d micro-batches (%s); %s, torch %s\n",
       p.dp * p.pp,
       c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
-      c.width, c.batch, c.seq, p.dp, p.zero, p.pp, p.micro_batches,
+      c.width, c.batch, c.seq, p.dp, p.zero, p.pp, p.micro_batches, pipeline,
       OptimizerName(r.request.optimizer.kind), kTorchRelease);
   for (const RankCheck& check : r.ranks) {
     const runtime::RankMeasurement& m = check.measured;
