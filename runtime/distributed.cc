@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <unistd.h>
 
@@ -109,6 +110,14 @@ ModelConfig WholeBatch(const ModelConfig& config, const ParallelSpec& parallel) 
   return whole;
 }
 
+// SingleProcessConfig: the single-process model of the whole batch, whose parameters every
+// tensor-parallel shard is cut from.
+ModelConfig SingleProcessConfig(const ModelConfig& config, const ParallelSpec& parallel) {
+  ModelConfig whole = WholeBatch(config, parallel);
+  whole.tp = 1;
+  return whole;
+}
+
 std::vector<Variant> WithReference(const std::vector<Variant>& variants) {
   std::vector<Variant> all = {Variant()};
   for (const Variant& v : variants) {
@@ -124,10 +133,10 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     return s;
   }
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
-  if (config.tp > 1 || config.sp || config.megatron) {
+  if (config.sp || config.megatron) {
     return absl::UnimplementedError(
-        "the distributed runtime runs data and pipeline parallelism; --tp, --sp and "
-        "megatron-gpt are predicted only");
+        "the distributed runtime runs data, tensor and pipeline parallelism without "
+        "dropout; --sp and megatron-gpt are predicted only");
   }
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {
@@ -212,6 +221,145 @@ GroupPtr MakeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
       static_cast<int>(size), options);
 }
 
+// ---- Tensor parallelism over a Gloo group -----------------------------------------------
+
+namespace ag = torch::autograd;
+
+c10d::ProcessGroupGloo* GroupOf(ag::AutogradContext* ctx) {
+  return reinterpret_cast<c10d::ProcessGroupGloo*>(ctx->saved_data["group"].toInt());
+}
+
+void AllReduce(c10d::ProcessGroupGloo* group, at::Tensor& t,
+               c10d::ReduceOp op = c10d::ReduceOp::SUM) {
+  std::vector<at::Tensor> buffer = {t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  group->allreduce(buffer, options)->wait();
+}
+
+// CopyToTensorParallel is Megatron's f: identity forward, all-reduced gradient.
+struct CopyToTensorParallel : ag::Function<CopyToTensorParallel> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x;
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    at::Tensor grad = grads[0].clone();
+    AllReduce(GroupOf(ctx), grad);
+    return {grad, at::Tensor()};
+  }
+};
+
+// ReduceFromTensorParallel is Megatron's g: all-reduced partial sums, identity gradient.
+struct ReduceFromTensorParallel : ag::Function<ReduceFromTensorParallel> {
+  static at::Tensor forward(ag::AutogradContext* /*ctx*/, const at::Tensor& x, int64_t group) {
+    at::Tensor sum = x.clone();
+    AllReduce(reinterpret_cast<c10d::ProcessGroupGloo*>(group), sum);
+    return sum;
+  }
+  static ag::variable_list backward(ag::AutogradContext* /*ctx*/, ag::variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+// VocabRange: the token ids [start, start + rows) of a rank's vocabulary rows; `local`
+// are ids - start with the others' tokens at 0, `foreign` marks those.
+struct VocabRange {
+  at::Tensor local, foreign;
+};
+VocabRange LocalIds(const at::Tensor& ids, int64_t start, int64_t rows) {
+  at::Tensor foreign = (ids < start) | (ids >= start + rows);
+  return {(ids - start).masked_fill(foreign, 0), foreign};
+}
+
+// VocabParallelEmbedding: this rank's rows looked up (zeros for other ranks' tokens),
+// all-reduced; backward scatters the gradient into this rank's rows. Keeps the ids.
+struct VocabParallelEmbedding : ag::Function<VocabParallelEmbedding> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& ids,
+                            const at::Tensor& weight, int64_t start, int64_t group) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["rows"] = weight.size(0);
+    ctx->save_for_backward({ids});
+    const VocabRange range = LocalIds(ids, start, weight.size(0));
+    at::Tensor out = at::embedding(weight, range.local).masked_fill(range.foreign.unsqueeze(-1), 0);
+    AllReduce(reinterpret_cast<c10d::ProcessGroupGloo*>(group), out);
+    return out;
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    const at::Tensor ids = ctx->get_saved_variables()[0];
+    const int64_t rows = ctx->saved_data["rows"].toInt();
+    const VocabRange range = LocalIds(ids, ctx->saved_data["start"].toInt(), rows);
+    at::Tensor grad = grads[0].masked_fill(range.foreign.unsqueeze(-1), 0);
+    at::Tensor grad_weight = at::embedding_dense_backward(grad, range.local, rows, -1, false);
+    return {at::Tensor(), grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+// VocabParallelCrossEntropy: cross_entropy(ignore_index=-100, mean) over logits split
+// by vocabulary columns, with Megatron's all-reduces (max, sum of exp, target logit).
+// Keeps the shard's softmax, the labels and the valid-token count.
+struct VocabParallelCrossEntropy : ag::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& labels, int64_t start, int64_t group) {
+    auto* g = reinterpret_cast<c10d::ProcessGroupGloo*>(group);
+    const int64_t columns = logits.size(1);
+    at::Tensor max = std::get<0>(logits.max(1));
+    AllReduce(g, max, c10d::ReduceOp::MAX);
+    at::Tensor shifted = logits - max.unsqueeze(1);
+    const VocabRange range = LocalIds(labels, start, columns);
+    at::Tensor target =
+        shifted.gather(1, range.local.unsqueeze(1)).squeeze(1).masked_fill(range.foreign, 0);
+    AllReduce(g, target);
+    at::Tensor exp = shifted.exp();
+    at::Tensor sum = exp.sum(1);
+    AllReduce(g, sum);
+    at::Tensor valid = (labels != -100).to(logits.scalar_type());
+    at::Tensor total_weight = valid.sum();
+    at::Tensor loss = ((sum.log() - target) * valid).sum() / total_weight;
+    ctx->saved_data["start"] = start;
+    ctx->save_for_backward({exp / sum.unsqueeze(1), labels, total_weight});
+    return loss;
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    const ag::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor& labels = saved[1];
+    const VocabRange range = LocalIds(labels, ctx->saved_data["start"].toInt(), softmax.size(1));
+    // d loss / d logits = (softmax - onehot(target)) x valid / total_weight x grad.
+    at::Tensor grad = softmax.clone();
+    grad.scatter_add_(1, range.local.unsqueeze(1),
+                      -at::logical_not(range.foreign).to(grad.scalar_type()).unsqueeze(1));
+    at::Tensor scale = (labels != -100).to(grad.scalar_type()) / saved[2] * grads[0];
+    grad.mul_(scale.unsqueeze(1));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// GlooTensorParallel is TensorParallel over one tensor-parallel Gloo group.
+class GlooTensorParallel : public TensorParallel {
+ public:
+  GlooTensorParallel(GroupPtr group, int64_t rank) : group_(std::move(group)), rank_(rank) {}
+  at::Tensor CopyIn(const at::Tensor& x) override {
+    return CopyToTensorParallel::apply(x, Handle());
+  }
+  at::Tensor ReduceOut(const at::Tensor& x) override {
+    return ReduceFromTensorParallel::apply(x, Handle());
+  }
+  at::Tensor VocabEmbedding(const at::Tensor& ids, const at::Tensor& weight) override {
+    return VocabParallelEmbedding::apply(ids, weight, rank_ * weight.size(0), Handle());
+  }
+  at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels) override {
+    return VocabParallelCrossEntropy::apply(logits, labels, rank_ * logits.size(1), Handle());
+  }
+
+ private:
+  // The group as an autograd-context integer (it outlives every graph of the run).
+  int64_t Handle() const { return reinterpret_cast<int64_t>(group_.get()); }
+  GroupPtr group_;
+  int64_t rank_;
+};
+
 // ScheduleStats: what one variant's schedule held.
 struct ScheduleStats {
   int64_t held_bytes = 0;
@@ -227,7 +375,7 @@ class Rank {
         parallel_(parallel),
         request_(request),
         dir_(std::move(dir)),
-        position_(PositionOf(rank, parallel)),
+        position_(PositionOf(rank, config.tp, parallel)),
         chunks_(ChunksOf(config, parallel, position_.stage)),
         first_(chunks_.front().prologue),
         last_(chunks_.back().head) {}
@@ -235,10 +383,14 @@ class Rank {
   void Run() {
     at::set_num_threads(1);  // every rank shares this machine's cores
     UseNativeKernels();
-    built_ = BuildModel(WholeBatch(config_, parallel_), request_.seed);
+    BuildShard();
     parameters_ = built_.model->parameters();
     for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
     MakeGroups();
+    if (config_.tp > 1) {
+      tensor_parallel_ = std::make_unique<GlooTensorParallel>(tp_group_, position_.tp_rank);
+      built_.model->SetTensorParallel(tensor_parallel_.get());
+    }
     InjectFault();
 
     std::ostringstream result;
@@ -278,17 +430,42 @@ class Rank {
     std::cerr << "memledger rank " << position_.rank << ": " << what << std::endl;
   }
 
+  // BuildShard: the whole seeded model and batch, as the single-process reference
+  // draws them; with tensor parallelism, this rank's shard of the model (ShardOf) takes
+  // its parameters from it.
+  void BuildShard() {
+    built_ = BuildModel(SingleProcessConfig(config_, parallel_), request_.seed);
+    if (config_.tp == 1) return;
+    ModelAndInput shard = BuildModel(WholeBatch(config_, parallel_), request_.seed);
+    std::map<std::string, at::Tensor> source;
+    for (const auto& item : built_.model->named_parameters()) source[item.key()] = item.value();
+    at::NoGradGuard no_grad;
+    for (const auto& item : shard.model->named_parameters()) {
+      item.value().copy_(
+          TakeShard(source.at(item.key()), ShardOf(config_, item.key(), position_.tp_rank)));
+    }
+    built_.model = shard.model;  // the input stays the whole model's draw
+  }
+
+  // MakeGroups: Megatron's groups, each over a PrefixStore of one FileStore: tensor
+  // parallel (same dp rank and stage), data parallel (same tp rank and stage), pipeline
+  // (same tp and dp rank).
   void MakeGroups() {
     Progress("joining the process groups");
     const auto timeout = std::chrono::milliseconds(request_.timeout_s * 2000);
-    store_ = c10::make_intrusive<c10d::FileStore>(dir_ + "/store",
-                                                  static_cast<int>(WorldSize(parallel_)));
+    store_ = c10::make_intrusive<c10d::FileStore>(
+        dir_ + "/store", static_cast<int>(WorldSize(config_.tp, parallel_)));
+    const RankPosition& p = position_;
+    if (config_.tp > 1) {
+      tp_group_ = MakeGroup(store_, absl::StrCat("tp/", p.dp_rank, "/", p.stage), p.tp_rank,
+                            config_.tp, timeout);
+    }
     if (parallel_.dp > 1) {
-      dp_group_ = MakeGroup(store_, absl::StrCat("dp", position_.stage), position_.dp_rank,
+      dp_group_ = MakeGroup(store_, absl::StrCat("dp/", p.tp_rank, "/", p.stage), p.dp_rank,
                             parallel_.dp, timeout);
     }
     if (parallel_.pp > 1) {
-      pp_group_ = MakeGroup(store_, absl::StrCat("pp", position_.dp_rank), position_.stage,
+      pp_group_ = MakeGroup(store_, absl::StrCat("pp/", p.tp_rank, "/", p.dp_rank), p.stage,
                             parallel_.pp, timeout);
     }
   }
@@ -425,12 +602,13 @@ class Rank {
     if (parallel_.pp < 2 || (!first_ && !last_)) return;
     if (!tied_found_) {
       tied_found_ = true;
-      const std::string own_key = absl::StrCat("owned/", position_.dp_rank, "/", position_.stage);
+      const std::string prefix =
+          absl::StrCat("owned/", position_.tp_rank, "/", position_.dp_rank, "/");
+      const std::string own_key = absl::StrCat(prefix, position_.stage);
       const std::string joined = absl::StrJoin(owned_names_, ",");
       store_->set(own_key, std::vector<uint8_t>(joined.begin(), joined.end()));
       const int64_t peer_stage = first_ ? parallel_.pp - 1 : 0;
-      const std::vector<uint8_t> peer =
-          store_->get(absl::StrCat("owned/", position_.dp_rank, "/", peer_stage));
+      const std::vector<uint8_t> peer = store_->get(absl::StrCat(prefix, peer_stage));
       const std::vector<std::string> peer_names =
           absl::StrSplit(std::string(peer.begin(), peer.end()), ',');
       for (size_t i = 0; i < owned_names_.size(); ++i) {
@@ -559,7 +737,8 @@ class Rank {
   std::vector<at::Tensor> parameters_;
   std::unordered_set<const void*> parameter_storages_;
   c10::intrusive_ptr<c10d::Store> store_;
-  GroupPtr dp_group_, pp_group_;
+  GroupPtr tp_group_, dp_group_, pp_group_;
+  std::unique_ptr<TensorParallel> tensor_parallel_;
   std::vector<at::Tensor> owned_;
   std::vector<std::string> owned_names_;
   bool tied_found_ = false;
@@ -745,7 +924,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
                                                       const std::vector<std::string>& command) {
   TempDir dir;
   if (dir.path().empty()) return absl::InternalError("cannot create a directory for the ranks");
-  const int64_t world = WorldSize(parallel);
+  const int64_t world = WorldSize(config.tp, parallel);
   {
     RankProcesses processes;
     for (int64_t r = 0; r < world; ++r) {
@@ -765,7 +944,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
   // before the step.
   ConfigureThreads();
   UseNativeKernels();
-  ModelAndInput built = BuildModel(WholeBatch(config, parallel), request.seed);
+  ModelAndInput built = BuildModel(SingleProcessConfig(config, parallel), request.seed);
   ForwardWithVariant(*built.model, built.input, request.attention, Variant()).loss.backward();
   std::map<std::string, at::Tensor> initial_params, reference_grads;
   for (const auto& item : built.model->named_parameters()) {
@@ -792,9 +971,12 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
   // its piece of it: ZeRO's sharded step and all-gather change nothing. (Against the
   // single process's own step instead, AdamW's first update, about lr x g / |g|, would
   // magnify rounding in the near-zero gradients.)
-  std::map<int64_t, at::Tensor> stepped;  // by stage: the flat updated parameters, fp32
+  // By (stage, tp rank): the ranks that hold the same parameters. The flat updated
+  // parameters, fp32.
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> stepped;
+  auto shard_of = [&](const RankPosition& p) { return std::make_pair(p.stage, p.tp_rank); };
   for (int64_t r = 0; r < world; ++r) {
-    const int64_t stage = PositionOf(r, parallel).stage;
+    const auto stage = shard_of(PositionOf(r, config.tp, parallel));
     const RankResult& result = results[r];
     const int64_t n = result.measurement.n_params;
     if (stepped.count(stage) == 0) stepped[stage] = at::zeros({n}, at::kFloat);
@@ -805,11 +987,14 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
         .copy_(ReadPiece(RankFile(dir.path(), r, "grad0"), piece.length));
   }
   for (auto& [stage, flat] : stepped) {
-    const RankResult& any = results[stage * parallel.dp];
+    // dp rank 0 of them: rank = tp_rank + tp x dp x stage.
+    const RankResult& any = results[stage.second + config.tp * parallel.dp * stage.first];
     std::vector<at::Tensor> params;
     int64_t offset = 0;
     for (const std::string& name : any.owned) {
-      at::Tensor p = initial_params[name].clone().requires_grad_(true);
+      at::Tensor p = TakeShard(initial_params[name], ShardOf(config, name, stage.second))
+                         .clone()
+                         .requires_grad_(true);
       p.mutable_grad() = flat.narrow(0, offset, p.numel()).view(p.sizes()).to(p.scalar_type());
       offset += p.numel();
       params.push_back(p);
@@ -824,9 +1009,11 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
   for (int64_t r = 0; r < world; ++r) {
     RankResult& result = results[r];
     RankMeasurement& m = result.measurement;
-    m.position = PositionOf(r, parallel);
+    m.position = PositionOf(r, config.tp, parallel);
     std::vector<at::Tensor> grads;
-    for (const std::string& name : result.owned) grads.push_back(reference_grads[name]);
+    for (const std::string& name : result.owned) {
+      grads.push_back(TakeShard(reference_grads[name], ShardOf(config, name, m.position.tp_rank)));
+    }
     const at::Tensor flat_grads = Flat(grads, 0);
     for (size_t v = 0; v < variants.size(); ++v) {
       const Piece& piece = result.grads[v];
@@ -837,7 +1024,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
     }
     m.max_param_diff =
         MaxDiff(ReadPiece(RankFile(dir.path(), r, "params"), result.params.length),
-                stepped[m.position.stage].narrow(0, result.params.offset, result.params.length),
+                stepped[shard_of(m.position)].narrow(0, result.params.offset, result.params.length),
                 /*nan_equal=*/true);
     measurement.ranks.push_back(std::move(m));
   }
@@ -846,11 +1033,14 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
 
 }  // namespace
 
-RankPosition PositionOf(int64_t rank, const ParallelSpec& parallel) {
-  return RankPosition{rank, rank % parallel.dp, rank / parallel.dp};
+RankPosition PositionOf(int64_t rank, int64_t tp, const ParallelSpec& parallel) {
+  const int64_t outer = rank / tp;  // dp_rank + dp x stage
+  return RankPosition{rank, rank % tp, outer % parallel.dp, outer / parallel.dp};
 }
 
-int64_t WorldSize(const ParallelSpec& parallel) { return parallel.dp * parallel.pp; }
+int64_t WorldSize(int64_t tp, const ParallelSpec& parallel) {
+  return tp * parallel.dp * parallel.pp;
+}
 
 absl::StatusOr<DistributedMeasurement> MeasureDistributed(const ModelConfig& config,
                                                           const ParallelSpec& parallel,
@@ -871,7 +1061,7 @@ int RunRankWorker(const ModelConfig& config, const ParallelSpec& parallel,
   const size_t colon = worker.rfind(':');
   int64_t rank = -1;
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(worker.substr(colon + 1), &rank) ||
-      rank < 0 || rank >= WorldSize(parallel)) {
+      rank < 0 || rank >= WorldSize(config.tp, parallel)) {
     std::cerr << "memledger rank: bad " << kRankWorkerFlag << worker << "\n";
     return 2;
   }

@@ -9,7 +9,9 @@
 // process training on the whole batch, and every rank's updated parameters with its
 // stage stepped whole on the gathered gradients.
 //
-// Ranks are laid out as Megatron does with tp = 1: rank = dp_rank + dp x stage.
+// A tensor-parallel rank holds its shard of every layer (runtime/model.h, ShardOf) and
+// calls its tensor-parallel group at Megatron's points: f and g around column- and
+// row-parallel linears, the vocabulary-parallel embedding and cross-entropy.
 // A rank process is the caller's own executable run again with one more flag (see
 // RankWorkerFlag): its main() must hand that flag to RunRankWorker.
 //
@@ -32,14 +34,16 @@
 
 namespace memledger::runtime {
 
-// RankPosition is where a rank sits in the layout.
+// RankPosition is where a rank sits in Megatron's layout:
+// rank = tp_rank + tp x (dp_rank + dp x stage).
 struct RankPosition {
   int64_t rank = 0;
+  int64_t tp_rank = 0;
   int64_t dp_rank = 0;
   int64_t stage = 0;  // pipeline rank
 };
-RankPosition PositionOf(int64_t rank, const ParallelSpec& parallel);
-int64_t WorldSize(const ParallelSpec& parallel);  // dp x pp
+RankPosition PositionOf(int64_t rank, int64_t tp, const ParallelSpec& parallel);
+int64_t WorldSize(int64_t tp, const ParallelSpec& parallel);  // tp x dp x pp
 
 // DistributedRequest is what every rank runs.
 struct DistributedRequest {
@@ -92,14 +96,14 @@ struct DistributedMeasurement {
 // RankWorkerFlag is the flag a rank process is started with: "--rank_worker=DIR:RANK".
 inline constexpr absl::string_view kRankWorkerFlag = "--rank_worker=";
 
-// MeasureDistributed starts WorldSize(parallel) rank processes, each `command` (argv of
+// MeasureDistributed starts WorldSize(config.tp, parallel) rank processes, each `command` (argv of
 // the caller's executable and its flags; the executable is run as /proc/self/exe) plus
 // kRankWorkerFlag, waits for all of them (killing all on the first failure or at the
 // timeout) and compares their gradients with a single-process run of the whole batch
 // (dp x micro_batches x config.batch sequences), their updated parameters with the
 // unsharded step (RankMeasurement::max_param_diff).
 // Errors: InvalidArgument for a bad request; Unimplemented for what the distributed
-// runtime does not run (tp, sp, megatron-gpt, core_attention);
+// runtime does not run (sp, megatron-gpt, core_attention);
 // DeadlineExceeded naming the rank that did not finish; Internal naming the rank that
 // failed, with the last line it wrote.
 absl::StatusOr<DistributedMeasurement> MeasureDistributed(const ModelConfig& config,

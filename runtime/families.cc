@@ -55,10 +55,11 @@ at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
 
 class LlamaLayerImpl : public DecoderLayer {
  public:
+  // With c.tp > 1, one rank's shard: heads, kv heads and MLP columns / tp.
   explicit LlamaLayerImpl(const ModelConfig& c)
-      : heads_(c.heads), kv_heads_(c.KvHeads()), head_dim_(c.HeadDim()) {
-    const int64_t d = c.width, q_width = c.heads * c.HeadDim(),
-                  kv_width = c.KvHeads() * c.HeadDim();
+      : heads_(c.heads / c.tp), kv_heads_(c.KvHeads() / c.tp), head_dim_(c.HeadDim()) {
+    const int64_t d = c.width, q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_,
+                  intermediate = c.Intermediate() / c.tp;
     auto linear = [](int64_t in, int64_t out, bool bias) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
     };
@@ -69,19 +70,21 @@ class LlamaLayerImpl : public DecoderLayer {
     o_proj = register_module("o_proj", linear(q_width, d, false));
     post_attention_layernorm =
         register_module("post_attention_layernorm", RmsNorm(d, c.norm_eps));
-    gate_proj = register_module("gate_proj", linear(d, c.Intermediate(), false));
-    up_proj = register_module("up_proj", linear(d, c.Intermediate(), false));
-    down_proj = register_module("down_proj", linear(c.Intermediate(), d, false));
+    gate_proj = register_module("gate_proj", linear(d, intermediate, false));
+    up_proj = register_module("up_proj", linear(d, intermediate, false));
+    down_proj = register_module("down_proj", linear(intermediate, d, false));
   }
 
   at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
                      SelectiveCache* cache) override {
     // One statement per last use (see Last in runtime/model.h), in the graph's order.
+    // With tensor parallelism, CopyIn before the column-parallel projections and
+    // ReduceOut after the row-parallel ones (Megatron's f and g).
     const int64_t b = x.size(0), t = x.size(1);
     auto heads = [&](const at::Tensor& projected, int64_t n) {
       return projected.view({b, t, n, head_dim_}).transpose(1, 2);
     };
-    at::Tensor h = input_layernorm->forward(x);
+    at::Tensor h = CopyIn(tensor_parallel, input_layernorm->forward(x));
     at::Tensor q = heads(LinearOp(*q_proj, h, cache), heads_);
     at::Tensor k = heads(LinearOp(*k_proj, h, cache), kv_heads_);
     at::Tensor v = heads(LinearOp(*v_proj, Last(h), cache), kv_heads_);
@@ -94,14 +97,14 @@ class LlamaLayerImpl : public DecoderLayer {
     }
     at::Tensor a = AttentionOp(mode, Last(q), Last(k), Last(v), cache);
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
-    at::Tensor projected = LinearOp(*o_proj, Last(merged), cache);
+    at::Tensor projected = ReduceOut(tensor_parallel, LinearOp(*o_proj, Last(merged), cache));
     at::Tensor x1 = x + Last(projected);
-    at::Tensor h2 = post_attention_layernorm->forward(x1);
+    at::Tensor h2 = CopyIn(tensor_parallel, post_attention_layernorm->forward(x1));
     at::Tensor gate = LinearOp(*gate_proj, h2, cache);
     at::Tensor up = LinearOp(*up_proj, Last(h2), cache);
     at::Tensor act = SiluOp(Last(gate), cache);
     at::Tensor product = Last(act) * Last(up);
-    at::Tensor down = LinearOp(*down_proj, Last(product), cache);
+    at::Tensor down = ReduceOut(tensor_parallel, LinearOp(*down_proj, Last(product), cache));
     return Last(x1) + Last(down);
   }
 
@@ -117,19 +120,22 @@ class LlamaLayerImpl : public DecoderLayer {
 class LlamaModel : public ModelImpl {
  public:
   explicit LlamaModel(const ModelConfig& c) : head_dim_(c.HeadDim()) {
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.width));
+    const int64_t vocab = c.vocab / c.tp;  // a tensor-parallel rank's rows
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<LlamaLayerImpl>(c));
     norm = register_module("norm", RmsNorm(c.width, c.norm_eps));
     if (!c.tie_embeddings) {
       lm_head = register_module(
-          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, c.vocab).bias(false)));
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, vocab).bias(false)));
     }
   }
 
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     ModelStart start;
-    start.hidden = embed_tokens.ptr()->forward(input_ids);
+    start.hidden = tensor_parallel != nullptr
+                       ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
+                       : embed_tokens.ptr()->forward(input_ids);
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
     return start;
   }
@@ -150,8 +156,8 @@ class LlamaModel : public ModelImpl {
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
     const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
-    at::Tensor logits = at::linear(norm.ptr()->forward(hidden), weight);
-    return CausalLmLoss(Last(logits), input_ids);
+    at::Tensor logits = at::linear(CopyIn(tensor_parallel, norm.ptr()->forward(hidden)), weight);
+    return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -169,9 +175,10 @@ struct Conv1DParams {
 
 class Gpt2LayerImpl : public DecoderLayer {
  public:
+  // With c.tp > 1, one rank's shard: heads and MLP columns / tp.
   explicit Gpt2LayerImpl(const ModelConfig& c)
-      : width_(c.width), heads_(c.heads), head_dim_(c.HeadDim()) {
-    const int64_t d = c.width, f = c.Intermediate();
+      : heads_(c.heads / c.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_) {
+    const int64_t d = c.width, f = c.Intermediate() / c.tp, a = attention_width_;
     auto norm = [&](const char* name) {
       return register_module(
           name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(c.norm_eps)));
@@ -183,8 +190,8 @@ class Gpt2LayerImpl : public DecoderLayer {
       return p;
     };
     ln_1 = norm("ln_1");
-    c_attn = conv("c_attn", d, 3 * d);
-    attn_c_proj = conv("attn_c_proj", d, d);
+    c_attn = conv("c_attn", d, 3 * a);
+    attn_c_proj = conv("attn_c_proj", a, d);
     ln_2 = norm("ln_2");
     c_fc = conv("c_fc", d, f);
     mlp_c_proj = conv("mlp_c_proj", f, d);
@@ -193,32 +200,47 @@ class Gpt2LayerImpl : public DecoderLayer {
   at::Tensor forward(const at::Tensor& x, const LayerExtras& /*extras*/, AttentionMode mode,
                      SelectiveCache* cache) override {
     // One statement per last use (see Last in runtime/model.h), in the graph's order.
+    // With tensor parallelism, CopyIn before the column-parallel convolutions and
+    // RowParallel's ReduceOut after the others (Megatron's f and g).
     const int64_t b = x.size(0), t = x.size(1);
-    at::Tensor qkv = Conv1DOp(c_attn.weight, c_attn.bias, LayerNormOp(*ln_1, x, cache), cache);
-    std::vector<at::Tensor> parts = Last(qkv).split(width_, 2);
+    at::Tensor qkv = Conv1DOp(c_attn.weight, c_attn.bias,
+                              CopyIn(tensor_parallel, LayerNormOp(*ln_1, x, cache)), cache);
+    std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
     at::Tensor a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
     parts.clear();
-    at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, width_});
-    at::Tensor projected = Conv1DOp(attn_c_proj.weight, attn_c_proj.bias, Last(merged), cache);
+    at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, attention_width_});
+    at::Tensor projected = RowParallel(attn_c_proj, Last(merged), cache);
     at::Tensor x1 = x + Last(projected);
-    at::Tensor fc = Conv1DOp(c_fc.weight, c_fc.bias, LayerNormOp(*ln_2, x1, cache), cache);
+    at::Tensor fc = Conv1DOp(c_fc.weight, c_fc.bias,
+                             CopyIn(tensor_parallel, LayerNormOp(*ln_2, x1, cache)), cache);
     at::Tensor m = GeluOp(Last(fc), "tanh", cache);
-    at::Tensor out = Conv1DOp(mlp_c_proj.weight, mlp_c_proj.bias, Last(m), cache);
+    at::Tensor out = RowParallel(mlp_c_proj, Last(m), cache);
     return Last(x1) + Last(out);
+  }
+
+  // RowParallel is a Conv1D whose input rows are split over tensor-parallel ranks: each
+  // rank's partial sum is all-reduced and the (replicated) bias added once after, as
+  // Megatron's RowParallelLinear does. addmm keeps what it keeps with any bias: its
+  // input and weight.
+  at::Tensor RowParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
+    if (tensor_parallel == nullptr) return Conv1DOp(p.weight, p.bias, x, cache);
+    at::Tensor partial = Conv1DOp(p.weight, at::zeros_like(p.bias.detach()), x, cache);
+    return ReduceOut(tensor_parallel, Last(partial)) + p.bias;
   }
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Conv1DParams c_attn, attn_c_proj, c_fc, mlp_c_proj;
 
  private:
-  int64_t width_, heads_, head_dim_;
+  int64_t heads_, head_dim_, attention_width_;
 };
 
 class Gpt2Model : public ModelImpl {
  public:
   explicit Gpt2Model(const ModelConfig& c) {
-    wte = register_module("wte", torch::nn::Embedding(c.vocab, c.width));
+    // A tensor-parallel rank's rows of the vocabulary.
+    wte = register_module("wte", torch::nn::Embedding(c.vocab / c.tp, c.width));
     wpe = register_module("wpe", torch::nn::Embedding(c.max_positions, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<Gpt2LayerImpl>(c));
@@ -229,12 +251,21 @@ class Gpt2Model : public ModelImpl {
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     // position_ids = arange(T)[None], as GPT2Model makes them from cache_position.
     at::Tensor position_ids = at::arange(input_ids.size(1), at::kLong).unsqueeze(0);
+    // One expression, as before tensor parallelism: the order in which the compiler
+    // evaluates the two lookups fixes their backward nodes' order, which the estimator's
+    // step simulation follows.
+    if (tensor_parallel != nullptr) {
+      return {tensor_parallel->VocabEmbedding(input_ids, wte->weight) +
+                  wpe.ptr()->forward(position_ids),
+              {}};
+    }
     return {wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids), {}};
   }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
-    at::Tensor logits = at::linear(ln_f.ptr()->forward(hidden), wte->weight);
-    return CausalLmLoss(Last(logits), input_ids);
+    at::Tensor logits =
+        at::linear(CopyIn(tensor_parallel, ln_f.ptr()->forward(hidden)), wte->weight);
+    return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
   }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -96,16 +96,82 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
 
 at::Tensor StudyLoss(const at::Tensor& output) { return output.pow(2).mean(); }
 
-at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids) {
+at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids, TensorParallel* tp) {
   const int64_t vocab = logits.size(-1);
   // transformers upcasts before the loss: logits.float() (a no-op in fp32); the
   // lower-precision logits die with it.
   at::Tensor logits32 = Last(logits).to(at::kFloat);
   at::Tensor labels = at::constant_pad_nd(input_ids, {0, 1}, -100).slice(1, 1).contiguous();
+  if (tp != nullptr) {
+    return tp->VocabCrossEntropy(Last(logits32).view({-1, vocab}), Last(labels).view(-1));
+  }
   // cross_entropy's two ops, so that the fp32 logits die right after log_softmax.
   at::Tensor log_probs = at::log_softmax(Last(logits32).view({-1, vocab}), 1);
   return at::nll_loss_nd(Last(log_probs), Last(labels).view(-1), {}, at::Reduction::Mean,
                          -100);
+}
+
+at::Tensor CopyIn(TensorParallel* tp, const at::Tensor& x) {
+  return tp == nullptr ? x : tp->CopyIn(x);
+}
+
+at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x) {
+  return tp == nullptr ? x : tp->ReduceOut(x);
+}
+
+void ModelImpl::SetTensorParallel(TensorParallel* tp) {
+  tensor_parallel = tp;
+  for (int64_t i = 0; i < num_layers(); ++i) layer(i)->tensor_parallel = tp;
+}
+
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+ParameterShard ShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
+  if (c.tp == 1) return {};
+  const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, kv = c.KvHeads() / c.tp * hd,
+                f = c.Intermediate() / c.tp, v = c.vocab / c.tp, width = c.heads * hd;
+  auto split = [](int64_t dim, int64_t n, int64_t rank) {
+    return ParameterShard{dim, {{rank * n, n}}};
+  };
+  // Llama: nn.Linear weights are (out, in).
+  if (EndsWith(name, "q_proj.weight") || EndsWith(name, "q_proj.bias")) return split(0, q, r);
+  for (const char* kv_name : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
+    if (EndsWith(name, kv_name)) return split(0, kv, r);
+  }
+  if (EndsWith(name, "o_proj.weight")) return split(1, q, r);
+  if (EndsWith(name, "gate_proj.weight") || EndsWith(name, "up_proj.weight")) {
+    return split(0, f, r);
+  }
+  if (EndsWith(name, "down_proj.weight")) return split(1, f, r);
+  if (name == "embed_tokens.weight" || name == "lm_head.weight" || name == "wte.weight") {
+    return split(0, v, r);
+  }
+  // GPT-2: Conv1D weights are (in, out); c_attn's columns are q | k | v.
+  if (EndsWith(name, "c_attn_weight") || EndsWith(name, "c_attn_bias")) {
+    const int64_t dim = EndsWith(name, "weight") ? 1 : 0;
+    return ParameterShard{dim, {{r * q, q}, {width + r * q, q}, {2 * width + r * q, q}}};
+  }
+  if (EndsWith(name, "attn_c_proj_weight")) return split(0, q, r);
+  if (EndsWith(name, "c_fc_weight")) return split(1, f, r);
+  if (EndsWith(name, "c_fc_bias")) return split(0, f, r);
+  if (EndsWith(name, "mlp_c_proj_weight")) return split(0, f, r);
+  return {};
+}
+
+at::Tensor TakeShard(const at::Tensor& whole, const ParameterShard& shard) {
+  if (shard.pieces.empty()) return whole;
+  std::vector<at::Tensor> pieces;
+  for (const auto& [start, length] : shard.pieces) {
+    pieces.push_back(whole.narrow(shard.dim, start, length));
+  }
+  return at::cat(pieces, shard.dim);
 }
 
 int64_t ExpectedParameterCount(const ModelConfig& config) {

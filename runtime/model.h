@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "estimator/config.h"
@@ -42,12 +44,40 @@ struct LayerExtras {
   std::vector<at::Tensor> Defined() const;
 };
 
+// TensorParallel is what a tensor-parallel rank's model calls at Megatron's
+// communication points (runtime/distributed.cc implements it over a c10d group). None
+// of them keeps a tensor for backward beyond what is said.
+class TensorParallel {
+ public:
+  virtual ~TensorParallel() = default;
+  // CopyIn is Megatron's f before column-parallel linears: the identity forward, an
+  // all-reduce of the gradient backward.
+  virtual at::Tensor CopyIn(const at::Tensor& x) = 0;
+  // ReduceOut is g after row-parallel linears: an all-reduce of the partial sums
+  // forward (into a new tensor), the identity backward.
+  virtual at::Tensor ReduceOut(const at::Tensor& x) = 0;
+  // VocabEmbedding looks `ids` up in this rank's rows of the vocabulary (zeros for the
+  // others' tokens) and all-reduces; it keeps `ids`.
+  virtual at::Tensor VocabEmbedding(const at::Tensor& ids, const at::Tensor& weight) = 0;
+  // VocabCrossEntropy is cross_entropy(ignore_index=-100, mean) over logits whose
+  // vocabulary columns are split over the ranks ((N, V / tp) fp32 here; labels (N)); it
+  // keeps the shard's softmax (N, V / tp) fp32, the labels and the valid-token count,
+  // as nll_loss(log_softmax) keeps log_probs, target and total_weight.
+  virtual at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels) = 0;
+};
+
+// The identity without tensor parallelism (`tp` null), else tp's.
+at::Tensor CopyIn(TensorParallel* tp, const at::Tensor& x);
+at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x);
+
 // DecoderLayer is one layer. With a `cache`, the ops its policy names are recorded or
 // replayed (runtime/selective_ops.h); without, every op runs plainly.
 class DecoderLayer : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x, const LayerExtras& extras,
                              AttentionMode mode, SelectiveCache* cache) = 0;
+  // tensor_parallel: null in one process; set by ModelImpl::SetTensorParallel.
+  TensorParallel* tensor_parallel = nullptr;
 };
 
 // ModelStart is what the prologue hands the first layer.
@@ -72,10 +102,31 @@ class ModelImpl : public torch::nn::Module {
   // states (each stage computes its own RoPE tables, as Megatron does).
   virtual LayerExtras Extras(int64_t /*seq*/, at::ScalarType /*dtype*/) const { return {}; }
 
+  // SetTensorParallel makes a model built with config.tp > 1 (one rank's shard) call
+  // `tp` at Megatron's communication points; it must outlive the model's use.
+  void SetTensorParallel(TensorParallel* tp);
+
   torch::nn::ModuleList layers{nullptr};
   // amp: autocast's dtype for the forward (config.amp); kFloat32 runs without autocast.
   DType amp = DType::kFloat32;
+  TensorParallel* tensor_parallel = nullptr;
 };
+
+// ParameterShard is the part of the whole model's parameter that a tensor-parallel rank
+// holds: along `dim`, the concatenation of `pieces` (start, length); the whole tensor
+// when `pieces` is empty (replicated).
+struct ParameterShard {
+  int64_t dim = 0;
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+};
+// ShardOf: rank `tp_rank`'s part of parameter `name` (as named_parameters() names it)
+// under Megatron's layout for config.tp ranks: q/k/v, gate/up, c_attn (per q, k, v),
+// c_fc and the LM head and token embedding (vocabulary rows) split by output; o_proj,
+// down_proj and both c_proj split by input; norms, biases of row-parallel linears and
+// GPT-2's position embedding replicated.
+ParameterShard ShardOf(const ModelConfig& config, const std::string& name, int64_t tp_rank);
+// TakeShard is `whole`'s part under `shard` (a new tensor; `whole` itself if replicated).
+at::Tensor TakeShard(const at::Tensor& whole, const ParameterShard& shard);
 
 // BlockImpl is the study's pre-LN block with 12 d^2 + 13 d parameters:
 //   h = ln1(x); qkv = qkv_lin(h)                      // Linear(d, 3d)
@@ -112,7 +163,9 @@ struct ModelAndInput {
 // BuildModel seeds LibTorch's generator with `seed`, builds the model of
 // `config.family`, then draws the input, so the same (config, seed) always gives the
 // same model and input; a low-precision model (and the study's input) is then
-// converted to config.dtype.
+// converted to config.dtype. With config.tp > 1 the model is one rank's shard (heads, kv
+// heads, MLP columns and vocabulary rows / tp), drawn in those shapes: a rank copies its
+// parameters from the whole model's (ShardOf).
 // REQUIRES: ValidateConfig(config).ok().
 ModelAndInput BuildModel(const ModelConfig& config, int64_t seed);
 
@@ -121,8 +174,9 @@ at::Tensor StudyLoss(const at::Tensor& output);
 
 // CausalLmLoss is the decoder families' loss: labels = pad(input_ids, (0, 1),
 // value=-100)[..., 1:].contiguous(); cross_entropy(logits.float().view(-1, V),
-// labels.view(-1)).
-at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids);
+// labels.view(-1)); over vocabulary-parallel logits with `tp`.
+at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids,
+                        TensorParallel* tp = nullptr);
 
 // ExpectedParameterCount is layers * (12 d^2 + 13 d), the study's.
 int64_t ExpectedParameterCount(const ModelConfig& config);

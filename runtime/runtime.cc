@@ -289,8 +289,8 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
   }
   if (config.tp > 1 || config.sp || config.megatron) {
     return absl::UnimplementedError(
-        "the runtime runs without dropout or tensor parallelism: --tp and megatron-gpt are "
-        "predicted only (verify runs --dp and --pp on Gloo ranks)");
+        "one process runs no tensor parallelism or dropout: --tp runs on ranks "
+        "(runtime/distributed.h, verify --tp); megatron-gpt is predicted only");
   }
   try {
     return MeasureOrThrow(config, attention, variants, options);

@@ -92,12 +92,14 @@ TEST(VerifyCliTest, BadInputExitsTwo) {
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
-  // Tensor parallelism is predicted, not run: exit 3 with the reason.
-  CommandResult tensor_parallel = Verify("--model=tiny-llama --tp=2");
-  EXPECT_EQ(tensor_parallel.exit_code, 3) << tensor_parallel.output;
-  EXPECT_NE(tensor_parallel.output.find("--tp and megatron-gpt are predicted only"),
-            std::string::npos)
-      << tensor_parallel.output;
+  // Megatron's dropout and sequence parallelism are predicted, not run: exit 3 with the
+  // reason.
+  CommandResult megatron = Verify(
+      "--model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 "
+      "--attention=math --tp=2 --sp");
+  EXPECT_EQ(megatron.exit_code, 3) << megatron.output;
+  EXPECT_NE(megatron.output.find("--sp and megatron-gpt are predicted only"), std::string::npos)
+      << megatron.output;
   // On ranks, the memory guard counts every rank process: refused before any starts.
   CommandResult ranks = Verify("--model=tiny-llama --dp=2 --max_memory_gib=0.001");
   EXPECT_EQ(ranks.exit_code, 2) << ranks.output;

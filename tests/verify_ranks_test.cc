@@ -1,4 +1,4 @@
-// verify --dp / --pp as a user runs it: real Gloo rank processes on loopback, each
+// verify --dp / --tp / --pp as a user runs it: real Gloo rank processes on loopback, each
 // rank's buckets against PredictRanks, gradients against one process on the whole
 // batch, and a dead or hung rank reported instead of a hung test.
 #include <gtest/gtest.h>
@@ -97,6 +97,42 @@ TEST(VerifyRanksTest, InterleavedRanksHoldMegatronsWarmUpPlusOne) {
   EXPECT_EQ(Rank(doc, 0)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
 }
 
+TEST(VerifyRanksTest, TensorParallelRanksHoldTheirShards) {
+  // tiny-llama (width 32, 4 heads, 2 kv heads, head dim 8, intermediate 64, vocab 96,
+  // untied) over tp = 2: a layer holds 2 norms (64) + q (16 x 32 = 512) + k, v (8 x 32
+  // each = 512) + o (32 x 16 = 512) + gate, up, down (32 x 32 each = 3072) = 4672; two
+  // layers 9344, plus the embedding's and the head's 48 vocabulary rows (2 x 1536) and
+  // the final norm (32): 12448 per rank.
+  CommandResult r = Verify("--model=tiny-llama --batch=2 --seq=8 --skip_timing --tp=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  ASSERT_EQ(doc["ranks"].Size(), 2u);
+  EXPECT_TRUE(doc["passed"].GetBool());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["tp_rank"].GetInt(), rank);
+    EXPECT_EQ(Rank(doc, rank)["measured"]["n_params"].GetInt64(), 12448);
+    EXPECT_EQ(Rank(doc, rank)["measured"]["param_bytes"].GetInt64(), 4 * 12448);
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.selective"].GetDouble(), 1.0);
+  }
+}
+
+TEST(VerifyRanksTest, EightRanksCombineTensorDataAndPipelineParallelism) {
+  // tp 2 x dp 2 x pp 2 with ZeRO-1, GPT-2 (tied embedding, biases on row-parallel
+  // projections added after the all-reduce): rank = tp_rank + 2 x (dp_rank + 2 x stage).
+  CommandResult r = Verify(
+      "--model=tiny-gpt2 --batch=1 --seq=8 --skip_timing --tp=2 --dp=2 --pp=2 --zero=1 "
+      "--micro_batches=2 --variants=none,selective");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  ASSERT_EQ(doc["ranks"].Size(), 8u);
+  EXPECT_TRUE(doc["passed"].GetBool());
+  EXPECT_EQ(doc["parallel"]["world_size"].GetInt(), 8);
+  EXPECT_EQ(Rank(doc, 6)["tp_rank"].GetInt(), 0);
+  EXPECT_EQ(Rank(doc, 6)["dp_rank"].GetInt(), 1);
+  EXPECT_EQ(Rank(doc, 6)["stage"].GetInt(), 1);
+}
+
 TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
   // GPT-2 ties its embedding: the first and the last stage each hold it and add each
   // other's gradients, so both must match the single process.
@@ -134,11 +170,12 @@ TEST(VerifyRanksTest, AHungRankIsKilledAtTheTimeout) {
 }
 
 TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
-  CommandResult tp = memledger::testing::RunCommand(
-      "verify/verify --model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --tp=2");
-  EXPECT_EQ(tp.exit_code, 3) << tp.output;
-  EXPECT_NE(tp.output.find("--tp, --sp and megatron-gpt are predicted only"), std::string::npos)
-      << tp.output;
+  CommandResult megatron = memledger::testing::RunCommand(
+      "verify/verify --model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 "
+      "--attention=math --skip_timing --dp=2");
+  EXPECT_EQ(megatron.exit_code, 3) << megatron.output;
+  EXPECT_NE(megatron.output.find("--sp and megatron-gpt are predicted only"), std::string::npos)
+      << megatron.output;
   CommandResult timeout = memledger::testing::RunCommand(std::string("verify/verify ") + kStudy +
                                                          " --dp=2 --rank_timeout_s=0");
   EXPECT_EQ(timeout.exit_code, 2) << timeout.output;

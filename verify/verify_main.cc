@@ -52,7 +52,7 @@ std::string Usage() {
       "config LibTorch cannot run on the CPU.");
 }
 
-// VerifyOnRanks: --dp / --pp. verify starts the rank processes as itself plus
+// VerifyOnRanks: --dp, --tp, --pp. verify starts the rank processes as itself plus
 // --rank_worker; that flag makes this process one of them.
 int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   memledger::runtime::DistributedRequest request;
@@ -67,7 +67,7 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_plan).empty() || !absl::GetFlag(FLAGS_timeline_svg).empty()) {
     return memledger::ReportError(absl::InvalidArgumentError(
-        "--plan and --timeline_svg verify one process; drop them with --dp or --pp"));
+        "--plan and --timeline_svg verify one process; drop them with --dp, --tp or --pp"));
   }
   const double tolerance = absl::GetFlag(FLAGS_grad_tolerance);
   if (!(tolerance >= 0)) {
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
-  if (spec->parallel.Distributed()) return VerifyOnRanks(*spec, argc, argv);
+  if (spec->parallel.Distributed() || spec->config.tp > 1) return VerifyOnRanks(*spec, argc, argv);
   const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
   if (max_gib < 0) {
     return memledger::ReportError(absl::InvalidArgumentError(

@@ -28,7 +28,8 @@ const RankKind* KindOfStage(const RanksPrediction& prediction, int64_t stage) {
 }
 
 std::string RankName(const runtime::RankPosition& p) {
-  return absl::StrCat("rank ", p.rank, " (dp ", p.dp_rank, ", stage ", p.stage, ")");
+  return absl::StrCat("rank ", p.rank, " (tp ", p.tp_rank, ", dp ", p.dp_rank, ", stage ", p.stage,
+                      ")");
 }
 
 }  // namespace
@@ -48,10 +49,12 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
   // Every rank process, and the reference, holds the whole model and batch.
   ModelConfig whole_batch = config;
   whole_batch.batch = config.batch * parallel.dp * parallel.micro_batches;
+  whole_batch.tp = 1;
+  whole_batch.sp = false;
   absl::StatusOr<Prediction> whole = Predict(whole_batch, options);
   if (!whole.ok()) return whole.status();
   const CheckedInt64 footprint =
-      CheckedInt64(PredictedFootprintBytes(*whole)) * (parallel.dp * parallel.pp + 1);
+      CheckedInt64(PredictedFootprintBytes(*whole)) * (config.tp * parallel.dp * parallel.pp + 1);
   if (absl::Status s =
           CheckFootprint(footprint.overflowed() ? INT64_MAX : footprint.value(), max_memory_bytes);
       !s.ok()) {
@@ -137,12 +140,13 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
   const ParallelSpec& p = r.parallel;
   rapidjson::Value parallel(rapidjson::kObjectType);
   parallel.AddMember("dp", p.dp, a);
+  parallel.AddMember("tp", r.config.tp, a);
   parallel.AddMember("pp", p.pp, a);
   parallel.AddMember("virtual_stages", p.virtual_stages, a);
   parallel.AddMember("micro_batches", p.micro_batches, a);
   parallel.AddMember("schedule", Key(std::string(PipelineScheduleName(p.schedule)), a), a);
   parallel.AddMember("zero", p.zero, a);
-  parallel.AddMember("world_size", p.dp * p.pp, a);
+  parallel.AddMember("world_size", r.config.tp * p.dp * p.pp, a);
   doc.AddMember("parallel", parallel, a);
   doc.AddMember("backend", "gloo", a);
   doc.AddMember("torch_version", Key(kTorchRelease, a), a);
@@ -152,6 +156,7 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
     const runtime::RankMeasurement& m = check.measured;
     rapidjson::Value rank(rapidjson::kObjectType);
     rank.AddMember("rank", m.position.rank, a);
+    rank.AddMember("tp_rank", m.position.tp_rank, a);
     rank.AddMember("dp_rank", m.position.dp_rank, a);
     rank.AddMember("stage", m.position.stage, a);
     rapidjson::Value predicted(rapidjson::kObjectType), measured(rapidjson::kObjectType),
@@ -188,11 +193,11 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
           ? absl::StrFormat("%d virtual stages, interleaved", p.virtual_stages)
           : std::string("1f1b");
   std::string out = absl::StrFormat(
-      "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; dp %d "
-      "(ZeRO-%d), pp %d with %d micro-batches (%s); %s, torch %s\n",
-      p.dp * p.pp,
+      "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; tp %d, dp "
+      "%d (ZeRO-%d), pp %d with %d micro-batches (%s); %s, torch %s\n",
+      c.tp * p.dp * p.pp,
       c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
-      c.width, c.batch, c.seq, p.dp, p.zero, p.pp, p.micro_batches, pipeline,
+      c.width, c.batch, c.seq, c.tp, p.dp, p.zero, p.pp, p.micro_batches, pipeline,
       OptimizerName(r.request.optimizer.kind), kTorchRelease);
   for (const RankCheck& check : r.ranks) {
     const runtime::RankMeasurement& m = check.measured;
