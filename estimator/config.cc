@@ -182,9 +182,10 @@ absl::Status ValidateConfig(const ModelConfig& config) {
     }
   }
   if (config.sp) {
-    if (!config.megatron || config.tp < 2) {
+    if (config.family != Family::kGpt2 || config.tp < 2) {
       return absl::InvalidArgumentError(
-          "--sp (sequence parallelism) needs --model=megatron-gpt and --tp >= 2");
+          "--sp (sequence parallelism) needs the gpt2 family (a GPT-2 preset or "
+          "--model=megatron-gpt) and --tp >= 2");
     }
     if (config.seq % config.tp != 0) {
       return absl::InvalidArgumentError(absl::StrCat(

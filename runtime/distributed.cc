@@ -133,10 +133,9 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     return s;
   }
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
-  if (config.sp || config.megatron) {
+  if (config.megatron) {
     return absl::UnimplementedError(
-        "the distributed runtime runs data, tensor and pipeline parallelism without "
-        "dropout; --sp and megatron-gpt are predicted only");
+        "the distributed runtime runs without dropout: megatron-gpt is predicted only");
   }
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {
@@ -336,10 +335,106 @@ struct VocabParallelCrossEntropy : ag::Function<VocabParallelCrossEntropy> {
   }
 };
 
+// Sequence-parallel collectives on (B, T, ...) hidden states, along T: each rank holds
+// T / size consecutive tokens, in rank order.
+at::Tensor GatherSequence(c10d::ProcessGroupGloo* group, int64_t size, const at::Tensor& x) {
+  at::Tensor flat = x.contiguous().view(-1);
+  at::Tensor buffer = at::empty({size * flat.numel()}, flat.options());
+  group->all_gather_single(buffer, flat)->wait();
+  std::vector<int64_t> ranks_first = {size};
+  ranks_first.insert(ranks_first.end(), x.sizes().begin(), x.sizes().end());
+  std::vector<int64_t> gathered = x.sizes().vec();
+  gathered[1] *= size;
+  return buffer.view(ranks_first).transpose(0, 1).reshape(gathered);
+}
+
+at::Tensor ReduceScatterSequence(c10d::ProcessGroupGloo* group, int64_t size, const at::Tensor& x) {
+  std::vector<int64_t> split = {x.size(0), size, x.size(1) / size};
+  split.insert(split.end(), x.sizes().begin() + 2, x.sizes().end());
+  at::Tensor chunks = x.reshape(split).transpose(0, 1).contiguous();  // (size, B, T / size, ...)
+  std::vector<int64_t> mine = x.sizes().vec();
+  mine[1] /= size;
+  at::Tensor out = at::empty(mine, x.options());
+  at::Tensor out_flat = out.view(-1), in_flat = chunks.view(-1);
+  group->reduce_scatter_single(out_flat, in_flat)->wait();
+  return out;
+}
+
+c10d::ProcessGroupGloo* GroupOf(int64_t handle) {
+  return reinterpret_cast<c10d::ProcessGroupGloo*>(handle);
+}
+
+// ScatterToSequenceParallel: this rank's tokens, a new tensor; backward all-gathers.
+struct ScatterToSequenceParallel : ag::Function<ScatterToSequenceParallel> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& x, int64_t group,
+                            int64_t rank, int64_t size) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["size"] = size;
+    const int64_t tokens = x.size(1) / size;
+    return x.narrow(1, rank * tokens, tokens).clone(at::MemoryFormat::Contiguous);
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    return {GatherSequence(GroupOf(ctx), ctx->saved_data["size"].toInt(), grads[0]), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// ReduceScatterToSequenceParallel: this rank's tokens of the ranks' summed partials;
+// backward all-gathers.
+struct ReduceScatterToSequenceParallel : ag::Function<ReduceScatterToSequenceParallel> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& x, int64_t group,
+                            int64_t size) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["size"] = size;
+    return ReduceScatterSequence(GroupOf(group), size, x);
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    return {GatherSequence(GroupOf(ctx), ctx->saved_data["size"].toInt(), grads[0]), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// GatherLinearFunction is Megatron's LinearWithGradAccumulationAndAsyncCommunication
+// with sequence parallelism: all-gather x along the sequence, times W (in, out), plus b;
+// keeps x (not the gathered buffer) and W; backward gathers x again for W's gradient and
+// reduce-scatters x's. `parameters` is {W} or {W, b} (an undefined tensor cannot be an
+// autograd input); with `cached`, the forward returns it (selective recompute).
+struct GatherLinearFunction : ag::Function<GatherLinearFunction> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& x,
+                            at::TensorList parameters, const at::Tensor* cached, int64_t group,
+                            int64_t size) {
+    ctx->save_for_backward({x, parameters[0]});
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["size"] = size;
+    ctx->saved_data["has_bias"] = parameters.size() > 1;
+    if (cached != nullptr) return *cached;
+    const at::Tensor& weight = parameters[0];
+    at::Tensor gathered = GatherSequence(GroupOf(group), size, x);
+    at::Tensor rows = gathered.view({-1, weight.size(0)});
+    at::Tensor out =
+        parameters.size() > 1 ? at::addmm(parameters[1], rows, weight) : rows.mm(weight);
+    return out.view({gathered.size(0), gathered.size(1), weight.size(1)});
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    const ag::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& weight = saved[1];
+    const int64_t size = ctx->saved_data["size"].toInt();
+    at::Tensor gathered = GatherSequence(GroupOf(ctx), size, saved[0]);
+    at::Tensor grad = grads[0].reshape({-1, weight.size(1)});
+    at::Tensor grad_input = grad.mm(weight.t()).view(gathered.sizes());
+    ag::variable_list result = {ReduceScatterSequence(GroupOf(ctx), size, grad_input),
+                                gathered.view({-1, weight.size(0)}).t().mm(grad)};
+    if (ctx->saved_data["has_bias"].toBool()) result.push_back(grad.sum(0));
+    result.insert(result.end(), {at::Tensor(), at::Tensor(), at::Tensor()});
+    return result;
+  }
+};
+
 // GlooTensorParallel is TensorParallel over one tensor-parallel Gloo group.
 class GlooTensorParallel : public TensorParallel {
  public:
-  GlooTensorParallel(GroupPtr group, int64_t rank) : group_(std::move(group)), rank_(rank) {}
+  GlooTensorParallel(GroupPtr group, int64_t rank, int64_t size, bool sequence_parallel)
+      : group_(std::move(group)), rank_(rank), size_(size), sequence_parallel_(sequence_parallel) {}
   at::Tensor CopyIn(const at::Tensor& x) override {
     return CopyToTensorParallel::apply(x, Handle());
   }
@@ -352,12 +447,26 @@ class GlooTensorParallel : public TensorParallel {
   at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels) override {
     return VocabParallelCrossEntropy::apply(logits, labels, rank_ * logits.size(1), Handle());
   }
+  bool SequenceParallel() const override { return sequence_parallel_; }
+  at::Tensor Scatter(const at::Tensor& x) override {
+    return ScatterToSequenceParallel::apply(x, Handle(), rank_, size_);
+  }
+  at::Tensor ReduceScatter(const at::Tensor& x) override {
+    return ReduceScatterToSequenceParallel::apply(x, Handle(), size_);
+  }
+  at::Tensor GatherLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                          const at::Tensor* cached) override {
+    std::vector<at::Tensor> parameters = {weight};
+    if (bias.defined()) parameters.push_back(bias);
+    return GatherLinearFunction::apply(x, at::TensorList(parameters), cached, Handle(), size_);
+  }
 
  private:
   // The group as an autograd-context integer (it outlives every graph of the run).
   int64_t Handle() const { return reinterpret_cast<int64_t>(group_.get()); }
   GroupPtr group_;
-  int64_t rank_;
+  int64_t rank_, size_;
+  bool sequence_parallel_;
 };
 
 // ScheduleStats: what one variant's schedule held.
@@ -388,7 +497,8 @@ class Rank {
     for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
     MakeGroups();
     if (config_.tp > 1) {
-      tensor_parallel_ = std::make_unique<GlooTensorParallel>(tp_group_, position_.tp_rank);
+      tensor_parallel_ = std::make_unique<GlooTensorParallel>(tp_group_, position_.tp_rank,
+                                                              config_.tp, config_.sp);
       built_.model->SetTensorParallel(tensor_parallel_.get());
     }
     InjectFault();
@@ -400,6 +510,7 @@ class Rank {
       Progress(absl::StrCat(variants[v].Name(), ": pipeline schedule"));
       const ScheduleStats stats = RunSchedule(variants[v]);
       if (v == 0) FindOwned();
+      AllReducePartialGradients();
       Progress(absl::StrCat(variants[v].Name(), ": reducing gradients"));
       ExchangeTiedGradients();
       const Piece piece =
@@ -514,7 +625,9 @@ class Rank {
     std::vector<at::Tensor> sent;  // kept alive until their sends complete
     ScheduleStats stats;
     int64_t held = 0;
-    const std::vector<int64_t> hidden_shape = {config_.batch, config_.seq, config_.width};
+    // A stage sends its hidden states: this rank's T / tp tokens with sequence parallelism.
+    const int64_t tokens = config_.sp ? config_.seq / config_.tp : config_.seq;
+    const std::vector<int64_t> hidden_shape = {config_.batch, tokens, config_.width};
     // The residual stream keeps the parameters' dtype (autocast casts inside the layers).
     const at::TensorOptions hidden_options = parameters_.front().options();
     auto send = [&](at::Tensor t, int64_t g, int tag_value) {
@@ -592,6 +705,17 @@ class Rank {
       owned_.push_back(item.value());
       owned_names_.push_back(item.key());
       n_params_ += item.value().numel();
+    }
+  }
+
+  // AllReducePartialGradients: with sequence parallelism, the replicated parameters used
+  // on this rank's tokens only have partial gradients, which Megatron all-reduces over
+  // the tensor-parallel group (GradientIsPartial).
+  void AllReducePartialGradients() {
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      if (!GradientIsPartial(config_, owned_names_[i])) continue;
+      at::Tensor grad = owned_[i].grad();
+      AllReduce(tp_group_.get(), grad);
     }
   }
 

@@ -200,11 +200,11 @@ class Gpt2LayerImpl : public DecoderLayer {
   at::Tensor forward(const at::Tensor& x, const LayerExtras& /*extras*/, AttentionMode mode,
                      SelectiveCache* cache) override {
     // One statement per last use (see Last in runtime/model.h), in the graph's order.
-    // With tensor parallelism, CopyIn before the column-parallel convolutions and
-    // RowParallel's ReduceOut after the others (Megatron's f and g).
-    const int64_t b = x.size(0), t = x.size(1);
-    at::Tensor qkv = Conv1DOp(c_attn.weight, c_attn.bias,
-                              CopyIn(tensor_parallel, LayerNormOp(*ln_1, x, cache)), cache);
+    // With tensor parallelism, ColumnParallel and RowParallel convolutions; with sequence
+    // parallelism x holds this rank's T / tp tokens and attention all of them.
+    const int64_t b = x.size(0);
+    at::Tensor qkv = ColumnParallel(c_attn, LayerNormOp(*ln_1, x, cache), cache);
+    const int64_t t = qkv.size(1);
     std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
     at::Tensor a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
@@ -212,20 +212,32 @@ class Gpt2LayerImpl : public DecoderLayer {
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, attention_width_});
     at::Tensor projected = RowParallel(attn_c_proj, Last(merged), cache);
     at::Tensor x1 = x + Last(projected);
-    at::Tensor fc = Conv1DOp(c_fc.weight, c_fc.bias,
-                             CopyIn(tensor_parallel, LayerNormOp(*ln_2, x1, cache)), cache);
+    at::Tensor fc = ColumnParallel(c_fc, LayerNormOp(*ln_2, x1, cache), cache);
     at::Tensor m = GeluOp(Last(fc), "tanh", cache);
     at::Tensor out = RowParallel(mlp_c_proj, Last(m), cache);
     return Last(x1) + Last(out);
   }
 
+  // ColumnParallel is a Conv1D whose output columns are split over tensor-parallel
+  // ranks: Megatron's f before it, or with sequence parallelism its all-gather of the
+  // input (GatherLinear).
+  at::Tensor ColumnParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
+    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
+      return GatherConv1DOp(*tensor_parallel, p.weight, p.bias, x, cache);
+    }
+    return Conv1DOp(p.weight, p.bias, CopyIn(tensor_parallel, x), cache);
+  }
+
   // RowParallel is a Conv1D whose input rows are split over tensor-parallel ranks: each
-  // rank's partial sum is all-reduced and the (replicated) bias added once after, as
-  // Megatron's RowParallelLinear does. addmm keeps what it keeps with any bias: its
-  // input and weight.
+  // rank's partial sum is all-reduced (with sequence parallelism reduce-scattered) and
+  // the replicated bias added once after, as Megatron's RowParallelLinear does. addmm
+  // keeps what it keeps with any bias: its input and weight.
   at::Tensor RowParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
     if (tensor_parallel == nullptr) return Conv1DOp(p.weight, p.bias, x, cache);
     at::Tensor partial = Conv1DOp(p.weight, at::zeros_like(p.bias.detach()), x, cache);
+    if (tensor_parallel->SequenceParallel()) {
+      return tensor_parallel->ReduceScatter(Last(partial)) + p.bias;
+    }
     return ReduceOut(tensor_parallel, Last(partial)) + p.bias;
   }
 
@@ -255,16 +267,24 @@ class Gpt2Model : public ModelImpl {
     // evaluates the two lookups fixes their backward nodes' order, which the estimator's
     // step simulation follows.
     if (tensor_parallel != nullptr) {
-      return {tensor_parallel->VocabEmbedding(input_ids, wte->weight) +
-                  wpe.ptr()->forward(position_ids),
-              {}};
+      at::Tensor embeddings = tensor_parallel->VocabEmbedding(input_ids, wte->weight) +
+                              wpe.ptr()->forward(position_ids);
+      // Megatron scatters the embeddings to the sequence-parallel region.
+      if (tensor_parallel->SequenceParallel()) return {tensor_parallel->Scatter(embeddings), {}};
+      return {embeddings, {}};
     }
     return {wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids), {}};
   }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
-    at::Tensor logits =
-        at::linear(CopyIn(tensor_parallel, ln_f.ptr()->forward(hidden)), wte->weight);
+    at::Tensor logits;
+    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
+      // The vocabulary-parallel head gathers its input too.
+      logits = tensor_parallel->GatherLinear(ln_f.ptr()->forward(hidden), wte->weight.t(),
+                                             at::Tensor(), nullptr);
+    } else {
+      logits = at::linear(CopyIn(tensor_parallel, ln_f.ptr()->forward(hidden)), wte->weight);
+    }
     return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
   }
 

@@ -165,6 +165,10 @@ ParameterShard ShardOf(const ModelConfig& c, const std::string& name, int64_t r)
   return {};
 }
 
+bool GradientIsPartial(const ModelConfig& config, const std::string& name) {
+  return config.sp && ShardOf(config, name, 0).pieces.empty() && name != "wpe.weight";
+}
+
 at::Tensor TakeShard(const at::Tensor& whole, const ParameterShard& shard) {
   if (shard.pieces.empty()) return whole;
   std::vector<at::Tensor> pieces;

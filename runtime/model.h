@@ -31,6 +31,7 @@
 #include "estimator/config.h"
 #include "runtime/last_use.h"
 #include "runtime/selective_ops.h"
+#include "runtime/tensor_parallel.h"
 
 namespace memledger::runtime {
 
@@ -42,28 +43,6 @@ struct LayerExtras {
   at::Tensor sin;
   // Defined returns the defined tensors, in order: what a checkpointed layer keeps.
   std::vector<at::Tensor> Defined() const;
-};
-
-// TensorParallel is what a tensor-parallel rank's model calls at Megatron's
-// communication points (runtime/distributed.cc implements it over a c10d group). None
-// of them keeps a tensor for backward beyond what is said.
-class TensorParallel {
- public:
-  virtual ~TensorParallel() = default;
-  // CopyIn is Megatron's f before column-parallel linears: the identity forward, an
-  // all-reduce of the gradient backward.
-  virtual at::Tensor CopyIn(const at::Tensor& x) = 0;
-  // ReduceOut is g after row-parallel linears: an all-reduce of the partial sums
-  // forward (into a new tensor), the identity backward.
-  virtual at::Tensor ReduceOut(const at::Tensor& x) = 0;
-  // VocabEmbedding looks `ids` up in this rank's rows of the vocabulary (zeros for the
-  // others' tokens) and all-reduces; it keeps `ids`.
-  virtual at::Tensor VocabEmbedding(const at::Tensor& ids, const at::Tensor& weight) = 0;
-  // VocabCrossEntropy is cross_entropy(ignore_index=-100, mean) over logits whose
-  // vocabulary columns are split over the ranks ((N, V / tp) fp32 here; labels (N)); it
-  // keeps the shard's softmax (N, V / tp) fp32, the labels and the valid-token count,
-  // as nll_loss(log_softmax) keeps log_probs, target and total_weight.
-  virtual at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels) = 0;
 };
 
 // The identity without tensor parallelism (`tp` null), else tp's.
@@ -125,6 +104,11 @@ struct ParameterShard {
 // down_proj and both c_proj split by input; norms, biases of row-parallel linears and
 // GPT-2's position embedding replicated.
 ParameterShard ShardOf(const ModelConfig& config, const std::string& name, int64_t tp_rank);
+// GradientIsPartial: with sequence parallelism (config.sp), a replicated parameter used
+// on a rank's T / tp tokens only (norms, row-parallel biases; not GPT-2's position
+// embedding, added before the scatter) gets a partial gradient on each rank, to be
+// all-reduced over the tensor-parallel group.
+bool GradientIsPartial(const ModelConfig& config, const std::string& name);
 // TakeShard is `whole`'s part under `shard` (a new tensor; `whole` itself if replicated).
 at::Tensor TakeShard(const at::Tensor& whole, const ParameterShard& shard);
 

@@ -170,6 +170,13 @@ at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
       });
 }
 
+at::Tensor GatherConv1DOp(TensorParallel& tp, const at::Tensor& weight, const at::Tensor& bias,
+                          const at::Tensor& input, SelectiveCache* cache) {
+  return Cached(
+      cache, OpKind::kMatmul, [&] { return tp.GatherLinear(input, weight, bias, nullptr); },
+      [&](const at::Tensor& out) { return tp.GatherLinear(input, weight, bias, &out); });
+}
+
 at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& input,
                     SelectiveCache* cache) {
   return Cached(

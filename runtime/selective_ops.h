@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "estimator/config.h"
+#include "runtime/tensor_parallel.h"
 
 namespace memledger::runtime {
 
@@ -59,6 +60,11 @@ at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
 // with weight of shape (in, out); kind matmul.
 at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& input,
                     SelectiveCache* cache);
+
+// GatherConv1DOp is a Conv1D whose (B, T / tp, in) input the sequence-parallel `tp`
+// all-gathers first (TensorParallel::GatherLinear); kind matmul.
+at::Tensor GatherConv1DOp(TensorParallel& tp, const at::Tensor& weight, const at::Tensor& bias,
+                          const at::Tensor& input, SelectiveCache* cache);
 
 // LayerNormOp is norm.forward(input) (native_layer_norm underneath); kind layer_norm.
 at::Tensor LayerNormOp(torch::nn::LayerNormImpl& norm, const at::Tensor& input,

@@ -51,7 +51,7 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--tp=0", "--tp must be >= 1, got 0"},
            {"--tp=2", "not the study's block"},
            {"--model=tiny-gpt2 --tp=3", "--heads 4 is not divisible by --tp 3"},
-           {"--sp", "--sp (sequence parallelism) needs --model=megatron-gpt and --tp >= 2"},
+           {"--sp", "--sp (sequence parallelism) needs the gpt2 family (a GPT-2 preset or "},
            {"--model=megatron-gpt", "megatron-gpt needs --attention=math"},
            {"--variants=core_attention", "core_attention recomputes math attention's core"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
