@@ -7,6 +7,7 @@
 #include <limits>
 #include <tuple>
 
+#include "runtime/dropout.h"
 #include "runtime/last_use.h"
 
 namespace memledger::runtime {
@@ -62,6 +63,38 @@ at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   at::Tensor masked = Last(scaled).masked_fill(Last(mask), -std::numeric_limits<float>::infinity());
   at::Tensor p = at::softmax(Last(masked), -1);
   return at::matmul(Last(p), v);
+}
+
+namespace {
+
+// FusedCausalSoftmax is Megatron's scaled_upper_triang_masked_softmax after the scale:
+// the causal mask applied inside (no mask tensor), keeping only its output.
+struct FusedCausalSoftmax : ag::Function<FusedCausalSoftmax> {
+  static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& scores) {
+    const int64_t seq = scores.size(-1);
+    at::Tensor mask = at::ones({seq, seq}, scores.options().dtype(at::kBool)).triu(1);
+    at::Tensor probs =
+        at::softmax(scores.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+    ctx->save_for_backward({probs});
+    return probs;
+  }
+  static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
+    const at::Tensor probs = ctx->get_saved_variables()[0];
+    const at::Tensor& grad = grads[0];
+    return {probs * (grad - (grad * probs).sum(-1, /*keepdim=*/true))};
+  }
+};
+
+}  // namespace
+
+at::Tensor MegatronCoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 int64_t layer) {
+  // One statement per last use (see Last in runtime/model.h).
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  at::Tensor scaled = Last(scores).mul(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  at::Tensor probs = FusedCausalSoftmax::apply(Last(scaled));
+  at::Tensor dropped = MegatronDropout(Last(probs), {layer, DropoutKind::kAttentionProbs});
+  return at::matmul(Last(dropped), v);
 }
 
 at::Tensor Attention(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,

@@ -52,6 +52,13 @@ at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor Attention(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v);
 
+// MegatronCoreAttention is megatron-gpt's math attention: q k^T, the scale, Megatron's
+// fused causal softmax (no mask tensor; keeps its output) and dropout on the
+// probabilities (runtime/dropout.h, keeps its mask), times v. `layer` names the dropout
+// site.
+at::Tensor MegatronCoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 int64_t layer);
+
 }  // namespace memledger::runtime
 
 #endif  // RUNTIME_ATTENTION_H_

@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/checkpoint.h"
+#include "runtime/dropout.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
 #include "runtime/saved_tensor_recorder.h"
@@ -133,14 +134,10 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     return s;
   }
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
-  if (config.megatron) {
-    return absl::UnimplementedError(
-        "the distributed runtime runs without dropout: megatron-gpt is predicted only");
-  }
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {
       return absl::UnimplementedError(
-          "the runtime has no core_attention recompute yet (predict still answers)");
+          "the runtime has no core_attention recompute yet");
     }
   }
   if (request.timeout_s < 1) {
@@ -641,7 +638,19 @@ class Rank {
       return buffer[0];
     };
 
+    // Where micro-batch j's tensors sit in the whole batch, for Megatron's dropout masks;
+    // set again before its backward, whose recomputes drop the same elements.
+    auto place = [&](int64_t j) {
+      DropoutPlacement placement;
+      placement.first_sequence = (position_.dp_rank * m + j) * config_.batch;
+      placement.heads = config_.heads;
+      placement.first_head = position_.tp_rank * (config_.heads / config_.tp);
+      placement.tokens = config_.seq;
+      placement.first_token = config_.sp ? position_.tp_rank * (config_.seq / config_.tp) : 0;
+      SetDropoutPlacement(placement);
+    };
     auto forward = [&](int64_t j, int64_t c) {
+      place(j);
       const StageRange& chunk = chunks_[c];
       const int64_t g = c * parallel_.pp + position_.stage;
       InFlight f;
@@ -669,6 +678,7 @@ class Rank {
       in_flight[{j, c}] = std::move(f);
     };
     auto backward = [&](int64_t j, int64_t c) {
+      place(j);
       const StageRange& chunk = chunks_[c];
       const int64_t g = c * parallel_.pp + position_.stage;
       auto it = in_flight.find({j, c});

@@ -103,7 +103,7 @@ inline constexpr absl::string_view kRankWorkerFlag = "--rank_worker=";
 // (dp x micro_batches x config.batch sequences), their updated parameters with the
 // unsharded step (RankMeasurement::max_param_diff).
 // Errors: InvalidArgument for a bad request; Unimplemented for what the distributed
-// runtime does not run (sp, megatron-gpt, core_attention);
+// runtime does not run (core_attention);
 // DeadlineExceeded naming the rank that did not finish; Internal naming the rank that
 // failed, with the last line it wrote.
 absl::StatusOr<DistributedMeasurement> MeasureDistributed(const ModelConfig& config,

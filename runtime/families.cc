@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/attention.h"
+#include "runtime/dropout.h"
 namespace memledger::runtime {
 namespace {
 
@@ -175,9 +177,11 @@ struct Conv1DParams {
 
 class Gpt2LayerImpl : public DecoderLayer {
  public:
-  // With c.tp > 1, one rank's shard: heads and MLP columns / tp.
-  explicit Gpt2LayerImpl(const ModelConfig& c)
-      : heads_(c.heads / c.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_) {
+  // With c.tp > 1, one rank's shard: heads and MLP columns / tp. With c.megatron,
+  // Megatron's dropouts (sites named by `index`) and fused causal softmax.
+  Gpt2LayerImpl(const ModelConfig& c, int64_t index)
+      : heads_(c.heads / c.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_),
+        index_(c.megatron ? index : -1) {
     const int64_t d = c.width, f = c.Intermediate() / c.tp, a = attention_width_;
     auto norm = [&](const char* name) {
       return register_module(
@@ -207,15 +211,22 @@ class Gpt2LayerImpl : public DecoderLayer {
     const int64_t t = qkv.size(1);
     std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
-    at::Tensor a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
+    at::Tensor a = index_ >= 0 ? MegatronCoreAttention(parts[0], parts[1], parts[2], index_)
+                               : AttentionOp(mode, parts[0], parts[1], parts[2], cache);
     parts.clear();
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, attention_width_});
-    at::Tensor projected = RowParallel(attn_c_proj, Last(merged), cache);
+    at::Tensor projected =
+        Dropout(RowParallel(attn_c_proj, Last(merged), cache), DropoutKind::kAttentionOut);
     at::Tensor x1 = x + Last(projected);
     at::Tensor fc = ColumnParallel(c_fc, LayerNormOp(*ln_2, x1, cache), cache);
     at::Tensor m = GeluOp(Last(fc), "tanh", cache);
-    at::Tensor out = RowParallel(mlp_c_proj, Last(m), cache);
+    at::Tensor out = Dropout(RowParallel(mlp_c_proj, Last(m), cache), DropoutKind::kMlpOut);
     return Last(x1) + Last(out);
+  }
+
+  // Dropout is Megatron's (megatron-gpt); the identity otherwise.
+  at::Tensor Dropout(at::Tensor x, DropoutKind kind) const {
+    return index_ >= 0 ? MegatronDropout(Last(x), {index_, kind}) : x;
   }
 
   // ColumnParallel is a Conv1D whose output columns are split over tensor-parallel
@@ -246,6 +257,7 @@ class Gpt2LayerImpl : public DecoderLayer {
 
  private:
   int64_t heads_, head_dim_, attention_width_;
+  int64_t index_;  // the layer's index with Megatron's dropouts, else -1
 };
 
 class Gpt2Model : public ModelImpl {
@@ -255,7 +267,10 @@ class Gpt2Model : public ModelImpl {
     wte = register_module("wte", torch::nn::Embedding(c.vocab / c.tp, c.width));
     wpe = register_module("wpe", torch::nn::Embedding(c.max_positions, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<Gpt2LayerImpl>(c));
+    for (int64_t i = 0; i < c.layers; ++i) {
+      layers->push_back(std::make_shared<Gpt2LayerImpl>(c, i));
+    }
+    megatron_ = c.megatron;
     ln_f = register_module(
         "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(c.norm_eps)));
   }
@@ -270,10 +285,11 @@ class Gpt2Model : public ModelImpl {
       at::Tensor embeddings = tensor_parallel->VocabEmbedding(input_ids, wte->weight) +
                               wpe.ptr()->forward(position_ids);
       // Megatron scatters the embeddings to the sequence-parallel region.
-      if (tensor_parallel->SequenceParallel()) return {tensor_parallel->Scatter(embeddings), {}};
-      return {embeddings, {}};
+      if (tensor_parallel->SequenceParallel()) embeddings = tensor_parallel->Scatter(embeddings);
+      return {EmbeddingDropout(std::move(embeddings)), {}};
     }
-    return {wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids), {}};
+    return {EmbeddingDropout(wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids)),
+            {}};
   }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
@@ -290,6 +306,12 @@ class Gpt2Model : public ModelImpl {
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  at::Tensor EmbeddingDropout(at::Tensor x) const {
+    return megatron_ ? MegatronDropout(Last(x), {-1, DropoutKind::kEmbeddings}) : x;
+  }
+  bool megatron_ = false;
 };
 
 }  // namespace

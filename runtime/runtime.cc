@@ -284,13 +284,13 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
   for (const Variant& variant : variants) {
     if (variant.kind == VariantKind::kCoreAttention) {
       return absl::UnimplementedError(
-          "the runtime has no core_attention recompute yet (predict still answers)");
+          "the runtime has no core_attention recompute yet");
     }
   }
-  if (config.tp > 1 || config.sp || config.megatron) {
+  if (config.tp > 1 || config.sp) {
     return absl::UnimplementedError(
-        "one process runs no tensor parallelism or dropout: --tp runs on ranks "
-        "(runtime/distributed.h, verify --tp); megatron-gpt is predicted only");
+        "one process runs no tensor parallelism: --tp runs on ranks (runtime/distributed.h, "
+        "verify --tp)");
   }
   try {
     return MeasureOrThrow(config, attention, variants, options);

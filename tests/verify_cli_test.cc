@@ -36,6 +36,23 @@ TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
       << bad.output;
 }
 
+TEST(VerifyCliTest, MegatronGptRunsWithItsDropoutAndFusedSoftmax) {
+  // megatron-gpt's dropouts (each keeps a bool mask) and fused causal softmax (keeps its
+  // output, no mask tensor), measured in one process against the Korthikanti-style walk.
+  CommandResult r = Verify(
+      "--model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 --vocab=128 "
+      "--attention=math --skip_timing",
+      /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_TRUE(doc["passed"].GetBool());
+  for (const char* variant : {"none", "full", "every_2", "selective"}) {
+    EXPECT_EQ(doc["ratio"]["saved_bytes"][variant].GetDouble(), 1.0) << variant;
+  }
+}
+
 TEST(VerifyCliTest, PassingRunPrintsStudySchema) {
   CommandResult r = Verify(kSmall, /*merge_stderr=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -92,14 +109,13 @@ TEST(VerifyCliTest, BadInputExitsTwo) {
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
-  // Megatron's dropout and sequence parallelism are predicted, not run: exit 3 with the
-  // reason.
-  CommandResult megatron = Verify(
+  // What the runtime cannot run exits 3 with the reason.
+  CommandResult core = Verify(
       "--model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 "
-      "--attention=math --tp=2 --sp");
-  EXPECT_EQ(megatron.exit_code, 3) << megatron.output;
-  EXPECT_NE(megatron.output.find("megatron-gpt is predicted only"), std::string::npos)
-      << megatron.output;
+      "--attention=math --variants=none,core_attention");
+  EXPECT_EQ(core.exit_code, 3) << core.output;
+  EXPECT_NE(core.output.find("no core_attention recompute yet"), std::string::npos)
+      << core.output;
   // On ranks, the memory guard counts every rank process: refused before any starts.
   CommandResult ranks = Verify("--model=tiny-llama --dp=2 --max_memory_gib=0.001");
   EXPECT_EQ(ranks.exit_code, 2) << ranks.output;
