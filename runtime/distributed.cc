@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -1199,6 +1200,9 @@ int RunRankWorker(const ModelConfig& config, const ParallelSpec& parallel,
     std::cerr << "memledger rank: bad " << kRankWorkerFlag << worker << "\n";
     return 2;
   }
+  // A rank dies with the verify that started it (killed, or interrupted by the user)
+  // rather than wait in a collective for ranks that are gone.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (absl::Status s = ValidateDistributed(config, parallel, request); !s.ok()) {
     std::cerr << "memledger rank " << rank << ": " << s.message() << "\n";
     return 2;

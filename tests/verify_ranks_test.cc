@@ -27,6 +27,21 @@ rapidjson::Document Parse(const CommandResult& r) {
   return doc;
 }
 
+// PassingRun is a run expected to pass on `ranks` ranks: its JSON, after checking that.
+rapidjson::Document PassingRun(const std::string& args, rapidjson::SizeType ranks) {
+  CommandResult r = Verify(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("ranks")) {
+    ADD_FAILURE() << "no report: " << r.output;
+    doc.Parse(R"({"ranks": [], "passed": false})");
+    return doc;
+  }
+  EXPECT_EQ(doc["ranks"].Size(), ranks) << r.output;
+  EXPECT_TRUE(doc["passed"].GetBool()) << r.output;
+  return doc;
+}
+
 const rapidjson::Value& Rank(const rapidjson::Document& doc, int rank) {
   return doc["ranks"][static_cast<rapidjson::SizeType>(rank)];
 }
@@ -42,11 +57,9 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
   for (const Case& c : {Case{1, 101632, 101632, 2 * 50816}, Case{2, 101632, 50816, 2 * 50816},
                         Case{3, 50816, 50816, 2 * 50816}}) {
     SCOPED_TRACE(c.zero);
-    CommandResult r = Verify(std::string(kStudy) + " --dp=2 --zero=" + std::to_string(c.zero));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    rapidjson::Document doc = Parse(r);
-    ASSERT_EQ(doc["ranks"].Size(), 2u);
-    EXPECT_TRUE(doc["passed"].GetBool());
+    rapidjson::Document doc =
+        PassingRun(std::string(kStudy) + " --dp=2 --zero=" + std::to_string(c.zero), 2);
+    if (HasFailure()) return;
     EXPECT_STREQ(doc["backend"].GetString(), "gloo");
     for (int rank = 0; rank < 2; ++rank) {
       const rapidjson::Value& measured = Rank(doc, rank)["measured"];
@@ -67,13 +80,11 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
 TEST(VerifyRanksTest, PipelineStagesHoldTheirOneFOneBMicroBatches) {
   // 1F1B with 4 micro-batches over 2 stages: the first stage runs 1 warm-up forward and
   // then one more before its first backward, so it holds 2; the last stage holds 1.
-  CommandResult r = Verify(
+  rapidjson::Document doc = PassingRun(
       "--model=tiny-llama --batch=2 --seq=8 --skip_timing --pp=2 --micro_batches=4 "
-      "--variants=none,full");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc = Parse(r);
-  ASSERT_EQ(doc["ranks"].Size(), 2u);
-  EXPECT_TRUE(doc["passed"].GetBool());
+      "--variants=none,full",
+      2);
+  if (HasFailure()) return;
   EXPECT_EQ(Rank(doc, 0)["stage"].GetInt(), 0);
   EXPECT_EQ(Rank(doc, 1)["stage"].GetInt(), 1);
   EXPECT_EQ(Rank(doc, 0)["measured"]["micro_batches_in_flight.none"].GetInt64(), 2);
@@ -103,11 +114,9 @@ TEST(VerifyRanksTest, TensorParallelRanksHoldTheirShards) {
   // each = 512) + o (32 x 16 = 512) + gate, up, down (32 x 32 each = 3072) = 4672; two
   // layers 9344, plus the embedding's and the head's 48 vocabulary rows (2 x 1536) and
   // the final norm (32): 12448 per rank.
-  CommandResult r = Verify("--model=tiny-llama --batch=2 --seq=8 --skip_timing --tp=2");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc = Parse(r);
-  ASSERT_EQ(doc["ranks"].Size(), 2u);
-  EXPECT_TRUE(doc["passed"].GetBool());
+  rapidjson::Document doc =
+      PassingRun("--model=tiny-llama --batch=2 --seq=8 --skip_timing --tp=2", 2);
+  if (HasFailure()) return;
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(Rank(doc, rank)["tp_rank"].GetInt(), rank);
     EXPECT_EQ(Rank(doc, rank)["measured"]["n_params"].GetInt64(), 12448);
@@ -122,11 +131,9 @@ TEST(VerifyRanksTest, SequenceParallelRanksHoldTheirTokens) {
   // tokens, column-parallel convolutions all-gathering their input (keeping the shard),
   // row-parallel ones reduce-scattering. The norms' and row-parallel biases' gradients
   // are partial per rank until all-reduced, which the gradient check would catch.
-  CommandResult r = Verify("--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --tp=2 --sp");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc = Parse(r);
-  ASSERT_EQ(doc["ranks"].Size(), 2u);
-  EXPECT_TRUE(doc["passed"].GetBool());
+  rapidjson::Document doc =
+      PassingRun("--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --tp=2 --sp", 2);
+  if (HasFailure()) return;
   for (int rank = 0; rank < 2; ++rank) {
     for (const char* variant : {"none", "full", "every_2", "selective"}) {
       EXPECT_EQ(
@@ -147,13 +154,11 @@ TEST(VerifyRanksTest, MegatronGptWithDropoutOnSequenceParallelRanks) {
   // Korthikanti et al.'s setup in small: Megatron's ops with dropout p = 0.1 at tp 2 with
   // sequence parallelism. Each dropout's mask is cut from one whole-model mask, so the
   // ranks drop what one process drops and their gradients compare.
-  CommandResult r = Verify(
+  rapidjson::Document doc = PassingRun(
       "--model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 --vocab=128 "
-      "--attention=math --skip_timing --tp=2 --sp --dp=2 --micro_batches=2");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc = Parse(r);
-  ASSERT_EQ(doc["ranks"].Size(), 4u);
-  EXPECT_TRUE(doc["passed"].GetBool());
+      "--attention=math --skip_timing --tp=2 --sp --dp=2 --micro_batches=2",
+      4);
+  if (HasFailure()) return;
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
     EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["selective"].GetDouble(), 1e-5);
@@ -164,13 +169,11 @@ TEST(VerifyRanksTest, EightRanksCombineTensorDataAndPipelineParallelism) {
   // tp 2 (sequence parallel) x dp 2 x pp 2 with ZeRO-1, GPT-2 (tied embedding, biases
   // on row-parallel projections added after the reduction): rank = tp_rank + 2 x
   // (dp_rank + 2 x stage).
-  CommandResult r = Verify(
+  rapidjson::Document doc = PassingRun(
       "--model=tiny-gpt2 --batch=1 --seq=8 --skip_timing --tp=2 --sp --dp=2 --pp=2 --zero=1 "
-      "--micro_batches=2 --variants=none,selective");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc = Parse(r);
-  ASSERT_EQ(doc["ranks"].Size(), 8u);
-  EXPECT_TRUE(doc["passed"].GetBool());
+      "--micro_batches=2 --variants=none,selective",
+      8);
+  if (HasFailure()) return;
   EXPECT_EQ(doc["parallel"]["world_size"].GetInt(), 8);
   EXPECT_EQ(Rank(doc, 6)["tp_rank"].GetInt(), 0);
   EXPECT_EQ(Rank(doc, 6)["dp_rank"].GetInt(), 1);
@@ -180,13 +183,11 @@ TEST(VerifyRanksTest, EightRanksCombineTensorDataAndPipelineParallelism) {
 TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
   // GPT-2 ties its embedding: the first and the last stage each hold it and add each
   // other's gradients, so both must match the single process.
-  CommandResult r = Verify(
+  rapidjson::Document doc = PassingRun(
       "--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --dp=2 --pp=2 --zero=2 "
-      "--micro_batches=3 --variants=none,every_k --every=1");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc = Parse(r);
-  ASSERT_EQ(doc["ranks"].Size(), 4u);
-  EXPECT_TRUE(doc["passed"].GetBool());
+      "--micro_batches=3 --variants=none,every_k --every=1",
+      4);
+  if (HasFailure()) return;
   EXPECT_EQ(doc["parallel"]["world_size"].GetInt(), 4);
   // rank = dp_rank + dp x stage.
   EXPECT_EQ(Rank(doc, 3)["dp_rank"].GetInt(), 1);
@@ -218,8 +219,7 @@ TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
       "verify/verify --model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 "
       "--attention=math --skip_timing --dp=2 --variants=none,core_attention");
   EXPECT_EQ(core.exit_code, 3) << core.output;
-  EXPECT_NE(core.output.find("no core_attention recompute yet"), std::string::npos)
-      << core.output;
+  EXPECT_NE(core.output.find("no core_attention recompute yet"), std::string::npos) << core.output;
   CommandResult timeout = memledger::testing::RunCommand(std::string("verify/verify ") + kStudy +
                                                          " --dp=2 --rank_timeout_s=0");
   EXPECT_EQ(timeout.exit_code, 2) << timeout.output;

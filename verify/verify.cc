@@ -37,6 +37,13 @@ absl::Status CheckFootprint(int64_t footprint_bytes, int64_t max_memory_bytes) {
       "); lower --batch, --seq, --width or --layers"));
 }
 
+std::string Verdict(const std::string& ok, const std::vector<std::string>& failures) {
+  if (failures.empty()) return absl::StrCat("\nOK: ", ok, "\n");
+  std::string out = "\nFAILED:\n";
+  for (const std::string& f : failures) absl::StrAppend(&out, "  ", f, "\n");
+  return out;
+}
+
 std::string MismatchLine(const BucketCheck& bucket) {
   return absl::StrFormat("%s: measured %d, predicted %d (ratio %.6f)", bucket.name,
                          bucket.measured, bucket.predicted, bucket.ratio);

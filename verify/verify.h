@@ -52,6 +52,8 @@ struct BucketCheck {
 // of one that is not exact.
 BucketCheck CheckBucket(std::string name, int64_t predicted, int64_t measured);
 std::string MismatchLine(const BucketCheck& bucket);
+// Verdict is a report table's last lines: "OK: " and `ok`, or "FAILED:" and the failures.
+std::string Verdict(const std::string& ok, const std::vector<std::string>& failures);
 
 struct VerifyReport {
   Prediction prediction;

@@ -216,17 +216,11 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
     absl::StrAppendFormat(&out, "%-36s %16.3g\n%-36s %16.3g\n", "max_grad_diff (all variants)",
                           worst, "max_param_diff (after the step)", m.max_param_diff);
   }
-  if (r.Passed()) {
-    absl::StrAppendFormat(&out,
-                          "\nOK: every rank's buckets measured == predicted; gradients within %g "
-                          "of one process on the whole batch; the sharded step equals the "
-                          "unsharded one.\n",
-                          r.grad_tolerance);
-  } else {
-    out += "\nFAILED:\n";
-    for (const std::string& f : r.failures) absl::StrAppend(&out, "  ", f, "\n");
-  }
-  return out;
+  return out + Verdict(absl::StrFormat("every rank's buckets measured == predicted; "
+                                       "gradients within %g of one process on the whole "
+                                       "batch; the sharded step equals the unsharded one.",
+                                       r.grad_tolerance),
+                       r.failures);
 }
 
 }  // namespace memledger

@@ -219,16 +219,10 @@ std::string VerifyTable(const VerifyReport& r) {
                           ratio ? absl::StrFormat("%.3f", *v.time_s / *none_time) : "-",
                           model ? absl::StrFormat("%.3f", *r.predicted_overhead[i]) : "-");
   }
-  if (r.Passed()) {
-    absl::StrAppendFormat(&out,
-                          "\nOK: every bucket measured == predicted; gradients within %g of "
-                          "none.\n",
-                          r.grad_tolerance);
-  } else {
-    out += "\nFAILED:\n";
-    for (const std::string& f : r.failures) absl::StrAppend(&out, "  ", f, "\n");
-  }
-  return out;
+  return out + Verdict(absl::StrFormat("every bucket measured == predicted; gradients "
+                                       "within %g of none.",
+                                       r.grad_tolerance),
+                       r.failures);
 }
 
 }  // namespace memledger
