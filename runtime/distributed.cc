@@ -21,6 +21,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -137,13 +138,17 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {
-      return absl::UnimplementedError(
-          "the runtime has no core_attention recompute yet");
+      return absl::UnimplementedError("the runtime has no core_attention recompute yet");
     }
   }
   if (request.timeout_s < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank_timeout_s must be >= 1, got ", request.timeout_s));
+  }
+  if (WorldSize(config.tp, parallel) > kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "verify runs at most ", kMaxRanks, " rank processes on this machine, --tp x --dp x --pp ",
+        "asks for ", WorldSize(config.tp, parallel), " (predict answers for any size)"));
   }
   return absl::OkStatus();
 }
@@ -898,6 +903,9 @@ std::string LastLine(const std::string& path) {
 // goes out of scope.
 class RankProcesses {
  public:
+  // kSettle: how long after a rank's failure the others may take to fail with it.
+  static constexpr std::chrono::seconds kSettle{1};
+
   ~RankProcesses() { KillAll(); }
 
   absl::Status Start(const std::vector<std::string>& argv, const std::string& log) {
@@ -925,6 +933,11 @@ class RankProcesses {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<bool> done(pids_.size(), false);
     size_t finished = 0;
+    // Failed ranks, first seen first. A rank that dies takes the ranks waiting on it in
+    // collectives down with it (Gloo sees the connection close): the others that fail
+    // within a second are reported too, after it.
+    std::vector<std::string> failures;
+    std::optional<std::chrono::steady_clock::time_point> first_failure;
     while (finished < pids_.size()) {
       for (size_t r = 0; r < pids_.size(); ++r) {
         if (done[r]) continue;
@@ -937,12 +950,18 @@ class RankProcesses {
           const std::string how = WIFEXITED(status)
                                       ? absl::StrCat("exited with status ", WEXITSTATUS(status))
                                       : absl::StrCat("was killed by signal ", WTERMSIG(status));
-          return absl::InternalError(absl::StrCat("rank ", r, " of ", pids_.size(), " ", how, ": ",
-                                                  LastLine(RankFile(dir, r, "log"))));
+          failures.push_back(
+              absl::StrCat("rank ", r, " ", how, ": ", LastLine(RankFile(dir, r, "log"))));
+          if (!first_failure) first_failure = std::chrono::steady_clock::now();
         }
       }
+      const auto now = std::chrono::steady_clock::now();
+      if (first_failure && (finished == pids_.size() || now - *first_failure > kSettle)) {
+        return absl::InternalError(absl::StrCat(failures.size(), " of ", pids_.size(),
+                                                " ranks failed: ", absl::StrJoin(failures, "; ")));
+      }
       if (finished == pids_.size()) break;
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (now > deadline) {
         // Each unfinished rank with the last thing it said: a rank waiting in a
         // collective for a hung one hangs too, and the logs tell them apart.
         std::vector<std::string> running;

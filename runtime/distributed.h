@@ -45,6 +45,10 @@ struct RankPosition {
 RankPosition PositionOf(int64_t rank, int64_t tp, const ParallelSpec& parallel);
 int64_t WorldSize(int64_t tp, const ParallelSpec& parallel);  // tp x dp x pp
 
+// kMaxRanks bounds the rank processes one machine starts: each loads LibTorch and builds
+// the whole model.
+inline constexpr int64_t kMaxRanks = 64;
+
 // DistributedRequest is what every rank runs.
 struct DistributedRequest {
   AttentionMode attention = AttentionMode::kFlash;
