@@ -189,6 +189,25 @@ class GraphBuilder {
                OpKind::kMatmul);
   }
 
+  // ColumnParallelLinear is the Llama family's nn.Linear (weight (out, in)) with its
+  // output columns split over tensor-parallel ranks; with sequence parallelism the
+  // gather-linear of ColumnParallel.
+  int ColumnParallelLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
+    if (!sp_) return bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
+    std::vector<int> inputs = {x, Param(name + ".weight", {out, in})};
+    if (bias) inputs.push_back(Param(name + ".bias", {out}));
+    return Op1(OpType::kGatherLinear, name, inputs, {.shape = {kB, kT, out}}, OpKind::kMatmul);
+  }
+
+  // RowParallelNoBias: the Llama family's row-parallel nn.Linear, its partial sums
+  // all-reduced in place or, with sequence parallelism, reduce-scattered.
+  int RowParallelNoBias(const std::string& name, int x, SymDim in, SymDim out) {
+    int partial = LinearNoBias(name, x, in, out);
+    if (!sp_) return partial;
+    return Op1(OpType::kReduceScatter, name + ".reduce_scatter", {partial},
+               {.shape = {kB, kTs, out}});
+  }
+
   // RowParallel is a linear whose input rows are split over ranks: each computes a
   // partial (B, T, out) sum, which an all-reduce (in place: no new tensor) or, with
   // sequence parallelism, a reduce-scatter to (B, T / tp, out) completes.
@@ -375,20 +394,26 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
   GraphBuilder g(config);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
-  return g.Finish(g.Op1(OpType::kEmbedding, "embed_tokens", {weight, input_ids}));
+  int embeddings = g.Op1(OpType::kEmbedding, "embed_tokens", {weight, input_ids});
+  if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
+    embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
+                       {.shape = {kB, kTs, kD}});
+  }
+  return g.Finish(embeddings);
 }
 
-// LlamaDecoderLayer.forward with RoPE tables (1, T, d_head) made once per forward.
+// LlamaDecoderLayer.forward with RoPE tables (1, T, d_head) made once per forward. With
+// sequence parallelism the residual stream and the norms hold T / tp tokens (kTs), the
+// q/k/v and gate/up projections all-gather them, o_proj and down_proj reduce-scatter.
 BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   GraphBuilder g(config);
-  int x = g.Input("x", {kB, kT, kD});
+  int x = g.Input("x", {kB, kTs, kD});
   // transformers' rotary embedding returns cos, sin cast to the hidden states' dtype.
   int cos = g.Global("rope.cos", config.dtype, {Sym(1), kT, kDHead});
   int sin = g.Global("rope.sin", config.dtype, {Sym(1), kT, kDHead});
   int h = g.RmsNorm("input_layernorm", x);
   auto project = [&](const std::string& name, SymDim heads) {
-    int out = config.qkv_bias ? g.Linear(name, h, kD, heads * kDHead)
-                              : g.LinearNoBias(name, h, kD, heads * kDHead);
+    int out = g.ColumnParallelLinear(name, h, kD, heads * kDHead, config.qkv_bias);
     int split = g.Op1(OpType::kView, name + ".split_heads", {out}, {.shape = {kB, kT, heads, kDHead}});
     return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };
@@ -409,25 +434,29 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
                      {.shape = {kB, kT, kH * kDHead}});
   int x1 = g.Op1(OpType::kAdd, "residual1",
-                 {x, g.LinearNoBias("o_proj", merged, kH * kDHead, kD)});
+                 {x, g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD)});
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
-  int gate = g.LinearNoBias("gate_proj", h2, kD, kF);
-  int up = g.LinearNoBias("up_proj", h2, kD, kF);
+  int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, /*bias=*/false);
+  int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
   int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
-  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, g.LinearNoBias("down_proj", product, kF, kD)});
+  int x2 = g.Op1(OpType::kAdd, "residual2",
+                 {x1, g.RowParallelNoBias("down_proj", product, kF, kD)});
   return g.Finish(x2);
 }
 
 // Final norm, LM head (tied to embed_tokens or not) and the loss.
 BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
   GraphBuilder g(config);
-  int x = g.Input("x", {kB, kT, kD});
+  int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.RmsNorm("norm", x);
   int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
                                      : g.Param("lm_head.weight", {kV, kD});
-  int logits = g.MatmulFolded("lm_head", h, weight, kD, kV);
+  // With sequence parallelism the vocabulary-parallel head gathers its input too.
+  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+                                 {.shape = {kB, kT, kV}}, OpKind::kMatmul)
+                         : g.MatmulFolded("lm_head", h, weight, kD, kV);
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 

@@ -135,7 +135,8 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
     start = model.Prologue(input);
   } else {
     start.hidden = received;
-    start.extras = model.Extras(received.size(1), received.scalar_type());
+    // The model input's length: with sequence parallelism `received` holds T / tp tokens.
+    start.extras = model.Extras(input.size(1), received.scalar_type());
   }
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {

@@ -80,16 +80,18 @@ class LlamaLayerImpl : public DecoderLayer {
   at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
                      SelectiveCache* cache) override {
     // One statement per last use (see Last in runtime/model.h), in the graph's order.
-    // With tensor parallelism, CopyIn before the column-parallel projections and
-    // ReduceOut after the row-parallel ones (Megatron's f and g).
-    const int64_t b = x.size(0), t = x.size(1);
+    // With tensor parallelism, Megatron's f (CopyIn) before the column-parallel
+    // projections and g (ReduceOut) after the row-parallel ones; with sequence
+    // parallelism x holds this rank's T / tp tokens, the column-parallel projections
+    // all-gather them and the row-parallel ones reduce-scatter.
+    const int64_t b = x.size(0), t = extras.cos.size(1);  // all T tokens
     auto heads = [&](const at::Tensor& projected, int64_t n) {
       return projected.view({b, t, n, head_dim_}).transpose(1, 2);
     };
-    at::Tensor h = CopyIn(tensor_parallel, input_layernorm->forward(x));
-    at::Tensor q = heads(LinearOp(*q_proj, h, cache), heads_);
-    at::Tensor k = heads(LinearOp(*k_proj, h, cache), kv_heads_);
-    at::Tensor v = heads(LinearOp(*v_proj, Last(h), cache), kv_heads_);
+    at::Tensor h = ColumnInput(input_layernorm->forward(x));
+    at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_);
+    at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_);
+    at::Tensor v = heads(ColumnParallel(*v_proj, Last(h), cache), kv_heads_);
     const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
     q = Rope(Last(q), cos, sin);
     k = Rope(Last(k), cos, sin);
@@ -99,15 +101,35 @@ class LlamaLayerImpl : public DecoderLayer {
     }
     at::Tensor a = AttentionOp(mode, Last(q), Last(k), Last(v), cache);
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
-    at::Tensor projected = ReduceOut(tensor_parallel, LinearOp(*o_proj, Last(merged), cache));
+    at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
     at::Tensor x1 = x + Last(projected);
-    at::Tensor h2 = CopyIn(tensor_parallel, post_attention_layernorm->forward(x1));
-    at::Tensor gate = LinearOp(*gate_proj, h2, cache);
-    at::Tensor up = LinearOp(*up_proj, Last(h2), cache);
+    at::Tensor h2 = ColumnInput(post_attention_layernorm->forward(x1));
+    at::Tensor gate = ColumnParallel(*gate_proj, h2, cache);
+    at::Tensor up = ColumnParallel(*up_proj, Last(h2), cache);
     at::Tensor act = SiluOp(Last(gate), cache);
     at::Tensor product = Last(act) * Last(up);
-    at::Tensor down = ReduceOut(tensor_parallel, LinearOp(*down_proj, Last(product), cache));
+    at::Tensor down = RowParallel(*down_proj, Last(product), cache);
     return Last(x1) + Last(down);
+  }
+
+  bool SequenceParallel() const {
+    return tensor_parallel != nullptr && tensor_parallel->SequenceParallel();
+  }
+  // ColumnInput: the input of column-parallel projections, through f unless sequence
+  // parallel (where each projection gathers it).
+  at::Tensor ColumnInput(const at::Tensor& h) const {
+    return SequenceParallel() ? h : CopyIn(tensor_parallel, h);
+  }
+  at::Tensor ColumnParallel(torch::nn::LinearImpl& linear, const at::Tensor& h,
+                            SelectiveCache* cache) const {
+    if (!SequenceParallel()) return LinearOp(linear, h, cache);
+    return GatherConv1DOp(*tensor_parallel, linear.weight.t(), linear.bias, h, cache);
+  }
+  at::Tensor RowParallel(torch::nn::LinearImpl& linear, const at::Tensor& x,
+                         SelectiveCache* cache) const {
+    at::Tensor partial = LinearOp(linear, x, cache);
+    if (SequenceParallel()) return tensor_parallel->ReduceScatter(Last(partial));
+    return ReduceOut(tensor_parallel, Last(partial));
   }
 
   RmsNorm input_layernorm{nullptr};
@@ -139,6 +161,10 @@ class LlamaModel : public ModelImpl {
                        ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
                        : embed_tokens.ptr()->forward(input_ids);
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
+    // Megatron scatters the embeddings to the sequence-parallel region.
+    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
+      start.hidden = tensor_parallel->Scatter(start.hidden);
+    }
     return start;
   }
 
@@ -158,7 +184,14 @@ class LlamaModel : public ModelImpl {
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
     const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
-    at::Tensor logits = at::linear(CopyIn(tensor_parallel, norm.ptr()->forward(hidden)), weight);
+    at::Tensor logits;
+    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
+      // The vocabulary-parallel head gathers its input too.
+      logits = tensor_parallel->GatherLinear(norm.ptr()->forward(hidden), weight.t(),
+                                             at::Tensor(), nullptr);
+    } else {
+      logits = at::linear(CopyIn(tensor_parallel, norm.ptr()->forward(hidden)), weight);
+    }
     return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
   }
 

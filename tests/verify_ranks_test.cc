@@ -143,6 +143,8 @@ TEST(VerifyRanksTest, SequenceParallelRanksHoldTheirTokens) {
     }
     EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["none"].GetDouble(), 1e-5);
   }
+  // The Llama family too: RMSNorms on the shard, q/k/v and gate/up gathering it.
+  PassingRun("--model=tiny-llama --batch=2 --seq=8 --skip_timing --tp=2 --sp", 2);
   // Without --sp each rank keeps every token's activations: more than with it.
   CommandResult plain = Verify("--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --tp=2");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
