@@ -199,6 +199,21 @@ TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
   }
 }
 
+TEST(VerifyRanksTest, LowPrecisionRanksDefaultToALooserGradientTolerance) {
+  // bf16 ranks sum gradients in another order than one process (measured up to ~1e-3):
+  // 1e-2 unless --grad_tolerance is given; ZeRO-3 with fp32 master shards.
+  rapidjson::Document doc = PassingRun(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --zero=3 --dtype=bf16 "
+      "--master_weights --variants=none,full",
+      2);
+  if (HasFailure()) return;
+  EXPECT_EQ(doc["grad_tolerance"].GetDouble(), 1e-2);
+  CommandResult strict = Verify(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --dtype=bf16 "
+      "--variants=none --grad_tolerance=1e-9");
+  EXPECT_EQ(strict.exit_code, 1) << strict.output;
+}
+
 TEST(VerifyRanksTest, ADeadRankIsReportedAndTheOthersStopped) {
   // Rank 1 exits; rank 0, waiting for it in the gradient all-reduce, fails after it or is
   // killed. The message names rank 1 with its last line either way.

@@ -178,6 +178,7 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
     ranks.PushBack(rank, a);
   }
   doc.AddMember("ranks", ranks, a);
+  doc.AddMember("grad_tolerance", r.grad_tolerance, a);
   doc.AddMember("passed", r.Passed(), a);
   rapidjson::Value failures(rapidjson::kArrayType);
   for (const std::string& f : r.failures) failures.PushBack(Key(f, a), a);

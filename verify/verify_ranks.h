@@ -54,7 +54,8 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
                                               const std::vector<std::string>& command);
 
 // RanksVerifyJson: config, parallel, and per rank its position, buckets (predicted,
-// measured, ratio), max_grad_diff per variant and max_param_diff; passed, failures.
+// measured, ratio), max_grad_diff per variant and max_param_diff; grad_tolerance, passed,
+// failures.
 rapidjson::Document RanksVerifyJson(const RanksVerifyReport& report);
 
 // RanksVerifyTable: one line per rank and bucket, then the verdict.
