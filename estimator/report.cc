@@ -410,21 +410,24 @@ std::string LayersText(const RankKind& kind) {
 
 }  // namespace
 
-rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks) {
-  rapidjson::Document doc = PredictionJson(RankView(whole, ranks.kinds.front()));
-  Allocator& a = doc.GetAllocator();
-  const ParallelSpec& p = ranks.parallel;
+rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, Allocator& a) {
   rapidjson::Value parallel(rapidjson::kObjectType);
   parallel.AddMember("dp", p.dp, a);
-  parallel.AddMember("tp", whole.config.tp, a);
-  parallel.AddMember("sp", whole.config.sp, a);
+  parallel.AddMember("tp", config.tp, a);
+  parallel.AddMember("sp", config.sp, a);
   parallel.AddMember("pp", p.pp, a);
   parallel.AddMember("virtual_stages", p.virtual_stages, a);
   parallel.AddMember("micro_batches", p.micro_batches, a);
   parallel.AddMember("schedule", rapidjson::StringRef(PipelineScheduleName(p.schedule).data()), a);
   parallel.AddMember("zero", p.zero, a);
-  parallel.AddMember("world_size", p.dp * whole.config.tp * p.pp, a);
-  doc.AddMember("parallel", parallel, a);
+  parallel.AddMember("world_size", p.dp * config.tp * p.pp, a);
+  return parallel;
+}
+
+rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks) {
+  rapidjson::Document doc = PredictionJson(RankView(whole, ranks.kinds.front()));
+  Allocator& a = doc.GetAllocator();
+  doc.AddMember("parallel", ParallelJson(whole.config, ranks.parallel, a), a);
   rapidjson::Value kinds(rapidjson::kArrayType);
   for (const RankKind& kind : ranks.kinds) {
     rapidjson::Value rank(rapidjson::kObjectType);

@@ -51,6 +51,11 @@ std::string PredictionTable(const Prediction& prediction, const std::string& sco
 // model's, Korthikanti's per-GPU formula for it, and no peaks.
 Prediction RankView(const Prediction& whole, const RankKind& kind);
 
+// ParallelJson is the layout: dp, tp, sp, pp, virtual_stages, micro_batches, schedule,
+// zero and world_size.
+rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& parallel,
+                              rapidjson::Document::AllocatorType& allocator);
+
 // RanksJson is PredictionJson of the most loaded rank (RankView of ranks.kinds[0]) plus
 // "parallel" (the layout) and "ranks": every kind of rank, the most loaded first, with
 // its position (stage, layers, embedding, head), how many ranks share it, its buckets

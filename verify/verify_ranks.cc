@@ -122,34 +122,27 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
 }
 
 rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
-  rapidjson::Document doc(rapidjson::kObjectType);
+  // The study's head with the most loaded rank's measured buckets, as predict's JSON
+  // has its most loaded rank's predicted ones at the top.
+  const runtime::RankMeasurement* most = nullptr;
+  auto total = [](const runtime::RankMeasurement& m) {
+    return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
+           (m.variants.empty() ? 0 : m.variants.front().held_bytes);
+  };
+  for (const RankCheck& check : r.ranks) {
+    if (most == nullptr || total(check.measured) > total(*most)) most = &check.measured;
+  }
+  ParameterBuckets buckets;
+  if (most != nullptr) {
+    buckets = {most->n_params, most->param_bytes, most->grad_bytes, most->optimizer_state_bytes,
+               most->adamw_state_bytes};
+  }
+  rapidjson::Document doc =
+      StudyJsonHead(r.config, r.request.attention, r.request.optimizer, buckets);
   Allocator& a = doc.GetAllocator();
-  rapidjson::Value config(rapidjson::kObjectType);
-  const ModelConfig& c = r.config;
-  config.AddMember("family", Key(std::string(FamilyName(c.family)), a), a);
-  config.AddMember("layers", c.layers, a);
-  config.AddMember("width", c.width, a);
-  config.AddMember("heads", c.heads, a);
-  config.AddMember("batch", c.batch, a);
-  config.AddMember("seq", c.seq, a);
-  config.AddMember("dtype", Key(std::string(ModelDTypeName(c.dtype)), a), a);
-  config.AddMember("amp", Key(std::string(AmpName(c.amp)), a), a);
-  doc.AddMember("config", config, a);
-  doc.AddMember("attention", Key(std::string(AttentionModeName(r.request.attention)), a), a);
-  doc.AddMember("optimizer", Key(std::string(OptimizerName(r.request.optimizer.kind)), a), a);
-  const ParallelSpec& p = r.parallel;
-  rapidjson::Value parallel(rapidjson::kObjectType);
-  parallel.AddMember("dp", p.dp, a);
-  parallel.AddMember("tp", r.config.tp, a);
-  parallel.AddMember("pp", p.pp, a);
-  parallel.AddMember("virtual_stages", p.virtual_stages, a);
-  parallel.AddMember("micro_batches", p.micro_batches, a);
-  parallel.AddMember("schedule", Key(std::string(PipelineScheduleName(p.schedule)), a), a);
-  parallel.AddMember("zero", p.zero, a);
-  parallel.AddMember("world_size", r.config.tp * p.dp * p.pp, a);
-  doc.AddMember("parallel", parallel, a);
+  doc.AddMember("parallel", ParallelJson(r.config, r.parallel, a), a);
   doc.AddMember("backend", "gloo", a);
-  doc.AddMember("torch_version", Key(kTorchRelease, a), a);
+  if (most != nullptr) doc.AddMember("most_loaded_rank", most->position.rank, a);
 
   rapidjson::Value ranks(rapidjson::kArrayType);
   for (const RankCheck& check : r.ranks) {

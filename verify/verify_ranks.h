@@ -53,9 +53,10 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
                                               double grad_tolerance, int64_t max_memory_bytes,
                                               const std::vector<std::string>& command);
 
-// RanksVerifyJson: config, parallel, and per rank its position, buckets (predicted,
-// measured, ratio), max_grad_diff per variant and max_param_diff; grad_tolerance, passed,
-// failures.
+// RanksVerifyJson: the study's head (config, attention, torch, dtype, optimizer and the
+// parameter buckets of the most loaded rank, most_loaded_rank), parallel (the layout),
+// backend, and per rank its position, buckets (predicted, measured, ratio),
+// max_grad_diff per variant and max_param_diff; grad_tolerance, passed, failures.
 rapidjson::Document RanksVerifyJson(const RanksVerifyReport& report);
 
 // RanksVerifyTable: one line per rank and bucket, then the verdict.
