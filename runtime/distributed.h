@@ -1,19 +1,21 @@
 // The distributed runtime: one training step on real c10d ranks. Each rank is its own
-// process on loopback, in a Gloo process group (a FileStore in a private directory);
-// it runs its pipeline stage of the seeded model on its data-parallel slice of the
-// batch, in Megatron's order (1F1B, or interleaved over virtual stages) with send/recv
-// between the ranks of neighbouring model chunks, reduces gradients over
-// its data-parallel group (an all-reduce, or ZeRO-2/3's reduce-scatter into a shard),
-// steps the optimizer on its ZeRO shard and all-gathers the result, and measures its
-// own buckets. The parent gathers every rank's gradients and compares them with one
-// process training on the whole batch, and every rank's updated parameters with its
-// stage stepped whole on the gathered gradients.
+// process on loopback, in Gloo process groups (one FileStore in a private directory).
+// A rank runs its tensor-parallel shard (runtime/model.h, ShardOf) of its pipeline
+// stage of the seeded model on its data-parallel slice of the batch:
+//   - tensor parallelism through runtime/tensor_parallel.h: f and g around column- and
+//     row-parallel linears, the vocabulary-parallel embedding and cross-entropy, and
+//     with sequence parallelism the scatter, gather-linears and reduce-scatters;
+//   - micro-batches in Megatron's order (1F1B, or interleaved over virtual stages), with
+//     send/recv between the ranks of neighbouring model chunks;
+//   - gradients reduced over its data-parallel group (an all-reduce, or ZeRO-2/3's
+//     reduce-scatter into a shard), the optimizer stepped on its ZeRO shard and the
+//     result all-gathered;
+// and measures its own buckets. The parent gathers every rank's gradients and compares
+// them with one process training on the whole batch, and every rank's updated
+// parameters with its shard stepped whole on the gathered gradients.
 //
-// A tensor-parallel rank holds its shard of every layer (runtime/model.h, ShardOf) and
-// calls its tensor-parallel group at Megatron's points: f and g around column- and
-// row-parallel linears, the vocabulary-parallel embedding and cross-entropy.
 // A rank process is the caller's own executable run again with one more flag (see
-// RankWorkerFlag): its main() must hand that flag to RunRankWorker.
+// kRankWorkerFlag): its main() must hand that flag to RunRankWorker.
 //
 // Example (in a main that parses the usual flags):
 //   if (!worker.empty()) return RunRankWorker(config, parallel, request, worker);

@@ -124,51 +124,6 @@ void ModelImpl::SetTensorParallel(TensorParallel* tp) {
   for (int64_t i = 0; i < num_layers(); ++i) layer(i)->tensor_parallel = tp;
 }
 
-namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
-ParameterShard ShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
-  if (c.tp == 1) return {};
-  const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, kv = c.KvHeads() / c.tp * hd,
-                f = c.Intermediate() / c.tp, v = c.vocab / c.tp, width = c.heads * hd;
-  auto split = [](int64_t dim, int64_t n, int64_t rank) {
-    return ParameterShard{dim, {{rank * n, n}}};
-  };
-  // Llama: nn.Linear weights are (out, in).
-  if (EndsWith(name, "q_proj.weight") || EndsWith(name, "q_proj.bias")) return split(0, q, r);
-  for (const char* kv_name : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
-    if (EndsWith(name, kv_name)) return split(0, kv, r);
-  }
-  if (EndsWith(name, "o_proj.weight")) return split(1, q, r);
-  if (EndsWith(name, "gate_proj.weight") || EndsWith(name, "up_proj.weight")) {
-    return split(0, f, r);
-  }
-  if (EndsWith(name, "down_proj.weight")) return split(1, f, r);
-  if (name == "embed_tokens.weight" || name == "lm_head.weight" || name == "wte.weight") {
-    return split(0, v, r);
-  }
-  // GPT-2: Conv1D weights are (in, out); c_attn's columns are q | k | v.
-  if (EndsWith(name, "c_attn_weight") || EndsWith(name, "c_attn_bias")) {
-    const int64_t dim = EndsWith(name, "weight") ? 1 : 0;
-    return ParameterShard{dim, {{r * q, q}, {width + r * q, q}, {2 * width + r * q, q}}};
-  }
-  if (EndsWith(name, "attn_c_proj_weight")) return split(0, q, r);
-  if (EndsWith(name, "c_fc_weight")) return split(1, f, r);
-  if (EndsWith(name, "c_fc_bias")) return split(0, f, r);
-  if (EndsWith(name, "mlp_c_proj_weight")) return split(0, f, r);
-  return {};
-}
-
-bool GradientIsPartial(const ModelConfig& config, const std::string& name) {
-  return config.sp && ShardOf(config, name, 0).pieces.empty() && name != "wpe.weight";
-}
-
 at::Tensor TakeShard(const at::Tensor& whole, const ParameterShard& shard) {
   if (shard.pieces.empty()) return whole;
   std::vector<at::Tensor> pieces;
