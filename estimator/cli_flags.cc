@@ -61,10 +61,11 @@ ABSL_FLAG(int64_t, tp, 1,
           "Tensor-parallel ranks (Megatron's split of heads, MLP columns and vocabulary; "
           "llama and gpt2 families): the buckets are one rank's.");
 ABSL_FLAG(bool, sp, false,
-          "Megatron's sequence parallelism with --tp (megatron-gpt): norms, dropouts and "
-          "residuals hold seq / tp tokens per rank.");
+          "Megatron's sequence parallelism with --tp (llama and gpt2 families; not with "
+          "--amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
 ABSL_FLAG(int64_t, dp, 1,
-          "Data-parallel ranks (predict: every kind of rank's memory, under --zero).");
+          "Data-parallel ranks (predict: every kind of rank's memory, under --zero; "
+          "verify: run on that many Gloo ranks per model shard).");
 ABSL_FLAG(int64_t, pp, 1,
           "Pipeline stages (llama and gpt2 families; --layers divisible by --pp x "
           "--virtual_stages): each stage holds its layers' micro-batches in flight.");

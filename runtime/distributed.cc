@@ -145,6 +145,16 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     return absl::InvalidArgumentError(
         absl::StrCat("--rank_timeout_s must be >= 1, got ", request.timeout_s));
   }
+  if (!request.fault.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(request.fault, ':');
+    int64_t rank = -1;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) || rank < 0 ||
+        rank >= WorldSize(config.tp, parallel) || (parts[1] != "exit" && parts[1] != "hang")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rank_fault must be RANK:exit or RANK:hang with RANK below the world size, got '",
+          request.fault, "'"));
+    }
+  }
   if (WorldSize(config.tp, parallel) > kMaxRanks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "verify runs at most ", kMaxRanks, " rank processes on this machine, --tp x --dp x --pp ",

@@ -246,6 +246,11 @@ TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
   EXPECT_EQ(timeout.exit_code, 2) << timeout.output;
   EXPECT_NE(timeout.output.find("--rank_timeout_s must be >= 1"), std::string::npos)
       << timeout.output;
+  CommandResult fault = memledger::testing::RunCommand(std::string("verify/verify ") + kStudy +
+                                                       " --dp=2 --rank_fault=2:exit");
+  EXPECT_EQ(fault.exit_code, 2) << fault.output;
+  EXPECT_NE(fault.output.find("--rank_fault must be RANK:exit or RANK:hang"), std::string::npos)
+      << fault.output;
   CommandResult many =
       memledger::testing::RunCommand(std::string("verify/verify ") + kStudy + " --dp=128");
   EXPECT_EQ(many.exit_code, 2) << many.output;

@@ -12,6 +12,7 @@
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/units.h"
+#include "verify/verify_report.h"
 
 namespace memledger {
 namespace {
@@ -171,11 +172,7 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
     ranks.PushBack(rank, a);
   }
   doc.AddMember("ranks", ranks, a);
-  doc.AddMember("grad_tolerance", r.grad_tolerance, a);
-  doc.AddMember("passed", r.Passed(), a);
-  rapidjson::Value failures(rapidjson::kArrayType);
-  for (const std::string& f : r.failures) failures.PushBack(Key(f, a), a);
-  doc.AddMember("failures", failures, a);
+  AddVerdictJson(r.grad_tolerance, r.failures, doc);
   return doc;
 }
 

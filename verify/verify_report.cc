@@ -32,6 +32,16 @@ std::optional<double> NoneTime(const runtime::Measurement& m) {
 
 }  // namespace
 
+void AddVerdictJson(double grad_tolerance, const std::vector<std::string>& failures,
+                    rapidjson::Document& doc) {
+  Allocator& a = doc.GetAllocator();
+  doc.AddMember("grad_tolerance", grad_tolerance, a);
+  doc.AddMember("passed", failures.empty(), a);
+  rapidjson::Value list(rapidjson::kArrayType);
+  for (const std::string& f : failures) list.PushBack(Key(f, a), a);
+  doc.AddMember("failures", list, a);
+}
+
 absl::StatusOr<std::string> VerifyTimelineSvg(const VerifyReport& r) {
   if (!r.peak_unavailable.empty()) {
     return absl::UnimplementedError(absl::StrCat("--timeline_svg: ", r.peak_unavailable));
@@ -81,10 +91,9 @@ absl::StatusOr<std::string> VerifyTimelineSvg(const VerifyReport& r) {
 rapidjson::Document VerifyJson(const VerifyReport& r) {
   const runtime::Measurement& m = r.measurement;
   const Prediction& p = r.prediction;
-  rapidjson::Document doc =
-      StudyJsonHead(m.config, m.attention, m.optimizer,
-                    {m.n_params, m.param_bytes, m.grad_bytes, m.optimizer_state_bytes,
-                     m.adamw_state_bytes});
+  rapidjson::Document doc = StudyJsonHead(
+      m.config, m.attention, m.optimizer,
+      {m.n_params, m.param_bytes, m.grad_bytes, m.optimizer_state_bytes, m.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
 
   const double none_bytes = static_cast<double>(m.reference_saved_bytes);
@@ -93,7 +102,8 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
   for (const runtime::VariantMeasurement& v : m.variants) {
     const std::string name = v.variant.Name();
     saved.AddMember(Key(name, a), rapidjson::Value(v.saved_bytes), a);
-    ratio_vs_none.AddMember(Key(name, a), rapidjson::Value(RoundTo4(v.saved_bytes / none_bytes)), a);
+    ratio_vs_none.AddMember(Key(name, a), rapidjson::Value(RoundTo4(v.saved_bytes / none_bytes)),
+                            a);
     rapidjson::Value t;  // null with --skip_timing
     if (v.time_s.has_value()) t.SetDouble(std::round(*v.time_s * 1e5) / 1e5);
     time_s.AddMember(Key(name, a), t, a);
@@ -141,7 +151,8 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
   for (size_t i = 0; i < m.variants.size() && i < r.predicted_overhead.size(); ++i) {
     const runtime::VariantMeasurement& v = m.variants[i];
     rapidjson::Value entry(rapidjson::kObjectType), predicted, measured;
-    if (r.predicted_overhead[i].has_value()) predicted.SetDouble(RoundTo4(*r.predicted_overhead[i]));
+    if (r.predicted_overhead[i].has_value())
+      predicted.SetDouble(RoundTo4(*r.predicted_overhead[i]));
     if (v.time_s.has_value() && none_time.has_value()) {
       measured.SetDouble(RoundTo4(*v.time_s / *none_time));
     }
@@ -175,11 +186,7 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
   doc.AddMember("predicted", predicted, a);
   doc.AddMember("ratio", ratio, a);
   doc.AddMember("max_grad_diff_per_variant", grad_diff, a);
-  doc.AddMember("grad_tolerance", r.grad_tolerance, a);
-  doc.AddMember("passed", r.Passed(), a);
-  rapidjson::Value failures(rapidjson::kArrayType);
-  for (const std::string& f : r.failures) failures.PushBack(Key(f, a), a);
-  doc.AddMember("failures", failures, a);
+  AddVerdictJson(r.grad_tolerance, r.failures, doc);
   return doc;
 }
 
@@ -188,8 +195,8 @@ std::string VerifyTable(const VerifyReport& r) {
   std::string out = absl::StrFormat(
       "memledger verify: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
       "%s%s, %s%s, torch %s\n\n",
-      c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "),
-      c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention),
+      c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
+      c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention),
       ModelDTypeName(c.dtype),
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(r.measurement.optimizer.kind),
@@ -198,23 +205,21 @@ std::string VerifyTable(const VerifyReport& r) {
   absl::StrAppendFormat(&out, "%-34s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
                         "ratio", "");
   for (const BucketCheck& b : r.buckets) {
-    absl::StrAppendFormat(&out, "%-34s %16d %16d %10.4f %12s%s\n", b.name, b.predicted,
-                          b.measured, b.ratio,
-                          b.name == "n_params" ? "" : HumanBytes(b.measured),
+    absl::StrAppendFormat(&out, "%-34s %16d %16d %10.4f %12s%s\n", b.name, b.predicted, b.measured,
+                          b.ratio, b.name == "n_params" ? "" : HumanBytes(b.measured),
                           b.exact() ? "" : "  MISMATCH");
   }
   absl::StrAppendFormat(&out, "\n%-24s %16d %16s %10.4f   (measured none / Korthikanti)\n",
                         "Korthikanti (none)", r.prediction.korthikanti_saved_bytes_none, "",
                         r.measured_over_korthikanti);
-  absl::StrAppendFormat(&out, "\n%-24s %16s %16s %12s %12s\n", "variant", "max_grad_diff",
-                        "time_s", "time/none", "FLOPs model");
+  absl::StrAppendFormat(&out, "\n%-24s %16s %16s %12s %12s\n", "variant", "max_grad_diff", "time_s",
+                        "time/none", "FLOPs model");
   const std::optional<double> none_time = NoneTime(r.measurement);
   for (size_t i = 0; i < r.measurement.variants.size(); ++i) {
     const runtime::VariantMeasurement& v = r.measurement.variants[i];
     const bool ratio = v.time_s.has_value() && none_time.has_value();
     const bool model = i < r.predicted_overhead.size() && r.predicted_overhead[i].has_value();
-    absl::StrAppendFormat(&out, "%-24s %16.3g %16s %12s %12s\n", v.variant.Name(),
-                          v.max_grad_diff,
+    absl::StrAppendFormat(&out, "%-24s %16.3g %16s %12s %12s\n", v.variant.Name(), v.max_grad_diff,
                           v.time_s.has_value() ? absl::StrFormat("%.5f", *v.time_s) : "-",
                           ratio ? absl::StrFormat("%.3f", *v.time_s / *none_time) : "-",
                           model ? absl::StrFormat("%.3f", *r.predicted_overhead[i]) : "-");

@@ -4,6 +4,7 @@
 #define VERIFY_VERIFY_REPORT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -18,6 +19,10 @@ namespace memledger {
 // defines it) with measured values, plus `predicted` (the exact estimator), `ratio`
 // (measured / predicted per bucket), `max_grad_diff_per_variant`, `passed`, `failures`.
 rapidjson::Document VerifyJson(const VerifyReport& report);
+
+// AddVerdictJson ends a report object: grad_tolerance, passed (no failures), failures.
+void AddVerdictJson(double grad_tolerance, const std::vector<std::string>& failures,
+                    rapidjson::Document& doc);
 
 // VerifyTimelineSvg: the predicted step's timeline per variant with the measured live
 // bytes drawn over it (estimator/timeline_svg.h). FailedPrecondition if the report has no
