@@ -9,7 +9,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
@@ -32,7 +31,7 @@ ABSL_FLAG(absl::optional<double>, grad_tolerance, absl::nullopt,
           "order than one process).");
 ABSL_FLAG(int64_t, seed, 0, "Seed for the model's parameters and input.");
 ABSL_FLAG(int64_t, rank_timeout_s, 300,
-          "With --dp or --pp: how long the rank processes may run before they are all "
+          "With --dp, --tp or --pp: how long the rank processes may run before they are all "
           "killed and the rank that did not finish is reported.");
 // The rank processes verify starts are verify itself with this flag (runtime/distributed.h).
 ABSL_FLAG(std::string, rank_worker, "",
@@ -67,6 +66,15 @@ absl::StatusOr<double> GradTolerance(double fallback) {
   return tolerance;
 }
 
+// MaxMemoryBytes is --max_memory_gib in bytes (0: VerifyOptions' default).
+absl::StatusOr<int64_t> MaxMemoryBytes() {
+  const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
+  if (max_gib < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_memory_gib must be >= 0, got ", max_gib));
+  }
+  return static_cast<int64_t>(max_gib * (int64_t{1} << 30));
+}
+
 // VerifyOnRanks: --dp, --tp, --pp. verify starts the rank processes as itself plus
 // --rank_worker; that flag makes this process one of them.
 int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
@@ -91,14 +99,10 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
                              spec.config.amp != memledger::DType::kFloat32;
   absl::StatusOr<double> tolerance = GradTolerance(low_precision ? 1e-2 : 1e-5);
   if (!tolerance.ok()) return memledger::ReportError(tolerance.status());
-  const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
-  if (max_gib < 0) {
-    return memledger::ReportError(
-        absl::InvalidArgumentError(absl::StrCat("--max_memory_gib must be >= 0, got ", max_gib)));
-  }
+  absl::StatusOr<int64_t> max_memory_bytes = MaxMemoryBytes();
+  if (!max_memory_bytes.ok()) return memledger::ReportError(max_memory_bytes.status());
   absl::StatusOr<memledger::RanksVerifyReport> report =
-      memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance,
-                             static_cast<int64_t>(max_gib * (int64_t{1} << 30)),
+      memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance, *max_memory_bytes,
                              std::vector<std::string>(argv, argv + argc));
   if (!report.ok()) return memledger::ReportError(report.status());
   const std::string json = memledger::JsonString(memledger::RanksVerifyJson(*report));
@@ -119,11 +123,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
   if (spec->parallel.Distributed() || spec->config.tp > 1) return VerifyOnRanks(*spec, argc, argv);
-  const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
-  if (max_gib < 0) {
-    return memledger::ReportError(
-        absl::InvalidArgumentError(absl::StrCat("--max_memory_gib must be >= 0, got ", max_gib)));
-  }
+  absl::StatusOr<int64_t> max_memory_bytes = MaxMemoryBytes();
+  if (!max_memory_bytes.ok()) return memledger::ReportError(max_memory_bytes.status());
   absl::StatusOr<double> tolerance = GradTolerance(1e-5);
   if (!tolerance.ok()) return memledger::ReportError(tolerance.status());
 
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
   }
   options.optimizer = spec->optimizer;
   options.grad_tolerance = *tolerance;
-  options.max_memory_bytes = static_cast<int64_t>(max_gib * (int64_t{1} << 30));
+  options.max_memory_bytes = *max_memory_bytes;
   options.run.skip_timing = absl::GetFlag(FLAGS_skip_timing);
   options.run.seed = absl::GetFlag(FLAGS_seed);
   // Progress only once the run has taken a second: quick runs stay quiet.
