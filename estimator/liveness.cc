@@ -151,7 +151,9 @@ class Simulation {
              bool capture_parameters);
   void Accumulate(Buffers& buffers, int tensor, Handle grad);
   void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, Handle grad);
-  absl::Status OptimizerStep();
+  // OptimizerStep steps tensors of these element counts, with their gradients.
+  absl::Status OptimizerStep(const std::vector<int64_t>& numels);
+  absl::Status ReduceAndStep();
 
   // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
   static constexpr int kLayerInputKey = -1;
@@ -1031,7 +1033,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   }
   memory_.SetPhase(StepPhase::kOptimizer);
   memory_.BeginSegment();
-  absl::Status status = OptimizerStep();
+  absl::Status status = ReduceAndStep();
   segments_.optimizer = memory_.EndSegment();
   if (status.ok() && memory_.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -1082,10 +1084,58 @@ void Simulation::RopeTables(std::vector<int>* extras) {
   *extras = {cos, sin};
 }
 
+// ReduceAndStep: the optimizer's step on every parameter, or on a data-parallel rank the
+// gradients' reduction and the ZeRO shard's step (DataParallelStep).
+absl::Status Simulation::ReduceAndStep() {
+  const int64_t element = ElementSizeBytes(config_.dtype);
+  std::vector<int64_t> numels;
+  for (const ParameterKey& parameter : parameter_order_) {
+    numels.push_back(memory_.bytes(grads_.at(parameter)) / element);
+  }
+  const DataParallelStep& data = options_.data_parallel;
+  if (data.dp <= 1) return OptimizerStep(numels);
+  int64_t n = 0;
+  for (int64_t numel : numels) n += numel;
+  const int64_t shard = n / data.dp + (n % data.dp != 0 ? 1 : 0);
+  memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
+  // The bucket: at::cat of the .grads' flat views and, when n is not a multiple of dp,
+  // a block of zeros (which dies with the list of pieces).
+  const int padding = shard * data.dp > n
+                          ? memory_.Alloc((shard * data.dp - n) * element,
+                                          MemoryCategory::kTemporary)
+                          : -1;
+  const int bucket = memory_.Alloc(shard * data.dp * element, MemoryCategory::kTemporary);
+  if (padding >= 0) memory_.Unref(padding);
+  auto free_grads = [&]() {
+    for (const ParameterKey& parameter : parameter_order_) memory_.Unref(grads_.at(parameter));
+  };
+  // The all-reduce works in place (Gloo's own buffers are not ATen's).
+  if (data.zero == 2) {
+    // The shard's copy, divided by dp; then the bucket and the .grads freed.
+    const int mine = memory_.Alloc(shard * element, MemoryCategory::kGradient);
+    memory_.ScalarOp(config_.dtype);
+    memory_.Unref(bucket);
+    free_grads();
+    absl::Status status = OptimizerStep({shard});
+    memory_.Unref(mine);
+    return status;
+  }
+  memory_.ScalarOp(config_.dtype);  // bucket.div_(dp)
+  if (data.zero == 0) {
+    // Copied back into the .grads (in place), the bucket freed.
+    memory_.Unref(bucket);
+    return OptimizerStep(numels);
+  }
+  free_grads();
+  absl::Status status = OptimizerStep({shard});  // on a view of the bucket
+  memory_.Unref(bucket);
+  return status;
+}
+
 // OptimizerStep is the C++ frontend's optimizer.step() (torch/csrc/api/src/optim), one
-// parameter after another. Scalars passed to in-place ops are wrapped as 8-byte double
+// tensor after another. Scalars passed to in-place ops are wrapped as 8-byte double
 // tensors and converted to the parameter's dtype (4 B in fp32, 2 B in bf16) for the call.
-absl::Status Simulation::OptimizerStep() {
+absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   memory_.SetOp(Special(Where::kHead, Where::Activity::kOptimizerStep));
   // With master weights (runtime/runtime.cc, OptimizerRunner::Step) every .grad is first
   // copied to fp32 as its master's .grad; the optimizer steps the fp32 masters; then
@@ -1094,18 +1144,17 @@ absl::Status Simulation::OptimizerStep() {
   const DType dtype = optimizer_.master_weights ? DType::kFloat32 : config_.dtype;
   std::vector<int> master_grads;
   if (optimizer_.master_weights) {
-    for (const ParameterKey& parameter : parameter_order_) {
-      const int64_t numel =
-          memory_.bytes(grads_.at(parameter)) / ElementSizeBytes(config_.dtype);
-      master_grads.push_back(memory_.Alloc(numel * 4, MemoryCategory::kGradient));
-      if (parameter.first == 0) segments_.optimizer_layer_bytes += numel * 4;
+    for (size_t p = 0; p < numels.size(); ++p) {
+      master_grads.push_back(memory_.Alloc(numels[p] * 4, MemoryCategory::kGradient));
+      if (p < parameter_order_.size() && parameter_order_[p].first == 0 &&
+          options_.data_parallel.dp <= 1) {
+        segments_.optimizer_layer_bytes += numels[p] * 4;
+      }
     }
   }
-  for (size_t p = 0; p < parameter_order_.size(); ++p) {
-    const ParameterKey& parameter = parameter_order_[p];
+  for (size_t p = 0; p < numels.size(); ++p) {
     // of the stepped tensor (the parameter or its master), its gradient and its state
-    const int64_t bytes = optimizer_.master_weights ? memory_.bytes(master_grads[p])
-                                                    : memory_.bytes(grads_.at(parameter));
+    const int64_t bytes = numels[p] * ElementSizeBytes(dtype);
     const int64_t scalar_bytes = 8 + ElementSizeBytes(dtype);
     switch (optimizer_.kind) {
       case OptimizerKind::kAdamW:
@@ -1353,7 +1402,10 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t reduced = ReducedLayers(config_.layers, variant);
-  if (!options_.record_events && reduced < config_.layers) {
+  // A data-parallel rank's reduction holds all of its layers' gradients at once: its
+  // stretch grows with the layers, so the step is replayed whole.
+  if (!options_.record_events && reduced < config_.layers &&
+      options_.data_parallel.dp <= 1) {
     ModelConfig short_config = config_;
     short_config.layers = reduced;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);

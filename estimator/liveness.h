@@ -84,6 +84,24 @@ struct StepTimeline {
   StepPeak peak;
 };
 
+// DataParallelStep is a rank's place in data parallelism: after the backward, its
+// gradients are reduced over `dp` ranks and its optimizer steps its ZeRO shard, as
+// runtime/distributed.h's ranks do (RankStepModelled: one micro-batch, ZeRO 0-2):
+//   - the gradients are copied into one flat bucket (padded to a multiple of dp) and
+//     all-reduced in place, then divided by dp;
+//   - ZeRO 0: the average is copied back into the .grads, the bucket freed, and every
+//     parameter stepped;
+//   - ZeRO 1: the .grads are freed; the rank's ceil(n / dp) shard of the bucket (a view)
+//     is stepped, then the bucket freed;
+//   - ZeRO 2: the shard is copied out of the bucket and divided, the bucket and the
+//     .grads freed, the copy stepped;
+//   - ZeRO 1, 2: the updated shards are all-gathered in place into the flat parameter
+//     buffer (no bytes).
+struct DataParallelStep {
+  int64_t dp = 1;
+  int64_t zero = 0;
+};
+
 struct StepOptions {
   // cpu_threads: LibTorch's intra-op threads; CPU kernels size per-thread workspaces by
   // it (flash attention, layer norm's backward). The runtime uses min(4, cores).
@@ -91,6 +109,9 @@ struct StepOptions {
   bool record_events = true;
   // rules: what each op keeps; null means RuleTable::Pinned().
   const RuleTable* rules = nullptr;
+  // data_parallel: dp > 1 ends the step with the data-parallel reduction and the ZeRO
+  // shard's step (the whole step is then replayed, not composed).
+  DataParallelStep data_parallel;
 };
 
 // ResidentBytes are what exists before the step besides the model input (Predict's

@@ -60,6 +60,12 @@ inline constexpr int64_t kMaxPipelineChunks = 1024;
 // --virtual_stages 1".
 absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec);
 
+// RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated
+// (estimator/liveness.h) and measured on ranks (runtime/distributed.h): data
+// parallelism with ZeRO 0-2 over one micro-batch, without tensor or pipeline
+// parallelism. Otherwise Unimplemented, naming what is not modelled yet.
+absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
+
 }  // namespace memledger
 
 #endif  // ESTIMATOR_PARALLEL_SPEC_H_

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/checked_math.h"
+#include "estimator/liveness.h"
 
 namespace memledger {
 namespace {
@@ -99,9 +100,48 @@ absl::StatusOr<VariantPrediction> Held(const std::vector<const VariantPrediction
   sum.input_bytes_kept = input.value();
   sum.weight_copy_bytes = copies.value();
   for (int d = 0; d < kNumDTypes; ++d) sum.saved_by_dtype[d] = by_dtype[d].value();
-  sum.peak_unavailable =
-      "peak memory: the step simulation does not model data or pipeline parallelism yet";
   return sum;
+}
+
+// PredictRankPeaks simulates the rank's whole step per variant (RankStepModelled), its
+// data-parallel reduction and ZeRO shard's step included, from what it holds before the
+// step: its parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a
+// multiple of dp), its optimizer's state and its micro-batch. Elsewhere each variant
+// says why there is no peak.
+absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& parallel,
+                              const PredictOptions& options, RankKind* kind) {
+  auto unavailable = [&](const absl::Status& why) {
+    for (RankVariant& v : kind->variants) v.held.peak_unavailable = std::string(why.message());
+    return absl::OkStatus();
+  };
+  if (absl::Status s = RankStepModelled(config, parallel); !s.ok()) return unavailable(s);
+  StepOptions step;
+  step.cpu_threads = options.cpu_threads;
+  step.record_events = false;
+  step.rules = options.rules;
+  step.data_parallel = {parallel.dp, parallel.zero};
+  absl::StatusOr<StepSimulator> simulator =
+      StepSimulator::Create(config, options.attention, step);
+  if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());
+  if (!simulator.ok()) return simulator.status();
+  const bool flat = parallel.zero == 1 || parallel.zero == 2;
+  const CheckedInt64 flat_bytes =
+      CheckedInt64(Shard(kind->n_params, parallel.dp)) * parallel.dp * ElementSizeBytes(config.dtype);
+  if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
+  const ResidentBytes resident{flat ? flat_bytes.value() : kind->param_bytes,
+                               kind->optimizer_state_bytes};
+  for (RankVariant& v : kind->variants) {
+    absl::StatusOr<StepTimeline> timeline =
+        simulator->Simulate(v.held.variant, options.optimizer, resident);
+    if (timeline.ok()) {
+      v.held.peak = timeline->peak;
+    } else if (absl::IsUnimplemented(timeline.status())) {
+      v.held.peak_unavailable = std::string(timeline.status().message());
+    } else {
+      return timeline.status();
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -198,6 +238,9 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
     kind.optimizer_state_bytes = state.value();
     kind.adamw_state_bytes =
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
+    if (options.peak) {
+      if (absl::Status s = PredictRankPeaks(config, parallel, options, &kind); !s.ok()) return s;
+    }
     prediction.kinds.push_back(std::move(kind));
   }
   std::stable_sort(prediction.kinds.begin(), prediction.kinds.end(),
@@ -214,8 +257,10 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& conf
     return absl::InvalidArgumentError(
         "--timeline_svg and --explain describe one rank's step: not with --dp or --pp yet");
   }
-  options.peak = false;
-  absl::StatusOr<Prediction> whole = Predict(config, options);
+  // The whole model's peak is no rank's: only the ranks' are simulated.
+  PredictOptions whole_options = options;
+  whole_options.peak = false;
+  absl::StatusOr<Prediction> whole = Predict(config, whole_options);
   if (!whole.ok()) return whole.status();
   absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
   if (!ranks.ok()) return ranks.status();

@@ -27,7 +27,9 @@ namespace memledger {
 struct RankVariant {
   // held: the most the rank's schedule holds at once, the saved tensors of every
   // micro-batch chunk it has run forward and not yet backward: saved_bytes and each of
-  // its splits (cache, segments, dtypes) summed over them. No peak.
+  // its splits (cache, segments, dtypes) summed over them. Its peak is the rank's whole
+  // step's where RankStepModelled (and the simulation models the ops), else
+  // peak_unavailable says why.
   VariantPrediction held;
   // in_flight: micro-batch chunks held at that moment (1F1B: min(pp - stage,
   // micro_batches); interleaved: by the schedule's order).
@@ -70,8 +72,8 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
                                              const PredictOptions& options);
 
 // DistributedPrediction is what predict reports for a run with --dp or --pp: the whole
-// model's prediction (its config and graphs; no peaks, which are not simulated per rank
-// yet) and every kind of rank (see RanksJson in estimator/report.h).
+// model's prediction (its config and graphs; no peak, which is no rank's) and every
+// kind of rank (see RanksJson in estimator/report.h), with its peak where simulated.
 struct DistributedPrediction {
   Prediction whole;
   RanksPrediction ranks;

@@ -1,5 +1,6 @@
 #include "estimator/report.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -463,6 +464,18 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     rank.AddMember("saved_bytes", saved, a);
     rank.AddMember("micro_batches_in_flight", in_flight, a);
     rank.AddMember("total_bytes", total, a);
+    // The whole step's peak where it is simulated (RankStepModelled), else why not.
+    rapidjson::Value peak(rapidjson::kObjectType), unavailable(rapidjson::kObjectType);
+    for (const RankVariant& v : kind.variants) {
+      const std::string name = v.held.variant.Name();
+      if (v.held.peak.has_value()) {
+        peak.AddMember(String(name, a), rapidjson::Value(v.held.peak->bytes), a);
+      } else if (!v.held.peak_unavailable.empty()) {
+        unavailable.AddMember(String(name, a), String(v.held.peak_unavailable, a), a);
+      }
+    }
+    if (peak.MemberCount() > 0) rank.AddMember("peak_bytes", peak, a);
+    if (unavailable.MemberCount() > 0) rank.AddMember("peak_unavailable", unavailable, a);
     kinds.PushBack(rank, a);
   }
   doc.AddMember("ranks", kinds, a);
@@ -487,6 +500,11 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   for (const RankVariant& v : most.variants) {
     absl::StrAppendFormat(&out, " %14s", absl::StrCat(v.held.variant.Name(), " total"));
   }
+  const bool peaks = std::any_of(most.variants.begin(), most.variants.end(),
+                                 [](const RankVariant& v) { return v.held.peak.has_value(); });
+  for (const RankVariant& v : most.variants) {
+    if (peaks) absl::StrAppendFormat(&out, " %14s", absl::StrCat(v.held.variant.Name(), " peak"));
+  }
   absl::StrAppend(&out, "\n");
   for (const RankKind& kind : ranks.kinds) {
     absl::StrAppendFormat(&out, "%-6d %6d %-16s %12s %12s %12s", kind.stage, kind.ranks,
@@ -494,6 +512,12 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
                           HumanBytes(kind.grad_bytes), HumanBytes(kind.optimizer_state_bytes));
     for (size_t v = 0; v < kind.variants.size(); ++v) {
       absl::StrAppendFormat(&out, " %14s", HumanBytes(kind.Total(v)));
+    }
+    for (const RankVariant& v : kind.variants) {
+      if (peaks) {
+        absl::StrAppendFormat(&out, " %14s",
+                              v.held.peak.has_value() ? HumanBytes(v.held.peak->bytes) : "-");
+      }
     }
     absl::StrAppend(&out, "\n");
   }

@@ -19,6 +19,8 @@ std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
       return absl::StrCat(segment, " model-level tensors (RoPE tables, position ids)");
     case Where::Activity::kOptimizerStep:
       return absl::StrCat(OptimizerName(optimizer.kind), ".step()");
+    case Where::Activity::kGradientReduction:
+      return "the gradients' reduction over the data-parallel ranks";
     case Where::Activity::kOp:
       break;
   }

@@ -36,6 +36,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/checkpoint.h"
+#include "runtime/counting_allocator.h"
 #include "runtime/dropout.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
@@ -241,12 +242,20 @@ c10d::ProcessGroupGloo* GroupOf(ag::AutogradContext* ctx) {
   return reinterpret_cast<c10d::ProcessGroupGloo*>(ctx->saved_data["group"].toInt());
 }
 
+// Complete waits for a collective and then for Gloo's worker thread to drop its
+// reference to it: the work holds the tensors it was given, and a counted step must
+// see them freed when the caller lets go of them, not whenever that thread gets to it.
+void Complete(const c10::intrusive_ptr<c10d::Work>& work) {
+  work->wait();
+  while (work.use_count() > 1) std::this_thread::yield();
+}
+
 void AllReduce(c10d::ProcessGroupGloo* group, at::Tensor& t,
                c10d::ReduceOp op = c10d::ReduceOp::SUM) {
   std::vector<at::Tensor> buffer = {t};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
-  group->allreduce(buffer, options)->wait();
+  Complete(group->allreduce(buffer, options));
 }
 
 // CopyToTensorParallel is Megatron's f: identity forward, all-reduced gradient.
@@ -353,7 +362,7 @@ struct VocabParallelCrossEntropy : ag::Function<VocabParallelCrossEntropy> {
 at::Tensor GatherSequence(c10d::ProcessGroupGloo* group, int64_t size, const at::Tensor& x) {
   at::Tensor flat = x.contiguous().view(-1);
   at::Tensor buffer = at::empty({size * flat.numel()}, flat.options());
-  group->all_gather_single(buffer, flat)->wait();
+  Complete(group->all_gather_single(buffer, flat));
   std::vector<int64_t> ranks_first = {size};
   ranks_first.insert(ranks_first.end(), x.sizes().begin(), x.sizes().end());
   std::vector<int64_t> gathered = x.sizes().vec();
@@ -369,7 +378,7 @@ at::Tensor ReduceScatterSequence(c10d::ProcessGroupGloo* group, int64_t size, co
   mine[1] /= size;
   at::Tensor out = at::empty(mine, x.options());
   at::Tensor out_flat = out.view(-1), in_flat = chunks.view(-1);
-  group->reduce_scatter_single(out_flat, in_flat)->wait();
+  Complete(group->reduce_scatter_single(out_flat, in_flat));
   return out;
 }
 
@@ -488,6 +497,13 @@ struct ScheduleStats {
   int64_t in_flight = 0;
 };
 
+// CountedStep is one whole step counted by the allocator (Rank::MeasureStep).
+struct CountedStep {
+  int64_t resident_bytes = 0;  // what exists before it
+  int64_t peak_bytes = 0;      // resident_bytes + the step's largest live bytes
+  PeakPoint peak;              // where; its bytes are the step's own
+};
+
 // Rank is one rank's state for the whole run.
 class Rank {
  public:
@@ -522,7 +538,10 @@ class Rank {
       for (const at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
       Progress(absl::StrCat(variants[v].Name(), ": pipeline schedule"));
       const ScheduleStats stats = RunSchedule(variants[v]);
-      if (v == 0) FindOwned();
+      if (v == 0) {
+        FindOwned();
+        HomeParameters();
+      }
       AllReducePartialGradients();
       Progress(absl::StrCat(variants[v].Name(), ": reducing gradients"));
       ExchangeTiedGradients();
@@ -533,6 +552,14 @@ class Rank {
     }
     Progress("optimizer step");
     const Piece params = Step();
+    if (RankStepModelled(config_, parallel_).ok()) {
+      for (size_t v = 0; v < variants.size(); ++v) {
+        Progress(absl::StrCat(variants[v].Name(), ": the whole step, counted"));
+        const CountedStep step = MeasureStep(variants[v]);
+        result << "peak " << v << " " << step.peak_bytes << " " << step.peak.phase << " "
+               << step.peak.op << "\n";
+      }
+    }
     result << "n_params " << n_params_ << "\nparam_bytes " << param_bytes_ << "\ngrad_bytes "
            << grad_bytes_ << "\noptimizer_state_bytes " << optimizer_state_bytes_
            << "\nadamw_state_bytes " << adamw_state_bytes_ << "\nparams " << params.offset << " "
@@ -615,6 +642,18 @@ class Rank {
     return built_.input.narrow(0, first, config_.batch).clone();
   }
 
+  // Place: where micro-batch j's tensors sit in the whole batch, for Megatron's dropout
+  // masks.
+  void Place(int64_t j) const {
+    DropoutPlacement placement;
+    placement.first_sequence = (position_.dp_rank * parallel_.micro_batches + j) * config_.batch;
+    placement.heads = config_.heads;
+    placement.first_head = position_.tp_rank * (config_.heads / config_.tp);
+    placement.tokens = config_.seq;
+    placement.first_token = config_.sp ? position_.tp_rank * (config_.seq / config_.tp) : 0;
+    SetDropoutPlacement(placement);
+  }
+
   // RunSchedule runs every micro-batch through every local model chunk, forward and
   // backward, in Megatron's order (MegatronOrder), receiving inputs and output gradients
   // from the ranks of the neighbouring chunks and sending them on, and counts the saved
@@ -650,21 +689,13 @@ class Rank {
     };
     auto receive = [&](int64_t g, int tag_value) {
       std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
-      pp_group_->recv(buffer, rank_of(g), tag_value)->wait();
+      Complete(pp_group_->recv(buffer, rank_of(g), tag_value));
       return buffer[0];
     };
 
-    // Where micro-batch j's tensors sit in the whole batch, for Megatron's dropout masks;
-    // set again before its backward, whose recomputes drop the same elements.
-    auto place = [&](int64_t j) {
-      DropoutPlacement placement;
-      placement.first_sequence = (position_.dp_rank * m + j) * config_.batch;
-      placement.heads = config_.heads;
-      placement.first_head = position_.tp_rank * (config_.heads / config_.tp);
-      placement.tokens = config_.seq;
-      placement.first_token = config_.sp ? position_.tp_rank * (config_.seq / config_.tp) : 0;
-      SetDropoutPlacement(placement);
-    };
+    // Dropout's placement is set again before each backward, whose recomputes drop the
+    // same elements.
+    auto place = [&](int64_t j) { Place(j); };
     auto forward = [&](int64_t j, int64_t c) {
       place(j);
       const StageRange& chunk = chunks_[c];
@@ -719,7 +750,7 @@ class Rank {
       }
     }
     TORCH_CHECK(in_flight.empty(), "the schedule left micro-batches without a backward");
-    for (auto& work : sends) work->wait();
+    for (auto& work : sends) Complete(work);
     return stats;
   }
 
@@ -776,8 +807,8 @@ class Rank {
       const int tag = static_cast<int>(
           2 * parallel_.micro_batches * parallel_.pp * parallel_.virtual_stages + i);
       auto send = pp_group_->send(mine, peer, tag);
-      pp_group_->recv(theirs, peer, tag)->wait();
-      send->wait();
+      Complete(pp_group_->recv(theirs, peer, tag));
+      Complete(send);
       tied_[i].mutable_grad().add_(theirs[0]);
     }
   }
@@ -788,31 +819,86 @@ class Rank {
     return grads;
   }
 
+  int64_t Shard() const { return ShardElements(n_params_, parallel_.dp); }
+
+  // HomeParameters: with ZeRO-1 and -2 the stage's parameters become views of one flat
+  // buffer, padded to a multiple of dp, as Megatron's distributed optimizer keeps them;
+  // the optimizer steps this rank's shard of it in place (a view too), and the
+  // all-gather after the step writes the others' shards into it. ZeRO-3 keeps only a
+  // shard of its own (Step).
+  void HomeParameters() {
+    if (parallel_.zero != 1 && parallel_.zero != 2) return;
+    flat_params_ = Flat(owned_, Shard() * parallel_.dp);
+    int64_t offset = 0;
+    for (const at::Tensor& p : owned_) {
+      at::Tensor param = p;  // set_data changes the variable shared by every handle
+      param.set_data(flat_params_.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+    shard_param_ =
+        flat_params_.narrow(0, position_.dp_rank * Shard(), Shard()).requires_grad_(true);
+    // The recorder skips the parameters' storages: the old ones are freed (their
+    // addresses may come back as activations).
+    parameter_storages_.clear();
+    for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
+  }
+
+  // Bucket: the gradients copied into one flat buffer (padded to a multiple of dp), the
+  // buffer a reduction over the data-parallel group sends and receives in place.
+  at::Tensor Bucket() const { return Flat(OwnedGrads(), Shard() * parallel_.dp); }
+
+  // ReduceScatter: this rank's shard of the bucket summed over the data-parallel group,
+  // averaged: a copy of its shard of the all-reduced bucket. (Gloo's reduce_scatter
+  // first clones its whole input on the CPU, a copy NCCL's does not make: the bucket
+  // and the shard are what a reduce-scatter holds.)
+  at::Tensor ReduceScatter(at::Tensor& bucket) const {
+    std::vector<at::Tensor> buffer = {bucket};
+    Complete(dp_group_->allreduce(buffer));
+    at::Tensor mine = bucket.narrow(0, position_.dp_rank * Shard(), Shard()).clone();
+    mine.div_(static_cast<double>(parallel_.dp));
+    return mine;
+  }
+
+  // AllReduceBucket: the bucket summed over the data-parallel group, averaged, in place.
+  void AllReduceBucket(at::Tensor& bucket) const {
+    std::vector<at::Tensor> buffer = {bucket};
+    Complete(dp_group_->allreduce(buffer));
+    bucket.div_(static_cast<double>(parallel_.dp));
+  }
+
+  // GatherShards: every rank's updated shard into the flat parameters, in place: the
+  // others' shards zeroed, then summed over the group (x + 0 is exact). Gloo's
+  // all_gather allocates two output-sized buffers on the CPU; NCCL's in-place
+  // all-gather, as Megatron's distributed optimizer runs it, none.
+  void GatherShards() {
+    at::NoGradGuard no_grad;
+    const int64_t offset = position_.dp_rank * Shard();
+    flat_params_.narrow(0, 0, offset).zero_();
+    const int64_t after = offset + Shard();
+    flat_params_.narrow(0, after, flat_params_.numel() - after).zero_();
+    std::vector<at::Tensor> buffer = {flat_params_};
+    Complete(dp_group_->allreduce(buffer));
+  }
+
   // ReduceGradients averages the gradients over the data-parallel group: an all-reduce
   // of the whole flat buffer (ZeRO 0, 1) or a reduce-scatter into this rank's shard
   // (ZeRO 2, 3, after which the full gradients are freed). Writes what the rank holds
   // to `path`; with `for_step` keeps it for the optimizer and records grad_bytes.
   Piece ReduceGradients(bool for_step, const std::string& path) {
-    const int64_t dp = parallel_.dp;
-    const int64_t shard = ShardElements(n_params_, dp);
-    at::Tensor flat = Flat(OwnedGrads(), shard * dp);
+    at::Tensor flat = Bucket();
     Piece piece;
     if (parallel_.zero >= 2) {
-      at::Tensor mine = at::empty({shard}, flat.options());
-      dp_group_->reduce_scatter_single(mine, flat)->wait();
-      mine.div_(static_cast<double>(dp));
+      at::Tensor mine = ReduceScatter(flat);
       flat = at::Tensor();
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
-      piece = WritePiece(path, mine, position_.dp_rank * shard, n_params_);
+      piece = WritePiece(path, mine, position_.dp_rank * Shard(), n_params_);
       if (for_step) {
         step_grads_ = mine;
         grad_bytes_ = TensorBytes(mine);
       }
     } else {
-      if (dp > 1) {
-        std::vector<at::Tensor> buffer = {flat};
-        dp_group_->allreduce(buffer)->wait();
-        flat.div_(static_cast<double>(dp));
+      if (parallel_.dp > 1) {
+        AllReduceBucket(flat);
         Unflatten(flat, OwnedGrads());
       }
       piece = WritePiece(path, flat, 0, n_params_);
@@ -825,51 +911,110 @@ class Rank {
     return piece;
   }
 
+  // StepShard steps this rank's ZeRO shard on `grad` (which it releases), then
+  // all-gathers the updated shards into the flat parameters (ZeRO 1, 2).
+  void StepShard(at::Tensor grad) {
+    shard_param_.mutable_grad() = std::move(grad);
+    optimizer_->Step();
+    shard_param_.mutable_grad() = at::Tensor();
+    if (parallel_.zero != 3) GatherShards();
+  }
+
   // Step runs the optimizer on `none`'s reduced gradients: on every owned parameter
   // (ZeRO 0), or on this rank's shard of the flat parameters, all-gathered back into
   // the parameters (ZeRO 1, 2) or kept as all the rank holds (ZeRO 3, which frees the
-  // parameters). Writes the rank's updated parameters.
+  // parameters). The optimizer lives on for the counted steps (MeasureStep). Writes the
+  // rank's updated parameters.
   Piece Step() {
     const std::string path = RankFile(dir_, position_.rank, "params");
-    const int64_t dp = parallel_.dp;
-    const int64_t shard = ShardElements(n_params_, dp);
     if (parallel_.zero == 0) {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::zeros_like(p);
       Unflatten(step_grads_, OwnedGrads());
-      OptimizerRunner optimizer(request_.optimizer, owned_);
-      optimizer.Step();
-      RecordOptimizer(optimizer);
+      step_grads_ = at::Tensor();
+      optimizer_ = std::make_unique<OptimizerRunner>(request_.optimizer, owned_);
+      optimizer_->Step();
+      RecordOptimizer();
       for (const at::Tensor& p : owned_) param_bytes_ += TensorBytes(p);
       return WritePiece(path, Flat(owned_, n_params_), 0, n_params_);
     }
-    at::Tensor shard_param =
-        Flat(owned_, shard * dp).narrow(0, position_.dp_rank * shard, shard).clone();
-    shard_param.requires_grad_(true);
-    shard_param.mutable_grad() =
-        parallel_.zero >= 2 ? step_grads_
-                            : step_grads_.narrow(0, position_.dp_rank * shard, shard).clone();
+    const int64_t offset = position_.dp_rank * Shard();
+    if (parallel_.zero == 3) {
+      shard_param_ = Flat(owned_, Shard() * parallel_.dp)
+                         .narrow(0, offset, Shard())
+                         .clone()
+                         .requires_grad_(true);
+    }
+    at::Tensor grad = parallel_.zero >= 2 ? step_grads_
+                                          : step_grads_.narrow(0, offset, Shard()).clone();
     step_grads_ = at::Tensor();
-    OptimizerRunner optimizer(request_.optimizer, {shard_param});
-    optimizer.Step();
-    RecordOptimizer(optimizer);
-    shard_param.mutable_grad() = at::Tensor();
-    const Piece piece = WritePiece(path, shard_param, position_.dp_rank * shard, n_params_);
+    for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+    optimizer_ =
+        std::make_unique<OptimizerRunner>(request_.optimizer, std::vector<at::Tensor>{shard_param_});
+    StepShard(std::move(grad));
+    RecordOptimizer();
+    const Piece piece = WritePiece(path, shard_param_, offset, n_params_);
     if (parallel_.zero == 3) {
       // The rank keeps only its shard; a forward would all-gather the parameters again.
       for (const at::Tensor& p : owned_) p.set_data(at::empty({0}, p.options()));
-      param_bytes_ = TensorBytes(shard_param);
-    } else {
-      at::Tensor gathered = at::empty({shard * dp}, shard_param.options());
-      at::Tensor mine = shard_param.detach();
-      dp_group_->all_gather_single(gathered, mine)->wait();
-      Unflatten(gathered, owned_);
+      param_bytes_ = TensorBytes(shard_param_);
     }
     for (const at::Tensor& p : owned_) param_bytes_ += TensorBytes(p);
     return piece;
   }
 
-  void RecordOptimizer(const OptimizerRunner& optimizer) {
-    const OptimizerStateBytes state = optimizer.StateBytes();
+  // MeasureStep runs one more whole step of `variant` (RankStepModelled: one
+  // micro-batch, the whole model, ZeRO 0-2) under a counting allocator, as the
+  // single-process runtime's MeasureStep does with the data-parallel reduction in the
+  // optimizer phase: zero_grad(set_to_none), forward and backward on this rank's
+  // micro-batch, the gradients copied into the bucket and all-reduced (ZeRO 0, 1) or
+  // reduce-scattered (ZeRO 2), the .grads freed (ZeRO 1, 2) or overwritten with the
+  // average (ZeRO 0), the optimizer's step, and the updated shards all-gathered. Before
+  // it: the parameters (the padded flat buffer with ZeRO), the optimizer's state and
+  // the micro-batch.
+  CountedStep MeasureStep(const Variant& variant) {
+    for (const at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
+    const at::Tensor input = MicroBatch(0);
+    Place(0);
+    CountedStep step;
+    step.resident_bytes = (flat_params_.defined() ? TensorBytes(flat_params_) : param_bytes_) +
+                          optimizer_state_bytes_ + TensorBytes(input);
+    ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
+    counting.MarkPhase("forward");
+    ForwardResult forward = ForwardStage(*built_.model, chunks_.front(), at::Tensor(), input,
+                                         request_.attention, variant);
+    counting.MarkPhase("backward");
+    forward.loss.backward();
+    counting.MarkPhase("optimizer");
+    if (parallel_.dp == 1) {
+      optimizer_->Step();
+    } else {
+      at::Tensor bucket = Bucket();
+      if (parallel_.zero == 2) {
+        at::Tensor mine = ReduceScatter(bucket);
+        bucket = at::Tensor();
+        for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+        StepShard(std::move(mine));
+      } else {
+        AllReduceBucket(bucket);
+        if (parallel_.zero == 0) {
+          Unflatten(bucket, OwnedGrads());
+          bucket = at::Tensor();
+          optimizer_->Step();
+        } else {
+          for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+          at::Tensor mine = bucket.narrow(0, position_.dp_rank * Shard(), Shard());
+          bucket = at::Tensor();
+          StepShard(std::move(mine));
+        }
+      }
+    }
+    step.peak = counting.peak();
+    step.peak_bytes = step.resident_bytes + step.peak.bytes;
+    return step;
+  }
+
+  void RecordOptimizer() {
+    const OptimizerStateBytes state = optimizer_->StateBytes();
     optimizer_state_bytes_ = state.total;
     adamw_state_bytes_ = request_.optimizer.kind == OptimizerKind::kAdamW ? state.moments : 0;
   }
@@ -894,6 +1039,9 @@ class Rank {
   bool tied_found_ = false;
   std::vector<at::Tensor> tied_;
   at::Tensor step_grads_;
+  at::Tensor flat_params_;  // ZeRO 1, 2: the parameters' flat buffer (HomeParameters)
+  at::Tensor shard_param_;  // ZeRO 1-3: what this rank's optimizer steps
+  std::unique_ptr<OptimizerRunner> optimizer_;
   int64_t n_params_ = 0, param_bytes_ = 0, grad_bytes_ = 0;
   int64_t optimizer_state_bytes_ = 0, adamw_state_bytes_ = 0;
 };
@@ -1052,6 +1200,16 @@ absl::StatusOr<RankResult> ReadRankResult(const std::string& path, size_t varian
            absl::SimpleAtoi(f[4], &piece.offset) && absl::SimpleAtoi(f[5], &piece.length);
       m.variants.push_back(v);
       result.grads.push_back(piece);
+    } else if (ok && f[0] == "peak" && f.size() >= 4) {
+      // peak V BYTES PHASE OP..., the op's name may have spaces.
+      size_t v = 0;
+      int64_t bytes = 0;
+      ok = absl::SimpleAtoi(f[1], &v) && v < m.variants.size() && absl::SimpleAtoi(f[2], &bytes);
+      if (ok) {
+        m.variants[v].peak_bytes = bytes;
+        m.variants[v].peak_phase = f[3];
+        m.variants[v].peak_op = absl::StrJoin(f.begin() + 4, f.end(), " ");
+      }
     } else if (ok && f[0] == "params" && f.size() == 3) {
       ok = absl::SimpleAtoi(f[1], &result.params.offset) &&
            absl::SimpleAtoi(f[2], &result.params.length);

@@ -10,7 +10,8 @@
 //   - gradients reduced over its data-parallel group (an all-reduce, or ZeRO-2/3's
 //     reduce-scatter into a shard), the optimizer stepped on its ZeRO shard and the
 //     result all-gathered;
-// and measures its own buckets. The parent gathers every rank's gradients and compares
+// and measures its own buckets and, where RankStepModelled (estimator/parallel_spec.h),
+// each variant's whole step under the counting allocator. The parent gathers every rank's gradients and compares
 // them with one process training on the whole batch, and every rank's updated
 // parameters with its shard stepped whole on the gathered gradients.
 //
@@ -78,6 +79,13 @@ struct RankVariantMeasurement {
   int64_t in_flight = 0;  // micro-batches held at that moment (the first such moment)
   // max_grad_diff: the rank's reduced gradients against the single-process run's.
   double max_grad_diff = 0;
+  // The whole step's peak, counted by the allocator, where RankStepModelled: the bytes
+  // resident before the step plus the step's largest live bytes, its phase ("forward",
+  // "backward" or "optimizer", which includes the gradients' reduction and the
+  // all-gather) and the op running then. peak_bytes is -1 where not measured.
+  int64_t peak_bytes = -1;
+  std::string peak_phase;
+  std::string peak_op;
 };
 
 // RankMeasurement is what one rank holds.

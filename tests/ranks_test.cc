@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "estimator/config.h"
+#include "estimator/liveness.h"
 #include "estimator/model_presets.h"
 #include "estimator/parallel_spec.h"
 #include "estimator/predict.h"
@@ -229,6 +230,95 @@ TEST(PredictRanksTest, TheFirstStageHoldsTheModelsLayersOnce) {
     EXPECT_EQ(first->variants[v].held.layers_bytes, whole.variants[v].layers_bytes)
         << whole.variants[v].variant.Name();
     EXPECT_EQ(first->variants[v].held.embedding_bytes, 4 * whole.variants[v].embedding_bytes);
+  }
+}
+
+// The study's block at L = 2, d = 32, H = 2, batch 2, seq 8 over dp ranks.
+ModelConfig SmallStudy(int64_t batch) {
+  ModelConfig config;
+  config.layers = 2;
+  config.width = 32;
+  config.heads = 2;
+  config.batch = batch;
+  config.seq = 8;
+  return config;
+}
+
+// A data-parallel rank's whole step (RankStepModelled) peaks in the gradients'
+// reduction, where it holds, by hand (fp32, 25,408 parameters: 101,632 B of each of
+// parameters P, .grads G and the bucket B they are copied into; AdamW's moments 2 x 4 B
+// per stepped element; the input 2 x 8 x 32 x 4 = 2,048 B; the loss 4 B; the bucket's
+// division by dp wraps its scalar as 8 + 4 B):
+//   ZeRO 0: P + 203,264 (moments of all) + G + B + 2,048 + 4 + 12 = 510,224
+//   ZeRO 1: P + 101,632 (moments of a 12,704-element shard) + G + B + ... = 408,592
+//   ZeRO 2: ZeRO 1's + the shard copied out of the bucket (50,816 B) = 459,408
+// verify_ranks_test measures the same numbers on Gloo ranks.
+TEST(PredictRanksTest, DataParallelPeakByHand) {
+  const ModelConfig config = SmallStudy(2);
+  PredictOptions options = Variants("none,full");
+  options.peak = true;
+  struct Case {
+    int zero;
+    int64_t peak;
+  };
+  for (const Case& c : {Case{0, 510224}, Case{1, 408592}, Case{2, 459408}}) {
+    SCOPED_TRACE(c.zero);
+    ParallelSpec parallel;
+    parallel.dp = 2;
+    parallel.zero = c.zero;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, parallel, options));
+    ASSERT_EQ(ranks.kinds.size(), 1u);
+    for (const RankVariant& v : ranks.kinds[0].variants) {
+      ASSERT_TRUE(v.held.peak.has_value()) << v.held.peak_unavailable;
+      EXPECT_EQ(v.held.peak->bytes, c.peak) << v.held.variant.Name();
+      EXPECT_EQ(v.held.peak->phase, StepPhase::kOptimizer);
+      EXPECT_EQ(v.held.peak->by_category[static_cast<int>(MemoryCategory::kInput)], 2048);
+    }
+  }
+  // dp = 3 pads the 25,408 elements to 3 x 8,470 = 25,410: the flat parameters and the
+  // bucket are 101,640 B each; ZeRO 2 at batch 1 (input 1,024 B) then peaks at
+  // 101,640 + 67,760 (moments) + 101,632 (G) + 101,640 (B) + 33,880 (the shard copy)
+  // + 1,024 + 4 + 12 = 407,592.
+  ParallelSpec padded;
+  padded.dp = 3;
+  padded.zero = 2;
+  ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(SmallStudy(1), padded, options));
+  ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
+  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 407592);
+}
+
+// Where the rank's step is not simulated, each variant says what is missing.
+TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
+  PredictOptions options = Variants("none");
+  options.peak = true;
+  ParallelSpec pipeline;
+  pipeline.pp = 2;
+  ParallelSpec accumulation;
+  accumulation.dp = 2;
+  accumulation.micro_batches = 2;
+  ParallelSpec zero3;
+  zero3.dp = 2;
+  zero3.zero = 3;
+  ModelConfig tensor_parallel = TinyLlama(2);
+  tensor_parallel.tp = 2;
+  ParallelSpec dp2;
+  dp2.dp = 2;
+  struct Case {
+    ModelConfig config;
+    ParallelSpec parallel;
+    const char* missing;
+  };
+  for (const Case& c : {Case{TinyLlama(2), pipeline, "with --pp"},
+                        Case{TinyLlama(2), accumulation, "--micro_batches > 1"},
+                        Case{TinyLlama(2), zero3, "--zero=3"},
+                        Case{tensor_parallel, dp2, "with --tp"}}) {
+    SCOPED_TRACE(c.missing);
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(c.config, c.parallel, options));
+    for (const RankKind& kind : ranks.kinds) {
+      EXPECT_FALSE(kind.variants[0].held.peak.has_value());
+      EXPECT_NE(kind.variants[0].held.peak_unavailable.find(c.missing), std::string::npos)
+          << kind.variants[0].held.peak_unavailable;
+    }
   }
 }
 

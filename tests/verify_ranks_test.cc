@@ -50,12 +50,21 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
   // n_params = 2 x (12 d^2 + 13 d) = 2 x (12288 + 416) = 25408; fp32, so all of them
   // are 101632 bytes and a ZeRO shard ceil(25408 / 2) = 12704 elements, 50816 bytes.
   // AdamW keeps two moments of whatever it steps.
+  // The whole step's peak, counted by each rank's allocator (ZeRO 0-2): in the
+  // gradients' reduction, the parameters, optimizer state, .grads and the bucket they
+  // are copied into (101,632 B), the input 2 x 8 x 32 x 4 = 2,048 B, the loss 4 B and
+  // the bucket's division by dp wrapping its scalar (8 + 4 B); ZeRO 2 also the shard
+  // copied out of the bucket, 50,816 B. ZeRO 3 gathers parameters per layer: its step is
+  // not counted.
   struct Case {
     int zero;
-    int64_t param_bytes, grad_bytes, optimizer_state_bytes;
+    int64_t param_bytes, grad_bytes, optimizer_state_bytes, peak_bytes;
   };
-  for (const Case& c : {Case{1, 101632, 101632, 2 * 50816}, Case{2, 101632, 50816, 2 * 50816},
-                        Case{3, 50816, 50816, 2 * 50816}}) {
+  for (const Case& c :
+       {Case{0, 101632, 101632, 2 * 101632, 4 * 101632 + 101632 + 2048 + 16},
+        Case{1, 101632, 101632, 2 * 50816, 4 * 101632 + 2048 + 16},
+        Case{2, 101632, 50816, 2 * 50816, 4 * 101632 + 50816 + 2048 + 16},
+        Case{3, 50816, 50816, 2 * 50816, -1}}) {
     SCOPED_TRACE(c.zero);
     rapidjson::Document doc =
         PassingRun(std::string(kStudy) + " --dp=2 --zero=" + std::to_string(c.zero), 2);
@@ -73,6 +82,19 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
       EXPECT_EQ(measured["saved_bytes.none"].GetInt64(), 68352);
       EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.selective"].GetDouble(), 1.0);
       EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["full"].GetDouble(), 1e-5);
+      if (c.peak_bytes < 0) {
+        EXPECT_FALSE(measured.HasMember("peak_bytes.none"));
+        continue;
+      }
+      for (const char* variant : {"none", "full", "every_2", "selective"}) {
+        const std::string key = std::string("peak_bytes.") + variant;
+        ASSERT_TRUE(measured.HasMember(key.c_str())) << key;
+        // Every variant has freed its activations by the reduction.
+        EXPECT_EQ(measured[key.c_str()].GetInt64(), c.peak_bytes) << key;
+        EXPECT_EQ(Rank(doc, rank)["ratio"][key.c_str()].GetDouble(), 1.0) << key;
+        EXPECT_STREQ(Rank(doc, rank)["peak_where"][variant]["measured_phase"].GetString(),
+                     "optimizer");
+      }
     }
   }
 }

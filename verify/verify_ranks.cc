@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/checked_math.h"
+#include "estimator/liveness.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/units.h"
@@ -24,6 +25,15 @@ rapidjson::Value Key(const std::string& s, Allocator& a) { return rapidjson::Val
 const RankKind* KindOfStage(const RanksPrediction& prediction, int64_t stage) {
   for (const RankKind& kind : prediction.kinds) {
     if (kind.stage == stage) return &kind;
+  }
+  return nullptr;
+}
+
+// PredictedVariant: the kind's prediction of `variant`; null when not predicted.
+const RankVariant* PredictedVariant(const RankKind* kind, const Variant& variant) {
+  if (kind == nullptr) return nullptr;
+  for (const RankVariant& v : kind->variants) {
+    if (v.held.variant.Name() == variant.Name()) return &v;
   }
   return nullptr;
 }
@@ -44,9 +54,11 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
   options.attention = request.attention;
   options.variants = request.variants;
   options.optimizer = request.optimizer;
-  options.peak = false;
+  // The ranks run one intra-op thread each (the machine's cores are shared).
+  options.cpu_threads = 1;
   absl::StatusOr<RanksPrediction> prediction = PredictRanks(config, parallel, options);
   if (!prediction.ok()) return prediction.status();
+  options.peak = false;
   // Every rank process, and the reference, holds the whole model and batch.
   ModelConfig whole_batch = config;
   whole_batch.batch = config.batch * parallel.dp * parallel.micro_batches;
@@ -95,6 +107,15 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
                                             predicted.held.saved_bytes, v.held_bytes));
         check.buckets.push_back(CheckBucket(absl::StrCat("micro_batches_in_flight.", name),
                                             predicted.in_flight, v.in_flight));
+        // The whole step's peak, where both sides model it (RankStepModelled; a
+        // peak measured where the simulation lacks an op is reported, not compared).
+        if (predicted.held.peak.has_value() && v.peak_bytes >= 0) {
+          check.buckets.push_back(CheckBucket(absl::StrCat("peak_bytes.", name),
+                                              predicted.held.peak->bytes, v.peak_bytes));
+        } else if (predicted.held.peak.has_value()) {
+          report.failures.push_back(absl::StrCat(RankName(m.position), ": the peak of ", name,
+                                                 " is predicted but was not measured"));
+        }
       }
     }
     for (const BucketCheck& bucket : check.buckets) {
@@ -168,6 +189,26 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
       grad_diff.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.max_grad_diff), a);
     }
     rank.AddMember("max_grad_diff", grad_diff, a);
+    // peak_where: per variant, where the step's peak happened (measured) and was
+    // predicted to; without a prediction, the measured bytes and why.
+    rapidjson::Value peak_where(rapidjson::kObjectType);
+    const RankKind* kind = KindOfStage(r.prediction, m.position.stage);
+    for (const runtime::RankVariantMeasurement& v : m.variants) {
+      const RankVariant* predicted = PredictedVariant(kind, v.variant);
+      if (v.peak_bytes < 0 || predicted == nullptr) continue;
+      rapidjson::Value where(rapidjson::kObjectType);
+      where.AddMember("measured_phase", Key(v.peak_phase, a), a);
+      where.AddMember("measured_op", Key(v.peak_op, a), a);
+      if (predicted->held.peak.has_value()) {
+        where.AddMember("predicted_phase", Key(StepPhaseName(predicted->held.peak->phase), a), a);
+        where.AddMember("predicted_op", Key(predicted->held.peak->op, a), a);
+      } else {
+        where.AddMember("measured_bytes", v.peak_bytes, a);
+        where.AddMember("not_predicted", Key(predicted->held.peak_unavailable, a), a);
+      }
+      peak_where.AddMember(Key(v.variant.Name(), a), where, a);
+    }
+    if (peak_where.MemberCount() > 0) rank.AddMember("peak_where", peak_where, a);
     rank.AddMember("max_param_diff", m.max_param_diff, a);
     ranks.PushBack(rank, a);
   }
@@ -206,6 +247,22 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
     }
     absl::StrAppendFormat(&out, "%-36s %16.3g\n%-36s %16.3g\n", "max_grad_diff (all variants)",
                           worst, "max_param_diff (after the step)", m.max_param_diff);
+    const RankKind* kind = KindOfStage(r.prediction, m.position.stage);
+    for (const runtime::RankVariantMeasurement& v : m.variants) {
+      const RankVariant* predicted = PredictedVariant(kind, v.variant);
+      if (v.peak_bytes < 0 || predicted == nullptr) continue;
+      const std::string measured = absl::StrCat("measured in the ", v.peak_phase, " at ",
+                                                v.peak_op.empty() ? "(no op)" : v.peak_op);
+      if (predicted->held.peak.has_value()) {
+        absl::StrAppendFormat(&out, "peak of %s: predicted in the %s at %s; %s\n",
+                              v.variant.Name(), StepPhaseName(predicted->held.peak->phase),
+                              predicted->held.peak->op, measured);
+      } else {
+        absl::StrAppendFormat(&out, "peak of %s: %d B (%s), %s; not predicted: %s\n",
+                              v.variant.Name(), v.peak_bytes, HumanBytes(v.peak_bytes), measured,
+                              predicted->held.peak_unavailable);
+      }
+    }
   }
   return out + Verdict(absl::StrFormat("every rank's buckets measured == predicted; "
                                        "gradients within %g of one process on the whole "
