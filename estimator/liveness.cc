@@ -154,6 +154,7 @@ class Simulation {
   // OptimizerStep steps tensors of these element counts, with their gradients.
   absl::Status OptimizerStep(const std::vector<int64_t>& numels);
   absl::Status ReduceAndStep();
+  absl::Status MicroBatch(const ModelPlans& plans, int input_id);
 
   // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
   static constexpr int kLayerInputKey = -1;
@@ -881,14 +882,10 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
   if (families) prologue_graph_ = &*graphs.prologue;
-  const SegmentPlan* const first = plans.first.get();
-  const SegmentPlan* const rest = plans.rest.get();
-  const SegmentPlan* const head = plans.head.get();
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step.
-  const BlockGraph& layer = graphs.layer;
-  const SegmentPlan& input_plan = families ? *plans.prologue : *first;
+  const SegmentPlan& input_plan = families ? *plans.prologue : *plans.first;
   int input_storage = input_plan.input_storage;
   for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
     const WalkedStorage& storage = plans.prologue->walk.storage_list[s];
@@ -896,10 +893,41 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       input_storage = static_cast<int>(s);
     }
   }
+  // Each micro-batch's input (DataParallelStep::micro_batches) is resident.
+  const int64_t micro_batches = std::max<int64_t>(1, options_.data_parallel.micro_batches);
   const int64_t input_bytes = input_plan.walk.storage_list[input_storage].bytes;
-  out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes;
+  out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
   memory_.Begin();
-  const int input_id = memory_.Adopt(input_bytes, MemoryCategory::kInput);
+  std::vector<int> inputs;
+  for (int64_t j = 0; j < micro_batches; ++j) {
+    inputs.push_back(memory_.Adopt(input_bytes, MemoryCategory::kInput));
+  }
+  // Gradient accumulation: each micro-batch's forward and backward, its loss kept until
+  // the step ends; the .grads of the first are added to in place.
+  for (int input_id : inputs) {
+    if (absl::Status s = MicroBatch(plans, input_id); !s.ok()) return s;
+  }
+
+  memory_.SetPhase(StepPhase::kOptimizer);
+  memory_.BeginSegment();
+  absl::Status status = ReduceAndStep();
+  segments_.optimizer = memory_.EndSegment();
+  if (status.ok() && memory_.overflowed()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the step's live bytes overflow int64 for layers=", config_.layers,
+        " width=", config_.width, " batch=", config_.batch, " seq=", config_.seq));
+  }
+  return status;
+}
+
+// MicroBatch is one forward and backward on the input `input_id`.
+absl::Status Simulation::MicroBatch(const ModelPlans& plans, int input_id) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  const SegmentPlan* const first = plans.first.get();
+  const SegmentPlan* const rest = plans.rest.get();
+  const SegmentPlan* const head = plans.head.get();
+  const BlockGraph& layer = graphs.layer;
   Handle x;
   x.storage = input_id;
   if (families) {
@@ -1019,6 +1047,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
 
   // The optimizer visits model.parameters(): each segment's, in the graph's order (the
   // modules' registration order).
+  if (!parameter_order_.empty()) return absl::OkStatus();
   std::vector<const Instance*> order;
   if (families) order.push_back(&prologue_inst);
   for (const Instance& inst : instances) order.push_back(&inst);
@@ -1031,16 +1060,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       }
     }
   }
-  memory_.SetPhase(StepPhase::kOptimizer);
-  memory_.BeginSegment();
-  absl::Status status = ReduceAndStep();
-  segments_.optimizer = memory_.EndSegment();
-  if (status.ok() && memory_.overflowed()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "the step's live bytes overflow int64 for layers=", config_.layers,
-        " width=", config_.width, " batch=", config_.batch, " seq=", config_.seq));
-  }
-  return status;
+  return absl::OkStatus();
 }
 
 // RopeTables is transformers' LlamaRotaryEmbedding as the runtime computes it once per
@@ -1402,10 +1422,11 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t reduced = ReducedLayers(config_.layers, variant);
-  // A data-parallel rank's reduction holds all of its layers' gradients at once: its
-  // stretch grows with the layers, so the step is replayed whole.
+  // A data-parallel rank's reduction holds all of its layers' gradients at once (its
+  // stretch grows with the layers), and a second micro-batch's backward adds to .grads:
+  // such a step is replayed whole.
   if (!options_.record_events && reduced < config_.layers &&
-      options_.data_parallel.dp <= 1) {
+      options_.data_parallel.dp <= 1 && options_.data_parallel.micro_batches <= 1) {
     ModelConfig short_config = config_;
     short_config.layers = reduced;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);

@@ -97,9 +97,14 @@ struct StepTimeline {
 //     .grads freed, the copy stepped;
 //   - ZeRO 1, 2: the updated shards are all-gathered in place into the flat parameter
 //     buffer (no bytes).
+// With micro_batches > 1 the rank first accumulates gradients: each micro-batch's
+// forward and backward on its own input (all of them resident before the step), its
+// loss kept until the step ends, unscaled; the bucket's division is by dp x
+// micro_batches.
 struct DataParallelStep {
   int64_t dp = 1;
   int64_t zero = 0;
+  int64_t micro_batches = 1;
 };
 
 struct StepOptions {
@@ -110,7 +115,8 @@ struct StepOptions {
   // rules: what each op keeps; null means RuleTable::Pinned().
   const RuleTable* rules = nullptr;
   // data_parallel: dp > 1 ends the step with the data-parallel reduction and the ZeRO
-  // shard's step (the whole step is then replayed, not composed).
+  // shard's step (the whole step is then replayed, not composed); micro_batches > 1
+  // accumulates gradients first.
   DataParallelStep data_parallel;
 };
 

@@ -88,9 +88,6 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   // A pipeline rank's peak needs its schedule's interleaving of forwards and backwards
   // and the hidden states it sends and receives.
   if (spec.pp > 1) return missing("with --pp (the schedule's interleaved micro-batches)");
-  if (spec.micro_batches > 1) {
-    return missing("over --micro_batches > 1 (gradient accumulation)");
-  }
   // ZeRO-3 all-gathers each layer's parameters before its forward and backward.
   if (spec.zero >= 3) return missing("with --zero=3 (the parameters gathered per layer)");
   return absl::OkStatus();

@@ -119,7 +119,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   step.cpu_threads = options.cpu_threads;
   step.record_events = false;
   step.rules = options.rules;
-  step.data_parallel = {parallel.dp, parallel.zero};
+  step.data_parallel = {parallel.dp, parallel.zero, parallel.micro_batches};
   absl::StatusOr<StepSimulator> simulator =
       StepSimulator::Create(config, options.attention, step);
   if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());

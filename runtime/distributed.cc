@@ -848,22 +848,23 @@ class Rank {
   at::Tensor Bucket() const { return Flat(OwnedGrads(), Shard() * parallel_.dp); }
 
   // ReduceScatter: this rank's shard of the bucket summed over the data-parallel group,
-  // averaged: a copy of its shard of the all-reduced bucket. (Gloo's reduce_scatter
+  // divided by `divisor`: a copy of its shard of the all-reduced bucket. (Gloo's reduce_scatter
   // first clones its whole input on the CPU, a copy NCCL's does not make: the bucket
   // and the shard are what a reduce-scatter holds.)
-  at::Tensor ReduceScatter(at::Tensor& bucket) const {
+  at::Tensor ReduceScatter(at::Tensor& bucket, int64_t divisor) const {
     std::vector<at::Tensor> buffer = {bucket};
     Complete(dp_group_->allreduce(buffer));
     at::Tensor mine = bucket.narrow(0, position_.dp_rank * Shard(), Shard()).clone();
-    mine.div_(static_cast<double>(parallel_.dp));
+    mine.div_(static_cast<double>(divisor));
     return mine;
   }
 
-  // AllReduceBucket: the bucket summed over the data-parallel group, averaged, in place.
-  void AllReduceBucket(at::Tensor& bucket) const {
+  // AllReduceBucket: the bucket summed over the data-parallel group, divided by
+  // `divisor`, in place.
+  void AllReduceBucket(at::Tensor& bucket, int64_t divisor) const {
     std::vector<at::Tensor> buffer = {bucket};
     Complete(dp_group_->allreduce(buffer));
-    bucket.div_(static_cast<double>(parallel_.dp));
+    bucket.div_(static_cast<double>(divisor));
   }
 
   // GatherShards: every rank's updated shard into the flat parameters, in place: the
@@ -888,7 +889,7 @@ class Rank {
     at::Tensor flat = Bucket();
     Piece piece;
     if (parallel_.zero >= 2) {
-      at::Tensor mine = ReduceScatter(flat);
+      at::Tensor mine = ReduceScatter(flat, parallel_.dp);
       flat = at::Tensor();
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
       piece = WritePiece(path, mine, position_.dp_rank * Shard(), n_params_);
@@ -898,7 +899,7 @@ class Rank {
       }
     } else {
       if (parallel_.dp > 1) {
-        AllReduceBucket(flat);
+        AllReduceBucket(flat, parallel_.dp);
         Unflatten(flat, OwnedGrads());
       }
       piece = WritePiece(path, flat, 0, n_params_);
@@ -962,40 +963,49 @@ class Rank {
     return piece;
   }
 
-  // MeasureStep runs one more whole step of `variant` (RankStepModelled: one
-  // micro-batch, the whole model, ZeRO 0-2) under a counting allocator, as the
-  // single-process runtime's MeasureStep does with the data-parallel reduction in the
-  // optimizer phase: zero_grad(set_to_none), forward and backward on this rank's
-  // micro-batch, the gradients copied into the bucket and all-reduced (ZeRO 0, 1) or
-  // reduce-scattered (ZeRO 2), the .grads freed (ZeRO 1, 2) or overwritten with the
-  // average (ZeRO 0), the optimizer's step, and the updated shards all-gathered. Before
-  // it: the parameters (the padded flat buffer with ZeRO), the optimizer's state and
-  // the micro-batch.
+  // MeasureStep runs one more whole step of `variant` (RankStepModelled: the whole
+  // model, ZeRO 0-2) under a counting allocator, as the single-process runtime's
+  // MeasureStep does with the data-parallel reduction in the optimizer phase (the
+  // simulation's DataParallelStep): zero_grad(set_to_none); per micro-batch a forward
+  // and backward, gradients accumulating, each loss kept until the step ends; the
+  // gradients copied into the bucket and all-reduced (ZeRO 0, 1) or reduce-scattered
+  // (ZeRO 2) and divided by dp x micro-batches (the mean, which the verified schedule
+  // takes by scaling each loss instead); the .grads freed (ZeRO 1, 2) or overwritten
+  // with the average (ZeRO 0); the optimizer's step; the updated shards all-gathered.
+  // Before it: the parameters (the padded flat buffer with ZeRO), the optimizer's state
+  // and the micro-batches.
   CountedStep MeasureStep(const Variant& variant) {
     for (const at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
-    const at::Tensor input = MicroBatch(0);
-    Place(0);
+    std::vector<at::Tensor> inputs;
+    for (int64_t j = 0; j < parallel_.micro_batches; ++j) inputs.push_back(MicroBatch(j));
     CountedStep step;
     step.resident_bytes = (flat_params_.defined() ? TensorBytes(flat_params_) : param_bytes_) +
-                          optimizer_state_bytes_ + TensorBytes(input);
+                          optimizer_state_bytes_;
+    for (const at::Tensor& input : inputs) step.resident_bytes += TensorBytes(input);
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
-    counting.MarkPhase("forward");
-    ForwardResult forward = ForwardStage(*built_.model, chunks_.front(), at::Tensor(), input,
-                                         request_.attention, variant);
-    counting.MarkPhase("backward");
-    forward.loss.backward();
+    std::vector<at::Tensor> losses;
+    for (int64_t j = 0; j < parallel_.micro_batches; ++j) {
+      Place(j);
+      counting.MarkPhase("forward");
+      losses.push_back(ForwardStage(*built_.model, chunks_.front(), at::Tensor(), inputs[j],
+                                    request_.attention, variant)
+                           .loss);
+      counting.MarkPhase("backward");
+      losses.back().backward();
+    }
     counting.MarkPhase("optimizer");
+    const int64_t divisor = parallel_.dp * parallel_.micro_batches;
     if (parallel_.dp == 1) {
       optimizer_->Step();
     } else {
       at::Tensor bucket = Bucket();
       if (parallel_.zero == 2) {
-        at::Tensor mine = ReduceScatter(bucket);
+        at::Tensor mine = ReduceScatter(bucket, divisor);
         bucket = at::Tensor();
         for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
         StepShard(std::move(mine));
       } else {
-        AllReduceBucket(bucket);
+        AllReduceBucket(bucket, divisor);
         if (parallel_.zero == 0) {
           Unflatten(bucket, OwnedGrads());
           bucket = at::Tensor();

@@ -99,6 +99,28 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
   }
 }
 
+TEST(VerifyRanksTest, AccumulatedMicroBatchesPeakInTheBackwardExactly) {
+  // Two micro-batches of 4 x 32 tokens per rank: activations outweigh tiny-llama's
+  // 12k parameters, so each variant's step peaks in a backward (the second micro-batch's
+  // adds to the first's .grads), where the simulation and each rank's allocator agree.
+  rapidjson::Document doc = PassingRun(
+      "--model=tiny-llama --batch=4 --seq=32 --skip_timing --dp=2 --zero=1 "
+      "--micro_batches=2 --variants=none,full,selective",
+      2);
+  if (HasFailure()) return;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* variant : {"none", "full", "selective"}) {
+      const std::string key = std::string("peak_bytes.") + variant;
+      ASSERT_TRUE(Rank(doc, rank)["ratio"].HasMember(key.c_str())) << key;
+      EXPECT_EQ(Rank(doc, rank)["ratio"][key.c_str()].GetDouble(), 1.0) << key;
+      EXPECT_STREQ(Rank(doc, rank)["peak_where"][variant]["measured_phase"].GetString(),
+                   "backward");
+      EXPECT_STREQ(Rank(doc, rank)["peak_where"][variant]["predicted_phase"].GetString(),
+                   "backward");
+    }
+  }
+}
+
 TEST(VerifyRanksTest, PipelineStagesHoldTheirOneFOneBMicroBatches) {
   // 1F1B with 4 micro-batches over 2 stages: the first stage runs 1 warm-up forward and
   // then one more before its first backward, so it holds 2; the last stage holds 1.
