@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -154,7 +155,23 @@ class Simulation {
   // OptimizerStep steps tensors of these element counts, with their gradients.
   absl::Status OptimizerStep(const std::vector<int64_t>& numels);
   absl::Status ReduceAndStep();
-  absl::Status MicroBatch(const ModelPlans& plans, int input_id);
+  // InFlight is one micro-batch between its forward and its backward.
+  struct InFlight {
+    int input_id = -1;  // the model input, where the stage reads it
+    Handle received;    // a later stage's received input (a leaf that requires grad)
+    Instance prologue, head;
+    std::vector<Instance> layers;  // the stage's
+    std::vector<int> checkpoint_inputs;
+    std::vector<int> extras;  // the layers' model-level tensors (RoPE tables)
+    std::map<std::string, int> globals;  // as the forward left them
+    Handle loss;        // the head's, kept until the step ends
+    Handle output;      // a stage without the head: its output, until sent
+    Handle input_grad;  // the received input's .grad, until sent
+  };
+  absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<int>& inputs);
+  absl::Status ForwardPass(const ModelPlans& plans, InFlight& f);
+  absl::Status BackwardPass(const ModelPlans& plans, InFlight& f,
+                            std::optional<Handle> output_grad);
 
   // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
   static constexpr int kLayerInputKey = -1;
@@ -251,7 +268,8 @@ class Simulation {
   // the layers' forward stretches (SegmentSummary::freed_at_forward_end).
   void ClearAutocastCache(bool forward_end) {
     for (const auto& [id, segment] : autocast_cache_) {
-      if (forward_end && segment >= 0 && memory_.refs(id) == 1) {
+      if (forward_end && segment >= 0 &&
+          segment < static_cast<int64_t>(segments_.forward.size()) && memory_.refs(id) == 1) {
         segments_.forward[segment].freed_at_forward_end[static_cast<int>(
             memory_.category(id))] += memory_.bytes(id);
       }
@@ -260,6 +278,8 @@ class Simulation {
     autocast_cache_.clear();
   }
   const BlockGraph* prologue_graph_ = nullptr;
+  StageRange stage_;  // the layers this step runs (RankStep::layers, or the whole model)
+  Handle hidden_;     // the layout of the hidden states between layers (and stages)
   Segments segments_;
   std::vector<ParameterKey> parameter_order_;
 };
@@ -882,9 +902,12 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
   if (families) prologue_graph_ = &*graphs.prologue;
+  const RankStep& rank = options_.rank;
+  stage_ = rank.pp > 1 ? rank.layers : WholeModel(config_);
 
   // The model input (the study's hidden states, the families' token ids): resident, held
-  // by the caller for the whole step.
+  // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
+  // embedding's, and the families' head, whose labels are the ids shifted).
   const SegmentPlan& input_plan = families ? *plans.prologue : *plans.first;
   int input_storage = input_plan.input_storage;
   for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
@@ -893,19 +916,31 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       input_storage = static_cast<int>(s);
     }
   }
-  // Each micro-batch's input (DataParallelStep::micro_batches) is resident.
-  const int64_t micro_batches = std::max<int64_t>(1, options_.data_parallel.micro_batches);
-  const int64_t input_bytes = input_plan.walk.storage_list[input_storage].bytes;
+  const int64_t micro_batches = std::max<int64_t>(1, rank.micro_batches);
+  const bool reads_input = stage_.prologue || (stage_.head && families);
+  const int64_t input_bytes =
+      reads_input ? input_plan.walk.storage_list[input_storage].bytes : 0;
   out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
   memory_.Begin();
   std::vector<int> inputs;
   for (int64_t j = 0; j < micro_batches; ++j) {
-    inputs.push_back(memory_.Adopt(input_bytes, MemoryCategory::kInput));
+    inputs.push_back(reads_input ? memory_.Adopt(input_bytes, MemoryCategory::kInput) : -1);
   }
-  // Gradient accumulation: each micro-batch's forward and backward, its loss kept until
-  // the step ends; the .grads of the first are added to in place.
-  for (int input_id : inputs) {
-    if (absl::Status s = MicroBatch(plans, input_id); !s.ok()) return s;
+  // The hidden states a stage receives or sends: the layers' input.
+  const BlockGraph& layer = graphs.layer;
+  hidden_.layout = plans.rest->walk.tensor_layouts[layer.input].layout;
+  hidden_.dtype = layer.tensors[layer.input].dtype;
+
+  if (rank.pp > 1) {
+    if (absl::Status s = PipelineSchedule(plans, inputs); !s.ok()) return s;
+  } else {
+    // Gradient accumulation: each micro-batch's forward and backward.
+    for (int input_id : inputs) {
+      InFlight f;
+      f.input_id = input_id;
+      if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+      if (absl::Status s = BackwardPass(plans, f, std::nullopt); !s.ok()) return s;
+    }
   }
 
   memory_.SetPhase(StepPhase::kOptimizer);
@@ -920,30 +955,97 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   return status;
 }
 
-// MicroBatch is one forward and backward on the input `input_id`.
-absl::Status Simulation::MicroBatch(const ModelPlans& plans, int input_id) {
+// PipelineSchedule runs pipeline stage RankStep::stage's micro-batches in Megatron-LM's
+// 1F1B order: warm-up forwards (each receiving its input, then sending its output),
+// then one forward and one backward at a time, then the remaining backwards. Receives
+// allocate their buffer; what was sent is freed once the paired receive exists.
+absl::Status Simulation::PipelineSchedule(const ModelPlans& plans, const std::vector<int>& inputs) {
+  const RankStep& rank = options_.rank;
+  const int64_t m = static_cast<int64_t>(inputs.size());
+  const int64_t warmup = std::min(rank.pp - rank.stage - 1, m);
+  const int64_t remaining = m - warmup;
+  auto receive = [&](bool needed) -> std::optional<Handle> {
+    if (!needed) return std::nullopt;
+    Handle h = hidden_;
+    h.storage = memory_.Alloc(NumelOf(h.layout) * ElementSizeBytes(h.dtype),
+                              MemoryCategory::kTemporary);
+    return h;
+  };
+  // The forward's output, once sent: freed (its grad_fn lives on in the graph).
+  auto sent_output = [&](InFlight& f) {
+    if (f.output.defined()) memory_.Unref(f.output.storage);
+    f.output = Handle();
+  };
+  // The backward's input gradient, once sent, and the received input it belongs to.
+  auto sent_input_grad = [&](InFlight& f) {
+    if (f.input_grad.defined()) memory_.Unref(f.input_grad.storage);
+    if (f.received.defined()) memory_.Unref(f.received.storage);
+  };
+  std::deque<InFlight> in_flight;
+  int64_t next = 0;
+  auto forward = [&](std::optional<Handle> received) -> absl::Status {
+    InFlight f;
+    f.input_id = inputs[next++];
+    if (received.has_value()) f.received = *received;
+    if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+    in_flight.push_back(std::move(f));
+    return absl::OkStatus();
+  };
+  auto backward = [&](std::optional<Handle> output_grad) -> absl::Status {
+    InFlight& f = in_flight.front();
+    return BackwardPass(plans, f, output_grad);
+  };
+  memory_.SetPhase(StepPhase::kForward);
+  for (int64_t i = 0; i < warmup; ++i) {
+    if (absl::Status s = forward(receive(!stage_.prologue)); !s.ok()) return s;
+    sent_output(in_flight.back());
+  }
+  std::optional<Handle> input = remaining > 0 ? receive(!stage_.prologue) : std::nullopt;
+  for (int64_t i = 0; i < remaining; ++i) {
+    if (absl::Status s = forward(input); !s.ok()) return s;
+    // send_forward_recv_backward
+    const std::optional<Handle> output_grad = receive(!stage_.head);
+    sent_output(in_flight.back());
+    if (absl::Status s = backward(output_grad); !s.ok()) return s;
+    // send_backward_recv_forward (the last one only sends)
+    input = i + 1 < remaining ? receive(!stage_.prologue) : std::nullopt;
+    sent_input_grad(in_flight.front());
+    in_flight.pop_front();
+  }
+  for (int64_t i = 0; i < warmup; ++i) {
+    if (absl::Status s = backward(receive(!stage_.head)); !s.ok()) return s;
+    sent_input_grad(in_flight.front());
+    in_flight.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+// ForwardPass runs the stage's forward for one micro-batch: from its input (the
+// embedding's) or its received hidden states, through its layers, to the loss (the
+// head's) or its output; what the backward needs stays in `f`.
+absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
   const SegmentPlan* const first = plans.first.get();
   const SegmentPlan* const rest = plans.rest.get();
-  const SegmentPlan* const head = plans.head.get();
   const BlockGraph& layer = graphs.layer;
+  const int input_id = f.input_id;
   Handle x;
-  x.storage = input_id;
-  if (families) {
-    globals_["input_ids"] = input_id;
-  } else {
+  if (families && input_id >= 0) globals_["input_ids"] = input_id;
+  if (f.received.defined()) {
+    x = Alias(f.received);  // the caller keeps the leaf for its gradient
+  } else if (!families) {
+    x.storage = input_id;
     x.layout = first->walk.tensor_layouts[layer.input].layout;
     x.dtype = layer.tensors[layer.input].dtype;
   }
 
   memory_.SetPhase(StepPhase::kForward);
   memory_.BeginSegment();
-  Instance prologue_inst;
-  std::vector<int> extras;  // the layers' model-level tensors the caller holds
-  if (families) {
-    prologue_inst.plan = plans.prologue.get();
-    prologue_inst.segment = Where::kPrologue;
+  std::vector<int>& extras = f.extras;  // the layers' model-level tensors the caller holds
+  if (stage_.prologue && families) {
+    f.prologue.plan = plans.prologue.get();
+    f.prologue.segment = Where::kPrologue;
     // GPT-2's position ids, arange(T)[None] (int64), live in the prologue's scope.
     int positions = -1;
     if (config_.family == Family::kGpt2) {
@@ -951,18 +1053,21 @@ absl::Status Simulation::MicroBatch(const ModelPlans& plans, int input_id) {
       positions = memory_.Alloc(config_.seq * 8, MemoryCategory::kTemporary);
       globals_["position_ids"] = positions;
     }
-    if (absl::Status s = Forward(prologue_inst, nullptr, Pass::kGraph, &x); !s.ok()) return s;
+    if (absl::Status s = Forward(f.prologue, nullptr, Pass::kGraph, &x); !s.ok()) return s;
     if (config_.family == Family::kLlama) RopeTables(&extras);
     if (positions >= 0) memory_.Unref(positions);
+  } else if (config_.family == Family::kLlama) {
+    RopeTables(&extras);  // a later stage computes its own (ModelImpl::Extras)
   }
   segments_.prologue = memory_.EndSegment();
 
-  const int64_t layers = config_.layers;
-  std::vector<Instance> instances(layers);
-  std::vector<int> checkpoint_inputs(layers, -1);
-  for (int64_t i = 0; i < layers; ++i) {
+  const int64_t end = stage_.first_layer + stage_.layers;
+  f.layers.assign(stage_.layers, Instance());
+  f.checkpoint_inputs.assign(stage_.layers, -1);
+  if (static_cast<int64_t>(segments_.forward.size()) < end) segments_.forward.resize(end);
+  for (int64_t i = stage_.first_layer; i < end; ++i) {
     memory_.BeginSegment();
-    Instance& inst = instances[i];
+    Instance& inst = f.layers[i - stage_.first_layer];
     inst.plan = i == 0 ? first : rest;
     inst.segment = i;
     Handle y;
@@ -973,52 +1078,74 @@ absl::Status Simulation::MicroBatch(const ModelPlans& plans, int input_id) {
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
       for (int extra : extras) memory_.Keep(extra);
-      checkpoint_inputs[i] = x.storage;
+      f.checkpoint_inputs[i - stage_.first_layer] = x.storage;
     } else if (absl::Status s = Forward(inst, &x, Pass::kGraph, &y); !s.ok()) {
       return s;
     }
     if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
     x = y;
-    segments_.forward.push_back(memory_.EndSegment());
+    segments_.forward[i] = memory_.EndSegment();
   }
   memory_.BeginSegment();
-  Instance head_inst;
-  head_inst.plan = head;
-  head_inst.segment = Where::kHead;
-  Handle loss;
-  if (absl::Status s = Forward(head_inst, &x, Pass::kGraph, &loss); !s.ok()) return s;
-  // The forward returns: its last hidden states, then the layers' extras, die; then the
-  // autocast scope ends and its cast cache is cleared.
-  if (x.storage != input_id) memory_.Unref(x.storage);
+  if (stage_.head) {
+    f.head.plan = plans.head.get();
+    f.head.segment = Where::kHead;
+    if (absl::Status s = Forward(f.head, &x, Pass::kGraph, &f.loss); !s.ok()) return s;
+    // The forward returns: its last hidden states die.
+    if (x.storage != input_id) memory_.Unref(x.storage);
+  } else {
+    f.output = x;  // returned to the caller, who sends it
+  }
+  // Then the layers' extras die, and the autocast scope ends (its cast cache cleared).
   for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
+  f.globals = globals_;
   ClearAutocastCache(/*forward_end=*/true);
   segments_.head_forward = memory_.EndSegment();
+  return absl::OkStatus();
+}
 
-  // loss.backward(): the graph root holds ones_like(loss).
+// BackwardPass runs `f`'s backward: from the loss (loss.backward(), whose graph root
+// holds ones_like(loss)) or from `output_grad`, received for its output; through the
+// layers, to the embedding's parameters or the received input's .grad (f.input_grad).
+absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
+                                      std::optional<Handle> output_grad) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  const SegmentPlan* const first = plans.first.get();
+  const SegmentPlan* const rest = plans.rest.get();
+  const BlockGraph& layer = graphs.layer;
+  globals_ = f.globals;
   memory_.BeginSegment();
   memory_.SetPhase(StepPhase::kBackward);
   memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
   Handle seed;
-  seed.layout = loss.layout;
-  seed.dtype = loss.dtype;
-  seed.storage = memory_.Alloc(memory_.bytes(loss.storage), MemoryCategory::kTemporary);
-  Buffers buffers;
-  buffers.emplace(graphs.epilogue.output, Alias(seed));
-  if (absl::Status s = Backward(head_inst, buffers, false); !s.ok()) return s;
   std::optional<Handle> grad;
-  if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
+  if (stage_.head) {
+    seed.layout = f.loss.layout;
+    seed.dtype = f.loss.dtype;
+    seed.storage = memory_.Alloc(memory_.bytes(f.loss.storage), MemoryCategory::kTemporary);
+    Buffers buffers;
+    buffers.emplace(graphs.epilogue.output, Alias(seed));
+    if (absl::Status s = Backward(f.head, buffers, false); !s.ok()) return s;
+    if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
+  } else {
+    seed = *output_grad;  // the caller's reference, dropped when the backward returns
+    grad = Alias(seed);
+  }
   segments_.head_backward = memory_.EndSegment();
-  segments_.backward.resize(layers);
-  for (int64_t i = layers - 1; i >= 0 && grad.has_value(); --i) {
+  const int64_t end = stage_.first_layer + stage_.layers;
+  if (static_cast<int64_t>(segments_.backward.size()) < end) segments_.backward.resize(end);
+  for (int64_t i = end - 1; i >= stage_.first_layer && grad.has_value(); --i) {
     memory_.BeginSegment();
-    Instance& inst = instances[i];
+    Instance& inst = f.layers[i - stage_.first_layer];
     const Handle incoming = *grad;
     grad.reset();
     Buffers layer_buffers;
-    if (checkpoint_inputs[i] >= 0) {
+    const int checkpoint_input = f.checkpoint_inputs[i - stage_.first_layer];
+    if (checkpoint_input >= 0) {
       inst.plan = i == 0 ? first : rest;
-      if (absl::Status s = CheckpointBackward(inst, checkpoint_inputs[i], extras, incoming,
-                                              layer_buffers);
+      if (absl::Status s =
+              CheckpointBackward(inst, checkpoint_input, f.extras, incoming, layer_buffers);
           !s.ok()) {
         return s;
       }
@@ -1035,13 +1162,24 @@ absl::Status Simulation::MicroBatch(const ModelPlans& plans, int input_id) {
     segments_.backward[i] = memory_.EndSegment();
   }
   memory_.BeginSegment();
-  if (families && grad.has_value()) {
+  if (stage_.prologue && families && grad.has_value()) {
     Buffers prologue_buffers;
     prologue_buffers.emplace(graphs.prologue->output, *grad);
     grad.reset();
-    if (absl::Status s = Backward(prologue_inst, prologue_buffers, false); !s.ok()) return s;
+    if (absl::Status s = Backward(f.prologue, prologue_buffers, false); !s.ok()) return s;
   }
-  if (grad.has_value()) memory_.Unref(grad->storage);  // the model input's: not kept
+  if (f.received.defined() && grad.has_value()) {
+    // The received leaf's AccumulateGrad: its .grad is the gradient if nothing else
+    // holds it and it has the leaf's layout, else a copy.
+    if (memory_.refs(grad->storage) == 1 && SameLayout(grad->layout, f.received.layout)) {
+      f.input_grad = *grad;
+    } else {
+      f.input_grad = NewGrad(f.received.layout, grad->dtype);
+      memory_.Unref(grad->storage);
+    }
+  } else if (grad.has_value()) {
+    memory_.Unref(grad->storage);  // the model input's: not kept
+  }
   memory_.Unref(seed.storage);  // the graph task ends
   segments_.tail = memory_.EndSegment();
 
@@ -1049,9 +1187,9 @@ absl::Status Simulation::MicroBatch(const ModelPlans& plans, int input_id) {
   // modules' registration order).
   if (!parameter_order_.empty()) return absl::OkStatus();
   std::vector<const Instance*> order;
-  if (families) order.push_back(&prologue_inst);
-  for (const Instance& inst : instances) order.push_back(&inst);
-  order.push_back(&head_inst);
+  if (stage_.prologue && families) order.push_back(&f.prologue);
+  for (const Instance& inst : f.layers) order.push_back(&inst);
+  if (stage_.head) order.push_back(&f.head);
   for (const Instance* inst : order) {
     const BlockGraph& graph = *inst->plan->graph;
     for (size_t t = 0; t < graph.tensors.size(); ++t) {
@@ -1105,14 +1243,14 @@ void Simulation::RopeTables(std::vector<int>* extras) {
 }
 
 // ReduceAndStep: the optimizer's step on every parameter, or on a data-parallel rank the
-// gradients' reduction and the ZeRO shard's step (DataParallelStep).
+// gradients' reduction and the ZeRO shard's step (RankStep).
 absl::Status Simulation::ReduceAndStep() {
   const int64_t element = ElementSizeBytes(config_.dtype);
   std::vector<int64_t> numels;
   for (const ParameterKey& parameter : parameter_order_) {
     numels.push_back(memory_.bytes(grads_.at(parameter)) / element);
   }
-  const DataParallelStep& data = options_.data_parallel;
+  const RankStep& data = options_.rank;
   if (data.dp <= 1) return OptimizerStep(numels);
   int64_t n = 0;
   for (int64_t numel : numels) n += numel;
@@ -1167,7 +1305,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
     for (size_t p = 0; p < numels.size(); ++p) {
       master_grads.push_back(memory_.Alloc(numels[p] * 4, MemoryCategory::kGradient));
       if (p < parameter_order_.size() && parameter_order_[p].first == 0 &&
-          options_.data_parallel.dp <= 1) {
+          options_.rank.dp <= 1) {
         segments_.optimizer_layer_bytes += numels[p] * 4;
       }
     }
@@ -1423,10 +1561,10 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // cost stops growing with layers.
   const int64_t reduced = ReducedLayers(config_.layers, variant);
   // A data-parallel rank's reduction holds all of its layers' gradients at once (its
-  // stretch grows with the layers), and a second micro-batch's backward adds to .grads:
-  // such a step is replayed whole.
+  // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
+  // a pipeline stage interleaves micro-batches: such a step is replayed whole.
   if (!options_.record_events && reduced < config_.layers &&
-      options_.data_parallel.dp <= 1 && options_.data_parallel.micro_batches <= 1) {
+      options_.rank.dp <= 1 && options_.rank.micro_batches <= 1 && options_.rank.pp <= 1) {
     ModelConfig short_config = config_;
     short_config.layers = reduced;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);

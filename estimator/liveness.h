@@ -84,27 +84,35 @@ struct StepTimeline {
   StepPeak peak;
 };
 
-// DataParallelStep is a rank's place in data parallelism: after the backward, its
-// gradients are reduced over `dp` ranks and its optimizer steps its ZeRO shard, as
-// runtime/distributed.h's ranks do (RankStepModelled: one micro-batch, ZeRO 0-2):
-//   - the gradients are copied into one flat bucket (padded to a multiple of dp) and
-//     all-reduced in place, then divided by dp;
-//   - ZeRO 0: the average is copied back into the .grads, the bucket freed, and every
-//     parameter stepped;
-//   - ZeRO 1: the .grads are freed; the rank's ceil(n / dp) shard of the bucket (a view)
-//     is stepped, then the bucket freed;
-//   - ZeRO 2: the shard is copied out of the bucket and divided, the bucket and the
-//     .grads freed, the copy stepped;
-//   - ZeRO 1, 2: the updated shards are all-gathered in place into the flat parameter
-//     buffer (no bytes).
-// With micro_batches > 1 the rank first accumulates gradients: each micro-batch's
-// forward and backward on its own input (all of them resident before the step), its
-// loss kept until the step ends, unscaled; the bucket's division is by dp x
-// micro_batches.
-struct DataParallelStep {
+// RankStep is one rank's step in a distributed run, as runtime/distributed.h's ranks
+// run it (RankStepModelled: no tensor parallelism, ZeRO 0-2, 1F1B):
+//   - micro_batches forwards and backwards (gradient accumulation: the second adds to
+//     the first's .grads), each on its own input (resident before the step, where the
+//     stage reads it), each loss kept until the step ends, unscaled;
+//   - with pp > 1 only pipeline stage `stage`'s layers, in Megatron-LM's 1F1B order
+//     (forward_backward_pipelining_without_interleaving): a stage that does not run the
+//     embedding receives its input hidden states into a new buffer (a leaf whose
+//     gradient it sends back after its backward, then frees both); one that does not
+//     run the head sends its output and frees it (deallocate_output_tensor), and
+//     receives its output's gradient into a new buffer before its backward. Sends and
+//     receives are posted and waited together as Megatron pairs them
+//     (send_forward_recv_backward, send_backward_recv_forward): the received buffer
+//     exists before what was sent is freed;
+//   - with dp > 1 the gradients are then copied into one flat bucket (padded to a
+//     multiple of dp), all-reduced in place and divided by dp x micro_batches;
+//     ZeRO 0: the average is copied back into the .grads, the bucket freed, and every
+//     parameter stepped; ZeRO 1: the .grads are freed, the rank's ceil(n / dp) shard of
+//     the bucket (a view) stepped, then the bucket freed; ZeRO 2: the shard is copied
+//     out of the bucket and divided, the bucket and the .grads freed, the copy stepped.
+//     ZeRO 1, 2 all-gather the updated shards in place into the flat parameter buffer
+//     (no bytes).
+struct RankStep {
   int64_t dp = 1;
   int64_t zero = 0;
   int64_t micro_batches = 1;
+  int64_t pp = 1;
+  int64_t stage = 0;  // pipeline rank
+  StageRange layers;  // the stage's layers (used when pp > 1)
 };
 
 struct StepOptions {
@@ -114,10 +122,9 @@ struct StepOptions {
   bool record_events = true;
   // rules: what each op keeps; null means RuleTable::Pinned().
   const RuleTable* rules = nullptr;
-  // data_parallel: dp > 1 ends the step with the data-parallel reduction and the ZeRO
-  // shard's step (the whole step is then replayed, not composed); micro_batches > 1
-  // accumulates gradients first.
-  DataParallelStep data_parallel;
+  // rank: a distributed rank's step (a step with dp, micro_batches or pp above 1 is
+  // replayed whole, not composed).
+  RankStep rank;
 };
 
 // ResidentBytes are what exists before the step besides the model input (Predict's

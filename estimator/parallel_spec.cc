@@ -85,9 +85,13 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   // A tensor-parallel rank's collectives (f and g, the vocabulary-parallel embedding and
   // cross-entropy, the sequence gathers) allocate buffers the step simulation lacks.
   if (config.tp > 1) return missing("with --tp (the collectives' buffers)");
-  // A pipeline rank's peak needs its schedule's interleaving of forwards and backwards
-  // and the hidden states it sends and receives.
-  if (spec.pp > 1) return missing("with --pp (the schedule's interleaved micro-batches)");
+  if (spec.pp > 1 && spec.schedule == PipelineSchedule::kInterleaved) {
+    return missing("with --schedule=interleaved (its model chunks' order)");
+  }
+  // The first and last stage would all-reduce the tied embedding's gradients.
+  if (spec.pp > 1 && config.tie_embeddings) {
+    return missing("with a tied embedding over --pp stages (their gradients exchanged)");
+  }
   // ZeRO-3 all-gathers each layer's parameters before its forward and backward.
   if (spec.zero >= 3) return missing("with --zero=3 (the parameters gathered per layer)");
   return absl::OkStatus();

@@ -119,7 +119,8 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   step.cpu_threads = options.cpu_threads;
   step.record_events = false;
   step.rules = options.rules;
-  step.data_parallel = {parallel.dp, parallel.zero, parallel.micro_batches};
+  step.rank = {parallel.dp, parallel.zero, parallel.micro_batches, parallel.pp, kind->stage,
+               kind->chunks.front()};
   absl::StatusOr<StepSimulator> simulator =
       StepSimulator::Create(config, options.attention, step);
   if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());
@@ -244,9 +245,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
     prediction.kinds.push_back(std::move(kind));
   }
   std::stable_sort(prediction.kinds.begin(), prediction.kinds.end(),
-                   [](const RankKind& a, const RankKind& b) {
-                     return !a.variants.empty() && a.Total(0) > b.Total(0);
-                   });
+                   [](const RankKind& a, const RankKind& b) { return a.Load() > b.Load(); });
   return prediction;
 }
 

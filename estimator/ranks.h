@@ -56,12 +56,18 @@ struct RankKind {
   int64_t Total(size_t v) const {
     return param_bytes + grad_bytes + optimizer_state_bytes + variants[v].held.saved_bytes;
   }
+  // Load: what ranks are ordered by: the first variant's peak where simulated, else its
+  // Total; 0 without variants.
+  int64_t Load() const {
+    if (variants.empty()) return 0;
+    return variants[0].held.peak.has_value() ? variants[0].held.peak->bytes : Total(0);
+  }
 };
 
 struct RanksPrediction {
   ParallelSpec parallel;
-  // kinds: one per pipeline stage, the most loaded first (by Total of the first variant;
-  // the earlier stage on ties).
+  // kinds: one per pipeline stage, the most loaded first (by Load: the first variant's
+  // peak, or its Total where there is none; the earlier stage on ties).
   std::vector<RankKind> kinds;
 };
 

@@ -9,11 +9,13 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -963,10 +965,133 @@ class Rank {
     return piece;
   }
 
+  // CountedSchedule runs the counted step's micro-batches in Megatron-LM's 1F1B order
+  // (forward_backward_pipelining_without_interleaving; with one stage, each forward then
+  // its backward), the way Megatron's p2p_communication pairs its sends and receives:
+  // every receive allocates a new buffer; a sent output is freed once its send and the
+  // paired receive completed (deallocate_output_tensor: the graph lives on through its
+  // grad_fn's edge, from which the backward runs); a received input is a leaf whose
+  // .grad is sent back after its backward, then both are freed. Returns the losses
+  // (the last stage's), kept until the step ends. estimator/liveness.h's RankStep
+  // describes the same step.
+  std::vector<at::Tensor> CountedSchedule(const Variant& variant,
+                                          const std::vector<at::Tensor>& inputs,
+                                          ScopedCountingAllocator& counting) {
+    const int64_t m = parallel_.micro_batches;
+    const int64_t stage = position_.stage;
+    const int64_t warmup = std::min(parallel_.pp - stage - 1, m);
+    const int64_t remaining = m - warmup;
+    const int next_stage = static_cast<int>(stage + 1), previous_stage = static_cast<int>(stage - 1);
+    const int64_t tokens = config_.seq;
+    const std::vector<int64_t> hidden_shape = {config_.batch, tokens, config_.width};
+    const at::TensorOptions hidden_options = parameters_.front().options();
+    // Tags: (micro-batch, direction), as the verified schedule's for one chunk per stage.
+    auto tag = [&](int64_t j, bool gradient) { return static_cast<int>(j * 2 + (gradient ? 1 : 0)); };
+    std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+    auto post_receive = [&](int peer, int t) {
+      std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
+      pending.push_back(pp_group_->recv(buffer, peer, t));
+      return buffer[0];
+    };
+    auto post_send = [&](const at::Tensor& t, int peer, int tag_value) {
+      std::vector<at::Tensor> buffer = {t};
+      pending.push_back(pp_group_->send(buffer, peer, tag_value));
+    };
+    auto wait = [&]() {
+      for (const auto& work : pending) Complete(work);
+      pending.clear();
+    };
+    struct InFlight {
+      int64_t micro_batch = 0;
+      at::Tensor received;                // a later stage's input leaf
+      torch::autograd::Edge output_edge;  // a stage without the head: its output's grad_fn
+    };
+    std::deque<InFlight> in_flight;
+    std::vector<at::Tensor> losses;
+    int64_t next = 0;
+    // forward: the next micro-batch on `received` (undefined on the first stage); a
+    // stage without the head posts its output's send and returns the output, which the
+    // caller frees once the paired ops complete.
+    auto forward = [&](at::Tensor received) {
+      const int64_t j = next++;
+      Place(j);
+      counting.MarkPhase("forward");
+      InFlight f;
+      f.micro_batch = j;
+      if (received.defined()) f.received = received.requires_grad_(true);
+      received = at::Tensor();
+      at::Tensor output = ForwardStage(*built_.model, chunks_.front(), f.received, inputs[j],
+                                       request_.attention, variant)
+                              .loss;
+      if (last_) {
+        losses.push_back(output);
+        output = at::Tensor();
+      } else {
+        f.output_edge = torch::autograd::impl::gradient_edge(output);
+        post_send(output.detach(), next_stage, tag(j, false));
+      }
+      in_flight.push_back(std::move(f));
+      return output;
+    };
+    // backward: the oldest micro-batch's, from its loss or `output_grad`; a later stage
+    // then posts its input's .grad's send.
+    auto backward = [&](at::Tensor output_grad) {
+      InFlight& f = in_flight.front();
+      Place(f.micro_batch);
+      counting.MarkPhase("backward");
+      if (last_) {
+        // The loss is kept, as a value: its graph would keep a received leaf (and its
+        // .grad) alive through the leaf's AccumulateGrad node.
+        losses[f.micro_batch].backward();
+        losses[f.micro_batch] = losses[f.micro_batch].detach();
+      } else {
+        torch::autograd::Engine::get_default_engine().execute(
+            {f.output_edge}, {output_grad}, /*keep_graph=*/false, /*create_graph=*/false,
+            /*accumulate_grad=*/true, /*outputs=*/{});
+        f.output_edge = torch::autograd::Edge();
+      }
+      output_grad = at::Tensor();
+      if (!first_) post_send(f.received.grad(), previous_stage, tag(f.micro_batch, true));
+    };
+    auto receive_forward = [&]() {
+      at::Tensor received = first_ ? at::Tensor() : post_receive(previous_stage, tag(next, false));
+      wait();
+      return received;
+    };
+    for (int64_t i = 0; i < warmup; ++i) {
+      at::Tensor output = forward(receive_forward());
+      wait();  // send_forward
+    }
+    at::Tensor input = remaining > 0 ? receive_forward() : at::Tensor();
+    for (int64_t i = 0; i < remaining; ++i) {
+      at::Tensor output = forward(std::move(input));
+      // send_forward_recv_backward
+      const int64_t j = in_flight.front().micro_batch;
+      at::Tensor output_grad = last_ ? at::Tensor() : post_receive(next_stage, tag(j, true));
+      wait();
+      output = at::Tensor();
+      backward(std::move(output_grad));
+      // send_backward_recv_forward (the last one only sends)
+      input = i + 1 < remaining && !first_ ? post_receive(previous_stage, tag(next, false))
+                                           : at::Tensor();
+      wait();
+      in_flight.pop_front();
+    }
+    for (int64_t i = 0; i < warmup; ++i) {
+      const int64_t j = in_flight.front().micro_batch;
+      at::Tensor output_grad = post_receive(next_stage, tag(j, true));
+      wait();
+      backward(std::move(output_grad));
+      wait();  // send_backward
+      in_flight.pop_front();
+    }
+    return losses;
+  }
+
   // MeasureStep runs one more whole step of `variant` (RankStepModelled: the whole
   // model, ZeRO 0-2) under a counting allocator, as the single-process runtime's
   // MeasureStep does with the data-parallel reduction in the optimizer phase (the
-  // simulation's DataParallelStep): zero_grad(set_to_none); per micro-batch a forward
+  // simulation's RankStep): zero_grad(set_to_none); per micro-batch a forward
   // and backward, gradients accumulating, each loss kept until the step ends; the
   // gradients copied into the bucket and all-reduced (ZeRO 0, 1) or reduce-scattered
   // (ZeRO 2) and divided by dp x micro-batches (the mean, which the verified schedule
@@ -976,23 +1101,22 @@ class Rank {
   // and the micro-batches.
   CountedStep MeasureStep(const Variant& variant) {
     for (const at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
+    // The micro-batches' inputs, on a stage that reads them (the embedding's; the
+    // families' head makes its labels from the ids). A middle stage reads only their
+    // length: an empty stand-in.
+    const bool reads_input = first_ || (last_ && config_.family != Family::kStudy);
     std::vector<at::Tensor> inputs;
-    for (int64_t j = 0; j < parallel_.micro_batches; ++j) inputs.push_back(MicroBatch(j));
+    for (int64_t j = 0; j < parallel_.micro_batches; ++j) {
+      inputs.push_back(reads_input ? MicroBatch(j)
+                                   : at::empty({config_.batch, config_.seq, 0}, at::kLong));
+    }
     CountedStep step;
     step.resident_bytes = (flat_params_.defined() ? TensorBytes(flat_params_) : param_bytes_) +
                           optimizer_state_bytes_;
     for (const at::Tensor& input : inputs) step.resident_bytes += TensorBytes(input);
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
-    std::vector<at::Tensor> losses;
-    for (int64_t j = 0; j < parallel_.micro_batches; ++j) {
-      Place(j);
-      counting.MarkPhase("forward");
-      losses.push_back(ForwardStage(*built_.model, chunks_.front(), at::Tensor(), inputs[j],
-                                    request_.attention, variant)
-                           .loss);
-      counting.MarkPhase("backward");
-      losses.back().backward();
-    }
+    counting.MarkPhase("forward");
+    std::vector<at::Tensor> losses = CountedSchedule(variant, inputs, counting);
     counting.MarkPhase("optimizer");
     const int64_t divisor = parallel_.dp * parallel_.micro_batches;
     if (parallel_.dp == 1) {

@@ -301,6 +301,14 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
 TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   PredictOptions options = Variants("none");
   options.peak = true;
+  ParallelSpec interleaved;
+  interleaved.pp = 2;
+  interleaved.virtual_stages = 2;
+  interleaved.schedule = PipelineSchedule::kInterleaved;
+  interleaved.micro_batches = 2;
+  ModelConfig tied = *ModelFromPreset("tiny-gpt2");
+  tied.batch = 2;
+  tied.seq = 8;
   ParallelSpec pipeline;
   pipeline.pp = 2;
   ParallelSpec zero3;
@@ -315,7 +323,8 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
     ParallelSpec parallel;
     const char* missing;
   };
-  for (const Case& c : {Case{TinyLlama(2), pipeline, "with --pp"},
+  for (const Case& c : {Case{TinyLlama(4), interleaved, "--schedule=interleaved"},
+                        Case{tied, pipeline, "tied embedding"},
                         Case{TinyLlama(2), zero3, "--zero=3"},
                         Case{tensor_parallel, dp2, "with --tp"}}) {
     SCOPED_TRACE(c.missing);

@@ -135,6 +135,15 @@ TEST(VerifyRanksTest, PipelineStagesHoldTheirOneFOneBMicroBatches) {
   EXPECT_EQ(Rank(doc, 1)["measured"]["micro_batches_in_flight.none"].GetInt64(), 1);
   EXPECT_EQ(Rank(doc, 0)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
   EXPECT_EQ(Rank(doc, 1)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
+  // Each stage's whole step (1F1B with Megatron's paired sends and receives, the
+  // received inputs and their gradients, the outputs freed once sent), counted by its
+  // allocator, is the simulated one.
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* key : {"peak_bytes.none", "peak_bytes.full"}) {
+      ASSERT_TRUE(Rank(doc, rank)["ratio"].HasMember(key)) << key;
+      EXPECT_EQ(Rank(doc, rank)["ratio"][key].GetDouble(), 1.0) << key;
+    }
+  }
 }
 
 TEST(VerifyRanksTest, InterleavedRanksHoldMegatronsWarmUpPlusOne) {

@@ -145,9 +145,13 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
 
 rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
   // The study's head with the most loaded rank's measured buckets, as predict's JSON
-  // has its most loaded rank's predicted ones at the top.
+  // has its most loaded rank's predicted ones at the top (RankKind::Load: the peak of
+  // `none`, which runs first, where counted; else the sum of the buckets).
   const runtime::RankMeasurement* most = nullptr;
   auto total = [](const runtime::RankMeasurement& m) {
+    if (!m.variants.empty() && m.variants.front().peak_bytes >= 0) {
+      return m.variants.front().peak_bytes;
+    }
     return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
            (m.variants.empty() ? 0 : m.variants.front().held_bytes);
   };
