@@ -1190,10 +1190,12 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   if (stage_.prologue && families) order.push_back(&f.prologue);
   for (const Instance& inst : f.layers) order.push_back(&inst);
   if (stage_.head) order.push_back(&f.head);
+  // A tied weight is the embedding's, visited there; a stage without the embedding
+  // holds its own copy, visited in the head.
   for (const Instance* inst : order) {
     const BlockGraph& graph = *inst->plan->graph;
     for (size_t t = 0; t < graph.tensors.size(); ++t) {
-      if (graph.tensors[t].is_parameter && !graph.tensors[t].is_tied) {
+      if (graph.tensors[t].is_parameter && (!graph.tensors[t].is_tied || !stage_.prologue)) {
         parameter_order_.push_back(KeyOf(*inst, static_cast<int>(t)));
       }
     }

@@ -88,10 +88,6 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   if (spec.pp > 1 && spec.schedule == PipelineSchedule::kInterleaved) {
     return missing("with --schedule=interleaved (its model chunks' order)");
   }
-  // The first and last stage would all-reduce the tied embedding's gradients.
-  if (spec.pp > 1 && config.tie_embeddings) {
-    return missing("with a tied embedding over --pp stages (their gradients exchanged)");
-  }
   // ZeRO-3 all-gathers each layer's parameters before its forward and backward.
   if (spec.zero >= 3) return missing("with --zero=3 (the parameters gathered per layer)");
   return absl::OkStatus();

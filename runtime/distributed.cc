@@ -621,6 +621,12 @@ class Rank {
       pp_group_ = MakeGroup(store_, absl::StrCat("pp/", p.tp_rank, "/", p.dp_rank), p.stage,
                             parallel_.pp, timeout);
     }
+    // Megatron's embedding group: the first and the last stage, which both hold a tied
+    // embedding.
+    if (parallel_.pp > 1 && config_.tie_embeddings && (first_ || last_)) {
+      embedding_group_ = MakeGroup(store_, absl::StrCat("embedding/", p.tp_rank, "/", p.dp_rank),
+                                   first_ ? 0 : 1, 2, timeout);
+    }
   }
 
   void InjectFault() {
@@ -800,18 +806,11 @@ class Rank {
         }
       }
     }
-    if (tied_.empty()) return;
-    const int peer = static_cast<int>(first_ ? parallel_.pp - 1 : 0);
-    for (size_t i = 0; i < tied_.size(); ++i) {
-      std::vector<at::Tensor> mine = {tied_[i].grad().clone()};
-      std::vector<at::Tensor> theirs = {at::empty_like(mine[0])};
-      // Tags past every schedule tag (RunSchedule's are below 2 x m x pp x v).
-      const int tag = static_cast<int>(
-          2 * parallel_.micro_batches * parallel_.pp * parallel_.virtual_stages + i);
-      auto send = pp_group_->send(mine, peer, tag);
-      Complete(pp_group_->recv(theirs, peer, tag));
-      Complete(send);
-      tied_[i].mutable_grad().add_(theirs[0]);
+    // All-reduced in place over the embedding group, as Megatron's
+    // _allreduce_embedding_grads: no buffer.
+    for (const at::Tensor& weight : tied_) {
+      at::Tensor grad = weight.grad();
+      AllReduce(embedding_group_.get(), grad);
     }
   }
 
@@ -1117,6 +1116,7 @@ class Rank {
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
     counting.MarkPhase("forward");
     std::vector<at::Tensor> losses = CountedSchedule(variant, inputs, counting);
+    ExchangeTiedGradients();  // in place
     counting.MarkPhase("optimizer");
     const int64_t divisor = parallel_.dp * parallel_.micro_batches;
     if (parallel_.dp == 1) {
@@ -1166,7 +1166,7 @@ class Rank {
   std::vector<at::Tensor> parameters_;
   std::unordered_set<const void*> parameter_storages_;
   c10::intrusive_ptr<c10d::Store> store_;
-  GroupPtr tp_group_, dp_group_, pp_group_;
+  GroupPtr tp_group_, dp_group_, pp_group_, embedding_group_;
   std::unique_ptr<TensorParallel> tensor_parallel_;
   std::vector<at::Tensor> owned_;
   std::vector<std::string> owned_names_;

@@ -306,11 +306,6 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   interleaved.virtual_stages = 2;
   interleaved.schedule = PipelineSchedule::kInterleaved;
   interleaved.micro_batches = 2;
-  ModelConfig tied = *ModelFromPreset("tiny-gpt2");
-  tied.batch = 2;
-  tied.seq = 8;
-  ParallelSpec pipeline;
-  pipeline.pp = 2;
   ParallelSpec zero3;
   zero3.dp = 2;
   zero3.zero = 3;
@@ -324,7 +319,6 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
     const char* missing;
   };
   for (const Case& c : {Case{TinyLlama(4), interleaved, "--schedule=interleaved"},
-                        Case{tied, pipeline, "tied embedding"},
                         Case{TinyLlama(2), zero3, "--zero=3"},
                         Case{tensor_parallel, dp2, "with --tp"}}) {
     SCOPED_TRACE(c.missing);

@@ -236,8 +236,9 @@ TEST(VerifyRanksTest, EightRanksCombineTensorDataAndPipelineParallelism) {
 }
 
 TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
-  // GPT-2 ties its embedding: the first and the last stage each hold it and add each
-  // other's gradients, so both must match the single process.
+  // GPT-2 ties its embedding: the first and the last stage each hold it and all-reduce
+  // its gradients in place (Megatron's embedding group), so both must match the single
+  // process. Each rank's whole step (1F1B, ZeRO-2) is counted and simulated alike.
   rapidjson::Document doc = PassingRun(
       "--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --dp=2 --pp=2 --zero=2 "
       "--micro_batches=3 --variants=none,every_k --every=1",
@@ -249,6 +250,8 @@ TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
   EXPECT_EQ(Rank(doc, 3)["stage"].GetInt(), 1);
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(Rank(doc, rank)["max_param_diff"].GetDouble(), 0.0);
+    ASSERT_TRUE(Rank(doc, rank)["ratio"].HasMember("peak_bytes.every_1"));
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["peak_bytes.every_1"].GetDouble(), 1.0);
   }
 }
 
