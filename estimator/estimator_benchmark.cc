@@ -130,6 +130,32 @@ void BM_PredictRanksLlama3_70b(benchmark::State& state) {
 }
 BENCHMARK(BM_PredictRanksLlama3_70b);
 
+// Every stage's whole-step peak (RankStepModelled: no tensor parallelism), which the
+// step simulation replays whole: llama-3-70b over PP 8 x DP 16 with ZeRO-1, bf16
+// autocast, seq 8192, `micro_batches` of 1 in 1F1B order, the four default variants.
+// The cost grows with the stage's layers times its micro-batches.
+void BM_PredictRanksPeaksLlama3_70b(benchmark::State& state) {
+  std::optional<ModelConfig> config = Llama3_70b(state);
+  if (!config.has_value()) return;
+  config->amp = DType::kBFloat16;
+  ParallelSpec parallel;
+  parallel.dp = 16;
+  parallel.pp = 8;
+  parallel.zero = 1;
+  parallel.micro_batches = state.range(0);
+  const PredictOptions options;
+  for (auto _ : state) {
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(*config, parallel, options);
+    if (!ranks.ok() || !ranks->kinds[0].variants[0].held.peak.has_value()) {
+      state.SkipWithError(ranks.ok() ? ranks->kinds[0].variants[0].held.peak_unavailable.c_str()
+                                     : ranks.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(ranks->kinds[0].variants[0].held.peak->bytes);
+  }
+}
+BENCHMARK(BM_PredictRanksPeaksLlama3_70b)->ArgName("micro_batches")->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond);
+
 void BM_PredictGpt2(benchmark::State& state) {
   absl::StatusOr<ModelConfig> config = ModelFromPreset("gpt2");
   if (!config.ok()) {
