@@ -280,6 +280,7 @@ class Simulation {
   const BlockGraph* prologue_graph_ = nullptr;
   StageRange stage_;  // the layers this step runs (RankStep::layers, or the whole model)
   Handle hidden_;     // the layout of the hidden states between layers (and stages)
+  int loss_total_ = -1;  // the first micro-batch's loss, which the others are added into
   Segments segments_;
   std::vector<ParameterKey> parameter_order_;
 };
@@ -922,9 +923,19 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       reads_input ? input_plan.walk.storage_list[input_storage].bytes : 0;
   out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
   memory_.Begin();
+  // Only the first `simulated` micro-batches are replayed: the warm-up forwards, the
+  // first steady 1F1B iteration (whose backward makes the .grads) and a second one,
+  // which every later iteration repeats byte for byte (a forward and a backward; the
+  // .grads added to in place; each loss added into the first and freed), so that the
+  // step's peak is theirs, the cool-down's or the reduction's, none of which depends on
+  // how many iterations came between (the inputs are resident from the start).
+  const int64_t warmup =
+      rank.pp > 1 ? std::min(rank.pp - rank.stage - 1, micro_batches) : 0;
+  const int64_t simulated = std::min(micro_batches, warmup + 2);
   std::vector<int> inputs;
   for (int64_t j = 0; j < micro_batches; ++j) {
-    inputs.push_back(reads_input ? memory_.Adopt(input_bytes, MemoryCategory::kInput) : -1);
+    const int id = reads_input ? memory_.Adopt(input_bytes, MemoryCategory::kInput) : -1;
+    if (j < simulated) inputs.push_back(id);
   }
   // The hidden states a stage receives or sends: the layers' input.
   const BlockGraph& layer = graphs.layer;
@@ -1181,6 +1192,15 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     memory_.Unref(grad->storage);  // the model input's: not kept
   }
   memory_.Unref(seed.storage);  // the graph task ends
+  // The loss, as a value: the first stays until the step ends; later ones are added
+  // into it in place and freed.
+  if (stage_.head) {
+    if (loss_total_ < 0) {
+      loss_total_ = f.loss.storage;
+    } else {
+      memory_.Unref(f.loss.storage);
+    }
+  }
   segments_.tail = memory_.EndSegment();
 
   // The optimizer visits model.parameters(): each segment's, in the graph's order (the

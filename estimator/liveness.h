@@ -88,7 +88,8 @@ struct StepTimeline {
 // run it (RankStepModelled: no tensor parallelism, ZeRO 0-2, 1F1B):
 //   - micro_batches forwards and backwards (gradient accumulation: the second adds to
 //     the first's .grads), each on its own input (resident before the step, where the
-//     stage reads it), each loss kept until the step ends, unscaled;
+//     stage reads it), unscaled; after its backward each loss is added into the first
+//     (a running total, kept until the step ends) and freed;
 //   - with pp > 1 only pipeline stage `stage`'s layers, in Megatron-LM's 1F1B order
 //     (forward_backward_pipelining_without_interleaving): a stage that does not run the
 //     embedding receives its input hidden states into a new buffer (a leaf whose

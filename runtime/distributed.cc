@@ -970,10 +970,12 @@ class Rank {
   // every receive allocates a new buffer; a sent output is freed once its send and the
   // paired receive completed (deallocate_output_tensor: the graph lives on through its
   // grad_fn's edge, from which the backward runs); a received input is a leaf whose
-  // .grad is sent back after its backward, then both are freed. Returns the losses
-  // (the last stage's), kept until the step ends. estimator/liveness.h's RankStep
+  // .grad is sent back after its backward, then both are freed. On the last stage each
+  // loss, after its backward, is added into the first (a running total, as a training
+  // loop reports the step's loss) and freed; returns the total, kept until the step
+  // ends (undefined on other stages). estimator/liveness.h's RankStep
   // describes the same step.
-  std::vector<at::Tensor> CountedSchedule(const Variant& variant,
+  at::Tensor CountedSchedule(const Variant& variant,
                                           const std::vector<at::Tensor>& inputs,
                                           ScopedCountingAllocator& counting) {
     const int64_t m = parallel_.micro_batches;
@@ -1004,9 +1006,10 @@ class Rank {
       int64_t micro_batch = 0;
       at::Tensor received;                // a later stage's input leaf
       torch::autograd::Edge output_edge;  // a stage without the head: its output's grad_fn
+      at::Tensor loss;                    // the last stage's, until its backward
     };
     std::deque<InFlight> in_flight;
-    std::vector<at::Tensor> losses;
+    at::Tensor total_loss;
     int64_t next = 0;
     // forward: the next micro-batch on `received` (undefined on the first stage); a
     // stage without the head posts its output's send and returns the output, which the
@@ -1023,8 +1026,7 @@ class Rank {
                                        request_.attention, variant)
                               .loss;
       if (last_) {
-        losses.push_back(output);
-        output = at::Tensor();
+        f.loss = std::move(output);
       } else {
         f.output_edge = torch::autograd::impl::gradient_edge(output);
         post_send(output.detach(), next_stage, tag(j, false));
@@ -1039,10 +1041,15 @@ class Rank {
       Place(f.micro_batch);
       counting.MarkPhase("backward");
       if (last_) {
-        // The loss is kept, as a value: its graph would keep a received leaf (and its
-        // .grad) alive through the leaf's AccumulateGrad node.
-        losses[f.micro_batch].backward();
-        losses[f.micro_batch] = losses[f.micro_batch].detach();
+        f.loss.backward();
+        // As values: a loss's graph would keep a received leaf (and its .grad) alive
+        // through the leaf's AccumulateGrad node.
+        if (total_loss.defined()) {
+          total_loss.add_(f.loss.detach());
+        } else {
+          total_loss = f.loss.detach();
+        }
+        f.loss = at::Tensor();
       } else {
         torch::autograd::Engine::get_default_engine().execute(
             {f.output_edge}, {output_grad}, /*keep_graph=*/false, /*create_graph=*/false,
@@ -1084,14 +1091,15 @@ class Rank {
       wait();  // send_backward
       in_flight.pop_front();
     }
-    return losses;
+    return total_loss;
   }
 
-  // MeasureStep runs one more whole step of `variant` (RankStepModelled: the whole
-  // model, ZeRO 0-2) under a counting allocator, as the single-process runtime's
-  // MeasureStep does with the data-parallel reduction in the optimizer phase (the
-  // simulation's RankStep): zero_grad(set_to_none); per micro-batch a forward
-  // and backward, gradients accumulating, each loss kept until the step ends; the
+  // MeasureStep runs one more whole step of `variant` (RankStepModelled: no tensor
+  // parallelism, ZeRO 0-2, 1F1B) under a counting allocator, as the single-process
+  // runtime's MeasureStep does with the data-parallel reduction in the optimizer phase
+  // (the simulation's RankStep): zero_grad(set_to_none); the stage's micro-batches in
+  // 1F1B order (CountedSchedule), gradients accumulating; the tied embedding's
+  // gradients all-reduced in place between the first and last stage; the
   // gradients copied into the bucket and all-reduced (ZeRO 0, 1) or reduce-scattered
   // (ZeRO 2) and divided by dp x micro-batches (the mean, which the verified schedule
   // takes by scaling each loss instead); the .grads freed (ZeRO 1, 2) or overwritten
@@ -1115,7 +1123,7 @@ class Rank {
     for (const at::Tensor& input : inputs) step.resident_bytes += TensorBytes(input);
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
     counting.MarkPhase("forward");
-    std::vector<at::Tensor> losses = CountedSchedule(variant, inputs, counting);
+    const at::Tensor total_loss = CountedSchedule(variant, inputs, counting);
     ExchangeTiedGradients();  // in place
     counting.MarkPhase("optimizer");
     const int64_t divisor = parallel_.dp * parallel_.micro_batches;

@@ -286,15 +286,15 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
   ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
   EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 407592);
   // Three micro-batches accumulated under ZeRO 1: their inputs are resident and their
-  // losses kept, so the reduction holds 2 x (2,048 + 4) B more than one micro-batch's
-  // 408,592.
+  // losses summed into the first (4 B), so the reduction holds 2 x 2,048 B more than
+  // one micro-batch's 408,592.
   ParallelSpec accumulated;
   accumulated.dp = 2;
   accumulated.zero = 1;
   accumulated.micro_batches = 3;
   ASSERT_OK_AND_ASSIGN(ranks, PredictRanks(config, accumulated, options));
   ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
-  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 408592 + 2 * (2048 + 4));
+  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 408592 + 2 * 2048);
 }
 
 // Where the rank's step is not simulated, each variant says what is missing.
