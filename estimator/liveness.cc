@@ -1532,6 +1532,14 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
   }
+  if (config.tp > 1) {
+    // A tensor-parallel rank's collectives (f and g, the vocabulary-parallel embedding
+    // and cross-entropy) allocate what the graphs' ops do not: its saved bytes are
+    // exact on ranks, its peak is not modelled.
+    return absl::UnimplementedError(
+        "peak memory: the step simulation does not model tensor parallelism's collectives "
+        "yet");
+  }
   auto plans = std::make_shared<ModelPlans>();
   plans->graphs = ModelGraphsFor(config, attention);
   const ModelGraphs& graphs = *plans->graphs;

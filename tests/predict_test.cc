@@ -430,6 +430,20 @@ namespace {
 // predict the same. The two paths are independent: the plan's saved bytes are counted
 // layer by layer (the periodic variant's in closed form), and its peak is replayed layer
 // by layer (the periodic variant's composed from a short model's stretches).
+// A tensor-parallel rank's saved bytes are predicted (and exact on Gloo ranks), its
+// step's peak is not: the collectives allocate what the graph's ops do not.
+TEST(PredictTensorParallelTest, PeakIsUnavailableNotGuessed) {
+  ModelConfig config = *ModelFromPreset("tiny-llama");
+  config.tp = 2;
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));
+  for (const VariantPrediction& v : p.variants) {
+    EXPECT_FALSE(v.peak.has_value()) << v.variant.Name();
+    EXPECT_NE(v.peak_unavailable.find("tensor parallelism"), std::string::npos)
+        << v.peak_unavailable;
+    EXPECT_GT(v.saved_bytes, 0);
+  }
+}
+
 TEST(PredictPlanTest, APlanOfAVariantsChoicesPredictsLikeTheVariant) {
   ModelConfig study = Config(1, 32, 2, 2, 16);
   int compared = 0;
