@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/block_graph.h"
 #include "estimator/checked_math.h"
+#include "estimator/pipeline_steps.h"
 #include "estimator/segment_plan.h"
 #include "estimator/step_ledger.h"
 #include "estimator/walker.h"
@@ -157,7 +158,8 @@ class Simulation {
   absl::Status ReduceAndStep();
   // InFlight is one micro-batch between its forward and its backward.
   struct InFlight {
-    int input_id = -1;  // the model input, where the stage reads it
+    StageRange range;   // the model chunk
+    int input_id = -1;  // the model input, where the chunk reads it
     Handle received;    // a later stage's received input (a leaf that requires grad)
     Instance prologue, head;
     std::vector<Instance> layers;  // the stage's
@@ -168,7 +170,9 @@ class Simulation {
     Handle output;      // a stage without the head: its output, until sent
     Handle input_grad;  // the received input's .grad, until sent
   };
-  absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<int>& inputs);
+  absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
+                                const std::vector<int>& inputs);
+  void ParameterOrder(const ModelPlans& plans);
   absl::Status ForwardPass(const ModelPlans& plans, InFlight& f);
   absl::Status BackwardPass(const ModelPlans& plans, InFlight& f,
                             std::optional<Handle> output_grad);
@@ -278,7 +282,7 @@ class Simulation {
     autocast_cache_.clear();
   }
   const BlockGraph* prologue_graph_ = nullptr;
-  StageRange stage_;  // the layers this step runs (RankStep::layers, or the whole model)
+  std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)
   Handle hidden_;     // the layout of the hidden states between layers (and stages)
   int loss_total_ = -1;  // the first micro-batch's loss, which the others are added into
   Segments segments_;
@@ -904,7 +908,8 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const bool families = graphs.prologue.has_value();
   if (families) prologue_graph_ = &*graphs.prologue;
   const RankStep& rank = options_.rank;
-  stage_ = rank.pp > 1 ? rank.layers : WholeModel(config_);
+  const ParallelSpec& parallel = rank.parallel;
+  chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
@@ -917,21 +922,26 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       input_storage = static_cast<int>(s);
     }
   }
-  const int64_t micro_batches = std::max<int64_t>(1, rank.micro_batches);
-  const bool reads_input = stage_.prologue || (stage_.head && families);
+  const int64_t micro_batches = std::max<int64_t>(1, parallel.micro_batches);
+  bool reads_input = false;
+  for (const StageRange& chunk : chunks_) {
+    reads_input = reads_input || chunk.prologue || (chunk.head && families);
+  }
   const int64_t input_bytes =
       reads_input ? input_plan.walk.storage_list[input_storage].bytes : 0;
   out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
   memory_.Begin();
-  // Only the first `simulated` micro-batches are replayed: the warm-up forwards, the
-  // first steady 1F1B iteration (whose backward makes the .grads) and a second one,
-  // which every later iteration repeats byte for byte (a forward and a backward; the
-  // .grads added to in place; each loss added into the first and freed), so that the
-  // step's peak is theirs, the cool-down's or the reduction's, none of which depends on
-  // how many iterations came between (the inputs are resident from the start).
+  // Under 1F1B only the first `simulated` micro-batches are replayed: the warm-up
+  // forwards, the first steady iteration (whose backward makes the .grads) and a second
+  // one, which every later iteration repeats byte for byte (a forward and a backward;
+  // the .grads added to in place; each loss added into the first and freed), so that
+  // the step's peak is theirs, the cool-down's or the reduction's, none of which depends
+  // on how many iterations came between (the inputs are resident from the start). The
+  // interleaved schedule's steady state cycles through the chunks: it is replayed whole.
+  const bool interleaved = parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved;
   const int64_t warmup =
-      rank.pp > 1 ? std::min(rank.pp - rank.stage - 1, micro_batches) : 0;
-  const int64_t simulated = std::min(micro_batches, warmup + 2);
+      parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
+  const int64_t simulated = interleaved ? micro_batches : std::min(micro_batches, warmup + 2);
   std::vector<int> inputs;
   for (int64_t j = 0; j < micro_batches; ++j) {
     const int id = reads_input ? memory_.Adopt(input_bytes, MemoryCategory::kInput) : -1;
@@ -942,17 +952,24 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   hidden_.layout = plans.rest->walk.tensor_layouts[layer.input].layout;
   hidden_.dtype = layer.tensors[layer.input].dtype;
 
-  if (rank.pp > 1) {
-    if (absl::Status s = PipelineSchedule(plans, inputs); !s.ok()) return s;
+  if (parallel.pp > 1) {
+    ParallelSpec replayed = parallel;
+    replayed.micro_batches = simulated;
+    if (absl::Status s = PipelineSchedule(plans, PipelineSteps(replayed, rank.stage), inputs);
+        !s.ok()) {
+      return s;
+    }
   } else {
     // Gradient accumulation: each micro-batch's forward and backward.
     for (int input_id : inputs) {
       InFlight f;
+      f.range = chunks_.front();
       f.input_id = input_id;
       if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
       if (absl::Status s = BackwardPass(plans, f, std::nullopt); !s.ok()) return s;
     }
   }
+  ParameterOrder(plans);
 
   memory_.SetPhase(StepPhase::kOptimizer);
   memory_.BeginSegment();
@@ -966,69 +983,113 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   return status;
 }
 
-// PipelineSchedule runs pipeline stage RankStep::stage's micro-batches in Megatron-LM's
-// 1F1B order: warm-up forwards (each receiving its input, then sending its output),
-// then one forward and one backward at a time, then the remaining backwards. Receives
-// allocate their buffer; what was sent is freed once the paired receive exists.
-absl::Status Simulation::PipelineSchedule(const ModelPlans& plans, const std::vector<int>& inputs) {
-  const RankStep& rank = options_.rank;
-  const int64_t m = static_cast<int64_t>(inputs.size());
-  const int64_t warmup = std::min(rank.pp - rank.stage - 1, m);
-  const int64_t remaining = m - warmup;
-  auto receive = [&](bool needed) -> std::optional<Handle> {
-    if (!needed) return std::nullopt;
+// PipelineSchedule executes a pipeline rank's steps (estimator/pipeline_steps.h): each
+// chunk's forwards and backwards in order, and the point-to-point operations between
+// them: receives allocate their buffers (input, then output gradient); then what was
+// sent is freed (the last forward's output; the last backward's input gradient and the
+// received input it belongs to).
+absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
+                                          const std::vector<PipelineStep>& steps,
+                                          const std::vector<int>& inputs) {
+  const size_t chunks = chunks_.size();
+  std::vector<std::deque<Handle>> received(chunks), output_grads(chunks);
+  std::vector<std::deque<InFlight>> in_flight(chunks);
+  std::vector<size_t> forwards(chunks, 0);
+  Handle last_output, last_input_grad, last_received;
+  auto receive = [&]() {
     Handle h = hidden_;
     h.storage = memory_.Alloc(NumelOf(h.layout) * ElementSizeBytes(h.dtype),
                               MemoryCategory::kTemporary);
     return h;
   };
-  // The forward's output, once sent: freed (its grad_fn lives on in the graph).
-  auto sent_output = [&](InFlight& f) {
-    if (f.output.defined()) memory_.Unref(f.output.storage);
-    f.output = Handle();
-  };
-  // The backward's input gradient, once sent, and the received input it belongs to.
-  auto sent_input_grad = [&](InFlight& f) {
-    if (f.input_grad.defined()) memory_.Unref(f.input_grad.storage);
-    if (f.received.defined()) memory_.Unref(f.received.storage);
-  };
-  std::deque<InFlight> in_flight;
-  int64_t next = 0;
-  auto forward = [&](std::optional<Handle> received) -> absl::Status {
-    InFlight f;
-    f.input_id = inputs[next++];
-    if (received.has_value()) f.received = *received;
-    if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
-    in_flight.push_back(std::move(f));
-    return absl::OkStatus();
-  };
-  auto backward = [&](std::optional<Handle> output_grad) -> absl::Status {
-    InFlight& f = in_flight.front();
-    return BackwardPass(plans, f, output_grad);
+  auto free = [&](Handle& h) {
+    if (h.defined()) memory_.Unref(h.storage);
+    h = Handle();
   };
   memory_.SetPhase(StepPhase::kForward);
-  for (int64_t i = 0; i < warmup; ++i) {
-    if (absl::Status s = forward(receive(!stage_.prologue)); !s.ok()) return s;
-    sent_output(in_flight.back());
-  }
-  std::optional<Handle> input = remaining > 0 ? receive(!stage_.prologue) : std::nullopt;
-  for (int64_t i = 0; i < remaining; ++i) {
-    if (absl::Status s = forward(input); !s.ok()) return s;
-    // send_forward_recv_backward
-    const std::optional<Handle> output_grad = receive(!stage_.head);
-    sent_output(in_flight.back());
-    if (absl::Status s = backward(output_grad); !s.ok()) return s;
-    // send_backward_recv_forward (the last one only sends)
-    input = i + 1 < remaining ? receive(!stage_.prologue) : std::nullopt;
-    sent_input_grad(in_flight.front());
-    in_flight.pop_front();
-  }
-  for (int64_t i = 0; i < warmup; ++i) {
-    if (absl::Status s = backward(receive(!stage_.head)); !s.ok()) return s;
-    sent_input_grad(in_flight.front());
-    in_flight.pop_front();
+  for (const PipelineStep& step : steps) {
+    switch (step.kind) {
+      case PipelineStep::Kind::kForward: {
+        InFlight f;
+        f.range = chunks_[step.chunk];
+        const size_t j = forwards[step.chunk]++;
+        if (j >= inputs.size()) return absl::InternalError("a pipeline step past the micro-batches");
+        f.input_id = inputs[j];
+        if (!f.range.prologue) {
+          if (received[step.chunk].empty()) {
+            return absl::InternalError("a pipeline forward without its received input");
+          }
+          f.received = received[step.chunk].front();
+          received[step.chunk].pop_front();
+        }
+        if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+        last_output = f.output;
+        f.output = Handle();
+        in_flight[step.chunk].push_back(std::move(f));
+        break;
+      }
+      case PipelineStep::Kind::kBackward: {
+        if (in_flight[step.chunk].empty()) {
+          return absl::InternalError("a pipeline backward before its forward");
+        }
+        InFlight& f = in_flight[step.chunk].front();
+        std::optional<Handle> output_grad;
+        if (!f.range.head) {
+          if (output_grads[step.chunk].empty()) {
+            return absl::InternalError("a pipeline backward without its output's gradient");
+          }
+          output_grad = output_grads[step.chunk].front();
+          output_grads[step.chunk].pop_front();
+        }
+        if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
+        last_input_grad = f.input_grad;
+        last_received = f.received;
+        in_flight[step.chunk].pop_front();
+        break;
+      }
+      case PipelineStep::Kind::kCommunicate:
+        if (step.receive_input >= 0) received[step.receive_input].push_back(receive());
+        if (step.receive_output_grad >= 0) {
+          output_grads[step.receive_output_grad].push_back(receive());
+        }
+        if (step.send_output) free(last_output);
+        if (step.send_input_grad) {
+          free(last_input_grad);
+          free(last_received);
+        }
+        break;
+    }
   }
   return absl::OkStatus();
+}
+
+// ParameterOrder: the optimizer visits model.parameters(), the rank's chunks' in the
+// model's order, each segment's in its graph's order (the modules' registration order).
+// A tied weight is the embedding's, visited there; a chunk without the embedding holds
+// its own copy, visited in the head.
+void Simulation::ParameterOrder(const ModelPlans& plans) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  bool has_embedding = false;
+  for (const StageRange& chunk : chunks_) has_embedding = has_embedding || chunk.prologue;
+  auto visit = [&](const SegmentPlan* plan, int64_t segment) {
+    Instance inst;
+    inst.plan = plan;
+    inst.segment = segment;
+    const BlockGraph& graph = *plan->graph;
+    for (size_t t = 0; t < graph.tensors.size(); ++t) {
+      if (graph.tensors[t].is_parameter && (!graph.tensors[t].is_tied || !has_embedding)) {
+        parameter_order_.push_back(KeyOf(inst, static_cast<int>(t)));
+      }
+    }
+  };
+  for (const StageRange& chunk : chunks_) {
+    if (chunk.prologue && families) visit(plans.prologue.get(), Where::kPrologue);
+    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+      visit(i == 0 ? plans.first.get() : plans.rest.get(), i);
+    }
+    if (chunk.head) visit(plans.head.get(), Where::kHead);
+  }
 }
 
 // ForwardPass runs the stage's forward for one micro-batch: from its input (the
@@ -1054,7 +1115,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   memory_.SetPhase(StepPhase::kForward);
   memory_.BeginSegment();
   std::vector<int>& extras = f.extras;  // the layers' model-level tensors the caller holds
-  if (stage_.prologue && families) {
+  if (f.range.prologue && families) {
     f.prologue.plan = plans.prologue.get();
     f.prologue.segment = Where::kPrologue;
     // GPT-2's position ids, arange(T)[None] (int64), live in the prologue's scope.
@@ -1072,13 +1133,13 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   }
   segments_.prologue = memory_.EndSegment();
 
-  const int64_t end = stage_.first_layer + stage_.layers;
-  f.layers.assign(stage_.layers, Instance());
-  f.checkpoint_inputs.assign(stage_.layers, -1);
+  const int64_t end = f.range.first_layer + f.range.layers;
+  f.layers.assign(f.range.layers, Instance());
+  f.checkpoint_inputs.assign(f.range.layers, -1);
   if (static_cast<int64_t>(segments_.forward.size()) < end) segments_.forward.resize(end);
-  for (int64_t i = stage_.first_layer; i < end; ++i) {
+  for (int64_t i = f.range.first_layer; i < end; ++i) {
     memory_.BeginSegment();
-    Instance& inst = f.layers[i - stage_.first_layer];
+    Instance& inst = f.layers[i - f.range.first_layer];
     inst.plan = i == 0 ? first : rest;
     inst.segment = i;
     Handle y;
@@ -1089,7 +1150,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
       for (int extra : extras) memory_.Keep(extra);
-      f.checkpoint_inputs[i - stage_.first_layer] = x.storage;
+      f.checkpoint_inputs[i - f.range.first_layer] = x.storage;
     } else if (absl::Status s = Forward(inst, &x, Pass::kGraph, &y); !s.ok()) {
       return s;
     }
@@ -1098,7 +1159,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     segments_.forward[i] = memory_.EndSegment();
   }
   memory_.BeginSegment();
-  if (stage_.head) {
+  if (f.range.head) {
     f.head.plan = plans.head.get();
     f.head.segment = Where::kHead;
     if (absl::Status s = Forward(f.head, &x, Pass::kGraph, &f.loss); !s.ok()) return s;
@@ -1131,7 +1192,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
   Handle seed;
   std::optional<Handle> grad;
-  if (stage_.head) {
+  if (f.range.head) {
     seed.layout = f.loss.layout;
     seed.dtype = f.loss.dtype;
     seed.storage = memory_.Alloc(memory_.bytes(f.loss.storage), MemoryCategory::kTemporary);
@@ -1144,15 +1205,15 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     grad = Alias(seed);
   }
   segments_.head_backward = memory_.EndSegment();
-  const int64_t end = stage_.first_layer + stage_.layers;
+  const int64_t end = f.range.first_layer + f.range.layers;
   if (static_cast<int64_t>(segments_.backward.size()) < end) segments_.backward.resize(end);
-  for (int64_t i = end - 1; i >= stage_.first_layer && grad.has_value(); --i) {
+  for (int64_t i = end - 1; i >= f.range.first_layer && grad.has_value(); --i) {
     memory_.BeginSegment();
-    Instance& inst = f.layers[i - stage_.first_layer];
+    Instance& inst = f.layers[i - f.range.first_layer];
     const Handle incoming = *grad;
     grad.reset();
     Buffers layer_buffers;
-    const int checkpoint_input = f.checkpoint_inputs[i - stage_.first_layer];
+    const int checkpoint_input = f.checkpoint_inputs[i - f.range.first_layer];
     if (checkpoint_input >= 0) {
       inst.plan = i == 0 ? first : rest;
       if (absl::Status s =
@@ -1173,7 +1234,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     segments_.backward[i] = memory_.EndSegment();
   }
   memory_.BeginSegment();
-  if (stage_.prologue && families && grad.has_value()) {
+  if (f.range.prologue && families && grad.has_value()) {
     Buffers prologue_buffers;
     prologue_buffers.emplace(graphs.prologue->output, *grad);
     grad.reset();
@@ -1194,7 +1255,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   memory_.Unref(seed.storage);  // the graph task ends
   // The loss, as a value: the first stays until the step ends; later ones are added
   // into it in place and freed.
-  if (stage_.head) {
+  if (f.range.head) {
     if (loss_total_ < 0) {
       loss_total_ = f.loss.storage;
     } else {
@@ -1203,23 +1264,6 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   }
   segments_.tail = memory_.EndSegment();
 
-  // The optimizer visits model.parameters(): each segment's, in the graph's order (the
-  // modules' registration order).
-  if (!parameter_order_.empty()) return absl::OkStatus();
-  std::vector<const Instance*> order;
-  if (stage_.prologue && families) order.push_back(&f.prologue);
-  for (const Instance& inst : f.layers) order.push_back(&inst);
-  if (stage_.head) order.push_back(&f.head);
-  // A tied weight is the embedding's, visited there; a stage without the embedding
-  // holds its own copy, visited in the head.
-  for (const Instance* inst : order) {
-    const BlockGraph& graph = *inst->plan->graph;
-    for (size_t t = 0; t < graph.tensors.size(); ++t) {
-      if (graph.tensors[t].is_parameter && (!graph.tensors[t].is_tied || !stage_.prologue)) {
-        parameter_order_.push_back(KeyOf(*inst, static_cast<int>(t)));
-      }
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -1272,7 +1316,7 @@ absl::Status Simulation::ReduceAndStep() {
   for (const ParameterKey& parameter : parameter_order_) {
     numels.push_back(memory_.bytes(grads_.at(parameter)) / element);
   }
-  const RankStep& data = options_.rank;
+  const ParallelSpec& data = options_.rank.parallel;
   if (data.dp <= 1) return OptimizerStep(numels);
   int64_t n = 0;
   for (int64_t numel : numels) n += numel;
@@ -1327,7 +1371,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
     for (size_t p = 0; p < numels.size(); ++p) {
       master_grads.push_back(memory_.Alloc(numels[p] * 4, MemoryCategory::kGradient));
       if (p < parameter_order_.size() && parameter_order_[p].first == 0 &&
-          options_.rank.dp <= 1) {
+          options_.rank.parallel.dp <= 1) {
         segments_.optimizer_layer_bytes += numels[p] * 4;
       }
     }
@@ -1594,7 +1638,8 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
   // a pipeline stage interleaves micro-batches: such a step is replayed whole.
   if (!options_.record_events && reduced < config_.layers &&
-      options_.rank.dp <= 1 && options_.rank.micro_batches <= 1 && options_.rank.pp <= 1) {
+      options_.rank.parallel.dp <= 1 && options_.rank.parallel.micro_batches <= 1 &&
+      options_.rank.parallel.pp <= 1) {
     ModelConfig short_config = config_;
     short_config.layers = reduced;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);

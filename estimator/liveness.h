@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
+#include "estimator/parallel_spec.h"
 #include "estimator/rules.h"
 
 namespace memledger {
@@ -90,15 +91,14 @@ struct StepTimeline {
 //     the first's .grads), each on its own input (resident before the step, where the
 //     stage reads it), unscaled; after its backward each loss is added into the first
 //     (a running total, kept until the step ends) and freed;
-//   - with pp > 1 only pipeline stage `stage`'s layers, in Megatron-LM's 1F1B order
-//     (forward_backward_pipelining_without_interleaving): a stage that does not run the
-//     embedding receives its input hidden states into a new buffer (a leaf whose
-//     gradient it sends back after its backward, then frees both); one that does not
-//     run the head sends its output and frees it (deallocate_output_tensor), and
-//     receives its output's gradient into a new buffer before its backward. Sends and
-//     receives are posted and waited together as Megatron pairs them
-//     (send_forward_recv_backward, send_backward_recv_forward): the received buffer
-//     exists before what was sent is freed;
+//   - with pp > 1 only pipeline stage `stage`'s model chunks, in the order of
+//     estimator/pipeline_steps.h (Megatron-LM's 1F1B or interleaved schedule): a chunk
+//     that does not run the embedding receives its input hidden states into a new
+//     buffer (a leaf whose gradient it sends back after its backward, then frees both);
+//     one that does not run the head sends its output and frees it
+//     (deallocate_output_tensor), and receives its output's gradient into a new buffer
+//     before its backward. Sends and receives are posted and waited together as
+//     Megatron pairs them: the received buffers exist before what was sent is freed;
 //   - with dp > 1 the gradients are then copied into one flat bucket (padded to a
 //     multiple of dp), all-reduced in place and divided by dp x micro_batches;
 //     ZeRO 0: the average is copied back into the .grads, the bucket freed, and every
@@ -108,12 +108,9 @@ struct StepTimeline {
 //     ZeRO 1, 2 all-gather the updated shards in place into the flat parameter buffer
 //     (no bytes).
 struct RankStep {
-  int64_t dp = 1;
-  int64_t zero = 0;
-  int64_t micro_batches = 1;
-  int64_t pp = 1;
-  int64_t stage = 0;  // pipeline rank
-  StageRange layers;  // the stage's layers (used when pp > 1)
+  ParallelSpec parallel;  // dp, zero, micro_batches, pp and the schedule
+  int64_t stage = 0;      // pipeline rank
+  std::vector<StageRange> chunks;  // its model chunks, in order (used when pp > 1)
 };
 
 struct StepOptions {

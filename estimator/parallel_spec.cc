@@ -85,9 +85,6 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   // A tensor-parallel rank's collectives (f and g, the vocabulary-parallel embedding and
   // cross-entropy, the sequence gathers) allocate buffers the step simulation lacks.
   if (config.tp > 1) return missing("with --tp (the collectives' buffers)");
-  if (spec.pp > 1 && spec.schedule == PipelineSchedule::kInterleaved) {
-    return missing("with --schedule=interleaved (its model chunks' order)");
-  }
   // ZeRO-3 all-gathers each layer's parameters before its forward and backward.
   if (spec.zero >= 3) return missing("with --zero=3 (the parameters gathered per layer)");
   return absl::OkStatus();

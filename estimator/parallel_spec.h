@@ -62,8 +62,8 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
 
 // RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated
 // (estimator/liveness.h) and measured on ranks (runtime/distributed.h): data
-// parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages in 1F1B order,
-// no tensor parallelism. Otherwise Unimplemented, naming what is not modelled yet.
+// parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or
+// interleaved), no tensor parallelism. Otherwise Unimplemented, naming what is not modelled yet.
 absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
 
 }  // namespace memledger

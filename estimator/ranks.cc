@@ -119,8 +119,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   step.cpu_threads = options.cpu_threads;
   step.record_events = false;
   step.rules = options.rules;
-  step.rank = {parallel.dp, parallel.zero, parallel.micro_batches, parallel.pp, kind->stage,
-               kind->chunks.front()};
+  step.rank = {parallel, kind->stage, kind->chunks};
   absl::StatusOr<StepSimulator> simulator =
       StepSimulator::Create(config, options.attention, step);
   if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());

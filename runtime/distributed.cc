@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "estimator/pipeline_steps.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
 #include "runtime/dropout.h"
@@ -964,132 +965,156 @@ class Rank {
     return piece;
   }
 
-  // CountedSchedule runs the counted step's micro-batches in Megatron-LM's 1F1B order
-  // (forward_backward_pipelining_without_interleaving; with one stage, each forward then
-  // its backward), the way Megatron's p2p_communication pairs its sends and receives:
-  // every receive allocates a new buffer; a sent output is freed once its send and the
-  // paired receive completed (deallocate_output_tensor: the graph lives on through its
-  // grad_fn's edge, from which the backward runs); a received input is a leaf whose
-  // .grad is sent back after its backward, then both are freed. On the last stage each
-  // loss, after its backward, is added into the first (a running total, as a training
-  // loop reports the step's loss) and freed; returns the total, kept until the step
-  // ends (undefined on other stages). estimator/liveness.h's RankStep
-  // describes the same step.
-  at::Tensor CountedSchedule(const Variant& variant,
-                                          const std::vector<at::Tensor>& inputs,
-                                          ScopedCountingAllocator& counting) {
-    const int64_t m = parallel_.micro_batches;
-    const int64_t stage = position_.stage;
-    const int64_t warmup = std::min(parallel_.pp - stage - 1, m);
-    const int64_t remaining = m - warmup;
-    const int next_stage = static_cast<int>(stage + 1), previous_stage = static_cast<int>(stage - 1);
-    const int64_t tokens = config_.seq;
-    const std::vector<int64_t> hidden_shape = {config_.batch, tokens, config_.width};
+  // CountedSchedule runs the counted step's micro-batches as PipelineSteps lists them
+  // (estimator/pipeline_steps.h: Megatron-LM's 1F1B or interleaved order, with its p2p
+  // operations posted and waited together; with one stage, each forward then its
+  // backward), checked against this runtime's own MegatronOrder. Every receive
+  // allocates a new buffer; a sent output is freed once the paired operations complete
+  // (deallocate_output_tensor: the graph lives on through its grad_fn's edge, from
+  // which the backward runs); a received input is a leaf whose .grad is sent back after
+  // its backward, then both are freed. On the model's last chunk each loss, after its
+  // backward, is added into the first (a running total, as a training loop reports the
+  // step's loss) and freed; returns the total, kept until the step ends (undefined on
+  // other ranks).
+  at::Tensor CountedSchedule(const Variant& variant, const std::vector<at::Tensor>& inputs,
+                             ScopedCountingAllocator& counting) {
+    const int64_t pp = parallel_.pp;
+    const int64_t chunks = pp * parallel_.virtual_stages;  // model chunks in all
+    const int next_rank = static_cast<int>((position_.stage + 1) % pp);
+    const int previous_rank = static_cast<int>((position_.stage + pp - 1) % pp);
+    const std::vector<int64_t> hidden_shape = {config_.batch, config_.seq, config_.width};
     const at::TensorOptions hidden_options = parameters_.front().options();
-    // Tags: (micro-batch, direction), as the verified schedule's for one chunk per stage.
-    auto tag = [&](int64_t j, bool gradient) { return static_cast<int>(j * 2 + (gradient ? 1 : 0)); };
-    std::vector<c10::intrusive_ptr<c10d::Work>> pending;
-    auto post_receive = [&](int peer, int t) {
-      std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
-      pending.push_back(pp_group_->recv(buffer, peer, t));
-      return buffer[0];
+    // Tags name (micro-batch, model chunk g, direction), as the verified schedule's: the
+    // activation entering chunk g, or the gradient leaving it backwards.
+    auto tag = [&](int64_t j, int64_t g, bool gradient) {
+      return static_cast<int>((j * chunks + g) * 2 + (gradient ? 1 : 0));
     };
-    auto post_send = [&](const at::Tensor& t, int peer, int tag_value) {
-      std::vector<at::Tensor> buffer = {t};
-      pending.push_back(pp_group_->send(buffer, peer, tag_value));
-    };
-    auto wait = [&]() {
-      for (const auto& work : pending) Complete(work);
-      pending.clear();
-    };
+    auto global = [&](int64_t c) { return c * pp + position_.stage; };
     struct InFlight {
       int64_t micro_batch = 0;
-      at::Tensor received;                // a later stage's input leaf
-      torch::autograd::Edge output_edge;  // a stage without the head: its output's grad_fn
-      at::Tensor loss;                    // the last stage's, until its backward
+      at::Tensor received;                // a later chunk's input leaf
+      torch::autograd::Edge output_edge;  // a chunk without the head: its output's grad_fn
+      at::Tensor loss;                    // the model's last chunk's, until its backward
     };
-    std::deque<InFlight> in_flight;
-    at::Tensor total_loss;
-    int64_t next = 0;
-    // forward: the next micro-batch on `received` (undefined on the first stage); a
-    // stage without the head posts its output's send and returns the output, which the
-    // caller frees once the paired ops complete.
-    auto forward = [&](at::Tensor received) {
-      const int64_t j = next++;
-      Place(j);
-      counting.MarkPhase("forward");
-      InFlight f;
-      f.micro_batch = j;
-      if (received.defined()) f.received = received.requires_grad_(true);
-      received = at::Tensor();
-      at::Tensor output = ForwardStage(*built_.model, chunks_.front(), f.received, inputs[j],
-                                       request_.attention, variant)
-                              .loss;
-      if (last_) {
-        f.loss = std::move(output);
-      } else {
-        f.output_edge = torch::autograd::impl::gradient_edge(output);
-        post_send(output.detach(), next_stage, tag(j, false));
-      }
-      in_flight.push_back(std::move(f));
-      return output;
-    };
-    // backward: the oldest micro-batch's, from its loss or `output_grad`; a later stage
-    // then posts its input's .grad's send.
-    auto backward = [&](at::Tensor output_grad) {
-      InFlight& f = in_flight.front();
-      Place(f.micro_batch);
-      counting.MarkPhase("backward");
-      if (last_) {
-        f.loss.backward();
-        // As values: a loss's graph would keep a received leaf (and its .grad) alive
-        // through the leaf's AccumulateGrad node.
-        if (total_loss.defined()) {
-          total_loss.add_(f.loss.detach());
-        } else {
-          total_loss = f.loss.detach();
+    const size_t local = chunks_.size();
+    std::vector<std::deque<at::Tensor>> received(local), output_grads(local);
+    std::vector<std::deque<InFlight>> in_flight(local);
+    std::vector<int64_t> forwards(local, 0), inputs_received(local, 0), grads_received(local, 0);
+    at::Tensor total_loss, last_output, last_input_grad, last_received;
+    int64_t last_output_chunk = 0, last_output_micro_batch = 0;
+    int64_t last_grad_chunk = 0, last_grad_micro_batch = 0;
+    std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+    std::vector<ScheduleStep> order;  // what ran, for the check against MegatronOrder
+    for (const PipelineStep& step : PipelineSteps(parallel_, position_.stage)) {
+      switch (step.kind) {
+        case PipelineStep::Kind::kForward: {
+          const StageRange& chunk = chunks_[step.chunk];
+          InFlight f;
+          f.micro_batch = forwards[step.chunk]++;
+          order.push_back({true, f.micro_batch, step.chunk});
+          if (!chunk.prologue) {
+            TORCH_CHECK(!received[step.chunk].empty(), "a forward without its received input");
+            f.received = received[step.chunk].front().requires_grad_(true);
+            received[step.chunk].pop_front();
+          }
+          Place(f.micro_batch);
+          counting.MarkPhase("forward");
+          at::Tensor output = ForwardStage(*built_.model, chunk, f.received,
+                                           inputs[f.micro_batch], request_.attention, variant)
+                                  .loss;
+          if (chunk.head) {
+            f.loss = std::move(output);
+          } else {
+            f.output_edge = torch::autograd::impl::gradient_edge(output);
+            last_output = std::move(output);
+            last_output_chunk = step.chunk;
+            last_output_micro_batch = f.micro_batch;
+          }
+          in_flight[step.chunk].push_back(std::move(f));
+          break;
         }
-        f.loss = at::Tensor();
-      } else {
-        torch::autograd::Engine::get_default_engine().execute(
-            {f.output_edge}, {output_grad}, /*keep_graph=*/false, /*create_graph=*/false,
-            /*accumulate_grad=*/true, /*outputs=*/{});
-        f.output_edge = torch::autograd::Edge();
+        case PipelineStep::Kind::kBackward: {
+          const StageRange& chunk = chunks_[step.chunk];
+          TORCH_CHECK(!in_flight[step.chunk].empty(), "a backward before its forward");
+          InFlight f = std::move(in_flight[step.chunk].front());
+          in_flight[step.chunk].pop_front();
+          order.push_back({false, f.micro_batch, step.chunk});
+          Place(f.micro_batch);
+          counting.MarkPhase("backward");
+          if (chunk.head) {
+            f.loss.backward();
+            // As values: a loss's graph would keep a received leaf (and its .grad)
+            // alive through the leaf's AccumulateGrad node.
+            if (total_loss.defined()) {
+              total_loss.add_(f.loss.detach());
+            } else {
+              total_loss = f.loss.detach();
+            }
+            f.loss = at::Tensor();
+          } else {
+            TORCH_CHECK(!output_grads[step.chunk].empty(), "a backward without its gradient");
+            at::Tensor output_grad = std::move(output_grads[step.chunk].front());
+            output_grads[step.chunk].pop_front();
+            torch::autograd::Engine::get_default_engine().execute(
+                {f.output_edge}, {output_grad}, /*keep_graph=*/false, /*create_graph=*/false,
+                /*accumulate_grad=*/true, /*outputs=*/{});
+            f.output_edge = torch::autograd::Edge();
+          }
+          if (!chunk.prologue) {
+            last_input_grad = f.received.grad();
+            last_received = std::move(f.received);
+            last_grad_chunk = step.chunk;
+            last_grad_micro_batch = f.micro_batch;
+          }
+          break;
+        }
+        case PipelineStep::Kind::kCommunicate: {
+          auto post_receive = [&](int peer, int t) {
+            std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
+            pending.push_back(pp_group_->recv(buffer, peer, t));
+            return buffer[0];
+          };
+          auto post_send = [&](const at::Tensor& t, int peer, int tag_value) {
+            std::vector<at::Tensor> buffer = {t};
+            pending.push_back(pp_group_->send(buffer, peer, tag_value));
+          };
+          if (step.send_output) {
+            post_send(last_output.detach(), next_rank,
+                      tag(last_output_micro_batch, global(last_output_chunk) + 1, false));
+          }
+          if (step.send_input_grad) {
+            post_send(last_input_grad, previous_rank,
+                      tag(last_grad_micro_batch, global(last_grad_chunk), true));
+          }
+          if (step.receive_input >= 0) {
+            const int64_t c = step.receive_input;
+            received[c].push_back(
+                post_receive(previous_rank, tag(inputs_received[c]++, global(c), false)));
+          }
+          if (step.receive_output_grad >= 0) {
+            const int64_t c = step.receive_output_grad;
+            output_grads[c].push_back(
+                post_receive(next_rank, tag(grads_received[c]++, global(c) + 1, true)));
+          }
+          for (const auto& work : pending) Complete(work);
+          pending.clear();
+          if (step.send_output) last_output = at::Tensor();
+          if (step.send_input_grad) {
+            last_input_grad = at::Tensor();
+            last_received = at::Tensor();
+          }
+          break;
+        }
       }
-      output_grad = at::Tensor();
-      if (!first_) post_send(f.received.grad(), previous_stage, tag(f.micro_batch, true));
-    };
-    auto receive_forward = [&]() {
-      at::Tensor received = first_ ? at::Tensor() : post_receive(previous_stage, tag(next, false));
-      wait();
-      return received;
-    };
-    for (int64_t i = 0; i < warmup; ++i) {
-      at::Tensor output = forward(receive_forward());
-      wait();  // send_forward
     }
-    at::Tensor input = remaining > 0 ? receive_forward() : at::Tensor();
-    for (int64_t i = 0; i < remaining; ++i) {
-      at::Tensor output = forward(std::move(input));
-      // send_forward_recv_backward
-      const int64_t j = in_flight.front().micro_batch;
-      at::Tensor output_grad = last_ ? at::Tensor() : post_receive(next_stage, tag(j, true));
-      wait();
-      output = at::Tensor();
-      backward(std::move(output_grad));
-      // send_backward_recv_forward (the last one only sends)
-      input = i + 1 < remaining && !first_ ? post_receive(previous_stage, tag(next, false))
-                                           : at::Tensor();
-      wait();
-      in_flight.pop_front();
-    }
-    for (int64_t i = 0; i < warmup; ++i) {
-      const int64_t j = in_flight.front().micro_batch;
-      at::Tensor output_grad = post_receive(next_stage, tag(j, true));
-      wait();
-      backward(std::move(output_grad));
-      wait();  // send_backward
-      in_flight.pop_front();
+    const std::vector<ScheduleStep> megatron = MegatronOrder(parallel_, position_.stage);
+    TORCH_CHECK(order.size() == megatron.size(), "the counted schedule ran ", order.size(),
+                " forwards and backwards, Megatron's order has ", megatron.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      TORCH_CHECK(order[i].forward == megatron[i].forward &&
+                      order[i].micro_batch == megatron[i].micro_batch &&
+                      order[i].chunk == megatron[i].chunk,
+                  "the counted schedule's step ", i, " differs from Megatron's order");
     }
     return total_loss;
   }

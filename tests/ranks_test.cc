@@ -301,11 +301,6 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
 TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   PredictOptions options = Variants("none");
   options.peak = true;
-  ParallelSpec interleaved;
-  interleaved.pp = 2;
-  interleaved.virtual_stages = 2;
-  interleaved.schedule = PipelineSchedule::kInterleaved;
-  interleaved.micro_batches = 2;
   ParallelSpec zero3;
   zero3.dp = 2;
   zero3.zero = 3;
@@ -318,8 +313,7 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
     ParallelSpec parallel;
     const char* missing;
   };
-  for (const Case& c : {Case{TinyLlama(4), interleaved, "--schedule=interleaved"},
-                        Case{TinyLlama(2), zero3, "--zero=3"},
+  for (const Case& c : {Case{TinyLlama(2), zero3, "--zero=3"},
                         Case{tensor_parallel, dp2, "with --tp"}}) {
     SCOPED_TRACE(c.missing);
     ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(c.config, c.parallel, options));

@@ -159,6 +159,14 @@ TEST(VerifyRanksTest, InterleavedRanksHoldMegatronsWarmUpPlusOne) {
   EXPECT_EQ(Rank(doc, 0)["measured"]["micro_batches_in_flight.none"].GetInt64(), 5);
   EXPECT_EQ(Rank(doc, 1)["measured"]["micro_batches_in_flight.none"].GetInt64(), 3);
   EXPECT_EQ(Rank(doc, 0)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
+  // Each rank's whole step, its chunks in the interleaved order with Megatron's paired
+  // point-to-point operations (estimator/pipeline_steps.h), counted and simulated alike.
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* key : {"peak_bytes.none", "peak_bytes.full"}) {
+      ASSERT_TRUE(Rank(doc, rank)["ratio"].HasMember(key)) << key;
+      EXPECT_EQ(Rank(doc, rank)["ratio"][key].GetDouble(), 1.0) << key;
+    }
+  }
 }
 
 TEST(VerifyRanksTest, TensorParallelRanksHoldTheirShards) {
