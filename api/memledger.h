@@ -12,7 +12,8 @@
  * "attention", "dtype", "amp", "optimizer", "schedule" (strings), "momentum" (number),
  * "master_weights", "sp", "explain" (booleans). An unknown key is an error. With "dp" or
  * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,
- * "parallel" and "ranks".
+ * "parallel" and "ranks" (each with its whole-step "peak_bytes" where simulated, which
+ * replays the rank's layers: milliseconds for a large model, not microseconds).
  *
  * memledger_plan takes the same keys (but "explain"; "dp" and "pp" only as 1) plus
  * "budget_gib" (a number,

@@ -84,6 +84,10 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
         PassingRun(std::string(kStudy) + " --dp=2 --zero=" + std::to_string(c.zero), 2);
     if (HasFailure()) return;
     EXPECT_STREQ(doc["backend"].GetString(), "gloo");
+    // The top level is the most loaded rank's, its counted peak included.
+    if (c.peak_bytes >= 0) {
+      EXPECT_EQ(doc["peak_bytes"]["none"].GetInt64(), c.peak_bytes);
+    }
     for (int rank = 0; rank < 2; ++rank) {
       const rapidjson::Value& measured = Rank(doc, rank)["measured"];
       EXPECT_EQ(Rank(doc, rank)["dp_rank"].GetInt(), rank);

@@ -168,7 +168,18 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
   Allocator& a = doc.GetAllocator();
   doc.AddMember("parallel", ParallelJson(r.config, r.parallel, a), a);
   doc.AddMember("backend", "gloo", a);
-  if (most != nullptr) doc.AddMember("most_loaded_rank", most->position.rank, a);
+  if (most != nullptr) {
+    doc.AddMember("most_loaded_rank", most->position.rank, a);
+    // Its counted whole-step peaks, as predict's JSON has the most loaded rank's
+    // predicted ones at the top.
+    rapidjson::Value peaks(rapidjson::kObjectType);
+    for (const runtime::RankVariantMeasurement& v : most->variants) {
+      if (v.peak_bytes >= 0) {
+        peaks.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.peak_bytes), a);
+      }
+    }
+    if (peaks.MemberCount() > 0) doc.AddMember("peak_bytes", peaks, a);
+  }
 
   rapidjson::Value ranks(rapidjson::kArrayType);
   for (const RankCheck& check : r.ranks) {

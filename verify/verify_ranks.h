@@ -54,9 +54,10 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
                                               const std::vector<std::string>& command);
 
 // RanksVerifyJson: the study's head (config, attention, torch, dtype, optimizer and the
-// parameter buckets of the most loaded rank, most_loaded_rank), parallel (the layout),
-// backend, and per rank its position, buckets (predicted, measured, ratio),
-// max_grad_diff per variant and max_param_diff; grad_tolerance, passed, failures.
+// parameter buckets of the most loaded rank, most_loaded_rank and its counted
+// peak_bytes), parallel (the layout), backend, and per rank its position, buckets
+// (predicted, measured, ratio), max_grad_diff per variant, max_param_diff and
+// peak_where; grad_tolerance, passed, failures.
 rapidjson::Document RanksVerifyJson(const RanksVerifyReport& report);
 
 // RanksVerifyTable: one line per rank and bucket, then the verdict.
