@@ -507,6 +507,20 @@ struct CountedStep {
   PeakPoint peak;              // where; its bytes are the step's own
 };
 
+// PipelineRun is how Rank::RunPipeline runs a schedule: the verified one records each
+// forward's saved bytes and scales each loss by 1 / micro-batches; the counted one marks
+// the allocator's phases.
+struct PipelineRun {
+  ScopedCountingAllocator* counting = nullptr;
+  bool record_saved = false;
+  bool scale_loss = false;
+};
+
+struct PipelineResult {
+  ScheduleStats stats;    // with record_saved
+  at::Tensor total_loss;  // the losses' sum, on the rank with the model's last chunk
+};
+
 // Rank is one rank's state for the whole run.
 class Rank {
  public:
@@ -664,103 +678,15 @@ class Rank {
   }
 
   // RunSchedule runs every micro-batch through every local model chunk, forward and
-  // backward, in Megatron's order (MegatronOrder), receiving inputs and output gradients
-  // from the ranks of the neighbouring chunks and sending them on, and counts the saved
-  // bytes of the chunk micro-batches in flight.
+  // backward (RunPipeline), each loss scaled by 1 / micro-batches (Megatron's mean), and
+  // counts the saved bytes of the chunk micro-batches in flight.
   ScheduleStats RunSchedule(const Variant& variant) {
-    const int64_t m = parallel_.micro_batches;
-    const int64_t chunks = parallel_.pp * parallel_.virtual_stages;  // model chunks in all
-    // Tags name (micro-batch, model chunk g, direction): the activation entering chunk g,
-    // or the gradient leaving it backwards.
-    auto tag = [&](int64_t micro_batch, int64_t g, bool gradient) {
-      return static_cast<int>((micro_batch * chunks + g) * 2 + (gradient ? 1 : 0));
-    };
-    auto rank_of = [&](int64_t g) { return static_cast<int>(g % parallel_.pp); };
-    struct InFlight {
-      at::Tensor received;  // a leaf that requires grad; undefined for the first chunk
-      at::Tensor output;    // the loss (last chunk) or the hidden states sent on
-      int64_t saved_bytes = 0;
-    };
-    std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (micro-batch, chunk)
-    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-    std::vector<at::Tensor> sent;  // kept alive until their sends complete
-    ScheduleStats stats;
-    int64_t held = 0;
-    // A stage sends its hidden states: this rank's T / tp tokens with sequence parallelism.
-    const int64_t tokens = config_.sp ? config_.seq / config_.tp : config_.seq;
-    const std::vector<int64_t> hidden_shape = {config_.batch, tokens, config_.width};
-    // The residual stream keeps the parameters' dtype (autocast casts inside the layers).
-    const at::TensorOptions hidden_options = parameters_.front().options();
-    auto send = [&](at::Tensor t, int64_t g, int tag_value) {
-      std::vector<at::Tensor> buffer = {std::move(t)};
-      sends.push_back(pp_group_->send(buffer, rank_of(g), tag_value));
-      sent.push_back(buffer[0]);
-    };
-    auto receive = [&](int64_t g, int tag_value) {
-      std::vector<at::Tensor> buffer = {at::empty(hidden_shape, hidden_options)};
-      Complete(pp_group_->recv(buffer, rank_of(g), tag_value));
-      return buffer[0];
-    };
-
-    // Dropout's placement is set again before each backward, whose recomputes drop the
-    // same elements.
-    auto place = [&](int64_t j) { Place(j); };
-    auto forward = [&](int64_t j, int64_t c) {
-      place(j);
-      const StageRange& chunk = chunks_[c];
-      const int64_t g = c * parallel_.pp + position_.stage;
-      InFlight f;
-      if (!chunk.prologue) f.received = receive(g - 1, tag(j, g, false)).requires_grad_(true);
-      SavedTensorRecorder recorder(parameter_storages_);
-      ForwardResult result;
-      {
-        ScopedSavedTensorRecording recording(&recorder);
-        result = ForwardStage(*built_.model, chunk, f.received, MicroBatch(j), request_.attention,
-                              variant);
-      }
-      f.saved_bytes = recorder.bytes() + result.cache_bytes;
-      if (chunk.head) {
-        // Megatron's loss scaling: the step's gradient is the mean over micro-batches.
-        f.output = result.loss / static_cast<double>(m);
-      } else {
-        f.output = result.loss;
-        send(f.output.detach(), g + 1, tag(j, g + 1, false));
-      }
-      held += f.saved_bytes;
-      if (held > stats.held_bytes) {
-        stats.held_bytes = held;
-        stats.in_flight = static_cast<int64_t>(in_flight.size()) + 1;
-      }
-      in_flight[{j, c}] = std::move(f);
-    };
-    auto backward = [&](int64_t j, int64_t c) {
-      place(j);
-      const StageRange& chunk = chunks_[c];
-      const int64_t g = c * parallel_.pp + position_.stage;
-      auto it = in_flight.find({j, c});
-      TORCH_CHECK(it != in_flight.end(), "backward of micro-batch ", j, " chunk ", c,
-                  " before its forward");
-      InFlight f = std::move(it->second);
-      in_flight.erase(it);
-      if (chunk.head) {
-        f.output.backward();
-      } else {
-        f.output.backward(receive(g + 1, tag(j, g + 1, true)));
-      }
-      if (!chunk.prologue) send(f.received.grad().contiguous(), g - 1, tag(j, g, true));
-      held -= f.saved_bytes;
-    };
-
-    for (const ScheduleStep& step : MegatronOrder(parallel_, position_.stage)) {
-      if (step.forward) {
-        forward(step.micro_batch, step.chunk);
-      } else {
-        backward(step.micro_batch, step.chunk);
-      }
-    }
-    TORCH_CHECK(in_flight.empty(), "the schedule left micro-batches without a backward");
-    for (auto& work : sends) Complete(work);
-    return stats;
+    std::vector<at::Tensor> inputs;
+    for (int64_t j = 0; j < parallel_.micro_batches; ++j) inputs.push_back(MicroBatch(j));
+    PipelineRun run;
+    run.record_saved = true;
+    run.scale_loss = true;
+    return RunPipeline(variant, inputs, run).stats;
   }
 
   // FindOwned: the stage's parameters are those its forward used (they have
@@ -965,7 +891,7 @@ class Rank {
     return piece;
   }
 
-  // CountedSchedule runs the counted step's micro-batches as PipelineSteps lists them
+  // RunPipeline runs the rank's micro-batches as PipelineSteps lists them
   // (estimator/pipeline_steps.h: Megatron-LM's 1F1B or interleaved order, with its p2p
   // operations posted and waited together; with one stage, each forward then its
   // backward), checked against this runtime's own MegatronOrder. Every receive
@@ -974,18 +900,20 @@ class Rank {
   // which the backward runs); a received input is a leaf whose .grad is sent back after
   // its backward, then both are freed. On the model's last chunk each loss, after its
   // backward, is added into the first (a running total, as a training loop reports the
-  // step's loss) and freed; returns the total, kept until the step ends (undefined on
-  // other ranks).
-  at::Tensor CountedSchedule(const Variant& variant, const std::vector<at::Tensor>& inputs,
-                             ScopedCountingAllocator& counting) {
+  // step's loss) and freed; the total is returned (undefined on other ranks).
+  PipelineResult RunPipeline(const Variant& variant, const std::vector<at::Tensor>& inputs,
+                             const PipelineRun& run) {
     const int64_t pp = parallel_.pp;
     const int64_t chunks = pp * parallel_.virtual_stages;  // model chunks in all
     const int next_rank = static_cast<int>((position_.stage + 1) % pp);
     const int previous_rank = static_cast<int>((position_.stage + pp - 1) % pp);
-    const std::vector<int64_t> hidden_shape = {config_.batch, config_.seq, config_.width};
+    // The hidden states between chunks: this rank's T / tp tokens with sequence
+    // parallelism, in the parameters' dtype (autocast casts inside the layers).
+    const int64_t tokens = config_.sp ? config_.seq / config_.tp : config_.seq;
+    const std::vector<int64_t> hidden_shape = {config_.batch, tokens, config_.width};
     const at::TensorOptions hidden_options = parameters_.front().options();
-    // Tags name (micro-batch, model chunk g, direction), as the verified schedule's: the
-    // activation entering chunk g, or the gradient leaving it backwards.
+    // Tags name (micro-batch, model chunk g, direction): the activation entering chunk
+    // g, or the gradient leaving it backwards.
     auto tag = [&](int64_t j, int64_t g, bool gradient) {
       return static_cast<int>((j * chunks + g) * 2 + (gradient ? 1 : 0));
     };
@@ -995,12 +923,15 @@ class Rank {
       at::Tensor received;                // a later chunk's input leaf
       torch::autograd::Edge output_edge;  // a chunk without the head: its output's grad_fn
       at::Tensor loss;                    // the model's last chunk's, until its backward
+      int64_t saved_bytes = 0;            // with PipelineRun::record_saved
     };
+    PipelineResult result;
+    int64_t held = 0, held_micro_batches = 0;
     const size_t local = chunks_.size();
     std::vector<std::deque<at::Tensor>> received(local), output_grads(local);
     std::vector<std::deque<InFlight>> in_flight(local);
     std::vector<int64_t> forwards(local, 0), inputs_received(local, 0), grads_received(local, 0);
-    at::Tensor total_loss, last_output, last_input_grad, last_received;
+    at::Tensor last_output, last_input_grad, last_received;
     int64_t last_output_chunk = 0, last_output_micro_batch = 0;
     int64_t last_grad_chunk = 0, last_grad_micro_batch = 0;
     std::vector<c10::intrusive_ptr<c10d::Work>> pending;
@@ -1018,12 +949,31 @@ class Rank {
             received[step.chunk].pop_front();
           }
           Place(f.micro_batch);
-          counting.MarkPhase("forward");
-          at::Tensor output = ForwardStage(*built_.model, chunk, f.received,
-                                           inputs[f.micro_batch], request_.attention, variant)
-                                  .loss;
+          if (run.counting != nullptr) run.counting->MarkPhase("forward");
+          at::Tensor output;
+          {
+            SavedTensorRecorder recorder(parameter_storages_);
+            std::optional<ScopedSavedTensorRecording> recording;
+            if (run.record_saved) recording.emplace(&recorder);
+            ForwardResult forward = ForwardStage(*built_.model, chunk, f.received,
+                                                 inputs[f.micro_batch], request_.attention,
+                                                 variant);
+            output = std::move(forward.loss);
+            if (run.record_saved) {
+              f.saved_bytes = recorder.bytes() + forward.cache_bytes;
+              held += f.saved_bytes;
+              ++held_micro_batches;
+              if (held > result.stats.held_bytes) {
+                result.stats.held_bytes = held;
+                result.stats.in_flight = held_micro_batches;
+              }
+            }
+          }
           if (chunk.head) {
-            f.loss = std::move(output);
+            // The verified schedule takes the step's mean over micro-batches here, as
+            // Megatron does; the counted step divides the reduced gradients instead.
+            f.loss = run.scale_loss ? output / static_cast<double>(parallel_.micro_batches)
+                                    : std::move(output);
           } else {
             f.output_edge = torch::autograd::impl::gradient_edge(output);
             last_output = std::move(output);
@@ -1040,15 +990,17 @@ class Rank {
           in_flight[step.chunk].pop_front();
           order.push_back({false, f.micro_batch, step.chunk});
           Place(f.micro_batch);
-          counting.MarkPhase("backward");
+          if (run.counting != nullptr) run.counting->MarkPhase("backward");
+          held -= f.saved_bytes;
+          --held_micro_batches;
           if (chunk.head) {
             f.loss.backward();
             // As values: a loss's graph would keep a received leaf (and its .grad)
             // alive through the leaf's AccumulateGrad node.
-            if (total_loss.defined()) {
-              total_loss.add_(f.loss.detach());
+            if (result.total_loss.defined()) {
+              result.total_loss.add_(f.loss.detach());
             } else {
-              total_loss = f.loss.detach();
+              result.total_loss = f.loss.detach();
             }
             f.loss = at::Tensor();
           } else {
@@ -1108,22 +1060,22 @@ class Rank {
       }
     }
     const std::vector<ScheduleStep> megatron = MegatronOrder(parallel_, position_.stage);
-    TORCH_CHECK(order.size() == megatron.size(), "the counted schedule ran ", order.size(),
+    TORCH_CHECK(order.size() == megatron.size(), "the schedule ran ", order.size(),
                 " forwards and backwards, Megatron's order has ", megatron.size());
     for (size_t i = 0; i < order.size(); ++i) {
       TORCH_CHECK(order[i].forward == megatron[i].forward &&
                       order[i].micro_batch == megatron[i].micro_batch &&
                       order[i].chunk == megatron[i].chunk,
-                  "the counted schedule's step ", i, " differs from Megatron's order");
+                  "the schedule's step ", i, " differs from Megatron's order");
     }
-    return total_loss;
+    return result;
   }
 
   // MeasureStep runs one more whole step of `variant` (RankStepModelled: no tensor
-  // parallelism, ZeRO 0-2, 1F1B) under a counting allocator, as the single-process
+  // parallelism, ZeRO 0-2) under a counting allocator, as the single-process
   // runtime's MeasureStep does with the data-parallel reduction in the optimizer phase
   // (the simulation's RankStep): zero_grad(set_to_none); the stage's micro-batches in
-  // 1F1B order (CountedSchedule), gradients accumulating; the tied embedding's
+  // Megatron's order (RunPipeline), gradients accumulating; the tied embedding's
   // gradients all-reduced in place between the first and last stage; the
   // gradients copied into the bucket and all-reduced (ZeRO 0, 1) or reduce-scattered
   // (ZeRO 2) and divided by dp x micro-batches (the mean, which the verified schedule
@@ -1148,7 +1100,9 @@ class Rank {
     for (const at::Tensor& input : inputs) step.resident_bytes += TensorBytes(input);
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
     counting.MarkPhase("forward");
-    const at::Tensor total_loss = CountedSchedule(variant, inputs, counting);
+    PipelineRun run;
+    run.counting = &counting;
+    const at::Tensor total_loss = RunPipeline(variant, inputs, run).total_loss;
     ExchangeTiedGradients();  // in place
     counting.MarkPhase("optimizer");
     const int64_t divisor = parallel_.dp * parallel_.micro_batches;
