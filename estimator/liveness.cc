@@ -162,7 +162,7 @@ class Simulation {
     int input_id = -1;  // the model input, where the chunk reads it
     Handle received;    // a later stage's received input (a leaf that requires grad)
     Instance prologue, head;
-    std::vector<Instance> layers;  // the stage's
+    std::vector<Instance> layers;  // the chunk's
     std::vector<int> checkpoint_inputs;
     std::vector<int> extras;  // the layers' model-level tensors (RoPE tables)
     std::map<std::string, int> globals;  // as the forward left them

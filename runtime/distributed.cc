@@ -268,7 +268,9 @@ struct CopyToTensorParallel : ag::Function<CopyToTensorParallel> {
     return x;
   }
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
-    at::Tensor grad = grads[0].clone();
+    // In place, as Megatron's _CopyToModelParallelRegion: the gradient of f's output is
+    // the column-parallel linear's input gradient, which nothing else holds.
+    at::Tensor grad = grads[0];
     AllReduce(GroupOf(ctx), grad);
     return {grad, at::Tensor()};
   }
@@ -277,6 +279,8 @@ struct CopyToTensorParallel : ag::Function<CopyToTensorParallel> {
 // ReduceFromTensorParallel is Megatron's g: all-reduced partial sums, identity gradient.
 struct ReduceFromTensorParallel : ag::Function<ReduceFromTensorParallel> {
   static at::Tensor forward(ag::AutogradContext* /*ctx*/, const at::Tensor& x, int64_t group) {
+    // A copy, unlike Megatron's in-place all-reduce: under selective recompute x may be
+    // the cached partial sum, which the replayed forward returns again.
     at::Tensor sum = x.clone();
     AllReduce(reinterpret_cast<c10d::ProcessGroupGloo*>(group), sum);
     return sum;
