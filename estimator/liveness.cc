@@ -1048,6 +1048,7 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
         break;
       }
       case PipelineStep::Kind::kCommunicate:
+        memory_.SetOp(Special(Where::kHead, Where::Activity::kPointToPoint));
         if (step.receive_input >= 0) received[step.receive_input].push_back(receive());
         if (step.receive_output_grad >= 0) {
           output_grads[step.receive_output_grad].push_back(receive());

@@ -87,10 +87,41 @@ int Output(const memledger::RunSpec& spec, const std::string& json, const std::s
 
 // PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
 // every kind of rank.
-int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options) {
+// WriteTimelineSvg draws each variant's predicted step timeline into `path`
+// (atomically); Unimplemented, and no file, where a variant's step is not simulated.
+absl::Status WriteTimelineSvg(const std::string& path, const std::string& title,
+                              const std::vector<memledger::VariantPrediction>& variants) {
+  std::vector<memledger::TimelinePanel> panels;
+  for (const memledger::VariantPrediction& v : variants) {
+    if (v.timeline == nullptr) {
+      return absl::UnimplementedError(absl::StrCat("--timeline_svg: ", v.peak_unavailable));
+    }
+    panels.push_back({v.variant.Name(), v.timeline.get(), std::nullopt});
+  }
+  return memledger::WriteFileAtomically(path, memledger::TimelineSvg(title, panels));
+}
+
+int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options,
+               const std::string& svg_path) {
   absl::StatusOr<memledger::DistributedPrediction> p =
       memledger::PredictDistributed(spec.config, spec.parallel, options);
   if (!p.ok()) return memledger::ReportError(p.status());
+  if (!svg_path.empty()) {
+    // The most loaded rank's step: its chunks' micro-batches in the schedule's order,
+    // the gradients' reduction and its ZeRO shard's step.
+    const memledger::RankKind& most = p->ranks.kinds.front();
+    std::vector<memledger::VariantPrediction> variants;
+    for (const memledger::RankVariant& v : most.variants) variants.push_back(v.held);
+    if (absl::Status s = WriteTimelineSvg(
+            svg_path,
+            absl::StrCat("memledger: predicted memory of one training step of the most loaded "
+                         "rank (pipeline stage ", most.stage, ", torch ",
+                         memledger::kTorchRelease, ")"),
+            variants);
+        !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
   return Output(spec, memledger::JsonString(memledger::RanksJson(p->whole, p->ranks)),
                 spec.table ? memledger::RanksTable(p->whole, p->ranks) : "");
 }
@@ -129,24 +160,17 @@ int main(int argc, char** argv) {
   }
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   options.timeline = !svg_path.empty();
-  if (spec->parallel.Distributed()) return PrintRanks(*spec, options);
+  if (spec->parallel.Distributed()) return PrintRanks(*spec, options, svg_path);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
 
   if (!svg_path.empty()) {
-    std::vector<memledger::TimelinePanel> panels;
-    for (const memledger::VariantPrediction& v : prediction->variants) {
-      if (v.timeline == nullptr) {
-        return memledger::ReportError(absl::UnimplementedError(
-            absl::StrCat("--timeline_svg: ", v.peak_unavailable)));
-      }
-      panels.push_back({v.variant.Name(), v.timeline.get(), std::nullopt});
-    }
-    const std::string svg = memledger::TimelineSvg(
-        absl::StrCat("memledger: predicted memory of one training step (torch ",
-                     memledger::kTorchRelease, ")"),
-        panels);
-    if (absl::Status s = memledger::WriteFileAtomically(svg_path, svg); !s.ok()) {
+    if (absl::Status s = WriteTimelineSvg(
+            svg_path,
+            absl::StrCat("memledger: predicted memory of one training step (torch ",
+                         memledger::kTorchRelease, ")"),
+            prediction->variants);
+        !s.ok()) {
       return memledger::ReportError(s);
     }
   }

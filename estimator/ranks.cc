@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -117,7 +118,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   if (absl::Status s = RankStepModelled(config, parallel); !s.ok()) return unavailable(s);
   StepOptions step;
   step.cpu_threads = options.cpu_threads;
-  step.record_events = false;
+  step.record_events = options.timeline;  // the events only for a timeline's drawing
   step.rules = options.rules;
   step.rank = {parallel, kind->stage, kind->chunks};
   absl::StatusOr<StepSimulator> simulator =
@@ -135,6 +136,9 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
         simulator->Simulate(v.held.variant, options.optimizer, resident);
     if (timeline.ok()) {
       v.held.peak = timeline->peak;
+      if (options.timeline) {
+        v.held.timeline = std::make_shared<const StepTimeline>(*std::move(timeline));
+      }
     } else if (absl::IsUnimplemented(timeline.status())) {
       v.held.peak_unavailable = std::string(timeline.status().message());
     } else {
@@ -251,13 +255,14 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
 absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& config,
                                                          const ParallelSpec& parallel,
                                                          PredictOptions options) {
-  if (options.timeline || options.breakdown) {
+  if (options.breakdown) {
     return absl::InvalidArgumentError(
-        "--timeline_svg and --explain describe one rank's step: not with --dp or --pp yet");
+        "--explain describes one process's step: not with --dp or --pp yet");
   }
   // The whole model's peak is no rank's: only the ranks' are simulated.
   PredictOptions whole_options = options;
   whole_options.peak = false;
+  whole_options.timeline = false;
   absl::StatusOr<Prediction> whole = Predict(config, whole_options);
   if (!whole.ok()) return whole.status();
   absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);

@@ -21,6 +21,8 @@ std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
       return absl::StrCat(OptimizerName(optimizer.kind), ".step()");
     case Where::Activity::kGradientReduction:
       return "the gradients' reduction over the data-parallel ranks";
+    case Where::Activity::kPointToPoint:
+      return "the pipeline's sends and receives";
     case Where::Activity::kOp:
       break;
   }

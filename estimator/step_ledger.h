@@ -99,7 +99,8 @@ inline Layout Transposed(const Layout& layout, int d0, int d1) {
 // (AddmmBackward0)") only for recorded events and the peak.
 struct Where {
   enum class Activity : uint8_t {
-    kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables, kGradientReduction };
+    kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables, kGradientReduction,
+    kPointToPoint };
   static constexpr int64_t kHead = -1;
   static constexpr int64_t kPrologue = -2;
   const BlockGraph* graph = nullptr;

@@ -134,7 +134,7 @@ TEST(PredictCliTest, DistributedRunReportsEveryKindOfRank) {
       << table.output;
   EXPECT_NE(table.output.find("per kind of rank"), std::string::npos) << table.output;
   for (const char* bad : {"--pp=3", "--zero=1", "--pp=2 --schedule=zigzag",
-                          "--pp=2 --timeline_svg=/tmp/x.svg", "--dp=2 --sweep=batch:1..2"}) {
+                          "--pp=2 --explain", "--dp=2 --sweep=batch:1..2"}) {
     CommandResult r = Predict(std::string("--model=tiny-llama --layers=8 ") + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
   }
@@ -239,6 +239,30 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
   EXPECT_EQ(unmodelled.exit_code, 3) << unmodelled.output;
   EXPECT_NE(unmodelled.output.find("--timeline_svg"), std::string::npos) << unmodelled.output;
   EXPECT_FALSE(std::ifstream(math).good());
+  // With --dp or --pp: the most loaded rank's step, its schedule and reduction; a
+  // tensor-parallel rank's is not simulated (exit 3, no file).
+  const std::string rank = std::string(getenv("TEST_TMPDIR")) + "/rank.svg";
+  CommandResult ranks = Predict(
+      "--model=tiny-llama --batch=2 --seq=8 --pp=2 --micro_batches=2 --dp=2 --zero=1 "
+      "--variants=none,full --timeline_svg=" + rank);
+  ASSERT_EQ(ranks.exit_code, 0) << ranks.output;
+  std::ifstream rank_file(rank);
+  std::stringstream rank_svg;
+  rank_svg << rank_file.rdbuf();
+  EXPECT_EQ(rank_svg.str().rfind("<svg ", 0), 0u);
+  // The drawn rank is the JSON's first, the most loaded by its peak.
+  rapidjson::Document rank_json;
+  rank_json.Parse(ranks.output.c_str());
+  ASSERT_FALSE(rank_json.HasParseError()) << ranks.output;
+  EXPECT_NE(rank_svg.str().find("most loaded rank (pipeline stage " +
+                                std::to_string(rank_json["ranks"][0]["stage"].GetInt64())),
+            std::string::npos);
+  const std::string tp = std::string(getenv("TEST_TMPDIR")) + "/tp.svg";
+  CommandResult tensor_parallel =
+      Predict("--model=tiny-llama --tp=2 --dp=2 --timeline_svg=" + tp);
+  EXPECT_EQ(tensor_parallel.exit_code, 3) << tensor_parallel.output;
+  EXPECT_NE(tensor_parallel.output.find("--tp"), std::string::npos) << tensor_parallel.output;
+  EXPECT_FALSE(std::ifstream(tp).good());
   CommandResult threads = Predict("--cpu_threads=0");
   EXPECT_EQ(threads.exit_code, 2) << threads.output;
   EXPECT_NE(threads.output.find("--cpu_threads"), std::string::npos) << threads.output;
