@@ -114,9 +114,8 @@ int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& 
     for (const memledger::RankVariant& v : most.variants) variants.push_back(v.held);
     if (absl::Status s = WriteTimelineSvg(
             svg_path,
-            absl::StrCat("memledger: predicted memory of one training step of the most loaded "
-                         "rank (pipeline stage ", most.stage, ", torch ",
-                         memledger::kTorchRelease, ")"),
+            absl::StrCat("memledger: the most loaded rank's step, predicted (stage ", most.stage,
+                         ", torch ", memledger::kTorchRelease, ")"),
             variants);
         !s.ok()) {
       return memledger::ReportError(s);

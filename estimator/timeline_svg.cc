@@ -104,11 +104,25 @@ struct Column {
 
 void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* svg) {
   const StepTimeline& t = *panel.predicted;
+  // A pipeline rank's schedule interleaves its micro-batches' forwards and backwards:
+  // then both share one span, in time order ("forward and backward"), before the
+  // optimizer's.
+  bool interleaved = false;
+  int latest = 0;
+  for (const TimelineEvent& e : t.events) {
+    const int p = static_cast<int>(e.phase);
+    interleaved = interleaved || p < latest;
+    latest = std::max(latest, p);
+  }
+  auto span_of = [&](StepPhase phase) {
+    return interleaved && phase == StepPhase::kBackward ? static_cast<int>(StepPhase::kForward)
+                                                        : static_cast<int>(phase);
+  };
   // Columns advance with allocations and frees; category changes (relabels) only
   // restack, as the measured allocator never sees them.
   std::array<int64_t, kNumStepPhases> counts{};
   for (const TimelineEvent& e : t.events) {
-    if (!e.relabel) ++counts[static_cast<int>(e.phase)];
+    if (!e.relabel) ++counts[span_of(e.phase)];
   }
   const PhaseColumns columns = PhaseColumns::For(counts);
   const int plot_top = top + kPanelTop;
@@ -129,7 +143,7 @@ void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* 
     const TimelineEvent& e = t.events[i];
     live[static_cast<int>(e.category)] += e.bytes;
     total += e.bytes;
-    const int p = static_cast<int>(e.phase);
+    const int p = span_of(e.phase);
     const int c = columns.Of(p, e.relabel ? seen[p] : seen[p]++, counts[p]);
     if (!stack[c].set || total > stack[c].total) stack[c] = Column{true, total, live};
     if (static_cast<int64_t>(i) == t.peak.event) peak_column = c;
@@ -179,11 +193,15 @@ void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* 
                           "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" class=\"phase\"/>"
                           "<text x=\"%d\" y=\"%d\" class=\"phasename\">%s</text>\n",
                           x0, x0, plot_top, plot_top + kPlotHeight + 4, (x0 + x1) / 2,
-                          plot_top + kPlotHeight + 18, StepPhaseName(static_cast<StepPhase>(p)));
+                          plot_top + kPlotHeight + 18,
+                          interleaved && p == static_cast<int>(StepPhase::kForward)
+                              ? "forward and backward (the schedule's micro-batches)"
+                              : StepPhaseName(static_cast<StepPhase>(p)));
   }
 
-  // The measured step, phase by phase on the same columns.
-  if (panel.measured.has_value()) {
+  // The measured step, phase by phase on the same columns (a single process's, whose
+  // phases follow one another).
+  if (panel.measured.has_value() && !interleaved) {
     const MeasuredLine& m = *panel.measured;
     std::vector<int64_t> line(kPlotWidth, -1);
     const int64_t n = static_cast<int64_t>(m.live.size());

@@ -36,7 +36,8 @@ struct TimelinePanel {
 
 // TimelineSvg renders the panels, top to bottom, under `title`. Each phase gets a share
 // of the width proportional to its predicted events, so predicted and measured steps
-// line up phase by phase.
+// line up phase by phase. A step whose forwards and backwards alternate (a pipeline
+// rank's schedule) draws them in one span, in time order.
 std::string TimelineSvg(const std::string& title, const std::vector<TimelinePanel>& panels);
 
 }  // namespace memledger

@@ -254,7 +254,7 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
   rapidjson::Document rank_json;
   rank_json.Parse(ranks.output.c_str());
   ASSERT_FALSE(rank_json.HasParseError()) << ranks.output;
-  EXPECT_NE(rank_svg.str().find("most loaded rank (pipeline stage " +
+  EXPECT_NE(rank_svg.str().find("the most loaded rank's step, predicted (stage " +
                                 std::to_string(rank_json["ranks"][0]["stage"].GetInt64())),
             std::string::npos);
   const std::string tp = std::string(getenv("TEST_TMPDIR")) + "/tp.svg";

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,32 @@ TEST(TimelineSvgTest, RendersEveryVariantWithItsPeak) {
   std::string magic(8, '\0');
   png.read(magic.data(), 8);
   EXPECT_EQ(magic, std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+// A pipeline rank's forwards and backwards alternate: they are drawn in one span, in
+// time order. Here by hand: forward +100 B, backward -100 B, forward +200 B (the second
+// micro-batch, after the first's backward), backward -200 B; the peak is the third
+// event's 200 B over the 10 resident.
+TEST(TimelineSvgTest, AlternatingPhasesShareOneSpanInTimeOrder) {
+  StepTimeline t;
+  t.resident[static_cast<int>(MemoryCategory::kParameter)] = 10;
+  t.resident_bytes = 10;
+  t.op_labels = {"op"};
+  for (const auto& [bytes, phase] :
+       std::vector<std::pair<int64_t, StepPhase>>{{100, StepPhase::kForward},
+                                                  {-100, StepPhase::kBackward},
+                                                  {200, StepPhase::kForward},
+                                                  {-200, StepPhase::kBackward}}) {
+    t.events.push_back(TimelineEvent{bytes, MemoryCategory::kActivation, phase, 0, false});
+  }
+  t.peak.bytes = 210;
+  t.peak.phase = StepPhase::kForward;
+  t.peak.op = "op";
+  t.peak.event = 2;
+  const std::string svg = TimelineSvg("rank", {{"none", &t, std::nullopt}});
+  EXPECT_EQ(Count(svg, ">forward and backward (the schedule's micro-batches)</text>"), 1);
+  EXPECT_EQ(Count(svg, ">backward</text>"), 0);
+  EXPECT_NE(svg.find("(210 B)"), std::string::npos);
 }
 
 }  // namespace
