@@ -1321,7 +1321,7 @@ absl::Status Simulation::ReduceAndStep() {
   if (data.dp <= 1) return OptimizerStep(numels);
   int64_t n = 0;
   for (int64_t numel : numels) n += numel;
-  const int64_t shard = n / data.dp + (n % data.dp != 0 ? 1 : 0);
+  const int64_t shard = ZeroShardElements(n, data.dp);
   memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
   // The bucket: at::cat of the .grads' flat views and, when n is not a multiple of dp,
   // a block of zeros (which dies with the list of pieces).

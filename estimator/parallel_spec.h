@@ -60,6 +60,12 @@ inline constexpr int64_t kMaxPipelineChunks = 1024;
 // --virtual_stages 1".
 absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec);
 
+// ZeroShardElements: a rank's part of n elements split over dp ranks by ZeRO: one flat
+// buffer padded to a multiple of dp, ceil(n / dp) each.
+inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
+  return n / dp + (n % dp != 0 ? 1 : 0);
+}
+
 // RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated
 // (estimator/liveness.h) and measured on ranks (runtime/distributed.h): data
 // parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or

@@ -60,9 +60,6 @@ std::vector<int64_t> InFlight(const ParallelSpec& p, int64_t stage,
   return most;
 }
 
-// Shard is a rank's part of n elements split over dp ranks: one flat buffer padded to a
-// multiple of dp, ceil(n / dp) each.
-int64_t Shard(int64_t n, int64_t dp) { return n / dp + (n % dp != 0 ? 1 : 0); }
 
 // Held sums the chunks' predictions, each times its micro-batches in flight: saved
 // bytes and every split of them.
@@ -127,7 +124,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   if (!simulator.ok()) return simulator.status();
   const bool flat = parallel.zero == 1 || parallel.zero == 2;
   const CheckedInt64 flat_bytes =
-      CheckedInt64(Shard(kind->n_params, parallel.dp)) * parallel.dp * ElementSizeBytes(config.dtype);
+      CheckedInt64(ZeroShardElements(kind->n_params, parallel.dp)) * parallel.dp * ElementSizeBytes(config.dtype);
   if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
   const ResidentBytes resident{flat ? flat_bytes.value() : kind->param_bytes,
                                kind->optimizer_state_bytes};
@@ -224,7 +221,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
     }
     // ZeRO: the optimizer's state (1), the gradients (2) and the parameters (3) sharded.
     const int64_t n = n_params.value();
-    const int64_t shard = Shard(n, parallel.dp);
+    const int64_t shard = ZeroShardElements(n, parallel.dp);
     CheckedInt64 param_bytes = CheckedInt64(parallel.zero >= 3 ? shard : n) * element;
     CheckedInt64 grad_bytes = CheckedInt64(parallel.zero >= 2 ? shard : n) * element;
     const int64_t stepped = parallel.zero >= 1 ? shard : n;
