@@ -264,8 +264,8 @@ TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
   EXPECT_EQ(Rank(doc, 3)["stage"].GetInt(), 1);
   // The sharded step equals the unsharded one: 0 in most runs, but in about one run of
   // 25 (measured: 2 of 48 before this round's changes, 1 of 40 after) rank 0's
-  // parameters differ by 3.58e-07, one fp32 ulp of an updated weight near 3, for reasons
-  // not found yet. At most a few ulps, then.
+  // parameters differ by 3.58e-07, a rounding-level difference (an fp32 ulp is 2.4e-07
+  // between 2 and 4), for reasons not found yet. A few ulps at most, then.
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_LE(Rank(doc, rank)["max_param_diff"].GetDouble(), 1e-6);
   }
