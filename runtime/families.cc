@@ -123,13 +123,14 @@ class LlamaLayerImpl : public DecoderLayer {
   at::Tensor ColumnParallel(torch::nn::LinearImpl& linear, const at::Tensor& h,
                             SelectiveCache* cache) const {
     if (!SequenceParallel()) return LinearOp(linear, h, cache);
-    return GatherConv1DOp(*tensor_parallel, linear.weight.t(), linear.bias, h, cache);
+    return GatherLinearOp(*tensor_parallel, linear.weight, linear.bias, /*conv1d=*/false, h,
+                          cache);
   }
   at::Tensor RowParallel(torch::nn::LinearImpl& linear, const at::Tensor& x,
                          SelectiveCache* cache) const {
     at::Tensor partial = LinearOp(linear, x, cache);
-    if (SequenceParallel()) return tensor_parallel->ReduceScatter(Last(partial));
-    return ReduceOut(tensor_parallel, Last(partial));
+    if (SequenceParallel()) return ReduceScatter(*tensor_parallel, Last(partial), cache);
+    return ReduceOut(tensor_parallel, Last(partial), cache);
   }
 
   RmsNorm input_layernorm{nullptr};
@@ -187,8 +188,8 @@ class LlamaModel : public ModelImpl {
     at::Tensor logits;
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(norm.ptr()->forward(hidden), weight.t(),
-                                             at::Tensor(), nullptr);
+      logits = tensor_parallel->GatherLinear(norm.ptr()->forward(hidden), weight, at::Tensor(),
+                                             /*conv1d=*/false, nullptr);
     } else {
       logits = at::linear(CopyIn(tensor_parallel, norm.ptr()->forward(hidden)), weight);
     }
@@ -267,22 +268,22 @@ class Gpt2LayerImpl : public DecoderLayer {
   // input (GatherLinear).
   at::Tensor ColumnParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      return GatherConv1DOp(*tensor_parallel, p.weight, p.bias, x, cache);
+      return GatherLinearOp(*tensor_parallel, p.weight, p.bias, /*conv1d=*/true, x, cache);
     }
     return Conv1DOp(p.weight, p.bias, CopyIn(tensor_parallel, x), cache);
   }
 
   // RowParallel is a Conv1D whose input rows are split over tensor-parallel ranks: each
-  // rank's partial sum is all-reduced (with sequence parallelism reduce-scattered) and
-  // the replicated bias added once after, as Megatron's RowParallelLinear does. addmm
-  // keeps what it keeps with any bias: its input and weight.
+  // rank's partial sum (an mm, without the bias) is all-reduced in place (with sequence
+  // parallelism reduce-scattered) and the replicated bias added once after, as
+  // Megatron's RowParallelLinear does.
   at::Tensor RowParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
     if (tensor_parallel == nullptr) return Conv1DOp(p.weight, p.bias, x, cache);
-    at::Tensor partial = Conv1DOp(p.weight, at::zeros_like(p.bias.detach()), x, cache);
+    at::Tensor partial = Conv1DOp(p.weight, at::Tensor(), x, cache);
     if (tensor_parallel->SequenceParallel()) {
-      return tensor_parallel->ReduceScatter(Last(partial)) + p.bias;
+      return ReduceScatter(*tensor_parallel, Last(partial), cache) + p.bias;
     }
-    return ReduceOut(tensor_parallel, Last(partial)) + p.bias;
+    return ReduceOut(tensor_parallel, Last(partial), cache) + p.bias;
   }
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -329,8 +330,8 @@ class Gpt2Model : public ModelImpl {
     at::Tensor logits;
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(ln_f.ptr()->forward(hidden), wte->weight.t(),
-                                             at::Tensor(), nullptr);
+      logits = tensor_parallel->GatherLinear(ln_f.ptr()->forward(hidden), wte->weight,
+                                             at::Tensor(), /*conv1d=*/false, nullptr);
     } else {
       logits = at::linear(CopyIn(tensor_parallel, ln_f.ptr()->forward(hidden)), wte->weight);
     }

@@ -115,8 +115,20 @@ at::Tensor CopyIn(TensorParallel* tp, const at::Tensor& x) {
   return tp == nullptr ? x : tp->CopyIn(x);
 }
 
-at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x) {
-  return tp == nullptr ? x : tp->ReduceOut(x);
+namespace {
+// ReplaysMatmul: the row-parallel output comes from the cache, already reduced.
+bool ReplaysMatmul(const SelectiveCache* cache) {
+  return cache != nullptr && cache->replaying() && cache->Saves(OpKind::kMatmul);
+}
+}  // namespace
+
+at::Tensor ReduceScatter(TensorParallel& tp, const at::Tensor& x, const SelectiveCache* cache) {
+  return tp.ReduceScatter(x, ReplaysMatmul(cache));
+}
+
+at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x, const SelectiveCache* cache) {
+  if (tp == nullptr) return x;
+  return tp->ReduceOut(x, ReplaysMatmul(cache));
 }
 
 void ModelImpl::SetTensorParallel(TensorParallel* tp) {

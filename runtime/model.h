@@ -45,9 +45,13 @@ struct LayerExtras {
   std::vector<at::Tensor> Defined() const;
 };
 
-// The identity without tensor parallelism (`tp` null), else tp's.
+// The identity without tensor parallelism (`tp` null), else tp's. ReduceOut takes the
+// row-parallel linear's output: under a replay of a `cache` that saves matmuls it is the
+// cached one, which the recording forward already reduced in place.
 at::Tensor CopyIn(TensorParallel* tp, const at::Tensor& x);
-at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x);
+at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x, const SelectiveCache* cache);
+// ReduceScatter is tp.ReduceScatter of the row-parallel output x, likewise.
+at::Tensor ReduceScatter(TensorParallel& tp, const at::Tensor& x, const SelectiveCache* cache);
 
 // DecoderLayer is one layer. With a `cache`, the ops its policy names are recorded or
 // replayed (runtime/selective_ops.h); without, every op runs plainly.

@@ -45,13 +45,16 @@ class CachedLinear : public ag::Function<CachedLinear> {
   }
 };
 
-// CachedConv1D: y = x W + b with W of shape (in, out), y from the cache.
+// CachedConv1D: y = x W (+ b) with W of shape (in, out), y from the cache. `parameters`
+// is {W} or {W, b}. Its backward computes what addmm's (with b) or mm's (without)
+// would, in their order: AddmmBackward0 the input's gradient first, MmBackward0 the
+// weight's.
 class CachedConv1D : public ag::Function<CachedConv1D> {
  public:
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& /*bias*/,
-                            const at::Tensor* cached) {
-    ctx->save_for_backward({input, weight});
+                            at::TensorList parameters, const at::Tensor* cached) {
+    ctx->save_for_backward({input, parameters[0]});
+    ctx->saved_data["has_bias"] = parameters.size() > 1;
     return *cached;
   }
 
@@ -61,6 +64,11 @@ class CachedConv1D : public ag::Function<CachedConv1D> {
     const at::Tensor& weight = saved[1];
     const at::Tensor grad = grads[0].reshape({-1, weight.size(1)});
     const at::Tensor input_2d = input.reshape({-1, weight.size(0)});
+    if (!ctx->saved_data["has_bias"].toBool()) {
+      at::Tensor grad_weight = input_2d.t().mm(grad);
+      at::Tensor grad_input = grad.mm(weight.t()).view(input.sizes());
+      return {grad_input, grad_weight, at::Tensor()};
+    }
     at::Tensor grad_input = grad.mm(weight.t()).view(input.sizes());
     at::Tensor grad_weight = input_2d.t().mm(grad);
     return {grad_input, grad_weight, grad.sum(0), at::Tensor()};
@@ -170,11 +178,12 @@ at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
       });
 }
 
-at::Tensor GatherConv1DOp(TensorParallel& tp, const at::Tensor& weight, const at::Tensor& bias,
-                          const at::Tensor& input, SelectiveCache* cache) {
+at::Tensor GatherLinearOp(TensorParallel& tp, const at::Tensor& weight, const at::Tensor& bias,
+                          bool conv1d, const at::Tensor& input, SelectiveCache* cache) {
   return Cached(
-      cache, OpKind::kMatmul, [&] { return tp.GatherLinear(input, weight, bias, nullptr); },
-      [&](const at::Tensor& out) { return tp.GatherLinear(input, weight, bias, &out); });
+      cache, OpKind::kMatmul,
+      [&] { return tp.GatherLinear(input, weight, bias, conv1d, nullptr); },
+      [&](const at::Tensor& out) { return tp.GatherLinear(input, weight, bias, conv1d, &out); });
 }
 
 at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& input,
@@ -184,14 +193,16 @@ at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::
       [&] {
         std::vector<int64_t> sizes = input.sizes().vec();
         sizes.back() = weight.size(1);
-        return at::addmm(bias, input.view({-1, input.size(-1)}), weight).view(sizes);
+        const at::Tensor rows = input.view({-1, input.size(-1)});
+        return (bias.defined() ? at::addmm(bias, rows, weight) : rows.mm(weight)).view(sizes);
       },
       [&](const at::Tensor& out) {
-        // In autocast's order for addmm(bias, input, weight): weight, input, bias.
-        const at::Tensor w = Lower(weight);
+        // In autocast's order for addmm(bias, input, weight): weight, input, bias (mm's:
+        // weight, input).
+        std::vector<at::Tensor> parameters = {Lower(weight)};
         const at::Tensor x = Lower(input);
-        const at::Tensor b = Lower(bias);
-        return CachedConv1D::apply(x, w, b, &out);
+        if (bias.defined()) parameters.push_back(Lower(bias));
+        return CachedConv1D::apply(x, at::TensorList(parameters), &out);
       });
 }
 

@@ -57,14 +57,15 @@ at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
                     SelectiveCache* cache);
 
 // Conv1DOp is GPT-2's Conv1D: addmm(bias, input.view(-1, in), weight).view(..., out)
-// with weight of shape (in, out); kind matmul.
+// with weight of shape (in, out), or mm without a bias (undefined); kind matmul.
 at::Tensor Conv1DOp(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& input,
                     SelectiveCache* cache);
 
-// GatherConv1DOp is a Conv1D whose (B, T / tp, in) input the sequence-parallel `tp`
-// all-gathers first (TensorParallel::GatherLinear); kind matmul.
-at::Tensor GatherConv1DOp(TensorParallel& tp, const at::Tensor& weight, const at::Tensor& bias,
-                          const at::Tensor& input, SelectiveCache* cache);
+// GatherLinearOp is a linear (weight (out, in); with `conv1d` GPT-2's Conv1D, weight
+// (in, out)) whose (B, T / tp, in) input the sequence-parallel `tp` all-gathers first
+// (TensorParallel::GatherLinear); kind matmul.
+at::Tensor GatherLinearOp(TensorParallel& tp, const at::Tensor& weight, const at::Tensor& bias,
+                          bool conv1d, const at::Tensor& input, SelectiveCache* cache);
 
 // LayerNormOp is norm.forward(input) (native_layer_norm underneath); kind layer_norm.
 at::Tensor LayerNormOp(torch::nn::LayerNormImpl& norm, const at::Tensor& input,
