@@ -20,7 +20,8 @@ class GraphBuilder {
   // The model's dtype (its parameters and hidden states) and autocast's lower-precision
   // dtype (kFloat32: no autocast).
   explicit GraphBuilder(const ModelConfig& config)
-      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron), sp_(config.sp) {}
+      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron), sp_(config.sp),
+        tp_(config.tp > 1) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
     graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
@@ -208,14 +209,29 @@ class GraphBuilder {
                {.shape = {kB, kTs, out}});
   }
 
-  // RowParallel is a linear whose input rows are split over ranks: each computes a
-  // partial (B, T, out) sum, which an all-reduce (in place: no new tensor) or, with
-  // sequence parallelism, a reduce-scatter to (B, T / tp, out) completes.
+  // RowParallel is GPT-2's Conv1D with its input rows split over tensor-parallel ranks:
+  // as Megatron's RowParallelLinear, each computes a partial (B, T, out) sum without the
+  // bias (mm(x.view(-1, in), weight)), which an all-reduce in place (no new tensor) or,
+  // with sequence parallelism, a reduce-scatter to (B, T / tp, out) completes; then the
+  // replicated bias is added. Without tensor parallelism, the Conv1D.
   int RowParallel(const std::string& name, int x, SymDim in, SymDim out) {
-    int partial = Conv1D(name, x, in, out);
-    if (!sp_) return partial;
-    return Op1(OpType::kReduceScatter, name + ".reduce_scatter", {partial},
-               {.shape = {kB, kTs, out}});
+    if (!tp_) return Conv1D(name, x, in, out);
+    int weight = Param(name + ".weight", {in, out});  // the module's order: weight, bias
+    int bias = Param(name + ".bias", {out});
+    int partial;
+    {
+      Composite call(this);
+      weight = Lower(name + ".weight", weight);  // mm's autocast: weight, then input
+      int flat = Lower(name + ".input",
+                       Op1(OpType::kView, name + ".flatten", {x}, {.shape = {kB * kT, in}}));
+      int mm = Op1(OpType::kMm, name, {flat, weight}, {}, OpKind::kMatmul);
+      partial = Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
+    }
+    if (sp_) {
+      partial = Op1(OpType::kReduceScatter, name + ".reduce_scatter", {partial},
+                    {.shape = {kB, kTs, out}});
+    }
+    return Op1(OpType::kAdd, name + ".bias", {partial, bias});
   }
 
   // Matmul of (B, H, n, m) by (B, H, m, p) as at::matmul runs it (the batched case of
@@ -307,9 +323,21 @@ class GraphBuilder {
     return Op1(OpType::kReshape, name, {expanded}, {.shape = {kB, kH, kT, kDHead}});
   }
 
+  // VocabEmbedding is the token embedding: an embedding, or with tensor parallelism
+  // Megatron's vocabulary-parallel one over this rank's V / tp rows.
+  int VocabEmbedding(const std::string& name, int weight, int input_ids) {
+    if (!tp_) return Op1(OpType::kEmbedding, name, {weight, input_ids});
+    std::vector<int> outputs = Op(OpType::kVocabParallelEmbedding, name, {weight, input_ids},
+                                  {"out", "masked_input", "input_mask"});
+    graph_.tensors[outputs[1]].dtype = DType::kInt64;
+    graph_.tensors[outputs[2]].dtype = DType::kBool;
+    return outputs[0];
+  }
+
   // CrossEntropy is the families' loss: labels = pad(input_ids, (0, 1), value=-100)
   // [..., 1:].contiguous(); cross_entropy(logits.view(-1, V), labels.view(-1)), i.e.
-  // nll_loss(log_softmax(logits.float())).
+  // nll_loss(log_softmax(logits.float())); with tensor parallelism Megatron's
+  // vocabulary-parallel cross-entropy.
   int CrossEntropy(int logits, int input_ids) {
     int logits32 = ToDtype("loss.logits_float", logits, DType::kFloat32);
     int flat = Op1(OpType::kView, "loss.logits_flat", {logits32}, {.shape = {kB * kT, kV}});
@@ -317,6 +345,15 @@ class GraphBuilder {
     int shifted = Slice("labels.shift", padded, 1, Sym(1), kT);
     int labels = Op1(OpType::kContiguous, "labels", {shifted});
     int labels_flat = Op1(OpType::kView, "labels.flat", {labels}, {.shape = {kB * kT}});
+    if (tp_) {
+      // The vocabulary-parallel cross-entropy over this rank's V / tp columns.
+      std::vector<int> outputs =
+          Op(OpType::kVocabParallelCrossEntropy, "loss.vocab_parallel", {flat, labels_flat},
+             {"out", "masked_target", "target_mask"});
+      graph_.tensors[outputs[1]].dtype = DType::kInt64;
+      graph_.tensors[outputs[2]].dtype = DType::kBool;
+      return outputs[0];
+    }
     int log_probs = Op1(OpType::kLogSoftmax, "loss.log_softmax", {flat});
     return Op(OpType::kNllLoss, "loss.nll", {log_probs, labels_flat}, {"out", "total_weight"})[0];
   }
@@ -354,6 +391,7 @@ class GraphBuilder {
   DType amp_;
   bool megatron_;  // Megatron-LM's dropouts and fused causal softmax
   bool sp_;        // Megatron's sequence parallelism
+  bool tp_;        // Megatron's tensor parallelism (tp > 1)
   BlockGraph graph_;
   int composite_ = -1;
   int next_composite_ = 0;
@@ -394,7 +432,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
   GraphBuilder g(config);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
-  int embeddings = g.Op1(OpType::kEmbedding, "embed_tokens", {weight, input_ids});
+  int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
   if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});
@@ -465,7 +503,7 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   GraphBuilder g(config);
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int position_ids = g.Global("position_ids", DType::kInt64, {Sym(1), kT});
-  int tokens = g.Op1(OpType::kEmbedding, "wte", {g.Param("wte.weight", {kV, kD}), input_ids});
+  int tokens = g.VocabEmbedding("wte", g.Param("wte.weight", {kV, kD}), input_ids);
   int positions =
       g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
   int embeddings = g.Op1(OpType::kAdd, "embeddings", {tokens, positions});
@@ -543,7 +581,7 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on, packed into one index.
-  const int key = (config.sp ? 8192 : 0) + (config.megatron ? 4096 : 0) + static_cast<int>(config.amp) * 512 +
+  const int key = (config.tp > 1 ? 16384 : 0) + (config.sp ? 8192 : 0) + (config.megatron ? 4096 : 0) + static_cast<int>(config.amp) * 512 +
                   static_cast<int>(config.dtype) * 64 +
                   static_cast<int>(config.family) * 16 +
                   static_cast<int>(mode) * 8 + (config.qkv_bias ? 4 : 0) +

@@ -130,8 +130,7 @@ void BM_PredictRanksLlama3_70b(benchmark::State& state) {
 }
 BENCHMARK(BM_PredictRanksLlama3_70b);
 
-// Every stage's whole-step peak (RankStepModelled: no tensor parallelism), which the
-// step simulation replays whole: llama-3-70b over PP 8 x DP 16 with ZeRO-1, bf16
+// Every stage's whole-step peak, which the step simulation replays whole: llama-3-70b over PP 8 x DP 16 with ZeRO-1, bf16
 // autocast, seq 8192, `micro_batches` of 1 in 1F1B order, the four default variants.
 // The cost grows with the stage's layers times its micro-batches.
 void BM_PredictRanksPeaksLlama3_70b(benchmark::State& state) {

@@ -325,6 +325,25 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       memory_.ScalarOp(dtype);
       return absl::OkStatus();
     }
+    case OpType::kGatherLinear: {
+      // The input all-gathered into a (B, T, in) buffer, freed once the matmul is done.
+      const WalkedTensor& x = TensorOf(inst, op.inputs[0]);
+      memory_.Transient(NumelOf(x.layout) * config_.tp *
+                        ElementSizeBytes(inst.plan->graph->tensors[op.inputs[0]].dtype));
+      return absl::OkStatus();
+    }
+    case OpType::kVocabParallelCrossEntropy: {
+      // In place on the logits (N, V / tp): their row max (N fp32) all-reduced and
+      // subtracted, then the target logits and the rows' sums of exp (N fp32 each),
+      // all-reduced, alive until the op returns (its outputs exist by then).
+      const int64_t rows_bytes = TensorOf(inst, op.inputs[0]).layout.sizes[0] * 4;
+      memory_.Transient(rows_bytes);
+      const int target = memory_.Alloc(rows_bytes, MemoryCategory::kTemporary);
+      const int sums = memory_.Alloc(rows_bytes, MemoryCategory::kTemporary);
+      memory_.Unref(sums);
+      memory_.Unref(target);
+      return absl::OkStatus();
+    }
     default:
       return absl::OkStatus();
   }
@@ -670,6 +689,58 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       // embedding_dense_backward: the whole weight's gradient.
       grads[0] = NewGrad(layout_of(0), dtype_of(0));
       break;
+    case OpType::kScatter:
+    case OpType::kReduceScatter:
+      // The gradient all-gathered along the sequence: a new (B, T, ...) buffer.
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kGatherLinear: {
+      // Megatron's order: the input gathered again, the incoming gradient as rows
+      // (B x T, out), the input's whole gradient (B x T, in), all-reduced in place and
+      // this rank's tokens copied out; the weight's gradient (its own layout) and the
+      // bias's; then the gathered input, the rows and the whole gradient die.
+      const int64_t in = layout_of(0).sizes[layout_of(0).ndim - 1];
+      const int64_t tokens = NumelOf(grad.layout) / grad.layout.sizes[grad.layout.ndim - 1];
+      const int gathered = memory_.Alloc(
+          NumelOf(layout_of(0)) * config_.tp * ElementSizeBytes(dtype_of(0)),
+          MemoryCategory::kTemporary);
+      bool overflow = false;
+      const int64_t rows_sizes[] = {tokens, grad.layout.sizes[grad.layout.ndim - 1]};
+      const Handle rows = Reshape(grad, Layout::Contiguous(rows_sizes, 2, &overflow));
+      const int whole = memory_.Alloc(tokens * in * ElementSizeBytes(grad.dtype),
+                                      MemoryCategory::kTemporary);
+      for (size_t i = 0; i < n_inputs; ++i) {
+        grads[i] = NewGrad(layout_of(static_cast<int>(i)), grad.dtype);
+      }
+      memory_.Unref(gathered);
+      memory_.Unref(rows.storage);
+      memory_.Unref(whole);
+      // A gradient whose input needs none is computed all the same and dropped.
+      for (size_t i = 0; i < n_inputs; ++i) {
+        if (!needs(static_cast<int>(i))) {
+          memory_.Unref(grads[i].storage);
+          grads[i] = Handle();
+        }
+      }
+      break;
+    }
+    case OpType::kVocabParallelEmbedding: {
+      // Other ranks' tokens' rows zeroed in a copy of the gradient, then
+      // embedding_dense_backward: the weight rows' gradient; the copy dies with the node.
+      const int masked =
+          memory_.Alloc(NumelOf(grad.layout) * ElementSizeBytes(grad.dtype), MemoryCategory::kTemporary);
+      grads[0] = NewGrad(layout_of(0), dtype_of(0));
+      memory_.Unref(masked);
+      break;
+    }
+    case OpType::kVocabParallelCrossEntropy: {
+      // In place: the kept softmax becomes the logits' gradient.
+      grads[0].storage = inst.ids[TensorOf(inst, op.inputs[0]).storage];
+      grads[0].layout = layout_of(0);
+      grads[0].dtype = dtype_of(0);
+      memory_.Ref(grads[0].storage);
+      break;
+    }
     case OpType::kNativeLayerNorm: {
       // native_layer_norm_backward: dX, dgamma, dbeta, then the CPU kernel's
       // per-thread fp32 partial sums of dgamma and dbeta (a (threads, 2N) buffer).
@@ -897,6 +968,11 @@ bool Modelled(OpType type) {
     case OpType::kTranspose:
     case OpType::kUnsafeView:
     case OpType::kView:
+    case OpType::kVocabParallelEmbedding:
+    case OpType::kVocabParallelCrossEntropy:
+    case OpType::kGatherLinear:
+    case OpType::kReduceScatter:
+    case OpType::kScatter:
       return true;
     default:
       return false;
@@ -1576,14 +1652,6 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   if (options.cpu_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
-  }
-  if (config.tp > 1) {
-    // A tensor-parallel rank's collectives (f and g, the vocabulary-parallel embedding
-    // and cross-entropy) allocate what the graphs' ops do not: its saved bytes are
-    // exact on ranks, its peak is not modelled.
-    return absl::UnimplementedError(
-        "peak memory: the step simulation does not model tensor parallelism's collectives "
-        "yet");
   }
   auto plans = std::make_shared<ModelPlans>();
   plans->graphs = ModelGraphsFor(config, attention);

@@ -86,7 +86,8 @@ struct StepTimeline {
 };
 
 // RankStep is one rank's step in a distributed run, as runtime/distributed.h's ranks
-// run it (RankStepModelled: no tensor parallelism, ZeRO 0-2, 1F1B):
+// run it (RankStepModelled: ZeRO 0-2; a tensor-parallel rank's collectives are ops of
+// its graphs, estimator/block_graph.h):
 //   - micro_batches forwards and backwards (gradient accumulation: the second adds to
 //     the first's .grads), each on its own input (resident before the step, where the
 //     stage reads it), unscaled; after its backward each loss is added into the first

@@ -69,7 +69,8 @@ inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
 // RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated
 // (estimator/liveness.h) and measured on ranks (runtime/distributed.h): data
 // parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or
-// interleaved), no tensor parallelism. Otherwise Unimplemented, naming what is not modelled yet.
+// interleaved), tensor and sequence parallelism with Megatron's collectives. Otherwise
+// Unimplemented, naming what is not modelled yet.
 absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
 
 }  // namespace memledger

@@ -170,6 +170,23 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kScatter:
       // _ScatterToSequenceParallelRegion: backward all-gathers; nothing saved.
       return {{}, {0}, {"ScatterToSequenceParallelRegion"}, {}, true};
+    case OpType::kVocabParallelEmbedding:
+      // Megatron's VocabParallelEmbedding: embedding keeps the masked ids and the
+      // zeroing of other ranks' rows the mask (here one Function saves both).
+      return {{Out(1, "masked_input"), Out(2, "input_mask")},
+              {0},
+              {"VocabParallelEmbedding"},
+              {},
+              true};
+    case OpType::kVocabParallelCrossEntropy:
+      // _VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, target_mask,
+      // masked_target_1d), exp_logits being the logits themselves, turned into the
+      // softmax in place.
+      return {{In(0, "exp_logits"), Out(2, "target_mask"), Out(1, "masked_target_1d")},
+              {0},
+              {"VocabParallelCrossEntropy"},
+              {},
+              true};
   }
   return {};  // unreachable: every case returns
 }
@@ -218,6 +235,8 @@ const char* OpTypeName(OpType type) {
     case OpType::kGatherLinear: return "megatron_gather_linear";
     case OpType::kReduceScatter: return "megatron_reduce_scatter";
     case OpType::kScatter: return "megatron_scatter";
+    case OpType::kVocabParallelEmbedding: return "megatron_vocab_parallel_embedding";
+    case OpType::kVocabParallelCrossEntropy: return "megatron_vocab_parallel_cross_entropy";
   }
   return "?";
 }

@@ -72,8 +72,16 @@ enum class OpType : uint8_t {
   kGatherLinear,   // (shard x, weight, bias): all-gather x along T, then x W^T + b
   kReduceScatter,  // (x): sum over ranks, each keeping its T / tp tokens
   kScatter,        // (x): each rank keeps its T / tp tokens (the embeddings' output)
+  // Megatron-LM's vocabulary-parallel embedding and cross-entropy, as the runtime's
+  // custom Functions run them (runtime/distributed.cc):
+  // (weight rows, ids) -> (out, masked ids int64, mask bool): the rank's rows looked
+  // up, other ranks' tokens zeroed, all-reduced in place.
+  kVocabParallelEmbedding,
+  // (logits (N, V / tp) fp32, labels (N)) -> (loss, masked targets int64, target mask
+  // bool): the logits turned into their softmax in place.
+  kVocabParallelCrossEntropy,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kScatter) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kVocabParallelCrossEntropy) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

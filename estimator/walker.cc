@@ -294,6 +294,27 @@ class Walk {
         NewContiguous(op.outputs[0], nullptr, 0);  // the mean loss
         NewContiguous(op.outputs[1], nullptr, 0);  // total_weight
         return absl::OkStatus();
+      case OpType::kVocabParallelEmbedding: {
+        // (weight, ids): the rows looked up, then the masked ids and the mask, of ids'
+        // shape.
+        const Layout& weight = in;
+        const Layout& ids = tensors_[op.inputs[1]].layout;
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(ids.sizes.begin(), ids.sizes.begin() + ids.ndim, sizes);
+        sizes[ids.ndim] = weight.sizes[1];
+        NewContiguous(out, sizes, ids.ndim + 1);
+        NewContiguous(op.outputs[1], ids.sizes.data(), ids.ndim);
+        NewContiguous(op.outputs[2], ids.sizes.data(), ids.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kVocabParallelCrossEntropy: {
+        // (logits (N, V / tp), labels (N)): the mean loss, the masked targets, the mask.
+        const Layout& labels = tensors_[op.inputs[1]].layout;
+        NewContiguous(out, nullptr, 0);
+        NewContiguous(op.outputs[1], labels.sizes.data(), labels.ndim);
+        NewContiguous(op.outputs[2], labels.sizes.data(), labels.ndim);
+        return absl::OkStatus();
+      }
       case OpType::kAddmm: {
         const Layout& mat1 = tensors_[op.inputs[1]].layout;
         const Layout& mat2 = tensors_[op.inputs[2]].layout;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "estimator/config.h"
@@ -106,6 +108,45 @@ TEST(SimulateStepTest, EventsReplayToThePeakForEveryVariant) {
     EXPECT_EQ(by_category[static_cast<int>(MemoryCategory::kGradient)], p.grad_bytes);
     EXPECT_EQ(by_category[static_cast<int>(MemoryCategory::kActivation)], 0) << variant.Name();
   }
+}
+
+// A tensor-parallel rank's vocabulary ops, by hand from Megatron-LM's algorithms
+// (tensor_parallel/layers.py VocabParallelEmbedding, cross_entropy.py): tiny-llama
+// (width 32, vocabulary 96) over tp = 2 at batch 2, seq 8: N = 16 tokens, 48 rows each.
+// - The cross-entropy works on the (16, 48) fp32 logits in place: it allocates only
+//   its loss (4 B), the masked targets (16 x 8 = 128) and the target mask (16), the row
+//   max, the target logits and the sums of exp (16 x 4 = 64 each): 340 B, none of them
+//   the logits' 3,072; its backward turns the kept softmax into the gradient: nothing.
+// - The embedding's backward zeroes other ranks' rows in a copy of the (2, 8, 32)
+//   gradient (2,048 B), then makes the 48 x 32 rows' gradient (6,144 B).
+TEST(SimulateStepTest, VocabularyParallelOpsAllocateWhatMegatronsDo) {
+  ModelConfig config = *ModelFromPreset("tiny-llama");
+  config.batch = 2;
+  config.seq = 8;
+  config.tp = 2;
+  StepOptions options;
+  options.record_events = true;
+  ASSERT_OK_AND_ASSIGN(StepTimeline t,
+                       SimulateStep(config, AttentionMode::kFlash, Variant(), PlainSgd(),
+                                    ResidentBytes{}, options));
+  auto allocated = [&](const std::string& label, StepPhase phase) {
+    std::vector<int64_t> bytes;
+    for (const TimelineEvent& e : t.events) {
+      if (e.phase == phase && e.bytes > 0 && !e.relabel && t.op_labels[e.op] == label) {
+        bytes.push_back(e.bytes);
+      }
+    }
+    std::sort(bytes.begin(), bytes.end());
+    return bytes;
+  };
+  EXPECT_EQ(allocated("head loss.vocab_parallel", StepPhase::kForward),
+            (std::vector<int64_t>{4, 16, 64, 64, 64, 128}));
+  // The node runs (its label is there), allocating nothing.
+  const std::string backward = "head loss.vocab_parallel (VocabParallelCrossEntropy)";
+  EXPECT_NE(std::find(t.op_labels.begin(), t.op_labels.end(), backward), t.op_labels.end());
+  EXPECT_EQ(allocated(backward, StepPhase::kBackward), std::vector<int64_t>{});
+  EXPECT_EQ(allocated("embedding embed_tokens (VocabParallelEmbedding)", StepPhase::kBackward),
+            (std::vector<int64_t>{2048, 6144}));
 }
 
 // Without events a long model's peak is composed from a short model's stretches; it is

@@ -257,12 +257,13 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
   EXPECT_NE(rank_svg.str().find("the most loaded rank's step, predicted (stage " +
                                 std::to_string(rank_json["ranks"][0]["stage"].GetInt64())),
             std::string::npos);
-  const std::string tp = std::string(getenv("TEST_TMPDIR")) + "/tp.svg";
-  CommandResult tensor_parallel =
-      Predict("--model=tiny-llama --tp=2 --dp=2 --timeline_svg=" + tp);
-  EXPECT_EQ(tensor_parallel.exit_code, 3) << tensor_parallel.output;
-  EXPECT_NE(tensor_parallel.output.find("--tp"), std::string::npos) << tensor_parallel.output;
-  EXPECT_FALSE(std::ifstream(tp).good());
+  const std::string zero3 = std::string(getenv("TEST_TMPDIR")) + "/zero3.svg";
+  CommandResult sharded_parameters =
+      Predict("--model=tiny-llama --dp=2 --zero=3 --timeline_svg=" + zero3);
+  EXPECT_EQ(sharded_parameters.exit_code, 3) << sharded_parameters.output;
+  EXPECT_NE(sharded_parameters.output.find("--zero=3"), std::string::npos)
+      << sharded_parameters.output;
+  EXPECT_FALSE(std::ifstream(zero3).good());
   CommandResult threads = Predict("--cpu_threads=0");
   EXPECT_EQ(threads.exit_code, 2) << threads.output;
   EXPECT_NE(threads.output.find("--cpu_threads"), std::string::npos) << threads.output;

@@ -16,7 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/config.h"
 #include "estimator/model_presets.h"
+#include "estimator/parallel_spec.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {
@@ -426,23 +428,38 @@ TEST(PredictPrecisionTest, AutocastKeepsCastCopiesOfInputsAndWeights) {
 namespace memledger {
 namespace {
 
+// One tensor-parallel rank's step, composed from a short model's stretches (Predict),
+// is the rank's step replayed whole (PredictRanks at dp 1, whose peaks
+// verify_ranks_test measures on Gloo ranks): the vocabulary-parallel ops and, with
+// sequence parallelism, the gathers compose like any other.
+TEST(PredictTensorParallelTest, OneRanksComposedPeakIsItsReplayedStep) {
+  for (const char* model : {"tiny-llama", "tiny-gpt2"}) {
+    for (bool sp : {false, true}) {
+      ModelConfig config = *ModelFromPreset(model);
+      config.layers = 6;
+      config.batch = 2;
+      config.seq = 16;
+      config.tp = 2;
+      config.sp = sp;
+      SCOPED_TRACE(absl::StrCat(model, sp ? " --sp" : ""));
+      ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));
+      ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,
+                           PredictRanks(config, ParallelSpec(), PredictOptions()));
+      ASSERT_EQ(ranks.kinds[0].variants.size(), p.variants.size());
+      for (size_t v = 0; v < p.variants.size(); ++v) {
+        ASSERT_TRUE(p.variants[v].peak.has_value()) << p.variants[v].peak_unavailable;
+        ASSERT_TRUE(ranks.kinds[0].variants[v].held.peak.has_value());
+        EXPECT_EQ(p.variants[v].peak->bytes, ranks.kinds[0].variants[v].held.peak->bytes)
+            << p.variants[v].variant.Name();
+      }
+    }
+  }
+}
+
 // A plan spells out one choice per layer; the same choices as a periodic variant must
 // predict the same. The two paths are independent: the plan's saved bytes are counted
 // layer by layer (the periodic variant's in closed form), and its peak is replayed layer
 // by layer (the periodic variant's composed from a short model's stretches).
-// A tensor-parallel rank's saved bytes are predicted (and exact on Gloo ranks), its
-// step's peak is not: the collectives allocate what the graph's ops do not.
-TEST(PredictTensorParallelTest, PeakIsUnavailableNotGuessed) {
-  ModelConfig config = *ModelFromPreset("tiny-llama");
-  config.tp = 2;
-  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));
-  for (const VariantPrediction& v : p.variants) {
-    EXPECT_FALSE(v.peak.has_value()) << v.variant.Name();
-    EXPECT_NE(v.peak_unavailable.find("tensor parallelism"), std::string::npos)
-        << v.peak_unavailable;
-    EXPECT_GT(v.saved_bytes, 0);
-  }
-}
 
 TEST(PredictPlanTest, APlanOfAVariantsChoicesPredictsLikeTheVariant) {
   ModelConfig study = Config(1, 32, 2, 2, 16);

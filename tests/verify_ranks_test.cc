@@ -191,6 +191,25 @@ TEST(VerifyRanksTest, TensorParallelRanksHoldTheirShards) {
     EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
     EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.selective"].GetDouble(), 1.0);
   }
+  // Each rank's whole step, counted: Megatron's f and g (in place), the vocabulary-
+  // parallel embedding and cross-entropy (on the logits in place).
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
+TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
+  // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
+  // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096
+  // fp32 = 8 MiB) meets the head's input and weight gradients.
+  rapidjson::Document doc = PassingRun(
+      "--model=tiny-llama --batch=4 --seq=128 --vocab=8192 --skip_timing --tp=2 "
+      "--variants=none,full",
+      2);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {"none", "full"});
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string where = Rank(doc, rank)["peak_where"]["none"]["predicted_op"].GetString();
+    EXPECT_NE(where.find("lm_head"), std::string::npos) << where;
+  }
 }
 
 TEST(VerifyRanksTest, SequenceParallelRanksHoldTheirTokens) {
@@ -210,8 +229,12 @@ TEST(VerifyRanksTest, SequenceParallelRanksHoldTheirTokens) {
     }
     EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["none"].GetDouble(), 1e-5);
   }
+  // The sequence gathers (in-place all-reduces of zeroed buffers, as the counted bytes
+  // are a GPU rank's) and the reduce-scatters, counted.
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
   // The Llama family too: RMSNorms on the shard, q/k/v and gate/up gathering it.
-  PassingRun("--model=tiny-llama --batch=2 --seq=8 --skip_timing --tp=2 --sp", 2);
+  ExpectPeaksExact(PassingRun("--model=tiny-llama --batch=2 --seq=8 --skip_timing --tp=2 --sp", 2),
+                   {"none", "full", "every_2", "selective"});
   // Without --sp each rank keeps every token's activations: more than with it.
   CommandResult plain = Verify("--model=tiny-gpt2 --batch=2 --seq=8 --skip_timing --tp=2");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
@@ -247,6 +270,7 @@ TEST(VerifyRanksTest, EightRanksCombineTensorDataAndPipelineParallelism) {
   EXPECT_EQ(Rank(doc, 6)["tp_rank"].GetInt(), 0);
   EXPECT_EQ(Rank(doc, 6)["dp_rank"].GetInt(), 1);
   EXPECT_EQ(Rank(doc, 6)["stage"].GetInt(), 1);
+  ExpectPeaksExact(doc, {"none", "selective"});
 }
 
 TEST(VerifyRanksTest, FourRanksCombineDataParallelZeroAndPipeline) {
