@@ -156,6 +156,18 @@ class Simulation {
   // OptimizerStep steps tensors of these element counts, with their gradients.
   absl::Status OptimizerStep(const std::vector<int64_t>& numels);
   absl::Status ReduceAndStep();
+  // ZeRO-3 (RankStep): a unit (the prologue, a layer, the head: its segment) has its
+  // parameters gathered into one buffer for its forward and its backward; after its
+  // backward its .grads are flattened into a bucket and freed, the bucket all-reduced
+  // in place, this rank's part added into the shard's gradient (made on first use), the
+  // bucket freed and the unit released (runtime/distributed.cc, GatheredUnits).
+  int64_t UnitBytes(int64_t segment) const;
+  void GatherUnit(int64_t segment);
+  void ReleaseUnit(int64_t segment);
+  void ReduceScatterUnit(int64_t segment);
+  // BackwardPassed: `unit`'s backward has run (its input's gradient is complete); the
+  // unit before it (or none) is gathered next.
+  void BackwardPassed(int64_t unit, std::optional<int64_t> previous);
   // InFlight is one micro-batch between its forward and its backward.
   struct InFlight {
     StageRange range;   // the model chunk
@@ -287,7 +299,61 @@ class Simulation {
   int loss_total_ = -1;  // the first micro-batch's loss, which the others are added into
   Segments segments_;
   std::vector<ParameterKey> parameter_order_;
+  // ZeRO-3's state: each unit's parameter bytes (prologue, layer, head), the gathered
+  // units' buffers, the shard's gradient (-1 until made), the unit whose backward runs.
+  bool zero3_ = false;
+  std::array<int64_t, 3> unit_bytes_{};
+  int64_t shard_elements_ = 0;
+  std::map<int64_t, int> gathered_;
+  int shard_grad_ = -1;
+  std::optional<int64_t> pending_unit_;
 };
+
+int64_t Simulation::UnitBytes(int64_t segment) const {
+  return unit_bytes_[segment == Where::kPrologue ? 0 : segment == Where::kHead ? 2 : 1];
+}
+
+void Simulation::GatherUnit(int64_t segment) {
+  const int64_t bytes = UnitBytes(segment);
+  if (!zero3_ || bytes == 0) return;
+  memory_.SetOp(Special(segment, Where::Activity::kParameterGather));
+  gathered_[segment] = memory_.Alloc(bytes, MemoryCategory::kParameter);
+}
+
+void Simulation::ReleaseUnit(int64_t segment) {
+  auto it = gathered_.find(segment);
+  if (it == gathered_.end()) return;
+  memory_.Unref(it->second);
+  gathered_.erase(it);
+}
+
+void Simulation::ReduceScatterUnit(int64_t segment) {
+  const int64_t bytes = UnitBytes(segment);
+  if (!zero3_ || bytes == 0) return;
+  memory_.SetOp(Special(segment, Where::Activity::kUnitReduction));
+  const int bucket = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+  for (auto it = grads_.begin(); it != grads_.end();) {
+    if (it->first.first != segment) {
+      ++it;
+      continue;
+    }
+    memory_.Unref(it->second);
+    it = grads_.erase(it);
+  }
+  if (shard_grad_ < 0) {
+    shard_grad_ = memory_.Alloc(shard_elements_ * ElementSizeBytes(config_.dtype),
+                                MemoryCategory::kGradient);
+  }
+  memory_.Unref(bucket);
+  ReleaseUnit(segment);
+}
+
+void Simulation::BackwardPassed(int64_t unit, std::optional<int64_t> previous) {
+  if (!zero3_) return;
+  ReduceScatterUnit(unit);
+  pending_unit_ = previous;
+  if (previous.has_value()) GatherUnit(*previous);
+}
 
 // ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
 absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
@@ -986,6 +1052,29 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const RankStep& rank = options_.rank;
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
+  zero3_ = parallel.zero >= 3 && parallel.dp > 1;
+  if (zero3_) {
+    // Each unit's parameter bytes (a tied weight is its owner's), and the rank's shard
+    // of its stage's parameters.
+    auto parameter_bytes = [](const SegmentPlan* plan) -> int64_t {
+      if (plan == nullptr) return 0;
+      int64_t bytes = 0;
+      for (size_t t = 0; t < plan->graph->tensors.size(); ++t) {
+        const TensorDef& def = plan->graph->tensors[t];
+        if (!def.is_parameter || def.is_tied) continue;
+        bytes += NumelOf(plan->walk.tensor_layouts[t].layout) * ElementSizeBytes(def.dtype);
+      }
+      return bytes;
+    };
+    unit_bytes_ = {families ? parameter_bytes(plans.prologue.get()) : 0,
+                   parameter_bytes(plans.rest.get()), parameter_bytes(plans.head.get())};
+    int64_t stage_bytes = 0;
+    for (const StageRange& chunk : chunks_) {
+      stage_bytes += (chunk.prologue ? unit_bytes_[0] : 0) + chunk.layers * unit_bytes_[1] +
+                     (chunk.head ? unit_bytes_[2] : 0);
+    }
+    shard_elements_ = ZeroShardElements(stage_bytes / ElementSizeBytes(config_.dtype), parallel.dp);
+  }
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
@@ -1193,6 +1282,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   memory_.BeginSegment();
   std::vector<int>& extras = f.extras;  // the layers' model-level tensors the caller holds
   if (f.range.prologue && families) {
+    GatherUnit(Where::kPrologue);
     f.prologue.plan = plans.prologue.get();
     f.prologue.segment = Where::kPrologue;
     // GPT-2's position ids, arange(T)[None] (int64), live in the prologue's scope.
@@ -1205,6 +1295,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     if (absl::Status s = Forward(f.prologue, nullptr, Pass::kGraph, &x); !s.ok()) return s;
     if (config_.family == Family::kLlama) RopeTables(&extras);
     if (positions >= 0) memory_.Unref(positions);
+    ReleaseUnit(Where::kPrologue);
   } else if (config_.family == Family::kLlama) {
     RopeTables(&extras);  // a later stage computes its own (ModelImpl::Extras)
   }
@@ -1219,6 +1310,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     Instance& inst = f.layers[i - f.range.first_layer];
     inst.plan = i == 0 ? first : rest;
     inst.segment = i;
+    GatherUnit(i);
     Handle y;
     if (variant_.IsCheckpointed(i)) {
       // The checkpointed layer runs without a graph (filling the selective cache); its
@@ -1233,13 +1325,16 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     }
     if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
     x = y;
+    ReleaseUnit(i);
     segments_.forward[i] = memory_.EndSegment();
   }
   memory_.BeginSegment();
   if (f.range.head) {
     f.head.plan = plans.head.get();
     f.head.segment = Where::kHead;
+    GatherUnit(Where::kHead);
     if (absl::Status s = Forward(f.head, &x, Pass::kGraph, &f.loss); !s.ok()) return s;
+    ReleaseUnit(Where::kHead);
     // The forward returns: its last hidden states die.
     if (x.storage != input_id) memory_.Unref(x.storage);
   } else {
@@ -1266,6 +1361,19 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   globals_ = f.globals;
   memory_.BeginSegment();
   memory_.SetPhase(StepPhase::kBackward);
+  const int64_t end = f.range.first_layer + f.range.layers;
+  // ZeRO-3: the unit before `unit` in this chunk, whose gathering its input's hook
+  // starts; none before the first (the embeddings' gradient ends the graph).
+  auto before = [&](int64_t unit) -> std::optional<int64_t> {
+    if (unit == Where::kHead) return end - 1;
+    if (unit > f.range.first_layer) return unit - 1;
+    if (f.range.prologue && families) return Where::kPrologue;
+    return std::nullopt;
+  };
+  if (zero3_) {
+    pending_unit_ = f.range.head ? Where::kHead : end - 1;
+    GatherUnit(*pending_unit_);
+  }
   memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
   Handle seed;
   std::optional<Handle> grad;
@@ -1277,12 +1385,12 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     buffers.emplace(graphs.epilogue.output, Alias(seed));
     if (absl::Status s = Backward(f.head, buffers, false); !s.ok()) return s;
     if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
+    BackwardPassed(Where::kHead, before(Where::kHead));
   } else {
     seed = *output_grad;  // the caller's reference, dropped when the backward returns
     grad = Alias(seed);
   }
   segments_.head_backward = memory_.EndSegment();
-  const int64_t end = f.range.first_layer + f.range.layers;
   if (static_cast<int64_t>(segments_.backward.size()) < end) segments_.backward.resize(end);
   for (int64_t i = end - 1; i >= f.range.first_layer && grad.has_value(); --i) {
     memory_.BeginSegment();
@@ -1308,6 +1416,12 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
         grad = it->second;
       }
     }
+    // The hook on the layer's input runs where another unit made it: not on the study's
+    // model input nor on a received one (a leaf), whose unit's backward ends with the
+    // graph's.
+    if (i > f.range.first_layer || (f.range.prologue && families)) {
+      BackwardPassed(i, before(i));
+    }
     segments_.backward[i] = memory_.EndSegment();
   }
   memory_.BeginSegment();
@@ -1329,7 +1443,16 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   } else if (grad.has_value()) {
     memory_.Unref(grad->storage);  // the model input's: not kept
   }
+  // ZeRO-3: the backward returns; the unit whose input's hook never ran (the
+  // embeddings', the study's first layer's) reduces its gradients. A received output
+  // gradient is the caller's until then; loss.backward()'s seed died with the graph.
+  auto end_backward = [&]() {
+    if (zero3_ && pending_unit_.has_value()) ReduceScatterUnit(*pending_unit_);
+    pending_unit_.reset();
+  };
+  if (!f.range.head) end_backward();
   memory_.Unref(seed.storage);  // the graph task ends
+  if (f.range.head) end_backward();
   // The loss, as a value: the first stays until the step ends; later ones are added
   // into it in place and freed.
   if (f.range.head) {
@@ -1389,6 +1512,15 @@ void Simulation::RopeTables(std::vector<int>* extras) {
 // gradients' reduction and the ZeRO shard's step (RankStep).
 absl::Status Simulation::ReduceAndStep() {
   const int64_t element = ElementSizeBytes(config_.dtype);
+  if (zero3_) {
+    // The shard's gradient, reduced unit by unit in the backward, divided by dp x
+    // micro-batches, stepped and freed; the parameters stay sharded.
+    memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
+    memory_.ScalarOp(config_.dtype);
+    absl::Status status = OptimizerStep({shard_elements_});
+    if (shard_grad_ >= 0) memory_.Unref(shard_grad_);
+    return status;
+  }
   std::vector<int64_t> numels;
   for (const ParameterKey& parameter : parameter_order_) {
     numels.push_back(memory_.bytes(grads_.at(parameter)) / element);

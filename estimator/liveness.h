@@ -107,7 +107,16 @@ struct StepTimeline {
 //     the bucket (a view) stepped, then the bucket freed; ZeRO 2: the shard is copied
 //     out of the bucket and divided, the bucket and the .grads freed, the copy stepped.
 //     ZeRO 1, 2 all-gather the updated shards in place into the flat parameter buffer
-//     (no bytes).
+//     (no bytes);
+//   - ZeRO 3 (not with a tied embedding) holds only its shard of the stage's flat
+//     parameters, as FSDP and DeepSpeed's stage 3 do: a unit (the embeddings, a layer,
+//     the head) has its parameters gathered into one buffer for its forward and again
+//     for its backward; after the unit's backward (when the unit before it starts, or
+//     when the backward returns for a stage's first unit whose input is a leaf or needs
+//     no gradient) its .grads are flattened into a bucket and freed, the bucket
+//     all-reduced in place, this rank's part added into the shard's gradient (made on
+//     first use), the bucket freed and the parameters released. The shard's gradient is
+//     divided by dp x micro_batches and stepped; the parameters stay sharded.
 struct RankStep {
   ParallelSpec parallel;  // dp, zero, micro_batches, pp and the schedule
   int64_t stage = 0;      // pipeline rank

@@ -69,7 +69,8 @@ inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
 // RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated
 // (estimator/liveness.h) and measured on ranks (runtime/distributed.h): data
 // parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or
-// interleaved), tensor and sequence parallelism with Megatron's collectives. Otherwise
+// interleaved), tensor and sequence parallelism with Megatron's collectives, ZeRO-3's
+// parameters gathered unit by unit (not with a tied embedding). Otherwise
 // Unimplemented, naming what is not modelled yet.
 absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
 

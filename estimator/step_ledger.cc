@@ -23,6 +23,10 @@ std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
       return "the gradients' reduction over the data-parallel ranks";
     case Where::Activity::kPointToPoint:
       return "the pipeline's sends and receives";
+    case Where::Activity::kParameterGather:
+      return absl::StrCat(segment, " parameters' all-gather (ZeRO-3)");
+    case Where::Activity::kUnitReduction:
+      return absl::StrCat(segment, " gradients' reduce-scatter (ZeRO-3)");
     case Where::Activity::kOp:
       break;
   }

@@ -100,7 +100,7 @@ inline Layout Transposed(const Layout& layout, int d0, int d1) {
 struct Where {
   enum class Activity : uint8_t {
     kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables, kGradientReduction,
-    kPointToPoint };
+    kPointToPoint, kParameterGather, kUnitReduction };
   static constexpr int64_t kHead = -1;
   static constexpr int64_t kPrologue = -2;
   const BlockGraph* graph = nullptr;

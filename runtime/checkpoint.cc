@@ -125,14 +125,37 @@ ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input
 
 ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
                            const at::Tensor& received, const at::Tensor& input,
-                           AttentionMode mode, const Variant& variant) {
+                           AttentionMode mode, const Variant& variant, ParameterUnits* units) {
   std::vector<at::Tensor> cached;
   ForwardResult result;
+  // ZeRO-3: a unit's parameters exist from its begin to its end; in the backward, the
+  // hook on its input (made by the unit before: its node runs after every node and
+  // AccumulateGrad of this unit, which come first in the engine's order) hands over to
+  // the unit before it. A leaf input (a received one) gets no hook: its AccumulateGrad
+  // runs in no set order among the parameters' (a checkpointed layer returns all their
+  // gradients at once), so that unit ends when the backward returns (EndBackward).
+  int64_t previous = ParameterUnits::kNone;
+  auto begin = [&](int64_t unit, const at::Tensor& unit_input) {
+    if (units == nullptr) return;
+    if (unit_input.defined() && unit_input.requires_grad() && !unit_input.is_leaf()) {
+      unit_input.register_hook([units, unit, before = previous](const at::Tensor& /*grad*/) {
+        units->BackwardPassed(unit, before);
+      });
+    }
+    units->Gather(unit);
+  };
+  auto end = [&](int64_t unit) {
+    if (units == nullptr) return;
+    units->Release(unit);
+    previous = unit;
+  };
   // The forward, loss included, under autocast when the model trains with it.
   ScopedAutocast autocast(AutocastDtype(model.amp));
   ModelStart start;
   if (stage.prologue) {
+    begin(ParameterUnits::kPrologue, at::Tensor());
     start = model.Prologue(input);
+    end(ParameterUnits::kPrologue);
   } else {
     start.hidden = received;
     // The model input's length: with sequence parallelism `received` holds T / tp tokens.
@@ -140,6 +163,7 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
   }
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
+    begin(i, x);
     if (variant.IsCheckpointed(i)) {
       // A layer with an empty policy is fully recomputed: no selective cache.
       const SavePolicy policy = variant.PolicyAt(i);
@@ -148,8 +172,15 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
     } else {
       x = model.layer(i)->forward(x, start.extras, mode, nullptr);
     }
+    end(i);
   }
-  result.loss = stage.head ? model.Epilogue(x, input) : std::move(x);
+  if (stage.head) {
+    begin(ParameterUnits::kHead, x);
+    result.loss = model.Epilogue(x, input);
+    end(ParameterUnits::kHead);
+  } else {
+    result.loss = std::move(x);
+  }
   result.cache_bytes = UniqueStorageBytes(cached);
   return result;
 }

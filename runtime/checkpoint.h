@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -49,14 +50,39 @@ struct ForwardResult {
 ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
                                  AttentionMode mode, const Variant& variant);
 
+// ParameterUnits is ZeRO-3's parameter gathering, unit by unit (runtime/distributed.cc
+// implements it): a unit is the prologue (kPrologue), one layer (its index) or the head
+// (kHead). ForwardStage gathers each unit's parameters before its forward and releases
+// them after; in the backward, a hook on each unit's input (whose gradient is complete
+// once the unit's backward has run) calls BackwardPassed with the unit before it in the
+// stage (kNone for none).
+class ParameterUnits {
+ public:
+  static constexpr int64_t kNone = -2;
+  static constexpr int64_t kPrologue = -1;
+  static constexpr int64_t kHead = std::numeric_limits<int64_t>::max();
+  virtual ~ParameterUnits() = default;
+  virtual void Gather(int64_t unit) = 0;
+  virtual void Release(int64_t unit) = 0;
+  // BeginBackward: the stage's backward is about to start from `last`, its last unit.
+  virtual void BeginBackward(int64_t last) = 0;
+  // BackwardPassed: `unit`'s backward has run; `previous` is next.
+  virtual void BackwardPassed(int64_t unit, int64_t previous) = 0;
+  // EndBackward: the backward has returned (the stage's first unit's hook, where its
+  // input needs no gradient, never ran).
+  virtual void EndBackward() = 0;
+};
+
 // ForwardStage runs one pipeline stage's part of the model as ForwardWithVariant runs
 // all of it (layer indices, and so the variant's choices, are the whole model's). A stage
 // without the prologue starts from `received` (the previous stage's output; its extras
 // made here); `input` is the model input (the prologue's, and the loss's labels). Its
-// `loss` is the loss with the head, else the stage's output hidden states.
+// `loss` is the loss with the head, else the stage's output hidden states. With `units`,
+// ZeRO-3's gathering around each unit.
 ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
                            const at::Tensor& received, const at::Tensor& input,
-                           AttentionMode mode, const Variant& variant);
+                           AttentionMode mode, const Variant& variant,
+                           ParameterUnits* units = nullptr);
 
 }  // namespace memledger::runtime
 

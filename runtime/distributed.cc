@@ -1,7 +1,9 @@
 #include "runtime/distributed.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/Resize.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -35,6 +37,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -579,7 +582,26 @@ struct CountedStep {
   int64_t resident_bytes = 0;  // what exists before it
   int64_t peak_bytes = 0;      // resident_bytes + the step's largest live bytes
   PeakPoint peak;              // where; its bytes are the step's own
+  double unit_grad_diff = -1;  // ZeRO-3 (RankVariantMeasurement::unit_grad_diff)
 };
+
+// MaxAbsDiff is max |a - b| over two tensors of one shape and dtype, in plain loops: it
+// allocates nothing (a counted step calls it).
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && a.numel() == b.numel() &&
+                  a.scalar_type() == b.scalar_type(),
+              "MaxAbsDiff: two contiguous tensors of one shape and dtype");
+  double worst = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "MaxAbsDiff", [&] {
+    const scalar_t* x = a.data_ptr<scalar_t>();
+    const scalar_t* y = b.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double d = std::abs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
+      if (!(d <= worst)) worst = d;  // a NaN stays
+    }
+  });
+  return worst;
+}
 
 // PipelineRun is how Rank::RunPipeline runs a schedule: the verified one records each
 // forward's saved bytes and scales each loss by 1 / micro-batches; the counted one marks
@@ -588,11 +610,200 @@ struct PipelineRun {
   ScopedCountingAllocator* counting = nullptr;
   bool record_saved = false;
   bool scale_loss = false;
+  ParameterUnits* units = nullptr;  // ZeRO-3's gathering (the counted step)
 };
 
 struct PipelineResult {
   ScheduleStats stats;    // with record_saved
   at::Tensor total_loss;  // the losses' sum, on the rank with the model's last chunk
+};
+
+// UnitOf names the ZeRO-3 unit (ParameterUnits) a parameter belongs to: its layer, the
+// prologue's embeddings or the head (the final norm, the LM head).
+int64_t UnitOf(const std::string& name) {
+  if (absl::StartsWith(name, "layers.")) {
+    int64_t layer = 0;
+    const std::string index = name.substr(7, name.find('.', 7) - 7);
+    TORCH_CHECK(absl::SimpleAtoi(index, &layer), "no layer index in ", name);
+    return layer;
+  }
+  if (absl::StartsWith(name, "embed_tokens.") || absl::StartsWith(name, "wte.") ||
+      absl::StartsWith(name, "wpe.")) {
+    return ParameterUnits::kPrologue;
+  }
+  return ParameterUnits::kHead;
+}
+
+// GatheredUnits is ZeRO-3 as DeepSpeed's stage 3 and FSDP run it, one unit at a time:
+// the rank holds its shard of the stage's flat parameters (padded to a multiple of dp);
+// a unit's parameters are views of one flat buffer whose storage exists only while the
+// unit runs (resized to 0 bytes otherwise, as FSDP frees it: every view, the ones the
+// graph saved included, sees it come back). Gather fills it (the others' parts zeroed,
+// this rank's copied in, all-reduced in place: Gloo's all-gather copies); after the
+// unit's backward its .grads are flattened into a bucket and freed, the bucket
+// all-reduced in place and this rank's part added into the shard's gradient (made on
+// first use), then the bucket freed and the unit released. With sequence parallelism
+// the partial gradients are all-reduced over the tensor-parallel group first.
+class GatheredUnits : public ParameterUnits {
+ public:
+  struct Context {
+    const ModelConfig* config = nullptr;
+    c10d::ProcessGroupGloo* dp_group = nullptr;
+    c10d::ProcessGroupGloo* tp_group = nullptr;
+    int64_t dp_rank = 0;
+    int64_t shard = 0;           // elements per rank
+    const at::Tensor* shard_param = nullptr;
+  };
+
+  // `owned` in the stage's flat order (grouped by unit), with their names and sizes (a
+  // ZeRO-3 rank's parameters hold no elements between steps).
+  GatheredUnits(Context context, const std::vector<at::Tensor>& owned,
+                const std::vector<std::string>& names,
+                const std::vector<std::vector<int64_t>>& sizes)
+      : context_(context) {
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (size_t i = 0; i < owned.size(); ++i) {
+      const int64_t unit = UnitOf(names[i]);
+      if (units_.empty() || units_.back().id != unit) {
+        Unit u;
+        u.id = unit;
+        u.offset = offset;
+        units_.push_back(std::move(u));
+      }
+      Unit& u = units_.back();
+      const int64_t numel = c10::multiply_integers(sizes[i]);
+      u.parameters.push_back(owned[i]);
+      u.names.push_back(names[i]);
+      u.sizes.push_back(sizes[i]);
+      u.length += numel;
+      offset += numel;
+    }
+    for (Unit& u : units_) {
+      u.flat = at::empty({u.length}, owned.front().options());
+      int64_t at = 0;
+      for (size_t i = 0; i < u.parameters.size(); ++i) {
+        const int64_t numel = c10::multiply_integers(u.sizes[i]);
+        at::Tensor p = u.parameters[i];  // set_data changes every handle's variable
+        p.set_data(u.flat.narrow(0, at, numel).view(u.sizes[i]));
+        at += numel;
+      }
+      Resize(u, 0);
+    }
+  }
+
+  void Gather(int64_t unit) override {
+    Unit* u = Find(unit);
+    if (u == nullptr) return;
+    at::NoGradGuard no_grad;
+    Resize(*u, u->length);
+    u->flat.zero_();
+    const Overlap mine = Mine(*u);
+    if (mine.length > 0) {
+      u->flat.narrow(0, mine.in_unit, mine.length)
+          .copy_(context_.shard_param->detach().narrow(0, mine.in_shard, mine.length));
+    }
+    AllReduce(context_.dp_group, u->flat);
+  }
+
+  void Release(int64_t unit) override {
+    if (Unit* u = Find(unit); u != nullptr) Resize(*u, 0);
+  }
+  // GatherAll and ReleaseAll: every unit at once (a step without ZeRO-3's gathering).
+  void GatherAll() {
+    for (const Unit& u : units_) Gather(u.id);
+  }
+  void ReleaseAll() {
+    for (const Unit& u : units_) Release(u.id);
+  }
+
+  void BeginBackward(int64_t last) override {
+    pending_ = last;
+    Gather(last);
+  }
+
+  void BackwardPassed(int64_t unit, int64_t previous) override {
+    TORCH_CHECK(unit == pending_, "ZeRO-3: unit ", unit, "'s backward ended, expected ", pending_);
+    ReduceScatter(unit);
+    pending_ = previous;
+    if (previous != kNone) Gather(previous);
+  }
+
+  void EndBackward() override {
+    if (pending_ != kNone) ReduceScatter(pending_);
+    pending_ = kNone;
+  }
+
+  // TakeGradient: the shard's gradient, summed over the micro-batches' backwards.
+  at::Tensor TakeGradient() { return std::move(shard_grad_); }
+
+ private:
+  struct Unit {
+    int64_t id = kNone;
+    int64_t offset = 0;  // in the stage's flat parameters
+    int64_t length = 0;
+    std::vector<at::Tensor> parameters;
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> sizes;
+    at::Tensor flat;
+  };
+  // Where this rank's shard meets a unit: offsets in the unit and in the shard.
+  struct Overlap {
+    int64_t in_unit = 0, in_shard = 0, length = 0;
+  };
+
+  Unit* Find(int64_t unit) {
+    for (Unit& u : units_) {
+      if (u.id == unit) return &u;
+    }
+    return nullptr;
+  }
+  Overlap Mine(const Unit& u) const {
+    const int64_t start = context_.dp_rank * context_.shard;
+    const int64_t lo = std::max(start, u.offset);
+    const int64_t hi = std::min(start + context_.shard, u.offset + u.length);
+    if (hi <= lo) return {};
+    return {lo - u.offset, lo - start, hi - lo};
+  }
+  // Resize sets the unit's storage to `elements`, allocating through the CPU allocator
+  // of the moment (a counted step's), not the one it was made with.
+  static void Resize(Unit& u, int64_t elements) {
+    c10::StorageImpl* storage = u.flat.storage().unsafeGetStorageImpl();
+    storage->set_allocator(c10::GetCPUAllocator());
+    at::native::resize_bytes_cpu(storage, static_cast<size_t>(elements * u.flat.element_size()));
+  }
+
+  void ReduceScatter(int64_t unit) {
+    Unit* u = Find(unit);
+    if (u == nullptr) return;
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < u->parameters.size(); ++i) {
+      at::Tensor grad = u->parameters[i].grad();
+      TORCH_CHECK(grad.defined(), "ZeRO-3: no gradient for ", u->names[i]);
+      if (context_.tp_group != nullptr && GradientIsPartial(*context_.config, u->names[i])) {
+        AllReduce(context_.tp_group, grad);
+      }
+      grads.push_back(grad);
+    }
+    at::Tensor bucket = Flat(grads, u->length);
+    grads.clear();
+    for (at::Tensor& p : u->parameters) p.mutable_grad() = at::Tensor();
+    AllReduce(context_.dp_group, bucket);
+    if (!shard_grad_.defined()) shard_grad_ = at::zeros({context_.shard}, bucket.options());
+    const Overlap mine = Mine(*u);
+    if (mine.length > 0) {
+      shard_grad_.narrow(0, mine.in_shard, mine.length)
+          .add_(bucket.narrow(0, mine.in_unit, mine.length));
+    }
+    bucket = at::Tensor();
+    Resize(*u, 0);
+  }
+
+  Context context_;
+  std::vector<Unit> units_;
+  int64_t pending_ = kNone;
+  at::Tensor shard_grad_;
 };
 
 // Rank is one rank's state for the whole run.
@@ -649,6 +860,9 @@ class Rank {
         const CountedStep step = MeasureStep(variants[v]);
         result << "peak " << v << " " << step.peak_bytes << " " << step.peak.phase << " "
                << step.peak.op << "\n";
+        if (step.unit_grad_diff != -1) {
+          result << "unit_grad_diff " << v << " " << step.unit_grad_diff << "\n";
+        }
       }
     }
     result << "n_params " << n_params_ << "\nparam_bytes " << param_bytes_ << "\ngrad_bytes "
@@ -770,6 +984,7 @@ class Rank {
       if (!item.value().grad().defined()) continue;
       owned_.push_back(item.value());
       owned_names_.push_back(item.key());
+      owned_sizes_.push_back(item.value().sizes().vec());
       n_params_ += item.value().numel();
     }
   }
@@ -843,6 +1058,19 @@ class Rank {
     // addresses may come back as activations).
     parameter_storages_.clear();
     for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
+  }
+
+  // CheckGathered: ZeRO-3's gathered parameters are every rank's shard as Gloo's own
+  // all-gather assembles them (x + 0 is exact: equal bit for bit).
+  void CheckGathered() const {
+    at::NoGradGuard no_grad;
+    std::vector<std::vector<at::Tensor>> shards(1);
+    for (int64_t r = 0; r < parallel_.dp; ++r) shards[0].push_back(at::empty_like(shard_param_));
+    std::vector<at::Tensor> mine = {shard_param_.detach()};
+    Complete(dp_group_->allgather(shards, mine));
+    const at::Tensor whole = at::cat(shards[0]).narrow(0, 0, n_params_);
+    TORCH_CHECK(at::equal(whole, Flat(owned_, n_params_)),
+                "ZeRO-3: the gathered parameters differ from the ranks' shards");
   }
 
   // Bucket: the gradients copied into one flat buffer (padded to a multiple of dp), the
@@ -1031,7 +1259,7 @@ class Rank {
             if (run.record_saved) recording.emplace(&recorder);
             ForwardResult forward = ForwardStage(*built_.model, chunk, f.received,
                                                  inputs[f.micro_batch], request_.attention,
-                                                 variant);
+                                                 variant, run.units);
             output = std::move(forward.loss);
             if (run.record_saved) {
               f.saved_bytes = recorder.bytes() + forward.cache_bytes;
@@ -1067,8 +1295,13 @@ class Rank {
           if (run.counting != nullptr) run.counting->MarkPhase("backward");
           held -= f.saved_bytes;
           --held_micro_batches;
+          if (run.units != nullptr) {
+            run.units->BeginBackward(chunk.head ? ParameterUnits::kHead
+                                                : chunk.first_layer + chunk.layers - 1);
+          }
           if (chunk.head) {
             f.loss.backward();
+            if (run.units != nullptr) run.units->EndBackward();
             // As values: a loss's graph would keep a received leaf (and its .grad)
             // alive through the leaf's AccumulateGrad node.
             if (result.total_loss.defined()) {
@@ -1084,6 +1317,7 @@ class Rank {
             torch::autograd::Engine::get_default_engine().execute(
                 {f.output_edge}, {output_grad}, /*keep_graph=*/false, /*create_graph=*/false,
                 /*accumulate_grad=*/true, /*outputs=*/{});
+            if (run.units != nullptr) run.units->EndBackward();
             f.output_edge = torch::autograd::Edge();
           }
           if (!chunk.prologue) {
@@ -1168,6 +1402,31 @@ class Rank {
       inputs.push_back(reads_input ? MicroBatch(j)
                                    : at::empty({config_.batch, config_.seq, 0}, at::kLong));
     }
+    if (parallel_.zero == 3 && units_ == nullptr) {
+      // The parameters become views of their units' flat buffers, released (0 bytes).
+      GatheredUnits::Context context;
+      context.config = &config_;
+      context.dp_group = dp_group_.get();
+      context.tp_group = config_.tp > 1 ? tp_group_.get() : nullptr;
+      context.dp_rank = position_.dp_rank;
+      context.shard = Shard();
+      context.shard_param = &shard_param_;
+      units_ = std::make_unique<GatheredUnits>(context, owned_, owned_names_, owned_sizes_);
+    }
+    // ZeRO-3's reference: the same step's shard gradient with every unit gathered at
+    // once and one reduction at the end, on the same parameters (not counted).
+    at::Tensor whole_step_grad;
+    if (units_ != nullptr) {
+      units_->GatherAll();
+      CheckGathered();
+      RunPipeline(variant, inputs, PipelineRun());
+      AllReducePartialGradients();
+      at::Tensor bucket = Bucket();
+      AllReduce(dp_group_.get(), bucket);
+      whole_step_grad = bucket.narrow(0, position_.dp_rank * Shard(), Shard()).clone();
+      for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+      units_->ReleaseAll();
+    }
     CountedStep step;
     step.resident_bytes = (flat_params_.defined() ? TensorBytes(flat_params_) : param_bytes_) +
                           optimizer_state_bytes_;
@@ -1176,12 +1435,21 @@ class Rank {
     counting.MarkPhase("forward");
     PipelineRun run;
     run.counting = &counting;
+    run.units = units_.get();
     const at::Tensor total_loss = RunPipeline(variant, inputs, run).total_loss;
-    AllReducePartialGradients();  // in place
-    ExchangeTiedGradients();      // in place
+    if (units_ == nullptr) {
+      AllReducePartialGradients();  // in place
+      ExchangeTiedGradients();      // in place
+    }
     counting.MarkPhase("optimizer");
     const int64_t divisor = parallel_.dp * parallel_.micro_batches;
-    if (parallel_.dp == 1) {
+    if (units_ != nullptr) {
+      // ZeRO-3: the shard's gradient, reduced unit by unit in the backward.
+      at::Tensor mine = units_->TakeGradient();
+      step.unit_grad_diff = MaxAbsDiff(mine, whole_step_grad);  // allocates nothing
+      mine.div_(static_cast<double>(divisor));
+      StepShard(std::move(mine));
+    } else if (parallel_.dp == 1) {
       optimizer_->Step();
     } else {
       at::Tensor bucket = Bucket();
@@ -1230,8 +1498,10 @@ class Rank {
   c10::intrusive_ptr<c10d::Store> store_;
   GroupPtr tp_group_, dp_group_, pp_group_, embedding_group_;
   std::unique_ptr<TensorParallel> tensor_parallel_;
+  std::unique_ptr<GatheredUnits> units_;  // ZeRO-3's, for the counted steps
   std::vector<at::Tensor> owned_;
   std::vector<std::string> owned_names_;
+  std::vector<std::vector<int64_t>> owned_sizes_;
   bool tied_found_ = false;
   std::vector<at::Tensor> tied_;
   at::Tensor step_grads_;
@@ -1406,6 +1676,10 @@ absl::StatusOr<RankResult> ReadRankResult(const std::string& path, size_t varian
         m.variants[v].peak_phase = f[3];
         m.variants[v].peak_op = absl::StrJoin(f.begin() + 4, f.end(), " ");
       }
+    } else if (ok && f[0] == "unit_grad_diff" && f.size() == 3) {
+      size_t v = 0;
+      ok = absl::SimpleAtoi(f[1], &v) && v < m.variants.size() &&
+           absl::SimpleAtod(f[2], &m.variants[v].unit_grad_diff);
     } else if (ok && f[0] == "params" && f.size() == 3) {
       ok = absl::SimpleAtoi(f[1], &result.params.offset) &&
            absl::SimpleAtoi(f[2], &result.params.length);

@@ -320,6 +320,32 @@ TEST(PredictRanksTest, TensorParallelPeakByHand) {
   }
 }
 
+// ZeRO-3 on the study's 2 layers (width 32): one layer is 12 d^2 + 13 d = 12,704
+// elements, 50,816 B; the stage's 25,408 split over dp 2 is a 12,704-element shard. The
+// rank holds its shard (50,816) and the shard's AdamW moments (101,632) and its input
+// (2 x 8 x 32 x 4 = 2,048). The first layer reads the model input (no gradient), so its
+// gradients are reduce-scattered when the backward returns: then the loss (4 B), its
+// gathered parameters, its .grads and the bucket they are flattened into (50,816 each)
+// and the shard's gradient made at layer 1's reduction (50,816) are alive:
+// 7 x 50,816 + 2,048 + 4 = 357,764 B, the peak, in the backward.
+TEST(PredictRanksTest, ZeroThreePeakByHand) {
+  PredictOptions options = Variants("none,full");
+  options.peak = true;
+  ParallelSpec parallel;
+  parallel.dp = 2;
+  parallel.zero = 3;
+  ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(SmallStudy(2), parallel, options));
+  ASSERT_EQ(ranks.kinds.size(), 1u);
+  for (const RankVariant& v : ranks.kinds[0].variants) {
+    ASSERT_TRUE(v.held.peak.has_value()) << v.held.peak_unavailable;
+    EXPECT_EQ(v.held.peak->bytes, 357764) << v.held.variant.Name();
+    EXPECT_EQ(v.held.peak->phase, StepPhase::kBackward);
+    EXPECT_EQ(v.held.peak->op, "layer 0 gradients' reduce-scatter (ZeRO-3)");
+    EXPECT_EQ(v.held.peak->by_category[static_cast<int>(MemoryCategory::kParameter)],
+              2 * 50816);
+  }
+}
+
 // Where the rank's step is not simulated, each variant says what is missing.
 TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   PredictOptions options = Variants("none");
@@ -332,7 +358,8 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
     ParallelSpec parallel;
     const char* missing;
   };
-  for (const Case& c : {Case{TinyLlama(2), zero3, "--zero=3"}}) {
+  ModelConfig tied = *ModelFromPreset("tiny-gpt2");
+  for (const Case& c : {Case{tied, zero3, "--zero=3 and a tied embedding"}}) {
     SCOPED_TRACE(c.missing);
     ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(c.config, c.parallel, options));
     for (const RankKind& kind : ranks.kinds) {

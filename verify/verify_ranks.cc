@@ -129,6 +129,12 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
             "%s: gradients of %s differ from the single process's by %g > tolerance %g",
             RankName(m.position), v.variant.Name(), v.max_grad_diff, grad_tolerance));
       }
+      if (v.unit_grad_diff != -1 && !(v.unit_grad_diff <= grad_tolerance)) {
+        report.failures.push_back(absl::StrFormat(
+            "%s: ZeRO-3's unit-by-unit gradients of %s differ from the step's without "
+            "gathering by %g > tolerance %g",
+            RankName(m.position), v.variant.Name(), v.unit_grad_diff, grad_tolerance));
+      }
     }
     if (!(m.max_param_diff <= grad_tolerance)) {
       report.failures.push_back(
@@ -204,6 +210,12 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
       grad_diff.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.max_grad_diff), a);
     }
     rank.AddMember("max_grad_diff", grad_diff, a);
+    rapidjson::Value unit_grad_diff(rapidjson::kObjectType);
+    for (const runtime::RankVariantMeasurement& v : m.variants) {
+      if (v.unit_grad_diff == -1) continue;
+      unit_grad_diff.AddMember(Key(v.variant.Name(), a), rapidjson::Value(v.unit_grad_diff), a);
+    }
+    if (unit_grad_diff.MemberCount() > 0) rank.AddMember("unit_grad_diff", unit_grad_diff, a);
     // peak_where: per variant, where the step's peak happened (measured) and was
     // predicted to; without a prediction, the measured bytes and why.
     rapidjson::Value peak_where(rapidjson::kObjectType);
