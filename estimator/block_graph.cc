@@ -282,7 +282,9 @@ class GraphBuilder {
                     {.shape = {kT, kT}}, std::nullopt, DType::kBool)[0];
       masked = Op1(OpType::kMaskedFill, "attention.mask_fill", {scaled, mask});
     }
-    int probs = Dropout("attention.dropout", Op1(OpType::kSoftmax, "attention.softmax", {masked}));
+    int probs = Dropout("attention.dropout",
+                        Op1(megatron_ ? OpType::kFusedCausalSoftmax : OpType::kSoftmax,
+                            "attention.softmax", {masked}));
     const int values = BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
     core_attention_ = false;
     return values;

@@ -747,6 +747,14 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     case OpType::kSoftmax:
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       break;
+    case OpType::kFusedCausalSoftmax:
+      // In place on the incoming gradient (Megatron's fused kernel).
+      grads[0] = Alias(grad);
+      break;
+    case OpType::kNativeDropout:
+      // native_dropout_backward: grad * mask * scale, one new tensor (runtime/dropout.h).
+      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
+      break;
     case OpType::kNllLoss:
       // nll_loss_backward: zeros of the log-probabilities' sizes, scattered.
       grads[0] = NewGrad(layout_of(0), grad.dtype);
@@ -1039,6 +1047,8 @@ bool Modelled(OpType type) {
     case OpType::kGatherLinear:
     case OpType::kReduceScatter:
     case OpType::kScatter:
+    case OpType::kNativeDropout:
+    case OpType::kFusedCausalSoftmax:
       return true;
     default:
       return false;

@@ -178,6 +178,9 @@ OpSemantics PinnedSemantics(OpType type) {
               {"VocabParallelEmbedding"},
               {},
               true};
+    case OpType::kFusedCausalSoftmax:
+      // ScaledUpperTriangMaskedSoftmax: ctx.save_for_backward(softmax_results).
+      return {{Out(0, "softmax_results")}, {0}, {"ScaledUpperTriangMaskedSoftmax"}, {}, true};
     case OpType::kVocabParallelCrossEntropy:
       // _VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, target_mask,
       // masked_target_1d), exp_logits being the logits themselves, turned into the
@@ -237,6 +240,7 @@ const char* OpTypeName(OpType type) {
     case OpType::kScatter: return "megatron_scatter";
     case OpType::kVocabParallelEmbedding: return "megatron_vocab_parallel_embedding";
     case OpType::kVocabParallelCrossEntropy: return "megatron_vocab_parallel_cross_entropy";
+    case OpType::kFusedCausalSoftmax: return "megatron_scaled_upper_triang_masked_softmax";
   }
   return "?";
 }

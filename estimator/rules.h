@@ -80,8 +80,11 @@ enum class OpType : uint8_t {
   // (logits (N, V / tp) fp32, labels (N)) -> (loss, masked targets int64, target mask
   // bool): the logits turned into their softmax in place.
   kVocabParallelCrossEntropy,
+  // Megatron-LM's fused scaled_upper_triang_masked_softmax (after the scale): the causal
+  // softmax with no mask tensor, keeping its output; its backward works in place.
+  kFusedCausalSoftmax,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kVocabParallelCrossEntropy) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kFusedCausalSoftmax) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -350,6 +350,7 @@ class Walk {
       case OpType::kMulScalar:
       case OpType::kMaskedFill:
       case OpType::kSoftmax:
+      case OpType::kFusedCausalSoftmax:
       case OpType::kGelu:
       case OpType::kPow:
       case OpType::kAddScalar:

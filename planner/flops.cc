@@ -68,8 +68,13 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     }
     case OpType::kNativeLayerNorm:
     case OpType::kSoftmax:
+    case OpType::kFusedCausalSoftmax:
     case OpType::kLogSoftmax:
       f.forward = CheckedInt64(5) * numel(op.outputs[0]);
+      break;
+    case OpType::kVocabParallelCrossEntropy:
+      // In place on the (N, V / tp) logits: max, subtract, exp, sum, divide.
+      f.forward = CheckedInt64(5) * numel(op.inputs[0]);
       break;
     case OpType::kNllLoss:
       // One row per target: the log-probability picked and the mean.

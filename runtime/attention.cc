@@ -1,8 +1,10 @@
 #include "runtime/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -67,21 +69,51 @@ at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 namespace {
 
-// FusedCausalSoftmax is Megatron's scaled_upper_triang_masked_softmax after the scale:
-// the causal mask applied inside (no mask tensor), keeping only its output.
+// FusedCausalSoftmax is Megatron's scaled_upper_triang_masked_softmax after the scale,
+// as its fused kernel runs: the causal mask applied inside (no mask tensor), the
+// probabilities its one new tensor, kept for backward; the backward works in place on
+// the incoming gradient (scaled_upper_triang_masked_softmax_cuda.cpp: "backward pass is
+// completely in-place"). Rows of (..., T, T) in plain loops, in fp32.
 struct FusedCausalSoftmax : ag::Function<FusedCausalSoftmax> {
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& scores) {
-    const int64_t seq = scores.size(-1);
-    at::Tensor mask = at::ones({seq, seq}, scores.options().dtype(at::kBool)).triu(1);
-    at::Tensor probs =
-        at::softmax(scores.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+    TORCH_CHECK(scores.is_contiguous(), "FusedCausalSoftmax: contiguous scores");
+    const int64_t seq = scores.size(-1), rows = scores.numel() / seq;
+    at::Tensor probs = at::empty(scores.sizes(), scores.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, scores.scalar_type(), "softmax", [&] {
+      const scalar_t* in = scores.data_ptr<scalar_t>();
+      scalar_t* out = probs.data_ptr<scalar_t>();
+      for (int64_t r = 0; r < rows; ++r, in += seq, out += seq) {
+        const int64_t visible = r % seq + 1;  // query r % seq sees keys 0..r % seq
+        float max = -std::numeric_limits<float>::infinity(), sum = 0;
+        for (int64_t j = 0; j < visible; ++j) max = std::max(max, static_cast<float>(in[j]));
+        for (int64_t j = 0; j < visible; ++j) sum += std::exp(static_cast<float>(in[j]) - max);
+        for (int64_t j = 0; j < seq; ++j) {
+          out[j] = j < visible ? static_cast<scalar_t>(std::exp(static_cast<float>(in[j]) - max) / sum)
+                               : scalar_t(0);
+        }
+      }
+    });
     ctx->save_for_backward({probs});
     return probs;
   }
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
     const at::Tensor probs = ctx->get_saved_variables()[0];
-    const at::Tensor& grad = grads[0];
-    return {probs * (grad - (grad * probs).sum(-1, /*keepdim=*/true))};
+    at::Tensor grad = grads[0];
+    TORCH_CHECK(grad.is_contiguous(), "FusedCausalSoftmax: a contiguous gradient");
+    const int64_t seq = probs.size(-1), rows = probs.numel() / seq;
+    // d scores = probs * (grad - sum(grad * probs)), row by row, into grad itself.
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, probs.scalar_type(), "softmax", [&] {
+      const scalar_t* p = probs.data_ptr<scalar_t>();
+      scalar_t* g = grad.data_ptr<scalar_t>();
+      for (int64_t r = 0; r < rows; ++r, p += seq, g += seq) {
+        float dot = 0;
+        for (int64_t j = 0; j < seq; ++j) dot += static_cast<float>(g[j]) * static_cast<float>(p[j]);
+        for (int64_t j = 0; j < seq; ++j) {
+          g[j] = static_cast<scalar_t>(static_cast<float>(p[j]) * (static_cast<float>(g[j]) - dot));
+        }
+      }
+    });
+    return {grad};
   }
 };
 

@@ -1,11 +1,12 @@
 // Megatron's training dropout (p = 0.1) for megatron-gpt, with masks that do not depend
 // on how the model is split: a dropout site's mask over the whole model's tensor is a
-// fixed function of (seed, site, sequence), drawn per sequence from a generator seeded
-// by them, and each rank cuts its part (its heads, its tokens). The single process and
-// every tensor-parallel, sequence-parallel, data-parallel or pipeline rank drop the same
-// elements, so their gradients compare; a checkpointed layer's recompute drops the same
-// ones again without saving any RNG state. Like native_dropout, a dropout keeps only its
-// bool mask for backward.
+// fixed function of (site, sequence, element), a counter-based draw (as GPUs draw with
+// Philox), so each rank draws its own part (its heads, its tokens) and nothing more. The
+// single process and every tensor-parallel, sequence-parallel, data-parallel or
+// pipeline rank drop the same elements, so their gradients compare; a checkpointed
+// layer's recompute drops the same ones again without saving any RNG state. Like
+// native_dropout, a dropout makes its output and its bool mask (one allocation each)
+// and keeps only the mask for backward, whose gradient is one new tensor.
 //
 // Example:
 //   SetDropoutPlacement({.first_sequence = 8});  // this micro-batch's place in the batch

@@ -231,13 +231,14 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
   contents << file.rdbuf();
   EXPECT_EQ(contents.str().rfind("<svg ", 0), 0u);
   EXPECT_NE(contents.str().find(">full</text>"), std::string::npos);
-  // Megatron's dropout is not simulated yet: exit 3 with the reason, no file.
+  // Megatron's core-attention recompute is not simulated yet: exit 3 with the reason, no
+  // file.
   const std::string math = std::string(getenv("TEST_TMPDIR")) + "/megatron.svg";
   CommandResult unmodelled = Predict(
       "--model=megatron-gpt --layers=2 --width=64 --heads=4 --seq=16 --batch=1 --vocab=128 "
-      "--attention=math --timeline_svg=" + math);
+      "--attention=math --variants=core_attention --timeline_svg=" + math);
   EXPECT_EQ(unmodelled.exit_code, 3) << unmodelled.output;
-  EXPECT_NE(unmodelled.output.find("--timeline_svg"), std::string::npos) << unmodelled.output;
+  EXPECT_NE(unmodelled.output.find("core_attention"), std::string::npos) << unmodelled.output;
   EXPECT_FALSE(std::ifstream(math).good());
   // With --dp or --pp: the most loaded rank's step, its schedule and reduction; a
   // tensor-parallel rank's is not simulated (exit 3, no file).

@@ -51,6 +51,20 @@ TEST(VerifyCliTest, MegatronGptRunsWithItsDropoutAndFusedSoftmax) {
   for (const char* variant : {"none", "full", "every_2", "selective"}) {
     EXPECT_EQ(doc["ratio"]["saved_bytes"][variant].GetDouble(), 1.0) << variant;
   }
+  // Batch 4 x seq 64: the step peaks in the backward, after the dropouts' and the fused
+  // softmax's backwards (one new gradient each; the softmax's in place), counted as
+  // predicted.
+  r = Verify(
+      "--model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=4 --seq=64 --vocab=128 "
+      "--attention=math --skip_timing",
+      /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  for (const char* variant : {"none", "full", "every_2", "selective"}) {
+    EXPECT_EQ(doc["ratio"]["peak_bytes"][variant].GetDouble(), 1.0) << variant;
+    EXPECT_STREQ(doc["peak"][variant]["phase"].GetString(), "backward") << variant;
+  }
 }
 
 TEST(VerifyCliTest, PassingRunPrintsStudySchema) {

@@ -250,8 +250,9 @@ TEST(VerifyRanksTest, SequenceParallelRanksHoldTheirTokens) {
 
 TEST(VerifyRanksTest, MegatronGptWithDropoutOnSequenceParallelRanks) {
   // Korthikanti et al.'s setup in small: Megatron's ops with dropout p = 0.1 at tp 2 with
-  // sequence parallelism. Each dropout's mask is cut from one whole-model mask, so the
-  // ranks drop what one process drops and their gradients compare.
+  // sequence parallelism. Each dropout's mask element is a draw of its place in the
+  // whole model's tensor, so the ranks drop what one process drops and their gradients
+  // compare; each rank's whole step is counted as predicted.
   rapidjson::Document doc = PassingRun(
       "--model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 --vocab=128 "
       "--attention=math --skip_timing --tp=2 --sp --dp=2 --micro_batches=2",
@@ -261,6 +262,7 @@ TEST(VerifyRanksTest, MegatronGptWithDropoutOnSequenceParallelRanks) {
     EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
     EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["selective"].GetDouble(), 1e-5);
   }
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
 TEST(VerifyRanksTest, EightRanksCombineTensorDataAndPipelineParallelism) {
