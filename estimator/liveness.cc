@@ -315,7 +315,7 @@ int64_t Simulation::UnitBytes(int64_t segment) const {
 
 void Simulation::GatherUnit(int64_t segment) {
   const int64_t bytes = UnitBytes(segment);
-  if (!zero3_ || bytes == 0) return;
+  if (!zero3_ || bytes == 0 || gathered_.count(segment) == 1) return;
   memory_.SetOp(Special(segment, Where::Activity::kParameterGather));
   gathered_[segment] = memory_.Alloc(bytes, MemoryCategory::kParameter);
 }
@@ -1305,7 +1305,9 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     if (absl::Status s = Forward(f.prologue, nullptr, Pass::kGraph, &x); !s.ok()) return s;
     if (config_.family == Family::kLlama) RopeTables(&extras);
     if (positions >= 0) memory_.Unref(positions);
-    ReleaseUnit(Where::kPrologue);
+    // A tied embedding's unit stays gathered: the head reads its weight, and its
+    // gradient is complete after the prologue's backward.
+    if (!config_.tie_embeddings) ReleaseUnit(Where::kPrologue);
   } else if (config_.family == Family::kLlama) {
     RopeTables(&extras);  // a later stage computes its own (ModelImpl::Extras)
   }

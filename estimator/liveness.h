@@ -108,8 +108,9 @@ struct StepTimeline {
 //     out of the bucket and divided, the bucket and the .grads freed, the copy stepped.
 //     ZeRO 1, 2 all-gather the updated shards in place into the flat parameter buffer
 //     (no bytes);
-//   - ZeRO 3 (not with a tied embedding) holds only its shard of the stage's flat
-//     parameters, as FSDP and DeepSpeed's stage 3 do: a unit (the embeddings, a layer,
+//   - ZeRO 3 holds only its shard of the stage's flat parameters, as FSDP and
+//     DeepSpeed's stage 3 do (a tied embedding, on one stage only, keeps its unit
+//     gathered from the prologue's forward to its reduction, as FSDP's root unit): a unit (the embeddings, a layer,
 //     the head) has its parameters gathered into one buffer for its forward and again
 //     for its backward; after the unit's backward (when the unit before it starts, or
 //     when the backward returns for a stage's first unit whose input is a leaf or needs

@@ -83,9 +83,10 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
         absl::StrCat("peak memory per rank: the step is not modelled ", what, " yet"));
   };
   // ZeRO-3 gathers a unit's parameters for its forward and backward; a tied embedding
-  // would be needed by two units (the prologue's and the head's).
-  if (spec.zero >= 3 && config.tie_embeddings) {
-    return missing("with --zero=3 and a tied embedding (one weight in two units)");
+  // keeps its unit gathered from the forward's start to the backward's end, on one stage
+  // (over stages each end holds a copy, exchanged over the embedding group).
+  if (spec.zero >= 3 && config.tie_embeddings && spec.pp > 1) {
+    return missing("with --zero=3 and a tied embedding over pipeline stages");
   }
   return absl::OkStatus();
 }

@@ -70,7 +70,7 @@ inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
 // (estimator/liveness.h) and measured on ranks (runtime/distributed.h): data
 // parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or
 // interleaved), tensor and sequence parallelism with Megatron's collectives, ZeRO-3's
-// parameters gathered unit by unit (not with a tied embedding). Otherwise
+// parameters gathered unit by unit (a tied embedding on one stage only). Otherwise
 // Unimplemented, naming what is not modelled yet.
 absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
 

@@ -643,7 +643,10 @@ int64_t UnitOf(const std::string& name) {
 // unit's backward its .grads are flattened into a bucket and freed, the bucket
 // all-reduced in place and this rank's part added into the shard's gradient (made on
 // first use), then the bucket freed and the unit released. With sequence parallelism
-// the partial gradients are all-reduced over the tensor-parallel group first.
+// the partial gradients are all-reduced over the tensor-parallel group first. A tied
+// embedding (one stage only) keeps its unit gathered from the prologue's forward to the
+// end of the backward, as FSDP keeps its root unit: the head reads its weight, whose
+// gradient the head's backward starts and the prologue's completes.
 class GatheredUnits : public ParameterUnits {
  public:
   struct Context {
@@ -694,7 +697,7 @@ class GatheredUnits : public ParameterUnits {
 
   void Gather(int64_t unit) override {
     Unit* u = Find(unit);
-    if (u == nullptr) return;
+    if (u == nullptr || u->gathered) return;
     at::NoGradGuard no_grad;
     Resize(*u, u->length);
     u->flat.zero_();
@@ -706,7 +709,10 @@ class GatheredUnits : public ParameterUnits {
     AllReduce(context_.dp_group, u->flat);
   }
 
+  // Release after a forward; a tied embedding's unit (the head reads its weight too)
+  // stays gathered until its gradients are reduced, after the prologue's backward.
   void Release(int64_t unit) override {
+    if (unit == kPrologue && context_.config->tie_embeddings) return;
     if (Unit* u = Find(unit); u != nullptr) Resize(*u, 0);
   }
   // GatherAll and ReleaseAll: every unit at once (a step without ZeRO-3's gathering).
@@ -714,7 +720,7 @@ class GatheredUnits : public ParameterUnits {
     for (const Unit& u : units_) Gather(u.id);
   }
   void ReleaseAll() {
-    for (const Unit& u : units_) Release(u.id);
+    for (Unit& u : units_) Resize(u, 0);
   }
 
   void BeginBackward(int64_t last) override {
@@ -746,6 +752,7 @@ class GatheredUnits : public ParameterUnits {
     std::vector<std::string> names;
     std::vector<std::vector<int64_t>> sizes;
     at::Tensor flat;
+    bool gathered = false;  // its storage holds the parameters
   };
   // Where this rank's shard meets a unit: offsets in the unit and in the shard.
   struct Overlap {
@@ -771,6 +778,7 @@ class GatheredUnits : public ParameterUnits {
     c10::StorageImpl* storage = u.flat.storage().unsafeGetStorageImpl();
     storage->set_allocator(c10::GetCPUAllocator());
     at::native::resize_bytes_cpu(storage, static_cast<size_t>(elements * u.flat.element_size()));
+    u.gathered = elements > 0;
   }
 
   void ReduceScatter(int64_t unit) {

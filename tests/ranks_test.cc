@@ -353,13 +353,15 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   ParallelSpec zero3;
   zero3.dp = 2;
   zero3.zero = 3;
+  zero3.pp = 2;
+  zero3.micro_batches = 2;
   struct Case {
     ModelConfig config;
     ParallelSpec parallel;
     const char* missing;
   };
   ModelConfig tied = *ModelFromPreset("tiny-gpt2");
-  for (const Case& c : {Case{tied, zero3, "--zero=3 and a tied embedding"}}) {
+  for (const Case& c : {Case{tied, zero3, "--zero=3 and a tied embedding over pipeline"}}) {
     SCOPED_TRACE(c.missing);
     ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(c.config, c.parallel, options));
     for (const RankKind& kind : ranks.kinds) {
