@@ -464,17 +464,23 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     rank.AddMember("saved_bytes", saved, a);
     rank.AddMember("micro_batches_in_flight", in_flight, a);
     rank.AddMember("total_bytes", total, a);
-    // The whole step's peak where it is simulated (RankStepModelled), else why not.
-    rapidjson::Value peak(rapidjson::kObjectType), unavailable(rapidjson::kObjectType);
+    // The whole step's peak where it is simulated (RankStepModelled): its bytes, and
+    // where it happens and what it holds (as the top level's `peak`); else why not.
+    rapidjson::Value peak(rapidjson::kObjectType), where(rapidjson::kObjectType),
+        unavailable(rapidjson::kObjectType);
     for (const RankVariant& v : kind.variants) {
       const std::string name = v.held.variant.Name();
       if (v.held.peak.has_value()) {
         peak.AddMember(String(name, a), rapidjson::Value(v.held.peak->bytes), a);
+        where.AddMember(String(name, a), PeakJson(*v.held.peak, a), a);
       } else if (!v.held.peak_unavailable.empty()) {
         unavailable.AddMember(String(name, a), String(v.held.peak_unavailable, a), a);
       }
     }
-    if (peak.MemberCount() > 0) rank.AddMember("peak_bytes", peak, a);
+    if (peak.MemberCount() > 0) {
+      rank.AddMember("peak_bytes", peak, a);
+      rank.AddMember("peak", where, a);
+    }
     if (unavailable.MemberCount() > 0) rank.AddMember("peak_unavailable", unavailable, a);
     kinds.PushBack(rank, a);
   }

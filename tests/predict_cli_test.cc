@@ -127,6 +127,17 @@ TEST(PredictCliTest, DistributedRunReportsEveryKindOfRank) {
   // most loaded stage's.
   ASSERT_TRUE(doc.HasMember("peak_bytes")) << json.output;
   EXPECT_EQ(doc["peak_bytes"]["none"].GetInt64(), ranks[0]["peak_bytes"]["none"].GetInt64());
+  // Every rank kind says where its peak is and what it holds then, its categories
+  // summing to its bytes.
+  for (const auto& rank : ranks.GetArray()) {
+    const auto& peak = rank["peak"]["none"];
+    EXPECT_EQ(peak["bytes"].GetInt64(), rank["peak_bytes"]["none"].GetInt64());
+    EXPECT_TRUE(peak.HasMember("phase") && peak.HasMember("op")) << json.output;
+    int64_t categories = 0;
+    for (const auto& c : peak["by_category"].GetObject()) categories += c.value.GetInt64();
+    EXPECT_EQ(categories, peak["bytes"].GetInt64());
+  }
+  EXPECT_STREQ(doc["peak"]["none"]["op"].GetString(), ranks[0]["peak"]["none"]["op"].GetString());
   CommandResult table = Predict(model + " --format=table");
   ASSERT_EQ(table.exit_code, 0) << table.output;
   EXPECT_NE(table.output.find("4 ranks (dp 2 x tp 1 x pp 2, 1f1b, 4 micro-batches, ZeRO-1)"),
