@@ -580,6 +580,18 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
   return {};
 }
 
+CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config, bool tied) {
+  const SymbolValues symbols(config);
+  CheckedInt64 count = 0;
+  for (const TensorDef& tensor : graph.tensors) {
+    if (!tensor.is_parameter || tensor.is_tied != tied) continue;
+    CheckedInt64 numel = 1;
+    for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
+    count += numel;
+  }
+  return count;
+}
+
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on, packed into one index.

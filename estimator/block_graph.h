@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "estimator/checked_math.h"
 #include "estimator/config.h"
 #include "estimator/rules.h"
 #include "estimator/shape.h"
@@ -92,6 +93,11 @@ struct ModelGraphs {
 // family's PyTorch code runs them (DESIGN.md, "Model families").
 // REQUIRES: ValidateConfig(config).ok().
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
+
+// ParameterCount sums a graph's parameters' elements for `config`; `tied`: those owned
+// by another segment (a tied LM head's weight) instead of the others.
+CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
+                            bool tied = false);
 
 // ModelGraphsFor is BuildModelGraphs memoized: graphs depend on the sizes only through
 // symbols, so one built graph serves every config of the same shape (family, attention

@@ -130,9 +130,25 @@ void BM_PredictRanksLlama3_70b(benchmark::State& state) {
 }
 BENCHMARK(BM_PredictRanksLlama3_70b);
 
-// Every stage's whole-step peak, which the step simulation replays whole: llama-3-70b over PP 8 x DP 16 with ZeRO-1, bf16
-// autocast, seq 8192, `micro_batches` of 1 in 1F1B order, the four default variants.
-// The cost grows with the stage's layers times its micro-batches.
+// RunRankPeaks times PredictRanks with every stage's whole-step peak (the four default
+// variants); skipped if the peak is unavailable.
+void RunRankPeaks(benchmark::State& state, const ModelConfig& config,
+                  const ParallelSpec& parallel) {
+  const PredictOptions options;
+  for (auto _ : state) {
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+    if (!ranks.ok() || !ranks->kinds[0].variants[0].held.peak.has_value()) {
+      state.SkipWithError(ranks.ok() ? ranks->kinds[0].variants[0].held.peak_unavailable.c_str()
+                                     : ranks.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(ranks->kinds[0].variants[0].held.peak->bytes);
+  }
+}
+
+// Every stage's whole-step peak, which the step simulation replays whole: llama-3-70b
+// over PP 8 x DP 16 with ZeRO-1, bf16 autocast, seq 8192, `micro_batches` of 1 in 1F1B
+// order. The cost grows with the stage's layers times its micro-batches.
 void BM_PredictRanksPeaksLlama3_70b(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
@@ -142,16 +158,7 @@ void BM_PredictRanksPeaksLlama3_70b(benchmark::State& state) {
   parallel.pp = 8;
   parallel.zero = 1;
   parallel.micro_batches = state.range(0);
-  const PredictOptions options;
-  for (auto _ : state) {
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(*config, parallel, options);
-    if (!ranks.ok() || !ranks->kinds[0].variants[0].held.peak.has_value()) {
-      state.SkipWithError(ranks.ok() ? ranks->kinds[0].variants[0].held.peak_unavailable.c_str()
-                                     : ranks.status().ToString().c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(ranks->kinds[0].variants[0].held.peak->bytes);
-  }
+  RunRankPeaks(state, *config, parallel);
 }
 BENCHMARK(BM_PredictRanksPeaksLlama3_70b)->ArgName("micro_batches")->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond);
 
@@ -175,16 +182,7 @@ void BM_PredictRanksPeaksLlama3_70bTp8(benchmark::State& state) {
     parallel.zero = 3;
   }
   parallel.micro_batches = 8;
-  const PredictOptions options;
-  for (auto _ : state) {
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(*config, parallel, options);
-    if (!ranks.ok() || !ranks->kinds[0].variants[0].held.peak.has_value()) {
-      state.SkipWithError(ranks.ok() ? ranks->kinds[0].variants[0].held.peak_unavailable.c_str()
-                                     : ranks.status().ToString().c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(ranks->kinds[0].variants[0].held.peak->bytes);
-  }
+  RunRankPeaks(state, *config, parallel);
 }
 BENCHMARK(BM_PredictRanksPeaksLlama3_70bTp8)
     ->ArgName("sp_zero3")

@@ -1066,18 +1066,11 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   if (zero3_) {
     // Each unit's parameter bytes (a tied weight is its owner's), and the rank's shard
     // of its stage's parameters.
-    auto parameter_bytes = [](const SegmentPlan* plan) -> int64_t {
-      if (plan == nullptr) return 0;
-      int64_t bytes = 0;
-      for (size_t t = 0; t < plan->graph->tensors.size(); ++t) {
-        const TensorDef& def = plan->graph->tensors[t];
-        if (!def.is_parameter || def.is_tied) continue;
-        bytes += NumelOf(plan->walk.tensor_layouts[t].layout) * ElementSizeBytes(def.dtype);
-      }
-      return bytes;
+    auto parameter_bytes = [&](const BlockGraph& graph) {
+      return (ParameterCount(graph, config_) * ElementSizeBytes(config_.dtype)).value();
     };
-    unit_bytes_ = {families ? parameter_bytes(plans.prologue.get()) : 0,
-                   parameter_bytes(plans.rest.get()), parameter_bytes(plans.head.get())};
+    unit_bytes_ = {families ? parameter_bytes(*graphs.prologue) : 0, parameter_bytes(graphs.layer),
+                   parameter_bytes(graphs.epilogue)};
     int64_t stage_bytes = 0;
     for (const StageRange& chunk : chunks_) {
       stage_bytes += (chunk.prologue ? unit_bytes_[0] : 0) + chunk.layers * unit_bytes_[1] +

@@ -333,21 +333,6 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConf
   return segments;
 }
 
-// ParameterCount sums a graph's parameters; `tied`: those owned by another segment
-// (a tied LM head's weight) instead of the others.
-CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
-                            bool tied = false) {
-  const SymbolValues symbols(config);
-  CheckedInt64 count = 0;
-  for (const TensorDef& tensor : graph.tensors) {
-    if (!tensor.is_parameter || tensor.is_tied != tied) continue;
-    CheckedInt64 numel = 1;
-    for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
-    count += numel;
-  }
-  return count;
-}
-
 }  // namespace
 
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
