@@ -38,8 +38,8 @@ std::string Usage() {
   return absl::StrCat(
       "Predicts the training memory of a stack of pre-LN Transformer blocks: parameters, "
       "gradients, AdamW state and activations saved for backward under each "
-      "checkpointing variant, byte for byte as LibTorch ", memledger::kTorchRelease,
-      " keeps them, and the whole training step's peak (where, and by category; "
+      "checkpointing variant, byte for byte as torch ", memledger::kTorchRelease,
+      " and transformers ", memledger::kTransformersRelease, " keep them, and the whole training step's peak (where, and by category; "
       "--timeline_svg draws it).\n\n"
       "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
       "--seq=2048 --format=table\n\n"

@@ -103,6 +103,7 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(attention).data()), a);
   // The release whose saving rules the numbers follow (estimator/rules.h).
   doc.AddMember("torch", rapidjson::StringRef(kTorchRelease), a);
+  doc.AddMember("transformers", rapidjson::StringRef(kTransformersRelease), a);
   doc.AddMember("dtype", rapidjson::StringRef(ModelDTypeName(config.dtype).data()), a);
   doc.AddMember("amp", rapidjson::StringRef(AmpName(config.amp).data()), a);
   rapidjson::Value optimizer_json(rapidjson::kObjectType);

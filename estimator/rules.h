@@ -23,6 +23,10 @@ namespace memledger {
 // kTorchRelease is the PyTorch release whose rules this file describes and whose
 // LibTorch the runtime measures (third_party/torch_requirements.txt pins the same).
 inline constexpr char kTorchRelease[] = "2.15.0";
+// kTransformersRelease is the transformers release whose modeling code the families'
+// graphs mirror and whose models the real-stack witness trains (verify/witness.py;
+// third_party/torch_requirements.txt pins the same).
+inline constexpr char kTransformersRelease[] = "5.23.0";
 
 // OpType is an ATen op, named as the pinned release names it. Views and copies follow
 // ATen's rules; keep rules follow the backward node in the generated Functions.h.

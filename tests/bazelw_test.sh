@@ -47,41 +47,53 @@ while (($#)); do [[ "$1" == "--target" ]] && target="$2"; shift; done
 mkdir -p "$target/torch/lib"
 [[ -z "${PIP_FAILS:-}" ]] || exit 1
 touch "$target/torch/lib/libtorch_cpu.so"
+[[ -n "${PIP_NO_TRANSFORMERS:-}" ]] || mkdir -p "$target/transformers"
 STUB
 cat > "$stubs/bazel" <<'STUB'
 #!/usr/bin/env bash
-echo "bazel ran with: $* (torch: $MEMLEDGER_TORCH_DIR)"
+echo "bazel ran with: $* (torch: $MEMLEDGER_TORCH_DIR, python: $MEMLEDGER_REFERENCE_PYTHON)"
 STUB
 chmod +x "$stubs"/*
 export PATH="$stubs:$PATH"
 export MEMLEDGER_CACHE_DIR="$TEST_TMPDIR/cache"
 
-# The torch wheel is not installed yet: pip installs exactly the pinned requirements
+# The reference stack is not installed yet: pip installs exactly the pinned requirements
 # with --no-deps into the cache, then bazel runs and is told where it is.
 out=$(MISSING="" "$bazelw" test //x 2>&1)
-[[ "$out" == *"installing LibTorch from torch==2.15.0"* ]] || fail "no install notice: $out"
+[[ "$out" == *"installing the reference stack torch==2.15.0, transformers==5.23.0"* ]] ||
+  fail "no install notice: $out"
 grep -q -- "install -q --no-deps --no-compile --target $MEMLEDGER_CACHE_DIR/torch-2.15.0-.*\.partial\..* -r .*third_party/torch_requirements.txt" \
   "$TEST_TMPDIR/pip.log" || fail "pip line: $(cat "$TEST_TMPDIR/pip.log")"
 torch_dir=$(echo "$MEMLEDGER_CACHE_DIR"/torch-2.15.0-*)
 [[ -f "$torch_dir/torch/lib/libtorch_cpu.so" && -f "$torch_dir/.memledger-complete" ]] ||
   fail "no complete install in $torch_dir"
-[[ "$out" == *"bazel ran with: test //x (torch: $torch_dir)"* ]] || fail "bazel: $out"
+[[ "$out" == *"bazel ran with: test //x (torch: $torch_dir, python: $stubs/python3)"* ]] ||
+  fail "bazel: $out"
 ((++passed))
 
 # Everything installed: no output from the wrapper, no pip, bazel gets the arguments.
 rm -f "$TEST_TMPDIR/pip.log"
 out=$(MISSING="" "$bazelw" test //x 2>&1)
-[[ "$out" == "bazel ran with: test //x (torch: $torch_dir)" ]] || fail "quiet run printed: $out"
+[[ "$out" == "bazel ran with: test //x (torch: $torch_dir, python: $stubs/python3)" ]] ||
+  fail "quiet run printed: $out"
 [[ ! -e "$TEST_TMPDIR/pip.log" ]] || fail "pip ran although torch is installed"
 ((++passed))
 
 # pip fails half-way: says so with the exact command, leaves nothing behind, no bazel.
 expect_failure env MEMLEDGER_CACHE_DIR="$TEST_TMPDIR/cache2" PIP_FAILS=1 "$bazelw" build //y
-[[ "$out" == *"could not install torch==2.15.0"* ]] || fail "no failure message: $out"
+[[ "$out" == *"could not install torch==2.15.0, transformers==5.23.0"* ]] ||
+  fail "no failure message: $out"
 [[ "$out" == *"-m pip install --no-deps --no-compile --target $TEST_TMPDIR/cache2/torch-2.15.0-"* ]] ||
   fail "no pip command: $out"
 [[ "$out" != *"bazel ran"* ]] || fail "bazel ran despite the failed install"
 [[ -z "$(ls -A "$TEST_TMPDIR/cache2")" ]] || fail "left behind: $(ls "$TEST_TMPDIR/cache2")"
+((++passed))
+
+# pip "succeeds" without the Python stack's transformers: not a complete install either.
+expect_failure env MEMLEDGER_CACHE_DIR="$TEST_TMPDIR/cache3" PIP_NO_TRANSFORMERS=1 "$bazelw" build //y
+[[ "$out" == *"could not install torch==2.15.0, transformers==5.23.0"* ]] ||
+  fail "no failure message without transformers: $out"
+[[ -z "$(ls -A "$TEST_TMPDIR/cache3")" ]] || fail "left behind: $(ls "$TEST_TMPDIR/cache3")"
 ((++passed))
 
 # Not root: names the packages and the command, exits non-zero, never runs bazel.

@@ -27,6 +27,7 @@ TEST(PredictCliTest, DefaultJson) {
   ASSERT_FALSE(doc.HasParseError()) << r.output;
   EXPECT_EQ(doc["saved_bytes"]["none"].GetInt64(), 51052544);  // see predict_test
   EXPECT_STREQ(doc["torch"].GetString(), "2.15.0");
+  EXPECT_STREQ(doc["transformers"].GetString(), "5.23.0");
 }
 
 TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
@@ -213,9 +214,11 @@ TEST(PredictCliTest, SweepPrintsCsvRows) {
   }
 }
 
-TEST(PredictCliTest, HelpNamesTheTorchRelease) {
+TEST(PredictCliTest, HelpNamesTheReferenceStack) {
   CommandResult r = Predict("--help");
-  EXPECT_NE(r.output.find("as LibTorch 2.15.0 keeps them"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("as torch 2.15.0 and transformers 5.23.0 keep them"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(PredictCliTest, JsonOutWritesTheSameJson) {

@@ -40,8 +40,9 @@ TEST(ReportTest, JsonHasStudyKeysAndTypes) {
   // 51052544 / 50331648 = 1.01432 -> 1.0143.
   EXPECT_DOUBLE_EQ(doc["measured_over_predicted"].GetDouble(), 1.0143);
   EXPECT_STREQ(doc["attention"].GetString(), "flash");
-  // The release third_party/torch_requirements.txt pins.
+  // The releases third_party/torch_requirements.txt pins.
   EXPECT_STREQ(doc["torch"].GetString(), "2.15.0");
+  EXPECT_STREQ(doc["transformers"].GetString(), "5.23.0");
   EXPECT_FALSE(doc.HasMember("breakdown"));  // only on request
 }
 

@@ -48,7 +48,8 @@ namespace {
 std::string Usage() {
   return absl::StrCat(
       "Measures the real LibTorch ", memledger::kTorchRelease,
-      " training run for each checkpointing variant and compares every memory bucket "
+      " (the release of the reference stack, with transformers ",
+      memledger::kTransformersRelease, ") training run for each checkpointing variant and compares every memory bucket "
       "with memledger's prediction.\n\n"
       "  ./bazelw run //verify -- --skip_timing --format=table\n"
       "  ./bazelw run //verify -- --plan=plan.json  (a //planner plan, same model flags)\n\n"

@@ -1,0 +1,467 @@
+"""The real-stack witness: one training step of the real model, measured.
+
+memledger's predictions are judged against the code people run: transformers'
+`AutoModelForCausalLM`, `torch.utils.checkpoint` and `torch.optim` of the pinned
+reference stack (third_party/reference_requirements.txt), or the unchanged reference
+study (../shared/seed/22_memory_accounting.py). This script trains one step the way a
+training loop does and measures it two independent ways:
+
+* saved-tensor hooks around the forward: unique storages autograd keeps, parameter
+  storages excluded, plus what a selective checkpoint's policy must-saves (the study's
+  measure, `saved_bytes`);
+* torch.profiler's CPU allocation events (`profile_memory=True`, one intra-op thread):
+  their running sum is the live-byte curve of the step. `held_after_forward` is the
+  curve where the forward returns, less the loss; `peak_bytes` is what existed before
+  the step (parameters, buffers, the optimizer's state, the input) plus the curve's
+  maximum.
+
+The step is the issue's: `opt.zero_grad(set_to_none=True)`, `loss = model(input_ids=ids,
+labels=ids).loss`, `loss.backward()`, `opt.step()`, with the optimizer's state made by an
+earlier, unmeasured step.
+
+Usage (one JSON object on stdout, or one per line with --cases):
+    python verify/witness.py --config=config.json --batch=2 --seq=64 --variant=full
+    python verify/witness.py --study --layers=2 --width=32 --heads=2 --variant=selective
+    python verify/witness.py --cases=cases.jsonl   # many cases, one process
+
+Bad input: one line on stderr, exit 2. The witness needs the reference stack; predict,
+the planner and the C ABI never do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import importlib.util
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+VARIANTS = ("none", "full", "every_2", "selective")
+DTYPES = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZER_IMPLS = ("for_loop", "foreach", "fused")
+CHECKPOINT_IMPLS = ("non_reentrant", "reentrant")
+# The selective policy's op kinds (memledger's --policy names) and the ATen ops each
+# must-saves.
+POLICY_OPS = {
+    "matmul": ("mm.default", "addmm.default"),
+    "attention": ("_scaled_dot_product_flash_attention_for_cpu.default",),
+    "layer_norm": ("native_layer_norm.default",),
+    "gelu": ("gelu.default",),
+    "silu": ("silu.default",),
+}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit 2."""
+
+
+def _torch():
+    import torch  # imported late so --help works without the reference stack
+
+    return torch
+
+
+def torch_dtype(name):
+    torch = _torch()
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def element_bytes(t):
+    return t.untyped_storage().nbytes()
+
+
+def unique_storage_bytes(tensors):
+    """Bytes of the distinct storages among `tensors` (views count once)."""
+    seen = {}
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        seen[s.data_ptr() if s.data_ptr() else id(s)] = s.nbytes()
+    return sum(seen.values())
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+
+
+def load_study():
+    """The unchanged reference study, imported from ../shared/seed/."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        path = parent / "shared" / "seed" / "22_memory_accounting.py"
+        if path.is_file():
+            break
+        path = parent.parent / "shared" / "seed" / "22_memory_accounting.py"
+        if path.is_file():
+            break
+    else:
+        raise UsageError("--study: ../shared/seed/22_memory_accounting.py not found")
+    spec = importlib.util.spec_from_file_location("memory_accounting_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class StudyModel:
+    """The study's blocks and its forward(blocks, x, mode), as a step target."""
+
+    def __init__(self, study, case):
+        torch = _torch()
+        self.study = study
+        self.blocks = torch.nn.ModuleList(
+            study.Block(case["width"], case["heads"]) for _ in range(case["layers"])
+        ).to(torch_dtype(case["dtype"]))
+        self.x = torch.randn(case["batch"], case["seq"], case["width"],
+                             dtype=torch_dtype(case["dtype"]))
+        self.mode = "none"
+
+    def parameters(self):
+        return self.blocks.parameters()
+
+    def buffers(self):
+        return self.blocks.buffers()
+
+    def inputs(self):
+        return [self.x]
+
+    def loss(self, counter):
+        return self.study.forward(self.blocks, self.x, self.mode, counter)
+
+
+class TransformersModel:
+    """AutoModelForCausalLM.from_config, trained on input_ids = labels."""
+
+    def __init__(self, case):
+        torch = _torch()
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config_dict = dict(case["config"])
+        model_type = config_dict.pop("model_type", None)
+        if model_type is None:
+            raise UsageError("config: no model_type")
+        config = AutoConfig.for_model(model_type, **config_dict)
+        self.model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=case.get("attn_implementation", "sdpa"),
+            dtype=torch_dtype(case["dtype"]))
+        self.model.train()
+        vocab = config.vocab_size
+        generator = torch.Generator().manual_seed(case.get("seed", 0))
+        self.ids = torch.randint(0, vocab, (case["batch"], case["seq"]), generator=generator)
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def buffers(self):
+        return self.model.buffers()
+
+    def inputs(self):
+        return [self.ids]
+
+    def loss(self, counter):
+        del counter  # transformers' checkpointing carries its own policy (set_variant)
+        return self.model(input_ids=self.ids, labels=self.ids).loss
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpointing
+
+
+class PolicyCounter:
+    """A selective policy: must-save the policy's ops, count what that caches."""
+
+    def __init__(self, op_names):
+        torch = _torch()
+        self.ops = {getattr(torch.ops.aten, n.split(".")[0]).default for n in op_names}
+        self.bytes = 0
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        if op in self.ops:
+            if not ctx.is_recompute:
+                self.bytes += _output_bytes(op, args, kwargs)
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _output_bytes(op, args, kwargs):
+    """The bytes of op's outputs, from running it on meta tensors of the same shapes."""
+    torch = _torch()
+
+    def to_meta(a):
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") \
+            if isinstance(a, torch.Tensor) else a
+
+    out = op(*torch.utils._pytree.tree_map(to_meta, args),
+             **torch.utils._pytree.tree_map(to_meta, kwargs))
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
+
+
+def set_variant(target, case, policy_counter):
+    """Checkpointing as a user turns it on: transformers' gradient_checkpointing_enable
+    (every_k through its every_n_layers), or the study's own forward."""
+    variant = case["variant"]
+    if isinstance(target, StudyModel):
+        if case["checkpoint_impl"] != "non_reentrant":
+            raise UsageError("--study runs the study's checkpoint (non-reentrant) unchanged")
+        target.mode = variant
+        return
+    model = target.model
+    if variant == "none":
+        model.gradient_checkpointing_disable()
+        return
+    kwargs = {"use_reentrant": case["checkpoint_impl"] == "reentrant"}
+    every = 1
+    if variant.startswith("every_"):
+        every = int(variant.split("_")[1])
+    elif variant == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        if kwargs["use_reentrant"]:
+            raise UsageError("selective checkpointing needs --checkpoint_impl=non_reentrant")
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
+                                                 policy_counter)
+    elif variant != "full":
+        raise UsageError(f"--variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs,
+                                            every_n_layers=every)
+
+
+# ---------------------------------------------------------------------------------------
+# The optimizer
+
+
+def make_optimizer(params, case):
+    torch = _torch()
+    impl = case["optimizer_impl"]
+    flags = {"foreach": impl == "foreach"}
+    if impl == "fused":
+        flags = {"fused": True}
+    elif impl == "for_loop":
+        flags = {"foreach": False}
+    name = case["optimizer"]
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, **flags)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, **flags)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=case.get("momentum", 0.0), **flags)
+    raise UsageError(f"--optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring
+
+
+def _mark(name):
+    torch = _torch()
+    handle = torch.ops.profiler._record_function_enter_new(name, None)
+    torch.ops.profiler._record_function_exit._RecordFunction(handle)
+
+
+def _events(prof):
+    """(start_ns, kind, value) of the memory events and the phase marks, in time order."""
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.name() == "[memory]":
+            out.append((e.start_ns(), 1, e.nbytes()))
+        elif e.name().startswith("memledger."):
+            out.append((e.start_ns(), 0, e.name()))
+    out.sort(key=lambda item: (item[0], item[1]))
+    return out
+
+
+def measure(case):
+    """Trains one measured step of `case` and returns its buckets."""
+    torch = _torch()
+    torch.set_num_threads(1)
+    torch.manual_seed(case.get("seed", 0))
+    if case.get("study"):
+        target = StudyModel(load_study(), case)
+    else:
+        target = TransformersModel(case)
+    params = list(target.parameters())
+    opt = make_optimizer(params, case)
+    amp = case.get("amp", "none")
+    autocast = (torch.autocast("cpu", dtype=torch_dtype(amp)) if amp != "none"
+                else contextlib.nullcontext())
+    policy = case.get("policy", "matmul")
+    op_names = [op for kind in policy.split(",") if kind for op in POLICY_OPS[kind]]
+
+    # The earlier step that makes the optimizer's state.
+    with autocast:
+        loss = target.loss(PolicyCounter(op_names))
+    loss.backward()
+    opt.step()
+    del loss
+    opt.zero_grad(set_to_none=True)
+
+    counter = PolicyCounter(op_names)
+    set_variant(target, case, counter)
+    gc.collect()
+
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    param_bytes = unique_storage_bytes(params)
+    buffer_bytes = unique_storage_bytes(list(target.buffers()))
+    state_tensors = [v for st in opt.state.values() for v in st.values()
+                     if isinstance(v, torch.Tensor)]
+    optimizer_state_bytes = unique_storage_bytes(state_tensors)
+    step_bytes = unique_storage_bytes([st["step"] for st in opt.state.values()
+                                       if isinstance(st.get("step"), torch.Tensor)])
+    input_bytes = unique_storage_bytes(target.inputs())
+
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in param_ptrs:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        opt.zero_grad(set_to_none=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+            loss = target.loss(counter)
+        _mark("memledger.forward_end")
+        loss_bytes = element_bytes(loss)
+        loss.backward()
+        _mark("memledger.backward_end")
+        opt.step()
+        _mark("memledger.step_end")
+    grad_bytes = unique_storage_bytes([p.grad for p in params])
+    del loss
+
+    live = 0
+    peak = (0, "forward")
+    phase = "forward"
+    marks = {}
+    for _, kind, value in _events(prof):
+        if kind == 0:
+            marks[value] = live
+            phase = {"memledger.forward_end": "backward",
+                     "memledger.backward_end": "optimizer"}.get(value, "after")
+            continue
+        live += value
+        if live > peak[0]:
+            peak = (live, phase)
+    resident = param_bytes + buffer_bytes + optimizer_state_bytes + input_bytes
+    saved = sum(seen.values()) + counter.bytes
+    return {
+        "case": {k: v for k, v in case.items() if k != "config"},
+        "torch": torch.__version__.split("+")[0],
+        "transformers": _transformers_version(),
+        "param_bytes": param_bytes,
+        "buffer_bytes": buffer_bytes,
+        "grad_bytes": grad_bytes,
+        "optimizer_state_bytes": optimizer_state_bytes,
+        "optimizer_step_tensor_bytes": step_bytes,
+        "input_bytes": input_bytes,
+        "saved_bytes": saved,
+        "cache_bytes": counter.bytes,
+        "held_after_forward": marks["memledger.forward_end"] - loss_bytes,
+        "held_after_backward": marks["memledger.backward_end"],
+        "peak_bytes": resident + peak[0],
+        "peak_phase": peak[1],
+    }
+
+
+def _transformers_version():
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+
+def parse_case(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model = parser.add_argument_group("model")
+    model.add_argument("--config", help="a transformers config.json (model_type llama, "
+                       "mistral, qwen2, gpt2, ...)")
+    model.add_argument("--study", action="store_true",
+                       help="the reference study's blocks instead of a transformers model")
+    model.add_argument("--layers", type=int, default=6, help="study only")
+    model.add_argument("--width", type=int, default=128, help="study only")
+    model.add_argument("--heads", type=int, default=4, help="study only")
+    model.add_argument("--attn_implementation", default="sdpa",
+                       help="transformers' attention: sdpa (default) or eager")
+    inputs = parser.add_argument_group("input")
+    inputs.add_argument("--batch", type=int, default=2)
+    inputs.add_argument("--seq", type=int, default=64)
+    inputs.add_argument("--seed", type=int, default=0)
+    precision = parser.add_argument_group("precision")
+    precision.add_argument("--dtype", default="fp32", choices=DTYPES)
+    precision.add_argument("--amp", default="none", choices=("none", "bf16", "fp16"))
+    ckpt = parser.add_argument_group("checkpointing")
+    ckpt.add_argument("--variant", default="none", help="none, full, every_<k>, selective")
+    ckpt.add_argument("--policy", default="matmul",
+                      help="selective's must-save op kinds: " + ", ".join(POLICY_OPS))
+    ckpt.add_argument("--checkpoint_impl", default="non_reentrant", choices=CHECKPOINT_IMPLS)
+    opt = parser.add_argument_group("optimizer")
+    opt.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    opt.add_argument("--optimizer_impl", default="for_loop", choices=OPTIMIZER_IMPLS)
+    opt.add_argument("--momentum", type=float, default=0.0)
+    out = parser.add_argument_group("output")
+    out.add_argument("--cases", help="a JSON-lines file of cases (the keys above); "
+                     "one result line per case")
+    args = parser.parse_args(argv)
+    if args.cases:
+        return None, args.cases
+    case = {k: v for k, v in vars(args).items() if k not in ("cases", "config")}
+    if args.config:
+        case["config"] = read_config(args.config)
+    elif not args.study:
+        raise UsageError("give --config=PATH or --study")
+    return case, None
+
+
+def read_config(path):
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config {path}: not a file")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--config {path}: not JSON ({e.msg})") from None
+
+
+DEFAULTS = {"batch": 2, "seq": 64, "seed": 0, "dtype": "fp32", "amp": "none",
+            "variant": "none", "policy": "matmul", "checkpoint_impl": "non_reentrant",
+            "optimizer": "adamw", "optimizer_impl": "for_loop", "momentum": 0.0,
+            "attn_implementation": "sdpa"}
+
+
+def main(argv=None):
+    warnings.filterwarnings("ignore")
+    try:
+        case, cases_path = parse_case(argv)
+        if cases_path is None:
+            print(json.dumps(measure({**DEFAULTS, **case})))
+            return 0
+        for line in Path(cases_path).read_text().splitlines():
+            if line.strip():
+                print(json.dumps(measure({**DEFAULTS, **json.loads(line)})), flush=True)
+        return 0
+    except UsageError as e:
+        print(f"witness: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
