@@ -1,5 +1,6 @@
 #include "estimator/block_graph.h"
 
+#include <compare>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -360,6 +361,20 @@ class GraphBuilder {
     return Op(OpType::kNllLoss, "loss.nll", {log_probs, labels_flat}, {"out", "total_weight"})[0];
   }
 
+  // RegistrationOrder: the parameters' order in model.parameters(), by name prefix
+  // ("q_proj" names q_proj.weight, then q_proj.bias), when it is not the graph's.
+  void RegistrationOrder(const std::vector<std::string>& modules) {
+    for (const std::string& module : modules) {
+      for (const std::string suffix : {".weight", ".bias"}) {
+        for (size_t t = 0; t < graph_.tensors.size(); ++t) {
+          if (graph_.tensors[t].is_parameter && graph_.tensors[t].name == module + suffix) {
+            graph_.parameter_order.push_back(static_cast<int>(t));
+          }
+        }
+      }
+    }
+  }
+
   BlockGraph Finish(int output) {
     graph_.output = output;
     return std::move(graph_);
@@ -464,7 +479,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
   q = g.Rope("q_rope", q, cos4, sin4);
   k = g.Rope("k_rope", k, cos4, sin4);
-  if (config.KvHeads() < config.heads) {
+  if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
     k = g.RepeatKv("k_repeat", k);
     v = g.RepeatKv("v_repeat", v);
   }
@@ -482,6 +497,10 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
   int x2 = g.Op1(OpType::kAdd, "residual2",
                  {x1, g.RowParallelNoBias("down_proj", product, kF, kD)});
+  // LlamaDecoderLayer.__init__ registers self_attn, mlp, then the two norms
+  // (models/llama/modeling_llama.py:273-282; Mistral's and Qwen2's alike).
+  g.RegistrationOrder({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                       "down_proj", "input_layernorm", "post_attention_layernorm"});
   return g.Finish(x2);
 }
 
@@ -592,16 +611,53 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config, 
   return count;
 }
 
+std::vector<int> BlockGraph::Parameters() const {
+  if (!parameter_order.empty()) return parameter_order;
+  std::vector<int> parameters;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].is_parameter) parameters.push_back(static_cast<int>(t));
+  }
+  return parameters;
+}
+
+ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
+                                const StageRange& stage) {
+  ParameterCensus census;
+  auto add = [&](const BlockGraph& graph, int64_t copies, bool tied) {
+    census.elements += CheckedInt64(copies) * ParameterCount(graph, config, tied);
+    for (const TensorDef& tensor : graph.tensors) {
+      if (tensor.is_parameter && tensor.is_tied == tied) census.tensors += copies;
+    }
+  };
+  add(graphs.layer, stage.layers, /*tied=*/false);
+  if (stage.prologue && graphs.prologue.has_value()) add(*graphs.prologue, 1, false);
+  if (stage.head) {
+    add(graphs.epilogue, 1, false);
+    if (!stage.prologue) add(graphs.epilogue, 1, /*tied=*/true);
+  }
+  return census;
+}
+
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
-  // Everything BuildModelGraphs branches on, packed into one index.
-  const int key = (config.tp > 1 ? 16384 : 0) + (config.sp ? 8192 : 0) + (config.megatron ? 4096 : 0) + static_cast<int>(config.amp) * 512 +
-                  static_cast<int>(config.dtype) * 64 +
-                  static_cast<int>(config.family) * 16 +
-                  static_cast<int>(mode) * 8 + (config.qkv_bias ? 4 : 0) +
-                  (config.KvHeads() < config.heads ? 2 : 0) + (config.tie_embeddings ? 1 : 0);
+  // Everything BuildModelGraphs branches on; a field, not a bit, each.
+  struct GraphKey {
+    Family family;
+    AttentionMode mode;
+    DType dtype;
+    DType amp;
+    bool megatron, sp, tp, qkv_bias, grouped_query, repeats_kv, tied;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  const bool grouped_query = config.KvHeads() < config.heads;
+  const GraphKey key{config.family,     mode,
+                     config.dtype,      config.amp,
+                     config.megatron,   config.sp,
+                     config.tp > 1,     config.qkv_bias,
+                     grouped_query,     grouped_query && RepeatsKv(mode, config.HeadDim()),
+                     config.tie_embeddings};
   static std::mutex mutex;
-  static auto* const cache = new std::map<int, std::shared_ptr<const ModelGraphs>>();
+  static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);
   std::shared_ptr<const ModelGraphs>& graphs = (*cache)[key];
   if (graphs == nullptr) {

@@ -78,6 +78,11 @@ struct BlockGraph {
   std::vector<OpDef> ops;
   int input = -1;   // the hidden states coming in; -1 for the prologue
   int output = 0;   // the hidden states going out (the prologue's, a layer's) or the loss
+  // parameter_order: the parameters in the modules' registration order, which
+  // model.parameters() and so torch.optim visit; empty when that is the graph's order.
+  std::vector<int> parameter_order;
+  // Parameters returns the parameter tensors in that order.
+  std::vector<int> Parameters() const;
 };
 
 // ModelGraphs is a model as segments: prologue (embedding; none for the study, whose
@@ -98,6 +103,19 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
 // by another segment (a tied LM head's weight) instead of the others.
 CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
                             bool tied = false);
+
+// ParameterCensus is a stage's parameters: their elements, and how many tensors they are
+// (torch.optim keeps per-tensor state: Adam's `step`).
+struct ParameterCensus {
+  CheckedInt64 elements = 0;
+  int64_t tensors = 0;
+};
+
+// StageParameters counts the parameters a stage holds: its layers', the embedding's with
+// the prologue, the head's with the head, and a tied head weight's own copy on a stage
+// with the head but not the embedding (Megatron keeps one on the last stage).
+ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
+                                const StageRange& stage);
 
 // ModelGraphsFor is BuildModelGraphs memoized: graphs depend on the sizes only through
 // symbols, so one built graph serves every config of the same shape (family, attention

@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, amp, "none",
           "Autocast over the fp32 model: none, bf16 or fp16 (matmuls and SDPA in that dtype "
           "on cast copies, weights included; norms and losses in fp32).");
 ABSL_FLAG(std::string, optimizer, "adamw", "The optimizer: adamw, adam or sgd.");
+ABSL_FLAG(std::string, optimizer_impl, "auto",
+          "torch.optim's implementation: for_loop (foreach=False), foreach (foreach=True) "
+          "or fused (fused=True); auto is torch.optim's default for the device (the "
+          "for-loop on the CPU).");
 ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
@@ -108,6 +112,7 @@ RunRequest RunRequestFromFlags() {
   request.dtype = absl::GetFlag(FLAGS_dtype);
   request.amp = absl::GetFlag(FLAGS_amp);
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
+  request.optimizer_impl = absl::GetFlag(FLAGS_optimizer_impl);
   request.momentum = absl::GetFlag(FLAGS_momentum);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);

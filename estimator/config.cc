@@ -110,6 +110,28 @@ absl::StatusOr<OptimizerKind> ParseOptimizer(absl::string_view name) {
       absl::StrCat("--optimizer must be adamw, adam or sgd, got '", name, "'"));
 }
 
+absl::string_view OptimizerImplName(OptimizerImpl impl) {
+  switch (impl) {
+    case OptimizerImpl::kForLoop:
+      return "for_loop";
+    case OptimizerImpl::kForeach:
+      return "foreach";
+    case OptimizerImpl::kFused:
+      return "fused";
+  }
+  return "?";
+}
+
+absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(absl::string_view name) {
+  if (name == "auto") return OptimizerImpl::kForLoop;  // on CPU tensors
+  for (OptimizerImpl impl :
+       {OptimizerImpl::kForLoop, OptimizerImpl::kForeach, OptimizerImpl::kFused}) {
+    if (name == OptimizerImplName(impl)) return impl;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--optimizer_impl must be auto, for_loop, foreach or fused, got '", name, "'"));
+}
+
 absl::string_view FamilyName(Family family) {
   switch (family) {
     case Family::kStudy:
@@ -311,6 +333,10 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
     }
   }
   return absl::OkStatus();
+}
+
+bool RepeatsKv(AttentionMode mode, int64_t head_dim) {
+  return mode == AttentionMode::kMath || head_dim > 256;
 }
 
 absl::string_view AttentionModeName(AttentionMode mode) {

@@ -114,6 +114,21 @@ enum class OptimizerKind : uint8_t {
 absl::string_view OptimizerName(OptimizerKind kind);  // "adamw", "adam", "sgd"
 absl::StatusOr<OptimizerKind> ParseOptimizer(absl::string_view name);
 
+// OptimizerImpl is which of torch.optim's implementations steps (the `foreach` and
+// `fused` arguments of torch.optim.AdamW, Adam and SGD): each allocates its own
+// temporaries (torch/optim/adam.py, sgd.py).
+enum class OptimizerImpl : uint8_t {
+  kForLoop,  // foreach=False: _single_tensor_adam / _single_tensor_sgd, tensor by tensor
+  kForeach,  // foreach=True: _multi_tensor_*, whole lists of tensors at once
+  kFused,    // fused=True: torch._fused_adam(w)_ / _fused_sgd_, no temporaries
+};
+absl::string_view OptimizerImplName(OptimizerImpl impl);  // "for_loop", "foreach", "fused"
+// ParseOptimizerImpl parses --optimizer_impl: auto, for_loop, foreach or fused. `auto` is
+// what torch.optim picks when neither is given: the for-loop for CPU tensors, foreach
+// for CUDA ones (torch/optim/optimizer.py, _default_to_fused_or_foreach); this step runs
+// on the CPU.
+absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(absl::string_view name);
+
 // OptimizerSpec is the optimizer and how it holds the parameters.
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -121,6 +136,7 @@ struct OptimizerSpec {
   // master_weights: for a low-precision model, the optimizer steps fp32 copies of the
   // parameters (and keeps its state in fp32), as mixed-precision trainers do.
   bool master_weights = false;
+  OptimizerImpl impl = OptimizerImpl::kForLoop;
 };
 
 // ValidateConfig returns InvalidArgument naming the offending flag, e.g.
@@ -138,6 +154,13 @@ enum class AttentionMode {
 };
 
 absl::string_view AttentionModeName(AttentionMode mode);  // "flash" or "math"
+
+// RepeatsKv says whether a grouped-query layer copies its key/value heads up to the query
+// heads (transformers' repeat_kv) before attention. transformers 5.23's sdpa attention
+// passes enable_gqa=True instead when there is no mask and head_dim <= 256
+// (integrations/sdpa_attention.py:43-52, use_gqa_in_sdpa; :130-138), and the CPU flash
+// kernel reads the shared heads itself; the eager (math) attention always repeats.
+bool RepeatsKv(AttentionMode mode, int64_t head_dim);
 absl::StatusOr<AttentionMode> ParseAttentionMode(absl::string_view name);
 
 // OpKind names the ops a selective-checkpointing policy can must-save. Their outputs

@@ -76,9 +76,11 @@ class Simulation {
     std::vector<SegmentSummary> backward;  // per layer
     SegmentSummary tail;                   // the embeddings' backward, the graph's end
     SegmentSummary optimizer;
-    // optimizer_layer_bytes: with master weights, one layer's fp32 .grad copies, all
-    // live through the optimizer's step: its rise grows by them per layer.
-    int64_t optimizer_layer_bytes = 0;
+    // optimizer_layer_bytes: what one layer adds, by category, to the optimizer step's
+    // rise, where it is all alive at once: with master weights its fp32 .grad copies,
+    // with foreach its share of the exp_avg_sq.sqrt() list. The rise grows by them per
+    // layer.
+    std::array<int64_t, kNumMemoryCategories> optimizer_layer_bytes{};
   };
   const Segments& segments() const { return segments_; }
   std::string Text(const Where& where) const { return WhereText(where, optimizer_); }
@@ -185,6 +187,12 @@ class Simulation {
   absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
                                 const std::vector<int>& inputs);
   void ParameterOrder(const ModelPlans& plans);
+  // IsLayerZeroParameter: stepped tensor p is a parameter of layer 0 of a single rank's model
+  // (what one more layer of a composed model adds to the optimizer's step).
+  bool IsLayerZeroParameter(size_t p) const {
+    return p < parameter_order_.size() && parameter_order_[p].first == 0 &&
+           options_.rank.parallel.dp <= 1;
+  }
   absl::Status ForwardPass(const ModelPlans& plans, InFlight& f);
   absl::Status BackwardPass(const ModelPlans& plans, InFlight& f,
                             std::optional<Handle> output_grad);
@@ -1246,10 +1254,8 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
     inst.plan = plan;
     inst.segment = segment;
     const BlockGraph& graph = *plan->graph;
-    for (size_t t = 0; t < graph.tensors.size(); ++t) {
-      if (graph.tensors[t].is_parameter && (!graph.tensors[t].is_tied || !has_embedding)) {
-        parameter_order_.push_back(KeyOf(inst, static_cast<int>(t)));
-      }
+    for (int t : graph.Parameters()) {
+      if (!graph.tensors[t].is_tied || !has_embedding) parameter_order_.push_back(KeyOf(inst, t));
     }
   };
   for (const StageRange& chunk : chunks_) {
@@ -1570,9 +1576,13 @@ absl::Status Simulation::ReduceAndStep() {
   return status;
 }
 
-// OptimizerStep is the C++ frontend's optimizer.step() (torch/csrc/api/src/optim), one
-// tensor after another. Scalars passed to in-place ops are wrapped as 8-byte double
-// tensors and converted to the parameter's dtype (4 B in fp32, 2 B in bf16) for the call.
+// OptimizerStep is torch.optim's step() of the pinned release, in the implementation the
+// spec names, on a step whose state exists (torch/optim/adam.py, sgd.py; AdamW is Adam
+// with decoupled weight decay, adamw.py:36-49). A Python number passed to an in-place op
+// that takes a Tensor is wrapped as an 8-byte 0-dim tensor and converted to the updated
+// tensor's dtype on the CPU (Memory::ScalarOp: +8, +e, -e, -8); a number taken as a
+// Scalar (lerp_'s weight, addcmul_'s value, add_'s alpha) allocates nothing, nor do
+// _get_value, the Python-float bias corrections or the fused kernels.
 absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   memory_.SetOp(Special(Where::kHead, Where::Activity::kOptimizerStep));
   // With master weights (runtime/runtime.cc, OptimizerRunner::Step) every .grad is first
@@ -1584,49 +1594,121 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   if (optimizer_.master_weights) {
     for (size_t p = 0; p < numels.size(); ++p) {
       master_grads.push_back(memory_.Alloc(numels[p] * 4, MemoryCategory::kGradient));
-      if (p < parameter_order_.size() && parameter_order_[p].first == 0 &&
-          options_.rank.parallel.dp <= 1) {
-        segments_.optimizer_layer_bytes += numels[p] * 4;
+      if (IsLayerZeroParameter(p)) {
+        segments_.optimizer_layer_bytes[static_cast<int>(MemoryCategory::kGradient)] +=
+            numels[p] * 4;
       }
     }
   }
-  for (size_t p = 0; p < numels.size(); ++p) {
-    // of the stepped tensor (the parameter or its master), its gradient and its state
-    const int64_t bytes = numels[p] * ElementSizeBytes(dtype);
-    const int64_t scalar_bytes = 8 + ElementSizeBytes(dtype);
-    switch (optimizer_.kind) {
-      case OptimizerKind::kAdamW:
-      case OptimizerKind::kAdam: {
-        // AdamW: p.mul_(1 - lr * wd); both: exp_avg.mul_(b1).add_(g, 1 - b1);
-        // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2);
-        // denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(exp_avg, denom, -s).
-        // Its largest moment: sqrt's and div's results and div's scalar, 2 p + 8 + 4 (fp32).
+  const int64_t element = ElementSizeBytes(dtype);
+  const int64_t scalar_bytes = 8 + element;  // a wrapped number and its conversion
+  const DType step_dtype = DType::kFloat32;  // Adam's `step`: _get_scalar_dtype()
+  const bool adam =
+      optimizer_.kind == OptimizerKind::kAdamW || optimizer_.kind == OptimizerKind::kAdam;
+  // Adam's default weight_decay is 0; AdamW's 1e-2 multiplies the parameter in place.
+  const bool decoupled_decay = optimizer_.kind == OptimizerKind::kAdamW;
+  const bool momentum = optimizer_.kind == OptimizerKind::kSgd && optimizer_.momentum > 0;
+  switch (optimizer_.impl) {
+    case OptimizerImpl::kForLoop:
+      if (adam) {
+        // _single_tensor_adam, per tensor: step_t += 1 (adam.py:415); AdamW's
+        // param.mul_(1 - lr * wd) (:420); exp_avg.lerp_ (:457, nothing);
+        // exp_avg_sq.mul_(b2).addcmul_ (:476); denom = (exp_avg_sq.sqrt() / bc2_sqrt)
+        // .add_(eps) (:545): the root dies after the division, and the last tensor's
+        // denom lives until this one's is bound; param.addcdiv_ (:547, nothing).
+        // Its largest moment: the last denom, the root, the quotient and its wrapped
+        // divisor.
+        int64_t last_denom_bytes = 0;
+        int last_denom = -1;
+        for (int64_t numel : numels) {
+          const int64_t bytes = numel * element;
+          if (!memory_.recording()) {
+            memory_.Peek(last_denom_bytes + 2 * bytes + scalar_bytes, MemoryCategory::kTemporary);
+            last_denom_bytes = bytes;
+            continue;
+          }
+          memory_.ScalarOp(step_dtype);
+          if (decoupled_decay) memory_.ScalarOp(dtype);
+          memory_.ScalarOp(dtype);
+          const int root = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+          const Memory::Wrapped divisor = memory_.WrapScalar(dtype);
+          const int denom = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+          memory_.Drop(divisor);
+          memory_.Unref(root);
+          memory_.ScalarOp(dtype);
+          if (last_denom >= 0) memory_.Unref(last_denom);
+          last_denom = denom;
+        }
+        if (last_denom >= 0) memory_.Unref(last_denom);
+      } else if (momentum) {
+        // _single_tensor_sgd: buf.mul_(momentum).add_(grad) (sgd.py:364); param.add_
+        // (:379, nothing).
+        for (size_t p = 0; p < numels.size(); ++p) {
+          if (memory_.recording()) {
+            memory_.ScalarOp(dtype);
+          } else {
+            memory_.Peek(scalar_bytes, MemoryCategory::kTemporary);
+          }
+        }
+      }
+      break;
+    case OptimizerImpl::kForeach: {
+      // The slow path on CPU tensors runs each list op tensor by tensor.
+      auto scalar_per_tensor = [&]() {
+        for (size_t p = 0; p < numels.size(); ++p) {
+          if (memory_.recording()) {
+            memory_.ScalarOp(dtype);
+          } else {
+            memory_.Peek(scalar_bytes, MemoryCategory::kTemporary);
+          }
+        }
+      };
+      if (adam) {
+        // _multi_tensor_adam: _foreach_add_(steps, torch.tensor(1.0), alpha=1.0)
+        // (adam.py:682-685); AdamW's _foreach_mul_(params, ...) (:692);
+        // _foreach_mul_(exp_avg_sqs, b2) (:709); exp_avg_sq_sqrt =
+        // _foreach_sqrt(exp_avg_sqs) (:791), the whole list alive until the function
+        // returns, through _foreach_div_ and _foreach_add_ (:793-794).
+        memory_.Transient(ElementSizeBytes(step_dtype));
+        if (decoupled_decay) scalar_per_tensor();
+        scalar_per_tensor();
+        int64_t list_bytes = 0;
+        std::vector<int> roots;
+        for (size_t p = 0; p < numels.size(); ++p) {
+          const int64_t numel = numels[p];
+          list_bytes += numel * element;
+          if (IsLayerZeroParameter(p)) {
+            segments_.optimizer_layer_bytes[static_cast<int>(MemoryCategory::kTemporary)] +=
+                numel * element;
+          }
+          if (memory_.recording()) {
+            roots.push_back(memory_.Alloc(numel * element, MemoryCategory::kTemporary));
+          }
+        }
         if (!memory_.recording()) {
-          memory_.Peek(2 * bytes + scalar_bytes, MemoryCategory::kTemporary);
+          memory_.Peek(list_bytes + scalar_bytes, MemoryCategory::kTemporary);
           break;
         }
-        if (optimizer_.kind == OptimizerKind::kAdamW) memory_.ScalarOp(dtype);
-        memory_.ScalarOp(dtype);
-        memory_.ScalarOp(dtype);
-        const int root = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-        const Memory::Wrapped scalar = memory_.WrapScalar(dtype);
-        const int denom = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-        memory_.Drop(scalar);
-        memory_.ScalarOp(dtype);
-        memory_.Unref(root);
-        memory_.Unref(denom);
-        break;
+        scalar_per_tensor();
+        scalar_per_tensor();
+        for (auto root = roots.rbegin(); root != roots.rend(); ++root) memory_.Unref(*root);
+      } else if (momentum) {
+        scalar_per_tensor();  // _foreach_mul_(bufs, momentum) (sgd.py:445)
       }
-      case OptimizerKind::kSgd:
-        // buf.mul_(momentum).add_(g, 1 - dampening); p.add_(buf, -lr).
-        if (optimizer_.momentum == 0) break;
-        if (memory_.recording()) {
-          memory_.ScalarOp(dtype);
-        } else {
-          memory_.Peek(scalar_bytes, MemoryCategory::kTemporary);
-        }
-        break;
+      break;
     }
+    case OptimizerImpl::kFused:
+      // _fused_adam: _foreach_add_(steps, 1) (adam.py:877), then the kernel, which
+      // allocates nothing; _fused_sgd_ (sgd.py:529) allocates nothing.
+      if (!adam) break;
+      for (size_t p = 0; p < numels.size(); ++p) {
+        if (memory_.recording()) {
+          memory_.ScalarOp(step_dtype);
+        } else {
+          memory_.Peek(8 + ElementSizeBytes(step_dtype), MemoryCategory::kTemporary);
+        }
+      }
+      break;
   }
   for (int master_grad : master_grads) memory_.Unref(master_grad);
   return absl::OkStatus();
@@ -1761,16 +1843,17 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   visit(segments.head_backward, -1);
   walk(segments.backward, layers - 1, -1);
   visit(segments.tail, -1);
-  // With master weights the optimizer's step holds every layer's fp32 .grad copy.
+  // The optimizer's step holds every layer's fp32 .grad copy with master weights, and
+  // every layer's share of foreach's list.
   SegmentSummary optimizer = segments.optimizer;
-  int64_t more_copies = 0;
-  overflow = overflow ||
-             __builtin_mul_overflow(layers - reduced, segments.optimizer_layer_bytes,
-                                    &more_copies) ||
-             __builtin_add_overflow(optimizer.rise, more_copies, &optimizer.rise) ||
-             __builtin_add_overflow(
-                 optimizer.at_rise[static_cast<int>(MemoryCategory::kGradient)], more_copies,
-                 &optimizer.at_rise[static_cast<int>(MemoryCategory::kGradient)]);
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    int64_t more = 0;
+    overflow = overflow ||
+               __builtin_mul_overflow(layers - reduced, segments.optimizer_layer_bytes[c],
+                                      &more) ||
+               __builtin_add_overflow(optimizer.rise, more, &optimizer.rise) ||
+               __builtin_add_overflow(optimizer.at_rise[c], more, &optimizer.at_rise[c]);
+  }
   visit(optimizer, -1);
   if (overflow) {
     return absl::OutOfRangeError(absl::StrCat("the step's live bytes overflow int64 for ",
@@ -1881,6 +1964,13 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
     return absl::UnimplementedError(
         "peak memory: the stretches of a step with master weights do not compose yet (the "
         "optimizer's step holds every layer's fp32 gradient copy)");
+  }
+  if (optimizer.impl == OptimizerImpl::kForeach &&
+      optimizer.kind != OptimizerKind::kSgd) {
+    // Likewise foreach's exp_avg_sq.sqrt() list, one tensor per parameter.
+    return absl::UnimplementedError(
+        "peak memory: the stretches of a step with --optimizer_impl=foreach do not compose "
+        "yet (its step holds a square root of every parameter's exp_avg_sq at once)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
   StepTimeline timeline = ResidentTimeline(resident);

@@ -350,9 +350,8 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   prediction.graphs = graphs;
 
   const int64_t d = config.width;
-  CheckedInt64 n_params = CheckedInt64(config.layers) * ParameterCount(graphs->layer, config) +
-                          ParameterCount(graphs->epilogue, config);
-  if (graphs->prologue.has_value()) n_params += ParameterCount(*graphs->prologue, config);
+  const ParameterCensus census = StageParameters(*graphs, config, WholeModel(config));
+  const CheckedInt64 n_params = census.elements;
   if (config.family == Family::kStudy) {
     // The analytic identity: per block 2 LayerNorms (2d each), QKV (3d^2 + 3d), proj
     // (d^2 + d), fc1 (4d^2 + 4d), fc2 (4d^2 + d).
@@ -371,7 +370,8 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, optimizer);
   CheckedInt64 param_bytes = n_params * element;
   CheckedInt64 moment_bytes = n_params * per_parameter.moments;
-  CheckedInt64 state_bytes = moment_bytes + n_params * per_parameter.master;
+  CheckedInt64 state_bytes = moment_bytes + n_params * per_parameter.master +
+                             CheckedInt64(census.tensors) * per_parameter.per_tensor;
   if (param_bytes.overflowed() || state_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
@@ -457,16 +457,18 @@ OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
   const int64_t state_element =
       optimizer.master_weights ? fp32 : ElementSizeBytes(config.dtype);
   int64_t states = 0;
+  int64_t per_tensor = 0;
   switch (optimizer.kind) {
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAdam:
       states = 2;  // exp_avg, exp_avg_sq
+      per_tensor = fp32;  // step: torch.tensor(0.0, dtype=_get_scalar_dtype()), fp32
       break;
     case OptimizerKind::kSgd:
       states = optimizer.momentum > 0 ? 1 : 0;  // momentum_buffer
       break;
   }
-  return {states * state_element, optimizer.master_weights ? fp32 : 0};
+  return {states * state_element, optimizer.master_weights ? fp32 : 0, per_tensor};
 }
 
 absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
@@ -484,14 +486,8 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
         ") are not within the model's ", config.layers));
   }
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, options.attention);
-  CheckedInt64 n_params = CheckedInt64(stage.layers) * ParameterCount(graphs->layer, config);
-  if (stage.prologue && graphs->prologue.has_value()) {
-    n_params += ParameterCount(*graphs->prologue, config);
-  }
-  if (stage.head) {
-    n_params += ParameterCount(graphs->epilogue, config);
-    if (!stage.prologue) n_params += ParameterCount(graphs->epilogue, config, /*tied=*/true);
-  }
+  const ParameterCensus census = StageParameters(*graphs, config, stage);
+  const CheckedInt64 n_params = census.elements;
   if (n_params.overflowed()) {
     return absl::OutOfRangeError("stage: parameter count overflows int64");
   }
@@ -500,6 +496,7 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
   BlockWalks walks(graphs->layer, config, options.breakdown, options.rules);
   StagePrediction prediction;
   prediction.n_params = n_params.value();
+  prediction.n_param_tensors = census.tensors;
   for (const Variant& variant : options.variants) {
     absl::StatusOr<VariantPrediction> v =
         PredictVariant(variant, config, *segments, options.breakdown, walks, stage);

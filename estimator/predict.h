@@ -101,7 +101,8 @@ struct Prediction {
   int64_t n_params = 0;  // study: layers * (12 d^2 + 13 d); tied weights count once
   int64_t param_bytes = 0;  // in the model's dtype
   int64_t grad_bytes = 0;   // .grad, in the parameters' dtype
-  // optimizer_state_bytes: everything the optimizer holds: Adam(W)'s exp_avg and
+  // optimizer_state_bytes: every tensor of torch.optim's opt.state: Adam(W)'s step,
+  // exp_avg and
   // exp_avg_sq, SGD's momentum_buffer (when momentum > 0), and with master weights the
   // fp32 parameter copies (the state then is fp32 too).
   int64_t optimizer_state_bytes = 0;
@@ -119,9 +120,12 @@ struct Prediction {
 // OptimizerBytesPerParameter is what the optimizer holds per parameter: its moments
 // (AdamW's exp_avg and exp_avg_sq, SGD's momentum buffer), in the dtype of what it
 // steps, and with master weights the fp32 copy.
+// per_tensor is what it holds per stepped tensor besides: torch.optim's Adam and AdamW
+// keep a 0-dim fp32 `step` tensor in each parameter's state (adam.py:170-176).
 struct OptimizerBytesPerParameter {
   int64_t moments = 0;
   int64_t master = 0;
+  int64_t per_tensor = 0;
 };
 OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
                                             const OptimizerSpec& optimizer);
@@ -132,6 +136,7 @@ struct StagePrediction {
   // n_params: a stage with the head but not the embedding holds its own copy of a tied
   // embedding weight (Megatron keeps one on the last stage and all-reduces its grads).
   int64_t n_params = 0;
+  int64_t n_param_tensors = 0;  // the tensors those elements are in
   std::vector<VariantPrediction> variants;
 };
 

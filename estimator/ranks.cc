@@ -183,6 +183,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
     kind.ranks = ranks_per_stage.value();
     std::vector<StagePrediction> predicted;
     CheckedInt64 n_params = 0;
+    int64_t n_param_tensors = 0;
     for (int64_t local = 0; local < parallel.virtual_stages; ++local) {
       const int64_t global = local * parallel.pp + stage;
       const StageRange range{global * chunk_layers, chunk_layers, global == 0,
@@ -191,6 +192,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
       if (!chunk.ok()) return chunk.status();
       kind.chunks.push_back(range);
       n_params += chunk->n_params;
+      n_param_tensors += chunk->n_param_tensors;
       predicted.push_back(*std::move(chunk));
     }
     for (size_t v = 0; v < chunk_options.variants.size(); ++v) {
@@ -225,8 +227,11 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
     CheckedInt64 param_bytes = CheckedInt64(parallel.zero >= 3 ? shard : n) * element;
     CheckedInt64 grad_bytes = CheckedInt64(parallel.zero >= 2 ? shard : n) * element;
     const int64_t stepped = parallel.zero >= 1 ? shard : n;
+    // A ZeRO rank steps its shard as one flat tensor.
+    const int64_t stepped_tensors = parallel.zero >= 1 ? 1 : n_param_tensors;
     CheckedInt64 moments = CheckedInt64(stepped) * per_parameter.moments;
-    CheckedInt64 state = moments + CheckedInt64(stepped) * per_parameter.master;
+    CheckedInt64 state = moments + CheckedInt64(stepped) * per_parameter.master +
+                         CheckedInt64(stepped_tensors) * per_parameter.per_tensor;
     CheckedInt64 total = param_bytes + grad_bytes + state;
     for (const RankVariant& v : kind.variants) total += v.held.saved_bytes;
     if (n_params.overflowed() || total.overflowed() || moments.overflowed()) {

@@ -44,6 +44,9 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(request.optimizer);
   if (!optimizer.ok()) return optimizer.status();
   spec.optimizer.kind = *optimizer;
+  absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(request.optimizer_impl);
+  if (!impl.ok()) return impl.status();
+  spec.optimizer.impl = *impl;
   spec.optimizer.momentum = request.momentum;
   spec.optimizer.master_weights = request.master_weights;
   spec.config.batch = request.batch;

@@ -35,6 +35,7 @@ struct RunRequest {
   std::string dtype = "fp32";
   std::string amp = "none";
   std::string optimizer = "adamw";
+  std::string optimizer_impl = "auto";  // torch.optim's for_loop, foreach or fused
   double momentum = 0;
   bool master_weights = false;
   int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's

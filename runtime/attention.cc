@@ -42,7 +42,11 @@ class CachedFlashAttention : public ag::Function<CachedFlashAttention> {
 }  // namespace
 
 at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, kDropout, kCausal);
+  // enable_gqa as transformers passes it (k and v may have fewer heads than q); the CPU
+  // flash kernel reads the shared heads itself.
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, kDropout, kCausal,
+                                          /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/k.size(1) < q.size(1));
 }
 
 FlashOutputs FlashAttentionOutputs(const at::Tensor& q, const at::Tensor& k,

@@ -65,16 +65,18 @@ class LlamaLayerImpl : public DecoderLayer {
     auto linear = [](int64_t in, int64_t out, bool bias) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
     };
-    input_layernorm = register_module("input_layernorm", RmsNorm(d, c.norm_eps));
+    // transformers' registration order (modeling_llama.py:273-282): self_attn, mlp,
+    // then the norms; torch.optim steps parameters() in it.
     q_proj = register_module("q_proj", linear(d, q_width, c.qkv_bias));
     k_proj = register_module("k_proj", linear(d, kv_width, c.qkv_bias));
     v_proj = register_module("v_proj", linear(d, kv_width, c.qkv_bias));
     o_proj = register_module("o_proj", linear(q_width, d, false));
-    post_attention_layernorm =
-        register_module("post_attention_layernorm", RmsNorm(d, c.norm_eps));
     gate_proj = register_module("gate_proj", linear(d, intermediate, false));
     up_proj = register_module("up_proj", linear(d, intermediate, false));
     down_proj = register_module("down_proj", linear(intermediate, d, false));
+    input_layernorm = register_module("input_layernorm", RmsNorm(d, c.norm_eps));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", RmsNorm(d, c.norm_eps));
   }
 
   at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
@@ -95,7 +97,7 @@ class LlamaLayerImpl : public DecoderLayer {
     const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
     q = Rope(Last(q), cos, sin);
     k = Rope(Last(k), cos, sin);
-    if (kv_heads_ < heads_) {
+    if (kv_heads_ < heads_ && RepeatsKv(mode, head_dim_)) {
       k = RepeatKv(Last(k), heads_ / kv_heads_);
       v = RepeatKv(Last(v), heads_ / kv_heads_);
     }

@@ -1,7 +1,8 @@
-// OptimizerRunner: one real LibTorch optimizer (AdamW, Adam or SGD with momentum) over
-// a list of parameters, with optional fp32 master weights, and the bytes of the state it
-// holds. Measure() steps the whole model with it; the distributed runtime steps a ZeRO
-// shard with it.
+// OptimizerRunner: torch.optim's AdamW, Adam or SGD (with or without momentum) of the
+// pinned release, in its for-loop, foreach or fused implementation, run in C++ with the
+// ATen ops each implementation calls (torch/optim/adam.py, sgd.py), with optional fp32
+// master weights, and the bytes of the state it holds. Measure() steps the whole model
+// with it; the distributed runtime steps a ZeRO shard with it.
 //
 // Example:
 //   OptimizerRunner optimizer(OptimizerSpec(), model.parameters());
@@ -11,10 +12,8 @@
 #define RUNTIME_OPTIMIZER_RUNNER_H_
 
 #include <ATen/core/Tensor.h>
-#include <torch/optim/optimizer.h>
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "estimator/config.h"
@@ -26,8 +25,9 @@ int64_t TensorBytes(const at::Tensor& t);
 
 // OptimizerStateBytes is what an optimizer holds after its first step.
 struct OptimizerStateBytes {
-  int64_t moments = 0;  // its state tensors
-  int64_t total = 0;    // plus master copies
+  int64_t moments = 0;  // exp_avg and exp_avg_sq, or momentum_buffer
+  int64_t steps = 0;    // Adam's 0-dim fp32 step tensors
+  int64_t total = 0;    // all of opt.state, plus master copies
 };
 
 // OptimizerRunner is one optimizer of `spec` over a model's parameters for as long as
@@ -38,20 +38,30 @@ class OptimizerRunner {
  public:
   OptimizerRunner(const OptimizerSpec& spec, std::vector<at::Tensor> parameters);
 
-  // Step is optimizer.step() on the parameters' .grad.
+  // Step is optimizer.step() on the parameters' .grad; the first makes the state.
   void Step();
 
-  // StateBytes: the optimizer's state tensors (exp_avg, exp_avg_sq, max_exp_avg_sq;
-  // momentum_buffer) and, in total, the master copies.
+  // StateBytes: every tensor of the optimizer's state and, in total, the master copies.
   OptimizerStateBytes StateBytes() const;
 
  private:
-  std::vector<at::Tensor> StateTensors(const torch::optim::OptimizerParamState& state) const;
+  // State is one stepped tensor's opt.state entry.
+  struct State {
+    at::Tensor step, exp_avg, exp_avg_sq;  // Adam, AdamW
+    at::Tensor momentum_buffer;            // SGD with momentum
+  };
+  bool IsAdam() const;
+  void InitState();
+  void AdamForLoop();
+  void AdamForeach();
+  void AdamFused();
+  void SgdStep();
 
   OptimizerSpec spec_;
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> masters_;  // fp32 copies; empty without master weights
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<at::Tensor> stepped_;  // the masters, or the parameters themselves
+  std::vector<State> state_;         // one per stepped tensor, after the first step
 };
 
 }  // namespace memledger::runtime

@@ -247,20 +247,21 @@ ModelConfig Preset(const char* name) {
 TEST(PredictFamiliesTest, TinyLlamaByHand) {
   // tiny-llama: L=2, d=32, H=4, kv=2, d_head=8, F=64, V=96; B=16, T=64: N = 1024 tokens.
   // Per layer and token (fp32 elements): x 32 (pow and mul keep it), rsqrt 1, normed 32,
-  // h 32 (q/k/v mm keep it), q after RoPE 32, k and v repeated to 4 heads 2 x 32, SDPA
-  // out 32 and logsumexp 4, x after the residual 32, rsqrt 1, normed 32, h 32, gate 64
-  // (silu), silu 64 and up 64 (mul), their product 64 (down mm): 582 -> 582 x 4 x 1024
-  // = 2,383,872 per layer. RoPE's cos and sin, (1, 64, 8) each: 2 x 2,048 once.
+  // h 32 (q/k/v mm keep it), q after RoPE 32, k after RoPE and v at their 2 kv heads
+  // 2 x 16 (transformers 5.23 passes enable_gqa to SDPA: no repeat_kv), SDPA out 32 and
+  // logsumexp 4, x after the residual 32, rsqrt 1, normed 32, h 32, gate 64 (silu), silu
+  // 64 and up 64 (mul), their product 64 (down mm): 550 -> 550 x 4 x 1024 = 2,252,800
+  // per layer. RoPE's cos and sin, (1, 64, 8) each: 2 x 2,048 once.
   // Embedding: input_ids 1024 x 8 = 8,192. Head and loss: x 32, rsqrt 1, normed 32, h 32
   // = 97 x 4,096 = 397,312; log-probs 1024 x 96 x 4 = 393,216; labels 8,192; total
-  // weight 4. none = 4,767,744 + 4,096 + 8,192 + 397,312 + 393,216 + 8,192 + 4 = 5,578,756.
+  // weight 4. none = 4,505,600 + 4,096 + 8,192 + 397,312 + 393,216 + 8,192 + 4 = 5,316,612.
   PredictOptions options;
   options.variants = Variants("none,full");
   ASSERT_OK_AND_ASSIGN(Prediction p, Predict(Preset("tiny-llama"), options));
-  EXPECT_EQ(p.variants[0].saved_bytes, 5578756);
+  EXPECT_EQ(p.variants[0].saved_bytes, 5316612);
   EXPECT_EQ(p.variants[0].embedding_bytes, 8192);
   EXPECT_EQ(p.variants[0].head_loss_bytes, 397312 + 393216 + 8192 + 4);
-  EXPECT_EQ(p.variants[0].layers_bytes, 2 * 2383872 + 4096);
+  EXPECT_EQ(p.variants[0].layers_bytes, 2 * 2252800 + 4096);
   // full: each layer keeps its input (32 x 4,096 = 131,072) and cos, sin (4,096 once);
   // the last hidden states are the head's (in head_loss): 2 x 131,072 + 4,096 + 8,192 +
   // 798,724 = 1,073,156.
@@ -289,14 +290,15 @@ TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {
   ASSERT_OK_AND_ASSIGN(Prediction a, Predict(untied, {}));
   ASSERT_OK_AND_ASSIGN(Prediction b, Predict(tied, {}));
   EXPECT_EQ(a.n_params - b.n_params, 96 * 32);  // the LM head's V x d
-  // With kv heads == heads, k and v are no longer copied: SDPA keeps k after RoPE
-  // (4 heads of 8) and v_proj's output, the same 2 x 32 elements per token, while k and
-  // v projections grow from 2 x 512 to 2 x 1024 parameters per layer.
+  // SDPA keeps k after RoPE and v_proj's output at their kv heads (enable_gqa, no
+  // repeat_kv): with kv heads == heads 2 x 32 elements per token instead of 2 x 16, 2
+  // layers x 32 x 4 B x 1024 tokens = 262,144 B more, while the k and v projections grow
+  // from 2 x 512 to 2 x 1024 parameters per layer.
   ModelConfig mha = untied;
   mha.kv_heads = 4;
   ASSERT_OK_AND_ASSIGN(Prediction c, Predict(mha, {}));
   EXPECT_EQ(c.n_params - a.n_params, 2 * 2 * 512);
-  EXPECT_EQ(c.variants[0].saved_bytes, a.variants[0].saved_bytes);
+  EXPECT_EQ(c.variants[0].saved_bytes - a.variants[0].saved_bytes, 262144);
 }
 
 TEST(PredictFamiliesTest, PoliciesTheFamilyLacksAreRejected) {
@@ -331,9 +333,11 @@ TEST(PredictPrecisionTest, OptimizerStateByHand) {
   ModelConfig config;
   PredictOptions options;
   options.variants = Variants("none");
-  // fp32 AdamW: 2 moments x 4 B = 9,517,056 (the study's adamw_state_bytes).
+  // fp32 AdamW: 2 moments x 4 B = 9,517,056 (the study's adamw_state_bytes), and
+  // torch.optim's 0-dim fp32 step per parameter tensor: 6 layers x 12 tensors x 4 B =
+  // 288 B.
   ASSERT_OK_AND_ASSIGN(Prediction adamw, Predict(config, options));
-  EXPECT_EQ(adamw.optimizer_state_bytes, 9517056);
+  EXPECT_EQ(adamw.optimizer_state_bytes, 9517056 + 288);
   EXPECT_EQ(adamw.adamw_state_bytes, 9517056);
   // SGD without momentum holds nothing; with momentum one buffer, 4,758,528.
   options.optimizer.kind = OptimizerKind::kSgd;
@@ -343,35 +347,37 @@ TEST(PredictPrecisionTest, OptimizerStateByHand) {
   options.optimizer.momentum = 0.9;
   ASSERT_OK_AND_ASSIGN(Prediction momentum, Predict(config, options));
   EXPECT_EQ(momentum.optimizer_state_bytes, 4758528);
-  // bf16 Adam: parameters and gradients 2 B each (2,379,264), moments 2 x 2 B.
+  // bf16 Adam: parameters and gradients 2 B each (2,379,264), moments 2 x 2 B, the
+  // steps fp32 still.
   config.dtype = DType::kBFloat16;
   options.optimizer = {OptimizerKind::kAdam, 0, false};
   ASSERT_OK_AND_ASSIGN(Prediction bf16, Predict(config, options));
   EXPECT_EQ(bf16.param_bytes, 2379264);
   EXPECT_EQ(bf16.grad_bytes, 2379264);
-  EXPECT_EQ(bf16.optimizer_state_bytes, 4758528);
+  EXPECT_EQ(bf16.optimizer_state_bytes, 4758528 + 288);
   // With fp32 master weights: the copies 4 B and fp32 moments 2 x 4 B = 12 B each:
-  // 14,275,584.
+  // 14,275,584, and the steps.
   options.optimizer.master_weights = true;
   ASSERT_OK_AND_ASSIGN(Prediction master, Predict(config, options));
-  EXPECT_EQ(master.optimizer_state_bytes, 14275584);
+  EXPECT_EQ(master.optimizer_state_bytes, 14275584 + 288);
 }
 
 TEST(PredictPrecisionTest, Bf16TinyLlamaKeepsFp32WherePyTorchDoes) {
   // tiny-llama in bf16 (N = 1024 tokens). Each RMSNorm keeps its fp32 upcast of x
   // (32 x 4 B), its fp32 rsqrt (4 B) and the bf16 normed (32 x 2 B), and the bf16 x is
   // kept by nobody; its output h (64 B) is kept by the next matmuls: 260 B. Per layer:
-  // 2 norms 520 + q, k, v 3 x 64 + SDPA out 64 + fp32 logsumexp 4 x 4 + MLP 4 x 128
-  // = 1,304 B -> 1,335,296 per layer. cos, sin in bf16: 2 x 64 x 8 x 2 = 2,048. Embedding
+  // 2 norms 520 + q 64 + k, v at their 2 kv heads 2 x 32 (enable_gqa) + SDPA out 64 +
+  // fp32 logsumexp 4 x 4 + MLP 4 x 128 = 1,240 B -> 1,269,760 per layer. cos, sin in
+  // bf16: 2 x 64 x 8 x 2 = 2,048. Embedding
   // 8,192. Head: final norm 260 x 1024 = 266,240; the log-probs of logits.float(),
   // 1024 x 96 x 4 = 393,216; labels 8,192; total weight 4.
-  // none = 2,670,592 + 2,048 + 8,192 + 266,240 + 393,216 + 8,192 + 4 = 3,348,484.
+  // none = 2,539,520 + 2,048 + 8,192 + 266,240 + 393,216 + 8,192 + 4 = 3,217,412.
   ModelConfig config = Preset("tiny-llama");
   config.dtype = DType::kBFloat16;
   PredictOptions options;
   options.variants = Variants("none");
   ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
-  EXPECT_EQ(p.variants[0].saved_bytes, 3348484);
+  EXPECT_EQ(p.variants[0].saved_bytes, 3217412);
 }
 
 TEST(PredictPrecisionTest, UnsupportedCombinationsAreRejected) {
@@ -414,9 +420,10 @@ TEST(PredictPrecisionTest, AutocastKeepsCastCopiesOfInputsAndWeights) {
   // 2,216.
   EXPECT_EQ(p.variants[0].saved_by_dtype[static_cast<int>(DType::kBFloat16)], 1984);
   EXPECT_EQ(p.variants[0].saved_by_dtype[static_cast<int>(DType::kFloat32)], 232);
-  // Parameters, gradients and AdamW's state stay fp32 under autocast: 872 x 4 B.
+  // Parameters, gradients and AdamW's state stay fp32 under autocast: 872 x 4 B, and
+  // the 12 parameter tensors' 4-byte steps.
   EXPECT_EQ(p.param_bytes, 3488);
-  EXPECT_EQ(p.optimizer_state_bytes, 2 * 3488);
+  EXPECT_EQ(p.optimizer_state_bytes, 2 * 3488 + 12 * 4);
   config.dtype = DType::kBFloat16;
   EXPECT_STATUS(Predict(config, options), absl::StatusCode::kInvalidArgument,
                 "--amp=bf16 needs --dtype=fp32");

@@ -112,7 +112,8 @@ TEST(PredictStageTest, TwoStagesKeepTheModelsBytesAndTheirOwnRopeTables) {
 
 // ZeRO over dp = 3 shards a stage's n parameters' elements into ceil(n / 3): the last of
 // two stages above (21,664 parameters) holds 7,222 of each. fp32 AdamW: 4 B per
-// parameter and gradient, 8 B of moments.
+// parameter and gradient, 8 B of moments, and a 4-byte step per stepped tensor: the
+// stage's 2 layers x 9 + the final norm and the head = 20 tensors, or ZeRO's one shard.
 TEST(PredictRanksTest, ZeroShardsByHand) {
   const ModelConfig config = TinyLlama(4);
   const PredictOptions options = Variants("none");
@@ -126,8 +127,9 @@ TEST(PredictRanksTest, ZeroShardsByHand) {
     const RankKind& last = ranks.kinds[0].stage == 1 ? ranks.kinds[0] : ranks.kinds[1];
     EXPECT_EQ(last.n_params, 21664);
     EXPECT_EQ(last.ranks, 3);
-    EXPECT_EQ(last.optimizer_state_bytes, (zero >= 1 ? 7222 : 21664) * 8) << zero;
-    EXPECT_EQ(last.adamw_state_bytes, last.optimizer_state_bytes);
+    EXPECT_EQ(last.adamw_state_bytes, (zero >= 1 ? 7222 : 21664) * 8) << zero;
+    EXPECT_EQ(last.optimizer_state_bytes, last.adamw_state_bytes + (zero >= 1 ? 1 : 20) * 4)
+        << zero;
     EXPECT_EQ(last.grad_bytes, (zero >= 2 ? 7222 : 21664) * 4) << zero;
     EXPECT_EQ(last.param_bytes, (zero >= 3 ? 7222 : 21664) * 4) << zero;
   }
@@ -247,11 +249,12 @@ ModelConfig SmallStudy(int64_t batch) {
 // A data-parallel rank's whole step (RankStepModelled) peaks in the gradients'
 // reduction, where it holds, by hand (fp32, 25,408 parameters: 101,632 B of each of
 // parameters P, .grads G and the bucket B they are copied into; AdamW's moments 2 x 4 B
-// per stepped element; the input 2 x 8 x 32 x 4 = 2,048 B; the loss 4 B; the bucket's
+// per stepped element and a 4-byte step per stepped tensor, the 24 parameters' or the
+// one flat shard's; the input 2 x 8 x 32 x 4 = 2,048 B; the loss 4 B; the bucket's
 // division by dp wraps its scalar as 8 + 4 B):
-//   ZeRO 0: P + 203,264 (moments of all) + G + B + 2,048 + 4 + 12 = 510,224
-//   ZeRO 1: P + 101,632 (moments of a 12,704-element shard) + G + B + ... = 408,592
-//   ZeRO 2: ZeRO 1's + the shard copied out of the bucket (50,816 B) = 459,408
+//   ZeRO 0: P + 203,264 + 96 (AdamW's state of all) + G + B + 2,048 + 4 + 12 = 510,320
+//   ZeRO 1: P + 101,632 + 4 (a 12,704-element shard's) + G + B + ... = 408,596
+//   ZeRO 2: ZeRO 1's + the shard copied out of the bucket (50,816 B) = 459,412
 // verify_ranks_test measures the same numbers on Gloo ranks.
 TEST(PredictRanksTest, DataParallelPeakByHand) {
   const ModelConfig config = SmallStudy(2);
@@ -261,7 +264,7 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
     int zero;
     int64_t peak;
   };
-  for (const Case& c : {Case{0, 510224}, Case{1, 408592}, Case{2, 459408}}) {
+  for (const Case& c : {Case{0, 510320}, Case{1, 408596}, Case{2, 459412}}) {
     SCOPED_TRACE(c.zero);
     ParallelSpec parallel;
     parallel.dp = 2;
@@ -278,30 +281,31 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
   // dp = 3 pads the 25,408 elements to 3 x 8,470 = 25,410: the flat parameters and the
   // bucket are 101,640 B each; ZeRO 2 at batch 1 (input 1,024 B) then peaks at
   // 101,640 + 67,760 (moments) + 101,632 (G) + 101,640 (B) + 33,880 (the shard copy)
-  // + 1,024 + 4 + 12 = 407,592.
+  // + the shard's step 4 + 1,024 + 4 + 12 = 407,596.
   ParallelSpec padded;
   padded.dp = 3;
   padded.zero = 2;
   ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(SmallStudy(1), padded, options));
   ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
-  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 407592);
+  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 407596);
   // Three micro-batches accumulated under ZeRO 1: their inputs are resident and their
   // losses summed into the first (4 B), so the reduction holds 2 x 2,048 B more than
-  // one micro-batch's 408,592.
+  // one micro-batch's 408,596.
   ParallelSpec accumulated;
   accumulated.dp = 2;
   accumulated.zero = 1;
   accumulated.micro_batches = 3;
   ASSERT_OK_AND_ASSIGN(ranks, PredictRanks(config, accumulated, options));
   ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
-  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 408592 + 2 * 2048);
+  EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, 408596 + 2 * 2048);
 }
 
 // A tensor-parallel rank reduces its own shard: tiny-llama over tp 2 holds 12,448
 // parameters per rank (verify_ranks_test counts them by hand), 49,792 B; with dp 2 and
 // ZeRO 1 (an even count: no padding) it peaks in the reduction at P 49,792 + the
-// moments of a 6,224-element shard 49,792 + G 49,792 + the bucket 49,792 + the token
-// ids 2 x 8 x 8 = 128 + the loss 4 + the division's scalar 8 + 4 = 199,312 B.
+// moments of a 6,224-element shard 49,792 and its step 4 + G 49,792 + the bucket 49,792
+// + the token ids 2 x 8 x 8 = 128 + the loss 4 + the division's scalar 8 + 4 =
+// 199,316 B.
 TEST(PredictRanksTest, TensorParallelPeakByHand) {
   ModelConfig config = TinyLlama(2);
   config.tp = 2;
@@ -315,19 +319,19 @@ TEST(PredictRanksTest, TensorParallelPeakByHand) {
   EXPECT_EQ(ranks.kinds[0].n_params, 12448);
   for (const RankVariant& v : ranks.kinds[0].variants) {
     ASSERT_TRUE(v.held.peak.has_value()) << v.held.peak_unavailable;
-    EXPECT_EQ(v.held.peak->bytes, 199312) << v.held.variant.Name();
+    EXPECT_EQ(v.held.peak->bytes, 199316) << v.held.variant.Name();
     EXPECT_EQ(v.held.peak->phase, StepPhase::kOptimizer);
   }
 }
 
 // ZeRO-3 on the study's 2 layers (width 32): one layer is 12 d^2 + 13 d = 12,704
 // elements, 50,816 B; the stage's 25,408 split over dp 2 is a 12,704-element shard. The
-// rank holds its shard (50,816) and the shard's AdamW moments (101,632) and its input
-// (2 x 8 x 32 x 4 = 2,048). The first layer reads the model input (no gradient), so its
+// rank holds its shard (50,816) and the shard's AdamW moments (101,632) and step (4 B)
+// and its input (2 x 8 x 32 x 4 = 2,048). The first layer reads the model input (no gradient), so its
 // gradients are reduce-scattered when the backward returns: then the loss (4 B), its
 // gathered parameters, its .grads and the bucket they are flattened into (50,816 each)
 // and the shard's gradient made at layer 1's reduction (50,816) are alive:
-// 7 x 50,816 + 2,048 + 4 = 357,764 B, the peak, in the backward.
+// 7 x 50,816 + 4 + 2,048 + 4 = 357,768 B, the peak, in the backward.
 TEST(PredictRanksTest, ZeroThreePeakByHand) {
   PredictOptions options = Variants("none,full");
   options.peak = true;
@@ -338,7 +342,7 @@ TEST(PredictRanksTest, ZeroThreePeakByHand) {
   ASSERT_EQ(ranks.kinds.size(), 1u);
   for (const RankVariant& v : ranks.kinds[0].variants) {
     ASSERT_TRUE(v.held.peak.has_value()) << v.held.peak_unavailable;
-    EXPECT_EQ(v.held.peak->bytes, 357764) << v.held.variant.Name();
+    EXPECT_EQ(v.held.peak->bytes, 357768) << v.held.variant.Name();
     EXPECT_EQ(v.held.peak->phase, StepPhase::kBackward);
     EXPECT_EQ(v.held.peak->op, "layer 0 gradients' reduce-scatter (ZeRO-3)");
     EXPECT_EQ(v.held.peak->by_category[static_cast<int>(MemoryCategory::kParameter)],

@@ -147,7 +147,8 @@ TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
 
 // Precision and optimizers: the study's block, tiny-llama and tiny-gpt2 in bf16 and fp16
 // (PyTorch keeps SDPA's logsumexp, RMSNorm's upcast and the loss's logits in fp32) and
-// under bf16 / fp16 autocast, with each optimizer, with and without fp32 master weights;
+// under bf16 / fp16 autocast, with each optimizer in each of torch.optim's
+// implementations (for-loop, foreach, fused), with and without fp32 master weights;
 // the step's peak too where it is simulated. Recompute is deterministic in low precision
 // too, so gradients must still agree to 1e-5 (they agree exactly here).
 struct PrecisionCase {
@@ -159,10 +160,12 @@ struct PrecisionCase {
   bool master_weights;
   AttentionMode attention;
   const char* policy;
+  // torch.optim's implementation, as the runtime's OptimizerRunner runs it.
+  OptimizerImpl impl = OptimizerImpl::kForLoop;
 
   friend std::ostream& operator<<(std::ostream& os, const PrecisionCase& c) {
     return os << c.model << "_" << ModelDTypeName(c.dtype) << "_amp" << AmpName(c.amp) << "_"
-              << OptimizerName(c.optimizer)
+              << OptimizerName(c.optimizer) << "_" << OptimizerImplName(c.impl)
               << "_m" << c.momentum << (c.master_weights ? "_master" : "") << "_"
               << AttentionModeName(c.attention) << "_" << c.policy;
   }
@@ -179,7 +182,7 @@ TEST_P(VerifyPrecisionTest, MeasuredEqualsPredicted) {
   config.seq = 12;
   VerifyOptions options;
   options.attention = c.attention;
-  options.optimizer = {c.optimizer, c.momentum, c.master_weights};
+  options.optimizer = {c.optimizer, c.momentum, c.master_weights, c.impl};
   ASSERT_OK_AND_ASSIGN(options.variants,
                        ParseVariants("none,full,every_2,selective", 2, c.policy));
   options.run.skip_timing = true;
@@ -200,28 +203,30 @@ constexpr DType kFp16 = DType::kFloat16;
 constexpr OptimizerKind kAdamW = OptimizerKind::kAdamW;
 constexpr OptimizerKind kAdam = OptimizerKind::kAdam;
 constexpr OptimizerKind kSgd = OptimizerKind::kSgd;
+constexpr OptimizerImpl kForeach = OptimizerImpl::kForeach;
+constexpr OptimizerImpl kFused = OptimizerImpl::kFused;
 
 INSTANTIATE_TEST_SUITE_P(
     Precision, VerifyPrecisionTest,
     ::testing::Values(
         PrecisionCase{"study", kBf16, kFp32, kAdamW, 0, false, kFlash, "matmul"},
-        PrecisionCase{"study", kBf16, kFp32, kAdam, 0, true, kMath, "matmul,gelu"},
-        PrecisionCase{"study", kFp16, kFp32, kSgd, 0.9, true, kFlash, "attention,layer_norm"},
+        PrecisionCase{"study", kBf16, kFp32, kAdam, 0, true, kMath, "matmul,gelu", kForeach},
+        PrecisionCase{"study", kFp16, kFp32, kSgd, 0.9, true, kFlash, "attention,layer_norm", kFused},
         PrecisionCase{"study", kFp32, kFp32, kSgd, 0, false, kFlash, "matmul"},
-        PrecisionCase{"study", kFp32, kFp32, kAdam, 0, false, kMath, "matmul"},
-        PrecisionCase{"tiny-llama", kBf16, kFp32, kAdamW, 0, false, kFlash, "matmul,silu"},
-        PrecisionCase{"tiny-llama", kBf16, kFp32, kSgd, 0.9, false, kMath, "matmul"},
+        PrecisionCase{"study", kFp32, kFp32, kAdam, 0, false, kMath, "matmul", kFused},
+        PrecisionCase{"tiny-llama", kBf16, kFp32, kAdamW, 0, false, kFlash, "matmul,silu", kForeach},
+        PrecisionCase{"tiny-llama", kBf16, kFp32, kSgd, 0.9, false, kMath, "matmul", kForeach},
         PrecisionCase{"tiny-llama", kFp16, kFp32, kAdam, 0, true, kFlash, "attention"},
-        PrecisionCase{"tiny-llama", kFp32, kFp32, kSgd, 0.5, false, kFlash, "matmul"},
-        PrecisionCase{"tiny-gpt2", kBf16, kFp32, kAdamW, 0, true, kFlash, "matmul,layer_norm,gelu"},
+        PrecisionCase{"tiny-llama", kFp32, kFp32, kSgd, 0.5, false, kFlash, "matmul", kFused},
+        PrecisionCase{"tiny-gpt2", kBf16, kFp32, kAdamW, 0, true, kFlash, "matmul,layer_norm,gelu", kFused},
         PrecisionCase{"tiny-gpt2", kFp16, kFp32, kSgd, 0, false, kMath, "gelu"},
         PrecisionCase{"tiny-gpt2", kFp32, kFp32, kAdam, 0, false, kFlash, "attention"},
         // Autocast over fp32 models: cast copies of inputs and weights kept by matmuls.
-        PrecisionCase{"study", kFp32, kBf16, kAdamW, 0, false, kFlash, "matmul"},
+        PrecisionCase{"study", kFp32, kBf16, kAdamW, 0, false, kFlash, "matmul", kForeach},
         PrecisionCase{"study", kFp32, kBf16, kSgd, 0.9, false, kMath, "matmul,gelu"},
         PrecisionCase{"study", kFp32, kFp16, kAdam, 0, false, kFlash, "attention,layer_norm"},
         PrecisionCase{"tiny-llama", kFp32, kBf16, kAdamW, 0, false, kFlash, "matmul,attention,silu"},
-        PrecisionCase{"tiny-llama", kFp32, kBf16, kAdamW, 0, false, kMath, "matmul"},
+        PrecisionCase{"tiny-llama", kFp32, kBf16, kAdamW, 0, false, kMath, "matmul", kFused},
         PrecisionCase{"tiny-llama", kFp32, kFp16, kSgd, 0, false, kFlash, "silu"},
         PrecisionCase{"tiny-gpt2", kFp32, kBf16, kAdam, 0, false, kFlash, "matmul,layer_norm,gelu"},
         PrecisionCase{"tiny-gpt2", kFp32, kFp16, kAdamW, 0, false, kMath, "layer_norm"}));

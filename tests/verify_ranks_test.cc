@@ -63,7 +63,8 @@ void ExpectPeaksExact(const rapidjson::Document& doc, std::initializer_list<cons
 TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
   // n_params = 2 x (12 d^2 + 13 d) = 2 x (12288 + 416) = 25408; fp32, so all of them
   // are 101632 bytes and a ZeRO shard ceil(25408 / 2) = 12704 elements, 50816 bytes.
-  // AdamW keeps two moments of whatever it steps.
+  // AdamW keeps two moments of whatever it steps, and a 4-byte fp32 step per stepped
+  // tensor: 2 x 12 = 24 parameter tensors without ZeRO (96 B), one flat shard with it.
   // The whole step's peak, counted by each rank's allocator: for ZeRO 0-2 in the
   // gradients' reduction, the parameters, optimizer state, .grads and the bucket they
   // are copied into (101,632 B), the input 2 x 8 x 32 x 4 = 2,048 B, the loss 4 B and
@@ -72,18 +73,19 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
   // forward and its backward (one layer: 12,704 elements, 50,816 B) and reduce-scatters
   // its gradients after its backward; the study's first layer reads the model input,
   // which needs no gradient, so its reduction comes when the backward returns: it holds
-  // the shard (50,816) and its moments (101,632), the input and the loss, layer 0's
-  // gathered parameters, .grads and bucket and the shard's gradient made at layer 1's
-  // (4 x 50,816): 7 x 50,816 + 2,048 + 4 = 357,764 B, in the backward.
+  // the shard (50,816), its moments (101,632) and step (4), the input and the loss,
+  // layer 0's gathered parameters, .grads and bucket and the shard's gradient made at
+  // layer 1's (4 x 50,816): 7 x 50,816 + 4 + 2,048 + 4 = 357,768 B, in the backward.
+  // Every peak above includes the state's steps.
   struct Case {
     int zero;
     int64_t param_bytes, grad_bytes, optimizer_state_bytes, peak_bytes;
   };
   for (const Case& c :
-       {Case{0, 101632, 101632, 2 * 101632, 4 * 101632 + 101632 + 2048 + 16},
-        Case{1, 101632, 101632, 2 * 50816, 4 * 101632 + 2048 + 16},
-        Case{2, 101632, 50816, 2 * 50816, 4 * 101632 + 50816 + 2048 + 16},
-        Case{3, 50816, 50816, 2 * 50816, 7 * 50816 + 2048 + 4}}) {
+       {Case{0, 101632, 101632, 2 * 101632 + 96, 4 * 101632 + 101632 + 2048 + 16 + 96},
+        Case{1, 101632, 101632, 2 * 50816 + 4, 4 * 101632 + 2048 + 16 + 4},
+        Case{2, 101632, 50816, 2 * 50816 + 4, 4 * 101632 + 50816 + 2048 + 16 + 4},
+        Case{3, 50816, 50816, 2 * 50816 + 4, 7 * 50816 + 2048 + 4 + 4}}) {
     SCOPED_TRACE(c.zero);
     rapidjson::Document doc =
         PassingRun(std::string(kStudy) + " --dp=2 --zero=" + std::to_string(c.zero), 2);
