@@ -463,7 +463,11 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
 BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
-  // transformers' rotary embedding returns cos, sin cast to the hidden states' dtype.
+  // The layer reads transformers' rotary embedding's cos and sin, cast to the hidden
+  // states' dtype (modeling_llama.py, LlamaModel.forward). It is called with position_ids
+  // too, which a checkpointed layer's bound arguments hold to its backward; that is not
+  // modelled (the planner composes layers from their neighbours alone, and those ids
+  // live until the first checkpointed layer's backward): T x 8 B fewer held.
   int cos = g.Global("rope.cos", config.dtype, {Sym(1), kT, kDHead});
   int sin = g.Global("rope.sin", config.dtype, {Sym(1), kT, kDHead});
   int h = g.RmsNorm("input_layernorm", x);
@@ -542,6 +546,8 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   GraphBuilder g(config);
   // The residual stream holds T tokens, or T / tp with sequence parallelism (kTs).
   int x = g.Input("x", {kB, kTs, kD});
+  // GPT2Model calls each block with position_ids too (modeling_gpt2.py:606-615), which
+  // checkpointed blocks hold; not modelled (see BuildLlamaLayer).
   const SymDim attention_width = kH * kDHead;
   int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
   // qkv.split(width, 2): three parts with one backward node.

@@ -147,10 +147,21 @@ class Simulation {
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
   absl::Status SplitBackward(Instance& inst, int op_index, Buffers& buffers,
                              bool capture_parameters);
-  absl::Status CheckpointBackward(Instance& inst, int saved_input,
+  absl::Status CheckpointBackward(Instance& inst, int saved_input, int rng_state,
                                   const std::vector<int>& extras, Handle incoming,
                                   Buffers& outer);
   void RopeTables(std::vector<int>* extras);
+  void PositionIds(std::vector<int>* extras);
+  // CallArguments: the model-level tensors a checkpointed layer holds to its backward,
+  // the ones its graph reads (KeepReason::kCheckpointHeld).
+  std::vector<int> CallArguments(const Instance& inst) const {
+    std::vector<int> held;
+    const BlockGraph& graph = *inst.plan->graph;
+    for (const WalkedStorage& storage : inst.plan->walk.storage_list) {
+      if (storage.is_global) held.push_back(globals_.at(graph.tensors[storage.owner].name));
+    }
+    return held;
+  }
   void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
              bool capture_parameters);
   void Accumulate(Buffers& buffers, int tensor, Handle grad);
@@ -178,7 +189,9 @@ class Simulation {
     Instance prologue, head;
     std::vector<Instance> layers;  // the chunk's
     std::vector<int> checkpoint_inputs;
-    std::vector<int> extras;  // the layers' model-level tensors (RoPE tables)
+    // rng_states: each checkpointed layer's CPU RNG state, kept by its checkpoint.
+    std::vector<int> rng_states;
+    std::vector<int> extras;  // the layers' model-level tensors (position ids, RoPE tables)
     std::map<std::string, int> globals;  // as the forward left them
     Handle loss;        // the head's, kept until the step ends
     Handle output;      // a stage without the head: its output, until sent
@@ -961,7 +974,7 @@ absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture
 // the layer with grad on a detached input, then torch::autograd::grad over it with the
 // incoming gradient, capturing the input's and the parameters' gradients, which the node
 // returns to the outer engine.
-absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input,
+absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, int rng_state,
                                             const std::vector<int>& extras, Handle incoming,
                                             Buffers& outer) {
   const SegmentPlan& plan = *inst.plan;
@@ -977,8 +990,13 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input,
   Handle y;
   inst.recompute = true;
   const Pass pass = variant_.PolicyAt(inst.segment).empty() ? Pass::kGraph : Pass::kReplay;
+  // torch.random.fork_rng keeps the current RNG state while the recompute runs on the
+  // forward's (checkpoint.py:303-308).
+  const int forked = memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
   if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
   ClearAutocastCache(/*forward_end=*/false);  // the recompute's autocast scope ends
+  memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
+  memory_.Unref(forked);
   // autograd::grad: the graph root holds the incoming gradient, and so does y's buffer.
   memory_.Ref(incoming.storage);
   Buffers inner;
@@ -998,6 +1016,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input,
   memory_.Unref(incoming.storage);
   memory_.Release(saved_input);
   for (int extra : extras) memory_.Release(extra);
+  memory_.Unref(rng_state);
   auto input_grad = inner.find(graph.input);
   if (input_grad != inner.end()) {
     Accumulate(outer, kLayerInputKey, input_grad->second);
@@ -1294,27 +1313,27 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     GatherUnit(Where::kPrologue);
     f.prologue.plan = plans.prologue.get();
     f.prologue.segment = Where::kPrologue;
-    // GPT-2's position ids, arange(T)[None] (int64), live in the prologue's scope.
-    int positions = -1;
-    if (config_.family == Family::kGpt2) {
-      memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
-      positions = memory_.Alloc(config_.seq * 8, MemoryCategory::kTemporary);
-      globals_["position_ids"] = positions;
-    }
+    // GPT-2's position ids (which its embedding reads) are made before the prologue.
+    if (config_.family == Family::kGpt2) PositionIds(&extras);
     if (absl::Status s = Forward(f.prologue, nullptr, Pass::kGraph, &x); !s.ok()) return s;
-    if (config_.family == Family::kLlama) RopeTables(&extras);
-    if (positions >= 0) memory_.Unref(positions);
+    if (config_.family == Family::kLlama) {
+      PositionIds(&extras);
+      RopeTables(&extras);
+    }
     // A tied embedding's unit stays gathered: the head reads its weight, and its
     // gradient is complete after the prologue's backward.
     if (!config_.tie_embeddings) ReleaseUnit(Where::kPrologue);
-  } else if (config_.family == Family::kLlama) {
-    RopeTables(&extras);  // a later stage computes its own (ModelImpl::Extras)
+  } else if (families) {
+    // A later stage makes its own (ModelImpl::Extras).
+    PositionIds(&extras);
+    if (config_.family == Family::kLlama) RopeTables(&extras);
   }
   segments_.prologue = memory_.EndSegment();
 
   const int64_t end = f.range.first_layer + f.range.layers;
   f.layers.assign(f.range.layers, Instance());
   f.checkpoint_inputs.assign(f.range.layers, -1);
+  f.rng_states.assign(f.range.layers, -1);
   if (static_cast<int64_t>(segments_.forward.size()) < end) segments_.forward.resize(end);
   for (int64_t i = f.range.first_layer; i < end; ++i) {
     memory_.BeginSegment();
@@ -1327,9 +1346,13 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       // The checkpointed layer runs without a graph (filling the selective cache); its
       // node keeps its tensor inputs: x and the model-level tensors it reads.
       const Pass pass = variant_.PolicyAt(i).empty() ? Pass::kNoGraph : Pass::kRecord;
+      // preserve_rng_state: torch.get_rng_state() before the layer runs.
+      memory_.SetOp(Special(i, Where::Activity::kCheckpointNode));
+      f.rng_states[i - f.range.first_layer] =
+          memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kActivation);
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
-      for (int extra : extras) memory_.Keep(extra);
+      for (int held : CallArguments(inst)) memory_.Keep(held);
       f.checkpoint_inputs[i - f.range.first_layer] = x.storage;
     } else if (absl::Status s = Forward(inst, &x, Pass::kGraph, &y); !s.ok()) {
       return s;
@@ -1413,7 +1436,8 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     if (checkpoint_input >= 0) {
       inst.plan = i == 0 ? first : rest;
       if (absl::Status s =
-              CheckpointBackward(inst, checkpoint_input, f.extras, incoming, layer_buffers);
+              CheckpointBackward(inst, checkpoint_input, f.rng_states[i - f.range.first_layer],
+                                 CallArguments(inst), incoming, layer_buffers);
           !s.ok()) {
         return s;
       }
@@ -1483,7 +1507,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
 // division and pow each wrap a scalar), freqs = outer(arange(T), inv_freq), emb =
 // cat(freqs, freqs), cos = emb.cos(), sin = emb.sin() (the (1, T, d_head) tables every
 // layer reads); the temporaries die when the prologue returns.
-void Simulation::RopeTables(std::vector<int>* extras) {
+void Simulation::RopeTables(std::vector<int>* extras) {  // appends cos, sin
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
   const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
@@ -1516,7 +1540,24 @@ void Simulation::RopeTables(std::vector<int>* extras) {
   memory_.Unref(inv_freq);
   globals_["rope.cos"] = cos;
   globals_["rope.sin"] = sin;
-  *extras = {cos, sin};
+  extras->push_back(cos);
+  extras->push_back(sin);
+}
+
+// PositionIds is transformers' position_ids = torch.arange(T) + past_seen_tokens (0),
+// unsqueezed (modeling_llama.py:375-378, modeling_gpt2.py:571-572): a local of the
+// decoder model's forward, which the layers are called with; made in the prologue, held
+// to the forward's end like the RoPE tables.
+void Simulation::PositionIds(std::vector<int>* extras) {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t bytes = config_.seq * ElementSizeBytes(DType::kInt64);
+  const int arange = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+  const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);  // the int 0, wrapped
+  const int positions = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+  memory_.Unref(wrapped);
+  memory_.Unref(arange);
+  globals_["position_ids"] = positions;
+  extras->push_back(positions);
 }
 
 // ReduceAndStep: the optimizer's step on every parameter, or on a data-parallel rank the

@@ -81,8 +81,9 @@ int64_t Multiples(int64_t lo, int64_t hi, int64_t k) {
 // ByDtype is a byte count split by dtype (indexed by DType).
 using ByDtype = std::array<CheckedInt64, kNumDTypes>;
 
-// GlobalBytes adds each model-level storage once, to the first segment that keeps it,
-// and to its dtype in `by_dtype`.
+// GlobalBytes adds each model-level storage once, to the first segment that saves it,
+// and to its dtype in `by_dtype`; those only held by checkpoints' call arguments
+// (KeptGlobal::held) it counts apart, once, in held_bytes().
 class GlobalBytes {
  public:
   explicit GlobalBytes(ByDtype& by_dtype) : by_dtype_(by_dtype) {}
@@ -98,6 +99,10 @@ class GlobalBytes {
   CheckedInt64 Add(const BlockWalk& walk) {
     CheckedInt64 added = 0;
     for (const KeptGlobal& global : walk.kept_globals) {
+      if (global.held) {
+        held_.push_back(global);
+        continue;
+      }
       bool seen = false;
       for (const std::string& name : seen_) seen = seen || name == global.name;
       if (seen) continue;
@@ -109,11 +114,26 @@ class GlobalBytes {
     return added;
   }
 
+  // HeldOnlyBytes: the held globals no segment saves, each once.
+  CheckedInt64 HeldOnlyBytes() const {
+    CheckedInt64 bytes = 0;
+    std::vector<std::string> counted = seen_;
+    for (const KeptGlobal& global : held_) {
+      bool seen = false;
+      for (const std::string& name : counted) seen = seen || name == global.name;
+      if (seen) continue;
+      counted.push_back(global.name);
+      bytes += global.bytes;
+    }
+    return bytes;
+  }
+
  private:
  private:
   ByDtype& by_dtype_;
   std::vector<std::string> seen_;
   std::vector<int64_t> seen_bytes_;
+  std::vector<KeptGlobal> held_;
 };
 
 // LayerCensus is the decoder stack as kinds of layers: each kind's walk and how many
@@ -276,10 +296,18 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   if (stage.head) head_loss += globals.Add(epilogue);
 
   CheckedInt64 saved = embedding + layer_bytes + head_loss;
+  // What the forward leaves held besides: each checkpointed call's CPU RNG state and
+  // the call arguments only checkpoints hold.
+  int64_t checkpointed_calls = 0;
+  for (const LayerCensus::Kind& kind : census.kinds) {
+    if (kind.checkpointed) checkpointed_calls += kind.count;
+  }
+  const CheckedInt64 held_besides =
+      CheckedInt64(checkpointed_calls) * kCpuRngStateBytes + globals.HeldOnlyBytes();
   CheckedInt64 dtype_total = 0;
   for (const CheckedInt64& bytes : by_dtype) dtype_total += bytes;
   if (saved.overflowed() || cache.overflowed() || dtype_total.overflowed() ||
-      weight_copies.overflowed()) {
+      weight_copies.overflowed() || (saved + held_besides).overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "saved bytes of variant ", variant.Name(), " overflow int64 at layers=", layers));
   }
@@ -302,6 +330,8 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
           ? globals.BytesOf("input_ids")
           : (f.keeps_input && stage.first_layer == 0 ? f.boundary_bytes : 0);
   for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
+  prediction.held_after_forward_bytes =
+      (saved + held_besides).value() - prediction.input_bytes_kept;
   prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {
     for (const LayerCensus::Kind& kind : census.kinds) {

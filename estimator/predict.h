@@ -76,6 +76,12 @@ struct VariantPrediction {
   // input_bytes_kept: the part of saved_bytes that is the model input itself (the
   // study's hidden states, or token ids), which the caller allocated before the forward.
   int64_t input_bytes_kept = 0;
+  // held_after_forward_bytes: what the forward allocated and still holds when it
+  // returns, less the loss: saved_bytes less the model input, plus what checkpoints
+  // hold without saving it (each checkpointed call's kCpuRngStateBytes RNG state, and
+  // the model-level tensors only their call arguments hold). The witness measures it
+  // with torch.profiler's memory events.
+  int64_t held_after_forward_bytes = 0;
   // saved_bytes by the storages' dtype (indexed by DType), and the part that is
   // autocast's copies of weights, kept by the matmuls that use them.
   std::array<int64_t, kNumDTypes> saved_by_dtype{};

@@ -143,9 +143,11 @@ rapidjson::Document PredictionJson(const Prediction& p) {
                      p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
   rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
-      cache(rapidjson::kObjectType);
+      cache(rapidjson::kObjectType), held(rapidjson::kObjectType);
   for (const VariantPrediction& v : p.variants) {
     saved.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.saved_bytes), a);
+    held.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.held_after_forward_bytes),
+                   a);
     ratio.AddMember(String(v.variant.Name(), a),
                     rapidjson::Value(RoundTo4(v.saved_ratio_vs_none)), a);
     cache.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.cache_bytes), a);
@@ -153,6 +155,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   doc.AddMember("saved_bytes", saved, a);
   doc.AddMember("saved_ratio_vs_none", ratio, a);
   doc.AddMember("cache_bytes", cache, a);
+  doc.AddMember("held_after_forward_bytes", held, a);
   {
     // The whole step's peak (estimator/liveness.h), where the simulation models it.
     rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType);

@@ -28,6 +28,13 @@ inline constexpr char kTorchRelease[] = "2.15.0";
 // third_party/torch_requirements.txt pins the same).
 inline constexpr char kTransformersRelease[] = "5.23.0";
 
+// kCpuRngStateBytes is torch.get_rng_state()'s size on the CPU: the default generator's
+// CPUGeneratorImplState as a uint8 tensor (aten/src/ATen/CPUGeneratorImpl.cpp,
+// get_state). torch.utils.checkpoint keeps one per checkpointed call from the forward to
+// its backward (preserve_rng_state: checkpoint.py:251 reentrant, :1973 non-reentrant),
+// and torch.random.fork_rng makes another for the recompute.
+inline constexpr int64_t kCpuRngStateBytes = 5056;
+
 // OpType is an ATen op, named as the pinned release names it. Views and copies follow
 // ATen's rules; keep rules follow the backward node in the generated Functions.h.
 enum class OpType : uint8_t {

@@ -25,6 +25,7 @@ struct StorageState {
   bool is_weight_copy = false;  // .to() of a parameter (autocast's cast of a weight)
   bool kept = false;    // by autograd or the checkpoint node
   bool cached = false;  // by the selective cache
+  bool held = false;    // by a checkpoint's call arguments (KeepReason::kCheckpointHeld)
   std::vector<int> kept_by;  // with record_layouts: every keeping op (-1: checkpoint)
 };
 
@@ -54,12 +55,17 @@ class Walk {
       }
     }
     if (options_.checkpointed) {
-      // The checkpoint node keeps every tensor input of the block: the hidden states and
-      // the model-level tensors it reads (RoPE's cos and sin).
+      // torch.utils.checkpoint saves the block's positional tensor argument, the hidden
+      // states (checkpoint.py, _CheckpointFrame.save_inputs; the reentrant
+      // CheckpointFunction's save_for_backward), which saved-tensor hooks see. The
+      // model-level tensors the layer is called with (RoPE's cos and sin, position ids)
+      // are keyword arguments that transformers binds into the checkpointed function
+      // (modeling_layers.py:120, partial(forward, self, **kwargs)): held until the
+      // checkpoint's backward, never saved.
       Keep(-1, graph_.input, KeepReason::kCheckpointInput);
       for (size_t i = 0; i < graph_.tensors.size(); ++i) {
         if (graph_.tensors[i].is_global) {
-          Keep(-1, static_cast<int>(i), KeepReason::kCheckpointInput);
+          Keep(-1, static_cast<int>(i), KeepReason::kCheckpointHeld);
         }
       }
     }
@@ -428,7 +434,9 @@ class Walk {
       storage.kept_by.push_back(op);
     }
     if (storage.is_parameter) return;  // parameters are accounted elsewhere
-    bool& flag = reason == KeepReason::kSelectiveCache ? storage.cached : storage.kept;
+    bool& flag = reason == KeepReason::kSelectiveCache   ? storage.cached
+                 : reason == KeepReason::kCheckpointHeld ? storage.held
+                                                         : storage.kept;
     if (flag) return;
     flag = true;
     if (options_.record_storages) {
@@ -454,15 +462,15 @@ class Walk {
         cache += storage.bytes;
         walk.cache_by_dtype[static_cast<int>(dtype)] += storage.bytes;
       }
-      if (!storage.kept || s == input_storage || s == output_storage) continue;
-      if (storage.is_global) {
-        walk.kept_globals.push_back(
-            KeptGlobal{graph_.tensors[storage.owner].name, storage.bytes, dtype});
-      } else {
-        inner += storage.bytes;
-        walk.inner_by_dtype[static_cast<int>(dtype)] += storage.bytes;
-        if (storage.is_weight_copy) walk.weight_copy_bytes += storage.bytes;
+      if (storage.is_global && (storage.kept || storage.held)) {
+        walk.kept_globals.push_back(KeptGlobal{graph_.tensors[storage.owner].name,
+                                               storage.bytes, dtype, !storage.kept});
+        continue;
       }
+      if (!storage.kept || s == input_storage || s == output_storage) continue;
+      inner += storage.bytes;
+      walk.inner_by_dtype[static_cast<int>(dtype)] += storage.bytes;
+      if (storage.is_weight_copy) walk.weight_copy_bytes += storage.bytes;
     }
     walk.inner_bytes = inner.value();
     walk.cache_bytes = cache.value();
@@ -505,6 +513,8 @@ const char* KeepReasonName(KeepReason reason) {
       return "checkpoint";
     case KeepReason::kSelectiveCache:
       return "cache";
+    case KeepReason::kCheckpointHeld:
+      return "checkpoint_held";
   }
   return "?";
 }

@@ -49,9 +49,14 @@ enum class KeepReason : uint8_t {
   kAutograd,         // a backward node saved it
   kCheckpointInput,  // a checkpointed block's input, saved by the checkpoint node
   kSelectiveCache,   // a must-saved output held in the selective cache
+  // held by a checkpointed block's call arguments (transformers' bound keyword
+  // arguments): alive until its backward, but saved by nobody, so no saved-tensor hook
+  // sees it. Not in saved_bytes; in held_after_forward_bytes.
+  kCheckpointHeld,
 };
 
-const char* KeepReasonName(KeepReason reason);  // "autograd", "checkpoint", "cache"
+// "autograd", "checkpoint", "cache", "checkpoint_held"
+const char* KeepReasonName(KeepReason reason);
 
 // KeptStorage is one counted storage: the first op and tensor that kept it.
 struct KeptStorage {
@@ -68,6 +73,7 @@ struct KeptGlobal {
   std::string name;  // "input_ids", "rope.cos"
   int64_t bytes = 0;
   DType dtype = DType::kFloat32;
+  bool held = false;  // only held by a checkpoint's call arguments (kCheckpointHeld)
 };
 
 // WalkedTensor is one tensor of the graph as the walk laid it out.

@@ -1,11 +1,13 @@
 #include "runtime/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -17,38 +19,47 @@ namespace {
 
 namespace ag = torch::autograd;
 
-// CheckpointState is what a checkpoint node keeps besides its saved tensors: the layer
-// to recompute and, for selective checkpointing, the cache of must-saved outputs.
+// CheckpointState is what a checkpoint node keeps besides its saved tensor (the layer
+// input): the layer to recompute, the tensors it was called with besides (held, not
+// saved: transformers binds them into the checkpointed function), the CPU RNG state of
+// its forward (preserve_rng_state) and, for selective checkpointing, the cache of
+// must-saved outputs.
 struct CheckpointState : torch::CustomClassHolder {
   std::shared_ptr<DecoderLayer> layer;
   AttentionMode mode = AttentionMode::kFlash;
-  bool has_rope = false;  // the extras are (cos, sin)
+  LayerExtras extras;
+  at::Tensor rng_state;
   // The autocast dtype of the forward, restored for the recompute (as PyTorch's
   // checkpoint does), so the recomputed layer casts exactly as the original did.
   std::optional<at::ScalarType> autocast;
   std::optional<SelectiveCache> cache;
 };
 
-LayerExtras ExtrasFrom(const CheckpointState& state, const ag::variable_list& saved) {
-  LayerExtras extras;
-  if (state.has_rope) {
-    extras.cos = saved[1];
-    extras.sin = saved[2];
-  }
-  return extras;
+// CpuRngState is torch.get_rng_state(): the default CPU generator's state, a new
+// uint8 tensor (kCpuRngStateBytes).
+at::Tensor CpuRngState() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void SetCpuRngState(const at::Tensor& state) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
 }
 
 class CheckpointFunction : public ag::Function<CheckpointFunction> {
  public:
   // Runs below autograd (Function::apply disables grad), so the layer builds no graph.
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& x,
-                            at::TensorList extras, at::TensorList /*parameters*/,
+                            at::TensorList /*parameters*/,
                             c10::intrusive_ptr<CheckpointState> state) {
     SelectiveCache* cache = state->cache ? &*state->cache : nullptr;
-    std::vector<at::Tensor> inputs = {x};
-    inputs.insert(inputs.end(), extras.begin(), extras.end());
-    at::Tensor y = state->layer->forward(x, ExtrasFrom(*state, inputs), state->mode, cache);
-    ctx->save_for_backward(inputs);
+    // preserve_rng_state: the state before the layer runs (checkpoint.py:251, :1973).
+    state->rng_state = CpuRngState();
+    at::Tensor y = state->layer->forward(x, state->extras, state->mode, cache);
+    ctx->save_for_backward({x});
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     return y;
   }
@@ -60,7 +71,6 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
     const ag::variable_list saved = ctx->get_saved_variables();
     at::Tensor x = saved[0].detach();
     x.requires_grad_(x_needs_grad);
-    const LayerExtras extras = ExtrasFrom(*state, saved);
     const std::vector<at::Tensor> parameters = state->layer->parameters();
 
     SelectiveCache* cache = nullptr;
@@ -70,9 +80,14 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
     }
     at::Tensor y;
     {
+      // torch.random.fork_rng: the current state kept while the recompute runs on the
+      // forward's (checkpoint.py:303-308).
+      const at::Tensor forked = CpuRngState();
+      SetCpuRngState(state->rng_state);
       at::AutoGradMode enable_grad(true);
       ScopedAutocast autocast(state->autocast);
-      y = state->layer->forward(x, extras, state->mode, cache);
+      y = state->layer->forward(x, state->extras, state->mode, cache);
+      SetCpuRngState(forked);
     }
     ag::variable_list inputs;
     if (x_needs_grad) inputs.push_back(x);
@@ -82,15 +97,17 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
                  /*allow_unused=*/true);
     if (cache != nullptr) cache->Clear();  // the recompute was the cache's only reader
 
-    // One gradient per forward tensor argument (x, each extra, each parameter), then
-    // one for the state.
+    // One gradient per forward tensor argument (x, each parameter), then one for the
+    // state.
     ag::variable_list result;
-    result.reserve(parameters.size() + saved.size() + 1);
+    result.reserve(parameters.size() + 2);
     size_t next = 0;
     result.push_back(x_needs_grad ? input_grads[next++] : at::Tensor());
-    for (size_t i = 1; i < saved.size(); ++i) result.push_back(at::Tensor());
     for (size_t i = 0; i < parameters.size(); ++i) result.push_back(input_grads[next++]);
     result.push_back(at::Tensor());
+    // What the node held for its backward goes with it: the call's tensors, the state.
+    state->extras = LayerExtras();
+    state->rng_state = at::Tensor();
     return result;
   }
 };
@@ -103,13 +120,14 @@ at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at:
   auto state = c10::make_intrusive<CheckpointState>();
   state->layer = layer;
   state->mode = mode;
-  state->has_rope = extras.cos.defined();
+  // The position ids are not held: the estimator does not model them (block_graph.cc,
+  // BuildLlamaLayer).
+  state->extras = extras;
+  state->extras.position_ids = at::Tensor();
   state->autocast = CurrentAutocast();
   if (policy != nullptr) state->cache.emplace(*policy);
-  const std::vector<at::Tensor> extra_tensors = extras.Defined();
   const std::vector<at::Tensor> parameters = layer->parameters();
-  at::Tensor y = CheckpointFunction::apply(x, at::TensorList(extra_tensors),
-                                           at::TensorList(parameters), state);
+  at::Tensor y = CheckpointFunction::apply(x, at::TensorList(parameters), state);
   if (cached != nullptr && state->cache) {
     const std::vector<at::Tensor>& saved = state->cache->tensors();
     cached->insert(cached->end(), saved.begin(), saved.end());

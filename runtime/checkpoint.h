@@ -1,13 +1,16 @@
 // Activation checkpointing in C++ (torch.utils.checkpoint is Python-only, in 2.x too), and
 // the model forward under a checkpointing Variant.
 //
-// A checkpointed layer is a custom autograd Function over (x, the layer's extras, its
-// parameters): its forward runs the layer without a graph and saves only its tensor
-// inputs, x and the extras (Llama's cos and sin), which count as saved even when they do
-// not require grad (as PyTorch 2.x's non-reentrant checkpoint saves its inputs). Its
-// backward recomputes the layer with grad enabled on a detached x and returns the
-// gradients of x and of every parameter. Under a SavePolicy (selective checkpointing)
-// the forward also fills a SelectiveCache that the node owns and the recompute reuses.
+// A checkpointed layer is a custom autograd Function over (x, the layer's parameters),
+// as torch.utils.checkpoint's reentrant CheckpointFunction (checkpoint.py:241-330): its
+// forward keeps the CPU RNG state, runs the layer without a graph and saves only x,
+// which counts as saved even when it does not require grad; the tensors the layer is
+// called with besides (position ids, Llama's cos and sin) it holds without saving them,
+// as transformers binds them into the checkpointed function. Its backward recomputes the
+// layer with grad enabled on a detached x, under the forward's RNG state (the current
+// one kept aside meanwhile, as fork_rng does), and returns the gradients of x and of
+// every parameter. Under a SavePolicy (selective checkpointing) the forward also fills a
+// SelectiveCache that the node owns and the recompute reuses.
 //
 // Example:
 //   ForwardResult result = ForwardWithVariant(*model, input, AttentionMode::kFlash,

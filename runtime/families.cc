@@ -172,14 +172,16 @@ class LlamaModel : public ModelImpl {
   }
 
   LayerExtras Extras(int64_t seq, at::ScalarType dtype) const override {
-    // LlamaRotaryEmbedding (theta 10000, scaling 1): cos, sin of (1, T, d_head).
+    // position_ids, then LlamaRotaryEmbedding (theta 10000, scaling 1): cos, sin of
+    // (1, T, d_head).
     at::NoGradGuard no_grad;
+    LayerExtras extras;
+    extras.position_ids = PositionIds(seq);
     at::Tensor inv_freq =
         1.0 / at::pow(10000.0, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
     at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
     at::Tensor emb = at::cat({freqs, freqs}, -1);
     // Returned in the hidden states' dtype, as transformers does (cos.to(x.dtype)).
-    LayerExtras extras;
     extras.cos = emb.cos().unsqueeze(0).to(dtype);
     extras.sin = emb.sin().unsqueeze(0).to(dtype);
     return extras;
@@ -312,8 +314,9 @@ class Gpt2Model : public ModelImpl {
   }
 
   ModelStart Prologue(const at::Tensor& input_ids) const override {
-    // position_ids = arange(T)[None], as GPT2Model makes them from cache_position.
-    at::Tensor position_ids = at::arange(input_ids.size(1), at::kLong).unsqueeze(0);
+    // position_ids, as GPT2Model makes them; it calls each block with them.
+    LayerExtras extras = Extras(input_ids.size(1), at::kFloat);
+    const at::Tensor& position_ids = extras.position_ids;
     // One expression, as before tensor parallelism: the order in which the compiler
     // evaluates the two lookups fixes their backward nodes' order, which the estimator's
     // step simulation follows.
@@ -322,10 +325,17 @@ class Gpt2Model : public ModelImpl {
                               wpe.ptr()->forward(position_ids);
       // Megatron scatters the embeddings to the sequence-parallel region.
       if (tensor_parallel->SequenceParallel()) embeddings = tensor_parallel->Scatter(embeddings);
-      return {EmbeddingDropout(std::move(embeddings)), {}};
+      return {EmbeddingDropout(std::move(embeddings)), std::move(extras)};
     }
-    return {EmbeddingDropout(wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids)),
-            {}};
+    at::Tensor embeddings =
+        EmbeddingDropout(wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids));
+    return {std::move(embeddings), std::move(extras)};
+  }
+
+  LayerExtras Extras(int64_t seq, at::ScalarType /*dtype*/) const override {
+    LayerExtras extras;
+    extras.position_ids = PositionIds(seq);
+    return extras;
   }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {

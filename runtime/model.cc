@@ -30,10 +30,14 @@ class StudyModel : public ModelImpl {
 
 std::vector<at::Tensor> LayerExtras::Defined() const {
   std::vector<at::Tensor> tensors;
-  for (const at::Tensor* t : {&cos, &sin}) {
+  for (const at::Tensor* t : {&position_ids, &cos, &sin}) {
     if (t->defined()) tensors.push_back(*t);
   }
   return tensors;
+}
+
+at::Tensor PositionIds(int64_t seq) {
+  return (at::arange(seq, at::kLong) + 0).unsqueeze(0);
 }
 
 BlockImpl::BlockImpl(int64_t width, int64_t heads) : width_(width), heads_(heads) {

@@ -39,11 +39,17 @@ namespace memledger::runtime {
 // states: Llama's RoPE tables cos and sin, (1, T, d_head), made once per forward with no
 // grad. Undefined for the other families.
 struct LayerExtras {
-  at::Tensor cos;
+  at::Tensor position_ids;  // the decoder families'
+  at::Tensor cos;           // Llama's RoPE tables
   at::Tensor sin;
-  // Defined returns the defined tensors, in order: what a checkpointed layer keeps.
+  // Defined returns the defined tensors, in order: what a checkpointed layer holds
+  // (transformers' keyword arguments of the layer, bound into the checkpointed call).
   std::vector<at::Tensor> Defined() const;
 };
+
+// PositionIds is transformers' position_ids, torch.arange(T) + past_seen_tokens (0),
+// unsqueezed (modeling_llama.py:375-378, modeling_gpt2.py:571-572).
+at::Tensor PositionIds(int64_t seq);
 
 // The identity without tensor parallelism (`tp` null), else tp's. ReduceOut takes the
 // row-parallel linear's output: under a replay of a `cache` that saves matmuls it is the

@@ -41,13 +41,14 @@ TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
   EXPECT_EQ(doc["peak"]["bytes"].GetInt64(), doc["peak_bytes"].GetInt64());
   EXPECT_TRUE(doc["peak"]["op"].IsString());
   // Measured by the counting allocator (runtime_test, verify): the study's `none` peaks
-  // at 67,688,232 B and `full` at 30,071,080 B (with AdamW's 6 x 12 step tensors of
-  // 4 B: 288 B), so 50 MiB needs some recompute, and an all-full plan fits any budget
-  // above 30,071,080.
+  // at 67,688,232 B and `full` at 30,076,136 B (with AdamW's 6 x 12 step tensors of
+  // 4 B: 288 B, and under full the 5,056-byte RNG state of the layer whose backward
+  // peaks), so 50 MiB needs some recompute, and an all-full plan fits any budget above
+  // 30,076,136.
   EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(), 67688232);
-  EXPECT_EQ(doc["variants"]["full"]["peak_bytes"].GetInt64(), 30071080);
+  EXPECT_EQ(doc["variants"]["full"]["peak_bytes"].GetInt64(), 30076136);
   EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
-  EXPECT_LE(doc["smallest_budget_bytes"].GetInt64(), 30071080);
+  EXPECT_LE(doc["smallest_budget_bytes"].GetInt64(), 30076136);
   // full recomputes every layer's forward: 6 x (24 N d^2 + 25 N d + 2 B d T (T + 1)),
   // N = 1024 tokens, d = 128 (planner_test derives it).
   const int64_t n = 1024, d = 128;

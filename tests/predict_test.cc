@@ -262,10 +262,15 @@ TEST(PredictFamiliesTest, TinyLlamaByHand) {
   EXPECT_EQ(p.variants[0].embedding_bytes, 8192);
   EXPECT_EQ(p.variants[0].head_loss_bytes, 397312 + 393216 + 8192 + 4);
   EXPECT_EQ(p.variants[0].layers_bytes, 2 * 2252800 + 4096);
-  // full: each layer keeps its input (32 x 4,096 = 131,072) and cos, sin (4,096 once);
-  // the last hidden states are the head's (in head_loss): 2 x 131,072 + 4,096 + 8,192 +
-  // 798,724 = 1,073,156.
-  EXPECT_EQ(p.variants[1].saved_bytes, 1073156);
+  // full: each layer saves its input (32 x 4,096 = 131,072) and holds cos, sin (4,096
+  // once), which transformers binds into the checkpointed call: held, not saved. The
+  // last hidden states are the head's (in head_loss): 2 x 131,072 + 8,192 + 798,724 =
+  // 1,069,060 saved; held after the forward, less the 8,192 B of token ids, plus cos,
+  // sin and two 5,056-byte RNG states: 1,069,060 - 8,192 + 4,096 + 10,112 = 1,075,076.
+  EXPECT_EQ(p.variants[1].saved_bytes, 1069060);
+  EXPECT_EQ(p.variants[1].held_after_forward_bytes, 1075076);
+  // none: no checkpoint, so exactly the saved bytes less the input.
+  EXPECT_EQ(p.variants[0].held_after_forward_bytes, 5316612 - 8192);
 }
 
 TEST(PredictFamiliesTest, TinyGpt2ByHand) {

@@ -147,7 +147,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
     for (const runtime::VariantMeasurement& v : m.variants) {
       if (v.variant.Name() != name) continue;
       report.buckets.push_back(CheckBucket(absl::StrCat("held_after_forward_bytes.", name),
-                                     predicted.saved_bytes - predicted.input_bytes_kept,
+                                     predicted.held_after_forward_bytes,
                                      v.held_after_forward_bytes));
     }
   }
