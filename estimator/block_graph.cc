@@ -57,6 +57,12 @@ class GraphBuilder {
     return tensor;
   }
 
+  int Buffer(std::string name, DType dtype, std::vector<SymDim> shape) {
+    int tensor = AddTensor(std::move(name), dtype, false, std::move(shape));
+    graph_.tensors[tensor].is_buffer = true;
+    return tensor;
+  }
+
   int Global(std::string name, DType dtype, std::vector<SymDim> shape) {
     int tensor = AddTensor(std::move(name), dtype, false, std::move(shape));
     graph_.tensors[tensor].is_global = true;
@@ -447,6 +453,10 @@ BlockGraph BuildStudyLoss(const ModelConfig& config) {
 // Llama family (Llama 2/3, Mistral, Qwen2): embed_tokens(input_ids).
 BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
   GraphBuilder g(config);
+  // LlamaRotaryEmbedding's buffers, fp32 whatever the model's dtype:
+  // inv_freq and its clone original_inv_freq, d_head / 2 each (modeling_llama.py:86-87).
+  g.Buffer("rotary_emb.inv_freq", DType::kFloat32, {kDHead / 2});
+  g.Buffer("rotary_emb.original_inv_freq", DType::kFloat32, {kDHead / 2});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
@@ -629,10 +639,16 @@ std::vector<int> BlockGraph::Parameters() const {
 ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
                                 const StageRange& stage) {
   ParameterCensus census;
+  const SymbolValues symbols(config);
   auto add = [&](const BlockGraph& graph, int64_t copies, bool tied) {
     census.elements += CheckedInt64(copies) * ParameterCount(graph, config, tied);
     for (const TensorDef& tensor : graph.tensors) {
       if (tensor.is_parameter && tensor.is_tied == tied) census.tensors += copies;
+      if (tensor.is_buffer && !tied) {
+        CheckedInt64 numel = 1;
+        for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
+        census.buffer_bytes += CheckedInt64(copies) * numel * ElementSizeBytes(tensor.dtype);
+      }
     }
   };
   add(graphs.layer, stage.layers, /*tied=*/false);

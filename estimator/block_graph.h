@@ -33,6 +33,9 @@ struct TensorDef {
   bool is_global = false;
   // is_tied: a parameter another segment owns (a tied LM head): not counted again.
   bool is_tied = false;
+  // is_buffer: a module buffer (register_buffer): exists before the step, read by no op
+  // the graph models, holds no gradient and is not stepped.
+  bool is_buffer = false;
   std::vector<SymDim> shape;  // parameters, globals and the graph input only
 };
 
@@ -109,6 +112,7 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
 struct ParameterCensus {
   CheckedInt64 elements = 0;
   int64_t tensors = 0;
+  CheckedInt64 buffer_bytes = 0;  // the stage's modules' buffers
 };
 
 // StageParameters counts the parameters a stage holds: its layers', the embedding's with

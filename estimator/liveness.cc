@@ -1770,6 +1770,7 @@ StepTimeline ResidentTimeline(const ResidentBytes& resident) {
   timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
   timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
       resident.optimizer_state_bytes;
+  timeline.resident[static_cast<int>(MemoryCategory::kBuffer)] = resident.buffer_bytes;
   return timeline;
 }
 
@@ -2057,6 +2058,7 @@ const char* MemoryCategoryName(MemoryCategory category) {
     case MemoryCategory::kActivation: return "activation";
     case MemoryCategory::kTemporary: return "temporary";
     case MemoryCategory::kInput: return "input";
+    case MemoryCategory::kBuffer: return "buffer";
   }
   return "?";
 }

@@ -44,9 +44,11 @@ enum class MemoryCategory : uint8_t {
   kActivation,      // kept for backward: saved tensors, checkpoint inputs, the cache
   kTemporary,       // everything else: forward intermediates, gradients in flight, workspace
   kInput,           // the model input (and the labels made from it)
+  kBuffer,          // the modules' buffers (LlamaRotaryEmbedding's inv_freq)
 };
-inline constexpr int kNumMemoryCategories = static_cast<int>(MemoryCategory::kInput) + 1;
-// "parameter", "gradient", "optimizer_state", "activation", "temporary", "input".
+inline constexpr int kNumMemoryCategories = static_cast<int>(MemoryCategory::kBuffer) + 1;
+// "parameter", "gradient", "optimizer_state", "activation", "temporary", "input",
+// "buffer".
 const char* MemoryCategoryName(MemoryCategory category);
 
 // StepPhase is where in the step an allocation happens.
@@ -141,6 +143,7 @@ struct StepOptions {
 struct ResidentBytes {
   int64_t parameter_bytes = 0;
   int64_t optimizer_state_bytes = 0;
+  int64_t buffer_bytes = 0;
 };
 
 // StepStretch is one stretch of the step (a layer's forward or backward, the head's, the

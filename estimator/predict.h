@@ -107,6 +107,8 @@ struct Prediction {
   int64_t n_params = 0;  // study: layers * (12 d^2 + 13 d); tied weights count once
   int64_t param_bytes = 0;  // in the model's dtype
   int64_t grad_bytes = 0;   // .grad, in the parameters' dtype
+  // buffer_bytes: the modules' buffers (RoPE's inverse frequencies), resident all step.
+  int64_t buffer_bytes = 0;
   // optimizer_state_bytes: every tensor of torch.optim's opt.state: Adam(W)'s step,
   // exp_avg and
   // exp_avg_sq, SGD's momentum_buffer (when momentum > 0), and with master weights the

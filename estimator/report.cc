@@ -142,6 +142,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
                     {p.n_params, p.param_bytes, p.grad_bytes, p.optimizer_state_bytes,
                      p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
+  doc.AddMember("buffer_bytes", p.buffer_bytes, a);
   rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
       cache(rapidjson::kObjectType), held(rapidjson::kObjectType);
   for (const VariantPrediction& v : p.variants) {
@@ -280,7 +281,8 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   for (const auto& [name, bytes] :
        {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
         {"grad_bytes", p.grad_bytes},
-        {"optimizer_state_bytes", p.optimizer_state_bytes}}) {
+        {"optimizer_state_bytes", p.optimizer_state_bytes},
+        {"buffer_bytes", p.buffer_bytes}}) {
     absl::StrAppendFormat(&out, "%-22s %20d %14s\n", name, bytes, HumanBytes(bytes));
   }
   absl::StrAppendFormat(&out, "\n%-22s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",

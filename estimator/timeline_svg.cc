@@ -26,8 +26,9 @@ constexpr int kPlotHeight = 164;
 
 // Stacked bottom to top: what exists before the step, then what the step makes.
 constexpr std::array<MemoryCategory, kNumMemoryCategories> kStackOrder = {
-    MemoryCategory::kParameter, MemoryCategory::kOptimizerState, MemoryCategory::kInput,
-    MemoryCategory::kGradient,  MemoryCategory::kActivation,     MemoryCategory::kTemporary};
+    MemoryCategory::kParameter, MemoryCategory::kBuffer,     MemoryCategory::kOptimizerState,
+    MemoryCategory::kInput,     MemoryCategory::kGradient,   MemoryCategory::kActivation,
+    MemoryCategory::kTemporary};
 
 const char* Color(MemoryCategory category) {
   switch (category) {
@@ -37,6 +38,7 @@ const char* Color(MemoryCategory category) {
     case MemoryCategory::kActivation: return "#f28e2b";
     case MemoryCategory::kTemporary: return "#e15759";
     case MemoryCategory::kInput: return "#bab0ac";
+    case MemoryCategory::kBuffer: return "#9c755f";
   }
   return "#000000";
 }

@@ -152,6 +152,11 @@ class LlamaModel : public ModelImpl {
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<LlamaLayerImpl>(c));
     norm = register_module("norm", RmsNorm(c.width, c.norm_eps));
+    // LlamaRotaryEmbedding's buffers (modeling_llama.py:86-87): fp32, d_head / 2 each.
+    at::Tensor inv_freq =
+        1.0 / at::pow(10000.0, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
+    register_buffer("rotary_emb_inv_freq", inv_freq);
+    register_buffer("rotary_emb_original_inv_freq", inv_freq.clone());
     if (!c.tie_embeddings) {
       lm_head = register_module(
           "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, vocab).bias(false)));

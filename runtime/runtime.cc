@@ -197,6 +197,7 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     m.param_bytes += TensorBytes(p);
     parameter_storages.insert(StorageKey(p));
   }
+  for (const at::Tensor& b : built.model->buffers()) m.buffer_bytes += TensorBytes(b);
   if (config.family == Family::kStudy && m.n_params != ExpectedParameterCount(config)) {
     return absl::InternalError(absl::StrCat("model has ", m.n_params,
                                             " parameters, expected layers*(12d^2+13d) = ",
@@ -257,7 +258,7 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
   // with every step; their gradients were compared above).
   if (options.measure_steps) {
     const int64_t resident_bytes =
-        m.param_bytes + m.optimizer_state_bytes + TensorBytes(built.input);
+        m.param_bytes + m.buffer_bytes + m.optimizer_state_bytes + TensorBytes(built.input);
     for (VariantMeasurement& vm : m.variants) {
       if (options.progress) options.progress(absl::StrCat(vm.variant.Name(), " (step)"));
       vm.step = MeasureStep(model, built.input, attention, vm.variant, optimizer,

@@ -96,6 +96,7 @@ struct Measurement {
   int64_t n_params = 0;
   int64_t param_bytes = 0;
   int64_t grad_bytes = 0;
+  int64_t buffer_bytes = 0;  // the model's buffers (RoPE's inverse frequencies)
   OptimizerSpec optimizer;
   // optimizer_state_bytes: after one real step, the bytes of every state tensor the
   // optimizer holds (exp_avg, exp_avg_sq; momentum_buffer) plus the fp32 master copies.

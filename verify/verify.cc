@@ -119,6 +119,7 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   report.buckets.push_back(CheckBucket("n_params", p.n_params, m.n_params));
   report.buckets.push_back(CheckBucket("param_bytes", p.param_bytes, m.param_bytes));
   report.buckets.push_back(CheckBucket("grad_bytes", p.grad_bytes, m.grad_bytes));
+  report.buckets.push_back(CheckBucket("buffer_bytes", p.buffer_bytes, m.buffer_bytes));
   report.buckets.push_back(
       CheckBucket("optimizer_state_bytes", p.optimizer_state_bytes, m.optimizer_state_bytes));
   if (options.optimizer.kind == OptimizerKind::kAdamW) {

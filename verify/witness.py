@@ -284,6 +284,19 @@ def _events(prof):
 def measure(case):
     """Trains one measured step of `case` and returns its buckets."""
     torch = _torch()
+    # oneDNN (on by default) gives bf16/fp16 matmuls a per-call scratchpad whose size
+    # depends on the CPU's ISA; memledger predicts ATen's own gemm, as its runtime runs
+    # it (runtime/threads.h). case["mkldnn"] = False measures that.
+    mkldnn = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = case.get("mkldnn", True)
+    try:
+        return _measure(case)
+    finally:
+        torch.backends.mkldnn.enabled = mkldnn
+
+
+def _measure(case):
+    torch = _torch()
     torch.set_num_threads(1)
     torch.manual_seed(case.get("seed", 0))
     if case.get("study"):
@@ -359,6 +372,7 @@ def measure(case):
     saved = sum(seen.values()) + counter.bytes
     return {
         "case": {k: v for k, v in case.items() if k != "config"},
+        "mkldnn": torch.backends.mkldnn.enabled,
         "torch": torch.__version__.split("+")[0],
         "transformers": _transformers_version(),
         "param_bytes": param_bytes,
@@ -417,6 +431,10 @@ def parse_case(argv):
     opt.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     opt.add_argument("--optimizer_impl", default="for_loop", choices=OPTIMIZER_IMPLS)
     opt.add_argument("--momentum", type=float, default=0.0)
+    kernels = parser.add_argument_group("kernels")
+    kernels.add_argument("--no_mkldnn", dest="mkldnn", action="store_false",
+                         help="turn oneDNN off, as memledger's runtime does (its bf16/fp16 "
+                         "matmuls allocate ISA-dependent scratchpads)")
     out = parser.add_argument_group("output")
     out.add_argument("--cases", help="a JSON-lines file of cases (the keys above); "
                      "one result line per case")

@@ -1,0 +1,268 @@
+"""Conformance: predict against the real stack (transformers 5.23.0, torch 2.15.0).
+
+Each case is one small config trained one step by verify/witness.py (the real
+AutoModelForCausalLM, or the unchanged reference study; torch.utils.checkpoint through
+gradient_checkpointing_enable; torch.optim), and predicted by //estimator:predict from
+the same config.json. Every bucket must agree byte for byte: parameters, gradients, the
+optimizer's state (every tensor of opt.state), saved bytes (saved-tensor hooks), bytes
+held after the forward and the step's peak (the profiler's memory events).
+
+The cases cover each value of each axis at least once, and the pairs that interact
+(checkpointing variant x implementation, optimizer x implementation x dtype); they run
+in one process. What the real stack does that memledger does not model yet is listed in
+KNOWN_GAPS; those buckets are compared and printed with the reason, and every other
+bucket must agree.
+
+Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
+    python tests/real_stack_test.py PREDICT_BINARY
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import warnings
+from pathlib import Path
+
+HERE = Path(os.path.realpath(__file__)).parent
+sys.path.insert(0, str(HERE.parent / "verify"))
+import witness  # noqa: E402  (verify/witness.py)
+
+PREDICT = None  # set from argv
+
+# Small configs, one per family (sizes in memledger's terms).
+FAMILIES = {
+    "study": dict(family="study", layers=2, width=32, heads=2),
+    "llama_gqa": dict(family="llama", layers=2, width=64, heads=4, kv_heads=2,
+                      intermediate=128, vocab=128),
+    "llama_mha": dict(family="llama", layers=2, width=64, heads=4, kv_heads=4,
+                      intermediate=128, vocab=128),
+    "llama_mqa": dict(family="llama", layers=2, width=64, heads=4, kv_heads=1,
+                      intermediate=96, vocab=96),
+    "mistral": dict(family="mistral", layers=2, width=64, heads=4, kv_heads=2,
+                    intermediate=128, vocab=128),
+    "qwen2_tied": dict(family="qwen2", layers=2, width=64, heads=4, kv_heads=2,
+                       intermediate=128, vocab=128, tied=True),
+}
+
+
+def hf_config(spec):
+    """The transformers config.json of a family spec."""
+    config = {
+        "model_type": spec["family"],
+        "hidden_size": spec["width"],
+        "intermediate_size": spec["intermediate"],
+        "num_hidden_layers": spec["layers"],
+        "num_attention_heads": spec["heads"],
+        "num_key_value_heads": spec["kv_heads"],
+        "vocab_size": spec["vocab"],
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": spec.get("tied", False),
+    }
+    if spec["family"] == "mistral":
+        config["sliding_window"] = None
+    return config
+
+
+def case_id(case):
+    parts = [case["model"], case["variant"], case["checkpoint_impl"], case["dtype"],
+             "amp" + case["amp"], case["optimizer"], case["optimizer_impl"]]
+    if not case["mkldnn"]:
+        parts.append("no_mkldnn")
+    return "/".join(parts)
+
+
+def run_case(case, tmp):
+    """(predicted, measured) bucket dicts for one case."""
+    spec = FAMILIES[case["model"]]
+    measure = {**witness.DEFAULTS, "batch": case["batch"], "seq": case["seq"],
+               "variant": case["variant"], "checkpoint_impl": case["checkpoint_impl"],
+               "dtype": case["dtype"], "amp": case["amp"], "optimizer": case["optimizer"],
+               "optimizer_impl": case["optimizer_impl"], "momentum": case["momentum"],
+               "mkldnn": case["mkldnn"]}
+    flags = []
+    if spec["family"] == "study":
+        measure.update(study=True, layers=spec["layers"], width=spec["width"],
+                       heads=spec["heads"])
+        flags += [f"--layers={spec['layers']}", f"--width={spec['width']}",
+                  f"--heads={spec['heads']}"]
+    else:
+        measure["config"] = hf_config(spec)
+        path = Path(tmp) / (case["model"] + ".json")
+        path.write_text(json.dumps(measure["config"]))
+        flags.append(f"--model={path}")
+    flags += [f"--batch={case['batch']}", f"--seq={case['seq']}",
+              f"--variants={case['variant']}", f"--dtype={case['dtype']}",
+              f"--amp={case['amp']}", f"--optimizer={case['optimizer']}",
+              f"--optimizer_impl={case['optimizer_impl']}"]
+    if case["optimizer"] == "sgd":
+        flags.append(f"--momentum={case['momentum']}")
+    out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"predict {' '.join(flags)}: {out.stderr.strip()}")
+    p = json.loads(out.stdout)
+    w = witness.measure(measure)
+    v = case["variant"]
+    predicted = {
+        "param_bytes": p["param_bytes"],
+        "grad_bytes": p["grad_bytes"],
+        "optimizer_state_bytes": p["optimizer_state_bytes"],
+        f"saved_bytes.{v}": p["saved_bytes"][v],
+        f"held_after_forward_bytes.{v}": p["held_after_forward_bytes"][v],
+        f"peak_bytes.{v}": p["peak_bytes"][v],
+    }
+    measured = {
+        "param_bytes": w["param_bytes"],
+        "grad_bytes": w["grad_bytes"],
+        "optimizer_state_bytes": w["optimizer_state_bytes"],
+        f"saved_bytes.{v}": w["saved_bytes"],
+        f"held_after_forward_bytes.{v}": w["held_after_forward"],
+        f"peak_bytes.{v}": w["peak_bytes"],
+    }
+    return predicted, measured
+
+
+def mismatches(predicted, measured):
+    """The buckets that differ, each as 'bucket: predicted P, measured M'."""
+    return [f"{bucket}: predicted {predicted[bucket]}, measured {measured[bucket]}"
+            for bucket in predicted if predicted[bucket] != measured[bucket]]
+
+
+def c(model, variant="none", checkpoint_impl="non_reentrant", dtype="fp32", amp="none",
+      optimizer="adamw", optimizer_impl="for_loop", momentum=0.0, batch=2, seq=16,
+      mkldnn=None):
+    # Low precision runs with oneDNN off unless told (see KNOWN_GAPS).
+    if mkldnn is None:
+        mkldnn = dtype == "fp32" and amp == "none"
+    return dict(model=model, variant=variant, checkpoint_impl=checkpoint_impl, dtype=dtype,
+                amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
+                momentum=momentum, batch=batch, seq=seq, mkldnn=mkldnn)
+
+
+# The covering set. Every family, variant, dtype and optimizer implementation appears;
+# optimizer x implementation and optimizer x dtype pairs are each covered.
+CASES = [
+    # Families without checkpointing (fp32, AdamW for-loop).
+    c("study"), c("llama_gqa"), c("llama_mha"), c("llama_mqa"), c("mistral"),
+    c("qwen2_tied"),
+    # Variants x the checkpoint's implementations.
+    c("study", "full"), c("study", "every_2"), c("study", "selective"),
+    c("llama_gqa", "full"), c("llama_gqa", "every_2"), c("llama_gqa", "selective"),
+    c("llama_mha", "full", "reentrant"), c("llama_gqa", "every_2", "reentrant"),
+    # Optimizers x implementations x dtypes.
+    c("llama_gqa", optimizer_impl="foreach"), c("llama_gqa", optimizer_impl="fused"),
+    c("study", optimizer="adam", optimizer_impl="foreach"),
+    c("study", optimizer="adam", optimizer_impl="fused", dtype="bf16"),
+    c("llama_mha", optimizer="adam", dtype="fp16"),
+    c("study", optimizer="sgd", momentum=0.9),
+    c("llama_gqa", optimizer="sgd", momentum=0.9, optimizer_impl="foreach", dtype="bf16"),
+    c("qwen2_tied", optimizer="sgd", momentum=0.9, optimizer_impl="fused"),
+    c("mistral", optimizer="sgd", optimizer_impl="foreach", dtype="fp16"),
+    c("llama_gqa", dtype="bf16"), c("study", dtype="fp16", optimizer_impl="fused"),
+    c("llama_gqa", "full", dtype="bf16", optimizer_impl="foreach"),
+    # Autocast.
+    c("study", amp="bf16"), c("llama_gqa", amp="bf16"),
+    c("llama_mha", "full", amp="bf16", optimizer_impl="fused"),
+    # oneDNN on, as it is by default.
+    c("study", dtype="bf16", mkldnn=True),
+]
+
+# What memledger does not model yet, each with the bucket it moves. A case listed here is
+# still run and its other buckets must agree.
+KNOWN_GAPS = {
+    # Non-reentrant torch.utils.checkpoint recomputes lazily, at the first unpack, and
+    # stops early after the last saved tensor (checkpoint.py, _checkpoint_hook and
+    # _StopRecomputationError); memledger replays the whole layer as the reentrant
+    # CheckpointFunction does, so its backward holds more.
+    "peak_bytes.full/non_reentrant": "lazy recompute with early stop",
+    "peak_bytes.every_2/non_reentrant": "lazy recompute with early stop",
+    "peak_bytes.selective/non_reentrant": "lazy recompute with early stop",
+    # The reentrant CheckpointFunction (checkpoint.py:241-330) recomputes and backwards
+    # the whole layer as memledger does, yet its backward peaks 7-12 KB higher on these
+    # Llama configs; the cause is not found yet (candidates: torch.autograd.backward
+    # accumulating the parameters' .grad inside the node, the detached inputs' .grad).
+    "peak_bytes.*/reentrant": "reentrant backward, cause not found yet",
+    # A checkpointed layer is called with position_ids, which its bound arguments hold
+    # to its backward (estimator/block_graph.cc, BuildLlamaLayer): T x 8 B.
+    "held_after_forward_bytes/position_ids": "checkpoints hold the position ids",
+    # With oneDNN (torch.backends.mkldnn.enabled, the default) bf16/fp16 matmuls
+    # allocate a scratchpad whose size depends on the CPU's ISA; memledger predicts
+    # ATen's own gemm (runtime/threads.h).
+    "peak_bytes/mkldnn": "oneDNN's matmul scratchpads",
+}
+
+
+def gap_for(case, bucket):
+    """The KNOWN_GAPS entry that explains `bucket` of `case`, or None."""
+    variant = case["variant"]
+    if bucket == f"peak_bytes.{variant}" and variant != "none":
+        if case["checkpoint_impl"] == "non_reentrant":
+            return KNOWN_GAPS[f"peak_bytes.{variant}/non_reentrant"]
+        return KNOWN_GAPS["peak_bytes.*/reentrant"]
+    if bucket == f"held_after_forward_bytes.{variant}" and variant != "none" and \
+            FAMILIES[case["model"]]["family"] != "study":
+        return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
+    low_precision = case["dtype"] != "fp32" or case["amp"] != "none"
+    if bucket == f"peak_bytes.{variant}" and low_precision and case["mkldnn"]:
+        return KNOWN_GAPS["peak_bytes/mkldnn"]
+    return None
+
+
+class RealStackTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.tmp = tempfile.mkdtemp()
+
+    def test_cases_are_exact(self):
+        failures, rows = [], []
+        for case in CASES:
+            predicted, measured = run_case(case, self.tmp)
+            for line in mismatches(predicted, measured):
+                bucket = line.split(":")[0]
+                gap = gap_for(case, bucket)
+                rows.append(f"{case_id(case)}  {line}" + (f"  (known: {gap})" if gap else ""))
+                if gap is None:
+                    failures.append(f"{case_id(case)}: {line}")
+            print(f"{case_id(case)}: " + ("exact" if not mismatches(predicted, measured)
+                                          else "differs"), flush=True)
+        print("\n".join(rows))
+        self.assertEqual(failures, [], "\n".join(failures))
+
+    def test_the_witness_counts_by_hand(self):
+        # The study's 2 layers at width 32: 2 x (12 d^2 + 13 d) = 25,408 fp32 parameters
+        # (101,632 B) in 2 x 12 tensors. AdamW's state: exp_avg and exp_avg_sq of each,
+        # 2 x 101,632, and a 0-dim fp32 step per tensor, 24 x 4 = 96: 203,360 B. SGD
+        # without momentum keeps nothing. Input (2, 16, 32) fp32 = 4,096 B, kept by the
+        # first layer's LayerNorm; `none` then holds what it saved less that input.
+        base = {**witness.DEFAULTS, "study": True, "layers": 2, "width": 32, "heads": 2,
+                "batch": 2, "seq": 16}
+        adamw = witness.measure(base)
+        self.assertEqual(adamw["param_bytes"], 101632)
+        self.assertEqual(adamw["grad_bytes"], 101632)
+        self.assertEqual(adamw["optimizer_state_bytes"], 203360)
+        self.assertEqual(adamw["optimizer_step_tensor_bytes"], 96)
+        self.assertEqual(adamw["input_bytes"], 4096)
+        self.assertEqual(adamw["held_after_forward"], adamw["saved_bytes"] - 4096)
+        sgd = witness.measure({**base, "optimizer": "sgd"})
+        self.assertEqual(sgd["optimizer_state_bytes"], 0)
+
+    def test_a_wrong_rule_fails_naming_the_bucket(self):
+        # The comparison's failure path: predict a for-loop AdamW step, measure a
+        # foreach one. foreach's step holds a square root of every exp_avg_sq at once, so
+        # only the peak differs, and the report names it.
+        case = c("study", optimizer_impl="for_loop")
+        predicted, _ = run_case(case, self.tmp)
+        _, measured = run_case({**case, "optimizer_impl": "foreach"}, self.tmp)
+        found = mismatches(predicted, measured)
+        self.assertEqual(len(found), 1, found)
+        self.assertTrue(found[0].startswith("peak_bytes.none: predicted"), found)
+
+
+if __name__ == "__main__":
+    PREDICT = os.path.realpath(sys.argv.pop(1))
+    unittest.main()
