@@ -639,16 +639,10 @@ std::vector<int> BlockGraph::Parameters() const {
 ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
                                 const StageRange& stage) {
   ParameterCensus census;
-  const SymbolValues symbols(config);
   auto add = [&](const BlockGraph& graph, int64_t copies, bool tied) {
     census.elements += CheckedInt64(copies) * ParameterCount(graph, config, tied);
     for (const TensorDef& tensor : graph.tensors) {
       if (tensor.is_parameter && tensor.is_tied == tied) census.tensors += copies;
-      if (tensor.is_buffer && !tied) {
-        CheckedInt64 numel = 1;
-        for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
-        census.buffer_bytes += CheckedInt64(copies) * numel * ElementSizeBytes(tensor.dtype);
-      }
     }
   };
   add(graphs.layer, stage.layers, /*tied=*/false);
@@ -658,6 +652,22 @@ ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& co
     if (!stage.prologue) add(graphs.epilogue, 1, /*tied=*/true);
   }
   return census;
+}
+
+CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
+  const SymbolValues symbols(config);
+  CheckedInt64 bytes = 0;
+  for (const BlockGraph* graph : {graphs.prologue ? &*graphs.prologue : nullptr, &graphs.layer,
+                                  &graphs.epilogue}) {
+    if (graph == nullptr) continue;
+    for (const TensorDef& tensor : graph->tensors) {
+      if (!tensor.is_buffer) continue;
+      CheckedInt64 numel = 1;
+      for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
+      bytes += numel * ElementSizeBytes(tensor.dtype);
+    }
+  }
+  return bytes;
 }
 
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,

@@ -112,8 +112,11 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
 struct ParameterCensus {
   CheckedInt64 elements = 0;
   int64_t tensors = 0;
-  CheckedInt64 buffer_bytes = 0;  // the stage's modules' buffers
 };
+
+// BufferBytes sums the model's buffers (TensorDef::is_buffer), which every rank's model
+// holds whatever layers it runs.
+CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config);
 
 // StageParameters counts the parameters a stage holds: its layers', the embedding's with
 // the prologue, the head's with the head, and a tied head weight's own copy on a stage

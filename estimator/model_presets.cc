@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rapidjson/document.h"
+#include "rapidjson/prettywriter.h"
+#include "rapidjson/stringbuffer.h"
 #include "rapidjson/error/en.h"
 
 namespace memledger {
@@ -236,6 +238,57 @@ absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                    "qwen2, gpt2)"));
   }
   return config;
+}
+
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
+  if (c.family == Family::kStudy || c.megatron) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.megatron ? "megatron-gpt" : "the study", " is not a transformers model"));
+  }
+  rapidjson::StringBuffer buffer;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buffer);
+  w.StartObject();
+  auto integer = [&](const char* key, int64_t value) {
+    w.Key(key);
+    w.Int64(value);
+  };
+  if (c.family == Family::kGpt2) {
+    w.Key("model_type");
+    w.String("gpt2");
+    integer("n_embd", c.width);
+    integer("n_layer", c.layers);
+    integer("n_head", c.heads);
+    integer("n_inner", c.Intermediate());
+    integer("n_positions", c.max_positions);
+    integer("vocab_size", c.vocab);
+    w.Key("layer_norm_epsilon");
+    w.Double(c.norm_eps);
+    for (const char* dropout : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
+      w.Key(dropout);
+      w.Double(0.0);
+    }
+  } else {
+    w.Key("model_type");
+    w.String(c.qkv_bias ? "qwen2" : "llama");
+    integer("hidden_size", c.width);
+    integer("intermediate_size", c.Intermediate());
+    integer("num_hidden_layers", c.layers);
+    integer("num_attention_heads", c.heads);
+    integer("num_key_value_heads", c.KvHeads());
+    integer("head_dim", c.HeadDim());
+    integer("vocab_size", c.vocab);
+    integer("max_position_embeddings", c.max_positions > 0 ? c.max_positions : 2048);
+    w.Key("rms_norm_eps");
+    w.Double(c.norm_eps);
+    if (c.qkv_bias) {
+      w.Key("use_sliding_window");
+      w.Bool(false);
+    }
+  }
+  w.Key("tie_word_embeddings");
+  w.Bool(c.tie_embeddings);
+  w.EndObject();
+  return std::string(buffer.GetString());
 }
 
 absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value) {

@@ -35,6 +35,13 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source);
 
+// HfConfigJson is ModelFromHfConfigJson's inverse for the decoder families: the
+// transformers config.json of `config` (model_type llama, or qwen2 with q/k/v biases;
+// gpt2 with every dropout 0, as memledger's GPT-2 has none), which the real-stack
+// witness builds with AutoModelForCausalLM.from_config. InvalidArgument for the study
+// and megatron-gpt, which are not transformers models.
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& config);
+
 // ModelFromFlag is --model: a preset name, or else the path of a config.json.
 absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value);
 

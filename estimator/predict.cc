@@ -402,8 +402,8 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   CheckedInt64 moment_bytes = n_params * per_parameter.moments;
   CheckedInt64 state_bytes = moment_bytes + n_params * per_parameter.master +
                              CheckedInt64(census.tensors) * per_parameter.per_tensor;
-  if (param_bytes.overflowed() || state_bytes.overflowed() ||
-      census.buffer_bytes.overflowed()) {
+  const CheckedInt64 buffer_bytes = BufferBytes(*graphs, config);
+  if (param_bytes.overflowed() || state_bytes.overflowed() || buffer_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
   }
@@ -411,7 +411,7 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   prediction.n_params = n_params.value();
   prediction.param_bytes = param_bytes.value();
   prediction.grad_bytes = param_bytes.value();
-  prediction.buffer_bytes = census.buffer_bytes.value();
+  prediction.buffer_bytes = buffer_bytes.value();
   prediction.optimizer_state_bytes = state_bytes.value();
   prediction.adamw_state_bytes =
       optimizer.kind == OptimizerKind::kAdamW ? moment_bytes.value() : 0;

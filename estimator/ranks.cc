@@ -127,7 +127,9 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
       CheckedInt64(ZeroShardElements(kind->n_params, parallel.dp)) * parallel.dp * ElementSizeBytes(config.dtype);
   if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
   const ResidentBytes resident{flat ? flat_bytes.value() : kind->param_bytes,
-                               kind->optimizer_state_bytes};
+                               kind->optimizer_state_bytes,
+                               BufferBytes(*ModelGraphsFor(config, options.attention), config)
+                                   .value()};
   for (RankVariant& v : kind->variants) {
     absl::StatusOr<StepTimeline> timeline =
         simulator->Simulate(v.held.variant, options.optimizer, resident);

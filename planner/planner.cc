@@ -609,7 +609,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
     tables->recompute.push_back(*recompute);
   }
 
-  // Resident bytes: parameters and optimizer state, as Predict counts them.
+  // Resident bytes: parameters, optimizer state and buffers, as Predict counts them.
   PredictOptions predict;
   predict.attention = options.attention;
   predict.optimizer = options.optimizer;
@@ -617,7 +617,8 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
   predict.peak = false;
   absl::StatusOr<Prediction> buckets = Predict(config, predict);
   if (!buckets.ok()) return buckets.status();
-  const ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes};
+  const ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes,
+                               buckets->buffer_bytes};
 
   // Probes: for each choice c, with o the other kind of layer (none when c is
   // checkpointed, full when not), [c o c o c c c o c] places c first and last beside

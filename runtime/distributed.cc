@@ -1438,6 +1438,8 @@ class Rank {
     CountedStep step;
     step.resident_bytes = (flat_params_.defined() ? TensorBytes(flat_params_) : param_bytes_) +
                           optimizer_state_bytes_;
+    // The model's buffers (RoPE's inverse frequencies), which every rank's model holds.
+    for (const at::Tensor& b : built_.model->buffers()) step.resident_bytes += TensorBytes(b);
     for (const at::Tensor& input : inputs) step.resident_bytes += TensorBytes(input);
     ScopedCountingAllocator counting(ScopedCountingAllocator::Record::kTimeline);
     counting.MarkPhase("forward");

@@ -93,6 +93,11 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
     const at::ScalarType dtype =
         config.dtype == DType::kBFloat16 ? at::kBFloat16 : at::kHalf;
     built.model->to(dtype);
+    // Buffers stay fp32, as from_config(dtype=...) leaves LlamaRotaryEmbedding's
+    // (modeling_llama.py:105: computed as float; measured fp32 by the witness).
+    for (auto& buffer : built.model->named_buffers()) {
+      buffer.value().set_data(buffer.value().to(at::kFloat));
+    }
     if (config.family == Family::kStudy) built.input = built.input.to(dtype);
   }
   return built;

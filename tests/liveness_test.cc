@@ -85,7 +85,8 @@ TEST(SimulateStepTest, EventsReplayToThePeakForEveryVariant) {
   for (const Variant& variant : variants) {
     ASSERT_OK_AND_ASSIGN(StepTimeline t,
                          SimulateStep(config, AttentionMode::kFlash, variant, OptimizerSpec(),
-                                      ResidentBytes{p.param_bytes, p.optimizer_state_bytes},
+                                      ResidentBytes{p.param_bytes, p.optimizer_state_bytes,
+                                                    p.buffer_bytes},
                                       StepOptions()));
     int64_t live = t.resident_bytes, peak = live, peak_event = -1;
     std::array<int64_t, kNumMemoryCategories> by_category = t.resident;

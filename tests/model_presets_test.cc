@@ -169,6 +169,26 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
   }
 }
 
+// HfConfigJson writes what ModelFromHfConfigJson reads back: the same model.
+TEST(HfConfigTest, WrittenConfigsReadBackAsTheSameModel) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
+  llama.max_positions = 2048;  // a Llama config.json always names max_position_embeddings
+  ModelConfig qwen2 = llama;
+  qwen2.qkv_bias = true;
+  qwen2.tie_embeddings = true;
+  qwen2.kv_heads = 1;
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
+  for (const ModelConfig& model : {llama, qwen2, gpt2}) {
+    ASSERT_OK_AND_ASSIGN(std::string json, HfConfigJson(model));
+    ASSERT_OK_AND_ASSIGN(ModelConfig read, ModelFromHfConfigJson(json, "written.json"));
+    read.batch = model.batch;
+    read.seq = model.seq;
+    EXPECT_EQ(read, model) << json;
+  }
+  EXPECT_NE(HfConfigJson(gpt2)->find("\"resid_pdrop\": 0.0"), std::string::npos);
+  EXPECT_EQ(HfConfigJson(ModelConfig()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HfConfigTest, ModelFlagReadsAFileOrNamesBothChoices) {
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromFlag("tests/testdata/gpt2.config.json"));
   EXPECT_EQ(gpt2.layers, 12);

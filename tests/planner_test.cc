@@ -96,7 +96,8 @@ absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& config, AttentionMode at
   options.peak = false;
   absl::StatusOr<Prediction> p = Predict(config, options);
   if (!p.ok()) return p.status();
-  return Replayer{*std::move(simulator), {p->param_bytes, p->optimizer_state_bytes}};
+  return Replayer{*std::move(simulator),
+                  {p->param_bytes, p->optimizer_state_bytes, p->buffer_bytes}};
 }
 
 // Every plan of `choices` over `layers` layers, as indices into choices.

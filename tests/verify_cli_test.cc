@@ -36,6 +36,32 @@ TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
       << bad.output;
 }
 
+// --witness=transformers adds the real stack's step as a third column, through the
+// pinned reference stack's Python (here its @reference_stack wrapper). The study without
+// checkpointing agrees in every bucket; under full checkpointing the real
+// torch.utils.checkpoint (non-reentrant, lazy recompute with early stop) peaks lower than
+// memledger's whole-layer replay, and verify says so and exits 1.
+TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
+  const std::string witness =
+      " --witness=transformers --witness_python=external/reference_stack/python";
+  CommandResult none = Verify(std::string(kSmall) + " --variants=none --format=table" + witness);
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("transformers"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("== the real stack's"), std::string::npos) << none.output;
+  // At seq 16 the peak is in the backward, where the two recomputes differ.
+  CommandResult full = Verify(
+      "--layers=2 --width=32 --heads=2 --batch=2 --seq=16 --skip_timing --variants=full" +
+      witness);
+  EXPECT_EQ(full.exit_code, 1) << full.output;
+  EXPECT_NE(full.output.find("peak_bytes.full: the real stack measured"), std::string::npos)
+      << full.output;
+  CommandResult bad = Verify(std::string(kSmall) + " --witness=pytorch");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--witness must be none or transformers, got 'pytorch'"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST(VerifyCliTest, MegatronGptRunsWithItsDropoutAndFusedSoftmax) {
   // megatron-gpt's dropouts (each keeps a bool mask) and fused causal softmax (keeps its
   // output, no mask tensor), measured in one process against the Korthikanti-style walk.

@@ -193,4 +193,15 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   return report;
 }
 
+void AddWitness(const std::map<std::string, int64_t>& witness, VerifyReport* report) {
+  report->witness = witness;
+  for (const BucketCheck& bucket : report->buckets) {
+    auto measured = witness.find(bucket.name);
+    if (measured == witness.end() || measured->second == bucket.predicted) continue;
+    report->witness_failures.push_back(absl::StrCat(bucket.name, ": the real stack measured ",
+                                                    measured->second, ", predicted ",
+                                                    bucket.predicted));
+  }
+}
+
 }  // namespace memledger

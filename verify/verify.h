@@ -11,6 +11,7 @@
 #define VERIFY_VERIFY_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,9 +74,17 @@ struct VerifyReport {
   // failures: one line per bucket that is not exact, variant whose gradients differ, or
   // a runtime built against another torch release than the estimator's rules describe.
   std::vector<std::string> failures;
+  // witness: with --witness=transformers, what the real stack measured (verify/witness.py),
+  // by bucket name; witness_failures: one line per bucket where it is not the prediction.
+  std::map<std::string, int64_t> witness;
+  std::vector<std::string> witness_failures;
 
-  bool Passed() const { return failures.empty(); }
+  bool Passed() const { return failures.empty() && witness_failures.empty(); }
 };
+
+// AddWitness puts the real stack's measurements beside `report`'s buckets and a line in
+// witness_failures for each that is not the prediction.
+void AddWitness(const std::map<std::string, int64_t>& witness, VerifyReport* report);
 
 // PredictedFootprintBytes bounds what a verification run needs: the largest predicted
 // step peak plus the reference gradients and a variant's copy of them; where the step's

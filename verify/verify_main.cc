@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -20,6 +21,7 @@
 #include "verify/verify.h"
 #include "verify/verify_ranks.h"
 #include "verify/verify_report.h"
+#include "verify/witness_runner.h"
 
 ABSL_FLAG(bool, skip_timing, false, "Report time_s as null (much faster).");
 ABSL_FLAG(double, max_memory_gib, 0,
@@ -39,6 +41,14 @@ ABSL_FLAG(std::string, rank_worker, "",
 ABSL_FLAG(std::string, rank_fault, "",
           "Testing only: RANK:exit or RANK:hang makes that rank fail, to exercise the "
           "reporting of a dead or hung rank.");
+ABSL_FLAG(std::string, witness, "none",
+          "transformers: also train the step with the real stack (verify/witness.py: "
+          "transformers 5.23.0's AutoModelForCausalLM or the unchanged study, "
+          "torch.utils.checkpoint, torch.optim) and show it as a third column; every "
+          "bucket must agree. none: only memledger's runtime.");
+ABSL_FLAG(std::string, witness_python, "",
+          "With --witness=transformers: the reference stack's Python (default: "
+          "MEMLEDGER_REFERENCE_PYTHON with MEMLEDGER_TORCH_DIR, as ./bazelw sets them).");
 ABSL_FLAG(std::string, plan, "",
           "A checkpoint plan from //planner (--plan_out): verify it, layer by layer, beside "
           "`none` (instead of --variants).");
@@ -150,10 +160,30 @@ int main(int argc, char** argv) {
     }
   };
 
+  const std::string witness = absl::GetFlag(FLAGS_witness);
+  if (witness != "none" && witness != "transformers") {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--witness must be none or transformers, got '", witness, "'")));
+  }
+  std::optional<memledger::WitnessCommand> witness_command;
+  if (witness == "transformers") {
+    absl::StatusOr<memledger::WitnessCommand> found =
+        memledger::FindWitness(absl::GetFlag(FLAGS_witness_python), argv[0]);
+    if (!found.ok()) return memledger::ReportError(found.status());
+    witness_command = *found;
+  }
+
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   options.timeline = !svg_path.empty();
   absl::StatusOr<memledger::VerifyReport> report = memledger::Verify(spec->config, options);
   if (!report.ok()) return memledger::ReportError(report.status());
+  if (witness_command.has_value()) {
+    options.run.progress("the real stack (transformers)");
+    absl::StatusOr<memledger::WitnessBuckets> measured = memledger::RunWitness(
+        *witness_command, spec->config, options.variants, options.optimizer);
+    if (!measured.ok()) return memledger::ReportError(measured.status());
+    memledger::AddWitness(*measured, &*report);
+  }
   if (!svg_path.empty()) {
     absl::StatusOr<std::string> svg = memledger::VerifyTimelineSvg(*report);
     if (!svg.ok()) return memledger::ReportError(svg.status());

@@ -186,7 +186,21 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
   doc.AddMember("predicted", predicted, a);
   doc.AddMember("ratio", ratio, a);
   doc.AddMember("max_grad_diff_per_variant", grad_diff, a);
-  AddVerdictJson(r.grad_tolerance, r.failures, doc);
+  if (!r.witness.empty()) {
+    // The real stack's step (verify/witness.py), by bucket, and the releases it ran.
+    rapidjson::Value witness(rapidjson::kObjectType), buckets(rapidjson::kObjectType);
+    witness.AddMember("stack", Key(absl::StrCat("torch ", kTorchRelease, ", transformers ",
+                                                 kTransformersRelease), a),
+                      a);
+    for (const auto& [name, bytes] : r.witness) {
+      buckets.AddMember(Key(name, a), rapidjson::Value(bytes), a);
+    }
+    witness.AddMember("measured", buckets, a);
+    doc.AddMember("witness", witness, a);
+  }
+  std::vector<std::string> failures = r.failures;
+  failures.insert(failures.end(), r.witness_failures.begin(), r.witness_failures.end());
+  AddVerdictJson(r.grad_tolerance, failures, doc);
   return doc;
 }
 
@@ -202,12 +216,22 @@ std::string VerifyTable(const VerifyReport& r) {
       OptimizerName(r.measurement.optimizer.kind),
       r.measurement.optimizer.master_weights ? " with fp32 master weights" : "",
       r.measurement.torch_version);
-  absl::StrAppendFormat(&out, "%-34s %16s %16s %10s %12s\n", "bucket", "predicted", "measured",
-                        "ratio", "");
+  // With --witness=transformers a third column: the real stack's step (verify/witness.py).
+  const bool witness = !r.witness.empty();
+  absl::StrAppendFormat(&out, "%-34s %16s %16s %s%10s %12s\n", "bucket", "predicted", "measured",
+                        witness ? absl::StrFormat("%16s ", "transformers") : "", "ratio", "");
   for (const BucketCheck& b : r.buckets) {
-    absl::StrAppendFormat(&out, "%-34s %16d %16d %10.4f %12s%s\n", b.name, b.predicted, b.measured,
-                          b.ratio, b.name == "n_params" ? "" : HumanBytes(b.measured),
-                          b.exact() ? "" : "  MISMATCH");
+    std::string real;
+    bool real_differs = false;
+    if (witness) {
+      auto it = r.witness.find(b.name);
+      real = absl::StrFormat("%16s ", it == r.witness.end() ? "-" : absl::StrCat(it->second));
+      real_differs = it != r.witness.end() && it->second != b.predicted;
+    }
+    absl::StrAppendFormat(&out, "%-34s %16d %16d %s%10.4f %12s%s%s\n", b.name, b.predicted,
+                          b.measured, real, b.ratio,
+                          b.name == "n_params" ? "" : HumanBytes(b.measured),
+                          b.exact() ? "" : "  MISMATCH", real_differs ? "  REAL STACK DIFFERS" : "");
   }
   absl::StrAppendFormat(&out, "\n%-24s %16d %16s %10.4f   (measured none / Korthikanti)\n",
                         "Korthikanti (none)", r.prediction.korthikanti_saved_bytes_none, "",
@@ -224,10 +248,12 @@ std::string VerifyTable(const VerifyReport& r) {
                           ratio ? absl::StrFormat("%.3f", *v.time_s / *none_time) : "-",
                           model ? absl::StrFormat("%.3f", *r.predicted_overhead[i]) : "-");
   }
-  return out + Verdict(absl::StrFormat("every bucket measured == predicted; gradients "
+  std::vector<std::string> failures = r.failures;
+  failures.insert(failures.end(), r.witness_failures.begin(), r.witness_failures.end());
+  return out + Verdict(absl::StrFormat("every bucket measured == predicted%s; gradients "
                                        "within %g of none.",
-                                       r.grad_tolerance),
-                       r.failures);
+                                       witness ? " == the real stack's" : "", r.grad_tolerance),
+                       failures);
 }
 
 }  // namespace memledger

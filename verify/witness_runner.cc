@@ -1,0 +1,176 @@
+#include "verify/witness_runner.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "estimator/model_presets.h"
+#include "rapidjson/document.h"
+#include "rapidjson/stringbuffer.h"
+#include "rapidjson/writer.h"
+
+namespace memledger {
+namespace {
+
+bool IsFile(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
+
+// ShellQuoted is `s` in single quotes for /bin/sh.
+std::string ShellQuoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// CaseJson is one line of witness.py --cases: the variant's step of `config`.
+std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
+                     const Variant& variant, const OptimizerSpec& optimizer) {
+  rapidjson::Document doc(rapidjson::kObjectType);
+  auto& a = doc.GetAllocator();
+  auto text = [&](const char* key, const std::string& value) {
+    doc.AddMember(rapidjson::StringRef(key), rapidjson::Value(value.c_str(), a), a);
+  };
+  doc.AddMember("batch", config.batch, a);
+  doc.AddMember("seq", config.seq, a);
+  if (config.family == Family::kStudy) {
+    doc.AddMember("study", true, a);
+    doc.AddMember("layers", config.layers, a);
+    doc.AddMember("width", config.width, a);
+    doc.AddMember("heads", config.heads, a);
+  } else {
+    rapidjson::Document hf;
+    hf.Parse(hf_config.c_str());
+    doc.AddMember("config", rapidjson::Value(hf, a), a);
+  }
+  text("dtype", std::string(ModelDTypeName(config.dtype)));
+  text("amp", std::string(AmpName(config.amp)));
+  text("variant", variant.Name());
+  text("policy", SavePolicyName(variant.policy));
+  text("optimizer", std::string(OptimizerName(optimizer.kind)));
+  text("optimizer_impl", std::string(OptimizerImplName(optimizer.impl)));
+  doc.AddMember("momentum", optimizer.momentum, a);
+  // memledger predicts ATen's own gemm, as its runtime runs it (runtime/threads.h).
+  doc.AddMember("mkldnn", false, a);
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> writer(buffer);
+  doc.Accept(writer);
+  return buffer.GetString();
+}
+
+}  // namespace
+
+absl::StatusOr<WitnessCommand> FindWitness(const std::string& python, const std::string& argv0) {
+  WitnessCommand command;
+  if (!python.empty()) {
+    command.python = python;
+  } else {
+    const char* interpreter = std::getenv("MEMLEDGER_REFERENCE_PYTHON");
+    const char* stack = std::getenv("MEMLEDGER_TORCH_DIR");
+    if (interpreter == nullptr || stack == nullptr) {
+      return absl::FailedPreconditionError(
+          "--witness=transformers needs the reference stack: run verify through ./bazelw "
+          "(MEMLEDGER_REFERENCE_PYTHON and MEMLEDGER_TORCH_DIR are not set), or give "
+          "--witness_python");
+    }
+    command.python = interpreter;
+    command.python_path = stack;
+  }
+  for (const std::string& candidate :
+       {std::string(std::getenv("BUILD_WORKSPACE_DIRECTORY") != nullptr
+                        ? std::getenv("BUILD_WORKSPACE_DIRECTORY")
+                        : "") +
+            "/verify/witness.py",
+        argv0 + ".runfiles/memledger/verify/witness.py", std::string("verify/witness.py")}) {
+    if (IsFile(candidate)) {
+      command.script = candidate;
+      return command;
+    }
+  }
+  return absl::FailedPreconditionError(
+      "--witness=transformers: verify/witness.py not found (run verify with ./bazelw run)");
+}
+
+absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
+                                          const ModelConfig& config,
+                                          const std::vector<Variant>& variants,
+                                          const OptimizerSpec& optimizer) {
+  if (optimizer.master_weights) {
+    return absl::InvalidArgumentError(
+        "--witness=transformers: torch.optim has no master weights (drop --master_weights)");
+  }
+  std::string hf_config;
+  if (config.family != Family::kStudy) {
+    absl::StatusOr<std::string> json = HfConfigJson(config);
+    if (!json.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--witness=transformers: ", json.status().message()));
+    }
+    hf_config = *json;
+  }
+  std::string cases;
+  for (const Variant& variant : variants) {
+    if (variant.kind == VariantKind::kPlan || variant.kind == VariantKind::kCoreAttention) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--witness=transformers: the real stack has no ", variant.Name(), " variant"));
+    }
+    cases += CaseJson(config, hf_config, variant, optimizer) + "\n";
+  }
+  char dir_template[] = "/tmp/memledger-witness-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("witness: no temp dir");
+  const std::string dir = dir_template;
+  const std::string cases_path = dir + "/cases.jsonl", errors_path = dir + "/stderr.txt";
+  std::ofstream(cases_path) << cases;
+  std::string command =
+      (witness.python_path.empty() ? "" : "PYTHONPATH=" + ShellQuoted(witness.python_path) + " ") +
+      ShellQuoted(witness.python) + " " + ShellQuoted(witness.script) + " --cases=" +
+      ShellQuoted(cases_path) + " 2>" + ShellQuoted(errors_path);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError("witness: could not start the reference Python");
+  std::string output;
+  char chunk[4096];
+  while (size_t n = fread(chunk, 1, sizeof(chunk), pipe)) output.append(chunk, n);
+  const int status = pclose(pipe);
+  std::stringstream errors;
+  errors << std::ifstream(errors_path).rdbuf();
+  std::remove(cases_path.c_str());
+  std::remove(errors_path.c_str());
+  rmdir(dir.c_str());
+  if (status != 0) {
+    std::string last;
+    for (absl::string_view line : absl::StrSplit(errors.str(), '\n', absl::SkipWhitespace())) {
+      last = std::string(line);
+    }
+    return absl::InternalError(absl::StrCat("witness failed (exit ", WEXITSTATUS(status),
+                                            "): ", last));
+  }
+  WitnessBuckets buckets;
+  size_t index = 0;
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipWhitespace())) {
+    rapidjson::Document doc;
+    doc.Parse(line.data(), line.size());
+    if (doc.HasParseError() || !doc.IsObject() || index >= variants.size()) {
+      return absl::InternalError(absl::StrCat("witness: unexpected output: ", line));
+    }
+    const std::string v = variants[index++].Name();
+    buckets["param_bytes"] = doc["param_bytes"].GetInt64();
+    buckets["grad_bytes"] = doc["grad_bytes"].GetInt64();
+    buckets["buffer_bytes"] = doc["buffer_bytes"].GetInt64();
+    buckets["optimizer_state_bytes"] = doc["optimizer_state_bytes"].GetInt64();
+    buckets["saved_bytes." + v] = doc["saved_bytes"].GetInt64();
+    buckets["held_after_forward_bytes." + v] = doc["held_after_forward"].GetInt64();
+    buckets["peak_bytes." + v] = doc["peak_bytes"].GetInt64();
+  }
+  if (index != variants.size()) {
+    return absl::InternalError(absl::StrCat("witness: ", index, " results for ",
+                                            variants.size(), " variants"));
+  }
+  return buckets;
+}
+
+}  // namespace memledger
