@@ -118,15 +118,22 @@ void OptimizerRunner::AdamForLoop() {
 
 // AdamForeach is _multi_tensor_adam (adam.py:627-800) on one (device, dtype) group. On
 // CPU tensors every list op takes ATen's slow path, tensor by tensor.
+OptimizerRunner::Lists OptimizerRunner::StateLists() const {
+  Lists lists;
+  for (size_t i = 0; i < stepped_.size(); ++i) {
+    lists.grads.push_back(stepped_[i].grad());
+    const State& s = state_[i];
+    if (s.step.defined()) lists.steps.push_back(s.step);
+    if (s.exp_avg.defined()) lists.exp_avgs.push_back(s.exp_avg);
+    if (s.exp_avg_sq.defined()) lists.exp_avg_sqs.push_back(s.exp_avg_sq);
+    if (s.momentum_buffer.defined()) lists.momentum_buffers.push_back(s.momentum_buffer);
+  }
+  return lists;
+}
+
 void OptimizerRunner::AdamForeach() {
   const bool decoupled = spec_.kind == OptimizerKind::kAdamW;
-  std::vector<at::Tensor> steps, exp_avgs, exp_avg_sqs, grads;
-  for (size_t i = 0; i < stepped_.size(); ++i) {
-    steps.push_back(state_[i].step);
-    exp_avgs.push_back(state_[i].exp_avg);
-    exp_avg_sqs.push_back(state_[i].exp_avg_sq);
-    grads.push_back(stepped_[i].grad());
-  }
+  auto [grads, steps, exp_avgs, exp_avg_sqs, unused] = StateLists();
   // torch._foreach_add_(steps, torch.tensor(1.0, device="cpu"), alpha=1.0) (:682-685).
   at::_foreach_add_(steps, at::scalar_tensor(1.0, at::TensorOptions().dtype(at::kFloat)), 1.0);
   if (decoupled) at::_foreach_mul_(stepped_, 1 - kLr * kAdamWDecay);  // (:692)
@@ -149,13 +156,7 @@ void OptimizerRunner::AdamForeach() {
 
 // AdamFused is _fused_adam (adam.py:845-896): the steps, then one kernel.
 void OptimizerRunner::AdamFused() {
-  std::vector<at::Tensor> steps, exp_avgs, exp_avg_sqs, grads;
-  for (size_t i = 0; i < stepped_.size(); ++i) {
-    steps.push_back(state_[i].step);
-    exp_avgs.push_back(state_[i].exp_avg);
-    exp_avg_sqs.push_back(state_[i].exp_avg_sq);
-    grads.push_back(stepped_[i].grad());
-  }
+  auto [grads, steps, exp_avgs, exp_avg_sqs, unused] = StateLists();
   at::_foreach_add_(steps, 1);  // (:877)
   const bool decoupled = spec_.kind == OptimizerKind::kAdamW;
   const double decay = decoupled ? kAdamWDecay : 0.0;
@@ -186,11 +187,7 @@ void OptimizerRunner::SgdStep() {
       break;
     case OptimizerImpl::kForeach: {
       // _multi_tensor_sgd: _foreach_mul_(bufs) then _foreach_add_ (sgd.py:445-472).
-      std::vector<at::Tensor> grads, bufs;
-      for (size_t i = 0; i < stepped_.size(); ++i) {
-        grads.push_back(stepped_[i].grad());
-        if (momentum) bufs.push_back(state_[i].momentum_buffer);
-      }
+      auto [grads, steps, exp_avgs, exp_avg_sqs, bufs] = StateLists();
       if (momentum) {
         at::_foreach_mul_(bufs, spec_.momentum);
         at::_foreach_add_(bufs, grads, 1.0);
@@ -202,11 +199,7 @@ void OptimizerRunner::SgdStep() {
     }
     case OptimizerImpl::kFused: {
       // _fused_sgd (sgd.py:529): one kernel.
-      std::vector<at::Tensor> grads, bufs;
-      for (size_t i = 0; i < stepped_.size(); ++i) {
-        grads.push_back(stepped_[i].grad());
-        if (momentum) bufs.push_back(state_[i].momentum_buffer);
-      }
+      auto [grads, steps, exp_avgs, exp_avg_sqs, bufs] = StateLists();
       at::_fused_sgd_(stepped_, grads, bufs, /*weight_decay=*/0.0, spec_.momentum, kLr,
                       /*dampening=*/0.0, /*nesterov=*/false, /*maximize=*/false,
                       /*is_first_step=*/false);

@@ -50,6 +50,12 @@ class OptimizerRunner {
     at::Tensor step, exp_avg, exp_avg_sq;  // Adam, AdamW
     at::Tensor momentum_buffer;            // SGD with momentum
   };
+  // Lists: the per-tensor lists a foreach or fused implementation passes its kernels,
+  // each state's where it has one.
+  struct Lists {
+    std::vector<at::Tensor> grads, steps, exp_avgs, exp_avg_sqs, momentum_buffers;
+  };
+  Lists StateLists() const;
   bool IsAdam() const;
   void InitState();
   void AdamForLoop();
