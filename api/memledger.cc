@@ -102,6 +102,7 @@ absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKey
     else if (name == "amp") status = string(&request.amp);
     else if (name == "optimizer") status = string(&request.optimizer);
     else if (name == "optimizer_impl") status = string(&request.optimizer_impl);
+    else if (name == "checkpoint_impl") status = string(&request.checkpoint_impl);
     else if (name == "momentum") {
       if (!value.IsNumber()) return KeyError(key, "must be a number");
       request.momentum = value.GetDouble();

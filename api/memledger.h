@@ -9,7 +9,8 @@
  * "llama-3-8b" or a config.json path), "layers", "width", "heads", "kv_heads",
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
  * "virtual_stages", "micro_batches", "zero" (integers), "variants", "policy",
- * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "schedule" (strings),
+ * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
+ * "schedule" (strings),
  * "momentum" (number), "master_weights", "sp", "explain" (booleans). An unknown key is an error. With "dp" or
  * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,
  * "parallel" and "ranks" (each with its whole-step "peak_bytes" where simulated, which

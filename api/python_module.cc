@@ -57,7 +57,7 @@ PYBIND11_MODULE(memledger, m) {
         "predict(**fields) -> dict: the prediction for the request fields of "
         "api/memledger.h (model, layers, width, heads, kv_heads, head_dim, intermediate, "
         "vocab, batch, seq, variants, every, policy, attention, dtype, amp, optimizer, "
-        "optimizer_impl, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
+        "optimizer_impl, checkpoint_impl, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
         "micro_batches, zero, schedule, explain); with dp or pp above 1, per rank ('ranks'). Raises ValueError "
         "for bad input.");
   m.def("plan", &Plan,

@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, optimizer_impl, "auto",
           "or fused (fused=True); auto is torch.optim's default for the device (the "
           "for-loop on the CPU).");
 ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
+ABSL_FLAG(std::string, checkpoint_impl, "non_reentrant",
+          "torch.utils.checkpoint's implementation (use_reentrant): non_reentrant, the "
+          "default of torch and transformers 5.23, or reentrant, whose checkpoints hold "
+          "their RNG state and call arguments until the loss dies.");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,
@@ -114,6 +118,7 @@ RunRequest RunRequestFromFlags() {
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
   request.optimizer_impl = absl::GetFlag(FLAGS_optimizer_impl);
   request.momentum = absl::GetFlag(FLAGS_momentum);
+  request.checkpoint_impl = absl::GetFlag(FLAGS_checkpoint_impl);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);
   request.sp = absl::GetFlag(FLAGS_sp);

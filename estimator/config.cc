@@ -110,6 +110,17 @@ absl::StatusOr<OptimizerKind> ParseOptimizer(absl::string_view name) {
       absl::StrCat("--optimizer must be adamw, adam or sgd, got '", name, "'"));
 }
 
+absl::string_view CheckpointImplName(CheckpointImpl impl) {
+  return impl == CheckpointImpl::kReentrant ? "reentrant" : "non_reentrant";
+}
+
+absl::StatusOr<CheckpointImpl> ParseCheckpointImpl(absl::string_view name) {
+  if (name == "non_reentrant") return CheckpointImpl::kNonReentrant;
+  if (name == "reentrant") return CheckpointImpl::kReentrant;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--checkpoint_impl must be non_reentrant or reentrant, got '", name, "'"));
+}
+
 absl::string_view OptimizerImplName(OptimizerImpl impl) {
   switch (impl) {
     case OptimizerImpl::kForLoop:
@@ -311,6 +322,13 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
     if (variant.kind == VariantKind::kSelective) {
       if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family); !s.ok()) {
         return s;
+      }
+      // torch.utils.checkpoint's context_fn (create_selective_checkpoint_contexts) runs
+      // only without reentrancy.
+      if (config.checkpoint_impl == CheckpointImpl::kReentrant && !variant.policy.empty()) {
+        return absl::InvalidArgumentError(
+            "--variants selective needs --checkpoint_impl=non_reentrant (torch's selective "
+            "checkpointing runs only there)");
       }
     }
     if (variant.kind == VariantKind::kCoreAttention && attention != AttentionMode::kMath) {

@@ -48,6 +48,18 @@ enum class Family : uint8_t {
 };
 absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
 
+// CheckpointImpl is torch.utils.checkpoint's implementation (use_reentrant). Both keep
+// each call's RNG state and hold the call's bound arguments; they differ in when they
+// let go: the reentrant CheckpointFunction keeps them on its ctx, which lives as long as
+// the graph (until the loss dies, after the optimizer's step in a training loop); the
+// non-reentrant frame dies with the last of its saved tensors, in the layer's backward.
+// Both are modelled as a replay of the whole layer in its backward (the reentrant one's;
+// the non-reentrant one's lazy recompute with early stop is not modelled yet).
+enum class CheckpointImpl : uint8_t { kNonReentrant, kReentrant };
+absl::string_view CheckpointImplName(CheckpointImpl impl);  // "non_reentrant", "reentrant"
+// ParseCheckpointImpl parses --checkpoint_impl.
+absl::StatusOr<CheckpointImpl> ParseCheckpointImpl(absl::string_view name);
+
 // ModelConfig is the model spec plus the input's batch and seq. The first five fields
 // are the study's; the others describe the decoder families and, left at 0, take the
 // study's values (kv_heads = heads, head_dim = width / heads, intermediate = 4 width).
@@ -89,6 +101,9 @@ struct ModelConfig {
   // hold T / tp tokens; a column-parallel linear all-gathers its input (keeping the
   // shard for backward) and a row-parallel one reduce-scatters its output (megatron-gpt).
   bool sp = false;
+  // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
+  // non-reentrant).
+  CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
@@ -101,7 +116,8 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
-           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp;
+           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
+           a.checkpoint_impl == b.checkpoint_impl;
   }
 };
 

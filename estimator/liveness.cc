@@ -1015,8 +1015,14 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, int
   // the captured gradients are routed (the input's, then every parameter's).
   memory_.Unref(incoming.storage);
   memory_.Release(saved_input);
-  for (int extra : extras) memory_.Release(extra);
-  memory_.Unref(rng_state);
+  // The reentrant CheckpointFunction keeps its RNG state and run_function (the call's
+  // bound arguments) on its ctx, which lives as long as the graph: until the loss dies,
+  // after the step (checkpoint.py:241-252). The non-reentrant frame dies with its last
+  // saved tensor, in the layer's backward.
+  if (config_.checkpoint_impl == CheckpointImpl::kNonReentrant) {
+    for (int extra : extras) memory_.Release(extra);
+    memory_.Unref(rng_state);
+  }
   auto input_grad = inner.find(graph.input);
   if (input_grad != inner.end()) {
     Accumulate(outer, kLayerInputKey, input_grad->second);
@@ -2006,6 +2012,13 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
     return absl::UnimplementedError(
         "peak memory: the stretches of a step with master weights do not compose yet (the "
         "optimizer's step holds every layer's fp32 gradient copy)");
+  }
+  if (config_.checkpoint_impl == CheckpointImpl::kReentrant && variant.kind != VariantKind::kNone) {
+    // Its checkpoints hold their call arguments (shared by every layer) to the step's
+    // end: when those die depends on whether any layer is checkpointed.
+    return absl::UnimplementedError(
+        "peak memory: the stretches of a step with --checkpoint_impl=reentrant do not "
+        "compose yet (its checkpoints hold the layers' shared arguments to the step's end)");
   }
   if (optimizer.impl == OptimizerImpl::kForeach &&
       optimizer.kind != OptimizerKind::kSgd) {

@@ -101,6 +101,8 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   Allocator& a = doc.GetAllocator();
   doc.AddMember("config", ConfigJson(config, a), a);
   doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(attention).data()), a);
+  doc.AddMember("checkpoint_impl",
+                rapidjson::StringRef(CheckpointImplName(config.checkpoint_impl).data()), a);
   // The release whose saving rules the numbers follow (estimator/rules.h).
   doc.AddMember("torch", rapidjson::StringRef(kTorchRelease), a);
   doc.AddMember("transformers", rapidjson::StringRef(kTransformersRelease), a);

@@ -53,6 +53,9 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.config.seq = request.seq;
   spec.config.tp = request.tp;
   spec.config.sp = request.sp;
+  absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
+  if (!checkpoint.ok()) return checkpoint.status();
+  spec.config.checkpoint_impl = *checkpoint;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
   absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(request.schedule);
   if (!schedule.ok()) return schedule.status();

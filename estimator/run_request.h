@@ -36,6 +36,7 @@ struct RunRequest {
   std::string amp = "none";
   std::string optimizer = "adamw";
   std::string optimizer_impl = "auto";  // torch.optim's for_loop, foreach or fused
+  std::string checkpoint_impl = "non_reentrant";  // torch.utils.checkpoint's use_reentrant
   double momentum = 0;
   bool master_weights = false;
   int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's

@@ -29,6 +29,7 @@ struct CheckpointState : torch::CustomClassHolder {
   AttentionMode mode = AttentionMode::kFlash;
   LayerExtras extras;
   at::Tensor rng_state;
+  bool reentrant = false;  // CheckpointImpl::kReentrant
   // The autocast dtype of the forward, restored for the recompute (as PyTorch's
   // checkpoint does), so the recomputed layer casts exactly as the original did.
   std::optional<at::ScalarType> autocast;
@@ -105,9 +106,13 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
     result.push_back(x_needs_grad ? input_grads[next++] : at::Tensor());
     for (size_t i = 0; i < parameters.size(); ++i) result.push_back(input_grads[next++]);
     result.push_back(at::Tensor());
-    // What the node held for its backward goes with it: the call's tensors, the state.
-    state->extras = LayerExtras();
-    state->rng_state = at::Tensor();
+    // The non-reentrant frame dies with its last saved tensor, in the backward; the
+    // reentrant CheckpointFunction keeps its ctx (RNG state, run_function's bound
+    // arguments) as long as the graph, until the loss dies (checkpoint.py:241-252).
+    if (!state->reentrant) {
+      state->extras = LayerExtras();
+      state->rng_state = at::Tensor();
+    }
     return result;
   }
 };
@@ -116,8 +121,10 @@ class CheckpointFunction : public ag::Function<CheckpointFunction> {
 
 at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at::Tensor& x,
                            const LayerExtras& extras, AttentionMode mode,
-                           const SavePolicy* policy, std::vector<at::Tensor>* cached) {
+                           CheckpointImpl impl, const SavePolicy* policy,
+                           std::vector<at::Tensor>* cached) {
   auto state = c10::make_intrusive<CheckpointState>();
+  state->reentrant = impl == CheckpointImpl::kReentrant;
   state->layer = layer;
   state->mode = mode;
   // The position ids are not held: the estimator does not model them (block_graph.cc,
@@ -185,7 +192,7 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
     if (variant.IsCheckpointed(i)) {
       // A layer with an empty policy is fully recomputed: no selective cache.
       const SavePolicy policy = variant.PolicyAt(i);
-      x = CheckpointLayer(model.layer(i), x, start.extras, mode,
+      x = CheckpointLayer(model.layer(i), x, start.extras, mode, model.checkpoint_impl,
                           policy.empty() ? nullptr : &policy, &cached);
     } else {
       x = model.layer(i)->forward(x, start.extras, mode, nullptr);

@@ -36,6 +36,7 @@ namespace memledger::runtime {
 // so the caller can account for them.
 at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at::Tensor& x,
                            const LayerExtras& extras, AttentionMode mode,
+                           CheckpointImpl impl = CheckpointImpl::kNonReentrant,
                            const SavePolicy* policy = nullptr,
                            std::vector<at::Tensor>* cached = nullptr);
 

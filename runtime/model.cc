@@ -88,6 +88,7 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
       break;
   }
   built.model->amp = config.amp;
+  built.model->checkpoint_impl = config.checkpoint_impl;
   if (config.dtype != DType::kFloat32) {
     // Drawn in fp32 with the same seed, then converted: the whole model in that dtype.
     const at::ScalarType dtype =

@@ -98,6 +98,8 @@ class ModelImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
   // amp: autocast's dtype for the forward (config.amp); kFloat32 runs without autocast.
   DType amp = DType::kFloat32;
+  // checkpoint_impl: how its checkpointed layers run (config.checkpoint_impl).
+  CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
   TensorParallel* tensor_parallel = nullptr;
 };
 

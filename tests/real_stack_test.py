@@ -98,7 +98,8 @@ def run_case(case, tmp):
     flags += [f"--batch={case['batch']}", f"--seq={case['seq']}",
               f"--variants={case['variant']}", f"--dtype={case['dtype']}",
               f"--amp={case['amp']}", f"--optimizer={case['optimizer']}",
-              f"--optimizer_impl={case['optimizer_impl']}"]
+              f"--optimizer_impl={case['optimizer_impl']}",
+              f"--checkpoint_impl={case['checkpoint_impl']}"]
     if case["optimizer"] == "sgd":
         flags.append(f"--momentum={case['momentum']}")
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
@@ -177,17 +178,14 @@ KNOWN_GAPS = {
     # Non-reentrant torch.utils.checkpoint recomputes lazily, at the first unpack, and
     # stops early after the last saved tensor (checkpoint.py, _checkpoint_hook and
     # _StopRecomputationError); memledger replays the whole layer as the reentrant
-    # CheckpointFunction does, so its backward holds more.
+    # CheckpointFunction does, so its backward holds more. Reentrant checkpointing is
+    # exact but for the position ids below, which it holds to the step's end.
     "peak_bytes.full/non_reentrant": "lazy recompute with early stop",
     "peak_bytes.every_2/non_reentrant": "lazy recompute with early stop",
     "peak_bytes.selective/non_reentrant": "lazy recompute with early stop",
-    # The reentrant CheckpointFunction (checkpoint.py:241-330) recomputes and backwards
-    # the whole layer as memledger does, yet its backward peaks 7-12 KB higher on these
-    # Llama configs; the cause is not found yet (candidates: torch.autograd.backward
-    # accumulating the parameters' .grad inside the node, the detached inputs' .grad).
-    "peak_bytes.*/reentrant": "reentrant backward, cause not found yet",
     # A checkpointed layer is called with position_ids, which its bound arguments hold
-    # to its backward (estimator/block_graph.cc, BuildLlamaLayer): T x 8 B.
+    # to its backward, or to the step's end if reentrant (estimator/block_graph.cc,
+    # BuildLlamaLayer): T x 8 B.
     "held_after_forward_bytes/position_ids": "checkpoints hold the position ids",
     # With oneDNN (torch.backends.mkldnn.enabled, the default) bf16/fp16 matmuls
     # allocate a scratchpad whose size depends on the CPU's ISA; memledger predicts
@@ -199,12 +197,14 @@ KNOWN_GAPS = {
 def gap_for(case, bucket):
     """The KNOWN_GAPS entry that explains `bucket` of `case`, or None."""
     variant = case["variant"]
-    if bucket == f"peak_bytes.{variant}" and variant != "none":
-        if case["checkpoint_impl"] == "non_reentrant":
-            return KNOWN_GAPS[f"peak_bytes.{variant}/non_reentrant"]
-        return KNOWN_GAPS["peak_bytes.*/reentrant"]
-    if bucket == f"held_after_forward_bytes.{variant}" and variant != "none" and \
-            FAMILIES[case["model"]]["family"] != "study":
+    if bucket == f"peak_bytes.{variant}" and variant != "none" and \
+            case["checkpoint_impl"] == "non_reentrant":
+        return KNOWN_GAPS[f"peak_bytes.{variant}/non_reentrant"]
+    decoder = FAMILIES[case["model"]]["family"] != "study"
+    if bucket == f"held_after_forward_bytes.{variant}" and variant != "none" and decoder:
+        return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
+    if bucket == f"peak_bytes.{variant}" and variant != "none" and decoder and \
+            case["checkpoint_impl"] == "reentrant":
         return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
     low_precision = case["dtype"] != "fp32" or case["amp"] != "none"
     if bucket == f"peak_bytes.{variant}" and low_precision and case["mkldnn"]:

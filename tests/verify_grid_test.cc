@@ -340,5 +340,29 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::make_pair(3, 1), std::make_pair(2, 17)),
                        ::testing::Values(kFlash, kMath)));
 
+// The reentrant CheckpointFunction keeps each checkpoint's RNG state and bound call
+// arguments on its ctx until the loss dies, after the optimizer's step: the runtime's
+// checkpoint does the same, and the simulation predicts it exactly (tiny-llama holds cos
+// and sin; the study nothing besides its states). Selective checkpointing needs the
+// non-reentrant implementation, so it is left out.
+class VerifyReentrantTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(VerifyReentrantTest, MeasuredEqualsPredicted) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(GetParam()));
+  config.layers = 3;
+  config.batch = 2;
+  config.seq = 12;
+  config.checkpoint_impl = CheckpointImpl::kReentrant;
+  VerifyOptions options;
+  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2", 2, ""));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  ExpectEveryBucket(report, options.variants.size());
+  ExpectExact(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Reentrant, VerifyReentrantTest,
+                         ::testing::Values("study", "tiny-llama", "tiny-gpt2"));
+
 }  // namespace
 }  // namespace memledger

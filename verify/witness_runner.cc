@@ -51,6 +51,7 @@ std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
   text("dtype", std::string(ModelDTypeName(config.dtype)));
   text("amp", std::string(AmpName(config.amp)));
   text("variant", variant.Name());
+  text("checkpoint_impl", std::string(CheckpointImplName(config.checkpoint_impl)));
   text("policy", SavePolicyName(variant.policy));
   text("optimizer", std::string(OptimizerName(optimizer.kind)));
   text("optimizer_impl", std::string(OptimizerImplName(optimizer.impl)));
