@@ -50,6 +50,30 @@ class GraphBuilder {
     return ToDtype(name + ".autocast", x, amp_);
   }
 
+  // MulWrapped is `x * c` (or `c * x`) in Python with a number c: mul.Tensor of x and c
+  // wrapped in a 0-dim float64 tensor, which MulBackward0 keeps.
+  int MulWrapped(const std::string& name, int x) {
+    std::vector<int> outputs = Op(OpType::kMulWrapped, name, {x}, {"out", "wrapped"});
+    graph_.tensors[outputs[1]].dtype = DType::kFloat64;
+    return outputs[0];
+  }
+
+  // NewGelu is transformers' NewGELUActivation (activations.py), GPT-2's gelu_new, as
+  // Python evaluates it: 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) *
+  // (input + 0.044715 * torch.pow(input, 3.0)))). Not one gelu op: pow keeps the input,
+  // tanh its result, the last mul both factors, and each mul by a number its wrapped
+  // number.
+  int NewGelu(const std::string& name, int x) {
+    int half = MulWrapped(name + ".half", x);
+    int cube = Op1(OpType::kPow, name + ".cube", {x});
+    int cubic = MulWrapped(name + ".cubic", cube);
+    int inner = Op1(OpType::kAdd, name + ".inner", {x, cubic});
+    int scaled = MulWrapped(name + ".scaled", inner);
+    int tanh = Op1(OpType::kTanh, name + ".tanh", {scaled});
+    int one_plus = Op1(OpType::kAddScalar, name + ".one_plus", {tanh});
+    return Op1(OpType::kMulTensor, name, {half, one_plus});
+  }
+
   // TiedParam is a parameter owned by another segment (a tied LM head).
   int TiedParam(std::string name, std::vector<SymDim> shape) {
     int tensor = Param(std::move(name), std::move(shape));
@@ -580,7 +604,10 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
       g.Dropout("attn.dropout", g.RowParallel("attn.c_proj", merged, attention_width, kD));
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
   int fc = g.ColumnParallel("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
-  int gelu = g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu);
+  // transformers' GPT-2 runs gelu_new, a chain of Python ops; Megatron's GPT one
+  // gelu(approximate='tanh').
+  int gelu = config.megatron ? g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu)
+                             : g.NewGelu("gelu_new", fc);
   int mlp_out = g.Dropout("mlp.dropout", g.RowParallel("mlp.c_proj", gelu, kF, kD));
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   return g.Finish(x2);

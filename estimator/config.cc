@@ -29,6 +29,7 @@ int64_t ElementSizeBytes(DType dtype) {
     case DType::kBool:
       return 1;
     case DType::kInt64:
+    case DType::kFloat64:
       return 8;
     case DType::kBFloat16:
     case DType::kFloat16:
@@ -51,6 +52,8 @@ const char* DTypeName(DType dtype) {
       return "bfloat16";
     case DType::kFloat16:
       return "float16";
+    case DType::kFloat64:
+      return "float64";
   }
   return "?";
 }
@@ -85,6 +88,7 @@ absl::string_view ModelDTypeName(DType dtype) {
       return "fp16";
     case DType::kBool:
     case DType::kInt64:
+    case DType::kFloat64:
       break;  // never a model's dtype
   }
   return "?";
@@ -320,7 +324,7 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
           ", got ", variant.every));
     }
     if (variant.kind == VariantKind::kSelective) {
-      if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family); !s.ok()) {
+      if (absl::Status s = ValidatePolicy(variant.policy, attention, config.family, config.megatron); !s.ok()) {
         return s;
       }
       // torch.utils.checkpoint's context_fn (create_selective_checkpoint_contexts) runs
@@ -344,7 +348,7 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
       }
       for (const LayerChoice& choice : variant.layers) {
         if (!choice.checkpointed) continue;
-        if (absl::Status s = ValidatePolicy(choice.policy, attention, config.family); !s.ok()) {
+        if (absl::Status s = ValidatePolicy(choice.policy, attention, config.family, config.megatron); !s.ok()) {
           return s;
         }
       }
@@ -412,7 +416,8 @@ std::string SavePolicyName(const SavePolicy& policy) {
   return absl::StrJoin(names, ",");
 }
 
-absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family) {
+absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family,
+                            bool megatron) {
   if (policy.Saves(OpKind::kAttention) && mode != AttentionMode::kFlash) {
     return absl::InvalidArgumentError(
         "--policy attention needs --attention=flash (math attention has no single op)");
@@ -422,6 +427,11 @@ absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family
     return absl::InvalidArgumentError(
         "--policy layer_norm and gelu are not ops of the llama family (RMSNorm is plain "
         "ops; its activation is silu)");
+  }
+  if (family == Family::kGpt2 && !megatron && policy.Saves(OpKind::kGelu)) {
+    return absl::InvalidArgumentError(
+        "--policy gelu is not an op of transformers' GPT-2: its gelu_new is a chain of "
+        "Python ops (pow, mul, add, tanh), no gelu to save");
   }
   if (!llama && policy.Saves(OpKind::kSilu)) {
     return absl::InvalidArgumentError(absl::StrCat(

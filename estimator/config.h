@@ -22,15 +22,17 @@
 namespace memledger {
 
 // DType is an element type of a tensor.
-enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16 };
-inline constexpr int kNumDTypes = static_cast<int>(DType::kFloat16) + 1;
+// kFloat64 only for the 0-dim tensors a Python number is wrapped in (mul.Tensor(x, 0.5)).
+enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16, kFloat64 };
+inline constexpr int kNumDTypes = static_cast<int>(DType::kFloat64) + 1;
 
 int64_t ElementSizeBytes(DType dtype);
 
 // PromoteTypes is ATen's result type of an op on two floating tensors of these dtypes:
 // the dtype itself when they agree, else fp32 (bf16 with fp32 or fp16 -> fp32).
 DType PromoteTypes(DType a, DType b);
-const char* DTypeName(DType dtype);  // "float32", "bool", "int64", "bfloat16", "float16"
+// "float32", "bool", "int64", "bfloat16", "float16", "float64"
+const char* DTypeName(DType dtype);
 
 // ParseModelDType parses --dtype: fp32, bf16 or fp16.
 absl::StatusOr<DType> ParseModelDType(absl::string_view name);
@@ -44,7 +46,7 @@ absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
 enum class Family : uint8_t {
   kStudy,  // the reference study's pre-LN block stack, input (B, T, d), loss x.pow(2).mean()
   kLlama,  // Llama 2/3, Mistral, Qwen2: embedding, RMSNorm, RoPE, GQA, SwiGLU, LM head, CE
-  kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, GELU-tanh, tied head, CE
+  kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, gelu_new, tied head, CE
 };
 absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
 
@@ -185,7 +187,7 @@ enum class OpKind {
   kMatmul,     // the four Linear layers' addmm (the study's policy)
   kAttention,  // flash attention: out and logsumexp (flash mode only)
   kLayerNorm,  // native_layer_norm: out, mean, rstd
-  kGelu,       // gelu (exact for the study, tanh for GPT-2): out
+  kGelu,       // gelu (exact for the study, tanh for megatron-gpt): out
   kSilu,       // silu (Llama's SwiGLU gate): out
 };
 
@@ -226,7 +228,9 @@ std::string SavePolicyName(const SavePolicy& policy);  // "matmul,gelu"; "" if e
 // ValidatePolicy rejects op kinds the model lacks: "attention" names the flash op, which
 // math mode does not have; layer_norm and gelu are not in Llama (RMSNorm is plain ops,
 // the activation is silu), silu is only in Llama.
-absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family);
+// gelu is not in transformers' GPT-2 either (gelu_new is plain ops); megatron-gpt has it.
+absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family,
+                            bool megatron = false);
 
 // VariantKind is the checkpointing choice.
 enum class VariantKind {

@@ -473,9 +473,19 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
     std::vector<int> prelude;
-    if ((op.type == OpType::kAddScalar || op.type == OpType::kMulScalar) && !replayed) {
+    // mul.Tensor with a wrapped Python number: the wrapped number is its output 1, which
+    // MulBackward0 keeps; its conversion dies in the op.
+    int wrapped_number = -1;
+    if ((op.type == OpType::kAddScalar || op.type == OpType::kMulScalar ||
+         op.type == OpType::kMulWrapped) &&
+        !replayed) {
       const Memory::Wrapped scalar = memory_.WrapScalar(graph.tensors[op.outputs[0]].dtype);
-      prelude = {scalar.wrapped, scalar.converted};
+      if (op.type == OpType::kMulWrapped) {
+        wrapped_number = scalar.wrapped;
+        prelude = {scalar.converted};
+      } else {
+        prelude = {scalar.wrapped, scalar.converted};
+      }
     }
     // An elementwise op on CPU computes in its inputs' common dtype: an input of another
     // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
@@ -502,6 +512,8 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       if (replayed) {
         id = inst.cached.at(s);  // the op is skipped: its output comes from the cache
         memory_.Ref(id);
+      } else if (wrapped_number >= 0 && out == op.outputs[1]) {
+        id = wrapped_number;  // made before the op, by the Python binding
       } else {
         id = memory_.Alloc(storages[s].bytes, MemoryCategory::kTemporary);
         if (pass == Pass::kRecord && FromCache(inst, op)) {
@@ -720,8 +732,17 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     case OpType::kSilu:
     case OpType::kNeg:
     case OpType::kLogSoftmax:
+    case OpType::kTanh:  // tanh_backward(grad, result)
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       break;
+    case OpType::kMulWrapped: {
+      // grad * other: the kept wrapped number, converted to grad's dtype for the op.
+      const int converted =
+          memory_.Alloc(ElementSizeBytes(grad.dtype), MemoryCategory::kTemporary);
+      grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
+      memory_.Unref(converted);
+      break;
+    }
     case OpType::kSlice:
       // slice_backward: zeros of the input's sizes, the gradient copied into a slice.
       grads[0] = NewGrad(layout_of(0), grad.dtype);
@@ -1082,6 +1103,8 @@ bool Modelled(OpType type) {
     case OpType::kScatter:
     case OpType::kNativeDropout:
     case OpType::kFusedCausalSoftmax:
+    case OpType::kTanh:
+    case OpType::kMulWrapped:
       return true;
     default:
       return false;

@@ -296,14 +296,17 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   if (stage.head) head_loss += globals.Add(epilogue);
 
   CheckedInt64 saved = embedding + layer_bytes + head_loss;
-  // What the forward leaves held besides: each checkpointed call's CPU RNG state and
-  // the call arguments only checkpoints hold.
+  // What the forward leaves held besides: each checkpointed call's CPU RNG state, the
+  // call arguments only checkpoints hold, and the wrapped numbers backward nodes keep.
   int64_t checkpointed_calls = 0;
+  CheckedInt64 held_unsaved = epilogue.held_bytes;
+  if (segments.prologue.has_value()) held_unsaved += segments.prologue->held_bytes;
   for (const LayerCensus::Kind& kind : census.kinds) {
     if (kind.checkpointed) checkpointed_calls += kind.count;
+    held_unsaved += CheckedInt64(kind.count) * kind.walk->held_bytes;
   }
-  const CheckedInt64 held_besides =
-      CheckedInt64(checkpointed_calls) * kCpuRngStateBytes + globals.HeldOnlyBytes();
+  const CheckedInt64 held_besides = CheckedInt64(checkpointed_calls) * kCpuRngStateBytes +
+                                    globals.HeldOnlyBytes() + held_unsaved;
   CheckedInt64 dtype_total = 0;
   for (const CheckedInt64& bytes : by_dtype) dtype_total += bytes;
   if (saved.overflowed() || cache.overflowed() || dtype_total.overflowed() ||

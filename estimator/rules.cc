@@ -109,8 +109,10 @@ OpSemantics PinnedSemantics(OpType type) {
       // mul_tensor_backward(grad, self, ...).
       return {{In(0, "self_", 1), In(1, "other_", 0)}, {0, 1}, {"MulBackward0"}, {}};
     case OpType::kAddScalar:
-      // yaml:234 add.Scalar: handle_r_to_c(self.scalar_type(), grad).
-      return {{}, {0}, {"AddBackward1"}, {}};
+      // yaml:234 add.Scalar: handle_r_to_c(self.scalar_type(), grad). Python's `x + eps`
+      // is add.Tensor with the number wrapped (yaml:229): AddBackward0 keeps nothing
+      // either.
+      return {{}, {0}, {"AddBackward1", "AddBackward0"}, {}};
     case OpType::kRsqrt:
       // yaml:1519 rsqrt: -0.5 * grad * result.pow(3).conj().
       return {{Out(0, "result_")}, {0}, {"RsqrtBackward0"}, {}};
@@ -181,6 +183,17 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kFusedCausalSoftmax:
       // ScaledUpperTriangMaskedSoftmax: ctx.save_for_backward(softmax_results).
       return {{Out(0, "softmax_results")}, {0}, {"ScaledUpperTriangMaskedSoftmax"}, {}, true};
+    case OpType::kTanh:
+      // yaml:1790 tanh: tanh_backward(grad, result).
+      return {{Out(0, "result_")}, {0}, {"TanhBackward0"}, {}};
+    case OpType::kMulWrapped:
+      // yaml:1251 mul.Tensor: self: mul_tensor_backward(grad, other, ...): the wrapped
+      // number (output 1 here), kept when self requires grad; self_ would be kept for
+      // other's gradient, which a number has not.
+      return {{KeepRule{true, 1, 0, "other_", /*wrapped_number=*/true}},
+              {0},
+              {"MulBackward0"},
+              {"self_"}};
     case OpType::kVocabParallelCrossEntropy:
       // _VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, target_mask,
       // masked_target_1d), exp_logits being the logits themselves, turned into the
@@ -241,6 +254,8 @@ const char* OpTypeName(OpType type) {
     case OpType::kVocabParallelEmbedding: return "megatron_vocab_parallel_embedding";
     case OpType::kVocabParallelCrossEntropy: return "megatron_vocab_parallel_cross_entropy";
     case OpType::kFusedCausalSoftmax: return "megatron_scaled_upper_triang_masked_softmax";
+    case OpType::kTanh: return "tanh";
+    case OpType::kMulWrapped: return "mul";
   }
   return "?";
 }

@@ -94,8 +94,13 @@ enum class OpType : uint8_t {
   // Megatron-LM's fused scaled_upper_triang_masked_softmax (after the scale): the causal
   // softmax with no mask tensor, keeping its output; its backward works in place.
   kFusedCausalSoftmax,
+  // transformers' Python-level ops (GPT-2's NewGELUActivation):
+  kTanh,
+  // x * <a Python number>: mul.Tensor with the number wrapped in a 0-dim float64
+  // tensor, (self) -> (out, the wrapped number), which MulBackward0 keeps as other_.
+  kMulWrapped,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kFusedCausalSoftmax) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kMulWrapped) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 
@@ -106,6 +111,10 @@ struct KeepRule {
   int index = 0;                 // into OpDef::inputs or OpDef::outputs
   int needs_grad_of_input = -1;  // saved only if this input requires grad; -1: always
   std::string_view saved_name;   // the SavedVariable member in Functions.h: "mat1_"
+  // wrapped_number: the saved tensor is a wrapped Python number, which SavedVariable
+  // stores without calling the saved-tensor hooks (torch/csrc/autograd/
+  // saved_variable.cpp: no pack hook for is_wrapped_number()): held, not saved.
+  bool wrapped_number = false;
 };
 
 struct OpSemantics {

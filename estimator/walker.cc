@@ -353,6 +353,13 @@ class Walk {
         NewStorage(out, target, graph_.tensors[out].dtype, false);
         return absl::OkStatus();
       }
+      case OpType::kMulWrapped: {
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        // The wrapped number: a 0-dim float64 tensor.
+        NewContiguous(op.outputs[1], nullptr, 0);
+        return absl::OkStatus();
+      }
+      case OpType::kTanh:
       case OpType::kMulScalar:
       case OpType::kMaskedFill:
       case OpType::kSoftmax:
@@ -423,7 +430,7 @@ class Walk {
         continue;
       }
       Keep(op_index, rule.is_output ? op.outputs[rule.index] : op.inputs[rule.index],
-           KeepReason::kAutograd);
+           rule.wrapped_number ? KeepReason::kWrappedNumber : KeepReason::kAutograd);
     }
     return absl::OkStatus();
   }
@@ -434,9 +441,11 @@ class Walk {
       storage.kept_by.push_back(op);
     }
     if (storage.is_parameter) return;  // parameters are accounted elsewhere
-    bool& flag = reason == KeepReason::kSelectiveCache   ? storage.cached
-                 : reason == KeepReason::kCheckpointHeld ? storage.held
-                                                         : storage.kept;
+    const bool held =
+        reason == KeepReason::kCheckpointHeld || reason == KeepReason::kWrappedNumber;
+    bool& flag = reason == KeepReason::kSelectiveCache ? storage.cached
+                 : held                                ? storage.held
+                                                       : storage.kept;
     if (flag) return;
     flag = true;
     if (options_.record_storages) {
@@ -467,6 +476,7 @@ class Walk {
                                                storage.bytes, dtype, !storage.kept});
         continue;
       }
+      if (storage.held && !storage.kept && !storage.is_global) walk.held_bytes += storage.bytes;
       if (!storage.kept || s == input_storage || s == output_storage) continue;
       inner += storage.bytes;
       walk.inner_by_dtype[static_cast<int>(dtype)] += storage.bytes;
@@ -515,6 +525,8 @@ const char* KeepReasonName(KeepReason reason) {
       return "cache";
     case KeepReason::kCheckpointHeld:
       return "checkpoint_held";
+    case KeepReason::kWrappedNumber:
+      return "wrapped_number";
   }
   return "?";
 }

@@ -53,9 +53,12 @@ enum class KeepReason : uint8_t {
   // arguments): alive until its backward, but saved by nobody, so no saved-tensor hook
   // sees it. Not in saved_bytes; in held_after_forward_bytes.
   kCheckpointHeld,
+  // a wrapped Python number a backward node keeps (KeepRule::wrapped_number): held, but
+  // never packed, so no saved-tensor hook sees it. In held_after_forward_bytes only.
+  kWrappedNumber,
 };
 
-// "autograd", "checkpoint", "cache", "checkpoint_held"
+// "autograd", "checkpoint", "cache", "checkpoint_held", "wrapped_number"
 const char* KeepReasonName(KeepReason reason);
 
 // KeptStorage is one counted storage: the first op and tensor that kept it.
@@ -107,6 +110,9 @@ struct BlockWalk {
   // prologue, which has no input)
   int64_t boundary_bytes = 0;
   int64_t inner_bytes = 0;     // other storages autograd keeps, model-level ones excluded
+  // held_bytes: storages backward nodes keep that no saved-tensor hook sees (wrapped
+  // numbers): not in inner_bytes.
+  int64_t held_bytes = 0;
   int64_t cache_bytes = 0;     // selective cache
   // The same by the storages' dtypes (indexed by DType), and the boundary's dtype.
   std::array<int64_t, kNumDTypes> inner_by_dtype{};

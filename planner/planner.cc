@@ -546,7 +546,8 @@ std::vector<LayerChoice> AllChoices(const ModelConfig& config, AttentionMode att
   std::vector<LayerChoice> choices = {LayerChoice{false, {}}, LayerChoice{true, {}}};
   std::vector<OpKind> kinds;
   for (int k = 0; k < kNumOpKinds; ++k) {
-    if (ValidatePolicy(SavePolicy{static_cast<OpKind>(k)}, attention, config.family).ok()) {
+    if (ValidatePolicy(SavePolicy{static_cast<OpKind>(k)}, attention, config.family,
+                       config.megatron).ok()) {
       kinds.push_back(static_cast<OpKind>(k));
     }
   }
@@ -594,7 +595,8 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
   }
   for (const LayerChoice& choice : tables->choices) {
     if (!choice.checkpointed) continue;
-    if (absl::Status s = ValidatePolicy(choice.policy, options.attention, config.family);
+    if (absl::Status s = ValidatePolicy(choice.policy, options.attention, config.family,
+                                        config.megatron);
         !s.ok()) {
       return s;
     }

@@ -1,6 +1,7 @@
 #include "runtime/families.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
@@ -47,6 +48,28 @@ at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   at::Tensor x_cos = Last(x) * cos;
   at::Tensor rotated_sin = Last(rotated) * sin;
   return Last(x_cos) + Last(rotated_sin);
+}
+
+// Times is Python's `x * c` with a number c: mul.Tensor with c wrapped in a 0-dim
+// float64 tensor, which MulBackward0 keeps (at::mul(x, double) would be mul.Scalar,
+// which keeps nothing).
+at::Tensor Times(const at::Tensor& x, double c) {
+  return at::mul(x, at::native::wrapped_scalar_tensor(c));
+}
+
+// NewGelu is transformers' NewGELUActivation (activations.py), GPT-2's gelu_new, op by op
+// as Python evaluates 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) *
+// (input + 0.044715 * torch.pow(input, 3.0)))); `1.0 + t` is add.Tensor with the number
+// wrapped, as the estimator's add-of-a-number.
+at::Tensor NewGelu(at::Tensor x) {
+  at::Tensor half = Times(x, 0.5);
+  at::Tensor cube = at::pow(x, 3.0);
+  at::Tensor cubic = Times(Last(cube), 0.044715);
+  at::Tensor inner = at::add(Last(x), Last(cubic));
+  at::Tensor scaled = Times(Last(inner), std::sqrt(2.0 / M_PI));
+  at::Tensor tanh = at::tanh(Last(scaled));
+  at::Tensor one_plus = at::add(Last(tanh), at::native::wrapped_scalar_tensor(1.0));
+  return Last(half) * Last(one_plus);
 }
 
 // RepeatKv is transformers' repeat_kv: (B, kv, T, dh) -> (B, kv * n_rep, T, dh), a copy.
@@ -262,7 +285,8 @@ class Gpt2LayerImpl : public DecoderLayer {
         Dropout(RowParallel(attn_c_proj, Last(merged), cache), DropoutKind::kAttentionOut);
     at::Tensor x1 = x + Last(projected);
     at::Tensor fc = ColumnParallel(c_fc, LayerNormOp(*ln_2, x1, cache), cache);
-    at::Tensor m = GeluOp(Last(fc), "tanh", cache);
+    // transformers' GPT-2 runs gelu_new (NewGELU); Megatron's GPT gelu(tanh).
+    at::Tensor m = index_ >= 0 ? GeluOp(Last(fc), "tanh", cache) : NewGelu(Last(fc));
     at::Tensor out = Dropout(RowParallel(mlp_c_proj, Last(m), cache), DropoutKind::kMlpOut);
     return Last(x1) + Last(out);
   }

@@ -276,15 +276,20 @@ TEST(PredictFamiliesTest, TinyLlamaByHand) {
 TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   // tiny-gpt2: L=2, d=32, H=4, F=128, V=96, 128 positions; B=16, T=64: N = 1024.
   // Per layer and token: x 32, mean+rstd 2, ln_1 out 32 (c_attn addmm), c_attn out 96
-  // (q, k, v are its views), out 32, logsumexp 4, x1 32, mean+rstd 2, ln_2 out 32, c_fc
-  // out 128 (gelu), gelu out 128 (c_proj): 520 x 4,096 = 2,129,920. Embedding: input_ids
-  // 8,192 and position ids 64 x 8 = 512. Head: x 32, mean+rstd 2, ln_f out 32 = 66 x
-  // 4,096 = 270,336; log-probs 393,216; labels 8,192; total weight 4.
-  // none = 4,259,840 + 8,704 + 270,336 + 393,216 + 8,192 + 4 = 4,940,292.
+  // (q, k, v are its views), out 32, logsumexp 4, x1 32, mean+rstd 2, ln_2 out 32; then
+  // gelu_new (NewGELUActivation, plain ops): c_fc out 128 (pow keeps it), 0.5 x 128 and
+  // 1 + tanh 128 (the last mul keeps both), tanh 128 (its backward keeps the result),
+  // gelu_new out 128 (c_proj): 904 x 4,096 = 3,702,784. Embedding: input_ids 8,192 and
+  // position ids 64 x 8 = 512. Head: x 32, mean+rstd 2, ln_f out 32 = 66 x 4,096 =
+  // 270,336; log-probs 393,216; labels 8,192; total weight 4.
+  // none = 7,405,568 + 8,704 + 270,336 + 393,216 + 8,192 + 4 = 8,086,020. The three
+  // multiplications by a number also keep their wrapped numbers (8 B each, float64),
+  // which no saved-tensor hook sees: held after the forward, not saved.
   PredictOptions options;
   options.variants = Variants("none");
   ASSERT_OK_AND_ASSIGN(Prediction p, Predict(Preset("tiny-gpt2"), options));
-  EXPECT_EQ(p.variants[0].saved_bytes, 4940292);
+  EXPECT_EQ(p.variants[0].saved_bytes, 8086020);
+  EXPECT_EQ(p.variants[0].held_after_forward_bytes, 8086020 - 8192 + 2 * 3 * 8);
   EXPECT_EQ(p.variants[0].embedding_bytes, 8704);
 }
 
