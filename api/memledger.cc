@@ -221,7 +221,8 @@ extern "C" {
 
 const char* memledger_version(void) {
   static const std::string* const kVersion = new std::string(absl::StrCat(
-      "memledger ", MEMLEDGER_ABI_VERSION, " (torch ", memledger::kTorchRelease, ")"));
+      "memledger ", MEMLEDGER_ABI_VERSION, " (torch ", memledger::kTorchRelease,
+      ", transformers ", memledger::kTransformersRelease, ")"));
   return kVersion->c_str();
 }
 

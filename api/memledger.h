@@ -49,7 +49,8 @@ extern "C" {
  * would. */
 #define MEMLEDGER_NO_PLAN 3
 
-/* memledger_version: "memledger <ABI version> (torch <release>)", static storage. */
+/* memledger_version: "memledger <ABI version> (torch <release>, transformers <release>)",
+ * static storage. */
 const char* memledger_version(void);
 
 /* memledger_abi_version: MEMLEDGER_ABI_VERSION of the library actually loaded. */

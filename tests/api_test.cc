@@ -161,9 +161,10 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
             "request: \"budget_gib\" is not a request key (see api/memledger.h)");
 }
 
-TEST(ApiTest, VersionNamesAbiAndTorch) {
+TEST(ApiTest, VersionNamesAbiAndTheReferenceStack) {
   EXPECT_EQ(memledger_abi_version(), MEMLEDGER_ABI_VERSION);
-  EXPECT_EQ(std::string(memledger_version()), "memledger 1 (torch 2.15.0)");
+  EXPECT_EQ(std::string(memledger_version()),
+            "memledger 1 (torch 2.15.0, transformers 5.23.0)");
 }
 
 TEST(ApiTest, SixteenThreadsGetTheSerialResults) {

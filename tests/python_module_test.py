@@ -17,7 +17,8 @@ class PredictTest(unittest.TestCase):
         self.assertEqual(p["n_params"], 8030261248)
         self.assertEqual(p["amp"], "bf16")
         self.assertEqual(set(p["saved_bytes"]), {"none", "full", "every_2", "selective"})
-        self.assertTrue(memledger.__version__.startswith("memledger 1 (torch 2.15.0)"))
+        self.assertTrue(
+            memledger.__version__.startswith("memledger 1 (torch 2.15.0, transformers 5.23.0)"))
 
     def test_default_is_the_study(self):
         self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
