@@ -103,6 +103,10 @@ struct ModelConfig {
   // hold T / tp tokens; a column-parallel linear all-gathers its input (keeping the
   // shard for backward) and a row-parallel one reduce-scatters its output (megatron-gpt).
   bool sp = false;
+  // dropout: transformers' GPT-2's training-mode dropout probability (config.json's
+  // resid_pdrop, embd_pdrop, attn_pdrop, the largest; GPT2Config's default is 0.1). Not
+  // modelled yet: a prediction with it > 0 says so among its caveats.
+  double dropout = 0;
   // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
@@ -119,7 +123,7 @@ struct ModelConfig {
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
-           a.checkpoint_impl == b.checkpoint_impl;
+           a.dropout == b.dropout && a.checkpoint_impl == b.checkpoint_impl;
   }
 };
 

@@ -1,5 +1,6 @@
 #include "estimator/model_presets.h"
 
+#include <algorithm>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -58,7 +59,9 @@ const std::vector<Preset>& Presets() {
     auto* presets = new std::vector<Preset>;
     presets->push_back({"study", ModelConfig()});
     // The published config.json sizes (max positions informational for RoPE models).
-    presets->push_back({"gpt2", Gpt2(12, 768, 12, 50257, 1024)});
+    ModelConfig gpt2 = Gpt2(12, 768, 12, 50257, 1024);
+    gpt2.dropout = 0.1;  // openai-community/gpt2's resid, embd and attn pdrop
+    presets->push_back({"gpt2", gpt2});
     presets->push_back({"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)});
     presets->push_back({"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)});
     presets->push_back({"llama-3-70b", Llama(80, 8192, 64, 8, 28672, 128256, 1e-5)});
@@ -114,6 +117,16 @@ class Reader {
     if (!doc_.HasMember(key)) return fallback;
     if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() > 0)) {
       return Error(key, "must be a number > 0");
+    }
+    return doc_[key].GetDouble();
+  }
+
+  bool Has(const char* key) const { return doc_.HasMember(key) && !doc_[key].IsNull(); }
+
+  // Probability reads a number in [0, 1).
+  absl::StatusOr<double> Probability(const char* key) const {
+    if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() >= 0) || !(doc_[key].GetDouble() < 1)) {
+      return Error(key, "must be a number in [0, 1)");
     }
     return doc_[key].GetDouble();
   }
@@ -184,6 +197,11 @@ absl::StatusOr<ModelConfig> ReadGpt2(const Reader& r) {
   MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("n_inner", 4 * c.width));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
+    double p = 0.1;  // GPT2Config's default
+    if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability(key));
+    c.dropout = std::max(c.dropout, p);
+  }
   if (c.width % c.heads != 0) {
     return r.Error("n_embd", absl::StrCat(c.width, " is not divisible by n_head ", c.heads));
   }
@@ -265,7 +283,7 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
     w.Double(c.norm_eps);
     for (const char* dropout : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
       w.Key(dropout);
-      w.Double(0.0);
+      w.Double(c.dropout);
     }
   } else {
     w.Key("model_type");

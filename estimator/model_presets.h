@@ -30,14 +30,15 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
 // num_attention_heads, optional num_key_value_heads, head_dim, vocab_size,
 // tie_word_embeddings, rms_norm_eps, max_position_embeddings, hidden_act) or gpt2
 // (n_embd, n_layer, n_head, n_positions, vocab_size, optional n_inner,
-// layer_norm_epsilon, tie_word_embeddings). Errors are InvalidArgument, one line, naming
+// layer_norm_epsilon, tie_word_embeddings, resid_pdrop, embd_pdrop, attn_pdrop: the
+// largest is ModelConfig::dropout, 0.1 each when missing, as GPT2Config). Errors are InvalidArgument, one line, naming
 // `source` (the file) and the key.
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source);
 
 // HfConfigJson is ModelFromHfConfigJson's inverse for the decoder families: the
 // transformers config.json of `config` (model_type llama, or qwen2 with q/k/v biases;
-// gpt2 with every dropout 0, as memledger's GPT-2 has none), which the real-stack
+// gpt2 with its dropouts at config.dropout), which the real-stack
 // witness builds with AutoModelForCausalLM.from_config. InvalidArgument for the study
 // and megatron-gpt, which are not transformers models.
 absl::StatusOr<std::string> HfConfigJson(const ModelConfig& config);

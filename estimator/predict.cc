@@ -411,6 +411,7 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
         "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
   }
   prediction.optimizer = optimizer;
+  prediction.caveats = Caveats(config, options.variants);
   prediction.n_params = n_params.value();
   prediction.param_bytes = param_bytes.value();
   prediction.grad_bytes = param_bytes.value();
@@ -483,6 +484,40 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
       static_cast<double>(prediction.saved_bytes_none) /
       static_cast<double>(prediction.korthikanti_saved_bytes_none);
   return prediction;
+}
+
+std::vector<std::string> Caveats(const ModelConfig& config,
+                                 const std::vector<Variant>& variants) {
+  std::vector<std::string> caveats;
+  bool checkpoints = false, plain = false;
+  for (const Variant& v : variants) {
+    bool any = false;
+    for (int64_t i = 0; i < config.layers && !any; ++i) any = v.IsCheckpointed(i);
+    checkpoints = checkpoints || any;
+    plain = plain || !any;
+  }
+  if (checkpoints && config.checkpoint_impl == CheckpointImpl::kNonReentrant) {
+    caveats.push_back(
+        "checkpointed peaks: torch.utils.checkpoint's non-reentrant recompute stops after "
+        "the last op that saves; memledger replays the whole layer (as the reentrant one "
+        "does, exactly), up to a layer's output more in the backward");
+  }
+  if (config.dropout > 0) {
+    caveats.push_back(absl::StrCat(
+        "dropout ", config.dropout, ": transformers' training-mode dropouts and SDPA's "
+        "(its math kernel) are not modelled; the bytes are those of dropout 0"));
+  }
+  if (config.family == Family::kGpt2 && !config.megatron && plain) {
+    caveats.push_back(
+        "use_cache: without checkpointing GPT-2 keeps torch.cat copies of k and v, which "
+        "SDPA saves (2 x B x H x T x d_head per layer), not modelled; pass use_cache=False");
+  }
+  if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {
+    caveats.push_back(
+        "low precision: oneDNN's bf16/fp16 matmuls (torch.backends.mkldnn, on by default) "
+        "allocate CPU scratchpads not in the peak; memledger predicts ATen's own gemm");
+  }
+  return caveats;
 }
 
 OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,

@@ -123,7 +123,17 @@ struct Prediction {
   // layers * 8 * B * H * T^2 (their 5as^2b without the dropout mask, in fp32).
   int64_t korthikanti_saved_bytes_none = 0;
   double saved_none_over_korthikanti = 0;
+
+  // caveats: what the real stack (transformers 5.23.0, torch 2.15.0) does for this run
+  // that the prediction does not model yet, one line each (Caveats()).
+  std::vector<std::string> caveats;
 };
+
+// Caveats lists, for a run of `config` under `variants`, what the real stack does that
+// memledger does not model yet (see the README's "Against the real stack"): the
+// non-reentrant checkpoint's early-stopping recompute, GPT-2's dropout and use_cache,
+// oneDNN's low-precision matmul scratchpads.
+std::vector<std::string> Caveats(const ModelConfig& config, const std::vector<Variant>& variants);
 
 // OptimizerBytesPerParameter is what the optimizer holds per parameter: its moments
 // (AdamW's exp_avg and exp_avg_sq, SGD's momentum buffer), in the dtype of what it

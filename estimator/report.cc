@@ -159,6 +159,9 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   doc.AddMember("saved_ratio_vs_none", ratio, a);
   doc.AddMember("cache_bytes", cache, a);
   doc.AddMember("held_after_forward_bytes", held, a);
+  rapidjson::Value caveats(rapidjson::kArrayType);
+  for (const std::string& caveat : p.caveats) caveats.PushBack(String(caveat, a), a);
+  doc.AddMember("caveats", caveats, a);
   {
     // The whole step's peak (estimator/liveness.h), where the simulation models it.
     rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType);
@@ -342,6 +345,10 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
                         HumanBytes(p.korthikanti_saved_bytes_none));
   absl::StrAppendFormat(&out, "%-22s %20.4f\n", "exact / Korthikanti",
                         p.saved_none_over_korthikanti);
+  if (!p.caveats.empty()) {
+    absl::StrAppendFormat(&out, "\nnot modelled yet (the real stack differs):\n");
+    for (const std::string& caveat : p.caveats) absl::StrAppendFormat(&out, "  - %s\n", caveat);
+  }
   return out;
 }
 

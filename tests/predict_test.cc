@@ -293,6 +293,35 @@ TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   EXPECT_EQ(p.variants[0].embedding_bytes, 8704);
 }
 
+// What the real stack does that is not modelled yet is said, per run: nothing for the
+// study without checkpointing in fp32; the non-reentrant recompute once a variant
+// checkpoints (not with --checkpoint_impl=reentrant, which is modelled exactly);
+// GPT-2's dropout (0.1 in its config) and use_cache without checkpointing; oneDNN's
+// scratchpads in low precision.
+TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
+  auto caveats = [](const ModelConfig& config, const char* variants) {
+    PredictOptions options;
+    options.variants = Variants(variants);
+    options.peak = false;
+    absl::StatusOr<Prediction> p = Predict(config, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::string all;
+    for (const std::string& caveat : p->caveats) all += caveat.substr(0, caveat.find(':')) + ";";
+    return all;
+  };
+  ModelConfig study;
+  EXPECT_EQ(caveats(study, "none"), "");
+  EXPECT_EQ(caveats(study, "none,full"), "checkpointed peaks;");
+  study.checkpoint_impl = CheckpointImpl::kReentrant;
+  EXPECT_EQ(caveats(study, "none,full"), "");
+  study.checkpoint_impl = CheckpointImpl::kNonReentrant;
+  study.dtype = DType::kBFloat16;
+  EXPECT_EQ(caveats(study, "none"), "low precision;");
+  EXPECT_EQ(caveats(Preset("gpt2"), "none"), "dropout 0.1;use_cache;");
+  EXPECT_EQ(caveats(Preset("gpt2"), "full"), "checkpointed peaks;dropout 0.1;");
+  EXPECT_EQ(caveats(Preset("tiny-gpt2"), "full"), "checkpointed peaks;");
+}
+
 TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {
   ModelConfig untied = Preset("tiny-llama");
   ModelConfig tied = untied;
