@@ -491,8 +491,22 @@ std::vector<std::string> Caveats(const ModelConfig& config,
   std::vector<std::string> caveats;
   bool checkpoints = false, plain = false;
   for (const Variant& v : variants) {
+    // Whether any layer is checkpointed, without walking the layers (there may be many):
+    // full, selective and every_k checkpoint layer 0; a plan says so layer by layer.
     bool any = false;
-    for (int64_t i = 0; i < config.layers && !any; ++i) any = v.IsCheckpointed(i);
+    switch (v.kind) {
+      case VariantKind::kNone:
+      case VariantKind::kCoreAttention:
+        break;
+      case VariantKind::kFull:
+      case VariantKind::kEveryK:
+      case VariantKind::kSelective:
+        any = true;
+        break;
+      case VariantKind::kPlan:
+        for (const LayerChoice& choice : v.layers) any = any || choice.checkpointed;
+        break;
+    }
     checkpoints = checkpoints || any;
     plain = plain || !any;
   }
