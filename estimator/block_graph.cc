@@ -642,14 +642,19 @@ ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
   return {};
 }
 
+// Elements is a parameter's, buffer's or global's element count for `symbols`.
+CheckedInt64 Elements(const TensorDef& tensor, const SymbolValues& symbols) {
+  CheckedInt64 numel = 1;
+  for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
+  return numel;
+}
+
 CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config, bool tied) {
   const SymbolValues symbols(config);
   CheckedInt64 count = 0;
   for (const TensorDef& tensor : graph.tensors) {
     if (!tensor.is_parameter || tensor.is_tied != tied) continue;
-    CheckedInt64 numel = 1;
-    for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
-    count += numel;
+    count += Elements(tensor, symbols);
   }
   return count;
 }
@@ -688,10 +693,7 @@ CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
                                   &graphs.epilogue}) {
     if (graph == nullptr) continue;
     for (const TensorDef& tensor : graph->tensors) {
-      if (!tensor.is_buffer) continue;
-      CheckedInt64 numel = 1;
-      for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
-      bytes += numel * ElementSizeBytes(tensor.dtype);
+      if (tensor.is_buffer) bytes += Elements(tensor, symbols) * ElementSizeBytes(tensor.dtype);
     }
   }
   return bytes;

@@ -83,7 +83,7 @@ using ByDtype = std::array<CheckedInt64, kNumDTypes>;
 
 // GlobalBytes adds each model-level storage once, to the first segment that saves it,
 // and to its dtype in `by_dtype`; those only held by checkpoints' call arguments
-// (KeptGlobal::held) it counts apart, once, in held_bytes().
+// (KeptGlobal::held) it counts apart, once, in HeldOnlyBytes().
 class GlobalBytes {
  public:
   explicit GlobalBytes(ByDtype& by_dtype) : by_dtype_(by_dtype) {}
@@ -103,9 +103,7 @@ class GlobalBytes {
         held_.push_back(global);
         continue;
       }
-      bool seen = false;
-      for (const std::string& name : seen_) seen = seen || name == global.name;
-      if (seen) continue;
+      if (Contains(seen_, global.name)) continue;
       seen_.push_back(global.name);
       seen_bytes_.push_back(global.bytes);
       added += global.bytes;
@@ -119,9 +117,7 @@ class GlobalBytes {
     CheckedInt64 bytes = 0;
     std::vector<std::string> counted = seen_;
     for (const KeptGlobal& global : held_) {
-      bool seen = false;
-      for (const std::string& name : counted) seen = seen || name == global.name;
-      if (seen) continue;
+      if (Contains(counted, global.name)) continue;
       counted.push_back(global.name);
       bytes += global.bytes;
     }
@@ -129,7 +125,10 @@ class GlobalBytes {
   }
 
  private:
- private:
+  static bool Contains(const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  }
+
   ByDtype& by_dtype_;
   std::vector<std::string> seen_;
   std::vector<int64_t> seen_bytes_;

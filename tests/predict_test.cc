@@ -7,6 +7,7 @@
 // and the causal mask (T*T bool).
 // A checkpointed block keeps its input (d per token); selective(matmul) adds the four
 // Linear outputs: 3d + d + 4d + d = 9d per token.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -291,6 +292,28 @@ TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   EXPECT_EQ(p.variants[0].saved_bytes, 8086020);
   EXPECT_EQ(p.variants[0].held_after_forward_bytes, 8086020 - 8192 + 2 * 3 * 8);
   EXPECT_EQ(p.variants[0].embedding_bytes, 8704);
+}
+
+// Every segment's Parameters() (the registration order torch.optim steps) names each
+// parameter tensor exactly once: a name RegistrationOrder misses would drop a tensor
+// from the optimizer's step.
+TEST(PredictFamiliesTest, ParameterOrderNamesEveryParameterOnce) {
+  ModelConfig qwen2 = Preset("tiny-llama");
+  qwen2.qkv_bias = true;
+  for (const ModelConfig& config : {ModelConfig(), Preset("tiny-llama"), qwen2,
+                                    Preset("tiny-gpt2")}) {
+    const ModelGraphs graphs = BuildModelGraphs(config, AttentionMode::kFlash);
+    std::vector<const BlockGraph*> segments = {&graphs.layer, &graphs.epilogue};
+    if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
+    for (const BlockGraph* graph : segments) {
+      std::vector<int> order = graph->Parameters(), all;
+      for (size_t t = 0; t < graph->tensors.size(); ++t) {
+        if (graph->tensors[t].is_parameter) all.push_back(static_cast<int>(t));
+      }
+      std::sort(order.begin(), order.end());
+      EXPECT_EQ(order, all) << FamilyName(config.family);
+    }
+  }
 }
 
 // What the real stack does that is not modelled yet is said, per run: nothing for the
