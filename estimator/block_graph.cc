@@ -529,9 +529,12 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int x1 = g.Op1(OpType::kAdd, "residual1",
                  {x, g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD)});
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
+  // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
+  // evaluation (modeling_llama.py:164, LlamaMLP.forward): the autograd engine runs up_proj's
+  // node before act_fn's.
   int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, /*bias=*/false);
-  int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
   int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
+  int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
   int x2 = g.Op1(OpType::kAdd, "residual2",
                  {x1, g.RowParallelNoBias("down_proj", product, kF, kD)});

@@ -95,17 +95,42 @@ class Simulation {
     bool recompute = false;          // a checkpointed layer's forward again, with grad
     std::vector<int> ids;  // walked storage -> Memory id; -1: parameter or not made
     // cached: the selective cache, walked storage -> Memory id, filled by a recording
-    // forward and read by the replaying one.
+    // forward and read (each entry popped) by the replaying one.
     std::map<int, int> cached;
+    // Frame is a non-reentrant checkpoint's _CheckpointFrame in the backward
+    // (torch/utils/checkpoint.py): the layer's nodes are the outer graph's, each saved
+    // tensor a holder filled by the recompute. It holds the layer input (_NoopSaveInputs),
+    // the call's other tensors (the partial's keyword arguments), the forward's RNG
+    // state and the selective cache until the node that releases the last hook.
+    struct Frame {
+      int input = -1;
+      int rng_state = -1;
+      std::vector<int> held;
+      // forward_ids: the forward's ids, for what its nodes hold without the hooks.
+      std::vector<int> forward_ids;
+      bool recomputed = false;
+      bool alive = true;
+    };
+    std::optional<Frame> frame;
   };
 
   // How a segment's forward runs.
-  enum class Pass {
-    kGraph,     // with grad: backward nodes keep what the rules say
-    kNoGraph,   // a checkpointed layer's forward: nothing kept
-    kRecord,    // kNoGraph, and the policy's ops' outputs go into the selective cache
-    kReplay,    // the recompute under a policy: its ops return their cached outputs
+  struct Pass {
+    enum class Keeps : uint8_t {
+      kAll,       // with grad: backward nodes keep what the rules say
+      kNone,      // without grad (a reentrant checkpoint's forward): nothing kept
+      // with grad under a non-reentrant checkpoint's pack hook: only what the nodes
+      // hold without the hooks (SegmentPlan::unpacked_keeps)
+      kUnpacked,
+    };
+    Keeps keeps = Keeps::kAll;
+    bool record = false;      // the policy's ops' outputs go into the selective cache
+    bool replay = false;      // a recompute under a policy: those ops pop their outputs
+    // early_stop: a non-reentrant recompute, which stops once the last holder is filled
+    // (SegmentPlan::last_pack_op); what it made that no holder keeps dies then.
+    bool early_stop = false;
   };
+  static Pass Graph() { return Pass(); }
 
   absl::Status Unimplemented(const std::string& what) {
     return absl::UnimplementedError(absl::StrCat(
@@ -147,9 +172,19 @@ class Simulation {
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
   absl::Status SplitBackward(Instance& inst, int op_index, Buffers& buffers,
                              bool capture_parameters);
-  absl::Status CheckpointBackward(Instance& inst, int saved_input, int rng_state,
-                                  const std::vector<int>& extras, Handle incoming,
+  absl::Status CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
                                   Buffers& outer);
+  // Recompute is a non-reentrant checkpoint's unpack hook at its first call: the layer
+  // run again from its input, with grad, under the forward's RNG state, until the last
+  // holder is filled.
+  absl::Status Recompute(Instance& inst);
+  // FrameDies: the node holding the frame's last hook has released its variables.
+  void FrameDies(Instance& inst);
+  // StopRecompute is _StopRecomputationError unwinding the recompute: the forward's
+  // locals (`local`) die, and so does its graph, with what its nodes held without the
+  // hooks; the holders' tensors stay (the frame's recomputed dict). `output` is left
+  // undefined.
+  absl::Status StopRecompute(Instance& inst, const std::vector<bool>& local, Handle* output);
   void RopeTables(std::vector<int>* extras);
   void PositionIds(std::vector<int>* extras);
   // CallArguments: the model-level tensors a checkpointed layer holds to its backward,
@@ -441,8 +476,18 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   const SegmentPlan& plan = *inst.plan;
   const BlockGraph& graph = *plan.graph;
   const std::vector<WalkedStorage>& storages = plan.walk.storage_list;
-  const bool grad_mode = pass == Pass::kGraph || pass == Pass::kReplay;
+  // KeepsOf: how many of storage s's keeps this pass makes.
+  auto keeps_of = [&](size_t s) {
+    if (pass.keeps == Pass::Keeps::kNone) return 0;
+    if (pass.keeps == Pass::Keeps::kUnpacked) return plan.unpacked_keeps[s];
+    int n = 0;
+    for (int keeper : storages[s].kept_by) n += keeper >= 0;
+    return n;
+  };
   inst.ids.assign(storages.size(), -1);
+  // local: made here and still referenced by the forward's locals (the early stop's
+  // unwinding frees them).
+  std::vector<bool> local(storages.size(), false);
   for (size_t s = 0; s < storages.size(); ++s) {
     if (!storages[s].is_global) continue;
     // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
@@ -452,24 +497,19 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       return absl::InternalError(absl::StrCat("step simulation: no model-level ", name));
     }
     inst.ids[s] = global->second;
-    if (grad_mode) {
-      for (int keeper : storages[s].kept_by) {
-        if (keeper >= 0) memory_.Keep(global->second);
-      }
-    }
+    for (int k = keeps_of(s); k > 0; --k) memory_.Keep(global->second);
   }
   if (input != nullptr && plan.input_storage >= 0) {
     inst.ids[plan.input_storage] = input->storage;
-    if (grad_mode) {
-      for (int keeper : storages[plan.input_storage].kept_by) {
-        if (keeper >= 0) memory_.Keep(input->storage);
-      }
-    }
+    for (int k = keeps_of(plan.input_storage); k > 0; --k) memory_.Keep(input->storage);
   }
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     memory_.SetOp(At(inst, static_cast<int>(i), nullptr));
-    const bool replayed = pass == Pass::kReplay && FromCache(inst, op);
+    const bool replayed = pass.replay && FromCache(inst, op);
+    // The recompute stops at the pack that fills the last holder: before the kernel when
+    // that is an input's, after it when an output's.
+    const bool stop_here = pass.early_stop && static_cast<int>(i) == plan.last_pack_op;
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
     std::vector<int> prelude;
@@ -505,44 +545,54 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       prelude.push_back(memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary));
     }
     std::vector<int> made;
+    if (stop_here && !plan.last_pack_is_output) {
+      for (int p : prelude) memory_.Unref(p);
+      return StopRecompute(inst, local, output);
+    }
     for (int out : op.outputs) {
       const int s = TensorOf(inst, out).storage;
       if (s < 0 || storages[s].owner != out || storages[s].is_parameter) continue;
       int id;
       if (replayed) {
-        id = inst.cached.at(s);  // the op is skipped: its output comes from the cache
+        // The op is skipped: its output is popped from the cache (_CachedTorchDispatchMode,
+        // storage.pop(0)), the cache's reference now the output's.
+        auto entry = inst.cached.find(s);
+        id = entry->second;
+        inst.cached.erase(entry);
         memory_.Ref(id);
+        memory_.Release(id);
       } else if (wrapped_number >= 0 && out == op.outputs[1]) {
         id = wrapped_number;  // made before the op, by the Python binding
       } else {
         id = memory_.Alloc(storages[s].bytes, MemoryCategory::kTemporary);
-        if (pass == Pass::kRecord && FromCache(inst, op)) {
+        if (pass.record && FromCache(inst, op)) {
           memory_.Keep(id);
           inst.cached[s] = id;
         }
       }
       inst.ids[s] = id;
       made.push_back(s);
+      local[s] = true;
       if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy && !replayed &&
-          !(pass == Pass::kReplay && CallIsReplayed(inst, op))) {
+          !(pass.replay && CallIsReplayed(inst, op))) {
         memory_.Ref(id);
         autocast_cache_.emplace_back(id, inst.segment);
       }
-      if (grad_mode) {
-        for (int keeper : storages[s].kept_by) {
-          if (keeper >= 0) memory_.Keep(id);
-        }
-      }
+      for (int k = keeps_of(s); k > 0; --k) memory_.Keep(id);
     }
     if (!replayed) {
       if (absl::Status s = ForwardWorkspace(op, inst); !s.ok()) return s;
     }
     for (auto it = prelude.rbegin(); it != prelude.rend(); ++it) memory_.Unref(*it);
+    if (stop_here) return StopRecompute(inst, local, output);
     // Outputs nobody reads die inside the op (SDPA's logsumexp without grad, layer
     // norm's statistics); then, by Python's reference counting, every storage whose last
     // reader this op was (the caller holds the segment's input and output).
     for (int s : made) {
-      if (plan.last_use[s] < 0 && s != plan.output_storage) memory_.Unref(inst.ids[s]);
+      if (plan.last_use[s] < 0 && s != plan.output_storage) {
+        memory_.Unref(inst.ids[s]);
+        local[s] = false;
+      }
     }
     for (int s : plan.reads[i]) {
       if (plan.last_use[s] != static_cast<int>(i) || s == plan.input_storage ||
@@ -550,11 +600,29 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         continue;
       }
       memory_.Unref(inst.ids[s]);
+      local[s] = false;
     }
   }
   output->storage = inst.ids[plan.output_storage];
   output->layout = TensorOf(inst, graph.output).layout;
   output->dtype = graph.tensors[graph.output].dtype;
+  return absl::OkStatus();
+}
+
+absl::Status Simulation::StopRecompute(Instance& inst, const std::vector<bool>& local,
+                                       Handle* output) {
+  const SegmentPlan& plan = *inst.plan;
+  for (size_t s = 0; s < local.size(); ++s) {
+    if (local[s]) memory_.Unref(inst.ids[s]);
+  }
+  for (size_t s = 0; s < local.size(); ++s) {
+    const WalkedStorage& storage = plan.walk.storage_list[s];
+    if (inst.ids[s] < 0 || storage.is_global || static_cast<int>(s) == plan.input_storage) {
+      continue;
+    }
+    for (int k = plan.unpacked_keeps[s]; k > 0; --k) memory_.Release(inst.ids[s]);
+  }
+  *output = Handle();
   return absl::OkStatus();
 }
 
@@ -628,6 +696,12 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
                          ? "?"
                          : std::string_view(semantics.backward_nodes[0]).data();
   memory_.SetOp(At(inst, op_index, node));
+  // Under a non-reentrant checkpoint the first node to unpack a saved tensor runs the
+  // recompute (checkpoint.py, _checkpoint_hook's unpack_hook).
+  if (inst.frame.has_value() && !inst.frame->recomputed && plan.packs[op_index]) {
+    if (absl::Status s = Recompute(inst); !s.ok()) return s;
+    memory_.SetOp(At(inst, op_index, node));
+  }
 
   auto needs = [&](int input) { return TensorOf(inst, op.inputs[input]).requires_grad; };
   auto layout_of = [&](int input) -> const Layout& {
@@ -914,6 +988,13 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
   }
 
+  // An unpacked tensor is the formula's local: with the frame's holder emptied on
+  // unpack (holder.handles[gid] = None), it dies as the node's apply() returns.
+  if (inst.frame.has_value()) {
+    for (int s : plan.packed_releases[op_index]) {
+      if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
+    }
+  }
   // validate_outputs: a gradient whose shape differs from its input's (a broadcast
   // bias) is reduced with sum_to; one whose dtype differs (autocast's bf16 matmul output
   // met an fp32 tensor) is cast to the input's.
@@ -931,9 +1012,17 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     }
   }
   memory_.Unref(grad.storage);  // the incoming gradient, unless someone else holds it
-  // release_variables(), in Functions.h's order.
-  for (int s : plan.releases[op_index]) {
-    if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
+  // release_variables(), in Functions.h's order; under a non-reentrant checkpoint only
+  // what the node held itself, since the forward (and the frame, with its last hook).
+  if (inst.frame.has_value()) {
+    for (int s : plan.unpacked_releases[op_index]) {
+      if (inst.frame->forward_ids[s] >= 0) memory_.Release(inst.frame->forward_ids[s]);
+    }
+    if (op_index == plan.first_pack_op) FrameDies(inst);
+  } else {
+    for (int s : plan.releases[op_index]) {
+      if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
+    }
   }
   for (size_t i = 0; i < n_inputs; ++i) {
     if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
@@ -991,12 +1080,12 @@ absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture
   return absl::OkStatus();
 }
 
-// CheckpointBackward is the checkpoint node of a layer (runtime/checkpoint.cc): recompute
-// the layer with grad on a detached input, then torch::autograd::grad over it with the
-// incoming gradient, capturing the input's and the parameters' gradients, which the node
-// returns to the outer engine.
-absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, int rng_state,
-                                            const std::vector<int>& extras, Handle incoming,
+// CheckpointBackward is the reentrant checkpoint's node of a layer (CheckpointFunction,
+// checkpoint.py:241-330; runtime/checkpoint.cc): recompute the whole layer with grad on a
+// detached input, then torch.autograd.backward over it with the incoming gradient,
+// capturing the input's and the parameters' gradients, which the node returns to the
+// outer engine.
+absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
                                             Buffers& outer) {
   const SegmentPlan& plan = *inst.plan;
   const BlockGraph& graph = *plan.graph;
@@ -1010,7 +1099,8 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, int
   memory_.Ref(saved_input);
   Handle y;
   inst.recompute = true;
-  const Pass pass = variant_.PolicyAt(inst.segment).empty() ? Pass::kGraph : Pass::kReplay;
+  Pass pass;
+  pass.replay = !variant_.PolicyAt(inst.segment).empty();
   // torch.random.fork_rng keeps the current RNG state while the recompute runs on the
   // forward's (checkpoint.py:303-308).
   const int forked = memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
@@ -1036,14 +1126,9 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, int
   // the captured gradients are routed (the input's, then every parameter's).
   memory_.Unref(incoming.storage);
   memory_.Release(saved_input);
-  // The reentrant CheckpointFunction keeps its RNG state and run_function (the call's
-  // bound arguments) on its ctx, which lives as long as the graph: until the loss dies,
-  // after the step (checkpoint.py:241-252). The non-reentrant frame dies with its last
-  // saved tensor, in the layer's backward.
-  if (config_.checkpoint_impl == CheckpointImpl::kNonReentrant) {
-    for (int extra : extras) memory_.Release(extra);
-    memory_.Unref(rng_state);
-  }
+  // CheckpointFunction keeps its RNG state and run_function (the call's bound
+  // arguments) on its ctx, which lives as long as the graph: until the loss dies, after
+  // the step (checkpoint.py:241-252).
   auto input_grad = inner.find(graph.input);
   if (input_grad != inner.end()) {
     Accumulate(outer, kLayerInputKey, input_grad->second);
@@ -1055,6 +1140,47 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, int
     AccumulateGrad(KeyOf(inst, tensor), TensorOf(inst, tensor).layout, grad);
   }
   return absl::OkStatus();
+}
+
+absl::Status Simulation::Recompute(Instance& inst) {
+  const SegmentPlan& plan = *inst.plan;
+  const BlockGraph& graph = *plan.graph;
+  Instance::Frame& frame = *inst.frame;
+  frame.recomputed = true;
+  memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
+  // recompute_fn runs under torch.random.fork_rng, which keeps the current RNG state
+  // meanwhile (checkpoint.py, _checkpoint_without_reentrant_generator).
+  const int forked = memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
+  // The layer input, unpacked from _NoopSaveInputs (ctx.get_args(ctx.saved_tensors)).
+  Handle x;
+  x.storage = frame.input;
+  x.layout = TensorOf(inst, graph.input).layout;
+  x.dtype = graph.tensors[graph.input].dtype;
+  Pass pass;
+  pass.replay = !variant_.PolicyAt(inst.segment).empty();
+  pass.early_stop = true;
+  Handle y;
+  inst.recompute = true;
+  absl::Status status = Forward(inst, &x, pass, &y);
+  inst.recompute = false;
+  if (!status.ok()) return status;
+  if (y.defined()) memory_.Unref(y.storage);  // no early stop: the output is dropped
+  ClearAutocastCache(/*forward_end=*/false);  // the recompute's autocast scope ends
+  memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
+  memory_.Unref(forked);
+  return absl::OkStatus();
+}
+
+void Simulation::FrameDies(Instance& inst) {
+  Instance::Frame& frame = *inst.frame;
+  frame.alive = false;
+  memory_.Release(frame.input);
+  for (int held : frame.held) memory_.Release(held);
+  memory_.Unref(frame.rng_state);
+  // The selective cache's entries the recompute never reached (those after the early
+  // stop) die with recompute_fn's context.
+  for (const auto& [storage, id] : inst.cached) memory_.Release(id);
+  inst.cached.clear();
 }
 
 // Modelled says whether Node has the backward of `type`.
@@ -1344,7 +1470,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     f.prologue.segment = Where::kPrologue;
     // GPT-2's position ids (which its embedding reads) are made before the prologue.
     if (config_.family == Family::kGpt2) PositionIds(&extras);
-    if (absl::Status s = Forward(f.prologue, nullptr, Pass::kGraph, &x); !s.ok()) return s;
+    if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
     if (config_.family == Family::kLlama) {
       PositionIds(&extras);
       RopeTables(&extras);
@@ -1372,9 +1498,14 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     GatherUnit(i);
     Handle y;
     if (variant_.IsCheckpointed(i)) {
-      // The checkpointed layer runs without a graph (filling the selective cache); its
-      // node keeps its tensor inputs: x and the model-level tensors it reads.
-      const Pass pass = variant_.PolicyAt(i).empty() ? Pass::kNoGraph : Pass::kRecord;
+      // The checkpointed layer runs without a graph (reentrant: Function.apply's
+      // forward) or with one whose saved tensors are empty holders (non-reentrant),
+      // filling the selective cache; the checkpoint keeps its tensor inputs: x and the
+      // model-level tensors it reads.
+      const bool reentrant = config_.checkpoint_impl == CheckpointImpl::kReentrant;
+      Pass pass;
+      pass.keeps = reentrant ? Pass::Keeps::kNone : Pass::Keeps::kUnpacked;
+      pass.record = !variant_.PolicyAt(i).empty();
       // preserve_rng_state: torch.get_rng_state() before the layer runs.
       memory_.SetOp(Special(i, Where::Activity::kCheckpointNode));
       f.rng_states[i - f.range.first_layer] =
@@ -1383,7 +1514,11 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       memory_.Keep(x.storage);
       for (int held : CallArguments(inst)) memory_.Keep(held);
       f.checkpoint_inputs[i - f.range.first_layer] = x.storage;
-    } else if (absl::Status s = Forward(inst, &x, Pass::kGraph, &y); !s.ok()) {
+      if (!reentrant) {
+        inst.frame = Instance::Frame{x.storage, f.rng_states[i - f.range.first_layer],
+                                     CallArguments(inst), inst.ids, false};
+      }
+    } else if (absl::Status s = Forward(inst, &x, Graph(), &y); !s.ok()) {
       return s;
     }
     if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
@@ -1396,7 +1531,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     f.head.plan = plans.head.get();
     f.head.segment = Where::kHead;
     GatherUnit(Where::kHead);
-    if (absl::Status s = Forward(f.head, &x, Pass::kGraph, &f.loss); !s.ok()) return s;
+    if (absl::Status s = Forward(f.head, &x, Graph(), &f.loss); !s.ok()) return s;
     ReleaseUnit(Where::kHead);
     // The forward returns: its last hidden states die.
     if (x.storage != input_id) memory_.Unref(x.storage);
@@ -1462,11 +1597,20 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     grad.reset();
     Buffers layer_buffers;
     const int checkpoint_input = f.checkpoint_inputs[i - f.range.first_layer];
-    if (checkpoint_input >= 0) {
+    if (inst.frame.has_value()) {
+      // A non-reentrant checkpoint: the layer's nodes run in this engine, the first to
+      // unpack recomputing the layer.
+      layer_buffers.emplace(layer.output, incoming);
+      if (absl::Status s = Backward(inst, layer_buffers, false); !s.ok()) return s;
+      if (inst.frame->alive) FrameDies(inst);  // its last hook's node never ran
+      inst.frame.reset();
+      if (auto it = layer_buffers.find(layer.input); it != layer_buffers.end()) {
+        grad = it->second;
+      }
+    } else if (checkpoint_input >= 0) {
       inst.plan = i == 0 ? first : rest;
       if (absl::Status s =
-              CheckpointBackward(inst, checkpoint_input, f.rng_states[i - f.range.first_layer],
-                                 CallArguments(inst), incoming, layer_buffers);
+              CheckpointBackward(inst, checkpoint_input, incoming, layer_buffers);
           !s.ok()) {
         return s;
       }

@@ -71,6 +71,10 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   }
   const RuleTable& table = rules != nullptr ? *rules : RuleTable::Pinned();
   plan->releases.resize(graph.ops.size());
+  plan->packed_releases.resize(graph.ops.size());
+  plan->unpacked_releases.resize(graph.ops.size());
+  plan->unpacked_keeps.assign(plan->walk.storage_list.size(), 0);
+  plan->packs.assign(graph.ops.size(), false);
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     std::vector<const KeepRule*> keeps;
@@ -79,13 +83,28 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
       return std::make_pair(a->is_output, a->saved_name) <
              std::make_pair(b->is_output, b->saved_name);
     });
+    const bool has_node = tensors[op.outputs[0]].requires_grad;
     for (const KeepRule* rule : keeps) {
       if (rule->needs_grad_of_input >= 0 &&
           !tensors[op.inputs[rule->needs_grad_of_input]].requires_grad) {
         continue;
       }
       const int tensor = rule->is_output ? op.outputs[rule->index] : op.inputs[rule->index];
-      if (tensors[tensor].storage >= 0) plan->releases[i].push_back(tensors[tensor].storage);
+      const int s = tensors[tensor].storage;
+      if (s < 0) continue;
+      plan->releases[i].push_back(s);
+      if (rule->wrapped_number) {
+        plan->unpacked_releases[i].push_back(s);
+        if (has_node) ++plan->unpacked_keeps[s];
+        continue;
+      }
+      plan->packed_releases[i].push_back(s);
+      if (!has_node) continue;
+      plan->packs[i] = true;
+      if (plan->first_pack_op < 0) plan->first_pack_op = static_cast<int>(i);
+      if (plan->last_pack_op != static_cast<int>(i)) plan->last_pack_is_output = false;
+      plan->last_pack_op = static_cast<int>(i);
+      plan->last_pack_is_output = plan->last_pack_is_output || rule->is_output;
     }
   }
   plan->same_as.assign(graph.tensors.size(), -1);

@@ -32,6 +32,24 @@ struct SegmentPlan {
   // releases: per op, the storages its node's release_variables() lets go, in
   // Functions.h's order (saved inputs by name, then outputs), as the rules keep them.
   std::vector<std::vector<int>> releases;
+  // Under a non-reentrant torch.utils.checkpoint every saved tensor goes through its pack
+  // hook (checkpoint.py, _checkpoint_hook), except those SavedVariable stores without the
+  // hooks (wrapped numbers: saved_variable.cpp, is_wrapped_number()), which the node
+  // holds itself. packed_releases and unpacked_releases split `releases` so;
+  // unpacked_keeps counts, per storage, its keeps of the second kind.
+  std::vector<std::vector<int>> packed_releases;
+  std::vector<std::vector<int>> unpacked_releases;
+  std::vector<int> unpacked_keeps;
+  // packs: per op, whether its node packs a tensor (a parameter too) into the hook.
+  std::vector<bool> packs;
+  // The recompute's early stop (_StopRecomputationError, raised by the pack that fills
+  // the last holder): the last op that packs, and whether its last pack is an output
+  // (saved after the kernel ran) or an input (saved before: the kernel never runs).
+  int last_pack_op = -1;
+  bool last_pack_is_output = false;
+  // first_pack_op: the first op that packs; its node is the last in the backward to hold
+  // a hook, and the checkpoint's frame dies when it releases its variables.
+  int first_pack_op = -1;
   // same_as: for the output of an op that returns its input itself (.to() of the same
   // dtype, contiguous() of a contiguous tensor), that input; -1 otherwise. Such an op
   // makes no backward node: gradients go straight to the input.

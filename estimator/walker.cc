@@ -69,8 +69,9 @@ class Walk {
         }
       }
     }
-    // A checkpointed block without a policy keeps nothing inside: skip its ops.
-    const bool walk_ops = !options_.checkpointed || !options_.policy.empty();
+    // A reentrant checkpointed block without a policy keeps nothing inside: skip its ops.
+    const bool walk_ops = !options_.checkpointed || !options_.policy.empty() ||
+                          config_.checkpoint_impl == CheckpointImpl::kNonReentrant;
     // Once a size overflows, layouts are meaningless: stop and report the overflow
     // (an "impossible view" then is the overflow's doing, not a graph bug).
     for (size_t op = 0; walk_ops && !overflow_ && op < graph_.ops.size(); ++op) {
@@ -407,9 +408,18 @@ class Walk {
 
     if (options_.checkpointed) {
       // Inside a checkpointed block autograd keeps nothing; the policy's ops put their
-      // outputs in the selective cache instead.
+      // outputs in the selective cache instead. A non-reentrant checkpoint runs the
+      // block with grad, its saved tensors packed into empty holders, but for those
+      // SavedVariable stores without the hooks (wrapped numbers), which the nodes hold.
       if (op.policy_kind.has_value() && options_.policy.Saves(*op.policy_kind)) {
         for (int out : op.outputs) Keep(op_index, out, KeepReason::kSelectiveCache);
+      }
+      if (config_.checkpoint_impl == CheckpointImpl::kNonReentrant && has_grad_fn) {
+        for (const KeepRule& rule : semantics.keeps) {
+          if (!rule.wrapped_number) continue;
+          Keep(op_index, rule.is_output ? op.outputs[rule.index] : op.inputs[rule.index],
+               KeepReason::kWrappedNumber);
+        }
       }
       return absl::OkStatus();
     }
