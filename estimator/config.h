@@ -55,8 +55,10 @@ absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
 // let go: the reentrant CheckpointFunction keeps them on its ctx, which lives as long as
 // the graph (until the loss dies, after the optimizer's step in a training loop); the
 // non-reentrant frame dies with the last of its saved tensors, in the layer's backward.
-// Both are modelled as a replay of the whole layer in its backward (the reentrant one's;
-// the non-reentrant one's lazy recompute with early stop is not modelled yet).
+// They recompute differently: the reentrant one replays the whole layer in its node and
+// backpropagates through it there; the non-reentrant one runs the layer's nodes in the
+// outer graph, recomputes at the first unpack and stops once the last saved tensor is
+// remade (estimator/liveness.cc, Recompute).
 enum class CheckpointImpl : uint8_t { kNonReentrant, kReentrant };
 absl::string_view CheckpointImplName(CheckpointImpl impl);  // "non_reentrant", "reentrant"
 // ParseCheckpointImpl parses --checkpoint_impl.

@@ -509,11 +509,15 @@ std::vector<std::string> Caveats(const ModelConfig& config,
     checkpoints = checkpoints || any;
     plain = plain || !any;
   }
-  if (checkpoints && config.checkpoint_impl == CheckpointImpl::kNonReentrant) {
+  // GPT-2's embedding keeps its position ids to the backward's end anyway: only held
+  // past it (reentrant) do they count.
+  if (checkpoints && !config.megatron &&
+      (config.family == Family::kLlama ||
+       (config.family == Family::kGpt2 && config.checkpoint_impl == CheckpointImpl::kReentrant))) {
     caveats.push_back(
-        "checkpointed peaks: torch.utils.checkpoint's non-reentrant recompute stops after "
-        "the last op that saves; memledger replays the whole layer (as the reentrant one "
-        "does, exactly), up to a layer's output more in the backward");
+        "position ids: checkpointed layers hold the position_ids transformers calls them "
+        "with (T x 8 B) until the first one's backward (reentrant: the step's end); not "
+        "modelled");
   }
   if (config.dropout > 0) {
     caveats.push_back(absl::StrCat(

@@ -27,14 +27,17 @@ class CachedFlashAttention : public ag::Function<CachedFlashAttention> {
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
                             const FlashOutputs* cached) {
-    ctx->save_for_backward({q, k, v, cached->out, cached->lse});
-    return cached->out;
+    // In the real node's order (key, query, value, logsumexp, output: inputs, then
+    // outputs, each by name), so that a non-reentrant checkpoint's recompute fills the
+    // holders its forward packed.
+    ctx->save_for_backward({k, q, v, cached->lse, cached->out});
+    return cached->out.detach();
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
     const ag::variable_list saved = ctx->get_saved_variables();
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], kDropout, kCausal);
+        grads[0], saved[1], saved[0], saved[2], saved[4], saved[3], kDropout, kCausal);
     return {dq, dk, dv, at::Tensor()};
   }
 };

@@ -501,7 +501,7 @@ struct GatherLinearFunction : ag::Function<GatherLinearFunction> {
     SaveGroup(ctx, group, rank, size);
     ctx->saved_data["has_bias"] = parameters.size() > 1;
     ctx->saved_data["conv1d"] = conv1d;
-    if (cached != nullptr) return *cached;
+    if (cached != nullptr) return cached->detach();
     const at::Tensor weight = conv1d ? parameters[0] : parameters[0].t();  // (in, out)
     at::Tensor gathered = GatherSequence(GroupOf(group), rank, size, x);
     at::Tensor rows = gathered.view({-1, weight.size(0)});

@@ -130,8 +130,8 @@ class LlamaLayerImpl : public DecoderLayer {
     at::Tensor x1 = x + Last(projected);
     at::Tensor h2 = ColumnInput(post_attention_layernorm->forward(x1));
     at::Tensor gate = ColumnParallel(*gate_proj, h2, cache);
-    at::Tensor up = ColumnParallel(*up_proj, Last(h2), cache);
     at::Tensor act = SiluOp(Last(gate), cache);
+    at::Tensor up = ColumnParallel(*up_proj, Last(h2), cache);
     at::Tensor product = Last(act) * Last(up);
     at::Tensor down = RowParallel(*down_proj, Last(product), cache);
     return Last(x1) + Last(down);

@@ -1,12 +1,13 @@
 #include "runtime/saved_tensor_recorder.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <atomic>
 #include <memory>
 #include <utility>
+
+#include "runtime/saved_tensor_hooks.h"
 
 namespace memledger::runtime {
 namespace {
@@ -15,8 +16,6 @@ namespace ag = torch::autograd;
 
 // The recorder of the live scope; null outside any scope.
 std::atomic<SavedTensorRecorder*> active_recorder{nullptr};
-// The default engine that was installed when the live scope began.
-std::atomic<ag::Engine*> previous_engine{nullptr};
 
 // RecordingHooks reports the packed tensor and hands it back unchanged on unpack.
 class RecordingHooks : public ag::SavedVariableHooks {
@@ -36,28 +35,6 @@ class RecordingHooks : public ag::SavedVariableHooks {
   SavedTensorRecorder* recorder_;
   at::Tensor packed_;
 };
-
-// RecordingEngine differs from the base engine only in its saved-variable hooks.
-class RecordingEngine : public ag::Engine {
- public:
-  RecordingEngine() = default;
-  ~RecordingEngine() override { stop(); }
-
-  std::unique_ptr<ag::SavedVariableHooks> get_default_saved_variable_hooks() override {
-    SavedTensorRecorder* recorder = active_recorder.load();
-    if (recorder == nullptr) return nullptr;
-    return std::make_unique<RecordingHooks>(recorder);
-  }
-};
-
-ag::Engine& GetRecordingEngine() {
-  // Leaked on purpose: an Engine must outlive every autograd graph, including ones
-  // destroyed during static destruction.
-  static RecordingEngine* engine = new RecordingEngine();
-  return *engine;
-}
-
-ag::Engine& GetPreviousEngine() { return *previous_engine.load(); }
 
 }  // namespace
 
@@ -110,18 +87,12 @@ ScopedSavedTensorRecording::ScopedSavedTensorRecording(SavedTensorRecorder* reco
   SavedTensorRecorder* expected = nullptr;
   TORCH_CHECK(active_recorder.compare_exchange_strong(expected, recorder),
               "ScopedSavedTensorRecording: another recording scope is alive");
-  previous_engine.store(&ag::Engine::get_default_engine());
-  ag::set_default_engine_stub(&GetRecordingEngine);
+  hooks_ = std::make_unique<ScopedSavedTensorHooks>(
+      [recorder] { return std::make_unique<RecordingHooks>(recorder); });
 }
 
 ScopedSavedTensorRecording::~ScopedSavedTensorRecording() {
-  ag::Engine* previous = previous_engine.load();
-  // Restore the exact stub when it was the base engine's, the usual case.
-  if (previous == &ag::Engine::get_base_engine()) {
-    ag::set_default_engine_stub(&ag::Engine::get_base_engine);
-  } else {
-    ag::set_default_engine_stub(&GetPreviousEngine);
-  }
+  hooks_.reset();
   active_recorder.store(nullptr);
 }
 

@@ -1,12 +1,8 @@
-// Records which tensor storages autograd saves for backward, the C++ stand-in for
-// Python's torch.autograd.graph.saved_tensors_hooks. LibTorch 2.15 still has no C++ API
-// for default hooks: at::SavedTensorDefaultHooks holds c10::SafePyObject pack/unpack
-// functions, for Python only.
-//
-// Every SavedVariable asks the default autograd Engine for saved-variable hooks when it
-// is created (SavedVariable::get_default_hooks() calls the virtual
-// Engine::get_default_saved_variable_hooks(), as Python's engine does to install its own); while a ScopedSavedTensorRecording is alive, the default engine is a
-// recording engine whose pack hook reports each saved tensor's storage to a recorder.
+// Records which tensor storages autograd saves for backward, as the study's
+// saved_tensors_hooks do in Python: while a ScopedSavedTensorRecording is alive, a pack
+// hook (runtime/saved_tensor_hooks.h) reports each saved tensor's storage to a recorder.
+// Like Python's, the hook is the innermost one of its thread: a non-reentrant
+// checkpoint's own hooks shadow it inside the checkpointed layer.
 //
 // Example:
 //   SavedTensorRecorder recorder(/*excluded_storages=*/ParameterStorages(params));
@@ -21,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -46,8 +43,7 @@ class SavedTensorRecorder {
   SavedTensorRecorder(const SavedTensorRecorder&) = delete;
   SavedTensorRecorder& operator=(const SavedTensorRecorder&) = delete;
 
-  // Record notes one packed tensor. Called by the recording engine's pack hook, from
-  // whichever thread saves the tensor; thread-safe.
+  // Record notes one packed tensor. Called by the recording pack hook; thread-safe.
   void Record(const at::Tensor& tensor);
 
   // bytes is the sum of nbytes over the unique, non-excluded storages recorded.
@@ -64,11 +60,12 @@ class SavedTensorRecorder {
   int64_t num_packs_ = 0;
 };
 
-// ScopedSavedTensorRecording makes `recorder` see every tensor autograd saves on any
-// thread until the scope ends. On destruction (also when unwinding) it restores the
-// default engine that was installed before and detaches the recorder, so nothing is
-// recorded afterwards. Run only the forward inside the scope: backward would run on the
-// recording engine.
+class ScopedSavedTensorHooks;
+
+// ScopedSavedTensorRecording makes `recorder` see every tensor autograd saves on this
+// thread until the scope ends. On destruction (also when unwinding) it removes its hook
+// and detaches the recorder, so nothing is recorded afterwards. Run only the forward
+// inside the scope: backward would be recorded too.
 // REQUIRES: no other ScopedSavedTensorRecording is alive; `recorder` outlives the scope.
 class ScopedSavedTensorRecording {
  public:
@@ -77,6 +74,9 @@ class ScopedSavedTensorRecording {
 
   ScopedSavedTensorRecording(const ScopedSavedTensorRecording&) = delete;
   ScopedSavedTensorRecording& operator=(const ScopedSavedTensorRecording&) = delete;
+
+ private:
+  std::unique_ptr<ScopedSavedTensorHooks> hooks_;
 };
 
 // IsRecording says whether a ScopedSavedTensorRecording is alive.

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "runtime/attention.h"
@@ -19,7 +20,44 @@ namespace ag = torch::autograd;
 
 // The replayed ops below return a cached output and compute only their backward, so
 // the op itself is really skipped at recompute. Cached tensors come in by pointer: a
-// tensor argument would count as an autograd input.
+// tensor argument would count as an autograd input. Each saves its tensors in the order
+// of the real op's node (inputs, then outputs, each by name, as the generated
+// VariableType saves them), so that a non-reentrant checkpoint's recompute fills the
+// holders its forward packed. Each returns a new tensor on the cached storage: the
+// cache's own must not take the node as its grad_fn, or a recompute that stops at the
+// node's saves would leave the cache holding the node and what it saved.
+
+// SaveLinearOperands saves what the real node does: the input's rows (N, in) and the
+// (in, out) matrix, as AddmmBackward0 (mat1_, mat2_) when `addmm`, else MmBackward0
+// (mat2_, self_).
+void SaveLinearOperands(ag::AutogradContext* ctx, const at::Tensor& input,
+                        const at::Tensor& mat2, bool has_bias, bool addmm) {
+  const at::Tensor rows = input.reshape({-1, input.size(-1)});
+  if (addmm) {
+    ctx->save_for_backward({rows, mat2});
+  } else {
+    ctx->save_for_backward({mat2, rows});
+  }
+  ctx->saved_data["has_bias"] = has_bias;
+  ctx->saved_data["addmm"] = addmm;
+  ctx->saved_data["input_sizes"] = input.sizes();
+}
+
+// LinearOperands are what SaveLinearOperands saved.
+struct LinearOperands {
+  explicit LinearOperands(ag::AutogradContext* ctx)
+      : has_bias(ctx->saved_data["has_bias"].toBool()),
+        input_sizes(ctx->saved_data["input_sizes"].toIntVector()) {
+    const ag::variable_list saved = ctx->get_saved_variables();
+    const bool addmm = ctx->saved_data["addmm"].toBool();
+    rows = saved[addmm ? 0 : 1];
+    mat2 = saved[addmm ? 1 : 0];
+  }
+  bool has_bias;
+  std::vector<int64_t> input_sizes;
+  at::Tensor rows;  // (N, in)
+  at::Tensor mat2;  // (in, out)
+};
 
 // CachedLinear: y = x W^T (+ b), with y from the cache. `parameters` is {W} or {W, b}:
 // an undefined tensor cannot be an autograd input.
@@ -27,19 +65,21 @@ class CachedLinear : public ag::Function<CachedLinear> {
  public:
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& input,
                             at::TensorList parameters, const at::Tensor* cached) {
-    ctx->save_for_backward({input, parameters[0]});
-    ctx->saved_data["has_bias"] = parameters.size() > 1;
-    return *cached;
+    // at::linear runs addmm with a bias on a 2-D or contiguous input (its
+    // _flatten_nd_linear), else matmul and add_ (aten/src/ATen/native/Linear.cpp).
+    const bool has_bias = parameters.size() > 1;
+    SaveLinearOperands(ctx, input, parameters[0].t(), has_bias,
+                       has_bias && (input.dim() == 2 || input.is_contiguous()));
+    return cached->detach();
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
-    const ag::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
+    const LinearOperands saved(ctx);
+    const at::Tensor weight = saved.mat2.t();
     const at::Tensor grad = grads[0].reshape({-1, weight.size(0)});
-    const at::Tensor input_2d = input.reshape({-1, weight.size(1)});
-    ag::variable_list result = {grad.mm(weight).view(input.sizes()), grad.t().mm(input_2d)};
-    if (ctx->saved_data["has_bias"].toBool()) result.push_back(grad.sum(0));
+    ag::variable_list result = {grad.mm(weight).view(saved.input_sizes),
+                                grad.t().mm(saved.rows)};
+    if (saved.has_bias) result.push_back(grad.sum(0));
     result.push_back(at::Tensor());
     return result;
   }
@@ -53,24 +93,22 @@ class CachedConv1D : public ag::Function<CachedConv1D> {
  public:
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& input,
                             at::TensorList parameters, const at::Tensor* cached) {
-    ctx->save_for_backward({input, parameters[0]});
-    ctx->saved_data["has_bias"] = parameters.size() > 1;
-    return *cached;
+    SaveLinearOperands(ctx, input, parameters[0], parameters.size() > 1,
+                       /*addmm=*/parameters.size() > 1);
+    return cached->detach();
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
-    const ag::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
+    const LinearOperands saved(ctx);
+    const at::Tensor& weight = saved.mat2;
     const at::Tensor grad = grads[0].reshape({-1, weight.size(1)});
-    const at::Tensor input_2d = input.reshape({-1, weight.size(0)});
-    if (!ctx->saved_data["has_bias"].toBool()) {
-      at::Tensor grad_weight = input_2d.t().mm(grad);
-      at::Tensor grad_input = grad.mm(weight.t()).view(input.sizes());
+    if (!saved.has_bias) {
+      at::Tensor grad_weight = saved.rows.t().mm(grad);
+      at::Tensor grad_input = grad.mm(weight.t()).view(saved.input_sizes);
       return {grad_input, grad_weight, at::Tensor()};
     }
-    at::Tensor grad_input = grad.mm(weight.t()).view(input.sizes());
-    at::Tensor grad_weight = input_2d.t().mm(grad);
+    at::Tensor grad_input = grad.mm(weight.t()).view(saved.input_sizes);
+    at::Tensor grad_weight = saved.rows.t().mm(grad);
     return {grad_input, grad_weight, grad.sum(0), at::Tensor()};
   }
 };
@@ -82,16 +120,17 @@ class CachedLayerNorm : public ag::Function<CachedLayerNorm> {
                             const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor* out, const at::Tensor* mean,
                             const at::Tensor* rstd) {
-    ctx->save_for_backward({input, weight, bias, *mean, *rstd});
-    return *out;
+    // NativeLayerNormBackward0's order: bias, input, weight, then mean and rstd.
+    ctx->save_for_backward({bias, input, weight, *mean, *rstd});
+    return out->detach();
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
     const ag::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
+    const at::Tensor& input = saved[1];
     auto [grad_input, grad_weight, grad_bias] = at::native_layer_norm_backward(
-        grads[0].contiguous(), input, {input.size(-1)}, saved[3], saved[4], saved[1],
-        saved[2], {true, true, true});
+        grads[0].contiguous(), input, {input.size(-1)}, saved[3], saved[4], saved[2],
+        saved[0], {true, true, true});
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -103,7 +142,7 @@ class CachedActivation : public ag::Function<CachedActivation> {
                             const std::string& kind, const at::Tensor* cached) {
     ctx->save_for_backward({input});
     ctx->saved_data["kind"] = kind;
-    return *cached;
+    return cached->detach();
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
@@ -135,14 +174,18 @@ at::Tensor Cached(SelectiveCache* cache, OpKind kind, Compute compute, Replay re
     cache->Save(out);
     return out;
   }
-  return replay(cache->Next());
+  at::Tensor out = replay(cache->Peek());
+  cache->Pop();
+  return out;
 }
 
 }  // namespace
 
 void SelectiveCache::Save(const at::Tensor& tensor) {
   TORCH_CHECK(!replaying_, "SelectiveCache::Save while replaying");
-  tensors_.push_back(tensor);
+  // Detached, as _CachingTorchDispatchMode stores them: the output's node (whose saved
+  // tensors may be a non-reentrant checkpoint's holders, owning the cache) stays out.
+  tensors_.push_back(tensor.detach());
 }
 
 void SelectiveCache::StartReplay() {
@@ -150,11 +193,15 @@ void SelectiveCache::StartReplay() {
   cursor_ = 0;
 }
 
-const at::Tensor& SelectiveCache::Next() {
-  TORCH_CHECK(replaying_ && cursor_ < tensors_.size(),
-              "SelectiveCache::Next: replay asked for more outputs than were saved (",
+const at::Tensor& SelectiveCache::Peek(size_t ahead) const {
+  TORCH_CHECK(replaying_ && cursor_ + ahead < tensors_.size(),
+              "SelectiveCache::Peek: replay asked for more outputs than were saved (",
               tensors_.size(), ")");
-  return tensors_[cursor_++];
+  return tensors_[cursor_ + ahead];
+}
+
+void SelectiveCache::Pop(size_t n) {
+  for (size_t i = 0; i < n; ++i) tensors_[cursor_++].reset();
 }
 
 void SelectiveCache::Clear() {
@@ -219,10 +266,10 @@ at::Tensor LayerNormOp(torch::nn::LayerNormImpl& norm, const at::Tensor& input,
     cache->Save(rstd);
     return out;
   }
-  const at::Tensor& out = cache->Next();
-  const at::Tensor& mean = cache->Next();
-  const at::Tensor& rstd = cache->Next();
-  return CachedLayerNorm::apply(input, norm.weight, norm.bias, &out, &mean, &rstd);
+  at::Tensor out = CachedLayerNorm::apply(input, norm.weight, norm.bias, &cache->Peek(0),
+                                          &cache->Peek(1), &cache->Peek(2));
+  cache->Pop(3);
+  return out;
 }
 
 at::Tensor GeluOp(const at::Tensor& input, const char* approximate, SelectiveCache* cache) {
@@ -258,9 +305,11 @@ at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor
     return outputs.out;
   }
   FlashOutputs cached;
-  cached.out = cache->Next();
-  cached.lse = cache->Next();
-  return FlashAttentionFromCache(Lower(q), Lower(k), Lower(v), cached);
+  cached.out = cache->Peek(0);
+  cached.lse = cache->Peek(1);
+  at::Tensor out = FlashAttentionFromCache(Lower(q), Lower(k), Lower(v), cached);
+  cache->Pop(2);
+  return out;
 }
 
 }  // namespace memledger::runtime

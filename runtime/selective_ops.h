@@ -25,7 +25,7 @@ namespace memledger::runtime {
 
 // SelectiveCache holds one checkpointed layer's must-saved op outputs. While recording
 // (the checkpointed forward) the layer's policy ops append their outputs; while
-// replaying (the recompute in backward) they take them back in the same order.
+// replaying (the recompute in backward) they take them out in the same order.
 class SelectiveCache {
  public:
   explicit SelectiveCache(const SavePolicy& policy) : policy_(policy) {}
@@ -38,8 +38,13 @@ class SelectiveCache {
   void Save(const at::Tensor& tensor);
   // StartReplay rewinds to the first saved output.
   void StartReplay();
-  // Next returns the next saved output while replaying.
-  const at::Tensor& Next();
+  // Peek is the saved output `ahead` places after the next while replaying; Pop drops
+  // the next `n` (_CachedTorchDispatchMode's storage.pop(0)): the cache holds them no
+  // more. A replayed op pops its outputs once its node has saved what it saves, as
+  // autograd saves an op's inputs before the dispatch mode pops the cache: a
+  // non-reentrant recompute that stops at that save leaves them in the cache.
+  const at::Tensor& Peek(size_t ahead = 0) const;
+  void Pop(size_t n = 1);
   // Clear drops every saved output.
   void Clear();
 

@@ -124,9 +124,10 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
 // memledger_plan: the planner's JSON, the same as `//planner --format=json` makes it
 // (planner_cli_test checks that document; here the ABI's codes and keys).
 TEST(ApiTest, PlanReturnsThePlannersJson) {
-  // The study's default: none peaks at 67,688,232 B and full at 30,076,136 B (measured
-  // by the counting allocator in runtime_test and verify; AdamW's 72 step tensors, 4 B
-  // each, and full's RNG state included), so 50 MiB needs recompute.
+  // The study's default: none peaks at 67,688,232 B and full at 29,551,848 B (measured
+  // by the counting allocator in runtime_test and verify, and by the real stack's
+  // profiler on the unchanged study; AdamW's 72 step tensors, 4 B each, and full's RNG
+  // state included), so 50 MiB needs recompute.
   Result r = Call(R"({"budget_gib": 0.048828125, "frontier_points": 3})", memledger_plan);
   ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
   rapidjson::Document doc;

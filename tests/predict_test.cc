@@ -317,10 +317,10 @@ TEST(PredictFamiliesTest, ParameterOrderNamesEveryParameterOnce) {
 }
 
 // What the real stack does that is not modelled yet is said, per run: nothing for the
-// study without checkpointing in fp32; the non-reentrant recompute once a variant
-// checkpoints (not with --checkpoint_impl=reentrant, which is modelled exactly);
-// GPT-2's dropout (0.1 in its config) and use_cache without checkpointing; oneDNN's
-// scratchpads in low precision.
+// study, with or without checkpointing, in fp32; the position ids that checkpointed
+// Llama layers hold (GPT-2's only past the backward, if reentrant); GPT-2's dropout (0.1
+// in its config) and use_cache without checkpointing; oneDNN's scratchpads in low
+// precision.
 TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   auto caveats = [](const ModelConfig& config, const char* variants) {
     PredictOptions options;
@@ -334,15 +334,17 @@ TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   };
   ModelConfig study;
   EXPECT_EQ(caveats(study, "none"), "");
-  EXPECT_EQ(caveats(study, "none,full"), "checkpointed peaks;");
-  study.checkpoint_impl = CheckpointImpl::kReentrant;
   EXPECT_EQ(caveats(study, "none,full"), "");
-  study.checkpoint_impl = CheckpointImpl::kNonReentrant;
   study.dtype = DType::kBFloat16;
   EXPECT_EQ(caveats(study, "none"), "low precision;");
+  EXPECT_EQ(caveats(Preset("tiny-llama"), "none"), "");
+  EXPECT_EQ(caveats(Preset("tiny-llama"), "none,full"), "position ids;");
   EXPECT_EQ(caveats(Preset("gpt2"), "none"), "dropout 0.1;use_cache;");
-  EXPECT_EQ(caveats(Preset("gpt2"), "full"), "checkpointed peaks;dropout 0.1;");
-  EXPECT_EQ(caveats(Preset("tiny-gpt2"), "full"), "checkpointed peaks;");
+  EXPECT_EQ(caveats(Preset("gpt2"), "full"), "dropout 0.1;");
+  ModelConfig gpt2 = Preset("tiny-gpt2");
+  EXPECT_EQ(caveats(gpt2, "full"), "");
+  gpt2.checkpoint_impl = CheckpointImpl::kReentrant;
+  EXPECT_EQ(caveats(gpt2, "full"), "position ids;");
 }
 
 TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {

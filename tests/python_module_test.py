@@ -84,14 +84,15 @@ class PredictTest(unittest.TestCase):
 
 class PlanTest(unittest.TestCase):
     def test_plan_fits_the_budget_and_beats_full(self):
-        # The study's default: full checkpointing peaks at 30,076,136 B (measured by the
-        # counting allocator, runtime_test; AdamW's 72 step tensors of 4 B and the
+        # The study's default: full checkpointing peaks at 29,551,848 B (measured by the
+        # counting allocator, runtime_test, and by the real stack's profiler on the
+        # unchanged study, verify/witness.py; AdamW's 72 step tensors of 4 B and the
         # peaking layer's 5,056-byte RNG state included); a 40 MiB budget lets the
         # planner keep more.
         p = memledger.plan(budget_gib=40 / 1024, frontier_points=0)
         self.assertEqual(len(p["plan"]), 6)
         self.assertLessEqual(p["peak_bytes"], 40 * 2**20)
-        self.assertEqual(p["variants"]["full"]["peak_bytes"], 30076136)
+        self.assertEqual(p["variants"]["full"]["peak_bytes"], 29551848)
         self.assertLess(p["overhead"], p["variants"]["full"]["overhead"])
 
     def test_no_plan_fits_raises_no_plan_fits(self):

@@ -186,14 +186,6 @@ CASES = [
 # What memledger does not model yet, each with the bucket it moves. A case listed here is
 # still run and its other buckets must agree.
 KNOWN_GAPS = {
-    # Non-reentrant torch.utils.checkpoint recomputes lazily, at the first unpack, and
-    # stops early after the last saved tensor (checkpoint.py, _checkpoint_hook and
-    # _StopRecomputationError); memledger replays the whole layer as the reentrant
-    # CheckpointFunction does, so its backward holds more. Reentrant checkpointing is
-    # exact but for the position ids below, which it holds to the step's end.
-    "peak_bytes.full/non_reentrant": "lazy recompute with early stop",
-    "peak_bytes.every_2/non_reentrant": "lazy recompute with early stop",
-    "peak_bytes.selective/non_reentrant": "lazy recompute with early stop",
     # A checkpointed layer is called with position_ids, which its bound arguments hold
     # to its backward, or to the step's end if reentrant (estimator/block_graph.cc,
     # BuildLlamaLayer): T x 8 B.
@@ -206,29 +198,19 @@ KNOWN_GAPS = {
     # checkpointed) makes SDPA keep the DynamicCache's torch.cat copies of k and v
     # (cache_utils.py, DynamicLayer.update): 2 x B x H x T x d_head per layer.
     "gpt2/use_cache": "use_cache's copies of k and v",
-    # A non-reentrant checkpoint runs its forward with grad: MulBackward0 nodes keep
-    # gelu_new's three wrapped numbers (24 B a layer) until the backward.
-    "gpt2/wrapped_numbers": "non-reentrant forward keeps gelu_new's wrapped numbers",
 }
 
 
 def gap_for(case, bucket):
     """The KNOWN_GAPS entry that explains `bucket` of `case`, or None."""
     variant = case["variant"]
-    if bucket == f"peak_bytes.{variant}" and variant != "none" and \
-            case["checkpoint_impl"] == "non_reentrant":
-        return KNOWN_GAPS[f"peak_bytes.{variant}/non_reentrant"]
     family = FAMILIES[case["model"]]["family"]
     decoder = family != "study"
     if family == "gpt2" and variant == "none":
         return KNOWN_GAPS["gpt2/use_cache"]
-    if family == "gpt2" and bucket == f"held_after_forward_bytes.{variant}" and \
-            case["checkpoint_impl"] == "non_reentrant":
-        return KNOWN_GAPS["gpt2/wrapped_numbers"]
     if bucket == f"held_after_forward_bytes.{variant}" and variant != "none" and decoder:
         return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
-    if bucket == f"peak_bytes.{variant}" and variant != "none" and decoder and \
-            case["checkpoint_impl"] == "reentrant":
+    if bucket == f"peak_bytes.{variant}" and variant != "none" and decoder:
         return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
     low_precision = case["dtype"] != "fp32" or case["amp"] != "none"
     if bucket == f"peak_bytes.{variant}" and low_precision and case["mkldnn"]:

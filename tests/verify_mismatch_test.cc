@@ -45,8 +45,9 @@ TEST(VerifyMismatchTest, AWrongKeepRuleFailsTheBucketsItAffects) {
   // gelu instead of after gelu's backward node, so the predicted curve lies below the
   // measured one by at most the outputs it frees early, and the measured peak happens in
   // a layer's fc2 backward while they are still held: none loses up to 2 x 4096 bytes,
-  // every_2 (block 1 plain) and full (the block being recomputed) up to 4096; selective
-  // is exact, its recompute's gelu keeping an output the matmul cache holds anyway.
+  // every_2 (block 1 plain), full and selective (the block being recomputed: the matmul
+  // cache's fc1 output is popped by the recompute, gelu's node its only holder then) up
+  // to 4096.
   auto peak_gap = [](int64_t gap, int64_t forgotten) { return gap > 0 && gap <= forgotten; };
   for (const BucketCheck& bucket : report.buckets) {
     if (bucket.name == "saved_bytes.none" || bucket.name == "held_after_forward_bytes.none") {
@@ -56,17 +57,18 @@ TEST(VerifyMismatchTest, AWrongKeepRuleFailsTheBucketsItAffects) {
       EXPECT_EQ(bucket.measured - bucket.predicted, 4096) << bucket.name;
     } else if (bucket.name == "peak_bytes.none") {
       EXPECT_TRUE(peak_gap(bucket.measured - bucket.predicted, 2 * 4096)) << bucket.name;
-    } else if (bucket.name == "peak_bytes.every_2" || bucket.name == "peak_bytes.full") {
+    } else if (bucket.name == "peak_bytes.every_2" || bucket.name == "peak_bytes.full" ||
+               bucket.name == "peak_bytes.selective") {
       EXPECT_TRUE(peak_gap(bucket.measured - bucket.predicted, 4096)) << bucket.name;
     } else {
-      // full and selective walk no keep rules inside checkpointed blocks; the parameter
-      // buckets do not depend on rules.
+      // full's and selective's saved bytes walk no keep rules inside checkpointed
+      // blocks; the parameter buckets do not depend on rules.
       EXPECT_TRUE(bucket.exact()) << bucket.name;
     }
   }
   EXPECT_TRUE(NamesBucket(report, "peak_bytes.full"));
-  EXPECT_FALSE(NamesBucket(report, "peak_bytes.selective"));
-  EXPECT_EQ(report.failures.size(), 7u);
+  EXPECT_TRUE(NamesBucket(report, "peak_bytes.selective"));
+  EXPECT_EQ(report.failures.size(), 8u);
 }
 
 TEST(VerifyMismatchTest, ThePinnedRulesPassOnTheSameConfig) {
