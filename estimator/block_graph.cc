@@ -499,11 +499,11 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int x = g.Input("x", {kB, kTs, kD});
   // The layer reads transformers' rotary embedding's cos and sin, cast to the hidden
   // states' dtype (modeling_llama.py, LlamaModel.forward). It is called with position_ids
-  // too, which a checkpointed layer's bound arguments hold to its backward; that is not
-  // modelled (the planner composes layers from their neighbours alone, and those ids
-  // live until the first checkpointed layer's backward): T x 8 B fewer held.
+  // too (modeling_llama.py:392-400), which no op of it reads but a checkpointed layer's
+  // bound arguments hold to its backward (the step's end, if reentrant).
   int cos = g.Global("rope.cos", config.dtype, {Sym(1), kT, kDHead});
   int sin = g.Global("rope.sin", config.dtype, {Sym(1), kT, kDHead});
+  g.Global("position_ids", DType::kInt64, {Sym(1), kT});
   int h = g.RmsNorm("input_layernorm", x);
   auto project = [&](const std::string& name, SymDim heads) {
     int out = g.ColumnParallelLinear(name, h, kD, heads * kDHead, config.qkv_bias);
@@ -584,7 +584,9 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   // The residual stream holds T tokens, or T / tp with sequence parallelism (kTs).
   int x = g.Input("x", {kB, kTs, kD});
   // GPT2Model calls each block with position_ids too (modeling_gpt2.py:606-615), which
-  // checkpointed blocks hold; not modelled (see BuildLlamaLayer).
+  // checkpointed blocks hold (see BuildLlamaLayer); the embedding's node keeps them to
+  // the backward's end anyway. Megatron's blocks are called without them.
+  if (!config.megatron) g.Global("position_ids", DType::kInt64, {Sym(1), kT});
   const SymDim attention_width = kH * kDHead;
   int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
   // qkv.split(width, 2): three parts with one backward node.

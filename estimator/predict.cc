@@ -509,16 +509,6 @@ std::vector<std::string> Caveats(const ModelConfig& config,
     checkpoints = checkpoints || any;
     plain = plain || !any;
   }
-  // GPT-2's embedding keeps its position ids to the backward's end anyway: only held
-  // past it (reentrant) do they count.
-  if (checkpoints && !config.megatron &&
-      (config.family == Family::kLlama ||
-       (config.family == Family::kGpt2 && config.checkpoint_impl == CheckpointImpl::kReentrant))) {
-    caveats.push_back(
-        "position ids: checkpointed layers hold the position_ids transformers calls them "
-        "with (T x 8 B) until the first one's backward (reentrant: the step's end); not "
-        "modelled");
-  }
   if (config.dropout > 0) {
     caveats.push_back(absl::StrCat(
         "dropout ", config.dropout, ": transformers' training-mode dropouts and SDPA's "

@@ -53,27 +53,51 @@ struct Planner::Tables {
     StepStretch forward;
     StepStretch backward;
   };
-  // By Key(position, previous checkpointed, choice, next checkpointed).
+  // By Key(position, previous checkpointed, choice, next checkpointed, lowest).
   std::vector<LayerStretches> layer;
-  // By whether the first (prologue, tail) or the last layer (head) is checkpointed.
+  // By whether the first layer is checkpointed (prologue, tail), and (head) whether the
+  // last one is and whether any is: transformers calls every layer with the position
+  // ids, which checkpointed layers hold until the lowest one's backward.
   struct Bracket {
     bool seen = false;
     StepStretch prologue, tail, head_forward, head_backward;
   };
   Bracket first[2];
-  Bracket last[2];
+  Bracket last[2][2];
   bool optimizer_seen = false;
   StepStretch optimizer;
 
   bool Checkpointed(int choice) const { return choices[choice].checkpointed; }
-  size_t Key(int position, bool previous, int choice, bool next) const {
-    return ((static_cast<size_t>(position) * 2 + previous) * choices.size() + choice) * 2 + next;
+  // lowest: a checkpointed layer with no checkpointed layer before it, whose frame
+  // (non-reentrant) is the last to hold the position ids; ignored for other choices.
+  size_t Key(int position, bool previous, int choice, bool next, bool lowest) const {
+    lowest = lowest && Checkpointed(choice);
+    return (((static_cast<size_t>(position) * 2 + previous) * choices.size() + choice) * 2 +
+            next) * 2 + lowest;
   }
-  const LayerStretches& Layer(int64_t i, const std::vector<int>& plan) const {
+  // Layer: layer i's stretches in `plan`, whose first checkpointed layer is `lowest`
+  // (-1: none).
+  const LayerStretches& Layer(int64_t i, const std::vector<int>& plan, int64_t lowest) const {
     const int64_t layers = static_cast<int64_t>(plan.size());
     const bool previous = i > 0 && Checkpointed(plan[i - 1]);
     const bool next = i + 1 < layers && Checkpointed(plan[i + 1]);
-    return layer[Key(PositionOf(i, layers), previous, plan[i], next)];
+    return layer[Key(PositionOf(i, layers), previous, plan[i], next, i == lowest)];
+  }
+  // AnyHead: a head bracket the probes saw (under `local` they all have the same nets).
+  const Bracket& AnyHead() const {
+    for (const auto& by_any : last) {
+      for (const Bracket& b : by_any) {
+        if (b.seen) return b;
+      }
+    }
+    return last[0][0];
+  }
+  // LowestOf: the first checkpointed layer of `plan`, -1 if none.
+  int64_t LowestOf(const std::vector<int>& plan) const {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (Checkpointed(plan[i])) return static_cast<int64_t>(i);
+    }
+    return -1;
   }
 
   // Record adds a probe's stretches, checking those already seen.
@@ -134,10 +158,12 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
         ")"));
   };
   const int64_t layers = static_cast<int64_t>(probe.size());
+  const int64_t lowest = LowestOf(probe);
   for (int64_t i = 0; i < layers; ++i) {
     const bool previous = i > 0 && Checkpointed(probe[i - 1]);
     const bool next = i + 1 < layers && Checkpointed(probe[i + 1]);
-    LayerStretches& entry = layer[Key(PositionOf(i, layers), previous, probe[i], next)];
+    LayerStretches& entry =
+        layer[Key(PositionOf(i, layers), previous, probe[i], next, i == lowest)];
     if (entry.seen && (!SameStretch(entry.forward, s.forward[i]) ||
                        !SameStretch(entry.backward, s.backward[i]))) {
       return differ(absl::StrCat("layer ", i));
@@ -151,7 +177,7 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   f.seen = true;
   f.prologue = s.prologue;
   f.tail = s.tail;
-  Bracket& l = last[Checkpointed(probe.back())];
+  Bracket& l = last[Checkpointed(probe.back())][lowest >= 0];
   if (l.seen && (!SameStretch(l.head_forward, s.head_forward) ||
                  !SameStretch(l.head_backward, s.head_backward))) {
     return differ("the head");
@@ -267,25 +293,27 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   if (resident > budget) return false;
   // A label at step i has placed layers 0..i-1 and committed to whether layer i is
   // checkpointed; its state is (layer i-1 checkpointed, layer i checkpointed, layer 0
-  // checkpointed), which is all the stretches still to come depend on. Choosing layer
-  // i's choice (of the committed kind) and layer i+1's kind places layer i. Labels
-  // that reached the same state by different choices compete in one Pareto set.
-  auto state = [](bool previous, bool current, bool first_ckpt) {
-    return (static_cast<size_t>(previous) * 2 + current) * 2 + first_ckpt;
+  // checkpointed, any of layers 0..i-1 checkpointed), which is all the stretches still
+  // to come depend on. Choosing layer i's choice (of the committed kind) and layer
+  // i+1's kind places layer i. Labels that reached the same state by different choices
+  // compete in one Pareto set.
+  auto state = [](bool previous, bool current, bool first_ckpt, bool below) {
+    return ((static_cast<size_t>(previous) * 2 + current) * 2 + first_ckpt) * 2 + below;
   };
-  constexpr size_t kStates = 8;
+  constexpr size_t kStates = 16;
   std::vector<std::vector<Label>> arenas(layers + 1);
   std::vector<ParetoSet> sets(kStates);
   for (int current = 0; current < 2; ++current) {
     if (candidates_by_checkpoint[current].empty()) continue;
     const Bracket& b = first[current];
     if (b.prologue.has_rise && resident + b.prologue.rise > budget) continue;
-    sets[state(false, current, first_matters && current)].Insert(arenas[0], Label(), !local);
+    sets[state(false, current, first_matters && current, false)].Insert(arenas[0], Label(),
+                                                                        !local);
   }
   // Place layer i into a label; false if a forward moment, a backward one known now
   // (`local`), or a lower bound of the moments still to come exceeds the budget.
   // Under `local`, the later layers' D: the last one's, and the middle ones'.
-  const Bracket& any_head = last[0].seen ? last[0] : last[1];
+  const Bracket& any_head = AnyHead();
   const int64_t head_net = any_head.head_forward.net + any_head.head_backward.net;
   auto later_d = [&](int64_t remaining) {
     return remaining == 0 ? 0 : d_of[kLast] + (remaining - 1) * d_of[kMiddle];
@@ -314,35 +342,39 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     for (int previous = 0; previous < 2; ++previous) {
       for (int current = 0; current < 2; ++current) {
         for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
-          const ParetoSet& set = sets[state(previous, current, first_ckpt)];
-          if (set.empty()) continue;
-          const int64_t base = resident + first[first_ckpt].prologue.net;
-          set.ForEach([&](int32_t index) {
-            const Label& from = arenas[i][index];
-            for (int c : candidates_by_checkpoint[current]) {
-              const int64_t cost = search.any ? 0 : from.cost + recompute[c];
-              for (int next = 0; next < (remaining > 0 ? 2 : 1); ++next) {
-                if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
-                Label to;
-                if (!place(from, layer[Key(position, previous, c, next)], base, remaining,
-                           &to)) {
-                  continue;
+          for (int below = 0; below < 2; ++below) {
+            const ParetoSet& set = sets[state(previous, current, first_ckpt, below)];
+            if (set.empty()) continue;
+            const int64_t base = resident + first[first_ckpt].prologue.net;
+            const bool lowest = current && !below;
+            set.ForEach([&](int32_t index) {
+              const Label& from = arenas[i][index];
+              for (int c : candidates_by_checkpoint[current]) {
+                const int64_t cost = search.any ? 0 : from.cost + recompute[c];
+                for (int next = 0; next < (remaining > 0 ? 2 : 1); ++next) {
+                  if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
+                  Label to;
+                  if (!place(from, layer[Key(position, previous, c, next, lowest)], base,
+                             remaining, &to)) {
+                    continue;
+                  }
+                  to.cost = cost;
+                  ParetoSet& into = next_sets[state(current, next, first_ckpt, below || current)];
+                  if (into.Dominated(to, !local)) continue;
+                  // The LP bound of layers i + 1.. in what the forward has left.
+                  if (bounded &&
+                      static_cast<double>(cost) +
+                              CostBound(remaining, budget - base - min_end_rise - to.f) >
+                          static_cast<double>(search.incumbent)) {
+                    continue;
+                  }
+                  to.parent = index;
+                  to.choice = static_cast<int16_t>(c);
+                  into.InsertUndominated(arenas[i + 1], to, !local);
                 }
-                to.cost = cost;
-                ParetoSet& into = next_sets[state(current, next, first_ckpt)];
-                if (into.Dominated(to, !local)) continue;
-                // The LP bound of layers i + 1.. in what the forward has left.
-                if (bounded && static_cast<double>(cost) +
-                                       CostBound(remaining, budget - base - min_end_rise - to.f) >
-                                   static_cast<double>(search.incumbent)) {
-                  continue;
-                }
-                to.parent = index;
-                to.choice = static_cast<int16_t>(c);
-                into.InsertUndominated(arenas[i + 1], to, !local);
               }
-            }
-          });
+            });
+          }
         }
       }
     }
@@ -353,29 +385,32 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   int64_t best_cost = 0;
   for (int previous = 0; previous < 2; ++previous) {
     for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
-      const Bracket& head = last[previous];  // `previous` is now the last layer's kind
-      const Bracket& ends = first[first_ckpt];
-      const int64_t base = resident + ends.prologue.net;
-      sets[state(previous, false, first_ckpt)].ForEach([&](int32_t index) {
-        const Label& to = arenas[layers][index];
-        const int64_t forward_end = base + to.f;
-        if (head.head_forward.has_rise && forward_end + head.head_forward.rise > budget) {
-          return;
-        }
-        const int64_t after_head = forward_end + head.head_forward.net;
-        if (head.head_backward.has_rise && after_head + head.head_backward.rise > budget) {
-          return;
-        }
-        const int64_t h = base + head.head_forward.net + head.head_backward.net;
-        if (to.u != kNoRise && h + to.f + to.u > budget) return;
-        const int64_t tail_start = h + to.s;
-        if (ends.tail.has_rise && tail_start + ends.tail.rise > budget) return;
-        if (optimizer.has_rise && tail_start + ends.tail.net + optimizer.rise > budget) return;
-        if ((best < 0 || to.cost < best_cost) && to.cost <= search.incumbent) {
-          best = index;
-          best_cost = to.cost;
-        }
-      });
+      for (int below = 0; below < 2; ++below) {
+        // `previous` is now the last layer's kind, `below` whether any layer is checkpointed.
+        const Bracket& head = last[previous][below];
+        const Bracket& ends = first[first_ckpt];
+        const int64_t base = resident + ends.prologue.net;
+        sets[state(previous, false, first_ckpt, below)].ForEach([&](int32_t index) {
+          const Label& to = arenas[layers][index];
+          const int64_t forward_end = base + to.f;
+          if (head.head_forward.has_rise && forward_end + head.head_forward.rise > budget) {
+            return;
+          }
+          const int64_t after_head = forward_end + head.head_forward.net;
+          if (head.head_backward.has_rise && after_head + head.head_backward.rise > budget) {
+            return;
+          }
+          const int64_t h = base + head.head_forward.net + head.head_backward.net;
+          if (to.u != kNoRise && h + to.f + to.u > budget) return;
+          const int64_t tail_start = h + to.s;
+          if (ends.tail.has_rise && tail_start + ends.tail.rise > budget) return;
+          if (optimizer.has_rise && tail_start + ends.tail.net + optimizer.rise > budget) return;
+          if ((best < 0 || to.cost < best_cost) && to.cost <= search.incumbent) {
+            best = index;
+            best_cost = to.cost;
+          }
+        });
+      }
     }
   }
   if (best < 0) return false;
@@ -403,22 +438,30 @@ void Planner::Tables::DeriveBounds() {
     for (int previous = 0; previous < 2; ++previous) {
       for (int c = 0; c < n; ++c) {
         for (int next = 0; next < 2; ++next) {
-          const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next)];
-          if (!st.seen) continue;
-          t.min_forward_net = any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
-          any = true;
-          const int64_t dd = st.forward.net + st.backward.net;
-          if (d_seen[position] && d[position] != dd) d_varies = true;
-          d[position] = dd;
-          d_seen[position] = true;
+          for (int lowest = 0; lowest < 2; ++lowest) {
+            const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next, lowest)];
+            if (!st.seen) continue;
+            t.min_forward_net =
+                any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
+            any = true;
+            const int64_t dd = st.forward.net + st.backward.net;
+            if (d_seen[position] && d[position] != dd) d_varies = true;
+            d[position] = dd;
+            d_seen[position] = true;
+          }
         }
       }
     }
   }
   bool head_varies = false;
-  if (t.last[0].seen && t.last[1].seen) {
-    head_varies = t.last[0].head_forward.net + t.last[0].head_backward.net !=
-                  t.last[1].head_forward.net + t.last[1].head_backward.net;
+  const Tables::Bracket& a_head = t.AnyHead();
+  for (const auto& by_any : t.last) {
+    for (const Tables::Bracket& b : by_any) {
+      if (b.seen && b.head_forward.net + b.head_backward.net !=
+                        a_head.head_forward.net + a_head.head_backward.net) {
+        head_varies = true;
+      }
+    }
   }
   t.local = !d_varies && !head_varies && !t.options.general;
   t.first_matters = !(t.first[0].seen && t.first[1].seen &&
@@ -430,24 +473,31 @@ void Planner::Tables::DeriveBounds() {
   // So is the head's backward (its loss gradient, often the peak), at the head's
   // forward net above the forward's end.
   int64_t end = std::numeric_limits<int64_t>::max();
-  for (const Tables::Bracket& b : t.last) {
-    if (!b.seen) continue;
-    const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
-    const int64_t backward_moment =
-        b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
-    end = std::min(end, std::max(forward_moment, backward_moment));
+  for (const auto& by_any : t.last) {
+    for (const Tables::Bracket& b : by_any) {
+      if (!b.seen) continue;
+      const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
+      const int64_t backward_moment =
+          b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
+      end = std::min(end, std::max(forward_moment, backward_moment));
+    }
   }
   t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
   // Under `local`, the last layer's backward comes after the head's nets: a second
   // moment every plan reaches, R + P + H + F_all + its rise.
   if (t.local) {
-    const Tables::Bracket& head = t.last[0].seen ? t.last[0] : t.last[1];
+    const Tables::Bracket& head = t.AnyHead();
     int64_t least_rise = std::numeric_limits<int64_t>::max();
     for (int position : {kLast, kOnly}) {
       for (int previous = 0; previous < 2; ++previous) {
         for (int c = 0; c < n; ++c) {
-          const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, false)];
-          if (st.seen) least_rise = std::min(least_rise, st.backward.has_rise ? st.backward.rise : 0);
+          for (int lowest = 0; lowest < 2; ++lowest) {
+            const Tables::LayerStretches& st =
+                t.layer[t.Key(position, previous, c, false, lowest)];
+            if (st.seen) {
+              least_rise = std::min(least_rise, st.backward.has_rise ? st.backward.rise : 0);
+            }
+          }
         }
       }
     }
@@ -467,9 +517,10 @@ void Planner::Tables::ChooseCandidates(const std::vector<int>& allowed) {
   auto no_larger = [&](int a, int b) {  // a's stretches <= b's in every context
     for (int position = 0; position < kPositions; ++position) {
       for (int previous = 0; previous < 2; ++previous) {
-        for (int next = 0; next < 2; ++next) {
-          const Tables::LayerStretches& x = t.layer[t.Key(position, previous, a, next)];
-          const Tables::LayerStretches& y = t.layer[t.Key(position, previous, b, next)];
+        for (int key = 0; key < 4; ++key) {
+          const int next = key / 2, lowest = key % 2;
+          const Tables::LayerStretches& x = t.layer[t.Key(position, previous, a, next, lowest)];
+          const Tables::LayerStretches& y = t.layer[t.Key(position, previous, b, next, lowest)];
           if (x.seen != y.seen) return false;
           if (!x.seen) continue;
           if (x.forward.net > y.forward.net || RiseOf(x.forward) > RiseOf(y.forward) ||
@@ -506,8 +557,9 @@ void Planner::Tables::BuildHull() {
   for (int position = 0; position < kPositions; ++position) {
     for (int previous = 0; previous < 2; ++previous) {
       for (int c = 0; c < n; ++c) {
-        for (int next = 0; next < 2; ++next) {
-          const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next)];
+        for (int key = 0; key < 4; ++key) {
+          const Tables::LayerStretches& st =
+              t.layer[t.Key(position, previous, c, key / 2, key % 2)];
           if (st.seen) t.least_forward_net[c] = std::min(t.least_forward_net[c], st.forward.net);
         }
       }
@@ -635,8 +687,9 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
     probe_config.layers = layers;
     return StepSimulator::Create(probe_config, options.attention, step);
   };
-  tables->layer.assign(tables->Key(kPositions - 1, true, tables->choices.size() - 1, true) + 1,
-                       Tables::LayerStretches());
+  tables->layer.assign(
+      tables->Key(kPositions - 1, true, tables->choices.size() - 1, true, true) + 1,
+      Tables::LayerStretches());
   const int n = static_cast<int>(tables->choices.size());
   std::vector<std::pair<int64_t, std::vector<std::vector<int>>>> probes;
   if (config.layers == 1) {
@@ -644,14 +697,22 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
     for (int c = 0; c < n; ++c) ones.push_back({c});
     probes.emplace_back(1, std::move(ones));
   } else {
-    std::vector<std::vector<int>> longs, shorts;
+    std::vector<std::vector<int>> longs, shorts, threes, fours;
     for (int c = 0; c < n; ++c) {
       const int o = tables->Checkpointed(c) ? none : full;
       longs.push_back({c, o, c, o, c, c, c, o, c});
       shorts.push_back({c, c});
+      // A checkpointed c as the lowest one after plain layers: in the middle beside
+      // either kind, and last ([c o ...] and [c c] have it first).
+      if (!tables->Checkpointed(c)) continue;
+      threes.push_back({none, c, none});
+      fours.push_back({none, c, c, none});
+      shorts.push_back({none, c});
     }
     probes.emplace_back(9, std::move(longs));
     probes.emplace_back(2, std::move(shorts));
+    probes.emplace_back(3, std::move(threes));
+    probes.emplace_back(4, std::move(fours));
   }
   for (const auto& [layers, plans] : probes) {
     absl::StatusOr<StepSimulator> simulator = simulator_for(layers);
@@ -696,13 +757,14 @@ int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
     if (s.has_rise) peak = std::max(peak, total + s.rise);
     total += s.net;
   };
+  const int64_t lowest = t.LowestOf(plan);
   const Tables::Bracket& ends = t.first[t.Checkpointed(plan.front())];
-  const Tables::Bracket& head = t.last[t.Checkpointed(plan.back())];
+  const Tables::Bracket& head = t.last[t.Checkpointed(plan.back())][lowest >= 0];
   visit(ends.prologue);
-  for (int64_t i = 0; i < layers; ++i) visit(t.Layer(i, plan).forward);
+  for (int64_t i = 0; i < layers; ++i) visit(t.Layer(i, plan, lowest).forward);
   visit(head.head_forward);
   visit(head.head_backward);
-  for (int64_t i = layers - 1; i >= 0; --i) visit(t.Layer(i, plan).backward);
+  for (int64_t i = layers - 1; i >= 0; --i) visit(t.Layer(i, plan, lowest).backward);
   visit(ends.tail);
   visit(t.optimizer);
   return peak;

@@ -267,10 +267,7 @@ at::Tensor CheckpointLayer(const std::shared_ptr<DecoderLayer>& layer, const at:
   CheckpointState state;
   state.layer = layer;
   state.mode = mode;
-  // The position ids are not held: the estimator does not model them (block_graph.cc,
-  // BuildLlamaLayer).
   state.extras = extras;
-  state.extras.position_ids = at::Tensor();
   state.autocast = CurrentAutocast();
   if (policy != nullptr) state.cache.emplace(*policy);
   auto note_cached = [cached](const std::optional<SelectiveCache>& cache) {
@@ -334,13 +331,16 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
     // The model input's length: with sequence parallelism `received` holds T / tp tokens.
     start.extras = model.Extras(input.size(1), received.scalar_type());
   }
+  // What the layers are called with (a checkpointed one holds it all).
+  LayerExtras layer_extras = start.extras;
+  if (!model.CallsLayersWithPositionIds()) layer_extras.position_ids = at::Tensor();
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
     begin(i, x);
     if (variant.IsCheckpointed(i)) {
       // A layer with an empty policy is fully recomputed: no selective cache.
       const SavePolicy policy = variant.PolicyAt(i);
-      x = CheckpointLayer(model.layer(i), x, start.extras, mode, model.checkpoint_impl,
+      x = CheckpointLayer(model.layer(i), x, layer_extras, mode, model.checkpoint_impl,
                           policy.empty() ? nullptr : &policy, &cached);
     } else {
       x = model.layer(i)->forward(x, start.extras, mode, nullptr);

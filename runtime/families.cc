@@ -366,6 +366,7 @@ class Gpt2Model : public ModelImpl {
     extras.position_ids = PositionIds(seq);
     return extras;
   }
+  bool CallsLayersWithPositionIds() const override { return !megatron_; }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
     at::Tensor logits;

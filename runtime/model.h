@@ -90,6 +90,9 @@ class ModelImpl : public torch::nn::Module {
   // without grad: what Prologue adds, for a pipeline stage that receives its hidden
   // states (each stage computes its own RoPE tables, as Megatron does).
   virtual LayerExtras Extras(int64_t /*seq*/, at::ScalarType /*dtype*/) const { return {}; }
+  // CallsLayersWithPositionIds: transformers' decoder models pass position_ids to every
+  // layer (which a checkpointed one holds); Megatron's GPT does not.
+  virtual bool CallsLayersWithPositionIds() const { return true; }
 
   // SetTensorParallel makes a model built with config.tp > 1 (one rank's shard) call
   // `tp` at Megatron's communication points; it must outlive the model's use.

@@ -264,12 +264,13 @@ TEST(PredictFamiliesTest, TinyLlamaByHand) {
   EXPECT_EQ(p.variants[0].head_loss_bytes, 397312 + 393216 + 8192 + 4);
   EXPECT_EQ(p.variants[0].layers_bytes, 2 * 2252800 + 4096);
   // full: each layer saves its input (32 x 4,096 = 131,072) and holds cos, sin (4,096
-  // once), which transformers binds into the checkpointed call: held, not saved. The
-  // last hidden states are the head's (in head_loss): 2 x 131,072 + 8,192 + 798,724 =
-  // 1,069,060 saved; held after the forward, less the 8,192 B of token ids, plus cos,
-  // sin and two 5,056-byte RNG states: 1,069,060 - 8,192 + 4,096 + 10,112 = 1,075,076.
+  // once) and the position ids ((1, 64) int64: 512 once), which transformers binds into
+  // the checkpointed call: held, not saved. The last hidden states are the head's (in
+  // head_loss): 2 x 131,072 + 8,192 + 798,724 = 1,069,060 saved; held after the forward,
+  // less the 8,192 B of token ids, plus cos, sin, the position ids and two 5,056-byte RNG
+  // states: 1,069,060 - 8,192 + 4,096 + 512 + 10,112 = 1,075,588.
   EXPECT_EQ(p.variants[1].saved_bytes, 1069060);
-  EXPECT_EQ(p.variants[1].held_after_forward_bytes, 1075076);
+  EXPECT_EQ(p.variants[1].held_after_forward_bytes, 1075588);
   // none: no checkpoint, so exactly the saved bytes less the input.
   EXPECT_EQ(p.variants[0].held_after_forward_bytes, 5316612 - 8192);
 }
@@ -317,10 +318,8 @@ TEST(PredictFamiliesTest, ParameterOrderNamesEveryParameterOnce) {
 }
 
 // What the real stack does that is not modelled yet is said, per run: nothing for the
-// study, with or without checkpointing, in fp32; the position ids that checkpointed
-// Llama layers hold (GPT-2's only past the backward, if reentrant); GPT-2's dropout (0.1
-// in its config) and use_cache without checkpointing; oneDNN's scratchpads in low
-// precision.
+// study or Llama, with or without checkpointing, in fp32; GPT-2's dropout (0.1 in its
+// config) and use_cache without checkpointing; oneDNN's scratchpads in low precision.
 TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   auto caveats = [](const ModelConfig& config, const char* variants) {
     PredictOptions options;
@@ -337,14 +336,10 @@ TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   EXPECT_EQ(caveats(study, "none,full"), "");
   study.dtype = DType::kBFloat16;
   EXPECT_EQ(caveats(study, "none"), "low precision;");
-  EXPECT_EQ(caveats(Preset("tiny-llama"), "none"), "");
-  EXPECT_EQ(caveats(Preset("tiny-llama"), "none,full"), "position ids;");
+  EXPECT_EQ(caveats(Preset("tiny-llama"), "none,full"), "");
   EXPECT_EQ(caveats(Preset("gpt2"), "none"), "dropout 0.1;use_cache;");
   EXPECT_EQ(caveats(Preset("gpt2"), "full"), "dropout 0.1;");
-  ModelConfig gpt2 = Preset("tiny-gpt2");
-  EXPECT_EQ(caveats(gpt2, "full"), "");
-  gpt2.checkpoint_impl = CheckpointImpl::kReentrant;
-  EXPECT_EQ(caveats(gpt2, "full"), "position ids;");
+  EXPECT_EQ(caveats(Preset("tiny-gpt2"), "full"), "");
 }
 
 TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {

@@ -186,10 +186,6 @@ CASES = [
 # What memledger does not model yet, each with the bucket it moves. A case listed here is
 # still run and its other buckets must agree.
 KNOWN_GAPS = {
-    # A checkpointed layer is called with position_ids, which its bound arguments hold
-    # to its backward, or to the step's end if reentrant (estimator/block_graph.cc,
-    # BuildLlamaLayer): T x 8 B.
-    "held_after_forward_bytes/position_ids": "checkpoints hold the position ids",
     # With oneDNN (torch.backends.mkldnn.enabled, the default) bf16/fp16 matmuls
     # allocate a scratchpad whose size depends on the CPU's ISA; memledger predicts
     # ATen's own gemm (runtime/threads.h).
@@ -205,13 +201,8 @@ def gap_for(case, bucket):
     """The KNOWN_GAPS entry that explains `bucket` of `case`, or None."""
     variant = case["variant"]
     family = FAMILIES[case["model"]]["family"]
-    decoder = family != "study"
     if family == "gpt2" and variant == "none":
         return KNOWN_GAPS["gpt2/use_cache"]
-    if bucket == f"held_after_forward_bytes.{variant}" and variant != "none" and decoder:
-        return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
-    if bucket == f"peak_bytes.{variant}" and variant != "none" and decoder:
-        return KNOWN_GAPS["held_after_forward_bytes/position_ids"]
     low_precision = case["dtype"] != "fp32" or case["amp"] != "none"
     if bucket == f"peak_bytes.{variant}" and low_precision and case["mkldnn"]:
         return KNOWN_GAPS["peak_bytes/mkldnn"]

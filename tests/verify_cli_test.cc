@@ -40,8 +40,8 @@ TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
 // pinned reference stack's Python (here its @reference_stack wrapper). The study agrees
 // in every bucket, under full checkpointing too (torch.utils.checkpoint's non-reentrant
 // lazy recompute with early stop, whose peak is in the backward at seq 16). Where the
-// real stack differs, verify says so and exits 1: transformers' checkpointed Llama
-// layers hold the position ids they are called with (16 x 8 B), not modelled yet.
+// real stack differs, verify says so and exits 1: without checkpointing transformers'
+// GPT-2 keeps its use_cache copies of k and v, not modelled yet.
 TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
   const std::string witness =
       " --witness=transformers --witness_python=external/reference_stack/python";
@@ -53,12 +53,11 @@ TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
       "--layers=2 --width=32 --heads=2 --batch=2 --seq=16 --skip_timing --variants=full" +
       witness);
   EXPECT_EQ(full.exit_code, 0) << full.output;
-  CommandResult llama = Verify(
-      "--model=tiny-llama --batch=2 --seq=16 --skip_timing --variants=full" + witness);
-  EXPECT_EQ(llama.exit_code, 1) << llama.output;
-  EXPECT_NE(llama.output.find("held_after_forward_bytes.full: the real stack measured"),
-            std::string::npos)
-      << llama.output;
+  CommandResult gpt2 = Verify(
+      "--model=tiny-gpt2 --batch=2 --seq=16 --skip_timing --variants=none" + witness);
+  EXPECT_EQ(gpt2.exit_code, 1) << gpt2.output;
+  EXPECT_NE(gpt2.output.find("saved_bytes.none: the real stack measured"), std::string::npos)
+      << gpt2.output;
   CommandResult bad = Verify(std::string(kSmall) + " --witness=pytorch");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--witness must be none or transformers, got 'pytorch'"),
