@@ -83,15 +83,6 @@ struct Planner::Tables {
     const bool next = i + 1 < layers && Checkpointed(plan[i + 1]);
     return layer[Key(PositionOf(i, layers), previous, plan[i], next, i == lowest)];
   }
-  // AnyHead: a head bracket the probes saw (under `local` they all have the same nets).
-  const Bracket& AnyHead() const {
-    for (const auto& by_any : last) {
-      for (const Bracket& b : by_any) {
-        if (b.seen) return b;
-      }
-    }
-    return last[0][0];
-  }
   // LowestOf: the first checkpointed layer of `plan`, -1 if none.
   int64_t LowestOf(const std::vector<int>& plan) const {
     for (size_t i = 0; i < plan.size(); ++i) {
@@ -115,6 +106,12 @@ struct Planner::Tables {
   // layer is checkpointed (else the states need not tell).
   bool first_matters = true;
   int64_t d_of[4] = {};  // D by position, when local
+  // held_bytes: what checkpointed layers hold until the lowest one's backward (the
+  // position ids), so that the lowest one's D is d_of - held_bytes; and head_net_none:
+  // the head's two nets when no layer is checkpointed (held_bytes more when one is).
+  // A backward moment of layer i is held_bytes higher once a layer <= i is checkpointed.
+  int64_t held_bytes = 0;
+  int64_t head_net_none = 0;
   // Lower bounds for pruning: the smallest forward net of any layer, and the smallest
   // moment above the forward's end that must still come (the head's forward rise, or
   // the last layer's backward rise above F).
@@ -313,19 +310,21 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   // Place layer i into a label; false if a forward moment, a backward one known now
   // (`local`), or a lower bound of the moments still to come exceeds the budget.
   // Under `local`, the later layers' D: the last one's, and the middle ones'.
-  const Bracket& any_head = AnyHead();
-  const int64_t head_net = any_head.head_forward.net + any_head.head_backward.net;
+  const int64_t head_net = head_net_none;
   auto later_d = [&](int64_t remaining) {
     return remaining == 0 ? 0 : d_of[kLast] + (remaining - 1) * d_of[kMiddle];
   };
+  // held: some layer <= i is checkpointed (layer i being placed).
   auto place = [&](const Label& from, const LayerStretches& st, int64_t base,
-                   int64_t remaining, Label* to) -> bool {
+                   int64_t remaining, bool held, Label* to) -> bool {
     if (st.forward.has_rise && base + from.f + st.forward.rise > budget) return false;
     to->f = from.f + st.forward.net;
     to->s = from.s + st.forward.net + st.backward.net;
     if (local) {
       if (st.backward.has_rise &&
-          base + head_net + to->f + later_d(remaining) + st.backward.rise > budget) {
+          base + head_net + (held ? held_bytes : 0) + to->f + later_d(remaining) +
+                  st.backward.rise >
+              budget) {
         return false;
       }
     } else {
@@ -355,7 +354,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                   if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
                   Label to;
                   if (!place(from, layer[Key(position, previous, c, next, lowest)], base,
-                             remaining, &to)) {
+                             remaining, below || current, &to)) {
                     continue;
                   }
                   to.cost = cost;
@@ -434,17 +433,32 @@ void Planner::Tables::DeriveBounds() {
   int64_t d[kPositions] = {};
   bool d_seen[kPositions] = {};
   bool d_varies = false;
-  for (int position = 0; position < kPositions; ++position) {
-    for (int previous = 0; previous < 2; ++previous) {
-      for (int c = 0; c < n; ++c) {
-        for (int next = 0; next < 2; ++next) {
-          for (int lowest = 0; lowest < 2; ++lowest) {
+  // D by position over the stretches of layers that are not the lowest checkpointed
+  // one; the lowest one's D must then be held_bytes less, one constant.
+  for (int lowest = 0; lowest < 2; ++lowest) {
+    bool held_known = false;
+    for (int position = 0; position < kPositions; ++position) {
+      for (int previous = 0; previous < 2; ++previous) {
+        for (int c = 0; c < n; ++c) {
+          if (lowest && !t.Checkpointed(c)) continue;
+          for (int next = 0; next < 2; ++next) {
             const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next, lowest)];
             if (!st.seen) continue;
             t.min_forward_net =
                 any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
             any = true;
             const int64_t dd = st.forward.net + st.backward.net;
+            if (lowest) {
+              if (!d_seen[position]) {
+                d_varies = true;
+              } else if (!held_known) {
+                t.held_bytes = d[position] - dd;
+                held_known = true;
+              } else if (d[position] - dd != t.held_bytes) {
+                d_varies = true;
+              }
+              continue;
+            }
             if (d_seen[position] && d[position] != dd) d_varies = true;
             d[position] = dd;
             d_seen[position] = true;
@@ -453,12 +467,13 @@ void Planner::Tables::DeriveBounds() {
       }
     }
   }
-  bool head_varies = false;
-  const Tables::Bracket& a_head = t.AnyHead();
-  for (const auto& by_any : t.last) {
-    for (const Tables::Bracket& b : by_any) {
+  bool head_varies = !t.last[0][0].seen;
+  t.head_net_none = t.last[0][0].head_forward.net + t.last[0][0].head_backward.net;
+  for (int last_ckpt = 0; last_ckpt < 2; ++last_ckpt) {
+    for (int any_ckpt = 0; any_ckpt < 2; ++any_ckpt) {
+      const Tables::Bracket& b = t.last[last_ckpt][any_ckpt];
       if (b.seen && b.head_forward.net + b.head_backward.net !=
-                        a_head.head_forward.net + a_head.head_backward.net) {
+                        t.head_net_none + (any_ckpt ? t.held_bytes : 0)) {
         head_varies = true;
       }
     }
@@ -486,7 +501,6 @@ void Planner::Tables::DeriveBounds() {
   // Under `local`, the last layer's backward comes after the head's nets: a second
   // moment every plan reaches, R + P + H + F_all + its rise.
   if (t.local) {
-    const Tables::Bracket& head = t.AnyHead();
     int64_t least_rise = std::numeric_limits<int64_t>::max();
     for (int position : {kLast, kOnly}) {
       for (int previous = 0; previous < 2; ++previous) {
@@ -502,8 +516,8 @@ void Planner::Tables::DeriveBounds() {
       }
     }
     if (least_rise != std::numeric_limits<int64_t>::max()) {
-      t.min_end_rise = std::max(t.min_end_rise, head.head_forward.net +
-                                                    head.head_backward.net + least_rise);
+      t.min_end_rise = std::max(
+          t.min_end_rise, t.head_net_none + std::min<int64_t>(t.held_bytes, 0) + least_rise);
     }
   }
 }
