@@ -372,9 +372,16 @@ class GraphBuilder {
   // nll_loss(log_softmax(logits.float())); with tensor parallelism Megatron's
   // vocabulary-parallel cross-entropy.
   int CrossEntropy(int logits, int input_ids) {
+    // LlamaForCausalLM / GPT2LMHeadModel keep `logits` (and return it) while the loss
+    // function computes on logits.float() (modeling_llama.py, LlamaForCausalLM.forward):
+    // in low precision both copies live. ForCausalLMLoss (loss_utils.py) keeps its
+    // `logits` (the fp32 ones) and the padded `labels` as locals until it returns.
+    HeldToEnd(logits);
     int logits32 = ToDtype("loss.logits_float", logits, DType::kFloat32);
+    HeldToEnd(logits32);
     int flat = Op1(OpType::kView, "loss.logits_flat", {logits32}, {.shape = {kB * kT, kV}});
     int padded = Op1(OpType::kConstantPad, "labels.pad", {input_ids});
+    HeldToEnd(padded);
     int shifted = Slice("labels.shift", padded, 1, Sym(1), kT);
     int labels = Op1(OpType::kContiguous, "labels", {shifted});
     int labels_flat = Op1(OpType::kView, "labels.flat", {labels}, {.shape = {kB * kT}});
@@ -390,6 +397,9 @@ class GraphBuilder {
     int log_probs = Op1(OpType::kLogSoftmax, "loss.log_softmax", {flat});
     return Op(OpType::kNllLoss, "loss.nll", {log_probs, labels_flat}, {"out", "total_weight"})[0];
   }
+
+  // HeldToEnd: a Python local holds `tensor` until the segment's forward returns.
+  void HeldToEnd(int tensor) { graph_.held_to_end.push_back(tensor); }
 
   // RegistrationOrder: the parameters' order in model.parameters(), by name prefix
   // ("q_proj" names q_proj.weight, then q_proj.bias), when it is not the graph's.
@@ -551,6 +561,8 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
   int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.RmsNorm("norm", x);
+  // The decoder model's output, LlamaForCausalLM's `hidden_states` local to its return.
+  g.HeldToEnd(h);
   int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
                                      : g.Param("lm_head.weight", {kV, kD});
   // With sequence parallelism the vocabulary-parallel head gathers its input too.
@@ -623,6 +635,7 @@ BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
   int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.LayerNorm("ln_f", x);
+  g.HeldToEnd(h);  // GPT2LMHeadModel's `hidden_states` local, to its return
   int weight = g.TiedParam("wte.weight", {kV, kD});
   // With sequence parallelism the vocabulary-parallel head gathers its input too.
   int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},

@@ -84,6 +84,9 @@ struct BlockGraph {
   // parameter_order: the parameters in the modules' registration order, which
   // model.parameters() and so torch.optim visit; empty when that is the graph's order.
   std::vector<int> parameter_order;
+  // held_to_end: tensors a Python local holds until the segment's forward returns,
+  // after their last reader (the logits, which ForCausalLM returns beside the loss).
+  std::vector<int> held_to_end;
   // Parameters returns the parameter tensors in that order.
   std::vector<int> Parameters() const;
 };

@@ -69,6 +69,14 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
       plan->reads[end].push_back(static_cast<int>(s));
     }
   }
+  // What a Python local holds lives to the last op (nothing is allocated after it).
+  const int last_op = static_cast<int>(graph.ops.size()) - 1;
+  for (int tensor : graph.held_to_end) {
+    const int s = tensors[tensor].storage;
+    if (s < 0 || last_op < 0 || plan->last_use[s] >= last_op) continue;
+    plan->last_use[s] = last_op;
+    plan->reads[last_op].push_back(s);
+  }
   const RuleTable& table = rules != nullptr ? *rules : RuleTable::Pinned();
   plan->releases.resize(graph.ops.size());
   plan->packed_releases.resize(graph.ops.size());

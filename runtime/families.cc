@@ -217,15 +217,19 @@ class LlamaModel : public ModelImpl {
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
     const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
+    // The decoder's output lives to the return (LlamaForCausalLM's `hidden_states`).
+    const at::Tensor normed = norm.ptr()->forward(hidden);
     at::Tensor logits;
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(norm.ptr()->forward(hidden), weight, at::Tensor(),
+      logits = tensor_parallel->GatherLinear(normed, weight, at::Tensor(),
                                              /*conv1d=*/false, nullptr);
     } else {
-      logits = at::linear(CopyIn(tensor_parallel, norm.ptr()->forward(hidden)), weight);
+      logits = at::linear(CopyIn(tensor_parallel, normed), weight);
     }
-    return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
+    // `logits` lives to the return, as transformers' ForCausalLM keeps it beside the
+    // loss computed on logits.float().
+    return CausalLmLoss(logits, input_ids, tensor_parallel);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -369,15 +373,19 @@ class Gpt2Model : public ModelImpl {
   bool CallsLayersWithPositionIds() const override { return !megatron_; }
 
   at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
+    // The transformer's output lives to the return (GPT2LMHeadModel's `hidden_states`).
+    const at::Tensor normed = ln_f.ptr()->forward(hidden);
     at::Tensor logits;
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(ln_f.ptr()->forward(hidden), wte->weight,
-                                             at::Tensor(), /*conv1d=*/false, nullptr);
+      logits = tensor_parallel->GatherLinear(normed, wte->weight, at::Tensor(),
+                                             /*conv1d=*/false, nullptr);
     } else {
-      logits = at::linear(CopyIn(tensor_parallel, ln_f.ptr()->forward(hidden)), wte->weight);
+      logits = at::linear(CopyIn(tensor_parallel, normed), wte->weight);
     }
-    return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
+    // `logits` lives to the return, as transformers' ForCausalLM keeps it beside the
+    // loss computed on logits.float().
+    return CausalLmLoss(logits, input_ids, tensor_parallel);
   }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -108,15 +108,17 @@ at::Tensor StudyLoss(const at::Tensor& output) { return output.pow(2).mean(); }
 
 at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids, TensorParallel* tp) {
   const int64_t vocab = logits.size(-1);
-  // transformers upcasts before the loss: logits.float() (a no-op in fp32); the
-  // lower-precision logits die with it.
-  at::Tensor logits32 = Last(logits).to(at::kFloat);
-  at::Tensor labels = at::constant_pad_nd(input_ids, {0, 1}, -100).slice(1, 1).contiguous();
+  // transformers' ForCausalLMLoss upcasts before the loss: logits.float() (a no-op in
+  // fp32); its fp32 `logits` and its padded `labels` are locals to its return, as the
+  // caller's logits are.
+  const at::Tensor logits32 = logits.to(at::kFloat);
+  const at::Tensor padded = at::constant_pad_nd(input_ids, {0, 1}, -100);
+  at::Tensor labels = padded.slice(1, 1).contiguous();
   if (tp != nullptr) {
-    return tp->VocabCrossEntropy(Last(logits32).view({-1, vocab}), Last(labels).view(-1));
+    return tp->VocabCrossEntropy(logits32.view({-1, vocab}), Last(labels).view(-1));
   }
-  // cross_entropy's two ops, so that the fp32 logits die right after log_softmax.
-  at::Tensor log_probs = at::log_softmax(Last(logits32).view({-1, vocab}), 1);
+  // cross_entropy's two ops.
+  at::Tensor log_probs = at::log_softmax(logits32.view({-1, vocab}), 1);
   return at::nll_loss_nd(Last(log_probs), Last(labels).view(-1), {}, at::Reduction::Mean,
                          -100);
 }
