@@ -1,6 +1,7 @@
 #include "estimator/block_graph.h"
 
 #include <compare>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -156,7 +157,10 @@ class GraphBuilder {
     int inverse = Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
     int normed = Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
     int downcast = ToDtype(name + ".downcast", normed, graph_.tensors[x].dtype);
-    return Op1(OpType::kMulTensor, name, {weight, downcast});
+    int out = Op1(OpType::kMulTensor, name, {weight, downcast});
+    // LlamaRMSNorm.forward's locals `variance` and `hidden_states` (normed), to its return.
+    HeldThroughHere({variance, normed});
+    return out;
   }
 
   // Linear with bias on a (B, T, in) input: at::linear's fused path for a contiguous
@@ -338,11 +342,13 @@ class GraphBuilder {
   // Rope is transformers' q * cos + rotate_half(q) * sin, rotate_half(x) =
   // cat(-x[..., d_head/2:], x[..., :d_head/2]); cos and sin are (1, 1, T, d_head) views.
   int Rope(const std::string& name, int x, int cos, int sin) {
+    // (x * cos) + (rotate_half(x) * sin), in Python's order of evaluation
+    // (modeling_llama.py:147-148).
+    int x_cos = Op1(OpType::kMulTensor, name + ".mul_cos", {x, cos});
     int x1 = Slice(name + ".x1", x, 3, Sym(0), kDHead / 2);
     int x2 = Slice(name + ".x2", x, 3, kDHead / 2, kDHead / 2);
     int negated = Op1(OpType::kNeg, name + ".neg", {x2});
     int rotated = Op1(OpType::kCat, name + ".rotate_half", {negated, x1});
-    int x_cos = Op1(OpType::kMulTensor, name + ".mul_cos", {x, cos});
     int rotated_sin = Op1(OpType::kMulTensor, name + ".mul_sin", {rotated, sin});
     return Op1(OpType::kAdd, name, {x_cos, rotated_sin});
   }
@@ -399,7 +405,14 @@ class GraphBuilder {
   }
 
   // HeldToEnd: a Python local holds `tensor` until the segment's forward returns.
-  void HeldToEnd(int tensor) { graph_.held_to_end.push_back(tensor); }
+  void HeldToEnd(int tensor) { graph_.held_until.emplace_back(tensor, -1); }
+  // HeldThroughHere: Python locals hold `tensors` until the last op made so far has run
+  // (a module's arguments and locals, to its return).
+  void HeldThroughHere(std::initializer_list<int> tensors) {
+    for (int t : tensors) {
+      graph_.held_until.emplace_back(t, static_cast<int>(graph_.ops.size()) - 1);
+    }
+  }
 
   // RegistrationOrder: the parameters' order in model.parameters(), by name prefix
   // ("q_proj" names q_proj.weight, then q_proj.bias), when it is not the graph's.
@@ -525,8 +538,11 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int v = project("v_proj", kKv);
   int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
   int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
+  const int q_pre = q, k_pre = k;
   q = g.Rope("q_rope", q, cos4, sin4);
   k = g.Rope("k_rope", k, cos4, sin4);
+  g.HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
+  const int q_embed = q, k_embed = k, value = v;
   if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
     k = g.RepeatKv("k_repeat", k);
     v = g.RepeatKv("v_repeat", v);
@@ -536,8 +552,11 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
                      {.shape = {kB, kT, kH * kDHead}});
-  int x1 = g.Op1(OpType::kAdd, "residual1",
-                 {x, g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD)});
+  int attention_out = g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD);
+  // LlamaAttention.forward's argument and locals, to its return (modeling_llama.py:
+  // 206-250): hidden_states, query_states, key_states, value_states.
+  g.HeldThroughHere({h, q_embed, k_embed, value});
+  int x1 = g.Op1(OpType::kAdd, "residual1", {x, attention_out});
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
   // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
   // evaluation (modeling_llama.py:164, LlamaMLP.forward): the autograd engine runs up_proj's
@@ -546,8 +565,9 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
   int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
-  int x2 = g.Op1(OpType::kAdd, "residual2",
-                 {x1, g.RowParallelNoBias("down_proj", product, kF, kD)});
+  int mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
+  g.HeldThroughHere({h2});  // LlamaMLP.forward's argument x, to its return
+  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   // LlamaDecoderLayer.__init__ registers self_attn, mlp, then the two norms
   // (models/llama/modeling_llama.py:273-282; Mistral's and Qwen2's alike).
   g.RegistrationOrder({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "estimator/checked_math.h"
@@ -84,9 +85,10 @@ struct BlockGraph {
   // parameter_order: the parameters in the modules' registration order, which
   // model.parameters() and so torch.optim visit; empty when that is the graph's order.
   std::vector<int> parameter_order;
-  // held_to_end: tensors a Python local holds until the segment's forward returns,
-  // after their last reader (the logits, which ForCausalLM returns beside the loss).
-  std::vector<int> held_to_end;
+  // held_until: (tensor, op) for a tensor a Python local (a module's argument, a
+  // variable not yet rebound) holds until op has run, after its last reader; op -1:
+  // until the segment's forward returns (the logits, which ForCausalLM returns).
+  std::vector<std::pair<int, int>> held_until;
   // Parameters returns the parameter tensors in that order.
   std::vector<int> Parameters() const;
 };

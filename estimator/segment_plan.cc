@@ -71,11 +71,12 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   }
   // What a Python local holds lives to the last op (nothing is allocated after it).
   const int last_op = static_cast<int>(graph.ops.size()) - 1;
-  for (int tensor : graph.held_to_end) {
+  for (const auto& [tensor, until] : graph.held_until) {
     const int s = tensors[tensor].storage;
-    if (s < 0 || last_op < 0 || plan->last_use[s] >= last_op) continue;
-    plan->last_use[s] = last_op;
-    plan->reads[last_op].push_back(s);
+    const int op = until < 0 ? last_op : until;
+    if (s < 0 || op < 0 || plan->last_use[s] >= op) continue;
+    plan->last_use[s] = op;
+    plan->reads[op].push_back(s);
   }
   const RuleTable& table = rules != nullptr ? *rules : RuleTable::Pinned();
   plan->releases.resize(graph.ops.size());

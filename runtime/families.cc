@@ -21,13 +21,14 @@ class RmsNormImpl : public torch::nn::Module {
     weight = register_parameter("weight", at::ones({width}));
   }
   at::Tensor forward(const at::Tensor& x) {
-    // One statement per last use (see Last in runtime/model.h).
+    // One statement per last use (see Last in runtime/model.h); LlamaRMSNorm.forward's
+    // locals `variance` and `hidden_states` (normed) live to its return.
     at::Tensor x32 = x.to(at::kFloat);  // the upcast; x itself in fp32
-    at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-    at::Tensor shifted = Last(variance) + eps_;
+    const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor shifted = variance + eps_;
     at::Tensor inverse = at::rsqrt(Last(shifted));
-    at::Tensor normed = Last(x32) * Last(inverse);
-    return weight * Last(normed).to(x.scalar_type());
+    const at::Tensor normed = Last(x32) * Last(inverse);
+    return weight * normed.to(x.scalar_type());
   }
   at::Tensor weight;
 
@@ -41,11 +42,12 @@ TORCH_MODULE(RmsNorm);
 // of the estimator's graph, each intermediate released after its last reader.
 at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
+  // (x * cos) + (rotate_half(x) * sin), left to right (modeling_llama.py:147);
   // rotate_half's order: x1 = x[..., :half], x2 = x[..., half:], cat(-x2, x1).
+  at::Tensor x_cos = x * cos;
   at::Tensor x1 = x.slice(-1, 0, half);
   at::Tensor x2 = x.slice(-1, half);
   at::Tensor rotated = at::cat({-Last(x2), Last(x1)}, -1);
-  at::Tensor x_cos = Last(x) * cos;
   at::Tensor rotated_sin = Last(rotated) * sin;
   return Last(x_cos) + Last(rotated_sin);
 }
@@ -113,27 +115,35 @@ class LlamaLayerImpl : public DecoderLayer {
     auto heads = [&](const at::Tensor& projected, int64_t n) {
       return projected.view({b, t, n, head_dim_}).transpose(1, 2);
     };
+    // LlamaAttention.forward's argument and locals (hidden_states, query_states,
+    // key_states, value_states) live to its return, after o_proj; LlamaMLP.forward's x
+    // to its return, after down_proj (modeling_llama.py:164, 206-250).
     at::Tensor h = ColumnInput(input_layernorm->forward(x));
     at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_);
     at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_);
-    at::Tensor v = heads(ColumnParallel(*v_proj, Last(h), cache), kv_heads_);
+    at::Tensor v = heads(ColumnParallel(*v_proj, h, cache), kv_heads_);
     const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
-    q = Rope(Last(q), cos, sin);
-    k = Rope(Last(k), cos, sin);
+    // apply_rotary_pos_emb holds its argument q until it returns.
+    at::Tensor q_embed = Rope(q, cos, sin);
+    at::Tensor k_embed = Rope(Last(k), cos, sin);
+    q = at::Tensor();
+    at::Tensor k_attention = k_embed, v_attention = v;
     if (kv_heads_ < heads_ && RepeatsKv(mode, head_dim_)) {
-      k = RepeatKv(Last(k), heads_ / kv_heads_);
-      v = RepeatKv(Last(v), heads_ / kv_heads_);
+      k_attention = RepeatKv(k_embed, heads_ / kv_heads_);
+      v_attention = RepeatKv(v, heads_ / kv_heads_);
     }
-    at::Tensor a = AttentionOp(mode, Last(q), Last(k), Last(v), cache);
+    at::Tensor a = AttentionOp(mode, q_embed, Last(k_attention), Last(v_attention), cache);
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
+    h = q_embed = k_embed = v = at::Tensor();  // self_attn returns
     at::Tensor x1 = x + Last(projected);
     at::Tensor h2 = ColumnInput(post_attention_layernorm->forward(x1));
     at::Tensor gate = ColumnParallel(*gate_proj, h2, cache);
     at::Tensor act = SiluOp(Last(gate), cache);
-    at::Tensor up = ColumnParallel(*up_proj, Last(h2), cache);
+    at::Tensor up = ColumnParallel(*up_proj, h2, cache);
     at::Tensor product = Last(act) * Last(up);
     at::Tensor down = RowParallel(*down_proj, Last(product), cache);
+    h2 = at::Tensor();  // mlp returns
     return Last(x1) + Last(down);
   }
 

@@ -190,9 +190,12 @@ KNOWN_GAPS = {
     # allocate a scratchpad whose size depends on the CPU's ISA; memledger predicts
     # ATen's own gemm (runtime/threads.h).
     "peak_bytes/mkldnn": "oneDNN's matmul scratchpads",
-    # Without checkpointing GPT2Model's use_cache (on by default; off once any layer is
-    # checkpointed) makes SDPA keep the DynamicCache's torch.cat copies of k and v
-    # (cache_utils.py, DynamicLayer.update): 2 x B x H x T x d_head per layer.
+    # Without checkpointing the decoder models' use_cache (on by default; off once any
+    # layer is checkpointed) makes SDPA keep the DynamicCache's torch.cat copies of k and
+    # v (cache_utils.py, DynamicLayer.update): GPT-2's k and v are views of c_attn's
+    # output, which stays, so 2 x B x H x T x d_head more per layer; Llama's copies
+    # replace k and v (a transient in fp32), but under autocast the cache takes k's
+    # dtype, so v is kept in fp32 (not covered by a case yet).
     "gpt2/use_cache": "use_cache's copies of k and v",
 }
 
