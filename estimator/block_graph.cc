@@ -22,8 +22,8 @@ class GraphBuilder {
   // The model's dtype (its parameters and hidden states) and autocast's lower-precision
   // dtype (kFloat32: no autocast).
   explicit GraphBuilder(const ModelConfig& config)
-      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron), sp_(config.sp),
-        tp_(config.tp > 1) {}
+      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron),
+        dropout_(config.dropout), sp_(config.sp), tp_(config.tp > 1) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
     graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
@@ -273,11 +273,15 @@ class GraphBuilder {
   // ATen's composite matmul): expand both to the broadcast batch, reshape to
   // (B*H, ., .) (a copy unless it can be a view), bmm, and _unsafe_view the result back
   // to (B, H, n, p).
+  // `autocast` false: inside a kernel that autocast already cast the arguments of (the
+  // ATen math SDPA's matmuls run with autocast excluded).
   int BatchedMatmul(const std::string& name, int a, std::vector<SymDim> a_shape, int b,
-                    std::vector<SymDim> b_shape) {
+                    std::vector<SymDim> b_shape, bool autocast = true) {
     Composite call(this);
-    a = Lower(name + ".self", a);
-    b = Lower(name + ".mat2", b);
+    if (autocast) {
+      a = Lower(name + ".self", a);
+      b = Lower(name + ".mat2", b);
+    }
     int a3 = Op1(OpType::kReshape, name + ".reshape_self",
                  {Op1(OpType::kExpand, name + ".expand_self", {a}, {.shape = a_shape})},
                  {.shape = {kB * kH, a_shape[2], a_shape[3]}});
@@ -319,19 +323,67 @@ class GraphBuilder {
     }
     int probs = Dropout("attention.dropout",
                         Op1(megatron_ ? OpType::kFusedCausalSoftmax : OpType::kSoftmax,
-                            "attention.softmax", {masked}));
+                            "attention.softmax", {masked}),
+                        dropout_.attn);
     const int values = BatchedMatmul("attention.values", probs, {kB, kH, kT, kT}, v, bhtd);
     core_attention_ = false;
     return values;
   }
 
-  // Dropout is Megatron's training dropout (p = 0.1) where the model has it (native_dropout,
-  // whose backward keeps the bool mask); the tensor itself otherwise.
-  int Dropout(const std::string& name, int x) {
-    if (!megatron_) return x;
-    std::vector<int> outputs = Op(OpType::kNativeDropout, name, {x}, {"out", "mask"});
-    graph_.tensors[outputs[1]].dtype = DType::kBool;
-    return outputs[0];
+  // Dropout is a training dropout: Megatron's (p = 0.1, native_dropout, whose backward
+  // keeps the bool mask) in megatron-gpt; else F.dropout with transformers' probability
+  // `p` for the site (the CPU's dropout, which keeps its noise), the tensor itself when
+  // p is 0.
+  int Dropout(const std::string& name, int x, double p) {
+    if (megatron_) {
+      std::vector<int> outputs = Op(OpType::kNativeDropout, name, {x}, {"out", "mask"});
+      graph_.tensors[outputs[1]].dtype = DType::kBool;
+      return outputs[0];
+    }
+    if (p <= 0) return x;
+    return Op(OpType::kDropout, name, {x}, {"out", "noise"})[0];
+  }
+
+  // SdpaMathAttention is scaled_dot_product_attention(q, k, v, dropout_p=p > 0,
+  // is_causal=True) on the CPU: the flash kernel refuses dropout (sdp_utils_cpp.cpp,
+  // check_for_dropout), so SDPA runs ATen's _scaled_dot_product_attention_math
+  // (attention.cpp), op by op:
+  //   query_acc, key_acc, value_acc = fp32 copies of bf16/fp16 q, k, v (the tensors
+  //     themselves in fp32), alive to its return, as are query and attn_mask;
+  //   query = query_acc * sqrt(scale);
+  //   attn_mask = where(ones(L, S, bool).tril(), 0, -inf) in query's dtype;
+  //   attn = matmul(query, key_acc.transpose(-2, -1) * sqrt(scale)); attn.add_(mask);
+  //   attn = _safe_softmax(attn, -1); attn = dropout(attn, p, true);
+  //   return (matmul(attn, value_acc).to(origin), attn.to(origin)), the second made
+  //     first (GCC evaluates make_tuple's arguments right to left) and dropped by SDPA.
+  // Autocast casts q, k, v (SDPA is on the CPU's lower-precision list); the kernel's
+  // own ops run without autocast.
+  int SdpaMathAttention(int q, int k, int v) {
+    Composite call(this);
+    q = Lower("attention.q", q);
+    k = Lower("attention.k", k);
+    v = Lower("attention.v", v);
+    const DType origin = graph_.tensors[q].dtype;
+    const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
+    const int q_acc = ToDtype("attention.query_acc", q, DType::kFloat32);
+    const int k_acc = ToDtype("attention.key_acc", k, DType::kFloat32);
+    const int v_acc = ToDtype("attention.value_acc", v, DType::kFloat32);
+    const int query = Op1(OpType::kMulScalar, "attention.query_scaled", {q_acc});
+    const int mask = Op(OpType::kSdpaCausalMask, "attention.causal_mask", {}, {"out"},
+                        {.shape = {kT, kT}}, std::nullopt, DType::kFloat32)[0];
+    const int k_t = Op1(OpType::kTranspose, "attention.key_t", {k_acc}, {.dim = 2, .dim1 = 3});
+    const int key = Op1(OpType::kMulScalar, "attention.key_scaled", {k_t});
+    int attn = BatchedMatmul("attention.scores", query, bhtd, key, {kB, kH, kDHead, kT},
+                             /*autocast=*/false);
+    attn = Op1(OpType::kAddInplace, "attention.add_mask", {attn, mask});
+    attn = Op1(OpType::kSafeSoftmax, "attention.softmax", {attn});
+    attn = Dropout("attention.dropout", attn, dropout_.attn);
+    const int weights = ToDtype("attention.weights", attn, origin);
+    const int values = BatchedMatmul("attention.values", attn, {kB, kH, kT, kT}, v_acc, bhtd,
+                                     /*autocast=*/false);
+    const int out = ToDtype("attention.out", values, origin);
+    HeldThroughHere({q_acc, k_acc, v_acc, query, mask, weights});
+    return out;
   }
 
   // Slice is x.narrow(dim, start, length): a view.
@@ -460,6 +512,7 @@ class GraphBuilder {
   DType dtype_;
   DType amp_;
   bool megatron_;  // Megatron-LM's dropouts and fused causal softmax
+  ModelConfig::Dropouts dropout_;  // transformers' GPT-2's dropout probabilities
   bool sp_;        // Megatron's sequence parallelism
   bool tp_;        // Megatron's tensor parallelism (tp > 1)
   BlockGraph graph_;
@@ -605,7 +658,7 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});
   }
-  return g.Finish(g.Dropout("embeddings.dropout", embeddings));
+  return g.Finish(g.Dropout("embeddings.dropout", embeddings, config.dropout.embd));
 }
 
 // GPT2Block: fused c_attn split into q, k, v; GELU (tanh) MLP; with config.megatron,
@@ -632,20 +685,27 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int q = head("q", 0);
   int k = head("k", 1);
   int v = head("v", 2);
-  int attention = g.CausalAttention(mode, q, k, v);
+  // With attention dropout SDPA runs its math kernel (see SdpaMathAttention).
+  const bool sdpa_math = !config.megatron && mode == AttentionMode::kFlash && config.dropout.attn > 0;
+  int attention = sdpa_math ? g.SdpaMathAttention(q, k, v) : g.CausalAttention(mode, q, k, v);
   int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
                      {.shape = {kB, kT, attention_width}});
-  int attn_out =
-      g.Dropout("attn.dropout", g.RowParallel("attn.c_proj", merged, attention_width, kD));
+  int attn_out = g.Dropout("attn.dropout",
+                           g.RowParallel("attn.c_proj", merged, attention_width, kD),
+                           config.dropout.resid);
+  // GPT2Attention.forward's query_states, key_states and value_states, to its return
+  // after resid_dropout (modeling_gpt2.py); views of c_attn's output.
+  if (!config.megatron) g.HeldThroughHere({q, k, v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
   int fc = g.ColumnParallel("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
   // transformers' GPT-2 runs gelu_new, a chain of Python ops; Megatron's GPT one
   // gelu(approximate='tanh').
   int gelu = config.megatron ? g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu)
                              : g.NewGelu("gelu_new", fc);
-  int mlp_out = g.Dropout("mlp.dropout", g.RowParallel("mlp.c_proj", gelu, kF, kD));
+  int mlp_out =
+      g.Dropout("mlp.dropout", g.RowParallel("mlp.c_proj", gelu, kF, kD), config.dropout.resid);
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   return g.Finish(x2);
 }
@@ -746,6 +806,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     DType dtype;
     DType amp;
     bool megatron, sp, tp, qkv_bias, grouped_query, repeats_kv, tied;
+    bool resid_dropout, embd_dropout, attn_dropout;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -754,7 +815,10 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.megatron,   config.sp,
                      config.tp > 1,     config.qkv_bias,
                      grouped_query,     grouped_query && RepeatsKv(mode, config.HeadDim()),
-                     config.tie_embeddings};
+                     config.tie_embeddings,
+                     config.dropout.resid > 0,
+                     config.dropout.embd > 0,
+                     config.dropout.attn > 0};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

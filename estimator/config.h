@@ -105,10 +105,18 @@ struct ModelConfig {
   // hold T / tp tokens; a column-parallel linear all-gathers its input (keeping the
   // shard for backward) and a row-parallel one reduce-scatters its output (megatron-gpt).
   bool sp = false;
-  // dropout: transformers' GPT-2's training-mode dropout probability (config.json's
-  // resid_pdrop, embd_pdrop, attn_pdrop, the largest; GPT2Config's default is 0.1). Not
-  // modelled yet: a prediction with it > 0 says so among its caveats.
-  double dropout = 0;
+  // dropout: transformers' GPT-2's training-mode dropout probabilities (config.json's
+  // resid_pdrop, embd_pdrop, attn_pdrop; GPT2Config's default is 0.1 each). Only
+  // whether each is above 0 moves memory: each dropout keeps its noise, and attention
+  // dropout sends SDPA to ATen's math kernel, which keeps the T x T probabilities.
+  struct Dropouts {
+    double resid = 0;  // after the attention's and the MLP's output projections
+    double embd = 0;   // after the embeddings
+    double attn = 0;   // on the attention probabilities, inside SDPA
+    bool Any() const { return resid > 0 || embd > 0 || attn > 0; }
+    friend bool operator==(const Dropouts&, const Dropouts&) = default;
+  };
+  Dropouts dropout = {};
   // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;

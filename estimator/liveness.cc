@@ -1,6 +1,7 @@
 #include "estimator/liveness.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -433,6 +434,19 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       memory_.Unref(reduced);
       return absl::OkStatus();
     }
+    case OpType::kSafeSoftmax: {
+      // After the softmax: which rows are all -inf (isneginf of the input, a bool per
+      // element, then all over the last dim, a bool per row) and a 0-dim zero in the
+      // output's dtype, freed before it returns.
+      const Layout& x = TensorOf(inst, op.inputs[0]).layout;
+      const int64_t numel = NumelOf(x);
+      const int neg_inf = memory_.Alloc(numel, MemoryCategory::kTemporary);
+      const int rows = memory_.Alloc(numel / x.sizes[x.ndim - 1], MemoryCategory::kTemporary);
+      memory_.Transient(ElementSizeBytes(dtype));
+      memory_.Unref(rows);
+      memory_.Unref(neg_inf);
+      return absl::OkStatus();
+    }
     case OpType::kMeanDim: {
       // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then the
       // dtype's size).
@@ -544,12 +558,34 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       const Layout& mask = TensorOf(inst, op.outputs[0]).layout;
       prelude.push_back(memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary));
     }
+    // The math SDPA's mask: ones(L, S, bool), its tril (the ones die), then
+    // where(tril, 0, -inf) with both numbers as 0-dim tensors of the mask's dtype; the
+    // tril and the numbers die after the where.
+    if (op.type == OpType::kSdpaCausalMask) {
+      const Layout& mask = TensorOf(inst, op.outputs[0]).layout;
+      const int64_t element = ElementSizeBytes(graph.tensors[op.outputs[0]].dtype);
+      const int ones = memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary);
+      prelude.push_back(memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary));
+      memory_.Unref(ones);
+      prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
+      prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
+    }
     std::vector<int> made;
     if (stop_here && !plan.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
       return StopRecompute(inst, local, output);
     }
-    for (int out : op.outputs) {
+    // CPU dropout makes its noise (output 1) first, scales it in place by a Python
+    // number (wrapped, then gone), then the product.
+    std::array<int, 3> order{};
+    const int n_outputs = static_cast<int>(std::min(op.outputs.size(), order.size()));
+    std::copy(op.outputs.begin(), op.outputs.begin() + n_outputs, order.begin());
+    if (op.type == OpType::kDropout) std::swap(order[0], order[1]);
+    for (int o = 0; o < n_outputs; ++o) {
+      const int out = order[o];
+      if (op.type == OpType::kDropout && o == 1 && !replayed) {
+        memory_.ScalarOp(graph.tensors[out].dtype);  // noise.div_(1 - p)
+      }
       const int s = TensorOf(inst, out).storage;
       if (s < 0 || storages[s].owner != out || storages[s].is_parameter) continue;
       int id;
@@ -869,6 +905,10 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     case OpType::kNativeDropout:
       // native_dropout_backward: grad * mask * scale, one new tensor (runtime/dropout.h).
+    case OpType::kDropout:
+      // MulBackward0: grad * noise, one new tensor.
+    case OpType::kSafeSoftmax:
+      // _softmax_backward_data(grad, result, dim), as softmax's.
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       break;
     case OpType::kNllLoss:
@@ -1231,6 +1271,10 @@ bool Modelled(OpType type) {
     case OpType::kFusedCausalSoftmax:
     case OpType::kTanh:
     case OpType::kMulWrapped:
+    case OpType::kDropout:
+    case OpType::kAddInplace:
+    case OpType::kSdpaCausalMask:
+    case OpType::kSafeSoftmax:
       return true;
     default:
       return false;

@@ -60,7 +60,7 @@ const std::vector<Preset>& Presets() {
     presets->push_back({"study", ModelConfig()});
     // The published config.json sizes (max positions informational for RoPE models).
     ModelConfig gpt2 = Gpt2(12, 768, 12, 50257, 1024);
-    gpt2.dropout = 0.1;  // openai-community/gpt2's resid, embd and attn pdrop
+    gpt2.dropout = {.resid = 0.1, .embd = 0.1, .attn = 0.1};  // openai-community/gpt2's
     presets->push_back({"gpt2", gpt2});
     presets->push_back({"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)});
     presets->push_back({"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)});
@@ -197,10 +197,11 @@ absl::StatusOr<ModelConfig> ReadGpt2(const Reader& r) {
   MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("n_inner", 4 * c.width));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
-  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
-    double p = 0.1;  // GPT2Config's default
-    if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability(key));
-    c.dropout = std::max(c.dropout, p);
+  for (auto [key, p] : {std::pair{"resid_pdrop", &c.dropout.resid},
+                         std::pair{"embd_pdrop", &c.dropout.embd},
+                         std::pair{"attn_pdrop", &c.dropout.attn}}) {
+    *p = 0.1;  // GPT2Config's default
+    if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN_(*p, r.Probability(key));
   }
   if (c.width % c.heads != 0) {
     return r.Error("n_embd", absl::StrCat(c.width, " is not divisible by n_head ", c.heads));
@@ -281,9 +282,11 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
     integer("vocab_size", c.vocab);
     w.Key("layer_norm_epsilon");
     w.Double(c.norm_eps);
-    for (const char* dropout : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
-      w.Key(dropout);
-      w.Double(c.dropout);
+    for (auto [key, p] : {std::pair{"resid_pdrop", c.dropout.resid},
+                           std::pair{"embd_pdrop", c.dropout.embd},
+                           std::pair{"attn_pdrop", c.dropout.attn}}) {
+      w.Key(key);
+      w.Double(p);
     }
   } else {
     w.Key("model_type");

@@ -30,8 +30,9 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
 // num_attention_heads, optional num_key_value_heads, head_dim, vocab_size,
 // tie_word_embeddings, rms_norm_eps, max_position_embeddings, hidden_act) or gpt2
 // (n_embd, n_layer, n_head, n_positions, vocab_size, optional n_inner,
-// layer_norm_epsilon, tie_word_embeddings, resid_pdrop, embd_pdrop, attn_pdrop: the
-// largest is ModelConfig::dropout, 0.1 each when missing, as GPT2Config). Errors are InvalidArgument, one line, naming
+// layer_norm_epsilon, tie_word_embeddings, and resid_pdrop, embd_pdrop, attn_pdrop into
+// ModelConfig::dropout, 0.1 each when missing, as GPT2Config). Errors are
+// InvalidArgument, one line, naming
 // `source` (the file) and the key.
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source);

@@ -509,11 +509,6 @@ std::vector<std::string> Caveats(const ModelConfig& config,
     checkpoints = checkpoints || any;
     plain = plain || !any;
   }
-  if (config.dropout > 0) {
-    caveats.push_back(absl::StrCat(
-        "dropout ", config.dropout, ": transformers' training-mode dropouts and SDPA's "
-        "(its math kernel) are not modelled; the bytes are those of dropout 0"));
-  }
   if (config.family == Family::kGpt2 && !config.megatron && plain) {
     caveats.push_back(
         "use_cache: without checkpointing GPT-2 keeps torch.cat copies of k and v, which "

@@ -194,6 +194,20 @@ OpSemantics PinnedSemantics(OpType type) {
               {0},
               {"MulBackward0"},
               {"self_"}};
+    case OpType::kDropout:
+      // yaml:1251 mul.Tensor (input * noise): self: mul_tensor_backward(grad, other,
+      // ...): the noise, kept when the input requires grad; self_ would be kept for the
+      // noise's gradient, which it never needs.
+      return {{KeepRule{true, 1, 0, "other_"}}, {0}, {"MulBackward0"}, {"self_"}};
+    case OpType::kAddInplace:
+      // yaml:229 add.Tensor (add_ too): grad to self, the mask non-differentiable here
+      // (a constant): no tensor kept.
+      return {{}, {0}, {"AddBackward0"}, {}};
+    case OpType::kSdpaCausalMask:
+      return {{}, {}, {}, {}};  // a constant: never has a backward node
+    case OpType::kSafeSoftmax:
+      // yaml:2931 _safe_softmax: self: _softmax_backward_data(grad, result, dim, ...).
+      return {{Out(0, "result_")}, {0}, {"SafeSoftmaxBackward0"}, {}};
     case OpType::kVocabParallelCrossEntropy:
       // _VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, target_mask,
       // masked_target_1d), exp_logits being the logits themselves, turned into the
@@ -256,6 +270,10 @@ const char* OpTypeName(OpType type) {
     case OpType::kFusedCausalSoftmax: return "megatron_scaled_upper_triang_masked_softmax";
     case OpType::kTanh: return "tanh";
     case OpType::kMulWrapped: return "mul";
+    case OpType::kDropout: return "dropout";
+    case OpType::kAddInplace: return "add_";
+    case OpType::kSdpaCausalMask: return "sdpa_causal_mask";
+    case OpType::kSafeSoftmax: return "_safe_softmax";
   }
   return "?";
 }

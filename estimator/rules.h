@@ -99,8 +99,22 @@ enum class OpType : uint8_t {
   // x * <a Python number>: mul.Tensor with the number wrapped in a 0-dim float64
   // tensor, (self) -> (out, the wrapped number), which MulBackward0 keeps as other_.
   kMulWrapped,
+  // What F.dropout runs on a CPU tensor in training (ATen Dropout.cpp, _dropout_impl;
+  // native_dropout is for CUDA-like devices only, is_fused_kernel_acceptable):
+  // noise = empty_like(input).bernoulli_(1 - p).div_(1 - p), then input * noise.
+  // (input) -> (out, noise); MulBackward0 keeps the noise, in the input's dtype.
+  kDropout,
+  // (self, mask) -> self: add_ of an additive mask in place (the ATen math SDPA's
+  // attn.add_(*attn_mask)); the output is the input's storage.
+  kAddInplace,
+  // The ATen math SDPA's causal mask (attention.cpp, _scaled_dot_product_attention_math):
+  // ones(L, S, bool).tril(), then convert_boolean_attn_mask's where(mask, 0, -inf) in
+  // the query's dtype. No inputs, not differentiable.
+  kSdpaCausalMask,
+  // _safe_softmax: softmax, then rows that are all -inf zeroed (SoftMax.cpp).
+  kSafeSoftmax,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kMulWrapped) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kSafeSoftmax) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -121,7 +121,9 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
     const bool identity =
         (op.type == OpType::kToDtype &&
          graph.tensors[op.inputs[0]].dtype == graph.tensors[op.outputs[0]].dtype) ||
-        (op.type == OpType::kContiguous && tensors[op.inputs[0]].layout.IsContiguous());
+        (op.type == OpType::kContiguous && tensors[op.inputs[0]].layout.IsContiguous()) ||
+        // add_ returns self; its AddBackward0 hands the gradient through.
+        op.type == OpType::kAddInplace;
     if (identity) plan->same_as[op.outputs[0]] = op.inputs[0];
   }
   if (graph.input >= 0) plan->input_storage = tensors[graph.input].storage;

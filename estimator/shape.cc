@@ -1,5 +1,7 @@
 #include "estimator/shape.h"
 
+#include <algorithm>
+
 #include <cstdint>
 #include <string>
 
@@ -97,6 +99,23 @@ Layout Layout::Contiguous(const int64_t* sizes, int ndim, bool* overflow) {
   }
   *overflow = *overflow || stride.overflowed();
   return layout;
+}
+
+Layout Layout::DenseLike(const Layout& like) {
+  // The dimensions from the outermost stride to the innermost (a stable sort, so equal
+  // strides, as size-1 dimensions may have, keep their order), then contiguous strides
+  // in that order. A non-overlapping dense layout maps to itself.
+  std::array<int, kMaxDims> order{};
+  for (int i = 0; i < like.ndim; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.begin() + like.ndim,
+                   [&](int a, int b) { return like.strides[a] > like.strides[b]; });
+  Layout out = like;
+  int64_t stride = 1;
+  for (int i = like.ndim - 1; i >= 0; --i) {
+    out.strides[order[i]] = stride;
+    stride *= like.sizes[order[i]];
+  }
+  return out;
 }
 
 CheckedInt64 Layout::Numel() const {

@@ -82,6 +82,12 @@ struct Layout {
 
   // Contiguous returns the row-major layout of `sizes`.
   static Layout Contiguous(const int64_t* sizes, int ndim, bool* overflow);
+  // DenseLike is the dense layout ATen gives a new tensor made "like" `like`: its strides
+  // when it is non-overlapping and dense, else contiguous strides in the order of its
+  // strides (TensorIterator's output of one input, and empty_like / _to_copy with
+  // preserve_format: infer_dense_strides in TensorUtils.cpp). A transposed view of a
+  // (B, T, H, d) tensor gives a (B, T, H, d)-ordered result.
+  static Layout DenseLike(const Layout& like);
   CheckedInt64 Numel() const;
   // IsContiguous follows ATen: dimensions of size 1 do not constrain strides.
   bool IsContiguous() const;

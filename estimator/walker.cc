@@ -116,6 +116,11 @@ class Walk {
                graph_.tensors[tensor].dtype, false);
   }
 
+  // NewDenseLike: a new tensor laid out as ATen lays out one made like `like`.
+  void NewDenseLike(int tensor, const Layout& like) {
+    NewStorage(tensor, Layout::DenseLike(like), graph_.tensors[tensor].dtype, false);
+  }
+
   void ViewOf(int tensor, int base, const Layout& layout) {
     tensors_[tensor].layout = layout;
     tensors_[tensor].storage = tensors_[base].storage;
@@ -233,7 +238,8 @@ class Walk {
         if (graph_.tensors[op.inputs[0]].dtype == graph_.tensors[out].dtype) {
           ViewOf(out, op.inputs[0], in);
         } else {
-          NewContiguous(out, in.sizes.data(), in.ndim);
+          // _to_copy with preserve_format: the input's memory order.
+          NewDenseLike(out, in);
           storages_.back().is_weight_copy = graph_.tensors[op.inputs[0]].is_parameter;
         }
         return absl::OkStatus();
@@ -360,8 +366,26 @@ class Walk {
         NewContiguous(op.outputs[1], nullptr, 0);
         return absl::OkStatus();
       }
-      case OpType::kTanh:
       case OpType::kMulScalar:
+        // TensorIterator: the output in the input's memory order (q * scale of a
+        // transposed q is transposed too).
+        NewDenseLike(out, in);
+        return absl::OkStatus();
+      case OpType::kDropout:
+        // empty_like(input) for the noise, TensorIterator's mul for the output.
+        NewDenseLike(out, in);
+        NewDenseLike(op.outputs[1], in);
+        return absl::OkStatus();
+      case OpType::kAddInplace:
+        ViewOf(out, op.inputs[0], in);  // add_ returns self
+        return absl::OkStatus();
+      case OpType::kSdpaCausalMask: {
+        Layout target = Evaluate(op.attributes.shape);
+        NewStorage(out, target, graph_.tensors[out].dtype, false);
+        return absl::OkStatus();
+      }
+      case OpType::kTanh:
+      case OpType::kSafeSoftmax:
       case OpType::kMaskedFill:
       case OpType::kSoftmax:
       case OpType::kFusedCausalSoftmax:

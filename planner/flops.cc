@@ -68,6 +68,7 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     }
     case OpType::kNativeLayerNorm:
     case OpType::kSoftmax:
+    case OpType::kSafeSoftmax:
     case OpType::kFusedCausalSoftmax:
     case OpType::kLogSoftmax:
       f.forward = CheckedInt64(5) * numel(op.outputs[0]);
@@ -90,6 +91,8 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kSilu:
     case OpType::kNeg:
     case OpType::kMaskedFill:
+    case OpType::kAddInplace:
+    case OpType::kDropout:  // the product (drawing and scaling the noise are no FLOPs)
       f.forward = numel(op.outputs[0]);
       break;
     case OpType::kMean:

@@ -150,6 +150,13 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
       return absl::UnimplementedError("the runtime has no core_attention recompute yet");
     }
   }
+  if (!config.megatron && config.dropout.Any()) {
+    // Each rank would draw its own masks from its own generator, so its gradients would
+    // not compare with the single process's (megatron-gpt's dropout is rank-invariant).
+    return absl::InvalidArgumentError(
+        "the rank runtime needs GPT-2's dropouts at 0 (resid_pdrop, embd_pdrop, "
+        "attn_pdrop in the config.json; predict answers with them)");
+  }
   if (request.timeout_s < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank_timeout_s must be >= 1, got ", request.timeout_s));

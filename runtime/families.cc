@@ -261,7 +261,7 @@ class Gpt2LayerImpl : public DecoderLayer {
   // Megatron's dropouts (sites named by `index`) and fused causal softmax.
   Gpt2LayerImpl(const ModelConfig& c, int64_t index)
       : heads_(c.heads / c.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_),
-        index_(c.megatron ? index : -1) {
+        index_(c.megatron ? index : -1), dropout_(c.dropout) {
     const int64_t d = c.width, f = c.Intermediate() / c.tp, a = attention_width_;
     auto norm = [&](const char* name) {
       return register_module(
@@ -291,23 +291,38 @@ class Gpt2LayerImpl : public DecoderLayer {
     const int64_t t = qkv.size(1);
     std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
-    at::Tensor a = index_ >= 0 ? MegatronCoreAttention(parts[0], parts[1], parts[2], index_)
-                               : AttentionOp(mode, parts[0], parts[1], parts[2], cache);
-    parts.clear();
+    at::Tensor a;
+    if (index_ >= 0) {
+      a = MegatronCoreAttention(parts[0], parts[1], parts[2], index_);
+      parts.clear();
+    } else if (dropout_.attn > 0 && mode == AttentionMode::kFlash) {
+      // With dropout the CPU's SDPA runs ATen's math kernel (nothing for a selective
+      // policy to save: it names the flash op).
+      a = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{},
+                                           dropout_.attn, /*is_causal=*/true);
+    } else {
+      a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
+    }
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, attention_width_});
-    at::Tensor projected =
-        Dropout(RowParallel(attn_c_proj, Last(merged), cache), DropoutKind::kAttentionOut);
+    at::Tensor projected = Dropout(RowParallel(attn_c_proj, Last(merged), cache),
+                                   DropoutKind::kAttentionOut, dropout_.resid);
+    // GPT2Attention.forward's query_states, key_states, value_states live to its return,
+    // after resid_dropout (modeling_gpt2.py).
+    parts.clear();
     at::Tensor x1 = x + Last(projected);
     at::Tensor fc = ColumnParallel(c_fc, LayerNormOp(*ln_2, x1, cache), cache);
     // transformers' GPT-2 runs gelu_new (NewGELU); Megatron's GPT gelu(tanh).
     at::Tensor m = index_ >= 0 ? GeluOp(Last(fc), "tanh", cache) : NewGelu(Last(fc));
-    at::Tensor out = Dropout(RowParallel(mlp_c_proj, Last(m), cache), DropoutKind::kMlpOut);
+    at::Tensor out = Dropout(RowParallel(mlp_c_proj, Last(m), cache), DropoutKind::kMlpOut,
+                             dropout_.resid);
     return Last(x1) + Last(out);
   }
 
-  // Dropout is Megatron's (megatron-gpt); the identity otherwise.
-  at::Tensor Dropout(at::Tensor x, DropoutKind kind) const {
-    return index_ >= 0 ? MegatronDropout(Last(x), {index_, kind}) : x;
+  // Dropout is Megatron's (megatron-gpt); else transformers' nn.Dropout(p) in training,
+  // F.dropout, which on the CPU is at::dropout (its noise kept for backward).
+  at::Tensor Dropout(at::Tensor x, DropoutKind kind, double p) const {
+    if (index_ >= 0) return MegatronDropout(Last(x), {index_, kind});
+    return p > 0 ? at::dropout(Last(x), p, /*train=*/true) : x;
   }
 
   // ColumnParallel is a Conv1D whose output columns are split over tensor-parallel
@@ -339,6 +354,7 @@ class Gpt2LayerImpl : public DecoderLayer {
  private:
   int64_t heads_, head_dim_, attention_width_;
   int64_t index_;  // the layer's index with Megatron's dropouts, else -1
+  ModelConfig::Dropouts dropout_;  // transformers' probabilities (not megatron-gpt's)
 };
 
 class Gpt2Model : public ModelImpl {
@@ -352,6 +368,7 @@ class Gpt2Model : public ModelImpl {
       layers->push_back(std::make_shared<Gpt2LayerImpl>(c, i));
     }
     megatron_ = c.megatron;
+    embd_dropout_ = c.dropout.embd;
     ln_f = register_module(
         "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(c.norm_eps)));
   }
@@ -403,9 +420,11 @@ class Gpt2Model : public ModelImpl {
 
  private:
   at::Tensor EmbeddingDropout(at::Tensor x) const {
-    return megatron_ ? MegatronDropout(Last(x), {-1, DropoutKind::kEmbeddings}) : x;
+    if (megatron_) return MegatronDropout(Last(x), {-1, DropoutKind::kEmbeddings});
+    return embd_dropout_ > 0 ? at::dropout(Last(x), embd_dropout_, /*train=*/true) : x;
   }
   bool megatron_ = false;
+  double embd_dropout_ = 0;  // transformers' embd_pdrop
 };
 
 }  // namespace

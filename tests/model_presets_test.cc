@@ -169,23 +169,23 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
   }
 }
 
-// GPT-2's dropouts: GPT2Config's 0.1 when a key is missing, the largest of the three.
-TEST(HfConfigTest, Gpt2DropoutIsTheLargestPdrop) {
+// GPT-2's dropouts: each key its own site's, GPT2Config's 0.1 when missing.
+TEST(HfConfigTest, Gpt2DropoutsPerSite) {
   const std::string sizes =
       R"("model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32,
          "vocab_size": 10)";
   ASSERT_OK_AND_ASSIGN(ModelConfig defaults, ModelFromHfConfigJson("{" + sizes + "}", "a.json"));
-  EXPECT_EQ(defaults.dropout, 0.1);
+  EXPECT_EQ(defaults.dropout, (ModelConfig::Dropouts{.resid = 0.1, .embd = 0.1, .attn = 0.1}));
   ASSERT_OK_AND_ASSIGN(
       ModelConfig none,
       ModelFromHfConfigJson(
           "{" + sizes + R"(, "resid_pdrop": 0, "embd_pdrop": 0.0, "attn_pdrop": 0})", "b.json"));
-  EXPECT_EQ(none.dropout, 0);
+  EXPECT_FALSE(none.dropout.Any());
   ASSERT_OK_AND_ASSIGN(
       ModelConfig attn,
       ModelFromHfConfigJson(
-          "{" + sizes + R"(, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0.25})", "c.json"));
-  EXPECT_EQ(attn.dropout, 0.25);
+          "{" + sizes + R"(, "resid_pdrop": 0, "embd_pdrop": 0.2, "attn_pdrop": 0.25})", "c.json"));
+  EXPECT_EQ(attn.dropout, (ModelConfig::Dropouts{.resid = 0, .embd = 0.2, .attn = 0.25}));
   absl::StatusOr<ModelConfig> bad =
       ModelFromHfConfigJson("{" + sizes + R"(, "resid_pdrop": 1.5})", "d.json");
   EXPECT_EQ(bad.status().message(), "d.json: \"resid_pdrop\" must be a number in [0, 1)");

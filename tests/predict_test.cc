@@ -318,8 +318,8 @@ TEST(PredictFamiliesTest, ParameterOrderNamesEveryParameterOnce) {
 }
 
 // What the real stack does that is not modelled yet is said, per run: nothing for the
-// study or Llama, with or without checkpointing, in fp32; GPT-2's dropout (0.1 in its
-// config) and use_cache without checkpointing; oneDNN's scratchpads in low precision.
+// study or Llama, with or without checkpointing, in fp32 (GPT-2's dropouts are modelled);
+// GPT-2's use_cache without checkpointing; oneDNN's scratchpads in low precision.
 TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   auto caveats = [](const ModelConfig& config, const char* variants) {
     PredictOptions options;
@@ -337,8 +337,8 @@ TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   study.dtype = DType::kBFloat16;
   EXPECT_EQ(caveats(study, "none"), "low precision;");
   EXPECT_EQ(caveats(Preset("tiny-llama"), "none,full"), "");
-  EXPECT_EQ(caveats(Preset("gpt2"), "none"), "dropout 0.1;use_cache;");
-  EXPECT_EQ(caveats(Preset("gpt2"), "full"), "dropout 0.1;");
+  EXPECT_EQ(caveats(Preset("gpt2"), "none"), "use_cache;");
+  EXPECT_EQ(caveats(Preset("gpt2"), "full"), "");
   EXPECT_EQ(caveats(Preset("tiny-gpt2"), "full"), "");
 }
 

@@ -47,19 +47,25 @@ FAMILIES = {
                     intermediate=128, vocab=128),
     "qwen2_tied": dict(family="qwen2", layers=2, width=64, heads=4, kv_heads=2,
                        intermediate=128, vocab=128, tied=True),
-    # GPT-2 without its dropouts (see KNOWN_GAPS), with gelu_new.
+    # GPT-2 with gelu_new, without its dropouts, and with GPT2Config's (0.1 each).
     "gpt2_nodrop": dict(family="gpt2", layers=2, width=64, heads=4, intermediate=256,
-                        vocab=128),
+                        vocab=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "gpt2": dict(family="gpt2", layers=2, width=64, heads=4, intermediate=256, vocab=128),
+    "gpt2_nocache": dict(family="gpt2", layers=2, width=64, heads=4, intermediate=256,
+                         vocab=128, use_cache=False),
 }
 
 
 def hf_config(spec):
     """The transformers config.json of a family spec."""
     if spec["family"] == "gpt2":
-        return {"model_type": "gpt2", "n_embd": spec["width"], "n_layer": spec["layers"],
-                "n_head": spec["heads"], "n_inner": spec["intermediate"],
-                "vocab_size": spec["vocab"], "n_positions": 256, "resid_pdrop": 0.0,
-                "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        config = {"model_type": "gpt2", "n_embd": spec["width"], "n_layer": spec["layers"],
+                  "n_head": spec["heads"], "n_inner": spec["intermediate"],
+                  "vocab_size": spec["vocab"], "n_positions": 256}
+        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "use_cache"):
+            if key in spec:
+                config[key] = spec[key]
+        return config
     config = {
         "model_type": spec["family"],
         "hidden_size": spec["width"],
@@ -178,9 +184,17 @@ CASES = [
     c("llama_mha", "full", amp="bf16", optimizer_impl="fused"),
     # oneDNN on, as it is by default.
     c("study", dtype="bf16", mkldnn=True),
-    # GPT-2 (gelu_new), without checkpointing and with both implementations.
+    # GPT-2 (gelu_new), without its dropouts: without checkpointing and with both
+    # implementations.
     c("gpt2_nodrop"), c("gpt2_nodrop", "full"), c("gpt2_nodrop", "every_2", "reentrant"),
     c("gpt2_nodrop", "every_2", dtype="bf16", optimizer_impl="foreach"),
+    # GPT-2 with GPT2Config's dropouts (0.1 each; SDPA runs its math kernel): every
+    # variant, both implementations, each dtype and autocast.
+    c("gpt2"), c("gpt2_nocache", seq=24), c("gpt2", "full"), c("gpt2", "selective"),
+    c("gpt2", "every_2", "reentrant"), c("gpt2", "full", "reentrant", dtype="fp16"),
+    c("gpt2_nocache", dtype="bf16", optimizer_impl="fused"),
+    c("gpt2", "every_2", dtype="bf16", optimizer_impl="foreach"),
+    c("gpt2", "full", amp="bf16", seq=24), c("gpt2_nocache", amp="bf16"),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is
@@ -204,7 +218,8 @@ def gap_for(case, bucket):
     """The KNOWN_GAPS entry that explains `bucket` of `case`, or None."""
     variant = case["variant"]
     family = FAMILIES[case["model"]]["family"]
-    if family == "gpt2" and variant == "none":
+    spec = FAMILIES[case["model"]]
+    if family == "gpt2" and variant == "none" and spec.get("use_cache", True):
         return KNOWN_GAPS["gpt2/use_cache"]
     low_precision = case["dtype"] != "fp32" or case["amp"] != "none"
     if bucket == f"peak_bytes.{variant}" and low_precision and case["mkldnn"]:
