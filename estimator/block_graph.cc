@@ -456,6 +456,21 @@ class GraphBuilder {
     return Op(OpType::kNllLoss, "loss.nll", {log_probs, labels_flat}, {"out", "total_weight"})[0];
   }
 
+  // KvCache is DynamicLayer.update's copy of `x` (keys or values), which the model's
+  // DynamicCache holds until its forward returns. The layer's empty tensors have the
+  // keys' dtype (lazy_initialization), so cat promotes values of another dtype to it.
+  int KvCache(const std::string& name, int x, DType keys_dtype) {
+    return Op1(OpType::kKvCacheCat, name, {x}, {}, std::nullopt,
+               PromoteTypes(keys_dtype, graph_.tensors[x].dtype));
+  }
+
+  DType DTypeOf(int tensor) const { return graph_.tensors[tensor].dtype; }
+
+  // DecoderReturnsHere: the decoder model's forward returns after the last op so far.
+  void DecoderReturnsHere() {
+    graph_.decoder_returns_after = static_cast<int>(graph_.ops.size()) - 1;
+  }
+
   // HeldToEnd: a Python local holds `tensor` until the segment's forward returns.
   void HeldToEnd(int tensor) { graph_.held_until.emplace_back(tensor, -1); }
   // HeldThroughHere: Python locals hold `tensors` until the last op made so far has run
@@ -595,6 +610,17 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   q = g.Rope("q_rope", q, cos4, sin4);
   k = g.Rope("k_rope", k, cos4, sin4);
   g.HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
+  if (config.use_cache) {
+    // key_states, value_states = past_key_values.update(...) (modeling_llama.py): the
+    // cache's copies, the old locals rebound after both are made.
+    // Under autocast the keys are fp32 (RoPE's product with fp32 cos), the values bf16.
+    const DType keys = g.DTypeOf(k);
+    const int k_cached = g.KvCache("k_cache", k, keys);
+    const int v_cached = g.KvCache("v_cache", v, keys);
+    g.HeldThroughHere({k, v});
+    k = k_cached;
+    v = v_cached;
+  }
   const int q_embed = q, k_embed = k, value = v;
   if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
     k = g.RepeatKv("k_repeat", k);
@@ -634,6 +660,7 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
   int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.RmsNorm("norm", x);
+  g.DecoderReturnsHere();
   // The decoder model's output, LlamaForCausalLM's `hidden_states` local to its return.
   g.HeldToEnd(h);
   int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
@@ -685,6 +712,12 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int q = head("q", 0);
   int k = head("k", 1);
   int v = head("v", 2);
+  if (config.use_cache && !config.megatron) {
+    // key_states, value_states = curr_past_key_values.update(...) (modeling_gpt2.py).
+    const DType keys = g.DTypeOf(k);
+    k = g.KvCache("k_cache", k, keys);
+    v = g.KvCache("v_cache", v, keys);
+  }
   // With attention dropout SDPA runs its math kernel (see SdpaMathAttention).
   const bool sdpa_math = !config.megatron && mode == AttentionMode::kFlash && config.dropout.attn > 0;
   int attention = sdpa_math ? g.SdpaMathAttention(q, k, v) : g.CausalAttention(mode, q, k, v);
@@ -715,6 +748,7 @@ BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
   int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
   int h = g.LayerNorm("ln_f", x);
+  g.DecoderReturnsHere();
   g.HeldToEnd(h);  // GPT2LMHeadModel's `hidden_states` local, to its return
   int weight = g.TiedParam("wte.weight", {kV, kD});
   // With sequence parallelism the vocabulary-parallel head gathers its input too.
@@ -806,7 +840,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     DType dtype;
     DType amp;
     bool megatron, sp, tp, qkv_bias, grouped_query, repeats_kv, tied;
-    bool resid_dropout, embd_dropout, attn_dropout;
+    bool resid_dropout, embd_dropout, attn_dropout, use_cache;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -818,7 +852,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.tie_embeddings,
                      config.dropout.resid > 0,
                      config.dropout.embd > 0,
-                     config.dropout.attn > 0};
+                     config.dropout.attn > 0,
+                     config.use_cache && !config.megatron};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

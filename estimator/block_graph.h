@@ -89,6 +89,11 @@ struct BlockGraph {
   // variable not yet rebound) holds until op has run, after its last reader; op -1:
   // until the segment's forward returns (the logits, which ForCausalLM returns).
   std::vector<std::pair<int, int>> held_until;
+  // decoder_returns_after: in an epilogue, the op after which the decoder model's forward
+  // (LlamaModel, GPT2Model) returns, its final norm's last: its locals die there (the
+  // last layer's output, rebound to the norm's; position ids; RoPE tables). -1: none
+  // (the study's loss reads its input to the end).
+  int decoder_returns_after = -1;
   // Parameters returns the parameter tensors in that order.
   std::vector<int> Parameters() const;
 };

@@ -458,6 +458,14 @@ std::string Variant::Name() const {
   return "?";
 }
 
+bool Variant::CheckpointsAnyLayer() const {
+  if (kind != VariantKind::kPlan) return IsCheckpointed(0);
+  for (const LayerChoice& choice : layers) {
+    if (choice.checkpointed) return true;
+  }
+  return false;
+}
+
 bool Variant::IsCheckpointed(int64_t index) const {
   switch (kind) {
     case VariantKind::kNone:

@@ -117,6 +117,14 @@ struct ModelConfig {
     friend bool operator==(const Dropouts&, const Dropouts&) = default;
   };
   Dropouts dropout = {};
+  // use_cache: transformers' use_cache (config.json's; true by default in its configs,
+  // false for the study and megatron-gpt). A forward with it fills a DynamicCache with
+  // torch.cat copies of every layer's keys and values (cache_utils.py,
+  // DynamicLayer.update), which attention reads and the model's output holds until the
+  // forward returns. transformers turns it off while gradient checkpointing trains
+  // (utils/generic.py:1041-1045), so Predict applies it to the variants that checkpoint
+  // no layer; the graphs have the cache exactly when it is true.
+  bool use_cache = false;
   // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
@@ -133,7 +141,8 @@ struct ModelConfig {
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
-           a.dropout == b.dropout && a.checkpoint_impl == b.checkpoint_impl;
+           a.dropout == b.dropout && a.use_cache == b.use_cache &&
+           a.checkpoint_impl == b.checkpoint_impl;
   }
 };
 
@@ -287,6 +296,9 @@ struct Variant {
   std::string Name() const;
   // IsCheckpointed says whether block `index` runs under checkpointing.
   bool IsCheckpointed(int64_t index) const;
+  // CheckpointsAnyLayer: some block runs under checkpointing (transformers then turns
+  // use_cache off). Layer 0 for full, selective and every_k; a plan says so per layer.
+  bool CheckpointsAnyLayer() const;
   // PolicyAt is what block `index`'s selective cache must-saves (empty when the block
   // is not checkpointed or fully recomputed).
   SavePolicy PolicyAt(int64_t index) const;

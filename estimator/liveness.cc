@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -332,15 +333,17 @@ class Simulation {
   std::map<ParameterKey, int> grads_;
   // Model-level tensors (TensorDef::is_global) by name: Memory ids.
   std::map<std::string, int> globals_;
-  // autocast_cache_: autocast's casts of weights (leaves that require grad), which its
-  // cast cache holds until the outermost autocast scope ends: the forward's (loss
-  // included), or a checkpointed layer's recompute.
+  // forward_holds_: what the forward's scope holds until it returns (its loss
+  // included): autocast's casts of weights (leaves that require grad), which its cast
+  // cache holds until the outermost autocast scope ends (the forward's, or a checkpointed
+  // layer's recompute); and the keys and values of transformers' DynamicCache
+  // (use_cache without checkpointing), which the model's output holds.
   // Each entry: the Memory id and the segment (layer index, or Where::kHead) that made it.
-  std::vector<std::pair<int, int64_t>> autocast_cache_;
-  // ClearAutocastCache ends the scope; at the forward's end, what it frees is noted in
+  std::vector<std::pair<int, int64_t>> forward_holds_;
+  // ReleaseForwardHolds ends the scope; at the forward's end, what it frees is noted in
   // the layers' forward stretches (SegmentSummary::freed_at_forward_end).
-  void ClearAutocastCache(bool forward_end) {
-    for (const auto& [id, segment] : autocast_cache_) {
+  void ReleaseForwardHolds(bool forward_end) {
+    for (const auto& [id, segment] : forward_holds_) {
       if (forward_end && segment >= 0 &&
           segment < static_cast<int64_t>(segments_.forward.size()) && memory_.refs(id) == 1) {
         segments_.forward[segment].freed_at_forward_end[static_cast<int>(
@@ -348,8 +351,11 @@ class Simulation {
       }
       memory_.Unref(id);
     }
-    autocast_cache_.clear();
+    forward_holds_.clear();
   }
+  // decoder_returns_: run by Forward after the op where the decoder model's forward
+  // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
+  std::function<void()> decoder_returns_;
   const BlockGraph* prologue_graph_ = nullptr;
   std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)
   Handle hidden_;     // the layout of the hidden states between layers (and stages)
@@ -544,7 +550,9 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // An elementwise op on CPU computes in its inputs' common dtype: an input of another
     // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
     // the copy dies after the op. Autocast's bf16 matmul outputs meet fp32 tensors so.
-    if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor) && !replayed) {
+    if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor ||
+         op.type == OpType::kKvCacheCat) &&
+        !replayed) {
       const DType common = graph.tensors[op.outputs[0]].dtype;
       for (int in : op.inputs) {
         if (graph.tensors[in].dtype == common) continue;
@@ -612,7 +620,11 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy && !replayed &&
           !(pass.replay && CallIsReplayed(inst, op))) {
         memory_.Ref(id);
-        autocast_cache_.emplace_back(id, inst.segment);
+        forward_holds_.emplace_back(id, inst.segment);
+      }
+      if (op.type == OpType::kKvCacheCat && !replayed) {
+        memory_.Ref(id);  // the DynamicCache's reference
+        forward_holds_.emplace_back(id, inst.segment);
       }
       for (int k = keeps_of(s); k > 0; --k) memory_.Keep(id);
     }
@@ -637,6 +649,10 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       memory_.Unref(inst.ids[s]);
       local[s] = false;
+    }
+    if (static_cast<int>(i) == graph.decoder_returns_after && decoder_returns_) {
+      decoder_returns_();
+      decoder_returns_ = nullptr;
     }
   }
   output->storage = inst.ids[plan.output_storage];
@@ -820,7 +836,10 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     }
     case OpType::kAddScalar:
     case OpType::kContiguous:
-      grads[0] = Alias(grad);  // grad itself (clone's backward too)
+    case OpType::kKvCacheCat:
+      // grad itself (clone's backward too; cat's narrow of it all, which validate_outputs
+      // casts to a promoted input's dtype)
+      grads[0] = Alias(grad);
       break;
     case OpType::kToDtype:
       // .to() of the same dtype is the tensor itself; else the gradient is cast back.
@@ -1145,7 +1164,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   // forward's (checkpoint.py:303-308).
   const int forked = memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
   if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
-  ClearAutocastCache(/*forward_end=*/false);  // the recompute's autocast scope ends
+  ReleaseForwardHolds(/*forward_end=*/false);  // the recompute's autocast scope ends
   memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
   memory_.Unref(forked);
   // autograd::grad: the graph root holds the incoming gradient, and so does y's buffer.
@@ -1205,7 +1224,7 @@ absl::Status Simulation::Recompute(Instance& inst) {
   inst.recompute = false;
   if (!status.ok()) return status;
   if (y.defined()) memory_.Unref(y.storage);  // no early stop: the output is dropped
-  ClearAutocastCache(/*forward_end=*/false);  // the recompute's autocast scope ends
+  ReleaseForwardHolds(/*forward_end=*/false);  // the recompute's autocast scope ends
   memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
   memory_.Unref(forked);
   return absl::OkStatus();
@@ -1275,6 +1294,7 @@ bool Modelled(OpType type) {
     case OpType::kAddInplace:
     case OpType::kSdpaCausalMask:
     case OpType::kSafeSoftmax:
+    case OpType::kKvCacheCat:
       return true;
     default:
       return false;
@@ -1575,17 +1595,29 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     f.head.plan = plans.head.get();
     f.head.segment = Where::kHead;
     GatherUnit(Where::kHead);
-    if (absl::Status s = Forward(f.head, &x, Graph(), &f.loss); !s.ok()) return s;
+    // Where the decoder model's forward returns (after its final norm) its last hidden
+    // states (rebound to the norm's output) and its other locals, the layers' extras,
+    // die; without a decoder (the study) when the loss is computed.
+    bool returned = false;
+    decoder_returns_ = [&] {
+      if (x.storage != input_id) memory_.Unref(x.storage);
+      for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
+      extras.clear();
+      returned = true;
+    };
+    absl::Status forward = Forward(f.head, &x, Graph(), &f.loss);
+    if (forward.ok() && !returned) decoder_returns_();
+    decoder_returns_ = nullptr;
+    if (!forward.ok()) return forward;
     ReleaseUnit(Where::kHead);
-    // The forward returns: its last hidden states die.
-    if (x.storage != input_id) memory_.Unref(x.storage);
   } else {
     f.output = x;  // returned to the caller, who sends it
   }
-  // Then the layers' extras die, and the autocast scope ends (its cast cache cleared).
+  // A stage without the head: the layers' extras die as it returns. Then the autocast
+  // scope ends (its cast cache cleared).
   for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
   f.globals = globals_;
-  ClearAutocastCache(/*forward_end=*/true);
+  ReleaseForwardHolds(/*forward_end=*/true);
   segments_.head_forward = memory_.EndSegment();
   return absl::OkStatus();
 }
@@ -2176,6 +2208,11 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   if (variant.kind == VariantKind::kCoreAttention) {
     return absl::UnimplementedError(
         "peak memory: the step simulation does not model core_attention's recompute yet");
+  }
+  if (config_.use_cache && variant.CheckpointsAnyLayer()) {
+    return absl::InvalidArgumentError(
+        "step simulation: a model with use_cache runs a checkpointing variant without the "
+        "cache; simulate it on the config with use_cache off (Predict does)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
   StepTimeline timeline = ResidentTimeline(resident);

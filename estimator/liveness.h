@@ -172,7 +172,9 @@ struct StepStretches {
 
 // StepSimulator simulates the steps of one model (config and attention mode) under any
 // variant and optimizer; it checks what is modelled and walks the model's segments once,
-// so that many variants cost one walk. Thread-safe once created.
+// so that many variants cost one walk. Thread-safe once created. A config with use_cache
+// (transformers' DynamicCache) simulates only the variants that checkpoint no layer:
+// transformers runs the others without the cache, on the config with use_cache off.
 class StepSimulator {
  public:
   // Create returns InvalidArgument for a bad config or options and Unimplemented for a

@@ -34,6 +34,7 @@ ModelConfig Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads
   c.intermediate = intermediate;
   c.vocab = vocab;
   c.norm_eps = eps;
+  c.use_cache = true;  // LlamaConfig's default
   return c;
 }
 
@@ -51,6 +52,7 @@ ModelConfig Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
   c.max_positions = positions;
   c.norm_eps = 1e-5;
   c.tie_embeddings = true;
+  c.use_cache = true;  // GPT2Config's default
   return c;
 }
 
@@ -77,6 +79,7 @@ const std::vector<Preset>& Presets() {
     // divides it, 2048 learned positions).
     ModelConfig megatron = Gpt2(12, 768, 12, 51200, 2048);
     megatron.megatron = true;
+    megatron.use_cache = false;  // Megatron-LM's GPT has no DynamicCache
     presets->push_back({"megatron-gpt", megatron});
     return presets;
   }();
@@ -160,7 +163,15 @@ absl::StatusOr<ModelConfig> ReadLlama(const Reader& r, absl::string_view model_t
   MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
+  if (r.Has("attention_dropout")) {
+    // LlamaAttention passes it to SDPA in training, which then runs its math kernel
+    // with grouped-query repeat_interleave copies: not modelled for this family yet.
+    double p = 0;
+    MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
+    if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
+  }
   if (!r.Positive("head_dim").ok() && c.width % c.heads != 0) {
     return r.Error("hidden_size", absl::StrCat(c.width, " is not divisible by "
                                                "num_attention_heads ", c.heads,
@@ -196,6 +207,7 @@ absl::StatusOr<ModelConfig> ReadGpt2(const Reader& r) {
   MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("n_inner", 4 * c.width));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
   for (auto [key, p] : {std::pair{"resid_pdrop", &c.dropout.resid},
                          std::pair{"embd_pdrop", &c.dropout.embd},
@@ -308,6 +320,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
   }
   w.Key("tie_word_embeddings");
   w.Bool(c.tie_embeddings);
+  w.Key("use_cache");
+  w.Bool(c.use_cache);
   w.EndObject();
   return std::string(buffer.GetString());
 }

@@ -31,7 +31,8 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
 // tie_word_embeddings, rms_norm_eps, max_position_embeddings, hidden_act) or gpt2
 // (n_embd, n_layer, n_head, n_positions, vocab_size, optional n_inner,
 // layer_norm_epsilon, tie_word_embeddings, and resid_pdrop, embd_pdrop, attn_pdrop into
-// ModelConfig::dropout, 0.1 each when missing, as GPT2Config). Errors are
+// ModelConfig::dropout, 0.1 each when missing, as GPT2Config), and for both use_cache
+// (true when missing). Errors are
 // InvalidArgument, one line, naming
 // `source` (the file) and the key.
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,

@@ -367,6 +367,13 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConf
 
 }  // namespace
 
+namespace {
+
+absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
+                                         const PredictOptions& options);
+
+}  // namespace
+
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                    const PredictOptions& options) {
   if (absl::Status s =
@@ -374,7 +381,44 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
       !s.ok()) {
     return s;
   }
+  if (!config.use_cache || config.megatron) return PredictGraphs(config, options);
+  // With use_cache the variants that checkpoint a layer run without the cache
+  // (transformers turns it off, utils/generic.py:1041-1045): they are predicted on the
+  // graphs without it, the others (and saved_bytes_none) on the graphs with it.
+  PredictOptions cached = options, uncached = options;
+  cached.variants.clear();
+  uncached.variants.clear();
+  for (const Variant& v : options.variants) {
+    (v.CheckpointsAnyLayer() ? uncached : cached).variants.push_back(v);
+  }
+  if (uncached.variants.empty()) return PredictGraphs(config, options);
+  ModelConfig without = config;
+  without.use_cache = false;
+  absl::StatusOr<Prediction> rest = PredictGraphs(without, uncached);
+  if (!rest.ok()) return rest;
+  cached.peak = cached.peak && !cached.variants.empty();
+  absl::StatusOr<Prediction> prediction = PredictGraphs(config, cached);
+  if (!prediction.ok()) return prediction;
+  // The variants in the order asked, each against the `none` that keeps the cache.
+  std::vector<VariantPrediction> with_cache = std::move(prediction->variants);
+  prediction->variants.clear();
+  size_t next_cached = 0, next_uncached = 0;
+  for (const Variant& v : options.variants) {
+    VariantPrediction p = v.CheckpointsAnyLayer()
+                              ? std::move(rest->variants[next_uncached++])
+                              : std::move(with_cache[next_cached++]);
+    p.saved_ratio_vs_none = static_cast<double>(p.saved_bytes) /
+                            static_cast<double>(prediction->saved_bytes_none);
+    prediction->variants.push_back(std::move(p));
+  }
+  prediction->caveats = Caveats(config, options.variants);
+  return prediction;
+}
 
+namespace {
+
+absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
+                                         const PredictOptions& options) {
   Prediction prediction;
   prediction.config = config;
   prediction.attention = options.attention;
@@ -452,6 +496,7 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
     absl::StatusOr<VariantPrediction> v =
         PredictVariant(variant, config, segments, options.breakdown, walks, WholeModel(config));
     if (!v.ok()) return v.status();
+    v->graphs = graphs;
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);
     if (simulator.has_value()) {
@@ -485,35 +530,11 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   return prediction;
 }
 
+}  // namespace
+
 std::vector<std::string> Caveats(const ModelConfig& config,
-                                 const std::vector<Variant>& variants) {
+                                 const std::vector<Variant>& /*variants*/) {
   std::vector<std::string> caveats;
-  bool checkpoints = false, plain = false;
-  for (const Variant& v : variants) {
-    // Whether any layer is checkpointed, without walking the layers (there may be many):
-    // full, selective and every_k checkpoint layer 0; a plan says so layer by layer.
-    bool any = false;
-    switch (v.kind) {
-      case VariantKind::kNone:
-      case VariantKind::kCoreAttention:
-        break;
-      case VariantKind::kFull:
-      case VariantKind::kEveryK:
-      case VariantKind::kSelective:
-        any = true;
-        break;
-      case VariantKind::kPlan:
-        for (const LayerChoice& choice : v.layers) any = any || choice.checkpointed;
-        break;
-    }
-    checkpoints = checkpoints || any;
-    plain = plain || !any;
-  }
-  if (config.family == Family::kGpt2 && !config.megatron && plain) {
-    caveats.push_back(
-        "use_cache: without checkpointing GPT-2 keeps torch.cat copies of k and v, which "
-        "SDPA saves (2 x B x H x T x d_head per layer), not modelled; pass use_cache=False");
-  }
   if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {
     caveats.push_back(
         "low precision: oneDNN's bf16/fp16 matmuls (torch.backends.mkldnn, on by default) "
@@ -544,9 +565,12 @@ OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
   return {states * state_element, optimizer.master_weights ? fp32 : 0, per_tensor};
 }
 
-absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
+absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& model,
                                              const PredictOptions& options,
                                              const StageRange& stage) {
+  // A pipeline stage is a rank's (estimator/ranks.h): no DynamicCache.
+  ModelConfig config = model;
+  config.use_cache = false;
   if (absl::Status s =
           ValidateRun(config, options.attention, options.variants, options.optimizer);
       !s.ok()) {

@@ -62,6 +62,9 @@ struct BlockKind {
 
 struct VariantPrediction {
   Variant variant;
+  // The graphs this variant ran (names for its breakdown's indices): Prediction::graphs,
+  // or for a checkpointing variant of a model with use_cache those without the cache.
+  std::shared_ptr<const ModelGraphs> graphs;
   // saved_bytes: unique storages autograd keeps (parameters excluded) plus the selective
   // cache, for the whole model and the loss.
   int64_t saved_bytes = 0;
@@ -130,9 +133,8 @@ struct Prediction {
 };
 
 // Caveats lists, for a run of `config` under `variants`, what the real stack does that
-// memledger does not model yet (see the README's "Against the real stack"): the
-// non-reentrant checkpoint's early-stopping recompute, GPT-2's dropout and use_cache,
-// oneDNN's low-precision matmul scratchpads.
+// memledger does not model yet (see the README's "Against the real stack"): oneDNN's
+// low-precision matmul scratchpads.
 std::vector<std::string> Caveats(const ModelConfig& config, const std::vector<Variant>& variants);
 
 // OptimizerBytesPerParameter is what the optimizer holds per parameter: its moments

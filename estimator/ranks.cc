@@ -149,9 +149,13 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
 
 }  // namespace
 
-absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
+absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
                                              const ParallelSpec& parallel,
                                              const PredictOptions& options) {
+  // A layout's ranks run memledger's Megatron-style rendition (runtime/distributed.h),
+  // which keeps no DynamicCache.
+  ModelConfig config = model;
+  config.use_cache = false;
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
   // Each chunk's variants and `none` (the reference for saved_ratio_vs_none), added
@@ -256,9 +260,11 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
   return prediction;
 }
 
-absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& config,
+absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& model,
                                                          const ParallelSpec& parallel,
                                                          PredictOptions options) {
+  ModelConfig config = model;
+  config.use_cache = false;  // as PredictRanks
   if (options.breakdown) {
     return absl::InvalidArgumentError(
         "--explain describes one process's step: not with --dp or --pp yet");

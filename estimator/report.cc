@@ -84,6 +84,14 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
     json.AddMember("norm_eps", config.norm_eps, allocator);
     json.AddMember("tie_embeddings", config.tie_embeddings, allocator);
     json.AddMember("qkv_bias", config.qkv_bias, allocator);
+    json.AddMember("use_cache", config.use_cache, allocator);
+    if (config.family == Family::kGpt2 && !config.megatron) {
+      rapidjson::Value dropout(rapidjson::kObjectType);
+      dropout.AddMember("resid", config.dropout.resid, allocator);
+      dropout.AddMember("embd", config.dropout.embd, allocator);
+      dropout.AddMember("attn", config.dropout.attn, allocator);
+      json.AddMember("dropout", dropout, allocator);
+    }
     if (config.megatron) json.AddMember("megatron", true, allocator);
     // Sizes above are the whole model's; with tp > 1 every bucket is one rank's.
     if (config.tp > 1) json.AddMember("tp", config.tp, allocator);
@@ -227,20 +235,20 @@ rapidjson::Document PredictionJson(const Prediction& p) {
         rapidjson::Value prologue(rapidjson::kObjectType);
         prologue.AddMember("block", "embedding", a);
         prologue.AddMember("count", 1, a);
-        prologue.AddMember("storages", StoragesJson(*p.graphs->prologue, *v.prologue, a), a);
+        prologue.AddMember("storages", StoragesJson(*v.graphs->prologue, *v.prologue, a), a);
         kinds.PushBack(prologue, a);
       }
       for (const BlockKind& kind : v.blocks) {
         rapidjson::Value k(rapidjson::kObjectType);
         k.AddMember("block", String(BlockKindLabel(kind), a), a);
         k.AddMember("count", kind.count, a);
-        k.AddMember("storages", StoragesJson(p.graphs->layer, kind.walk, a), a);
+        k.AddMember("storages", StoragesJson(v.graphs->layer, kind.walk, a), a);
         kinds.PushBack(k, a);
       }
       rapidjson::Value loss(rapidjson::kObjectType);
       loss.AddMember("block", "loss", a);
       loss.AddMember("count", 1, a);
-      loss.AddMember("storages", StoragesJson(p.graphs->epilogue, v.epilogue, a), a);
+      loss.AddMember("storages", StoragesJson(v.graphs->epilogue, v.epilogue, a), a);
       kinds.PushBack(loss, a);
       breakdown.AddMember(String(v.variant.Name(), a), kinds, a);
     }
@@ -373,14 +381,14 @@ std::string BreakdownText(const Prediction& p) {
                           HumanBytes(v.saved_bytes));
     if (v.prologue.has_value()) {
       absl::StrAppendFormat(&out, " embedding, x1:\n");
-      storages(*p.graphs->prologue, *v.prologue);
+      storages(*v.graphs->prologue, *v.prologue);
     }
     for (const BlockKind& kind : v.blocks) {
       absl::StrAppendFormat(&out, " %s, x%d:\n", BlockKindLabel(kind), kind.count);
-      storages(p.graphs->layer, kind.walk);
+      storages(v.graphs->layer, kind.walk);
     }
     absl::StrAppendFormat(&out, " loss, x1:\n");
-    storages(p.graphs->epilogue, v.epilogue);
+    storages(v.graphs->epilogue, v.epilogue);
     out += "\n";
   }
   out +=

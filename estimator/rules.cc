@@ -208,6 +208,9 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kSafeSoftmax:
       // yaml:2931 _safe_softmax: self: _softmax_backward_data(grad, result, dim, ...).
       return {{Out(0, "result_")}, {0}, {"SafeSoftmaxBackward0"}, {}};
+    case OpType::kKvCacheCat:
+      // yaml:386 cat: cat_tensors_backward: the gradient's narrow view; no tensor.
+      return {{}, {0}, {"CatBackward0"}, {}};
     case OpType::kVocabParallelCrossEntropy:
       // _VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, target_mask,
       // masked_target_1d), exp_logits being the logits themselves, turned into the
@@ -274,6 +277,7 @@ const char* OpTypeName(OpType type) {
     case OpType::kAddInplace: return "add_";
     case OpType::kSdpaCausalMask: return "sdpa_causal_mask";
     case OpType::kSafeSoftmax: return "_safe_softmax";
+    case OpType::kKvCacheCat: return "cat";
   }
   return "?";
 }

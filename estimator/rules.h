@@ -113,8 +113,12 @@ enum class OpType : uint8_t {
   kSdpaCausalMask,
   // _safe_softmax: softmax, then rows that are all -inf zeroed (SoftMax.cpp).
   kSafeSoftmax,
+  // transformers' DynamicLayer.update without a past (cache_utils.py):
+  // torch.cat([torch.tensor([]), x], dim=-2), a contiguous copy of the keys or values
+  // that the model's DynamicCache holds until its forward returns.
+  kKvCacheCat,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kSafeSoftmax) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kKvCacheCat) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

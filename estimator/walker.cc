@@ -379,6 +379,11 @@ class Walk {
       case OpType::kAddInplace:
         ViewOf(out, op.inputs[0], in);  // add_ returns self
         return absl::OkStatus();
+      case OpType::kKvCacheCat:
+        // cat's output is contiguous (the empty tensor is skipped; the keys' memory
+        // format, suggest_memory_format of a transposed view, is contiguous).
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        return absl::OkStatus();
       case OpType::kSdpaCausalMask: {
         Layout target = Evaluate(op.attributes.shape);
         NewStorage(out, target, graph_.tensors[out].dtype, false);

@@ -627,8 +627,12 @@ std::vector<LayerChoice> AllChoices(const ModelConfig& config, AttentionMode att
   return choices;
 }
 
-absl::StatusOr<Planner> Planner::Create(const ModelConfig& config,
+absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
                                         const PlannerOptions& options) {
+  // The plans are predicted without transformers' use_cache, which only a plan that
+  // checkpoints nothing would keep (see ModelConfig::use_cache).
+  ModelConfig config = model;
+  config.use_cache = false;
   auto tables = std::make_shared<Tables>();
   tables->config = config;
   tables->options = options;

@@ -77,7 +77,9 @@ class Planner {
   // Create simulates the probes and counts FLOPs. InvalidArgument for a bad config or
   // choice, Unimplemented where the stretches do not compose yet (autocast, master
   // weights, Megatron's ops), Internal when a layer's stretches depend on more than its
-  // context.
+  // context. Plans are predicted without transformers' use_cache (config.use_cache is
+  // ignored): a plan that checkpoints nothing would keep the DynamicCache, which
+  // predict (--variants=none) counts.
   static absl::StatusOr<Planner> Create(const ModelConfig& config,
                                         const PlannerOptions& options);
 

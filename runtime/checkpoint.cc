@@ -334,6 +334,16 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
   // What the layers are called with (a checkpointed one holds it all).
   LayerExtras layer_extras = start.extras;
   if (!model.CallsLayersWithPositionIds()) layer_extras.position_ids = at::Tensor();
+  // transformers' use_cache, which gradient checkpointing turns off: without checkpointed
+  // layers the model's DynamicCache holds every layer's keys and values until the
+  // forward returns (destroyed before the autocast scope ends).
+  std::vector<at::Tensor> kv_cache;
+  bool keeps_cache = model.use_cache;
+  for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
+    keeps_cache = keeps_cache && !variant.IsCheckpointed(i);
+  }
+  LayerExtras plain_extras = start.extras;
+  if (keeps_cache) plain_extras.kv_cache = &kv_cache;
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
     begin(i, x);
@@ -343,13 +353,17 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
       x = CheckpointLayer(model.layer(i), x, layer_extras, mode, model.checkpoint_impl,
                           policy.empty() ? nullptr : &policy, &cached);
     } else {
-      x = model.layer(i)->forward(x, start.extras, mode, nullptr);
+      x = model.layer(i)->forward(x, plain_extras, mode, nullptr);
     }
     end(i);
   }
   if (stage.head) {
     begin(ParameterUnits::kHead, x);
-    result.loss = model.Epilogue(x, input);
+    // The decoder model's locals (position ids, RoPE tables: every copy here) die where
+    // its forward returns.
+    result.loss = model.Epilogue(std::move(x), input, [&] {
+      start.extras = layer_extras = plain_extras = LayerExtras();
+    });
     end(ParameterUnits::kHead);
   } else {
     result.loss = std::move(x);

@@ -119,6 +119,7 @@ std::vector<ScheduleStep> MegatronOrder(const ParallelSpec& p, int64_t stage) {
 ModelConfig WholeBatch(const ModelConfig& config, const ParallelSpec& parallel) {
   ModelConfig whole = config;
   whole.batch = config.batch * parallel.dp * parallel.micro_batches;
+  whole.use_cache = false;  // ranks keep no DynamicCache (estimator/ranks.cc, PredictRanks)
   return whole;
 }
 

@@ -127,6 +127,17 @@ class LlamaLayerImpl : public DecoderLayer {
     at::Tensor q_embed = Rope(q, cos, sin);
     at::Tensor k_embed = Rope(Last(k), cos, sin);
     q = at::Tensor();
+    if (extras.kv_cache != nullptr) {
+      // key_states, value_states = past_key_values.update(...): rebound to the cache's
+      // copies once both are made.
+      // Under autocast the keys are fp32 (RoPE's product with fp32 cos), the values
+      // bf16, promoted to the keys' dtype.
+      const at::ScalarType keys = k_embed.scalar_type();
+      at::Tensor k_cached = KvCacheUpdate(k_embed, keys, extras.kv_cache);
+      at::Tensor v_cached = KvCacheUpdate(v, keys, extras.kv_cache);
+      k_embed = std::move(k_cached);
+      v = std::move(v_cached);
+    }
     at::Tensor k_attention = k_embed, v_attention = v;
     if (kv_heads_ < heads_ && RepeatsKv(mode, head_dim_)) {
       k_attention = RepeatKv(k_embed, heads_ / kv_heads_);
@@ -225,10 +236,13 @@ class LlamaModel : public ModelImpl {
     return extras;
   }
 
-  at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
+  at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& input_ids,
+                      const std::function<void()>& decoder_returns) const override {
     const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
     // The decoder's output lives to the return (LlamaForCausalLM's `hidden_states`).
     const at::Tensor normed = norm.ptr()->forward(hidden);
+    hidden = at::Tensor();  // LlamaModel.forward returns its norm's output
+    decoder_returns();
     at::Tensor logits;
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       // The vocabulary-parallel head gathers its input too.
@@ -281,7 +295,7 @@ class Gpt2LayerImpl : public DecoderLayer {
     mlp_c_proj = conv("mlp_c_proj", f, d);
   }
 
-  at::Tensor forward(const at::Tensor& x, const LayerExtras& /*extras*/, AttentionMode mode,
+  at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
                      SelectiveCache* cache) override {
     // One statement per last use (see Last in runtime/model.h), in the graph's order.
     // With tensor parallelism, ColumnParallel and RowParallel convolutions; with sequence
@@ -291,6 +305,12 @@ class Gpt2LayerImpl : public DecoderLayer {
     const int64_t t = qkv.size(1);
     std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
+    if (extras.kv_cache != nullptr) {
+      // key_states, value_states = curr_past_key_values.update(...) (modeling_gpt2.py).
+      const at::ScalarType keys = parts[1].scalar_type();
+      parts[1] = KvCacheUpdate(parts[1], keys, extras.kv_cache);
+      parts[2] = KvCacheUpdate(parts[2], keys, extras.kv_cache);
+    }
     at::Tensor a;
     if (index_ >= 0) {
       a = MegatronCoreAttention(parts[0], parts[1], parts[2], index_);
@@ -399,9 +419,12 @@ class Gpt2Model : public ModelImpl {
   }
   bool CallsLayersWithPositionIds() const override { return !megatron_; }
 
-  at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input_ids) const override {
+  at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& input_ids,
+                      const std::function<void()>& decoder_returns) const override {
     // The transformer's output lives to the return (GPT2LMHeadModel's `hidden_states`).
     const at::Tensor normed = ln_f.ptr()->forward(hidden);
+    hidden = at::Tensor();  // GPT2Model.forward returns ln_f's output
+    decoder_returns();
     at::Tensor logits;
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       // The vocabulary-parallel head gathers its input too.

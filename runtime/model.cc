@@ -21,12 +21,21 @@ class StudyModel : public ModelImpl {
 
   ModelStart Prologue(const at::Tensor& input) const override { return {input, {}}; }
 
-  at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& /*input*/) const override {
+  at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& /*input*/,
+                      const std::function<void()>& decoder_returns) const override {
+    decoder_returns();  // the study's layers have no model-level locals
     return StudyLoss(hidden);
   }
 };
 
 }  // namespace
+
+at::Tensor KvCacheUpdate(const at::Tensor& x, at::ScalarType keys_dtype,
+                         std::vector<at::Tensor>* cache) {
+  at::Tensor copy = at::cat({at::empty({0}, x.options().dtype(keys_dtype)), x}, -2);
+  cache->push_back(copy);
+  return copy;
+}
 
 std::vector<at::Tensor> LayerExtras::Defined() const {
   std::vector<at::Tensor> tensors;
@@ -89,6 +98,7 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
   }
   built.model->amp = config.amp;
   built.model->checkpoint_impl = config.checkpoint_impl;
+  built.model->use_cache = config.use_cache && !config.megatron;
   if (config.dtype != DType::kFloat32) {
     // Drawn in fp32 with the same seed, then converted: the whole model in that dtype.
     const at::ScalarType dtype =

@@ -23,6 +23,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -42,10 +43,20 @@ struct LayerExtras {
   at::Tensor position_ids;  // the decoder families'
   at::Tensor cos;           // Llama's RoPE tables
   at::Tensor sin;
+  // kv_cache: transformers' DynamicCache while the forward keeps one (ModelImpl::
+  // use_cache, no layer checkpointed): KvCacheUpdate appends each layer's keys and
+  // values; the caller's vector holds them until the forward returns. Null otherwise.
+  std::vector<at::Tensor>* kv_cache = nullptr;
   // Defined returns the defined tensors, in order: what a checkpointed layer holds
   // (transformers' keyword arguments of the layer, bound into the checkpointed call).
   std::vector<at::Tensor> Defined() const;
 };
+
+// KvCacheUpdate is DynamicLayer.update without a past (cache_utils.py):
+// torch.cat([torch.tensor([], dtype=keys_dtype), x], dim=-2), a contiguous copy of x
+// (promoted to the keys' dtype, as the layer's empty tensors have it) that `cache` keeps.
+at::Tensor KvCacheUpdate(const at::Tensor& x, at::ScalarType keys_dtype,
+                         std::vector<at::Tensor>* cache);
 
 // PositionIds is transformers' position_ids, torch.arange(T) + past_seen_tokens (0),
 // unsqueezed (modeling_llama.py:375-378, modeling_gpt2.py:571-572).
@@ -85,7 +96,12 @@ class ModelImpl : public torch::nn::Module {
   // Prologue maps the model input to the first hidden states and the layers' extras.
   virtual ModelStart Prologue(const at::Tensor& input) const = 0;
   // Epilogue maps the last hidden states (and the model input, for labels) to the loss.
-  virtual at::Tensor Epilogue(const at::Tensor& hidden, const at::Tensor& input) const = 0;
+  // Where the decoder model's forward (LlamaModel, GPT2Model) returns, after its final
+  // norm, it drops `hidden` (rebound to the norm's output there) and calls
+  // `decoder_returns`, where the caller drops that forward's other locals (position
+  // ids, RoPE tables).
+  virtual at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& input,
+                              const std::function<void()>& decoder_returns) const = 0;
   // Extras makes the layers' extras for `seq` tokens whose hidden states have `dtype`,
   // without grad: what Prologue adds, for a pipeline stage that receives its hidden
   // states (each stage computes its own RoPE tables, as Megatron does).
@@ -103,6 +119,9 @@ class ModelImpl : public torch::nn::Module {
   DType amp = DType::kFloat32;
   // checkpoint_impl: how its checkpointed layers run (config.checkpoint_impl).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
+  // use_cache: transformers' use_cache (config.use_cache), kept by a forward that
+  // checkpoints no layer.
+  bool use_cache = false;
   TensorParallel* tensor_parallel = nullptr;
 };
 

@@ -181,6 +181,9 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
           // layer's fp32 gradient copy; at batch 1 and seq 2 the step peaks there.
           OptimizerSpec optimizer;
           ModelConfig run = config;
+          // transformers' use_cache (the families' default) holds every layer's keys and
+          // values to the forward's end without checkpointing; it is off otherwise.
+          run.use_cache = config.use_cache && !variant.CheckpointsAnyLayer();
           if (layers == 7 || layers == 19) {
             optimizer.master_weights = true;
             run.dtype = DType::kBFloat16;
@@ -269,6 +272,14 @@ TEST(SimulateStepTest, ComposedPeakOfBillionsOfLayersExtrapolatesTheWholeSimulat
 TEST(SimulateStepTest, EveryKOfAHugeKIsThePlanOfItsOneCheckpoint) {
   ModelConfig config = *ModelFromPreset("tiny-gpt2");
   config.layers = 7;
+  // transformers runs a checkpointing variant without use_cache: the simulation of a
+  // config with it says so.
+  Variant full;
+  full.kind = VariantKind::kFull;
+  EXPECT_STATUS(SimulateStep(config, AttentionMode::kFlash, full, OptimizerSpec(),
+                             ResidentBytes{}, {}),
+                absl::StatusCode::kInvalidArgument, "use_cache");
+  config.use_cache = false;  // both variants checkpoint a layer
   Variant every;
   every.kind = VariantKind::kEveryK;
   every.every = kMaxEvery + 1;

@@ -112,6 +112,7 @@ TEST(HfConfigTest, MistralAndDefaults) {
   EXPECT_EQ(c.KvHeads(), 4);
   EXPECT_EQ(c.HeadDim(), 16);
   EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_TRUE(c.use_cache);  // LlamaConfig's (MistralConfig's) default
 }
 
 // LlamaJson is a valid small llama config.json with `key` set to `value` (raw JSON).
@@ -159,6 +160,8 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {LlamaJson("rms_norm_eps", "-1"), "bad.json: \"rms_norm_eps\" must be a number > 0"},
            {LlamaJson("attention_bias", "true"),
             "bad.json: \"attention_bias\" true (biases on q, k, v and o) is not supported"},
+           {LlamaJson("attention_dropout", "0.1"),
+            "bad.json: \"attention_dropout\" > 0 is not modelled yet (use 0.0)"},
            {R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 5,
                 "n_positions": 32, "vocab_size": 10})",
             "bad.json: \"n_embd\" 64 is not divisible by n_head 5"},
@@ -208,6 +211,12 @@ TEST(HfConfigTest, WrittenConfigsReadBackAsTheSameModel) {
     EXPECT_EQ(read, model) << json;
   }
   EXPECT_NE(HfConfigJson(gpt2)->find("\"resid_pdrop\": 0.0"), std::string::npos);
+  // use_cache round-trips, and is true when a config.json leaves it out (GPT2Config's
+  // and LlamaConfig's default).
+  ModelConfig no_cache = llama;
+  no_cache.use_cache = false;
+  ASSERT_OK_AND_ASSIGN(ModelConfig read, ModelFromHfConfigJson(*HfConfigJson(no_cache), "n"));
+  EXPECT_FALSE(read.use_cache);
   EXPECT_EQ(HfConfigJson(ModelConfig()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -85,7 +85,10 @@ struct Replayer {
   }
 };
 
-absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& config, AttentionMode attention) {
+absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& model, AttentionMode attention) {
+  // The planner predicts without transformers' use_cache (Planner::Create).
+  ModelConfig config = model;
+  config.use_cache = false;
   StepOptions step;
   step.record_events = false;
   absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, attention, step);

@@ -284,15 +284,31 @@ TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   // gelu_new out 128 (c_proj): 904 x 4,096 = 3,702,784. Embedding: input_ids 8,192 and
   // position ids 64 x 8 = 512. Head: x 32, mean+rstd 2, ln_f out 32 = 66 x 4,096 =
   // 270,336; log-probs 393,216; labels 8,192; total weight 4.
-  // none = 7,405,568 + 8,704 + 270,336 + 393,216 + 8,192 + 4 = 8,086,020. The three
-  // multiplications by a number also keep their wrapped numbers (8 B each, float64),
-  // which no saved-tensor hook sees: held after the forward, not saved.
+  // Without use_cache none = 7,405,568 + 8,704 + 270,336 + 393,216 + 8,192 + 4 =
+  // 8,086,020. The three multiplications by a number also keep their wrapped numbers
+  // (8 B each, float64), which no saved-tensor hook sees: held after the forward, not
+  // saved. With use_cache (GPT2Config's default) SDPA reads and keeps the DynamicCache's
+  // contiguous copies of k and v instead of c_attn's views, whose output q still views:
+  // 2 x 32 more per token and layer, 2 x 64 x 4,096 = 524,288 -> 8,610,308. Checkpointing
+  // turns the cache off: full is the same either way.
   PredictOptions options;
-  options.variants = Variants("none");
-  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(Preset("tiny-gpt2"), options));
+  options.variants = Variants("none,full");
+  ModelConfig cached = Preset("tiny-gpt2");
+  ASSERT_TRUE(cached.use_cache);
+  ModelConfig uncached = cached;
+  uncached.use_cache = false;
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(uncached, options));
   EXPECT_EQ(p.variants[0].saved_bytes, 8086020);
   EXPECT_EQ(p.variants[0].held_after_forward_bytes, 8086020 - 8192 + 2 * 3 * 8);
   EXPECT_EQ(p.variants[0].embedding_bytes, 8704);
+  ASSERT_OK_AND_ASSIGN(Prediction c, Predict(cached, options));
+  EXPECT_EQ(c.variants[0].saved_bytes, 8610308);
+  EXPECT_EQ(c.saved_bytes_none, 8610308);
+  EXPECT_EQ(c.variants[0].held_after_forward_bytes, 8610308 - 8192 + 2 * 3 * 8);
+  EXPECT_EQ(c.variants[1].saved_bytes, p.variants[1].saved_bytes);
+  EXPECT_EQ(c.variants[1].held_after_forward_bytes, p.variants[1].held_after_forward_bytes);
+  EXPECT_DOUBLE_EQ(c.variants[1].saved_ratio_vs_none,
+                   static_cast<double>(c.variants[1].saved_bytes) / 8610308);
 }
 
 // Every segment's Parameters() (the registration order torch.optim steps) names each
@@ -318,8 +334,8 @@ TEST(PredictFamiliesTest, ParameterOrderNamesEveryParameterOnce) {
 }
 
 // What the real stack does that is not modelled yet is said, per run: nothing for the
-// study or Llama, with or without checkpointing, in fp32 (GPT-2's dropouts are modelled);
-// GPT-2's use_cache without checkpointing; oneDNN's scratchpads in low precision.
+// study, Llama or GPT-2 (its dropouts and use_cache are modelled), with or without
+// checkpointing, in fp32; oneDNN's scratchpads in low precision.
 TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   auto caveats = [](const ModelConfig& config, const char* variants) {
     PredictOptions options;
@@ -337,7 +353,7 @@ TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   study.dtype = DType::kBFloat16;
   EXPECT_EQ(caveats(study, "none"), "low precision;");
   EXPECT_EQ(caveats(Preset("tiny-llama"), "none,full"), "");
-  EXPECT_EQ(caveats(Preset("gpt2"), "none"), "use_cache;");
+  EXPECT_EQ(caveats(Preset("gpt2"), "none"), "");
   EXPECT_EQ(caveats(Preset("gpt2"), "full"), "");
   EXPECT_EQ(caveats(Preset("tiny-gpt2"), "full"), "");
 }
@@ -507,6 +523,7 @@ TEST(PredictTensorParallelTest, OneRanksComposedPeakIsItsReplayedStep) {
       config.seq = 16;
       config.tp = 2;
       config.sp = sp;
+      config.use_cache = false;  // ranks keep no DynamicCache (PredictRanks)
       SCOPED_TRACE(absl::StrCat(model, sp ? " --sp" : ""));
       ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));
       ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,

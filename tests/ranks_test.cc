@@ -68,6 +68,7 @@ TEST(PredictStageTest, TheWholeModelAsOneStageIsThePrediction) {
   for (const char* model : {"tiny-llama", "tiny-gpt2"}) {
     ModelConfig config = *ModelFromPreset(model);
     config.layers = 5;
+    config.use_cache = false;  // a stage keeps no DynamicCache (PredictStage)
     const PredictOptions options = Variants("none,full,every_2,selective");
     ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
     ASSERT_OK_AND_ASSIGN(StagePrediction stage,
@@ -222,6 +223,7 @@ TEST(PredictRanksTest, InterleavedScheduleByHand) {
 TEST(PredictRanksTest, TheFirstStageHoldsTheModelsLayersOnce) {
   ModelConfig config = *ModelFromPreset("tiny-gpt2");
   config.layers = 8;
+  config.use_cache = false;  // ranks keep no DynamicCache (PredictRanks)
   const PredictOptions options = Variants("none,full,selective");
   ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
   ParallelSpec parallel;

@@ -39,9 +39,8 @@ TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
 // --witness=transformers adds the real stack's step as a third column, through the
 // pinned reference stack's Python (here its @reference_stack wrapper). The study agrees
 // in every bucket, under full checkpointing too (torch.utils.checkpoint's non-reentrant
-// lazy recompute with early stop, whose peak is in the backward at seq 16). Where the
-// real stack differs, verify says so and exits 1: without checkpointing transformers'
-// GPT-2 keeps its use_cache copies of k and v, not modelled yet.
+// lazy recompute with early stop, whose peak is in the backward at seq 16), and so does
+// transformers' GPT-2 without checkpointing, with use_cache's copies of k and v.
 TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
   const std::string witness =
       " --witness=transformers --witness_python=external/reference_stack/python";
@@ -55,9 +54,8 @@ TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
   EXPECT_EQ(full.exit_code, 0) << full.output;
   CommandResult gpt2 = Verify(
       "--model=tiny-gpt2 --batch=2 --seq=16 --skip_timing --variants=none" + witness);
-  EXPECT_EQ(gpt2.exit_code, 1) << gpt2.output;
-  EXPECT_NE(gpt2.output.find("saved_bytes.none: the real stack measured"), std::string::npos)
-      << gpt2.output;
+  EXPECT_EQ(gpt2.exit_code, 0) << gpt2.output;
+  EXPECT_NE(gpt2.output.find("\"passed\": true"), std::string::npos) << gpt2.output;
   CommandResult bad = Verify(std::string(kSmall) + " --witness=pytorch");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--witness must be none or transformers, got 'pytorch'"),
