@@ -1,14 +1,14 @@
 #include "estimator/model_presets.h"
 
 #include <algorithm>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/input_file.h"
 #include "rapidjson/document.h"
 #include "rapidjson/prettywriter.h"
 #include "rapidjson/stringbuffer.h"
@@ -329,15 +329,14 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
 absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value) {
   absl::StatusOr<ModelConfig> preset = ModelFromPreset(value);
   if (preset.ok()) return preset;
-  std::ifstream file{std::string(value)};
-  if (!file) {
+  absl::StatusOr<std::string> text = ReadInputFile(std::string(value), "--model", kMaxJsonBytes);
+  if (absl::IsNotFound(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--model: '", value, "' is neither a built-in model (",
         absl::StrJoin(PresetNames(), ", "), ") nor a readable config.json"));
   }
-  std::stringstream text;
-  text << file.rdbuf();
-  return ModelFromHfConfigJson(text.str(), value);
+  if (!text.ok()) return text.status();
+  return ModelFromHfConfigJson(*text, value);
 }
 
 }  // namespace memledger

@@ -610,14 +610,21 @@ int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention
   // token and width, 16 x the element size in the model's dtype; the attention term
   // 5*a*s^2*b (softmax 2 bytes, its dropout mask 1, its output 2) drops the mask: 2
   // elements, and exists only where the (B, H, T, T) matrix is kept (math attention).
+  // Per GPU with tensor parallelism t (their Table 2): s*b*h*(10 + 24/t + 5*a*s/(h*t)),
+  // the replicated 10 being the two norms' inputs and the two column-parallel linears'
+  // inputs (8 bytes) and the two masks; with sequence parallelism everything over t:
+  // s*b*h/t*(34 + 5*a*s/h). Without the masks, elements per token and width: 4 + 12/t,
+  // or 16/t; the attention term 2/t.
   const int64_t element = ElementSizeBytes(config.dtype);
-  CheckedInt64 bytes = CheckedInt64(config.layers) * element * 16 * config.batch *
+  const int64_t t = config.tp;
+  const int64_t per_width = config.sp || t == 1 ? 16 : 4 * t + 12;  // x 1/t
+  CheckedInt64 bytes = CheckedInt64(config.layers) * element * per_width * config.batch *
                        config.seq * config.width;
   if (attention == AttentionMode::kMath) {
     bytes += CheckedInt64(config.layers) * element * 2 * config.batch * config.heads *
              config.seq * config.seq;
   }
-  return bytes.overflowed() ? -1 : bytes.value();
+  return bytes.overflowed() ? -1 : bytes.value() / t;
 }
 
 }  // namespace memledger

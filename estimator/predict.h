@@ -167,8 +167,8 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
                                              const StageRange& stage);
 
 // KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none` in the
-// model's dtype, without dropout masks (see the definition for the derivation); -1 on
-// overflow.
+// model's dtype, without dropout masks, per GPU of config.tp (and config.sp) tensor
+// parallelism (see the definition for the derivation); -1 on overflow.
 int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention);
 
 // Predict returns InvalidArgument for a bad config, variant or policy (the message

@@ -1,8 +1,6 @@
 #include "planner/plan_report.h"
 
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -10,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "estimator/input_file.h"
 #include "estimator/report.h"
 #include "estimator/units.h"
 #include "rapidjson/error/en.h"
@@ -164,13 +163,12 @@ absl::StatusOr<Variant> ParsePlanJson(absl::string_view json) {
 }
 
 absl::StatusOr<Variant> ReadPlanFile(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "--plan", kMaxJsonBytes);
+  if (absl::IsNotFound(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat("--plan ", path, ": cannot read the file"));
   }
-  std::stringstream text;
-  text << file.rdbuf();
-  absl::StatusOr<Variant> plan = ParsePlanJson(text.str());
+  if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+  absl::StatusOr<Variant> plan = ParsePlanJson(*text);
   if (!plan.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--plan ", path, ": ", plan.status().message()));
   }

@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rapidjson/document.h"
 #include "tests/subprocess.h"
@@ -197,6 +201,20 @@ TEST(PredictCliTest, ConfigJsonErrorsExitTwoNamingFileAndKey) {
                            "--model=tiny-gpt2 --seq=129", "--model=tiny-llama --vocab=0"}) {
     CommandResult bad = Predict(args);
     EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.output;
+    EXPECT_EQ(bad.output.find('\n'), bad.output.size() - 1) << args << ": " << bad.output;
+  }
+  // Only a regular file of at most 16 MiB is read: a device would be read forever.
+  const std::string big = std::string(getenv("TEST_TMPDIR")) + "/big.json";
+  std::ofstream(big).close();
+  std::filesystem::resize_file(big, (std::uintmax_t{16} << 20) + 1);  // sparse
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--model=/dev/zero", "error: --model: '/dev/zero' is not a regular file"},
+           {"--model=tests/testdata", "error: --model: 'tests/testdata' is a directory"},
+           {"--model=" + big, "error: --model: '" + big + "' has 16777217 bytes, more than "
+                              "the 16777216 a JSON input may have\n"}}) {
+    CommandResult bad = Predict(args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.output;
+    EXPECT_EQ(bad.output.rfind(message, 0), 0u) << args << ": " << bad.output;
     EXPECT_EQ(bad.output.find('\n'), bad.output.size() - 1) << args << ": " << bad.output;
   }
 }

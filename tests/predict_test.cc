@@ -83,6 +83,21 @@ TEST(PredictTest, StudyDefaultConfig) {
   EXPECT_NEAR(p.variants[1].saved_ratio_vs_none, 0.071887, 1e-6);
 }
 
+// Korthikanti et al.'s Table 2 per tensor-parallel GPU, without the dropout masks, for
+// 2 layers of s x b x h = 16 x 2 x 64 = 2,048 (fp32, 4 heads): no parallelism 16
+// elements per sbh, 2 x 4 x 16 x 2,048 = 262,144; t = 2: 4 + 12/2 = 10, 163,840; with
+// sequence parallelism 16/2 = 8, 131,072; math attention adds 2 a s^2 b / t elements,
+// 2 x 4 x 2 x (4 x 256 x 2) / 2 = 16,384.
+TEST(PredictTest, KorthikantiPerTensorParallelRank) {
+  ModelConfig config{/*layers=*/2, /*width=*/64, /*heads=*/4, /*batch=*/2, /*seq=*/16};
+  EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 262144);
+  config.tp = 2;
+  EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 163840);
+  EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kMath), 163840 + 16384);
+  config.sp = true;
+  EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 131072);
+}
+
 TEST(PredictTest, OneLayerOneTokenBothModes) {
   // L=1, d=8, H=2, B=1, T=1: one token.
   // flash none: 4 x (16*8 + 4 + 2 + 8 loss) = 4 x 142 = 568.
