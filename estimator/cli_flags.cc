@@ -1,5 +1,6 @@
 #include "estimator/cli_flags.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -13,7 +14,9 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "estimator/run_request.h"
 
@@ -161,6 +164,115 @@ int ReportError(const absl::Status& status) {
 
 namespace {
 
+// kFlagGroups: where --help lists each of the CLIs' flags, in this order (a flag not
+// named here is listed under "other").
+constexpr std::pair<const char*, const char*> kFlagGroups[] = {
+    {"model", "model"},          {"layers", "model"},         {"width", "model"},
+    {"heads", "model"},          {"kv_heads", "model"},       {"head_dim", "model"},
+    {"intermediate", "model"},   {"vocab", "model"},          {"attention", "model"},
+    {"batch", "input"},          {"seq", "input"},            {"sweep", "input"},
+    {"seed", "input"},           {"dtype", "precision"},      {"amp", "precision"},
+    {"master_weights", "precision"}, {"optimizer", "optimizer"},
+    {"optimizer_impl", "optimizer"}, {"momentum", "optimizer"},
+    {"variants", "checkpointing"},   {"every", "checkpointing"},
+    {"policy", "checkpointing"},     {"checkpoint_impl", "checkpointing"},
+    {"plan", "checkpointing"},       {"budget_gib", "checkpointing"},
+    {"frontier_points", "checkpointing"}, {"flops_per_second", "checkpointing"},
+    {"tp", "parallelism"},       {"sp", "parallelism"},       {"dp", "parallelism"},
+    {"pp", "parallelism"},       {"virtual_stages", "parallelism"},
+    {"micro_batches", "parallelism"}, {"zero", "parallelism"},
+    {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
+    {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
+    {"cpu_threads", "device"},   {"max_memory_gib", "device"},
+    {"witness", "verification"}, {"witness_python", "verification"},
+    {"grad_tolerance", "verification"}, {"skip_timing", "verification"},
+    {"format", "output"},        {"json_out", "output"},      {"timeline_svg", "output"},
+    {"explain", "output"},       {"plan_out", "output"},      {"frontier_svg", "output"},
+};
+
+// Wrapped breaks `text` into lines of at most `width` columns, each indented by
+// `indent` spaces and ended by a newline (a word longer than a line stays whole).
+std::string Wrapped(absl::string_view text, int indent, int width) {
+  std::string out, line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && static_cast<int>(line.size() + 1 + word.size()) > width - indent) {
+      absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty()) absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+  return out;
+}
+
+// IsHelpRequest: --help (or -help, -h, --helpshort) with no value: the grouped list.
+// --helpfull and --help=SUBSTRING stay Abseil's.
+bool IsHelpRequest(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (absl::string_view help : {"--help", "-help", "-h", "--helpshort", "-helpshort"}) {
+      if (arg == help) return true;
+    }
+  }
+  return false;
+}
+
+// PrintGroupedHelp prints `usage` and then every flag this program defines (Abseil's
+// own are left to --helpfull), by group, each with its default and its help text.
+void PrintGroupedHelp(const char* usage) {
+  struct Entry {
+    int order;
+    std::string name, text;
+  };
+  std::vector<std::pair<std::string, std::vector<Entry>>> groups;
+  auto group_of = [&](absl::string_view name) -> std::pair<std::string, int> {
+    int order = 0;
+    for (const auto& [flag, group] : kFlagGroups) {
+      if (name == flag) return {group, order};
+      ++order;
+    }
+    return {"other", order};
+  };
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    // Abseil's own flags (--flagfile, --fromenv, ...) are defined in its sources.
+    const std::string file = flag->Filename();
+    if (absl::StrContains(file, "absl/")) continue;
+    const auto [group, order] = group_of(name);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == group; });
+    if (it == groups.end()) {
+      groups.emplace_back(group, std::vector<Entry>());
+      it = groups.end() - 1;
+    }
+    // An optional flag without a default says in its help what it falls back to.
+    const std::string value = flag->DefaultValue();
+    it->second.push_back({order, std::string(name),
+                          absl::StrCat("  --", name,
+                                       value.empty() ? "" : absl::StrCat(" (default ", value, ")"),
+                                       "\n", Wrapped(flag->Help(), 6, 88))});
+  }
+  // Groups in kFlagGroups' order, "other" last; flags in the table's order.
+  auto rank = [&](const std::string& group) {
+    int order = 0;
+    for (const auto& [flag, g] : kFlagGroups) {
+      if (group == g) return order;
+      ++order;
+    }
+    return order;
+  };
+  std::sort(groups.begin(), groups.end(),
+            [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
+  std::cout << usage << "\n\nFlags (--helpfull adds Abseil's own):\n";
+  for (auto& [group, entries] : groups) {
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.order != b.order ? a.order < b.order : a.name < b.name;
+    });
+    std::cout << "\n" << group << ":\n";
+    for (const Entry& e : entries) std::cout << e.text;
+  }
+}
+
 // CheckFlagsOrExit looks at every --flag[=value] before Abseil parses them, so that an
 // unknown flag or a value that does not parse exits 2 with one line, like every other
 // bad input (Abseil's own parser exits 1).
@@ -212,6 +324,10 @@ void CheckFlagsOrExit(int argc, char** argv) {
 
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
   absl::SetProgramUsageMessage(usage);
+  if (IsHelpRequest(argc, argv)) {
+    PrintGroupedHelp(usage);
+    std::exit(0);
+  }
   CheckFlagsOrExit(argc, argv);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {

@@ -56,7 +56,10 @@ int ReportError(const absl::Status& status);
 
 // ParseCommandLineOrExit parses flags with `usage` as the help text; it exits with
 // status 2 and a one-line message for an unknown flag, a value that does not parse or a
-// positional argument.
+// positional argument. --help (-h, --helpshort) prints `usage` and every flag the
+// program defines, grouped (model, input, precision, optimizer, checkpointing,
+// parallelism, device, verification, output), on stdout, and exits 0; --helpfull adds
+// Abseil's own flags.
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
 
 }  // namespace memledger

@@ -235,9 +235,42 @@ TEST(PredictCliTest, SweepPrintsCsvRows) {
 
 TEST(PredictCliTest, HelpNamesTheReferenceStack) {
   CommandResult r = Predict("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("as torch 2.15.0 and transformers 5.23.0 keep them"),
             std::string::npos)
       << r.output;
+}
+
+// --help lists every flag of predict's own sources, grouped; --helpfull (Abseil's
+// listing, by file) is the independent list of what exists.
+TEST(PredictCliTest, HelpListsEveryFlagByGroup) {
+  CommandResult help = Predict("--help");
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  for (const char* group : {"\nmodel:\n", "\ninput:\n", "\nprecision:\n", "\noptimizer:\n",
+                            "\ncheckpointing:\n", "\nparallelism:\n", "\ndevice:\n",
+                            "\noutput:\n"}) {
+    EXPECT_NE(help.output.find(group), std::string::npos) << group << help.output;
+  }
+  EXPECT_LT(help.output.find("\nmodel:\n"), help.output.find("\noutput:\n"));
+  CommandResult full = Predict("--helpfull");
+  std::istringstream lines(full.output);
+  std::string line;
+  bool ours = false;
+  int flags = 0;
+  while (std::getline(lines, line)) {
+    if (line.find("Flags from ") != std::string::npos) {
+      ours = line.find("estimator/") != std::string::npos;
+      continue;
+    }
+    const size_t dashes = line.find("    --");
+    if (!ours || dashes != 0) continue;
+    const std::string name = line.substr(4, line.find(' ', 6) - 4);  // "--layers"
+    const bool listed = help.output.find("\n  " + name + "\n") != std::string::npos ||
+                        help.output.find("\n  " + name + " (default") != std::string::npos;
+    EXPECT_TRUE(listed) << name << help.output;
+    ++flags;
+  }
+  EXPECT_GE(flags, 30) << full.output;
 }
 
 TEST(PredictCliTest, JsonOutWritesTheSameJson) {
