@@ -610,7 +610,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   q = g.Rope("q_rope", q, cos4, sin4);
   k = g.Rope("k_rope", k, cos4, sin4);
   g.HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
-  if (config.use_cache) {
+  if (config.KeepsKvCache()) {
     // key_states, value_states = past_key_values.update(...) (modeling_llama.py): the
     // cache's copies, the old locals rebound after both are made.
     // Under autocast the keys are fp32 (RoPE's product with fp32 cos), the values bf16.
@@ -712,7 +712,7 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int q = head("q", 0);
   int k = head("k", 1);
   int v = head("v", 2);
-  if (config.use_cache && !config.megatron) {
+  if (config.KeepsKvCache()) {
     // key_states, value_states = curr_past_key_values.update(...) (modeling_gpt2.py).
     const DType keys = g.DTypeOf(k);
     k = g.KvCache("k_cache", k, keys);
@@ -853,7 +853,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.dropout.resid > 0,
                      config.dropout.embd > 0,
                      config.dropout.attn > 0,
-                     config.use_cache && !config.megatron};
+                     config.KeepsKvCache()};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

@@ -129,6 +129,9 @@ struct ModelConfig {
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
 
+  // KeepsKvCache: use_cache for a family transformers builds (not the study or
+  // megatron-gpt, which have no DynamicCache).
+  bool KeepsKvCache() const { return use_cache && !megatron && family != Family::kStudy; }
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
   int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * width; }

@@ -2209,7 +2209,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     return absl::UnimplementedError(
         "peak memory: the step simulation does not model core_attention's recompute yet");
   }
-  if (config_.use_cache && variant.CheckpointsAnyLayer()) {
+  if (config_.KeepsKvCache() && variant.CheckpointsAnyLayer()) {
     return absl::InvalidArgumentError(
         "step simulation: a model with use_cache runs a checkpointing variant without the "
         "cache; simulate it on the config with use_cache off (Predict does)");

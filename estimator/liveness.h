@@ -66,6 +66,8 @@ struct TimelineEvent {
   // relabel: half of a category change (no memory comes or goes; the allocator sees
   // nothing).
   bool relabel = false;
+  // storage: which allocation this is (or frees): one id per allocation of the step.
+  int32_t storage = -1;
 };
 
 // StepPeak is the step's largest live total (resident included) and the moment it

@@ -381,7 +381,7 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
       !s.ok()) {
     return s;
   }
-  if (!config.use_cache || config.megatron) return PredictGraphs(config, options);
+  if (!config.KeepsKvCache()) return PredictGraphs(config, options);
   // With use_cache the variants that checkpoint a layer run without the cache
   // (transformers turns it off, utils/generic.py:1041-1045): they are predicted on the
   // graphs without it, the others (and saved_bytes_none) on the graphs with it.

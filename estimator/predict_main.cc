@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/atomic_file.h"
 #include "estimator/cli_flags.h"
+#include "estimator/memory_snapshot.h"
 #include "estimator/predict.h"
 #include "estimator/ranks.h"
 #include "estimator/report.h"
@@ -28,6 +29,10 @@ ABSL_FLAG(std::string, sweep, "",
 ABSL_FLAG(int32_t, cpu_threads, 1,
           "LibTorch's intra-op threads on the CPU, which size some kernels' workspaces in "
           "the step's peak (a few KiB).");
+ABSL_FLAG(std::string, snapshot_out, "",
+          "Also write the step of the one variant --variants names as a PyTorch memory "
+          "snapshot (torch.cuda.memory._snapshot()'s pickle) to this path, for "
+          "torch.cuda._memory_viz and https://pytorch.org/memory_viz.");
 ABSL_FLAG(double, budget_gib, 0,
           "With --sweep: the memory budget in GiB; each row says whether parameters, "
           "gradients, optimizer state and saved activations fit in it.");
@@ -158,10 +163,28 @@ int main(int argc, char** argv) {
         absl::StrCat("--cpu_threads must be >= 1, got ", options.cpu_threads)));
   }
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
-  options.timeline = !svg_path.empty();
+  const std::string snapshot_path = absl::GetFlag(FLAGS_snapshot_out);
+  options.timeline = !svg_path.empty() || !snapshot_path.empty();
+  if (!snapshot_path.empty() && (spec->parallel.Distributed() || options.variants.size() != 1)) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--snapshot_out writes one process's step of one variant: give --variants one "
+        "name, without --dp or --pp"));
+  }
   if (spec->parallel.Distributed()) return PrintRanks(*spec, options, svg_path);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
+  if (!snapshot_path.empty()) {
+    const memledger::VariantPrediction& v = prediction->variants.front();
+    if (v.timeline == nullptr) {
+      return memledger::ReportError(absl::UnimplementedError(
+          absl::StrCat("--snapshot_out: no step simulation: ", v.peak_unavailable)));
+    }
+    absl::StatusOr<std::string> pickle = memledger::MemorySnapshotPickle(*v.timeline);
+    if (!pickle.ok()) return memledger::ReportError(pickle.status());
+    if (absl::Status s = memledger::WriteFileAtomically(snapshot_path, *pickle); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
 
   if (!svg_path.empty()) {
     if (absl::Status s = WriteTimelineSvg(

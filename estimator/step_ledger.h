@@ -178,8 +178,9 @@ class Memory {
   // Alloc makes a storage with one reference.
   int Alloc(int64_t bytes, MemoryCategory category) {
     storages_.push_back(Storage{bytes, category, category, 1, 0});
-    Event(bytes, category);
-    return static_cast<int>(storages_.size()) - 1;
+    const int s = static_cast<int>(storages_.size()) - 1;
+    Event(s, bytes, category);
+    return s;
   }
 
   void Ref(int s) { ++storages_[s].refs; }
@@ -187,7 +188,7 @@ class Memory {
   void Unref(int s) {
     Storage& storage = storages_[s];
     if (--storage.refs > 0) return;
-    Event(-storage.bytes, storage.category);
+    Event(s, -storage.bytes, storage.category);
   }
 
   int refs(int s) const { return storages_[s].refs; }
@@ -276,12 +277,12 @@ class Memory {
   void Recategorize(int s, MemoryCategory category) {
     Storage& storage = storages_[s];
     if (storage.category == category || storage.category == MemoryCategory::kInput) return;
-    Event(-storage.bytes, storage.category, /*relabel=*/true);
+    Event(s, -storage.bytes, storage.category, /*relabel=*/true);
     storage.category = category;
-    Event(storage.bytes, category, /*relabel=*/true);
+    Event(s, storage.bytes, category, /*relabel=*/true);
   }
 
-  void Event(int64_t bytes, MemoryCategory category, bool relabel = false) {
+  void Event(int s, int64_t bytes, MemoryCategory category, bool relabel = false) {
     if (bytes == 0 || overflow_) return;  // after an overflow nothing is meaningful
     // Each storage's size fits int64 (the walk checked); their sum may not.
     overflow_ = overflow_ ||
@@ -295,8 +296,9 @@ class Memory {
         out_->op_labels.push_back(WhereText(where_, optimizer_));
         labelled_ = where_;
       }
-      out_->events.push_back(TimelineEvent{
-          bytes, category, phase_, static_cast<int32_t>(out_->op_labels.size()) - 1, relabel});
+      out_->events.push_back(TimelineEvent{bytes, category, phase_,
+                                           static_cast<int32_t>(out_->op_labels.size()) - 1,
+                                           relabel, static_cast<int32_t>(s)});
     }
     ++event_count_;
     if (total_ > out_->peak.bytes) {

@@ -1,13 +1,17 @@
 // Fuzzes Predict on random specs: every family, size, dtype, autocast, attention mode,
-// variant and policy drawn from the input bytes. Predict must return (a prediction, or
-// InvalidArgument / OutOfRange for bad or overflowing specs), and a prediction's
-// segments and dtype split must add up to its total.
+// variant and policy, use_cache and GPT-2's dropouts drawn from the input bytes. Predict
+// must return (a prediction, or InvalidArgument / OutOfRange for bad or overflowing
+// specs), a prediction's segments and dtype split must add up to its total, and a
+// recorded step must replay to its peak and write as a memory snapshot.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "estimator/config.h"
+#include "estimator/memory_snapshot.h"
 #include "estimator/predict.h"
 
 namespace {
@@ -75,6 +79,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     options.variants.push_back(v);
   }
+  // transformers' use_cache and GPT-2's dropouts; a small enough step is also recorded
+  // and written as a PyTorch memory snapshot.
+  c.use_cache = in.Next(1) % 2;
+  const uint64_t drops = in.Next(1);
+  c.dropout = {.resid = drops & 1 ? 0.1 : 0, .embd = drops & 2 ? 0.1 : 0,
+               .attn = drops & 4 ? 0.1 : 0};
+  options.timeline = in.Next(1) % 2 && c.layers <= 8 && c.width <= 256 && c.heads <= 16 &&
+                     c.batch <= 8 && c.seq <= 256 && c.vocab <= 4096 &&
+                     c.intermediate <= 1024;
   absl::StatusOr<Prediction> p = Predict(c, options);
   if (!p.ok()) {
     const absl::StatusCode code = p.status().code();
@@ -104,6 +117,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    static_cast<long long>(v.head_loss_bytes),
                    static_cast<long long>(by_dtype));
       __builtin_trap();
+    }
+    if (v.timeline != nullptr) {
+      // Every free of the recorded step matches an allocation (the snapshot checks), and
+      // the events replay to the peak.
+      absl::StatusOr<std::string> snapshot = MemorySnapshotPickle(*v.timeline);
+      int64_t live = v.timeline->resident_bytes, peak = live;
+      for (const TimelineEvent& e : v.timeline->events) {
+        live += e.bytes;
+        peak = std::max(peak, live);
+      }
+      if (!snapshot.ok() || !v.peak.has_value() || peak != v.peak->bytes) {
+        std::fprintf(stderr, "snapshot of %s: %s, replayed peak %lld\n",
+                     v.variant.Name().c_str(), snapshot.status().ToString().c_str(),
+                     static_cast<long long>(peak));
+        __builtin_trap();
+      }
     }
   }
   return 0;

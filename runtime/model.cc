@@ -98,7 +98,7 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
   }
   built.model->amp = config.amp;
   built.model->checkpoint_impl = config.checkpoint_impl;
-  built.model->use_cache = config.use_cache && !config.megatron;
+  built.model->use_cache = config.KeepsKvCache();
   if (config.dtype != DType::kFloat32) {
     // Drawn in fp32 with the same seed, then converted: the whole model in that dtype.
     const at::ScalarType dtype =
