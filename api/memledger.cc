@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/memory_snapshot.h"
 #include "estimator/predict.h"
 #include "estimator/ranks.h"
 #include "estimator/report.h"
@@ -22,6 +23,7 @@
 namespace memledger {
 namespace {
 
+// CopyString: a malloc'ed copy of `s`'s bytes (NULs included) and a terminating NUL.
 char* CopyString(const std::string& s) {
   char* copy = static_cast<char*>(std::malloc(s.size() + 1));
   if (copy != nullptr) std::memcpy(copy, s.c_str(), s.size() + 1);
@@ -147,6 +149,31 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   return JsonString(PredictionJson(*prediction));
 }
 
+absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, nullptr);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
+  if (!spec.ok()) return spec.status();
+  if (spec->parallel.Distributed() || spec->variants.size() != 1) {
+    return absl::InvalidArgumentError(
+        "snapshot: one process's step of one variant: give \"variants\" one name, without "
+        "\"dp\" or \"pp\"");
+  }
+  PredictOptions options;
+  options.attention = spec->attention;
+  options.variants = spec->variants;
+  options.optimizer = spec->optimizer;
+  options.timeline = true;
+  absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
+  if (!prediction.ok()) return prediction.status();
+  const VariantPrediction& v = prediction->variants.front();
+  if (v.timeline == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapshot: no step simulation: ", v.peak_unavailable));
+  }
+  return MemorySnapshotPickle(*v.timeline);
+}
+
 absl::StatusOr<std::string> PlanJson(const char* request_json) {
   PlanKeys keys;
   absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, &keys);
@@ -191,16 +218,19 @@ int CodeOf(const absl::Status& status) {
 
 // Call runs one request through `run` and hands the result over the C boundary: the
 // JSON, or the error code and one line; nothing may unwind into C.
+// `response_size`, when not null, gets the response's length (0 on error).
 int Call(absl::StatusOr<std::string> (*run)(const char*), const char* request_json,
-         char** response_json, char** error_message) {
+         char** response_json, char** error_message, size_t* response_size = nullptr) {
   if (response_json != nullptr) *response_json = nullptr;
   if (error_message != nullptr) *error_message = nullptr;
+  if (response_size != nullptr) *response_size = 0;
   int code = MEMLEDGER_INTERNAL;
   std::string error;
   try {
     absl::StatusOr<std::string> json = run(request_json);
     if (json.ok()) {
       if (response_json != nullptr) *response_json = memledger::CopyString(*json);
+      if (response_size != nullptr) *response_size = json->size();
       return MEMLEDGER_OK;
     }
     code = memledger::CodeOf(json.status());
@@ -234,6 +264,12 @@ int memledger_predict(const char* request_json, char** response_json, char** err
 
 int memledger_plan(const char* request_json, char** response_json, char** error_message) {
   return memledger::Call(memledger::PlanJson, request_json, response_json, error_message);
+}
+
+int memledger_snapshot(const char* request_json, char** snapshot, size_t* snapshot_size,
+                       char** error_message) {
+  return memledger::Call(memledger::SnapshotPickle, request_json, snapshot, error_message,
+                         snapshot_size);
 }
 
 void memledger_free(char* string) { std::free(string); }

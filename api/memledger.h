@@ -34,6 +34,8 @@
 #ifndef API_MEMLEDGER_H_
 #define API_MEMLEDGER_H_
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -68,8 +70,17 @@ int memledger_predict(const char* request_json, char** response_json, char** err
  * MEMLEDGER_NO_PLAN when no plan fits; out-arguments as memledger_predict's. */
 int memledger_plan(const char* request_json, char** response_json, char** error_message);
 
-/* memledger_free releases a string memledger_predict or memledger_plan returned; NULL
- * is fine. */
+/* memledger_snapshot parses `request_json` (predict's keys but "explain", "dp" and "pp";
+ * "variants" naming one variant) and returns that variant's predicted step as a PyTorch
+ * memory snapshot: the pickle torch.cuda.memory._snapshot() writes (see predict
+ * --snapshot_out), *snapshot_size bytes at *snapshot (binary: it holds NULs).
+ * MEMLEDGER_INVALID_ARGUMENT with one line for bad input; out-arguments as
+ * memledger_predict's (the size 0 on error). */
+int memledger_snapshot(const char* request_json, char** snapshot, size_t* snapshot_size,
+                       char** error_message);
+
+/* memledger_free releases a string memledger_predict, memledger_plan or
+ * memledger_snapshot returned; NULL is fine. */
 void memledger_free(char* string);
 
 #ifdef __cplusplus

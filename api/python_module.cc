@@ -8,6 +8,8 @@
 // returns predict's JSON as a dict; bad input raises ValueError with the CLI's message.
 // plan(budget_gib=..., **fields) returns the checkpoint planner's JSON; when no plan
 // fits it raises memledger.NoPlanFits (a ValueError) naming the smallest budget.
+// snapshot(variant=..., path=..., **fields) returns a variant's predicted step as a
+// PyTorch memory snapshot pickle (bytes), also written to path.
 #include <pybind11/pybind11.h>
 
 #include <stdexcept>
@@ -47,6 +49,36 @@ py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& field
 }
 
 py::object Predict(const py::kwargs& fields) { return Call(memledger_predict, fields); }
+
+// Snapshot: memledger_snapshot's pickle as bytes, also written to `path` when given;
+// `variant` is the one variant ("variants" with one name).
+py::bytes Snapshot(const py::object& variant, const py::object& path, py::kwargs fields) {
+  if (!variant.is_none()) fields["variants"] = variant;
+  py::module_ json = py::module_::import("json");
+  const std::string request = py::str(json.attr("dumps")(fields));
+  char* snapshot = nullptr;
+  size_t size = 0;
+  char* error = nullptr;
+  int code = 0;
+  {
+    py::gil_scoped_release release;
+    code = memledger_snapshot(request.c_str(), &snapshot, &size, &error);
+  }
+  const std::string bytes = snapshot != nullptr ? std::string(snapshot, size) : "";
+  const std::string error_text = error != nullptr ? error : "";
+  memledger_free(snapshot);
+  memledger_free(error);
+  if (code == MEMLEDGER_INVALID_ARGUMENT) throw py::value_error(error_text);
+  if (code != MEMLEDGER_OK) throw std::runtime_error(error_text);
+  py::bytes result(bytes);
+  if (!path.is_none()) {
+    py::module_ builtins = py::module_::import("builtins");
+    py::object file = builtins.attr("open")(path, "wb");
+    file.attr("write")(result);
+    file.attr("close")();
+  }
+  return result;
+}
 py::object Plan(const py::kwargs& fields) { return Call(memledger_plan, fields); }
 
 }  // namespace
@@ -65,6 +97,12 @@ PYBIND11_MODULE(memledger, m) {
         "recompute whose predicted step peak fits budget_gib (plan, peak_bytes, overhead, "
         "variants, frontier); fields as predict's, plus frontier_points and cpu_threads. "
         "Raises ValueError for bad input and NoPlanFits (a ValueError) when no plan fits.");
+  m.def("snapshot", &Snapshot, py::arg("variant") = py::none(), py::arg("path") = py::none(),
+        "snapshot(variant=..., path=None, **fields) -> bytes: the variant's predicted step "
+        "as a PyTorch memory snapshot, the pickle torch.cuda.memory._snapshot() writes "
+        "(pickle.loads it, or open it with torch.cuda._memory_viz or "
+        "https://pytorch.org/memory_viz), also written to path when given; fields as "
+        "predict's (not dp or pp). Raises ValueError for bad input.");
   py::register_exception<NoPlanFits>(m, "NoPlanFits", PyExc_ValueError);
   m.attr("__version__") = memledger_version();
 }

@@ -1,6 +1,6 @@
 // Fuzzes the C ABI's JSON request (every flag, the spec parser and its validation, then
-// Predict) and the --sweep grammar: any bytes give a prediction or an error code with a
-// message, never a crash.
+// Predict, and the same request's memory snapshot) and the --sweep grammar: any bytes
+// give a prediction (a snapshot) or an error code with a message, never a crash.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,6 +18,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     __builtin_trap();  // exactly one of response and error
   }
   memledger_free(response);
+  memledger_free(error);
+  // The same request as a snapshot: a pickle of its size, or an error, never both.
+  char* snapshot = nullptr;
+  size_t snapshot_size = 0;
+  error = nullptr;
+  const int snapshot_code = memledger_snapshot(text.c_str(), &snapshot, &snapshot_size, &error);
+  if ((snapshot_code == MEMLEDGER_OK) != (snapshot != nullptr && snapshot_size > 0) ||
+      (snapshot_code == MEMLEDGER_OK) == (error != nullptr)) {
+    __builtin_trap();
+  }
+  memledger_free(snapshot);
   memledger_free(error);
   (void)memledger::ParseSweep(text);
   return 0;

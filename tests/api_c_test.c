@@ -31,6 +31,28 @@ int main(void) {
   }
   memledger_free(response);
   memledger_free(error);
-  printf("api_c_test: %d passed, %d failed\n", 3 - failures, failures);
+  /* A snapshot is a protocol-2 pickle (it opens with PROTO 2 and ends with STOP) of
+   * binary length; one variant only. */
+  char* snapshot = NULL;
+  size_t size = 0;
+  error = NULL;
+  if (memledger_snapshot("{\"layers\": 2, \"variants\": \"full\"}", &snapshot, &size,
+                         &error) != MEMLEDGER_OK ||
+      snapshot == NULL || size < 3 || snapshot[0] != '\x80' || snapshot[1] != 2 ||
+      snapshot[size - 1] != '.' || error != NULL) {
+    fprintf(stderr, "FAIL: snapshot: %s\n", error != NULL ? error : "(no error)");
+    ++failures;
+  }
+  memledger_free(snapshot);
+  memledger_free(error);
+  error = NULL;
+  if (memledger_snapshot("{\"variants\": \"none,full\"}", NULL, &size, &error) !=
+          MEMLEDGER_INVALID_ARGUMENT ||
+      size != 0 || error == NULL || strstr(error, "one variant") == NULL) {
+    fprintf(stderr, "FAIL: snapshot of two variants: %s\n", error != NULL ? error : "(none)");
+    ++failures;
+  }
+  memledger_free(error);
+  printf("api_c_test: %d passed, %d failed\n", 5 - failures, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -95,6 +95,27 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(p["variants"]["full"]["peak_bytes"], 29551848)
         self.assertLess(p["overhead"], p["variants"]["full"]["overhead"])
 
+    def test_snapshot_replays_to_the_predicted_peak(self):
+        import pickle
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(), "full.pickle")
+        data = memledger.snapshot(model="tiny-llama", variant="full", path=path)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), data)
+        snapshot = pickle.loads(data)
+        live = peak = 0
+        for e in snapshot["device_traces"][0]:
+            live += e["size"] if e["action"] == "alloc" else 0
+            live -= e["size"] if e["action"] == "free_completed" else 0
+            peak = max(peak, live)
+        p = memledger.predict(model="tiny-llama", variants="full")
+        self.assertEqual(peak, p["peak_bytes"]["full"])
+        with self.assertRaises(ValueError):
+            memledger.snapshot(model="tiny-llama")  # four variants
+        with self.assertRaises(ValueError):
+            memledger.snapshot(variant="full", seq=0)
+
     def test_no_plan_fits_raises_no_plan_fits(self):
         with self.assertRaises(memledger.NoPlanFits) as raised:
             memledger.plan(budget_gib=0.01)
