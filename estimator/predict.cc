@@ -46,7 +46,12 @@ class BlockWalks {
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
-    absl::StatusOr<BlockWalk> walk = WalkBlock(graph_, config_, options);
+    // Every walk of the layer starts from the same layouts: computed once.
+    if (!laid_out_) {
+      layouts_ = LayoutBlock(graph_, config_);
+      laid_out_ = true;
+    }
+    absl::StatusOr<BlockWalk> walk = WalkBlock(graph_, config_, options, layouts_.get());
     if (!walk.ok()) return walk.status();
     entries_.push_back(Entry{checkpointed, first, core, policy, *std::move(walk)});
     return &entries_.back().walk;
@@ -64,6 +69,8 @@ class BlockWalks {
   const ModelConfig& config_;
   bool breakdown_;
   const RuleTable* rules_;
+  std::shared_ptr<const BlockLayouts> layouts_;  // null if they failed (walks say why)
+  bool laid_out_ = false;
   std::deque<Entry> entries_;  // deque: Get's pointers stay valid
 };
 

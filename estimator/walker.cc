@@ -29,7 +29,17 @@ struct StorageState {
   std::vector<int> kept_by;  // with record_layouts: every keeping op (-1: checkpoint)
 };
 
-// Walk holds the per-call state; nothing is shared between calls.
+}  // namespace
+
+struct BlockLayouts {
+  std::vector<TensorState> tensors;
+  std::vector<StorageState> storages;
+};
+
+namespace {
+
+// Walk holds the per-call state; nothing is shared between calls but the layouts it may
+// start from.
 class Walk {
  public:
   Walk(const BlockGraph& graph, const ModelConfig& config, const WalkOptions& options)
@@ -44,15 +54,35 @@ class Walk {
     }
   }
 
-  absl::StatusOr<BlockWalk> Run() {
+  // LayoutsOnly runs the layout half of every op and returns the result; null when an
+  // op's layout fails or a size overflows.
+  std::shared_ptr<const BlockLayouts> LayoutsOnly() {
+    LeafStorages();
+    for (size_t op = 0; !overflow_ && op < graph_.ops.size(); ++op) {
+      if (!Layouts(graph_.ops[op]).ok()) return nullptr;
+    }
+    if (overflow_) return nullptr;
+    auto layouts = std::make_shared<BlockLayouts>();
+    layouts->tensors = std::move(tensors_);
+    layouts->storages = std::move(storages_);
+    return layouts;
+  }
+
+  absl::StatusOr<BlockWalk> Run(const BlockLayouts* layouts) {
+    // A reentrant checkpointed block without a policy keeps nothing inside: skip its ops.
+    const bool walk_ops = !options_.checkpointed || !options_.policy.empty() ||
+                          config_.checkpoint_impl == CheckpointImpl::kNonReentrant;
+    laid_out_ = layouts != nullptr && walk_ops;
+    if (laid_out_) {
+      tensors_ = layouts->tensors;
+      storages_ = layouts->storages;
+    } else {
+      LeafStorages();
+    }
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
       const TensorDef& def = graph_.tensors[i];
       const bool is_input = static_cast<int>(i) == graph_.input;
-      if (def.is_parameter || def.is_global || is_input) {
-        NewStorage(static_cast<int>(i), Evaluate(def.shape), def.dtype, def.is_parameter);
-        storages_.back().is_global = def.is_global;
-        tensors_[i].requires_grad = def.is_parameter || (is_input && options_.input_requires_grad);
-      }
+      tensors_[i].requires_grad = def.is_parameter || (is_input && options_.input_requires_grad);
     }
     if (options_.checkpointed) {
       // torch.utils.checkpoint saves the block's positional tensor argument, the hidden
@@ -69,9 +99,6 @@ class Walk {
         }
       }
     }
-    // A reentrant checkpointed block without a policy keeps nothing inside: skip its ops.
-    const bool walk_ops = !options_.checkpointed || !options_.policy.empty() ||
-                          config_.checkpoint_impl == CheckpointImpl::kNonReentrant;
     // Once a size overflows, layouts are meaningless: stop and report the overflow
     // (an "impossible view" then is the overflow's doing, not a graph bug).
     for (size_t op = 0; walk_ops && !overflow_ && op < graph_.ops.size(); ++op) {
@@ -89,6 +116,17 @@ class Walk {
   }
 
  private:
+  // LeafStorages makes the storages of the parameters, model-level tensors and input.
+  void LeafStorages() {
+    for (size_t i = 0; i < graph_.tensors.size(); ++i) {
+      const TensorDef& def = graph_.tensors[i];
+      if (def.is_parameter || def.is_global || static_cast<int>(i) == graph_.input) {
+        NewStorage(static_cast<int>(i), Evaluate(def.shape), def.dtype, def.is_parameter);
+        storages_.back().is_global = def.is_global;
+      }
+    }
+  }
+
   Layout Evaluate(const std::vector<SymDim>& shape) {
     int64_t sizes[Layout::kMaxDims];
     for (size_t i = 0; i < shape.size(); ++i) {
@@ -426,7 +464,9 @@ class Walk {
 
   absl::Status Apply(int op_index) {
     const OpDef& op = graph_.ops[op_index];
-    if (absl::Status s = Layouts(op); !s.ok()) return s;
+    if (!laid_out_) {
+      if (absl::Status s = Layouts(op); !s.ok()) return s;
+    }
     const OpSemantics& semantics = rules_.Of(op.type);
 
     bool has_grad_fn = false;
@@ -550,6 +590,7 @@ class Walk {
   std::vector<StorageState> storages_;
   std::vector<KeptStorage> storages_recorded_;
   bool overflow_ = false;
+  bool laid_out_ = false;  // the layouts came from a BlockLayouts: Apply skips them
 };
 
 }  // namespace
@@ -570,10 +611,16 @@ const char* KeepReasonName(KeepReason reason) {
   return "?";
 }
 
+std::shared_ptr<const BlockLayouts> LayoutBlock(const BlockGraph& graph,
+                                                const ModelConfig& config) {
+  if (!ValidateConfig(config).ok()) return nullptr;
+  return Walk(graph, config, WalkOptions()).LayoutsOnly();
+}
+
 absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ModelConfig& config,
-                                    const WalkOptions& options) {
+                                    const WalkOptions& options, const BlockLayouts* layouts) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  return Walk(graph, config, options).Run();
+  return Walk(graph, config, options).Run(layouts);
 }
 
 }  // namespace memledger

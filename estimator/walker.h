@@ -11,6 +11,7 @@
 #define ESTIMATOR_WALKER_H_
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -128,11 +129,22 @@ struct BlockWalk {
   std::vector<WalkedStorage> storage_list;
 };
 
+// BlockLayouts is what every walk of one block for one config computes first, whatever
+// its options: each tensor's layout and storage (ATen's view and copy rules). Walks of
+// the same block and config (a layer checkpointed or not, under each policy) share it.
+struct BlockLayouts;
+
+// LayoutBlock computes `graph`'s layouts for `config`; null when that fails or
+// overflows (a walk without them then reports why).
+std::shared_ptr<const BlockLayouts> LayoutBlock(const BlockGraph& graph,
+                                                const ModelConfig& config);
+
 // WalkBlock returns InvalidArgument for an invalid config and OutOfRange if a byte
-// count overflows int64.
+// count overflows int64. `layouts`, when given, must be LayoutBlock(graph, config)'s.
 // REQUIRES: `graph`'s input and output storages have the same size.
 absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ModelConfig& config,
-                                    const WalkOptions& options);
+                                    const WalkOptions& options,
+                                    const BlockLayouts* layouts = nullptr);
 
 }  // namespace memledger
 
