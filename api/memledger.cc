@@ -1,10 +1,14 @@
 #include "api/memledger.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +23,8 @@
 #include "planner/plan_run.h"
 #include "rapidjson/document.h"
 #include "rapidjson/error/en.h"
+#include "rapidjson/stringbuffer.h"
+#include "rapidjson/writer.h"
 
 namespace memledger {
 namespace {
@@ -41,17 +47,32 @@ struct PlanKeys {
   int64_t cpu_threads = 1;
 };
 
+absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
+                                           PlanKeys* plan);
+
+// ParseJson parses one JSON text, naming what it is in errors.
+absl::Status ParseJson(const char* json, rapidjson::Document* doc) {
+  if (json == nullptr) return absl::InvalidArgumentError("request: NULL");
+  doc->Parse(json);
+  if (doc->HasParseError()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: not JSON (", rapidjson::GetParseError_En(doc->GetParseError()),
+        " at offset ", doc->GetErrorOffset(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 // ParseRequest fills a RunRequest from the JSON object; `explain` from its "explain"
 // (predict's only: null for a plan), `plan` from the planner's keys (null for predict).
 absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKeys* plan) {
-  if (json == nullptr) return absl::InvalidArgumentError("request: NULL");
   rapidjson::Document doc;
-  doc.Parse(json);
-  if (doc.HasParseError()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request: not JSON (", rapidjson::GetParseError_En(doc.GetParseError()), " at offset ",
-        doc.GetErrorOffset(), ")"));
-  }
+  if (absl::Status s = ParseJson(json, &doc); !s.ok()) return s;
+  return RequestFromJson(doc, explain, plan);
+}
+
+// RequestFromJson: a RunRequest from one request object.
+absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
+                                           PlanKeys* plan) {
   if (!doc.IsObject()) return absl::InvalidArgumentError("request: not a JSON object");
   RunRequest request;
   for (const auto& member : doc.GetObject()) {
@@ -149,6 +170,104 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   return JsonString(PredictionJson(*prediction));
 }
 
+// ManyOptions are memledger_predict_many's arguments past the requests.
+struct ManyOptions {
+  bool peak = true;
+  int threads = 0;  // 0: the machine's cores
+};
+
+// PredictOne is one request of a batch: its compact result, written by `w`.
+absl::Status PredictOne(const rapidjson::Value& item, bool peak,
+                        rapidjson::Writer<rapidjson::StringBuffer>& w) {
+  absl::StatusOr<RunRequest> request = RequestFromJson(item, nullptr, nullptr);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
+  if (!spec.ok()) return spec.status();
+  if (spec->parallel.Distributed()) {
+    return absl::InvalidArgumentError("\"dp\" and \"pp\" are memledger_predict's only");
+  }
+  PredictOptions options;
+  options.attention = spec->attention;
+  options.variants = spec->variants;
+  options.optimizer = spec->optimizer;
+  options.peak = peak;
+  absl::StatusOr<Prediction> p = Predict(spec->config, options);
+  if (!p.ok()) return p.status();
+  w.StartObject();
+  w.Key("n_params");
+  w.Int64(p->n_params);
+  w.Key("param_bytes");
+  w.Int64(p->param_bytes);
+  w.Key("grad_bytes");
+  w.Int64(p->grad_bytes);
+  w.Key("optimizer_state_bytes");
+  w.Int64(p->optimizer_state_bytes);
+  w.Key("saved_bytes");
+  w.StartObject();
+  for (const VariantPrediction& v : p->variants) {
+    w.Key(v.variant.Name().c_str());
+    w.Int64(v.saved_bytes);
+  }
+  w.EndObject();
+  if (peak) {
+    w.Key("peak_bytes");
+    w.StartObject();
+    for (const VariantPrediction& v : p->variants) {
+      w.Key(v.variant.Name().c_str());
+      if (v.peak.has_value()) {
+        w.Int64(v.peak->bytes);
+      } else {
+        w.Null();
+      }
+    }
+    w.EndObject();
+  }
+  w.EndObject();
+  return absl::OkStatus();
+}
+
+// PredictMany parses the array once, predicts its requests on `threads` threads (each
+// its own share, claimed in order) and joins their results in the requests' order.
+absl::StatusOr<std::string> PredictMany(const char* requests_json, const ManyOptions& many) {
+  rapidjson::Document doc;
+  if (absl::Status s = ParseJson(requests_json, &doc); !s.ok()) return s;
+  if (!doc.IsArray()) return absl::InvalidArgumentError("requests: not a JSON array");
+  const size_t n = doc.Size();
+  std::vector<std::string> results(n);
+  std::vector<absl::Status> errors(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    rapidjson::StringBuffer buffer;
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      buffer.Clear();
+      rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+      try {
+        errors[i] = PredictOne(doc[static_cast<rapidjson::SizeType>(i)], many.peak, w);
+      } catch (const std::exception& e) {
+        errors[i] = absl::InternalError(e.what());
+      }
+      if (errors[i].ok()) results[i].assign(buffer.GetString(), buffer.GetSize());
+    }
+  };
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t threads = std::min<size_t>(many.threads > 0 ? many.threads : cores, std::max<size_t>(n, 1));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  std::string out = "[";
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i].ok()) {
+      return absl::Status(errors[i].code(),
+                          absl::StrCat("requests[", i, "]: ", errors[i].message()));
+    }
+    if (i > 0) out += ",";
+    out += results[i];
+  }
+  out += "]";
+  return out;
+}
+
 absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
   absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, nullptr);
   if (!request.ok()) return request.status();
@@ -219,8 +338,10 @@ int CodeOf(const absl::Status& status) {
 // Call runs one request through `run` and hands the result over the C boundary: the
 // JSON, or the error code and one line; nothing may unwind into C.
 // `response_size`, when not null, gets the response's length (0 on error).
-int Call(absl::StatusOr<std::string> (*run)(const char*), const char* request_json,
-         char** response_json, char** error_message, size_t* response_size = nullptr) {
+// `run` is called as absl::StatusOr<std::string>(const char*).
+template <typename Run>
+int Call(Run run, const char* request_json, char** response_json, char** error_message,
+         size_t* response_size = nullptr) {
   if (response_json != nullptr) *response_json = nullptr;
   if (error_message != nullptr) *error_message = nullptr;
   if (response_size != nullptr) *response_size = 0;
@@ -264,6 +385,23 @@ int memledger_predict(const char* request_json, char** response_json, char** err
 
 int memledger_plan(const char* request_json, char** response_json, char** error_message) {
   return memledger::Call(memledger::PlanJson, request_json, response_json, error_message);
+}
+
+int memledger_predict_many(const char* requests_json, int peak, int threads,
+                           char** response_json, char** error_message) {
+  if (response_json != nullptr) *response_json = nullptr;
+  if (error_message != nullptr) *error_message = nullptr;
+  if (threads < 0 || threads > 1024) {
+    if (error_message != nullptr) {
+      *error_message = memledger::CopyString(
+          absl::StrCat("threads must be between 0 (the cores) and 1024, got ", threads));
+    }
+    return MEMLEDGER_INVALID_ARGUMENT;
+  }
+  const memledger::ManyOptions many{peak != 0, threads};
+  return memledger::Call(
+      [&many](const char* json) { return memledger::PredictMany(json, many); }, requests_json,
+      response_json, error_message);
 }
 
 int memledger_snapshot(const char* request_json, char** snapshot, size_t* snapshot_size,

@@ -70,6 +70,16 @@ int memledger_predict(const char* request_json, char** response_json, char** err
  * MEMLEDGER_NO_PLAN when no plan fits; out-arguments as memledger_predict's. */
 int memledger_plan(const char* request_json, char** response_json, char** error_message);
 
+/* memledger_predict_many predicts a JSON array of requests (each predict's keys but
+ * "explain", "dp" and "pp") in one call, on `threads` threads (0: the machine's cores),
+ * with each variant's step peak when `peak` is nonzero. On MEMLEDGER_OK *response_json
+ * is a JSON array, in the requests' order, of compact results: {"n_params",
+ * "param_bytes", "grad_bytes", "optimizer_state_bytes", "saved_bytes": {variant: bytes},
+ * "peak_bytes": {variant: bytes or null}} (peak_bytes only with `peak`). The first bad
+ * request fails the call: MEMLEDGER_INVALID_ARGUMENT, "requests[i]: <message>". */
+int memledger_predict_many(const char* requests_json, int peak, int threads,
+                           char** response_json, char** error_message);
+
 /* memledger_snapshot parses `request_json` (predict's keys but "explain", "dp" and "pp";
  * "variants" naming one variant) and returns that variant's predicted step as a PyTorch
  * memory snapshot: the pickle torch.cuda.memory._snapshot() writes (see predict

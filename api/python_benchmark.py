@@ -2,7 +2,8 @@
 
     ./bazelw run //api:python_benchmark
 
-Each prediction is llama-3-8b (every default variant) at one point of a batch x seq grid.
+Each prediction is llama-3-8b (every default variant) at one point of a batch x seq grid;
+then the study's sizes through predict() one by one and through one predict_many() call.
 """
 
 import os
@@ -38,8 +39,33 @@ def main():
         t.join()
     four = 4 * len(points) * repeat / (time.perf_counter() - start)
     print(f"{memledger.__version__}")
-    print(f"1 thread: {one:,.0f} predictions/s; 4 threads: {four:,.0f} predictions/s "
-          f"({os.cpu_count()} cores)")
+    print(f"llama-3-8b, predict(): 1 thread: {one:,.0f} predictions/s; 4 threads: "
+          f"{four:,.0f} predictions/s ({os.cpu_count()} cores)")
+    study()
+
+
+def study():
+    """The study's sizes over a batch x seq grid, the four variants' saved bytes: single
+    predict() calls (JSON both ways, peaks on, as a caller sweeps today) against one
+    predict_many() call, without and with peaks."""
+    requests = [dict(batch=b, seq=s) for b in range(1, 65) for s in (16, 32, 64, 128, 256)]
+    start = time.perf_counter()
+    for r in requests:
+        memledger.predict(**r)
+    single = len(requests) / (time.perf_counter() - start)
+    many_requests = requests * 40  # 12,800
+    rates = []
+    for _ in range(5):  # the median of five calls
+        start = time.perf_counter()
+        memledger.predict_many(many_requests, peak=False)
+        rates.append(len(many_requests) / (time.perf_counter() - start))
+    buckets = sorted(rates)[2]
+    start = time.perf_counter()
+    memledger.predict_many(requests, peak=True)
+    peaks = len(requests) / (time.perf_counter() - start)
+    print(f"study, predict() one by one: {single:,.0f}/s; predict_many(peak=False): "
+          f"{buckets:,.0f}/s ({buckets / single:.1f}x); predict_many(peak=True): "
+          f"{peaks:,.0f}/s ({peaks / single:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 // plan(budget_gib=..., **fields) returns the checkpoint planner's JSON; when no plan
 // fits it raises memledger.NoPlanFits (a ValueError) naming the smallest budget.
 // snapshot(variant=..., path=..., **fields) returns a variant's predicted step as a
-// PyTorch memory snapshot pickle (bytes), also written to path.
+// PyTorch memory snapshot pickle (bytes), also written to path. predict_many(requests,
+// peak=True, threads=0) predicts a list of request dicts in one call.
 #include <pybind11/pybind11.h>
 
 #include <stdexcept>
@@ -81,6 +82,27 @@ py::bytes Snapshot(const py::object& variant, const py::object& path, py::kwargs
 }
 py::object Plan(const py::kwargs& fields) { return Call(memledger_plan, fields); }
 
+// PredictMany: every request (a dict of predict's fields) in one C call, the GIL
+// released while its threads predict; JSON only at the boundary, once each way.
+py::object PredictMany(const py::list& requests, bool peak, int threads) {
+  py::module_ json = py::module_::import("json");
+  const std::string request = py::str(json.attr("dumps")(requests));
+  char* response = nullptr;
+  char* error = nullptr;
+  int code = 0;
+  {
+    py::gil_scoped_release release;
+    code = memledger_predict_many(request.c_str(), peak ? 1 : 0, threads, &response, &error);
+  }
+  const std::string response_text = response != nullptr ? response : "";
+  const std::string error_text = error != nullptr ? error : "";
+  memledger_free(response);
+  memledger_free(error);
+  if (code == MEMLEDGER_INVALID_ARGUMENT) throw py::value_error(error_text);
+  if (code != MEMLEDGER_OK) throw std::runtime_error(error_text);
+  return json.attr("loads")(response_text);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(memledger, m) {
@@ -97,6 +119,14 @@ PYBIND11_MODULE(memledger, m) {
         "recompute whose predicted step peak fits budget_gib (plan, peak_bytes, overhead, "
         "variants, frontier); fields as predict's, plus frontier_points and cpu_threads. "
         "Raises ValueError for bad input and NoPlanFits (a ValueError) when no plan fits.");
+  m.def("predict_many", &PredictMany, py::arg("requests"), py::arg("peak") = true,
+        py::arg("threads") = 0,
+        "predict_many(requests, peak=True, threads=0) -> list of dict: each request (a "
+        "dict of predict's fields, not dp or pp) predicted in one call over `threads` "
+        "threads (0: the cores), the GIL released: n_params, param_bytes, grad_bytes, "
+        "optimizer_state_bytes, saved_bytes and (with peak) peak_bytes by variant. "
+        "peak=False skips the step simulation. Raises ValueError naming the first bad "
+        "request.");
   m.def("snapshot", &Snapshot, py::arg("variant") = py::none(), py::arg("path") = py::none(),
         "snapshot(variant=..., path=None, **fields) -> bytes: the variant's predicted step "
         "as a PyTorch memory snapshot, the pickle torch.cuda.memory._snapshot() writes "

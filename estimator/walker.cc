@@ -14,7 +14,6 @@ namespace {
 struct TensorState {
   Layout layout;
   int storage = -1;
-  bool requires_grad = false;
 };
 
 struct StorageState {
@@ -45,18 +44,21 @@ class Walk {
   Walk(const BlockGraph& graph, const ModelConfig& config, const WalkOptions& options)
       : graph_(graph), config_(config), options_(options),
         rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()),
-        symbols_(config),
-        tensors_(graph.tensors.size()),
-        producer_(graph.tensors.size(), -1) {
-    storages_.reserve(graph.tensors.size());
-    for (size_t op = 0; op < graph.ops.size(); ++op) {
-      for (int out : graph.ops[op].outputs) producer_[out] = static_cast<int>(op);
+        symbols_(config) {
+    // Only the core attention's recompute asks which op made a tensor.
+    if (options.recompute_core_attention) {
+      producer_.assign(graph.tensors.size(), -1);
+      for (size_t op = 0; op < graph.ops.size(); ++op) {
+        for (int out : graph.ops[op].outputs) producer_[out] = static_cast<int>(op);
+      }
     }
   }
 
   // LayoutsOnly runs the layout half of every op and returns the result; null when an
   // op's layout fails or a size overflows.
   std::shared_ptr<const BlockLayouts> LayoutsOnly() {
+    tensors_.resize(graph_.tensors.size());
+    storages_.reserve(graph_.tensors.size());
     LeafStorages();
     for (size_t op = 0; !overflow_ && op < graph_.ops.size(); ++op) {
       if (!Layouts(graph_.ops[op]).ok()) return nullptr;
@@ -74,15 +76,18 @@ class Walk {
                           config_.checkpoint_impl == CheckpointImpl::kNonReentrant;
     laid_out_ = layouts != nullptr && walk_ops;
     if (laid_out_) {
-      tensors_ = layouts->tensors;
+      laid_ = &layouts->tensors;  // read, never copied
       storages_ = layouts->storages;
     } else {
+      tensors_.resize(graph_.tensors.size());
+      storages_.reserve(graph_.tensors.size());
       LeafStorages();
     }
+    requires_grad_.assign(graph_.tensors.size(), false);
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
       const TensorDef& def = graph_.tensors[i];
       const bool is_input = static_cast<int>(i) == graph_.input;
-      tensors_[i].requires_grad = def.is_parameter || (is_input && options_.input_requires_grad);
+      requires_grad_[i] = def.is_parameter || (is_input && options_.input_requires_grad);
     }
     if (options_.checkpointed) {
       // torch.utils.checkpoint saves the block's positional tensor argument, the hidden
@@ -471,9 +476,9 @@ class Walk {
 
     bool has_grad_fn = false;
     for (int i : semantics.differentiable_inputs) {
-      has_grad_fn = has_grad_fn || tensors_[op.inputs[i]].requires_grad;
+      has_grad_fn = has_grad_fn || requires_grad_[op.inputs[i]];
     }
-    for (int out : op.outputs) tensors_[out].requires_grad = has_grad_fn;
+    for (int out : op.outputs) requires_grad_[out] = has_grad_fn;
 
     if (options_.checkpointed) {
       // Inside a checkpointed block autograd keeps nothing; the policy's ops put their
@@ -505,7 +510,7 @@ class Walk {
     }
     for (const KeepRule& rule : semantics.keeps) {
       if (rule.needs_grad_of_input >= 0 &&
-          !tensors_[op.inputs[rule.needs_grad_of_input]].requires_grad) {
+          !requires_grad_[op.inputs[rule.needs_grad_of_input]]) {
         continue;
       }
       Keep(op_index, rule.is_output ? op.outputs[rule.index] : op.inputs[rule.index],
@@ -515,7 +520,7 @@ class Walk {
   }
 
   void Keep(int op, int tensor, KeepReason reason) {
-    StorageState& storage = storages_[tensors_[tensor].storage];
+    StorageState& storage = storages_[(*laid_)[tensor].storage];
     if (options_.record_layouts && reason != KeepReason::kSelectiveCache) {
       storage.kept_by.push_back(op);
     }
@@ -529,14 +534,14 @@ class Walk {
     flag = true;
     if (options_.record_storages) {
       storages_recorded_.push_back(
-          KeptStorage{op, tensor, storage.owner, tensors_[tensor].layout, storage.bytes, reason});
+          KeptStorage{op, tensor, storage.owner, (*laid_)[tensor].layout, storage.bytes, reason});
     }
   }
 
   BlockWalk Summarize() {
     BlockWalk walk;
-    const int input_storage = graph_.input >= 0 ? tensors_[graph_.input].storage : -1;
-    const int output_storage = tensors_[graph_.output].storage;
+    const int input_storage = graph_.input >= 0 ? (*laid_)[graph_.input].storage : -1;
+    const int output_storage = (*laid_)[graph_.output].storage;
     walk.keeps_input = input_storage >= 0 && storages_[input_storage].kept;
     walk.keeps_output = output_storage >= 0 && storages_[output_storage].kept;
     const int boundary_storage = input_storage >= 0 ? input_storage : output_storage;
@@ -566,9 +571,11 @@ class Walk {
     overflow_ = overflow_ || inner.overflowed() || cache.overflowed();
     walk.storages = std::move(storages_recorded_);
     if (options_.record_layouts) {
-      walk.tensor_layouts.reserve(tensors_.size());
-      for (const TensorState& t : tensors_) {
-        walk.tensor_layouts.push_back(WalkedTensor{t.storage, t.layout, t.requires_grad});
+      walk.tensor_layouts.reserve(laid_->size());
+      for (size_t i = 0; i < laid_->size(); ++i) {
+        const TensorState& t = (*laid_)[i];
+        walk.tensor_layouts.push_back(
+            WalkedTensor{t.storage, t.layout, static_cast<bool>(requires_grad_[i])});
       }
       walk.storage_list.reserve(storages_.size());
       for (StorageState& s : storages_) {
@@ -585,7 +592,10 @@ class Walk {
   const WalkOptions& options_;
   const RuleTable& rules_;
   const SymbolValues symbols_;
-  std::vector<TensorState> tensors_;
+  std::vector<TensorState> tensors_;  // what Layouts makes, unless laid out already
+  // laid_: the tensors' layouts the walk reads: tensors_, or a BlockLayouts' own.
+  const std::vector<TensorState>* laid_ = &tensors_;
+  std::vector<char> requires_grad_;  // per tensor
   std::vector<int> producer_;  // per tensor: the op that made it, -1: none
   std::vector<StorageState> storages_;
   std::vector<KeptStorage> storages_recorded_;
