@@ -50,6 +50,15 @@ struct PlanKeys {
 absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
                                            PlanKeys* plan);
 
+// OptionsOf: the PredictOptions a request's spec asks for.
+PredictOptions OptionsOf(const RunSpec& spec) {
+  PredictOptions options;
+  options.attention = spec.attention;
+  options.variants = spec.variants;
+  options.optimizer = spec.optimizer;
+  return options;
+}
+
 // ParseJson parses one JSON text, naming what it is in errors.
 absl::Status ParseJson(const char* json, rapidjson::Document* doc) {
   if (json == nullptr) return absl::InvalidArgumentError("request: NULL");
@@ -154,10 +163,7 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
-  PredictOptions options;
-  options.attention = spec->attention;
-  options.variants = spec->variants;
-  options.optimizer = spec->optimizer;
+  PredictOptions options = OptionsOf(*spec);
   options.breakdown = explain;
   if (spec->parallel.Distributed()) {
     absl::StatusOr<DistributedPrediction> p =
@@ -186,10 +192,7 @@ absl::Status PredictOne(const rapidjson::Value& item, bool peak,
   if (spec->parallel.Distributed()) {
     return absl::InvalidArgumentError("\"dp\" and \"pp\" are memledger_predict's only");
   }
-  PredictOptions options;
-  options.attention = spec->attention;
-  options.variants = spec->variants;
-  options.optimizer = spec->optimizer;
+  PredictOptions options = OptionsOf(*spec);
   options.peak = peak;
   absl::StatusOr<Prediction> p = Predict(spec->config, options);
   if (!p.ok()) return p.status();
@@ -278,10 +281,7 @@ absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
         "snapshot: one process's step of one variant: give \"variants\" one name, without "
         "\"dp\" or \"pp\"");
   }
-  PredictOptions options;
-  options.attention = spec->attention;
-  options.variants = spec->variants;
-  options.optimizer = spec->optimizer;
+  PredictOptions options = OptionsOf(*spec);
   options.timeline = true;
   absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
   if (!prediction.ok()) return prediction.status();

@@ -95,6 +95,30 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(p["variants"]["full"]["peak_bytes"], 29551848)
         self.assertLess(p["overhead"], p["variants"]["full"]["overhead"])
 
+    def test_predict_many_is_predict_in_one_call(self):
+        requests = [dict(batch=b, seq=s) for b in (1, 2, 8) for s in (16, 64)]
+        requests.append(dict(model="tiny-llama", amp="bf16", variants="none,full"))
+        for peak in (True, False):
+            many = memledger.predict_many(requests, peak=peak)
+            self.assertEqual(len(many), len(requests))
+            for request, result in zip(requests, many):
+                p = memledger.predict(**request)
+                self.assertEqual(result["saved_bytes"], p["saved_bytes"])
+                self.assertEqual(result["param_bytes"], p["param_bytes"])
+                self.assertEqual(result["optimizer_state_bytes"], p["optimizer_state_bytes"])
+                if peak:
+                    self.assertEqual(result["peak_bytes"], p["peak_bytes"])
+                else:
+                    self.assertNotIn("peak_bytes", result)
+        self.assertEqual(memledger.predict_many([], peak=False), [])
+        with self.assertRaises(ValueError) as raised:
+            memledger.predict_many([dict(batch=2), dict(seq=0)], peak=False)
+        self.assertEqual(str(raised.exception), "requests[1]: --seq must be >= 1, got 0")
+        with self.assertRaises(ValueError):
+            memledger.predict_many([dict(dp=2)])
+        with self.assertRaises(ValueError):
+            memledger.predict_many([dict(batch=2)], threads=-1)
+
     def test_snapshot_replays_to_the_predicted_peak(self):
         import pickle
         import tempfile
