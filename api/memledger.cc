@@ -109,7 +109,16 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
     };
     const std::string name = key;
     absl::Status status;
-    if (name == "model") status = string(&request.model);
+    if (name == "model" && value.IsObject()) {
+      // A config.json inline (a dict, or a transformers PretrainedConfig's to_dict()).
+      rapidjson::StringBuffer text;
+      rapidjson::Writer<rapidjson::StringBuffer> writer(text);
+      value.Accept(writer);
+      request.model_config_json.assign(text.GetString(), text.GetSize());
+      request.model = "request: \"model\"";
+    } else if (name == "model") {
+      status = string(&request.model);
+    }
     else if (name == "layers") status = optional_integer(&request.layers);
     else if (name == "width") status = optional_integer(&request.width);
     else if (name == "heads") status = optional_integer(&request.heads);

@@ -6,7 +6,7 @@
  * The library needs no LibTorch. Thread-safe: calls may run concurrently.
  *
  * Request keys (all optional; the CLI's defaults): "model" (a built-in name such as
- * "llama-3-8b" or a config.json path), "layers", "width", "heads", "kv_heads",
+ * "llama-3-8b", a config.json path, or a config.json's object itself), "layers", "width", "heads", "kv_heads",
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
  * "virtual_stages", "micro_batches", "zero" (integers), "variants", "policy",
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",

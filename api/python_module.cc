@@ -4,7 +4,8 @@
 //   p = memledger.predict(model="llama-3-8b", batch=1, seq=8192, amp="bf16")
 //   p["saved_bytes"]["full"]
 //
-// predict(**fields) takes the request fields of api/memledger.h as keyword arguments and
+// predict(**fields) takes the request fields of api/memledger.h as keyword arguments (model
+// also as a config.json dict or a transformers PretrainedConfig, read through to_dict()) and
 // returns predict's JSON as a dict; bad input raises ValueError with the CLI's message.
 // plan(budget_gib=..., **fields) returns the checkpoint planner's JSON; when no plan
 // fits it raises memledger.NoPlanFits (a ValueError) naming the smallest budget.
@@ -27,11 +28,36 @@ struct NoPlanFits : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Fields makes `model` JSON-ready: a str or dict as it is, a path-like as its path, and
+// anything with to_dict() (a transformers PretrainedConfig; memledger does not import
+// transformers) as its dict.
+py::dict Fields(const py::dict& given) {
+  py::dict fields(given);
+  if (!fields.contains("model")) return fields;
+  py::object model = fields["model"];
+  if (py::isinstance<py::str>(model) || py::isinstance<py::dict>(model)) return fields;
+  if (py::hasattr(model, "to_dict")) {
+    fields["model"] = model.attr("to_dict")();
+  } else if (py::hasattr(model, "__fspath__")) {
+    fields["model"] = py::module_::import("os").attr("fspath")(model);
+  }
+  return fields;
+}
+
+// Dumps is json.dumps(value, default=str): what JSON cannot say (a dtype in a config's
+// dict) as its str().
+std::string Dumps(const py::object& value) {
+  py::object json = py::module_::import("json");
+  return py::str(json.attr("dumps")(value, py::arg("default") =
+                                               py::module_::import("builtins").attr("str")));
+}
+
 // Call sends the keyword arguments as a JSON request to `run` (memledger_predict or
 // memledger_plan) and returns its JSON as Python objects.
-py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& fields) {
+py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& given) {
   py::module_ json = py::module_::import("json");
-  const std::string request = py::str(json.attr("dumps")(fields));
+  const py::dict fields = Fields(given);
+  const std::string request = Dumps(fields);
   char* response = nullptr;
   char* error = nullptr;
   int code = 0;
@@ -55,8 +81,7 @@ py::object Predict(const py::kwargs& fields) { return Call(memledger_predict, fi
 // `variant` is the one variant ("variants" with one name).
 py::bytes Snapshot(const py::object& variant, const py::object& path, py::kwargs fields) {
   if (!variant.is_none()) fields["variants"] = variant;
-  py::module_ json = py::module_::import("json");
-  const std::string request = py::str(json.attr("dumps")(fields));
+  const std::string request = Dumps(Fields(fields));
   char* snapshot = nullptr;
   size_t size = 0;
   char* error = nullptr;
@@ -86,7 +111,12 @@ py::object Plan(const py::kwargs& fields) { return Call(memledger_plan, fields);
 // released while its threads predict; JSON only at the boundary, once each way.
 py::object PredictMany(const py::list& requests, bool peak, int threads) {
   py::module_ json = py::module_::import("json");
-  const std::string request = py::str(json.attr("dumps")(requests));
+  py::list ready;
+  for (const py::handle& item : requests) {
+    ready.append(py::isinstance<py::dict>(item) ? Fields(py::reinterpret_borrow<py::dict>(item))
+                                                : py::reinterpret_borrow<py::object>(item));
+  }
+  const std::string request = Dumps(ready);
   char* response = nullptr;
   char* error = nullptr;
   int code = 0;

@@ -8,7 +8,10 @@ namespace memledger {
 
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   RunSpec spec;
-  absl::StatusOr<ModelConfig> model = ModelFromFlag(request.model);
+  absl::StatusOr<ModelConfig> model =
+      request.model_config_json.empty()
+          ? ModelFromFlag(request.model)
+          : ModelFromHfConfigJson(request.model_config_json, request.model);
   if (!model.ok()) return model.status();
   spec.config = *model;
   spec.model = request.model;

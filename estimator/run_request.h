@@ -25,6 +25,9 @@ namespace memledger {
 // RunRequest mirrors the flags (see --help); sizes left empty take the model's.
 struct RunRequest {
   std::string model = "study";  // a preset name or a config.json path
+  // model_config_json: a config.json's text given inline (the C ABI's "model" as a JSON
+  // object); when set it is the model, and `model` only names it.
+  std::string model_config_json;
   std::optional<int64_t> layers, width, heads, kv_heads, head_dim, intermediate, vocab;
   int64_t batch = 16;
   int64_t seq = 64;

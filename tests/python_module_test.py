@@ -95,6 +95,32 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(p["variants"]["full"]["peak_bytes"], 29551848)
         self.assertLess(p["overhead"], p["variants"]["full"]["overhead"])
 
+    def test_a_config_is_a_name_a_path_a_dict_or_a_pretrained_config(self):
+        import json
+        import pathlib
+        import tempfile
+
+        config = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+                  "vocab_size": 128, "n_positions": 256, "use_cache": False,
+                  "architectures": ["GPT2LMHeadModel"]}  # keys memledger ignores too
+        path = pathlib.Path(tempfile.mkdtemp()) / "config.json"
+        path.write_text(json.dumps(config))
+        by_path = memledger.predict(model=str(path), variants="none,full")
+
+        class PretrainedConfigLike:  # transformers' duck type: to_dict()
+            def to_dict(self):
+                return dict(config)
+
+        for model in (config, path, PretrainedConfigLike()):
+            p = memledger.predict(model=model, variants="none,full")
+            self.assertEqual(p["saved_bytes"], by_path["saved_bytes"])
+            self.assertEqual(p["peak_bytes"], by_path["peak_bytes"])
+        many = memledger.predict_many([dict(model=PretrainedConfigLike(), variants="full")])
+        self.assertEqual(many[0]["saved_bytes"]["full"], by_path["saved_bytes"]["full"])
+        with self.assertRaises(ValueError) as raised:
+            memledger.predict(model={"model_type": "gpt2"})
+        self.assertIn('request: "model": "n_embd" is missing', str(raised.exception))
+
     def test_predict_many_is_predict_in_one_call(self):
         requests = [dict(batch=b, seq=s) for b in (1, 2, 8) for s in (16, 64)]
         requests.append(dict(model="tiny-llama", amp="bf16", variants="none,full"))
