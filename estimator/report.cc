@@ -213,6 +213,11 @@ rapidjson::Document PredictionJson(const Prediction& p) {
       split.AddMember("embedding", v.embedding_bytes, a);
       split.AddMember("layers", v.layers_bytes, a);
       split.AddMember("head_loss", v.head_loss_bytes, a);
+      // The table's "head share".
+      split.AddMember("head_loss_share",
+                      RoundTo4(static_cast<double>(v.head_loss_bytes) /
+                               static_cast<double>(v.saved_bytes)),
+                      a);
       segments.AddMember(String(v.variant.Name(), a), split, a);
     }
     doc.AddMember("saved_bytes_by_segment", segments, a);

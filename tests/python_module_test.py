@@ -20,6 +20,12 @@ class PredictTest(unittest.TestCase):
         self.assertTrue(
             memledger.__version__.startswith("memledger 1 (torch 2.15.0, transformers 5.23.0)"))
 
+    def test_the_tables_head_share_has_its_key(self):
+        # tiny-llama's none (predict_test's TinyLlamaByHand): head and loss 798,724 of
+        # 5,316,612 saved bytes, 15.02%.
+        p = memledger.predict(model="tiny-llama", variants="none")
+        self.assertEqual(p["saved_bytes_by_segment"]["none"]["head_loss_share"], 0.1502)
+
     def test_default_is_the_study(self):
         self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
 
