@@ -48,7 +48,7 @@ struct PlanKeys {
 };
 
 absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
-                                           PlanKeys* plan);
+                                           PlanKeys* plan, std::string* format = nullptr);
 
 // OptionsOf: the PredictOptions a request's spec asks for.
 PredictOptions OptionsOf(const RunSpec& spec) {
@@ -72,16 +72,18 @@ absl::Status ParseJson(const char* json, rapidjson::Document* doc) {
 }
 
 // ParseRequest fills a RunRequest from the JSON object; `explain` from its "explain"
-// (predict's only: null for a plan), `plan` from the planner's keys (null for predict).
-absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKeys* plan) {
+// (predict's only: null for a plan), `plan` from the planner's keys (null for predict),
+// `format` from its "format" (null: not a key).
+absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKeys* plan,
+                                        std::string* format = nullptr) {
   rapidjson::Document doc;
   if (absl::Status s = ParseJson(json, &doc); !s.ok()) return s;
-  return RequestFromJson(doc, explain, plan);
+  return RequestFromJson(doc, explain, plan, format);
 }
 
 // RequestFromJson: a RunRequest from one request object.
 absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
-                                           PlanKeys* plan) {
+                                           PlanKeys* plan, std::string* format) {
   if (!doc.IsObject()) return absl::InvalidArgumentError("request: not a JSON object");
   RunRequest request;
   for (const auto& member : doc.GetObject()) {
@@ -118,6 +120,11 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
       request.model = "request: \"model\"";
     } else if (name == "model") {
       status = string(&request.model);
+    } else if (name == "format" && format != nullptr) {
+      status = string(format);
+      if (status.ok() && *format != "json" && *format != "table") {
+        return KeyError(key, "must be \"json\" or \"table\"");
+      }
     }
     else if (name == "layers") status = optional_integer(&request.layers);
     else if (name == "width") status = optional_integer(&request.width);
@@ -168,7 +175,8 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
 
 absl::StatusOr<std::string> PredictJson(const char* request_json) {
   bool explain = false;
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain, nullptr);
+  std::string format = "json";
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain, nullptr, &format);
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
@@ -178,10 +186,16 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
     absl::StatusOr<DistributedPrediction> p =
         PredictDistributed(spec->config, spec->parallel, options);
     if (!p.ok()) return p.status();
+    if (format == "table") return RanksTable(p->whole, p->ranks);
     return JsonString(RanksJson(p->whole, p->ranks));
   }
   absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
   if (!prediction.ok()) return prediction.status();
+  if (format == "table") {
+    std::string table = PredictionTable(*prediction);
+    if (explain) table += "\n" + BreakdownText(*prediction);
+    return table;
+  }
   return JsonString(PredictionJson(*prediction));
 }
 
@@ -304,7 +318,8 @@ absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
 
 absl::StatusOr<std::string> PlanJson(const char* request_json) {
   PlanKeys keys;
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, &keys);
+  std::string format = "json";
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, &keys, &format);
   if (!request.ok()) return request.status();
   if (!keys.budget_gib.has_value()) {
     return absl::InvalidArgumentError("request: \"budget_gib\" is required");
@@ -328,6 +343,7 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
   absl::StatusOr<PlanReport> report = RunPlanner(*spec, options);
   if (!report.ok()) return report.status();
+  if (format == "table") return PlanReportTable(*report);
   return JsonString(PlanReportJson(*report));
 }
 

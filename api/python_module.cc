@@ -135,6 +135,26 @@ py::object PredictMany(const py::list& requests, bool peak, int threads) {
 
 }  // namespace
 
+// RawCall is the `memledger` command's way in: (code, text) of memledger_predict or
+// memledger_plan for a JSON request, the text the Bazel CLIs print (or the error line).
+py::tuple RawCall(const std::string& kind, const std::string& request) {
+  int (*run)(const char*, char**, char**) = nullptr;
+  if (kind == "predict") run = memledger_predict;
+  if (kind == "plan") run = memledger_plan;
+  if (run == nullptr) throw py::value_error("_call: kind must be predict or plan");
+  char* response = nullptr;
+  char* error = nullptr;
+  int code = 0;
+  {
+    py::gil_scoped_release release;
+    code = run(request.c_str(), &response, &error);
+  }
+  const std::string text = response != nullptr ? response : (error != nullptr ? error : "");
+  memledger_free(response);
+  memledger_free(error);
+  return py::make_tuple(code, text);
+}
+
 PYBIND11_MODULE(memledger, m) {
   m.doc() = "memledger: training memory of Transformers, predicted byte for byte.";
   m.def("predict", &Predict,
@@ -163,6 +183,7 @@ PYBIND11_MODULE(memledger, m) {
         "(pickle.loads it, or open it with torch.cuda._memory_viz or "
         "https://pytorch.org/memory_viz), also written to path when given; fields as "
         "predict's (not dp or pp). Raises ValueError for bad input.");
+  m.def("_call", &RawCall, "_call(kind, request_json) -> (code, text): the C ABI's raw answer");
   py::register_exception<NoPlanFits>(m, "NoPlanFits", PyExc_ValueError);
   m.attr("__version__") = memledger_version();
 }

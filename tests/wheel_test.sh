@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The wheel as a new user installs it: `pip install --no-index` into a fresh venv, then
+# `import memledger` and the `memledger` command, from a directory and an environment
+# with none of Bazel's outputs (env -i: no LD_LIBRARY_PATH, no PYTHONPATH). The module's
+# Abseil libraries must come from the wheel's memledger.libs/, not the machine's.
+set -euo pipefail
+wheel="$(realpath "$1")"
+venv="$TEST_TMPDIR/venv"
+python3 -m venv "$venv"
+"$venv/bin/pip" install --no-index --no-deps --quiet "$wheel"
+cd "$TEST_TMPDIR"
+run() { env -i PATH="$venv/bin:/usr/bin:/bin" HOME="$TEST_TMPDIR" "$@"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')"
+ldd "$site/memledger.so" | grep libabsl_ | grep -v "$site/memledger.libs/" &&
+  fail "an Abseil library resolved outside the wheel"
+ldd "$site/memledger.so" | grep -q "not found" && fail "a library of the module is missing"
+
+# The Python module: the README's example, and predict_many.
+run python -c '
+import memledger
+p = memledger.predict(model="llama-3-8b", batch=1, seq=8192, amp="bf16")
+assert p["n_params"] == 8030261248, p["n_params"]
+assert memledger.__version__.startswith("memledger 1 (torch 2.15.0, transformers 5.23.0)")
+many = memledger.predict_many([dict(batch=b) for b in (1, 2, 4)], peak=False)
+assert [m["saved_bytes"] for m in many] == [memledger.predict(batch=b)["saved_bytes"] for b in (1, 2, 4)]
+' || fail "import memledger"
+
+# The command: predict's JSON, its table, its exit codes, and plan's.
+out="$(run memledger predict --model=llama-3-8b --seq=4096)" || fail "memledger predict"
+echo "$out" | run python -c 'import json, sys; d = json.load(sys.stdin); assert d["n_params"] == 8030261248' ||
+  fail "memledger predict's JSON"
+run memledger predict --model=tiny-llama --format=table | grep -q "^peak of the step" ||
+  fail "memledger predict --format=table"
+set +e
+run memledger predict --seq=0 2> err.txt; code=$?
+set -e
+[[ $code == 2 && "$(cat err.txt)" == "error: --seq must be >= 1, got 0" ]] ||
+  fail "bad input: exit $code, $(cat err.txt)"
+set +e
+run memledger plan --budget_gib=0.001 2> err.txt; code=$?
+set -e
+[[ $code == 3 ]] || fail "no plan fits: exit $code, $(cat err.txt)"
+run memledger plan --budget_gib=1 | grep -q '"plan"' || fail "memledger plan"
+run memledger --help | grep -q "checkpointing: --variants" || fail "memledger --help"
+echo "wheel_test: installed in a fresh venv; module and command work"
