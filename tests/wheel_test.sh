@@ -44,4 +44,14 @@ set -e
 [[ $code == 3 ]] || fail "no plan fits: exit $code, $(cat err.txt)"
 run memledger plan --budget_gib=1 | grep -q '"plan"' || fail "memledger plan"
 run memledger --help | grep -q "checkpointing: --variants" || fail "memledger --help"
+# predict_many's rate from the installed wheel, printed for the record (a timed number
+# is no assertion: //api:python_benchmark measures it).
+run python -c '
+import time, memledger
+requests = [dict(batch=b, seq=s) for b in range(1, 65) for s in (16, 32, 64, 128, 256)] * 40
+memledger.predict_many(requests[:640], peak=False)
+start = time.perf_counter()
+memledger.predict_many(requests, peak=False)
+print(f"wheel_test: predict_many(peak=False): {len(requests) / (time.perf_counter() - start):,.0f}/s")
+'
 echo "wheel_test: installed in a fresh venv; module and command work"
