@@ -18,6 +18,7 @@
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/run_request.h"
+#include "estimator/timeline_svg.h"
 #include "estimator/units.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
@@ -122,8 +123,10 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
       status = string(&request.model);
     } else if (name == "format" && format != nullptr) {
       status = string(format);
-      if (status.ok() && *format != "json" && *format != "table") {
-        return KeyError(key, "must be \"json\" or \"table\"");
+      if (status.ok() && *format != "json" && *format != "table" &&
+          !(*format == "svg" && explain != nullptr)) {
+        return KeyError(key, explain != nullptr ? "must be \"json\", \"table\" or \"svg\""
+                                                : "must be \"json\" or \"table\"");
       }
     }
     else if (name == "layers") status = optional_integer(&request.layers);
@@ -182,6 +185,10 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   if (!spec.ok()) return spec.status();
   PredictOptions options = OptionsOf(*spec);
   options.breakdown = explain;
+  options.timeline = format == "svg";
+  if (format == "svg" && spec->parallel.Distributed()) {
+    return KeyError("format", "\"svg\" draws one process's step: not with \"dp\" or \"pp\"");
+  }
   if (spec->parallel.Distributed()) {
     absl::StatusOr<DistributedPrediction> p =
         PredictDistributed(spec->config, spec->parallel, options);
@@ -191,6 +198,12 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   }
   absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
   if (!prediction.ok()) return prediction.status();
+  if (format == "svg") {
+    return PredictedTimelineSvg(
+        absl::StrCat("memledger: predicted memory of one training step (torch ", kTorchRelease,
+                     ")"),
+        prediction->variants);
+  }
   if (format == "table") {
     std::string table = PredictionTable(*prediction);
     if (explain) table += "\n" + BreakdownText(*prediction);

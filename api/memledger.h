@@ -12,7 +12,7 @@
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
  * "schedule" (strings),
  * "momentum" (number), "master_weights", "sp", "explain" (booleans), "format" ("json",
- * the default, or "table": the response is then the CLI's table text). An unknown key is an error. With "dp" or
+ * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart). An unknown key is an error. With "dp" or
  * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,
  * "parallel" and "ranks" (each with its whole-step "peak_bytes" where simulated, which
  * replays the rank's layers: milliseconds for a large model, not microseconds).

@@ -6,12 +6,15 @@
 //
 // predict(**fields) takes the request fields of api/memledger.h as keyword arguments (model
 // also as a config.json dict or a transformers PretrainedConfig, read through to_dict()) and
-// returns predict's JSON as a dict; bad input raises ValueError with the CLI's message.
+// returns predict's JSON as a memledger.Prediction, a dict whose repr() is a summary and
+// which Jupyter shows as the table and the timeline chart; bad input raises ValueError
+// with the CLI's message.
 // plan(budget_gib=..., **fields) returns the checkpoint planner's JSON; when no plan
 // fits it raises memledger.NoPlanFits (a ValueError) naming the smallest budget.
 // snapshot(variant=..., path=..., **fields) returns a variant's predicted step as a
 // PyTorch memory snapshot pickle (bytes), also written to path. predict_many(requests,
 // peak=True, threads=0) predicts a list of request dicts in one call.
+#include <pybind11/eval.h>
 #include <pybind11/pybind11.h>
 
 #include <stdexcept>
@@ -75,7 +78,48 @@ py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& given
   return json.attr("loads")(response_text);
 }
 
-py::object Predict(const py::kwargs& fields) { return Call(memledger_predict, fields); }
+// kResultClasses defines predict()'s result: its JSON as a dict that prints a summary and,
+// in Jupyter, shows the CLI's table and the timeline chart (rendered on demand through
+// the same request with "format" table or svg).
+constexpr char kResultClasses[] = R"py(
+import html, json
+
+class Prediction(dict):
+    "predict()'s JSON as a dict; repr() a summary, in Jupyter the table and the chart."
+
+    def __init__(self, data, request):
+        super().__init__(data)
+        self._request = dict(request)
+
+    def _render(self, kind):
+        request = dict(self._request, format=kind)
+        code, text = _call("predict", json.dumps(request, default=str))
+        return text if code == 0 else None
+
+    def __repr__(self):
+        model = self._request.get("model", "study")
+        if not isinstance(model, str):
+            model = "a config.json"
+        peaks = self.get("peak_bytes") or {}
+        saved = self.get("saved_bytes") or {}
+        return (f"memledger.Prediction({model}: n_params={self.get('n_params')}, "
+                f"saved_bytes={saved}, peak_bytes={peaks})")
+
+    def _repr_html_(self):
+        table = self._render("table") or ""
+        svg = self._render("svg") or ""
+        return "<pre>" + html.escape(table) + "</pre>" + svg
+)py";
+
+py::object& PredictionClass() {
+  static py::object* const cls = new py::object();
+  return *cls;
+}
+
+py::object Predict(const py::kwargs& given) {
+  py::object result = Call(memledger_predict, given);
+  return PredictionClass()(result, Fields(given));
+}
 
 // Snapshot: memledger_snapshot's pickle as bytes, also written to `path` when given;
 // `variant` is the one variant ("variants" with one name).
@@ -184,6 +228,13 @@ PYBIND11_MODULE(memledger, m) {
         "https://pytorch.org/memory_viz), also written to path when given; fields as "
         "predict's (not dp or pp). Raises ValueError for bad input.");
   m.def("_call", &RawCall, "_call(kind, request_json) -> (code, text): the C ABI's raw answer");
+  py::dict scope;
+  scope["_call"] = m.attr("_call");
+  scope["__builtins__"] = py::module_::import("builtins");
+  py::exec(kResultClasses, scope);
+  PredictionClass() = scope["Prediction"];
+  m.attr("Prediction") = scope["Prediction"];
+  PredictionClass().attr("__module__") = "memledger";
   py::register_exception<NoPlanFits>(m, "NoPlanFits", PyExc_ValueError);
   m.attr("__version__") = memledger_version();
 }

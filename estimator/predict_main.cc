@@ -96,14 +96,12 @@ int Output(const memledger::RunSpec& spec, const std::string& json, const std::s
 // (atomically); Unimplemented, and no file, where a variant's step is not simulated.
 absl::Status WriteTimelineSvg(const std::string& path, const std::string& title,
                               const std::vector<memledger::VariantPrediction>& variants) {
-  std::vector<memledger::TimelinePanel> panels;
-  for (const memledger::VariantPrediction& v : variants) {
-    if (v.timeline == nullptr) {
-      return absl::UnimplementedError(absl::StrCat("--timeline_svg: ", v.peak_unavailable));
-    }
-    panels.push_back({v.variant.Name(), v.timeline.get(), std::nullopt});
+  absl::StatusOr<std::string> svg = memledger::PredictedTimelineSvg(title, variants);
+  if (!svg.ok()) {
+    return absl::Status(svg.status().code(),
+                        absl::StrCat("--timeline_svg: ", svg.status().message()));
   }
-  return memledger::WriteFileAtomically(path, memledger::TimelineSvg(title, panels));
+  return memledger::WriteFileAtomically(path, *svg);
 }
 
 int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options,

@@ -285,4 +285,16 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
   return svg;
 }
 
+absl::StatusOr<std::string> PredictedTimelineSvg(
+    const std::string& title, const std::vector<VariantPrediction>& variants) {
+  std::vector<TimelinePanel> panels;
+  for (const VariantPrediction& v : variants) {
+    if (v.timeline == nullptr) {
+      return absl::UnimplementedError(v.peak_unavailable);
+    }
+    panels.push_back({v.variant.Name(), v.timeline.get(), std::nullopt});
+  }
+  return TimelineSvg(title, panels);
+}
+
 }  // namespace memledger

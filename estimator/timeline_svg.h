@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "estimator/liveness.h"
+#include "estimator/predict.h"
 
 namespace memledger {
 
@@ -39,6 +41,12 @@ struct TimelinePanel {
 // line up phase by phase. A step whose forwards and backwards alternate (a pipeline
 // rank's schedule) draws them in one span, in time order.
 std::string TimelineSvg(const std::string& title, const std::vector<TimelinePanel>& panels);
+
+// PredictedTimelineSvg draws each variant's predicted step (recorded with
+// PredictOptions::timeline) under `title`, one panel each; Unimplemented, naming why,
+// when a variant's step is not simulated (the message is why).
+absl::StatusOr<std::string> PredictedTimelineSvg(
+    const std::string& title, const std::vector<VariantPrediction>& variants);
 
 }  // namespace memledger
 

@@ -26,6 +26,21 @@ class PredictTest(unittest.TestCase):
         p = memledger.predict(model="tiny-llama", variants="none")
         self.assertEqual(p["saved_bytes_by_segment"]["none"]["head_loss_share"], 0.1502)
 
+    def test_a_prediction_prints_a_summary_and_shows_its_table_and_chart(self):
+        p = memledger.predict(model="tiny-llama", variants="none,full")
+        self.assertIsInstance(p, dict)
+        self.assertEqual(
+            repr(p), "memledger.Prediction(tiny-llama: n_params=24736, saved_bytes="
+            f"{p['saved_bytes']}, peak_bytes={p['peak_bytes']})")
+        html = p._repr_html_()  # Jupyter's rich display
+        self.assertIn("peak of the step", html)
+        self.assertIn("<svg", html)
+        self.assertEqual(html.count("<svg"), 1)
+        # Per rank: the table, no chart (the timeline is one process's).
+        ranks = memledger.predict(model="tiny-llama", dp=2)._repr_html_()
+        self.assertIn("<pre>", ranks)
+        self.assertNotIn("<svg", ranks)
+
     def test_default_is_the_study(self):
         self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
 
