@@ -122,12 +122,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
     } else if (name == "model") {
       status = string(&request.model);
     } else if (name == "format" && format != nullptr) {
-      status = string(format);
-      if (status.ok() && *format != "json" && *format != "table" &&
-          !(*format == "svg" && explain != nullptr)) {
-        return KeyError(key, explain != nullptr ? "must be \"json\", \"table\" or \"svg\""
-                                                : "must be \"json\" or \"table\"");
-      }
+      status = string(format);  // each call checks the formats it renders
     }
     else if (name == "layers") status = optional_integer(&request.layers);
     else if (name == "width") status = optional_integer(&request.width);
@@ -181,6 +176,9 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   std::string format = "json";
   absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain, nullptr, &format);
   if (!request.ok()) return request.status();
+  if (format != "json" && format != "table" && format != "svg") {
+    return KeyError("format", "must be \"json\", \"table\" or \"svg\"");
+  }
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
   PredictOptions options = OptionsOf(*spec);
@@ -334,6 +332,9 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   std::string format = "json";
   absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, &keys, &format);
   if (!request.ok()) return request.status();
+  if (format != "json" && format != "table") {
+    return KeyError("format", "must be \"json\" or \"table\"");
+  }
   if (!keys.budget_gib.has_value()) {
     return absl::InvalidArgumentError("request: \"budget_gib\" is required");
   }

@@ -40,6 +40,12 @@ class PredictTest(unittest.TestCase):
         ranks = memledger.predict(model="tiny-llama", dp=2)._repr_html_()
         self.assertIn("<pre>", ranks)
         self.assertNotIn("<svg", ranks)
+        # The C ABI's formats: predict renders json, table and svg; plan json and table.
+        import json
+        code, text = memledger._call("predict", json.dumps({"format": "xml"}))
+        self.assertEqual((code, text), (2, 'request: "format" must be "json", "table" or "svg"'))
+        code, text = memledger._call("plan", json.dumps({"budget_gib": 1, "format": "svg"}))
+        self.assertEqual((code, text), (2, 'request: "format" must be "json" or "table"'))
 
     def test_default_is_the_study(self):
         self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
