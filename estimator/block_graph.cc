@@ -147,9 +147,10 @@ class GraphBuilder {
 
   // RmsNorm is transformers' LlamaRMSNorm: x32 = x.to(float32); weight *
   // (x32 * rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype). In fp32 both
-  // casts return the tensor itself.
-  int RmsNorm(const std::string& name, int x) {
-    int weight = Param(name + ".weight", {kD});
+  // casts return the tensor itself. It normalises x's last dimension, `width` (the hidden
+  // size, or head_dim for Qwen3's q_norm and k_norm).
+  int RmsNorm(const std::string& name, int x, SymDim width = kD) {
+    int weight = Param(name + ".weight", {width});
     int x32 = ToDtype(name + ".upcast", x, DType::kFloat32);
     int squared = Op1(OpType::kPow, name + ".pow", {x32});
     int variance = Op1(OpType::kMeanDim, name + ".variance", {squared});
@@ -596,14 +597,18 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int sin = g.Global("rope.sin", config.dtype, {Sym(1), kT, kDHead});
   g.Global("position_ids", DType::kInt64, {Sym(1), kT});
   int h = g.RmsNorm("input_layernorm", x);
-  auto project = [&](const std::string& name, SymDim heads) {
+  // Qwen3 normalises q and k per head before the transpose:
+  // q_norm(q_proj(h).view(B, T, -1, d_head)).transpose(1, 2) (modeling_qwen3.py,
+  // Qwen3Attention.forward); v has no norm.
+  auto project = [&](const std::string& name, SymDim heads, const char* norm) {
     int out = g.ColumnParallelLinear(name, h, kD, heads * kDHead, config.qkv_bias);
     int split = g.Op1(OpType::kView, name + ".split_heads", {out}, {.shape = {kB, kT, heads, kDHead}});
+    if (norm != nullptr) split = g.RmsNorm(norm, split, kDHead);
     return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };
-  int q = project("q_proj", kH);
-  int k = project("k_proj", kKv);
-  int v = project("v_proj", kKv);
+  int q = project("q_proj", kH, config.qk_norm ? "q_norm" : nullptr);
+  int k = project("k_proj", kKv, config.qk_norm ? "k_norm" : nullptr);
+  int v = project("v_proj", kKv, nullptr);
   int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
   int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
   const int q_pre = q, k_pre = k;
@@ -648,9 +653,13 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   g.HeldThroughHere({h2});  // LlamaMLP.forward's argument x, to its return
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   // LlamaDecoderLayer.__init__ registers self_attn, mlp, then the two norms
-  // (models/llama/modeling_llama.py:273-282; Mistral's and Qwen2's alike).
-  g.RegistrationOrder({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                       "down_proj", "input_layernorm", "post_attention_layernorm"});
+  // (models/llama/modeling_llama.py:273-282; Mistral's, Qwen2's and Qwen3's alike);
+  // Qwen3Attention registers q_norm and k_norm after o_proj.
+  std::vector<std::string> order = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  if (config.qk_norm) order.insert(order.end(), {"q_norm", "k_norm"});
+  order.insert(order.end(), {"gate_proj", "up_proj", "down_proj", "input_layernorm",
+                             "post_attention_layernorm"});
+  g.RegistrationOrder(order);
   return g.Finish(x2);
 }
 
@@ -839,7 +848,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     AttentionMode mode;
     DType dtype;
     DType amp;
-    bool megatron, sp, tp, qkv_bias, grouped_query, repeats_kv, tied;
+    bool megatron, sp, tp, qkv_bias, qk_norm, grouped_query, repeats_kv, tied;
     bool resid_dropout, embd_dropout, attn_dropout, use_cache;
     auto operator<=>(const GraphKey&) const = default;
   };
@@ -848,6 +857,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.dtype,      config.amp,
                      config.megatron,   config.sp,
                      config.tp > 1,     config.qkv_bias,
+                     config.qk_norm,
                      grouped_query,     grouped_query && RepeatsKv(mode, config.HeadDim()),
                      config.tie_embeddings,
                      config.dropout.resid > 0,

@@ -200,6 +200,10 @@ absl::Status ValidateConfig(const ModelConfig& config) {
         "Megatron's ops (dropout, fused softmax) are modelled for the gpt2 family only "
         "(--model=megatron-gpt)");
   }
+  if (config.qk_norm && config.family != Family::kLlama) {
+    return absl::InvalidArgumentError(
+        "q/k norms (Qwen3's q_norm and k_norm) are modelled for the llama family only");
+  }
   if (config.tp > 1) {
     if (config.family == Family::kStudy) {
       return absl::InvalidArgumentError(

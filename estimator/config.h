@@ -45,7 +45,7 @@ absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
 // (DESIGN.md, "Model families").
 enum class Family : uint8_t {
   kStudy,  // the reference study's pre-LN block stack, input (B, T, d), loss x.pow(2).mean()
-  kLlama,  // Llama 2/3, Mistral, Qwen2: embedding, RMSNorm, RoPE, GQA, SwiGLU, LM head, CE
+  kLlama,  // Llama 2/3, Mistral, Qwen2, Qwen3: embedding, RMSNorm, RoPE, GQA, SwiGLU, head, CE
   kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, gelu_new, tied head, CE
 };
 absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
@@ -83,6 +83,10 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head shares embed_tokens' weight
   bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
+  // qk_norm: an RMSNorm over each head's head_dim on q and on k, between the projection
+  // and RoPE, each with its own (head_dim) weight (Qwen3's q_norm and k_norm,
+  // models/qwen3/modeling_qwen3.py, Qwen3Attention).
+  bool qk_norm = false;
   // dtype: parameters, gradients and activations ("pure" low precision when not fp32);
   // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
   // upcast, the logits' .float() before the loss).
@@ -143,6 +147,7 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
+           a.qk_norm == b.qk_norm &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
            a.checkpoint_impl == b.checkpoint_impl;

@@ -71,9 +71,19 @@ const std::vector<Preset>& Presets() {
     ModelConfig qwen = Llama(28, 3584, 28, 4, 18944, 152064, 1e-6);
     qwen.qkv_bias = true;
     presets->push_back({"qwen2.5-7b", qwen});
+    // Qwen/Qwen3-8B's config.json: head_dim 128, untied head, rms_norm_eps 1e-6.
+    ModelConfig qwen3 = Llama(36, 4096, 32, 8, 12288, 151936, 1e-6);
+    qwen3.head_dim = 128;
+    qwen3.qk_norm = true;
+    presets->push_back({"qwen3-8b", qwen3});
     // Small enough to verify in a test: grouped-query attention (4 heads, 2 kv heads).
     presets->push_back({"tiny-llama", Llama(2, 32, 4, 2, 64, 96, 1e-5)});
     presets->push_back({"tiny-gpt2", Gpt2(2, 32, 4, 96, 128)});
+    // Qwen3 in small: q/k norms, and 4 heads of 16 = 64 wide on a 32-wide model.
+    ModelConfig tiny_qwen3 = Llama(2, 32, 4, 2, 64, 96, 1e-6);
+    tiny_qwen3.head_dim = 16;
+    tiny_qwen3.qk_norm = true;
+    presets->push_back({"tiny-qwen3", tiny_qwen3});
     // Korthikanti et al.'s setup: a GPT block with Megatron's dropouts (sizes from the
     // flags; GPT-2's by default, vocabulary padded to 51200 so that --tp up to 64
     // divides it, 2048 learned positions).
@@ -134,6 +144,28 @@ class Reader {
     return doc_[key].GetDouble();
   }
 
+  // AllFullAttention checks an optional `layer_types` list: one "full_attention" entry
+  // per layer (sliding windows are not modelled for these families).
+  absl::Status AllFullAttention(const char* key, int64_t layers) const {
+    if (!Has(key)) return absl::OkStatus();
+    const rapidjson::Value& types = doc_[key];
+    if (!types.IsArray()) return Error(key, "must be a list of strings");
+    if (types.Size() != static_cast<uint64_t>(layers)) {
+      return Error(key, absl::StrCat("has ", types.Size(), " entries for ", layers, " layers"));
+    }
+    for (const rapidjson::Value& type : types.GetArray()) {
+      if (!type.IsString()) return Error(key, "must be a list of strings");
+      const absl::string_view name(type.GetString(), type.GetStringLength());
+      if (name == "full_attention") continue;
+      if (name == "sliding_attention") {
+        return Error(key, "'sliding_attention' is not modelled yet for this model_type");
+      }
+      return Error(key, absl::StrCat("'", name, "' is not a layer type (full_attention, "
+                                     "sliding_attention)"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::string> String(const char* key, const char* fallback) const {
     if (!doc_.HasMember(key)) return std::string(fallback);
     if (!doc_[key].IsString()) return Error(key, "must be a string");
@@ -172,12 +204,15 @@ absl::StatusOr<ModelConfig> ReadLlama(const Reader& r, absl::string_view model_t
     MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
     if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
   }
-  if (!r.Positive("head_dim").ok() && c.width % c.heads != 0) {
+  const bool qwen3 = model_type == "qwen3";
+  if (!qwen3 && !r.Positive("head_dim").ok() && c.width % c.heads != 0) {
     return r.Error("hidden_size", absl::StrCat(c.width, " is not divisible by "
                                                "num_attention_heads ", c.heads,
                                                " and there is no head_dim"));
   }
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", c.width / c.heads));
+  // Qwen3Config's head_dim defaults to 128, whatever the width (configuration_qwen3.py);
+  // LlamaConfig's, MistralConfig's and Qwen2Config's to hidden_size / heads.
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", qwen3 ? 128 : c.width / c.heads));
   if (c.heads % c.kv_heads != 0) {
     return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
                                                        "num_key_value_heads ", c.kv_heads));
@@ -194,6 +229,16 @@ absl::StatusOr<ModelConfig> ReadLlama(const Reader& r, absl::string_view model_t
     return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
   }
   c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
+  c.qk_norm = qwen3;                   // Qwen3Attention's q_norm and k_norm
+  if (qwen3) {
+    // Qwen3Config.__post_init__ makes layers >= max_window_layers sliding only with
+    // use_sliding_window; explicit layer_types may name them too. Sliding-window masks
+    // are not modelled for this family yet.
+    bool sliding = false;
+    MEMLEDGER_ASSIGN_OR_RETURN_(sliding, r.Bool("use_sliding_window", false));
+    if (sliding) return r.Error("use_sliding_window", "true is not modelled yet (use false)");
+    if (absl::Status s = r.AllFullAttention("layer_types", c.layers); !s.ok()) return s;
+  }
   return c;
 }
 
@@ -259,14 +304,15 @@ absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
   if (!doc["model_type"].IsString()) return reader.Error("model_type", "must be a string");
   const std::string model_type = doc["model_type"].GetString();
   absl::StatusOr<ModelConfig> config;
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
+      model_type == "qwen3") {
     config = ReadLlama(reader, model_type);
   } else if (model_type == "gpt2") {
     config = ReadGpt2(reader);
   } else {
     return reader.Error("model_type", absl::StrCat("'", model_type,
                                                    "' is not supported (llama, mistral, "
-                                                   "qwen2, gpt2)"));
+                                                   "qwen2, qwen3, gpt2)"));
   }
   return config;
 }
@@ -302,7 +348,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
     }
   } else {
     w.Key("model_type");
-    w.String(c.qkv_bias ? "qwen2" : "llama");
+    // Qwen2 is the Llama family with q/k/v biases, Qwen3 with q/k norms.
+    w.String(c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama");
     integer("hidden_size", c.width);
     integer("intermediate_size", c.Intermediate());
     integer("num_hidden_layers", c.layers);
@@ -313,7 +360,11 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
     integer("max_position_embeddings", c.max_positions > 0 ? c.max_positions : 2048);
     w.Key("rms_norm_eps");
     w.Double(c.norm_eps);
-    if (c.qkv_bias) {
+    if (c.qk_norm && c.qkv_bias) {
+      return absl::InvalidArgumentError(
+          "q/k/v biases with q/k norms is no transformers model_type");
+    }
+    if (c.qkv_bias || c.qk_norm) {
       w.Key("use_sliding_window");
       w.Bool(false);
     }

@@ -84,6 +84,7 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
     json.AddMember("norm_eps", config.norm_eps, allocator);
     json.AddMember("tie_embeddings", config.tie_embeddings, allocator);
     json.AddMember("qkv_bias", config.qkv_bias, allocator);
+    json.AddMember("qk_norm", config.qk_norm, allocator);
     json.AddMember("use_cache", config.use_cache, allocator);
     if (config.family == Family::kGpt2 && !config.megatron) {
       rapidjson::Value dropout(rapidjson::kObjectType);
@@ -274,9 +275,9 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   const ModelConfig& c = p.config;
   std::string model = "";
   if (c.family != Family::kStudy) {
-    model = absl::StrFormat("%s family (kv heads %d, head dim %d, intermediate %d, vocab %d), ",
-                            FamilyName(c.family), c.KvHeads(), c.HeadDim(), c.Intermediate(),
-                            c.vocab);
+    model = absl::StrFormat("%s family (%skv heads %d, head dim %d, intermediate %d, vocab %d), ",
+                            FamilyName(c.family), c.qk_norm ? "q/k norms, " : "", c.KvHeads(),
+                            c.HeadDim(), c.Intermediate(), c.vocab);
   }
   std::string out = absl::StrFormat(
       "memledger prediction: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "

@@ -124,6 +124,88 @@ CheckedInt64 Layout::Numel() const {
   return numel;
 }
 
+Layout Layout::Elementwise(std::initializer_list<const Layout*> inputs, const int64_t* sizes,
+                           int ndim, bool* overflow) {
+  // compute_fast_setup_type: only when every input has the output's shape.
+  bool same_shape = true, contiguous = true, same_dense_strides = true;
+  for (const Layout* input : inputs) {
+    same_shape = same_shape && input->ndim == ndim &&
+                 std::equal(sizes, sizes + ndim, input->sizes.begin());
+    contiguous = contiguous && input->IsContiguous();
+    same_dense_strides = same_dense_strides && input->IsNonOverlappingAndDense() &&
+                         input->strides == (*inputs.begin())->strides;
+  }
+  if (same_shape && contiguous) return Contiguous(sizes, ndim, overflow);
+  if (same_shape && same_dense_strides) return **inputs.begin();
+  // compute_strides: each input's strides broadcast to `sizes`, 0 where it broadcasts.
+  std::array<std::array<int64_t, kMaxDims>, 3> strides{};
+  int n = 0;
+  for (const Layout* input : inputs) {
+    if (n == static_cast<int>(strides.size())) break;
+    for (int i = 0; i < ndim; ++i) {
+      const int j = i - (ndim - input->ndim);
+      strides[n][i] = j >= 0 && !(input->sizes[j] == 1 && sizes[i] != 1) ? input->strides[j] : 0;
+    }
+    ++n;
+  }
+  // reorder_dimensions: perm[0] is the innermost dimension; an insertion sort whose
+  // comparison asks the inputs in order, skipping any that broadcasts either dimension.
+  auto should_swap = [&](int dim0, int dim1) {
+    for (int t = 0; t < n; ++t) {
+      const int64_t stride0 = strides[t][dim0], stride1 = strides[t][dim1];
+      if (stride0 == 0 || stride1 == 0) continue;
+      if (stride0 < stride1) return -1;
+      if (stride0 > stride1) return 1;
+      if (sizes[dim0] > sizes[dim1]) return 1;  // equal strides: the smaller size inner
+    }
+    return 0;
+  };
+  std::array<int, kMaxDims> perm{};
+  for (int i = 0; i < ndim; ++i) perm[i] = ndim - 1 - i;
+  for (int i = 1; i < ndim; ++i) {
+    int dim1 = i;
+    for (int dim0 = i - 1; dim0 >= 0; --dim0) {
+      const int comparison = should_swap(perm[dim0], perm[dim1]);
+      if (comparison > 0) {
+        std::swap(perm[dim0], perm[dim1]);
+        dim1 = dim0;
+      } else if (comparison < 0) {
+        break;
+      }
+    }
+  }
+  Layout out;
+  out.ndim = ndim;
+  CheckedInt64 stride = 1;
+  for (int i = 0; i < ndim; ++i) {
+    out.sizes[perm[i]] = sizes[perm[i]];
+    out.strides[perm[i]] = stride.value();
+    stride *= sizes[perm[i]];
+  }
+  *overflow = *overflow || stride.overflowed();
+  return out;
+}
+
+bool Layout::IsNonOverlappingAndDense() const {
+  if (ndim == 1) return sizes[0] < 2 || strides[0] == 1;
+  std::array<int, kMaxDims> order{};
+  for (int i = 0; i < ndim; ++i) order[i] = i;
+  // Size-1 dimensions last; the others by increasing stride.
+  std::stable_sort(order.begin(), order.begin() + ndim, [&](int a, int b) {
+    if (sizes[a] < 2) return false;
+    if (sizes[b] < 2) return true;
+    return strides[a] < strides[b];
+  });
+  int64_t require = 1;
+  for (int i = 0; i < ndim; ++i) {
+    const int dim = order[i];
+    if (sizes[dim] == 1) continue;
+    if (strides[dim] != require) return false;
+    require *= sizes[dim];
+  }
+  return true;
+}
+
 bool Layout::IsContiguous() const {
   int64_t expected = 1;
   for (int i = ndim - 1; i >= 0; --i) {

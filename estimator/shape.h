@@ -88,9 +88,21 @@ struct Layout {
   // preserve_format: infer_dense_strides in TensorUtils.cpp). A transposed view of a
   // (B, T, H, d) tensor gives a (B, T, H, d)-ordered result.
   static Layout DenseLike(const Layout& like);
+  // Elementwise is the layout TensorIterator gives the new output of an elementwise op
+  // (add, mul, neg, pow, silu, ...) on `inputs`, broadcast to their common `sizes`
+  // (TensorIterator.cpp): contiguous when every input is; an input's strides when all
+  // have the same shape and the same non-overlapping dense strides; else the
+  // dimensions ordered by the inputs' strides, the first input with a strict opinion
+  // deciding each pair (reorder_dimensions), with contiguous strides in that order.
+  // So x * cos of a transposed (B, T, H, d) x with a broadcast cos is (B, T, H, d)-ordered.
+  static Layout Elementwise(std::initializer_list<const Layout*> inputs, const int64_t* sizes,
+                            int ndim, bool* overflow);
   CheckedInt64 Numel() const;
   // IsContiguous follows ATen: dimensions of size 1 do not constrain strides.
   bool IsContiguous() const;
+  // IsNonOverlappingAndDense: a permutation of a contiguous layout (ATen's
+  // compute_non_overlapping_and_dense).
+  bool IsNonOverlappingAndDense() const;
   std::string ShapeString() const;  // "(16, 64, 128)"
 };
 

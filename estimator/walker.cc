@@ -310,7 +310,7 @@ class Walk {
       }
       case OpType::kMulTensor:
       case OpType::kAdd: {
-        // Broadcast, right-aligned; the output is a new contiguous tensor.
+        // Broadcast, right-aligned; the output laid out by TensorIterator.
         const Layout& a = tensors_[op.inputs[0]].layout;
         const Layout& b = tensors_[op.inputs[1]].layout;
         const int ndim = std::max(a.ndim, b.ndim);
@@ -321,7 +321,8 @@ class Walk {
           if (as != bs && as != 1 && bs != 1) return Internal(op, "shapes do not broadcast");
           sizes[i] = std::max(as, bs);
         }
-        NewContiguous(out, sizes, ndim);
+        NewStorage(out, Layout::Elementwise({&a, &b}, sizes, ndim, &overflow_),
+                   graph_.tensors[out].dtype, false);
         return absl::OkStatus();
       }
       case OpType::kCat: {
@@ -433,18 +434,25 @@ class Walk {
         return absl::OkStatus();
       }
       case OpType::kTanh:
-      case OpType::kSafeSoftmax:
-      case OpType::kMaskedFill:
-      case OpType::kSoftmax:
-      case OpType::kFusedCausalSoftmax:
       case OpType::kGelu:
       case OpType::kPow:
       case OpType::kAddScalar:
       case OpType::kRsqrt:
       case OpType::kSilu:
       case OpType::kNeg:
+        // Unary TensorIterator ops: the input's memory order (neg of a slice of a
+        // transposed tensor is transposed too).
+        NewStorage(out, Layout::Elementwise({&in}, in.sizes.data(), in.ndim, &overflow_),
+                   graph_.tensors[out].dtype, false);
+        return absl::OkStatus();
+      case OpType::kSafeSoftmax:
+      case OpType::kMaskedFill:
+      case OpType::kSoftmax:
+      case OpType::kFusedCausalSoftmax:
       case OpType::kLogSoftmax:
-        NewContiguous(out, in.sizes.data(), in.ndim);  // elementwise, same shape
+        // Contiguous whatever the input: masked_fill fills a contiguous clone, softmax
+        // writes into empty_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT).
+        NewContiguous(out, in.sizes.data(), in.ndim);
         return absl::OkStatus();
       case OpType::kMean:
         NewContiguous(out, nullptr, 0);  // a scalar

@@ -57,7 +57,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.vocab = in.Size();
   c.max_positions = in.Size();
   c.tie_embeddings = in.Next(1) % 2;
-  c.qkv_bias = in.Next(1) % 2;
+  const uint64_t attention_bits = in.Next(1);
+  c.qkv_bias = attention_bits & 1;
+  c.qk_norm = attention_bits >> 1 & 1;
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   c.dtype = dtypes[in.Next(1) % 3];
   c.amp = dtypes[in.Next(1) % 3];

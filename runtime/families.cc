@@ -96,6 +96,10 @@ class LlamaLayerImpl : public DecoderLayer {
     k_proj = register_module("k_proj", linear(d, kv_width, c.qkv_bias));
     v_proj = register_module("v_proj", linear(d, kv_width, c.qkv_bias));
     o_proj = register_module("o_proj", linear(q_width, d, false));
+    if (c.qk_norm) {  // Qwen3Attention registers them after o_proj (modeling_qwen3.py)
+      q_norm = register_module("q_norm", RmsNorm(head_dim_, c.norm_eps));
+      k_norm = register_module("k_norm", RmsNorm(head_dim_, c.norm_eps));
+    }
     gate_proj = register_module("gate_proj", linear(d, intermediate, false));
     up_proj = register_module("up_proj", linear(d, intermediate, false));
     down_proj = register_module("down_proj", linear(intermediate, d, false));
@@ -112,15 +116,18 @@ class LlamaLayerImpl : public DecoderLayer {
     // parallelism x holds this rank's T / tp tokens, the column-parallel projections
     // all-gather them and the row-parallel ones reduce-scatter.
     const int64_t b = x.size(0), t = extras.cos.size(1);  // all T tokens
-    auto heads = [&](const at::Tensor& projected, int64_t n) {
-      return projected.view({b, t, n, head_dim_}).transpose(1, 2);
+    // Qwen3: q_norm(q_proj(h).view(B, T, -1, d_head)).transpose(1, 2), and k_norm on k.
+    auto heads = [&](const at::Tensor& projected, int64_t n, RmsNorm* norm = nullptr) {
+      at::Tensor split = projected.view({b, t, n, head_dim_});
+      if (norm != nullptr && !norm->is_empty()) split = (*norm)->forward(Last(split));
+      return Last(split).transpose(1, 2);
     };
     // LlamaAttention.forward's argument and locals (hidden_states, query_states,
     // key_states, value_states) live to its return, after o_proj; LlamaMLP.forward's x
     // to its return, after down_proj (modeling_llama.py:164, 206-250).
     at::Tensor h = ColumnInput(input_layernorm->forward(x));
-    at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_);
-    at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_);
+    at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_, &q_norm);
+    at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_, &k_norm);
     at::Tensor v = heads(ColumnParallel(*v_proj, h, cache), kv_heads_);
     const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
     // apply_rotary_pos_emb holds its argument q until it returns.
@@ -181,6 +188,7 @@ class LlamaLayerImpl : public DecoderLayer {
 
   RmsNorm input_layernorm{nullptr};
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   RmsNorm post_attention_layernorm{nullptr};
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
@@ -503,6 +511,12 @@ ParameterShard ShardOf(const ModelConfig& c, const std::string& name, int64_t r)
 }
 
 bool GradientIsPartial(const ModelConfig& config, const std::string& name) {
+  // Qwen3's q_norm and k_norm weights are replicated, but each rank normalises its own
+  // heads only: transformers' tensor-parallel plan marks them
+  // "replicated_with_grad_allreduce" (configuration_qwen3.py, base_model_tp_plan).
+  if (config.tp > 1 && (EndsWith(name, "q_norm.weight") || EndsWith(name, "k_norm.weight"))) {
+    return true;
+  }
   return config.sp && ShardOf(config, name, 0).pieces.empty() && name != "wpe.weight";
 }
 

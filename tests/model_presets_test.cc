@@ -54,6 +54,12 @@ TEST(ModelPresetsTest, ParameterCountsEqualThePublishedCheckpoints) {
   // 3 x 3584 x 18944 = 203,685,888 + norms 7,168 = 233,057,792, x 28 = 6,525,618,176;
   // final norm 3,584: 7,615,616,512.
   EXPECT_EQ(PresetParams("qwen2.5-7b"), 7615616512);
+  // qwen3-8b: embed and head 2 x 151936 x 4096 = 1,244,659,712; per layer q and o
+  // 2 x 4096 x (32 x 128) = 33,554,432 + k and v 2 x 4096 x (8 x 128) = 8,388,608 +
+  // q_norm and k_norm 2 x 128 = 256 + MLP 3 x 4096 x 12288 = 150,994,944 + norms 8,192 =
+  // 192,946,432, x 36 = 6,946,071,552; final norm 4,096: 8,190,735,360 (Qwen3-8B's
+  // model card: 8.2B).
+  EXPECT_EQ(PresetParams("qwen3-8b"), 8190735360);
   // llama-3-70b: embed and head 2 x 128256 x 8192 = 2,101,346,304; per layer q and o
   // 2 x 8192^2 = 134,217,728 + k and v 2 x 8192 x 1024 = 16,777,216 + MLP 3 x 8192 x
   // 28672 = 704,643,072 + norms 16,384 = 855,654,400, x 80 = 68,452,352,000; final
@@ -66,6 +72,11 @@ TEST(ModelPresetsTest, ParameterCountsEqualThePublishedCheckpoints) {
   // tiny-gpt2 (d 32, F 128, V 96, 128 positions, 2 layers): wte 3,072 + wpe 4,096; per
   // layer 64 + 3,168 + 1,056 + 64 + 4,224 + 4,128 = 12,704, x 2; ln_f 64: 32,640.
   EXPECT_EQ(PresetParams("tiny-gpt2"), 32640);
+  // tiny-qwen3 (d 32, 4 heads and 2 kv heads of 16, F 64, V 96, 2 layers, untied):
+  // embed and head 2 x 3,072; per layer q 32 x 64 + k and v 2 x 32 x 32 + o 64 x 32 =
+  // 6,144 + q_norm and k_norm 2 x 16 + MLP 3 x 2,048 + norms 64 = 12,384, x 2; final
+  // norm 32: 30,944.
+  EXPECT_EQ(PresetParams("tiny-qwen3"), 30944);
 }
 
 TEST(ModelPresetsTest, StudyPresetIsTheDefaultConfig) {
@@ -93,12 +104,53 @@ TEST(HfConfigTest, ReadsTheUsualKeysOfEachModelType) {
                                              ReadTestdata("qwen2.5-7b.config.json"), "q"));
   EXPECT_TRUE(qwen.qkv_bias);
   EXPECT_EQ(ParamsOf(qwen), 7615616512);
+  ASSERT_OK_AND_ASSIGN(ModelConfig qwen3, ModelFromHfConfigJson(
+                                              ReadTestdata("qwen3-8b.config.json"), "q3"));
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.qkv_bias);
+  EXPECT_EQ(qwen3.HeadDim(), 128);
+  EXPECT_EQ(ParamsOf(qwen3), 8190735360);
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2,
                        ModelFromHfConfigJson(ReadTestdata("gpt2.config.json"), "g"));
   EXPECT_EQ(gpt2.family, Family::kGpt2);
   EXPECT_TRUE(gpt2.tie_embeddings);
   EXPECT_EQ(gpt2.Intermediate(), 3072);  // n_inner absent: 4 x n_embd
   EXPECT_EQ(ParamsOf(gpt2), 124439808);
+}
+
+// Qwen3Config's head_dim is 128 when missing, whatever hidden_size / heads is
+// (configuration_qwen3.py); its layer types may only be full attention here.
+TEST(HfConfigTest, Qwen3HeadDimDefaultAndLayerTypes) {
+  const std::string sizes =
+      R"("model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100)";
+  ASSERT_OK_AND_ASSIGN(ModelConfig c, ModelFromHfConfigJson("{" + sizes + "}", "a.json"));
+  EXPECT_EQ(c.HeadDim(), 128);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(ModelFromHfConfigJson(
+                  "{" + sizes + R"(, "layer_types": ["full_attention", "full_attention"],
+                                    "use_sliding_window": false})",
+                  "b.json")
+                  .ok());
+  for (const auto& [extra, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"("use_sliding_window": true)",
+            "c.json: \"use_sliding_window\" true is not modelled yet (use false)"},
+           {R"("layer_types": ["full_attention", "chunked"])",
+            "c.json: \"layer_types\" 'chunked' is not a layer type (full_attention, "
+            "sliding_attention)"},
+           {R"("layer_types": ["full_attention"])",
+            "c.json: \"layer_types\" has 1 entries for 2 layers"},
+           {R"("layer_types": ["sliding_attention", "full_attention"])",
+            "c.json: \"layer_types\" 'sliding_attention' is not modelled yet for this "
+            "model_type"},
+           {R"("layer_types": "full_attention")",
+            "c.json: \"layer_types\" must be a list of strings"},
+       }) {
+    absl::StatusOr<ModelConfig> bad =
+        ModelFromHfConfigJson("{" + sizes + ", " + extra + "}", "c.json");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_EQ(bad.status().message(), message) << extra;
+  }
 }
 
 TEST(HfConfigTest, MistralAndDefaults) {
@@ -141,7 +193,7 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {"{}", "bad.json: \"model_type\" is missing"},
            {R"({"model_type": 7})", "bad.json: \"model_type\" must be a string"},
            {R"({"model_type": "bert"})",
-            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, gpt2)"},
+            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, qwen3, gpt2)"},
            {R"({"model_type": "llama"})", "bad.json: \"hidden_size\" is missing"},
            {LlamaJson("num_hidden_layers", "\"two\""),
             "bad.json: \"num_hidden_layers\" must be an integer"},
@@ -202,8 +254,10 @@ TEST(HfConfigTest, WrittenConfigsReadBackAsTheSameModel) {
   qwen2.qkv_bias = true;
   qwen2.tie_embeddings = true;
   qwen2.kv_heads = 1;
+  ASSERT_OK_AND_ASSIGN(ModelConfig qwen3, ModelFromPreset("tiny-qwen3"));
+  qwen3.max_positions = 2048;
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
-  for (const ModelConfig& model : {llama, qwen2, gpt2}) {
+  for (const ModelConfig& model : {llama, qwen2, qwen3, gpt2}) {
     ASSERT_OK_AND_ASSIGN(std::string json, HfConfigJson(model));
     ASSERT_OK_AND_ASSIGN(ModelConfig read, ModelFromHfConfigJson(json, "written.json"));
     read.batch = model.batch;

@@ -53,6 +53,12 @@ FAMILIES = {
     "gpt2": dict(family="gpt2", layers=2, width=64, heads=4, intermediate=256, vocab=128),
     "gpt2_nocache": dict(family="gpt2", layers=2, width=64, heads=4, intermediate=256,
                          vocab=128, use_cache=False),
+    # Qwen3: q_norm and k_norm per head; 4 heads of 32 on a 64-wide model, and (tied)
+    # without head_dim, which Qwen3Config then sets to 128.
+    "qwen3": dict(family="qwen3", layers=2, width=64, heads=4, kv_heads=2, head_dim=32,
+                  intermediate=128, vocab=128),
+    "qwen3_tied": dict(family="qwen3", layers=2, width=64, heads=4, kv_heads=1,
+                       intermediate=96, vocab=96, tied=True),
 }
 
 
@@ -77,6 +83,8 @@ def hf_config(spec):
         "max_position_embeddings": 512,
         "tie_word_embeddings": spec.get("tied", False),
     }
+    if "head_dim" in spec:
+        config["head_dim"] = spec["head_dim"]
     if spec["family"] == "mistral":
         config["sliding_window"] = None
     return config
@@ -198,6 +206,13 @@ CASES = [
     c("gpt2_nocache", dtype="bf16", optimizer_impl="fused"),
     c("gpt2", "every_2", dtype="bf16", optimizer_impl="foreach"),
     c("gpt2", "full", amp="bf16", seq=24), c("gpt2_nocache", amp="bf16"),
+    # Qwen3 (q/k norms): every variant, both implementations, each dtype and autocast.
+    c("qwen3"), c("qwen3", "full"), c("qwen3", "every_2"), c("qwen3", "selective"),
+    c("qwen3_tied"), c("qwen3_tied", "every_2", "reentrant"),
+    c("qwen3", dtype="bf16"), c("qwen3", "full", dtype="bf16", optimizer_impl="foreach"),
+    c("qwen3_tied", "selective", dtype="bf16"), c("qwen3", amp="bf16"),
+    c("qwen3", "selective", amp="bf16", optimizer_impl="fused"),
+    c("qwen3_tied", dtype="fp16", optimizer="sgd", momentum=0.9),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace memledger {
 namespace {
@@ -48,6 +49,37 @@ TEST(ViewStridesTest, SizeOneDimensionsMergeFreely) {
   EXPECT_EQ(view.strides[0], 36);
   EXPECT_EQ(view.strides[1], 12);
   EXPECT_EQ(view.strides[2], 1);
+}
+
+// TensorIterator's output layouts; the expected strides are what torch 2.15.0 prints
+// for the same tensors (x = torch.empty(2, 5, 3, 4).transpose(1, 2), cos =
+// torch.empty(1, 5, 4).unsqueeze(1), c = torch.empty(2, 3, 5, 4)).
+TEST(LayoutTest, ElementwiseOutputsFollowTheFirstDecidingInput) {
+  const Layout x = Strided({2, 3, 5, 4}, {60, 4, 12, 1});
+  const Layout cos = Strided({1, 1, 5, 4}, {20, 20, 4, 1});
+  const Layout c = Strided({2, 3, 5, 4}, {60, 20, 4, 1});
+  const int64_t sizes[] = {2, 3, 5, 4};
+  bool overflow = false;
+  auto strides = [](const Layout& l) {
+    return std::vector<int64_t>(l.strides.begin(), l.strides.begin() + l.ndim);
+  };
+  // (x * cos).stride(): (60, 4, 12, 1), x's order; cos broadcasts over both orders.
+  const Layout x_cos = Layout::Elementwise({&x, &cos}, sizes, 4, &overflow);
+  EXPECT_EQ(strides(x_cos), (std::vector<int64_t>{60, 4, 12, 1}));
+  // x * cos + c: (60, 4, 12, 1); c + x * cos: (60, 20, 4, 1).
+  EXPECT_EQ(strides(Layout::Elementwise({&x_cos, &c}, sizes, 4, &overflow)),
+            (std::vector<int64_t>{60, 4, 12, 1}));
+  EXPECT_EQ(strides(Layout::Elementwise({&c, &x_cos}, sizes, 4, &overflow)),
+            (std::vector<int64_t>{60, 20, 4, 1}));
+  // torch.neg(x[..., :2]).stride(): (30, 2, 6, 1), dense in x's order.
+  const Layout half = Strided({2, 3, 5, 2}, {60, 4, 12, 1});
+  EXPECT_EQ(strides(Layout::Elementwise({&half}, half.sizes.data(), 4, &overflow)),
+            (std::vector<int64_t>{30, 2, 6, 1}));
+  // torch.neg(torch.empty(3, 1).expand(3, 4)).stride(): (4, 1).
+  const Layout expanded = Strided({3, 4}, {1, 0});
+  EXPECT_EQ(strides(Layout::Elementwise({&expanded}, expanded.sizes.data(), 2, &overflow)),
+            (std::vector<int64_t>{4, 1}));
+  EXPECT_FALSE(overflow);
 }
 
 TEST(LayoutTest, ContiguityIgnoresSizeOneDims) {

@@ -110,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The decoder families, embedding to loss: tiny-llama with kv heads < heads (repeat_kv
 // copies), == heads, == 1 (repeat_kv's reshape is a view), tied head, q/k/v biases
-// (Qwen2), and tiny-gpt2; both attention modes; every variant and the family's policies.
+// (Qwen2), tiny-qwen3 (q/k norms) and tiny-gpt2; both attention modes; every variant
+// and the family's policies.
 struct FamilyCase {
   const char* model;
   int64_t kv_heads;  // 0: the preset's
@@ -232,7 +233,12 @@ INSTANTIATE_TEST_SUITE_P(
         PrecisionCase{"tiny-llama", kFp32, kBf16, kAdamW, 0, false, kMath, "matmul", kFused},
         PrecisionCase{"tiny-llama", kFp32, kFp16, kSgd, 0, false, kFlash, "silu"},
         PrecisionCase{"tiny-gpt2", kFp32, kBf16, kAdam, 0, false, kFlash, "matmul,layer_norm"},
-        PrecisionCase{"tiny-gpt2", kFp32, kFp16, kAdamW, 0, false, kMath, "layer_norm"}));
+        PrecisionCase{"tiny-gpt2", kFp32, kFp16, kAdamW, 0, false, kMath, "layer_norm"},
+        // Qwen3's q/k norms upcast each head's q and k to fp32 in low precision.
+        PrecisionCase{"tiny-qwen3", kBf16, kFp32, kAdamW, 0, false, kFlash, "matmul,silu"},
+        PrecisionCase{"tiny-qwen3", kFp16, kFp32, kSgd, 0.9, true, kMath, "matmul", kForeach},
+        PrecisionCase{"tiny-qwen3", kFp32, kBf16, kAdamW, 0, false, kFlash, "matmul,attention"},
+        PrecisionCase{"tiny-qwen3", kFp32, kFp16, kAdam, 0, false, kMath, "silu", kFused}));
 
 INSTANTIATE_TEST_SUITE_P(
     Families, VerifyFamilyTest,
@@ -247,13 +253,24 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"tiny-llama", 0, true, false, 4, 1, 17, kMath, ""},
         FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kFlash, "matmul,attention,silu"},
         FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kMath, "matmul"},
+        // RoPE's output keeps the transposed projection's (B, T, H, d) memory order
+        // (TensorIterator), so the scores' matmul copies q for its bmm; with matmul and
+        // silu must-saved that copy is in the recompute's peak.
+        FamilyCase{"tiny-llama", 0, false, false, 1, 16, 64, kMath, "matmul,silu"},
         FamilyCase{"tiny-gpt2", 0, false, false, 2, 16, 64, kFlash, "matmul"},
         FamilyCase{"tiny-gpt2", 0, false, false, 2, 16, 64, kMath, "matmul"},
         FamilyCase{"tiny-gpt2", 0, false, false, 3, 2, 11, kFlash,
                    "matmul,attention,layer_norm"},
         FamilyCase{"tiny-gpt2", 0, false, false, 3, 2, 11, kMath, "layer_norm"},
         // The step peaks in the recompute's split backward (one node for q, k and v).
-        FamilyCase{"tiny-gpt2", 0, false, false, 1, 2, 16, kFlash, "matmul"}));
+        FamilyCase{"tiny-gpt2", 0, false, false, 1, 2, 16, kFlash, "matmul"},
+        // Qwen3: q/k norms per head, 4 heads of 16 on a 32-wide model; grouped, MHA, MQA
+        // and tied.
+        FamilyCase{"tiny-qwen3", 0, false, false, 2, 16, 64, kFlash, "matmul"},
+        FamilyCase{"tiny-qwen3", 0, false, false, 2, 16, 64, kMath, "matmul,silu"},
+        FamilyCase{"tiny-qwen3", 4, false, false, 3, 2, 9, kFlash, "attention,silu"},
+        FamilyCase{"tiny-qwen3", 1, true, false, 2, 3, 5, kFlash, "matmul,attention"},
+        FamilyCase{"tiny-qwen3", 1, true, false, 2, 3, 5, kMath, ""}));
 
 // Every selective policy, i.e. every subset of the op kinds the attention mode has:
 // 16 subsets with flash attention, 8 with math (which has no flash op to must-save).
@@ -362,7 +379,7 @@ TEST_P(VerifyReentrantTest, MeasuredEqualsPredicted) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Reentrant, VerifyReentrantTest,
-                         ::testing::Values("study", "tiny-llama", "tiny-gpt2"));
+                         ::testing::Values("study", "tiny-llama", "tiny-gpt2", "tiny-qwen3"));
 
 }  // namespace
 }  // namespace memledger

@@ -204,6 +204,24 @@ TEST(VerifyRanksTest, TensorParallelRanksHoldTheirShards) {
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, Qwen3QkNormGradientsAreAllReducedOverTensorParallelRanks) {
+  // tiny-qwen3 (width 32, 4 heads and 2 kv heads of 16, intermediate 64, vocab 96,
+  // untied) over tp = 2: a layer holds 2 norms (64) + q (32 x 32 = 1024) + k, v (16 x 32
+  // each = 1024) + o (32 x 32 = 1024) + q_norm, k_norm (16 each = 32, replicated) +
+  // gate, up, down (32 x 32 each = 3072) = 6240; two layers 12480, plus the embedding's
+  // and the head's 48 vocabulary rows (2 x 1536) and the final norm (32): 15584 per
+  // rank. Each rank normalises its own heads, so q_norm's and k_norm's gradients are
+  // partial until all-reduced; the gradient check fails without it.
+  rapidjson::Document doc =
+      PassingRun("--model=tiny-qwen3 --batch=2 --seq=8 --skip_timing --tp=2", 2);
+  if (HasFailure()) return;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["measured"]["n_params"].GetInt64(), 15584);
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
+  }
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
   // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
   // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096

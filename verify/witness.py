@@ -407,7 +407,7 @@ def parse_case(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model = parser.add_argument_group("model")
     model.add_argument("--config", help="a transformers config.json (model_type llama, "
-                       "mistral, qwen2, gpt2, ...)")
+                       "mistral, qwen2, qwen3, gpt2, ...)")
     model.add_argument("--study", action="store_true",
                        help="the reference study's blocks instead of a transformers model")
     model.add_argument("--layers", type=int, default=6, help="study only")
