@@ -58,7 +58,7 @@ absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
 // They recompute differently: the reentrant one replays the whole layer in its node and
 // backpropagates through it there; the non-reentrant one runs the layer's nodes in the
 // outer graph, recomputes at the first unpack and stops once the last saved tensor is
-// remade (estimator/liveness.cc, Recompute).
+// remade (estimator/simulation_backward.cc, Recompute).
 enum class CheckpointImpl : uint8_t { kNonReentrant, kReentrant };
 absl::string_view CheckpointImplName(CheckpointImpl impl);  // "non_reentrant", "reentrant"
 // ParseCheckpointImpl parses --checkpoint_impl.

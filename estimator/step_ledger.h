@@ -2,7 +2,7 @@
 // (Handle), what runs (Where), the stretches it summarizes (SegmentSummary) and Memory,
 // the storages with reference counts, live bytes by category, events and the peak.
 //
-// Example (as liveness.cc's Simulation uses it):
+// Example (as simulation.h's Simulation uses it):
 //   Memory memory(&timeline, /*record=*/true, optimizer);
 //   memory.Begin();
 //   const int id = memory.Alloc(bytes, MemoryCategory::kTemporary);
