@@ -84,7 +84,7 @@ enum class OpType : uint8_t {
   kReduceScatter,  // (x): sum over ranks, each keeping its T / tp tokens
   kScatter,        // (x): each rank keeps its T / tp tokens (the embeddings' output)
   // Megatron-LM's vocabulary-parallel embedding and cross-entropy, as the runtime's
-  // custom Functions run them (runtime/distributed.cc):
+  // custom Functions run them (runtime/megatron_functions.cc):
   // (weight rows, ids) -> (out, masked ids int64, mask bool): the rank's rows looked
   // up, other ranks' tokens zeroed, all-reduced in place.
   kVocabParallelEmbedding,

@@ -200,7 +200,7 @@ class Simulation {
   // parameters gathered into one buffer for its forward and its backward; after its
   // backward its .grads are flattened into a bucket and freed, the bucket all-reduced
   // in place, this rank's part added into the shard's gradient (made on first use), the
-  // bucket freed and the unit released (runtime/distributed.cc, GatheredUnits).
+  // bucket freed and the unit released (runtime/zero_units.h, GatheredUnits).
   int64_t UnitBytes(int64_t segment) const;
   void GatherUnit(int64_t segment);
   void ReleaseUnit(int64_t segment);

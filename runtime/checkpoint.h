@@ -54,7 +54,7 @@ struct ForwardResult {
 ForwardResult ForwardWithVariant(const ModelImpl& model, const at::Tensor& input,
                                  AttentionMode mode, const Variant& variant);
 
-// ParameterUnits is ZeRO-3's parameter gathering, unit by unit (runtime/distributed.cc
+// ParameterUnits is ZeRO-3's parameter gathering, unit by unit (runtime/zero_units.h
 // implements it): a unit is the prologue (kPrologue), one layer (its index) or the head
 // (kHead). ForwardStage gathers each unit's parameters before its forward and releases
 // them after; in the backward, a hook on each unit's input (whose gradient is complete

@@ -1,6 +1,6 @@
 // TensorParallel: the collectives a tensor-parallel rank's model calls at Megatron's
 // communication points. The model code (runtime/families.cc, selective_ops.cc) calls this
-// interface; runtime/distributed.cc implements it over a c10d Gloo group.
+// interface; runtime/megatron_functions.cc implements it over a c10d Gloo group.
 #ifndef RUNTIME_TENSOR_PARALLEL_H_
 #define RUNTIME_TENSOR_PARALLEL_H_
 
@@ -9,8 +9,8 @@
 namespace memledger::runtime {
 
 // TensorParallel is what a tensor-parallel rank's model calls at Megatron's
-// communication points (runtime/distributed.cc implements it over a c10d group). None
-// of them keeps a tensor for backward beyond what is said.
+// communication points (runtime/megatron_functions.cc implements it over a c10d
+// group). None of them keeps a tensor for backward beyond what is said.
 class TensorParallel {
  public:
   virtual ~TensorParallel() = default;
