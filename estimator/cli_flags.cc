@@ -46,8 +46,9 @@ ABSL_FLAG(std::string, variants, "none,full,every_k,selective",
           "every_<k> (e.g. every_3), selective (uses --policy).");
 ABSL_FLAG(int64_t, every, 2, "k of every_k: blocks i with i % k == 0 are checkpointed.");
 ABSL_FLAG(std::string, policy, "matmul",
-          "Op kinds the selective variant must-saves, comma-separated: matmul (the four "
-          "Linear layers), attention (flash only), layer_norm, gelu.");
+          "Op kinds the selective variant must-saves, comma-separated: matmul (the "
+          "linears), attention (flash only), layer_norm, gelu, silu; each where the model "
+          "has it (the llama family: matmul, attention, silu).");
 ABSL_FLAG(std::string, attention, "flash",
           "flash (PyTorch 2.x CPU flash SDPA contract) or math (plain ops, keeps T x T).");
 ABSL_FLAG(std::string, dtype, "fp32",

@@ -41,14 +41,14 @@ absl::StatusOr<DType> ParseAmp(absl::string_view name);
 absl::string_view AmpName(DType amp);  // "none", "bf16", "fp16"
 absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
 
-// Family is the kind of model: which graph the estimator builds and the runtime runs
-// (DESIGN.md, "Model families").
+// Family is the kind of model: which graph the estimator builds and the runtime runs.
+// Each is defined in one place per side: estimator/families/<name>.cc (its FamilyDef,
+// estimator/family.h) and runtime/families/<name>.cc.
 enum class Family : uint8_t {
   kStudy,  // the reference study's pre-LN block stack, input (B, T, d), loss x.pow(2).mean()
   kLlama,  // Llama 2/3, Mistral, Qwen2, Qwen3: embedding, RMSNorm, RoPE, GQA, SwiGLU, head, CE
   kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, gelu_new, tied head, CE
 };
-absl::string_view FamilyName(Family family);  // "study", "llama", "gpt2"
 
 // CheckpointImpl is torch.utils.checkpoint's implementation (use_reentrant). Both keep
 // each call's RNG state and hold the call's bound arguments; they differ in when they
@@ -188,11 +188,6 @@ struct OptimizerSpec {
   OptimizerImpl impl = OptimizerImpl::kForLoop;
 };
 
-// ValidateConfig returns InvalidArgument naming the offending flag, e.g.
-// "--width 130 is not divisible by --heads 4" or "--heads 32 is not divisible by
-// --kv_heads 5". Every entry point (predict, runtime, verify) calls it.
-absl::Status ValidateConfig(const ModelConfig& config);
-
 // AttentionMode selects how causal attention is computed and what it keeps.
 enum class AttentionMode {
   // PyTorch 2.x CPU flash SDPA contract: keeps q, k, v (views of the QKV output), out
@@ -255,13 +250,6 @@ inline SavePolicy StudyPolicy() { return SavePolicy{OpKind::kMatmul}; }
 // "matmul,gelu"); an empty list saves nothing (selective then equals full).
 absl::StatusOr<SavePolicy> ParseSavePolicy(absl::string_view names);
 std::string SavePolicyName(const SavePolicy& policy);  // "matmul,gelu"; "" if empty
-
-// ValidatePolicy rejects op kinds the model lacks: "attention" names the flash op, which
-// math mode does not have; layer_norm and gelu are not in Llama (RMSNorm is plain ops,
-// the activation is silu), silu is only in Llama.
-// gelu is not in transformers' GPT-2 either (gelu_new is plain ops); megatron-gpt has it.
-absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode, Family family,
-                            bool megatron = false);
 
 // VariantKind is the checkpointing choice.
 enum class VariantKind {
@@ -326,15 +314,6 @@ absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int6
 // kMaxEvery bounds every_k's k: the step simulation replays a short model of 2k + 3
 // layers and walks one period of k layers to compose a long model's peak.
 inline constexpr int64_t kMaxEvery = 1024;
-
-// ValidateRun is the one validation path for a run, shared by predict, the runtime and
-// verify: the config, a non-empty list of distinct variants, every_k's k >= 1, each
-// selective policy against the attention mode and family, a plan's one choice per
-// layer, and the optimizer (momentum
-// for SGD only, master weights for low precision only).
-absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
-                         const std::vector<Variant>& variants,
-                         const OptimizerSpec& optimizer = OptimizerSpec());
 
 // The study's four variants: none, full, every_2, selective (matmul).
 std::vector<Variant> DefaultVariants();

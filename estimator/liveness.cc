@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/block_graph.h"
 #include "estimator/checked_math.h"
+#include "estimator/family.h"
 #include "estimator/pipeline_steps.h"
 #include "estimator/segment_plan.h"
 #include "estimator/step_ledger.h"

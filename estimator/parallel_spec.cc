@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "estimator/family.h"
 
 namespace memledger {
 
@@ -42,9 +43,9 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     return absl::InvalidArgumentError(absl::StrCat(
         "--zero=", spec.zero, " shards over data-parallel ranks: it needs --dp > 1"));
   }
-  if (spec.pp > 1 && config.family == Family::kStudy) {
+  if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
     return absl::InvalidArgumentError(
-        "--pp: pipeline stages are modelled for the llama and gpt2 families, not the "
+        "--pp: pipeline stages are modelled for the decoder families (llama, gpt2), not the "
         "study's block");
   }
   const bool interleaved = spec.schedule == PipelineSchedule::kInterleaved;

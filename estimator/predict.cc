@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/checked_math.h"
+#include "estimator/family.h"
 
 namespace memledger {
 namespace {
@@ -42,7 +43,7 @@ class BlockWalks {
     options.recompute_core_attention = core;
     // The study's first block reads the model input, which does not require grad; the
     // decoder families' first layer reads the embedding's output, which does.
-    options.input_requires_grad = !first || config_.family != Family::kStudy;
+    options.input_requires_grad = !first || FamilyOf(config_.family).decoder;
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
@@ -345,7 +346,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   if (breakdown) {
     for (const LayerCensus::Kind& kind : census.kinds) {
       prediction.blocks.push_back(BlockKind{kind.checkpointed,
-                                            !kind.first || config.family != Family::kStudy,
+                                            !kind.first || FamilyOf(config.family).decoder,
                                             kind.count, *kind.walk});
     }
     prediction.prologue = segments.prologue;

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/checked_math.h"
+#include "estimator/family.h"
 #include "estimator/liveness.h"
 
 namespace memledger {

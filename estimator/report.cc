@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "estimator/family.h"
 #include "estimator/rules.h"
 #include "estimator/units.h"
 #include "rapidjson/prettywriter.h"
@@ -74,7 +75,7 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
   json.AddMember("heads", config.heads, allocator);
   json.AddMember("batch", config.batch, allocator);
   json.AddMember("seq", config.seq, allocator);
-  if (config.family != Family::kStudy) {
+  if (FamilyOf(config.family).decoder) {
     json.AddMember("family", rapidjson::StringRef(FamilyName(config.family).data()), allocator);
     json.AddMember("kv_heads", config.KvHeads(), allocator);
     json.AddMember("head_dim", config.HeadDim(), allocator);
@@ -86,7 +87,7 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
     json.AddMember("qkv_bias", config.qkv_bias, allocator);
     json.AddMember("qk_norm", config.qk_norm, allocator);
     json.AddMember("use_cache", config.use_cache, allocator);
-    if (config.family == Family::kGpt2 && !config.megatron) {
+    if (FamilyOf(config.family).dropouts && !config.megatron) {
       rapidjson::Value dropout(rapidjson::kObjectType);
       dropout.AddMember("resid", config.dropout.resid, allocator);
       dropout.AddMember("embd", config.dropout.embd, allocator);
@@ -206,7 +207,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
     doc.AddMember("saved_bytes_by_dtype", by_dtype, a);
     if (p.config.amp != DType::kFloat32) doc.AddMember("autocast_weight_copy_bytes", copies, a);
   }
-  if (p.config.family != Family::kStudy) {
+  if (FamilyOf(p.config.family).decoder) {
     // Where the saved bytes sit: the logits' share shows in head_loss.
     rapidjson::Value segments(rapidjson::kObjectType);
     for (const VariantPrediction& v : p.variants) {
@@ -274,7 +275,7 @@ std::string JsonString(const rapidjson::Value& value) {
 std::string PredictionTable(const Prediction& p, const std::string& scope) {
   const ModelConfig& c = p.config;
   std::string model = "";
-  if (c.family != Family::kStudy) {
+  if (FamilyOf(c.family).decoder) {
     model = absl::StrFormat("%s family (%skv heads %d, head dim %d, intermediate %d, vocab %d), ",
                             FamilyName(c.family), c.qk_norm ? "q/k norms, " : "", c.KvHeads(),
                             c.HeadDim(), c.Intermediate(), c.vocab);
@@ -311,7 +312,7 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
                           v.saved_bytes, HumanBytes(v.saved_bytes), v.saved_ratio_vs_none,
                           v.cache_bytes > 0 ? HumanBytes(v.cache_bytes) : "-");
   }
-  if (c.family != Family::kStudy) {
+  if (FamilyOf(c.family).decoder) {
     absl::StrAppendFormat(&out, "\n%-22s %14s %14s %14s %10s\n", "saved by segment",
                           "embedding", "layers", "head+loss", "head share");
     for (const VariantPrediction& v : p.variants) {

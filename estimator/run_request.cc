@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "estimator/family.h"
 #include "estimator/model_presets.h"
 
 namespace memledger {
@@ -31,10 +32,11 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   if (width_or_heads_set && !request.head_dim.has_value() && spec.config.heads > 0) {
     spec.config.head_dim = spec.config.width / spec.config.heads;
   }
-  if (spec.config.family != Family::kLlama && !request.kv_heads.has_value()) {
+  const FamilyDef& family = FamilyOf(spec.config.family);
+  if (family.fused_qkv && !request.kv_heads.has_value()) {
     spec.config.kv_heads = spec.config.heads;
   }
-  if (spec.config.family != Family::kLlama && request.width.has_value() &&
+  if (family.fused_qkv && request.width.has_value() &&
       !request.intermediate.has_value()) {
     spec.config.intermediate = 4 * spec.config.width;
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "estimator/family.h"
 
 namespace memledger::liveness_internal {
 
@@ -243,10 +244,12 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     GatherUnit(Where::kPrologue);
     f.prologue.plan = plans.prologue.get();
     f.prologue.segment = Where::kPrologue;
-    // GPT-2's position ids (which its embedding reads) are made before the prologue.
-    if (config_.family == Family::kGpt2) PositionIds(&extras);
+    // Learned positions' ids (which the embedding reads) are made before the prologue;
+    // RoPE's after the token embedding, with the tables.
+    const FamilyDef& family = FamilyOf(config_.family);
+    if (family.learned_positions) PositionIds(&extras);
     if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
-    if (config_.family == Family::kLlama) {
+    if (family.rope) {
       PositionIds(&extras);
       RopeTables(&extras);
     }
@@ -256,7 +259,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   } else if (families) {
     // A later stage makes its own (ModelImpl::Extras).
     PositionIds(&extras);
-    if (config_.family == Family::kLlama) RopeTables(&extras);
+    if (FamilyOf(config_.family).rope) RopeTables(&extras);
   }
   segments_.prologue = memory_.EndSegment();
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/block_graph.h"
 #include "estimator/checked_math.h"
+#include "estimator/family.h"
 #include "estimator/rules.h"
 #include "estimator/walker.h"
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "estimator/family.h"
 #include "estimator/input_file.h"
 #include "estimator/report.h"
 #include "estimator/units.h"

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/family.h"
 #include "estimator/predict.h"
 #include "estimator/units.h"
 
@@ -612,8 +613,7 @@ std::vector<LayerChoice> AllChoices(const ModelConfig& config, AttentionMode att
   std::vector<LayerChoice> choices = {LayerChoice{false, {}}, LayerChoice{true, {}}};
   std::vector<OpKind> kinds;
   for (int k = 0; k < kNumOpKinds; ++k) {
-    if (ValidatePolicy(SavePolicy{static_cast<OpKind>(k)}, attention, config.family,
-                       config.megatron).ok()) {
+    if (ValidatePolicy(SavePolicy{static_cast<OpKind>(k)}, attention, config).ok()) {
       kinds.push_back(static_cast<OpKind>(k));
     }
   }
@@ -665,9 +665,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   }
   for (const LayerChoice& choice : tables->choices) {
     if (!choice.checkpointed) continue;
-    if (absl::Status s = ValidatePolicy(choice.policy, options.attention, config.family,
-                                        config.megatron);
-        !s.ok()) {
+    if (absl::Status s = ValidatePolicy(choice.policy, options.attention, config); !s.ok()) {
       return s;
     }
   }

@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "estimator/family.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
 #include "runtime/rank.h"

@@ -4,32 +4,10 @@
 #include <c10/util/Exception.h>
 
 #include "runtime/attention.h"
-#include "runtime/families.h"
+#include "estimator/family.h"
+#include "runtime/family.h"
 
 namespace memledger::runtime {
-namespace {
-
-// StudyModel: the study's blocks on hidden-state input, loss x.pow(2).mean().
-class StudyModel : public ModelImpl {
- public:
-  explicit StudyModel(const ModelConfig& config) {
-    layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < config.layers; ++i) {
-      layers->push_back(std::make_shared<BlockImpl>(config.width, config.heads));
-    }
-  }
-
-  ModelStart Prologue(const at::Tensor& input) const override { return {input, {}}; }
-
-  at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& /*input*/,
-                      const std::function<void()>& decoder_returns) const override {
-    decoder_returns();  // the study's layers have no model-level locals
-    return StudyLoss(hidden);
-  }
-};
-
-}  // namespace
-
 at::Tensor KvCacheUpdate(const at::Tensor& x, at::ScalarType keys_dtype,
                          std::vector<at::Tensor>* cache) {
   at::Tensor copy = at::cat({at::empty({0}, x.options().dtype(keys_dtype)), x}, -2);
@@ -82,20 +60,11 @@ at::Tensor BlockImpl::forward(const at::Tensor& x, const LayerExtras& /*extras*/
 ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
   at::manual_seed(static_cast<uint64_t>(seed));
   ModelAndInput built;
-  switch (config.family) {
-    case Family::kStudy:
-      built.model = std::make_shared<StudyModel>(config);
-      built.input = at::randn({config.batch, config.seq, config.width});
-      break;
-    case Family::kLlama:
-      built.model = MakeLlamaModel(config);
-      built.input = at::randint(config.vocab, {config.batch, config.seq}, at::kLong);
-      break;
-    case Family::kGpt2:
-      built.model = MakeGpt2Model(config);
-      built.input = at::randint(config.vocab, {config.batch, config.seq}, at::kLong);
-      break;
-  }
+  built.model = RuntimeFamilyOf(config.family).make_model(config);
+  // The study's input is its first block's hidden states; a decoder's, token ids.
+  built.input = FamilyOf(config.family).decoder
+                    ? at::randint(config.vocab, {config.batch, config.seq}, at::kLong)
+                    : at::randn({config.batch, config.seq, config.width});
   built.model->amp = config.amp;
   built.model->checkpoint_impl = config.checkpoint_impl;
   built.model->use_cache = config.KeepsKvCache();
@@ -109,7 +78,7 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
     for (auto& buffer : built.model->named_buffers()) {
       buffer.value().set_data(buffer.value().to(at::kFloat));
     }
-    if (config.family == Family::kStudy) built.input = built.input.to(dtype);
+    if (!FamilyOf(config.family).decoder) built.input = built.input.to(dtype);
   }
   return built;
 }

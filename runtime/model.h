@@ -132,7 +132,8 @@ struct ParameterShard {
   int64_t dim = 0;
   std::vector<std::pair<int64_t, int64_t>> pieces;
 };
-// ShardOf and GradientIsPartial know the families' parameter names (families.cc).
+// ShardOf and GradientIsPartial ask the family's RuntimeFamily (runtime/family.h),
+// which knows its parameter names.
 // ShardOf: rank `tp_rank`'s part of parameter `name` (as named_parameters() names it)
 // under Megatron's layout for config.tp ranks: q/k/v, gate/up, c_attn (per q, k, v),
 // c_fc and the LM head and token embedding (vocabulary rows) split by output; o_proj,

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "estimator/family.h"
 #include "estimator/pipeline_steps.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
@@ -740,7 +741,7 @@ class Rank {
     // The micro-batches' inputs, on a stage that reads them (the embedding's; the
     // families' head makes its labels from the ids). A middle stage reads only their
     // length: an empty stand-in.
-    const bool reads_input = first_ || (last_ && config_.family != Family::kStudy);
+    const bool reads_input = first_ || (last_ && FamilyOf(config_.family).decoder);
     std::vector<at::Tensor> inputs;
     for (int64_t j = 0; j < parallel_.micro_batches; ++j) {
       inputs.push_back(reads_input ? MicroBatch(j)

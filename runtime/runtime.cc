@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/family.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
 #include "runtime/model.h"

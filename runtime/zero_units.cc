@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "runtime/gloo_collectives.h"
+#include "runtime/family.h"
 #include "runtime/model.h"
 
 namespace memledger::runtime::distributed_internal {
@@ -34,16 +35,15 @@ void Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
 
 int64_t ShardElements(int64_t n, int64_t dp) { return (n + dp - 1) / dp; }
 
-int64_t UnitOf(const std::string& name) {
+int64_t UnitOf(const ModelConfig& config, const std::string& name) {
   if (absl::StartsWith(name, "layers.")) {
     int64_t layer = 0;
     const std::string index = name.substr(7, name.find('.', 7) - 7);
     TORCH_CHECK(absl::SimpleAtoi(index, &layer), "no layer index in ", name);
     return layer;
   }
-  if (absl::StartsWith(name, "embed_tokens.") || absl::StartsWith(name, "wte.") ||
-      absl::StartsWith(name, "wpe.")) {
-    return ParameterUnits::kPrologue;
+  for (const std::string& prefix : RuntimeFamilyOf(config.family).prologue_prefixes) {
+    if (absl::StartsWith(name, prefix)) return ParameterUnits::kPrologue;
   }
   return ParameterUnits::kHead;
 }
@@ -55,7 +55,7 @@ GatheredUnits::GatheredUnits(Context context, const std::vector<at::Tensor>& own
   at::NoGradGuard no_grad;
   int64_t offset = 0;
   for (size_t i = 0; i < owned.size(); ++i) {
-    const int64_t unit = UnitOf(names[i]);
+    const int64_t unit = UnitOf(*context_.config, names[i]);
     if (units_.empty() || units_.back().id != unit) {
       Unit u;
       u.id = unit;

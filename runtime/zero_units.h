@@ -28,7 +28,7 @@ int64_t ShardElements(int64_t n, int64_t dp);
 
 // UnitOf names the ZeRO-3 unit (ParameterUnits) a parameter belongs to: its layer, the
 // prologue's embeddings or the head (the final norm, the LM head).
-int64_t UnitOf(const std::string& name);
+int64_t UnitOf(const ModelConfig& config, const std::string& name);
 
 // GatheredUnits is ZeRO-3 as DeepSpeed's stage 3 and FSDP run it, one unit at a time:
 // the rank holds its shard of the stage's flat parameters (padded to a multiple of dp);

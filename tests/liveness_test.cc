@@ -1,6 +1,7 @@
 // Tests for estimator/liveness (the training step's timeline and peak). The tiny block's
 // peak is hand arithmetic below; runtime_test measures the same config in LibTorch and
 // expects the same number, and verify_grid_test compares the two on many configs.
+#include "estimator/family.h"
 #include "estimator/liveness.h"
 
 #include <gtest/gtest.h>

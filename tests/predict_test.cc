@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "estimator/config.h"
+#include "estimator/family.h"
 #include "estimator/model_presets.h"
 #include "estimator/parallel_spec.h"
 #include "estimator/predict.h"
@@ -394,11 +395,16 @@ TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {
 TEST(PredictFamiliesTest, PoliciesTheFamilyLacksAreRejected) {
   PredictOptions options;
   options.variants = Variants("selective", "gelu");
+  // The layer graphs' policy ops: Llama's linears (matmul), the flash op and silu
+  // (RMSNorm is plain ops); transformers' GPT-2's Conv1Ds, the flash op and its
+  // LayerNorms (gelu_new is plain ops).
   EXPECT_STATUS(Predict(Preset("tiny-llama"), options), absl::StatusCode::kInvalidArgument,
-                "not ops of the llama family");
-  options.variants = Variants("selective", "silu");
+                "--policy gelu is not an op of this llama model (its layers' policy ops: "
+                "matmul, attention, silu)");
+  options.variants = Variants("selective", "silu,gelu");
   EXPECT_STATUS(Predict(Preset("tiny-gpt2"), options), absl::StatusCode::kInvalidArgument,
-                "llama family only");
+                "--policy gelu,silu are not ops of this gpt2 model (its layers' policy ops: "
+                "matmul, attention, layer_norm)");
   // Found by //fuzz:predict_fuzzer: more heads than width leaves no head dimension.
   ModelConfig no_head_dim = Preset("tiny-llama");
   no_head_dim.heads = 64;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/checked_math.h"
+#include "estimator/family.h"
 #include "estimator/liveness.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
@@ -255,7 +256,7 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
       "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; tp %d, dp "
       "%d (ZeRO-%d), pp %d with %d micro-batches (%s); %s, torch %s\n",
       c.tp * p.dp * p.pp,
-      c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
+      !FamilyOf(c.family).decoder ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
       c.width, c.batch, c.seq, c.tp, p.dp, p.zero, p.pp, p.micro_batches, pipeline,
       OptimizerName(r.request.optimizer.kind), kTorchRelease);
   for (const RankCheck& check : r.ranks) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "estimator/family.h"
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/timeline_svg.h"
@@ -209,7 +210,7 @@ std::string VerifyTable(const VerifyReport& r) {
   std::string out = absl::StrFormat(
       "memledger verify: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
       "%s%s, %s%s, torch %s\n\n",
-      c.family == Family::kStudy ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
+      !FamilyOf(c.family).decoder ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
       c.width, c.heads, c.batch, c.seq, AttentionModeName(r.measurement.attention),
       ModelDTypeName(c.dtype),
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),

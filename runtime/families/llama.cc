@@ -1,15 +1,19 @@
-#include "runtime/families.h"
-
+// The Llama family in LibTorch (Llama 2/3, Mistral, Qwen2, Qwen3), as transformers'
+// modules run it (models/llama/modeling_llama.py, models/qwen3/modeling_qwen3.py), and
+// its parameters under Megatron's tensor-parallel layout.
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
+#include "runtime/family.h"
+
 namespace memledger::runtime {
 namespace {
 
@@ -50,28 +54,6 @@ at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   at::Tensor rotated = at::cat({-Last(x2), Last(x1)}, -1);
   at::Tensor rotated_sin = Last(rotated) * sin;
   return Last(x_cos) + Last(rotated_sin);
-}
-
-// Times is Python's `x * c` with a number c: mul.Tensor with c wrapped in a 0-dim
-// float64 tensor, which MulBackward0 keeps (at::mul(x, double) would be mul.Scalar,
-// which keeps nothing).
-at::Tensor Times(const at::Tensor& x, double c) {
-  return at::mul(x, at::native::wrapped_scalar_tensor(c));
-}
-
-// NewGelu is transformers' NewGELUActivation (activations.py), GPT-2's gelu_new, op by op
-// as Python evaluates 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) *
-// (input + 0.044715 * torch.pow(input, 3.0)))); `1.0 + t` is add.Tensor with the number
-// wrapped, as the estimator's add-of-a-number.
-at::Tensor NewGelu(at::Tensor x) {
-  at::Tensor half = Times(x, 0.5);
-  at::Tensor cube = at::pow(x, 3.0);
-  at::Tensor cubic = Times(Last(cube), 0.044715);
-  at::Tensor inner = at::add(Last(x), Last(cubic));
-  at::Tensor scaled = Times(Last(inner), std::sqrt(2.0 / M_PI));
-  at::Tensor tanh = at::tanh(Last(scaled));
-  at::Tensor one_plus = at::add(Last(tanh), at::native::wrapped_scalar_tensor(1.0));
-  return Last(half) * Last(one_plus);
 }
 
 // RepeatKv is transformers' repeat_kv: (B, kv, T, dh) -> (B, kv * n_rep, T, dh), a copy.
@@ -272,252 +254,47 @@ class LlamaModel : public ModelImpl {
   int64_t head_dim_;
 };
 
-// Conv1DParams is GPT-2's Conv1D: weight (in, out) drawn from N(0, 0.02), bias zeros.
-struct Conv1DParams {
-  at::Tensor weight, bias;
-};
-
-class Gpt2LayerImpl : public DecoderLayer {
- public:
-  // With c.tp > 1, one rank's shard: heads and MLP columns / tp. With c.megatron,
-  // Megatron's dropouts (sites named by `index`) and fused causal softmax.
-  Gpt2LayerImpl(const ModelConfig& c, int64_t index)
-      : heads_(c.heads / c.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_),
-        index_(c.megatron ? index : -1), dropout_(c.dropout) {
-    const int64_t d = c.width, f = c.Intermediate() / c.tp, a = attention_width_;
-    auto norm = [&](const char* name) {
-      return register_module(
-          name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(c.norm_eps)));
-    };
-    auto conv = [&](const std::string& name, int64_t in, int64_t out) {
-      Conv1DParams p;
-      p.weight = register_parameter(name + "_weight", at::randn({in, out}) * 0.02);
-      p.bias = register_parameter(name + "_bias", at::zeros({out}));
-      return p;
-    };
-    ln_1 = norm("ln_1");
-    c_attn = conv("c_attn", d, 3 * a);
-    attn_c_proj = conv("attn_c_proj", a, d);
-    ln_2 = norm("ln_2");
-    c_fc = conv("c_fc", d, f);
-    mlp_c_proj = conv("mlp_c_proj", f, d);
-  }
-
-  at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
-                     SelectiveCache* cache) override {
-    // One statement per last use (see Last in runtime/model.h), in the graph's order.
-    // With tensor parallelism, ColumnParallel and RowParallel convolutions; with sequence
-    // parallelism x holds this rank's T / tp tokens and attention all of them.
-    const int64_t b = x.size(0);
-    at::Tensor qkv = ColumnParallel(c_attn, LayerNormOp(*ln_1, x, cache), cache);
-    const int64_t t = qkv.size(1);
-    std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
-    for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
-    if (extras.kv_cache != nullptr) {
-      // key_states, value_states = curr_past_key_values.update(...) (modeling_gpt2.py).
-      const at::ScalarType keys = parts[1].scalar_type();
-      parts[1] = KvCacheUpdate(parts[1], keys, extras.kv_cache);
-      parts[2] = KvCacheUpdate(parts[2], keys, extras.kv_cache);
-    }
-    at::Tensor a;
-    if (index_ >= 0) {
-      a = MegatronCoreAttention(parts[0], parts[1], parts[2], index_);
-      parts.clear();
-    } else if (dropout_.attn > 0 && mode == AttentionMode::kFlash) {
-      // With dropout the CPU's SDPA runs ATen's math kernel (nothing for a selective
-      // policy to save: it names the flash op).
-      a = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], /*attn_mask=*/{},
-                                           dropout_.attn, /*is_causal=*/true);
-    } else {
-      a = AttentionOp(mode, parts[0], parts[1], parts[2], cache);
-    }
-    at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, attention_width_});
-    at::Tensor projected = Dropout(RowParallel(attn_c_proj, Last(merged), cache),
-                                   DropoutKind::kAttentionOut, dropout_.resid);
-    // GPT2Attention.forward's query_states, key_states, value_states live to its return,
-    // after resid_dropout (modeling_gpt2.py).
-    parts.clear();
-    at::Tensor x1 = x + Last(projected);
-    at::Tensor fc = ColumnParallel(c_fc, LayerNormOp(*ln_2, x1, cache), cache);
-    // transformers' GPT-2 runs gelu_new (NewGELU); Megatron's GPT gelu(tanh).
-    at::Tensor m = index_ >= 0 ? GeluOp(Last(fc), "tanh", cache) : NewGelu(Last(fc));
-    at::Tensor out = Dropout(RowParallel(mlp_c_proj, Last(m), cache), DropoutKind::kMlpOut,
-                             dropout_.resid);
-    return Last(x1) + Last(out);
-  }
-
-  // Dropout is Megatron's (megatron-gpt); else transformers' nn.Dropout(p) in training,
-  // F.dropout, which on the CPU is at::dropout (its noise kept for backward).
-  at::Tensor Dropout(at::Tensor x, DropoutKind kind, double p) const {
-    if (index_ >= 0) return MegatronDropout(Last(x), {index_, kind});
-    return p > 0 ? at::dropout(Last(x), p, /*train=*/true) : x;
-  }
-
-  // ColumnParallel is a Conv1D whose output columns are split over tensor-parallel
-  // ranks: Megatron's f before it, or with sequence parallelism its all-gather of the
-  // input (GatherLinear).
-  at::Tensor ColumnParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      return GatherLinearOp(*tensor_parallel, p.weight, p.bias, /*conv1d=*/true, x, cache);
-    }
-    return Conv1DOp(p.weight, p.bias, CopyIn(tensor_parallel, x), cache);
-  }
-
-  // RowParallel is a Conv1D whose input rows are split over tensor-parallel ranks: each
-  // rank's partial sum (an mm, without the bias) is all-reduced in place (with sequence
-  // parallelism reduce-scattered) and the replicated bias added once after, as
-  // Megatron's RowParallelLinear does.
-  at::Tensor RowParallel(const Conv1DParams& p, const at::Tensor& x, SelectiveCache* cache) {
-    if (tensor_parallel == nullptr) return Conv1DOp(p.weight, p.bias, x, cache);
-    at::Tensor partial = Conv1DOp(p.weight, at::Tensor(), x, cache);
-    if (tensor_parallel->SequenceParallel()) {
-      return ReduceScatter(*tensor_parallel, Last(partial), cache) + p.bias;
-    }
-    return ReduceOut(tensor_parallel, Last(partial), cache) + p.bias;
-  }
-
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
-  Conv1DParams c_attn, attn_c_proj, c_fc, mlp_c_proj;
-
- private:
-  int64_t heads_, head_dim_, attention_width_;
-  int64_t index_;  // the layer's index with Megatron's dropouts, else -1
-  ModelConfig::Dropouts dropout_;  // transformers' probabilities (not megatron-gpt's)
-};
-
-class Gpt2Model : public ModelImpl {
- public:
-  explicit Gpt2Model(const ModelConfig& c) {
-    // A tensor-parallel rank's rows of the vocabulary.
-    wte = register_module("wte", torch::nn::Embedding(c.vocab / c.tp, c.width));
-    wpe = register_module("wpe", torch::nn::Embedding(c.max_positions, c.width));
-    layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.layers; ++i) {
-      layers->push_back(std::make_shared<Gpt2LayerImpl>(c, i));
-    }
-    megatron_ = c.megatron;
-    embd_dropout_ = c.dropout.embd;
-    ln_f = register_module(
-        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(c.norm_eps)));
-  }
-
-  ModelStart Prologue(const at::Tensor& input_ids) const override {
-    // position_ids, as GPT2Model makes them; it calls each block with them.
-    LayerExtras extras = Extras(input_ids.size(1), at::kFloat);
-    const at::Tensor& position_ids = extras.position_ids;
-    // One expression, as before tensor parallelism: the order in which the compiler
-    // evaluates the two lookups fixes their backward nodes' order, which the estimator's
-    // step simulation follows.
-    if (tensor_parallel != nullptr) {
-      at::Tensor embeddings = tensor_parallel->VocabEmbedding(input_ids, wte->weight) +
-                              wpe.ptr()->forward(position_ids);
-      // Megatron scatters the embeddings to the sequence-parallel region.
-      if (tensor_parallel->SequenceParallel()) embeddings = tensor_parallel->Scatter(embeddings);
-      return {EmbeddingDropout(std::move(embeddings)), std::move(extras)};
-    }
-    at::Tensor embeddings =
-        EmbeddingDropout(wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids));
-    return {std::move(embeddings), std::move(extras)};
-  }
-
-  LayerExtras Extras(int64_t seq, at::ScalarType /*dtype*/) const override {
-    LayerExtras extras;
-    extras.position_ids = PositionIds(seq);
-    return extras;
-  }
-  bool CallsLayersWithPositionIds() const override { return !megatron_; }
-
-  at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& input_ids,
-                      const std::function<void()>& decoder_returns) const override {
-    // The transformer's output lives to the return (GPT2LMHeadModel's `hidden_states`).
-    const at::Tensor normed = ln_f.ptr()->forward(hidden);
-    hidden = at::Tensor();  // GPT2Model.forward returns ln_f's output
-    decoder_returns();
-    at::Tensor logits;
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(normed, wte->weight, at::Tensor(),
-                                             /*conv1d=*/false, nullptr);
-    } else {
-      logits = at::linear(CopyIn(tensor_parallel, normed), wte->weight);
-    }
-    // `logits` lives to the return, as transformers' ForCausalLM keeps it beside the
-    // loss computed on logits.float().
-    return CausalLmLoss(logits, input_ids, tensor_parallel);
-  }
-
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
-
- private:
-  at::Tensor EmbeddingDropout(at::Tensor x) const {
-    if (megatron_) return MegatronDropout(Last(x), {-1, DropoutKind::kEmbeddings});
-    return embd_dropout_ > 0 ? at::dropout(Last(x), embd_dropout_, /*train=*/true) : x;
-  }
-  bool megatron_ = false;
-  double embd_dropout_ = 0;  // transformers' embd_pdrop
-};
-
-}  // namespace
-
-std::shared_ptr<ModelImpl> MakeLlamaModel(const ModelConfig& config) {
-  return std::make_shared<LlamaModel>(config);
-}
-
-std::shared_ptr<ModelImpl> MakeGpt2Model(const ModelConfig& config) {
-  return std::make_shared<Gpt2Model>(config);
-}
-
-namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
-// The families' parameter names (named_parameters()) under Megatron's layout.
-ParameterShard ShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
-  if (c.tp == 1) return {};
+// Megatron's layout of nn.Linear weights (out, in): q/k/v, gate/up and the vocabulary
+// rows split by output, o_proj and down_proj by input; the norms replicated.
+ParameterShard LlamaShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
   const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, kv = c.KvHeads() / c.tp * hd,
-                f = c.Intermediate() / c.tp, v = c.vocab / c.tp, width = c.heads * hd;
-  auto split = [](int64_t dim, int64_t n, int64_t rank) {
-    return ParameterShard{dim, {{rank * n, n}}};
-  };
-  // Llama: nn.Linear weights are (out, in).
-  if (EndsWith(name, "q_proj.weight") || EndsWith(name, "q_proj.bias")) return split(0, q, r);
+                f = c.Intermediate() / c.tp, v = c.vocab / c.tp;
+  if (EndsWith(name, "q_proj.weight") || EndsWith(name, "q_proj.bias")) return Split(0, q, r);
   for (const char* kv_name : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
-    if (EndsWith(name, kv_name)) return split(0, kv, r);
+    if (EndsWith(name, kv_name)) return Split(0, kv, r);
   }
-  if (EndsWith(name, "o_proj.weight")) return split(1, q, r);
+  if (EndsWith(name, "o_proj.weight")) return Split(1, q, r);
   if (EndsWith(name, "gate_proj.weight") || EndsWith(name, "up_proj.weight")) {
-    return split(0, f, r);
+    return Split(0, f, r);
   }
-  if (EndsWith(name, "down_proj.weight")) return split(1, f, r);
-  if (name == "embed_tokens.weight" || name == "lm_head.weight" || name == "wte.weight") {
-    return split(0, v, r);
-  }
-  // GPT-2: Conv1D weights are (in, out); c_attn's columns are q | k | v.
-  if (EndsWith(name, "c_attn_weight") || EndsWith(name, "c_attn_bias")) {
-    const int64_t dim = EndsWith(name, "weight") ? 1 : 0;
-    return ParameterShard{dim, {{r * q, q}, {width + r * q, q}, {2 * width + r * q, q}}};
-  }
-  if (EndsWith(name, "attn_c_proj_weight")) return split(0, q, r);
-  if (EndsWith(name, "c_fc_weight")) return split(1, f, r);
-  if (EndsWith(name, "c_fc_bias")) return split(0, f, r);
-  if (EndsWith(name, "mlp_c_proj_weight")) return split(0, f, r);
+  if (EndsWith(name, "down_proj.weight")) return Split(1, f, r);
+  if (name == "embed_tokens.weight" || name == "lm_head.weight") return Split(0, v, r);
   return {};
 }
 
-bool GradientIsPartial(const ModelConfig& config, const std::string& name) {
+bool LlamaGradientIsPartial(const ModelConfig& c, const std::string& name) {
   // Qwen3's q_norm and k_norm weights are replicated, but each rank normalises its own
   // heads only: transformers' tensor-parallel plan marks them
   // "replicated_with_grad_allreduce" (configuration_qwen3.py, base_model_tp_plan).
-  if (config.tp > 1 && (EndsWith(name, "q_norm.weight") || EndsWith(name, "k_norm.weight"))) {
+  if (c.tp > 1 && (EndsWith(name, "q_norm.weight") || EndsWith(name, "k_norm.weight"))) {
     return true;
   }
-  return config.sp && ShardOf(config, name, 0).pieces.empty() && name != "wpe.weight";
+  return ReplicatedUnderSequenceParallelism(c, name);
+}
+
+}  // namespace
+
+const RuntimeFamily& LlamaRuntimeFamily() {
+  static const RuntimeFamily kDef = {
+      .id = Family::kLlama,
+      .make_model = [](const ModelConfig& c) -> std::shared_ptr<ModelImpl> {
+        return std::make_shared<LlamaModel>(c);
+      },
+      .shard_of = LlamaShardOf,
+      .gradient_is_partial = LlamaGradientIsPartial,
+      .prologue_prefixes = {"embed_tokens."},
+  };
+  return kDef;
 }
 
 }  // namespace memledger::runtime

@@ -1,0 +1,118 @@
+// The GPT-2 family: transformers' GPT2LMHeadModel (gelu_new, its dropouts), and with
+// ModelConfig::megatron Megatron-LM's GPT block.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "estimator/family.h"
+#include "estimator/graph_builder.h"
+
+namespace memledger {
+namespace {
+
+// GPT-2: wte(input_ids) + wpe(position_ids), position_ids = arange(T)[None].
+BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
+  GraphBuilder g(config);
+  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int position_ids = g.Global("position_ids", DType::kInt64, {Sym(1), kT});
+  int tokens = g.VocabEmbedding("wte", g.Param("wte.weight", {kV, kD}), input_ids);
+  int positions =
+      g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
+  int embeddings = g.Op1(OpType::kAdd, "embeddings", {tokens, positions});
+  if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
+    embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
+                       {.shape = {kB, kTs, kD}});
+  }
+  return g.Finish(g.Dropout("embeddings.dropout", embeddings, config.dropout.embd));
+}
+
+// GPT2Block: fused c_attn split into q, k, v; GELU (tanh) MLP; with config.megatron,
+// Megatron's dropouts on the attention probabilities and both residual branches. The
+// attention width is H x d_head (= d; with tensor parallelism a rank's H / tp heads).
+BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
+  GraphBuilder g(config);
+  // The residual stream holds T tokens, or T / tp with sequence parallelism (kTs).
+  int x = g.Input("x", {kB, kTs, kD});
+  // GPT2Model calls each block with position_ids too (modeling_gpt2.py:606-615), which
+  // checkpointed blocks hold (see BuildLlamaLayer); the embedding's node keeps them to
+  // the backward's end anyway. Megatron's blocks are called without them.
+  if (!config.megatron) g.Global("position_ids", DType::kInt64, {Sym(1), kT});
+  const SymDim attention_width = kH * kDHead;
+  int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
+  // qkv.split(width, 2): three parts with one backward node.
+  auto head = [&](const std::string& name, int index) {
+    int part = g.Op1(OpType::kSlice, name, {qkv},
+                     {.dim = 2, .start = index * attention_width, .length = attention_width,
+                      .split_part = true});
+    int split = g.Op1(OpType::kView, name + ".split_heads", {part}, {.shape = {kB, kT, kH, kDHead}});
+    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
+  };
+  int q = head("q", 0);
+  int k = head("k", 1);
+  int v = head("v", 2);
+  if (config.KeepsKvCache()) {
+    // key_states, value_states = curr_past_key_values.update(...) (modeling_gpt2.py).
+    const DType keys = g.DTypeOf(k);
+    k = g.KvCache("k_cache", k, keys);
+    v = g.KvCache("v_cache", v, keys);
+  }
+  // With attention dropout SDPA runs its math kernel (see SdpaMathAttention).
+  const bool sdpa_math = !config.megatron && mode == AttentionMode::kFlash && config.dropout.attn > 0;
+  int attention = sdpa_math ? g.SdpaMathAttention(q, k, v) : g.CausalAttention(mode, q, k, v);
+  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
+  int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
+                     {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
+                     {.shape = {kB, kT, attention_width}});
+  int attn_out = g.Dropout("attn.dropout",
+                           g.RowParallel("attn.c_proj", merged, attention_width, kD),
+                           config.dropout.resid);
+  // GPT2Attention.forward's query_states, key_states and value_states, to its return
+  // after resid_dropout (modeling_gpt2.py); views of c_attn's output.
+  if (!config.megatron) g.HeldThroughHere({q, k, v});
+  int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
+  int fc = g.ColumnParallel("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
+  // transformers' GPT-2 runs gelu_new, a chain of Python ops; Megatron's GPT one
+  // gelu(approximate='tanh').
+  int gelu = config.megatron ? g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu)
+                             : g.NewGelu("gelu_new", fc);
+  int mlp_out =
+      g.Dropout("mlp.dropout", g.RowParallel("mlp.c_proj", gelu, kF, kD), config.dropout.resid);
+  int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
+  return g.Finish(x2);
+}
+
+BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
+  GraphBuilder g(config);
+  int x = g.Input("x", {kB, kTs, kD});
+  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int h = g.LayerNorm("ln_f", x);
+  g.DecoderReturnsHere();
+  g.HeldToEnd(h);  // GPT2LMHeadModel's `hidden_states` local, to its return
+  int weight = g.TiedParam("wte.weight", {kV, kD});
+  // With sequence parallelism the vocabulary-parallel head gathers its input too.
+  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+                                 {.shape = {kB, kT, kV}}, OpKind::kMatmul)
+                         : g.MatmulFolded("lm_head", h, weight, kD, kV);
+  return g.Finish(g.CrossEntropy(logits, input_ids));
+}
+
+}  // namespace
+
+const FamilyDef& Gpt2Family() {
+  static const FamilyDef kDef = {
+      .id = Family::kGpt2,
+      .name = "gpt2",
+      .decoder = true,
+      .fused_qkv = true,
+      .learned_positions = true,
+      .megatron = true,
+      .dropouts = true,
+      .graphs = [](const ModelConfig& config, AttentionMode mode) {
+        return ModelGraphs{BuildGpt2Prologue(config), BuildGpt2Layer(config, mode),
+                           BuildGpt2Epilogue(config)};
+      },
+  };
+  return kDef;
+}
+
+}  // namespace memledger
