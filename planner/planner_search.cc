@@ -1,0 +1,258 @@
+// The planner's dynamic program: labels of partial plans in Pareto sets, pruned by the
+// tables' bounds (Planner::Tables::Feasible).
+#include "planner/planner_tables.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "estimator/family.h"
+#include "estimator/predict.h"
+#include "estimator/units.h"
+
+namespace memledger {
+
+namespace {
+
+// Label is a partial plan in the dynamic program: layers 0..i chosen, 0..i-1 placed.
+struct Label {
+  int64_t f = 0;        // forward: live bytes the placed layers' forwards added
+  int64_t u = kNoRise;  // the worst backward moment so far less f (see Feasible)
+  int64_t s = 0;        // bytes the placed layers leave after their backward
+  int64_t cost = 0;     // recompute FLOPs of layers 0..i
+  int32_t parent = -1;  // into the previous layer's labels
+  int16_t choice = 0;   // layer i's
+};
+
+// ParetoSet keeps the labels of one state that no other label dominates (no larger f,
+// u, s and cost). Labels fall into groups of equal (u, s), which take few values; in a
+// group, labels sorted by f have strictly falling cost (a staircase), so a dominance
+// test is a binary search.
+class ParetoSet {
+ public:
+  bool empty() const { return groups_.empty(); }
+
+  // Insert adds `label` (stored in `arena`) unless a member dominates it, and removes
+  // the members it dominates. `use_s`: whether s differs between labels at all.
+  void Insert(std::vector<Label>& arena, const Label& label, bool use_s) {
+    if (Dominated(label, use_s)) return;
+    InsertUndominated(arena, label, use_s);
+  }
+
+  // Dominated: some member is no larger in f, u, s and cost.
+  bool Dominated(const Label& label, bool use_s) const {
+    const int64_t s = use_s ? label.s : 0;
+    for (const Group& g : groups_) {
+      if (g.u > label.u || g.s > s) continue;
+      auto it = std::upper_bound(g.steps.begin(), g.steps.end(), label.f,
+                                 [](int64_t f, const Step& step) { return f < step.f; });
+      if (it != g.steps.begin() && std::prev(it)->cost <= label.cost) return true;
+    }
+    return false;
+  }
+
+  // InsertUndominated: Insert for a label known not to be dominated.
+  void InsertUndominated(std::vector<Label>& arena, const Label& label, bool use_s) {
+    const int64_t s = use_s ? label.s : 0;
+    Group* own = nullptr;
+    for (Group& g : groups_) {
+      if (g.u < label.u || g.s < s) continue;
+      auto first = std::lower_bound(g.steps.begin(), g.steps.end(), label.f,
+                                    [](const Step& step, int64_t f) { return step.f < f; });
+      auto last = first;
+      while (last != g.steps.end() && last->cost >= label.cost) ++last;
+      g.steps.erase(first, last);
+      if (g.u == label.u && g.s == s) own = &g;
+    }
+    if (own == nullptr) {
+      groups_.push_back(Group{label.u, s, {}});
+      own = &groups_.back();
+    }
+    auto at = std::lower_bound(own->steps.begin(), own->steps.end(), label.f,
+                               [](const Step& step, int64_t f) { return step.f < f; });
+    own->steps.insert(at, Step{label.f, label.cost, static_cast<int32_t>(arena.size())});
+    arena.push_back(label);
+  }
+
+  template <typename Visit>
+  void ForEach(Visit visit) const {
+    for (const Group& g : groups_) {
+      for (const Step& step : g.steps) visit(step.label);
+    }
+  }
+
+ private:
+  struct Step {
+    int64_t f;
+    int64_t cost;
+    int32_t label;
+  };
+  struct Group {
+    int64_t u;
+    int64_t s;
+    std::vector<Step> steps;
+  };
+  std::vector<Group> groups_;
+};
+
+}  // namespace
+
+// The peak of a plan, stretch by stretch in step order, with R the resident bytes,
+// P the prologue's net, F_i the forward nets of layers 0..i, D_j = forward + backward
+// net of layer j, H the head's two nets:
+//   forward of layer i:  R + P + F_{i-1} + rise_i
+//   backward of layer i: R + P + H + F_i + sum_{j > i} D_j + rise_i
+//   the tail:            R + P + H + sum_j D_j + rise
+// With V_i = max(V_{i-1} + D_i, F_i + rise_i) the backward's worst moment is
+// R + P + H + V_{L-1}. A label keeps U = V - F: U_i = max(U_{i-1} + b_i, rise_i) with b_i
+// layer i's backward net, so U takes few values (the backward frees what the layer
+// kept). What a later layer adds to F, V and S = sum D does not depend on the label, so
+// a partial plan no smaller in F, U, S and cost than another can be dropped.
+bool Planner::Tables::Feasible(int64_t budget, const Search& search,
+                               std::vector<int>* plan) const {
+  const int64_t layers = config.layers;
+  if (resident > budget) return false;
+  // A label at step i has placed layers 0..i-1 and committed to whether layer i is
+  // checkpointed; its state is (layer i-1 checkpointed, layer i checkpointed, layer 0
+  // checkpointed, any of layers 0..i-1 checkpointed), which is all the stretches still
+  // to come depend on. Choosing layer i's choice (of the committed kind) and layer
+  // i+1's kind places layer i. Labels that reached the same state by different choices
+  // compete in one Pareto set.
+  auto state = [](bool previous, bool current, bool first_ckpt, bool below) {
+    return ((static_cast<size_t>(previous) * 2 + current) * 2 + first_ckpt) * 2 + below;
+  };
+  constexpr size_t kStates = 16;
+  std::vector<std::vector<Label>> arenas(layers + 1);
+  std::vector<ParetoSet> sets(kStates);
+  for (int current = 0; current < 2; ++current) {
+    if (candidates_by_checkpoint[current].empty()) continue;
+    const Bracket& b = first[current];
+    if (b.prologue.has_rise && resident + b.prologue.rise > budget) continue;
+    sets[state(false, current, first_matters && current, false)].Insert(arenas[0], Label(),
+                                                                        !local);
+  }
+  // Place layer i into a label; false if a forward moment, a backward one known now
+  // (`local`), or a lower bound of the moments still to come exceeds the budget.
+  // Under `local`, the later layers' D: the last one's, and the middle ones'.
+  const int64_t head_net = head_net_none;
+  auto later_d = [&](int64_t remaining) {
+    return remaining == 0 ? 0 : d_of[kLast] + (remaining - 1) * d_of[kMiddle];
+  };
+  // held: some layer <= i is checkpointed (layer i being placed).
+  auto place = [&](const Label& from, const LayerStretches& st, int64_t base,
+                   int64_t remaining, bool held, Label* to) -> bool {
+    if (st.forward.has_rise && base + from.f + st.forward.rise > budget) return false;
+    to->f = from.f + st.forward.net;
+    to->s = from.s + st.forward.net + st.backward.net;
+    if (local) {
+      if (st.backward.has_rise &&
+          base + head_net + (held ? held_bytes : 0) + to->f + later_d(remaining) +
+                  st.backward.rise >
+              budget) {
+        return false;
+      }
+    } else {
+      const int64_t shifted = from.u == kNoRise ? kNoRise : from.u + st.backward.net;
+      to->u = std::max(shifted, RiseOf(st.backward));
+    }
+    return base + to->f + remaining * min_forward_net + min_end_rise <= budget;
+  };
+  const bool bounded = !search.any && search.incumbent != std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < layers; ++i) {
+    std::vector<ParetoSet> next_sets(kStates);
+    const int position = PositionOf(i, layers);
+    const int64_t remaining = layers - 1 - i;
+    for (int previous = 0; previous < 2; ++previous) {
+      for (int current = 0; current < 2; ++current) {
+        for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
+          for (int below = 0; below < 2; ++below) {
+            const ParetoSet& set = sets[state(previous, current, first_ckpt, below)];
+            if (set.empty()) continue;
+            const int64_t base = resident + first[first_ckpt].prologue.net;
+            const bool lowest = current && !below;
+            set.ForEach([&](int32_t index) {
+              const Label& from = arenas[i][index];
+              for (int c : candidates_by_checkpoint[current]) {
+                const int64_t cost = search.any ? 0 : from.cost + recompute[c];
+                for (int next = 0; next < (remaining > 0 ? 2 : 1); ++next) {
+                  if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
+                  Label to;
+                  if (!place(from, layer[Key(position, previous, c, next, lowest)], base,
+                             remaining, below || current, &to)) {
+                    continue;
+                  }
+                  to.cost = cost;
+                  ParetoSet& into = next_sets[state(current, next, first_ckpt, below || current)];
+                  if (into.Dominated(to, !local)) continue;
+                  // The LP bound of layers i + 1.. in what the forward has left.
+                  if (bounded &&
+                      static_cast<double>(cost) +
+                              CostBound(remaining, budget - base - min_end_rise - to.f) >
+                          static_cast<double>(search.incumbent)) {
+                    continue;
+                  }
+                  to.parent = index;
+                  to.choice = static_cast<int16_t>(c);
+                  into.InsertUndominated(arenas[i + 1], to, !local);
+                }
+              }
+            });
+          }
+        }
+      }
+    }
+    sets = std::move(next_sets);
+  }
+  // The head, the backward, the tail and the optimizer.
+  int32_t best = -1;
+  int64_t best_cost = 0;
+  for (int previous = 0; previous < 2; ++previous) {
+    for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
+      for (int below = 0; below < 2; ++below) {
+        // `previous` is now the last layer's kind, `below` whether any layer is checkpointed.
+        const Bracket& head = last[previous][below];
+        const Bracket& ends = first[first_ckpt];
+        const int64_t base = resident + ends.prologue.net;
+        sets[state(previous, false, first_ckpt, below)].ForEach([&](int32_t index) {
+          const Label& to = arenas[layers][index];
+          const int64_t forward_end = base + to.f;
+          if (head.head_forward.has_rise && forward_end + head.head_forward.rise > budget) {
+            return;
+          }
+          const int64_t after_head = forward_end + head.head_forward.net;
+          if (head.head_backward.has_rise && after_head + head.head_backward.rise > budget) {
+            return;
+          }
+          const int64_t h = base + head.head_forward.net + head.head_backward.net;
+          if (to.u != kNoRise && h + to.f + to.u > budget) return;
+          const int64_t tail_start = h + to.s;
+          if (ends.tail.has_rise && tail_start + ends.tail.rise > budget) return;
+          if (optimizer.has_rise && tail_start + ends.tail.net + optimizer.rise > budget) return;
+          if ((best < 0 || to.cost < best_cost) && to.cost <= search.incumbent) {
+            best = index;
+            best_cost = to.cost;
+          }
+        });
+      }
+    }
+  }
+  if (best < 0) return false;
+  if (plan != nullptr) {
+    plan->assign(layers, 0);
+    int32_t index = best;
+    for (int64_t i = layers; i >= 1; --i) {
+      (*plan)[i - 1] = arenas[i][index].choice;
+      index = arenas[i][index].parent;
+    }
+  }
+  return true;
+}
+
+}  // namespace memledger
