@@ -38,6 +38,7 @@
 #include "runtime/dropout.h"
 #include "runtime/gloo_collectives.h"
 #include "runtime/megatron_functions.h"
+#include "runtime/megatron_schedule.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
 #include "runtime/rank_exchange.h"
@@ -47,62 +48,6 @@
 
 namespace memledger::runtime::distributed_internal {
 namespace {
-
-// ---- Layout ----------------------------------------------------------------------
-
-// ChunksOf: pipeline rank `stage`'s model chunks, in order: chunk c is model chunk
-// g = c x pp + stage of pp x virtual_stages equal ones; g = 0 has the embedding, the
-// last the head.
-std::vector<StageRange> ChunksOf(const ModelConfig& config, const ParallelSpec& parallel,
-                                 int64_t stage) {
-  const int64_t chunks = parallel.pp * parallel.virtual_stages;
-  const int64_t per_chunk = config.layers / chunks;
-  std::vector<StageRange> ranges;
-  for (int64_t c = 0; c < parallel.virtual_stages; ++c) {
-    const int64_t g = c * parallel.pp + stage;
-    ranges.push_back(StageRange{g * per_chunk, per_chunk, /*prologue=*/g == 0,
-                                /*head=*/g == chunks - 1});
-  }
-  return ranges;
-}
-
-// ScheduleStep is one forward or backward of one micro-batch through one local chunk.
-struct ScheduleStep {
-  bool forward = true;
-  int64_t micro_batch = 0;
-  int64_t chunk = 0;
-};
-
-// MegatronOrder is pipeline rank `stage`'s order of steps, as Megatron-LM's
-// forward_backward_pipelining_without_interleaving and ..._with_interleaving run them:
-// warm-up forwards, then one forward before each backward, then the remaining
-// backwards. 1F1B warms up with min(pp - stage - 1, m) forwards; interleaved with
-// (pp - stage - 1) x 2 + (v - 1) x pp (all m x v when m == pp), and forward k runs
-// chunk (k mod pp v) / pp of micro-batch (k / pp v) x pp + k mod pp, backward k the
-// chunks in reverse.
-std::vector<ScheduleStep> MegatronOrder(const ParallelSpec& p, int64_t stage) {
-  const int64_t m = p.micro_batches, v = p.virtual_stages, pp = p.pp;
-  const int64_t group = pp * v, total = m * v;
-  int64_t warmup = 0;
-  if (p.schedule == PipelineSchedule::k1F1B) {
-    warmup = std::min(pp - stage - 1, m);
-  } else {
-    warmup = m == pp ? total : std::min((pp - stage - 1) * 2 + (v - 1) * pp, total);
-  }
-  auto micro_batch = [&](int64_t k) { return (k / group) * pp + k % pp; };
-  auto forward = [&](int64_t k) { return ScheduleStep{true, micro_batch(k), (k % group) / pp}; };
-  auto backward = [&](int64_t k) {
-    return ScheduleStep{false, micro_batch(k), v - 1 - (k % group) / pp};
-  };
-  std::vector<ScheduleStep> order;
-  for (int64_t k = 0; k < warmup; ++k) order.push_back(forward(k));
-  for (int64_t k = 0; k < total - warmup; ++k) {
-    order.push_back(forward(warmup + k));
-    order.push_back(backward(k));
-  }
-  for (int64_t k = total - warmup; k < total; ++k) order.push_back(backward(k));
-  return order;
-}
 
 // ScheduleStats: what one variant's schedule held.
 struct ScheduleStats {
