@@ -21,8 +21,8 @@
 #include "estimator/run_request.h"
 
 ABSL_FLAG(std::string, model, "study",
-          "The model: a built-in name (study, gpt2, llama-2-7b, llama-3-8b, llama-3-70b, "
-          "mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama, tiny-gpt2, tiny-qwen3, megatron-gpt) or the "
+          "The model: a built-in name (study, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, "
+          "qwen2.5-7b, qwen3-8b, tiny-llama, tiny-qwen3, gpt2, tiny-gpt2, megatron-gpt) or the "
           "path of a transformers config.json (model_type llama, mistral, qwen2, qwen3 or gpt2). "
           "The size flags below override its sizes.");
 ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,

@@ -38,6 +38,12 @@ const FamilyDef& FamilyOf(Family family) {
   return StudyFamily();
 }
 
+const std::vector<const FamilyDef*>& Families() {
+  static const auto* const kFamilies =
+      new std::vector<const FamilyDef*>{&StudyFamily(), &LlamaFamily(), &Gpt2Family()};
+  return *kFamilies;
+}
+
 absl::string_view FamilyName(Family family) { return FamilyOf(family).name; }
 
 absl::Status ValidateConfig(const ModelConfig& config) {

@@ -8,14 +8,20 @@
 #ifndef ESTIMATOR_FAMILY_H_
 #define ESTIMATOR_FAMILY_H_
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "estimator/block_graph.h"
 #include "estimator/config.h"
 
 namespace memledger {
+
+class ConfigJsonReader;  // estimator/config_json.h
+class ConfigJsonWriter;
 
 struct FamilyDef {
   Family id = Family::kStudy;
@@ -37,9 +43,21 @@ struct FamilyDef {
   bool dropouts = false;
   // graphs builds the family's segments (estimator/graph_builder.h).
   ModelGraphs (*graphs)(const ModelConfig& config, AttentionMode mode) = nullptr;
+  // model_types: the transformers config.json model_type values it reads, with `read`
+  // (errors name the file and the key); `write` is HfConfigJson's body for it (after the
+  // model_type, before tie_word_embeddings and use_cache), nullptr for a model that is
+  // not transformers'.
+  std::vector<std::string> model_types = {};
+  absl::StatusOr<ModelConfig> (*read)(const ConfigJsonReader& r,
+                                      absl::string_view model_type) = nullptr;
+  absl::Status (*write)(const ModelConfig& config, ConfigJsonWriter& w) = nullptr;
+  // presets: its built-in models (--model=NAME), with the study's batch and seq.
+  std::vector<std::pair<std::string, ModelConfig>> presets = {};
 };
 
 const FamilyDef& FamilyOf(Family family);
+// Families: every family, in Family's order.
+const std::vector<const FamilyDef*>& Families();
 absl::string_view FamilyName(Family family);  // FamilyOf(family).name
 
 // ValidateConfig returns InvalidArgument naming the offending flag, e.g.

@@ -17,9 +17,9 @@
 
 namespace memledger {
 
-// PresetNames lists the built-in models: study, gpt2, llama-2-7b, llama-3-8b,
-// llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama, tiny-gpt2, tiny-qwen3,
-// megatron-gpt.
+// PresetNames lists the built-in models, family by family (FamilyDef::presets): study,
+// llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama,
+// tiny-qwen3, gpt2, tiny-gpt2, megatron-gpt.
 std::vector<std::string> PresetNames();
 
 // ModelFromPreset returns the named model with the study's batch and seq; NotFound for

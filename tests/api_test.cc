@@ -98,9 +98,9 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
            Case{R"({"layers": 0})", "--layers must be >= 1, got 0"},
            Case{R"({"width": 130})", "--width 130 is not divisible by --heads 4"},
            Case{R"({"model": "llama-9"})",
-                "--model: 'llama-9' is neither a built-in model (study, gpt2, llama-2-7b, "
-                "llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama, tiny-gpt2, "
-                "tiny-qwen3, megatron-gpt) nor "
+                "--model: 'llama-9' is neither a built-in model (study, llama-2-7b, llama-3-8b, "
+                "llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama, tiny-qwen3, gpt2, "
+                "tiny-gpt2, megatron-gpt) nor "
                 "a readable config.json"},
            Case{R"({"amp": "bf16", "dtype": "bf16"})",
                 "--amp=bf16 needs --dtype=fp32: autocast runs an fp32 model (its master "

@@ -2,8 +2,12 @@
 // ModelConfig::megatron Megatron-LM's GPT block.
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/config_json.h"
 #include "estimator/family.h"
 #include "estimator/graph_builder.h"
 
@@ -96,6 +100,86 @@ BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 
+
+ModelConfig Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
+                 int64_t positions) {
+  ModelConfig c;
+  c.family = Family::kGpt2;
+  c.layers = layers;
+  c.width = width;
+  c.heads = heads;
+  c.kv_heads = heads;
+  c.head_dim = width / heads;
+  c.intermediate = 4 * width;
+  c.vocab = vocab;
+  c.max_positions = positions;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = true;
+  c.use_cache = true;  // GPT2Config's default
+  return c;
+}
+
+
+absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_view) {
+  ModelConfig c;
+  c.family = Family::kGpt2;
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("n_embd"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("n_layer"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("n_head"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("n_positions"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("n_inner", 4 * c.width));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
+  for (auto [key, p] : {std::pair{"resid_pdrop", &c.dropout.resid},
+                         std::pair{"embd_pdrop", &c.dropout.embd},
+                         std::pair{"attn_pdrop", &c.dropout.attn}}) {
+    *p = 0.1;  // GPT2Config's default
+    if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN_(*p, r.Probability(key));
+  }
+  if (c.width % c.heads != 0) {
+    return r.Error("n_embd", absl::StrCat(c.width, " is not divisible by n_head ", c.heads));
+  }
+  if (!c.tie_embeddings) {
+    return r.Error("tie_word_embeddings", "false is not supported for gpt2 (its head is tied)");
+  }
+  c.kv_heads = c.heads;
+  c.head_dim = c.width / c.heads;
+  return c;
+}
+
+
+absl::Status WriteGpt2(const ModelConfig& c, ConfigJsonWriter& w) {
+  if (c.megatron) return absl::InvalidArgumentError("megatron-gpt is not a transformers model");
+  w.String("model_type", "gpt2");
+  w.Int("n_embd", c.width);
+  w.Int("n_layer", c.layers);
+  w.Int("n_head", c.heads);
+  w.Int("n_inner", c.Intermediate());
+  w.Int("n_positions", c.max_positions);
+  w.Int("vocab_size", c.vocab);
+  w.Double("layer_norm_epsilon", c.norm_eps);
+  for (auto [key, p] : {std::pair{"resid_pdrop", c.dropout.resid},
+                         std::pair{"embd_pdrop", c.dropout.embd},
+                         std::pair{"attn_pdrop", c.dropout.attn}}) {
+    w.Double(key, p);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, ModelConfig>> Gpt2Presets() {
+  ModelConfig gpt2 = Gpt2(12, 768, 12, 50257, 1024);
+  gpt2.dropout = {.resid = 0.1, .embd = 0.1, .attn = 0.1};  // openai-community/gpt2's
+  // Korthikanti et al.'s setup: a GPT block with Megatron's dropouts (sizes from the
+  // flags; GPT-2's by default, vocabulary padded to 51200 so that --tp up to 64
+  // divides it, 2048 learned positions).
+  ModelConfig megatron = Gpt2(12, 768, 12, 51200, 2048);
+  megatron.megatron = true;
+  megatron.use_cache = false;  // Megatron-LM's GPT has no DynamicCache
+  return {{"gpt2", gpt2}, {"tiny-gpt2", Gpt2(2, 32, 4, 96, 128)}, {"megatron-gpt", megatron}};
+}
+
 }  // namespace
 
 const FamilyDef& Gpt2Family() {
@@ -111,6 +195,10 @@ const FamilyDef& Gpt2Family() {
         return ModelGraphs{BuildGpt2Prologue(config), BuildGpt2Layer(config, mode),
                            BuildGpt2Epilogue(config)};
       },
+      .model_types = {"gpt2"},
+      .read = ReadGpt2,
+      .write = WriteGpt2,
+      .presets = Gpt2Presets(),
   };
   return kDef;
 }

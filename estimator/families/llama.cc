@@ -2,8 +2,12 @@
 // its look-alikes, embedding to cross-entropy.
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/config_json.h"
 #include "estimator/family.h"
 #include "estimator/graph_builder.h"
 
@@ -125,6 +129,126 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 
+
+ModelConfig Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+                  int64_t intermediate, int64_t vocab, double eps) {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  c.layers = layers;
+  c.width = width;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = width / heads;
+  c.intermediate = intermediate;
+  c.vocab = vocab;
+  c.norm_eps = eps;
+  c.use_cache = true;  // LlamaConfig's default
+  return c;
+}
+
+
+absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_view model_type) {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("intermediate_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("num_hidden_layers"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("num_attention_heads"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
+  if (r.Has("attention_dropout")) {
+    // LlamaAttention passes it to SDPA in training, which then runs its math kernel
+    // with grouped-query repeat_interleave copies: not modelled for this family yet.
+    double p = 0;
+    MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
+    if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
+  }
+  const bool qwen3 = model_type == "qwen3";
+  if (!qwen3 && !r.Positive("head_dim").ok() && c.width % c.heads != 0) {
+    return r.Error("hidden_size", absl::StrCat(c.width, " is not divisible by "
+                                               "num_attention_heads ", c.heads,
+                                               " and there is no head_dim"));
+  }
+  // Qwen3Config's head_dim defaults to 128, whatever the width (configuration_qwen3.py);
+  // LlamaConfig's, MistralConfig's and Qwen2Config's to hidden_size / heads.
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", qwen3 ? 128 : c.width / c.heads));
+  if (c.heads % c.kv_heads != 0) {
+    return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
+                                                       "num_key_value_heads ", c.kv_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return r.Error("head_dim", absl::StrCat(c.head_dim, " must be even for RoPE"));
+  }
+  std::string act;
+  MEMLEDGER_ASSIGN_OR_RETURN_(act, r.String("hidden_act", "silu"));
+  if (act != "silu") return r.Error("hidden_act", absl::StrCat("must be silu, got ", act));
+  bool attention_bias = false;
+  MEMLEDGER_ASSIGN_OR_RETURN_(attention_bias, r.Bool("attention_bias", false));
+  if (attention_bias) {
+    return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
+  }
+  c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
+  c.qk_norm = qwen3;                   // Qwen3Attention's q_norm and k_norm
+  if (qwen3) {
+    // Qwen3Config.__post_init__ makes layers >= max_window_layers sliding only with
+    // use_sliding_window; explicit layer_types may name them too. Sliding-window masks
+    // are not modelled for this family yet.
+    bool sliding = false;
+    MEMLEDGER_ASSIGN_OR_RETURN_(sliding, r.Bool("use_sliding_window", false));
+    if (sliding) return r.Error("use_sliding_window", "true is not modelled yet (use false)");
+    if (absl::Status s = r.AllFullAttention("layer_types", c.layers); !s.ok()) return s;
+  }
+  return c;
+}
+
+
+absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
+  if (c.qk_norm && c.qkv_bias) {
+    return absl::InvalidArgumentError("q/k/v biases with q/k norms is no transformers model_type");
+  }
+  // Qwen2 is the Llama family with q/k/v biases, Qwen3 with q/k norms.
+  w.String("model_type", c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama");
+  w.Int("hidden_size", c.width);
+  w.Int("intermediate_size", c.Intermediate());
+  w.Int("num_hidden_layers", c.layers);
+  w.Int("num_attention_heads", c.heads);
+  w.Int("num_key_value_heads", c.KvHeads());
+  w.Int("head_dim", c.HeadDim());
+  w.Int("vocab_size", c.vocab);
+  w.Int("max_position_embeddings", c.max_positions > 0 ? c.max_positions : 2048);
+  w.Double("rms_norm_eps", c.norm_eps);
+  if (c.qkv_bias || c.qk_norm) w.Bool("use_sliding_window", false);
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
+  // The published config.json sizes (max positions informational for RoPE models).
+  ModelConfig qwen = Llama(28, 3584, 28, 4, 18944, 152064, 1e-6);
+  qwen.qkv_bias = true;
+  // Qwen/Qwen3-8B's config.json: head_dim 128, untied head, rms_norm_eps 1e-6.
+  ModelConfig qwen3 = Llama(36, 4096, 32, 8, 12288, 151936, 1e-6);
+  qwen3.head_dim = 128;
+  qwen3.qk_norm = true;
+  // Small enough to verify in a test: grouped-query attention (4 heads, 2 kv heads).
+  ModelConfig tiny = Llama(2, 32, 4, 2, 64, 96, 1e-5);
+  // Qwen3 in small: q/k norms, and 4 heads of 16 = 64 wide on a 32-wide model.
+  ModelConfig tiny_qwen3 = Llama(2, 32, 4, 2, 64, 96, 1e-6);
+  tiny_qwen3.head_dim = 16;
+  tiny_qwen3.qk_norm = true;
+  return {{"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)},
+          {"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)},
+          {"llama-3-70b", Llama(80, 8192, 64, 8, 28672, 128256, 1e-5)},
+          {"mistral-7b", Llama(32, 4096, 32, 8, 14336, 32000, 1e-5)},
+          {"qwen2.5-7b", qwen},
+          {"qwen3-8b", qwen3},
+          {"tiny-llama", tiny},
+          {"tiny-qwen3", tiny_qwen3}};
+}
+
 }  // namespace
 
 const FamilyDef& LlamaFamily() {
@@ -138,6 +262,10 @@ const FamilyDef& LlamaFamily() {
         return ModelGraphs{BuildLlamaPrologue(config), BuildLlamaLayer(config, mode),
                            BuildLlamaEpilogue(config)};
       },
+      .model_types = {"llama", "mistral", "qwen2", "qwen3"},
+      .read = ReadLlama,
+      .write = WriteLlama,
+      .presets = LlamaPresets(),
   };
   return kDef;
 }

@@ -49,6 +49,7 @@ const FamilyDef& StudyFamily() {
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
         return ModelGraphs{std::nullopt, BuildStudyBlock(config, mode), BuildStudyLoss(config)};
       },
+      .presets = {{"study", ModelConfig()}},  // the study's defaults: 6 x 128, 4 heads
   };
   return kDef;
 }
