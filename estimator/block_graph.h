@@ -108,7 +108,7 @@ struct ModelGraphs {
 };
 
 // BuildModelGraphs returns the graphs of `config.family` with `mode` attention, as the
-// family's PyTorch code runs them (DESIGN.md, "Model families").
+// family's PyTorch code runs them (docs/DESIGN.md, "Model families").
 // REQUIRES: ValidateConfig(config).ok().
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
 

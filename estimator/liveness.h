@@ -1,4 +1,4 @@
-// Liveness: the memory timeline of one whole training step (DESIGN.md, "Peak memory"),
+// Liveness: the memory timeline of one whole training step (docs/DESIGN.md, "Peak memory"),
 // predicted by replaying the step allocation by allocation: zero_grad(set_to_none), the
 // forward op by op (each output allocated, each storage freed at its last use unless a
 // backward node keeps it), the backward node by node in the autograd engine's order (each

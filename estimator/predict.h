@@ -1,7 +1,7 @@
 // Predict: every memory bucket of training a model (the study's block stack, or a Llama
 // or GPT-2 family decoder from embedding to loss), per checkpointing variant, without
 // running anything. The numbers are what memledger's runtime measures in the pinned
-// LibTorch (kTorchRelease, estimator/rules.h), byte for byte (see DESIGN.md, "What is
+// LibTorch (kTorchRelease, estimator/rules.h), byte for byte (see docs/DESIGN.md, "What is
 // measured").
 //
 // Example:

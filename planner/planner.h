@@ -1,5 +1,5 @@
 // Planner: the checkpoint plan with the least recompute whose predicted step peak fits a
-// memory budget (DESIGN.md, "Peak memory"; issue 13).
+// memory budget (docs/DESIGN.md, "Peak memory"; issue 13).
 //
 // The peak of a plan comes from the step simulation (estimator/liveness.h) without
 // replaying the plan: a step is a sequence of stretches (each layer's forward, the

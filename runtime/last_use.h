@@ -1,6 +1,6 @@
 // Last hands over a tensor for its last use. The runtime's model code releases every
 // intermediate right after its last reader, as Python's reference counting does in the
-// equivalent PyTorch module (DESIGN.md, "Peak memory"); a named C++ local would otherwise
+// equivalent PyTorch module (docs/DESIGN.md, "Peak memory"); a named C++ local would otherwise
 // keep its storage alive until the end of its scope, and the step's peak would depend on
 // C++ scoping.
 //

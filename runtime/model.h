@@ -1,5 +1,5 @@
 // The measured models in LibTorch: the study's block stack and the decoder families
-// (Llama, GPT-2), written op for op as DESIGN.md's "Model families" fixes them, so that
+// (Llama, GPT-2), written op for op as docs/DESIGN.md's "Model families" fixes them, so that
 // estimator and runtime describe the same computation.
 //
 // A model is a prologue (model input -> first hidden states, plus the tensors every

@@ -46,7 +46,7 @@ struct RunOptions {
 // kStepThreads: the intra-op threads a measured step runs on (see StepMemory).
 inline constexpr int kStepThreads = 1;
 
-// StepMemory is the memory of one whole training step (DESIGN.md, "Peak memory"):
+// StepMemory is the memory of one whole training step (docs/DESIGN.md, "Peak memory"):
 // zero_grad(set_to_none), forward, backward, optimizer.step(), with parameters, optimizer
 // state (and master weights) and the model input existing before it starts. Counted by
 // a ScopedCountingAllocator with a timeline: the bytes the step allocates on top of

@@ -1,5 +1,5 @@
 // The model code releases every intermediate at its last use, as Python's reference
-// counting does in the equivalent PyTorch module (DESIGN.md, "Peak memory"): measured
+// counting does in the equivalent PyTorch module (docs/DESIGN.md, "Peak memory"): measured
 // with the counting allocator on a graph-free forward, where nothing is saved, so any
 // C++ scope that keeps a tensor alive shows up in the peak.
 #include "runtime/model.h"

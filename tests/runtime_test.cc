@@ -1,5 +1,5 @@
 // Tests for runtime/runtime (Measure) on small configs. Expected bytes are hand
-// arithmetic from DESIGN.md's contract, never copied from the code's output.
+// arithmetic from docs/DESIGN.md's contract, never copied from the code's output.
 //
 // Per block and token, `none` with flash attention keeps 16d + 4 + H fp32 elements:
 // x (d), ln1 mean+rstd (2), ln1 out (d), qkv (3d), attention out (d), lse (H),
