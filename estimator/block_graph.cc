@@ -15,6 +15,22 @@
 
 namespace memledger {
 
+const char* ModelTensorName(ModelTensor id) {
+  switch (id) {
+    case ModelTensor::kNone:
+      return "";
+    case ModelTensor::kInputIds:
+      return "input_ids";
+    case ModelTensor::kPositionIds:
+      return "position_ids";
+    case ModelTensor::kRopeCos:
+      return "rope.cos";
+    case ModelTensor::kRopeSin:
+      return "rope.sin";
+  }
+  return "?";
+}
+
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
   return FamilyOf(config.family).graphs(config, mode);
 }

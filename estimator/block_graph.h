@@ -23,15 +23,28 @@
 
 namespace memledger {
 
+// ModelTensor names a model-level tensor: made once per forward (or per step) outside
+// the segments and read by them, matched across graphs by this id.
+enum class ModelTensor : uint8_t {
+  kNone,        // not a model-level tensor
+  kInputIds,    // the token ids (B, T), the model input
+  kPositionIds, // position_ids (1, T)
+  kRopeCos,     // the rotary tables (1, T, d_head) in the hidden states' dtype
+  kRopeSin,
+};
+// ModelTensorName: "input_ids", "position_ids", "rope.cos", "rope.sin" ("" for kNone).
+const char* ModelTensorName(ModelTensor id);
+
 // TensorDef is one tensor of the graph; its layout is derived during a walk.
 struct TensorDef {
   std::string name;  // "ln1.out", "qkv.weight"
   DType dtype = DType::kFloat32;
   bool is_parameter = false;
-  // is_global: a model-level storage made before the segments run and shared by them
-  // (input_ids, RoPE's cos and sin, position ids); never requires grad, and counts once
-  // for the whole model however many segments keep it. Matched across graphs by name.
-  bool is_global = false;
+  // global: which model-level storage it is (kNone: none), made before the segments run
+  // and shared by them; never requires grad, and counts once for the whole model however
+  // many segments keep it.
+  ModelTensor global = ModelTensor::kNone;
+  bool is_global() const { return global != ModelTensor::kNone; }
   // is_tied: a parameter another segment owns (a tied LM head): not counted again.
   bool is_tied = false;
   // is_buffer: a module buffer (register_buffer): exists before the step, read by no op

@@ -92,9 +92,10 @@ class GraphBuilder {
     return tensor;
   }
 
-  int Global(std::string name, DType dtype, std::vector<SymDim> shape) {
-    int tensor = AddTensor(std::move(name), dtype, false, std::move(shape));
-    graph_.tensors[tensor].is_global = true;
+  // Global is model-level tensor `id` (named after it), which the segment reads.
+  int Global(ModelTensor id, DType dtype, std::vector<SymDim> shape) {
+    int tensor = AddTensor(ModelTensorName(id), dtype, false, std::move(shape));
+    graph_.tensors[tensor].global = id;
     return tensor;
   }
 

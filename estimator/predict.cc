@@ -97,9 +97,9 @@ class GlobalBytes {
   explicit GlobalBytes(ByDtype& by_dtype) : by_dtype_(by_dtype) {}
 
   // BytesOf is the bytes of a model-level storage some segment keeps; 0 if none does.
-  int64_t BytesOf(const std::string& name) const {
+  int64_t BytesOf(ModelTensor id) const {
     for (size_t i = 0; i < seen_.size(); ++i) {
-      if (seen_[i] == name) return seen_bytes_[i];
+      if (seen_[i] == id) return seen_bytes_[i];
     }
     return 0;
   }
@@ -111,8 +111,8 @@ class GlobalBytes {
         held_.push_back(global);
         continue;
       }
-      if (Contains(seen_, global.name)) continue;
-      seen_.push_back(global.name);
+      if (Contains(seen_, global.id)) continue;
+      seen_.push_back(global.id);
       seen_bytes_.push_back(global.bytes);
       added += global.bytes;
       by_dtype_[static_cast<int>(global.dtype)] += global.bytes;
@@ -123,22 +123,22 @@ class GlobalBytes {
   // HeldOnlyBytes: the held globals no segment saves, each once.
   CheckedInt64 HeldOnlyBytes() const {
     CheckedInt64 bytes = 0;
-    std::vector<std::string> counted = seen_;
+    std::vector<ModelTensor> counted = seen_;
     for (const KeptGlobal& global : held_) {
-      if (Contains(counted, global.name)) continue;
-      counted.push_back(global.name);
+      if (Contains(counted, global.id)) continue;
+      counted.push_back(global.id);
       bytes += global.bytes;
     }
     return bytes;
   }
 
  private:
-  static bool Contains(const std::vector<std::string>& names, const std::string& name) {
-    return std::find(names.begin(), names.end(), name) != names.end();
+  static bool Contains(const std::vector<ModelTensor>& ids, ModelTensor id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
   }
 
   ByDtype& by_dtype_;
-  std::vector<std::string> seen_;
+  std::vector<ModelTensor> seen_;
   std::vector<int64_t> seen_bytes_;
   std::vector<KeptGlobal> held_;
 };
@@ -337,7 +337,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   // families' token ids.
   prediction.input_bytes_kept =
       whole.prologue.has_value()
-          ? globals.BytesOf("input_ids")
+          ? globals.BytesOf(ModelTensor::kInputIds)
           : (f.keeps_input && stage.first_layer == 0 ? f.boundary_bytes : 0);
   for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
   prediction.held_after_forward_bytes =

@@ -185,7 +185,7 @@ class Simulation {
     std::vector<int> held;
     const BlockGraph& graph = *inst.plan->graph;
     for (const WalkedStorage& storage : inst.plan->walk.storage_list) {
-      if (storage.is_global) held.push_back(globals_.at(graph.tensors[storage.owner].name));
+      if (storage.is_global) held.push_back(globals_.at(graph.tensors[storage.owner].global));
     }
     return held;
   }
@@ -219,7 +219,7 @@ class Simulation {
     // rng_states: each checkpointed layer's CPU RNG state, kept by its checkpoint.
     std::vector<int> rng_states;
     std::vector<int> extras;  // the layers' model-level tensors (position ids, RoPE tables)
-    std::map<std::string, int> globals;  // as the forward left them
+    std::map<ModelTensor, int> globals;  // as the forward left them
     Handle loss;        // the head's, kept until the step ends
     Handle output;      // a stage without the head: its output, until sent
     Handle input_grad;  // the received input's .grad, until sent
@@ -321,8 +321,8 @@ class Simulation {
   Memory memory_;
   // Parameters' .grad storages by name (a tied weight has one .grad).
   std::map<ParameterKey, int> grads_;
-  // Model-level tensors (TensorDef::is_global) by name: Memory ids.
-  std::map<std::string, int> globals_;
+  // Model-level tensors (TensorDef::global): Memory ids.
+  std::map<ModelTensor, int> globals_;
   // forward_holds_: what the forward's scope holds until it returns (its loss
   // included): autocast's casts of weights (leaves that require grad), which its cast
   // cache holds until the outermost autocast scope ends (the forward's, or a checkpointed

@@ -107,10 +107,11 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   for (size_t s = 0; s < storages.size(); ++s) {
     if (!storages[s].is_global) continue;
     // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
-    const std::string& name = graph.tensors[storages[s].owner].name;
-    auto global = globals_.find(name);
+    const ModelTensor id = graph.tensors[storages[s].owner].global;
+    auto global = globals_.find(id);
     if (global == globals_.end()) {
-      return absl::InternalError(absl::StrCat("step simulation: no model-level ", name));
+      return absl::InternalError(
+          absl::StrCat("step simulation: no model-level ", ModelTensorName(id)));
     }
     inst.ids[s] = global->second;
     for (int k = keeps_of(s); k > 0; --k) memory_.Keep(global->second);

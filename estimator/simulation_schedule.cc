@@ -44,7 +44,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   int input_storage = input_plan.input_storage;
   for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
     const WalkedStorage& storage = plans.prologue->walk.storage_list[s];
-    if (storage.is_global && graphs.prologue->tensors[storage.owner].name == "input_ids") {
+    if (graphs.prologue->tensors[storage.owner].global == ModelTensor::kInputIds) {
       input_storage = static_cast<int>(s);
     }
   }
@@ -228,7 +228,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   const BlockGraph& layer = graphs.layer;
   const int input_id = f.input_id;
   Handle x;
-  if (families && input_id >= 0) globals_["input_ids"] = input_id;
+  if (families && input_id >= 0) globals_[ModelTensor::kInputIds] = input_id;
   if (f.received.defined()) {
     x = Alias(f.received);  // the caller keeps the leaf for its gradient
   } else if (!families) {
@@ -501,8 +501,8 @@ void Simulation::RopeTables(std::vector<int>* extras) {  // appends cos, sin
   memory_.Unref(emb);
   memory_.Unref(freqs);
   memory_.Unref(inv_freq);
-  globals_["rope.cos"] = cos;
-  globals_["rope.sin"] = sin;
+  globals_[ModelTensor::kRopeCos] = cos;
+  globals_[ModelTensor::kRopeSin] = sin;
   extras->push_back(cos);
   extras->push_back(sin);
 }
@@ -519,7 +519,7 @@ void Simulation::PositionIds(std::vector<int>* extras) {
   const int positions = memory_.Alloc(bytes, MemoryCategory::kTemporary);
   memory_.Unref(wrapped);
   memory_.Unref(arange);
-  globals_["position_ids"] = positions;
+  globals_[ModelTensor::kPositionIds] = positions;
   extras->push_back(positions);
 }
 

@@ -100,7 +100,7 @@ class Walk {
       // checkpoint's backward, never saved.
       Keep(-1, graph_.input, KeepReason::kCheckpointInput);
       for (size_t i = 0; i < graph_.tensors.size(); ++i) {
-        if (graph_.tensors[i].is_global) {
+        if (graph_.tensors[i].is_global()) {
           Keep(-1, static_cast<int>(i), KeepReason::kCheckpointHeld);
         }
       }
@@ -126,9 +126,9 @@ class Walk {
   void LeafStorages() {
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
       const TensorDef& def = graph_.tensors[i];
-      if (def.is_parameter || def.is_global || static_cast<int>(i) == graph_.input) {
+      if (def.is_parameter || def.is_global() || static_cast<int>(i) == graph_.input) {
         NewStorage(static_cast<int>(i), Evaluate(def.shape), def.dtype, def.is_parameter);
-        storages_.back().is_global = def.is_global;
+        storages_.back().is_global = def.is_global();
       }
     }
   }
@@ -565,7 +565,7 @@ class Walk {
         walk.cache_by_dtype[static_cast<int>(dtype)] += storage.bytes;
       }
       if (storage.is_global && (storage.kept || storage.held)) {
-        walk.kept_globals.push_back(KeptGlobal{graph_.tensors[storage.owner].name,
+        walk.kept_globals.push_back(KeptGlobal{graph_.tensors[storage.owner].global,
                                                storage.bytes, dtype, !storage.kept});
         continue;
       }

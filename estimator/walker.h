@@ -72,9 +72,9 @@ struct KeptStorage {
   KeepReason reason = KeepReason::kAutograd;
 };
 
-// KeptGlobal is a model-level storage (TensorDef::is_global) a block keeps.
+// KeptGlobal is a model-level storage (TensorDef::global) a block keeps.
 struct KeptGlobal {
-  std::string name;  // "input_ids", "rope.cos"
+  ModelTensor id = ModelTensor::kNone;
   int64_t bytes = 0;
   DType dtype = DType::kFloat32;
   bool held = false;  // only held by a checkpoint's call arguments (kCheckpointHeld)

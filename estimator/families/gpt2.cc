@@ -17,8 +17,8 @@ namespace {
 // GPT-2: wte(input_ids) + wpe(position_ids), position_ids = arange(T)[None].
 BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   GraphBuilder g(config);
-  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
-  int position_ids = g.Global("position_ids", DType::kInt64, {Sym(1), kT});
+  int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
+  int position_ids = g.Global(ModelTensor::kPositionIds, DType::kInt64, {Sym(1), kT});
   int tokens = g.VocabEmbedding("wte", g.Param("wte.weight", {kV, kD}), input_ids);
   int positions =
       g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
@@ -40,7 +40,7 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   // GPT2Model calls each block with position_ids too (modeling_gpt2.py:606-615), which
   // checkpointed blocks hold (see BuildLlamaLayer); the embedding's node keeps them to
   // the backward's end anyway. Megatron's blocks are called without them.
-  if (!config.megatron) g.Global("position_ids", DType::kInt64, {Sym(1), kT});
+  if (!config.megatron) g.Global(ModelTensor::kPositionIds, DType::kInt64, {Sym(1), kT});
   const SymDim attention_width = kH * kDHead;
   int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
   // qkv.split(width, 2): three parts with one backward node.
@@ -88,7 +88,7 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
 BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
-  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int h = g.LayerNorm("ln_f", x);
   g.DecoderReturnsHere();
   g.HeldToEnd(h);  // GPT2LMHeadModel's `hidden_states` local, to its return

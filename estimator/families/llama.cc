@@ -21,7 +21,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
   // inv_freq and its clone original_inv_freq, d_head / 2 each (modeling_llama.py:86-87).
   g.Buffer("rotary_emb.inv_freq", DType::kFloat32, {kDHead / 2});
   g.Buffer("rotary_emb.original_inv_freq", DType::kFloat32, {kDHead / 2});
-  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
   if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
@@ -41,9 +41,9 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   // states' dtype (modeling_llama.py, LlamaModel.forward). It is called with position_ids
   // too (modeling_llama.py:392-400), which no op of it reads but a checkpointed layer's
   // bound arguments hold to its backward (the step's end, if reentrant).
-  int cos = g.Global("rope.cos", config.dtype, {Sym(1), kT, kDHead});
-  int sin = g.Global("rope.sin", config.dtype, {Sym(1), kT, kDHead});
-  g.Global("position_ids", DType::kInt64, {Sym(1), kT});
+  int cos = g.Global(ModelTensor::kRopeCos, config.dtype, {Sym(1), kT, kDHead});
+  int sin = g.Global(ModelTensor::kRopeSin, config.dtype, {Sym(1), kT, kDHead});
+  g.Global(ModelTensor::kPositionIds, DType::kInt64, {Sym(1), kT});
   int h = g.RmsNorm("input_layernorm", x);
   // Qwen3 normalises q and k per head before the transpose:
   // q_norm(q_proj(h).view(B, T, -1, d_head)).transpose(1, 2) (modeling_qwen3.py,
@@ -115,7 +115,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
 BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
-  int input_ids = g.Global("input_ids", DType::kInt64, {kB, kT});
+  int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int h = g.RmsNorm("norm", x);
   g.DecoderReturnsHere();
   // The decoder model's output, LlamaForCausalLM's `hidden_states` local to its return.
