@@ -141,7 +141,7 @@ Layout Layout::Elementwise(std::initializer_list<const Layout*> inputs, const in
   std::array<std::array<int64_t, kMaxDims>, 3> strides{};
   int n = 0;
   for (const Layout* input : inputs) {
-    if (n == static_cast<int>(strides.size())) break;
+    if (n == static_cast<int>(strides.size())) break;  // REQUIRES: at most 3
     for (int i = 0; i < ndim; ++i) {
       const int j = i - (ndim - input->ndim);
       strides[n][i] = j >= 0 && !(input->sizes[j] == 1 && sizes[i] != 1) ? input->strides[j] : 0;

@@ -95,6 +95,7 @@ struct Layout {
   // dimensions ordered by the inputs' strides, the first input with a strict opinion
   // deciding each pair (reorder_dimensions), with contiguous strides in that order.
   // So x * cos of a transposed (B, T, H, d) x with a broadcast cos is (B, T, H, d)-ordered.
+  // REQUIRES: 1 to 3 inputs (unary, binary and ternary ops).
   static Layout Elementwise(std::initializer_list<const Layout*> inputs, const int64_t* sizes,
                             int ndim, bool* overflow);
   CheckedInt64 Numel() const;

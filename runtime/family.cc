@@ -21,11 +21,6 @@ const RuntimeFamily& RuntimeFamilyOf(Family family) {
   return StudyRuntimeFamily();
 }
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 ParameterShard Split(int64_t dim, int64_t n, int64_t rank) {
   return ParameterShard{dim, {{rank * n, n}}};
 }

@@ -32,7 +32,6 @@ struct RuntimeFamily {
 const RuntimeFamily& RuntimeFamilyOf(Family family);
 
 // For the families' definitions:
-bool EndsWith(const std::string& s, const std::string& suffix);
 // Split: rank `rank`'s n elements along `dim`.
 ParameterShard Split(int64_t dim, int64_t n, int64_t rank);
 // ReplicatedUnderSequenceParallelism: with config.sp, a replicated parameter (a norm, a

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
 #include "runtime/family.h"
@@ -231,14 +232,14 @@ class Gpt2Model : public ModelImpl {
 ParameterShard Gpt2ShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
   const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, f = c.Intermediate() / c.tp,
                 v = c.vocab / c.tp, width = c.heads * hd;
-  if (EndsWith(name, "c_attn_weight") || EndsWith(name, "c_attn_bias")) {
-    const int64_t dim = EndsWith(name, "weight") ? 1 : 0;
+  if (absl::EndsWith(name, "c_attn_weight") || absl::EndsWith(name, "c_attn_bias")) {
+    const int64_t dim = absl::EndsWith(name, "weight") ? 1 : 0;
     return ParameterShard{dim, {{r * q, q}, {width + r * q, q}, {2 * width + r * q, q}}};
   }
-  if (EndsWith(name, "attn_c_proj_weight")) return Split(0, q, r);
-  if (EndsWith(name, "c_fc_weight")) return Split(1, f, r);
-  if (EndsWith(name, "c_fc_bias")) return Split(0, f, r);
-  if (EndsWith(name, "mlp_c_proj_weight")) return Split(0, f, r);
+  if (absl::EndsWith(name, "attn_c_proj_weight")) return Split(0, q, r);
+  if (absl::EndsWith(name, "c_fc_weight")) return Split(1, f, r);
+  if (absl::EndsWith(name, "c_fc_bias")) return Split(0, f, r);
+  if (absl::EndsWith(name, "mlp_c_proj_weight")) return Split(0, f, r);
   if (name == "wte.weight") return Split(0, v, r);
   return {};
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
 #include "runtime/family.h"
@@ -259,15 +260,17 @@ class LlamaModel : public ModelImpl {
 ParameterShard LlamaShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
   const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, kv = c.KvHeads() / c.tp * hd,
                 f = c.Intermediate() / c.tp, v = c.vocab / c.tp;
-  if (EndsWith(name, "q_proj.weight") || EndsWith(name, "q_proj.bias")) return Split(0, q, r);
-  for (const char* kv_name : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
-    if (EndsWith(name, kv_name)) return Split(0, kv, r);
+  if (absl::EndsWith(name, "q_proj.weight") || absl::EndsWith(name, "q_proj.bias")) {
+    return Split(0, q, r);
   }
-  if (EndsWith(name, "o_proj.weight")) return Split(1, q, r);
-  if (EndsWith(name, "gate_proj.weight") || EndsWith(name, "up_proj.weight")) {
+  for (const char* kv_name : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
+    if (absl::EndsWith(name, kv_name)) return Split(0, kv, r);
+  }
+  if (absl::EndsWith(name, "o_proj.weight")) return Split(1, q, r);
+  if (absl::EndsWith(name, "gate_proj.weight") || absl::EndsWith(name, "up_proj.weight")) {
     return Split(0, f, r);
   }
-  if (EndsWith(name, "down_proj.weight")) return Split(1, f, r);
+  if (absl::EndsWith(name, "down_proj.weight")) return Split(1, f, r);
   if (name == "embed_tokens.weight" || name == "lm_head.weight") return Split(0, v, r);
   return {};
 }
@@ -276,7 +279,8 @@ bool LlamaGradientIsPartial(const ModelConfig& c, const std::string& name) {
   // Qwen3's q_norm and k_norm weights are replicated, but each rank normalises its own
   // heads only: transformers' tensor-parallel plan marks them
   // "replicated_with_grad_allreduce" (configuration_qwen3.py, base_model_tp_plan).
-  if (c.tp > 1 && (EndsWith(name, "q_norm.weight") || EndsWith(name, "k_norm.weight"))) {
+  if (c.tp > 1 &&
+      (absl::EndsWith(name, "q_norm.weight") || absl::EndsWith(name, "k_norm.weight"))) {
     return true;
   }
   return ReplicatedUnderSequenceParallelism(c, name);
