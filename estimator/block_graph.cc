@@ -27,6 +27,10 @@ const char* ModelTensorName(ModelTensor id) {
       return "rope.cos";
     case ModelTensor::kRopeSin:
       return "rope.sin";
+    case ModelTensor::kRopeLocalCos:
+      return "rope_local.cos";
+    case ModelTensor::kRopeLocalSin:
+      return "rope_local.sin";
   }
   return "?";
 }
@@ -61,6 +65,25 @@ std::vector<int> BlockGraph::Parameters() const {
   return parameters;
 }
 
+int64_t ModelGraphs::LayersOfKind(int kind, int64_t first, int64_t count) const {
+  // Whole periods, then the rest of the range one pattern position at a time.
+  const int64_t period = Period();
+  int64_t per_period = 0;
+  for (int k : pattern) per_period += k == kind ? 1 : 0;
+  int64_t layers = count / period * per_period;
+  for (int64_t i = first + count / period * period; i < first + count; ++i) {
+    layers += KindOf(i) == kind ? 1 : 0;
+  }
+  return layers;
+}
+
+int64_t ModelGraphs::FirstOfKind(int kind) const {
+  for (int64_t i = 0; i < Period(); ++i) {
+    if (pattern[i] == kind) return i;
+  }
+  return -1;
+}
+
 ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
                                 const StageRange& stage) {
   ParameterCensus census;
@@ -70,7 +93,11 @@ ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& co
       if (tensor.is_parameter && tensor.is_tied == tied) census.tensors += copies;
     }
   };
-  add(graphs.layer, stage.layers, /*tied=*/false);
+  for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
+    add(graphs.layer_kinds[kind],
+        graphs.LayersOfKind(static_cast<int>(kind), stage.first_layer, stage.layers),
+        /*tied=*/false);
+  }
   if (stage.prologue && graphs.prologue.has_value()) add(*graphs.prologue, 1, false);
   if (stage.head) {
     add(graphs.epilogue, 1, false);
@@ -82,9 +109,10 @@ ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& co
 CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
   const SymbolValues symbols(config);
   CheckedInt64 bytes = 0;
-  for (const BlockGraph* graph : {graphs.prologue ? &*graphs.prologue : nullptr, &graphs.layer,
-                                  &graphs.epilogue}) {
-    if (graph == nullptr) continue;
+  std::vector<const BlockGraph*> segments = {&graphs.epilogue};
+  if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
+  for (const BlockGraph& kind : graphs.layer_kinds) segments.push_back(&kind);
+  for (const BlockGraph* graph : segments) {
     for (const TensorDef& tensor : graph->tensors) {
       if (tensor.is_buffer) bytes += Elements(tensor, symbols) * ElementSizeBytes(tensor.dtype);
     }

@@ -5,7 +5,7 @@
 //
 // Example:
 //   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, AttentionMode::kFlash);
-//   for (const OpDef& op : graphs->layer.ops) ...  // in execution order
+//   for (const OpDef& op : graphs->Layer(0).ops) ...  // in execution order
 #ifndef ESTIMATOR_BLOCK_GRAPH_H_
 #define ESTIMATOR_BLOCK_GRAPH_H_
 
@@ -31,8 +31,13 @@ enum class ModelTensor : uint8_t {
   kPositionIds, // position_ids (1, T)
   kRopeCos,     // the rotary tables (1, T, d_head) in the hidden states' dtype
   kRopeSin,
+  // Gemma 3's sliding-window layers' own rotary tables (rope_local_base_freq): one pair
+  // per layer type (modeling_gemma3.py, Gemma3TextModel.forward).
+  kRopeLocalCos,
+  kRopeLocalSin,
 };
-// ModelTensorName: "input_ids", "position_ids", "rope.cos", "rope.sin" ("" for kNone).
+// ModelTensorName: "input_ids", "position_ids", "rope.cos", "rope.sin", "rope_local.cos",
+// "rope_local.sin" ("" for kNone).
 const char* ModelTensorName(ModelTensor id);
 
 // TensorDef is one tensor of the graph; its layout is derived during a walk.
@@ -112,12 +117,27 @@ struct BlockGraph {
 };
 
 // ModelGraphs is a model as segments: prologue (embedding; none for the study, whose
-// input is the hidden state itself), `layers` identical decoder layers, epilogue (final
-// norm, LM head and loss; the study's x.pow(2).mean()).
+// input is the hidden state itself), the decoder layers, epilogue (final norm, LM head
+// and loss; the study's x.pow(2).mean()). The layers are of a few kinds (Gemma 3's
+// sliding-window and global layers) in a repeating pattern: layer i is
+// layer_kinds[pattern[i % pattern.size()]]. Every consumer works per kind, so its cost
+// grows with the kinds and the pattern's period, not with the layer count.
 struct ModelGraphs {
   std::optional<BlockGraph> prologue;
-  BlockGraph layer;
+  std::vector<BlockGraph> layer_kinds;  // at least one; all take and give (B, T, d)
+  std::vector<int> pattern = {0};       // one period of kinds, into layer_kinds
   BlockGraph epilogue;
+
+  int KindOf(int64_t layer) const {
+    return pattern[static_cast<size_t>(layer % static_cast<int64_t>(pattern.size()))];
+  }
+  const BlockGraph& Layer(int64_t layer) const { return layer_kinds[KindOf(layer)]; }
+  int64_t Period() const { return static_cast<int64_t>(pattern.size()); }
+  // LayersOfKind counts the layers of `kind` among [first, first + count), in closed
+  // form.
+  int64_t LayersOfKind(int kind, int64_t first, int64_t count) const;
+  // FirstOfKind is the first layer of `kind`.
+  int64_t FirstOfKind(int kind) const;
 };
 
 // BuildModelGraphs returns the graphs of `config.family` with `mode` attention, as the

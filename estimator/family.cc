@@ -259,8 +259,10 @@ absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode,
   // The model's own op kinds: those of its layer graph's ops.
   const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, mode);
   SavePolicy present;
-  for (const OpDef& op : graphs->layer.ops) {
-    if (op.policy_kind.has_value()) present.Add(*op.policy_kind);
+  for (const BlockGraph& kind : graphs->layer_kinds) {
+    for (const OpDef& op : kind.ops) {
+      if (op.policy_kind.has_value()) present.Add(*op.policy_kind);
+    }
   }
   std::vector<std::string> missing, has;
   for (int k = 0; k < kNumOpKinds; ++k) {

@@ -47,12 +47,15 @@ using liveness_internal::WhereText;
 using liveness_internal::Simulation;
 
 // Composing a long model's peak from a short one's stretches. A layer's forward and
-// backward stretches depend on its own kind (plain or checkpointed) and its neighbours'
-// (every_k repeats them with period k), and on whether it is the first or the last: a
-// model of 2k + 3 layers (congruent to the real count mod k) has a stretch equal to each
-// real layer's (verified against the whole simulation by liveness_test).
-int64_t PeriodOf(const Variant& variant) {
-  return variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
+// backward stretches depend on its own kind (its graph's, and plain or checkpointed) and
+// its neighbours' (every_k repeats them with period k, the layer pattern with its own;
+// together with their least common multiple k), and on whether it is the first or the
+// last: a model of 2k + 3 layers (congruent to the real count mod k) has a stretch equal
+// to each real layer's (verified against the whole simulation by liveness_test).
+int64_t PeriodOf(const Variant& variant, const ModelGraphs& graphs) {
+  const int64_t every =
+      variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
+  return std::lcm(every, graphs.Period());  // <= kMaxEvery x the pattern's period
 }
 
 // ResidentTimeline starts a step's timeline from what is resident throughout it.
@@ -65,10 +68,9 @@ StepTimeline ResidentTimeline(const ResidentBytes& resident) {
   return timeline;
 }
 
-int64_t ReducedLayers(int64_t layers, const Variant& variant) {
+int64_t ReducedLayers(int64_t layers, const Variant& variant, int64_t k) {
   // A plan has no period: the whole model is replayed.
   if (variant.kind == VariantKind::kPlan) return layers;
-  const int64_t k = PeriodOf(variant);
   // The least r >= 2k + 3 congruent to layers mod k, in closed form (k may be any int64:
   // a loop would run up to k times); the real model itself when r would not be shorter.
   if (k > (layers - 3) / 2) return layers;  // 2k + 3 > layers
@@ -93,7 +95,7 @@ int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
 // net added at once. Every sum that could overflow is linear in the period's number,
 // extreme at the ends, and the ends are walked.
 absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
-                                     const StepTimeline& short_timeline,
+                                     const StepTimeline& short_timeline, const ModelGraphs& graphs,
                                      int64_t layers, int64_t reduced, int64_t k) {
   const auto& segments = simulation.segments();
   std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
@@ -177,15 +179,20 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   walk(segments.backward, layers - 1, -1);
   visit(segments.tail, -1);
   // The optimizer's step holds every layer's fp32 .grad copy with master weights, and
-  // every layer's share of foreach's list.
+  // every layer's share of foreach's list: the real model's layers beyond the short
+  // one's, kind by kind.
   SegmentSummary optimizer = segments.optimizer;
-  for (int c = 0; c < kNumMemoryCategories; ++c) {
-    int64_t more = 0;
-    overflow = overflow ||
-               __builtin_mul_overflow(layers - reduced, segments.optimizer_layer_bytes[c],
-                                      &more) ||
-               __builtin_add_overflow(optimizer.rise, more, &optimizer.rise) ||
-               __builtin_add_overflow(optimizer.at_rise[c], more, &optimizer.at_rise[c]);
+  for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
+    const int64_t beyond = graphs.LayersOfKind(static_cast<int>(kind), 0, layers) -
+                           graphs.LayersOfKind(static_cast<int>(kind), 0, reduced);
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      int64_t more = 0;
+      overflow = overflow ||
+                 __builtin_mul_overflow(beyond, segments.optimizer_layer_bytes[kind][c],
+                                        &more) ||
+                 __builtin_add_overflow(optimizer.rise, more, &optimizer.rise) ||
+                 __builtin_add_overflow(optimizer.at_rise[c], more, &optimizer.at_rise[c]);
+    }
   }
   visit(optimizer, -1);
   if (overflow) {
@@ -210,9 +217,10 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   plans->graphs = ModelGraphsFor(config, attention);
   const ModelGraphs& graphs = *plans->graphs;
   // What the simulation does not model yet, found before any work.
-  for (const BlockGraph* graph : {graphs.prologue ? &*graphs.prologue : nullptr,
-                                  &graphs.layer, &graphs.epilogue}) {
-    if (graph == nullptr) continue;
+  std::vector<const BlockGraph*> segments = {&graphs.epilogue};
+  if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
+  for (const BlockGraph& kind : graphs.layer_kinds) segments.push_back(&kind);
+  for (const BlockGraph* graph : segments) {
     for (const OpDef& op : graph->ops) {
       if (!Modelled(op.type)) {
         return absl::UnimplementedError(absl::StrCat(
@@ -235,8 +243,13 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   }
   // The study's first layer reads the model input, which needs no gradient; the
   // families' first layer reads the embeddings.
-  if (absl::Status s = make(graphs.layer, families, &plans->first); !s.ok()) return s;
-  if (absl::Status s = make(graphs.layer, true, &plans->rest); !s.ok()) return s;
+  if (absl::Status s = make(graphs.Layer(0), families, &plans->first); !s.ok()) return s;
+  plans->rest.resize(graphs.layer_kinds.size());
+  for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
+    if (absl::Status s = make(graphs.layer_kinds[kind], true, &plans->rest[kind]); !s.ok()) {
+      return s;
+    }
+  }
   if (absl::Status s = make(graphs.epilogue, true, &plans->head); !s.ok()) return s;
   return StepSimulator(config, attention, options, std::move(plans));
 }
@@ -260,7 +273,8 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   StepTimeline timeline = ResidentTimeline(resident);
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
-  const int64_t reduced = ReducedLayers(config_.layers, variant);
+  const int64_t period = PeriodOf(variant, *plans.graphs);
+  const int64_t reduced = ReducedLayers(config_.layers, variant, period);
   // A data-parallel rank's reduction holds all of its layers' gradients at once (its
   // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
   // a pipeline stage interleaves micro-batches: such a step is replayed whole.
@@ -272,7 +286,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);
     if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
     absl::StatusOr<StepPeak> peak =
-        ComposePeak(simulation, timeline, config_.layers, reduced, PeriodOf(variant));
+        ComposePeak(simulation, timeline, *plans.graphs, config_.layers, reduced, period);
     if (!peak.ok()) return peak.status();
     timeline.peak = *std::move(peak);
     return timeline;

@@ -5,6 +5,7 @@
 #include <deque>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,22 +20,25 @@ namespace memledger {
 namespace {
 
 // BlockWalks memoizes the layer walks of one Predict call: a layer's walk depends only
-// on whether it is checkpointed (and with which policy) and whether it is the first.
+// on its kind (its graph), whether it is checkpointed (and with which policy) and whether
+// it is the first.
 class BlockWalks {
  public:
-  BlockWalks(const BlockGraph& graph, const ModelConfig& config, bool breakdown,
+  BlockWalks(const ModelGraphs& graphs, const ModelConfig& config, bool breakdown,
              const RuleTable* rules)
-      : graph_(graph), config_(config), breakdown_(breakdown), rules_(rules) {
-  }
+      : graphs_(graphs), config_(config), breakdown_(breakdown), rules_(rules),
+        layouts_(graphs.layer_kinds.size()) {}
 
-  // Get walks a layer; `core`: Megatron's selective recompute of the core attention
-  // (for a layer that is not checkpointed).
-  absl::StatusOr<const BlockWalk*> Get(bool checkpointed, const SavePolicy& policy,
+  const ModelGraphs& graphs() const { return graphs_; }
+
+  // Get walks a layer of `kind`; `core`: Megatron's selective recompute of the core
+  // attention (for a layer that is not checkpointed).
+  absl::StatusOr<const BlockWalk*> Get(int kind, bool checkpointed, const SavePolicy& policy,
                                        bool first, bool core = false) {
     core = core && !checkpointed;
     for (Entry& entry : entries_) {
-      if (entry.checkpointed == checkpointed && entry.first == first && entry.core == core &&
-          (!checkpointed || entry.policy == policy)) {
+      if (entry.kind == kind && entry.checkpointed == checkpointed && entry.first == first &&
+          entry.core == core && (!checkpointed || entry.policy == policy)) {
         return &entry.walk;
       }
     }
@@ -47,31 +51,37 @@ class BlockWalks {
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
-    // Every walk of the layer starts from the same layouts: computed once.
-    if (!laid_out_) {
-      layouts_ = LayoutBlock(graph_, config_);
-      laid_out_ = true;
+    // Every walk of a kind starts from the same layouts: computed once.
+    const BlockGraph& graph = graphs_.layer_kinds[kind];
+    Layouts& layouts = layouts_[kind];
+    if (!layouts.laid_out) {
+      layouts.layouts = LayoutBlock(graph, config_);
+      layouts.laid_out = true;
     }
-    absl::StatusOr<BlockWalk> walk = WalkBlock(graph_, config_, options, layouts_.get());
+    absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config_, options, layouts.layouts.get());
     if (!walk.ok()) return walk.status();
-    entries_.push_back(Entry{checkpointed, first, core, policy, *std::move(walk)});
+    entries_.push_back(Entry{kind, checkpointed, first, core, policy, *std::move(walk)});
     return &entries_.back().walk;
   }
 
  private:
   struct Entry {
+    int kind;
     bool checkpointed;
     bool first;
     bool core;
     SavePolicy policy;
     BlockWalk walk;
   };
-  const BlockGraph& graph_;
+  struct Layouts {
+    std::shared_ptr<const BlockLayouts> layouts;  // null if they failed (walks say why)
+    bool laid_out = false;
+  };
+  const ModelGraphs& graphs_;
   const ModelConfig& config_;
   bool breakdown_;
   const RuleTable* rules_;
-  std::shared_ptr<const BlockLayouts> layouts_;  // null if they failed (walks say why)
-  bool laid_out_ = false;
+  std::vector<Layouts> layouts_;  // by kind
   std::deque<Entry> entries_;  // deque: Get's pointers stay valid
 };
 
@@ -81,9 +91,11 @@ struct Segments {
   BlockWalk epilogue;
 };
 
-// Multiples returns how many i in [lo, hi] have i % k == 0 (lo >= 1).
-int64_t Multiples(int64_t lo, int64_t hi, int64_t k) {
-  return hi < lo ? 0 : hi / k - (lo - 1) / k;
+// Congruent returns how many i in [lo, hi] have i % k == r (lo >= 0, 0 <= r < k).
+int64_t Congruent(int64_t lo, int64_t hi, int64_t r, int64_t k) {
+  if (hi < lo) return 0;
+  auto upto = [&](int64_t x) { return x < r ? 0 : (x - r) / k + 1; };  // in [0, x]
+  return upto(hi) - (lo == 0 ? 0 : upto(lo - 1));
 }
 
 // ByDtype is a byte count split by dtype (indexed by DType).
@@ -152,6 +164,7 @@ struct LayerCensus {
     bool checkpointed = false;
     bool first = false;
     int64_t count = 0;
+    int layer_kind = 0;  // into ModelGraphs::layer_kinds
   };
   std::vector<Kind> kinds;  // kinds[0]: the first layer
   int64_t kept_boundaries = 0;  // among boundaries 1..L-1
@@ -163,50 +176,57 @@ bool SharedKept(const BlockWalk& before, const BlockWalk& after) {
 }
 
 // PeriodicCensus counts a variant other than a plan in closed form over the model's
-// layers [lo, lo + n) (all of them, or a pipeline stage's): the first is its own kind,
-// the others are of two kinds at most (checkpointed or not, by i % k), so the counts of
-// kinds and of adjacent pairs are counts of multiples of k (any int64 layer count).
+// layers [lo, lo + n) (all of them, or a pipeline stage's). The first is its own kind;
+// the others repeat with period m, the least common multiple of the variant's k (layer i
+// checkpointed iff i % k == 0; 1 for full and selective) and the layer pattern's period,
+// so a layer's walk and the pair it forms with the next depend on i % m only: the counts
+// are of residues (any int64 layer count), and the cost grows with m, not with n.
 absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t lo, int64_t n,
                                            BlockWalks& walks) {
-  // Full and selective checkpoint every layer: k = 1. `none` checkpoints none.
+  const ModelGraphs& graphs = walks.graphs();
+  // `none` and core_attention checkpoint no layer; core_attention recomputes each layer's
+  // core attention instead.
   const bool checkpoints =
       variant.kind != VariantKind::kNone && variant.kind != VariantKind::kCoreAttention;
-  const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
-  const SavePolicy policy = variant.PolicyAt(0);
-  // core_attention checkpoints no layer; each recomputes its core attention.
   const bool core = variant.kind == VariantKind::kCoreAttention;
-  auto checkpointed = [&](int64_t i) { return checkpoints && i % k == 0; };
-  absl::StatusOr<const BlockWalk*> first =
-      walks.Get(checkpointed(lo), policy, /*first=*/lo == 0, core);
-  absl::StatusOr<const BlockWalk*> plain = walks.Get(false, policy, /*first=*/false, core);
-  absl::StatusOr<const BlockWalk*> ckpt = walks.Get(checkpoints, policy, /*first=*/false);
-  for (const auto* s : {&first, &plain, &ckpt}) {
-    if (!s->ok()) return s->status();
-  }
-  const BlockWalk& f = **first;
-  const BlockWalk& p = **plain;
-  const BlockWalk& c = **ckpt;
-  const int64_t hi = lo + n - 1;  // the last layer
-  // Layers lo+1..hi: checkpointed iff i % k == 0 (never for `none`).
-  const int64_t n_ckpt = checkpoints ? Multiples(lo + 1, hi, k) : 0;
-  const int64_t n_plain = (n - 1) - n_ckpt;
+  const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
+  const int64_t m = std::lcm(k, graphs.Period());
+  const SavePolicy policy = variant.PolicyAt(0);
+  auto walk_of = [&](int64_t i, bool first) {
+    return walks.Get(graphs.KindOf(i), checkpoints && i % k == 0, policy, first, core);
+  };
+  absl::StatusOr<const BlockWalk*> first = walk_of(lo, /*first=*/lo == 0);
+  if (!first.ok()) return first.status();
   LayerCensus census;
-  census.kinds.push_back({&f, checkpointed(lo), lo == 0, 1});
-  if (n_ckpt > 0) census.kinds.push_back({&c, true, false, n_ckpt});
-  if (n_plain > 0) census.kinds.push_back({&p, false, false, n_plain});
-  census.last = n == 1 ? &f : (checkpointed(hi) ? &c : &p);
-  if (n >= 2) {
-    census.kept_boundaries += SharedKept(f, checkpointed(lo + 1) ? c : p) ? 1 : 0;
-    // Boundaries after layers j = lo+1..hi-1 sit between two non-first layers.
-    const int64_t ckpt_before = checkpoints ? Multiples(lo + 1, hi - 1, k) : 0;
-    const int64_t ckpt_after = checkpoints ? Multiples(lo + 2, hi, k) : 0;
-    const int64_t pairs = n - 2;
-    if (k == 1 && checkpoints) {
-      census.kept_boundaries += SharedKept(c, c) ? pairs : 0;
+  census.kinds.push_back({*first, checkpoints && lo % k == 0, lo == 0, 1, graphs.KindOf(lo)});
+  const int64_t hi = lo + n - 1;  // the last layer
+  census.last = *first;
+  // One period of layers after the first (fewer when the stage is shorter): each stands
+  // for the layers congruent to it mod m.
+  for (int64_t i = lo + 1; i <= std::min(hi, lo + m); ++i) {
+    absl::StatusOr<const BlockWalk*> walk = walk_of(i, /*first=*/false);
+    if (!walk.ok()) return walk.status();
+    const int64_t count = Congruent(lo + 1, hi, i % m, m);
+    auto kind = std::find_if(census.kinds.begin() + 1, census.kinds.end(),
+                             [&](const LayerCensus::Kind& c) { return c.walk == *walk; });
+    if (kind == census.kinds.end()) {
+      census.kinds.push_back({*walk, checkpoints && i % k == 0, false, count, graphs.KindOf(i)});
     } else {
-      census.kept_boundaries += (SharedKept(c, p) ? ckpt_before : 0) +
-                                (SharedKept(p, c) ? ckpt_after : 0) +
-                                (SharedKept(p, p) ? pairs - ckpt_before - ckpt_after : 0);
+      kind->count += count;
+    }
+    if (i % m == hi % m) census.last = *walk;
+    // The boundary between the first layer and the next.
+    if (i == lo + 1 && SharedKept(**first, **walk)) census.kept_boundaries += 1;
+  }
+  // The boundaries after layers j in [lo + 1, hi - 1], by j's residue: between j's walk
+  // and j + 1's.
+  for (int64_t j = lo + 1; j <= std::min(hi - 1, lo + m); ++j) {
+    absl::StatusOr<const BlockWalk*> before = walk_of(j, false);
+    absl::StatusOr<const BlockWalk*> after = walk_of(j + 1, false);
+    if (!before.ok()) return before.status();
+    if (!after.ok()) return after.status();
+    if (SharedKept(**before, **after)) {
+      census.kept_boundaries += Congruent(lo + 1, hi - 1, j % m, m);
     }
   }
   return census;
@@ -219,12 +239,13 @@ absl::StatusOr<LayerCensus> PlanCensus(const Variant& variant, int64_t lo, int64
   const BlockWalk* previous = nullptr;
   for (int64_t i = lo; i < lo + n; ++i) {
     const LayerChoice choice = variant.At(i);
-    absl::StatusOr<const BlockWalk*> walk = walks.Get(choice.checkpointed, choice.policy, i == 0);
+    absl::StatusOr<const BlockWalk*> walk =
+        walks.Get(walks.graphs().KindOf(i), choice.checkpointed, choice.policy, i == 0);
     if (!walk.ok()) return walk.status();
     auto kind = std::find_if(census.kinds.begin(), census.kinds.end(),
                              [&](const LayerCensus::Kind& k) { return k.walk == *walk; });
     if (kind == census.kinds.end()) {
-      census.kinds.push_back({*walk, choice.checkpointed, i == 0, 1});
+      census.kinds.push_back({*walk, choice.checkpointed, i == 0, 1, walks.graphs().KindOf(i)});
     } else {
       ++kind->count;
     }
@@ -347,7 +368,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
     for (const LayerCensus::Kind& kind : census.kinds) {
       prediction.blocks.push_back(BlockKind{kind.checkpointed,
                                             !kind.first || FamilyOf(config.family).decoder,
-                                            kind.count, *kind.walk});
+                                            kind.count, *kind.walk, kind.layer_kind});
     }
     prediction.prologue = segments.prologue;
     prediction.epilogue = epilogue;
@@ -475,7 +496,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
   if (!walked.ok()) return walked.status();
   const Segments& segments = *walked;
 
-  BlockWalks walks(graphs->layer, config, options.breakdown, options.rules);
+  BlockWalks walks(*graphs, config, options.breakdown, options.rules);
   Variant none;
   absl::StatusOr<VariantPrediction> reference =
       PredictVariant(none, config, segments, /*breakdown=*/false, walks, WholeModel(config));
@@ -598,7 +619,7 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& model,
   }
   absl::StatusOr<Segments> segments = WalkSegments(*graphs, config, options);
   if (!segments.ok()) return segments.status();
-  BlockWalks walks(graphs->layer, config, options.breakdown, options.rules);
+  BlockWalks walks(*graphs, config, options.breakdown, options.rules);
   StagePrediction prediction;
   prediction.n_params = n_params.value();
   prediction.n_param_tensors = census.tensors;

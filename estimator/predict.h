@@ -58,6 +58,7 @@ struct BlockKind {
   bool input_requires_grad = true;  // false only for the first block
   int64_t count = 0;
   BlockWalk walk;  // with storages when PredictOptions::breakdown
+  int layer_kind = 0;  // its graph: ModelGraphs::layer_kinds[layer_kind]
 };
 
 struct VariantPrediction {

@@ -249,7 +249,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
         rapidjson::Value k(rapidjson::kObjectType);
         k.AddMember("block", String(BlockKindLabel(kind), a), a);
         k.AddMember("count", kind.count, a);
-        k.AddMember("storages", StoragesJson(v.graphs->layer, kind.walk, a), a);
+        k.AddMember("storages", StoragesJson(v.graphs->layer_kinds[kind.layer_kind], kind.walk, a), a);
         kinds.PushBack(k, a);
       }
       rapidjson::Value loss(rapidjson::kObjectType);
@@ -392,7 +392,7 @@ std::string BreakdownText(const Prediction& p) {
     }
     for (const BlockKind& kind : v.blocks) {
       absl::StrAppendFormat(&out, " %s, x%d:\n", BlockKindLabel(kind), kind.count);
-      storages(v.graphs->layer, kind.walk);
+      storages(v.graphs->layer_kinds[kind.layer_kind], kind.walk);
     }
     absl::StrAppendFormat(&out, " loss, x1:\n");
     storages(v.graphs->epilogue, v.epilogue);

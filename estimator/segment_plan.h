@@ -5,7 +5,7 @@
 //
 // Example:
 //   absl::StatusOr<std::unique_ptr<SegmentPlan>> plan =
-//       MakePlan(graphs->layer, config, /*input_requires_grad=*/true, /*rules=*/nullptr);
+//       MakePlan(graphs->Layer(0), config, /*input_requires_grad=*/true, /*rules=*/nullptr);
 #ifndef ESTIMATOR_SEGMENT_PLAN_H_
 #define ESTIMATOR_SEGMENT_PLAN_H_
 
@@ -65,13 +65,16 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
 
 // ModelPlans are a model's segment plans, made once and shared by every variant's
 // simulation: the prologue (families), the first layer (whose input needs no gradient in
-// the study), the other layers and the head.
+// the study), each kind of the other layers and the head.
 struct ModelPlans {
   std::shared_ptr<const ModelGraphs> graphs;
   std::unique_ptr<SegmentPlan> prologue;
   std::unique_ptr<SegmentPlan> first;
-  std::unique_ptr<SegmentPlan> rest;
+  std::vector<std::unique_ptr<SegmentPlan>> rest;  // by layer kind
   std::unique_ptr<SegmentPlan> head;
+  const SegmentPlan* Layer(int64_t i) const {
+    return i == 0 ? first.get() : rest[graphs->KindOf(i)].get();
+  }
 };
 
 }  // namespace memledger::liveness_internal

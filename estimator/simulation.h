@@ -68,11 +68,11 @@ class Simulation {
     std::vector<SegmentSummary> backward;  // per layer
     SegmentSummary tail;                   // the embeddings' backward, the graph's end
     SegmentSummary optimizer;
-    // optimizer_layer_bytes: what one layer adds, by category, to the optimizer step's
-    // rise, where it is all alive at once: with master weights its fp32 .grad copies,
-    // with foreach its share of the exp_avg_sq.sqrt() list. The rise grows by them per
-    // layer.
-    std::array<int64_t, kNumMemoryCategories> optimizer_layer_bytes{};
+    // optimizer_layer_bytes: what one layer of each kind adds, by category, to the
+    // optimizer step's rise, where it is all alive at once: with master weights its fp32
+    // .grad copies, with foreach its share of the exp_avg_sq.sqrt() list. The rise grows
+    // by them per layer.
+    std::vector<std::array<int64_t, kNumMemoryCategories>> optimizer_layer_bytes;
   };
   const Segments& segments() const { return segments_; }
   std::string Text(const Where& where) const { return WhereText(where, optimizer_); }
@@ -227,11 +227,17 @@ class Simulation {
   absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
                                 const std::vector<int>& inputs);
   void ParameterOrder(const ModelPlans& plans);
-  // IsLayerZeroParameter: stepped tensor p is a parameter of layer 0 of a single rank's model
-  // (what one more layer of a composed model adds to the optimizer's step).
-  bool IsLayerZeroParameter(size_t p) const {
-    return p < parameter_order_.size() && parameter_order_[p].first == 0 &&
-           options_.rank.parallel.dp <= 1;
+  // OptimizerLayerBytes is where stepped tensor p's bytes count in
+  // Segments::optimizer_layer_bytes: its kind's, when p is a parameter of the first layer
+  // of its kind in a single rank's model (what one more layer of that kind adds to the
+  // optimizer's step); null otherwise.
+  std::array<int64_t, kNumMemoryCategories>* OptimizerLayerBytes(size_t p) {
+    if (p >= parameter_order_.size() || options_.rank.parallel.dp > 1) return nullptr;
+    const int64_t layer = parameter_order_[p].first;
+    if (layer < 0 || layer >= graphs_->Period()) return nullptr;
+    const int kind = graphs_->KindOf(layer);
+    if (graphs_->FirstOfKind(kind) != layer) return nullptr;
+    return &segments_.optimizer_layer_bytes[kind];
   }
   absl::Status ForwardPass(const ModelPlans& plans, InFlight& f);
   absl::Status BackwardPass(const ModelPlans& plans, InFlight& f,
@@ -347,15 +353,18 @@ class Simulation {
   // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
   std::function<void()> decoder_returns_;
   const BlockGraph* prologue_graph_ = nullptr;
+  const ModelGraphs* graphs_ = nullptr;  // Run's
   std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)
   Handle hidden_;     // the layout of the hidden states between layers (and stages)
   int loss_total_ = -1;  // the first micro-batch's loss, which the others are added into
   Segments segments_;
   std::vector<ParameterKey> parameter_order_;
-  // ZeRO-3's state: each unit's parameter bytes (prologue, layer, head), the gathered
-  // units' buffers, the shard's gradient (-1 until made), the unit whose backward runs.
+  // ZeRO-3's state: each unit's parameter bytes (prologue, head, each layer kind), the
+  // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
+  // backward runs.
   bool zero3_ = false;
-  std::array<int64_t, 3> unit_bytes_{};
+  int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
+  std::vector<int64_t> layer_unit_bytes_;  // by kind
   int64_t shard_elements_ = 0;
   std::map<int64_t, int> gathered_;
   int shard_grad_ = -1;

@@ -17,6 +17,8 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
   if (families) prologue_graph_ = &*graphs.prologue;
+  graphs_ = &graphs;
+  segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
   const RankStep& rank = options_.rank;
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
@@ -27,12 +29,21 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
     auto parameter_bytes = [&](const BlockGraph& graph) {
       return (ParameterCount(graph, config_) * ElementSizeBytes(config_.dtype)).value();
     };
-    unit_bytes_ = {families ? parameter_bytes(*graphs.prologue) : 0, parameter_bytes(graphs.layer),
-                   parameter_bytes(graphs.epilogue)};
+    prologue_unit_bytes_ = families ? parameter_bytes(*graphs.prologue) : 0;
+    head_unit_bytes_ = parameter_bytes(graphs.epilogue);
+    layer_unit_bytes_.clear();
+    for (const BlockGraph& kind : graphs.layer_kinds) {
+      layer_unit_bytes_.push_back(parameter_bytes(kind));
+    }
     int64_t stage_bytes = 0;
     for (const StageRange& chunk : chunks_) {
-      stage_bytes += (chunk.prologue ? unit_bytes_[0] : 0) + chunk.layers * unit_bytes_[1] +
-                     (chunk.head ? unit_bytes_[2] : 0);
+      stage_bytes += (chunk.prologue ? prologue_unit_bytes_ : 0) +
+                     (chunk.head ? head_unit_bytes_ : 0);
+      for (size_t kind = 0; kind < layer_unit_bytes_.size(); ++kind) {
+        stage_bytes += graphs.LayersOfKind(static_cast<int>(kind), chunk.first_layer,
+                                           chunk.layers) *
+                       layer_unit_bytes_[kind];
+      }
     }
     shard_elements_ = ZeroShardElements(stage_bytes / ElementSizeBytes(config_.dtype), parallel.dp);
   }
@@ -74,8 +85,8 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
     if (j < simulated) inputs.push_back(id);
   }
   // The hidden states a stage receives or sends: the layers' input.
-  const BlockGraph& layer = graphs.layer;
-  hidden_.layout = plans.rest->walk.tensor_layouts[layer.input].layout;
+  const BlockGraph& layer = graphs.Layer(0);
+  hidden_.layout = plans.first->walk.tensor_layouts[layer.input].layout;
   hidden_.dtype = layer.tensors[layer.input].dtype;
 
   if (parallel.pp > 1) {
@@ -211,7 +222,7 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
   for (const StageRange& chunk : chunks_) {
     if (chunk.prologue && families) visit(plans.prologue.get(), Where::kPrologue);
     for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-      visit(i == 0 ? plans.first.get() : plans.rest.get(), i);
+      visit(plans.Layer(i), i);
     }
     if (chunk.head) visit(plans.head.get(), Where::kHead);
   }
@@ -224,8 +235,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
   const SegmentPlan* const first = plans.first.get();
-  const SegmentPlan* const rest = plans.rest.get();
-  const BlockGraph& layer = graphs.layer;
+  const BlockGraph& layer = graphs.Layer(0);
   const int input_id = f.input_id;
   Handle x;
   if (families && input_id >= 0) globals_[ModelTensor::kInputIds] = input_id;
@@ -271,7 +281,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   for (int64_t i = f.range.first_layer; i < end; ++i) {
     memory_.BeginSegment();
     Instance& inst = f.layers[i - f.range.first_layer];
-    inst.plan = i == 0 ? first : rest;
+    inst.plan = plans.Layer(i);
     inst.segment = i;
     GatherUnit(i);
     Handle y;
@@ -343,9 +353,6 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
                                       std::optional<Handle> output_grad) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
-  const SegmentPlan* const first = plans.first.get();
-  const SegmentPlan* const rest = plans.rest.get();
-  const BlockGraph& layer = graphs.layer;
   globals_ = f.globals;
   memory_.BeginSegment();
   memory_.SetPhase(StepPhase::kBackward);
@@ -383,6 +390,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   for (int64_t i = end - 1; i >= f.range.first_layer && grad.has_value(); --i) {
     memory_.BeginSegment();
     Instance& inst = f.layers[i - f.range.first_layer];
+    const BlockGraph& layer = graphs.Layer(i);
     const Handle incoming = *grad;
     grad.reset();
     Buffers layer_buffers;
@@ -398,7 +406,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
         grad = it->second;
       }
     } else if (checkpoint_input >= 0) {
-      inst.plan = i == 0 ? first : rest;
+      inst.plan = plans.Layer(i);
       if (absl::Status s =
               CheckpointBackward(inst, checkpoint_input, incoming, layer_buffers);
           !s.ok()) {

@@ -9,7 +9,10 @@
 namespace memledger::liveness_internal {
 
 int64_t Simulation::UnitBytes(int64_t segment) const {
-  return unit_bytes_[segment == Where::kPrologue ? 0 : segment == Where::kHead ? 2 : 1];
+  if (!zero3_) return 0;
+  if (segment == Where::kPrologue) return prologue_unit_bytes_;
+  if (segment == Where::kHead) return head_unit_bytes_;
+  return layer_unit_bytes_[graphs_->KindOf(segment)];
 }
 
 void Simulation::GatherUnit(int64_t segment) {
@@ -129,9 +132,8 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   if (optimizer_.master_weights) {
     for (size_t p = 0; p < numels.size(); ++p) {
       master_grads.push_back(memory_.Alloc(numels[p] * 4, MemoryCategory::kGradient));
-      if (IsLayerZeroParameter(p)) {
-        segments_.optimizer_layer_bytes[static_cast<int>(MemoryCategory::kGradient)] +=
-            numels[p] * 4;
+      if (auto* layer_bytes = OptimizerLayerBytes(p)) {
+        (*layer_bytes)[static_cast<int>(MemoryCategory::kGradient)] += numels[p] * 4;
       }
     }
   }
@@ -212,9 +214,8 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
         for (size_t p = 0; p < numels.size(); ++p) {
           const int64_t numel = numels[p];
           list_bytes += numel * element;
-          if (IsLayerZeroParameter(p)) {
-            segments_.optimizer_layer_bytes[static_cast<int>(MemoryCategory::kTemporary)] +=
-                numel * element;
+          if (auto* layer_bytes = OptimizerLayerBytes(p)) {
+            (*layer_bytes)[static_cast<int>(MemoryCategory::kTemporary)] += numel * element;
           }
           if (memory_.recording()) {
             roots.push_back(memory_.Alloc(numel * element, MemoryCategory::kTemporary));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -134,8 +135,16 @@ absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMod
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
   auto all = [](const OpDef&) { return false; };
-  absl::StatusOr<OpFlops> layer = SegmentFlops(graphs->layer, config, all);
-  if (!layer.ok()) return layer.status();
+  // Every layer kind's, times its count.
+  CheckedInt64 layers_total = 0;
+  std::optional<OpFlops> layer;
+  for (size_t kind = 0; kind < graphs->layer_kinds.size(); ++kind) {
+    absl::StatusOr<OpFlops> flops = SegmentFlops(graphs->layer_kinds[kind], config, all);
+    if (!flops.ok()) return flops.status();
+    if (static_cast<int>(kind) == graphs->KindOf(0)) layer = *flops;
+    layers_total += CheckedInt64(graphs->LayersOfKind(static_cast<int>(kind), 0, config.layers)) *
+                    (flops->forward + flops->backward);
+  }
   absl::StatusOr<OpFlops> head = SegmentFlops(graphs->epilogue, config, all);
   if (!head.ok()) return head.status();
   OpFlops other = *head;
@@ -145,8 +154,7 @@ absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMod
     other.forward += prologue->forward;
     other.backward += prologue->backward;
   }
-  const CheckedInt64 total = CheckedInt64(config.layers) * (layer->forward + layer->backward) +
-                            other.forward + other.backward;
+  const CheckedInt64 total = layers_total + other.forward + other.backward;
   if (total.overflowed() || other.forward.overflowed() || other.backward.overflowed()) {
     return absl::OutOfRangeError(
         absl::StrCat("the step's FLOPs overflow int64 at layers=", config.layers));
@@ -161,11 +169,11 @@ absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMod
 }
 
 absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
-                                       const LayerChoice& choice) {
+                                       const LayerChoice& choice, int64_t layer) {
   if (!choice.checkpointed) return 0;
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
   absl::StatusOr<OpFlops> recompute =
-      SegmentFlops(graphs->layer, config, [&](const OpDef& op) {
+      SegmentFlops(graphs->Layer(layer), config, [&](const OpDef& op) {
         return op.policy_kind.has_value() && choice.policy.Saves(*op.policy_kind);
       });
   if (!recompute.ok()) return recompute.status();
@@ -176,17 +184,18 @@ absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, Attentio
                                              const Variant& variant) {
   absl::StatusOr<StepFlops> step = CountStepFlops(config, attention);
   if (!step.ok()) return step.status();
-  // Layers of one choice cost the same: count each distinct choice once.
-  std::vector<std::pair<LayerChoice, int64_t>> seen;
+  // Layers of one kind and choice cost the same: count each distinct pair once.
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> seen;
   CheckedInt64 recompute = 0;
   for (int64_t i = 0; i < config.layers; ++i) {
-    const LayerChoice choice = variant.At(i);
+    const std::pair<int, LayerChoice> key = {graphs->KindOf(i), variant.At(i)};
     auto it = std::find_if(seen.begin(), seen.end(),
-                           [&](const auto& entry) { return entry.first == choice; });
+                           [&](const auto& entry) { return entry.first == key; });
     if (it == seen.end()) {
-      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, choice);
+      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, key.second, i);
       if (!flops.ok()) return flops.status();
-      seen.emplace_back(choice, *flops);
+      seen.emplace_back(key, *flops);
       it = std::prev(seen.end());
     }
     recompute += it->second;

@@ -27,7 +27,7 @@ namespace memledger {
 
 // StepFlops is one step without recompute.
 struct StepFlops {
-  int64_t layer_forward = 0;   // one decoder layer
+  int64_t layer_forward = 0;   // one decoder layer (the first's kind)
   int64_t layer_backward = 0;
   int64_t other_forward = 0;   // prologue (embeddings) and epilogue (head, loss)
   int64_t other_backward = 0;
@@ -38,10 +38,10 @@ struct StepFlops {
 // CountStepFlops counts a config's step; OutOfRange when it overflows int64.
 absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMode attention);
 
-// RecomputeFlops is what one layer's checkpoint recomputes under `choice`: its forward
-// less the ops its selective cache serves (0 when not checkpointed).
+// RecomputeFlops is what layer `layer`'s checkpoint recomputes under `choice`: its
+// forward less the ops its selective cache serves (0 when not checkpointed).
 absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
-                                       const LayerChoice& choice);
+                                       const LayerChoice& choice, int64_t layer = 0);
 
 // VariantRecompute is what a variant recomputes over its layers, and the overhead
 // (step + recompute) / step of its forward and backward.

@@ -72,6 +72,13 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
                                                    kMaxPlannerLayers, " layers, got --layers ",
                                                    config.layers));
   }
+  if (ModelGraphsFor(config, options.attention)->layer_kinds.size() > 1) {
+    // Its probes place each choice in every context of one kind of layer.
+    return absl::UnimplementedError(absl::StrCat(
+        "the checkpoint planner does not plan a model whose layers differ yet (this ",
+        FamilyOf(config.family).name, " model has ",
+        ModelGraphsFor(config, options.attention)->layer_kinds.size(), " kinds of layer)"));
+  }
   for (const LayerChoice& choice : tables->choices) {
     if (!choice.checkpointed) continue;
     if (absl::Status s = ValidatePolicy(choice.policy, options.attention, config); !s.ok()) {

@@ -336,7 +336,7 @@ TEST(PredictFamiliesTest, ParameterOrderNamesEveryParameterOnce) {
   for (const ModelConfig& config : {ModelConfig(), Preset("tiny-llama"), qwen2,
                                     Preset("tiny-gpt2")}) {
     const ModelGraphs graphs = BuildModelGraphs(config, AttentionMode::kFlash);
-    std::vector<const BlockGraph*> segments = {&graphs.layer, &graphs.epilogue};
+    std::vector<const BlockGraph*> segments = {&graphs.Layer(0), &graphs.epilogue};
     if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
     for (const BlockGraph* graph : segments) {
       std::vector<int> order = graph->Parameters(), all;

@@ -192,7 +192,7 @@ const FamilyDef& Gpt2Family() {
       .megatron = true,
       .dropouts = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
-        return ModelGraphs{BuildGpt2Prologue(config), BuildGpt2Layer(config, mode),
+        return ModelGraphs{BuildGpt2Prologue(config), {BuildGpt2Layer(config, mode)}, {0},
                            BuildGpt2Epilogue(config)};
       },
       .model_types = {"gpt2"},

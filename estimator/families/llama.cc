@@ -259,7 +259,7 @@ const FamilyDef& LlamaFamily() {
       .rope = true,
       .qk_norm = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
-        return ModelGraphs{BuildLlamaPrologue(config), BuildLlamaLayer(config, mode),
+        return ModelGraphs{BuildLlamaPrologue(config), {BuildLlamaLayer(config, mode)}, {0},
                            BuildLlamaEpilogue(config)};
       },
       .model_types = {"llama", "mistral", "qwen2", "qwen3"},

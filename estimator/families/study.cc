@@ -47,7 +47,7 @@ const FamilyDef& StudyFamily() {
       .name = "study",
       .fused_qkv = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
-        return ModelGraphs{std::nullopt, BuildStudyBlock(config, mode), BuildStudyLoss(config)};
+        return ModelGraphs{std::nullopt, {BuildStudyBlock(config, mode)}, {0}, BuildStudyLoss(config)};
       },
       .presets = {{"study", ModelConfig()}},  // the study's defaults: 6 x 128, 4 heads
   };
