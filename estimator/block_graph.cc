@@ -130,6 +130,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     DType amp;
     bool megatron, sp, tp, qkv_bias, qk_norm, grouped_query, repeats_kv, tied;
     bool resid_dropout, embd_dropout, attn_dropout, use_cache;
+    std::vector<LayerAttention> layer_attention;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -143,7 +144,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.dropout.resid > 0,
                      config.dropout.embd > 0,
                      config.dropout.attn > 0,
-                     config.KeepsKvCache()};
+                     config.KeepsKvCache(),
+                     config.layer_attention};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

@@ -48,6 +48,15 @@ enum class Family : uint8_t {
   kStudy,  // the reference study's pre-LN block stack, input (B, T, d), loss x.pow(2).mean()
   kLlama,  // Llama 2/3, Mistral, Qwen2, Qwen3: embedding, RMSNorm, RoPE, GQA, SwiGLU, head, CE
   kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, gelu_new, tied head, CE
+  // Gemma 3's text model: a scaled embedding, sandwich (1 + w) RMSNorms, q/k norms,
+  // GeGLU-tanh, sliding-window and global layers with their own RoPE tables.
+  kGemma3,
+};
+
+// LayerAttention is a decoder layer's attention span (transformers' layer_types).
+enum class LayerAttention : uint8_t {
+  kFull,     // "full_attention": every earlier token
+  kSliding,  // "sliding_attention": the last sliding_window tokens
 };
 
 // CheckpointImpl is torch.utils.checkpoint's implementation (use_reentrant). Both keep
@@ -87,6 +96,11 @@ struct ModelConfig {
   // and RoPE, each with its own (head_dim) weight (Qwen3's q_norm and k_norm,
   // models/qwen3/modeling_qwen3.py, Qwen3Attention).
   bool qk_norm = false;
+  // layer_attention: the layers' attention spans as one repeating period (layer i's is
+  // layer_attention[i % size]); empty: every layer full. Gemma 3's layer_types, by
+  // default 5 sliding : 1 full (configuration_gemma3.py, sliding_window_pattern 6).
+  std::vector<LayerAttention> layer_attention = {};
+  int64_t sliding_window = 0;  // the sliding layers' window in tokens (0: none)
   // dtype: parameters, gradients and activations ("pure" low precision when not fp32);
   // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
   // upcast, the logits' .float() before the loss).
@@ -139,6 +153,21 @@ struct ModelConfig {
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
   int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * width; }
+  // SlidingLayers counts the sliding-window layers among the first `n`.
+  int64_t SlidingLayers(int64_t n) const {
+    const int64_t period = static_cast<int64_t>(layer_attention.size());
+    int64_t count = 0;
+    for (int64_t i = 0; i < period; ++i) {
+      if (layer_attention[i] == LayerAttention::kSliding) count += i < n ? (n - 1 - i) / period + 1 : 0;
+    }
+    return count;
+  }
+  LayerAttention AttentionOf(int64_t layer) const {
+    return layer_attention.empty()
+               ? LayerAttention::kFull
+               : layer_attention[static_cast<size_t>(
+                     layer % static_cast<int64_t>(layer_attention.size()))];
+  }
 
   friend bool operator==(const ModelConfig& a, const ModelConfig& b) {
     return a.layers == b.layers && a.width == b.width && a.heads == b.heads &&
@@ -147,7 +176,8 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
-           a.qk_norm == b.qk_norm &&
+           a.qk_norm == b.qk_norm && a.layer_attention == b.layer_attention &&
+           a.sliding_window == b.sliding_window &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
            a.checkpoint_impl == b.checkpoint_impl;

@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "estimator/config.h"
 #include "rapidjson/document.h"
 #include "rapidjson/prettywriter.h"
 #include "rapidjson/stringbuffer.h"
@@ -72,10 +74,11 @@ class ConfigJsonReader {
     return std::string(doc_[key].GetString());
   }
 
-  // AllFullAttention checks an optional `layer_types` list: one "full_attention" entry
-  // per layer (sliding windows are not modelled for these families).
-  absl::Status AllFullAttention(const char* key, int64_t layers) const {
-    if (!Has(key)) return absl::OkStatus();
+  // LayerTypes reads an optional `layer_types` list: one "full_attention" or
+  // "sliding_attention" per layer; empty when the key is absent.
+  absl::StatusOr<std::vector<LayerAttention>> LayerTypes(const char* key, int64_t layers) const {
+    std::vector<LayerAttention> out;
+    if (!Has(key)) return out;
     const rapidjson::Value& types = doc_[key];
     if (!types.IsArray()) return Error(key, "must be a list of strings");
     if (types.Size() != static_cast<uint64_t>(layers)) {
@@ -84,14 +87,16 @@ class ConfigJsonReader {
     for (const rapidjson::Value& type : types.GetArray()) {
       if (!type.IsString()) return Error(key, "must be a list of strings");
       const absl::string_view name(type.GetString(), type.GetStringLength());
-      if (name == "full_attention") continue;
-      if (name == "sliding_attention") {
-        return Error(key, "'sliding_attention' is not modelled yet for this model_type");
+      if (name == "full_attention") {
+        out.push_back(LayerAttention::kFull);
+      } else if (name == "sliding_attention") {
+        out.push_back(LayerAttention::kSliding);
+      } else {
+        return Error(key, absl::StrCat("'", name, "' is not a layer type (full_attention, "
+                                       "sliding_attention)"));
       }
-      return Error(key, absl::StrCat("'", name, "' is not a layer type (full_attention, "
-                                     "sliding_attention)"));
     }
-    return absl::OkStatus();
+    return out;
   }
 
  private:
@@ -117,6 +122,12 @@ class ConfigJsonWriter {
   void String(const char* key, const char* value) {
     w_->Key(key);
     w_->String(value);
+  }
+  void Strings(const char* key, const std::vector<std::string>& values) {
+    w_->Key(key);
+    w_->StartArray();
+    for (const std::string& value : values) w_->String(value.c_str());
+    w_->EndArray();
   }
 
  private:

@@ -15,6 +15,7 @@ namespace memledger {
 const FamilyDef& StudyFamily();
 const FamilyDef& LlamaFamily();
 const FamilyDef& Gpt2Family();
+const FamilyDef& Gemma3Family();
 
 namespace {
 
@@ -34,13 +35,16 @@ const FamilyDef& FamilyOf(Family family) {
       return LlamaFamily();
     case Family::kGpt2:
       return Gpt2Family();
+    case Family::kGemma3:
+      return Gemma3Family();
   }
   return StudyFamily();
 }
 
 const std::vector<const FamilyDef*>& Families() {
   static const auto* const kFamilies =
-      new std::vector<const FamilyDef*>{&StudyFamily(), &LlamaFamily(), &Gpt2Family()};
+      new std::vector<const FamilyDef*>{&StudyFamily(), &LlamaFamily(), &Gpt2Family(),
+                                        &Gemma3Family()};
   return *kFamilies;
 }
 
@@ -160,6 +164,18 @@ absl::Status ValidateConfig(const ModelConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("the norm epsilon must be > 0, got ", config.norm_eps));
   }
+  if (!config.layer_attention.empty()) {
+    for (LayerAttention type : config.layer_attention) {
+      if (type == LayerAttention::kSliding && config.sliding_window < 1) {
+        return absl::InvalidArgumentError("sliding-window layers need a sliding_window >= 1");
+      }
+    }
+    if (!family.layer_types) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer types (layer_types) are not modelled for the ", family.name, " family"));
+    }
+  }
+  if (family.validate != nullptr) return family.validate(config);
   return absl::OkStatus();
 }
 

@@ -38,11 +38,16 @@ struct FamilyDef {
   // learned_positions: a position embedding of max_positions rows (seq <= it).
   bool learned_positions = false;
   bool qk_norm = false;   // may have Qwen3's q/k norms (ModelConfig::qk_norm)
+  // layer_types: its layers' attention spans differ (ModelConfig::layer_attention).
+  bool layer_types = false;
   bool megatron = false;  // has Megatron-LM's rendition (ModelConfig::megatron)
   // dropouts: transformers' dropout probabilities are modelled (ModelConfig::dropout).
   bool dropouts = false;
   // graphs builds the family's segments (estimator/graph_builder.h).
   ModelGraphs (*graphs)(const ModelConfig& config, AttentionMode mode) = nullptr;
+  // validate: the family's own checks after ValidateConfig's (what it does not model
+  // yet, one line each); nullptr for none.
+  absl::Status (*validate)(const ModelConfig& config) = nullptr;
   // model_types: the transformers config.json model_type values it reads, with `read`
   // (errors name the file and the key); `write` is HfConfigJson's body for it (after the
   // model_type, before tie_word_embeddings and use_cache), nullptr for a model that is

@@ -78,9 +78,12 @@ int64_t ReducedLayers(int64_t layers, const Variant& variant, int64_t k) {
   return std::min(layers, base + ((layers - base) % k + k) % k);
 }
 
-// Representative is the short model's layer whose stretches equal real layer i's.
+// Representative is the short model's layer whose stretches equal real layer i's: the
+// layer itself in the first period [0, k] (where each kind's first layer makes the
+// model-level tensors only it reads into activations, and frees them in the backward),
+// the last layer the last, and a middle one a layer congruent to it in [k + 1, 2k].
 int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
-  if (i == 0) return 0;
+  if (i <= k) return i;
   if (i == layers - 1) return reduced - 1;
   return k + 1 + ((i - k - 1) % k + k) % k;  // in [k + 1, 2k], congruent to i mod k
 }
@@ -129,18 +132,19 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
     }
   };
   // walk visits the layers' stretches from first to last (step +1 or -1), skipping
-  // whole middle periods after the first.
+  // whole middle periods after the second (the first, [1, k], may hold one-time
+  // changes: the first layer of each kind's).
   auto walk = [&](const std::vector<SegmentSummary>& stretches, int64_t first, int64_t step) {
     const int64_t middle = layers - 2;  // ComposePeak runs only for layers > 2k + 3
-    const int64_t skipped_periods = middle / k >= 3 ? middle / k - 2 : 0;
+    const int64_t skipped_periods = middle / k >= 4 ? middle / k - 3 : 0;
     std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
     for (int64_t n = 0, i = first; n < layers; ++n, i += step) {
-      if (n == 1) {
+      if (n == k + 1) {
         period_start = live;
         period_start_freed = freed_at_forward_end;
       }
       visit(stretches[Representative(i, layers, reduced, k)], i);
-      if (n == k && skipped_periods > 0) {
+      if (n == 2 * k && skipped_periods > 0) {
         // One period walked: skip the next skipped_periods with their net bytes.
         for (int c = 0; c < kNumMemoryCategories; ++c) {
           int64_t period_net = 0, net = 0, period_freed = 0, freed = 0;
@@ -284,6 +288,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     ModelConfig short_config = config_;
     short_config.layers = reduced;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);
+    simulation.set_model_layers(config_.layers);
     if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
     absl::StatusOr<StepPeak> peak =
         ComposePeak(simulation, timeline, *plans.graphs, config_.layers, reduced, period);

@@ -328,17 +328,24 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   // call arguments only checkpoints hold, and the wrapped numbers backward nodes keep.
   int64_t checkpointed_calls = 0;
   CheckedInt64 held_unsaved = epilogue.held_bytes;
-  if (segments.prologue.has_value()) held_unsaved += segments.prologue->held_bytes;
+  // The module buffers some node saves: resident before the step, not held by it.
+  CheckedInt64 saved_buffers = epilogue.buffer_bytes;
+  if (segments.prologue.has_value()) {
+    held_unsaved += segments.prologue->held_bytes;
+    saved_buffers += segments.prologue->buffer_bytes;
+  }
   for (const LayerCensus::Kind& kind : census.kinds) {
     if (kind.checkpointed) checkpointed_calls += kind.count;
     held_unsaved += CheckedInt64(kind.count) * kind.walk->held_bytes;
+    saved_buffers += CheckedInt64(kind.count) * kind.walk->buffer_bytes;
   }
   const CheckedInt64 held_besides = CheckedInt64(checkpointed_calls) * kCpuRngStateBytes +
                                     globals.HeldOnlyBytes() + held_unsaved;
   CheckedInt64 dtype_total = 0;
   for (const CheckedInt64& bytes : by_dtype) dtype_total += bytes;
   if (saved.overflowed() || cache.overflowed() || dtype_total.overflowed() ||
-      weight_copies.overflowed() || (saved + held_besides).overflowed()) {
+      weight_copies.overflowed() || (saved + held_besides).overflowed() ||
+      saved_buffers.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "saved bytes of variant ", variant.Name(), " overflow int64 at layers=", layers));
   }
@@ -362,7 +369,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
           : (f.keeps_input && stage.first_layer == 0 ? f.boundary_bytes : 0);
   for (int d = 0; d < kNumDTypes; ++d) prediction.saved_by_dtype[d] = by_dtype[d].value();
   prediction.held_after_forward_bytes =
-      (saved + held_besides).value() - prediction.input_bytes_kept;
+      (saved + held_besides).value() - prediction.input_bytes_kept - saved_buffers.value();
   prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {
     for (const LayerCensus::Kind& kind : census.kinds) {

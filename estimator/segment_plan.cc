@@ -35,7 +35,11 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   for (size_t op = 0; op < graph.ops.size(); ++op) {
     for (int input : graph.ops[op].inputs) {
       const int s = tensors[input].storage;
-      if (s < 0 || plan->walk.storage_list[s].is_parameter) continue;
+      // Parameters and buffers are resident: never freed by the step.
+      if (s < 0 || plan->walk.storage_list[s].is_parameter ||
+          plan->walk.storage_list[s].is_buffer) {
+        continue;
+      }
       std::vector<int>& reads = plan->reads[op];
       if (std::find(reads.begin(), reads.end(), s) == reads.end()) reads.push_back(s);
       plan->last_use[s] = static_cast<int>(op);

@@ -59,6 +59,9 @@ class Simulation {
         options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
 
   absl::Status Run(const ModelPlans& plans);
+  // set_model_layers: the real model's layer count when this simulation replays a short
+  // model for ComposePeak (what is made once for the whole model is the real one's).
+  void set_model_layers(int64_t layers) { model_layers_ = layers; }
   // The step's stretches, for ComposePeak.
   struct Segments {
     SegmentSummary prologue;               // model-level tensors, embeddings
@@ -177,7 +180,9 @@ class Simulation {
   // hooks; the holders' tensors stay (the frame's recomputed dict). `output` is left
   // undefined.
   absl::Status StopRecompute(Instance& inst, const std::vector<bool>& local, Handle* output);
-  void RopeTables(std::vector<int>* extras);
+  void RopeTables(ModelTensor cos, ModelTensor sin, std::vector<int>* extras);
+  void SlidingCacheLayers();
+  void AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras);
   void PositionIds(std::vector<int>* extras);
   // CallArguments: the model-level tensors a checkpointed layer holds to its backward,
   // the ones its graph reads (KeepReason::kCheckpointHeld).
@@ -320,6 +325,7 @@ class Simulation {
   }
 
   const ModelConfig& config_;
+  int64_t model_layers_ = -1;  // -1: config_.layers
   const Variant& variant_;
   const OptimizerSpec& optimizer_;
   const StepOptions& options_;
@@ -333,7 +339,8 @@ class Simulation {
   // included): autocast's casts of weights (leaves that require grad), which its cast
   // cache holds until the outermost autocast scope ends (the forward's, or a checkpointed
   // layer's recompute); and the keys and values of transformers' DynamicCache
-  // (use_cache without checkpointing), which the model's output holds.
+  // (use_cache without checkpointing), with its sliding-window layers' own tensors,
+  // which the model's output holds.
   // Each entry: the Memory id and the segment (layer index, or Where::kHead) that made it.
   std::vector<std::pair<int, int64_t>> forward_holds_;
   // ReleaseForwardHolds ends the scope; at the forward's end, what it frees is noted in

@@ -259,9 +259,10 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     const FamilyDef& family = FamilyOf(config_.family);
     if (family.learned_positions) PositionIds(&extras);
     if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
+    if (config_.KeepsKvCache()) SlidingCacheLayers();
     if (family.rope) {
       PositionIds(&extras);
-      RopeTables(&extras);
+      AllRopeTables(graphs, &extras);
     }
     // A tied embedding's unit stays gathered: the head reads its weight, and its
     // gradient is complete after the prologue's backward.
@@ -269,7 +270,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   } else if (families) {
     // A later stage makes its own (ModelImpl::Extras).
     PositionIds(&extras);
-    if (FamilyOf(config_.family).rope) RopeTables(&extras);
+    if (FamilyOf(config_.family).rope) AllRopeTables(graphs, &extras);
   }
   segments_.prologue = memory_.EndSegment();
 
@@ -478,7 +479,8 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
 // division and pow each wrap a scalar), freqs = outer(arange(T), inv_freq), emb =
 // cat(freqs, freqs), cos = emb.cos(), sin = emb.sin() (the (1, T, d_head) tables every
 // layer reads); the temporaries die when the prologue returns.
-void Simulation::RopeTables(std::vector<int>* extras) {  // appends cos, sin
+void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id,
+                            std::vector<int>* extras) {  // appends cos, sin
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
   const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
@@ -509,10 +511,40 @@ void Simulation::RopeTables(std::vector<int>* extras) {  // appends cos, sin
   memory_.Unref(emb);
   memory_.Unref(freqs);
   memory_.Unref(inv_freq);
-  globals_[ModelTensor::kRopeCos] = cos;
-  globals_[ModelTensor::kRopeSin] = sin;
+  globals_[cos_id] = cos;
+  globals_[sin_id] = sin;
   extras->push_back(cos);
   extras->push_back(sin);
+}
+
+// AllRopeTables makes the tables of each rotary the layers read: the global ones, then
+// Gemma 3's sliding-window layers' own (one call of the rotary embedding per layer
+// type, modeling_gemma3.py, Gemma3TextModel.forward; equal in size, so their order,
+// a Python set's, moves no peak).
+void Simulation::AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras) {
+  for (const auto& [cos, sin] :
+       {std::pair{ModelTensor::kRopeCos, ModelTensor::kRopeSin},
+        std::pair{ModelTensor::kRopeLocalCos, ModelTensor::kRopeLocalSin}}) {
+    bool read = false;
+    for (const BlockGraph& kind : graphs.layer_kinds) {
+      for (const TensorDef& tensor : kind.tensors) read = read || tensor.global == cos;
+    }
+    if (read) RopeTables(cos, sin, extras);
+  }
+}
+
+// SlidingCacheLayers: the decoder model makes its DynamicCache after the embeddings
+// (modeling_gemma3.py, Gemma3TextModel.forward); each sliding-window layer's
+// DynamicSlidingWindowLayer holds torch.tensor(sliding_window, dtype=torch.long), 8
+// bytes (cache_utils.py, DynamicSlidingWindowLayer.__init__), until the forward
+// returns the cache.
+void Simulation::SlidingCacheLayers() {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t layers = model_layers_ >= 0 ? model_layers_ : config_.layers;
+  for (int64_t i = 0; i < config_.SlidingLayers(layers); ++i) {
+    const int id = memory_.Alloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
+    forward_holds_.emplace_back(id, Where::kPrologue);
+  }
 }
 
 // PositionIds is transformers' position_ids = torch.arange(T) + past_seen_tokens (0),

@@ -21,6 +21,7 @@ struct StorageState {
   int64_t bytes = 0;
   int owner = 0;
   bool is_parameter = false;
+  bool is_buffer = false;
   bool is_global = false;
   bool is_weight_copy = false;  // .to() of a parameter (autocast's cast of a weight)
   bool kept = false;    // by autograd or the checkpoint node
@@ -126,9 +127,11 @@ class Walk {
   void LeafStorages() {
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
       const TensorDef& def = graph_.tensors[i];
-      if (def.is_parameter || def.is_global() || static_cast<int>(i) == graph_.input) {
+      if (def.is_parameter || def.is_buffer || def.is_global() ||
+          static_cast<int>(i) == graph_.input) {
         NewStorage(static_cast<int>(i), Evaluate(def.shape), def.dtype, def.is_parameter);
         storages_.back().is_global = def.is_global();
+        storages_.back().is_buffer = def.is_buffer;
       }
     }
   }
@@ -574,6 +577,7 @@ class Walk {
       inner += storage.bytes;
       walk.inner_by_dtype[static_cast<int>(dtype)] += storage.bytes;
       if (storage.is_weight_copy) walk.weight_copy_bytes += storage.bytes;
+      if (storage.is_buffer) walk.buffer_bytes += storage.bytes;
     }
     walk.inner_bytes = inner.value();
     walk.cache_bytes = cache.value();
@@ -589,7 +593,7 @@ class Walk {
       walk.storage_list.reserve(storages_.size());
       for (StorageState& s : storages_) {
         walk.storage_list.push_back(WalkedStorage{s.bytes, s.owner, s.is_parameter,
-                                                  s.is_global, s.is_weight_copy,
+                                                  s.is_buffer, s.is_global, s.is_weight_copy,
                                                   std::move(s.kept_by), s.cached});
       }
     }

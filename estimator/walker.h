@@ -93,6 +93,7 @@ struct WalkedStorage {
   int64_t bytes = 0;
   int owner = 0;  // the tensor that allocated it
   bool is_parameter = false;
+  bool is_buffer = false;  // a module buffer: resident, never freed
   bool is_global = false;
   bool is_weight_copy = false;
   // kept_by: every op whose backward node keeps it (in execution order; -1 for the
@@ -122,6 +123,10 @@ struct BlockWalk {
   // weight_copy_bytes: the part of inner_bytes that is copies of parameters (autocast's
   // casts of weights, kept by the matmuls that use them).
   int64_t weight_copy_bytes = 0;
+  // buffer_bytes: the part of inner_bytes that is module buffers (Gemma 3's embed_scale,
+  // kept by a product): saved, as a saved-tensor hook sees them, but resident before the
+  // step, so not held by the forward.
+  int64_t buffer_bytes = 0;
   std::vector<KeptGlobal> kept_globals;
   std::vector<KeptStorage> storages;  // if WalkOptions::record_storages
   // if WalkOptions::record_layouts:

@@ -33,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "estimator/family.h"
+#include "runtime/family.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
 #include "runtime/rank.h"
@@ -58,6 +59,7 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = RuntimeFamilyModelled(config); !s.ok()) return s;
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {

@@ -2,6 +2,10 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/family.h"
+
 namespace memledger::runtime {
 
 // The families, each defined in its own file under runtime/families/.
@@ -17,8 +21,21 @@ const RuntimeFamily& RuntimeFamilyOf(Family family) {
       return LlamaRuntimeFamily();
     case Family::kGpt2:
       return Gpt2RuntimeFamily();
+    case Family::kGemma3: {
+      // Not rendered in LibTorch yet: RuntimeFamilyModelled refuses it.
+      static const RuntimeFamily kNone = {.id = Family::kGemma3, .prologue_prefixes = {}};
+      return kNone;
+    }
   }
   return StudyRuntimeFamily();
+}
+
+absl::Status RuntimeFamilyModelled(const ModelConfig& config) {
+  if (RuntimeFamilyOf(config.family).make_model != nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "the LibTorch runtime has no ", FamilyName(config.family),
+      " model yet: predict it, or measure it with the real transformers model "
+      "(verify/witness.py)"));
 }
 
 ParameterShard Split(int64_t dim, int64_t n, int64_t rank) {

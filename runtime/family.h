@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 #include "estimator/config.h"
 #include "runtime/model.h"
 
@@ -30,6 +32,8 @@ struct RuntimeFamily {
 };
 
 const RuntimeFamily& RuntimeFamilyOf(Family family);
+// RuntimeFamilyModelled: Unimplemented (one line) for a family the runtime cannot build.
+absl::Status RuntimeFamilyModelled(const ModelConfig& config);
 
 // For the families' definitions:
 // Split: rank `rank`'s n elements along `dim`.

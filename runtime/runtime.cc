@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/family.h"
+#include "runtime/family.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
 #include "runtime/model.h"
@@ -177,6 +178,7 @@ absl::Status ValidateRequest(const ModelConfig& config, AttentionMode attention,
       !status.ok()) {
     return status;
   }
+  if (absl::Status s = RuntimeFamilyModelled(config); !s.ok()) return s;
   if (!options.skip_timing && options.timing_repetitions < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "timing_repetitions must be >= 1, got ", options.timing_repetitions));

@@ -217,6 +217,43 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
   EXPECT_GT(masters_at_peak, 0);  // the composed optimizer step is compared at the peak
 }
 
+// Gemma 3's layers differ (5 sliding : 1 global, each reading its own RoPE tables): the
+// composed peak replays 2m + 3 layers for m = lcm(k, 6) and must equal the whole
+// simulation at every layer count, variant and precision, use_cache included.
+TEST(SimulateStepTest, ComposedPeakOfLayersThatDifferEqualsTheWholeSimulation) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
+                       ParseVariants("none,full,every_k,selective", /*every=*/4, ""));
+  int compared = 0;
+  for (int64_t layers : {7, 16, 29, 40, 43}) {
+    for (DType amp : {DType::kFloat32, DType::kBFloat16}) {
+      for (const Variant& variant : variants) {
+        ModelConfig run = gemma;
+        run.layers = layers;
+        run.amp = amp;
+        run.batch = 2;
+        run.seq = 16;
+        run.use_cache = !variant.CheckpointsAnyLayer();
+        StepOptions whole, composed;
+        composed.record_events = false;
+        ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                          OptimizerSpec(), ResidentBytes{},
+                                                          whole));
+        ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                          OptimizerSpec(), ResidentBytes{},
+                                                          composed));
+        const std::string what = absl::StrCat("L", layers, " amp ", DTypeName(amp), " ",
+                                              variant.Name());
+        EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
+        EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
+        EXPECT_EQ(a.peak.op, b.peak.op) << what;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 5 * 2 * 4);
+}
+
 // A composed peak skips the repeating middle layers, so any layer count costs the same:
 // here 3e9 + 40 (past int32). Its expected value comes from the whole simulation of
 // short models: once the peak moves with the model's end, L and L + k layers differ by

@@ -60,6 +60,15 @@ TEST(ModelPresetsTest, ParameterCountsEqualThePublishedCheckpoints) {
   // 192,946,432, x 36 = 6,946,071,552; final norm 4,096: 8,190,735,360 (Qwen3-8B's
   // model card: 8.2B).
   EXPECT_EQ(PresetParams("qwen3-8b"), 8190735360);
+  // gemma-3-27b (its text model, tied head): embed 262,208 x 5,376 = 1,409,630,208; per
+  // layer q and o 2 x 5,376 x (32 x 128) = 44,040,192 + k and v 2 x 5,376 x (16 x 128) =
+  // 22,020,096 + q_norm and k_norm 2 x 128 = 256 + MLP 3 x 5,376 x 21,504 = 346,816,512
+  // + four norms 4 x 5,376 = 21,504: 412,898,560, x 62 = 25,599,710,720; final norm
+  // 5,376: 27,009,346,304 (Gemma 3 27B: 27B with its 0.4B vision tower aside).
+  EXPECT_EQ(PresetParams("gemma-3-27b"), 27009346304);
+  // tiny-gemma3: embed 96 x 32 = 3,072; per layer q, o 2 x 32 x 64 + k, v 2 x 32 x 32 +
+  // norms 2 x 16 + MLP 3 x 32 x 64 + 4 x 32 = 12,448, x 6 = 74,688; final norm 32: 77,792.
+  EXPECT_EQ(PresetParams("tiny-gemma3"), 77792);
   // llama-3-70b: embed and head 2 x 128256 x 8192 = 2,101,346,304; per layer q and o
   // 2 x 8192^2 = 134,217,728 + k and v 2 x 8192 x 1024 = 16,777,216 + MLP 3 x 8192 x
   // 28672 = 704,643,072 + norms 16,384 = 855,654,400, x 80 = 68,452,352,000; final
@@ -193,7 +202,7 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {"{}", "bad.json: \"model_type\" is missing"},
            {R"({"model_type": 7})", "bad.json: \"model_type\" must be a string"},
            {R"({"model_type": "bert"})",
-            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, qwen3, gpt2)"},
+            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, qwen3, gpt2, gemma3_text)"},
            {R"({"model_type": "llama"})", "bad.json: \"hidden_size\" is missing"},
            {LlamaJson("num_hidden_layers", "\"two\""),
             "bad.json: \"num_hidden_layers\" must be an integer"},

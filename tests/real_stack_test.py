@@ -59,6 +59,15 @@ FAMILIES = {
                   intermediate=128, vocab=128),
     "qwen3_tied": dict(family="qwen3", layers=2, width=64, heads=4, kv_heads=1,
                        intermediate=96, vocab=96, tied=True),
+    # Gemma 3's text model: two sliding-window layers and a global one (their own RoPE
+    # tables), tied as Gemma3TextConfig is by default; and untied, 5 : 1 from
+    # sliding_window_pattern over 7 layers, the 7th sliding again.
+    "gemma3": dict(family="gemma3_text", layers=3, width=64, heads=4, kv_heads=2,
+                   head_dim=32, intermediate=128, vocab=128, tied=True, sliding_window=512,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "gemma3_pattern": dict(family="gemma3_text", layers=7, width=32, heads=2, kv_heads=1,
+                           head_dim=16, intermediate=64, vocab=96, sliding_window=256,
+                           sliding_window_pattern=6),
 }
 
 
@@ -87,6 +96,9 @@ def hf_config(spec):
         config["head_dim"] = spec["head_dim"]
     if spec["family"] == "mistral":
         config["sliding_window"] = None
+    for key in ("sliding_window", "layer_types", "sliding_window_pattern"):
+        if key in spec:
+            config[key] = spec[key]
     return config
 
 
@@ -213,6 +225,13 @@ CASES = [
     c("qwen3_tied", "selective", dtype="bf16"), c("qwen3", amp="bf16"),
     c("qwen3", "selective", amp="bf16", optimizer_impl="fused"),
     c("qwen3_tied", dtype="fp16", optimizer="sgd", momentum=0.9),
+    # Gemma 3 (sliding and global layers): every variant, both implementations, each
+    # dtype and autocast, with and without use_cache's sliding-window cache layers.
+    c("gemma3"), c("gemma3", "full"), c("gemma3", "every_2"), c("gemma3", "selective"),
+    c("gemma3", "every_2", "reentrant"), c("gemma3", dtype="bf16"),
+    c("gemma3", "full", dtype="bf16", optimizer_impl="foreach"), c("gemma3", amp="bf16"),
+    c("gemma3_pattern"), c("gemma3_pattern", "every_2", dtype="fp16"),
+    c("gemma3_pattern", "selective", dtype="bf16"), c("gemma3_pattern", amp="bf16"),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -200,7 +200,13 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
     bool sliding = false;
     MEMLEDGER_ASSIGN_OR_RETURN_(sliding, r.Bool("use_sliding_window", false));
     if (sliding) return r.Error("use_sliding_window", "true is not modelled yet (use false)");
-    if (absl::Status s = r.AllFullAttention("layer_types", c.layers); !s.ok()) return s;
+    std::vector<LayerAttention> types;
+    MEMLEDGER_ASSIGN_OR_RETURN_(types, r.LayerTypes("layer_types", c.layers));
+    for (LayerAttention type : types) {
+      if (type == LayerAttention::kSliding) {
+        return r.Error("layer_types", "'sliding_attention' is not modelled yet for this model_type");
+      }
+    }
   }
   return c;
 }

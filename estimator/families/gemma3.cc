@@ -1,0 +1,329 @@
+// The Gemma 3 family: transformers' Gemma3ForCausalLM, the text model of Gemma 3
+// (models/gemma3/modeling_gemma3.py), embedding to cross-entropy. Its layers are of two
+// kinds, sliding-window and global, which differ in the RoPE tables they read.
+#include <algorithm>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/config_json.h"
+#include "estimator/family.h"
+#include "estimator/graph_builder.h"
+
+namespace memledger {
+namespace {
+
+// GemmaRmsNorm is Gemma3RMSNorm.forward: output = _norm(x.float()), _norm(x) =
+// x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps); output = output * (1.0 +
+// weight.float()); output.type_as(x). Unlike LlamaRMSNorm it scales in fp32 by 1 + w (a
+// new (width) tensor every call, which the product keeps) and casts last; its locals die
+// at their last use (no `variance` held to the return).
+int GemmaRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width = kD) {
+  int weight = g.Param(name + ".weight", {width});
+  int x32 = g.ToDtype(name + ".upcast", x, DType::kFloat32);
+  int squared = g.Op1(OpType::kPow, name + ".pow", {x32});
+  int variance = g.Op1(OpType::kMeanDim, name + ".variance", {squared});
+  int shifted = g.Op1(OpType::kAddScalar, name + ".add_eps", {variance});
+  int inverse = g.Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
+  int normed = g.Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
+  int weight32 = g.ToDtype(name + ".weight_upcast", weight, DType::kFloat32);
+  int one_plus = g.Op1(OpType::kAddScalar, name + ".one_plus", {weight32});
+  int scaled = g.Op1(OpType::kMulTensor, name + ".scaled", {normed, one_plus});
+  return g.ToDtype(name, scaled, g.DTypeOf(x));
+}
+
+// Gemma3TextScaledWordEmbedding: embedding(input_ids) * embed_scale.to(weight.dtype),
+// embed_scale a 0-dim buffer (sqrt(hidden_size)) made in the default dtype, the model's
+// (.to returns it itself), which MulBackward0 keeps. The rotary embedding's buffers:
+// {type}_inv_freq and {type}_original_inv_freq, fp32, d_head / 2 each, for each layer
+// type the model has (Gemma3RotaryEmbedding.__init__).
+BlockGraph BuildGemma3Prologue(const ModelConfig& config) {
+  GraphBuilder g(config);
+  bool sliding = false, full = false;
+  for (int64_t i = 0; i < config.layers; ++i) {
+    (config.AttentionOf(i) == LayerAttention::kSliding ? sliding : full) = true;
+    if (sliding && full) break;
+  }
+  for (const auto& [present, type] :
+       {std::pair<bool, const char*>{full, "full_attention"}, {sliding, "sliding_attention"}}) {
+    if (!present) continue;
+    g.Buffer(absl::StrCat("rotary_emb.", type, "_inv_freq"), DType::kFloat32, {kDHead / 2});
+    g.Buffer(absl::StrCat("rotary_emb.", type, "_original_inv_freq"), DType::kFloat32,
+             {kDHead / 2});
+  }
+  int scale = g.Buffer("embed_tokens.embed_scale", config.dtype, {});
+  int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
+  int weight = g.Param("embed_tokens.weight", {kV, kD});
+  int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
+  return g.Finish(g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale}));
+}
+
+// Gemma3DecoderLayer.forward: sandwich norms around attention and the MLP; q_norm and
+// k_norm on the transposed heads (Gemma3Attention.forward normalises after the
+// transpose); RoPE with the layer type's tables.
+BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
+                            LayerAttention attention) {
+  GraphBuilder g(config);
+  int x = g.Input("x", {kB, kT, kD});
+  const bool sliding = attention == LayerAttention::kSliding;
+  int cos = g.Global(sliding ? ModelTensor::kRopeLocalCos : ModelTensor::kRopeCos, config.dtype,
+                     {Sym(1), kT, kDHead});
+  int sin = g.Global(sliding ? ModelTensor::kRopeLocalSin : ModelTensor::kRopeSin, config.dtype,
+                     {Sym(1), kT, kDHead});
+  g.Global(ModelTensor::kPositionIds, DType::kInt64, {Sym(1), kT});
+  int h = GemmaRmsNorm(g, "input_layernorm", x);
+  auto project = [&](const std::string& name, SymDim heads) {
+    int out = g.ColumnParallelLinear(name, h, kD, heads * kDHead, /*bias=*/false);
+    int split = g.Op1(OpType::kView, name + ".split_heads", {out},
+                      {.shape = {kB, kT, heads, kDHead}});
+    return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
+  };
+  int q = GemmaRmsNorm(g, "q_norm", project("q_proj", kH), kDHead);
+  int k = GemmaRmsNorm(g, "k_norm", project("k_proj", kKv), kDHead);
+  int v = project("v_proj", kKv);
+  int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
+  int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
+  const int q_pre = q, k_pre = k;
+  q = g.Rope("q_rope", q, cos4, sin4);
+  k = g.Rope("k_rope", k, cos4, sin4);
+  g.HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
+  if (config.KeepsKvCache()) {
+    // past_key_values.update: a DynamicSlidingWindowLayer for a sliding layer keeps a
+    // slice of the same torch.cat copies a DynamicLayer keeps (cache_utils.py).
+    const DType keys = g.DTypeOf(k);
+    const int k_cached = g.KvCache("k_cache", k, keys);
+    const int v_cached = g.KvCache("v_cache", v, keys);
+    g.HeldThroughHere({k, v});
+    k = k_cached;
+    v = v_cached;
+  }
+  const int q_embed = q, k_embed = k, value = v;
+  if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
+    k = g.RepeatKv("k_repeat", k);
+    v = g.RepeatKv("v_repeat", v);
+  }
+  int attention_out = g.CausalAttention(mode, q, k, v);
+  int transposed =
+      g.Op1(OpType::kTranspose, "attention.transpose", {attention_out}, {.dim = 1, .dim1 = 2});
+  int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
+                     {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
+                     {.shape = {kB, kT, kH * kDHead}});
+  int projected = g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD);
+  // Gemma3Attention.forward's argument and locals, to its return.
+  g.HeldThroughHere({h, q_embed, k_embed, value});
+  int x1 = g.Op1(OpType::kAdd, "residual1", {x, GemmaRmsNorm(g, "post_attention_layernorm",
+                                                             projected)});
+  int h2 = GemmaRmsNorm(g, "pre_feedforward_layernorm", x1);
+  // Gemma3MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn GELUTanh:
+  // gelu(x, approximate="tanh") (activations.py), one op that keeps its input.
+  int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, /*bias=*/false);
+  int act = g.Op1(OpType::kGelu, "act_fn", {gate}, {}, OpKind::kGelu);
+  int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
+  int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
+  int mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
+  g.HeldThroughHere({h2});  // Gemma3MLP.forward's argument x, to its return
+  int x2 = g.Op1(OpType::kAdd, "residual2",
+                 {x1, GemmaRmsNorm(g, "post_feedforward_layernorm", mlp_out)});
+  // Gemma3DecoderLayer.__init__: self_attn (q, k, v, o, q_norm, k_norm), mlp, then the
+  // four norms.
+  g.RegistrationOrder({"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "gate_proj",
+                       "up_proj", "down_proj", "input_layernorm", "post_attention_layernorm",
+                       "pre_feedforward_layernorm", "post_feedforward_layernorm"});
+  return g.Finish(x2);
+}
+
+// Final norm, LM head (tied to embed_tokens by default) and the loss; Gemma 3's
+// final_logit_softcapping is null (ValidateGemma3 refuses another).
+BlockGraph BuildGemma3Epilogue(const ModelConfig& config) {
+  GraphBuilder g(config);
+  int x = g.Input("x", {kB, kT, kD});
+  int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
+  int h = GemmaRmsNorm(g, "norm", x);
+  g.DecoderReturnsHere();
+  g.HeldToEnd(h);  // Gemma3ForCausalLM's `hidden_states`, to its return
+  int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
+                                     : g.Param("lm_head.weight", {kV, kD});
+  int logits = g.MatmulFolded("lm_head", h, weight, kD, kV);
+  return g.Finish(g.CrossEntropy(logits, input_ids));
+}
+
+// Graphs: one layer kind per attention span the pattern has, in the pattern's order of
+// first appearance.
+ModelGraphs BuildGemma3Graphs(const ModelConfig& config, AttentionMode mode) {
+  ModelGraphs graphs;
+  graphs.prologue = BuildGemma3Prologue(config);
+  graphs.epilogue = BuildGemma3Epilogue(config);
+  const std::vector<LayerAttention> period =
+      config.layer_attention.empty() ? std::vector<LayerAttention>{LayerAttention::kFull}
+                                     : config.layer_attention;
+  graphs.pattern.clear();
+  std::vector<LayerAttention> kinds;
+  for (LayerAttention type : period) {
+    auto it = std::find(kinds.begin(), kinds.end(), type);
+    if (it == kinds.end()) {
+      kinds.push_back(type);
+      graphs.layer_kinds.push_back(BuildGemma3Layer(config, mode, type));
+      it = std::prev(kinds.end());
+    }
+    graphs.pattern.push_back(static_cast<int>(it - kinds.begin()));
+  }
+  return graphs;
+}
+
+// SmallestPeriod is the shortest prefix p of `types` with types[i] == p[i % |p|].
+std::vector<LayerAttention> SmallestPeriod(const std::vector<LayerAttention>& types) {
+  for (size_t n = 1; n < types.size(); ++n) {
+    bool periodic = true;
+    for (size_t i = n; i < types.size() && periodic; ++i) periodic = types[i] == types[i % n];
+    if (periodic) return std::vector<LayerAttention>(types.begin(), types.begin() + n);
+  }
+  return types;
+}
+
+// Gemma3TextConfig (configuration_gemma3.py): layer_types, or without it
+// sliding_window_pattern (default 6): layer i is full iff (i + 1) % pattern == 0.
+absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& r, absl::string_view) {
+  ModelConfig c;
+  c.family = Family::kGemma3;
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size", 2304));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("intermediate_size", 9216));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("num_hidden_layers", 26));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("num_attention_heads", 8));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.kv_heads, r.Positive("num_key_value_heads", 4));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", 256));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size", 262208));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
+  MEMLEDGER_ASSIGN_OR_RETURN_(c.sliding_window, r.Positive("sliding_window", 4096));
+  if (c.heads % c.kv_heads != 0) {
+    return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
+                                                       "num_key_value_heads ", c.kv_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return r.Error("head_dim", absl::StrCat(c.head_dim, " must be even for RoPE"));
+  }
+  std::string act;
+  MEMLEDGER_ASSIGN_OR_RETURN_(act, r.String("hidden_activation", "gelu_pytorch_tanh"));
+  if (act != "gelu_pytorch_tanh") {
+    return r.Error("hidden_activation", absl::StrCat("must be gelu_pytorch_tanh, got ", act));
+  }
+  bool flag = false;
+  MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("attention_bias", false));
+  if (flag) return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
+  MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("use_bidirectional_attention", false));
+  if (flag) return r.Error("use_bidirectional_attention", "true is not modelled yet (use false)");
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    if (r.Has(key)) return r.Error(key, "is not modelled yet (Gemma 3's is null)");
+  }
+  if (r.Has("attention_dropout")) {
+    double p = 0;
+    MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
+    if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
+  }
+  std::vector<LayerAttention> types;
+  MEMLEDGER_ASSIGN_OR_RETURN_(types, r.LayerTypes("layer_types", c.layers));
+  if (types.empty()) {
+    int64_t pattern = 6;
+    MEMLEDGER_ASSIGN_OR_RETURN_(pattern, r.Positive("sliding_window_pattern", 6));
+    for (int64_t i = 0; i < std::min(pattern, c.layers); ++i) {
+      types.push_back((i + 1) % pattern != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
+    }
+  }
+  c.layer_attention = SmallestPeriod(types);
+  return c;
+}
+
+absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
+  w.String("model_type", "gemma3_text");
+  w.Int("hidden_size", c.width);
+  w.Int("intermediate_size", c.Intermediate());
+  w.Int("num_hidden_layers", c.layers);
+  w.Int("num_attention_heads", c.heads);
+  w.Int("num_key_value_heads", c.KvHeads());
+  w.Int("head_dim", c.HeadDim());
+  w.Int("vocab_size", c.vocab);
+  w.Int("max_position_embeddings", c.max_positions > 0 ? c.max_positions : 131072);
+  w.Double("rms_norm_eps", c.norm_eps);
+  w.Int("sliding_window", c.sliding_window);
+  std::vector<std::string> types;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    types.push_back(c.AttentionOf(i) == LayerAttention::kSliding ? "sliding_attention"
+                                                                  : "full_attention");
+  }
+  w.Strings("layer_types", types);
+  return absl::OkStatus();
+}
+
+// ValidateGemma3: what is not modelled yet, one line each.
+absl::Status ValidateGemma3(const ModelConfig& c) {
+  if (c.tp > 1 || c.sp) {
+    return absl::InvalidArgumentError(
+        "--tp/--sp: tensor parallelism is not modelled for gemma3 yet");
+  }
+  bool sliding = false;
+  for (LayerAttention type : c.layer_attention) sliding = sliding || type == LayerAttention::kSliding;
+  if (sliding && c.seq >= c.sliding_window) {
+    // masking_utils.py, _ignore_causal_mask_sdpa: from kv_length >= sliding_window on,
+    // the sliding layers get a (B, 1, T, T) mask and SDPA runs with it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq ", c.seq, " >= sliding_window ", c.sliding_window,
+        ": the sliding-window mask transformers then builds is not modelled yet (use --seq < ",
+        c.sliding_window, ")"));
+  }
+  return absl::OkStatus();
+}
+
+ModelConfig Gemma3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+                   int64_t head_dim, int64_t intermediate, int64_t vocab, int64_t window) {
+  ModelConfig c;
+  c.family = Family::kGemma3;
+  c.layers = layers;
+  c.width = width;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.intermediate = intermediate;
+  c.vocab = vocab;
+  c.norm_eps = 1e-6;
+  c.tie_embeddings = true;
+  c.use_cache = true;
+  c.sliding_window = window;
+  c.layer_attention.assign(5, LayerAttention::kSliding);
+  c.layer_attention.push_back(LayerAttention::kFull);
+  return c;
+}
+
+std::vector<std::pair<std::string, ModelConfig>> Gemma3Presets() {
+  // google/gemma-3-27b-pt's text_config: 62 layers of 5376, 32 heads of 128 over 16 kv
+  // heads, intermediate 21504, vocabulary 262208, window 1024, 5 sliding : 1 full.
+  // Small enough to verify in a test: 6 layers (one period), 4 heads of 16 over 2.
+  return {{"gemma-3-27b", Gemma3(62, 5376, 32, 16, 128, 21504, 262208, 1024)},
+          {"tiny-gemma3", Gemma3(6, 32, 4, 2, 16, 64, 96, 512)}};
+}
+
+}  // namespace
+
+const FamilyDef& Gemma3Family() {
+  static const FamilyDef kDef = {
+      .id = Family::kGemma3,
+      .name = "gemma3",
+      .decoder = true,
+      .rope = true,
+      .layer_types = true,
+      .graphs = BuildGemma3Graphs,
+      .validate = ValidateGemma3,
+      .model_types = {"gemma3_text"},
+      .read = ReadGemma3,
+      .write = WriteGemma3,
+      .presets = Gemma3Presets(),
+  };
+  return kDef;
+}
+
+}  // namespace memledger
