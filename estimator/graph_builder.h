@@ -411,6 +411,50 @@ class GraphBuilder {
     return Op1(OpType::kAdd, name, {x_cos, rotated_sin});
   }
 
+  // RopeAttention is the attention of LlamaAttention.forward and its look-alikes
+  // (Qwen3's, Gemma3Attention) between the q/k/v projections and o_proj, on (B, heads,
+  // T, d_head) q, k, v: apply_rotary_pos_emb with the (1, T, d_head) tables (its
+  // arguments held to its return); with use_cache past_key_values.update's copies (a
+  // DynamicSlidingWindowLayer keeps a slice of the same torch.cat copies a DynamicLayer
+  // keeps, cache_utils.py); repeat_kv where SDPA does not read the shared heads itself;
+  // attention; and the heads merged to (B, T, H x d_head). The forward's locals q, k, v
+  // (after RoPE and the cache) are returned for the caller to hold to its return.
+  struct RopeAttentionOut {
+    int merged, q, k, v;
+  };
+  RopeAttentionOut RopeAttention(const ModelConfig& config, AttentionMode mode, int q, int k,
+                                 int v, int cos, int sin) {
+    int cos4 = Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
+    int sin4 = Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
+    const int q_pre = q, k_pre = k;
+    q = Rope("q_rope", q, cos4, sin4);
+    k = Rope("k_rope", k, cos4, sin4);
+    HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
+    if (config.KeepsKvCache()) {
+      // key_states, value_states = past_key_values.update(...): the cache's copies, the
+      // old locals rebound after both are made. Under autocast the keys are fp32 (RoPE's
+      // product with fp32 cos), the values bf16.
+      const DType keys = DTypeOf(k);
+      const int k_cached = KvCache("k_cache", k, keys);
+      const int v_cached = KvCache("v_cache", v, keys);
+      HeldThroughHere({k, v});
+      k = k_cached;
+      v = v_cached;
+    }
+    const RopeAttentionOut locals = {-1, q, k, v};
+    if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
+      k = RepeatKv("k_repeat", k);
+      v = RepeatKv("v_repeat", v);
+    }
+    int attention = CausalAttention(mode, q, k, v);
+    int transposed =
+        Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
+    int merged = Op1(OpType::kReshape, "attention.merge_heads",
+                     {Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
+                     {.shape = {kB, kT, kH * kDHead}});
+    return {merged, locals.q, locals.k, locals.v};
+  }
+
   // RepeatKv is transformers' repeat_kv: (B, kv, T, d_head) to (B, H, T, d_head) by
   // x[:, :, None].expand(B, kv, H / kv, T, d_head).reshape(B, H, T, d_head), a copy.
   int RepeatKv(const std::string& name, int x) {

@@ -85,36 +85,10 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
   int q = GemmaRmsNorm(g, "q_norm", project("q_proj", kH), kDHead);
   int k = GemmaRmsNorm(g, "k_norm", project("k_proj", kKv), kDHead);
   int v = project("v_proj", kKv);
-  int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
-  int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
-  const int q_pre = q, k_pre = k;
-  q = g.Rope("q_rope", q, cos4, sin4);
-  k = g.Rope("k_rope", k, cos4, sin4);
-  g.HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
-  if (config.KeepsKvCache()) {
-    // past_key_values.update: a DynamicSlidingWindowLayer for a sliding layer keeps a
-    // slice of the same torch.cat copies a DynamicLayer keeps (cache_utils.py).
-    const DType keys = g.DTypeOf(k);
-    const int k_cached = g.KvCache("k_cache", k, keys);
-    const int v_cached = g.KvCache("v_cache", v, keys);
-    g.HeldThroughHere({k, v});
-    k = k_cached;
-    v = v_cached;
-  }
-  const int q_embed = q, k_embed = k, value = v;
-  if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
-    k = g.RepeatKv("k_repeat", k);
-    v = g.RepeatKv("v_repeat", v);
-  }
-  int attention_out = g.CausalAttention(mode, q, k, v);
-  int transposed =
-      g.Op1(OpType::kTranspose, "attention.transpose", {attention_out}, {.dim = 1, .dim1 = 2});
-  int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
-                     {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
-                     {.shape = {kB, kT, kH * kDHead}});
-  int projected = g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD);
+  const GraphBuilder::RopeAttentionOut a = g.RopeAttention(config, mode, q, k, v, cos, sin);
+  int projected = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
   // Gemma3Attention.forward's argument and locals, to its return.
-  g.HeldThroughHere({h, q_embed, k_embed, value});
+  g.HeldThroughHere({h, a.q, a.k, a.v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, GemmaRmsNorm(g, "post_attention_layernorm",
                                                              projected)});
   int h2 = GemmaRmsNorm(g, "pre_feedforward_layernorm", x1);

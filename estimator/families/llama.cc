@@ -57,37 +57,11 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   int q = project("q_proj", kH, config.qk_norm ? "q_norm" : nullptr);
   int k = project("k_proj", kKv, config.qk_norm ? "k_norm" : nullptr);
   int v = project("v_proj", kKv, nullptr);
-  int cos4 = g.Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
-  int sin4 = g.Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
-  const int q_pre = q, k_pre = k;
-  q = g.Rope("q_rope", q, cos4, sin4);
-  k = g.Rope("k_rope", k, cos4, sin4);
-  g.HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
-  if (config.KeepsKvCache()) {
-    // key_states, value_states = past_key_values.update(...) (modeling_llama.py): the
-    // cache's copies, the old locals rebound after both are made.
-    // Under autocast the keys are fp32 (RoPE's product with fp32 cos), the values bf16.
-    const DType keys = g.DTypeOf(k);
-    const int k_cached = g.KvCache("k_cache", k, keys);
-    const int v_cached = g.KvCache("v_cache", v, keys);
-    g.HeldThroughHere({k, v});
-    k = k_cached;
-    v = v_cached;
-  }
-  const int q_embed = q, k_embed = k, value = v;
-  if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
-    k = g.RepeatKv("k_repeat", k);
-    v = g.RepeatKv("v_repeat", v);
-  }
-  int attention = g.CausalAttention(mode, q, k, v);
-  int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
-  int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
-                     {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},
-                     {.shape = {kB, kT, kH * kDHead}});
-  int attention_out = g.RowParallelNoBias("o_proj", merged, kH * kDHead, kD);
+  const GraphBuilder::RopeAttentionOut a = g.RopeAttention(config, mode, q, k, v, cos, sin);
+  int attention_out = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
   // LlamaAttention.forward's argument and locals, to its return (modeling_llama.py:
   // 206-250): hidden_states, query_states, key_states, value_states.
-  g.HeldThroughHere({h, q_embed, k_embed, value});
+  g.HeldThroughHere({h, a.q, a.k, a.v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attention_out});
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
   // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
