@@ -131,6 +131,10 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     bool megatron, sp, tp, qkv_bias, qk_norm, grouped_query, repeats_kv, tied;
     bool resid_dropout, embd_dropout, attn_dropout, use_cache;
     std::vector<LayerAttention> layer_attention;
+    bool sparse, norm_topk_prob;
+    MoeBlock moe_block;
+    ExpertsImpl experts_impl;
+    std::vector<bool> sparse_layers;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -145,7 +149,12 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.dropout.embd > 0,
                      config.dropout.attn > 0,
                      config.KeepsKvCache(),
-                     config.layer_attention};
+                     config.layer_attention,
+                     config.moe.Sparse(),
+                     config.moe.norm_topk_prob,
+                     config.moe.block,
+                     config.moe.impl,
+                     config.moe.sparse_layers};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

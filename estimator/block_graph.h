@@ -72,6 +72,7 @@ struct OpAttributes {
   // backward node (SplitBackward0: the parts' gradients concatenated) instead of one
   // SliceBackward0 each.
   bool split_part = false;
+  bool keepdim = false;  // sum.dim_IntList
 };
 
 // OpDef is one op in execution order.

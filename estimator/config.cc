@@ -21,6 +21,8 @@ int64_t ElementSizeBytes(DType dtype) {
     case DType::kInt64:
     case DType::kFloat64:
       return 8;
+    case DType::kInt32:
+      return 4;
     case DType::kBFloat16:
     case DType::kFloat16:
       return 2;
@@ -44,6 +46,8 @@ const char* DTypeName(DType dtype) {
       return "float16";
     case DType::kFloat64:
       return "float64";
+    case DType::kInt32:
+      return "int32";
   }
   return "?";
 }
@@ -79,6 +83,7 @@ absl::string_view ModelDTypeName(DType dtype) {
     case DType::kBool:
     case DType::kInt64:
     case DType::kFloat64:
+    case DType::kInt32:
       break;  // never a model's dtype
   }
   return "?";

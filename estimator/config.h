@@ -23,8 +23,8 @@ namespace memledger {
 
 // DType is an element type of a tensor.
 // kFloat64 only for the 0-dim tensors a Python number is wrapped in (mul.Tensor(x, 0.5)).
-enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16, kFloat64 };
-inline constexpr int kNumDTypes = static_cast<int>(DType::kFloat64) + 1;
+enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16, kFloat64, kInt32 };
+inline constexpr int kNumDTypes = static_cast<int>(DType::kInt32) + 1;
 
 int64_t ElementSizeBytes(DType dtype);
 
@@ -77,6 +77,68 @@ absl::StatusOr<CheckpointImpl> ParseCheckpointImpl(absl::string_view name);
 // are the study's; the others describe the decoder families and, left at 0, take the
 // study's values (kv_heads = heads, head_dim = width / heads, intermediate = 4 width).
 // REQUIRES (checked by ValidateConfig): sizes >= 1; family-specific consistency.
+// SmallestPeriod is the shortest prefix p of `per_layer` with per_layer[i] ==
+// p[i % |p|]: a per-layer list as the repeating period ModelConfig keeps.
+template <typename T>
+std::vector<T> SmallestPeriod(const std::vector<T>& per_layer) {
+  for (size_t n = 1; n < per_layer.size(); ++n) {
+    bool periodic = true;
+    for (size_t i = n; i < per_layer.size() && periodic; ++i) {
+      periodic = per_layer[i] == per_layer[i % n];
+    }
+    if (periodic) return std::vector<T>(per_layer.begin(), per_layer.begin() + n);
+  }
+  return per_layer;
+}
+
+// MoeBlock is whose SparseMoeBlock a sparse layer runs (transformers 5.23): the router
+// and the experts' registration order differ.
+enum class MoeBlock : uint8_t {
+  // Qwen3MoeSparseMoeBlock (models/qwen3_moe/modeling_qwen3_moe.py): experts before the
+  // gate; softmax(logits, dtype=float), top-k, renormalised if norm_topk_prob, then cast
+  // back to the logits' dtype.
+  kQwen3Moe,
+  // MixtralSparseMoeBlock (models/mixtral/modeling_mixtral.py): the gate before the
+  // experts; softmax(logits.float()), top-k, always renormalised, kept in fp32.
+  kMixtral,
+};
+
+// ExpertsImpl is config._experts_implementation: transformers 5.23 defaults to
+// grouped_mm where it can dispatch (modeling_utils.py, get_correct_experts_implementation;
+// on the CPU with torch >= 2.10 always), else eager.
+enum class ExpertsImpl : uint8_t {
+  // integrations/moe.py, grouped_mm_experts_forward: the (token, expert) pairs sorted by
+  // expert, gathered, two torch._grouped_mm calls over the 3-D expert weights, weighted,
+  // unsorted and summed. Every tensor's size is independent of the routing.
+  kGroupedMm,
+  // The experts class's own forward: a Python loop over the experts hit (not modelled
+  // yet; its sizes are the routing's).
+  kEager,
+};
+
+// MoeSpec is a sparse model's mixture of experts.
+struct MoeSpec {
+  int64_t experts = 0;       // num_experts (Mixtral: num_local_experts); 0: dense
+  int64_t top_k = 0;         // num_experts_per_tok
+  int64_t intermediate = 0;  // an expert's MLP width (moe_intermediate_size; Mixtral's
+                             // intermediate_size)
+  bool norm_topk_prob = true;  // the top-k weights renormalised to sum to 1
+  MoeBlock block = MoeBlock::kQwen3Moe;
+  ExpertsImpl impl = ExpertsImpl::kGroupedMm;
+  // sparse_layers: which layers are sparse as one repeating period (layer i's is
+  // sparse_layers[i % size]); empty: every layer. Qwen3-MoE's mlp_only_layers and
+  // decoder_sparse_step make some dense (modeling_qwen3_moe.py, Qwen3MoeDecoderLayer).
+  std::vector<bool> sparse_layers = {};
+
+  bool Sparse() const { return experts > 0; }
+  bool IsSparse(int64_t layer) const {
+    return Sparse() && (sparse_layers.empty() ||
+                        sparse_layers[static_cast<size_t>(
+                            layer % static_cast<int64_t>(sparse_layers.size()))]);
+  }
+  friend bool operator==(const MoeSpec&, const MoeSpec&) = default;
+};
+
 struct ModelConfig {
   int64_t layers = 6;
   int64_t width = 128;  // hidden size d
@@ -101,6 +163,9 @@ struct ModelConfig {
   // default 5 sliding : 1 full (configuration_gemma3.py, sliding_window_pattern 6).
   std::vector<LayerAttention> layer_attention = {};
   int64_t sliding_window = 0;  // the sliding layers' window in tokens (0: none)
+  // moe: transformers' sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral) on some or
+  // all layers; experts 0: a dense model.
+  MoeSpec moe = {};
   // dtype: parameters, gradients and activations ("pure" low precision when not fp32);
   // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
   // upcast, the logits' .float() before the loss).
@@ -177,7 +242,7 @@ struct ModelConfig {
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
            a.qk_norm == b.qk_norm && a.layer_attention == b.layer_attention &&
-           a.sliding_window == b.sliding_window &&
+           a.sliding_window == b.sliding_window && a.moe == b.moe &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
            a.checkpoint_impl == b.checkpoint_impl;

@@ -99,6 +99,22 @@ class ConfigJsonReader {
     return out;
   }
 
+  // LayerIndices reads an optional list of distinct layer indices in [0, layers)
+  // (Qwen3-MoE's mlp_only_layers); empty when the key is absent or null.
+  absl::StatusOr<std::vector<int64_t>> LayerIndices(const char* key, int64_t layers) const {
+    std::vector<int64_t> out;
+    if (!Has(key)) return out;
+    const rapidjson::Value& list = doc_[key];
+    if (!list.IsArray()) return Error(key, "must be a list of layer indices");
+    for (const rapidjson::Value& index : list.GetArray()) {
+      if (!index.IsInt64() || index.GetInt64() < 0 || index.GetInt64() >= layers) {
+        return Error(key, absl::StrCat("must list layer indices in [0, ", layers, ")"));
+      }
+      out.push_back(index.GetInt64());
+    }
+    return out;
+  }
+
  private:
   const rapidjson::Document& doc_;
   std::string source_;
@@ -122,6 +138,12 @@ class ConfigJsonWriter {
   void String(const char* key, const char* value) {
     w_->Key(key);
     w_->String(value);
+  }
+  void Ints(const char* key, const std::vector<int64_t>& values) {
+    w_->Key(key);
+    w_->StartArray();
+    for (int64_t value : values) w_->Int64(value);
+    w_->EndArray();
   }
   void Strings(const char* key, const std::vector<std::string>& values) {
     w_->Key(key);

@@ -515,6 +515,8 @@ class GraphBuilder {
   }
 
   DType DTypeOf(int tensor) const { return graph_.tensors[tensor].dtype; }
+  // SetDType: an output whose dtype is not its first input's (topk's int64 indices).
+  void SetDType(int tensor, DType dtype) { graph_.tensors[tensor].dtype = dtype; }
 
   // DecoderReturnsHere: the decoder model's forward returns after the last op so far.
   void DecoderReturnsHere() {
@@ -531,11 +533,12 @@ class GraphBuilder {
     }
   }
 
-  // RegistrationOrder: the parameters' order in model.parameters(), by name prefix
-  // ("q_proj" names q_proj.weight, then q_proj.bias), when it is not the graph's.
+  // RegistrationOrder: the parameters' order in model.parameters(), by module name
+  // ("q_proj" names q_proj.weight, then q_proj.bias) or by a parameter's own name
+  // ("experts.gate_up_proj"), when it is not the graph's.
   void RegistrationOrder(const std::vector<std::string>& modules) {
     for (const std::string& module : modules) {
-      for (const std::string suffix : {".weight", ".bias"}) {
+      for (const std::string suffix : {"", ".weight", ".bias"}) {
         for (size_t t = 0; t < graph_.tensors.size(); ++t) {
           if (graph_.tensors[t].is_parameter && graph_.tensors[t].name == module + suffix) {
             graph_.parameter_order.push_back(static_cast<int>(t));

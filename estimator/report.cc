@@ -95,6 +95,29 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
       json.AddMember("dropout", dropout, allocator);
     }
     if (config.megatron) json.AddMember("megatron", true, allocator);
+    if (config.moe.Sparse()) {
+      // The mixture of experts: whose block, its sizes, how the experts run, and which
+      // layers are sparse (one period; absent: all).
+      const MoeSpec& moe = config.moe;
+      rapidjson::Value spec(rapidjson::kObjectType);
+      spec.AddMember("block", rapidjson::StringRef(moe.block == MoeBlock::kMixtral ? "mixtral"
+                                                                                   : "qwen3_moe"),
+                     allocator);
+      spec.AddMember("experts", moe.experts, allocator);
+      spec.AddMember("experts_per_token", moe.top_k, allocator);
+      spec.AddMember("expert_intermediate", moe.intermediate, allocator);
+      spec.AddMember("norm_topk_prob", moe.norm_topk_prob, allocator);
+      spec.AddMember("experts_impl", rapidjson::StringRef(moe.impl == ExpertsImpl::kEager
+                                                              ? "eager"
+                                                              : "grouped_mm"),
+                     allocator);
+      if (!moe.sparse_layers.empty()) {
+        rapidjson::Value period(rapidjson::kArrayType);
+        for (bool sparse : moe.sparse_layers) period.PushBack(sparse, allocator);
+        spec.AddMember("sparse_layers_period", period, allocator);
+      }
+      json.AddMember("moe", spec, allocator);
+    }
     // Sizes above are the whole model's; with tp > 1 every bucket is one rank's.
     if (config.tp > 1) json.AddMember("tp", config.tp, allocator);
     if (config.sp) json.AddMember("sp", true, allocator);

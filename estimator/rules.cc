@@ -211,6 +211,41 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kKvCacheCat:
       // yaml:386 cat: cat_tensors_backward: the gradient's narrow view; no tensor.
       return {{}, {0}, {"CatBackward0"}, {}};
+    case OpType::kTopK:
+      // yaml:1794 topk: self: value_selecting_reduction_backward_symint(grad, dim,
+      // indices, self.sym_sizes(), true); the indices are not differentiable.
+      return {{Out(1, "indices_")}, {0}, {"TopkBackward0"}, {}};
+    case OpType::kSumDim:
+      // yaml:1727 sum.dim_IntList: sum_backward(grad, self.sym_sizes(), dim, keepdim).
+      return {{}, {0}, {"SumBackward1"}, {}};
+    case OpType::kDivInplace:
+      // yaml:589 div.Tensor: self: div_tensor_self_backward(grad, other, ...), other:
+      // div_tensor_other_backward(grad, self, other): other for both, the original self
+      // (the clone, output 1) for other's.
+      return {{KeepRule{true, 1, 1, "self_"}, In(1, "other_")},
+              {0, 1},
+              {"DivBackward0"},
+              {}};
+    case OpType::kSort:
+      // yaml:1622 sort: value_selecting_reduction_backward_symint(grad, dim, indices, ...);
+      // never differentiated here (the routed expert ids are int64).
+      return {{Out(1, "indices_")}, {0}, {"SortBackward0"}, {}};
+    case OpType::kFloorDivide:
+    case OpType::kHistc:  // yaml:805 histc: output_differentiability: [False]
+    case OpType::kCumsum:
+    case OpType::kInversePermutation:
+      return {{}, {}, {}, {}};  // integer tensors: never a backward node
+    case OpType::kIndexRows:
+      // yaml:847 index.Tensor: self: index_backward(grad.new_zeros(self.sizes()), indices,
+      // grad); indices: non-differentiable.
+      return {{In(1, "indices_")}, {0}, {"IndexBackward0"}, {}};
+    case OpType::kGroupedMm:
+      // yaml:1243 _grouped_mm: self: _grouped_mm_mat1_backward(grad, mat2, ..., offs),
+      // mat2: _grouped_mm_mat2_backward(grad, self, ..., offs).
+      return {{In(0, "self_", 1), In(1, "mat2_", 0), In(2, "offs_")},
+              {0, 1},
+              {"GroupedMmBackward0"},
+              {}};
     case OpType::kVocabParallelCrossEntropy:
       // _VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, target_mask,
       // masked_target_1d), exp_logits being the logits themselves, turned into the
@@ -278,6 +313,16 @@ const char* OpTypeName(OpType type) {
     case OpType::kSdpaCausalMask: return "sdpa_causal_mask";
     case OpType::kSafeSoftmax: return "_safe_softmax";
     case OpType::kKvCacheCat: return "cat";
+    case OpType::kTopK: return "topk";
+    case OpType::kSumDim: return "sum.dim_IntList";
+    case OpType::kDivInplace: return "div_";
+    case OpType::kSort: return "sort";
+    case OpType::kFloorDivide: return "floor_divide";
+    case OpType::kIndexRows: return "index";
+    case OpType::kHistc: return "histc";
+    case OpType::kCumsum: return "cumsum";
+    case OpType::kGroupedMm: return "_grouped_mm";
+    case OpType::kInversePermutation: return "index_put_";
   }
   return "?";
 }

@@ -117,8 +117,29 @@ enum class OpType : uint8_t {
   // torch.cat([torch.tensor([]), x], dim=-2), a contiguous copy of the keys or values
   // that the model's DynamicCache holds until its forward returns.
   kKvCacheCat,
+  // A sparse MoE block's ops (transformers 5.23's routers and grouped_mm experts):
+  // (self) -> (values, indices int64): topk over the last dim, attributes.length = k.
+  kTopK,
+  // sum over attributes.dim, keepdim or not (attributes.keepdim).
+  kSumDim,
+  // (self, other) -> (self, the clone of self autograd keeps): div_ in place; its
+  // DivBackward0 needs the original self for other's gradient, so VariableType clones it
+  // before the kernel runs.
+  kDivInplace,
+  kSort,          // (self) -> (values, indices int64) along the last dim
+  kFloorDivide,   // self // <a Python int>, in self's (integer) dtype
+  // (self, indices): self[indices] with one 1-D int64 index on dim 0 (index.Tensor).
+  kIndexRows,
+  kHistc,         // (self fp32) -> (E) fp32 counts; not differentiable
+  kCumsum,        // (self) -> cumsum(dtype=int32) along dim 0
+  // (self (S, in), mat2 (E, in, out), offs (E) int32) -> (S, out): torch._grouped_mm,
+  // rows [offs[e - 1], offs[e]) times mat2[e].
+  kGroupedMm,
+  // (perm) -> inv: inv = empty_like(perm); inv[perm] = arange(len): int64, not
+  // differentiable.
+  kInversePermutation,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kKvCacheCat) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kInversePermutation) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -35,6 +35,12 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
       return config.max_positions;
     case Symbol::kSeqShard:
       return config.sp ? config.seq / config.tp : config.seq;
+    case Symbol::kExperts:
+      return config.moe.experts;
+    case Symbol::kTopK:
+      return config.moe.top_k;
+    case Symbol::kExpertWidth:
+      return config.moe.intermediate;
   }
   return 0;
 }

@@ -26,8 +26,11 @@ enum class Symbol : uint8_t {
   kVocab,         // V
   kPositions,     // GPT-2's learned positions (max_positions)
   kSeqShard,      // T where sequence parallelism shards it: T / tp with --sp, else T
+  kExperts,       // E, a sparse MLP's experts
+  kTopK,          // k, the experts each token is routed to
+  kExpertWidth,   // an expert's MLP width
 };
-inline constexpr int kNumSymbols = static_cast<int>(Symbol::kSeqShard) + 1;
+inline constexpr int kNumSymbols = static_cast<int>(Symbol::kExpertWidth) + 1;
 int64_t SymbolValue(Symbol symbol, const ModelConfig& config);
 
 // SymbolValues holds every symbol's value for one config, looked up once per walk.
@@ -67,6 +70,9 @@ inline constexpr SymDim kF = SymOf(Symbol::kIntermediate);
 inline constexpr SymDim kV = SymOf(Symbol::kVocab);
 inline constexpr SymDim kP = SymOf(Symbol::kPositions);
 inline constexpr SymDim kTs = SymOf(Symbol::kSeqShard);
+inline constexpr SymDim kE = SymOf(Symbol::kExperts);
+inline constexpr SymDim kK = SymOf(Symbol::kTopK);
+inline constexpr SymDim kFe = SymOf(Symbol::kExpertWidth);
 SymDim Sym(int64_t constant);
 SymDim operator*(SymDim a, SymDim b);
 SymDim operator*(int64_t coeff, SymDim a);

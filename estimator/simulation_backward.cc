@@ -147,8 +147,10 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
       break;
     case OpType::kMulTensor: {
-      // mul_tensor_backward: self's grad * other, then other's grad * self, each in the
-      // broadcast shape; validate_outputs reduces a broadcast input's.
+      // MulBackward0 computes other's gradient, grad * self, then self's, grad * other
+      // (profiled: the copy promoting a bf16 self for other's product is freed before
+      // self's product is made), each in the broadcast shape; validate_outputs then casts
+      // and reduces them input by input.
       // Each product is in grad's and the other factor's common dtype; a factor of
       // another dtype is copied to it first (TensorIterator's input promotion).
       auto product = [&](int factor) {
@@ -162,8 +164,8 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
         if (promoted) memory_.Unref(*promoted);
         return h;
       };
-      if (needs(0)) grads[0] = product(1);
       if (needs(1)) grads[1] = product(0);
+      if (needs(0)) grads[0] = product(1);
       break;
     }
     case OpType::kAddScalar:
@@ -375,6 +377,55 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (grad_out_copy) memory_.Unref(*grad_out_copy);
       break;
     }
+    case OpType::kTopK:
+      // value_selecting_reduction_backward: zeros of the input's sizes, the gradient
+      // scattered into them in place (profiled: one allocation).
+    case OpType::kIndexRows:
+      // index_backward: grad.new_zeros(self.sizes()), then _index_put_impl_ in place.
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kSumDim: {
+      // sum_backward: grad (unsqueezed without keepdim) expanded to the input's sizes,
+      // a view with stride 0 along the summed dimension.
+      const int dim = op.attributes.dim;
+      Layout expanded;
+      expanded.ndim = layout_of(0).ndim;
+      for (int i = 0, j = 0; i < expanded.ndim; ++i) {
+        expanded.sizes[i] = layout_of(0).sizes[i];
+        if (i == dim) {
+          expanded.strides[i] = 0;
+          if (op.attributes.keepdim) ++j;
+        } else {
+          expanded.strides[i] = grad.layout.strides[j++];
+        }
+      }
+      grads[0] = ViewOf(grad, expanded);
+      break;
+    }
+    case OpType::kDivInplace: {
+      // DivBackward0 computes other's gradient first, -grad * ((self / other) / other)
+      // (FunctionsManual.cpp, div_tensor_other_backward): four tensors of the broadcast
+      // shape, three of them temporaries of the expression; then self's, grad / other.
+      // validate_outputs then reduces other's to its (N, 1) shape.
+      const int64_t bytes = NumelOf(grad.layout) * ElementSizeBytes(grad.dtype);
+      std::array<int, 3> temps{};
+      if (needs(1)) {
+        for (int& t : temps) t = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+        grads[1] = NewGradLike(grad, grad.layout, grad.dtype);
+        for (int t : temps) memory_.Unref(t);
+      }
+      if (needs(0)) grads[0] = NewGradLike(grad, grad.layout, grad.dtype);
+      break;
+    }
+    case OpType::kGroupedMm:
+      // GroupedMmBackward0, mat2's gradient first (like mat2: a transposed view of the
+      // expert weights, as _grouped_mm_mat2_backward transposes its result), then self's.
+      if (needs(1)) {
+        grads[1] = NewGrad(layout_of(1), grad.dtype);
+        if (!layout_of(1).IsContiguous()) grads[1].layout = layout_of(1);
+      }
+      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
     default:
       return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
   }
@@ -627,6 +678,16 @@ bool Modelled(OpType type) {
     case OpType::kSdpaCausalMask:
     case OpType::kSafeSoftmax:
     case OpType::kKvCacheCat:
+    case OpType::kTopK:
+    case OpType::kSumDim:
+    case OpType::kDivInplace:
+    case OpType::kSort:
+    case OpType::kFloorDivide:
+    case OpType::kIndexRows:
+    case OpType::kHistc:
+    case OpType::kCumsum:
+    case OpType::kGroupedMm:
+    case OpType::kInversePermutation:
       return true;
     default:
       return false;

@@ -63,6 +63,32 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
       memory_.ScalarOp(dtype);
       return absl::OkStatus();
     }
+    case OpType::kSort: {
+      // The CPU sort's scratch copy of the values, after both outputs (profiled: values,
+      // indices, then a tensor of the input's size, freed before it returns).
+      const Layout& x = TensorOf(inst, op.inputs[0]).layout;
+      memory_.Transient(NumelOf(x) * ElementSizeBytes(inst.plan->graph->tensors[op.inputs[0]].dtype));
+      return absl::OkStatus();
+    }
+    case OpType::kHistc: {
+      // histogram_histc: its bin edges (bins + 1, fp32) and a (bins) fp32 partial
+      // histogram next to the output, both freed before it returns (profiled, one thread).
+      const int64_t bins = NumelOf(TensorOf(inst, op.outputs[0]).layout);
+      const int edges = memory_.Alloc((bins + 1) * 4, MemoryCategory::kTemporary);
+      memory_.Transient(bins * 4);
+      memory_.Unref(edges);
+      return absl::OkStatus();
+    }
+    case OpType::kCumsum: {
+      // cumsum(dtype=int32): the input converted to int32 first, freed after.
+      memory_.Transient(NumelOf(TensorOf(inst, op.inputs[0]).layout) * 4);
+      return absl::OkStatus();
+    }
+    case OpType::kInversePermutation: {
+      // inv[perm] = torch.arange(len): the arange dies with the statement.
+      memory_.Transient(NumelOf(TensorOf(inst, op.inputs[0]).layout) * 8);
+      return absl::OkStatus();
+    }
     case OpType::kGatherLinear: {
       // The input all-gathered into a (B, T, in) buffer, freed once the matmul is done.
       const WalkedTensor& x = TensorOf(inst, op.inputs[0]);

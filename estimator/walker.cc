@@ -466,6 +466,63 @@ class Walk {
         NewContiguous(out, in.sizes.data(), in.ndim);
         NewContiguous(op.outputs[1], in.sizes.data(), in.ndim);
         return absl::OkStatus();
+      case OpType::kTopK: {
+        // values and indices of the input's sizes but the last, k.
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
+        const CheckedInt64 k = op.attributes.length.Evaluate(symbols_);
+        overflow_ = overflow_ || k.overflowed();
+        sizes[in.ndim - 1] = k.value();
+        NewContiguous(out, sizes, in.ndim);
+        NewContiguous(op.outputs[1], sizes, in.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kSumDim: {
+        int64_t sizes[Layout::kMaxDims];
+        int ndim = 0;
+        for (int i = 0; i < in.ndim; ++i) {
+          if (i != op.attributes.dim) {
+            sizes[ndim++] = in.sizes[i];
+          } else if (op.attributes.keepdim) {
+            sizes[ndim++] = 1;
+          }
+        }
+        NewContiguous(out, sizes, ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kDivInplace:
+        ViewOf(out, op.inputs[0], in);  // div_ returns self
+        NewDenseLike(op.outputs[1], in);  // self.clone(), before the kernel
+        return absl::OkStatus();
+      case OpType::kSort:
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        NewContiguous(op.outputs[1], in.sizes.data(), in.ndim);
+        return absl::OkStatus();
+      case OpType::kFloorDivide:
+      case OpType::kCumsum:
+      case OpType::kInversePermutation:
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        return absl::OkStatus();
+      case OpType::kIndexRows: {
+        // (len(indices), self's other sizes), contiguous.
+        const Layout& indices = tensors_[op.inputs[1]].layout;
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
+        sizes[0] = indices.sizes[0];
+        NewContiguous(out, sizes, in.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kHistc: {
+        const Layout target = Evaluate(op.attributes.shape);
+        NewContiguous(out, target.sizes.data(), target.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kGroupedMm: {
+        const Layout& mat2 = tensors_[op.inputs[1]].layout;  // (E, in, out)
+        const int64_t sizes[] = {in.sizes[0], mat2.sizes[2]};
+        NewContiguous(out, sizes, 2);
+        return absl::OkStatus();
+      }
       case OpType::kGatherLinear:
       case OpType::kReduceScatter:
       case OpType::kScatter: {
@@ -490,7 +547,12 @@ class Walk {
     for (int i : semantics.differentiable_inputs) {
       has_grad_fn = has_grad_fn || requires_grad_[op.inputs[i]];
     }
-    for (int out : op.outputs) requires_grad_[out] = has_grad_fn;
+    // Integer and bool outputs (topk's indices, a mask) never require grad.
+    for (int out : op.outputs) {
+      const DType dtype = graph_.tensors[out].dtype;
+      requires_grad_[out] = has_grad_fn && dtype != DType::kInt64 && dtype != DType::kInt32 &&
+                            dtype != DType::kBool;
+    }
 
     if (options_.checkpointed) {
       // Inside a checkpointed block autograd keeps nothing; the policy's ops put their

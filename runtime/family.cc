@@ -31,6 +31,11 @@ const RuntimeFamily& RuntimeFamilyOf(Family family) {
 }
 
 absl::Status RuntimeFamilyModelled(const ModelConfig& config) {
+  if (config.moe.Sparse()) {
+    return absl::UnimplementedError(
+        "the LibTorch runtime has no mixture-of-experts model yet: predict it, or measure "
+        "it with the real transformers model (verify/witness.py)");
+  }
   if (RuntimeFamilyOf(config.family).make_model != nullptr) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
       "the LibTorch runtime has no ", FamilyName(config.family),

@@ -99,8 +99,9 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
            Case{R"({"width": 130})", "--width 130 is not divisible by --heads 4"},
            Case{R"({"model": "llama-9"})",
                 "--model: 'llama-9' is neither a built-in model (study, llama-2-7b, llama-3-8b, "
-                "llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama, tiny-qwen3, gpt2, "
-                "tiny-gpt2, megatron-gpt, gemma-3-27b, tiny-gemma3) nor "
+                "llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, "
+                "tiny-llama, tiny-qwen3, tiny-qwen3-moe, gpt2, tiny-gpt2, megatron-gpt, "
+                "gemma-3-27b, tiny-gemma3) nor "
                 "a readable config.json"},
            Case{R"({"amp": "bf16", "dtype": "bf16"})",
                 "--amp=bf16 needs --dtype=fp32: autocast runs an fp32 model (its master "

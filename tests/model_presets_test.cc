@@ -86,6 +86,24 @@ TEST(ModelPresetsTest, ParameterCountsEqualThePublishedCheckpoints) {
   // 6,144 + q_norm and k_norm 2 x 16 + MLP 3 x 2,048 + norms 64 = 12,384, x 2; final
   // norm 32: 30,944.
   EXPECT_EQ(PresetParams("tiny-qwen3"), 30944);
+  // qwen3-30b-a3b: embed and head 2 x 151,936 x 2,048 = 622,329,856; per layer q and o
+  // 2 x 2,048 x (32 x 128) = 16,777,216 + k and v 2 x 2,048 x (4 x 128) = 2,097,152 +
+  // q_norm and k_norm 256 + experts' gate_up 128 x 1,536 x 2,048 = 402,653,184 and
+  // down 128 x 2,048 x 768 = 201,326,592 + router 128 x 2,048 = 262,144 + norms 4,096 =
+  // 623,120,640, x 48 = 29,909,790,720; final norm 2,048: 30,532,122,624 (Qwen3-30B-A3B's
+  // model card: 30.5B).
+  EXPECT_EQ(PresetParams("qwen3-30b-a3b"), 30532122624);
+  // mixtral-8x7b: embed and head 2 x 32,000 x 4,096 = 262,144,000; per layer q and o
+  // 2 x 4,096^2 = 33,554,432 + k and v 2 x 4,096 x 1,024 = 8,388,608 + experts' gate_up
+  // 8 x 28,672 x 4,096 = 939,524,096 and down 8 x 4,096 x 14,336 = 469,762,048 + router
+  // 8 x 4,096 = 32,768 + norms 8,192 = 1,451,270,144, x 32 = 46,440,644,608; final norm
+  // 4,096: 46,702,792,704 (Mixtral 8x7B: 46.7B).
+  EXPECT_EQ(PresetParams("mixtral-8x7b"), 46702792704);
+  // tiny-qwen3-moe: tiny-qwen3's attention (6,176 per layer with its q/k norms), 4
+  // experts of width 32: gate_up 4 x 64 x 32 = 8,192, down 4 x 32 x 32 = 4,096, router
+  // 4 x 32 = 128, norms 64: 18,656 per layer, x 2; embed, head and final norm 6,176:
+  // 43,488.
+  EXPECT_EQ(PresetParams("tiny-qwen3-moe"), 43488);
 }
 
 TEST(ModelPresetsTest, StudyPresetIsTheDefaultConfig) {
@@ -125,6 +143,63 @@ TEST(HfConfigTest, ReadsTheUsualKeysOfEachModelType) {
   EXPECT_TRUE(gpt2.tie_embeddings);
   EXPECT_EQ(gpt2.Intermediate(), 3072);  // n_inner absent: 4 x n_embd
   EXPECT_EQ(ParamsOf(gpt2), 124439808);
+  // The sparse models' files (transcribed from the Hugging Face model pages).
+  ASSERT_OK_AND_ASSIGN(ModelConfig qwen3_moe,
+                       ModelFromHfConfigJson(ReadTestdata("qwen3-30b-a3b.config.json"), "m"));
+  EXPECT_EQ(qwen3_moe.moe.experts, 128);
+  EXPECT_EQ(qwen3_moe.moe.top_k, 8);
+  EXPECT_TRUE(qwen3_moe.moe.norm_topk_prob);
+  EXPECT_TRUE(qwen3_moe.moe.sparse_layers.empty());  // every layer sparse
+  EXPECT_EQ(ParamsOf(qwen3_moe), 30532122624);
+  ASSERT_OK_AND_ASSIGN(ModelConfig mixtral,
+                       ModelFromHfConfigJson(ReadTestdata("mixtral-8x7b.config.json"), "x"));
+  EXPECT_EQ(mixtral.moe.block, MoeBlock::kMixtral);
+  EXPECT_EQ(mixtral.moe.intermediate, 14336);
+  EXPECT_FALSE(mixtral.qk_norm);
+  EXPECT_EQ(ParamsOf(mixtral), 46702792704);
+}
+
+// Qwen3MoeDecoderLayer is sparse iff its index is not in mlp_only_layers and
+// (index + 1) % decoder_sparse_step == 0; Qwen3MoeConfig's head_dim defaults to
+// hidden_size / heads (not Qwen3's 128), and num_local_experts is num_experts' alias.
+TEST(HfConfigTest, Qwen3MoeSparseLayers) {
+  const std::string sizes =
+      R"("model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 6, "num_attention_heads": 4, "vocab_size": 100,
+         "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16)";
+  ASSERT_OK_AND_ASSIGN(ModelConfig every, ModelFromHfConfigJson("{" + sizes + "}", "a.json"));
+  EXPECT_EQ(every.HeadDim(), 16);
+  EXPECT_TRUE(every.moe.sparse_layers.empty());
+  EXPECT_FALSE(every.moe.norm_topk_prob);  // Qwen3MoeConfig's default
+  ASSERT_OK_AND_ASSIGN(ModelConfig step, ModelFromHfConfigJson(
+                                             "{" + sizes + R"(, "decoder_sparse_step": 2})", "a"));
+  // Layers 1, 3, 5 sparse: the period (dense, sparse).
+  EXPECT_EQ(step.moe.sparse_layers, (std::vector<bool>{false, true}));
+  ASSERT_OK_AND_ASSIGN(ModelConfig first, ModelFromHfConfigJson(
+                                              "{" + sizes + R"(, "mlp_only_layers": [0]})", "a"));
+  EXPECT_EQ(first.moe.sparse_layers,
+            (std::vector<bool>{false, true, true, true, true, true}));
+  ASSERT_OK_AND_ASSIGN(
+      ModelConfig alias,
+      ModelFromHfConfigJson(R"({"model_type": "qwen3_moe", "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "vocab_size": 100, "num_local_experts": 6, "num_experts_per_tok": 2})", "a"));
+  EXPECT_EQ(alias.moe.experts, 6);
+  EXPECT_EQ(ModelFromHfConfigJson("{" + sizes + R"(, "mlp_only_layers": [6]})", "a.json")
+                .status()
+                .message(),
+            "a.json: \"mlp_only_layers\" must list layer indices in [0, 6)");
+  EXPECT_EQ(ModelFromHfConfigJson(R"({"model_type": "qwen3_moe", "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "vocab_size": 100, "num_experts": 4, "num_experts_per_tok": 5})", "a.json")
+                .status()
+                .message(),
+            "a.json: \"num_experts_per_tok\" 5 exceeds the 4 experts");
+  EXPECT_EQ(ModelFromHfConfigJson("{" + sizes + R"(, "output_router_logits": true})", "a.json")
+                .status()
+                .message(),
+            "a.json: \"output_router_logits\" true (the load-balancing loss) is not "
+            "modelled yet");
 }
 
 // Qwen3Config's head_dim is 128 when missing, whatever hidden_size / heads is
@@ -202,7 +277,8 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {"{}", "bad.json: \"model_type\" is missing"},
            {R"({"model_type": 7})", "bad.json: \"model_type\" must be a string"},
            {R"({"model_type": "bert"})",
-            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, qwen3, gpt2, gemma3_text)"},
+            "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, qwen3, "
+             "qwen3_moe, mixtral, gpt2, gemma3_text)"},
            {R"({"model_type": "llama"})", "bad.json: \"hidden_size\" is missing"},
            {LlamaJson("num_hidden_layers", "\"two\""),
             "bad.json: \"num_hidden_layers\" must be an integer"},

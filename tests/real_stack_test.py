@@ -68,7 +68,24 @@ FAMILIES = {
     "gemma3_pattern": dict(family="gemma3_text", layers=7, width=32, heads=2, kv_heads=1,
                            head_dim=16, intermediate=64, vocab=96, sliding_window=256,
                            sliding_window_pattern=6),
+    # Sparse mixtures of experts (transformers 5.23's default grouped_mm experts): Qwen3-MoE
+    # with q/k norms, renormalised top-k weights cast back to the model's dtype, and a
+    # dense first layer (mlp_only_layers); Mixtral with fp32 top-k weights on every layer.
+    "qwen3_moe": dict(family="qwen3_moe", layers=3, width=64, heads=4, kv_heads=2,
+                      head_dim=16, intermediate=96, vocab=128, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      mlp_only_layers=[0]),
+    "qwen3_moe_plain": dict(family="qwen3_moe", layers=2, width=32, heads=2, kv_heads=1,
+                            intermediate=64, vocab=96, num_experts=8, num_experts_per_tok=3,
+                            moe_intermediate_size=16),
+    "mixtral": dict(family="mixtral", layers=2, width=64, heads=4, kv_heads=2,
+                    intermediate=48, vocab=128, num_local_experts=4, num_experts_per_tok=2),
 }
+
+# The keys a family spec passes to config.json as they are.
+PASSED_KEYS = ("sliding_window", "layer_types", "sliding_window_pattern", "num_experts",
+               "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "norm_topk_prob", "mlp_only_layers")
 
 
 def hf_config(spec):
@@ -96,7 +113,7 @@ def hf_config(spec):
         config["head_dim"] = spec["head_dim"]
     if spec["family"] == "mistral":
         config["sliding_window"] = None
-    for key in ("sliding_window", "layer_types", "sliding_window_pattern"):
+    for key in PASSED_KEYS:
         if key in spec:
             config[key] = spec[key]
     return config
@@ -232,6 +249,17 @@ CASES = [
     c("gemma3", "full", dtype="bf16", optimizer_impl="foreach"), c("gemma3", amp="bf16"),
     c("gemma3_pattern"), c("gemma3_pattern", "every_2", dtype="fp16"),
     c("gemma3_pattern", "selective", dtype="bf16"), c("gemma3_pattern", amp="bf16"),
+    # Sparse mixtures of experts (grouped_mm experts; a dense first layer in qwen3_moe):
+    # every variant, both implementations, each dtype and autocast, the optimizers; fp16
+    # with SGD peaks in Mixtral's fp32-weighted experts' MulBackward0.
+    c("qwen3_moe"), c("qwen3_moe", "full"), c("qwen3_moe", "every_2"),
+    c("qwen3_moe", "selective"), c("qwen3_moe", "every_2", "reentrant"),
+    c("qwen3_moe", dtype="bf16"), c("qwen3_moe", amp="bf16"),
+    c("qwen3_moe_plain", optimizer_impl="foreach"), c("qwen3_moe_plain", dtype="bf16", seq=64),
+    c("mixtral"), c("mixtral", dtype="bf16"), c("mixtral", amp="bf16"),
+    c("mixtral", "selective", dtype="bf16"), c("mixtral", "full", dtype="fp16"),
+    c("mixtral", dtype="fp16", optimizer="sgd", momentum=0.9),
+    c("mixtral", "full", "reentrant", optimizer_impl="fused"),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -148,16 +148,6 @@ ModelGraphs BuildGemma3Graphs(const ModelConfig& config, AttentionMode mode) {
   return graphs;
 }
 
-// SmallestPeriod is the shortest prefix p of `types` with types[i] == p[i % |p|].
-std::vector<LayerAttention> SmallestPeriod(const std::vector<LayerAttention>& types) {
-  for (size_t n = 1; n < types.size(); ++n) {
-    bool periodic = true;
-    for (size_t i = n; i < types.size() && periodic; ++i) periodic = types[i] == types[i % n];
-    if (periodic) return std::vector<LayerAttention>(types.begin(), types.begin() + n);
-  }
-  return types;
-}
-
 // Gemma3TextConfig (configuration_gemma3.py): layer_types, or without it
 // sliding_window_pattern (default 6): layer i is full iff (i + 1) % pattern == 0.
 absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& r, absl::string_view) {

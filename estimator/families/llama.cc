@@ -1,5 +1,6 @@
-// The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3): transformers' LlamaForCausalLM and
-// its look-alikes, embedding to cross-entropy.
+// The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, and the sparse Qwen3-MoE and
+// Mixtral): transformers' LlamaForCausalLM and its look-alikes, embedding to
+// cross-entropy.
 #include <optional>
 #include <string>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/config_json.h"
+#include "estimator/families/sparse_moe.h"
 #include "estimator/family.h"
 #include "estimator/graph_builder.h"
 
@@ -34,7 +36,9 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
 // LlamaDecoderLayer.forward with RoPE tables (1, T, d_head) made once per forward. With
 // sequence parallelism the residual stream and the norms hold T / tp tokens (kTs), the
 // q/k/v and gate/up projections all-gather them, o_proj and down_proj reduce-scatter.
-BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
+// A sparse layer (Qwen3MoeDecoderLayer, MixtralDecoderLayer) runs the model's
+// SparseMoeBlock (estimator/families/sparse_moe.h) where a dense one runs LlamaMLP.
+BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool sparse) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
   // The layer reads transformers' rotary embedding's cos and sin, cast to the hidden
@@ -64,23 +68,32 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode) {
   g.HeldThroughHere({h, a.q, a.k, a.v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attention_out});
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
-  // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
-  // evaluation (modeling_llama.py:164, LlamaMLP.forward): the autograd engine runs up_proj's
-  // node before act_fn's.
-  int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, /*bias=*/false);
-  int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
-  int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
-  int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
-  int mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
-  g.HeldThroughHere({h2});  // LlamaMLP.forward's argument x, to its return
+  int mlp_out;
+  if (sparse) {
+    mlp_out = SparseMoeBlock(g, config, h2);
+  } else {
+    // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
+    // evaluation (modeling_llama.py:164, LlamaMLP.forward): the autograd engine runs
+    // up_proj's node before act_fn's.
+    int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, /*bias=*/false);
+    int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
+    int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
+    int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
+    mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
+  }
+  g.HeldThroughHere({h2});  // the MLP's forward's argument, to its return
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
   // LlamaDecoderLayer.__init__ registers self_attn, mlp, then the two norms
   // (models/llama/modeling_llama.py:273-282; Mistral's, Qwen2's and Qwen3's alike);
   // Qwen3Attention registers q_norm and k_norm after o_proj.
   std::vector<std::string> order = {"q_proj", "k_proj", "v_proj", "o_proj"};
   if (config.qk_norm) order.insert(order.end(), {"q_norm", "k_norm"});
-  order.insert(order.end(), {"gate_proj", "up_proj", "down_proj", "input_layernorm",
-                             "post_attention_layernorm"});
+  if (sparse) {
+    for (const std::string& name : SparseMoeRegistration(config)) order.push_back(name);
+  } else {
+    order.insert(order.end(), {"gate_proj", "up_proj", "down_proj"});
+  }
+  order.insert(order.end(), {"input_layernorm", "post_attention_layernorm"});
   g.RegistrationOrder(order);
   return g.Finish(x2);
 }
@@ -121,6 +134,57 @@ ModelConfig Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads
 }
 
 
+// ReadMoe reads a sparse model's experts: Qwen3MoeConfig's num_experts (an alias of
+// num_local_experts), num_experts_per_tok, moe_intermediate_size, norm_topk_prob,
+// decoder_sparse_step and mlp_only_layers (configuration_qwen3_moe.py; layer i is sparse
+// iff it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0,
+// Qwen3MoeDecoderLayer.__init__), or MixtralConfig's num_local_experts and
+// num_experts_per_tok over intermediate_size, every layer sparse.
+absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
+                                int64_t intermediate, bool mixtral) {
+  MoeSpec moe;
+  bool aux_loss = false;
+  MEMLEDGER_ASSIGN_OR_RETURN_(aux_loss, r.Bool("output_router_logits", false));
+  if (aux_loss) {
+    return r.Error("output_router_logits", "true (the load-balancing loss) is not modelled yet");
+  }
+  if (mixtral) {
+    moe.block = MoeBlock::kMixtral;
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.experts, r.Positive("num_local_experts", 8));
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.top_k, r.Positive("num_experts_per_tok", 2));
+    moe.intermediate = intermediate;
+    moe.norm_topk_prob = true;
+    if (r.Has("router_jitter_noise")) {
+      double jitter = 0;
+      MEMLEDGER_ASSIGN_OR_RETURN_(jitter, r.Probability("router_jitter_noise"));
+      if (jitter > 0) return r.Error("router_jitter_noise", "> 0 is not modelled yet (use 0.0)");
+    }
+    if (r.Has("sliding_window")) {
+      return r.Error("sliding_window", "is not modelled yet for mixtral (use null)");
+    }
+  } else {
+    const char* experts_key = r.Has("num_local_experts") ? "num_local_experts" : "num_experts";
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.experts, r.Positive(experts_key, 128));
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.top_k, r.Positive("num_experts_per_tok", 8));
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.intermediate, r.Positive("moe_intermediate_size", 768));
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.norm_topk_prob, r.Bool("norm_topk_prob", false));
+    int64_t step = 1;
+    MEMLEDGER_ASSIGN_OR_RETURN_(step, r.Positive("decoder_sparse_step", 1));
+    std::vector<int64_t> dense;
+    MEMLEDGER_ASSIGN_OR_RETURN_(dense, r.LayerIndices("mlp_only_layers", layers));
+    std::vector<bool> sparse(static_cast<size_t>(layers));
+    for (int64_t i = 0; i < layers; ++i) sparse[i] = (i + 1) % step == 0;
+    for (int64_t i : dense) sparse[i] = false;
+    moe.sparse_layers = SmallestPeriod(sparse);
+    if (moe.sparse_layers == std::vector<bool>{true}) moe.sparse_layers.clear();
+  }
+  if (moe.top_k > moe.experts) {
+    return r.Error("num_experts_per_tok", absl::StrCat(moe.top_k, " exceeds the ",
+                                                      moe.experts, " experts"));
+  }
+  return moe;
+}
+
 absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_view model_type) {
   ModelConfig c;
   c.family = Family::kLlama;
@@ -142,13 +206,16 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
     if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
   }
   const bool qwen3 = model_type == "qwen3";
+  const bool qwen3_moe = model_type == "qwen3_moe";
+  const bool mixtral = model_type == "mixtral";
   if (!qwen3 && !r.Positive("head_dim").ok() && c.width % c.heads != 0) {
     return r.Error("hidden_size", absl::StrCat(c.width, " is not divisible by "
                                                "num_attention_heads ", c.heads,
                                                " and there is no head_dim"));
   }
   // Qwen3Config's head_dim defaults to 128, whatever the width (configuration_qwen3.py);
-  // LlamaConfig's, MistralConfig's and Qwen2Config's to hidden_size / heads.
+  // LlamaConfig's, MistralConfig's, Qwen2Config's, Qwen3MoeConfig's and MixtralConfig's
+  // to hidden_size / heads.
   MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", qwen3 ? 128 : c.width / c.heads));
   if (c.heads % c.kv_heads != 0) {
     return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
@@ -166,8 +233,11 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
     return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
   }
   c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
-  c.qk_norm = qwen3;                   // Qwen3Attention's q_norm and k_norm
-  if (qwen3) {
+  c.qk_norm = qwen3 || qwen3_moe;      // Qwen3Attention's q_norm and k_norm
+  if (qwen3_moe || mixtral) {
+    MEMLEDGER_ASSIGN_OR_RETURN_(c.moe, ReadMoe(r, c.layers, c.intermediate, mixtral));
+  }
+  if (qwen3 || qwen3_moe) {
     // Qwen3Config.__post_init__ makes layers >= max_window_layers sliding only with
     // use_sliding_window; explicit layer_types may name them too. Sliding-window masks
     // are not modelled for this family yet.
@@ -190,8 +260,23 @@ absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
   if (c.qk_norm && c.qkv_bias) {
     return absl::InvalidArgumentError("q/k/v biases with q/k norms is no transformers model_type");
   }
-  // Qwen2 is the Llama family with q/k/v biases, Qwen3 with q/k norms.
-  w.String("model_type", c.qk_norm ? "qwen3" : c.qkv_bias ? "qwen2" : "llama");
+  const bool mixtral = c.moe.Sparse() && c.moe.block == MoeBlock::kMixtral;
+  if (mixtral && (c.qk_norm || c.qkv_bias || !c.moe.sparse_layers.empty() ||
+                  c.moe.intermediate != c.Intermediate())) {
+    return absl::InvalidArgumentError(
+        "a mixtral model has every layer sparse, experts as wide as intermediate_size, and "
+        "no q/k norms or biases");
+  }
+  if (c.moe.Sparse() && !mixtral && !c.qk_norm) {
+    return absl::InvalidArgumentError("a qwen3_moe model has q/k norms");
+  }
+  // Qwen2 is the Llama family with q/k/v biases, Qwen3 with q/k norms; Qwen3-MoE and
+  // Mixtral are sparse.
+  w.String("model_type", mixtral           ? "mixtral"
+                         : c.moe.Sparse()  ? "qwen3_moe"
+                         : c.qk_norm       ? "qwen3"
+                         : c.qkv_bias      ? "qwen2"
+                                           : "llama");
   w.Int("hidden_size", c.width);
   w.Int("intermediate_size", c.Intermediate());
   w.Int("num_hidden_layers", c.layers);
@@ -202,6 +287,20 @@ absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
   w.Int("max_position_embeddings", c.max_positions > 0 ? c.max_positions : 2048);
   w.Double("rms_norm_eps", c.norm_eps);
   if (c.qkv_bias || c.qk_norm) w.Bool("use_sliding_window", false);
+  if (mixtral) {
+    w.Int("num_local_experts", c.moe.experts);
+    w.Int("num_experts_per_tok", c.moe.top_k);
+  } else if (c.moe.Sparse()) {
+    w.Int("num_experts", c.moe.experts);
+    w.Int("num_experts_per_tok", c.moe.top_k);
+    w.Int("moe_intermediate_size", c.moe.intermediate);
+    w.Bool("norm_topk_prob", c.moe.norm_topk_prob);
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < c.layers; ++i) {
+      if (!c.moe.IsSparse(i)) dense.push_back(i);
+    }
+    w.Ints("mlp_only_layers", dense);
+  }
   return absl::OkStatus();
 }
 
@@ -219,14 +318,69 @@ std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
   ModelConfig tiny_qwen3 = Llama(2, 32, 4, 2, 64, 96, 1e-6);
   tiny_qwen3.head_dim = 16;
   tiny_qwen3.qk_norm = true;
+  // Qwen/Qwen3-30B-A3B's config.json: 48 layers, 128 experts (8 per token) of width 768,
+  // head_dim 128, norm_topk_prob true, untied.
+  ModelConfig qwen3_moe = Llama(48, 2048, 32, 4, 6144, 151936, 1e-6);
+  qwen3_moe.head_dim = 128;
+  qwen3_moe.qk_norm = true;
+  qwen3_moe.moe = {.experts = 128, .top_k = 8, .intermediate = 768, .norm_topk_prob = true};
+  // mistralai/Mixtral-8x7B-v0.1's config.json: 8 experts (2 per token) of width 14336.
+  ModelConfig mixtral = Llama(32, 4096, 32, 8, 14336, 32000, 1e-5);
+  mixtral.moe = {.experts = 8, .top_k = 2, .intermediate = 14336, .block = MoeBlock::kMixtral};
+  // Small: 4 experts (2 per token) of width 32 on Qwen3-MoE's tiny attention.
+  ModelConfig tiny_moe = tiny_qwen3;
+  tiny_moe.moe = {.experts = 4, .top_k = 2, .intermediate = 32, .norm_topk_prob = true};
   return {{"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)},
           {"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)},
           {"llama-3-70b", Llama(80, 8192, 64, 8, 28672, 128256, 1e-5)},
           {"mistral-7b", Llama(32, 4096, 32, 8, 14336, 32000, 1e-5)},
           {"qwen2.5-7b", qwen},
           {"qwen3-8b", qwen3},
+          {"qwen3-30b-a3b", qwen3_moe},
+          {"mixtral-8x7b", mixtral},
           {"tiny-llama", tiny},
-          {"tiny-qwen3", tiny_qwen3}};
+          {"tiny-qwen3", tiny_qwen3},
+          {"tiny-qwen3-moe", tiny_moe}};
+}
+
+// The layers' kinds: dense, and with a mixture of experts sparse, in the period of
+// moe.sparse_layers.
+ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
+  ModelGraphs graphs{BuildLlamaPrologue(config), {}, {}, BuildLlamaEpilogue(config)};
+  const std::vector<bool> sparse = !config.moe.Sparse()             ? std::vector<bool>{false}
+                                   : config.moe.sparse_layers.empty() ? std::vector<bool>{true}
+                                                                      : config.moe.sparse_layers;
+  int kinds[2] = {-1, -1};  // dense, sparse: their index in layer_kinds
+  for (bool layer_sparse : sparse) {
+    int& kind = kinds[layer_sparse];
+    if (kind < 0) {
+      kind = static_cast<int>(graphs.layer_kinds.size());
+      graphs.layer_kinds.push_back(BuildLlamaLayer(config, mode, layer_sparse));
+    }
+    graphs.pattern.push_back(kind);
+  }
+  return graphs;
+}
+
+// ValidateLlama: what the sparse models' graphs do not model yet, one line each.
+absl::Status ValidateLlama(const ModelConfig& config) {
+  const MoeSpec& moe = config.moe;
+  if (!moe.Sparse()) return absl::OkStatus();
+  if (moe.top_k < 1 || moe.top_k > moe.experts || moe.intermediate < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a mixture of experts needs 1 <= experts per token (", moe.top_k, ") <= experts (",
+        moe.experts, ") and an expert width >= 1 (", moe.intermediate, ")"));
+  }
+  if (config.tp > 1) {
+    return absl::InvalidArgumentError(
+        "tensor or expert parallelism of a mixture of experts is not modelled yet (use --tp=1)");
+  }
+  if (moe.impl == ExpertsImpl::kEager) {
+    return absl::InvalidArgumentError(
+        "--experts_impl=eager is not modelled yet (its sizes are the routing's): use "
+        "grouped_mm, transformers 5.23's default");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -238,11 +392,9 @@ const FamilyDef& LlamaFamily() {
       .decoder = true,
       .rope = true,
       .qk_norm = true,
-      .graphs = [](const ModelConfig& config, AttentionMode mode) {
-        return ModelGraphs{BuildLlamaPrologue(config), {BuildLlamaLayer(config, mode)}, {0},
-                           BuildLlamaEpilogue(config)};
-      },
-      .model_types = {"llama", "mistral", "qwen2", "qwen3"},
+      .graphs = BuildLlamaGraphs,
+      .validate = ValidateLlama,
+      .model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"},
       .read = ReadLlama,
       .write = WriteLlama,
       .presets = LlamaPresets(),

@@ -1,0 +1,131 @@
+#include "estimator/families/sparse_moe.h"
+
+#include <string>
+#include <vector>
+
+namespace memledger {
+namespace {
+
+// Router is Qwen3MoeTopKRouter.forward / MixtralTopKRouter.forward on the (N, d) hidden
+// states: router_logits = F.linear(h, weight), an fp32 softmax, topk, the top weights
+// renormalised in place (Mixtral always, Qwen3-MoE with norm_topk_prob) and, for Qwen3-MoE,
+// cast back to the logits' dtype.
+struct RouterOut {
+  int logits, scores, indices;
+};
+RouterOut Router(GraphBuilder& g, const ModelConfig& config, int flat, int weight) {
+  const MoeSpec& moe = config.moe;
+  // hidden_states.reshape(-1, hidden_dim): a view. F.linear of a 2-D input without bias is
+  // mm(h, weight.t()); autocast casts the weight, then the input.
+  int h = g.Op1(OpType::kReshape, "gate.flatten", {flat}, {.shape = {kB * kT, kD}});
+  weight = g.Lower("gate.weight", weight);
+  h = g.Lower("gate.input", h);
+  const int weight_t = g.Op1(OpType::kT, "gate.weight_t", {weight});
+  const int logits = g.Op1(OpType::kMm, "gate", {h, weight_t}, {}, OpKind::kMatmul);
+  // softmax(logits, dtype=torch.float) / softmax(logits.float()): the same fp32 copy
+  // (none for fp32 logits), then _softmax.
+  const int logits32 = g.ToDtype("gate.logits_float", logits, DType::kFloat32);
+  const int probs = g.Op1(OpType::kSoftmax, "gate.softmax", {logits32});
+  const std::vector<int> top =
+      g.Op(OpType::kTopK, "gate.topk", {probs}, {"values", "indices"}, {.length = kK});
+  g.SetDType(top[1], DType::kInt64);
+  int values = top[0];
+  if (moe.block == MoeBlock::kMixtral || moe.norm_topk_prob) {
+    // router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+    const int sum = g.Op1(OpType::kSumDim, "gate.topk_sum", {values}, {.dim = 1, .keepdim = true});
+    values = g.Op(OpType::kDivInplace, "gate.renormalise", {values, sum}, {"out", "self_clone"})[0];
+  }
+  // Qwen3-MoE: router_top_value.to(router_logits.dtype); Mixtral keeps fp32 scores.
+  const int scores = moe.block == MoeBlock::kQwen3Moe
+                         ? g.ToDtype("gate.scores", values, g.DTypeOf(logits))
+                         : values;
+  return {logits, scores, top[1]};
+}
+
+// GroupedMmExperts is integrations/moe.py's grouped_mm_experts_forward on the (N, d)
+// hidden states, for the S = N x k (token, expert) pairs: sorted by expert, gathered,
+// gate_up and down through torch._grouped_mm (run in the weights' dtype, outside
+// autocast's lists), weighted, unsorted and summed per token. Every size is the
+// routing's total, never one expert's.
+int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up, int down) {
+  const SymDim pairs = kB * kT * kK;
+  const int sample_weights = g.Op1(OpType::kReshape, "experts.sample_weights", {r.scores},
+                                   {.shape = {pairs}});
+  const int expert_ids = g.Op1(OpType::kReshape, "experts.expert_ids", {r.indices},
+                               {.shape = {pairs}});
+  const std::vector<int> sorted =
+      g.Op(OpType::kSort, "experts.sort", {expert_ids}, {"values", "indices"});
+  const int ids_sorted = sorted[0], perm = sorted[1];
+  // hidden_states[perm // num_top_k]: the quotient is a temporary the index keeps.
+  const int token_of_pair = g.Op1(OpType::kFloorDivide, "experts.token_of_pair", {perm});
+  const int gathered = g.Op1(OpType::kIndexRows, "experts.gather", {flat, token_of_pair});
+  const int weights_sorted =
+      g.Op1(OpType::kIndexRows, "experts.gather_weights", {sample_weights, perm});
+  // histc of the sorted ids as floats (on the CPU), cumsum to int32 offsets.
+  const int histc_input = g.ToDtype("experts.histc_input", ids_sorted, DType::kFloat32);
+  const int per_expert =
+      g.Op1(OpType::kHistc, "experts.tokens_per_expert", {histc_input}, {.shape = {kE}});
+  const int offsets = g.Op1(OpType::kCumsum, "experts.offsets", {per_expert}, {}, std::nullopt,
+                            DType::kInt32);
+  // _grouped_linear(x, weight, offs): _grouped_mm(x.to(weight.dtype), weight.transpose(-2,
+  // -1), offs); the .to() is x itself in the weights' dtype.
+  auto grouped_linear = [&](const std::string& name, int x, int weight) {
+    x = g.ToDtype(name + ".input", x, g.DTypeOf(weight));
+    const int weight_t = g.Op1(OpType::kTranspose, name + ".weight_t", {weight},
+                               {.dim = 1, .dim1 = 2});
+    return g.Op1(OpType::kGroupedMm, name, {x, weight_t, offsets});
+  };
+  const int gate_up_out = grouped_linear("experts.gate_up", gathered, gate_up);
+  // _default_apply_gate: gate, up = chunk(2, dim=-1); act_fn(gate) * up.
+  const int gate = g.Op1(OpType::kSlice, "experts.gate", {gate_up_out},
+                         {.dim = 1, .start = Sym(0), .length = kFe, .split_part = true});
+  const int up = g.Op1(OpType::kSlice, "experts.up", {gate_up_out},
+                       {.dim = 1, .start = kFe, .length = kFe, .split_part = true});
+  const int act = g.Op1(OpType::kSilu, "experts.act_fn", {gate}, {}, OpKind::kSilu);
+  const int product = g.Op1(OpType::kMulTensor, "experts.mul", {act, up});
+  const int down_out = grouped_linear("experts.down", product, down);
+  const int weights_column =
+      g.Op1(OpType::kUnsqueeze, "experts.weights_column", {weights_sorted}, {.dim = 1});
+  const int weighted = g.Op1(OpType::kMulTensor, "experts.weighted", {down_out, weights_column});
+  const int inverse = g.Op1(OpType::kInversePermutation, "experts.inverse_perm", {perm});
+  const int unsorted = g.Op1(OpType::kIndexRows, "experts.unsort", {weighted, inverse});
+  const int per_token = g.Op1(OpType::kView, "experts.per_token", {unsorted},
+                              {.shape = {kB * kT, kK, kD}});
+  const int summed = g.Op1(OpType::kSumDim, "experts.sum", {per_token}, {.dim = 1});
+  const int out = g.ToDtype("experts.out", summed, g.DTypeOf(flat));
+  // The function's locals, to its return: expert_ids_g, perm, selected_hidden_states_g,
+  // sample_weights_g, histc_input, tokens_per_expert, offsets, proj_out (down's output),
+  // weighted_out (rebound to the unsorted rows), inv_perm, final_hidden_states.
+  g.HeldThroughHere({ids_sorted, perm, gathered, weights_sorted, histc_input, per_expert,
+                     offsets, down_out, unsorted, inverse, summed});
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> SparseMoeRegistration(const ModelConfig& config) {
+  // Qwen3MoeSparseMoeBlock.__init__ registers experts, then gate; MixtralSparseMoeBlock
+  // gate, then experts.
+  if (config.moe.block == MoeBlock::kMixtral) {
+    return {"gate", "experts.gate_up_proj", "experts.down_proj"};
+  }
+  return {"experts.gate_up_proj", "experts.down_proj", "gate"};
+}
+
+int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x) {
+  // The experts' 3-D parameters (E, 2 F_e, d) and (E, d, F_e), and the router's (E, d).
+  const int gate_up = g.Param("experts.gate_up_proj", {kE, 2 * kFe, kD});
+  const int down = g.Param("experts.down_proj", {kE, kD, kFe});
+  const int router = g.Param("gate.weight", {kE, kD});
+  // hidden_states.view(-1, hidden_dim)
+  const int flat = g.Op1(OpType::kView, "moe.flatten", {x}, {.shape = {kB * kT, kD}});
+  const RouterOut r = Router(g, config, flat, router);
+  const int experts = GroupedMmExperts(g, flat, r, gate_up, down);
+  const int out = g.Op1(OpType::kView, "moe.unflatten", {experts}, {.shape = {kB, kT, kD}});
+  // SparseMoeBlock.forward's locals, to its return: the flattened hidden states, the
+  // router's logits (bound to `_`), weights and indices, the experts' output.
+  g.HeldThroughHere({flat, r.logits, r.scores, r.indices, experts});
+  return out;
+}
+
+}  // namespace memledger
