@@ -149,6 +149,8 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
     else if (name == "optimizer") status = string(&request.optimizer);
     else if (name == "optimizer_impl") status = string(&request.optimizer_impl);
     else if (name == "checkpoint_impl") status = string(&request.checkpoint_impl);
+    else if (name == "experts_impl") status = string(&request.experts_impl);
+    else if (name == "routing") status = string(&request.routing);
     else if (name == "momentum") {
       if (!value.IsNumber()) return KeyError(key, "must be a number");
       request.momentum = value.GetDouble();

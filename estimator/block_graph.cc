@@ -120,6 +120,19 @@ CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
   return bytes;
 }
 
+namespace {
+
+// ExpertLoads: what the eager experts' graphs are built from (none for grouped_mm).
+std::vector<std::vector<int64_t>> ExpertLoads(const ModelConfig& config) {
+  std::vector<std::vector<int64_t>> loads;
+  if (!config.moe.Sparse() || config.moe.impl != ExpertsImpl::kEager) return loads;
+  const int64_t rows = config.moe.routing == RoutingSource::kGiven ? config.SparseLayers() : 1;
+  for (int64_t l = 0; l < rows; ++l) loads.push_back(config.ExpertLoad(l));
+  return loads;
+}
+
+}  // namespace
+
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                                                   AttentionMode mode) {
   // Everything BuildModelGraphs branches on; a field, not a bit, each.
@@ -135,6 +148,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     MoeBlock moe_block;
     ExpertsImpl experts_impl;
     std::vector<bool> sparse_layers;
+    // The eager experts' sizes: every sparse layer's tokens per expert.
+    std::vector<std::vector<int64_t>> expert_loads;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -154,7 +169,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.moe.norm_topk_prob,
                      config.moe.block,
                      config.moe.impl,
-                     config.moe.sparse_layers};
+                     config.moe.sparse_layers,
+                     ExpertLoads(config)};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

@@ -90,6 +90,15 @@ ABSL_FLAG(int64_t, zero, 0,
           "gradients too, 3 the parameters too.");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "The pipeline schedule: 1f1b or interleaved (Megatron-LM's).");
+ABSL_FLAG(std::string, experts_impl, "grouped_mm",
+          "A mixture of experts' experts implementation: grouped_mm (transformers 5.23's "
+          "default; its memory does not depend on the routing) or eager (a loop over the "
+          "experts hit, each with its share of the tokens).");
+ABSL_FLAG(std::string, routing, "balanced",
+          "The eager experts' routing: balanced (an even split, the remainder to the lowest "
+          "expert ids), worst (every token to the same experts) or PATH to a JSON file "
+          "{\"layers\": [[tokens per expert, ...], ...]}, one row per sparse layer, each "
+          "summing to batch x seq x experts per token (exact for that step).");
 ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
@@ -132,6 +141,8 @@ RunRequest RunRequestFromFlags() {
   request.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   request.zero = absl::GetFlag(FLAGS_zero);
   request.schedule = absl::GetFlag(FLAGS_schedule);
+  request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
+  request.routing = absl::GetFlag(FLAGS_routing);
   return request;
 }
 
@@ -171,6 +182,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"model", "model"},          {"layers", "model"},         {"width", "model"},
     {"heads", "model"},          {"kv_heads", "model"},       {"head_dim", "model"},
     {"intermediate", "model"},   {"vocab", "model"},          {"attention", "model"},
+    {"experts_impl", "model"},   {"routing", "input"},
     {"batch", "input"},          {"seq", "input"},            {"sweep", "input"},
     {"seed", "input"},           {"dtype", "precision"},      {"amp", "precision"},
     {"master_weights", "precision"}, {"optimizer", "optimizer"},

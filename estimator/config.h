@@ -111,9 +111,22 @@ enum class ExpertsImpl : uint8_t {
   // expert, gathered, two torch._grouped_mm calls over the 3-D expert weights, weighted,
   // unsorted and summed. Every tensor's size is independent of the routing.
   kGroupedMm,
-  // The experts class's own forward: a Python loop over the experts hit (not modelled
-  // yet; its sizes are the routing's).
+  // The experts class's own forward (Qwen3MoeExperts.forward, MixtralExperts.forward): a
+  // Python loop over the experts hit, each gathering its tokens and running its own
+  // linears; the sizes are each expert's share of the routing.
   kEager,
+};
+
+// RoutingSource is where the tokens-per-expert counts of the eager experts come from.
+enum class RoutingSource : uint8_t {
+  // An even split of the B x T x k (token, expert) pairs, the remainder to the lowest
+  // expert ids (the default).
+  kBalanced,
+  // Every token routed to the same k experts: each of experts 0..k-1 receives all B x T
+  // tokens, the most one expert can receive.
+  kWorst,
+  // The counts of a measured step, one row per sparse layer (--routing=PATH).
+  kGiven,
 };
 
 // MoeSpec is a sparse model's mixture of experts.
@@ -129,6 +142,10 @@ struct MoeSpec {
   // sparse_layers[i % size]); empty: every layer. Qwen3-MoE's mlp_only_layers and
   // decoder_sparse_step make some dense (modeling_qwen3_moe.py, Qwen3MoeDecoderLayer).
   std::vector<bool> sparse_layers = {};
+  RoutingSource routing = RoutingSource::kBalanced;
+  // routing_rows: with kGiven, the tokens each expert receives, one row of `experts`
+  // counts per sparse layer in layer order, each row summing to B x T x k.
+  std::vector<std::vector<int64_t>> routing_rows = {};
 
   bool Sparse() const { return experts > 0; }
   bool IsSparse(int64_t layer) const {
@@ -226,6 +243,32 @@ struct ModelConfig {
       if (layer_attention[i] == LayerAttention::kSliding) count += i < n ? (n - 1 - i) / period + 1 : 0;
     }
     return count;
+  }
+  // SparseLayers counts the layers with a mixture of experts.
+  int64_t SparseLayers() const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < layers; ++i) n += moe.IsSparse(i);
+    return n;
+  }
+  // ExpertLoad is the tokens each expert receives in sparse layer `sparse_index` (the
+  // index among the sparse layers), as moe.routing says.
+  std::vector<int64_t> ExpertLoad(int64_t sparse_index) const {
+    const int64_t tokens = batch * seq, pairs = tokens * moe.top_k;
+    std::vector<int64_t> load(static_cast<size_t>(moe.experts), 0);
+    switch (moe.routing) {
+      case RoutingSource::kBalanced:
+        for (int64_t e = 0; e < moe.experts; ++e) {
+          load[e] = pairs / moe.experts + (e < pairs % moe.experts ? 1 : 0);
+        }
+        break;
+      case RoutingSource::kWorst:
+        for (int64_t e = 0; e < moe.top_k; ++e) load[e] = tokens;
+        break;
+      case RoutingSource::kGiven:
+        load = moe.routing_rows[static_cast<size_t>(sparse_index)];
+        break;
+    }
+    return load;
   }
   LayerAttention AttentionOf(int64_t layer) const {
     return layer_attention.empty()

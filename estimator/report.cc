@@ -66,6 +66,19 @@ std::string BlockKindLabel(const BlockKind& kind) {
                       kind.input_requires_grad ? "" : " 0 (input without grad)");
 }
 
+// RoutingName: "balanced", "worst" or "given" (a routing file's rows).
+const char* RoutingName(RoutingSource routing) {
+  switch (routing) {
+    case RoutingSource::kBalanced:
+      return "balanced";
+    case RoutingSource::kWorst:
+      return "worst";
+    case RoutingSource::kGiven:
+      return "given";
+  }
+  return "?";
+}
+
 // ConfigJson is the study's "config" object: layers, width, heads, batch, seq; for a
 // decoder family also its name and the rest of the spec.
 rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
@@ -110,6 +123,11 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
       spec.AddMember("experts_impl", rapidjson::StringRef(moe.impl == ExpertsImpl::kEager
                                                               ? "eager"
                                                               : "grouped_mm"),
+                     allocator);
+      // grouped_mm's sizes never depend on the routing; the eager experts' do.
+      spec.AddMember("routing", rapidjson::StringRef(moe.impl == ExpertsImpl::kEager
+                                                         ? RoutingName(moe.routing)
+                                                         : "any"),
                      allocator);
       if (!moe.sparse_layers.empty()) {
         rapidjson::Value period(rapidjson::kArrayType);
@@ -295,6 +313,22 @@ std::string JsonString(const rapidjson::Value& value) {
   return absl::StrCat(buffer.GetString(), "\n");
 }
 
+// MoeLine says how the mixture of experts was predicted: its size, the experts'
+// implementation, and which routing the numbers hold for.
+std::string MoeLine(const MoeSpec& moe) {
+  const std::string routing =
+      moe.impl == ExpertsImpl::kGroupedMm
+          ? "grouped_mm experts: every size is the routing's total, so the numbers hold for "
+            "any routing"
+          : absl::StrCat("eager experts, routing ", RoutingName(moe.routing),
+                         moe.routing == RoutingSource::kGiven
+                             ? " (the file's tokens per expert: exact for that step)"
+                             : " (saved bytes hold for any routing; the peak is this "
+                               "routing's)");
+  return absl::StrFormat("mixture of experts: %d experts, %d per token, width %d; %s",
+                         moe.experts, moe.top_k, moe.intermediate, routing);
+}
+
 std::string PredictionTable(const Prediction& p, const std::string& scope) {
   const ModelConfig& c = p.config;
   std::string model = "";
@@ -311,6 +345,7 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(p.optimizer.kind),
       p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease);
+  if (c.moe.Sparse()) absl::StrAppend(&out, MoeLine(c.moe), "\n\n");
   if (!scope.empty()) {
     absl::StrAppend(&out, scope, "\n\n");
   } else if (c.tp > 1) {

@@ -234,11 +234,23 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kHistc:  // yaml:805 histc: output_differentiability: [False]
     case OpType::kCumsum:
     case OpType::kInversePermutation:
+    case OpType::kZerosLike:
+    case OpType::kOneHot:
+    case OpType::kExpertHits:
+    case OpType::kEqScalar:
+    case OpType::kNonzero:
       return {{}, {}, {}, {}};  // integer tensors: never a backward node
     case OpType::kIndexRows:
       // yaml:847 index.Tensor: self: index_backward(grad.new_zeros(self.sizes()), indices,
       // grad); indices: non-differentiable.
       return {{In(1, "indices_")}, {0}, {"IndexBackward0"}, {}};
+    case OpType::kIndexPair:
+      // yaml:847 index.Tensor, with two indices (one SavedVariable list).
+      return {{In(1, "indices_"), In(2, "indices_")}, {0}, {"IndexBackward0"}, {}};
+    case OpType::kIndexAddInplace:
+      // yaml:866 index_add: self: grad; source: maybe_multiply(grad.index_select(dim,
+      // index).expand_as(source), alpha): index and source for source's gradient.
+      return {{In(1, "index_", 2), In(2, "source_", 2)}, {0, 2}, {"IndexAddBackward0"}, {}};
     case OpType::kGroupedMm:
       // yaml:1243 _grouped_mm: self: _grouped_mm_mat1_backward(grad, mat2, ..., offs),
       // mat2: _grouped_mm_mat2_backward(grad, self, ..., offs).
@@ -323,6 +335,13 @@ const char* OpTypeName(OpType type) {
     case OpType::kCumsum: return "cumsum";
     case OpType::kGroupedMm: return "_grouped_mm";
     case OpType::kInversePermutation: return "index_put_";
+    case OpType::kZerosLike: return "zeros_like";
+    case OpType::kOneHot: return "one_hot";
+    case OpType::kExpertHits: return "nonzero";
+    case OpType::kEqScalar: return "eq";
+    case OpType::kNonzero: return "nonzero";
+    case OpType::kIndexPair: return "index";
+    case OpType::kIndexAddInplace: return "index_add_";
   }
   return "?";
 }

@@ -138,8 +138,23 @@ enum class OpType : uint8_t {
   // (perm) -> inv: inv = empty_like(perm); inv[perm] = arange(len): int64, not
   // differentiable.
   kInversePermutation,
+  // The eager experts' ops (Qwen3MoeExperts.forward, MixtralExperts.forward):
+  kZerosLike,      // zeros_like(self): not differentiable
+  // (indices (N, k) int64) -> (N, k, E + 1) int64: one_hot(indices, E + 1) (its
+  // aminmax's two 0-dim int64 tensors first), under no_grad.
+  kOneHot,
+  // (mask (E + 1, k, N)) -> (experts hit, 1) int64: greater(mask.sum((-1, -2)), 0)
+  // .nonzero(), the sum and the bools dying with the statement; attributes.shape.
+  kExpertHits,
+  kEqScalar,       // self == <a Python int>: a 0-dim bool
+  kNonzero,        // (self) -> (n, ndim) int64, attributes.shape: torch.where(mask)
+  // (self, index0, index1): self[index0, index1] (index.Tensor with two 1-D int64
+  // indices on dims 0 and 1).
+  kIndexPair,
+  // (self, index, source) -> self: index_add_(0, index, source) in place.
+  kIndexAddInplace,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kInversePermutation) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kIndexAddInplace) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

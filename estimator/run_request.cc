@@ -1,11 +1,87 @@
 #include "estimator/run_request.h"
 
+#include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "estimator/family.h"
+#include "estimator/input_file.h"
 #include "estimator/model_presets.h"
+#include "rapidjson/document.h"
+#include "rapidjson/error/en.h"
 
 namespace memledger {
+namespace {
+
+// ReadRouting reads --routing=PATH: {"layers": [[tokens per expert, ...], ...]}, one row
+// per sparse layer in order (ValidateConfig checks the rows against the model).
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "--routing", kMaxJsonBytes);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--routing: '", path, "' is neither balanced, worst nor a readable routing file"));
+    }
+    return text.status();
+  }
+  rapidjson::Document doc;
+  doc.Parse(text->data(), text->size());
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("--routing: ", path, ": ", what));
+  };
+  if (doc.HasParseError()) {
+    return bad(absl::StrCat("not JSON (", rapidjson::GetParseError_En(doc.GetParseError()), ")"));
+  }
+  const char* const kShape =
+      "must be {\"layers\": [[tokens per expert, ...], ...]}, one row of integers per "
+      "sparse layer";
+  if (!doc.IsObject() || !doc.HasMember("layers") || !doc["layers"].IsArray()) return bad(kShape);
+  std::vector<std::vector<int64_t>> rows;
+  for (const rapidjson::Value& row : doc["layers"].GetArray()) {
+    if (!row.IsArray()) return bad(kShape);
+    std::vector<int64_t>& counts = rows.emplace_back();
+    for (const rapidjson::Value& n : row.GetArray()) {
+      if (!n.IsInt64()) return bad(kShape);
+      counts.push_back(n.GetInt64());
+    }
+  }
+  return rows;
+}
+
+// ApplyExperts sets a mixture of experts' implementation and routing from the request.
+absl::Status ApplyExperts(const RunRequest& request, ModelConfig& config) {
+  if (request.experts_impl == "grouped_mm") {
+    config.moe.impl = ExpertsImpl::kGroupedMm;
+  } else if (request.experts_impl == "eager") {
+    config.moe.impl = ExpertsImpl::kEager;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--experts_impl must be grouped_mm or eager, got '", request.experts_impl, "'"));
+  }
+  config.moe.routing_rows.clear();
+  if (request.routing == "balanced") {
+    config.moe.routing = RoutingSource::kBalanced;
+  } else if (request.routing == "worst") {
+    config.moe.routing = RoutingSource::kWorst;
+  } else if (request.routing.empty()) {
+    return absl::InvalidArgumentError("--routing must be balanced, worst or a routing file");
+  } else {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> rows = ReadRouting(request.routing);
+    if (!rows.ok()) return rows.status();
+    config.moe.routing = RoutingSource::kGiven;
+    config.moe.routing_rows = *std::move(rows);
+  }
+  const bool moe_flags = request.experts_impl != "grouped_mm" || request.routing != "balanced";
+  if (moe_flags && !config.moe.Sparse()) {
+    return absl::InvalidArgumentError(
+        "--experts_impl and --routing apply to a mixture-of-experts model (qwen3_moe, mixtral)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   RunSpec spec;
@@ -61,6 +137,8 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
   if (!checkpoint.ok()) return checkpoint.status();
   spec.config.checkpoint_impl = *checkpoint;
+  if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
+  spec.routing = request.routing;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
   absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(request.schedule);
   if (!schedule.ok()) return schedule.status();

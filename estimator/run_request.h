@@ -51,6 +51,11 @@ struct RunRequest {
   int64_t micro_batches = 1;
   int64_t zero = 0;
   std::string schedule = "1f1b";
+  // A mixture of experts' experts implementation (grouped_mm, transformers 5.23's
+  // default, or eager) and, for eager, the routing: balanced, worst or a routing file's
+  // path ({"layers": [[tokens per expert, ...], ...]}, one row per sparse layer).
+  std::string experts_impl = "grouped_mm";
+  std::string routing = "balanced";
 };
 
 // RunSpec is a validated request.
@@ -63,6 +68,7 @@ struct RunSpec {
   ParallelSpec parallel;
   bool table = false;  // the CLIs' --format=table, else JSON
   std::string format = "json";  // the CLIs' --format: json, table, csv or jsonl
+  std::string routing = "balanced";  // as requested: balanced, worst or a file's path
 };
 
 // RunSpecFromRequest resolves the model, applies the size overrides and validates the

@@ -162,6 +162,7 @@ class Simulation {
     }
     return false;
   }
+  void ExpertTemporaries(const OpDef& op, const Instance& inst, std::vector<int>* prelude);
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);

@@ -377,6 +377,12 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (grad_out_copy) memory_.Unref(*grad_out_copy);
       break;
     }
+    case OpType::kIndexAddInplace:
+      // self: grad itself; source: grad.index_select(0, index), (n, d).
+      if (needs(0)) grads[0] = Alias(grad);
+      if (needs(2)) grads[2] = NewGrad(layout_of(2), grad.dtype);
+      break;
+    case OpType::kIndexPair:
     case OpType::kTopK:
       // value_selecting_reduction_backward: zeros of the input's sizes, the gradient
       // scattered into them in place (profiled: one allocation).
@@ -688,6 +694,13 @@ bool Modelled(OpType type) {
     case OpType::kCumsum:
     case OpType::kGroupedMm:
     case OpType::kInversePermutation:
+    case OpType::kZerosLike:
+    case OpType::kOneHot:
+    case OpType::kExpertHits:
+    case OpType::kEqScalar:
+    case OpType::kNonzero:
+    case OpType::kIndexPair:
+    case OpType::kIndexAddInplace:
       return true;
     default:
       return false;

@@ -14,6 +14,38 @@ FlashSplits FlashSplitsFor(int64_t t) {
   return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
 }
 
+// ExpertTemporaries: what the eager experts' no-grad statements make before their
+// result (profiled), the survivors added to `prelude`, which dies after the op.
+void Simulation::ExpertTemporaries(const OpDef& op, const Instance& inst,
+                                   std::vector<int>* prelude) {
+  switch (op.type) {
+    case OpType::kOneHot: {
+      // one_hot's aminmax of the indices: two 0-dim int64 tensors, read and freed.
+      const int min = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int max = memory_.Alloc(8, MemoryCategory::kTemporary);
+      memory_.Unref(min);
+      memory_.Unref(max);
+      return;
+    }
+    case OpType::kExpertHits: {
+      // expert_mask.sum(dim=(-1, -2)): (E + 1) int64; greater(., 0): the 0 wrapped as an
+      // 8-byte tensor, (E + 1) bools; both results die after nonzero.
+      const int64_t classes = TensorOf(inst, op.inputs[0]).layout.sizes[0];
+      prelude->push_back(memory_.Alloc(classes * 8, MemoryCategory::kTemporary));
+      const int zero = memory_.Alloc(8, MemoryCategory::kTemporary);
+      prelude->push_back(memory_.Alloc(classes, MemoryCategory::kTemporary));
+      memory_.Unref(zero);
+      return;
+    }
+    case OpType::kEqScalar:
+      // expert_idx == self.num_experts: the number wrapped as an 8-byte tensor.
+      prelude->push_back(memory_.Alloc(8, MemoryCategory::kTemporary));
+      return;
+    default:
+      return;
+  }
+}
+
 // ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
 absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
   const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
@@ -201,6 +233,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
       prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
     }
+    if (!replayed) ExpertTemporaries(op, inst, &prelude);
     std::vector<int> made;
     if (stop_here && !plan.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);

@@ -512,6 +512,37 @@ class Walk {
         NewContiguous(out, sizes, in.ndim);
         return absl::OkStatus();
       }
+      case OpType::kZerosLike:
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        return absl::OkStatus();
+      case OpType::kOneHot: {
+        int64_t sizes[Layout::kMaxDims];
+        std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
+        sizes[in.ndim] = config_.moe.experts + 1;  // num_classes = E + 1
+        NewContiguous(out, sizes, in.ndim + 1);
+        return absl::OkStatus();
+      }
+      case OpType::kEqScalar:
+        NewContiguous(out, nullptr, 0);
+        return absl::OkStatus();
+      case OpType::kExpertHits:
+      case OpType::kNonzero: {
+        const Layout target = Evaluate(op.attributes.shape);
+        NewContiguous(out, target.sizes.data(), target.ndim);
+        return absl::OkStatus();
+      }
+      case OpType::kIndexPair: {
+        // (len(index0), self's sizes after the two indexed dims), contiguous.
+        const Layout& indices = tensors_[op.inputs[1]].layout;
+        int64_t sizes[Layout::kMaxDims];
+        sizes[0] = indices.sizes[0];
+        for (int i = 2; i < in.ndim; ++i) sizes[i - 1] = in.sizes[i];
+        NewContiguous(out, sizes, in.ndim - 1);
+        return absl::OkStatus();
+      }
+      case OpType::kIndexAddInplace:
+        ViewOf(out, op.inputs[0], in);  // index_add_ returns self
+        return absl::OkStatus();
       case OpType::kHistc: {
         const Layout target = Evaluate(op.attributes.shape);
         NewContiguous(out, target.sizes.data(), target.ndim);

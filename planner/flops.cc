@@ -53,6 +53,13 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
       f.backward = CheckedInt64(2) * f.forward;
       return f;
     }
+    case OpType::kGroupedMm: {  // rows (S, K), each times one expert's (K, N)
+      const CheckedInt64 m = size(op.inputs[0], 0), k = size(op.inputs[0], 1),
+                         n = size(op.inputs[1], 2);
+      f.forward = CheckedInt64(2) * m * k * n;
+      f.backward = CheckedInt64(2) * f.forward;
+      return f;
+    }
     case OpType::kGatherLinear: {  // (B, T, out) from an input of width in
       const CheckedInt64 rows = numel(op.outputs[0]).value() / size(op.outputs[0], -1);
       const CheckedInt64 k = size(op.inputs[0], -1), n = size(op.outputs[0], -1);
@@ -99,7 +106,12 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
       break;
     case OpType::kMean:
     case OpType::kMeanDim:
+    case OpType::kSumDim:
       f.forward = numel(op.inputs[0]);
+      break;
+    case OpType::kDivInplace:      // the router's renormalised top-k weights
+    case OpType::kIndexAddInplace:  // an expert's weighted rows added into the result
+      f.forward = numel(op.inputs[op.type == OpType::kDivInplace ? 0 : 2]);
       break;
     default:  // views, copies, concatenation, embeddings, masks, padding: no arithmetic
       return f;

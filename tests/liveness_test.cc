@@ -254,6 +254,51 @@ TEST(SimulateStepTest, ComposedPeakOfLayersThatDifferEqualsTheWholeSimulation) {
   EXPECT_EQ(compared, 5 * 2 * 4);
 }
 
+// Dense and sparse layers (a period of one dense, two sparse), the eager experts with one
+// kind per routing row: the composed peak replays what the whole simulation does.
+TEST(SimulateStepTest, ComposedPeakOfSparseLayersEqualsTheWholeSimulation) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig moe, ModelFromPreset("tiny-qwen3-moe"));
+  moe.moe.sparse_layers = {false, true, true};
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
+                       ParseVariants("none,full,every_k,selective", /*every=*/2, ""));
+  int compared = 0;
+  for (int64_t layers : {7, 16, 29}) {
+    for (int routing = 0; routing < 3; ++routing) {  // grouped_mm, eager balanced, given
+      for (const Variant& variant : variants) {
+        ModelConfig run = moe;
+        run.layers = layers;
+        run.batch = 2;
+        run.seq = 8;  // 32 (token, expert) pairs over 4 experts
+        run.use_cache = !variant.CheckpointsAnyLayer();
+        if (routing > 0) run.moe.impl = ExpertsImpl::kEager;
+        if (routing == 2) {
+          // A row per sparse layer, rotating the load so that neighbours differ.
+          run.moe.routing = RoutingSource::kGiven;
+          const std::vector<int64_t> loads[] = {{16, 8, 8, 0}, {2, 10, 4, 16}, {8, 8, 8, 8}};
+          for (int64_t l = 0; l < run.SparseLayers(); ++l) {
+            run.moe.routing_rows.push_back(loads[l % 3]);
+          }
+        }
+        StepOptions whole, composed;
+        composed.record_events = false;
+        ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                          OptimizerSpec(), ResidentBytes{},
+                                                          whole));
+        ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                          OptimizerSpec(), ResidentBytes{},
+                                                          composed));
+        const std::string what = absl::StrCat("L", layers, " routing ", routing, " ",
+                                              variant.Name());
+        EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
+        EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
+        EXPECT_EQ(a.peak.op, b.peak.op) << what;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 3 * 4);
+}
+
 // A composed peak skips the repeating middle layers, so any layer count costs the same:
 // here 3e9 + 40 (past int32). Its expected value comes from the whole simulation of
 // short models: once the peak moves with the model's end, L and L + k layers differ by

@@ -124,6 +124,10 @@ def case_id(case):
              "amp" + case["amp"], case["optimizer"], case["optimizer_impl"]]
     if not case["mkldnn"]:
         parts.append("no_mkldnn")
+    if case["experts_impl"]:
+        parts.append(case["experts_impl"])
+    if case["same_token"]:
+        parts.append("same_token")
     return "/".join(parts)
 
 
@@ -134,8 +138,13 @@ def run_case(case, tmp):
                "variant": case["variant"], "checkpoint_impl": case["checkpoint_impl"],
                "dtype": case["dtype"], "amp": case["amp"], "optimizer": case["optimizer"],
                "optimizer_impl": case["optimizer_impl"], "momentum": case["momentum"],
-               "mkldnn": case["mkldnn"]}
+               "mkldnn": case["mkldnn"], "same_token": case["same_token"]}
     flags = []
+    if case["experts_impl"]:
+        # The eager experts' sizes are the step's routing: the witness reports it, and
+        # predict reads it (--routing=PATH).
+        measure.update(experts_impl=case["experts_impl"], record_routing=True)
+        flags.append(f"--experts_impl={case['experts_impl']}")
     if spec["family"] == "study":
         measure.update(study=True, layers=spec["layers"], width=spec["width"],
                        heads=spec["heads"])
@@ -153,11 +162,15 @@ def run_case(case, tmp):
               f"--checkpoint_impl={case['checkpoint_impl']}"]
     if case["optimizer"] == "sgd":
         flags.append(f"--momentum={case['momentum']}")
+    w = witness.measure(measure)
+    if "routing" in w:
+        routing = Path(tmp) / (case["model"] + ".routing.json")
+        routing.write_text(json.dumps(w["routing"]))
+        flags.append(f"--routing={routing}")
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
     if out.returncode != 0:
         raise AssertionError(f"predict {' '.join(flags)}: {out.stderr.strip()}")
     p = json.loads(out.stdout)
-    w = witness.measure(measure)
     v = case["variant"]
     predicted = {
         "param_bytes": p["param_bytes"],
@@ -186,13 +199,14 @@ def mismatches(predicted, measured):
 
 def c(model, variant="none", checkpoint_impl="non_reentrant", dtype="fp32", amp="none",
       optimizer="adamw", optimizer_impl="for_loop", momentum=0.0, batch=2, seq=16,
-      mkldnn=None):
+      mkldnn=None, experts_impl=None, same_token=False):
     # Low precision runs with oneDNN off unless told (see KNOWN_GAPS).
     if mkldnn is None:
         mkldnn = dtype == "fp32" and amp == "none"
     return dict(model=model, variant=variant, checkpoint_impl=checkpoint_impl, dtype=dtype,
                 amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
-                momentum=momentum, batch=batch, seq=seq, mkldnn=mkldnn)
+                momentum=momentum, batch=batch, seq=seq, mkldnn=mkldnn,
+                experts_impl=experts_impl, same_token=same_token)
 
 
 # The covering set. Every family, variant, dtype and optimizer implementation appears;
@@ -260,6 +274,21 @@ CASES = [
     c("mixtral", "selective", dtype="bf16"), c("mixtral", "full", dtype="fp16"),
     c("mixtral", dtype="fp16", optimizer="sgd", momentum=0.9),
     c("mixtral", "full", "reentrant", optimizer_impl="fused"),
+    # The eager experts (a loop over the experts hit), predicted with the step's routing
+    # (--routing=PATH from the witness): every variant, both implementations, each dtype
+    # and autocast; Mixtral's fp32 weights promote each expert's rows.
+    c("qwen3_moe", experts_impl="eager"), c("qwen3_moe", "full", experts_impl="eager"),
+    c("qwen3_moe", "every_2", "reentrant", experts_impl="eager"),
+    c("qwen3_moe", "selective", experts_impl="eager"),
+    c("qwen3_moe", dtype="bf16", experts_impl="eager"),
+    c("qwen3_moe", amp="bf16", experts_impl="eager"),
+    c("qwen3_moe_plain", seq=64, optimizer_impl="foreach", experts_impl="eager"),
+    c("mixtral", experts_impl="eager"), c("mixtral", dtype="bf16", experts_impl="eager"),
+    c("mixtral", amp="bf16", experts_impl="eager"),
+    c("mixtral", dtype="fp16", optimizer="sgd", momentum=0.9, experts_impl="eager"),
+    # Every position the same token, so every token routes to the same experts.
+    c("qwen3_moe_plain", same_token=True), c("mixtral", dtype="bf16", same_token=True),
+    c("qwen3_moe_plain", experts_impl="eager", same_token=True),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is
@@ -319,6 +348,27 @@ class RealStackTest(unittest.TestCase):
         self.assertEqual(adamw["held_after_forward"], adamw["saved_bytes"] - 4096)
         sgd = witness.measure({**base, "optimizer": "sgd"})
         self.assertEqual(sgd["optimizer_state_bytes"], 0)
+
+    def test_routing_moves_only_the_eager_experts_peak(self):
+        # grouped_mm: a step whose tokens all route to the same experts measures what a
+        # step of random tokens does, bucket by bucket. Eager: predicted with the balanced
+        # split instead of the step's routing, the saved bytes still agree (each expert's
+        # rows sum to the same total) and the peak does not.
+        _, spread = run_case(c("qwen3_moe_plain"), self.tmp)
+        _, same = run_case(c("qwen3_moe_plain", same_token=True), self.tmp)
+        self.assertEqual(spread, same)
+        case = c("qwen3_moe_plain", experts_impl="eager")
+        _, measured = run_case(case, self.tmp)
+        spec = FAMILIES[case["model"]]
+        path = Path(self.tmp) / "balanced.json"
+        path.write_text(json.dumps(hf_config(spec)))
+        out = subprocess.run([PREDICT, f"--model={path}", "--batch=2", "--seq=16",
+                              "--variants=none", "--optimizer_impl=for_loop",
+                              "--experts_impl=eager", "--routing=balanced"],
+                             capture_output=True, text=True, check=True)
+        balanced = json.loads(out.stdout)
+        self.assertEqual(balanced["saved_bytes"]["none"], measured["saved_bytes.none"])
+        self.assertNotEqual(balanced["peak_bytes"]["none"], measured["peak_bytes.none"])
 
     def test_a_wrong_rule_fails_naming_the_bucket(self):
         # The comparison's failure path: predict a for-loop AdamW step, measure a

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import gc
 import importlib.util
@@ -147,13 +148,41 @@ class TransformersModel:
         if model_type is None:
             raise UsageError("config: no model_type")
         config = AutoConfig.for_model(model_type, **config_dict)
+        kwargs = {}
+        if case.get("experts_impl"):  # a mixture of experts' config._experts_implementation
+            kwargs["experts_implementation"] = case["experts_impl"]
         self.model = AutoModelForCausalLM.from_config(
             config, attn_implementation=case.get("attn_implementation", "sdpa"),
-            dtype=torch_dtype(case["dtype"]))
+            dtype=torch_dtype(case["dtype"]), **kwargs)
         self.model.train()
         vocab = config.vocab_size
         generator = torch.Generator().manual_seed(case.get("seed", 0))
         self.ids = torch.randint(0, vocab, (case["batch"], case["seq"]), generator=generator)
+        if case.get("same_token"):
+            # Every position the same token: every layer's hidden states are alike, so
+            # every token routes to the same experts (a mixture of experts' worst case).
+            self.ids = torch.full_like(self.ids, int(self.ids[0, 0]))
+
+    def routing(self, autocast):
+        """Tokens per expert of each sparse layer, in layer order, for this model's
+        weights and input: a forward without grad with hooks on the routers."""
+        torch = _torch()
+        rows = []
+
+        def record(module, args, output):
+            indices = output[2]  # (router_logits, router_scores, router_indices)
+            rows.append(torch.bincount(indices.reshape(-1),
+                                       minlength=module.num_experts).tolist())
+
+        hooks = [m.register_forward_hook(record) for m in self.model.modules()
+                 if type(m).__name__.endswith("TopKRouter")]
+        try:
+            with torch.no_grad(), autocast:
+                self.model(input_ids=self.ids)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return rows
 
     def parameters(self):
         return self.model.parameters()
@@ -321,6 +350,9 @@ def _measure(case):
 
     counter = PolicyCounter(op_names)
     set_variant(target, case, counter)
+    # A mixture of experts' routing in the measured step: the same forward on a copy of
+    # the weights it starts from, outside the measurement.
+    routing_copy = copy.deepcopy(target) if case.get("record_routing") else None
     gc.collect()
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
@@ -370,7 +402,9 @@ def _measure(case):
             peak = (live, phase)
     resident = param_bytes + buffer_bytes + optimizer_state_bytes + input_bytes
     saved = sum(seen.values()) + counter.bytes
+    routing = {"routing": {"layers": routing_copy.routing(autocast)}} if routing_copy else {}
     return {
+        **routing,
         "case": {k: v for k, v in case.items() if k != "config"},
         "mkldnn": torch.backends.mkldnn.enabled,
         "torch": torch.__version__.split("+")[0],
@@ -415,6 +449,15 @@ def parse_case(argv):
     model.add_argument("--heads", type=int, default=4, help="study only")
     model.add_argument("--attn_implementation", default="sdpa",
                        help="transformers' attention: sdpa (default) or eager")
+    model.add_argument("--experts_impl", default=None,
+                       help="a mixture of experts' experts_implementation: grouped_mm "
+                       "(transformers' default) or eager")
+    model.add_argument("--record_routing", action="store_true",
+                       help="also report the step's tokens per expert of each sparse layer "
+                       "({\"routing\": {\"layers\": [...]}}, predict's --routing file)")
+    model.add_argument("--same_token", action="store_true",
+                       help="every input position the same token (every token then routes "
+                       "to the same experts)")
     inputs = parser.add_argument_group("input")
     inputs.add_argument("--batch", type=int, default=2)
     inputs.add_argument("--seq", type=int, default=64)

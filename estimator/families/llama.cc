@@ -1,6 +1,7 @@
 // The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, and the sparse Qwen3-MoE and
 // Mixtral): transformers' LlamaForCausalLM and its look-alikes, embedding to
 // cross-entropy.
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,7 +39,8 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
 // q/k/v and gate/up projections all-gather them, o_proj and down_proj reduce-scatter.
 // A sparse layer (Qwen3MoeDecoderLayer, MixtralDecoderLayer) runs the model's
 // SparseMoeBlock (estimator/families/sparse_moe.h) where a dense one runs LlamaMLP.
-BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool sparse) {
+BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool sparse,
+                           const std::vector<int64_t>& load = {}) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
   // The layer reads transformers' rotary embedding's cos and sin, cast to the hidden
@@ -70,7 +72,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool s
   int h2 = g.RmsNorm("post_attention_layernorm", x1);
   int mlp_out;
   if (sparse) {
-    mlp_out = SparseMoeBlock(g, config, h2);
+    mlp_out = SparseMoeBlock(g, config, h2, load);
   } else {
     // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
     // evaluation (modeling_llama.py:164, LlamaMLP.forward): the autograd engine runs
@@ -344,9 +346,32 @@ std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
 }
 
 // The layers' kinds: dense, and with a mixture of experts sparse, in the period of
-// moe.sparse_layers.
+// moe.sparse_layers. The eager experts' sizes are each layer's routing: a kind per
+// distinct tokens-per-expert row, over all the layers when rows are given.
 ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
   ModelGraphs graphs{BuildLlamaPrologue(config), {}, {}, BuildLlamaEpilogue(config)};
+  if (config.moe.Sparse() && config.moe.impl == ExpertsImpl::kEager) {
+    std::map<std::vector<int64_t>, int> kind_of_load;
+    int dense = -1;
+    std::vector<int> per_layer;
+    for (int64_t i = 0, sparse_index = 0; i < config.layers; ++i) {
+      if (!config.moe.IsSparse(i)) {
+        if (dense < 0) {
+          dense = static_cast<int>(graphs.layer_kinds.size());
+          graphs.layer_kinds.push_back(BuildLlamaLayer(config, mode, false));
+        }
+        per_layer.push_back(dense);
+        continue;
+      }
+      const std::vector<int64_t> load = config.ExpertLoad(sparse_index++);
+      auto [it, inserted] =
+          kind_of_load.emplace(load, static_cast<int>(graphs.layer_kinds.size()));
+      if (inserted) graphs.layer_kinds.push_back(BuildLlamaLayer(config, mode, true, load));
+      per_layer.push_back(it->second);
+    }
+    graphs.pattern = SmallestPeriod(per_layer);
+    return graphs;
+  }
   const std::vector<bool> sparse = !config.moe.Sparse()             ? std::vector<bool>{false}
                                    : config.moe.sparse_layers.empty() ? std::vector<bool>{true}
                                                                       : config.moe.sparse_layers;
@@ -375,10 +400,31 @@ absl::Status ValidateLlama(const ModelConfig& config) {
     return absl::InvalidArgumentError(
         "tensor or expert parallelism of a mixture of experts is not modelled yet (use --tp=1)");
   }
-  if (moe.impl == ExpertsImpl::kEager) {
-    return absl::InvalidArgumentError(
-        "--experts_impl=eager is not modelled yet (its sizes are the routing's): use "
-        "grouped_mm, transformers 5.23's default");
+  if (moe.routing == RoutingSource::kGiven) {
+    // One row per sparse layer, each expert receiving at most every token once, the row
+    // summing to the (token, expert) pairs.
+    const int64_t tokens = config.batch * config.seq, pairs = tokens * moe.top_k;
+    const int64_t sparse = config.SparseLayers();
+    if (static_cast<int64_t>(moe.routing_rows.size()) != sparse) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--routing has ", moe.routing_rows.size(), " rows for the model's ", sparse,
+          " sparse layers"));
+    }
+    for (size_t l = 0; l < moe.routing_rows.size(); ++l) {
+      const std::vector<int64_t>& row = moe.routing_rows[l];
+      int64_t sum = 0;
+      bool in_range = row.size() == static_cast<size_t>(moe.experts);
+      for (int64_t n : row) {
+        in_range = in_range && n >= 0 && n <= tokens;
+        sum += n;
+      }
+      if (!in_range || sum != pairs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--routing row ", l, " must give each of the ", moe.experts,
+            " experts 0 to ", tokens, " tokens, ", pairs, " in all (batch x seq x ",
+            moe.top_k, ")"));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,11 @@
 #include "estimator/families/sparse_moe.h"
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace memledger {
 namespace {
@@ -101,6 +105,73 @@ int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up,
   return out;
 }
 
+// Linear2D is nn.functional.linear of a 2-D input without bias: mm(x, weight.t()), the
+// weight cast first under autocast.
+int Linear2D(GraphBuilder& g, const std::string& name, int x, int weight) {
+  weight = g.Lower(name + ".weight", weight);
+  x = g.Lower(name + ".input", x);
+  const int weight_t = g.Op1(OpType::kT, name + ".weight_t", {weight});
+  return g.Op1(OpType::kMm, name, {x, weight_t}, {}, OpKind::kMatmul);
+}
+
+// EagerExperts is the experts class's own forward (Qwen3MoeExperts.forward,
+// MixtralExperts.forward in transformers 5.23) on the (N, d) hidden states: zeros for
+// the result; under no_grad the (N, k, E + 1) one-hot expert mask, permuted, and the
+// experts hit; then for each expert hit, in id order, with `load[e]` tokens: its
+// (token, slot) pairs (torch.where), its tokens gathered, its own slices of the 3-D
+// weights (select views) through two linears, the gate, its routing weights gathered,
+// and index_add_ into the result. Every expert's tensors have its share of the routing.
+int EagerExperts(GraphBuilder& g, const ModelConfig& config, int flat, const RouterOut& r,
+                 int gate_up, int down, const std::vector<int64_t>& load) {
+  int64_t hit = 0;
+  for (int64_t n : load) hit += n > 0;
+  int result = g.Op1(OpType::kZerosLike, "experts.final_hidden_states", {flat});
+  const int mask = g.Op1(OpType::kOneHot, "experts.expert_mask", {r.indices});
+  const int mask_t = g.Op1(OpType::kPermute, "experts.expert_mask_t", {mask},
+                           {.permutation = {2, 1, 0}});
+  const int hits = g.Op1(OpType::kExpertHits, "experts.expert_hit", {mask_t},
+                         {.shape = {Sym(hit), Sym(1)}});
+  // top_k_weights[token_idx, top_k_pos, None] unsqueezes first, once per expert.
+  int weighted_before = -1;  // current_hidden_states of the expert before, to its rebinding
+  for (int64_t e = 0; e < config.moe.experts; ++e) {
+    const int64_t n = load[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    const std::string p = absl::StrCat("experts.", e);
+    // if expert_idx == self.num_experts: continue (the padding class).
+    g.Op(OpType::kEqScalar, p + ".is_padding", {hits}, {"out"}, {}, std::nullopt, DType::kBool);
+    const int rows = g.Op1(OpType::kSelect, p + ".mask", {mask_t}, {.dim = 0, .index = e});
+    const int pairs =
+        g.Op1(OpType::kNonzero, p + ".where", {rows}, {.shape = {Sym(n), Sym(2)}});
+    const int top_k_pos = g.Op1(OpType::kSelect, p + ".top_k_pos", {pairs}, {.dim = 1, .index = 0});
+    const int token_idx = g.Op1(OpType::kSelect, p + ".token_idx", {pairs}, {.dim = 1, .index = 1});
+    const int current = g.Op1(OpType::kIndexRows, p + ".current_state", {flat, token_idx});
+    const int gate_up_e =
+        g.Op1(OpType::kSelect, p + ".gate_up_proj", {gate_up}, {.dim = 0, .index = e});
+    const int gate_up_out = Linear2D(g, p + ".gate_up", current, gate_up_e);
+    const int gate = g.Op1(OpType::kSlice, p + ".gate", {gate_up_out},
+                           {.dim = 1, .start = Sym(0), .length = kFe, .split_part = true});
+    const int up = g.Op1(OpType::kSlice, p + ".up", {gate_up_out},
+                         {.dim = 1, .start = kFe, .length = kFe, .split_part = true});
+    const int act = g.Op1(OpType::kSilu, p + ".act_fn", {gate}, {}, OpKind::kSilu);
+    const int product = g.Op1(OpType::kMulTensor, p + ".mul", {act, up});
+    // current_hidden_states = act_fn(gate) * up rebinds the last expert's weighted rows.
+    if (weighted_before >= 0) g.HeldThroughHere({weighted_before});
+    const int down_e = g.Op1(OpType::kSelect, p + ".down_proj", {down}, {.dim = 0, .index = e});
+    const int down_out = Linear2D(g, p + ".down", product, down_e);
+    const int weights3 = g.Op1(OpType::kUnsqueeze, p + ".weights_3d", {r.scores}, {.dim = 2});
+    const int weights = g.Op1(OpType::kIndexPair, p + ".weights", {weights3, token_idx, top_k_pos});
+    const int weighted = g.Op1(OpType::kMulTensor, p + ".weighted", {down_out, weights});
+    const int source = g.ToDtype(p + ".source", weighted, g.DTypeOf(result));
+    result = g.Op1(OpType::kIndexAddInplace, p + ".index_add", {result, token_idx, source});
+    weighted_before = weighted;
+  }
+  // The forward's locals, to its return: expert_mask, expert_hit, the last expert's
+  // current_hidden_states.
+  g.HeldThroughHere({mask, hits});
+  if (weighted_before >= 0) g.HeldThroughHere({weighted_before});
+  return result;
+}
+
 }  // namespace
 
 std::vector<std::string> SparseMoeRegistration(const ModelConfig& config) {
@@ -112,7 +183,8 @@ std::vector<std::string> SparseMoeRegistration(const ModelConfig& config) {
   return {"experts.gate_up_proj", "experts.down_proj", "gate"};
 }
 
-int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x) {
+int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x,
+                   const std::vector<int64_t>& load) {
   // The experts' 3-D parameters (E, 2 F_e, d) and (E, d, F_e), and the router's (E, d).
   const int gate_up = g.Param("experts.gate_up_proj", {kE, 2 * kFe, kD});
   const int down = g.Param("experts.down_proj", {kE, kD, kFe});
@@ -120,7 +192,9 @@ int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x) {
   // hidden_states.view(-1, hidden_dim)
   const int flat = g.Op1(OpType::kView, "moe.flatten", {x}, {.shape = {kB * kT, kD}});
   const RouterOut r = Router(g, config, flat, router);
-  const int experts = GroupedMmExperts(g, flat, r, gate_up, down);
+  const int experts = config.moe.impl == ExpertsImpl::kEager
+                          ? EagerExperts(g, config, flat, r, gate_up, down, load)
+                          : GroupedMmExperts(g, flat, r, gate_up, down);
   const int out = g.Op1(OpType::kView, "moe.unflatten", {experts}, {.shape = {kB, kT, kD}});
   // SparseMoeBlock.forward's locals, to its return: the flattened hidden states, the
   // router's logits (bound to `_`), weights and indices, the experts' output.
