@@ -350,7 +350,8 @@ std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
 // distinct tokens-per-expert row, over all the layers when rows are given.
 ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
   ModelGraphs graphs{BuildLlamaPrologue(config), {}, {}, BuildLlamaEpilogue(config)};
-  if (config.moe.Sparse() && config.moe.impl == ExpertsImpl::kEager) {
+  const bool eager = config.moe.Sparse() && config.moe.impl == ExpertsImpl::kEager;
+  if (eager && config.moe.routing == RoutingSource::kGiven) {
     std::map<std::vector<int64_t>, int> kind_of_load;
     int dense = -1;
     std::vector<int> per_layer;
@@ -375,17 +376,24 @@ ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
   const std::vector<bool> sparse = !config.moe.Sparse()             ? std::vector<bool>{false}
                                    : config.moe.sparse_layers.empty() ? std::vector<bool>{true}
                                                                       : config.moe.sparse_layers;
+  // Balanced and worst routings give every sparse layer the same load.
+  const std::vector<int64_t> load = eager ? config.ExpertLoad(0) : std::vector<int64_t>{};
   int kinds[2] = {-1, -1};  // dense, sparse: their index in layer_kinds
   for (bool layer_sparse : sparse) {
     int& kind = kinds[layer_sparse];
     if (kind < 0) {
       kind = static_cast<int>(graphs.layer_kinds.size());
-      graphs.layer_kinds.push_back(BuildLlamaLayer(config, mode, layer_sparse));
+      graphs.layer_kinds.push_back(BuildLlamaLayer(config, mode, layer_sparse, load));
     }
     graphs.pattern.push_back(kind);
   }
   return graphs;
 }
+
+// The eager experts' graphs have an op chain per expert, and a given routing a layer
+// kind per row: bounds that keep a graph small (DeepSeek-V3 has 256 experts).
+constexpr int64_t kMaxEagerExperts = 4096;
+constexpr int64_t kMaxRoutedLayers = 65536;
 
 // ValidateLlama: what the sparse models' graphs do not model yet, one line each.
 absl::Status ValidateLlama(const ModelConfig& config) {
@@ -399,6 +407,16 @@ absl::Status ValidateLlama(const ModelConfig& config) {
   if (config.tp > 1) {
     return absl::InvalidArgumentError(
         "tensor or expert parallelism of a mixture of experts is not modelled yet (use --tp=1)");
+  }
+  if (moe.impl == ExpertsImpl::kEager && moe.experts > kMaxEagerExperts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--experts_impl=eager is modelled for up to ", kMaxEagerExperts, " experts (a graph "
+        "op chain per expert), not ", moe.experts));
+  }
+  if (moe.routing == RoutingSource::kGiven && config.layers > kMaxRoutedLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--routing=PATH is modelled for up to ", kMaxRoutedLayers, " layers, not ",
+        config.layers));
   }
   if (moe.routing == RoutingSource::kGiven) {
     // One row per sparse layer, each expert receiving at most every token once, the row
