@@ -31,6 +31,8 @@ const char* ModelTensorName(ModelTensor id) {
       return "rope_local.cos";
     case ModelTensor::kRopeLocalSin:
       return "rope_local.sin";
+    case ModelTensor::kSlidingMask:
+      return "sliding_mask";
   }
   return "?";
 }
@@ -150,6 +152,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     std::vector<bool> sparse_layers;
     // The eager experts' sizes: every sparse layer's tokens per expert.
     std::vector<std::vector<int64_t>> expert_loads;
+    bool sliding_masked;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -170,7 +173,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.moe.block,
                      config.moe.impl,
                      config.moe.sparse_layers,
-                     ExpertLoads(config)};
+                     ExpertLoads(config),
+                     config.SlidingWindowMasked()};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

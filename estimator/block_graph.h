@@ -35,9 +35,13 @@ enum class ModelTensor : uint8_t {
   // per layer type (modeling_gemma3.py, Gemma3TextModel.forward).
   kRopeLocalCos,
   kRopeLocalSin,
+  // The sliding-window layers' (1, 1, T, T) bool mask, which transformers' sdpa_mask
+  // materializes once seq >= sliding_window (masking_utils.py, _ignore_causal_mask_sdpa)
+  // and the decoder model holds in causal_mask_mapping to its return.
+  kSlidingMask,
 };
 // ModelTensorName: "input_ids", "position_ids", "rope.cos", "rope.sin", "rope_local.cos",
-// "rope_local.sin" ("" for kNone).
+// "rope_local.sin", "sliding_mask" ("" for kNone).
 const char* ModelTensorName(ModelTensor id);
 
 // TensorDef is one tensor of the graph; its layout is derived during a walk.

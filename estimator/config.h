@@ -270,6 +270,13 @@ struct ModelConfig {
     }
     return load;
   }
+  // SlidingWindowMasked: the sliding-window layers attend through a materialized mask
+  // (transformers skips it while seq < sliding_window).
+  bool SlidingWindowMasked() const {
+    bool sliding = false;
+    for (LayerAttention type : layer_attention) sliding = sliding || type == LayerAttention::kSliding;
+    return sliding && seq >= sliding_window;
+  }
   LayerAttention AttentionOf(int64_t layer) const {
     return layer_attention.empty()
                ? LayerAttention::kFull

@@ -183,6 +183,13 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
                          const std::vector<Variant>& variants,
                          const OptimizerSpec& optimizer) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (config.SlidingWindowMasked() && attention == AttentionMode::kMath) {
+    // masking_utils.py, _ignore_causal_mask_sdpa: from seq >= sliding_window on, the
+    // sliding layers attend through a mask, modelled for SDPA's flash kernel.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--attention=math with the sliding-window mask (--seq ", config.seq,
+        " >= sliding_window ", config.sliding_window, ") is not modelled yet: use flash"));
+  }
   if (config.megatron && attention != AttentionMode::kMath) {
     return absl::InvalidArgumentError(
         "megatron-gpt needs --attention=math: Megatron's core attention keeps the "

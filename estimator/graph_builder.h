@@ -300,8 +300,22 @@ class GraphBuilder {
   }
 
   // CausalAttention of q, k, v of shape (B, H, T, d_head): the real SDPA kernel, or
-  // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul).
-  int CausalAttention(AttentionMode mode, int q, int k, int v) {
+  // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul). `mask`:
+  // a (B, 1, T, T) bool mask SDPA is called with instead of is_causal (flash only).
+  int CausalAttention(AttentionMode mode, int q, int k, int v, int mask = -1) {
+    if (mode == AttentionMode::kFlash && mask >= 0) {
+      Composite call(this);
+      q = Lower("attention.q", q);
+      k = Lower("attention.k", k);
+      v = Lower("attention.v", v);
+      const int additive = Op1(OpType::kSdpaBoolMask, "attention.attn_mask", {mask}, {},
+                               std::nullopt, DTypeOf(q));
+      std::vector<int> outputs = Op(OpType::kFlashAttentionMasked, "attention",
+                                    {q, k, v, additive}, {"out", "logsumexp"}, {},
+                                    OpKind::kAttention);
+      graph_.tensors[outputs[1]].dtype = DType::kFloat32;
+      return outputs[0];
+    }
     if (mode == AttentionMode::kFlash) {
       // One call: autocast casts its arguments inside it, so the caller's q, k, v live
       // to its end.
@@ -422,8 +436,11 @@ class GraphBuilder {
   struct RopeAttentionOut {
     int merged, q, k, v;
   };
+  // `mask`: a (B, 1, T, T) bool mask (a sliding window's), which turns SDPA's
+  // enable_gqa off (integrations/sdpa_attention.py, use_gqa_in_sdpa), so grouped-query
+  // layers repeat_kv; -1 for none.
   RopeAttentionOut RopeAttention(const ModelConfig& config, AttentionMode mode, int q, int k,
-                                 int v, int cos, int sin) {
+                                 int v, int cos, int sin, int mask = -1) {
     int cos4 = Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
     int sin4 = Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
     const int q_pre = q, k_pre = k;
@@ -442,11 +459,11 @@ class GraphBuilder {
       v = v_cached;
     }
     const RopeAttentionOut locals = {-1, q, k, v};
-    if (config.KvHeads() < config.heads && RepeatsKv(mode, config.HeadDim())) {
+    if (config.KvHeads() < config.heads && (mask >= 0 || RepeatsKv(mode, config.HeadDim()))) {
       k = RepeatKv("k_repeat", k);
       v = RepeatKv("v_repeat", v);
     }
-    int attention = CausalAttention(mode, q, k, v);
+    int attention = CausalAttention(mode, q, k, v, mask);
     int transposed =
         Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
     int merged = Op1(OpType::kReshape, "attention.merge_heads",

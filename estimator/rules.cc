@@ -244,6 +244,15 @@ OpSemantics PinnedSemantics(OpType type) {
       // yaml:847 index.Tensor: self: index_backward(grad.new_zeros(self.sizes()), indices,
       // grad); indices: non-differentiable.
       return {{In(1, "indices_")}, {0}, {"IndexBackward0"}, {}};
+    case OpType::kFlashAttentionMasked:
+      // yaml:2943 _scaled_dot_product_flash_attention_for_cpu with attn_mask given.
+      return {{In(0, "query_"), In(1, "key_"), In(2, "value_"), Out(0, "output_"),
+               Out(1, "logsumexp_"), In(3, "attn_mask_")},
+              {0, 1, 2},
+              {"ScaledDotProductFlashAttentionForCpuBackward0"},
+              {}};
+    case OpType::kSdpaBoolMask:
+      return {{}, {}, {}, {}};  // from a bool mask: never has a backward node
     case OpType::kIndexPair:
       // yaml:847 index.Tensor, with two indices (one SavedVariable list).
       return {{In(1, "indices_"), In(2, "indices_")}, {0}, {"IndexBackward0"}, {}};
@@ -342,6 +351,8 @@ const char* OpTypeName(OpType type) {
     case OpType::kNonzero: return "nonzero";
     case OpType::kIndexPair: return "index";
     case OpType::kIndexAddInplace: return "index_add_";
+    case OpType::kFlashAttentionMasked: return "_scaled_dot_product_flash_attention_for_cpu";
+    case OpType::kSdpaBoolMask: return "where";
   }
   return "?";
 }

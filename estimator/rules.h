@@ -153,8 +153,15 @@ enum class OpType : uint8_t {
   kIndexPair,
   // (self, index, source) -> self: index_add_(0, index, source) in place.
   kIndexAddInplace,
+  // (q, k, v, attn_mask) -> (out, logsumexp): the CPU flash kernel with an additive
+  // float mask (a sliding window's), which its backward node keeps too.
+  kFlashAttentionMasked,
+  // (bool mask) -> the additive mask in the query's dtype: ATen's SDPA
+  // convert_boolean_attn_mask, where(mask, 0, -inf) with both numbers 0-dim tensors of
+  // that dtype (freed after it). Not differentiable.
+  kSdpaBoolMask,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kIndexAddInplace) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kSdpaBoolMask) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

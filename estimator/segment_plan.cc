@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   plan->walk = *std::move(walk);
   const std::vector<WalkedTensor>& tensors = plan->walk.tensor_layouts;
   for (const OpDef& op : graph.ops) {
-    if (op.inputs.size() > 3) {  // Node keeps at most three gradients
+    if (op.inputs.size() > 4) {  // Node keeps at most four gradients
       return absl::InternalError(absl::StrCat("step simulation: op '", op.name, "' has ",
                                               op.inputs.size(), " inputs"));
     }

@@ -162,7 +162,7 @@ class Simulation {
     }
     return false;
   }
-  void ExpertTemporaries(const OpDef& op, const Instance& inst, std::vector<int>* prelude);
+  void LeadingTemporaries(const OpDef& op, const Instance& inst, std::vector<int>* prelude);
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
@@ -183,6 +183,7 @@ class Simulation {
   absl::Status StopRecompute(Instance& inst, const std::vector<bool>& local, Handle* output);
   void RopeTables(ModelTensor cos, ModelTensor sin, std::vector<int>* extras);
   void SlidingCacheLayers();
+  void SlidingWindowMask(std::vector<int>* extras);
   void AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras);
   void PositionIds(std::vector<int>* extras);
   // CallArguments: the model-level tensors a checkpointed layer holds to its backward,

@@ -92,8 +92,8 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     return TensorOf(inst, op.inputs[input]).layout;
   };
   auto dtype_of = [&](int input) { return plan.graph->tensors[op.inputs[input]].dtype; };
-  // One gradient per input (an op has at most three).
-  std::array<Handle, 3> grad_slots;
+  // One gradient per input (an op has at most four).
+  std::array<Handle, 4> grad_slots;
   const size_t n_inputs = std::min(op.inputs.size(), grad_slots.size());
   Handle* const grads = grad_slots.data();
 
@@ -337,6 +337,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       }
       break;
     }
+    case OpType::kFlashAttentionMasked:  // the same buffers (profiled with a mask)
     case OpType::kFlashAttention: {
       // _scaled_dot_product_flash_attention_for_cpu_backward: grad_q, grad_k, grad_v,
       // then per-thread fp32 blocks of scores and their gradients (and a
@@ -701,6 +702,8 @@ bool Modelled(OpType type) {
     case OpType::kNonzero:
     case OpType::kIndexPair:
     case OpType::kIndexAddInplace:
+    case OpType::kFlashAttentionMasked:
+    case OpType::kSdpaBoolMask:
       return true;
     default:
       return false;

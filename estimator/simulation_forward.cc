@@ -14,9 +14,10 @@ FlashSplits FlashSplitsFor(int64_t t) {
   return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
 }
 
-// ExpertTemporaries: what the eager experts' no-grad statements make before their
-// result (profiled), the survivors added to `prelude`, which dies after the op.
-void Simulation::ExpertTemporaries(const OpDef& op, const Instance& inst,
+// LeadingTemporaries: what an op's Python statement or ATen composite makes before its
+// result (profiled: the eager experts' no-grad statements, SDPA's mask conversion), the
+// survivors added to `prelude`, which dies after the op.
+void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst,
                                    std::vector<int>* prelude) {
   switch (op.type) {
     case OpType::kOneHot: {
@@ -41,6 +42,13 @@ void Simulation::ExpertTemporaries(const OpDef& op, const Instance& inst,
       // expert_idx == self.num_experts: the number wrapped as an 8-byte tensor.
       prelude->push_back(memory_.Alloc(8, MemoryCategory::kTemporary));
       return;
+    case OpType::kSdpaBoolMask: {
+      // scalar_tensor(0) and scalar_tensor(-inf) in the query's dtype, before the where.
+      const int64_t element = ElementSizeBytes(inst.plan->graph->tensors[op.outputs[0]].dtype);
+      prelude->push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
+      prelude->push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
+      return;
+    }
     default:
       return;
   }
@@ -50,6 +58,7 @@ void Simulation::ExpertTemporaries(const OpDef& op, const Instance& inst,
 absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
   const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
   switch (op.type) {
+    case OpType::kFlashAttentionMasked:  // the same blocks (profiled with a mask)
     case OpType::kFlashAttention: {
       // cpu_flash_attention: per-thread fp32 blocks of q x kv scores, row max and sum,
       // and the q x d_head output accumulator; a reduced-precision copy of the scores
@@ -233,7 +242,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
       prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
     }
-    if (!replayed) ExpertTemporaries(op, inst, &prelude);
+    if (!replayed) LeadingTemporaries(op, inst, &prelude);
     std::vector<int> made;
     if (stop_here && !plan.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);

@@ -262,6 +262,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     if (config_.KeepsKvCache()) SlidingCacheLayers();
     if (family.rope) {
       PositionIds(&extras);
+      if (config_.SlidingWindowMasked()) SlidingWindowMask(&extras);
       AllRopeTables(graphs, &extras);
     }
     // A tied embedding's unit stays gathered: the head reads its weight, and its
@@ -270,6 +271,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   } else if (families) {
     // A later stage makes its own (ModelImpl::Extras).
     PositionIds(&extras);
+    if (config_.SlidingWindowMasked()) SlidingWindowMask(&extras);
     if (FamilyOf(config_.family).rope) AllRopeTables(graphs, &extras);
   }
   segments_.prologue = memory_.EndSegment();
@@ -545,6 +547,46 @@ void Simulation::SlidingCacheLayers() {
     const int id = memory_.Alloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
     forward_holds_.emplace_back(id, Where::kPrologue);
   }
+}
+
+// SlidingWindowMask is create_sliding_window_causal_mask's sdpa_mask without vmap
+// (masking_utils.py): arange(B), arange(1), and the q and kv positions arange(T) + 0
+// (each sum wraps the 0), then and_masks(sliding_window_overlay, causal) from
+// new_ones((), bool): kv > q - window (the difference wraps the window and dies after
+// the comparison), &, then kv <= q, &, each result rebinding the last and each
+// comparison dying after its &; the (1, 1, T, T) mask stays, the aranges die as
+// sdpa_mask returns (profiled).
+void Simulation::SlidingWindowMask(std::vector<int>* extras) {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t t = config_.seq, cells = t * t;
+  const int batch = memory_.Alloc(config_.batch * 8, MemoryCategory::kTemporary);
+  const int head = memory_.Alloc(8, MemoryCategory::kTemporary);
+  auto positions = [&] {
+    const int arange = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+    const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+    const int sum = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+    memory_.Unref(wrapped);
+    memory_.Unref(arange);
+    return sum;
+  };
+  const int q = positions();
+  const int kv = positions();
+  const int ones = memory_.Alloc(1, MemoryCategory::kTemporary);
+  const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+  const int shifted = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+  memory_.Unref(wrapped);
+  const int in_window = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  memory_.Unref(shifted);
+  const int first = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  memory_.Unref(in_window);
+  memory_.Unref(ones);
+  const int causal = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  const int mask = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  memory_.Unref(first);
+  memory_.Unref(causal);
+  for (int id : {batch, head, q, kv}) memory_.Unref(id);
+  globals_[ModelTensor::kSlidingMask] = mask;
+  extras->push_back(mask);
 }
 
 // PositionIds is transformers' position_ids = torch.arange(T) + past_seen_tokens (0),

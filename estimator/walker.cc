@@ -389,6 +389,11 @@ class Walk {
         NewContiguous(out, sizes, 3);
         return absl::OkStatus();
       }
+      case OpType::kSdpaBoolMask:
+        // where's output, contiguous over the expanded (B, 1, T, T) mask.
+        NewContiguous(out, in.sizes.data(), in.ndim);
+        return absl::OkStatus();
+      case OpType::kFlashAttentionMasked:
       case OpType::kFlashAttention: {
         // q is (B, H, T, d_head). PyTorch allocates out as (B, T, H, d_head) and
         // logsumexp as (B, T, H), and returns their (1, 2)-transposed views.

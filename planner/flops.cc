@@ -67,6 +67,7 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
       f.backward = CheckedInt64(2) * f.forward;
       return f;
     }
+    case OpType::kFlashAttentionMasked:  // the kernel computes every block, masked or not
     case OpType::kFlashAttention: {  // q (B, H, T, d)
       const CheckedInt64 b = size(op.inputs[0], 0), h = size(op.inputs[0], 1),
                          t = size(op.inputs[0], 2), d = size(op.inputs[0], 3);

@@ -68,6 +68,14 @@ FAMILIES = {
     "gemma3_pattern": dict(family="gemma3_text", layers=7, width=32, heads=2, kv_heads=1,
                            head_dim=16, intermediate=64, vocab=96, sliding_window=256,
                            sliding_window_pattern=6),
+    # Gemma 3 at seq >= sliding_window (16 >= 8, and 64): the sliding layers attend
+    # through transformers' (B, 1, T, T) mask, so SDPA copies the kv heads and keeps the
+    # additive mask.
+    "gemma3_window": dict(family="gemma3_text", layers=3, width=64, heads=4, kv_heads=2,
+                          head_dim=32, intermediate=128, vocab=128, tied=True,
+                          sliding_window=8,
+                          layer_types=["sliding_attention", "sliding_attention",
+                                       "full_attention"]),
     # Sparse mixtures of experts (transformers 5.23's default grouped_mm experts): Qwen3-MoE
     # with q/k norms, renormalised top-k weights cast back to the model's dtype, and a
     # dense first layer (mlp_only_layers); Mixtral with fp32 top-k weights on every layer.
@@ -128,6 +136,8 @@ def case_id(case):
         parts.append(case["experts_impl"])
     if case["same_token"]:
         parts.append("same_token")
+    if case["seq"] != 16:
+        parts.append(f"seq{case['seq']}")
     return "/".join(parts)
 
 
@@ -263,6 +273,16 @@ CASES = [
     c("gemma3", "full", dtype="bf16", optimizer_impl="foreach"), c("gemma3", amp="bf16"),
     c("gemma3_pattern"), c("gemma3_pattern", "every_2", dtype="fp16"),
     c("gemma3_pattern", "selective", dtype="bf16"), c("gemma3_pattern", amp="bf16"),
+    # Gemma 3 through the sliding-window mask: seq 16 and 64 over a window of 8 (at 8,
+    # the boundary, masked too; at 7 not), every variant, both implementations, each
+    # dtype and autocast.
+    c("gemma3_window"), c("gemma3_window", seq=8), c("gemma3_window", seq=7),
+    c("gemma3_window", "full"), c("gemma3_window", "every_2"),
+    c("gemma3_window", "selective"), c("gemma3_window", "every_2", "reentrant"),
+    c("gemma3_window", dtype="bf16"), c("gemma3_window", amp="bf16"),
+    c("gemma3_window", "full", dtype="bf16", optimizer_impl="foreach"),
+    c("gemma3_window", dtype="fp16", seq=64),
+    c("gemma3_window", "selective", amp="bf16", seq=32),
     # Sparse mixtures of experts (grouped_mm experts; a dense first layer in qwen3_moe):
     # every variant, both implementations, each dtype and autocast, the optimizers; fp16
     # with SGD peaks in Mixtral's fp32-weighted experts' MulBackward0.

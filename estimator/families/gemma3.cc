@@ -85,7 +85,16 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
   int q = GemmaRmsNorm(g, "q_norm", project("q_proj", kH), kDHead);
   int k = GemmaRmsNorm(g, "k_norm", project("k_proj", kKv), kDHead);
   int v = project("v_proj", kKv);
-  const GraphBuilder::RopeAttentionOut a = g.RopeAttention(config, mode, q, k, v, cos, sin);
+  // From seq >= sliding_window on, a sliding layer attends through the model's mask,
+  // expanded to (B, 1, T, T) (masking_utils.py, sdpa_mask).
+  int mask = -1;
+  if (sliding && config.SlidingWindowMasked()) {
+    mask = g.Op1(OpType::kExpand, "sliding_mask.expand",
+                 {g.Global(ModelTensor::kSlidingMask, DType::kBool, {Sym(1), Sym(1), kT, kT})},
+                 {.shape = {kB, Sym(1), kT, kT}});
+  }
+  const GraphBuilder::RopeAttentionOut a =
+      g.RopeAttention(config, mode, q, k, v, cos, sin, mask);
   int projected = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
   // Gemma3Attention.forward's argument and locals, to its return.
   g.HeldThroughHere({h, a.q, a.k, a.v});
@@ -229,16 +238,6 @@ absl::Status ValidateGemma3(const ModelConfig& c) {
   if (c.tp > 1 || c.sp) {
     return absl::InvalidArgumentError(
         "--tp/--sp: tensor parallelism is not modelled for gemma3 yet");
-  }
-  bool sliding = false;
-  for (LayerAttention type : c.layer_attention) sliding = sliding || type == LayerAttention::kSliding;
-  if (sliding && c.seq >= c.sliding_window) {
-    // masking_utils.py, _ignore_causal_mask_sdpa: from kv_length >= sliding_window on,
-    // the sliding layers get a (B, 1, T, T) mask and SDPA runs with it.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--seq ", c.seq, " >= sliding_window ", c.sliding_window,
-        ": the sliding-window mask transformers then builds is not modelled yet (use --seq < ",
-        c.sliding_window, ")"));
   }
   return absl::OkStatus();
 }
