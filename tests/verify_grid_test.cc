@@ -272,6 +272,60 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"tiny-qwen3", 1, true, false, 2, 3, 5, kFlash, "matmul,attention"},
         FamilyCase{"tiny-qwen3", 1, true, false, 2, 3, 5, kMath, ""}));
 
+// Sparse mixtures of experts (the grouped_mm experts), from tiny-qwen3-moe (4 experts of
+// width 32, 2 per token): Qwen3-MoE's block and Mixtral's (fp32 top-k weights, experts as
+// wide as the dense MLP, no q/k norms), with and without a dense first layer, in each
+// dtype and under autocast, both attention modes, the matmul and silu policies.
+struct SparseCase {
+  MoeBlock block;
+  bool dense_first;
+  DType dtype, amp;
+  AttentionMode attention;
+  const char* policy;
+
+  friend std::ostream& operator<<(std::ostream& os, const SparseCase& c) {
+    return os << (c.block == MoeBlock::kMixtral ? "mixtral" : "qwen3_moe")
+              << (c.dense_first ? "_dense_first" : "") << "_" << DTypeName(c.dtype) << "_amp"
+              << DTypeName(c.amp) << "_" << AttentionModeName(c.attention) << "_" << c.policy;
+  }
+};
+
+class VerifySparseTest : public ::testing::TestWithParam<SparseCase> {};
+
+TEST_P(VerifySparseTest, MeasuredEqualsPredicted) {
+  const SparseCase& c = GetParam();
+  ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset("tiny-qwen3-moe"));
+  config.moe.block = c.block;
+  if (c.block == MoeBlock::kMixtral) {
+    config.qk_norm = false;
+    config.moe.intermediate = config.Intermediate();
+  }
+  config.layers = c.dense_first ? 3 : 2;
+  if (c.dense_first) config.moe.sparse_layers = {false, true, true};
+  config.dtype = c.dtype;
+  config.amp = c.amp;
+  config.batch = 2;
+  config.seq = 12;
+  VerifyOptions options;
+  options.attention = c.attention;
+  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2,selective", 2, c.policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  ExpectEveryBucket(report, options.variants.size());
+  ExpectExact(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sparse, VerifySparseTest,
+    ::testing::Values(
+        SparseCase{MoeBlock::kQwen3Moe, false, kFp32, kFp32, kFlash, "matmul"},
+        SparseCase{MoeBlock::kQwen3Moe, true, kFp32, kFp32, kMath, "matmul,silu"},
+        SparseCase{MoeBlock::kQwen3Moe, false, kBf16, kFp32, kFlash, "silu"},
+        SparseCase{MoeBlock::kQwen3Moe, true, kFp32, kBf16, kFlash, "matmul,attention"},
+        SparseCase{MoeBlock::kMixtral, false, kFp32, kFp32, kFlash, "matmul,silu"},
+        SparseCase{MoeBlock::kMixtral, true, kBf16, kFp32, kMath, "matmul"},
+        SparseCase{MoeBlock::kMixtral, false, kFp32, kBf16, kFlash, "attention,silu"}));
+
 // Every selective policy, i.e. every subset of the op kinds the attention mode has:
 // 16 subsets with flash attention, 8 with math (which has no flash op to must-save).
 class VerifyPolicyTest : public ::testing::TestWithParam<std::tuple<AttentionMode, int>> {};
@@ -379,7 +433,8 @@ TEST_P(VerifyReentrantTest, MeasuredEqualsPredicted) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Reentrant, VerifyReentrantTest,
-                         ::testing::Values("study", "tiny-llama", "tiny-gpt2", "tiny-qwen3"));
+                         ::testing::Values("study", "tiny-llama", "tiny-gpt2", "tiny-qwen3",
+                                           "tiny-qwen3-moe"));
 
 }  // namespace
 }  // namespace memledger

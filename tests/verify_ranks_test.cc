@@ -222,6 +222,19 @@ TEST(VerifyRanksTest, Qwen3QkNormGradientsAreAllReducedOverTensorParallelRanks) 
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, SparseModelOverZero3Ranks) {
+  // tiny-qwen3-moe (43,488 parameters, preset's count) over dp = 2 with ZeRO-3: each
+  // rank holds ceil(n / 2) of each stage's unit, gathers a layer's experts' 3-D weights
+  // for its forward and backward; every peak exact.
+  rapidjson::Document doc =
+      PassingRun("--model=tiny-qwen3-moe --batch=2 --seq=8 --skip_timing --dp=2 --zero=3", 2);
+  if (HasFailure()) return;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
+  }
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
   // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
   // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096

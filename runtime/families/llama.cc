@@ -1,6 +1,7 @@
-// The Llama family in LibTorch (Llama 2/3, Mistral, Qwen2, Qwen3), as transformers'
-// modules run it (models/llama/modeling_llama.py, models/qwen3/modeling_qwen3.py), and
-// its parameters under Megatron's tensor-parallel layout.
+// The Llama family in LibTorch (Llama 2/3, Mistral, Qwen2, Qwen3, and the sparse
+// Qwen3-MoE and Mixtral), as transformers' modules run it (models/llama/modeling_llama.py,
+// models/qwen3/modeling_qwen3.py, runtime/families/sparse_moe.h), and its parameters
+// under Megatron's tensor-parallel layout.
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
 #include <torch/nn/init.h>
@@ -13,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
+#include "runtime/families/sparse_moe.h"
 #include "runtime/family.h"
 
 namespace memledger::runtime {
@@ -66,7 +68,9 @@ at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
 class LlamaLayerImpl : public DecoderLayer {
  public:
   // With c.tp > 1, one rank's shard: heads, kv heads and MLP columns / tp.
-  explicit LlamaLayerImpl(const ModelConfig& c)
+  // A sparse layer runs the model's SparseMoeBlock ("mlp") where a dense one runs
+  // LlamaMLP.
+  LlamaLayerImpl(const ModelConfig& c, bool sparse)
       : heads_(c.heads / c.tp), kv_heads_(c.KvHeads() / c.tp), head_dim_(c.HeadDim()) {
     const int64_t d = c.width, q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_,
                   intermediate = c.Intermediate() / c.tp;
@@ -83,9 +87,13 @@ class LlamaLayerImpl : public DecoderLayer {
       q_norm = register_module("q_norm", RmsNorm(head_dim_, c.norm_eps));
       k_norm = register_module("k_norm", RmsNorm(head_dim_, c.norm_eps));
     }
-    gate_proj = register_module("gate_proj", linear(d, intermediate, false));
-    up_proj = register_module("up_proj", linear(d, intermediate, false));
-    down_proj = register_module("down_proj", linear(intermediate, d, false));
+    if (sparse) {
+      mlp = register_module("mlp", SparseMoe(c.moe, d));
+    } else {
+      gate_proj = register_module("gate_proj", linear(d, intermediate, false));
+      up_proj = register_module("up_proj", linear(d, intermediate, false));
+      down_proj = register_module("down_proj", linear(intermediate, d, false));
+    }
     input_layernorm = register_module("input_layernorm", RmsNorm(d, c.norm_eps));
     post_attention_layernorm =
         register_module("post_attention_layernorm", RmsNorm(d, c.norm_eps));
@@ -139,11 +147,16 @@ class LlamaLayerImpl : public DecoderLayer {
     h = q_embed = k_embed = v = at::Tensor();  // self_attn returns
     at::Tensor x1 = x + Last(projected);
     at::Tensor h2 = ColumnInput(post_attention_layernorm->forward(x1));
-    at::Tensor gate = ColumnParallel(*gate_proj, h2, cache);
-    at::Tensor act = SiluOp(Last(gate), cache);
-    at::Tensor up = ColumnParallel(*up_proj, h2, cache);
-    at::Tensor product = Last(act) * Last(up);
-    at::Tensor down = RowParallel(*down_proj, Last(product), cache);
+    at::Tensor down;
+    if (mlp) {
+      down = mlp->forward(h2, cache);
+    } else {
+      at::Tensor gate = ColumnParallel(*gate_proj, h2, cache);
+      at::Tensor act = SiluOp(Last(gate), cache);
+      at::Tensor up = ColumnParallel(*up_proj, h2, cache);
+      at::Tensor product = Last(act) * Last(up);
+      down = RowParallel(*down_proj, Last(product), cache);
+    }
     h2 = at::Tensor();  // mlp returns
     return Last(x1) + Last(down);
   }
@@ -173,7 +186,8 @@ class LlamaLayerImpl : public DecoderLayer {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   RmsNorm post_attention_layernorm{nullptr};
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};  // dense
+  SparseMoe mlp{nullptr};  // sparse
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -185,7 +199,9 @@ class LlamaModel : public ModelImpl {
     const int64_t vocab = c.vocab / c.tp;  // a tensor-parallel rank's rows
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<LlamaLayerImpl>(c));
+    for (int64_t i = 0; i < c.layers; ++i) {
+      layers->push_back(std::make_shared<LlamaLayerImpl>(c, c.moe.IsSparse(i)));
+    }
     norm = register_module("norm", RmsNorm(c.width, c.norm_eps));
     // LlamaRotaryEmbedding's buffers (modeling_llama.py:86-87): fp32, d_head / 2 each.
     at::Tensor inv_freq =

@@ -1,0 +1,46 @@
+// transformers 5.23's sparse mixture-of-experts MLP in LibTorch (Qwen3MoeSparseMoeBlock,
+// MixtralSparseMoeBlock) with the grouped_mm experts, op for op as the estimator's graph
+// (estimator/families/sparse_moe.cc) describes it.
+#ifndef RUNTIME_FAMILIES_SPARSE_MOE_H_
+#define RUNTIME_FAMILIES_SPARSE_MOE_H_
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "estimator/config.h"
+#include "runtime/selective_ops.h"
+
+namespace memledger::runtime {
+
+// MoeExpertsImpl holds the experts' 3-D parameters, as transformers 5.23 does:
+// gate_up_proj (E, 2 F_e, d) and down_proj (E, d, F_e).
+class MoeExpertsImpl : public torch::nn::Module {
+ public:
+  explicit MoeExpertsImpl(const MoeSpec& moe, int64_t width);
+  at::Tensor gate_up_proj, down_proj;
+};
+TORCH_MODULE(MoeExperts);
+
+// SparseMoeImpl is the block: its router ("gate", a bias-free Linear(d, E)) and experts,
+// registered in the model's order (Qwen3-MoE: experts, then gate; Mixtral: gate, then
+// experts), so torch.optim steps them as transformers' model does.
+class SparseMoeImpl : public torch::nn::Module {
+ public:
+  SparseMoeImpl(const MoeSpec& moe, int64_t width);
+  // forward on the (B, T, d) post-attention norm output; the router's matmul and the
+  // experts' silu go through `cache` (selective checkpointing) as the graph's op kinds.
+  at::Tensor forward(const at::Tensor& x, SelectiveCache* cache);
+
+  torch::nn::Linear gate{nullptr};
+  MoeExperts experts{nullptr};
+
+ private:
+  MoeSpec moe_;
+};
+TORCH_MODULE(SparseMoe);
+
+}  // namespace memledger::runtime
+
+#endif  // RUNTIME_FAMILIES_SPARSE_MOE_H_
