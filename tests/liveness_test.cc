@@ -220,6 +220,21 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
 // Gemma 3's layers differ (5 sliding : 1 global, each reading its own RoPE tables): the
 // composed peak replays 2m + 3 layers for m = lcm(k, 6) and must equal the whole
 // simulation at every layer count, variant and precision, use_cache included.
+// ExpectComposedPeakIsTheWhole: the composed peak of `run` (a short model's replay) is
+// the whole simulation's: its bytes, categories and op.
+void ExpectComposedPeakIsTheWhole(const ModelConfig& run, const Variant& variant,
+                                  const std::string& what) {
+  StepOptions whole, composed;
+  composed.record_events = false;
+  ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                    OptimizerSpec(), ResidentBytes{}, whole));
+  ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                    OptimizerSpec(), ResidentBytes{}, composed));
+  EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
+  EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
+  EXPECT_EQ(a.peak.op, b.peak.op) << what;
+}
+
 TEST(SimulateStepTest, ComposedPeakOfLayersThatDifferEqualsTheWholeSimulation) {
   ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
   ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
@@ -234,19 +249,8 @@ TEST(SimulateStepTest, ComposedPeakOfLayersThatDifferEqualsTheWholeSimulation) {
         run.batch = 2;
         run.seq = 16;
         run.use_cache = !variant.CheckpointsAnyLayer();
-        StepOptions whole, composed;
-        composed.record_events = false;
-        ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, AttentionMode::kFlash, variant,
-                                                          OptimizerSpec(), ResidentBytes{},
-                                                          whole));
-        ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, AttentionMode::kFlash, variant,
-                                                          OptimizerSpec(), ResidentBytes{},
-                                                          composed));
-        const std::string what = absl::StrCat("L", layers, " amp ", DTypeName(amp), " ",
-                                              variant.Name());
-        EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
-        EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
-        EXPECT_EQ(a.peak.op, b.peak.op) << what;
+        ExpectComposedPeakIsTheWhole(
+            run, variant, absl::StrCat("L", layers, " amp ", DTypeName(amp), " ", variant.Name()));
         ++compared;
       }
     }
@@ -279,19 +283,8 @@ TEST(SimulateStepTest, ComposedPeakOfSparseLayersEqualsTheWholeSimulation) {
             run.moe.routing_rows.push_back(loads[l % 3]);
           }
         }
-        StepOptions whole, composed;
-        composed.record_events = false;
-        ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, AttentionMode::kFlash, variant,
-                                                          OptimizerSpec(), ResidentBytes{},
-                                                          whole));
-        ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, AttentionMode::kFlash, variant,
-                                                          OptimizerSpec(), ResidentBytes{},
-                                                          composed));
-        const std::string what = absl::StrCat("L", layers, " routing ", routing, " ",
-                                              variant.Name());
-        EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
-        EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
-        EXPECT_EQ(a.peak.op, b.peak.op) << what;
+        ExpectComposedPeakIsTheWhole(
+            run, variant, absl::StrCat("L", layers, " routing ", routing, " ", variant.Name()));
         ++compared;
       }
     }
