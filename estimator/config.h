@@ -270,11 +270,19 @@ struct ModelConfig {
     }
     return load;
   }
+  // LayerAttentionPeriod is layer_attention over the layers the model has: a model
+  // shorter than the period has only its first `layers` types (transformers'
+  // layer_types are per layer), so a type no layer has is not in it.
+  std::vector<LayerAttention> LayerAttentionPeriod() const {
+    if (static_cast<int64_t>(layer_attention.size()) <= layers) return layer_attention;
+    return SmallestPeriod(std::vector<LayerAttention>(
+        layer_attention.begin(), layer_attention.begin() + static_cast<size_t>(layers)));
+  }
   // SlidingWindowMasked: the sliding-window layers attend through a materialized mask
   // (transformers skips it while seq < sliding_window).
   bool SlidingWindowMasked() const {
     bool sliding = false;
-    for (LayerAttention type : layer_attention) sliding = sliding || type == LayerAttention::kSliding;
+    for (LayerAttention type : LayerAttentionPeriod()) sliding = sliding || type == LayerAttention::kSliding;
     return sliding && seq >= sliding_window;
   }
   LayerAttention AttentionOf(int64_t layer) const {

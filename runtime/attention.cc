@@ -26,19 +26,31 @@ class CachedFlashAttention : public ag::Function<CachedFlashAttention> {
  public:
   static at::Tensor forward(ag::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
-                            const FlashOutputs* cached) {
-    // In the real node's order (key, query, value, logsumexp, output: inputs, then
-    // outputs, each by name), so that a non-reentrant checkpoint's recompute fills the
-    // holders its forward packed.
-    ctx->save_for_backward({k, q, v, cached->lse, cached->out});
+                            const FlashOutputs* cached, const at::Tensor* additive_mask) {
+    // In the real node's order (attn_mask, key, query, value, logsumexp, output: inputs,
+    // then outputs, each by name), so that a non-reentrant checkpoint's recompute fills
+    // the holders its forward packed.
+    ctx->saved_data["masked"] = additive_mask->defined();
+    if (additive_mask->defined()) {
+      ctx->save_for_backward({*additive_mask, k, q, v, cached->lse, cached->out});
+    } else {
+      ctx->save_for_backward({k, q, v, cached->lse, cached->out});
+    }
     return cached->out.detach();
   }
 
   static ag::variable_list backward(ag::AutogradContext* ctx, ag::variable_list grads) {
-    const ag::variable_list saved = ctx->get_saved_variables();
+    ag::variable_list saved = ctx->get_saved_variables();
+    at::Tensor mask;
+    if (ctx->saved_data["masked"].toBool()) {
+      mask = saved.front();
+      saved.erase(saved.begin());
+    }
+    const bool masked = mask.defined();
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grads[0], saved[1], saved[0], saved[2], saved[4], saved[3], kDropout, kCausal);
-    return {dq, dk, dv, at::Tensor()};
+        grads[0], saved[1], saved[0], saved[2], saved[4], saved[3], kDropout,
+        /*is_causal=*/!masked, masked ? std::optional<at::Tensor>(mask) : std::nullopt);
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -52,15 +64,30 @@ at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
                                           /*enable_gqa=*/k.size(1) < q.size(1));
 }
 
+at::Tensor MaskedFlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& mask) {
+  return at::scaled_dot_product_attention(q, k, v, mask, kDropout, /*is_causal=*/false);
+}
+
 FlashOutputs FlashAttentionOutputs(const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v) {
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, kDropout, kCausal);
+                                   const at::Tensor& v, const at::Tensor& additive_mask) {
+  const bool masked = additive_mask.defined();
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+      q, k, v, kDropout, /*is_causal=*/!masked,
+      masked ? std::optional<at::Tensor>(additive_mask) : std::nullopt);
   return {out, lse};
 }
 
 at::Tensor FlashAttentionFromCache(const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v, const FlashOutputs& cached) {
-  return CachedFlashAttention::apply(q, k, v, &cached);
+                                   const at::Tensor& v, const FlashOutputs& cached,
+                                   const at::Tensor& additive_mask) {
+  return CachedFlashAttention::apply(q, k, v, &cached, &additive_mask);
+}
+
+at::Tensor AdditiveMask(const at::Tensor& mask, at::ScalarType dtype) {
+  const at::TensorOptions options = mask.options().dtype(dtype);
+  return at::where(mask, at::scalar_tensor(0.0, options),
+                   at::scalar_tensor(-std::numeric_limits<double>::infinity(), options));
 }
 
 at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

@@ -33,16 +33,30 @@ at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 // FlashAttentionOutputs runs the op FlashAttention dispatches to on the CPU,
 // _scaled_dot_product_flash_attention_for_cpu, and returns both of its outputs. It
 // records autograd history like any op; selective checkpointing calls it in no-grad
-// mode to fill its cache.
+// mode to fill its cache. With `additive_mask` (AdditiveMask's) the masked kernel,
+// not causal.
 FlashOutputs FlashAttentionOutputs(const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v);
+                                   const at::Tensor& v, const at::Tensor& additive_mask = {});
 
 // FlashAttentionFromCache returns `cached.out` as the attention of (q, k, v) with the
 // real kernel's backward (_scaled_dot_product_flash_attention_for_cpu_backward over the
 // cached out and logsumexp): what a must-saved flash op is at selective recompute.
-// REQUIRES: `cached` came from FlashAttentionOutputs on the same q, k, v values.
+// REQUIRES: `cached` came from FlashAttentionOutputs on the same q, k, v values (and
+// additive mask, which the node then keeps too).
 at::Tensor FlashAttentionFromCache(const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v, const FlashOutputs& cached);
+                                   const at::Tensor& v, const FlashOutputs& cached,
+                                   const at::Tensor& additive_mask = {});
+
+// AdditiveMask is ATen's convert_boolean_attn_mask of a bool SDPA mask: where(mask,
+// scalar_tensor(0), scalar_tensor(-inf)) in `dtype`.
+at::Tensor AdditiveMask(const at::Tensor& mask, at::ScalarType dtype);
+
+// MaskedFlashAttention is at::scaled_dot_product_attention(q, k, v, mask, 0.0,
+// is_causal=false) with a (B, 1, T, T) bool mask: ATen's convert_boolean_attn_mask
+// makes the additive mask in q's dtype (two 0-dim numbers, then where), and the CPU
+// flash kernel runs with it, its node keeping it (Gemma 3's sliding-window layers).
+at::Tensor MaskedFlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& mask);
 
 // MathAttention is matmul, scale (mul.Scalar), masked_fill with a fresh causal mask,
 // softmax, matmul: plain ops under ordinary autograd.

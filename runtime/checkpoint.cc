@@ -343,17 +343,20 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
     keeps_cache = keeps_cache && !variant.IsCheckpointed(i);
   }
   LayerExtras plain_extras = start.extras;
-  if (keeps_cache) plain_extras.kv_cache = &kv_cache;
+  if (keeps_cache) {
+    plain_extras.kv_cache = &kv_cache;
+    if (stage.prologue) kv_cache = model.CacheLayers();
+  }
   at::Tensor x = std::move(start.hidden);
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
     begin(i, x);
     if (variant.IsCheckpointed(i)) {
       // A layer with an empty policy is fully recomputed: no selective cache.
       const SavePolicy policy = variant.PolicyAt(i);
-      x = CheckpointLayer(model.layer(i), x, layer_extras, mode, model.checkpoint_impl,
-                          policy.empty() ? nullptr : &policy, &cached);
+      x = CheckpointLayer(model.layer(i), x, model.ExtrasOf(i, layer_extras), mode,
+                          model.checkpoint_impl, policy.empty() ? nullptr : &policy, &cached);
     } else {
-      x = model.layer(i)->forward(x, plain_extras, mode, nullptr);
+      x = model.layer(i)->forward(x, model.ExtrasOf(i, plain_extras), mode, nullptr);
     }
     end(i);
   }

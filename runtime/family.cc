@@ -12,6 +12,7 @@ namespace memledger::runtime {
 const RuntimeFamily& StudyRuntimeFamily();
 const RuntimeFamily& LlamaRuntimeFamily();
 const RuntimeFamily& Gpt2RuntimeFamily();
+const RuntimeFamily& Gemma3RuntimeFamily();
 
 const RuntimeFamily& RuntimeFamilyOf(Family family) {
   switch (family) {
@@ -21,11 +22,8 @@ const RuntimeFamily& RuntimeFamilyOf(Family family) {
       return LlamaRuntimeFamily();
     case Family::kGpt2:
       return Gpt2RuntimeFamily();
-    case Family::kGemma3: {
-      // Not rendered in LibTorch yet: RuntimeFamilyModelled refuses it.
-      static const RuntimeFamily kNone = {.id = Family::kGemma3, .prologue_prefixes = {}};
-      return kNone;
-    }
+    case Family::kGemma3:
+      return Gemma3RuntimeFamily();
   }
   return StudyRuntimeFamily();
 }

@@ -17,7 +17,7 @@ at::Tensor KvCacheUpdate(const at::Tensor& x, at::ScalarType keys_dtype,
 
 std::vector<at::Tensor> LayerExtras::Defined() const {
   std::vector<at::Tensor> tensors;
-  for (const at::Tensor* t : {&position_ids, &cos, &sin}) {
+  for (const at::Tensor* t : {&position_ids, &cos, &sin, &cos_local, &sin_local, &sliding_mask}) {
     if (t->defined()) tensors.push_back(*t);
   }
   return tensors;
@@ -74,8 +74,10 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
         config.dtype == DType::kBFloat16 ? at::kBFloat16 : at::kHalf;
     built.model->to(dtype);
     // Buffers stay fp32, as from_config(dtype=...) leaves LlamaRotaryEmbedding's
-    // (modeling_llama.py:105: computed as float; measured fp32 by the witness).
+    // (modeling_llama.py:105: computed as float; measured fp32 by the witness), but for
+    // those made in the default dtype, the model's (ModelImpl::BufferInModelDtype).
     for (auto& buffer : built.model->named_buffers()) {
+      if (built.model->BufferInModelDtype(buffer.key())) continue;
       buffer.value().set_data(buffer.value().to(at::kFloat));
     }
     if (!FamilyOf(config.family).decoder) built.input = built.input.to(dtype);

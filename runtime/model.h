@@ -43,6 +43,12 @@ struct LayerExtras {
   at::Tensor position_ids;  // the decoder families'
   at::Tensor cos;           // Llama's RoPE tables
   at::Tensor sin;
+  // Gemma 3's: its sliding-window layers' own RoPE tables and, from seq >=
+  // sliding_window on, their (1, 1, T, T) bool mask; ModelImpl::ExtrasOf hands each
+  // layer its type's.
+  at::Tensor cos_local;
+  at::Tensor sin_local;
+  at::Tensor sliding_mask;
   // kv_cache: transformers' DynamicCache while the forward keeps one (ModelImpl::
   // use_cache, no layer checkpointed): KvCacheUpdate appends each layer's keys and
   // values; the caller's vector holds them until the forward returns. Null otherwise.
@@ -106,6 +112,18 @@ class ModelImpl : public torch::nn::Module {
   // without grad: what Prologue adds, for a pipeline stage that receives its hidden
   // states (each stage computes its own RoPE tables, as Megatron does).
   virtual LayerExtras Extras(int64_t /*seq*/, at::ScalarType /*dtype*/) const { return {}; }
+  // ExtrasOf is what layer `index` is called with of the model's extras (Gemma 3: its
+  // layer type's tables and mask); all of them by default.
+  virtual LayerExtras ExtrasOf(int64_t /*index*/, const LayerExtras& extras) const {
+    return extras;
+  }
+  // CacheLayers: what transformers' DynamicCache makes for the layers besides their keys
+  // and values, held with them to the forward's return (Gemma 3's sliding-window layers'
+  // 8-byte tensors); made after the prologue of a forward that keeps the cache.
+  virtual std::vector<at::Tensor> CacheLayers() const { return {}; }
+  // BufferInModelDtype: a buffer transformers makes in the default dtype, so in the
+  // model's dtype (Gemma 3's embed_scale); the others stay fp32.
+  virtual bool BufferInModelDtype(const std::string& /*name*/) const { return false; }
   // CallsLayersWithPositionIds: transformers' decoder models pass position_ids to every
   // layer (which a checkpointed one holds); Megatron's GPT does not.
   virtual bool CallsLayersWithPositionIds() const { return true; }

@@ -289,17 +289,20 @@ at::Tensor SiluOp(const at::Tensor& input, SelectiveCache* cache) {
 }
 
 at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,
-                       const at::Tensor& v, SelectiveCache* cache) {
+                       const at::Tensor& v, SelectiveCache* cache, const at::Tensor& mask) {
   // Only the flash op can be must-saved (ValidatePolicy rejects it for math). Its cache
   // holds the real kernel's two outputs; at recompute its backward uses them.
   if (mode != AttentionMode::kFlash || cache == nullptr ||
       !cache->Saves(OpKind::kAttention)) {
-    return Attention(mode, q, k, v);
+    return mask.defined() ? MaskedFlashAttention(q, k, v, mask) : Attention(mode, q, k, v);
   }
+  // The CPU kernel's op is not on autocast's list (scaled_dot_product_attention is):
+  // cast as the composite would have, then convert the mask as it does.
+  const at::Tensor q_low = Lower(q), k_low = Lower(k), v_low = Lower(v);
+  const at::Tensor additive =
+      mask.defined() ? AdditiveMask(mask, q_low.scalar_type()) : at::Tensor();
   if (!cache->replaying()) {
-    // The CPU kernel's op is not on autocast's list (scaled_dot_product_attention is):
-    // cast as the composite would have.
-    FlashOutputs outputs = FlashAttentionOutputs(Lower(q), Lower(k), Lower(v));
+    FlashOutputs outputs = FlashAttentionOutputs(q_low, k_low, v_low, additive);
     cache->Save(outputs.out);
     cache->Save(outputs.lse);
     return outputs.out;
@@ -307,7 +310,7 @@ at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor
   FlashOutputs cached;
   cached.out = cache->Peek(0);
   cached.lse = cache->Peek(1);
-  at::Tensor out = FlashAttentionFromCache(Lower(q), Lower(k), Lower(v), cached);
+  at::Tensor out = FlashAttentionFromCache(q_low, k_low, v_low, cached, additive);
   cache->Pop(2);
   return out;
 }

@@ -82,10 +82,12 @@ at::Tensor GeluOp(const at::Tensor& input, const char* approximate, SelectiveCac
 // SiluOp is at::silu(input); kind silu.
 at::Tensor SiluOp(const at::Tensor& input, SelectiveCache* cache);
 
-// AttentionOp is causal attention in `mode` (runtime/attention.h); kind attention, for
-// the flash op only.
+// AttentionOp is causal attention in `mode` (runtime/attention.h), or with a (B, 1, T, T)
+// bool `mask` the masked flash kernel (MaskedFlashAttention); kind attention, for the
+// flash op only.
 at::Tensor AttentionOp(AttentionMode mode, const at::Tensor& q, const at::Tensor& k,
-                       const at::Tensor& v, SelectiveCache* cache);
+                       const at::Tensor& v, SelectiveCache* cache,
+                       const at::Tensor& mask = {});
 
 }  // namespace memledger::runtime
 

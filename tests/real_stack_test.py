@@ -68,6 +68,11 @@ FAMILIES = {
     "gemma3_pattern": dict(family="gemma3_text", layers=7, width=32, heads=2, kv_heads=1,
                            head_dim=16, intermediate=64, vocab=96, sliding_window=256,
                            sliding_window_pattern=6),
+    # Shorter than the 5 : 1 pattern: three sliding layers and no global one, so neither
+    # the global rotary's buffers nor its tables.
+    "gemma3_short": dict(family="gemma3_text", layers=3, width=32, heads=2, kv_heads=1,
+                         head_dim=16, intermediate=64, vocab=96, sliding_window=256,
+                         sliding_window_pattern=6),
     # Gemma 3 at seq >= sliding_window (16 >= 8, and 64): the sliding layers attend
     # through transformers' (B, 1, T, T) mask, so SDPA copies the kv heads and keeps the
     # additive mask.
@@ -276,6 +281,7 @@ CASES = [
     # Gemma 3 through the sliding-window mask: seq 16 and 64 over a window of 8 (at 8,
     # the boundary, masked too; at 7 not), every variant, both implementations, each
     # dtype and autocast.
+    c("gemma3_short"), c("gemma3_short", "every_2", dtype="bf16"),
     c("gemma3_window"), c("gemma3_window", seq=8), c("gemma3_window", seq=7),
     c("gemma3_window", "full"), c("gemma3_window", "every_2"),
     c("gemma3_window", "selective"), c("gemma3_window", "every_2", "reentrant"),

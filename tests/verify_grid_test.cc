@@ -326,6 +326,52 @@ INSTANTIATE_TEST_SUITE_P(
         SparseCase{MoeBlock::kMixtral, true, kBf16, kFp32, kMath, "matmul"},
         SparseCase{MoeBlock::kMixtral, false, kFp32, kBf16, kFlash, "attention,silu"}));
 
+// Gemma 3's text model, from tiny-gemma3 (6 layers, 5 sliding-window : 1 global, width
+// 32, 4 heads and 2 kv heads of 16): below its 512 window (no mask) in both attention
+// modes, and with a window of 8 under seq 16 (the sliding layers' mask: repeat_kv
+// copies, the additive mask kept, the attention policy's masked flash op); each dtype
+// and autocast, the gelu, matmul and attention policies.
+struct GemmaCase {
+  int64_t window;
+  DType dtype, amp;
+  AttentionMode attention;
+  const char* policy;
+
+  friend std::ostream& operator<<(std::ostream& os, const GemmaCase& c) {
+    return os << "window" << c.window << "_" << DTypeName(c.dtype) << "_amp"
+              << DTypeName(c.amp) << "_" << AttentionModeName(c.attention) << "_" << c.policy;
+  }
+};
+
+class VerifyGemmaTest : public ::testing::TestWithParam<GemmaCase> {};
+
+TEST_P(VerifyGemmaTest, MeasuredEqualsPredicted) {
+  const GemmaCase& c = GetParam();
+  ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset("tiny-gemma3"));
+  config.sliding_window = c.window;
+  config.dtype = c.dtype;
+  config.amp = c.amp;
+  config.batch = 2;
+  config.seq = 16;
+  VerifyOptions options;
+  options.attention = c.attention;
+  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2,selective", 2, c.policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  ExpectEveryBucket(report, options.variants.size());
+  ExpectExact(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gemma, VerifyGemmaTest,
+    ::testing::Values(GemmaCase{512, kFp32, kFp32, kFlash, "matmul"},
+                      GemmaCase{512, kFp32, kFp32, kMath, "matmul,gelu"},
+                      GemmaCase{512, kBf16, kFp32, kFlash, "gelu"},
+                      GemmaCase{512, kFp32, kBf16, kFlash, "matmul,attention"},
+                      GemmaCase{8, kFp32, kFp32, kFlash, "attention"},
+                      GemmaCase{8, kBf16, kFp32, kFlash, "matmul,gelu"},
+                      GemmaCase{8, kFp32, kBf16, kFlash, "attention,gelu"}));
+
 // Every selective policy, i.e. every subset of the op kinds the attention mode has:
 // 16 subsets with flash attention, 8 with math (which has no flash op to must-save).
 class VerifyPolicyTest : public ::testing::TestWithParam<std::tuple<AttentionMode, int>> {};
@@ -434,7 +480,7 @@ TEST_P(VerifyReentrantTest, MeasuredEqualsPredicted) {
 
 INSTANTIATE_TEST_SUITE_P(Reentrant, VerifyReentrantTest,
                          ::testing::Values("study", "tiny-llama", "tiny-gpt2", "tiny-qwen3",
-                                           "tiny-qwen3-moe"));
+                                           "tiny-qwen3-moe", "tiny-gemma3"));
 
 }  // namespace
 }  // namespace memledger

@@ -235,6 +235,18 @@ TEST(VerifyRanksTest, SparseModelOverZero3Ranks) {
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, GemmaSlidingWindowOverPipelineStages) {
+  // Gemma 3 with a window of 8 at seq 16 (sliding, sliding, global) over 3 stages of one
+  // layer: each stage makes its own position ids, sliding-window mask and both layer
+  // types' RoPE tables; every peak exact.
+  rapidjson::Document doc = PassingRun(
+      "--model=tests/testdata/gemma3-window8.config.json --batch=2 --seq=16 --skip_timing "
+      "--pp=3 --micro_batches=2",
+      3);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
   // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
   // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096

@@ -140,9 +140,9 @@ ModelGraphs BuildGemma3Graphs(const ModelConfig& config, AttentionMode mode) {
   ModelGraphs graphs;
   graphs.prologue = BuildGemma3Prologue(config);
   graphs.epilogue = BuildGemma3Epilogue(config);
-  const std::vector<LayerAttention> period =
-      config.layer_attention.empty() ? std::vector<LayerAttention>{LayerAttention::kFull}
-                                     : config.layer_attention;
+  const std::vector<LayerAttention> period = config.layer_attention.empty()
+                                                 ? std::vector<LayerAttention>{LayerAttention::kFull}
+                                                 : config.LayerAttentionPeriod();
   graphs.pattern.clear();
   std::vector<LayerAttention> kinds;
   for (LayerAttention type : period) {

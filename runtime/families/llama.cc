@@ -9,11 +9,13 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
+#include "runtime/families/rotary.h"
 #include "runtime/families/sparse_moe.h"
 #include "runtime/family.h"
 
@@ -43,27 +45,6 @@ class RmsNormImpl : public torch::nn::Module {
   double eps_;
 };
 TORCH_MODULE(RmsNorm);
-
-// Rope is transformers' apply_rotary_pos_emb for one of q, k: x * cos +
-// rotate_half(x) * sin, rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]), in the order
-// of the estimator's graph, each intermediate released after its last reader.
-at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  // (x * cos) + (rotate_half(x) * sin), left to right (modeling_llama.py:147);
-  // rotate_half's order: x1 = x[..., :half], x2 = x[..., half:], cat(-x2, x1).
-  at::Tensor x_cos = x * cos;
-  at::Tensor x1 = x.slice(-1, 0, half);
-  at::Tensor x2 = x.slice(-1, half);
-  at::Tensor rotated = at::cat({-Last(x2), Last(x1)}, -1);
-  at::Tensor rotated_sin = Last(rotated) * sin;
-  return Last(x_cos) + Last(rotated_sin);
-}
-
-// RepeatKv is transformers' repeat_kv: (B, kv, T, dh) -> (B, kv * n_rep, T, dh), a copy.
-at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
-  const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), dh = x.size(3);
-  return Last(x).unsqueeze(2).expand({b, kv, n_rep, t, dh}).reshape({b, kv * n_rep, t, dh});
-}
 
 class LlamaLayerImpl : public DecoderLayer {
  public:
@@ -233,13 +214,7 @@ class LlamaModel : public ModelImpl {
     at::NoGradGuard no_grad;
     LayerExtras extras;
     extras.position_ids = PositionIds(seq);
-    at::Tensor inv_freq =
-        1.0 / at::pow(10000.0, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
-    at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
-    at::Tensor emb = at::cat({freqs, freqs}, -1);
-    // Returned in the hidden states' dtype, as transformers does (cos.to(x.dtype)).
-    extras.cos = emb.cos().unsqueeze(0).to(dtype);
-    extras.sin = emb.sin().unsqueeze(0).to(dtype);
+    std::tie(extras.cos, extras.sin) = RopeTables(seq, head_dim_, 10000.0, dtype);
     return extras;
   }
 

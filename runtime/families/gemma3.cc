@@ -1,0 +1,270 @@
+// Gemma 3's text model in LibTorch (Gemma3ForCausalLM, models/gemma3/modeling_gemma3.py),
+// op for op as the estimator's graphs (estimator/families/gemma3.cc): the scaled
+// embedding, Gemma3RMSNorm, sandwich norms, q/k norms on the transposed heads, GeGLU-tanh,
+// sliding-window and global layers with their own RoPE tables and, from seq >=
+// sliding_window on, the sliding layers' mask. One process, no tensor parallelism.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "runtime/attention.h"
+#include "runtime/families/rotary.h"
+#include "runtime/family.h"
+#include "runtime/selective_ops.h"
+
+namespace memledger::runtime {
+namespace {
+
+// GemmaRmsNormImpl is Gemma3RMSNorm: _norm(x.float()) * (1.0 + weight.float()), cast
+// back to x's dtype last; every intermediate dies at its last use.
+class GemmaRmsNormImpl : public torch::nn::Module {
+ public:
+  GemmaRmsNormImpl(int64_t width, double eps) : eps_(eps) {
+    weight = register_parameter("weight", at::zeros({width}));  // Gemma3RMSNorm's init
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor x32 = x.to(at::kFloat);
+    at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor shifted = Last(variance) + eps_;
+    at::Tensor inverse = at::rsqrt(Last(shifted));
+    at::Tensor normed = Last(x32) * Last(inverse);
+    at::Tensor one_plus = weight.to(at::kFloat) + 1.0;
+    at::Tensor scaled = Last(normed) * Last(one_plus);
+    return Last(scaled).to(x.scalar_type());
+  }
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(GemmaRmsNorm);
+
+class Gemma3LayerImpl : public DecoderLayer {
+ public:
+  Gemma3LayerImpl(const ModelConfig& c, bool sliding)
+      : sliding_(sliding), heads_(c.heads), kv_heads_(c.KvHeads()), head_dim_(c.HeadDim()) {
+    const int64_t d = c.width, f = c.Intermediate();
+    auto linear = [](int64_t in, int64_t out) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+    };
+    // Gemma3DecoderLayer.__init__: self_attn (q, k, v, o, q_norm, k_norm), mlp, then the
+    // four norms; torch.optim steps parameters() in this order.
+    q_proj = register_module("q_proj", linear(d, heads_ * head_dim_));
+    k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_));
+    v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_));
+    o_proj = register_module("o_proj", linear(heads_ * head_dim_, d));
+    q_norm = register_module("q_norm", GemmaRmsNorm(head_dim_, c.norm_eps));
+    k_norm = register_module("k_norm", GemmaRmsNorm(head_dim_, c.norm_eps));
+    gate_proj = register_module("gate_proj", linear(d, f));
+    up_proj = register_module("up_proj", linear(d, f));
+    down_proj = register_module("down_proj", linear(f, d));
+    input_layernorm = register_module("input_layernorm", GemmaRmsNorm(d, c.norm_eps));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", GemmaRmsNorm(d, c.norm_eps));
+    pre_feedforward_layernorm =
+        register_module("pre_feedforward_layernorm", GemmaRmsNorm(d, c.norm_eps));
+    post_feedforward_layernorm =
+        register_module("post_feedforward_layernorm", GemmaRmsNorm(d, c.norm_eps));
+  }
+
+  at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
+                     SelectiveCache* cache) override {
+    // One statement per last use (Last), in the graph's order.
+    const int64_t b = x.size(0), t = x.size(1);
+    auto heads = [&](const at::Tensor& projected, int64_t n) {
+      return projected.view({b, t, n, head_dim_}).transpose(1, 2);
+    };
+    // Gemma3Attention.forward's argument and locals live to its return, after o_proj.
+    at::Tensor h = input_layernorm->forward(x);
+    at::Tensor q = q_norm->forward(heads(LinearOp(*q_proj, h, cache), heads_));
+    at::Tensor k = k_norm->forward(heads(LinearOp(*k_proj, h, cache), kv_heads_));
+    at::Tensor v = heads(LinearOp(*v_proj, h, cache), kv_heads_);
+    const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
+    at::Tensor q_embed = Rope(q, cos, sin);
+    at::Tensor k_embed = Rope(Last(k), cos, sin);
+    q = at::Tensor();
+    if (extras.kv_cache != nullptr) {
+      // DynamicSlidingWindowLayer keeps a slice of the same copies DynamicLayer keeps.
+      const at::ScalarType keys = k_embed.scalar_type();
+      at::Tensor k_cached = KvCacheUpdate(k_embed, keys, extras.kv_cache);
+      at::Tensor v_cached = KvCacheUpdate(v, keys, extras.kv_cache);
+      k_embed = std::move(k_cached);
+      v = std::move(v_cached);
+    }
+    // From seq >= sliding_window on, a sliding layer attends through the model's mask:
+    // SDPA without enable_gqa (repeat_kv copies) and with the mask, which ATen turns into
+    // an additive one in q's dtype that the flash node keeps.
+    const bool masked = sliding_ && extras.sliding_mask.defined();
+    at::Tensor k_attention = k_embed, v_attention = v;
+    if (kv_heads_ < heads_ && (masked || RepeatsKv(mode, head_dim_))) {
+      k_attention = RepeatKv(k_embed, heads_ / kv_heads_);
+      v_attention = RepeatKv(v, heads_ / kv_heads_);
+    }
+    at::Tensor a = AttentionOp(mode, q_embed, Last(k_attention), Last(v_attention), cache,
+                               masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor());
+    at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
+    at::Tensor projected = LinearOp(*o_proj, Last(merged), cache);
+    h = q_embed = k_embed = v = at::Tensor();  // self_attn returns
+    at::Tensor x1 = x + post_attention_layernorm->forward(Last(projected));
+    // Gemma3MLP: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x)).
+    at::Tensor h2 = pre_feedforward_layernorm->forward(x1);
+    at::Tensor gate = LinearOp(*gate_proj, h2, cache);
+    at::Tensor act = GeluOp(Last(gate), "tanh", cache);
+    at::Tensor up = LinearOp(*up_proj, h2, cache);
+    at::Tensor product = Last(act) * Last(up);
+    at::Tensor down = LinearOp(*down_proj, Last(product), cache);
+    h2 = at::Tensor();  // mlp returns
+    return Last(x1) + post_feedforward_layernorm->forward(Last(down));
+  }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  GemmaRmsNorm q_norm{nullptr}, k_norm{nullptr};
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  GemmaRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  GemmaRmsNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
+
+ private:
+  bool sliding_;
+  int64_t heads_, kv_heads_, head_dim_;
+};
+
+// SlidingWindowMask is create_sliding_window_causal_mask's sdpa_mask without vmap
+// (masking_utils.py), as the estimator's simulation describes it
+// (estimator/simulation_schedule.cc, SlidingWindowMask): the (1, 1, T, T) bool mask of
+// kv > q - window and kv <= q.
+at::Tensor SlidingWindowMask(int64_t batch, int64_t seq, int64_t window) {
+  at::NoGradGuard no_grad;
+  at::Tensor batch_arange = at::arange(batch, at::kLong);
+  at::Tensor head_arange = at::arange(1, at::kLong);
+  at::Tensor q = at::arange(seq, at::kLong) + 0;
+  at::Tensor kv = at::arange(seq, at::kLong) + 0;
+  const at::Tensor q4 = q.view({1, 1, seq, 1}), kv4 = kv.view({1, 1, 1, seq});
+  at::Tensor result = at::ones({}, q.options().dtype(at::kBool));  // q_idx.new_ones(())
+  at::Tensor shifted = q4 - window;
+  at::Tensor in_window = kv4 > Last(shifted);
+  result = result & Last(in_window);
+  at::Tensor causal = kv4 <= q4;
+  result = result & Last(causal);
+  return result;
+}
+
+class Gemma3Model : public ModelImpl {
+ public:
+  explicit Gemma3Model(const ModelConfig& c)
+      : config_(c), head_dim_(c.HeadDim()) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.width));
+    // Gemma3TextScaledWordEmbedding's embed_scale: sqrt(hidden_size), 0-dim.
+    embed_scale = register_buffer("embed_scale", at::scalar_tensor(std::sqrt(c.width)));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.layers; ++i) {
+      const bool sliding = c.AttentionOf(i) == LayerAttention::kSliding;
+      (sliding ? has_sliding_ : has_full_) = true;
+      layers->push_back(std::make_shared<Gemma3LayerImpl>(c, sliding));
+    }
+    norm = register_module("norm", GemmaRmsNorm(c.width, c.norm_eps));
+    // Gemma3RotaryEmbedding's buffers per layer type: {type}_inv_freq and
+    // {type}_original_inv_freq, fp32, d_head / 2 each.
+    for (const auto& [present, type, base] :
+         {std::tuple<bool, const char*, double>{has_full_, "full", 1e6},
+          {has_sliding_, "sliding", 1e4}}) {
+      if (!present) continue;
+      at::Tensor inv_freq =
+          1.0 / at::pow(base, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
+      register_buffer(std::string(type) + "_inv_freq", inv_freq);
+      register_buffer(std::string(type) + "_original_inv_freq", inv_freq.clone());
+    }
+    if (!c.tie_embeddings) {
+      lm_head = register_module(
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, c.vocab).bias(false)));
+    }
+  }
+
+  ModelStart Prologue(const at::Tensor& input_ids) const override {
+    ModelStart start;
+    start.hidden = embed_tokens.ptr()->forward(input_ids) * embed_scale;
+    start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
+    return start;
+  }
+
+  LayerExtras Extras(int64_t seq, at::ScalarType dtype) const override {
+    // position_ids, the sliding layers' mask when materialized, then one rotary
+    // embedding per layer type: the global one (rope_theta), then the local one.
+    at::NoGradGuard no_grad;
+    LayerExtras extras;
+    extras.position_ids = PositionIds(seq);
+    if (config_.SlidingWindowMasked()) {
+      extras.sliding_mask = SlidingWindowMask(config_.batch, seq, config_.sliding_window);
+    }
+    if (has_full_) std::tie(extras.cos, extras.sin) = RopeTables(seq, head_dim_, 1e6, dtype);
+    if (has_sliding_) {
+      std::tie(extras.cos_local, extras.sin_local) = RopeTables(seq, head_dim_, 1e4, dtype);
+    }
+    return extras;
+  }
+
+  LayerExtras ExtrasOf(int64_t index, const LayerExtras& extras) const override {
+    // Gemma3DecoderLayer gets its type's position_embeddings and attention_mask.
+    LayerExtras own = extras;
+    if (config_.AttentionOf(index) == LayerAttention::kSliding) {
+      own.cos = extras.cos_local;
+      own.sin = extras.sin_local;
+    } else {
+      own.sliding_mask = at::Tensor();
+    }
+    own.cos_local = own.sin_local = at::Tensor();
+    return own;
+  }
+
+  bool BufferInModelDtype(const std::string& name) const override {
+    return name == "embed_scale";  // torch.tensor(embed_scale), made in the default dtype
+  }
+
+  std::vector<at::Tensor> CacheLayers() const override {
+    // DynamicSlidingWindowLayer.__init__: torch.tensor(sliding_window, dtype=torch.long).
+    std::vector<at::Tensor> tensors;
+    for (int64_t i = 0; i < num_layers(); ++i) {
+      if (config_.AttentionOf(i) == LayerAttention::kSliding) {
+        tensors.push_back(at::scalar_tensor(config_.sliding_window, at::kLong));
+      }
+    }
+    return tensors;
+  }
+
+  at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& input_ids,
+                      const std::function<void()>& decoder_returns) const override {
+    const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
+    const at::Tensor normed = norm.ptr()->forward(hidden);
+    hidden = at::Tensor();  // Gemma3TextModel.forward returns its norm's output
+    decoder_returns();
+    return CausalLmLoss(at::linear(normed, weight), input_ids);
+  }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  at::Tensor embed_scale;
+  GemmaRmsNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  ModelConfig config_;
+  int64_t head_dim_;
+  bool has_sliding_ = false, has_full_ = false;
+};
+
+}  // namespace
+
+const RuntimeFamily& Gemma3RuntimeFamily() {
+  static const RuntimeFamily kDef = {
+      .id = Family::kGemma3,
+      .make_model = [](const ModelConfig& c) -> std::shared_ptr<ModelImpl> {
+        return std::make_shared<Gemma3Model>(c);
+      },
+      .prologue_prefixes = {"embed_tokens."},
+  };
+  return kDef;
+}
+
+}  // namespace memledger::runtime

@@ -1,0 +1,53 @@
+// transformers' rotary position embedding in LibTorch, shared by the families that use
+// it (runtime/families/llama.cc, gemma3.cc): the tables a rotary embedding makes once per
+// forward, apply_rotary_pos_emb for one of q and k, and repeat_kv.
+#ifndef RUNTIME_FAMILIES_ROTARY_H_
+#define RUNTIME_FAMILIES_ROTARY_H_
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <utility>
+
+#include "runtime/last_use.h"
+
+namespace memledger::runtime {
+
+// RopeTables is a rotary embedding's forward without grad, theta `base` and scaling 1:
+// inv_freq = 1 / base^(arange(0, d_head, 2) / d_head), freqs = outer(arange(T),
+// inv_freq), emb = cat(freqs, freqs); cos and sin of (1, T, d_head), returned in the
+// hidden states' dtype as transformers does (cos.to(x.dtype)). The estimator's
+// simulation makes the same temporaries (estimator/simulation_schedule.cc, RopeTables).
+inline std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double base,
+                                                    at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  at::Tensor inv_freq = 1.0 / at::pow(base, at::arange(0, head_dim, 2, at::kFloat) / head_dim);
+  at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().unsqueeze(0).to(dtype), emb.sin().unsqueeze(0).to(dtype)};
+}
+
+// Rope is transformers' apply_rotary_pos_emb for one of q, k: x * cos +
+// rotate_half(x) * sin, rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]), in the order
+// of the estimator's graph, each intermediate released after its last reader.
+inline at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  // (x * cos) + (rotate_half(x) * sin), left to right (modeling_llama.py:147);
+  // rotate_half's order: x1 = x[..., :half], x2 = x[..., half:], cat(-x2, x1).
+  at::Tensor x_cos = x * cos;
+  at::Tensor x1 = x.slice(-1, 0, half);
+  at::Tensor x2 = x.slice(-1, half);
+  at::Tensor rotated = at::cat({-Last(x2), Last(x1)}, -1);
+  at::Tensor rotated_sin = Last(rotated) * sin;
+  return Last(x_cos) + Last(rotated_sin);
+}
+
+// RepeatKv is transformers' repeat_kv: (B, kv, T, dh) -> (B, kv * n_rep, T, dh), a copy.
+inline at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
+  const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), dh = x.size(3);
+  return Last(x).unsqueeze(2).expand({b, kv, n_rep, t, dh}).reshape({b, kv * n_rep, t, dh});
+}
+
+}  // namespace memledger::runtime
+
+#endif  // RUNTIME_FAMILIES_ROTARY_H_
