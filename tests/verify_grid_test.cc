@@ -58,6 +58,19 @@ void ExpectExact(const VerifyReport& report) {
   EXPECT_TRUE(report.Passed()) << (report.failures.empty() ? "" : report.failures.front());
 }
 
+// ExpectFourVariantsExact verifies `config` with none, full, every_2 and selective
+// (`policy`) in `attention` mode: every bucket measured and equal to its prediction.
+void ExpectFourVariantsExact(const ModelConfig& config, AttentionMode attention,
+                             const char* policy) {
+  VerifyOptions options;
+  options.attention = attention;
+  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2,selective", 2, policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  ExpectEveryBucket(report, options.variants.size());
+  ExpectExact(report);
+}
+
 class VerifyGridTest : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(VerifyGridTest, MeasuredEqualsPredicted) {
@@ -306,13 +319,7 @@ TEST_P(VerifySparseTest, MeasuredEqualsPredicted) {
   config.amp = c.amp;
   config.batch = 2;
   config.seq = 12;
-  VerifyOptions options;
-  options.attention = c.attention;
-  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2,selective", 2, c.policy));
-  options.run.skip_timing = true;
-  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
-  ExpectEveryBucket(report, options.variants.size());
-  ExpectExact(report);
+  ExpectFourVariantsExact(config, c.attention, c.policy);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -353,13 +360,7 @@ TEST_P(VerifyGemmaTest, MeasuredEqualsPredicted) {
   config.amp = c.amp;
   config.batch = 2;
   config.seq = 16;
-  VerifyOptions options;
-  options.attention = c.attention;
-  ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2,selective", 2, c.policy));
-  options.run.skip_timing = true;
-  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
-  ExpectEveryBucket(report, options.variants.size());
-  ExpectExact(report);
+  ExpectFourVariantsExact(config, c.attention, c.policy);
 }
 
 INSTANTIATE_TEST_SUITE_P(

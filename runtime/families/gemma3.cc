@@ -83,32 +83,15 @@ class Gemma3LayerImpl : public DecoderLayer {
     at::Tensor q = q_norm->forward(heads(LinearOp(*q_proj, h, cache), heads_));
     at::Tensor k = k_norm->forward(heads(LinearOp(*k_proj, h, cache), kv_heads_));
     at::Tensor v = heads(LinearOp(*v_proj, h, cache), kv_heads_);
-    const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
-    at::Tensor q_embed = Rope(q, cos, sin);
-    at::Tensor k_embed = Rope(Last(k), cos, sin);
-    q = at::Tensor();
-    if (extras.kv_cache != nullptr) {
-      // DynamicSlidingWindowLayer keeps a slice of the same copies DynamicLayer keeps.
-      const at::ScalarType keys = k_embed.scalar_type();
-      at::Tensor k_cached = KvCacheUpdate(k_embed, keys, extras.kv_cache);
-      at::Tensor v_cached = KvCacheUpdate(v, keys, extras.kv_cache);
-      k_embed = std::move(k_cached);
-      v = std::move(v_cached);
-    }
     // From seq >= sliding_window on, a sliding layer attends through the model's mask:
     // SDPA without enable_gqa (repeat_kv copies) and with the mask, which ATen turns into
     // an additive one in q's dtype that the flash node keeps.
     const bool masked = sliding_ && extras.sliding_mask.defined();
-    at::Tensor k_attention = k_embed, v_attention = v;
-    if (kv_heads_ < heads_ && (masked || RepeatsKv(mode, head_dim_))) {
-      k_attention = RepeatKv(k_embed, heads_ / kv_heads_);
-      v_attention = RepeatKv(v, heads_ / kv_heads_);
-    }
-    at::Tensor a = AttentionOp(mode, q_embed, Last(k_attention), Last(v_attention), cache,
-                               masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor());
+    at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache,
+                                 masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor());
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = LinearOp(*o_proj, Last(merged), cache);
-    h = q_embed = k_embed = v = at::Tensor();  // self_attn returns
+    h = q = k = v = at::Tensor();  // self_attn returns
     at::Tensor x1 = x + post_attention_layernorm->forward(Last(projected));
     // Gemma3MLP: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x)).
     at::Tensor h2 = pre_feedforward_layernorm->forward(x1);

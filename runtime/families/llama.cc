@@ -101,31 +101,10 @@ class LlamaLayerImpl : public DecoderLayer {
     at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_, &q_norm);
     at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_, &k_norm);
     at::Tensor v = heads(ColumnParallel(*v_proj, h, cache), kv_heads_);
-    const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
-    // apply_rotary_pos_emb holds its argument q until it returns.
-    at::Tensor q_embed = Rope(q, cos, sin);
-    at::Tensor k_embed = Rope(Last(k), cos, sin);
-    q = at::Tensor();
-    if (extras.kv_cache != nullptr) {
-      // key_states, value_states = past_key_values.update(...): rebound to the cache's
-      // copies once both are made.
-      // Under autocast the keys are fp32 (RoPE's product with fp32 cos), the values
-      // bf16, promoted to the keys' dtype.
-      const at::ScalarType keys = k_embed.scalar_type();
-      at::Tensor k_cached = KvCacheUpdate(k_embed, keys, extras.kv_cache);
-      at::Tensor v_cached = KvCacheUpdate(v, keys, extras.kv_cache);
-      k_embed = std::move(k_cached);
-      v = std::move(v_cached);
-    }
-    at::Tensor k_attention = k_embed, v_attention = v;
-    if (kv_heads_ < heads_ && RepeatsKv(mode, head_dim_)) {
-      k_attention = RepeatKv(k_embed, heads_ / kv_heads_);
-      v_attention = RepeatKv(v, heads_ / kv_heads_);
-    }
-    at::Tensor a = AttentionOp(mode, q_embed, Last(k_attention), Last(v_attention), cache);
+    at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache);
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
-    h = q_embed = k_embed = v = at::Tensor();  // self_attn returns
+    h = q = k = v = at::Tensor();  // self_attn returns
     at::Tensor x1 = x + Last(projected);
     at::Tensor h2 = ColumnInput(post_attention_layernorm->forward(x1));
     at::Tensor down;

@@ -9,7 +9,10 @@
 
 #include <utility>
 
+#include "estimator/config.h"
 #include "runtime/last_use.h"
+#include "runtime/model.h"
+#include "runtime/selective_ops.h"
 
 namespace memledger::runtime {
 
@@ -46,6 +49,40 @@ inline at::Tensor Rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& si
 inline at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
   const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), dh = x.size(3);
   return Last(x).unsqueeze(2).expand({b, kv, n_rep, t, dh}).reshape({b, kv * n_rep, t, dh});
+}
+
+// RopeAttention is the attention of LlamaAttention.forward and its look-alikes
+// (Qwen3's, Gemma3Attention) between the projections and o_proj, as the estimator's
+// GraphBuilder::RopeAttention describes it: apply_rotary_pos_emb (its argument q held to
+// its return), with a DynamicCache its copies of the keys and values (the old locals
+// rebound once both exist), repeat_kv where SDPA does not read the shared heads itself
+// (always with a `mask`), and attention. `q`, `k` and `v` come back as the forward's
+// locals after RoPE and the cache, for the caller to hold to its return.
+inline at::Tensor RopeAttention(at::Tensor& q, at::Tensor& k, at::Tensor& v,
+                                const LayerExtras& extras, int64_t heads, int64_t kv_heads,
+                                AttentionMode mode, SelectiveCache* cache,
+                                const at::Tensor& mask = {}) {
+  const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
+  at::Tensor q_embed = Rope(q, cos, sin);
+  at::Tensor k_embed = Rope(Last(k), cos, sin);
+  q = std::move(q_embed);
+  k = std::move(k_embed);
+  if (extras.kv_cache != nullptr) {
+    // Under autocast the keys are fp32 (RoPE's product with fp32 cos), the values bf16,
+    // promoted to the keys' dtype. A DynamicSlidingWindowLayer keeps a slice of the same
+    // copies.
+    const at::ScalarType keys = k.scalar_type();
+    at::Tensor k_cached = KvCacheUpdate(k, keys, extras.kv_cache);
+    at::Tensor v_cached = KvCacheUpdate(v, keys, extras.kv_cache);
+    k = std::move(k_cached);
+    v = std::move(v_cached);
+  }
+  at::Tensor k_attention = k, v_attention = v;
+  if (kv_heads < heads && (mask.defined() || RepeatsKv(mode, q.size(-1)))) {
+    k_attention = RepeatKv(k, heads / kv_heads);
+    v_attention = RepeatKv(v, heads / kv_heads);
+  }
+  return AttentionOp(mode, q, Last(k_attention), Last(v_attention), cache, mask);
 }
 
 }  // namespace memledger::runtime
