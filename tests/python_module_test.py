@@ -47,6 +47,24 @@ class PredictTest(unittest.TestCase):
         code, text = memledger._call("plan", json.dumps({"budget_gib": 1, "format": "svg"}))
         self.assertEqual((code, text), (2, 'request: "format" must be "json" or "table"'))
 
+    def test_a_mixture_of_experts_and_its_routing(self):
+        # tiny-qwen3-moe: 43,488 parameters (model_presets_test's hand count). grouped_mm's
+        # sizes are the routing's totals, so --routing changes nothing; the eager experts'
+        # saved bytes neither (each expert's rows sum to the same), their peak does (with SGD,
+        # whose step keeps nothing, it is the backward's).
+        grouped = memledger.predict(model="tiny-qwen3-moe", batch=2, seq=8, variants="none")
+        self.assertEqual(grouped["n_params"], 43488)
+        self.assertEqual(grouped["config"]["moe"]["routing"], "any")
+        balanced, worst = (memledger.predict(model="tiny-qwen3-moe", batch=2, seq=8,
+                                             variants="none", experts_impl="eager",
+                                             optimizer="sgd", routing=r)
+                           for r in ("balanced", "worst"))
+        self.assertEqual(worst["config"]["moe"]["routing"], "worst")
+        self.assertEqual(balanced["saved_bytes"], worst["saved_bytes"])
+        self.assertNotEqual(balanced["peak_bytes"], worst["peak_bytes"])
+        with self.assertRaisesRegex(ValueError, "apply to a mixture-of-experts model"):
+            memledger.predict(model="tiny-llama", routing="worst")
+
     def test_default_is_the_study(self):
         self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
 
