@@ -383,11 +383,11 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (needs(0)) grads[0] = Alias(grad);
       if (needs(2)) grads[2] = NewGrad(layout_of(2), grad.dtype);
       break;
-    case OpType::kIndexPair:
     case OpType::kTopK:
       // value_selecting_reduction_backward: zeros of the input's sizes, the gradient
       // scattered into them in place (profiled: one allocation).
     case OpType::kIndexRows:
+    case OpType::kIndexPair:
       // index_backward: grad.new_zeros(self.sizes()), then _index_put_impl_ in place.
       grads[0] = NewGrad(layout_of(0), grad.dtype);
       break;
