@@ -247,6 +247,19 @@ TEST(VerifyRanksTest, GemmaSlidingWindowOverPipelineStages) {
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, GemmaOverTensorParallelRanks) {
+  // Gemma 3 with a window of 8 at seq 16 over tp = 2: each rank holds 2 of the 4 heads
+  // and 1 of the 2 kv heads (the sliding layers' repeat_kv copies that one), half the MLP
+  // and of the vocabulary; q_norm's and k_norm's gradients are all-reduced (each rank
+  // normalises its own heads); every peak exact.
+  rapidjson::Document doc = PassingRun(
+      "--model=tests/testdata/gemma3-window8.config.json --batch=2 --seq=16 --skip_timing "
+      "--tp=2",
+      2);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
   // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
   // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096

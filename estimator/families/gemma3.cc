@@ -235,9 +235,13 @@ absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
 
 // ValidateGemma3: what is not modelled yet, one line each.
 absl::Status ValidateGemma3(const ModelConfig& c) {
-  if (c.tp > 1 || c.sp) {
-    return absl::InvalidArgumentError(
-        "--tp/--sp: tensor parallelism is not modelled for gemma3 yet");
+  if (c.sp) {
+    return absl::InvalidArgumentError("--sp: sequence parallelism is not modelled for gemma3 yet");
+  }
+  if (c.tp > 1 && c.amp != DType::kFloat32) {
+    // A tensor-parallel rank's peak under autocast differs from the runtime's by 12 bytes
+    // (found by verify, not explained yet).
+    return absl::InvalidArgumentError("--amp with --tp is not modelled for gemma3 yet");
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,8 @@
 // op for op as the estimator's graphs (estimator/families/gemma3.cc): the scaled
 // embedding, Gemma3RMSNorm, sandwich norms, q/k norms on the transposed heads, GeGLU-tanh,
 // sliding-window and global layers with their own RoPE tables and, from seq >=
-// sliding_window on, the sliding layers' mask. One process, no tensor parallelism.
+// sliding_window on, the sliding layers' mask; under Megatron's tensor parallelism
+// (without sequence parallelism) one rank's shard.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "runtime/families/rotary.h"
 #include "runtime/family.h"
 #include "runtime/selective_ops.h"
+#include "runtime/tensor_parallel.h"
 
 namespace memledger::runtime {
 namespace {
@@ -45,9 +47,11 @@ TORCH_MODULE(GemmaRmsNorm);
 
 class Gemma3LayerImpl : public DecoderLayer {
  public:
+  // With c.tp > 1, one rank's shard: heads, kv heads and MLP columns / tp.
   Gemma3LayerImpl(const ModelConfig& c, bool sliding)
-      : sliding_(sliding), heads_(c.heads), kv_heads_(c.KvHeads()), head_dim_(c.HeadDim()) {
-    const int64_t d = c.width, f = c.Intermediate();
+      : sliding_(sliding), heads_(c.heads / c.tp), kv_heads_(c.KvHeads() / c.tp),
+        head_dim_(c.HeadDim()) {
+    const int64_t d = c.width, f = c.Intermediate() / c.tp;
     auto linear = [](int64_t in, int64_t out) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
     };
@@ -79,7 +83,9 @@ class Gemma3LayerImpl : public DecoderLayer {
       return projected.view({b, t, n, head_dim_}).transpose(1, 2);
     };
     // Gemma3Attention.forward's argument and locals live to its return, after o_proj.
-    at::Tensor h = input_layernorm->forward(x);
+    // With tensor parallelism, Megatron's f (CopyIn) before the column-parallel
+    // projections and g (ReduceOut) after the row-parallel ones.
+    at::Tensor h = CopyIn(tensor_parallel, input_layernorm->forward(x));
     at::Tensor q = q_norm->forward(heads(LinearOp(*q_proj, h, cache), heads_));
     at::Tensor k = k_norm->forward(heads(LinearOp(*k_proj, h, cache), kv_heads_));
     at::Tensor v = heads(LinearOp(*v_proj, h, cache), kv_heads_);
@@ -90,16 +96,16 @@ class Gemma3LayerImpl : public DecoderLayer {
     at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache,
                                  masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor());
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
-    at::Tensor projected = LinearOp(*o_proj, Last(merged), cache);
+    at::Tensor projected = ReduceOut(tensor_parallel, LinearOp(*o_proj, Last(merged), cache), cache);
     h = q = k = v = at::Tensor();  // self_attn returns
     at::Tensor x1 = x + post_attention_layernorm->forward(Last(projected));
     // Gemma3MLP: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x)).
-    at::Tensor h2 = pre_feedforward_layernorm->forward(x1);
+    at::Tensor h2 = CopyIn(tensor_parallel, pre_feedforward_layernorm->forward(x1));
     at::Tensor gate = LinearOp(*gate_proj, h2, cache);
     at::Tensor act = GeluOp(Last(gate), "tanh", cache);
     at::Tensor up = LinearOp(*up_proj, h2, cache);
     at::Tensor product = Last(act) * Last(up);
-    at::Tensor down = LinearOp(*down_proj, Last(product), cache);
+    at::Tensor down = ReduceOut(tensor_parallel, LinearOp(*down_proj, Last(product), cache), cache);
     h2 = at::Tensor();  // mlp returns
     return Last(x1) + post_feedforward_layernorm->forward(Last(down));
   }
@@ -139,7 +145,8 @@ class Gemma3Model : public ModelImpl {
  public:
   explicit Gemma3Model(const ModelConfig& c)
       : config_(c), head_dim_(c.HeadDim()) {
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.width));
+    const int64_t vocab = c.vocab / c.tp;  // a tensor-parallel rank's rows
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, c.width));
     // Gemma3TextScaledWordEmbedding's embed_scale: sqrt(hidden_size), 0-dim.
     embed_scale = register_buffer("embed_scale", at::scalar_tensor(std::sqrt(c.width)));
     layers = register_module("layers", torch::nn::ModuleList());
@@ -162,13 +169,16 @@ class Gemma3Model : public ModelImpl {
     }
     if (!c.tie_embeddings) {
       lm_head = register_module(
-          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, c.vocab).bias(false)));
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, vocab).bias(false)));
     }
   }
 
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     ModelStart start;
-    start.hidden = embed_tokens.ptr()->forward(input_ids) * embed_scale;
+    at::Tensor embeddings = tensor_parallel != nullptr
+                                ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
+                                : embed_tokens.ptr()->forward(input_ids);
+    start.hidden = Last(embeddings) * embed_scale;
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
     return start;
   }
@@ -223,7 +233,8 @@ class Gemma3Model : public ModelImpl {
     const at::Tensor normed = norm.ptr()->forward(hidden);
     hidden = at::Tensor();  // Gemma3TextModel.forward returns its norm's output
     decoder_returns();
-    return CausalLmLoss(at::linear(normed, weight), input_ids);
+    return CausalLmLoss(at::linear(CopyIn(tensor_parallel, normed), weight), input_ids,
+                        tensor_parallel);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -245,6 +256,8 @@ const RuntimeFamily& Gemma3RuntimeFamily() {
       .make_model = [](const ModelConfig& c) -> std::shared_ptr<ModelImpl> {
         return std::make_shared<Gemma3Model>(c);
       },
+      .shard_of = LlamaShardOf,
+      .gradient_is_partial = LlamaGradientIsPartial,
       .prologue_prefixes = {"embed_tokens."},
   };
   return kDef;

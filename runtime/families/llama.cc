@@ -225,6 +225,8 @@ class LlamaModel : public ModelImpl {
   int64_t head_dim_;
 };
 
+}  // namespace
+
 // Megatron's layout of nn.Linear weights (out, in): q/k/v, gate/up and the vocabulary
 // rows split by output, o_proj and down_proj by input; the norms replicated.
 ParameterShard LlamaShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
@@ -255,8 +257,6 @@ bool LlamaGradientIsPartial(const ModelConfig& c, const std::string& name) {
   }
   return ReplicatedUnderSequenceParallelism(c, name);
 }
-
-}  // namespace
 
 const RuntimeFamily& LlamaRuntimeFamily() {
   static const RuntimeFamily kDef = {
