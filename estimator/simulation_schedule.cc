@@ -73,12 +73,27 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   // one, which every later iteration repeats byte for byte (a forward and a backward;
   // the .grads added to in place; each loss added into the first and freed), so that
   // the step's peak is theirs, the cool-down's or the reduction's, none of which depends
-  // on how many iterations came between (the inputs are resident from the start). The
-  // interleaved schedule's steady state cycles through the chunks: it is replayed whole.
+  // on how many iterations came between (the inputs are resident from the start).
+  // The interleaved schedule's steady state cycles through the chunks, one group of
+  // pp x v steps (each chunk pp forwards and pp backwards, no net change); its warm-up
+  // and cool-down do not depend on the micro-batches (a multiple of pp) unless they are
+  // exactly pp (all forwards first). So without events it is replayed for the least
+  // multiple of pp micro-batches whose steady state has two groups: the first makes
+  // every chunk's .grads, the second is what every later group repeats byte for byte
+  // (its chunks' order is the same: the micro-batches differ by whole groups).
   const bool interleaved = parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved;
   const int64_t warmup =
       parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
-  const int64_t simulated = interleaved ? micro_batches : std::min(micro_batches, warmup + 2);
+  int64_t simulated = std::min(micro_batches, warmup + 2);
+  if (interleaved) {
+    simulated = micro_batches;
+    const int64_t v = parallel.virtual_stages, pp = parallel.pp;
+    const int64_t forwards = (pp - rank.stage - 1) * 2 + (v - 1) * pp + 2 * pp * v;
+    const int64_t enough = ((forwards + v - 1) / v + pp - 1) / pp * pp;
+    if (!options_.record_events && micro_batches != pp && enough < micro_batches) {
+      simulated = enough;
+    }
+  }
   std::vector<int> inputs;
   for (int64_t j = 0; j < micro_batches; ++j) {
     const int id = reads_input ? memory_.Adopt(input_bytes, MemoryCategory::kInput) : -1;

@@ -216,6 +216,50 @@ TEST(PredictRanksTest, InterleavedScheduleByHand) {
   }
 }
 
+// Without events the interleaved schedule is replayed for the fewest micro-batches
+// whose steady state repeats (two groups of pp x v steps after the warm-up): its peak
+// must equal the whole schedule's, replayed with every event, stage by stage, under
+// every variant, ZeRO stage and autocast.
+TEST(PredictRanksTest, InterleavedPeakOfManyMicroBatchesEqualsTheWholeReplay) {
+  struct Case {
+    int64_t pp, micro_batches, dp, zero;
+    DType amp;
+  };
+  for (const Case& c : {Case{2, 8, 1, 0, DType::kFloat32}, Case{2, 16, 2, 1, DType::kFloat32},
+                        Case{2, 10, 2, 3, DType::kFloat32}, Case{4, 20, 1, 0, DType::kFloat32},
+                        Case{4, 24, 2, 2, DType::kFloat32}, Case{2, 12, 2, 0, DType::kBFloat16}}) {
+    SCOPED_TRACE(::testing::Message() << "pp " << c.pp << " m " << c.micro_batches << " dp "
+                                    << c.dp << " zero " << c.zero);
+    ModelConfig config = TinyLlama(8);
+    config.amp = c.amp;
+    PredictOptions options = Variants("none,full,every_2,selective");
+    options.peak = true;
+    ParallelSpec parallel;
+    parallel.pp = c.pp;
+    parallel.virtual_stages = 2;
+    parallel.micro_batches = c.micro_batches;
+    parallel.dp = c.dp;
+    parallel.zero = c.zero;
+    parallel.schedule = PipelineSchedule::kInterleaved;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction reduced, PredictRanks(config, parallel, options));
+    options.timeline = true;  // every event: the whole schedule
+    ASSERT_OK_AND_ASSIGN(RanksPrediction whole, PredictRanks(config, parallel, options));
+    ASSERT_EQ(reduced.kinds.size(), whole.kinds.size());
+    for (size_t k = 0; k < whole.kinds.size(); ++k) {
+      ASSERT_EQ(reduced.kinds[k].stage, whole.kinds[k].stage);
+      for (size_t v = 0; v < whole.kinds[k].variants.size(); ++v) {
+        const VariantPrediction& w = whole.kinds[k].variants[v].held;
+        const VariantPrediction& r = reduced.kinds[k].variants[v].held;
+        ASSERT_TRUE(w.peak.has_value()) << w.peak_unavailable;
+        ASSERT_TRUE(r.peak.has_value()) << r.peak_unavailable;
+        EXPECT_EQ(r.peak->bytes, w.peak->bytes)
+            << "stage " << whole.kinds[k].stage << " " << w.variant.Name();
+        EXPECT_EQ(r.peak->by_category, w.peak->by_category);
+      }
+    }
+  }
+}
+
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p
 // micro-batches of L / p layers: the model's layers once. With GPT-2's block (each layer
 // keeps its input, nothing model-level) that is exact: the first of 4 stages' layers
