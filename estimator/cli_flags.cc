@@ -196,11 +196,15 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"micro_batches", "parallelism"}, {"zero", "parallelism"},
     {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
-    {"cpu_threads", "device"},   {"max_memory_gib", "device"},
+    {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},
+    {"global_batch", "input"},   {"max_virtual_stages", "parallelism"},
+    {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
+    {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
     {"witness", "verification"}, {"witness_python", "verification"},
     {"grad_tolerance", "verification"}, {"skip_timing", "verification"},
     {"format", "output"},        {"json_out", "output"},      {"timeline_svg", "output"},
     {"explain", "output"},       {"plan_out", "output"},      {"frontier_svg", "output"},
+    {"top", "output"},           {"chart_svg", "output"},
 };
 
 // Wrapped breaks `text` into lines of at most `width` columns, each indented by

@@ -1,6 +1,7 @@
 #include "estimator/run_request.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -159,6 +160,50 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
     return s;
   }
   return spec;
+}
+
+std::string RequestFlags(const RunRequest& request) {
+  const RunRequest defaults;
+  std::string out = absl::StrCat("--model=", request.model, " --batch=", request.batch,
+                                 " --seq=", request.seq);
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::optional<int64_t>*>{"layers", &request.layers},
+        {"width", &request.width},
+        {"heads", &request.heads},
+        {"kv_heads", &request.kv_heads},
+        {"head_dim", &request.head_dim},
+        {"intermediate", &request.intermediate},
+        {"vocab", &request.vocab}}) {
+    if (value->has_value()) absl::StrAppend(&out, " --", flag, "=", **value);
+  }
+  auto text = [&](const char* flag, const std::string& value, const std::string& unset) {
+    if (value != unset) absl::StrAppend(&out, " --", flag, "=", value);
+  };
+  auto number = [&](const char* flag, int64_t value, int64_t unset) {
+    if (value != unset) absl::StrAppend(&out, " --", flag, "=", value);
+  };
+  text("variants", request.variants, defaults.variants);
+  number("every", request.every, defaults.every);
+  text("policy", request.policy, defaults.policy);
+  text("attention", request.attention, defaults.attention);
+  text("dtype", request.dtype, defaults.dtype);
+  text("amp", request.amp, defaults.amp);
+  text("optimizer", request.optimizer, defaults.optimizer);
+  text("optimizer_impl", request.optimizer_impl, defaults.optimizer_impl);
+  if (request.momentum != defaults.momentum) absl::StrAppend(&out, " --momentum=", request.momentum);
+  text("checkpoint_impl", request.checkpoint_impl, defaults.checkpoint_impl);
+  if (request.master_weights) absl::StrAppend(&out, " --master_weights");
+  number("tp", request.tp, defaults.tp);
+  if (request.sp) absl::StrAppend(&out, " --sp");
+  number("dp", request.dp, defaults.dp);
+  number("pp", request.pp, defaults.pp);
+  number("virtual_stages", request.virtual_stages, defaults.virtual_stages);
+  number("micro_batches", request.micro_batches, defaults.micro_batches);
+  number("zero", request.zero, defaults.zero);
+  text("schedule", request.schedule, defaults.schedule);
+  text("experts_impl", request.experts_impl, defaults.experts_impl);
+  text("routing", request.routing, defaults.routing);
+  return out;
 }
 
 }  // namespace memledger

@@ -75,6 +75,11 @@ struct RunSpec {
 // whole run (ValidateRun); errors are InvalidArgument naming the flag or key.
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request);
 
+// RequestFlags writes a request as the command line's flags (predict's and verify's
+// alike): --model, --batch and --seq always, every other flag only where it differs
+// from its default. A model given inline (model_config_json) is written as its name.
+std::string RequestFlags(const RunRequest& request);
+
 }  // namespace memledger
 
 #endif  // ESTIMATOR_RUN_REQUEST_H_

@@ -224,4 +224,48 @@ absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, Attentio
   return out;
 }
 
+absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionMode attention,
+                                           const Variant& variant, const StageRange& stage) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  auto all = [](const OpDef&) { return false; };
+  CheckedInt64 forward = 0, backward = 0, recompute = 0;
+  for (size_t kind = 0; kind < graphs->layer_kinds.size(); ++kind) {
+    const int64_t count =
+        graphs->LayersOfKind(static_cast<int>(kind), stage.first_layer, stage.layers);
+    if (count == 0) continue;
+    absl::StatusOr<OpFlops> flops = SegmentFlops(graphs->layer_kinds[kind], config, all);
+    if (!flops.ok()) return flops.status();
+    forward += flops->forward * count;
+    backward += flops->backward * count;
+  }
+  // The recompute of each distinct (kind, choice) pair, counted once.
+  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> seen;
+  for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
+    const std::pair<int, LayerChoice> key = {graphs->KindOf(i), variant.At(i)};
+    auto it = std::find_if(seen.begin(), seen.end(),
+                           [&](const auto& entry) { return entry.first == key; });
+    if (it == seen.end()) {
+      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, key.second, i);
+      if (!flops.ok()) return flops.status();
+      seen.emplace_back(key, *flops);
+      it = std::prev(seen.end());
+    }
+    recompute += it->second;
+  }
+  std::vector<const BlockGraph*> ends;
+  if (stage.prologue && graphs->prologue.has_value()) ends.push_back(&*graphs->prologue);
+  if (stage.head) ends.push_back(&graphs->epilogue);
+  for (const BlockGraph* graph : ends) {
+    absl::StatusOr<OpFlops> flops = SegmentFlops(*graph, config, all);
+    if (!flops.ok()) return flops.status();
+    forward += flops->forward;
+    backward += flops->backward;
+  }
+  if (forward.overflowed() || backward.overflowed() || recompute.overflowed()) {
+    return absl::OutOfRangeError("the stage's FLOPs overflow int64");
+  }
+  return StageFlopsCount{forward.value(), backward.value(), recompute.value()};
+}
+
 }  // namespace memledger

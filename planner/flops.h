@@ -55,6 +55,20 @@ struct VariantRecompute {
 absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, AttentionMode attention,
                                              const Variant& variant);
 
+// StageFlops is one micro-batch's arithmetic on one rank of a pipeline stage: its layers'
+// forward and backward, the prologue on the first stage and the head on the last, and
+// the recompute of the layers `variant` checkpoints (by their global index, as every_k
+// counts them). For the rank's share under tensor parallelism, pass the config with
+// its tp: its graphs are one rank's.
+struct StageFlopsCount {
+  int64_t forward = 0;
+  int64_t backward = 0;
+  int64_t recompute = 0;
+  int64_t Total() const { return forward + backward + recompute; }
+};
+absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionMode attention,
+                                           const Variant& variant, const StageRange& stage);
+
 }  // namespace memledger
 
 #endif  // PLANNER_FLOPS_H_

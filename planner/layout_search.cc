@@ -1,0 +1,447 @@
+#include "planner/layout_search.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/family.h"
+#include "estimator/parallel_spec.h"
+#include "estimator/predict.h"
+#include "estimator/ranks.h"
+#include "estimator/units.h"
+#include "planner/flops.h"
+
+namespace memledger {
+namespace {
+
+// Shape is a layout without its checkpointing: one PredictRanks call covers its
+// variants.
+struct Shape {
+  int64_t tp = 1, pp = 1, dp = 1, zero = 0;
+  bool sp = false;
+  int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
+};
+
+std::vector<int64_t> Divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    out.push_back(d);
+    if (d != n / d) out.push_back(n / d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Shapes enumerates every layout of `gpus` GPUs: tp divides a node's GPUs, pp the layers,
+// dp x micro_batch_size the global batch; the family's and the parallel spec's own
+// checks refuse the rest when evaluated.
+std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& options) {
+  std::vector<Shape> shapes;
+  for (int64_t tp : Divisors(std::min(options.gpus, options.gpus_per_node))) {
+    if (options.gpus % tp != 0) continue;
+    for (int64_t pp : Divisors(options.gpus / tp)) {
+      if (config.layers % pp != 0) continue;
+      const int64_t dp = options.gpus / tp / pp;
+      if (options.global_batch % dp != 0) continue;
+      for (int64_t micro_batch_size : Divisors(options.global_batch / dp)) {
+        const int64_t micro_batches = options.global_batch / dp / micro_batch_size;
+        std::vector<int64_t> virtual_stages = {1};
+        for (int64_t v = 2; pp > 1 && v <= options.max_virtual_stages; ++v) {
+          // Megatron's interleaved schedule: micro-batches a multiple of pp.
+          if ((config.layers / pp) % v == 0 && micro_batches % pp == 0) {
+            virtual_stages.push_back(v);
+          }
+        }
+        for (int64_t v : virtual_stages) {
+          for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              shapes.push_back({tp, pp, dp, zero, sp, micro_batch_size, micro_batches, v});
+            }
+          }
+        }
+      }
+    }
+  }
+  return shapes;
+}
+
+// The tensor-parallel all-reduces of (b, s, h) per micro-batch over a stage's chunks:
+// Megatron's two forward (attention and MLP outputs) and two backward (their inputs'
+// gradients) per layer, two more per checkpointed layer (its forward rerun), and one
+// each for the embeddings' output and the head's input gradient.
+int64_t TpAllReduces(const std::vector<StageRange>& chunks, const Variant& variant) {
+  int64_t n = 0;
+  for (const StageRange& chunk : chunks) {
+    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+      n += variant.At(i).checkpointed ? 6 : 4;
+    }
+    n += (chunk.prologue ? 1 : 0) + (chunk.head ? 1 : 0);
+  }
+  return n;
+}
+
+// Evaluated is what one shape gave: its layouts that fit, and the rest counted.
+struct Evaluated {
+  std::vector<SearchedLayout> fits;
+  int64_t invalid = 0, too_big = 0, unmodelled = 0;
+  bool simulated = false;
+  // What did not fit: the simulated peaks, and the bounds of those never simulated.
+  int64_t smallest_peak = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> bounds;  // by variant; -1 where simulated or invalid
+};
+
+class Search {
+ public:
+  Search(const RunRequest& request, const RunSpec& base, const SearchOptions& options)
+      : request_(request), base_(base), options_(options) {}
+
+  // Evaluate predicts the shape's ranks: the bound for every variant, then the peaks of
+  // those the bound lets fit (`simulate_all`: of every variant, for the smallest-peak
+  // message).
+  Evaluated Evaluate(const Shape& shape, bool simulate_all = false) const {
+    Evaluated out;
+    const size_t n = base_.variants.size();
+    out.bounds.assign(n, -1);
+    ModelConfig config = base_.config;
+    config.tp = shape.tp;
+    config.sp = shape.sp;
+    config.batch = shape.micro_batch_size;
+    ParallelSpec parallel{shape.dp, shape.pp, shape.virtual_stages, shape.micro_batches,
+                          shape.zero,
+                          shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
+                                                   : PipelineSchedule::k1F1B};
+    if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
+        !ValidateRun(config, base_.attention, base_.variants, base_.optimizer).ok()) {
+      out.invalid = static_cast<int64_t>(n);
+      return out;
+    }
+    PredictOptions options;
+    options.attention = base_.attention;
+    options.optimizer = base_.optimizer;
+    options.variants = base_.variants;
+    options.peak = false;
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+    if (!ranks.ok()) {
+      out.invalid = static_cast<int64_t>(n);
+      return out;
+    }
+    // The bound: what every rank holds at its fullest moment.
+    std::vector<size_t> maybe;
+    for (size_t v = 0; v < n; ++v) {
+      int64_t bound = 0;
+      for (const RankKind& kind : ranks->kinds) {
+        bound = std::max(bound, kind.param_bytes + kind.optimizer_state_bytes +
+                                    kind.variants[v].held.saved_bytes);
+      }
+      if (bound <= options_.budget_bytes || simulate_all) {
+        maybe.push_back(v);
+      } else {
+        ++out.too_big;
+        out.bounds[v] = bound;
+      }
+    }
+    if (maybe.empty()) return out;
+    options.peak = true;
+    options.variants.clear();
+    for (size_t v : maybe) options.variants.push_back(base_.variants[v]);
+    absl::StatusOr<RanksPrediction> peaks = PredictRanks(config, parallel, options);
+    out.simulated = true;
+    if (!peaks.ok()) {
+      out.unmodelled += static_cast<int64_t>(maybe.size());
+      return out;
+    }
+    for (size_t i = 0; i < maybe.size(); ++i) {
+      const Variant& variant = base_.variants[maybe[i]];
+      int64_t peak = -1;
+      const RankKind* loaded = nullptr;
+      for (const RankKind& kind : peaks->kinds) {
+        const VariantPrediction& held = kind.variants[i].held;
+        if (!held.peak.has_value()) {
+          loaded = nullptr;
+          break;
+        }
+        if (held.peak->bytes > peak) {
+          peak = held.peak->bytes;
+          loaded = &kind;
+        }
+      }
+      if (loaded == nullptr) {
+        ++out.unmodelled;
+        continue;
+      }
+      if (peak > options_.budget_bytes) {
+        ++out.too_big;
+        out.smallest_peak = std::min(out.smallest_peak, peak);
+        continue;
+      }
+      absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, *peaks, *loaded, peak);
+      if (!layout.ok()) {
+        ++out.invalid;
+        continue;
+      }
+      out.fits.push_back(*std::move(layout));
+    }
+    return out;
+  }
+
+ private:
+  // Layout times the shape under `variant` on its slowest stage.
+  absl::StatusOr<SearchedLayout> Layout(const Shape& shape, const ModelConfig& config,
+                                        const Variant& variant, const RanksPrediction& ranks,
+                                        const RankKind& loaded, int64_t peak) const {
+    SearchedLayout layout;
+    layout.tp = shape.tp;
+    layout.pp = shape.pp;
+    layout.dp = shape.dp;
+    layout.zero = shape.zero;
+    layout.sp = shape.sp;
+    layout.micro_batch_size = shape.micro_batch_size;
+    layout.micro_batches = shape.micro_batches;
+    layout.virtual_stages = shape.virtual_stages;
+    layout.checkpoint = variant;
+    layout.peak_bytes = peak;
+    layout.stage = loaded.stage;
+    StepTimeInput in;
+    in.tp = shape.tp;
+    in.pp = shape.pp;
+    in.dp = shape.dp;
+    in.zero = shape.zero;
+    in.sp = shape.sp;
+    in.micro_batch_size = shape.micro_batch_size;
+    in.micro_batches = shape.micro_batches;
+    in.virtual_stages = shape.virtual_stages;
+    in.gpus_per_node = options_.gpus_per_node;
+    in.seq = config.seq;
+    in.width = config.width;
+    const DType activations = config.amp != DType::kFloat32 ? config.amp : config.dtype;
+    in.activation_element_bytes = ElementSizeBytes(activations);
+    in.parameter_element_bytes = ElementSizeBytes(config.dtype);
+    in.low_precision_matmul = activations != DType::kFloat32;
+    // The slowest stage sets the pipeline's pace; FLOPs of all stages for the rate.
+    double step_flops = 0;
+    const RankKind* slowest = nullptr;
+    for (const RankKind& kind : ranks.kinds) {
+      int64_t flops = 0;
+      for (const StageRange& chunk : kind.chunks) {
+        absl::StatusOr<StageFlopsCount> count = StageFlops(config, base_.attention, variant, chunk);
+        if (!count.ok()) return count.status();
+        flops += count->Total();
+      }
+      step_flops += static_cast<double>(flops);
+      if (slowest == nullptr || flops > in.stage_flops) {
+        in.stage_flops = flops;
+        in.tp_all_reduces = TpAllReduces(kind.chunks, variant);
+        slowest = &kind;
+      }
+    }
+    in.stage_parameters = loaded.n_params;
+    in.stepped_elements =
+        shape.zero >= 1 ? ZeroShardElements(loaded.n_params, shape.dp) : loaded.n_params;
+    in.optimizer_state_bytes = loaded.optimizer_state_bytes;
+    layout.time = PredictStepTime(options_.gpu, options_.mfu, in);
+    // Per GPU: each stage's FLOPs run on tp x dp GPUs, micro_batches times.
+    const double gpus = static_cast<double>(options_.gpus);
+    const double per_step = step_flops * static_cast<double>(shape.micro_batches) *
+                            static_cast<double>(shape.tp * shape.dp) / gpus;
+    layout.tflops_per_gpu = per_step / layout.time.total_s / 1e12;
+    const double peak_flops = in.low_precision_matmul ? options_.gpu.bf16_flops
+                                                      : options_.gpu.fp32_flops;
+    layout.mfu = model_flops_ * static_cast<double>(options_.global_batch) /
+                 (layout.time.total_s * gpus * peak_flops);
+    RunRequest request = request_;
+    request.batch = shape.micro_batch_size;
+    request.tp = shape.tp;
+    request.sp = shape.sp;
+    request.dp = shape.dp;
+    request.pp = shape.pp;
+    request.zero = shape.zero;
+    request.micro_batches = shape.micro_batches;
+    request.virtual_stages = shape.virtual_stages;
+    request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
+    request.variants = variant.Name();
+    layout.flags = RequestFlags(request);
+    return layout;
+  }
+
+ public:
+  // model_flops_: one sequence's forward and backward over the whole model, without
+  // recompute (for the MFU).
+  double model_flops_ = 0;
+
+ private:
+  const RunRequest& request_;
+  const RunSpec& base_;
+  const SearchOptions& options_;
+};
+
+// ForEach runs fn(i) for i in [0, n) over `threads` threads.
+template <typename Fn>
+void ForEach(size_t n, int threads, Fn fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&]() {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
+absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
+                                           const SearchOptions& options) {
+  if (options.gpus < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpus must be >= 1, got ", options.gpus));
+  }
+  if (options.gpus_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus_per_node must be >= 1, got ", options.gpus_per_node));
+  }
+  if (options.gpus > options.gpus_per_node && options.gpus % options.gpus_per_node != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpus ", options.gpus, " is not a multiple of --gpus_per_node ", options.gpus_per_node,
+        " (whole nodes above one)"));
+  }
+  if (options.global_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--global_batch must be >= 1, got ", options.global_batch));
+  }
+  if (options.budget_bytes < 1) {
+    return absl::InvalidArgumentError("--gpu_memory_gib must be a positive number of GiB");
+  }
+  if (!(options.mfu > 0 && options.mfu <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mfu must be in (0, 1], got ", options.mfu));
+  }
+  if (options.max_virtual_stages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_virtual_stages must be >= 1, got ",
+                                                   options.max_virtual_stages));
+  }
+  const RunRequest defaults;
+  for (const auto& [flag, set] :
+       {std::pair<const char*, bool>{"tp", request.tp != defaults.tp},
+        {"sp", request.sp},
+        {"dp", request.dp != defaults.dp},
+        {"pp", request.pp != defaults.pp},
+        {"zero", request.zero != defaults.zero},
+        {"micro_batches", request.micro_batches != defaults.micro_batches},
+        {"virtual_stages", request.virtual_stages != defaults.virtual_stages},
+        {"schedule", request.schedule != defaults.schedule}}) {
+    if (set) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " is what the search chooses: give --gpus and --global_batch instead"));
+    }
+  }
+  if (request.routing != "balanced" && request.routing != "worst") {
+    return absl::InvalidArgumentError(
+        "--routing: a routing file holds one step's batch; the search changes the batch "
+        "(use balanced or worst)");
+  }
+  RunRequest base_request = request;
+  base_request.batch = 1;
+  absl::StatusOr<RunSpec> base = RunSpecFromRequest(base_request);
+  if (!base.ok()) return base.status();
+  Search search(request, *base, options);
+  {
+    absl::StatusOr<StepFlops> flops = CountStepFlops(base->config, base->attention);
+    if (!flops.ok()) return flops.status();
+    search.model_flops_ = static_cast<double>(flops->total);
+  }
+  const std::vector<Shape> shapes = Shapes(base->config, options);
+  if (shapes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global_batch ", options.global_batch, " fits no layout of ", options.gpus,
+        " GPUs: it must be a multiple of the data-parallel size (GPUs / (tp x pp), pp "
+        "dividing the ", base->config.layers, " layers, tp dividing a node's ",
+        options.gpus_per_node, ")"));
+  }
+  std::vector<Evaluated> evaluated(shapes.size());
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  ForEach(shapes.size(), threads, [&](size_t i) { evaluated[i] = search.Evaluate(shapes[i]); });
+
+  SearchResult result;
+  result.config = base->config;
+  result.model = base->model;
+  result.attention = base->attention;
+  result.optimizer = base->optimizer;
+  {
+    PredictOptions whole;
+    whole.attention = base->attention;
+    whole.optimizer = base->optimizer;
+    whole.variants = {Variant()};
+    whole.peak = false;
+    absl::StatusOr<Prediction> p = Predict(base->config, whole);
+    if (!p.ok()) return p.status();
+    result.n_params = p->n_params;
+    result.param_bytes = p->param_bytes;
+    result.grad_bytes = p->grad_bytes;
+    result.optimizer_state_bytes = p->optimizer_state_bytes;
+    result.adamw_state_bytes = p->adamw_state_bytes;
+  }
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  for (const Evaluated& e : evaluated) {
+    result.candidates += static_cast<int64_t>(base->variants.size());
+    result.invalid += e.invalid;
+    result.too_big += e.too_big;
+    result.unmodelled += e.unmodelled;
+    result.simulated += e.simulated ? 1 : 0;
+    smallest = std::min(smallest, e.smallest_peak);
+    for (const SearchedLayout& layout : e.fits) result.layouts.push_back(layout);
+  }
+  if (result.layouts.empty()) {
+    // The smallest peak of all: those never simulated only where their bound is below
+    // the smallest simulated peak, smallest bound first.
+    std::vector<std::pair<int64_t, size_t>> bounded;
+    for (size_t i = 0; i < evaluated.size(); ++i) {
+      int64_t least = std::numeric_limits<int64_t>::max();
+      for (int64_t b : evaluated[i].bounds) {
+        if (b >= 0) least = std::min(least, b);
+      }
+      if (least != std::numeric_limits<int64_t>::max()) bounded.push_back({least, i});
+    }
+    std::sort(bounded.begin(), bounded.end());
+    for (const auto& [bound, i] : bounded) {
+      if (bound >= smallest) break;
+      smallest = std::min(smallest, search.Evaluate(shapes[i], /*simulate_all=*/true).smallest_peak);
+    }
+    if (smallest == std::numeric_limits<int64_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no layout of ", options.gpus, " GPUs is modelled for this model (", result.invalid,
+          " refused, ", result.unmodelled, " without a simulated peak)"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no layout of ", options.gpus, " GPUs fits ", HumanBytes(options.budget_bytes),
+        " per GPU; the smallest peak of any layout is ", HumanBytes(smallest), " (",
+        smallest, " bytes)"));
+  }
+  std::sort(result.layouts.begin(), result.layouts.end(),
+            [](const SearchedLayout& a, const SearchedLayout& b) {
+              auto key = [](const SearchedLayout& l) {
+                return std::make_tuple(l.time.total_s, l.peak_bytes, l.tp, l.pp, l.dp, l.zero,
+                                       l.sp, l.micro_batch_size, l.virtual_stages,
+                                       l.checkpoint.Name());
+              };
+              return key(a) < key(b);
+            });
+  int64_t lowest = std::numeric_limits<int64_t>::max();
+  for (SearchedLayout& layout : result.layouts) {
+    layout.front = layout.peak_bytes < lowest;
+    lowest = std::min(lowest, layout.peak_bytes);
+  }
+  return result;
+}
+
+}  // namespace memledger

@@ -1,0 +1,97 @@
+// SearchLayouts: which parallel layouts of a model over N GPUs fit their memory, and
+// which of those is fastest. Every combination of tensor parallelism (within a node),
+// sequence parallelism, pipeline stages (1F1B, or interleaved over virtual stages),
+// data parallelism with ZeRO 0-3, micro-batch size and count (their product times dp is
+// the global batch) and checkpointing variant is predicted per rank, exactly
+// (PredictRanks: every stage's whole-step peak, the most loaded rank's kept), and ranked
+// by a modelled step time (planner/step_time.h).
+//
+// Most layouts need no step simulation: a rank's parameters, optimizer state and the
+// saved tensors its schedule holds at once are live together, so when they exceed the
+// budget the layout does not fit (the bound is checked against every simulated peak by
+// layout_search_test).
+//
+// Example:
+//   RunRequest request;  // the model, precision and optimizer, as predict's flags
+//   request.model = "llama-3-70b";
+//   request.seq = 8192;
+//   SearchOptions options;
+//   options.gpus = 64;
+//   options.global_batch = 256;
+//   options.budget_bytes = int64_t{80} << 30;
+//   options.gpu = *GpuPreset("h100");
+//   absl::StatusOr<SearchResult> r = SearchLayouts(request, options);
+//   // r->layouts[0]: the fastest layout that fits, with its predict and verify flags.
+#ifndef PLANNER_LAYOUT_SEARCH_H_
+#define PLANNER_LAYOUT_SEARCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/config.h"
+#include "estimator/run_request.h"
+#include "planner/step_time.h"
+
+namespace memledger {
+
+struct SearchOptions {
+  int64_t gpus = 0;
+  int64_t gpus_per_node = 8;  // tensor parallelism stays within a node
+  int64_t budget_bytes = 0;   // per GPU
+  int64_t global_batch = 0;   // sequences per step: dp x micro_batch_size x micro_batches
+  GpuSpec gpu;
+  double mfu = 0.5;  // the share of the peak FLOP/s the kernels reach
+  // max_virtual_stages bounds the interleaved schedule's chunks per rank (each value
+  // from 2 that divides the stage's layers is tried).
+  int64_t max_virtual_stages = 4;
+  int threads = 0;  // 0: one per core
+};
+
+// SearchedLayout is one layout that fits, with its checkpointing variant.
+struct SearchedLayout {
+  int64_t tp = 1, pp = 1, dp = 1, zero = 0;
+  bool sp = false;
+  int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
+  Variant checkpoint;
+  int64_t peak_bytes = 0;  // the most loaded rank's whole-step peak
+  int64_t stage = 0;       // its pipeline stage
+  StepTime time;
+  // tflops_per_gpu: the step's FLOPs, recompute included (Narayanan et al.'s count),
+  // per GPU per second; mfu: the model's FLOPs without recompute against the peak.
+  double tflops_per_gpu = 0;
+  double mfu = 0;
+  bool front = false;  // no faster layout has a lower peak
+  std::string flags;   // predict's and verify's flags for this layout
+};
+
+struct SearchResult {
+  // The model as searched (batch 1, no parallelism) and its whole parameters' bytes.
+  ModelConfig config;
+  std::string model;
+  AttentionMode attention = AttentionMode::kFlash;
+  OptimizerSpec optimizer;
+  int64_t n_params = 0, param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0,
+          adamw_state_bytes = 0;
+  std::vector<SearchedLayout> layouts;  // those that fit, fastest first
+  int64_t candidates = 0;  // layouts x variants enumerated
+  int64_t invalid = 0;     // refused (heads not divisible by tp, ...)
+  int64_t too_big = 0;     // peak above the budget
+  int64_t unmodelled = 0;  // no simulated peak (RankStepModelled)
+  int64_t simulated = 0;   // layouts whose ranks' steps were simulated
+  // smallest_peak_bytes: when nothing fits, the smallest peak any candidate has (what
+  // the budget would need); else 0.
+  int64_t smallest_peak_bytes = 0;
+};
+
+// SearchLayouts: InvalidArgument for bad options (naming the flag: gpus not a multiple
+// of gpus_per_node above one node, a global batch no layout divides, a parallel flag in
+// the request, which the search chooses); ResourceExhausted when no layout fits, naming
+// the smallest memory that would.
+absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
+                                           const SearchOptions& options);
+
+}  // namespace memledger
+
+#endif  // PLANNER_LAYOUT_SEARCH_H_

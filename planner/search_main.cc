@@ -1,0 +1,141 @@
+// search: which parallel layout of a model over N GPUs fits their memory, and which of
+// those is fastest (planner/layout_search.h).
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "estimator/atomic_file.h"
+#include "estimator/cli_flags.h"
+#include "estimator/report.h"
+#include "estimator/units.h"
+#include "planner/layout_search.h"
+#include "planner/search_report.h"
+#include "planner/step_time.h"
+
+ABSL_FLAG(int64_t, gpus, 0, "GPUs to lay the run out over; required.");
+ABSL_FLAG(int64_t, gpus_per_node, 8,
+          "GPUs per node: tensor parallelism stays within one, and groups that span more "
+          "talk over the network.");
+ABSL_FLAG(std::optional<double>, gpu_memory_gib, std::nullopt,
+          "Memory per GPU in GiB (2^30 bytes) the most loaded rank's peak must fit "
+          "(default: the --gpu preset's marketed capacity; PyTorch sees 1-2 GiB less, and "
+          "the CUDA context keeps some: pass what your runs can use).");
+ABSL_FLAG(int64_t, global_batch, 0,
+          "Sequences per step, data-parallel ranks x micro-batch size x micro-batches; "
+          "required.");
+ABSL_FLAG(std::string, gpu, "h100",
+          "The GPU whose datasheet the time model uses: h100, h200 or a100.");
+ABSL_FLAG(double, mfu, 0.5,
+          "The share of the GPU's peak FLOP/s the kernels reach, in (0, 1].");
+ABSL_FLAG(int64_t, max_virtual_stages, 4,
+          "The most model chunks per pipeline rank the interleaved schedule is tried with.");
+ABSL_FLAG(int32_t, top, 20, "Layouts the table lists (the JSON has every layout that fits).");
+ABSL_FLAG(int32_t, threads, 0, "Threads to search with; 0: one per core.");
+ABSL_FLAG(std::string, chart_svg, "",
+          "Also draw every layout that fits (peak against step time, the budget, the "
+          "front) as an SVG chart to this file.");
+
+namespace {
+
+constexpr char kUsage[] =
+    "Searches the parallel layouts of a model over --gpus GPUs: tensor parallelism "
+    "(within a node), sequence parallelism, pipeline stages (1F1B or interleaved), data "
+    "parallelism with ZeRO 0-3, the micro-batch size and count, and the checkpointing "
+    "variants (--variants). It keeps those whose most loaded rank's exact step peak fits "
+    "--gpu_memory_gib and ranks them by a modelled step time.\n\n"
+    "  ./bazelw run //planner:search -- --model=llama-3-70b --seq=8192 --gpus=64 "
+    "--global_batch=256 --dtype=bf16 --master_weights --format=table\n\n"
+    "Memory is exact; the step time is a model (FLOPs at the GPU's peak x --mfu, the "
+    "pipeline bubble, communication at the preset's bandwidths, nothing overlapped).\n"
+    "Exit status: 0 on success, 2 for bad input, 3 when no layout fits (the message gives "
+    "the smallest memory that would).";
+
+// Given: whether --name (or -name) is on the command line, with a value or not.
+bool Given(int argc, char** argv, absl::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    if (arg == name || absl::StartsWith(arg, absl::StrCat(name, "="))) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  memledger::ParseCommandLineOrExit(argc, argv, kUsage);
+  // The search chooses the batch per micro-batch and the layout; predict's own outputs
+  // do not apply.
+  for (const char* flag : {"batch", "timeline_svg"}) {
+    if (Given(argc, argv, flag)) {
+      return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, std::string(flag) == "batch"
+                          ? " is what the search chooses (the micro-batch size): give "
+                            "--global_batch instead"
+                          : " draws one step: run predict with a layout's flags")));
+    }
+  }
+  const memledger::RunRequest request = memledger::RunRequestFromFlags();
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "json" && format != "table") {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--format must be json or table, got '", format, "'")));
+  }
+  absl::StatusOr<memledger::GpuSpec> gpu = memledger::GpuPreset(absl::GetFlag(FLAGS_gpu));
+  if (!gpu.ok()) return memledger::ReportError(gpu.status());
+  const double gib = absl::GetFlag(FLAGS_gpu_memory_gib).value_or(gpu->memory_gib);
+  const std::optional<int64_t> budget = memledger::GibToBytes(gib);
+  if (!budget.has_value()) {
+    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
+        "--gpu_memory_gib must be a positive number of GiB below 2^33, got ", gib)));
+  }
+  const int32_t top = absl::GetFlag(FLAGS_top);
+  if (top < 0) {
+    return memledger::ReportError(
+        absl::InvalidArgumentError(absl::StrCat("--top must be >= 0, got ", top)));
+  }
+  memledger::SearchOptions options;
+  options.gpus = absl::GetFlag(FLAGS_gpus);
+  options.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  options.budget_bytes = *budget;
+  options.global_batch = absl::GetFlag(FLAGS_global_batch);
+  options.gpu = *gpu;
+  options.mfu = absl::GetFlag(FLAGS_mfu);
+  options.max_virtual_stages = absl::GetFlag(FLAGS_max_virtual_stages);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  if (options.threads < 0) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0, got ", options.threads)));
+  }
+  absl::StatusOr<memledger::SearchResult> result = memledger::SearchLayouts(request, options);
+  if (absl::IsResourceExhausted(result.status())) {
+    std::cerr << "error: " << result.status().message() << "\n";
+    return 3;
+  }
+  if (!result.ok()) return memledger::ReportError(result.status());
+  const std::string json = memledger::JsonString(memledger::SearchJson(*result, options));
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_chart_svg); !path.empty()) {
+    if (absl::Status s =
+            memledger::WriteFileAtomically(path, memledger::SearchSvg(*result, options));
+        !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  std::cout << (format == "table"
+                    ? memledger::SearchTable(*result, options, static_cast<size_t>(top))
+                    : json);
+  return 0;
+}

@@ -1,0 +1,275 @@
+#include "planner/search_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "estimator/family.h"
+#include "estimator/report.h"
+#include "estimator/svg.h"
+#include "estimator/units.h"
+
+namespace memledger {
+
+const char kTimeModelNote[] =
+    "memory is exact (each rank's whole step simulated); step time is a model: FLOPs at "
+    "the GPU's peak x mfu, the pipeline bubble, and TP, PP and DP/ZeRO communication at "
+    "the preset's bandwidths, none of it overlapped (planner/step_time.h)";
+
+namespace {
+
+using Allocator = rapidjson::Document::AllocatorType;
+
+rapidjson::Value String(const std::string& s, Allocator& a) { return rapidjson::Value(s, a); }
+
+std::string ScheduleName(const SearchedLayout& l) {
+  return l.virtual_stages > 1 ? "interleaved" : "1f1b";
+}
+
+std::string Seconds(double s) {
+  if (s >= 1) return absl::StrFormat("%.2f s", s);
+  if (s >= 1e-3) return absl::StrFormat("%.1f ms", s * 1e3);
+  return absl::StrFormat("%.1f us", s * 1e6);
+}
+
+}  // namespace
+
+rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
+  rapidjson::Document doc =
+      StudyJsonHead(r.config, r.attention, r.optimizer,
+                    {r.n_params, r.param_bytes, r.grad_bytes, r.optimizer_state_bytes,
+                     r.adamw_state_bytes});
+  Allocator& a = doc.GetAllocator();
+  rapidjson::Value search(rapidjson::kObjectType);
+  search.AddMember("model", String(r.model, a), a);
+  search.AddMember("gpus", o.gpus, a);
+  search.AddMember("gpus_per_node", o.gpus_per_node, a);
+  search.AddMember("gpu", String(o.gpu.name, a), a);
+  search.AddMember("gpu_source", String(o.gpu.source, a), a);
+  search.AddMember("budget_bytes", o.budget_bytes, a);
+  search.AddMember("global_batch", o.global_batch, a);
+  search.AddMember("seq", r.config.seq, a);
+  search.AddMember("mfu", o.mfu, a);
+  search.AddMember("max_virtual_stages", o.max_virtual_stages, a);
+  search.AddMember("time_model", rapidjson::StringRef(kTimeModelNote), a);
+  doc.AddMember("search", search, a);
+  doc.AddMember("candidates", r.candidates, a);
+  doc.AddMember("invalid", r.invalid, a);
+  doc.AddMember("too_big", r.too_big, a);
+  doc.AddMember("unmodelled", r.unmodelled, a);
+  doc.AddMember("simulated", r.simulated, a);
+  doc.AddMember("fitting", static_cast<int64_t>(r.layouts.size()), a);
+  rapidjson::Value layouts(rapidjson::kArrayType);
+  for (const SearchedLayout& l : r.layouts) {
+    rapidjson::Value e(rapidjson::kObjectType);
+    e.AddMember("tp", l.tp, a);
+    e.AddMember("pp", l.pp, a);
+    e.AddMember("dp", l.dp, a);
+    e.AddMember("zero", l.zero, a);
+    e.AddMember("sp", l.sp, a);
+    e.AddMember("micro_batch_size", l.micro_batch_size, a);
+    e.AddMember("micro_batches", l.micro_batches, a);
+    e.AddMember("virtual_stages", l.virtual_stages, a);
+    e.AddMember("schedule", String(ScheduleName(l), a), a);
+    e.AddMember("checkpoint", String(l.checkpoint.Name(), a), a);
+    e.AddMember("peak_bytes", l.peak_bytes, a);
+    e.AddMember("peak_stage", l.stage, a);
+    e.AddMember("step_time_s", l.time.total_s, a);
+    rapidjson::Value time(rapidjson::kObjectType);
+    for (const auto& [key, value] :
+         {std::pair<const char*, double>{"compute_s", l.time.compute_s},
+          {"bubble_s", l.time.bubble_s},
+          {"tp_s", l.time.tp_s},
+          {"pp_s", l.time.pp_s},
+          {"zero3_s", l.time.zero3_s},
+          {"dp_s", l.time.dp_s},
+          {"optimizer_s", l.time.optimizer_s}}) {
+      time.AddMember(rapidjson::StringRef(key), value, a);
+    }
+    e.AddMember("time", time, a);
+    e.AddMember("tflops_per_gpu", l.tflops_per_gpu, a);
+    e.AddMember("mfu", l.mfu, a);
+    e.AddMember("front", l.front, a);
+    e.AddMember("flags", String(l.flags, a), a);
+    layouts.PushBack(e, a);
+  }
+  doc.AddMember("layouts", layouts, a);
+  return doc;
+}
+
+std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t top) {
+  const ModelConfig& c = r.config;
+  std::string out = absl::StrFormat(
+      "memledger layout search: %s (%s family, %d layers, width %d), seq %d, global batch "
+      "%d, %s%s, %s%s\n"
+      "%d x %s (%d per node), %s per GPU, mfu %.2f\n\n",
+      r.model, FamilyName(c.family), c.layers, c.width, c.seq, o.global_batch,
+      ModelDTypeName(c.dtype),
+      c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
+      OptimizerName(r.optimizer.kind),
+      r.optimizer.master_weights ? " with fp32 master weights" : "", o.gpus, o.gpu.name,
+      o.gpus_per_node, HumanBytes(o.budget_bytes), o.mfu);
+  absl::StrAppendFormat(&out,
+                        "%d candidates (layouts x checkpointing): %d fit, %d too big, %d "
+                        "refused, %d without a simulated peak; %d layouts simulated\n\n",
+                        r.candidates, r.layouts.size(), r.too_big, r.invalid, r.unmodelled,
+                        r.simulated);
+  absl::StrAppendFormat(&out, "%4s %3s %3s %4s %4s %3s %4s %5s %3s  %-11s %12s %10s %8s %6s\n",
+                        "rank", "tp", "pp", "dp", "zero", "sp", "mbs", "micro", "v",
+                        "checkpoint", "peak", "step", "TFLOP/s", "front");
+  for (size_t i = 0; i < r.layouts.size() && i < top; ++i) {
+    const SearchedLayout& l = r.layouts[i];
+    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4d %3s %4d %5d %3d  %-11s %12s %10s %8.1f %6s\n",
+                          i + 1, l.tp, l.pp, l.dp, l.zero, l.sp ? "yes" : "no",
+                          l.micro_batch_size, l.micro_batches, l.virtual_stages,
+                          l.checkpoint.Name(), HumanBytes(l.peak_bytes), Seconds(l.time.total_s),
+                          l.tflops_per_gpu, l.front ? "*" : "");
+  }
+  if (r.layouts.size() > top) {
+    absl::StrAppendFormat(&out, "... %d more in the JSON (--format=json)\n",
+                          r.layouts.size() - top);
+  }
+  if (!r.layouts.empty()) {
+    const SearchedLayout& best = r.layouts.front();
+    absl::StrAppendFormat(
+        &out,
+        "\nbest: step %s = compute %s + bubble %s + tp %s + pp %s + zero3 %s + dp %s + "
+        "optimizer %s; peak %s on stage %d\n"
+        "  ./bazelw run //:predict -- %s\n",
+        Seconds(best.time.total_s), Seconds(best.time.compute_s), Seconds(best.time.bubble_s),
+        Seconds(best.time.tp_s), Seconds(best.time.pp_s), Seconds(best.time.zero3_s),
+        Seconds(best.time.dp_s), Seconds(best.time.optimizer_s), HumanBytes(best.peak_bytes),
+        best.stage, best.flags);
+  }
+  absl::StrAppend(&out, "\n", kTimeModelNote, "\n");
+  return out;
+}
+
+namespace {
+
+constexpr int kWidth = 960;
+constexpr int kHeight = 520;
+constexpr int kLeft = 80;
+constexpr int kRight = 170;  // room for the legend
+constexpr int kTop = 62;
+constexpr int kBottom = 56;
+constexpr int kPlotWidth = kWidth - kLeft - kRight;
+constexpr int kPlotHeight = kHeight - kTop - kBottom;
+
+const char* const kColours[] = {"#4e79a7", "#f28e2b", "#59a14f", "#b07aa1",
+                                "#76b7b2", "#edc948", "#9c755f", "#ff9da7"};
+
+}  // namespace
+
+std::string SearchSvg(const SearchResult& r, const SearchOptions& o) {
+  // x: step time from 0; y: bytes from 0 to the budget (every point fits under it).
+  double slowest = 0;
+  for (const SearchedLayout& l : r.layouts) slowest = std::max(slowest, l.time.total_s);
+  const double x1 = slowest > 0 ? slowest * 1.08 : 1;
+  const int64_t y_top = NiceBytesCeiling(o.budget_bytes + o.budget_bytes / 20);
+  auto X = [&](double s) { return kLeft + s / x1 * kPlotWidth; };
+  auto Y = [&](double bytes) {
+    return kTop + kPlotHeight - bytes / static_cast<double>(y_top) * kPlotHeight;
+  };
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
+      "<style>.title{font-size:16px;font-weight:bold}.tick{font-size:11px;fill:#444}"
+      ".axis{font-size:12px;fill:#222}.label{font-size:12px}.note{font-size:11px;fill:#444}"
+      "</style>\n<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n"
+      "<text x=\"%d\" y=\"24\" class=\"title\">%s</text>\n"
+      "<text x=\"%d\" y=\"44\" class=\"note\">%d layouts that fit: most loaded rank's exact "
+      "peak against a modelled step time; the line joins the front</text>\n",
+      kWidth, kHeight, kWidth, kHeight, kWidth, kHeight, kLeft,
+      SvgEscape(absl::StrFormat("%s on %d x %s, global batch %d, seq %d", r.model, o.gpus,
+                                o.gpu.name, o.global_batch, r.config.seq)),
+      kLeft, r.layouts.size());
+  const double y_step = static_cast<double>(y_top) / 4;
+  for (int k = 0; k <= 4; ++k) {
+    const double b = y_step * k;
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n"
+                          "<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%s</text>\n",
+                          kLeft, Y(b), kLeft + kPlotWidth, Y(b), kLeft - 6, Y(b) + 4,
+                          HumanBytes(static_cast<int64_t>(b)));
+  }
+  for (int k = 0; k <= 5; ++k) {
+    const double s = x1 * k / 5;
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#eee\"/>\n"
+                          "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%s</text>\n",
+                          X(s), kTop, X(s), kTop + kPlotHeight, X(s), kTop + kPlotHeight + 16,
+                          Seconds(s));
+  }
+  absl::StrAppendFormat(
+      &svg,
+      "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n"
+      "<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"middle\">predicted step time "
+      "(a model)</text>\n"
+      "<text x=\"18\" y=\"%d\" class=\"axis\" transform=\"rotate(-90 18 %d)\" "
+      "text-anchor=\"middle\">peak per GPU (exact)</text>\n",
+      kLeft, kTop, kPlotWidth, kPlotHeight, kLeft + kPlotWidth / 2, kHeight - 14,
+      kTop + kPlotHeight / 2, kTop + kPlotHeight / 2);
+  const double budget_y = Y(static_cast<double>(o.budget_bytes));
+  absl::StrAppendFormat(&svg,
+                        "<line class=\"budget\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
+                        "stroke=\"#e15759\" stroke-dasharray=\"5,4\"/>\n"
+                        "<text x=\"%d\" y=\"%.1f\" class=\"label\" fill=\"#e15759\" "
+                        "text-anchor=\"end\">budget %s</text>\n",
+                        kLeft, budget_y, kLeft + kPlotWidth, budget_y, kLeft + kPlotWidth - 4,
+                        budget_y - 5, HumanBytes(o.budget_bytes));
+  // One colour per checkpointing variant, in the order they first appear.
+  std::map<std::string, int> colour;
+  std::vector<std::string> legend;
+  for (const SearchedLayout& l : r.layouts) {
+    const std::string name = l.checkpoint.Name();
+    if (colour.emplace(name, static_cast<int>(colour.size()) % 8).second) legend.push_back(name);
+  }
+  for (const SearchedLayout& l : r.layouts) {
+    absl::StrAppendFormat(&svg,
+                          "<circle class=\"layout\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\" "
+                          "fill-opacity=\"0.55\"/>\n",
+                          X(l.time.total_s), Y(static_cast<double>(l.peak_bytes)),
+                          kColours[colour[l.checkpoint.Name()]]);
+  }
+  std::string path;
+  for (const SearchedLayout& l : r.layouts) {
+    if (!l.front) continue;
+    absl::StrAppendFormat(&path, "%s%.1f,%.1f", path.empty() ? "M" : " L", X(l.time.total_s),
+                          Y(static_cast<double>(l.peak_bytes)));
+  }
+  if (!path.empty()) {
+    absl::StrAppendFormat(&svg,
+                          "<path class=\"front\" d=\"%s\" fill=\"none\" stroke=\"#222\" "
+                          "stroke-width=\"1.5\"/>\n",
+                          path);
+  }
+  if (!r.layouts.empty()) {
+    const SearchedLayout& best = r.layouts.front();
+    const double x = X(best.time.total_s), y = Y(static_cast<double>(best.peak_bytes));
+    absl::StrAppendFormat(&svg,
+                          "<circle class=\"best\" cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"none\" "
+                          "stroke=\"#e15759\" stroke-width=\"2\"/>\n"
+                          "<text x=\"%.1f\" y=\"%.1f\" class=\"label\">best: tp %d pp %d dp %d, "
+                          "zero %d, %s, %s</text>\n",
+                          x, y, x + 9, y + 16, best.tp, best.pp, best.dp, best.zero,
+                          SvgEscape(best.checkpoint.Name()), Seconds(best.time.total_s));
+  }
+  for (size_t i = 0; i < legend.size(); ++i) {
+    const int y = kTop + 10 + static_cast<int>(i) * 18;
+    absl::StrAppendFormat(&svg,
+                          "<circle cx=\"%d\" cy=\"%d\" r=\"5\" fill=\"%s\"/>\n"
+                          "<text x=\"%d\" y=\"%d\" class=\"label\">%s</text>\n",
+                          kLeft + kPlotWidth + 18, y, kColours[colour[legend[i]]],
+                          kLeft + kPlotWidth + 28, y + 4, SvgEscape(legend[i]));
+  }
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
+}  // namespace memledger

@@ -1,0 +1,99 @@
+#include "planner/step_time.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace memledger {
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+
+// RingFraction is the share of its bytes a ring collective moves per GPU, per pass:
+// (n - 1) / n (an all-reduce is two passes, reduce-scatter then all-gather).
+double RingFraction(int64_t n) {
+  return n > 1 ? static_cast<double>(n - 1) / static_cast<double>(n) : 0.0;
+}
+
+}  // namespace
+
+const std::vector<GpuSpec>& GpuPresets() {
+  // NVLink's 900 / 600 GB/s are both directions together; the network is one NIC per
+  // GPU, as in NVIDIA's DGX systems.
+  static const std::vector<GpuSpec>* presets = new std::vector<GpuSpec>{
+      {"h100", 989.4 * kTera, 66.9 * kTera, 80, 3.35e12, 450 * kGiga, 50 * kGiga,
+       "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with "
+       "sparsity (989.4 dense), FP32 67 TFLOPS, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; "
+       "DGX H100: one ConnectX-7 400 Gb/s per GPU"},
+      {"h200", 989.4 * kTera, 66.9 * kTera, 141, 4.8e12, 450 * kGiga, 50 * kGiga,
+       "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with "
+       "sparsity (989.4 dense), FP32 67 TFLOPS, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; "
+       "DGX H200: one ConnectX-7 400 Gb/s per GPU"},
+      {"a100", 312 * kTera, 19.5 * kTera, 80, 2.039e12, 300 * kGiga, 25 * kGiga,
+       "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: BF16 312 TFLOPS (624 with "
+       "sparsity), FP32 19.5 TFLOPS, 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s; DGX A100: "
+       "one ConnectX-6 HDR 200 Gb/s per GPU"},
+  };
+  return *presets;
+}
+
+absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
+  std::vector<std::string> names;
+  for (const GpuSpec& gpu : GpuPresets()) {
+    if (gpu.name == name) return gpu;
+    names.push_back(gpu.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--gpu must be one of ",
+                                                 absl::StrJoin(names, ", "), ", got '", name,
+                                                 "'"));
+}
+
+StepTime PredictStepTime(const GpuSpec& gpu, double mfu, const StepTimeInput& in) {
+  const double node = static_cast<double>(in.gpus_per_node);
+  // The slowest link within `span` consecutive GPUs: NVLink when one node holds them.
+  auto bandwidth = [&](int64_t span) {
+    return static_cast<double>(span) <= node ? gpu.nvlink_bandwidth : gpu.network_bandwidth;
+  };
+  const double activations = static_cast<double>(in.micro_batch_size) *
+                             static_cast<double>(in.seq) * static_cast<double>(in.width) *
+                             static_cast<double>(in.activation_element_bytes);
+  const double peak = in.low_precision_matmul ? gpu.bf16_flops : gpu.fp32_flops;
+  const double compute = static_cast<double>(in.stage_flops) / (peak * mfu);
+  const double tp = static_cast<double>(in.tp_all_reduces) * 2 * RingFraction(in.tp) *
+                    activations / gpu.nvlink_bandwidth;
+  // Stage s + 1 is tp x dp GPUs away: every micro-batch crosses every boundary, the
+  // slowest one between nodes once the stages span more than one.
+  const double sent = in.sp ? activations / static_cast<double>(in.tp) : activations;
+  const double pp = in.pp > 1 ? 2.0 * static_cast<double>(in.virtual_stages) * sent /
+                                    bandwidth(in.tp * in.dp * in.pp)
+                              : 0.0;
+  const double parameter_bytes =
+      static_cast<double>(in.stage_parameters) * static_cast<double>(in.parameter_element_bytes);
+  // A data group's ranks are tp apart: it spans tp x dp GPUs.
+  const double dp_bandwidth = bandwidth(in.tp * in.dp);
+  const double zero3 =
+      in.zero >= 3 ? 3 * RingFraction(in.dp) * parameter_bytes / dp_bandwidth : 0.0;
+  const double slot = compute + tp + pp + zero3;
+  const double m = static_cast<double>(in.micro_batches);
+  StepTime t;
+  t.compute_s = m * compute;
+  t.tp_s = m * tp;
+  t.pp_s = m * pp;
+  t.zero3_s = m * zero3;
+  t.bubble_s = static_cast<double>(in.pp - 1) / static_cast<double>(in.virtual_stages) * slot;
+  t.dp_s = in.zero < 3 ? 2 * RingFraction(in.dp) * parameter_bytes / dp_bandwidth : 0.0;
+  // The step reads the parameters, gradients and state and writes the parameters and
+  // state of the elements it steps.
+  const double stepped = static_cast<double>(in.stepped_elements) *
+                         static_cast<double>(in.parameter_element_bytes);
+  t.optimizer_s =
+      (3 * stepped + 2 * static_cast<double>(in.optimizer_state_bytes)) / gpu.memory_bandwidth;
+  t.total_s = t.compute_s + t.tp_s + t.pp_s + t.zero3_s + t.bubble_s + t.dp_s + t.optimizer_s;
+  return t;
+}
+
+}  // namespace memledger

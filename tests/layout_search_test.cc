@@ -1,0 +1,316 @@
+// The layout search (planner/layout_search.h): its time model against hand arithmetic,
+// and its layouts against a brute force that predicts every layout's ranks in full.
+#include "planner/layout_search.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "estimator/config.h"
+#include "estimator/family.h"
+#include "estimator/parallel_spec.h"
+#include "estimator/predict.h"
+#include "estimator/ranks.h"
+#include "estimator/run_request.h"
+#include "planner/step_time.h"
+#include "tests/status_matchers.h"
+
+namespace memledger {
+namespace {
+
+// Round numbers: 1 PFLOP/s, NVLink 100 GB/s, the network 10 GB/s, memory 1 TB/s.
+GpuSpec RoundGpu() {
+  GpuSpec gpu;
+  gpu.name = "round";
+  gpu.bf16_flops = 1e15;
+  gpu.fp32_flops = 1e14;
+  gpu.memory_gib = 1;
+  gpu.memory_bandwidth = 1e12;
+  gpu.nvlink_bandwidth = 1e11;
+  gpu.network_bandwidth = 1e10;
+  return gpu;
+}
+
+// tp 2 x pp 2 x dp 2 on nodes of 4: the data group (2 x 2 = 4 GPUs) within a node, the
+// stages across two. Activations (1, 1000, 1000) in bf16: 2e6 B.
+StepTimeInput RoundLayout() {
+  StepTimeInput in;
+  in.tp = 2;
+  in.pp = 2;
+  in.dp = 2;
+  in.zero = 1;
+  in.micro_batches = 4;
+  in.gpus_per_node = 4;
+  in.seq = 1000;
+  in.width = 1000;
+  in.activation_element_bytes = 2;
+  in.parameter_element_bytes = 2;
+  in.low_precision_matmul = true;
+  in.stage_flops = 1'000'000'000'000;  // 1e12
+  in.tp_all_reduces = 10;
+  in.stage_parameters = 1'000'000'000;  // 2e9 B
+  in.stepped_elements = 500'000'000;    // ZeRO-1's half: 1e9 B
+  in.optimizer_state_bytes = 6'000'000'000;
+  return in;
+}
+
+TEST(StepTimeTest, OneFOneBByHand) {
+  const StepTime t = PredictStepTime(RoundGpu(), 0.5, RoundLayout());
+  // compute: 1e12 / (1e15 x 0.5) = 2 ms per micro-batch;
+  // tp: 10 all-reduces x 2 x (1/2) x 2e6 B / 1e11 = 0.2 ms;
+  // pp: 2 transfers x 2e6 B over the network (8 GPUs > a node of 4) / 1e10 = 0.4 ms;
+  // slot 2.6 ms; 4 micro-batches; the bubble one slot.
+  EXPECT_DOUBLE_EQ(t.compute_s, 4 * 2e-3);
+  EXPECT_DOUBLE_EQ(t.tp_s, 4 * 2e-4);
+  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 4e-4);
+  EXPECT_DOUBLE_EQ(t.zero3_s, 0);
+  EXPECT_DOUBLE_EQ(t.bubble_s, 2.6e-3);
+  // dp: 2 x (1/2) x 2e9 B over NVLink (the group spans 4 GPUs) / 1e11 = 20 ms.
+  EXPECT_DOUBLE_EQ(t.dp_s, 0.02);
+  // optimizer: (3 x 1e9 + 2 x 6e9) B / 1e12 = 15 ms.
+  EXPECT_DOUBLE_EQ(t.optimizer_s, 0.015);
+  EXPECT_NEAR(t.total_s, 8e-3 + 8e-4 + 1.6e-3 + 2.6e-3 + 0.02 + 0.015, 1e-12);
+}
+
+TEST(StepTimeTest, ZeroThreeInterleavedAndSequenceParallelByHand) {
+  StepTimeInput in = RoundLayout();
+  in.zero = 3;
+  in.virtual_stages = 2;
+  in.sp = true;
+  const StepTime t = PredictStepTime(RoundGpu(), 0.5, in);
+  // pp: 2 x 2 chunks x 1e6 B (the sequence's half) / 1e10 = 0.4 ms, as before;
+  // zero3: 3 x (1/2) x 2e9 / 1e11 = 30 ms per micro-batch; no reduction at the end;
+  // the bubble half a slot.
+  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 4e-4);
+  EXPECT_DOUBLE_EQ(t.zero3_s, 4 * 0.03);
+  EXPECT_DOUBLE_EQ(t.dp_s, 0);
+  EXPECT_DOUBLE_EQ(t.bubble_s, 0.5 * (2e-3 + 2e-4 + 4e-4 + 0.03));
+}
+
+TEST(StepTimeTest, OneNodeTalksOverNvlinkAndFp32UsesItsPeak) {
+  StepTimeInput in = RoundLayout();
+  in.gpus_per_node = 8;  // all 8 GPUs in one node
+  in.low_precision_matmul = false;
+  const StepTime t = PredictStepTime(RoundGpu(), 0.5, in);
+  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 2 * 2e6 / 1e11);
+  EXPECT_DOUBLE_EQ(t.compute_s, 4 * 1e12 / (1e14 * 0.5));
+}
+
+TEST(StepTimeTest, PresetsNameTheirSource) {
+  for (const char* name : {"h100", "h200", "a100"}) {
+    ASSERT_OK_AND_ASSIGN(GpuSpec gpu, GpuPreset(name));
+    EXPECT_GT(gpu.bf16_flops, gpu.fp32_flops);
+    EXPECT_FALSE(gpu.source.empty());
+  }
+  const absl::Status unknown = GpuPreset("v100").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(unknown));
+  EXPECT_EQ(unknown.message(), "--gpu must be one of h100, h200, a100, got 'v100'");
+}
+
+// tiny-llama at 4 layers, seq 8, on 4 GPUs with a global batch of 4.
+RunRequest Tiny() {
+  RunRequest request;
+  request.model = "tiny-llama";
+  request.layers = 4;
+  request.seq = 8;
+  return request;
+}
+
+SearchOptions TinyOptions(int64_t budget) {
+  SearchOptions options;
+  options.gpus = 4;
+  options.gpus_per_node = 4;
+  options.global_batch = 4;
+  options.budget_bytes = budget;
+  options.gpu = RoundGpu();
+  options.max_virtual_stages = 2;
+  options.threads = 2;
+  return options;
+}
+
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, std::string>;
+
+// BruteForce predicts every layout's ranks with their peaks (no bound, no pruning), as
+// the search's definition reads: tp x pp x dp = 4, pp dividing 4 layers, dp x mbs x m =
+// 4, interleaving (v = 2) where each stage's layers and the micro-batches allow, ZeRO
+// 0-3 with dp > 1, sp with tp > 1; returns each variant's most loaded peak.
+std::map<Key, int64_t> BruteForce() {
+  const RunSpec base = *RunSpecFromRequest(Tiny());
+  std::map<Key, int64_t> peaks;
+  for (int64_t tp : {1, 2, 4}) {
+    for (int64_t pp : {1, 2, 4}) {
+      if (4 % (tp * pp) != 0) continue;
+      const int64_t dp = 4 / (tp * pp);
+      for (int64_t mbs = 1; mbs <= 4 / dp; ++mbs) {
+        if ((4 / dp) % mbs != 0) continue;
+        const int64_t m = 4 / dp / mbs;
+        for (int64_t v : {1, 2}) {
+          if (v == 2 && (pp == 1 || (4 / pp) % 2 != 0 || m % pp != 0)) continue;
+          for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              ModelConfig config = base.config;
+              config.tp = tp;
+              config.sp = sp;
+              config.batch = mbs;
+              ParallelSpec parallel{dp, pp, v, m, zero,
+                                    v > 1 ? PipelineSchedule::kInterleaved
+                                          : PipelineSchedule::k1F1B};
+              if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
+                  !ValidateRun(config, base.attention, base.variants, base.optimizer).ok()) {
+                continue;
+              }
+              PredictOptions options;
+              options.variants = base.variants;
+              absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+              if (!ranks.ok()) continue;
+              for (size_t i = 0; i < base.variants.size(); ++i) {
+                int64_t peak = 0;
+                for (const RankKind& kind : ranks->kinds) {
+                  const VariantPrediction& held = kind.variants[i].held;
+                  EXPECT_TRUE(held.peak.has_value()) << held.peak_unavailable;
+                  if (!held.peak.has_value()) continue;
+                  peak = std::max(peak, held.peak->bytes);
+                  // The search's bound: parameters, state and the saved tensors in flight
+                  // are live together, so they never exceed the peak.
+                  EXPECT_LE(kind.param_bytes + kind.optimizer_state_bytes + held.saved_bytes,
+                            held.peak->bytes);
+                }
+                peaks[{tp, pp, dp, zero, sp, mbs, v, base.variants[i].Name()}] = peak;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return peaks;
+}
+
+TEST(LayoutSearchTest, KeepsExactlyTheLayoutsThatFitFastestFirst) {
+  const std::map<Key, int64_t> all = BruteForce();
+  ASSERT_GT(all.size(), 100u);
+  // A budget between the smallest and the largest peak: some fit, some do not.
+  std::vector<int64_t> peaks;
+  for (const auto& [key, peak] : all) peaks.push_back(peak);
+  std::sort(peaks.begin(), peaks.end());
+  const int64_t budget = peaks[peaks.size() / 2];
+  std::map<Key, int64_t> expected;
+  for (const auto& [key, peak] : all) {
+    if (peak <= budget) expected[key] = peak;
+  }
+  ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(Tiny(), TinyOptions(budget)));
+  std::map<Key, int64_t> found;
+  for (const SearchedLayout& l : result.layouts) {
+    EXPECT_EQ(l.micro_batches * l.micro_batch_size * l.dp, 4);
+    found[{l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.virtual_stages,
+           l.checkpoint.Name()}] = l.peak_bytes;
+  }
+  EXPECT_EQ(found, expected);
+  EXPECT_EQ(result.too_big, static_cast<int64_t>(all.size() - expected.size()));
+  EXPECT_EQ(result.candidates, result.too_big + result.invalid + result.unmodelled +
+                                   static_cast<int64_t>(result.layouts.size()));
+  EXPECT_EQ(result.unmodelled, 0);
+  // Fewer simulated than enumerated: the bound ruled some out unsimulated.
+  EXPECT_LT(result.simulated, static_cast<int64_t>(all.size() / 4));
+  // Fastest first; the front: every layout with a lower peak than all faster ones.
+  int64_t lowest = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < result.layouts.size(); ++i) {
+    const SearchedLayout& l = result.layouts[i];
+    if (i > 0) {
+      EXPECT_GE(l.time.total_s, result.layouts[i - 1].time.total_s);
+    }
+    EXPECT_EQ(l.front, l.peak_bytes < lowest) << i;
+    lowest = std::min(lowest, l.peak_bytes);
+    EXPECT_GT(l.time.compute_s, 0);
+    EXPECT_GT(l.tflops_per_gpu, 0);
+  }
+}
+
+TEST(LayoutSearchTest, FlagsSayTheLayout) {
+  ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(Tiny(), TinyOptions(int64_t{1} << 30)));
+  for (const SearchedLayout& l : result.layouts) {
+    RunRequest request = Tiny();
+    request.batch = l.micro_batch_size;
+    request.tp = l.tp;
+    request.sp = l.sp;
+    request.dp = l.dp;
+    request.pp = l.pp;
+    request.zero = l.zero;
+    request.micro_batches = l.micro_batches;
+    request.virtual_stages = l.virtual_stages;
+    request.schedule = l.virtual_stages > 1 ? "interleaved" : "1f1b";
+    request.variants = l.checkpoint.Name();
+    EXPECT_EQ(l.flags, RequestFlags(request));
+  }
+  // One by hand.
+  RunRequest request = Tiny();
+  request.batch = 2;
+  request.tp = 2;
+  request.sp = true;
+  request.dp = 2;
+  request.micro_batches = 1;
+  request.zero = 3;
+  request.variants = "every_2";
+  EXPECT_EQ(RequestFlags(request),
+            "--model=tiny-llama --batch=2 --seq=8 --layers=4 --variants=every_2 --tp=2 --sp "
+            "--dp=2 --zero=3");
+}
+
+TEST(LayoutSearchTest, NoLayoutFitsNamesTheSmallestPeak) {
+  const std::map<Key, int64_t> all = BruteForce();
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  for (const auto& [key, peak] : all) smallest = std::min(smallest, peak);
+  absl::StatusOr<SearchResult> result = SearchLayouts(Tiny(), TinyOptions(1024));
+  ASSERT_TRUE(absl::IsResourceExhausted(result.status())) << result.status();
+  EXPECT_NE(result.status().message().find("(" + std::to_string(smallest) + " bytes)"),
+            std::string::npos)
+      << result.status();
+}
+
+TEST(LayoutSearchTest, BadInputNamesTheFlag) {
+  struct Case {
+    SearchOptions options;
+    RunRequest request;
+    const char* message;
+  };
+  SearchOptions twelve = TinyOptions(1 << 30);
+  twelve.gpus = 12;
+  twelve.gpus_per_node = 8;
+  SearchOptions odd_batch = TinyOptions(1 << 30);
+  odd_batch.gpus = 4;
+  odd_batch.global_batch = 3;
+  odd_batch.gpus_per_node = 1;  // tp 1; pp 1, 2 or 4 (4 layers): dp 4, 2 or 1
+  RunRequest lopsided = Tiny();
+  lopsided.layers = 3;  // pp 1 only: dp 4 must divide the batch of 3
+  SearchOptions no_mfu = TinyOptions(1 << 30);
+  no_mfu.mfu = 0;
+  RunRequest with_tp = Tiny();
+  with_tp.tp = 2;
+  RunRequest with_zero = Tiny();
+  with_zero.zero = 1;
+  RunRequest bad_model = Tiny();
+  bad_model.model = "no-such-model";
+  for (const Case& c :
+       {Case{twelve, Tiny(), "--gpus 12 is not a multiple of --gpus_per_node 8"},
+        Case{odd_batch, lopsided, "--global_batch 3 fits no layout of 4 GPUs"},
+        Case{no_mfu, Tiny(), "--mfu must be in (0, 1], got 0"},
+        Case{TinyOptions(1 << 30), with_tp, "--tp is what the search chooses"},
+        Case{TinyOptions(1 << 30), with_zero, "--zero is what the search chooses"},
+        Case{TinyOptions(1 << 30), bad_model, "--model"}}) {
+    absl::StatusOr<SearchResult> result = SearchLayouts(c.request, c.options);
+    EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << c.message;
+    EXPECT_NE(result.status().message().find(c.message), std::string::npos)
+        << result.status();
+  }
+}
+
+}  // namespace
+}  // namespace memledger

@@ -1,0 +1,133 @@
+// //planner:search as a user runs it: JSON whose layouts' flags make predict say the
+// same peak, the table and the chart, --help listing every flag, exit 3 when no layout
+// fits and one-line errors (exit 2).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "rapidjson/document.h"
+#include "tests/subprocess.h"
+
+namespace {
+
+using memledger::testing::CommandResult;
+using memledger::testing::RunCommand;
+
+// tiny-llama at 4 layers, seq 8, over 4 GPUs of one node, 4 sequences a step.
+constexpr char kTiny[] =
+    "--model=tiny-llama --layers=4 --seq=8 --gpus=4 --gpus_per_node=4 --global_batch=4 ";
+
+CommandResult Search(const std::string& args, bool merge_stderr = true) {
+  return RunCommand("planner/search " + args, merge_stderr);
+}
+
+std::string TempPath(const char* name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+TEST(SearchCliTest, LayoutsReproduceWithPredict) {
+  // 600,000 B as GiB.
+  CommandResult r = Search(std::string(kTiny) + "--gpu_memory_gib=0.000558793544769", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["search"]["gpus"].GetInt64(), 4);
+  EXPECT_EQ(doc["search"]["gpu"].GetString(), std::string("h100"));
+  EXPECT_NE(std::string(doc["search"]["time_model"].GetString()).find("a model"),
+            std::string::npos);
+  const rapidjson::Value& layouts = doc["layouts"];
+  ASSERT_GT(layouts.Size(), 3u);
+  EXPECT_EQ(doc["fitting"].GetInt64(), static_cast<int64_t>(layouts.Size()));
+  const int64_t budget = doc["search"]["budget_bytes"].GetInt64();
+  // The first three layouts, each through predict's own command line.
+  for (rapidjson::SizeType i = 0; i < 3; ++i) {
+    const rapidjson::Value& l = layouts[i];
+    EXPECT_LE(l["peak_bytes"].GetInt64(), budget);
+    EXPECT_EQ(l["tp"].GetInt64() * l["pp"].GetInt64() * l["dp"].GetInt64(), 4);
+    for (const char* key : {"zero", "sp", "micro_batch_size", "micro_batches", "virtual_stages",
+                            "schedule", "checkpoint", "peak_stage", "step_time_s", "time",
+                            "tflops_per_gpu", "mfu", "front"}) {
+      EXPECT_TRUE(l.HasMember(key)) << key;
+    }
+    CommandResult p = RunCommand(std::string("estimator/predict ") + l["flags"].GetString(), false);
+    ASSERT_EQ(p.exit_code, 0) << l["flags"].GetString() << ": " << p.output;
+    rapidjson::Document predicted;
+    predicted.Parse(p.output.c_str());
+    ASSERT_FALSE(predicted.HasParseError()) << p.output;
+    EXPECT_EQ(predicted["peak_bytes"][l["checkpoint"].GetString()].GetInt64(),
+              l["peak_bytes"].GetInt64())
+        << l["flags"].GetString();
+  }
+}
+
+TEST(SearchCliTest, TableAndChart) {
+  const std::string svg = TempPath("search.svg");
+  CommandResult r = Search(std::string(kTiny) +
+                           "--gpu_memory_gib=1 --format=table --top=5 --chart_svg=" + svg);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("memledger layout search: tiny-llama"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checkpoint"), std::string::npos);
+  EXPECT_NE(r.output.find("more in the JSON"), std::string::npos);
+  EXPECT_NE(r.output.find("./bazelw run //:predict -- --model=tiny-llama"), std::string::npos);
+  EXPECT_NE(r.output.find("step time is a model"), std::string::npos);
+  std::ifstream in(svg);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("<svg"), std::string::npos);
+  EXPECT_NE(text.str().find("class=\"front\""), std::string::npos);
+  EXPECT_NE(text.str().find("class=\"budget\""), std::string::npos);
+  EXPECT_NE(text.str().find("class=\"best\""), std::string::npos);
+}
+
+TEST(SearchCliTest, HelpListsEveryFlagByGroup) {
+  CommandResult r = Search("--help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* flag : {"--gpus ", "--gpus_per_node", "--gpu_memory_gib", "--global_batch",
+                           "--gpu ", "--mfu", "--max_virtual_stages", "--top", "--chart_svg",
+                           "--model", "--dtype", "--amp", "--master_weights", "--variants"}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+  }
+  for (const char* group : {"\nmodel:", "\ninput:", "\nprecision:", "\ncheckpointing:",
+                            "\nparallelism:", "\ndevice:", "\noutput:"}) {
+    EXPECT_NE(r.output.find(group), std::string::npos) << group;
+  }
+  EXPECT_EQ(r.output.find("\nother:"), std::string::npos) << r.output;
+}
+
+TEST(SearchCliTest, NoLayoutFitsExitsThree) {
+  CommandResult r = Search(std::string(kTiny) + "--gpu_memory_gib=0.000001");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("no layout of 4 GPUs fits"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the smallest peak of any layout is"), std::string::npos);
+}
+
+TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
+  struct Case {
+    const char* args;
+    const char* message;
+  };
+  for (const Case& c :
+       {Case{"--model=tiny-llama --gpus=12 --global_batch=4", "--gpus 12 is not a multiple"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=0", "--global_batch must be >= 1"},
+        Case{"--model=tiny-llama --global_batch=4", "--gpus must be >= 1"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --tp=2", "--tp is what the search"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --batch=2", "--batch is what"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu=v100", "--gpu must be one of"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --mfu=2", "--mfu must be in"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu_memory_gib=-1",
+             "--gpu_memory_gib must be"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --format=csv", "--format must be"},
+        Case{"--model=nope --gpus=4 --global_batch=4", "--model"}}) {
+    CommandResult r = Search(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << ": " << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "one line: " << r.output;
+  }
+}
+
+}  // namespace
