@@ -3,6 +3,8 @@
 // batch, and a dead or hung rank reported instead of a hung test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
@@ -181,6 +183,37 @@ TEST(VerifyRanksTest, InterleavedRanksHoldMegatronsWarmUpPlusOne) {
   // Each rank's whole step, its chunks in the interleaved order with Megatron's paired
   // point-to-point operations (estimator/pipeline_steps.h), counted and simulated alike.
   ExpectPeaksExact(doc, {"none", "full"});
+}
+
+TEST(VerifyRanksTest, SearchsBestLayoutIsExactOnGlooRanks) {
+  // //planner:search's fastest layout for tiny-llama (4 layers, seq 8) over 4 GPUs, 4
+  // sequences a step, within 600,000 B per GPU; then verify runs it on 4 Gloo ranks.
+  CommandResult s = memledger::testing::RunCommand(
+      "planner/search --model=tiny-llama --layers=4 --seq=8 --gpus=4 --gpus_per_node=4 "
+      "--global_batch=4 --gpu_memory_gib=0.000558793544769",
+      /*merge_stderr=*/false);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  rapidjson::Document search = Parse(s);
+  ASSERT_GT(search["layouts"].Size(), 0u);
+  const rapidjson::Value& best = search["layouts"][0];
+  const int64_t budget = search["search"]["budget_bytes"].GetInt64();
+  const std::string checkpoint = best["checkpoint"].GetString();
+  rapidjson::Document doc =
+      PassingRun(std::string(best["flags"].GetString()) + " --skip_timing", 4);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {checkpoint.c_str()});
+  const std::string peak = "peak_bytes." + checkpoint;
+  int64_t most = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    for (const char* bucket : {"param_bytes", "grad_bytes", "optimizer_state_bytes"}) {
+      EXPECT_EQ(Rank(doc, rank)["ratio"][bucket].GetDouble(), 1.0) << rank << " " << bucket;
+    }
+    EXPECT_EQ(Rank(doc, rank)["ratio"][("saved_bytes." + checkpoint).c_str()].GetDouble(), 1.0);
+    const int64_t measured = Rank(doc, rank)["measured"][peak.c_str()].GetInt64();
+    EXPECT_LE(measured, budget) << "rank " << rank;
+    most = std::max(most, measured);
+  }
+  EXPECT_EQ(most, best["peak_bytes"].GetInt64());
 }
 
 TEST(VerifyRanksTest, TensorParallelRanksHoldTheirShards) {
