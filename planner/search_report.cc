@@ -198,13 +198,18 @@ std::string SearchSvg(const SearchResult& r, const SearchOptions& o) {
                           kLeft, Y(b), kLeft + kPlotWidth, Y(b), kLeft - 6, Y(b) + 4,
                           HumanBytes(static_cast<int64_t>(b)));
   }
-  for (int k = 0; k <= 5; ++k) {
-    const double s = x1 * k / 5;
+  // Round seconds: about five ticks of 1, 2.5 or 5 x 10^k.
+  const double raw = x1 / 5;
+  const double decade = std::pow(10.0, std::floor(std::log10(raw)));
+  const double x_step = raw / decade <= 1 ? decade : raw / decade <= 2.5 ? 2.5 * decade
+                                                   : raw / decade <= 5 ? 5 * decade
+                                                                       : 10 * decade;
+  for (double s = 0; s <= x1; s += x_step) {
     absl::StrAppendFormat(&svg,
                           "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#eee\"/>\n"
                           "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%s</text>\n",
                           X(s), kTop, X(s), kTop + kPlotHeight, X(s), kTop + kPlotHeight + 16,
-                          Seconds(s));
+                          s == 0 ? std::string("0") : Seconds(s));
   }
   absl::StrAppendFormat(
       &svg,
@@ -255,7 +260,8 @@ std::string SearchSvg(const SearchResult& r, const SearchOptions& o) {
     absl::StrAppendFormat(&svg,
                           "<circle class=\"best\" cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"none\" "
                           "stroke=\"#e15759\" stroke-width=\"2\"/>\n"
-                          "<text x=\"%.1f\" y=\"%.1f\" class=\"label\">best: tp %d pp %d dp %d, "
+                          "<text x=\"%.1f\" y=\"%.1f\" class=\"label\" paint-order=\"stroke\" "
+                          "stroke=\"#fff\" stroke-width=\"4\">best: tp %d pp %d dp %d, "
                           "zero %d, %s, %s</text>\n",
                           x, y, x + 9, y + 16, best.tp, best.pp, best.dp, best.zero,
                           SvgEscape(best.checkpoint.Name()), Seconds(best.time.total_s));
