@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -20,8 +21,10 @@
 #include "estimator/run_request.h"
 #include "estimator/timeline_svg.h"
 #include "estimator/units.h"
+#include "planner/layout_search.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
+#include "planner/search_report.h"
 #include "rapidjson/document.h"
 #include "rapidjson/error/en.h"
 #include "rapidjson/stringbuffer.h"
@@ -41,15 +44,64 @@ absl::Status KeyError(const char* key, const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("request: \"", key, "\" ", what));
 }
 
+// CallKeys reads a call's keys beyond the run's (predict's "explain", the planner's
+// budget, the search's GPUs): `read(key, value)` returns nullopt for a key that is not
+// the call's, else how reading it went. `call` names the call in the unknown-key error
+// ("plan", "search"; empty for predict's).
+struct CallKeys {
+  std::string call;
+  std::function<std::optional<absl::Status>(const std::string& key, const rapidjson::Value& value)>
+      read;
+};
+
+absl::Status IntegerKey(const std::string& key, const rapidjson::Value& value, int64_t* out) {
+  if (!value.IsInt64()) return KeyError(key.c_str(), "must be an integer");
+  *out = value.GetInt64();
+  return absl::OkStatus();
+}
+
+absl::Status NumberKey(const std::string& key, const rapidjson::Value& value, double* out) {
+  if (!value.IsNumber()) return KeyError(key.c_str(), "must be a number");
+  *out = value.GetDouble();
+  return absl::OkStatus();
+}
+
+absl::Status BooleanKey(const std::string& key, const rapidjson::Value& value, bool* out) {
+  if (!value.IsBool()) return KeyError(key.c_str(), "must be true or false");
+  *out = value.GetBool();
+  return absl::OkStatus();
+}
+
+absl::Status StringKey(const std::string& key, const rapidjson::Value& value, std::string* out) {
+  if (!value.IsString()) return KeyError(key.c_str(), "must be a string");
+  *out = value.GetString();
+  return absl::OkStatus();
+}
+
 // PlanKeys are memledger_plan's keys beyond the run's.
 struct PlanKeys {
   std::optional<double> budget_gib;
   int64_t frontier_points = 9;
   int64_t cpu_threads = 1;
+
+  CallKeys Reader() {
+    return {"plan", [this](const std::string& key,
+                           const rapidjson::Value& value) -> std::optional<absl::Status> {
+              if (key == "budget_gib") {
+                double gib = 0;
+                absl::Status s = NumberKey(key, value, &gib);
+                budget_gib = gib;
+                return s;
+              }
+              if (key == "frontier_points") return IntegerKey(key, value, &frontier_points);
+              if (key == "cpu_threads") return IntegerKey(key, value, &cpu_threads);
+              return std::nullopt;
+            }};
+  }
 };
 
-absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
-                                           PlanKeys* plan, std::string* format = nullptr);
+absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const CallKeys* keys,
+                                           std::string* format = nullptr);
 
 // OptionsOf: the PredictOptions a request's spec asks for.
 PredictOptions OptionsOf(const RunSpec& spec) {
@@ -72,47 +124,40 @@ absl::Status ParseJson(const char* json, rapidjson::Document* doc) {
   return absl::OkStatus();
 }
 
-// ParseRequest fills a RunRequest from the JSON object; `explain` from its "explain"
-// (predict's only: null for a plan), `plan` from the planner's keys (null for predict),
-// `format` from its "format" (null: not a key).
-absl::StatusOr<RunRequest> ParseRequest(const char* json, bool* explain, PlanKeys* plan,
+// ParseRequest fills a RunRequest from the JSON object; `keys` reads the call's own
+// (null: the run's only), `format` its "format" (null: not a key).
+absl::StatusOr<RunRequest> ParseRequest(const char* json, const CallKeys* keys,
                                         std::string* format = nullptr) {
   rapidjson::Document doc;
   if (absl::Status s = ParseJson(json, &doc); !s.ok()) return s;
-  return RequestFromJson(doc, explain, plan, format);
+  return RequestFromJson(doc, keys, format);
 }
 
 // RequestFromJson: a RunRequest from one request object.
-absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* explain,
-                                           PlanKeys* plan, std::string* format) {
+absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const CallKeys* keys,
+                                           std::string* format) {
   if (!doc.IsObject()) return absl::InvalidArgumentError("request: not a JSON object");
   RunRequest request;
   for (const auto& member : doc.GetObject()) {
     const char* key = member.name.GetString();
     const rapidjson::Value& value = member.value;
-    auto integer = [&](int64_t* out) -> absl::Status {
-      if (!value.IsInt64()) return KeyError(key, "must be an integer");
-      *out = value.GetInt64();
-      return absl::OkStatus();
-    };
-    auto optional_integer = [&](std::optional<int64_t>* out) -> absl::Status {
-      if (!value.IsInt64()) return KeyError(key, "must be an integer");
-      *out = value.GetInt64();
-      return absl::OkStatus();
-    };
-    auto string = [&](std::string* out) -> absl::Status {
-      if (!value.IsString()) return KeyError(key, "must be a string");
-      *out = value.GetString();
-      return absl::OkStatus();
-    };
-    auto boolean = [&](bool* out) -> absl::Status {
-      if (!value.IsBool()) return KeyError(key, "must be true or false");
-      *out = value.GetBool();
-      return absl::OkStatus();
-    };
     const std::string name = key;
+    auto integer = [&](int64_t* out) { return IntegerKey(name, value, out); };
+    auto optional_integer = [&](std::optional<int64_t>* out) {
+      int64_t n = 0;
+      absl::Status s = IntegerKey(name, value, &n);
+      if (s.ok()) *out = n;
+      return s;
+    };
+    auto string = [&](std::string* out) { return StringKey(name, value, out); };
+    auto boolean = [&](bool* out) { return BooleanKey(name, value, out); };
     absl::Status status;
-    if (name == "model" && value.IsObject()) {
+    // The call's own keys first: a call may refuse one of the run's ("batch" for the
+    // search, which chooses it).
+    if (std::optional<absl::Status> own = keys != nullptr ? keys->read(name, value) : std::nullopt;
+        own.has_value()) {
+      status = *own;
+    } else if (name == "model" && value.IsObject()) {
       // A config.json inline (a dict, or a transformers PretrainedConfig's to_dict()).
       rapidjson::StringBuffer text;
       rapidjson::Writer<rapidjson::StringBuffer> writer(text);
@@ -151,22 +196,13 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
     else if (name == "checkpoint_impl") status = string(&request.checkpoint_impl);
     else if (name == "experts_impl") status = string(&request.experts_impl);
     else if (name == "routing") status = string(&request.routing);
-    else if (name == "momentum") {
-      if (!value.IsNumber()) return KeyError(key, "must be a number");
-      request.momentum = value.GetDouble();
-    } else if (name == "master_weights") status = boolean(&request.master_weights);
+    else if (name == "momentum") status = NumberKey(name, value, &request.momentum);
+    else if (name == "master_weights") status = boolean(&request.master_weights);
     else if (name == "sp") status = boolean(&request.sp);
-    else if (name == "explain" && explain != nullptr) status = boolean(explain);
-    else if (name == "budget_gib" && plan != nullptr) {
-      if (!value.IsNumber()) return KeyError(key, "must be a number");
-      plan->budget_gib = value.GetDouble();
-    } else if (name == "frontier_points" && plan != nullptr) {
-      status = integer(&plan->frontier_points);
-    } else if (name == "cpu_threads" && plan != nullptr) {
-      status = integer(&plan->cpu_threads);
-    } else {
-      return KeyError(key, plan != nullptr ? "is not a plan request key (see api/memledger.h)"
-                                           : "is not a request key (see api/memledger.h)");
+    else {
+      const std::string call = keys != nullptr && !keys->call.empty() ? keys->call + " " : "";
+      return KeyError(key, absl::StrCat("is not a ", call, "request key (see api/memledger.h)")
+                               .c_str());
     }
     if (!status.ok()) return status;
   }
@@ -176,7 +212,12 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, bool* ex
 absl::StatusOr<std::string> PredictJson(const char* request_json) {
   bool explain = false;
   std::string format = "json";
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &explain, nullptr, &format);
+  const CallKeys keys{"", [&explain](const std::string& key, const rapidjson::Value& value)
+                              -> std::optional<absl::Status> {
+                        if (key == "explain") return BooleanKey(key, value, &explain);
+                        return std::nullopt;
+                      }};
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &keys, &format);
   if (!request.ok()) return request.status();
   if (format != "json" && format != "table" && format != "svg") {
     return KeyError("format", "must be \"json\", \"table\" or \"svg\"");
@@ -221,7 +262,7 @@ struct ManyOptions {
 // PredictOne is one request of a batch: its compact result, written by `w`.
 absl::Status PredictOne(const rapidjson::Value& item, bool peak,
                         rapidjson::Writer<rapidjson::StringBuffer>& w) {
-  absl::StatusOr<RunRequest> request = RequestFromJson(item, nullptr, nullptr);
+  absl::StatusOr<RunRequest> request = RequestFromJson(item, nullptr);
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
@@ -308,7 +349,7 @@ absl::StatusOr<std::string> PredictMany(const char* requests_json, const ManyOpt
 }
 
 absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, nullptr);
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr);
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
@@ -332,7 +373,8 @@ absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
 absl::StatusOr<std::string> PlanJson(const char* request_json) {
   PlanKeys keys;
   std::string format = "json";
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, nullptr, &keys, &format);
+  const CallKeys reader = keys.Reader();
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &reader, &format);
   if (!request.ok()) return request.status();
   if (format != "json" && format != "table") {
     return KeyError("format", "must be \"json\" or \"table\"");
@@ -361,6 +403,59 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   if (!report.ok()) return report.status();
   if (format == "table") return PlanReportTable(*report);
   return JsonString(PlanReportJson(*report));
+}
+
+// SearchKeys are memledger_search's keys beyond the run's: //planner:search's flags.
+struct SearchKeys {
+  SearchRequest search;
+  int64_t top = 20;  // the table's rows
+
+  CallKeys Reader() {
+    return {"search", [this](const std::string& key,
+                             const rapidjson::Value& value) -> std::optional<absl::Status> {
+              if (key == "gpus") return IntegerKey(key, value, &search.gpus);
+              if (key == "gpus_per_node") return IntegerKey(key, value, &search.gpus_per_node);
+              if (key == "global_batch") return IntegerKey(key, value, &search.global_batch);
+              if (key == "max_virtual_stages") {
+                return IntegerKey(key, value, &search.max_virtual_stages);
+              }
+              if (key == "threads") return IntegerKey(key, value, &search.threads);
+              if (key == "top") return IntegerKey(key, value, &top);
+              if (key == "mfu") return NumberKey(key, value, &search.mfu);
+              if (key == "gpu") return StringKey(key, value, &search.gpu);
+              if (key == "gpu_memory_gib") {
+                double gib = 0;
+                absl::Status s = NumberKey(key, value, &gib);
+                search.gpu_memory_gib = gib;
+                return s;
+              }
+              if (key == "batch") {
+                return KeyError("batch",
+                                "is what the search chooses (the micro-batch size): give "
+                                "\"global_batch\"");
+              }
+              return std::nullopt;
+            }};
+  }
+};
+
+absl::StatusOr<std::string> SearchCall(const char* request_json) {
+  SearchKeys keys;
+  std::string format = "json";
+  const CallKeys reader = keys.Reader();
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &reader, &format);
+  if (!request.ok()) return request.status();
+  if (format != "json" && format != "table" && format != "svg") {
+    return KeyError("format", "must be \"json\", \"table\" or \"svg\"");
+  }
+  if (keys.top < 0) return KeyError("top", "must be >= 0");
+  absl::StatusOr<SearchOptions> options = SearchOptionsFrom(keys.search);
+  if (!options.ok()) return options.status();
+  absl::StatusOr<SearchResult> result = SearchLayouts(*request, *options);
+  if (!result.ok()) return result.status();
+  if (format == "table") return SearchTable(*result, *options, static_cast<size_t>(keys.top));
+  if (format == "svg") return SearchSvg(*result, *options);
+  return JsonString(SearchJson(*result, *options));
 }
 
 int CodeOf(const absl::Status& status) {
@@ -426,6 +521,10 @@ int memledger_predict(const char* request_json, char** response_json, char** err
 
 int memledger_plan(const char* request_json, char** response_json, char** error_message) {
   return memledger::Call(memledger::PlanJson, request_json, response_json, error_message);
+}
+
+int memledger_search(const char* request_json, char** response_json, char** error_message) {
+  return memledger::Call(memledger::SearchCall, request_json, response_json, error_message);
 }
 
 int memledger_predict_many(const char* requests_json, int peak, int threads,

@@ -23,6 +23,14 @@
  * the checkpoint planner's JSON (`//planner --format=json`: plan, peak_bytes, overhead,
  * variants, frontier).
  *
+ * memledger_search takes the run's keys (but "batch", "tp", "sp", "dp", "pp", "zero",
+ * "micro_batches", "virtual_stages" and "schedule", which it chooses) plus "gpus" and
+ * "global_batch" (integers, required), "gpus_per_node", "max_virtual_stages", "threads",
+ * "top" (integers), "gpu_memory_gib", "mfu" (numbers) and "gpu" (a string), and returns
+ * the layout search's JSON (`//planner:search --format=json`: every layout that fits,
+ * fastest first, with the flags that reproduce it); "format" may also be "table" or
+ * "svg" (its --chart_svg chart).
+ *
  * Example:
  *   char* response = NULL;
  *   char* error = NULL;
@@ -48,9 +56,10 @@ extern "C" {
 #define MEMLEDGER_OK 0
 #define MEMLEDGER_INTERNAL 1
 #define MEMLEDGER_INVALID_ARGUMENT 2
-/* memledger_plan only: no plan fits the budget; the message names the smallest that
- * would. */
+/* memledger_plan: no plan fits the budget; memledger_search: no layout fits the GPUs'
+ * memory. The message names the smallest that would. */
 #define MEMLEDGER_NO_PLAN 3
+#define MEMLEDGER_NO_LAYOUT 3
 
 /* memledger_version: "memledger <ABI version> (torch <release>, transformers <release>)",
  * static storage. */
@@ -71,6 +80,12 @@ int memledger_predict(const char* request_json, char** response_json, char** err
  * MEMLEDGER_NO_PLAN when no plan fits; out-arguments as memledger_predict's. */
 int memledger_plan(const char* request_json, char** response_json, char** error_message);
 
+/* memledger_search searches the parallel layouts of the request's model over its "gpus":
+ * MEMLEDGER_OK with the search's JSON (or table or chart), MEMLEDGER_INVALID_ARGUMENT
+ * for bad input, MEMLEDGER_NO_LAYOUT when no layout fits; out-arguments as
+ * memledger_predict's. */
+int memledger_search(const char* request_json, char** response_json, char** error_message);
+
 /* memledger_predict_many predicts a JSON array of requests (each predict's keys but
  * "explain", "dp" and "pp") in one call, on `threads` threads (0: the machine's cores),
  * with each variant's step peak when `peak` is nonzero. On MEMLEDGER_OK *response_json
@@ -90,8 +105,8 @@ int memledger_predict_many(const char* requests_json, int peak, int threads,
 int memledger_snapshot(const char* request_json, char** snapshot, size_t* snapshot_size,
                        char** error_message);
 
-/* memledger_free releases a string memledger_predict, memledger_plan or
- * memledger_snapshot returned; NULL is fine. */
+/* memledger_free releases a string memledger_predict, memledger_plan, memledger_search,
+ * memledger_predict_many or memledger_snapshot returned; NULL is fine. */
 void memledger_free(char* string);
 
 #ifdef __cplusplus

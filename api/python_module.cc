@@ -11,6 +11,8 @@
 // with the CLI's message.
 // plan(budget_gib=..., **fields) returns the checkpoint planner's JSON; when no plan
 // fits it raises memledger.NoPlanFits (a ValueError) naming the smallest budget.
+// search(gpus=..., global_batch=..., **fields) returns the layout search's JSON; when
+// no layout fits it raises memledger.NoLayoutFits (a ValueError).
 // snapshot(variant=..., path=..., **fields) returns a variant's predicted step as a
 // PyTorch memory snapshot pickle (bytes), also written to path. predict_many(requests,
 // peak=True, threads=0) predicts a list of request dicts in one call.
@@ -26,8 +28,12 @@ namespace py = pybind11;
 
 namespace {
 
-// NoPlanFits is memledger_plan's MEMLEDGER_NO_PLAN, raised as memledger.NoPlanFits.
+// NoPlanFits is memledger_plan's MEMLEDGER_NO_PLAN, raised as memledger.NoPlanFits;
+// NoLayoutFits memledger_search's MEMLEDGER_NO_LAYOUT, as memledger.NoLayoutFits.
 struct NoPlanFits : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct NoLayoutFits : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -73,6 +79,7 @@ py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& given
   memledger_free(response);
   memledger_free(error);
   if (code == MEMLEDGER_INVALID_ARGUMENT) throw py::value_error(error_text);
+  if (code == MEMLEDGER_NO_LAYOUT && run == memledger_search) throw NoLayoutFits(error_text);
   if (code == MEMLEDGER_NO_PLAN) throw NoPlanFits(error_text);
   if (code != MEMLEDGER_OK) throw std::runtime_error(error_text);
   return json.attr("loads")(response_text);
@@ -150,6 +157,7 @@ py::bytes Snapshot(const py::object& variant, const py::object& path, py::kwargs
   return result;
 }
 py::object Plan(const py::kwargs& fields) { return Call(memledger_plan, fields); }
+py::object Search(const py::kwargs& fields) { return Call(memledger_search, fields); }
 
 // PredictMany: every request (a dict of predict's fields) in one C call, the GIL
 // released while its threads predict; JSON only at the boundary, once each way.
@@ -185,7 +193,8 @@ py::tuple RawCall(const std::string& kind, const std::string& request) {
   int (*run)(const char*, char**, char**) = nullptr;
   if (kind == "predict") run = memledger_predict;
   if (kind == "plan") run = memledger_plan;
-  if (run == nullptr) throw py::value_error("_call: kind must be predict or plan");
+  if (kind == "search") run = memledger_search;
+  if (run == nullptr) throw py::value_error("_call: kind must be predict, plan or search");
   char* response = nullptr;
   char* error = nullptr;
   int code = 0;
@@ -213,6 +222,15 @@ PYBIND11_MODULE(memledger, m) {
         "recompute whose predicted step peak fits budget_gib (plan, peak_bytes, overhead, "
         "variants, frontier); fields as predict's, plus frontier_points and cpu_threads. "
         "Raises ValueError for bad input and NoPlanFits (a ValueError) when no plan fits.");
+  m.def("search", &Search,
+        "search(gpus=..., global_batch=..., **fields) -> dict: every parallel layout of the "
+        "model over `gpus` GPUs whose most loaded rank's exact step peak fits "
+        "gpu_memory_gib (default: the gpu preset's), fastest first by a modelled step time "
+        "(layouts: tp, pp, dp, zero, sp, micro_batch_size, micro_batches, virtual_stages, "
+        "checkpoint, peak_bytes, step_time_s, flags); fields as predict's but the layout's, "
+        "plus gpus_per_node, gpu (h100, h200, a100), mfu, max_virtual_stages, threads. "
+        "Raises ValueError for bad input and NoLayoutFits (a ValueError) when no layout "
+        "fits.");
   m.def("predict_many", &PredictMany, py::arg("requests"), py::arg("peak") = true,
         py::arg("threads") = 0,
         "predict_many(requests, peak=True, threads=0) -> list of dict: each request (a "
@@ -236,5 +254,6 @@ PYBIND11_MODULE(memledger, m) {
   m.attr("Prediction") = scope["Prediction"];
   PredictionClass().attr("__module__") = "memledger";
   py::register_exception<NoPlanFits>(m, "NoPlanFits", PyExc_ValueError);
+  py::register_exception<NoLayoutFits>(m, "NoLayoutFits", PyExc_ValueError);
   m.attr("__version__") = memledger_version();
 }

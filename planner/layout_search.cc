@@ -299,6 +299,31 @@ void ForEach(size_t n, int threads, Fn fn) {
 
 }  // namespace
 
+absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request) {
+  absl::StatusOr<GpuSpec> gpu = GpuPreset(request.gpu);
+  if (!gpu.ok()) return gpu.status();
+  const double gib = request.gpu_memory_gib.value_or(gpu->memory_gib);
+  const std::optional<int64_t> budget = GibToBytes(gib);
+  if (!budget.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu_memory_gib must be a positive number of GiB below 2^33, got ", gib));
+  }
+  if (request.threads < 0 || request.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be between 0 (the cores) and 1024, got ", request.threads));
+  }
+  SearchOptions options;
+  options.gpus = request.gpus;
+  options.gpus_per_node = request.gpus_per_node;
+  options.budget_bytes = *budget;
+  options.global_batch = request.global_batch;
+  options.gpu = *gpu;
+  options.mfu = request.mfu;
+  options.max_virtual_stages = request.max_virtual_stages;
+  options.threads = static_cast<int>(request.threads);
+  return options;
+}
+
 absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
                                            const SearchOptions& options) {
   if (options.gpus < 1) {

@@ -26,6 +26,7 @@
 #define PLANNER_LAYOUT_SEARCH_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,24 @@ struct SearchOptions {
   int64_t max_virtual_stages = 4;
   int threads = 0;  // 0: one per core
 };
+
+// SearchRequest is the search's own flags (//planner:search's, the C ABI's keys) before
+// validation.
+struct SearchRequest {
+  int64_t gpus = 0;
+  int64_t gpus_per_node = 8;
+  std::optional<double> gpu_memory_gib;  // default: the GPU preset's
+  int64_t global_batch = 0;
+  std::string gpu = "h100";
+  double mfu = 0.5;
+  int64_t max_virtual_stages = 4;
+  int64_t threads = 0;
+};
+
+// SearchOptionsFrom: InvalidArgument naming the flag for an unknown GPU, a budget that
+// is not a positive number of GiB below 2^33, or threads outside [0, 1024]; the rest
+// SearchLayouts checks.
+absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request);
 
 // SearchedLayout is one layout that fits, with its checkpointing variant.
 struct SearchedLayout {

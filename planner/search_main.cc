@@ -37,7 +37,7 @@ ABSL_FLAG(double, mfu, 0.5,
 ABSL_FLAG(int64_t, max_virtual_stages, 4,
           "The most model chunks per pipeline rank the interleaved schedule is tried with.");
 ABSL_FLAG(int32_t, top, 20, "Layouts the table lists (the JSON has every layout that fits).");
-ABSL_FLAG(int32_t, threads, 0, "Threads to search with; 0: one per core.");
+ABSL_FLAG(int64_t, threads, 0, "Threads to search with; 0: one per core.");
 ABSL_FLAG(std::string, chart_svg, "",
           "Also draw every layout that fits (peak against step time, the budget, the "
           "front) as an SVG chart to this file.");
@@ -89,32 +89,23 @@ int main(int argc, char** argv) {
     return memledger::ReportError(absl::InvalidArgumentError(
         absl::StrCat("--format must be json or table, got '", format, "'")));
   }
-  absl::StatusOr<memledger::GpuSpec> gpu = memledger::GpuPreset(absl::GetFlag(FLAGS_gpu));
-  if (!gpu.ok()) return memledger::ReportError(gpu.status());
-  const double gib = absl::GetFlag(FLAGS_gpu_memory_gib).value_or(gpu->memory_gib);
-  const std::optional<int64_t> budget = memledger::GibToBytes(gib);
-  if (!budget.has_value()) {
-    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
-        "--gpu_memory_gib must be a positive number of GiB below 2^33, got ", gib)));
-  }
   const int32_t top = absl::GetFlag(FLAGS_top);
   if (top < 0) {
     return memledger::ReportError(
         absl::InvalidArgumentError(absl::StrCat("--top must be >= 0, got ", top)));
   }
-  memledger::SearchOptions options;
-  options.gpus = absl::GetFlag(FLAGS_gpus);
-  options.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
-  options.budget_bytes = *budget;
-  options.global_batch = absl::GetFlag(FLAGS_global_batch);
-  options.gpu = *gpu;
-  options.mfu = absl::GetFlag(FLAGS_mfu);
-  options.max_virtual_stages = absl::GetFlag(FLAGS_max_virtual_stages);
-  options.threads = absl::GetFlag(FLAGS_threads);
-  if (options.threads < 0) {
-    return memledger::ReportError(absl::InvalidArgumentError(
-        absl::StrCat("--threads must be >= 0, got ", options.threads)));
-  }
+  memledger::SearchRequest search;
+  search.gpus = absl::GetFlag(FLAGS_gpus);
+  search.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  search.gpu_memory_gib = absl::GetFlag(FLAGS_gpu_memory_gib);
+  search.global_batch = absl::GetFlag(FLAGS_global_batch);
+  search.gpu = absl::GetFlag(FLAGS_gpu);
+  search.mfu = absl::GetFlag(FLAGS_mfu);
+  search.max_virtual_stages = absl::GetFlag(FLAGS_max_virtual_stages);
+  search.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<memledger::SearchOptions> searched = memledger::SearchOptionsFrom(search);
+  if (!searched.ok()) return memledger::ReportError(searched.status());
+  const memledger::SearchOptions& options = *searched;
   absl::StatusOr<memledger::SearchResult> result = memledger::SearchLayouts(request, options);
   if (absl::IsResourceExhausted(result.status())) {
     std::cerr << "error: " << result.status().message() << "\n";

@@ -164,6 +164,56 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
             "request: \"budget_gib\" is not a request key (see api/memledger.h)");
 }
 
+TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
+  // tiny-llama over 4 GPUs of one node, 4 sequences a step, 1 GiB each: every layout
+  // fits (layout_search_test checks the set against a brute force).
+  const char* request =
+      R"({"model": "tiny-llama", "layers": 4, "seq": 8, "gpus": 4, "gpus_per_node": 4,
+          "global_batch": 4, "gpu_memory_gib": 1, "gpu": "a100"})";
+  Result r = Call(request, memledger_search);
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  rapidjson::Document doc;
+  doc.Parse(r.response.c_str());
+  ASSERT_FALSE(doc.HasParseError());
+  EXPECT_EQ(doc["search"]["gpu"].GetString(), std::string("a100"));
+  EXPECT_EQ(doc["search"]["budget_bytes"].GetInt64(), int64_t{1} << 30);
+  ASSERT_GT(doc["layouts"].Size(), 0u);
+  EXPECT_EQ(doc["fitting"].GetInt64(), static_cast<int64_t>(doc["layouts"].Size()));
+  const std::string table =
+      Call(R"({"model": "tiny-llama", "gpus": 2, "global_batch": 2, "format": "table"})",
+           memledger_search)
+          .response;
+  EXPECT_NE(table.find("memledger layout search"), std::string::npos) << table;
+  const std::string svg =
+      Call(R"({"model": "tiny-llama", "gpus": 2, "global_batch": 2, "format": "svg"})",
+           memledger_search)
+          .response;
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+
+  Result tight = Call(R"({"model": "tiny-llama", "gpus": 2, "global_batch": 2,
+                          "gpu_memory_gib": 0.000001})",
+                      memledger_search);
+  EXPECT_EQ(tight.code, MEMLEDGER_NO_LAYOUT);
+  EXPECT_NE(tight.error.find("the smallest peak of any layout is"), std::string::npos);
+  for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
+           {R"({"global_batch": 2})", "--gpus must be >= 1, got 0"},
+           {R"({"gpus": 2})", "--global_batch must be >= 1, got 0"},
+           {R"({"gpus": 2, "global_batch": 2, "batch": 4})", "request: \"batch\" is what the search chooses"},
+           {R"({"gpus": 2, "global_batch": 2, "tp": 2})", "--tp is what the search chooses"},
+           {R"({"gpus": 2, "global_batch": 2, "gpu": "v100"})", "--gpu must be one of"},
+           {R"({"gpus": 2, "global_batch": 2, "mfu": "high"})", "request: \"mfu\" must be a number"},
+           {R"({"gpus": 2, "global_batch": 2, "top": -1})", "request: \"top\" must be >= 0"},
+           {R"({"gpus": 2, "global_batch": 2, "threads": 5000})", "--threads must be between 0"},
+           {R"({"gpus": 2, "global_batch": 2, "format": "csv"})", "\"format\" must be"},
+           {R"({"gpus": 2, "global_batch": 2, "budget_gib": 1})",
+            "request: \"budget_gib\" is not a search request key"}}) {
+    Result bad = Call(request, memledger_search);
+    EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT) << request << ": " << bad.error;
+    EXPECT_NE(bad.error.find(message), std::string::npos) << request << ": " << bad.error;
+    EXPECT_TRUE(bad.response.empty());
+  }
+}
+
 TEST(ApiTest, VersionNamesAbiAndTheReferenceStack) {
   EXPECT_EQ(memledger_abi_version(), MEMLEDGER_ABI_VERSION);
   EXPECT_EQ(std::string(memledger_version()),

@@ -220,5 +220,25 @@ class PlanTest(unittest.TestCase):
             memledger.plan(layers=3)  # no budget
 
 
+class SearchTest(unittest.TestCase):
+    def test_search_returns_layouts_and_raises_no_layout_fits(self):
+        r = memledger.search(model="tiny-llama", layers=4, seq=8, gpus=4, gpus_per_node=4,
+                             global_batch=4, gpu_memory_gib=1)
+        self.assertGreater(len(r["layouts"]), 0)
+        best = r["layouts"][0]
+        self.assertEqual(best["tp"] * best["pp"] * best["dp"], 4)
+        self.assertEqual(best["micro_batch_size"] * best["micro_batches"] * best["dp"], 4)
+        times = [l["step_time_s"] for l in r["layouts"]]
+        self.assertEqual(times, sorted(times))
+        with self.assertRaises(memledger.NoLayoutFits) as raised:
+            memledger.search(model="tiny-llama", gpus=2, global_batch=2, gpu_memory_gib=1e-6)
+        self.assertIn("the smallest peak of any layout is", str(raised.exception))
+        self.assertTrue(issubclass(memledger.NoLayoutFits, ValueError))
+        with self.assertRaises(ValueError):
+            memledger.search(model="tiny-llama", gpus=2)  # no global batch
+        with self.assertRaises(ValueError):
+            memledger.search(model="tiny-llama", gpus=2, global_batch=2, batch=2)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -44,6 +44,14 @@ set -e
 [[ $code == 3 ]] || fail "no plan fits: exit $code, $(cat err.txt)"
 run memledger plan --budget_gib=1 | grep -q '"plan"' || fail "memledger plan"
 run memledger --help | grep -q "checkpointing: --variants" || fail "memledger --help"
+run memledger search --model=tiny-llama --gpus=2 --global_batch=2 --chart_svg=chart.svg |
+  grep -q '"layouts"' || fail "memledger search"
+grep -q "<svg" chart.svg || fail "memledger search --chart_svg"
+set +e
+run memledger search --model=tiny-llama --gpus=2 --global_batch=2 --gpu_memory_gib=0.000001 2> err.txt
+code=$?
+set -e
+[[ $code == 3 ]] || fail "no layout fits: exit $code, $(cat err.txt)"
 # predict_many's rate from the installed wheel, printed for the record (a timed number
 # is no assertion: //api:python_benchmark measures it).
 run python -c '
