@@ -429,10 +429,31 @@ struct SearchKeys {
                 search.gpu_memory_gib = gib;
                 return s;
               }
-              if (key == "batch") {
-                return KeyError("batch",
-                                "is what the search chooses (the micro-batch size): give "
-                                "\"global_batch\"");
+              // The layout's keys fix that part of it ("batch": the micro-batch size).
+              LayoutConstraints& fixed = search.fixed;
+              for (const auto& [name, field] :
+                   {std::pair<const char*, std::optional<int64_t>*>{"tp", &fixed.tp},
+                    {"pp", &fixed.pp},
+                    {"dp", &fixed.dp},
+                    {"zero", &fixed.zero},
+                    {"virtual_stages", &fixed.virtual_stages},
+                    {"batch", &fixed.micro_batch_size}}) {
+                if (key != name) continue;
+                int64_t n = 0;
+                absl::Status s = IntegerKey(key, value, &n);
+                *field = n;
+                return s;
+              }
+              if (key == "sp") {
+                bool sp = false;
+                absl::Status s = BooleanKey(key, value, &sp);
+                fixed.sp = sp;
+                return s;
+              }
+              if (key == "micro_batches" || key == "schedule") {
+                return KeyError(key.c_str(),
+                                "follows from the layout: give \"global_batch\" and "
+                                "\"virtual_stages\"");
               }
               return std::nullopt;
             }};

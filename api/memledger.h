@@ -23,9 +23,10 @@
  * the checkpoint planner's JSON (`//planner --format=json`: plan, peak_bytes, overhead,
  * variants, frontier).
  *
- * memledger_search takes the run's keys (but "batch", "tp", "sp", "dp", "pp", "zero",
- * "micro_batches", "virtual_stages" and "schedule", which it chooses) plus "gpus" and
- * "global_batch" (integers, required), "gpus_per_node", "max_virtual_stages", "threads",
+ * memledger_search takes the run's keys (but "micro_batches" and "schedule", which
+ * follow from the layout; "tp", "sp", "pp", "dp", "zero", "virtual_stages" and "batch",
+ * the micro-batch size, fix that part of the layout) plus "gpus" and "global_batch"
+ * (integers, required), "gpus_per_node", "max_virtual_stages", "threads",
  * "top" (integers), "gpu_memory_gib", "mfu" (numbers) and "gpu" (a string), and returns
  * the layout search's JSON (`//planner:search --format=json`: every layout that fits,
  * fastest first, with the flags that reproduce it); "format" may also be "table" or

@@ -45,6 +45,10 @@ std::vector<int64_t> Divisors(int64_t n) {
 // dp x micro_batch_size the global batch; the family's and the parallel spec's own
 // checks refuse the rest when evaluated.
 std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& options) {
+  const LayoutConstraints& fixed = options.fixed;
+  auto allowed = [](const std::optional<int64_t>& want, int64_t value) {
+    return !want.has_value() || *want == value;
+  };
   std::vector<Shape> shapes;
   for (int64_t tp : Divisors(std::min(options.gpus, options.gpus_per_node))) {
     if (options.gpus % tp != 0) continue;
@@ -55,7 +59,9 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
       for (int64_t micro_batch_size : Divisors(options.global_batch / dp)) {
         const int64_t micro_batches = options.global_batch / dp / micro_batch_size;
         std::vector<int64_t> virtual_stages = {1};
-        for (int64_t v = 2; pp > 1 && v <= options.max_virtual_stages; ++v) {
+        const int64_t most_v =
+            std::max(options.max_virtual_stages, fixed.virtual_stages.value_or(0));
+        for (int64_t v = 2; pp > 1 && v <= most_v; ++v) {
           // Megatron's interleaved schedule: micro-batches a multiple of pp.
           if ((config.layers / pp) % v == 0 && micro_batches % pp == 0) {
             virtual_stages.push_back(v);
@@ -65,6 +71,11 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
           for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
+              if (!allowed(fixed.tp, tp) || !allowed(fixed.pp, pp) || !allowed(fixed.dp, dp) ||
+                  !allowed(fixed.zero, zero) || !allowed(fixed.micro_batch_size, micro_batch_size) ||
+                  !allowed(fixed.virtual_stages, v) || (fixed.sp.has_value() && *fixed.sp != sp)) {
+                continue;
+              }
               shapes.push_back({tp, pp, dp, zero, sp, micro_batch_size, micro_batches, v});
             }
           }
@@ -321,6 +332,7 @@ absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request) {
   options.mfu = request.mfu;
   options.max_virtual_stages = request.max_virtual_stages;
   options.threads = static_cast<int>(request.threads);
+  options.fixed = request.fixed;
   return options;
 }
 
@@ -365,7 +377,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
         {"schedule", request.schedule != defaults.schedule}}) {
     if (set) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " is what the search chooses: give --gpus and --global_batch instead"));
+          "--", flag, ": the search chooses the layout (SearchOptions::fixed constrains it)"));
     }
   }
   if (request.routing != "balanced" && request.routing != "worst") {
@@ -385,9 +397,13 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   }
   const std::vector<Shape> shapes = Shapes(base->config, options);
   if (shapes.empty()) {
+    const LayoutConstraints& f = options.fixed;
+    const bool constrained = f.tp || f.pp || f.dp || f.zero || f.micro_batch_size ||
+                             f.virtual_stages || f.sp;
     return absl::InvalidArgumentError(absl::StrCat(
         "--global_batch ", options.global_batch, " fits no layout of ", options.gpus,
-        " GPUs: it must be a multiple of the data-parallel size (GPUs / (tp x pp), pp "
+        " GPUs", constrained ? " with the layout flags given" : "",
+        ": it must be a multiple of the data-parallel size (GPUs / (tp x pp), pp "
         "dividing the ", base->config.layers, " layers, tp dividing a node's ",
         options.gpus_per_node, ")"));
   }

@@ -37,6 +37,12 @@
 
 namespace memledger {
 
+// LayoutConstraints fix parts of the layout; the search enumerates the rest.
+struct LayoutConstraints {
+  std::optional<int64_t> tp, pp, dp, zero, micro_batch_size, virtual_stages;
+  std::optional<bool> sp;
+};
+
 struct SearchOptions {
   int64_t gpus = 0;
   int64_t gpus_per_node = 8;  // tensor parallelism stays within a node
@@ -48,6 +54,7 @@ struct SearchOptions {
   // from 2 that divides the stage's layers is tried).
   int64_t max_virtual_stages = 4;
   int threads = 0;  // 0: one per core
+  LayoutConstraints fixed;
 };
 
 // SearchRequest is the search's own flags (//planner:search's, the C ABI's keys) before
@@ -61,6 +68,7 @@ struct SearchRequest {
   double mfu = 0.5;
   int64_t max_virtual_stages = 4;
   int64_t threads = 0;
+  LayoutConstraints fixed;
 };
 
 // SearchOptionsFrom: InvalidArgument naming the flag for an unknown GPU, a budget that
@@ -105,9 +113,9 @@ struct SearchResult {
 };
 
 // SearchLayouts: InvalidArgument for bad options (naming the flag: gpus not a multiple
-// of gpus_per_node above one node, a global batch no layout divides, a parallel flag in
-// the request, which the search chooses); ResourceExhausted when no layout fits, naming
-// the smallest memory that would.
+// of gpus_per_node above one node, a global batch no layout divides, a parallel field
+// set in the request, where SearchOptions::fixed says it); ResourceExhausted when no
+// layout fits, naming the smallest memory that would.
 absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
                                            const SearchOptions& options);
 

@@ -49,7 +49,9 @@ constexpr char kUsage[] =
     "(within a node), sequence parallelism, pipeline stages (1F1B or interleaved), data "
     "parallelism with ZeRO 0-3, the micro-batch size and count, and the checkpointing "
     "variants (--variants). It keeps those whose most loaded rank's exact step peak fits "
-    "--gpu_memory_gib and ranks them by a modelled step time.\n\n"
+    "--gpu_memory_gib and ranks them by a modelled step time. --tp, --sp, --pp, --dp, "
+    "--zero, --virtual_stages and --batch (the micro-batch size), when given, fix that "
+    "part of the layout.\n\n"
     "  ./bazelw run //planner:search -- --model=llama-3-70b --seq=8192 --gpus=64 "
     "--global_batch=256 --dtype=bf16 --master_weights --format=table\n\n"
     "Memory is exact; the step time is a model (FLOPs at the GPU's peak x --mfu, the "
@@ -72,18 +74,34 @@ bool Given(int argc, char** argv, absl::string_view name) {
 
 int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, kUsage);
-  // The search chooses the batch per micro-batch and the layout; predict's own outputs
-  // do not apply.
-  for (const char* flag : {"batch", "timeline_svg"}) {
+  // The micro-batches follow from the global batch, the schedule from --virtual_stages;
+  // predict's own outputs do not apply.
+  for (const char* flag : {"micro_batches", "schedule", "timeline_svg"}) {
     if (Given(argc, argv, flag)) {
       return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, std::string(flag) == "batch"
-                          ? " is what the search chooses (the micro-batch size): give "
-                            "--global_batch instead"
-                          : " draws one step: run predict with a layout's flags")));
+          "--", flag, std::string(flag) == "timeline_svg"
+                          ? " draws one step: run predict with a layout's flags"
+                          : " follows from the layout: give --global_batch (micro-batches = "
+                            "global batch / (dp x micro-batch size)) and --virtual_stages")));
     }
   }
-  const memledger::RunRequest request = memledger::RunRequestFromFlags();
+  memledger::RunRequest request = memledger::RunRequestFromFlags();
+  // Layout flags given on the command line fix that part of the layout.
+  memledger::LayoutConstraints fixed;
+  if (Given(argc, argv, "tp")) fixed.tp = request.tp;
+  if (Given(argc, argv, "pp")) fixed.pp = request.pp;
+  if (Given(argc, argv, "dp")) fixed.dp = request.dp;
+  if (Given(argc, argv, "zero")) fixed.zero = request.zero;
+  if (Given(argc, argv, "virtual_stages")) fixed.virtual_stages = request.virtual_stages;
+  if (Given(argc, argv, "batch")) fixed.micro_batch_size = request.batch;
+  if (Given(argc, argv, "sp") || Given(argc, argv, "nosp")) fixed.sp = request.sp;
+  const memledger::RunRequest defaults;
+  request.tp = defaults.tp;
+  request.pp = defaults.pp;
+  request.dp = defaults.dp;
+  request.zero = defaults.zero;
+  request.virtual_stages = defaults.virtual_stages;
+  request.sp = defaults.sp;
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "json" && format != "table") {
     return memledger::ReportError(absl::InvalidArgumentError(
@@ -103,6 +121,7 @@ int main(int argc, char** argv) {
   search.mfu = absl::GetFlag(FLAGS_mfu);
   search.max_virtual_stages = absl::GetFlag(FLAGS_max_virtual_stages);
   search.threads = absl::GetFlag(FLAGS_threads);
+  search.fixed = fixed;
   absl::StatusOr<memledger::SearchOptions> searched = memledger::SearchOptionsFrom(search);
   if (!searched.ok()) return memledger::ReportError(searched.status());
   const memledger::SearchOptions& options = *searched;

@@ -198,8 +198,9 @@ TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
   for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
            {R"({"global_batch": 2})", "--gpus must be >= 1, got 0"},
            {R"({"gpus": 2})", "--global_batch must be >= 1, got 0"},
-           {R"({"gpus": 2, "global_batch": 2, "batch": 4})", "request: \"batch\" is what the search chooses"},
-           {R"({"gpus": 2, "global_batch": 2, "tp": 2})", "--tp is what the search chooses"},
+           {R"({"gpus": 2, "global_batch": 2, "micro_batches": 2})",
+            "request: \"micro_batches\" follows from the layout"},
+           {R"({"gpus": 2, "global_batch": 2, "tp": 3})", "fits no layout of 2 GPUs with"},
            {R"({"gpus": 2, "global_batch": 2, "gpu": "v100"})", "--gpu must be one of"},
            {R"({"gpus": 2, "global_batch": 2, "mfu": "high"})", "request: \"mfu\" must be a number"},
            {R"({"gpus": 2, "global_batch": 2, "top": -1})", "request: \"top\" must be >= 0"},

@@ -234,6 +234,24 @@ TEST(LayoutSearchTest, KeepsExactlyTheLayoutsThatFitFastestFirst) {
   }
 }
 
+TEST(LayoutSearchTest, ConstraintsKeepTheLayoutsThatMeetThem) {
+  ASSERT_OK_AND_ASSIGN(SearchResult all, SearchLayouts(Tiny(), TinyOptions(int64_t{1} << 30)));
+  SearchOptions options = TinyOptions(int64_t{1} << 30);
+  options.fixed.tp = 2;
+  options.fixed.zero = 0;
+  options.fixed.micro_batch_size = 1;
+  ASSERT_OK_AND_ASSIGN(SearchResult fixed, SearchLayouts(Tiny(), options));
+  std::vector<std::string> expected, found;
+  for (const SearchedLayout& l : all.layouts) {
+    if (l.tp == 2 && l.zero == 0 && l.micro_batch_size == 1) expected.push_back(l.flags);
+  }
+  for (const SearchedLayout& l : fixed.layouts) found.push_back(l.flags);
+  ASSERT_FALSE(expected.empty());
+  EXPECT_EQ(found, expected);
+  options.fixed.tp = 3;  // no layout of 4 GPUs
+  EXPECT_TRUE(absl::IsInvalidArgument(SearchLayouts(Tiny(), options).status()));
+}
+
 TEST(LayoutSearchTest, FlagsSayTheLayout) {
   ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(Tiny(), TinyOptions(int64_t{1} << 30)));
   for (const SearchedLayout& l : result.layouts) {
@@ -302,8 +320,8 @@ TEST(LayoutSearchTest, BadInputNamesTheFlag) {
        {Case{twelve, Tiny(), "--gpus 12 is not a multiple of --gpus_per_node 8"},
         Case{odd_batch, lopsided, "--global_batch 3 fits no layout of 4 GPUs"},
         Case{no_mfu, Tiny(), "--mfu must be in (0, 1], got 0"},
-        Case{TinyOptions(1 << 30), with_tp, "--tp is what the search chooses"},
-        Case{TinyOptions(1 << 30), with_zero, "--zero is what the search chooses"},
+        Case{TinyOptions(1 << 30), with_tp, "--tp: the search chooses the layout"},
+        Case{TinyOptions(1 << 30), with_zero, "--zero: the search chooses the layout"},
         Case{TinyOptions(1 << 30), bad_model, "--model"}}) {
     absl::StatusOr<SearchResult> result = SearchLayouts(c.request, c.options);
     EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << c.message;

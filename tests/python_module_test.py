@@ -237,7 +237,9 @@ class SearchTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             memledger.search(model="tiny-llama", gpus=2)  # no global batch
         with self.assertRaises(ValueError):
-            memledger.search(model="tiny-llama", gpus=2, global_batch=2, batch=2)
+            memledger.search(model="tiny-llama", gpus=2, global_batch=2, micro_batches=2)
+        fixed = memledger.search(model="tiny-llama", gpus=2, global_batch=2, tp=2)
+        self.assertTrue(all(l["tp"] == 2 for l in fixed["layouts"]))
 
 
 if __name__ == "__main__":

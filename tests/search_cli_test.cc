@@ -99,6 +99,20 @@ TEST(SearchCliTest, HelpListsEveryFlagByGroup) {
   EXPECT_EQ(r.output.find("\nother:"), std::string::npos) << r.output;
 }
 
+TEST(SearchCliTest, LayoutFlagsFixThatPart) {
+  CommandResult r = Search(std::string(kTiny) + "--gpu_memory_gib=1 --tp=2 --sp --batch=1", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_GT(doc["layouts"].Size(), 0u);
+  for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
+    EXPECT_EQ(l["tp"].GetInt64(), 2);
+    EXPECT_TRUE(l["sp"].GetBool());
+    EXPECT_EQ(l["micro_batch_size"].GetInt64(), 1);
+  }
+}
+
 TEST(SearchCliTest, NoLayoutFitsExitsThree) {
   CommandResult r = Search(std::string(kTiny) + "--gpu_memory_gib=0.000001");
   EXPECT_EQ(r.exit_code, 3) << r.output;
@@ -115,8 +129,9 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
        {Case{"--model=tiny-llama --gpus=12 --global_batch=4", "--gpus 12 is not a multiple"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=0", "--global_batch must be >= 1"},
         Case{"--model=tiny-llama --global_batch=4", "--gpus must be >= 1"},
-        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --tp=2", "--tp is what the search"},
-        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --batch=2", "--batch is what"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --micro_batches=2",
+             "--micro_batches follows from the layout"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --tp=3", "fits no layout of 4 GPUs with"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu=v100", "--gpu must be one of"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --mfu=2", "--mfu must be in"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu_memory_gib=-1",
