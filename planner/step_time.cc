@@ -66,11 +66,16 @@ StepTime PredictStepTime(const GpuSpec& gpu, double mfu, const StepTimeInput& in
   const double tp = static_cast<double>(in.tp_all_reduces) * 2 * RingFraction(in.tp) *
                     activations / gpu.nvlink_bandwidth;
   // Stage s + 1 is tp x dp GPUs away: every micro-batch crosses every boundary, the
-  // slowest one between nodes once the stages span more than one.
-  const double sent = in.sp ? activations / static_cast<double>(in.tp) : activations;
-  const double pp = in.pp > 1 ? 2.0 * static_cast<double>(in.virtual_stages) * sent /
-                                    bandwidth(in.tp * in.dp * in.pp)
-                              : 0.0;
+  // slowest one between nodes once the stages span more than one. Each tensor-parallel
+  // rank sends its 1 / tp of the activations (Megatron's scatter_gather_tensors_in_
+  // pipeline, on by default; with sequence parallelism they are already split), and
+  // without sequence parallelism the receivers all-gather the rest over NVLink.
+  const double tp_share = activations / static_cast<double>(in.tp);
+  const double transfer =
+      tp_share / bandwidth(in.tp * in.dp * in.pp) +
+      (in.sp ? 0.0 : RingFraction(in.tp) * activations / gpu.nvlink_bandwidth);
+  const double pp =
+      in.pp > 1 ? 2.0 * static_cast<double>(in.virtual_stages) * transfer : 0.0;
   const double parameter_bytes =
       static_cast<double>(in.stage_parameters) * static_cast<double>(in.parameter_element_bytes);
   // A data group's ranks are tp apart: it spans tp x dp GPUs.

@@ -6,8 +6,10 @@
 //   tp       = Megatron's collectives of the layers and the ends, each a ring
 //              all-reduce's 2 (tp - 1) / tp x (b, s, h) activations over NVLink
 //              (sequence parallelism's all-gather + reduce-scatter move the same bytes)
-//   pp       = 2 x virtual_stages point-to-point transfers of (b, s, h) (s / tp with
-//              sequence parallelism), over NVLink within a node, else the network
+//   pp       = 2 x virtual_stages point-to-point transfers of each rank's 1 / tp of
+//              (b, s, h) (Megatron's scatter-gather), over NVLink within a node, else
+//              the network; without sequence parallelism an all-gather over NVLink
+//              restores the rest
 //   zero3    = ZeRO-3's two all-gathers and one reduce-scatter of the stage's
 //              parameters per micro-batch, (dp - 1) / dp of them each
 //   pipeline = (micro_batches + (pp - 1) / virtual_stages) x slot (Narayanan et al.

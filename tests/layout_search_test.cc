@@ -65,18 +65,19 @@ TEST(StepTimeTest, OneFOneBByHand) {
   const StepTime t = PredictStepTime(RoundGpu(), 0.5, RoundLayout());
   // compute: 1e12 / (1e15 x 0.5) = 2 ms per micro-batch;
   // tp: 10 all-reduces x 2 x (1/2) x 2e6 B / 1e11 = 0.2 ms;
-  // pp: 2 transfers x 2e6 B over the network (8 GPUs > a node of 4) / 1e10 = 0.4 ms;
-  // slot 2.6 ms; 4 micro-batches; the bubble one slot.
+  // pp: 2 transfers, each of a rank's half (1e6 B) over the network (8 GPUs > a node
+  // of 4) / 1e10 = 0.1 ms and the all-gather of the other half over NVLink, (1/2) x 2e6
+  // / 1e11 = 0.01 ms: 0.22 ms; slot 2.42 ms; 4 micro-batches; the bubble one slot.
   EXPECT_DOUBLE_EQ(t.compute_s, 4 * 2e-3);
   EXPECT_DOUBLE_EQ(t.tp_s, 4 * 2e-4);
-  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 4e-4);
+  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 2.2e-4);
   EXPECT_DOUBLE_EQ(t.zero3_s, 0);
-  EXPECT_DOUBLE_EQ(t.bubble_s, 2.6e-3);
+  EXPECT_DOUBLE_EQ(t.bubble_s, 2.42e-3);
   // dp: 2 x (1/2) x 2e9 B over NVLink (the group spans 4 GPUs) / 1e11 = 20 ms.
   EXPECT_DOUBLE_EQ(t.dp_s, 0.02);
   // optimizer: (3 x 1e9 + 2 x 6e9) B / 1e12 = 15 ms.
   EXPECT_DOUBLE_EQ(t.optimizer_s, 0.015);
-  EXPECT_NEAR(t.total_s, 8e-3 + 8e-4 + 1.6e-3 + 2.6e-3 + 0.02 + 0.015, 1e-12);
+  EXPECT_NEAR(t.total_s, 8e-3 + 8e-4 + 8.8e-4 + 2.42e-3 + 0.02 + 0.015, 1e-12);
 }
 
 TEST(StepTimeTest, ZeroThreeInterleavedAndSequenceParallelByHand) {
@@ -85,7 +86,7 @@ TEST(StepTimeTest, ZeroThreeInterleavedAndSequenceParallelByHand) {
   in.virtual_stages = 2;
   in.sp = true;
   const StepTime t = PredictStepTime(RoundGpu(), 0.5, in);
-  // pp: 2 x 2 chunks x 1e6 B (the sequence's half) / 1e10 = 0.4 ms, as before;
+  // pp: 2 x 2 chunks x 1e6 B (the sequence's half, no all-gather) / 1e10 = 0.4 ms;
   // zero3: 3 x (1/2) x 2e9 / 1e11 = 30 ms per micro-batch; no reduction at the end;
   // the bubble half a slot.
   EXPECT_DOUBLE_EQ(t.pp_s, 4 * 4e-4);
@@ -99,7 +100,7 @@ TEST(StepTimeTest, OneNodeTalksOverNvlinkAndFp32UsesItsPeak) {
   in.gpus_per_node = 8;  // all 8 GPUs in one node
   in.low_precision_matmul = false;
   const StepTime t = PredictStepTime(RoundGpu(), 0.5, in);
-  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 2 * 2e6 / 1e11);
+  EXPECT_DOUBLE_EQ(t.pp_s, 4 * 2 * (1e6 / 1e11 + 0.5 * 2e6 / 1e11));
   EXPECT_DOUBLE_EQ(t.compute_s, 4 * 1e12 / (1e14 * 0.5));
 }
 
