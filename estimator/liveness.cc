@@ -315,26 +315,12 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
         "peak memory: the stretches of a step under autocast do not compose yet (its cast "
         "cache, filled by checkpointed layers, is freed at the forward's end)");
   }
-  if (optimizer.master_weights) {
-    // The optimizer's stretch holds every layer's fp32 .grad copy: it depends on the
-    // layer count, which a caller composing stretches changes.
-    return absl::UnimplementedError(
-        "peak memory: the stretches of a step with master weights do not compose yet (the "
-        "optimizer's step holds every layer's fp32 gradient copy)");
-  }
   if (config_.checkpoint_impl == CheckpointImpl::kReentrant && variant.kind != VariantKind::kNone) {
     // Its checkpoints hold their call arguments (shared by every layer) to the step's
     // end: when those die depends on whether any layer is checkpointed.
     return absl::UnimplementedError(
         "peak memory: the stretches of a step with --checkpoint_impl=reentrant do not "
         "compose yet (its checkpoints hold the layers' shared arguments to the step's end)");
-  }
-  if (optimizer.impl == OptimizerImpl::kForeach &&
-      optimizer.kind != OptimizerKind::kSgd) {
-    // Likewise foreach's exp_avg_sq.sqrt() list, one tensor per parameter.
-    return absl::UnimplementedError(
-        "peak memory: the stretches of a step with --optimizer_impl=foreach do not compose "
-        "yet (its step holds a square root of every parameter's exp_avg_sq at once)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
   StepTimeline timeline = ResidentTimeline(resident);
@@ -359,6 +345,11 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
   for (const SegmentSummary& s : segments.backward) out.backward.push_back(stretch(s));
   out.tail = stretch(segments.tail);
   out.optimizer = stretch(segments.optimizer);
+  for (const std::array<int64_t, kNumMemoryCategories>& kind : segments.optimizer_layer_bytes) {
+    int64_t bytes = 0;
+    for (int64_t b : kind) bytes += b;
+    out.optimizer_layer_bytes.push_back(bytes);
+  }
   return out;
 }
 

@@ -170,6 +170,11 @@ struct StepStretches {
   std::vector<StepStretch> backward;  // by layer
   StepStretch tail;
   StepStretch optimizer;
+  // optimizer_layer_bytes: by layer kind, what one more layer of it adds to the
+  // optimizer's rise (with master weights its fp32 .grad copies, with foreach its share
+  // of exp_avg_sq.sqrt()'s list, all alive at once): a caller composing a model of
+  // other layer counts adds it per layer.
+  std::vector<int64_t> optimizer_layer_bytes;
 };
 
 // StepSimulator simulates the steps of one model (config and attention mode) under any

@@ -46,7 +46,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   planner_options.cpu_threads = options.cpu_threads;
   absl::StatusOr<Planner> planner = Planner::Create(spec.config, planner_options);
   if (absl::IsUnimplemented(planner.status())) {
-    // Not composed yet (autocast, master weights): the input is what cannot be planned.
+    // Not composed yet (autocast): the input is what cannot be planned.
     return absl::InvalidArgumentError(planner.status().message());
   }
   if (!planner.ok()) return planner.status();

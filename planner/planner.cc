@@ -160,6 +160,11 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     }
   }
 
+  // The optimizer's rise over the model's layers (one kind: checked above).
+  for (int64_t bytes : tables->optimizer_layer_bytes) {
+    tables->optimizer.rise += config.layers * bytes;
+  }
+
   // The layer count times the largest stretch must fit int64 with room to add.
   __int128 largest = 0;
   for (const Tables::LayerStretches& st : tables->layer) {

@@ -75,8 +75,8 @@ struct FrontierPoint {
 class Planner {
  public:
   // Create simulates the probes and counts FLOPs. InvalidArgument for a bad config or
-  // choice, Unimplemented where the stretches do not compose yet (autocast, master
-  // weights, Megatron's ops), Internal when a layer's stretches depend on more than its
+  // choice, Unimplemented where the stretches do not compose yet (autocast, Megatron's
+  // ops), Internal when a layer's stretches depend on more than its
   // context. Plans are predicted without transformers' use_cache (config.use_cache is
   // ignored): a plan that checkpoints nothing would keep the DynamicCache, which
   // predict (--variants=none) counts.

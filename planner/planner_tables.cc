@@ -56,9 +56,17 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   l.seen = true;
   l.head_forward = s.head_forward;
   l.head_backward = s.head_backward;
-  if (optimizer_seen && !SameStretch(optimizer, s.optimizer)) return differ("the optimizer");
+  // The optimizer's rise without the probe's layers' share (master weights' fp32
+  // copies, foreach's list: optimizer_layer_bytes each); Create adds the model's.
+  StepStretch step = s.optimizer;
+  for (int64_t bytes : s.optimizer_layer_bytes) step.rise -= layers * bytes;
+  if (optimizer_seen && (!SameStretch(optimizer, step) ||
+                         optimizer_layer_bytes != s.optimizer_layer_bytes)) {
+    return differ("the optimizer");
+  }
   optimizer_seen = true;
-  optimizer = s.optimizer;
+  optimizer = step;
+  optimizer_layer_bytes = s.optimizer_layer_bytes;
   return absl::OkStatus();
 }
 

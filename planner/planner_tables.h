@@ -83,7 +83,10 @@ struct Planner::Tables {
   Bracket first[2];
   Bracket last[2][2];
   bool optimizer_seen = false;
+  // optimizer: its rise for the model's layers (each probe's share taken out, the
+  // model's added by Create); optimizer_layer_bytes: one layer's share, by kind.
   StepStretch optimizer;
+  std::vector<int64_t> optimizer_layer_bytes;
 
   bool Checkpointed(int choice) const { return choices[choice].checkpointed; }
   // lowest: a checkpointed layer with no checkpointed layer before it, whose frame

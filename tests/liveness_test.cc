@@ -386,8 +386,10 @@ TEST(SimulateStepTest, CheckpointingLowersThePeak) {
   EXPECT_LT(p.variants[2].peak->bytes, p.variants[0].peak->bytes);
 }
 
-// The planner's stretches do not compose under autocast (its cast cache) or with master
-// weights (the optimizer's fp32 gradient copies grow with the layers).
+// The planner's stretches do not compose under autocast (its cast cache). With master
+// weights they do, the optimizer's fp32 gradient copies given per layer: the study's
+// layer holds 12 d^2 + 13 d = 198,272 parameters at d = 128, whose fp32 copies are
+// 793,088 B.
 TEST(SimulateStepTest, WhatIsNotModelledYetIsUnimplementedWithTheReason) {
   ModelConfig config;
   config.amp = DType::kBFloat16;
@@ -405,8 +407,8 @@ TEST(SimulateStepTest, WhatIsNotModelledYetIsUnimplementedWithTheReason) {
   ASSERT_OK_AND_ASSIGN(StepSimulator bf16,
                        StepSimulator::Create(config, AttentionMode::kFlash, StepOptions()));
   stretches = bf16.Stretches(Variant(), master, ResidentBytes{});
-  EXPECT_EQ(stretches.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(stretches.status().message().find("master weights"), std::string::npos);
+  ASSERT_OK(stretches.status());
+  EXPECT_EQ(stretches->optimizer_layer_bytes, std::vector<int64_t>{793088});
 }
 
 // A bf16 model's scalars are converted to bf16: torch.optim's for-loop AdamW

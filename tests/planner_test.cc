@@ -74,18 +74,20 @@ TEST(FlopsTest, StudyBlockByHand) {
 struct Replayer {
   StepSimulator simulator;
   ResidentBytes resident;
+  OptimizerSpec optimizer;
 
   int64_t Peak(const Planner& planner, const std::vector<int>& plan) const {
     std::vector<LayerChoice> layers;
     for (int c : plan) layers.push_back(planner.choices()[c]);
     absl::StatusOr<StepTimeline> t =
-        simulator.Simulate(PlanVariant(layers), OptimizerSpec(), resident);
+        simulator.Simulate(PlanVariant(layers), optimizer, resident);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? t->peak.bytes : -1;
   }
 };
 
-absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& model, AttentionMode attention) {
+absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& model, AttentionMode attention,
+                                     const OptimizerSpec& optimizer = OptimizerSpec()) {
   // The planner predicts without transformers' use_cache (Planner::Create).
   ModelConfig config = model;
   config.use_cache = false;
@@ -96,11 +98,12 @@ absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& model, AttentionMode att
   PredictOptions options;
   options.attention = attention;
   options.variants = {Variant()};
+  options.optimizer = optimizer;
   options.peak = false;
   absl::StatusOr<Prediction> p = Predict(config, options);
   if (!p.ok()) return p.status();
   return Replayer{*std::move(simulator),
-                  {p->param_bytes, p->optimizer_state_bytes, p->buffer_bytes}};
+                  {p->param_bytes, p->optimizer_state_bytes, p->buffer_bytes}, optimizer};
 }
 
 // Every plan of `choices` over `layers` layers, as indices into choices.
@@ -124,21 +127,45 @@ struct Case {
   ModelConfig config;
   AttentionMode attention;
   bool general = false;  // PlannerOptions::general
+  OptimizerSpec optimizer;
 };
+
+// A bf16 model with fp32 master weights (the optimizer's step holds every layer's fp32
+// .grad copy) and foreach AdamW (a square root of every exp_avg_sq at once): the
+// optimizer's rise grows with the layers.
+ModelConfig Bf16(ModelConfig config) {
+  config.dtype = DType::kBFloat16;
+  return config;
+}
+OptimizerSpec MasterWeights() {
+  OptimizerSpec optimizer;
+  optimizer.master_weights = true;
+  return optimizer;
+}
+OptimizerSpec Foreach() {
+  OptimizerSpec optimizer;
+  optimizer.impl = OptimizerImpl::kForeach;
+  return optimizer;
+}
 
 std::vector<Case> Cases(int64_t layers) {
   // Wide and short: parameters outweigh activations, so AdamW's step temporaries
   // (2 x the largest parameter) make the peak, after the backward.
   const ModelConfig wide{layers, /*width=*/128, /*heads=*/2, /*batch=*/1, /*seq=*/4};
   return {
-      {"study flash", SmallStudy(layers), AttentionMode::kFlash},
-      {"study math", SmallStudy(layers), AttentionMode::kMath},
-      {"tiny-llama flash", Preset("tiny-llama", layers), AttentionMode::kFlash},
-      {"tiny-gpt2 math", Preset("tiny-gpt2", layers), AttentionMode::kMath},
-      {"study flash, general labels", SmallStudy(layers), AttentionMode::kFlash, true},
+      {"study flash", SmallStudy(layers), AttentionMode::kFlash, false, {}},
+      {"study math", SmallStudy(layers), AttentionMode::kMath, false, {}},
+      {"tiny-llama flash", Preset("tiny-llama", layers), AttentionMode::kFlash, false, {}},
+      {"tiny-gpt2 math", Preset("tiny-gpt2", layers), AttentionMode::kMath, false, {}},
+      {"study flash, general labels", SmallStudy(layers), AttentionMode::kFlash, true, {}},
       {"tiny-llama flash, general labels", Preset("tiny-llama", layers),
-       AttentionMode::kFlash, true},
-      {"wide study flash", wide, AttentionMode::kFlash},
+       AttentionMode::kFlash, true, {}},
+      {"wide study flash", wide, AttentionMode::kFlash, false, {}},
+      {"wide study bf16, master weights", Bf16(wide), AttentionMode::kFlash, false,
+       MasterWeights()},
+      {"tiny-llama bf16, master weights", Bf16(Preset("tiny-llama", layers)),
+       AttentionMode::kFlash, false, MasterWeights()},
+      {"wide study, foreach", wide, AttentionMode::kFlash, false, Foreach()},
   };
 }
 
@@ -152,8 +179,9 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
       if (c.general) continue;  // the same composition
       PlannerOptions options;
       options.attention = c.attention;
+      options.optimizer = c.optimizer;
       ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
-      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention));
+      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention, c.optimizer));
       const int n = static_cast<int>(planner.choices().size());
       std::vector<std::vector<int>> plans;
       if (layers <= 3) {
@@ -172,11 +200,12 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
       }
     }
   }
-  // 1, 2 and 3 layers: 17^k plans for the two studies with flash (4 op kinds), 9^k with
-  // math (3), 9^k for llama (3), 5^k for gpt2 with math (matmul, layer_norm: its gelu_new
-  // has no gelu op); 5 x 40 random 9-layer plans.
-  EXPECT_EQ(compared, 2 * (17 + 17 * 17 + 17 * 17 * 17) + 2 * (9 + 81 + 729) +
-                          (5 + 25 + 125) + 5 * 40);
+  // 1, 2 and 3 layers: 17^k plans for the four studies with flash (4 op kinds: the
+  // study, the wide one in fp32, in bf16 with master weights and with foreach), 9^k with
+  // math (3), 9^k for llama (3) in fp32 and in bf16 with master weights, 5^k for gpt2 with
+  // math (matmul, layer_norm: its gelu_new has no gelu op); 8 x 40 random 9-layer plans.
+  EXPECT_EQ(compared, 4 * (17 + 17 * 17 + 17 * 17 * 17) + 3 * (9 + 81 + 729) +
+                          (5 + 25 + 125) + 8 * 40);
 }
 
 // The solver against every plan: at budgets between the smallest and the largest peak
@@ -189,6 +218,7 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
       PlannerOptions options;
       options.attention = c.attention;
       options.general = c.general;
+      options.optimizer = c.optimizer;
       if (layers == 4) {  // keep 4^4 plans: none, full and two policies
         options.choices = {LayerChoice{false, {}}, LayerChoice{true, {}},
                            LayerChoice{true, SavePolicy{OpKind::kMatmul}},
@@ -199,7 +229,7 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
                                                  : SavePolicy{OpKind::kMatmul, OpKind::kGelu}}};
       }
       ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
-      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention));
+      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention, c.optimizer));
       const int n = static_cast<int>(planner.choices().size());
       struct Scored {
         int64_t peak;
