@@ -308,13 +308,6 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
   if (absl::Status s = ValidateRun(config_, attention_, {variant}, optimizer); !s.ok()) {
     return s;
   }
-  if (config_.amp != DType::kFloat32) {
-    // A layer's forward leaves casts in autocast's cache that the head's forward frees:
-    // a stretch's net then depends on every earlier layer's choice.
-    return absl::UnimplementedError(
-        "peak memory: the stretches of a step under autocast do not compose yet (its cast "
-        "cache, filled by checkpointed layers, is freed at the forward's end)");
-  }
   if (config_.checkpoint_impl == CheckpointImpl::kReentrant && variant.kind != VariantKind::kNone) {
     // Its checkpoints hold their call arguments (shared by every layer) to the step's
     // end: when those die depends on whether any layer is checkpointed.
@@ -339,7 +332,12 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
   StepStretches out;
   out.resident_bytes = timeline.resident_bytes;
   out.prologue = stretch(segments.prologue);
-  for (const SegmentSummary& s : segments.forward) out.forward.push_back(stretch(s));
+  for (const SegmentSummary& s : segments.forward) {
+    out.forward.push_back(stretch(s));
+    int64_t freed = 0;
+    for (int64_t bytes : s.freed_at_forward_end) freed += bytes;
+    out.forward_freed.push_back(freed);
+  }
   out.head_forward = stretch(segments.head_forward);
   out.head_backward = stretch(segments.head_backward);
   for (const SegmentSummary& s : segments.backward) out.backward.push_back(stretch(s));

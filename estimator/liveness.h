@@ -165,6 +165,11 @@ struct StepStretches {
   int64_t resident_bytes = 0;
   StepStretch prologue;
   std::vector<StepStretch> forward;  // by layer
+  // forward_freed: by layer, what its forward left only in autocast's cast cache (a
+  // checkpointed layer's weight casts, which no backward node keeps), freed when the
+  // forward ends, inside head_forward (after its rise): a caller composing layers adds
+  // its model's layers' and takes out these.
+  std::vector<int64_t> forward_freed;
   StepStretch head_forward;
   StepStretch head_backward;
   std::vector<StepStretch> backward;  // by layer

@@ -38,8 +38,8 @@ std::vector<LayerChoice> AllChoices(const ModelConfig& config, AttentionMode att
 
 absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
                                         const PlannerOptions& options) {
-  // The plans are predicted without transformers' use_cache, which only a plan that
-  // checkpoints nothing would keep (see ModelConfig::use_cache).
+  // The plans are composed without transformers' use_cache, which only the plan that
+  // checkpoints nothing keeps (see ModelConfig::use_cache; its peak is replayed below).
   ModelConfig config = model;
   config.use_cache = false;
   auto tables = std::make_shared<Tables>();
@@ -105,6 +105,16 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   if (!buckets.ok()) return buckets.status();
   const ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes,
                                buckets->buffer_bytes};
+  // The plan without checkpoints keeps transformers' DynamicCache: its own peak.
+  if (model.KeepsKvCache()) {
+    StepOptions cached;
+    cached.cpu_threads = options.cpu_threads;
+    cached.record_events = false;
+    absl::StatusOr<StepTimeline> none =
+        SimulateStep(model, options.attention, Variant(), options.optimizer, resident, cached);
+    if (!none.ok()) return none.status();
+    tables->cached_none_peak = none->peak.bytes;
+  }
 
   // Probes: for each choice c, with o the other kind of layer (none when c is
   // checkpointed, full when not), [c o c o c c c o c] places c first and last beside

@@ -75,11 +75,11 @@ struct FrontierPoint {
 class Planner {
  public:
   // Create simulates the probes and counts FLOPs. InvalidArgument for a bad config or
-  // choice, Unimplemented where the stretches do not compose yet (autocast, Megatron's
-  // ops), Internal when a layer's stretches depend on more than its
-  // context. Plans are predicted without transformers' use_cache (config.use_cache is
-  // ignored): a plan that checkpoints nothing would keep the DynamicCache, which
-  // predict (--variants=none) counts.
+  // choice, Unimplemented where the stretches do not compose yet (Megatron's ops),
+  // Internal when a layer's stretches depend on more than its context. With
+  // transformers' use_cache, the plan that checkpoints nothing keeps the DynamicCache
+  // (its peak is replayed once, as predict's --variants=none counts it); every other
+  // plan runs without it (gradient checkpointing turns it off).
   static absl::StatusOr<Planner> Create(const ModelConfig& config,
                                         const PlannerOptions& options);
 

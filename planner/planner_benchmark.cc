@@ -53,6 +53,41 @@ void BM_PlanLlama70b(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanLlama70b)->ArgName("quarter")->Arg(1)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond);
 
+// The same plan in the recipes people train with: 0 under bf16 autocast (the cast
+// cache's frees are a dimension of the solver's labels), 1 in bf16 with fp32 master
+// weights (the optimizer's fp32 copies added per layer), halfway between the smallest
+// peak and none's.
+void BM_PlanLlama70bLowPrecision(benchmark::State& state) {
+  ModelConfig config = Llama70b();
+  PlannerOptions options;
+  if (state.range(0) == 0) {
+    config.amp = DType::kBFloat16;
+  } else {
+    config.dtype = DType::kBFloat16;
+    options.optimizer.master_weights = true;
+  }
+  absl::StatusOr<Planner> setup = Planner::Create(config, options);
+  if (!setup.ok()) {
+    state.SkipWithError(setup.status().ToString().c_str());
+    return;
+  }
+  const int64_t budget = BudgetAt(*setup, config.layers, 2);
+  for (auto _ : state) {
+    absl::StatusOr<Planner> planner = Planner::Create(config, options);
+    absl::StatusOr<PlanResult> plan = planner->Solve(budget);
+    if (!plan.ok()) {
+      state.SkipWithError(plan.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(plan->recompute_flops);
+  }
+}
+BENCHMARK(BM_PlanLlama70bLowPrecision)
+    ->ArgName("master_weights")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+
 // Create alone: the probe simulations, FLOP counts and tables.
 void BM_CreateLlama70b(benchmark::State& state) {
   const ModelConfig config = Llama70b();

@@ -27,14 +27,15 @@ struct Label {
   int64_t u = kNoRise;  // the worst backward moment so far less f (see Feasible)
   int64_t s = 0;        // bytes the placed layers leave after their backward
   int64_t cost = 0;     // recompute FLOPs of layers 0..i
+  int64_t g = 0;        // the placed layers' casts, freed at the forward's end (autocast)
   int32_t parent = -1;  // into the previous layer's labels
   int16_t choice = 0;   // layer i's
 };
 
 // ParetoSet keeps the labels of one state that no other label dominates (no larger f,
-// u, s and cost). Labels fall into groups of equal (u, s), which take few values; in a
-// group, labels sorted by f have strictly falling cost (a staircase), so a dominance
-// test is a binary search.
+// u, s and cost, no smaller g). Labels fall into groups of equal (u, s, g), which take
+// few values; in a group, labels sorted by f have strictly falling cost (a staircase),
+// so a dominance test is a binary search.
 class ParetoSet {
  public:
   bool empty() const { return groups_.empty(); }
@@ -50,7 +51,7 @@ class ParetoSet {
   bool Dominated(const Label& label, bool use_s) const {
     const int64_t s = use_s ? label.s : 0;
     for (const Group& g : groups_) {
-      if (g.u > label.u || g.s > s) continue;
+      if (g.u > label.u || g.s > s || g.g < label.g) continue;
       auto it = std::upper_bound(g.steps.begin(), g.steps.end(), label.f,
                                  [](int64_t f, const Step& step) { return f < step.f; });
       if (it != g.steps.begin() && std::prev(it)->cost <= label.cost) return true;
@@ -63,16 +64,16 @@ class ParetoSet {
     const int64_t s = use_s ? label.s : 0;
     Group* own = nullptr;
     for (Group& g : groups_) {
-      if (g.u < label.u || g.s < s) continue;
+      if (g.u < label.u || g.s < s || g.g > label.g) continue;
       auto first = std::lower_bound(g.steps.begin(), g.steps.end(), label.f,
                                     [](const Step& step, int64_t f) { return step.f < f; });
       auto last = first;
       while (last != g.steps.end() && last->cost >= label.cost) ++last;
       g.steps.erase(first, last);
-      if (g.u == label.u && g.s == s) own = &g;
+      if (g.u == label.u && g.s == s && g.g == label.g) own = &g;
     }
     if (own == nullptr) {
-      groups_.push_back(Group{label.u, s, {}});
+      groups_.push_back(Group{label.u, s, label.g, {}});
       own = &groups_.back();
     }
     auto at = std::lower_bound(own->steps.begin(), own->steps.end(), label.f,
@@ -97,6 +98,7 @@ class ParetoSet {
   struct Group {
     int64_t u;
     int64_t s;
+    int64_t g;
     std::vector<Step> steps;
   };
   std::vector<Group> groups_;
@@ -106,7 +108,8 @@ class ParetoSet {
 
 // The peak of a plan, stretch by stretch in step order, with R the resident bytes,
 // P the prologue's net, F_i the forward nets of layers 0..i, D_j = forward + backward
-// net of layer j, H the head's two nets:
+// net of layer j, H the head's two nets (under autocast less G, the casts the forward's
+// end frees, summed over the layers like F):
 //   forward of layer i:  R + P + F_{i-1} + rise_i
 //   backward of layer i: R + P + H + F_i + sum_{j > i} D_j + rise_i
 //   the tail:            R + P + H + sum_j D_j + rise
@@ -151,9 +154,11 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     if (st.forward.has_rise && base + from.f + st.forward.rise > budget) return false;
     to->f = from.f + st.forward.net;
     to->s = from.s + st.forward.net + st.backward.net;
+    to->g = from.g + st.freed;
     if (local) {
+      // F less the casts freed at the forward's end; the later layers' D likewise.
       if (st.backward.has_rise &&
-          base + head_net + (held ? held_bytes : 0) + to->f + later_d(remaining) +
+          base + head_net + (held ? held_bytes : 0) + to->f - to->g + later_d(remaining) +
                   st.backward.rise >
               budget) {
         return false;
@@ -220,17 +225,20 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
         const Bracket& head = last[previous][below];
         const Bracket& ends = first[first_ckpt];
         const int64_t base = resident + ends.prologue.net;
+        // No layer checkpointed: the one plan that keeps the DynamicCache, replayed.
+        if (!below && cached_none_peak > budget) continue;
         sets[state(previous, false, first_ckpt, below)].ForEach([&](int32_t index) {
           const Label& to = arenas[layers][index];
           const int64_t forward_end = base + to.f;
           if (head.head_forward.has_rise && forward_end + head.head_forward.rise > budget) {
             return;
           }
-          const int64_t after_head = forward_end + head.head_forward.net;
+          // The forward's end frees the plan's casts (G), after the head's forward rise.
+          const int64_t after_head = forward_end + head.head_forward.net - to.g;
           if (head.head_backward.has_rise && after_head + head.head_backward.rise > budget) {
             return;
           }
-          const int64_t h = base + head.head_forward.net + head.head_backward.net;
+          const int64_t h = base + head.head_forward.net + head.head_backward.net - to.g;
           if (to.u != kNoRise && h + to.f + to.u > budget) return;
           const int64_t tail_start = h + to.s;
           if (ends.tail.has_rise && tail_start + ends.tail.rise > budget) return;

@@ -30,16 +30,19 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   };
   const int64_t layers = static_cast<int64_t>(probe.size());
   const int64_t lowest = LowestOf(probe);
+  int64_t probe_freed = 0;
   for (int64_t i = 0; i < layers; ++i) {
     const bool previous = i > 0 && Checkpointed(probe[i - 1]);
     const bool next = i + 1 < layers && Checkpointed(probe[i + 1]);
     LayerStretches& entry =
         layer[Key(PositionOf(i, layers), previous, probe[i], next, i == lowest)];
+    const int64_t freed = i < static_cast<int64_t>(s.forward_freed.size()) ? s.forward_freed[i] : 0;
     if (entry.seen && (!SameStretch(entry.forward, s.forward[i]) ||
-                       !SameStretch(entry.backward, s.backward[i]))) {
+                       !SameStretch(entry.backward, s.backward[i]) || entry.freed != freed)) {
       return differ(absl::StrCat("layer ", i));
     }
-    entry = {true, s.forward[i], s.backward[i]};
+    entry = {true, s.forward[i], s.backward[i], freed};
+    probe_freed += freed;
   }
   Bracket& f = first[Checkpointed(probe.front())];
   if (f.seen && (!SameStretch(f.prologue, s.prologue) || !SameStretch(f.tail, s.tail))) {
@@ -49,12 +52,15 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   f.prologue = s.prologue;
   f.tail = s.tail;
   Bracket& l = last[Checkpointed(probe.back())][lowest >= 0];
-  if (l.seen && (!SameStretch(l.head_forward, s.head_forward) ||
+  // The head's forward without the probe's casts freed at its end.
+  StepStretch head_forward = s.head_forward;
+  head_forward.net += probe_freed;
+  if (l.seen && (!SameStretch(l.head_forward, head_forward) ||
                  !SameStretch(l.head_backward, s.head_backward))) {
     return differ("the head");
   }
   l.seen = true;
-  l.head_forward = s.head_forward;
+  l.head_forward = head_forward;
   l.head_backward = s.head_backward;
   // The optimizer's rise without the probe's layers' share (master weights' fp32
   // copies, foreach's list: optimizer_layer_bytes each); Create adds the model's.
@@ -93,7 +99,9 @@ void Planner::Tables::DeriveBounds() {
             t.min_forward_net =
                 any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
             any = true;
-            const int64_t dd = st.forward.net + st.backward.net;
+            // What the layer leaves after its backward: its casts were freed at the
+            // forward's end.
+            const int64_t dd = st.forward.net + st.backward.net - st.freed;
             if (lowest) {
               if (!d_seen[position]) {
                 d_varies = true;
@@ -124,6 +132,7 @@ void Planner::Tables::DeriveBounds() {
       }
     }
   }
+  for (const Tables::LayerStretches& st : t.layer) t.casts = t.casts || st.freed != 0;
   t.local = !d_varies && !head_varies && !t.options.general;
   t.first_matters = !(t.first[0].seen && t.first[1].seen &&
                       SameStretch(t.first[0].prologue, t.first[1].prologue) &&
@@ -138,15 +147,19 @@ void Planner::Tables::DeriveBounds() {
     for (const Tables::Bracket& b : by_any) {
       if (!b.seen) continue;
       const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
+      // After the forward's end a plan's casts are freed (G, unknown here): only the
+      // head's forward rise is then a moment every plan reaches above its F.
       const int64_t backward_moment =
-          b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
+          t.casts ? forward_moment
+                  : b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
       end = std::min(end, std::max(forward_moment, backward_moment));
     }
   }
   t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
   // Under `local`, the last layer's backward comes after the head's nets: a second
-  // moment every plan reaches, R + P + H + F_all + its rise.
-  if (t.local) {
+  // moment every plan reaches, R + P + H + F_all + its rise (G lower with casts, which
+  // the bound cannot know).
+  if (t.local && !t.casts) {
     int64_t least_rise = std::numeric_limits<int64_t>::max();
     for (int position : {kLast, kOnly}) {
       for (int previous = 0; previous < 2; ++previous) {
@@ -183,6 +196,7 @@ void Planner::Tables::ChooseCandidates(const std::vector<int>& allowed) {
           const Tables::LayerStretches& y = t.layer[t.Key(position, previous, b, next, lowest)];
           if (x.seen != y.seen) return false;
           if (!x.seen) continue;
+          if (x.freed != y.freed) return false;  // what later moments gain differs
           if (x.forward.net > y.forward.net || RiseOf(x.forward) > RiseOf(y.forward) ||
               x.forward.net + x.backward.net > y.forward.net + y.backward.net) {
             return false;
@@ -257,6 +271,7 @@ void Planner::Tables::BuildHull() {
 int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
   const Tables& t = *this;
   const int64_t layers = static_cast<int64_t>(plan.size());
+  if (t.cached_none_peak >= 0 && t.LowestOf(plan) < 0) return t.cached_none_peak;
   int64_t total = t.resident;
   int64_t peak = total;
   auto visit = [&](const StepStretch& s) {
@@ -267,8 +282,12 @@ int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
   const Tables::Bracket& ends = t.first[t.Checkpointed(plan.front())];
   const Tables::Bracket& head = t.last[t.Checkpointed(plan.back())][lowest >= 0];
   visit(ends.prologue);
-  for (int64_t i = 0; i < layers; ++i) visit(t.Layer(i, plan, lowest).forward);
-  visit(head.head_forward);
+  StepStretch head_forward = head.head_forward;  // less the plan's casts, freed at its end
+  for (int64_t i = 0; i < layers; ++i) {
+    visit(t.Layer(i, plan, lowest).forward);
+    head_forward.net -= t.Layer(i, plan, lowest).freed;
+  }
+  visit(head_forward);
   visit(head.head_backward);
   for (int64_t i = layers - 1; i >= 0; --i) visit(t.Layer(i, plan, lowest).backward);
   visit(ends.tail);

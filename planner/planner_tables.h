@@ -70,6 +70,10 @@ struct Planner::Tables {
     bool seen = false;
     StepStretch forward;
     StepStretch backward;
+    // freed: what its forward leaves only in autocast's cast cache, freed when the
+    // forward ends (StepStretches::forward_freed); the heads' forward nets are kept
+    // without their probes' (a plan's are taken out as it is composed).
+    int64_t freed = 0;
   };
   // By Key(position, previous checkpointed, choice, next checkpointed, lowest).
   std::vector<LayerStretches> layer;
@@ -82,6 +86,9 @@ struct Planner::Tables {
   };
   Bracket first[2];
   Bracket last[2][2];
+  // cached_none_peak: with transformers' use_cache, the plan that checkpoints no layer
+  // runs with the DynamicCache (the others without): its peak, replayed; -1 without.
+  int64_t cached_none_peak = -1;
   bool optimizer_seen = false;
   // optimizer: its rise for the model's layers (each probe's share taken out, the
   // model's added by Create); optimizer_layer_bytes: one layer's share, by kind.
@@ -123,6 +130,10 @@ struct Planner::Tables {
   // layer, the backward moment of layer i is known once it is placed
   // (R + P + H + F_i + rise_i + the later layers' D), and a label is (F, cost) only.
   bool local = false;
+  // casts: some layer leaves casts that the forward's end frees (autocast): a label
+  // then carries what its layers free (G), every moment after the forward G lower (and
+  // D, under `local`, is what a layer leaves after its backward, its casts gone).
+  bool casts = false;
   // first_matters: the prologue's and tail's stretches depend on whether the first
   // layer is checkpointed (else the states need not tell).
   bool first_matters = true;

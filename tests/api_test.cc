@@ -153,7 +153,7 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
            {R"({"budget_gib": 1, "frontier_points": 1})", "--frontier_points must be 0 or between 2"},
            {R"({"budget_gib": 1, "frontier_points": 5000})", "\"frontier_points\" must be 0 or"},
            {R"({"budget_gib": 1, "cpu_threads": 0})", "\"cpu_threads\" must be between 1"},
-           {R"({"budget_gib": 1, "amp": "bf16"})", "autocast"}}) {
+           {R"({"budget_gib": 1, "model": "tiny-llama", "pp": 2})", "--dp and --pp"}}) {
     Result bad = Call(request, memledger_plan);
     EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT) << request << ": " << bad.error;
     EXPECT_NE(bad.error.find(message), std::string::npos) << request << ": " << bad.error;

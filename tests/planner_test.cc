@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -71,16 +72,23 @@ TEST(FlopsTest, StudyBlockByHand) {
 
 // Replayer replays plans of one model in the step simulation (every layer, no
 // composition): the independent peak the planner's composed one is compared with.
+// A plan that checkpoints no layer keeps transformers' DynamicCache (use_cache): it is
+// replayed on the model's own config, the others without the cache.
 struct Replayer {
   StepSimulator simulator;
   ResidentBytes resident;
   OptimizerSpec optimizer;
+  std::optional<StepSimulator> cached;
 
   int64_t Peak(const Planner& planner, const std::vector<int>& plan) const {
     std::vector<LayerChoice> layers;
-    for (int c : plan) layers.push_back(planner.choices()[c]);
-    absl::StatusOr<StepTimeline> t =
-        simulator.Simulate(PlanVariant(layers), optimizer, resident);
+    bool checkpoints = false;
+    for (int c : plan) {
+      layers.push_back(planner.choices()[c]);
+      checkpoints = checkpoints || layers.back().checkpointed;
+    }
+    const StepSimulator& s = cached.has_value() && !checkpoints ? *cached : simulator;
+    absl::StatusOr<StepTimeline> t = s.Simulate(PlanVariant(layers), optimizer, resident);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? t->peak.bytes : -1;
   }
@@ -102,8 +110,16 @@ absl::StatusOr<Replayer> ReplayerFor(const ModelConfig& model, AttentionMode att
   options.peak = false;
   absl::StatusOr<Prediction> p = Predict(config, options);
   if (!p.ok()) return p.status();
-  return Replayer{*std::move(simulator),
-                  {p->param_bytes, p->optimizer_state_bytes, p->buffer_bytes}, optimizer};
+  Replayer replayer{*std::move(simulator),
+                    {p->param_bytes, p->optimizer_state_bytes, p->buffer_bytes},
+                    optimizer,
+                    std::nullopt};
+  if (model.KeepsKvCache()) {
+    absl::StatusOr<StepSimulator> cached = StepSimulator::Create(model, attention, step);
+    if (!cached.ok()) return cached.status();
+    replayer.cached = *std::move(cached);
+  }
+  return replayer;
 }
 
 // Every plan of `choices` over `layers` layers, as indices into choices.
@@ -137,6 +153,18 @@ ModelConfig Bf16(ModelConfig config) {
   config.dtype = DType::kBFloat16;
   return config;
 }
+// bf16 autocast: a checkpointed layer's weight casts live in autocast's cache until the
+// forward ends (no backward node keeps them), so every later moment depends on how many
+// layers before it are checkpointed.
+ModelConfig Larger(ModelConfig config) {
+  config.batch = 8;
+  config.seq = 128;
+  return config;
+}
+ModelConfig Autocast(ModelConfig config) {
+  config.amp = DType::kBFloat16;
+  return config;
+}
 OptimizerSpec MasterWeights() {
   OptimizerSpec optimizer;
   optimizer.master_weights = true;
@@ -166,6 +194,13 @@ std::vector<Case> Cases(int64_t layers) {
       {"tiny-llama bf16, master weights", Bf16(Preset("tiny-llama", layers)),
        AttentionMode::kFlash, false, MasterWeights()},
       {"wide study, foreach", wide, AttentionMode::kFlash, false, Foreach()},
+      {"study bf16 autocast", Autocast(SmallStudy(layers)), AttentionMode::kFlash, false, {}},
+      {"tiny-llama bf16 autocast", Autocast(Preset("tiny-llama", layers)),
+       AttentionMode::kFlash, false, {}},
+      {"tiny-llama bf16 autocast B8 T128", Autocast(Larger(Preset("tiny-llama", layers))),
+       AttentionMode::kFlash, false, {}},
+      {"tiny-llama bf16 autocast B8 T128, general labels",
+       Autocast(Larger(Preset("tiny-llama", layers))), AttentionMode::kFlash, true, {}},
   };
 }
 
@@ -200,12 +235,13 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
       }
     }
   }
-  // 1, 2 and 3 layers: 17^k plans for the four studies with flash (4 op kinds: the
-  // study, the wide one in fp32, in bf16 with master weights and with foreach), 9^k with
-  // math (3), 9^k for llama (3) in fp32 and in bf16 with master weights, 5^k for gpt2 with
-  // math (matmul, layer_norm: its gelu_new has no gelu op); 8 x 40 random 9-layer plans.
-  EXPECT_EQ(compared, 4 * (17 + 17 * 17 + 17 * 17 * 17) + 3 * (9 + 81 + 729) +
-                          (5 + 25 + 125) + 8 * 40);
+  // 1, 2 and 3 layers: 17^k plans for the five studies with flash (4 op kinds: the
+  // study in fp32 and under autocast, the wide one in fp32, in bf16 with master weights
+  // and with foreach), 9^k with math (3), 9^k for llama (3) in fp32, in bf16 with master
+  // weights and under autocast (at B 2, T 16 and at B 8, T 128), 5^k for gpt2 with math
+  // (matmul, layer_norm: its gelu_new has no gelu op); 11 x 40 random 9-layer plans.
+  EXPECT_EQ(compared, 5 * (17 + 17 * 17 + 17 * 17 * 17) + 5 * (9 + 81 + 729) +
+                          (5 + 25 + 125) + 11 * 40);
 }
 
 // The solver against every plan: at budgets between the smallest and the largest peak
@@ -276,6 +312,36 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
   EXPECT_GT(budgets, 200);
 }
 
+// With use_cache, transformers keeps the DynamicCache only when no layer is
+// checkpointed. Under autocast its values are promoted to the keys' fp32, so the plan of
+// no checkpoints peaks higher with the cache than the composed stretches (which have
+// none) say: the planner must use the cached peak, and under a budget between the two
+// pick a plan that checkpoints.
+TEST(PlannerTest, ThePlanWithoutCheckpointsKeepsTheCache) {
+  ModelConfig config = Autocast(Larger(Preset("tiny-llama", 4)));
+  ASSERT_TRUE(config.use_cache);
+  ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(config, PlannerOptions()));
+  PredictOptions options;
+  options.variants = {Variant()};
+  ASSERT_OK_AND_ASSIGN(Prediction cached, Predict(config, options));
+  ASSERT_TRUE(cached.variants[0].peak.has_value());
+  const int64_t with_cache = cached.variants[0].peak->bytes;
+  EXPECT_EQ(planner.PeakOf(std::vector<int>(4, 0)), with_cache);
+  ModelConfig uncached = config;
+  uncached.use_cache = false;
+  ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(uncached, AttentionMode::kFlash));
+  const int64_t without_cache = replay.Peak(planner, std::vector<int>(4, 0));
+  ASSERT_LT(without_cache, with_cache);
+  ASSERT_OK_AND_ASSIGN(PlanResult plan, planner.Solve(with_cache - 1));
+  bool checkpoints = false;
+  for (const LayerChoice& choice : plan.layers) checkpoints = checkpoints || choice.checkpointed;
+  EXPECT_TRUE(checkpoints);
+  EXPECT_LE(plan.peak_bytes, with_cache - 1);
+  ASSERT_OK_AND_ASSIGN(PlanResult none, planner.Solve(with_cache));
+  EXPECT_EQ(none.recompute_flops, 0);
+  EXPECT_EQ(none.peak_bytes, with_cache);
+}
+
 TEST(PlannerTest, FrontierFallsFromNoneToTheSmallestPeak) {
   const ModelConfig config = SmallStudy(6);
   ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(config, PlannerOptions()));
@@ -302,10 +368,6 @@ TEST(PlannerTest, BadInput) {
   config = SmallStudy(kMaxPlannerLayers + 1);
   EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kInvalidArgument,
                 "at most 1024 layers");
-  config = SmallStudy(2);
-  config.amp = DType::kBFloat16;
-  EXPECT_STATUS(Planner::Create(config, PlannerOptions()), absl::StatusCode::kUnimplemented,
-                "autocast");
 }
 
 }  // namespace
