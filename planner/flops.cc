@@ -142,6 +142,12 @@ absl::StatusOr<OpFlops> SegmentFlops(const BlockGraph& graph, const ModelConfig&
   return sum;
 }
 
+// RangeRecompute is what `variant` recomputes over layers [first, first + count): each
+// distinct (kind, choice) pair's FLOPs counted once, then summed over the layers.
+absl::StatusOr<int64_t> RangeRecompute(const ModelConfig& config, AttentionMode attention,
+                                       const ModelGraphs& graphs, const Variant& variant,
+                                       int64_t first, int64_t count);
+
 }  // namespace
 
 absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMode attention) {
@@ -197,25 +203,13 @@ absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, Attentio
                                              const Variant& variant) {
   absl::StatusOr<StepFlops> step = CountStepFlops(config, attention);
   if (!step.ok()) return step.status();
-  // Layers of one kind and choice cost the same: count each distinct pair once.
+  // Layers of one kind and choice cost the same: each distinct pair counted once.
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
-  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> seen;
-  CheckedInt64 recompute = 0;
-  for (int64_t i = 0; i < config.layers; ++i) {
-    const std::pair<int, LayerChoice> key = {graphs->KindOf(i), variant.At(i)};
-    auto it = std::find_if(seen.begin(), seen.end(),
-                           [&](const auto& entry) { return entry.first == key; });
-    if (it == seen.end()) {
-      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, key.second, i);
-      if (!flops.ok()) return flops.status();
-      seen.emplace_back(key, *flops);
-      it = std::prev(seen.end());
-    }
-    recompute += it->second;
-  }
-  if (recompute.overflowed()) return absl::OutOfRangeError("the recompute FLOPs overflow int64");
+  absl::StatusOr<int64_t> recompute =
+      RangeRecompute(config, attention, *graphs, variant, 0, config.layers);
+  if (!recompute.ok()) return recompute.status();
   VariantRecompute out;
-  out.recompute_flops = recompute.value();
+  out.recompute_flops = *recompute;
   out.step_flops = step->total;
   out.overhead = step->total > 0 ? (static_cast<double>(step->total) +
                                     static_cast<double>(out.recompute_flops)) /
@@ -239,20 +233,10 @@ absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionM
     forward += flops->forward * count;
     backward += flops->backward * count;
   }
-  // The recompute of each distinct (kind, choice) pair, counted once.
-  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> seen;
-  for (int64_t i = stage.first_layer; i < stage.first_layer + stage.layers; ++i) {
-    const std::pair<int, LayerChoice> key = {graphs->KindOf(i), variant.At(i)};
-    auto it = std::find_if(seen.begin(), seen.end(),
-                           [&](const auto& entry) { return entry.first == key; });
-    if (it == seen.end()) {
-      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, key.second, i);
-      if (!flops.ok()) return flops.status();
-      seen.emplace_back(key, *flops);
-      it = std::prev(seen.end());
-    }
-    recompute += it->second;
-  }
+  absl::StatusOr<int64_t> recomputed =
+      RangeRecompute(config, attention, *graphs, variant, stage.first_layer, stage.layers);
+  if (!recomputed.ok()) return recomputed.status();
+  recompute += *recomputed;
   std::vector<const BlockGraph*> ends;
   if (stage.prologue && graphs->prologue.has_value()) ends.push_back(&*graphs->prologue);
   if (stage.head) ends.push_back(&graphs->epilogue);
@@ -268,4 +252,28 @@ absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionM
   return StageFlopsCount{forward.value(), backward.value(), recompute.value()};
 }
 
+namespace {
+
+absl::StatusOr<int64_t> RangeRecompute(const ModelConfig& config, AttentionMode attention,
+                                       const ModelGraphs& graphs, const Variant& variant,
+                                       int64_t first, int64_t count) {
+  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> seen;
+  CheckedInt64 recompute = 0;
+  for (int64_t i = first; i < first + count; ++i) {
+    const std::pair<int, LayerChoice> key = {graphs.KindOf(i), variant.At(i)};
+    auto it = std::find_if(seen.begin(), seen.end(),
+                           [&](const auto& entry) { return entry.first == key; });
+    if (it == seen.end()) {
+      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, key.second, i);
+      if (!flops.ok()) return flops.status();
+      seen.emplace_back(key, *flops);
+      it = std::prev(seen.end());
+    }
+    recompute += it->second;
+  }
+  if (recompute.overflowed()) return absl::OutOfRangeError("the recompute FLOPs overflow int64");
+  return recompute.value();
+}
+
+}  // namespace
 }  // namespace memledger

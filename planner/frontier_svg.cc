@@ -57,16 +57,9 @@ std::string FrontierSvg(const std::string& title, const PlanReport& report) {
   const double step = static_cast<double>(NiceBytesCeiling(static_cast<int64_t>(hi - lo + 1))) / 4;
   Axes axes{std::max(0.0, lo - margin), hi + margin, 1.0, 1.0 + (top - 1.0) * 1.12 + 1e-3};
 
-  std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-      "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
-      "<style>.title{font-size:16px;font-weight:bold}.tick{font-size:11px;fill:#444}"
-      ".axis{font-size:12px;fill:#222}.label{font-size:12px}.note{font-size:11px;fill:#444}"
-      "</style>\n<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n"
-      "<text x=\"%d\" y=\"24\" class=\"title\">%s</text>\n"
-      "<text x=\"%d\" y=\"44\" class=\"note\">least recompute at each budget (the staircase); "
-      "points: fixed variants at their own peak</text>\n",
-      kWidth, kHeight, kWidth, kHeight, kWidth, kHeight, kLeft, SvgEscape(title), kLeft);
+  std::string svg = ChartHead(kWidth, kHeight, kLeft, title,
+                              "least recompute at each budget (the staircase); points: fixed "
+                              "variants at their own peak");
   // Grid and ticks.
   for (double b = std::ceil(axes.x0 / step) * step; b <= axes.x1; b += step) {
     absl::StrAppendFormat(&svg,

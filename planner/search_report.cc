@@ -176,19 +176,13 @@ std::string SearchSvg(const SearchResult& r, const SearchOptions& o) {
   auto Y = [&](double bytes) {
     return kTop + kPlotHeight - bytes / static_cast<double>(y_top) * kPlotHeight;
   };
-  std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-      "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
-      "<style>.title{font-size:16px;font-weight:bold}.tick{font-size:11px;fill:#444}"
-      ".axis{font-size:12px;fill:#222}.label{font-size:12px}.note{font-size:11px;fill:#444}"
-      "</style>\n<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n"
-      "<text x=\"%d\" y=\"24\" class=\"title\">%s</text>\n"
-      "<text x=\"%d\" y=\"44\" class=\"note\">%d layouts that fit: most loaded rank's exact "
-      "peak against a modelled step time; the line joins the front</text>\n",
-      kWidth, kHeight, kWidth, kHeight, kWidth, kHeight, kLeft,
-      SvgEscape(absl::StrFormat("%s on %d x %s, global batch %d, seq %d", r.model, o.gpus,
-                                o.gpu.name, o.global_batch, r.config.seq)),
-      kLeft, r.layouts.size());
+  std::string svg = ChartHead(
+      kWidth, kHeight, kLeft,
+      absl::StrFormat("%s on %d x %s, global batch %d, seq %d", r.model, o.gpus, o.gpu.name,
+                      o.global_batch, r.config.seq),
+      absl::StrFormat("%d layouts that fit: most loaded rank's exact peak against a modelled "
+                      "step time; the line joins the front",
+                      r.layouts.size()));
   const double y_step = static_cast<double>(y_top) / 4;
   for (int k = 0; k <= 4; ++k) {
     const double b = y_step * k;
