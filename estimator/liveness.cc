@@ -351,6 +351,31 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
   return out;
 }
 
+absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec& optimizer,
+                                                            const ResidentBytes& resident) const {
+  if (absl::Status s = ValidateRun(config_, attention_, {Variant()}, optimizer); !s.ok()) {
+    return s;
+  }
+  const ParallelSpec& parallel = options_.rank.parallel;
+  if (parallel.pp > 1 || parallel.zero >= 3) {
+    return absl::UnimplementedError(
+        "peak memory: the step's end alone is modelled for one pipeline stage with ZeRO 0-2");
+  }
+  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  StepTimeline timeline = ResidentTimeline(resident);
+  StepOptions options = options_;
+  options.record_events = false;
+  const Variant none;
+  Simulation simulation(config_, none, optimizer, options, &timeline);
+  if (absl::Status s = simulation.RunReduction(plans); !s.ok()) return s;
+  const SegmentSummary& end = simulation.segments().optimizer;
+  StepStretch out;
+  for (int64_t bytes : end.net) out.net += bytes;
+  out.has_rise = end.has_rise;
+  out.rise = end.rise;
+  return out;
+}
+
 absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,
                                           const Variant& variant,
                                           const OptimizerSpec& optimizer,

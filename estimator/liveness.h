@@ -197,6 +197,12 @@ class StepSimulator {
   // Simulate returns the variant's timeline and peak (Unimplemented for master weights).
   absl::StatusOr<StepTimeline> Simulate(const Variant& variant, const OptimizerSpec& optimizer,
                                         const ResidentBytes& resident) const;
+  // ReductionStretch is the step's end alone for this model (its every parameter's
+  // .grad, as the backward leaves them): the rank's data-parallel reduction (RankStep:
+  // ZeRO 0-2, one pipeline stage of the whole model) and the optimizer's step. A caller
+  // composing a rank's step from short models' stretches puts it after their tail.
+  absl::StatusOr<StepStretch> ReductionStretch(const OptimizerSpec& optimizer,
+                                               const ResidentBytes& resident) const;
   // Stretches replays every layer (no events) and returns the step's stretches.
   absl::StatusOr<StepStretches> Stretches(const Variant& variant, const OptimizerSpec& optimizer,
                                           const ResidentBytes& resident) const;

@@ -123,17 +123,12 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
       StepSimulator::Create(config, options.attention, step);
   if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());
   if (!simulator.ok()) return simulator.status();
-  const bool flat = parallel.zero == 1 || parallel.zero == 2;
-  const CheckedInt64 flat_bytes =
-      CheckedInt64(ZeroShardElements(kind->n_params, parallel.dp)) * parallel.dp * ElementSizeBytes(config.dtype);
-  if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
-  const ResidentBytes resident{flat ? flat_bytes.value() : kind->param_bytes,
-                               kind->optimizer_state_bytes,
-                               BufferBytes(*ModelGraphsFor(config, options.attention), config)
-                                   .value()};
+  absl::StatusOr<ResidentBytes> resident =
+      RankResident(config, parallel, *kind, options.attention);
+  if (!resident.ok()) return resident.status();
   for (RankVariant& v : kind->variants) {
     absl::StatusOr<StepTimeline> timeline =
-        simulator->Simulate(v.held.variant, options.optimizer, resident);
+        simulator->Simulate(v.held.variant, options.optimizer, *resident);
     if (timeline.ok()) {
       v.held.peak = timeline->peak;
       if (options.timeline) {
@@ -149,6 +144,16 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
 }
 
 }  // namespace
+
+absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
+                                           const RankKind& kind, AttentionMode attention) {
+  const bool flat = parallel.zero == 1 || parallel.zero == 2;
+  const CheckedInt64 flat_bytes = CheckedInt64(ZeroShardElements(kind.n_params, parallel.dp)) *
+                                  parallel.dp * ElementSizeBytes(config.dtype);
+  if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
+  return ResidentBytes{flat ? flat_bytes.value() : kind.param_bytes, kind.optimizer_state_bytes,
+                       BufferBytes(*ModelGraphsFor(config, attention), config).value()};
+}
 
 absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
                                              const ParallelSpec& parallel,

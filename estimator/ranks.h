@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
+#include "estimator/liveness.h"
 #include "estimator/parallel_spec.h"
 #include "estimator/predict.h"
 
@@ -76,6 +77,13 @@ struct RanksPrediction {
 absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
                                              const ParallelSpec& parallel,
                                              const PredictOptions& options);
+
+// RankResident is what `kind`'s ranks hold before the step besides their input: the
+// parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a multiple of
+// dp), the optimizer's state (a shard with ZeRO) and the modules' buffers; OutOfRange
+// when the parameters' bytes overflow int64.
+absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
+                                           const RankKind& kind, AttentionMode attention);
 
 // DistributedPrediction is what predict reports for a run with --dp or --pp: the whole
 // model's prediction (its config and graphs; no peak, which is no rank's) and every

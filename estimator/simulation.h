@@ -59,6 +59,10 @@ class Simulation {
         options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
 
   absl::Status Run(const ModelPlans& plans);
+  // RunReduction is the step's end alone, from the .grads the backward leaves (one per
+  // parameter, each its own storage): the data-parallel reduction and the optimizer's
+  // step, as segments().optimizer (the rank's, without ZeRO-3; one pipeline stage).
+  absl::Status RunReduction(const ModelPlans& plans);
   // set_model_layers: the real model's layer count when this simulation replays a short
   // model for ComposePeak (what is made once for the whole model is the real one's).
   void set_model_layers(int64_t layers) { model_layers_ = layers; }

@@ -135,6 +135,34 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   return status;
 }
 
+absl::Status Simulation::RunReduction(const ModelPlans& plans) {
+  const ModelGraphs& graphs = *plans.graphs;
+  if (graphs.prologue.has_value()) prologue_graph_ = &*graphs.prologue;
+  graphs_ = &graphs;
+  segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
+  chunks_ = {WholeModel(config_)};
+  memory_.Begin();
+  ParameterOrder(plans);
+  for (const ParameterKey& key : parameter_order_) {
+    if (grads_.count(key) > 0) continue;
+    const SegmentPlan* plan = key.first == Where::kPrologue ? plans.prologue.get()
+                              : key.first == Where::kHead   ? plans.head.get()
+                                                            : plans.Layer(key.first);
+    const TensorDef& def = plan->graph->tensors[key.second];
+    const int64_t bytes = NumelOf(plan->walk.tensor_layouts[key.second].layout) *
+                          ElementSizeBytes(def.dtype);
+    grads_.emplace(key, memory_.Alloc(bytes, MemoryCategory::kGradient));
+  }
+  memory_.SetPhase(StepPhase::kOptimizer);
+  memory_.BeginSegment();
+  absl::Status status = ReduceAndStep();
+  segments_.optimizer = memory_.EndSegment();
+  if (status.ok() && memory_.overflowed()) {
+    return absl::OutOfRangeError("the step's end overflows int64");
+  }
+  return status;
+}
+
 // PipelineSchedule executes a pipeline rank's steps (estimator/pipeline_steps.h): each
 // chunk's forwards and backwards in order, and the point-to-point operations between
 // them: receives allocate their buffers (input, then output gradient); then what was

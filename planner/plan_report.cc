@@ -48,6 +48,7 @@ rapidjson::Document PlanReportJson(const PlanReport& r) {
                      p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
   doc.AddMember("budget_bytes", r.budget_bytes, a);
+  if (r.parallel.dp > 1) doc.AddMember("parallel", ParallelJson(p.config, r.parallel, a), a);
   rapidjson::Value plan(rapidjson::kArrayType);
   for (const LayerChoice& choice : r.plan.layers) plan.PushBack(String(choice.Name(), a), a);
   doc.AddMember("plan", plan, a);
@@ -92,9 +93,19 @@ rapidjson::Document PlanReportJson(const PlanReport& r) {
 std::string PlanReportTable(const PlanReport& r) {
   const ModelConfig& c = r.prediction.config;
   std::string out = absl::StrFormat(
-      "checkpoint plan: %s, %d layers, batch %d, seq %d, %s attention, %s; budget %s\n",
+      "checkpoint plan: %s, %d layers, batch %d, seq %d, %s attention, %s%s, %s%s%s; budget "
+      "%s\n",
       FamilyName(c.family), c.layers, c.batch, c.seq, AttentionModeName(r.prediction.attention),
-      OptimizerName(r.prediction.optimizer.kind), HumanBytes(r.budget_bytes));
+      ModelDTypeName(c.dtype),
+      c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
+      OptimizerName(r.prediction.optimizer.kind),
+      r.prediction.optimizer.master_weights ? " with fp32 master weights" : "",
+      r.parallel.dp > 1 ? absl::StrCat("; one of ", r.parallel.dp, " data-parallel ranks",
+                                       r.parallel.zero > 0
+                                           ? absl::StrCat(" with ZeRO-", r.parallel.zero)
+                                           : std::string())
+                        : std::string(),
+      HumanBytes(r.budget_bytes));
   for (const std::string& run : PlanRuns(r.plan.layers)) {
     absl::StrAppend(&out, "  layers ", run, "\n");
   }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "estimator/config.h"
+#include "estimator/parallel_spec.h"
 #include "estimator/predict.h"
 #include "planner/planner.h"
 #include "rapidjson/document.h"
@@ -42,6 +43,8 @@ struct PlanReport {
   std::vector<VariantCost> variants;
   std::vector<FrontierPoint> frontier;
   double flops_per_second = 0;  // > 0: also predict step times
+  // parallel: the data-parallel layout whose one rank is planned (dp 1: one process).
+  ParallelSpec parallel;
 };
 
 // PlanRuns is a plan as runs of equal choices: "0-3 full", "4 selective:matmul".

@@ -6,6 +6,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
+#include "estimator/report.h"
 #include "planner/flops.h"
 #include "planner/planner.h"
 
@@ -35,15 +37,17 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
 
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
-  if (spec.parallel.Distributed()) {
+  const ParallelSpec& parallel = spec.parallel;
+  if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3) {
     return absl::InvalidArgumentError(
-        "--dp and --pp: the planner plans one tensor-parallel rank, not data or pipeline "
-        "parallelism yet");
+        "--pp, --micro_batches and --zero=3: the planner plans one data-parallel rank "
+        "(--dp with ZeRO 0-2) of one micro-batch, not pipeline stages or accumulation yet");
   }
   PlannerOptions planner_options;
   planner_options.attention = spec.attention;
   planner_options.optimizer = spec.optimizer;
   planner_options.cpu_threads = options.cpu_threads;
+  planner_options.parallel = parallel;
   absl::StatusOr<Planner> planner = Planner::Create(spec.config, planner_options);
   if (absl::IsUnimplemented(planner.status())) {
     // Not composed yet (autocast): the input is what cannot be planned.
@@ -53,6 +57,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
 
   PlanReport report;
   report.budget_bytes = options.budget_bytes;
+  report.parallel = parallel;
   report.flops_per_second = options.flops_per_second;
   // The fixed variants beside the plan, their peaks and recompute.
   PredictOptions predict;
@@ -60,7 +65,23 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   predict.optimizer = spec.optimizer;
   predict.variants = spec.variants;
   predict.cpu_threads = options.cpu_threads;
-  absl::StatusOr<Prediction> prediction = Predict(spec.config, predict);
+  // predicted: one process's prediction, or a data-parallel rank's (its buckets and
+  // peaks, as PredictRanks replays them).
+  auto predicted = [&](const PredictOptions& o) -> absl::StatusOr<Prediction> {
+    if (!parallel.Distributed()) return Predict(spec.config, o);
+    PredictOptions whole_options = o;
+    whole_options.peak = false;
+    absl::StatusOr<Prediction> whole = Predict(spec.config, whole_options);
+    if (!whole.ok()) return whole.status();
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec.config, parallel, o);
+    if (!ranks.ok()) return ranks.status();
+    Prediction rank = RankView(*whole, ranks->kinds[0]);
+    for (size_t v = 0; v < rank.variants.size(); ++v) {
+      rank.variants[v].peak = ranks->kinds[0].variants[v].held.peak;
+    }
+    return rank;
+  };
+  absl::StatusOr<Prediction> prediction = predicted(predict);
   if (!prediction.ok()) return prediction.status();
   report.prediction = *prediction;
   for (const VariantPrediction& v : prediction->variants) {
@@ -79,7 +100,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   report.plan = *plan;
   // Replay the plan itself: where its peak happens, and a check of the composition.
   predict.variants = {PlanVariant(plan->layers)};
-  absl::StatusOr<Prediction> replayed = Predict(spec.config, predict);
+  absl::StatusOr<Prediction> replayed = predicted(predict);
   if (!replayed.ok()) return replayed.status();
   if (const auto& peak = replayed->variants[0].peak; peak.has_value()) {
     if (peak->bytes != plan->peak_bytes) {

@@ -29,8 +29,9 @@ struct PlanRunOptions {
 absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
 
 // RunPlanner plans `spec` (its variants are the fixed ones shown beside the plan).
-// InvalidArgument for bad input, including configs whose stretches do not compose yet
-// (autocast, master weights, Megatron's ops) and data or pipeline parallelism;
+// With --dp (ZeRO 0-2, one micro-batch) it plans one data-parallel rank: its buckets,
+// peaks and plan are the rank's. InvalidArgument for bad input, including configs whose
+// stretches do not compose yet (Megatron's ops), pipeline stages and accumulation;
 // ResourceExhausted when no plan fits the
 // budget; Internal if the plan's replayed peak differs from the planner's composed one.
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "estimator/family.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "estimator/units.h"
 #include "planner/planner_tables.h"
 
@@ -95,7 +96,15 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     tables->recompute.push_back(*recompute);
   }
 
-  // Resident bytes: parameters, optimizer state and buffers, as Predict counts them.
+  // Resident bytes: parameters, optimizer state and buffers, as Predict counts them (a
+  // data-parallel rank's as PredictRanks does).
+  const ParallelSpec& parallel = options.parallel;
+  if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
+  if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3) {
+    return absl::UnimplementedError(
+        "the checkpoint planner plans one data-parallel rank with ZeRO 0-2 and one "
+        "micro-batch, not --pp, --micro_batches or --zero=3 yet");
+  }
   PredictOptions predict;
   predict.attention = options.attention;
   predict.optimizer = options.optimizer;
@@ -103,10 +112,18 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   predict.peak = false;
   absl::StatusOr<Prediction> buckets = Predict(config, predict);
   if (!buckets.ok()) return buckets.status();
-  const ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes,
-                               buckets->buffer_bytes};
+  ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes,
+                         buckets->buffer_bytes};
+  if (parallel.dp > 1) {
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, predict);
+    if (!ranks.ok()) return ranks.status();
+    absl::StatusOr<ResidentBytes> rank =
+        RankResident(config, parallel, ranks->kinds[0], options.attention);
+    if (!rank.ok()) return rank.status();
+    resident = *rank;
+  }
   // The plan without checkpoints keeps transformers' DynamicCache: its own peak.
-  if (model.KeepsKvCache()) {
+  if (model.KeepsKvCache() && parallel.dp <= 1) {  // ranks keep no DynamicCache
     StepOptions cached;
     cached.cpu_threads = options.cpu_threads;
     cached.record_events = false;
@@ -170,9 +187,21 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     }
   }
 
-  // The optimizer's rise over the model's layers (one kind: checked above).
-  for (int64_t bytes : tables->optimizer_layer_bytes) {
-    tables->optimizer.rise += config.layers * bytes;
+  if (parallel.dp > 1) {
+    // The rank's step ends with the gradients' reduction and its shard's step, over the
+    // whole model's parameters, whatever the plan.
+    StepOptions rank = step;
+    rank.rank.parallel = parallel;
+    absl::StatusOr<StepSimulator> whole = StepSimulator::Create(config, options.attention, rank);
+    if (!whole.ok()) return whole.status();
+    absl::StatusOr<StepStretch> end = whole->ReductionStretch(options.optimizer, resident);
+    if (!end.ok()) return end.status();
+    tables->optimizer = *end;
+  } else {
+    // The optimizer's rise over the model's layers (one kind: checked above).
+    for (int64_t bytes : tables->optimizer_layer_bytes) {
+      tables->optimizer.rise += config.layers * bytes;
+    }
   }
 
   // The layer count times the largest stretch must fit int64 with room to add.

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "estimator/config.h"
 #include "estimator/liveness.h"
+#include "estimator/parallel_spec.h"
 #include "planner/flops.h"
 
 namespace memledger {
@@ -54,6 +55,10 @@ struct PlannerOptions {
   // general: use the general labels (F, U, S, cost) even where the step's stretches
   // allow the local ones (F, cost); tests run both.
   bool general = false;
+  // parallel: one data-parallel rank's step (dp ranks with ZeRO 0-2, one micro-batch,
+  // one pipeline stage): its layers' stretches are one process's, its resident bytes
+  // and the step's end (the gradients' reduction, the sharded optimizer step) the rank's.
+  ParallelSpec parallel;
 };
 
 // PlanResult is one plan and what it costs.

@@ -99,7 +99,8 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --cpu_threads=0", "--cpu_threads"},
            {"--budget_gib=1 --layers=0", "--layers"},
            {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
-           {"--budget_gib=1 --model=tiny-llama --pp=2", "--dp and --pp"},
+           {"--budget_gib=1 --model=tiny-llama --pp=2", "--pp, --micro_batches and --zero=3"},
+           {"--budget_gib=1 --model=tiny-llama --dp=2 --zero=3", "--zero=3"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
@@ -172,6 +173,36 @@ TEST(PlannerCliTest, PlanOutVerifiesInLibTorch) {
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("--plan /nonexistent.json: cannot read"), std::string::npos)
       << missing.output;
+}
+
+// One of 4 data-parallel ranks under ZeRO-1, bf16 with fp32 master weights: the rank's
+// resident bytes are the flat parameters and a quarter of the optimizer's state, and its
+// step ends in the gradients' reduction; the planner checks its composed peak against
+// the rank's replayed step (PredictRanks) before it answers.
+TEST(PlannerCliTest, PlansOneDataParallelRank) {
+  const std::string model =
+      "--model=tiny-llama --layers=4 --batch=8 --seq=128 --dtype=bf16 --master_weights";
+  CommandResult r = Planner(model + " --dp=4 --zero=1 --budget_gib=0.004 --frontier_points=3",
+                            /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["parallel"]["dp"].GetInt64(), 4);
+  EXPECT_EQ(doc["parallel"]["zero"].GetInt64(), 1);
+  EXPECT_LE(doc["peak_bytes"].GetInt64(), 4294967);
+  EXPECT_EQ(doc["peak"]["bytes"].GetInt64(), doc["peak_bytes"].GetInt64());
+  // The rank's none, as predict says it for the layout.
+  CommandResult p = RunCommand(
+      "estimator/predict " + model + " --dp=4 --zero=1 --variants=none", /*merge_stderr=*/false);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  rapidjson::Document predicted;
+  predicted.Parse(p.output.c_str());
+  ASSERT_FALSE(predicted.HasParseError()) << p.output;
+  EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(),
+            predicted["peak_bytes"]["none"].GetInt64());
+  EXPECT_EQ(doc["optimizer_state_bytes"].GetInt64(),
+            predicted["optimizer_state_bytes"].GetInt64());
 }
 
 // The planner's low-precision recipes, each plan run in LibTorch to the same peak:

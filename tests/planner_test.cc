@@ -19,6 +19,7 @@
 #include "estimator/liveness.h"
 #include "estimator/model_presets.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "planner/flops.h"
 #include "tests/status_matchers.h"
 
@@ -340,6 +341,65 @@ TEST(PlannerTest, ThePlanWithoutCheckpointsKeepsTheCache) {
   ASSERT_OK_AND_ASSIGN(PlanResult none, planner.Solve(with_cache));
   EXPECT_EQ(none.recompute_flops, 0);
   EXPECT_EQ(none.peak_bytes, with_cache);
+}
+
+// A data-parallel rank's step is one process's up to the backward's end, then the
+// gradients' reduction and the rank's (sharded) optimizer step over the whole model's
+// parameters: composed from the probes and the rank's own end, every plan's peak must be
+// the one PredictRanks replays for the rank.
+TEST(PlannerTest, DataParallelPlansComposeToTheRanksPeak) {
+  std::mt19937 random(11);
+  int compared = 0;
+  struct Rank {
+    const char* name;
+    ModelConfig config;
+    OptimizerSpec optimizer;
+  };
+  for (int64_t layers : {3, 7}) {
+    for (const Rank& r : {Rank{"tiny-llama", Larger(Preset("tiny-llama", layers)), {}},
+                          Rank{"tiny-llama bf16, master weights",
+                               Bf16(Larger(Preset("tiny-llama", layers))), MasterWeights()},
+                          Rank{"wide study", ModelConfig{layers, 128, 2, 1, 4}, {}}}) {
+      for (const auto& [dp, zero] : {std::pair<int64_t, int64_t>{2, 0}, {2, 1}, {3, 1}, {3, 2}}) {
+        SCOPED_TRACE(::testing::Message() << r.name << " L" << layers << " dp " << dp
+                                          << " zero " << zero);
+        PlannerOptions options;
+        options.optimizer = r.optimizer;
+        options.parallel.dp = dp;
+        options.parallel.zero = zero;
+        options.choices = {LayerChoice{false, {}}, LayerChoice{true, {}},
+                           LayerChoice{true, SavePolicy{OpKind::kMatmul}}};
+        ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(r.config, options));
+        std::vector<std::vector<int>> plans;
+        if (layers == 3) {
+          plans = AllPlans(layers, static_cast<int>(planner.choices().size()));
+        } else {
+          for (int k = 0; k < 12; ++k) {
+            std::vector<int> plan(layers);
+            for (int& c : plan) c = static_cast<int>(random() % planner.choices().size());
+            plans.push_back(plan);
+          }
+        }
+        for (const std::vector<int>& plan : plans) {
+          std::vector<LayerChoice> choices;
+          for (int c : plan) choices.push_back(planner.choices()[c]);
+          PredictOptions predict;
+          predict.optimizer = r.optimizer;
+          predict.variants = {PlanVariant(choices)};
+          ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,
+                               PredictRanks(r.config, options.parallel, predict));
+          const VariantPrediction& held = ranks.kinds[0].variants[0].held;
+          ASSERT_TRUE(held.peak.has_value()) << held.peak_unavailable;
+          ASSERT_EQ(planner.PeakOf(plan), held.peak->bytes) << absl::StrJoin(plan, " ");
+          ++compared;
+        }
+        // The solver's plan fits what the rank replays.
+        ASSERT_OK_AND_ASSIGN(PlanResult best, planner.Solve(planner.SmallestBudget()));
+        EXPECT_EQ(best.peak_bytes, planner.SmallestBudget());
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 4 * (27 + 12));
 }
 
 TEST(PlannerTest, FrontierFallsFromNoneToTheSmallestPeak) {
