@@ -48,6 +48,10 @@ CheckedInt64 Elements(const TensorDef& tensor, const SymbolValues& symbols) {
   return numel;
 }
 
+CheckedInt64 TensorElements(const TensorDef& tensor, const ModelConfig& config) {
+  return Elements(tensor, SymbolValues(config));
+}
+
 CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config, bool tied) {
   const SymbolValues symbols(config);
   CheckedInt64 count = 0;

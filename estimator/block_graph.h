@@ -150,6 +150,9 @@ struct ModelGraphs {
 // REQUIRES: ValidateConfig(config).ok().
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
 
+// TensorElements is one tensor's element count for `config`.
+CheckedInt64 TensorElements(const TensorDef& tensor, const ModelConfig& config);
+
 // ParameterCount sums a graph's parameters' elements for `config`; `tied`: those owned
 // by another segment (a tied LM head's weight) instead of the others.
 CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,

@@ -80,9 +80,20 @@ struct StepPeak {
   int64_t event = -1;  // index into events; -1: the resident bytes alone
 };
 
+// ResidentTensor is one tensor that exists before the step (a parameter, one of its
+// optimizer state's tensors), for a memory snapshot's opening allocations.
+struct ResidentTensor {
+  std::string name;  // "layer 3 self_attn.q_proj.weight", "... exp_avg"
+  MemoryCategory category = MemoryCategory::kParameter;
+  int64_t bytes = 0;
+};
+
 struct StepTimeline {
   // resident: live before the step (parameter, optimizer_state, input).
   std::array<int64_t, kNumMemoryCategories> resident{};
+  // resident_tensors: the parameters and optimizer state tensor by tensor, summing to
+  // their resident bytes (empty: only the sums are known, as for a rank's ZeRO shards).
+  std::vector<ResidentTensor> resident_tensors;
   int64_t resident_bytes = 0;
   std::vector<TimelineEvent> events;  // empty unless StepOptions::record_events
   std::vector<std::string> op_labels;

@@ -1,5 +1,6 @@
 #include "estimator/memory_snapshot.h"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -74,11 +75,19 @@ absl::StatusOr<std::string> MemorySnapshotPickle(const StepTimeline& timeline) {
   w.BeginList();
   w.BeginList();  // device 0
   int64_t time = 0;
-  // What exists before the step, one allocation per category.
+  // What exists before the step: the parameters and the optimizer's state tensor by
+  // tensor where known, the rest (buffers, the input) one allocation per category.
   std::vector<Block> before;
+  std::array<bool, kNumMemoryCategories> listed{};
+  for (const ResidentTensor& t : timeline.resident_tensors) {
+    listed[static_cast<int>(t.category)] = true;
+    before.push_back(Block{place(t.bytes), t.bytes, t.name, "before the step",
+                           MemoryCategoryName(t.category)});
+    TraceEntry(w, "alloc", before.back(), time++);
+  }
   for (int c = 0; c < kNumMemoryCategories; ++c) {
     const int64_t bytes = timeline.resident[c];
-    if (bytes <= 0) continue;
+    if (bytes <= 0 || listed[c]) continue;
     const char* category = MemoryCategoryName(static_cast<MemoryCategory>(c));
     before.push_back(Block{place(bytes), bytes, absl::StrCat(category, " (before the step)"),
                            "before the step", category});

@@ -4,8 +4,9 @@
 //   - device_traces[0]: the step's allocations and frees in order, each an "alloc", or a
 //     "free_requested" and its "free_completed", with its address, size, category
 //     ("activation", "gradient", ...) and frames naming the op, the layer and the phase.
-//     It opens with an "alloc" for each category of what exists before the step
-//     (parameters, optimizer state, buffers, input), so that replaying it reaches
+//     It opens with an "alloc" for each tensor that exists before the step (each
+//     parameter and each of its optimizer state's tensors, where the timeline lists
+//     them; the buffers and the input one per category), so that replaying it reaches
 //     exactly the prediction's peak_bytes.
 //   - segments: one segment holding what is still allocated when the step ends.
 // Addresses are made up (each allocation its own, 512-byte aligned, never reused).

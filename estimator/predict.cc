@@ -408,6 +408,57 @@ namespace {
 absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
                                          const PredictOptions& options);
 
+// ResidentTensors lists what exists before one process's step tensor by tensor: each
+// parameter (a tied weight once, the embedding's) and its optimizer state (Adam's
+// exp_avg and exp_avg_sq, SGD's momentum buffer, the fp32 master copy, the step), named
+// by segment. Empty unless they sum to the prediction's bytes.
+std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const ModelConfig& config,
+                                            const OptimizerSpec& optimizer,
+                                            const Prediction& prediction) {
+  std::vector<ResidentTensor> parameters, state;
+  const OptimizerBytesPerParameter per = OptimizerBytesOf(config, optimizer);
+  const bool adam = optimizer.kind != OptimizerKind::kSgd;
+  int64_t parameter_bytes = 0, state_bytes = 0;
+  auto visit = [&](const BlockGraph& graph, const std::string& where) {
+    for (int t : graph.Parameters()) {
+      const TensorDef& def = graph.tensors[t];
+      if (def.is_tied && graphs.prologue.has_value()) continue;  // the embedding's
+      const CheckedInt64 numel = TensorElements(def, config);
+      if (numel.overflowed()) return false;
+      const std::string name = absl::StrCat(where, " ", def.name);
+      const int64_t bytes = numel.value() * ElementSizeBytes(def.dtype);
+      parameters.push_back({name, MemoryCategory::kParameter, bytes});
+      parameter_bytes += bytes;
+      auto add = [&](const char* what, int64_t b) {
+        if (b <= 0) return;
+        state.push_back({absl::StrCat(name, " ", what), MemoryCategory::kOptimizerState, b});
+        state_bytes += b;
+      };
+      const int64_t moments = per.moments * numel.value();
+      if (adam) {
+        add("exp_avg", moments / 2);
+        add("exp_avg_sq", moments - moments / 2);
+      } else {
+        add("momentum_buffer", moments);
+      }
+      add("master", per.master * numel.value());
+      add("step", per.per_tensor);
+    }
+    return true;
+  };
+  bool ok = !graphs.prologue.has_value() || visit(*graphs.prologue, "embeddings");
+  for (int64_t i = 0; ok && i < config.layers; ++i) {
+    ok = visit(graphs.Layer(i), absl::StrCat("layer ", i));
+  }
+  ok = ok && visit(graphs.epilogue, "head");
+  if (!ok || parameter_bytes != prediction.param_bytes ||
+      state_bytes != prediction.optimizer_state_bytes) {
+    return {};
+  }
+  parameters.insert(parameters.end(), state.begin(), state.end());
+  return parameters;
+}
+
 }  // namespace
 
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
@@ -543,6 +594,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
       if (timeline.ok()) {
         v->peak = timeline->peak;
         if (options.timeline) {
+          timeline->resident_tensors = ResidentTensors(*graphs, config, optimizer, prediction);
           v->timeline = std::make_shared<const StepTimeline>(*std::move(timeline));
         }
       } else if (absl::IsUnimplemented(timeline.status())) {

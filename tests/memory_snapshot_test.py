@@ -65,6 +65,27 @@ class MemorySnapshotTest(unittest.TestCase):
                 self.assertTrue({"memledger forward", "memledger backward",
                                  "memledger optimizer"} <= phases, phases)
 
+    def test_it_opens_with_every_parameter_and_its_optimizer_state(self):
+        # tiny-llama (2 layers, untied) has, by hand, 21 parameter tensors: the
+        # embedding, per layer q, k, v, o, gate, up, down and two norms (2 x 9), the
+        # final norm and lm_head; AdamW keeps exp_avg, exp_avg_sq and a 4-byte step for
+        # each: 63 tensors. Then one allocation each for the buffers and the input.
+        p, snapshot = self.snapshot("full", "--model=tiny-llama")
+        trace = snapshot["device_traces"][0]
+        before = [e for e in trace if e["frames"][0]["filename"] == "memledger before the step"]
+        params = [e for e in before if e["category"] == "parameter"]
+        state = [e for e in before if e["category"] == "optimizer_state"]
+        self.assertEqual(len(params), 21)
+        self.assertEqual(len(state), 63)
+        self.assertEqual(sum(e["size"] for e in params), p["param_bytes"])
+        self.assertEqual(sum(e["size"] for e in state), p["optimizer_state_bytes"])
+        names = [e["frames"][0]["name"] for e in before]
+        self.assertIn("embeddings embed_tokens.weight", names)
+        self.assertIn("layer 1 down_proj.weight exp_avg_sq", names)
+        self.assertIn("head lm_head.weight step", names)
+        self.assertEqual([e["size"] for e in state if e["frames"][0]["name"].endswith(" step")],
+                         [4] * 21)
+
     def test_torch_memory_viz_reads_it(self):
         from torch.cuda import _memory_viz
 
