@@ -178,11 +178,14 @@ TEST(PlannerCliTest, PlanOutVerifiesInLibTorch) {
 // One of 4 data-parallel ranks under ZeRO-1, bf16 with fp32 master weights: the rank's
 // resident bytes are the flat parameters and a quarter of the optimizer's state, and its
 // step ends in the gradients' reduction; the planner checks its composed peak against
-// the rank's replayed step (PredictRanks) before it answers.
+// the rank's replayed step (PredictRanks) before it answers; verify runs the plan on
+// the 4 Gloo ranks.
 TEST(PlannerCliTest, PlansOneDataParallelRank) {
   const std::string model =
       "--model=tiny-llama --layers=4 --batch=8 --seq=128 --dtype=bf16 --master_weights";
-  CommandResult r = Planner(model + " --dp=4 --zero=1 --budget_gib=0.004 --frontier_points=3",
+  const std::string plan = TempPath("plan_dp.json");
+  CommandResult r = Planner(model + " --dp=4 --zero=1 --budget_gib=0.004 --frontier_points=3" +
+                                " --plan_out=" + plan,
                             /*merge_stderr=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
@@ -203,6 +206,19 @@ TEST(PlannerCliTest, PlansOneDataParallelRank) {
             predicted["peak_bytes"]["none"].GetInt64());
   EXPECT_EQ(doc["optimizer_state_bytes"].GetInt64(),
             predicted["optimizer_state_bytes"].GetInt64());
+  // The plan on 4 Gloo ranks in LibTorch: each counts the planned peak.
+  CommandResult v = RunCommand("verify/verify " + model +
+                                   " --dp=4 --zero=1 --skip_timing --plan=" + plan,
+                               /*merge_stderr=*/false);
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  rapidjson::Document verified;
+  verified.Parse(v.output.c_str());
+  ASSERT_FALSE(verified.HasParseError()) << v.output;
+  ASSERT_EQ(verified["ranks"].Size(), 4u);
+  for (const rapidjson::Value& rank : verified["ranks"].GetArray()) {
+    EXPECT_EQ(rank["ratio"]["peak_bytes.plan"].GetDouble(), 1.0);
+    EXPECT_EQ(rank["measured"]["peak_bytes.plan"].GetInt64(), doc["peak_bytes"].GetInt64());
+  }
 }
 
 // The planner's low-precision recipes, each plan run in LibTorch to the same peak:

@@ -51,7 +51,8 @@ ABSL_FLAG(std::string, witness_python, "",
           "MEMLEDGER_REFERENCE_PYTHON with MEMLEDGER_TORCH_DIR, as ./bazelw sets them).");
 ABSL_FLAG(std::string, plan, "",
           "A checkpoint plan from //planner (--plan_out): verify it, layer by layer, beside "
-          "`none` (instead of --variants).");
+          "`none` (instead of --variants); with --dp (a plan for one data-parallel rank) on "
+          "every rank.");
 
 namespace {
 
@@ -92,6 +93,13 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   memledger::runtime::DistributedRequest request;
   request.attention = spec.attention;
   request.variants = spec.variants;
+  // A //planner plan (for one data-parallel rank: --dp): beside none, as for one
+  // process; every rank process reads the same file.
+  if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
+    absl::StatusOr<memledger::Variant> plan = memledger::ReadPlanFile(path);
+    if (!plan.ok()) return memledger::ReportError(plan.status());
+    request.variants = {memledger::Variant(), *plan};
+  }
   request.optimizer = spec.optimizer;
   request.seed = absl::GetFlag(FLAGS_seed);
   request.timeout_s = absl::GetFlag(FLAGS_rank_timeout_s);
@@ -99,9 +107,9 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   if (const std::string worker = absl::GetFlag(FLAGS_rank_worker); !worker.empty()) {
     return memledger::runtime::RunRankWorker(spec.config, spec.parallel, request, worker);
   }
-  if (!absl::GetFlag(FLAGS_plan).empty() || !absl::GetFlag(FLAGS_timeline_svg).empty()) {
+  if (!absl::GetFlag(FLAGS_timeline_svg).empty()) {
     return memledger::ReportError(absl::InvalidArgumentError(
-        "--plan and --timeline_svg verify one process; drop them with --dp, --tp or --pp"));
+        "--timeline_svg draws one process's step; drop it with --dp, --tp or --pp"));
   }
   // Ranks sum gradients in another order than one process: in bf16 or fp16 (or under
   // autocast) that differs by up to about 1e-3 (measured), so unless the flag is given
