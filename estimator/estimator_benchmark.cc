@@ -190,6 +190,39 @@ BENCHMARK(BM_PredictRanksPeaksLlama3_70bTp8)
     ->Arg(1)
     ->Unit(benchmark::kMillisecond);
 
+// The interleaved schedule's peaks: llama-3-70b, TP 8 x PP 4 x DP 2 with ZeRO-1 under
+// bf16 autocast, 2 virtual stages, 64 micro-batches of 1. 0: as predict runs it (each
+// rank's schedule replayed for the fewest micro-batches whose steady state repeats);
+// 1: with every event recorded, which replays the whole schedule.
+void BM_PredictRanksPeaksLlama3_70bInterleaved(benchmark::State& state) {
+  std::optional<ModelConfig> config = Llama3_70b(state);
+  if (!config.has_value()) return;
+  config->amp = DType::kBFloat16;
+  config->tp = 8;
+  ParallelSpec parallel;
+  parallel.dp = 2;
+  parallel.pp = 4;
+  parallel.zero = 1;
+  parallel.virtual_stages = 2;
+  parallel.schedule = PipelineSchedule::kInterleaved;
+  parallel.micro_batches = 64;
+  PredictOptions options;
+  options.timeline = state.range(0) == 1;
+  for (auto _ : state) {
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(*config, parallel, options);
+    if (!ranks.ok() || !ranks->kinds[0].variants[0].held.peak.has_value()) {
+      state.SkipWithError("no peak");
+      break;
+    }
+    benchmark::DoNotOptimize(ranks->kinds[0].variants[0].held.peak->bytes);
+  }
+}
+BENCHMARK(BM_PredictRanksPeaksLlama3_70bInterleaved)
+    ->ArgName("whole_schedule")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+
 void BM_PredictGpt2(benchmark::State& state) {
   absl::StatusOr<ModelConfig> config = ModelFromPreset("gpt2");
   if (!config.ok()) {
