@@ -113,8 +113,11 @@ struct Evaluated {
 
 class Search {
  public:
-  Search(const RunRequest& request, const RunSpec& base, const SearchOptions& options)
-      : request_(request), base_(base), options_(options) {}
+  // model_flops: one sequence's forward and backward over the whole model, without
+  // recompute (for the MFU).
+  Search(const RunRequest& request, const RunSpec& base, const SearchOptions& options,
+         double model_flops)
+      : request_(request), base_(base), options_(options), model_flops_(model_flops) {}
 
   // Evaluate predicts the shape's ranks: the bound for every variant, then the peaks of
   // those the bound lets fit (`simulate_all`: of every variant, for the smallest-peak
@@ -240,7 +243,7 @@ class Search {
     in.low_precision_matmul = activations != DType::kFloat32;
     // The slowest stage sets the pipeline's pace; FLOPs of all stages for the rate.
     double step_flops = 0;
-    const RankKind* slowest = nullptr;
+    bool first = true;
     for (const RankKind& kind : ranks.kinds) {
       int64_t flops = 0;
       for (const StageRange& chunk : kind.chunks) {
@@ -249,10 +252,10 @@ class Search {
         flops += count->Total();
       }
       step_flops += static_cast<double>(flops);
-      if (slowest == nullptr || flops > in.stage_flops) {
+      if (first || flops > in.stage_flops) {
         in.stage_flops = flops;
         in.tp_all_reduces = TpAllReduces(kind.chunks, variant);
-        slowest = &kind;
+        first = false;
       }
     }
     in.stage_parameters = loaded.n_params;
@@ -284,15 +287,10 @@ class Search {
     return layout;
   }
 
- public:
-  // model_flops_: one sequence's forward and backward over the whole model, without
-  // recompute (for the MFU).
-  double model_flops_ = 0;
-
- private:
   const RunRequest& request_;
   const RunSpec& base_;
   const SearchOptions& options_;
+  const double model_flops_;
 };
 
 // ForEach runs fn(i) for i in [0, n) over `threads` threads.
@@ -389,12 +387,9 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   base_request.batch = 1;
   absl::StatusOr<RunSpec> base = RunSpecFromRequest(base_request);
   if (!base.ok()) return base.status();
-  Search search(request, *base, options);
-  {
-    absl::StatusOr<StepFlops> flops = CountStepFlops(base->config, base->attention);
-    if (!flops.ok()) return flops.status();
-    search.model_flops_ = static_cast<double>(flops->total);
-  }
+  absl::StatusOr<StepFlops> model_flops = CountStepFlops(base->config, base->attention);
+  if (!model_flops.ok()) return model_flops.status();
+  const Search search(request, *base, options, static_cast<double>(model_flops->total));
   const std::vector<Shape> shapes = Shapes(base->config, options);
   if (shapes.empty()) {
     const LayoutConstraints& f = options.fixed;
