@@ -211,6 +211,16 @@ class PlanTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             memledger.snapshot(variant="full", seq=0)
 
+    def test_plan_one_data_parallel_rank(self):
+        # One of 2 ZeRO-1 ranks: its optimizer state is half the model's (AdamW's moments
+        # of a 1 / dp shard, one step tensor), and the plan fits the budget per rank.
+        p = memledger.plan(model="tiny-llama", dp=2, zero=1, budget_gib=1, frontier_points=0)
+        self.assertEqual(p["parallel"]["dp"], 2)
+        self.assertEqual(p["parallel"]["zero"], 1)
+        whole = memledger.predict(model="tiny-llama", variants="none")
+        self.assertLess(p["optimizer_state_bytes"], whole["optimizer_state_bytes"])
+        self.assertLessEqual(p["peak_bytes"], 2**30)
+
     def test_no_plan_fits_raises_no_plan_fits(self):
         with self.assertRaises(memledger.NoPlanFits) as raised:
             memledger.plan(budget_gib=0.01)
