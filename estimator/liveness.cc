@@ -68,6 +68,16 @@ StepTimeline ResidentTimeline(const ResidentBytes& resident) {
   return timeline;
 }
 
+// StretchOf is a segment's summary as a caller composes it: its net over every category
+// and its rise.
+StepStretch StretchOf(const SegmentSummary& summary) {
+  StepStretch out;
+  for (int64_t bytes : summary.net) out.net += bytes;
+  out.has_rise = summary.has_rise;
+  out.rise = summary.rise;
+  return out;
+}
+
 int64_t ReducedLayers(int64_t layers, const Variant& variant, int64_t k) {
   // A plan has no period: the whole model is replayed.
   if (variant.kind == VariantKind::kPlan) return layers;
@@ -321,13 +331,7 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
   options.record_events = false;
   Simulation simulation(config_, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
-  auto stretch = [](const SegmentSummary& summary) {
-    StepStretch out;
-    for (int64_t bytes : summary.net) out.net += bytes;
-    out.has_rise = summary.has_rise;
-    out.rise = summary.rise;
-    return out;
-  };
+  const auto stretch = StretchOf;
   const Simulation::Segments& segments = simulation.segments();
   StepStretches out;
   out.resident_bytes = timeline.resident_bytes;
@@ -368,12 +372,7 @@ absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec&
   const Variant none;
   Simulation simulation(config_, none, optimizer, options, &timeline);
   if (absl::Status s = simulation.RunReduction(plans); !s.ok()) return s;
-  const SegmentSummary& end = simulation.segments().optimizer;
-  StepStretch out;
-  for (int64_t bytes : end.net) out.net += bytes;
-  out.has_rise = end.has_rise;
-  out.rise = end.rise;
-  return out;
+  return StretchOf(simulation.segments().optimizer);
 }
 
 absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMode attention,
