@@ -189,6 +189,8 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "variants") status = string(&request.variants);
     else if (name == "policy") status = string(&request.policy);
     else if (name == "attention") status = string(&request.attention);
+    else if (name == "device") status = string(&request.device);
+    else if (name == "sdpa_backend") status = string(&request.sdpa_backend);
     else if (name == "dtype") status = string(&request.dtype);
     else if (name == "amp") status = string(&request.amp);
     else if (name == "optimizer") status = string(&request.optimizer);

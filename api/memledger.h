@@ -10,7 +10,7 @@
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
  * "virtual_stages", "micro_batches", "zero" (integers), "variants", "policy",
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
- * "schedule", "experts_impl", "routing" (strings),
+ * "schedule", "experts_impl", "routing", "device", "sdpa_backend" (strings),
  * "momentum" (number), "master_weights", "sp", "explain" (booleans), "format" ("json",
  * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart). An unknown key is an error. With "dp" or
  * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,

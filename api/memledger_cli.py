@@ -25,7 +25,7 @@ NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu"}
 BOOLEANS = {"master_weights", "sp", "explain"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
-           "routing", "gpu"}
+           "routing", "gpu", "device", "sdpa_backend"}
 # Flags the command handles itself: search's chart, written from the C ABI's "svg".
 FILES = {"chart_svg"}
 GROUPS = [
@@ -39,7 +39,7 @@ GROUPS = [
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
                      "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
-    ("device", ["cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
+    ("device", ["device", "sdpa_backend", "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)"]),
     ("output", ["format (json or table)", "explain (predict)", "top (search)",
                 "chart_svg (search)"]),

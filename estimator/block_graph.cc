@@ -1,5 +1,6 @@
 #include "estimator/block_graph.h"
 
+#include <array>
 #include <compare>
 #include <initializer_list>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "estimator/family.h"
+#include "estimator/sdpa_kernel.h"
 
 namespace memledger {
 
@@ -137,6 +139,13 @@ std::vector<std::vector<int64_t>> ExpertLoads(const ModelConfig& config) {
   return loads;
 }
 
+// SdpaKernelKey: the kernel SDPA runs for the model's unmasked or masked calls, as an
+// int for the graph cache's key (-1: the backend asked for cannot run it).
+int SdpaKernelKey(const ModelConfig& config, AttentionMode mode, bool masked) {
+  absl::StatusOr<SdpaKernel> kernel = SdpaKernelFor(config, ModelSdpaCall(config, mode, masked));
+  return kernel.ok() ? static_cast<int>(*kernel) : -1;
+}
+
 }  // namespace
 
 std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
@@ -157,6 +166,9 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     // The eager experts' sizes: every sparse layer's tokens per expert.
     std::vector<std::vector<int64_t>> expert_loads;
     bool sliding_masked;
+    Device device;
+    // The kernels SDPA runs for an unmasked and a masked call (-1: none can).
+    std::array<int, 2> sdpa_kernels;
     auto operator<=>(const GraphKey&) const = default;
   };
   const bool grouped_query = config.KvHeads() < config.heads;
@@ -178,7 +190,9 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.moe.impl,
                      config.moe.sparse_layers,
                      ExpertLoads(config),
-                     config.SlidingWindowMasked()};
+                     config.SlidingWindowMasked(),
+                     config.device,
+                     {SdpaKernelKey(config, mode, false), SdpaKernelKey(config, mode, true)}};
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);

@@ -51,6 +51,14 @@ ABSL_FLAG(std::string, policy, "matmul",
           "has it (the llama family: matmul, attention, silu).");
 ABSL_FLAG(std::string, attention, "flash",
           "flash (PyTorch 2.x CPU flash SDPA contract) or math (plain ops, keeps T x T).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the step runs: cpu (what memledger's runtime measures) or cuda (a CUDA "
+          "GPU's step: CUDA autocast's fp32 list, the CUDA SDPA kernels, native dropout's "
+          "masks; saved bytes only, its peak is not modelled yet).");
+ABSL_FLAG(std::string, sdpa_backend, "auto",
+          "The kernel scaled_dot_product_attention runs: auto (what the pinned torch picks "
+          "for the dtype, head_dim, mask and grouped-query heads; on an sm90 GPU flash, then "
+          "efficient, then math), flash, efficient, cudnn or math.");
 ABSL_FLAG(std::string, dtype, "fp32",
           "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
           "(pure low precision; PyTorch still keeps some tensors in fp32).");
@@ -126,6 +134,8 @@ RunRequest RunRequestFromFlags() {
   request.every = absl::GetFlag(FLAGS_every);
   request.policy = absl::GetFlag(FLAGS_policy);
   request.attention = absl::GetFlag(FLAGS_attention);
+  request.device = absl::GetFlag(FLAGS_device);
+  request.sdpa_backend = absl::GetFlag(FLAGS_sdpa_backend);
   request.dtype = absl::GetFlag(FLAGS_dtype);
   request.amp = absl::GetFlag(FLAGS_amp);
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -198,6 +208,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},
     {"global_batch", "input"},   {"max_virtual_stages", "parallelism"},
+    {"device", "device"},        {"sdpa_backend", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
     {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
     {"witness", "verification"}, {"witness_python", "verification"},

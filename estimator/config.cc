@@ -20,6 +20,7 @@ int64_t ElementSizeBytes(DType dtype) {
       return 1;
     case DType::kInt64:
     case DType::kFloat64:
+    case DType::kUInt64:
       return 8;
     case DType::kInt32:
       return 4;
@@ -48,8 +49,46 @@ const char* DTypeName(DType dtype) {
       return "float64";
     case DType::kInt32:
       return "int32";
+    case DType::kUInt64:
+      return "uint64";
   }
   return "?";
+}
+
+absl::string_view DeviceName(Device device) {
+  return device == Device::kCuda ? "cuda" : "cpu";
+}
+
+absl::StatusOr<Device> ParseDevice(absl::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device must be cpu or cuda, got '", name, "'"));
+}
+
+absl::string_view SdpaBackendName(SdpaBackend backend) {
+  switch (backend) {
+    case SdpaBackend::kAuto:
+      return "auto";
+    case SdpaBackend::kFlash:
+      return "flash";
+    case SdpaBackend::kEfficient:
+      return "efficient";
+    case SdpaBackend::kCudnn:
+      return "cudnn";
+    case SdpaBackend::kMath:
+      return "math";
+  }
+  return "?";
+}
+
+absl::StatusOr<SdpaBackend> ParseSdpaBackend(absl::string_view name) {
+  for (SdpaBackend backend : {SdpaBackend::kAuto, SdpaBackend::kFlash, SdpaBackend::kEfficient,
+                              SdpaBackend::kCudnn, SdpaBackend::kMath}) {
+    if (name == SdpaBackendName(backend)) return backend;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--sdpa_backend must be auto, flash, efficient, cudnn or math, got '", name, "'"));
 }
 
 absl::StatusOr<DType> ParseModelDType(absl::string_view name) {
@@ -84,6 +123,7 @@ absl::string_view ModelDTypeName(DType dtype) {
     case DType::kInt64:
     case DType::kFloat64:
     case DType::kInt32:
+    case DType::kUInt64:
       break;  // never a model's dtype
   }
   return "?";

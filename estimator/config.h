@@ -22,16 +22,19 @@
 namespace memledger {
 
 // DType is an element type of a tensor.
-// kFloat64 only for the 0-dim tensors a Python number is wrapped in (mul.Tensor(x, 0.5)).
-enum class DType : uint8_t { kFloat32, kBool, kInt64, kBFloat16, kFloat16, kFloat64, kInt32 };
-inline constexpr int kNumDTypes = static_cast<int>(DType::kInt32) + 1;
+// kFloat64 only for the 0-dim tensors a Python number is wrapped in (mul.Tensor(x, 0.5));
+// kUInt64 only for the CUDA flash kernel's philox seed and offset.
+enum class DType : uint8_t {
+  kFloat32, kBool, kInt64, kBFloat16, kFloat16, kFloat64, kInt32, kUInt64
+};
+inline constexpr int kNumDTypes = static_cast<int>(DType::kUInt64) + 1;
 
 int64_t ElementSizeBytes(DType dtype);
 
 // PromoteTypes is ATen's result type of an op on two floating tensors of these dtypes:
 // the dtype itself when they agree, else fp32 (bf16 with fp32 or fp16 -> fp32).
 DType PromoteTypes(DType a, DType b);
-// "float32", "bool", "int64", "bfloat16", "float16", "float64"
+// "float32", "bool", "int64", "bfloat16", "float16", "float64", "int32", "uint64"
 const char* DTypeName(DType dtype);
 
 // ParseModelDType parses --dtype: fp32, bf16 or fp16.
@@ -40,6 +43,19 @@ absl::StatusOr<DType> ParseModelDType(absl::string_view name);
 absl::StatusOr<DType> ParseAmp(absl::string_view name);
 absl::string_view AmpName(DType amp);  // "none", "bf16", "fp16"
 absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
+
+// Device is where the step runs. kCpu is the step memledger's runtime measures here;
+// kCuda is a CUDA GPU's step: CUDA autocast's lists, the CUDA SDPA kernels and dropout,
+// and only device memory counted (a Python number wrapped for an op stays on the host).
+enum class Device : uint8_t { kCpu, kCuda };
+absl::string_view DeviceName(Device device);  // "cpu", "cuda"
+absl::StatusOr<Device> ParseDevice(absl::string_view name);  // --device
+
+// SdpaBackend is --sdpa_backend: the kernel F.scaled_dot_product_attention runs.
+// kAuto is what the pinned torch selects for the call (estimator/sdpa_kernel.h).
+enum class SdpaBackend : uint8_t { kAuto, kFlash, kEfficient, kCudnn, kMath };
+absl::string_view SdpaBackendName(SdpaBackend backend);  // "auto", "flash", ...
+absl::StatusOr<SdpaBackend> ParseSdpaBackend(absl::string_view name);
 
 // Family is the kind of model: which graph the estimator builds and the runtime runs.
 // Each is defined in one place per side: estimator/families/<name>.cc (its FamilyDef,
@@ -228,6 +244,9 @@ struct ModelConfig {
   // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
+  // device: where the step runs; sdpa_backend: the SDPA kernel asked for.
+  Device device = Device::kCpu;
+  SdpaBackend sdpa_backend = SdpaBackend::kAuto;
 
   // KeepsKvCache: use_cache for a family transformers builds (not the study or
   // megatron-gpt, which have no DynamicCache).
@@ -303,7 +322,8 @@ struct ModelConfig {
            a.sliding_window == b.sliding_window && a.moe == b.moe &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
-           a.checkpoint_impl == b.checkpoint_impl;
+           a.checkpoint_impl == b.checkpoint_impl && a.device == b.device &&
+           a.sdpa_backend == b.sdpa_backend;
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/sdpa_kernel.h"
 
 namespace memledger {
 
@@ -179,10 +180,35 @@ absl::Status ValidateConfig(const ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// ValidateDevice: what runs SDPA's kernel on the device asked for, and what a CUDA step
+// does not model yet.
+absl::Status ValidateDevice(const ModelConfig& config, AttentionMode attention) {
+  if (attention == AttentionMode::kMath && config.sdpa_backend != SdpaBackend::kAuto) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sdpa_backend=", SdpaBackendName(config.sdpa_backend),
+        " needs --attention=flash (SDPA's attention; --attention=math is plain ops)"));
+  }
+  if (config.device == Device::kCuda) {
+    auto not_yet = [](absl::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device=cuda: ", what, " is not modelled yet"));
+    };
+    if (config.megatron) return not_yet("megatron-gpt (Megatron's fused CUDA kernels)");
+    if (config.moe.Sparse()) return not_yet("a mixture of experts");
+    if (config.tp > 1) return not_yet("tensor parallelism");
+    if (config.SlidingWindowMasked()) return not_yet("the sliding-window mask");
+    if (attention == AttentionMode::kMath) {
+      return not_yet("--attention=math (plain-ops attention)");
+    }
+  }
+  return SdpaKernelsName(config, attention).status();
+}
+
 absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
                          const std::vector<Variant>& variants,
                          const OptimizerSpec& optimizer) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (absl::Status s = ValidateDevice(config, attention); !s.ok()) return s;
   if (config.SlidingWindowMasked() && attention == AttentionMode::kMath) {
     // masking_utils.py, _ignore_causal_mask_sdpa: from seq >= sliding_window on, the
     // sliding layers attend through a mask, modelled for SDPA's flash kernel.

@@ -15,6 +15,7 @@
 #include "estimator/block_graph.h"
 #include "estimator/config.h"
 #include "estimator/rules.h"
+#include "estimator/sdpa_kernel.h"
 #include "estimator/shape.h"
 
 namespace memledger {
@@ -26,8 +27,9 @@ class GraphBuilder {
   // The model's dtype (its parameters and hidden states) and autocast's lower-precision
   // dtype (kFloat32: no autocast).
   explicit GraphBuilder(const ModelConfig& config)
-      : dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron),
-        dropout_(config.dropout), sp_(config.sp), tp_(config.tp > 1) {}
+      : config_(config), dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron),
+        dropout_(config.dropout), sp_(config.sp), tp_(config.tp > 1),
+        cuda_(config.device == Device::kCuda) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
     graph_.input = AddTensor(std::move(name), dtype_, false, std::move(shape));
@@ -55,6 +57,19 @@ class GraphBuilder {
     return ToDtype(name + ".autocast", x, amp_);
   }
 
+  // Fp32 is CUDA autocast's cast of a lower-precision argument of an op on its fp32
+  // list (autocast_mode.cpp, KERNEL_CUDA(..., fp32): pow, rsqrt, layer_norm, ...): an
+  // fp32 copy (not cached: only casts to the lower dtype are). On the CPU, or without
+  // autocast, or for an fp32 tensor, the tensor itself. Of our graphs' ops only pow
+  // ever gets a lower-precision input under autocast (GPT-2's gelu_new on the MLP's
+  // bf16 projection); the norms and losses already see fp32.
+  int Fp32(const std::string& name, int x) {
+    if (!cuda_ || amp_ == DType::kFloat32 || graph_.tensors[x].dtype == DType::kFloat32) {
+      return x;
+    }
+    return ToDtype(name + ".autocast", x, DType::kFloat32);
+  }
+
   // MulWrapped is `x * c` (or `c * x`) in Python with a number c: mul.Tensor of x and c
   // wrapped in a 0-dim float64 tensor, which MulBackward0 keeps.
   int MulWrapped(const std::string& name, int x) {
@@ -70,7 +85,7 @@ class GraphBuilder {
   // number.
   int NewGelu(const std::string& name, int x) {
     int half = MulWrapped(name + ".half", x);
-    int cube = Op1(OpType::kPow, name + ".cube", {x});
+    int cube = Op1(OpType::kPow, name + ".cube", {Fp32(name + ".cube", x)});
     int cubic = MulWrapped(name + ".cubic", cube);
     int inner = Op1(OpType::kAdd, name + ".inner", {x, cubic});
     int scaled = MulWrapped(name + ".scaled", inner);
@@ -143,10 +158,13 @@ class GraphBuilder {
     int bias = Param(name + ".bias", {kD});
     std::vector<int> outputs = Op(OpType::kNativeLayerNorm, name, {x, weight, bias},
                                   {"out", "mean", "rstd"}, {}, OpKind::kLayerNorm);
-    // mean and rstd come in the parameters' dtype (fp32 for a bf16 input under
-    // autocast: ATen's mixed-dtype layer norm).
-    graph_.tensors[outputs[1]].dtype = graph_.tensors[weight].dtype;
-    graph_.tensors[outputs[2]].dtype = graph_.tensors[weight].dtype;
+    // mean and rstd come on the CPU in the parameters' dtype (fp32 for a bf16 input
+    // under autocast: ATen's mixed-dtype layer norm), on CUDA in the accumulate type,
+    // fp32 for every floating input (layer_norm.cu, layer_norm_cuda:
+    // at::empty({M}, X->options().dtype(acc_type))).
+    const DType stats = cuda_ ? DType::kFloat32 : graph_.tensors[weight].dtype;
+    graph_.tensors[outputs[1]].dtype = stats;
+    graph_.tensors[outputs[2]].dtype = stats;
     return outputs[0];
   }
 
@@ -299,11 +317,38 @@ class GraphBuilder {
                {.shape = {kB, kH, a_shape[2], b_shape[3]}});
   }
 
-  // CausalAttention of q, k, v of shape (B, H, T, d_head): the real SDPA kernel, or
-  // plain ops (matmul, scale, masked_fill with a fresh mask, softmax, matmul). `mask`:
-  // a (B, 1, T, T) bool mask SDPA is called with instead of is_causal (flash only).
-  int CausalAttention(AttentionMode mode, int q, int k, int v, int mask = -1) {
-    if (mode == AttentionMode::kFlash && mask >= 0) {
+  // CausalAttention of q, k, v of shape (B, H, T, d_head): scaled_dot_product_attention
+  // with the kernel it runs on the model's device (estimator/sdpa_kernel.h), or with
+  // --attention=math plain ops (matmul, scale, masked_fill with a fresh mask, softmax,
+  // matmul). `mask`: a (B, 1, T, T) bool mask SDPA is called with instead of
+  // is_causal; `enable_gqa`: k and v have the kv heads (SDPA reads them in place, or
+  // its math kernel repeats them).
+  int CausalAttention(AttentionMode mode, int q, int k, int v, int mask = -1,
+                      bool enable_gqa = false) {
+    if (mode == AttentionMode::kMath) return EagerAttention(q, k, v);
+    // ValidateRun refuses a call no kernel runs; math is only a placeholder here.
+    const SdpaKernel kernel =
+        SdpaKernelFor(config_, SdpaCall{.masked = mask >= 0,
+                                        .enable_gqa = enable_gqa,
+                                        .dropout = dropout_.attn > 0})
+            .value_or(SdpaKernel::kMath);
+    switch (kernel) {
+      case SdpaKernel::kCpuFlash:
+        return CpuFlashAttention(q, k, v, mask);
+      case SdpaKernel::kCudaFlash:
+        return CudaFusedAttention(OpType::kCudaFlashAttention, q, k, v, DType::kUInt64);
+      case SdpaKernel::kCudaEfficient:
+        return CudaFusedAttention(OpType::kEfficientAttention, q, k, v, DType::kInt64);
+      case SdpaKernel::kMath:
+        return SdpaMathAttention(q, k, v, enable_gqa);
+    }
+    return -1;
+  }
+
+  // CpuFlashAttention: the CPU flash kernel, with the additive mask ATen makes from a
+  // bool one.
+  int CpuFlashAttention(int q, int k, int v, int mask) {
+    if (mask >= 0) {
       Composite call(this);
       q = Lower("attention.q", q);
       k = Lower("attention.k", k);
@@ -316,18 +361,37 @@ class GraphBuilder {
       graph_.tensors[outputs[1]].dtype = DType::kFloat32;
       return outputs[0];
     }
-    if (mode == AttentionMode::kFlash) {
-      // One call: autocast casts its arguments inside it, so the caller's q, k, v live
-      // to its end.
-      Composite call(this);
-      q = Lower("attention.q", q);
-      k = Lower("attention.k", k);
-      v = Lower("attention.v", v);
-      std::vector<int> outputs = Op(OpType::kFlashAttention, "attention", {q, k, v},
-                                    {"out", "logsumexp"}, {}, OpKind::kAttention);
-      graph_.tensors[outputs[1]].dtype = DType::kFloat32;  // logsumexp accumulates in fp32
-      return outputs[0];
-    }
+    // One call: autocast casts its arguments inside it, so the caller's q, k, v live
+    // to its end.
+    Composite call(this);
+    q = Lower("attention.q", q);
+    k = Lower("attention.k", k);
+    v = Lower("attention.v", v);
+    std::vector<int> outputs = Op(OpType::kFlashAttention, "attention", {q, k, v},
+                                  {"out", "logsumexp"}, {}, OpKind::kAttention);
+    graph_.tensors[outputs[1]].dtype = DType::kFloat32;  // logsumexp accumulates in fp32
+    return outputs[0];
+  }
+
+  // CudaFusedAttention: a CUDA kernel of one op, (out, logsumexp in fp32, and the
+  // philox seed and offset in `rng` dtype: the flash kernel's uint64, the efficient
+  // kernel's int64), SDPA's arguments cast by autocast first.
+  int CudaFusedAttention(OpType type, int q, int k, int v, DType rng) {
+    Composite call(this);
+    q = Lower("attention.q", q);
+    k = Lower("attention.k", k);
+    v = Lower("attention.v", v);
+    std::vector<int> outputs = Op(type, "attention", {q, k, v},
+                                  {"out", "logsumexp", "philox_seed", "philox_offset"}, {},
+                                  OpKind::kAttention);
+    graph_.tensors[outputs[1]].dtype = DType::kFloat32;
+    graph_.tensors[outputs[2]].dtype = rng;
+    graph_.tensors[outputs[3]].dtype = rng;
+    return outputs[0];
+  }
+
+  // EagerAttention: --attention=math's plain ops.
+  int EagerAttention(int q, int k, int v) {
     const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
     core_attention_ = true;  // from q, k, v to the values: the core
     int k_t = Op1(OpType::kTranspose, "attention.k_t", {k}, {.dim = 2, .dim1 = 3});
@@ -355,7 +419,9 @@ class GraphBuilder {
   // `p` for the site (the CPU's dropout, which keeps its noise), the tensor itself when
   // p is 0.
   int Dropout(const std::string& name, int x, double p) {
-    if (megatron_) {
+    // On CUDA F.dropout is native_dropout too (Dropout.cpp, is_fused_kernel_acceptable:
+    // a CUDA input with 0 < p < 1), which keeps a bool mask instead of the noise.
+    if (megatron_ || (cuda_ && p > 0)) {
       std::vector<int> outputs = Op(OpType::kNativeDropout, name, {x}, {"out", "mask"});
       graph_.tensors[outputs[1]].dtype = DType::kBool;
       return outputs[0];
@@ -376,9 +442,12 @@ class GraphBuilder {
   //   attn = _safe_softmax(attn, -1); attn = dropout(attn, p, true);
   //   return (matmul(attn, value_acc).to(origin), attn.to(origin)), the second made
   //     first (GCC evaluates make_tuple's arguments right to left) and dropped by SDPA.
-  // Autocast casts q, k, v (SDPA is on the CPU's lower-precision list); the kernel's
-  // own ops run without autocast.
-  int SdpaMathAttention(int q, int k, int v) {
+  // With enable_gqa, pre_process_group_query_attention_input repeat_interleaves
+  // key_acc and value_acc to the query's heads (copies, alive to its return) after
+  // the mask and before the first matmul.
+  // Autocast casts q, k, v (SDPA is on the lower-precision list, CPU's and CUDA's);
+  // the kernel's own ops run without autocast.
+  int SdpaMathAttention(int q, int k, int v, bool enable_gqa) {
     Composite call(this);
     q = Lower("attention.q", q);
     k = Lower("attention.k", k);
@@ -391,7 +460,9 @@ class GraphBuilder {
     const int query = Op1(OpType::kMulScalar, "attention.query_scaled", {q_acc});
     const int mask = Op(OpType::kSdpaCausalMask, "attention.causal_mask", {}, {"out"},
                         {.shape = {kT, kT}}, std::nullopt, DType::kFloat32)[0];
-    const int k_t = Op1(OpType::kTranspose, "attention.key_t", {k_acc}, {.dim = 2, .dim1 = 3});
+    const int k_all = enable_gqa ? RepeatKv("attention.key_repeated", k_acc) : k_acc;
+    const int v_all = enable_gqa ? RepeatKv("attention.value_repeated", v_acc) : v_acc;
+    const int k_t = Op1(OpType::kTranspose, "attention.key_t", {k_all}, {.dim = 2, .dim1 = 3});
     const int key = Op1(OpType::kMulScalar, "attention.key_scaled", {k_t});
     int attn = BatchedMatmul("attention.scores", query, bhtd, key, {kB, kH, kDHead, kT},
                              /*autocast=*/false);
@@ -399,10 +470,11 @@ class GraphBuilder {
     attn = Op1(OpType::kSafeSoftmax, "attention.softmax", {attn});
     attn = Dropout("attention.dropout", attn, dropout_.attn);
     const int weights = ToDtype("attention.weights", attn, origin);
-    const int values = BatchedMatmul("attention.values", attn, {kB, kH, kT, kT}, v_acc, bhtd,
+    const int values = BatchedMatmul("attention.values", attn, {kB, kH, kT, kT}, v_all, bhtd,
                                      /*autocast=*/false);
     const int out = ToDtype("attention.out", values, origin);
     HeldThroughHere({q_acc, k_acc, v_acc, query, mask, weights});
+    if (enable_gqa) HeldThroughHere({k_all, v_all});
     return out;
   }
 
@@ -463,7 +535,8 @@ class GraphBuilder {
       k = RepeatKv("k_repeat", k);
       v = RepeatKv("v_repeat", v);
     }
-    int attention = CausalAttention(mode, q, k, v, mask);
+    int attention =
+        CausalAttention(mode, q, k, v, mask, ModelSdpaCall(config, mode, mask >= 0).enable_gqa);
     int transposed =
         Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
     int merged = Op1(OpType::kReshape, "attention.merge_heads",
@@ -594,12 +667,14 @@ class GraphBuilder {
     GraphBuilder* g_;
   };
 
+  const ModelConfig& config_;  // outlives the builder (BuildModelGraphs' argument)
   DType dtype_;
   DType amp_;
   bool megatron_;  // Megatron-LM's dropouts and fused causal softmax
   ModelConfig::Dropouts dropout_;  // transformers' GPT-2's dropout probabilities
   bool sp_;        // Megatron's sequence parallelism
   bool tp_;        // Megatron's tensor parallelism (tp > 1)
+  bool cuda_;      // a CUDA step: its autocast lists and dropout kernel
   BlockGraph graph_;
   int composite_ = -1;
   int next_composite_ = 0;

@@ -223,6 +223,11 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
                                                     AttentionMode attention,
                                                     const StepOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (config.device == Device::kCuda) {
+    return absl::UnimplementedError(
+        "peak memory on --device=cuda is not modelled yet: the step simulation replays the "
+        "CPU step (its kernels' workspaces, no caching allocator)");
+  }
   if (options.cpu_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));

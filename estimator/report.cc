@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "estimator/family.h"
 #include "estimator/rules.h"
+#include "estimator/sdpa_kernel.h"
 #include "estimator/units.h"
 #include "rapidjson/prettywriter.h"
 #include "rapidjson/stringbuffer.h"
@@ -152,6 +153,10 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   Allocator& a = doc.GetAllocator();
   doc.AddMember("config", ConfigJson(config, a), a);
   doc.AddMember("attention", rapidjson::StringRef(AttentionModeName(attention).data()), a);
+  doc.AddMember("device", rapidjson::StringRef(DeviceName(config.device).data()), a);
+  doc.AddMember("sdpa_backend",
+                rapidjson::StringRef(SdpaBackendName(config.sdpa_backend).data()), a);
+  doc.AddMember("sdpa_kernel", String(SdpaKernelsName(config, attention).value_or("?"), a), a);
   doc.AddMember("checkpoint_impl",
                 rapidjson::StringRef(CheckpointImplName(config.checkpoint_impl).data()), a);
   // The release whose saving rules the numbers follow (estimator/rules.h).
@@ -339,12 +344,13 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   }
   std::string out = absl::StrFormat(
       "memledger prediction: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
-      "%s%s, %s%s, torch %s\n\n",
+      "%s%s, %s%s, torch %s\ndevice: %s, SDPA kernel: %s\n\n",
       model, c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
       ModelDTypeName(c.dtype),
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(p.optimizer.kind),
-      p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease);
+      p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease,
+      DeviceName(c.device), SdpaKernelsName(c, p.attention).value_or("?"));
   if (c.moe.Sparse()) absl::StrAppend(&out, MoeLine(c.moe), "\n\n");
   if (!scope.empty()) {
     absl::StrAppend(&out, scope, "\n\n");
@@ -383,7 +389,7 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   }
   if (c.dtype != DType::kFloat32 || c.amp != DType::kFloat32) {
     absl::StrAppendFormat(&out, "\n%-22s %14s %14s %14s %14s\n", "saved by dtype", "float32",
-                          "16-bit", "int64, bool",
+                          "16-bit", "integer, bool",
                           c.amp != DType::kFloat32 ? "weight copies" : "");
     for (const VariantPrediction& v : p.variants) {
       auto bytes = [&](DType d) { return v.saved_by_dtype[static_cast<int>(d)]; };
@@ -391,7 +397,8 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
           &out, "%-22s %14s %14s %14s %14s\n", v.variant.Name(),
           HumanBytes(bytes(DType::kFloat32)),
           HumanBytes(bytes(DType::kBFloat16) + bytes(DType::kFloat16)),
-          HumanBytes(bytes(DType::kInt64) + bytes(DType::kBool)),
+          HumanBytes(bytes(DType::kInt64) + bytes(DType::kInt32) + bytes(DType::kUInt64) +
+                     bytes(DType::kBool)),
           c.amp != DType::kFloat32 ? HumanBytes(v.weight_copy_bytes) : "");
     }
   }

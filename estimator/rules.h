@@ -160,8 +160,14 @@ enum class OpType : uint8_t {
   // convert_boolean_attn_mask, where(mask, 0, -inf) with both numbers 0-dim tensors of
   // that dtype (freed after it). Not differentiable.
   kSdpaBoolMask,
+  // (q, k, v) -> (out, logsumexp, rng_state, unused): CUDA's FlashAttention-2 kernel,
+  // _scaled_dot_product_flash_attention (grouped-query heads read in place).
+  kCudaFlashAttention,
+  // (q, k, v) -> (out, log_sumexp, philox_seed, philox_offset): CUDA's memory-efficient
+  // kernel, _scaled_dot_product_efficient_attention, with no bias.
+  kEfficientAttention,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kSdpaBoolMask) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kEfficientAttention) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

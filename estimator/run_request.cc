@@ -138,6 +138,12 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
   if (!checkpoint.ok()) return checkpoint.status();
   spec.config.checkpoint_impl = *checkpoint;
+  absl::StatusOr<Device> device = ParseDevice(request.device);
+  if (!device.ok()) return device.status();
+  spec.config.device = *device;
+  absl::StatusOr<SdpaBackend> sdpa_backend = ParseSdpaBackend(request.sdpa_backend);
+  if (!sdpa_backend.ok()) return sdpa_backend.status();
+  spec.config.sdpa_backend = *sdpa_backend;
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
   spec.routing = request.routing;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
@@ -146,6 +152,10 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
                                request.micro_batches, request.zero, *schedule};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
+  if (spec.config.device == Device::kCuda && (spec.parallel.dp > 1 || spec.parallel.pp > 1)) {
+    return absl::InvalidArgumentError(
+        "--device=cuda: data and pipeline parallel ranks are not modelled yet");
+  }
 
   absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);
   if (!attention.ok()) return attention.status();
@@ -201,6 +211,8 @@ std::string RequestFlags(const RunRequest& request) {
   number("micro_batches", request.micro_batches, defaults.micro_batches);
   number("zero", request.zero, defaults.zero);
   text("schedule", request.schedule, defaults.schedule);
+  text("device", request.device, defaults.device);
+  text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);
   text("experts_impl", request.experts_impl, defaults.experts_impl);
   text("routing", request.routing, defaults.routing);
   return out;

@@ -54,6 +54,8 @@ struct RunRequest {
   // A mixture of experts' experts implementation (grouped_mm, transformers 5.23's
   // default, or eager) and, for eager, the routing: balanced, worst or a routing file's
   // path ({"layers": [[tokens per expert, ...], ...]}, one row per sparse layer).
+  std::string device = "cpu";         // cpu or cuda
+  std::string sdpa_backend = "auto";  // auto, flash, efficient, cudnn or math
   std::string experts_impl = "grouped_mm";
   std::string routing = "balanced";
 };

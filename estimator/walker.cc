@@ -408,6 +408,33 @@ class Walk {
         std::swap(tensors_[lse].layout.strides[1], tensors_[lse].layout.strides[2]);
         return absl::OkStatus();
       }
+      case OpType::kCudaFlashAttention: {
+        // q is (B, H, T, d_head). The output is made like q (empty_like of its (1, 2)
+        // transpose in flash_api.cpp; alloc_with_matching_layout in the meta kernel),
+        // logsumexp (B, H, T) fp32, rng_state (2,) and unused () uint64.
+        NewDenseLike(out, in);
+        const int64_t lse_sizes[] = {in.sizes[0], in.sizes[1], in.sizes[2]};
+        NewContiguous(op.outputs[1], lse_sizes, 3);
+        const int64_t seed_sizes[] = {2};
+        NewContiguous(op.outputs[2], seed_sizes, 1);
+        NewContiguous(op.outputs[3], nullptr, 0);
+        return absl::OkStatus();
+      }
+      case OpType::kEfficientAttention: {
+        // The output allocated (B, T, H, d_head) and returned (1, 2)-transposed;
+        // logsumexp (B, H, T rounded up to 32) fp32; philox seed and offset () int64
+        // (meta__scaled_dot_product_efficient_attention; attention.cu,
+        // _efficient_attention_forward).
+        const int64_t out_sizes[] = {in.sizes[0], in.sizes[2], in.sizes[1], in.sizes[3]};
+        NewContiguous(out, out_sizes, 4);
+        std::swap(tensors_[out].layout.sizes[1], tensors_[out].layout.sizes[2]);
+        std::swap(tensors_[out].layout.strides[1], tensors_[out].layout.strides[2]);
+        const int64_t lse_sizes[] = {in.sizes[0], in.sizes[1], (in.sizes[2] + 31) / 32 * 32};
+        NewContiguous(op.outputs[1], lse_sizes, 3);
+        NewContiguous(op.outputs[2], nullptr, 0);
+        NewContiguous(op.outputs[3], nullptr, 0);
+        return absl::OkStatus();
+      }
       case OpType::kCausalMask: {
         Layout target = Evaluate(op.attributes.shape);
         NewStorage(out, target, graph_.tensors[out].dtype, false);

@@ -117,8 +117,9 @@ class StudyModel:
         torch = _torch()
         self.study = study
         self.blocks = torch.nn.ModuleList(
-            study.Block(case["width"], case["heads"]) for _ in range(case["layers"])
-        ).to(torch_dtype(case["dtype"]))
+            study.Block(case["width"], case["heads"]) for _ in range(case["layers"]))
+        if next(self.blocks.parameters()).dtype != torch_dtype(case["dtype"]):
+            self.blocks.to(torch_dtype(case["dtype"]))
         self.x = torch.randn(case["batch"], case["seq"], case["width"],
                              dtype=torch_dtype(case["dtype"]))
         self.mode = "none"
@@ -209,19 +210,23 @@ class PolicyCounter:
         torch = _torch()
         self.ops = {getattr(torch.ops.aten, n.split(".")[0]).default for n in op_names}
         self.bytes = 0
+        self.by_dtype = {}  # the same bytes by the outputs' dtype
 
     def __call__(self, ctx, op, *args, **kwargs):
         from torch.utils.checkpoint import CheckpointPolicy
 
         if op in self.ops:
             if not ctx.is_recompute:
-                self.bytes += _output_bytes(op, args, kwargs)
+                for dtype, nbytes in _output_bytes(op, args, kwargs).items():
+                    self.bytes += nbytes
+                    self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + nbytes
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _output_bytes(op, args, kwargs):
-    """The bytes of op's outputs, from running it on meta tensors of the same shapes."""
+    """The bytes of op's outputs by dtype name, from running it on meta tensors of the
+    same shapes."""
     torch = _torch()
 
     def to_meta(a):
@@ -231,7 +236,12 @@ def _output_bytes(op, args, kwargs):
     out = op(*torch.utils._pytree.tree_map(to_meta, args),
              **torch.utils._pytree.tree_map(to_meta, kwargs))
     outs = out if isinstance(out, (tuple, list)) else [out]
-    return sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
+    by_dtype = {}
+    for o in outs:
+        if isinstance(o, torch.Tensor):
+            name = str(o.dtype).removeprefix("torch.")
+            by_dtype[name] = by_dtype.get(name, 0) + o.untyped_storage().nbytes()
+    return by_dtype
 
 
 def set_variant(target, case, policy_counter):
@@ -317,6 +327,8 @@ def measure(case):
     # depends on the CPU's ISA; memledger predicts ATen's own gemm, as its runtime runs
     # it (runtime/threads.h). case["mkldnn"] = False measures that.
     mkldnn = torch.backends.mkldnn.enabled
+    if case.get("device", "cpu") == "cuda":
+        return measure_fake_cuda(case)
     torch.backends.mkldnn.enabled = case.get("mkldnn", True)
     try:
         return _measure(case)
@@ -424,6 +436,161 @@ def _measure(case):
     }
 
 
+# ---------------------------------------------------------------------------------------
+# Fake CUDA: what a CUDA step's forward keeps, without a GPU
+
+
+SDPA_BACKENDS = ("flash", "efficient", "math")
+# What SDPA calls for each backend on CUDA (aten/src/ATen/native/transformers/attention.cpp,
+# scaled_dot_product_attention): fake tensors cannot run the selection a GPU makes, so the
+# backend is given and its op called directly.
+
+
+@contextlib.contextmanager
+def forced_sdpa(backend):
+    """F.scaled_dot_product_attention as a CUDA build runs it with `backend`.
+
+    Autocast first casts q, k, v (and a float mask) to its dtype: SDPA is on CUDA
+    autocast's lower-precision list, and its kernel then runs below autocast, so the
+    math kernel's softmax is not autocast's fp32 softmax."""
+    torch = _torch()
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        autocast = torch.is_autocast_enabled("cuda")
+        if autocast:
+            low = torch.get_autocast_dtype("cuda")
+
+            def cast(t):
+                return t.to(low) if t is not None and t.dtype == torch.float32 else t
+
+            query, key, value, attn_mask = map(cast, (query, key, value, attn_mask))
+        torch.set_autocast_enabled("cuda", False)
+        try:
+            if backend == "flash":
+                if attn_mask is not None:
+                    raise UsageError("--sdpa_backend=flash takes no attention mask")
+                return torch.ops.aten._scaled_dot_product_flash_attention(
+                    query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            if backend == "efficient":
+                if attn_mask is not None or key.size(-3) != query.size(-3):
+                    raise UsageError("--sdpa_backend=efficient: no mask and no grouped "
+                                     "query heads in this witness")
+                # should_compute_logsumexp: an input requires grad and grad mode is on.
+                lse = torch.is_grad_enabled() and any(
+                    t.requires_grad for t in (query, key, value))
+                return torch.ops.aten._scaled_dot_product_efficient_attention(
+                    query, key, value, None, lse, dropout_p, is_causal, scale=scale)[0]
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
+                enable_gqa=enable_gqa)[0]
+        finally:
+            torch.set_autocast_enabled("cuda", autocast)
+
+    functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
+
+
+@contextlib.contextmanager
+def cuda_autocast(amp):
+    """CUDA autocast turned on by hand: torch.autocast("cuda") disables itself without a
+    GPU. Casts of weights are cached for the region, as torch.autocast's are, and the
+    cache is cleared when it ends."""
+    torch = _torch()
+    if amp == "none":
+        yield
+        return
+    torch.set_autocast_dtype("cuda", torch_dtype(amp))
+    torch.set_autocast_enabled("cuda", True)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+
+
+DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+               "int64": "int64", "bool": "bool", "uint64": "uint64", "float64": "float64",
+               "int32": "int32"}
+
+
+def measure_fake_cuda(case):
+    """The forward of `case` on fake CUDA tensors: what autograd keeps on the device,
+    by dtype. Fake tensors run the ops' meta kernels, so nothing is computed; the
+    backward cannot run without a GPU (the engine asks the device for its context)."""
+    torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(case.get("seed", 0))
+    # transformers takes fake tensors for tracing and then cannot read that each row of
+    # position ids is one sequence (masking_utils.py, find_packed_sequence_indices: "if
+    # not is_tracing(packed_sequence_mask) and ...all()"), so without a cache it would
+    # build a packed-sequence mask. Real tensors of arange positions give None.
+    packed = None
+    if not case.get("study"):
+        import transformers.masking_utils as masking_utils
+
+        packed = masking_utils.find_packed_sequence_indices
+        masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    # Module.to cannot convert fake parameters (it swaps tensors): the study's blocks are
+    # made in their dtype instead, as the default dtype.
+    default_dtype = torch.get_default_dtype()
+    if case.get("study"):
+        torch.set_default_dtype(torch_dtype(case["dtype"]))
+    with FakeTensorMode(), torch.device("cuda"):
+        if case.get("study"):
+            target = StudyModel(load_study(), case)
+        else:
+            target = TransformersModel(case)
+        params = list(target.parameters())
+        counter = PolicyCounter([op for kind in case.get("policy", "matmul").split(",")
+                                 if kind for op in POLICY_OPS[kind]])
+        set_variant(target, case, counter)
+        param_storages = {p.untyped_storage()._cdata for p in params}
+        seen = {}
+
+        def pack(t):
+            s = t.untyped_storage()
+            if s._cdata not in param_storages:
+                seen[s._cdata] = (s.nbytes(), str(t.dtype).removeprefix("torch."),
+                                  t.device.type)
+            return t
+
+        with forced_sdpa(case["sdpa_backend"]), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                cuda_autocast(case.get("amp", "none")):
+            loss = target.loss(counter)
+        del loss
+    torch.set_default_dtype(default_dtype)
+    if packed is not None:
+        masking_utils.find_packed_sequence_indices = packed
+    by_dtype = dict(counter.by_dtype)
+    off_device = 0
+    for nbytes, dtype, device in seen.values():
+        if device != "cuda":
+            off_device += nbytes
+            continue
+        by_dtype[DTYPE_NAMES[dtype]] = by_dtype.get(DTYPE_NAMES[dtype], 0) + nbytes
+    return {
+        "case": {k: v for k, v in case.items() if k != "config"},
+        "device": "cuda (fake)",
+        "torch": torch.__version__.split("+")[0],
+        "transformers": _transformers_version(),
+        "param_bytes": sum(p.untyped_storage().nbytes() for p in params),
+        "saved_bytes": sum(by_dtype.values()),  # the selective cache's included
+        "saved_bytes_by_dtype": by_dtype,
+        "cache_bytes": counter.bytes,
+        "saved_off_device_bytes": off_device,
+    }
+
+
 def _transformers_version():
     try:
         import transformers
@@ -475,6 +642,11 @@ def parse_case(argv):
     opt.add_argument("--optimizer_impl", default="for_loop", choices=OPTIMIZER_IMPLS)
     opt.add_argument("--momentum", type=float, default=0.0)
     kernels = parser.add_argument_group("kernels")
+    kernels.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                         help="cuda: the forward on fake CUDA tensors (no GPU needed), "
+                         "reporting the saved bytes by dtype only")
+    kernels.add_argument("--sdpa_backend", default="flash", choices=SDPA_BACKENDS,
+                         help="with --device=cuda, the SDPA kernel to call")
     kernels.add_argument("--no_mkldnn", dest="mkldnn", action="store_false",
                          help="turn oneDNN off, as memledger's runtime does (its bf16/fp16 "
                          "matmuls allocate ISA-dependent scratchpads)")
@@ -505,7 +677,7 @@ def read_config(path):
 DEFAULTS = {"batch": 2, "seq": 64, "seed": 0, "dtype": "fp32", "amp": "none",
             "variant": "none", "policy": "matmul", "checkpoint_impl": "non_reentrant",
             "optimizer": "adamw", "optimizer_impl": "for_loop", "momentum": 0.0,
-            "attn_implementation": "sdpa"}
+            "attn_implementation": "sdpa", "device": "cpu", "sdpa_backend": "flash"}
 
 
 def main(argv=None):

@@ -60,9 +60,8 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
     k = g.KvCache("k_cache", k, keys);
     v = g.KvCache("v_cache", v, keys);
   }
-  // With attention dropout SDPA runs its math kernel (see SdpaMathAttention).
-  const bool sdpa_math = !config.megatron && mode == AttentionMode::kFlash && config.dropout.attn > 0;
-  int attention = sdpa_math ? g.SdpaMathAttention(q, k, v) : g.CausalAttention(mode, q, k, v);
+  // With attention dropout the CPU's SDPA runs its math kernel (estimator/sdpa_kernel.h).
+  int attention = g.CausalAttention(mode, q, k, v);
   int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",
                      {g.Op1(OpType::kContiguous, "attention.contiguous", {transposed})},

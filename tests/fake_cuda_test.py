@@ -1,0 +1,186 @@
+"""Conformance on CUDA without a GPU: predict --device=cuda against the real stack's
+forward on fake CUDA tensors.
+
+verify/witness.py --device=cuda builds the real model (transformers 5.23.0's
+AutoModelForCausalLM, or the unchanged reference study) under
+torch._subclasses.FakeTensorMode on device cuda, turns CUDA autocast on by hand, calls
+the SDPA backend's op directly (fake tensors cannot run the selection a GPU makes) and
+records, through saved-tensor hooks, what autograd keeps on the device, by dtype. Those
+are the meta kernels' outputs, PyTorch's own statement of each CUDA kernel's outputs.
+For every family, backend, dtype and checkpointing variant below, predict's
+saved_bytes and saved_bytes_by_dtype must equal the witness's byte for byte.
+
+Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
+    python tests/fake_cuda_test.py PREDICT_BINARY
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import warnings
+from pathlib import Path
+
+HERE = Path(os.path.realpath(__file__)).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "verify"))
+import real_stack_test  # noqa: E402  (the families' small configs)
+import witness  # noqa: E402  (verify/witness.py)
+
+PREDICT = None  # set from argv
+
+MODELS = ("study", "llama_gqa", "llama_mha", "qwen2_tied", "gpt2_nodrop", "gpt2")
+# (backend, dtype, amp): the issue's list. Flash in bf16 and fp16; the memory-efficient
+# kernel in fp32; math; bf16 autocast over fp32 with each fused kernel.
+KERNELS = (("flash", "bf16", "none"), ("flash", "fp16", "none"),
+           ("efficient", "fp32", "none"), ("math", "fp32", "none"), ("math", "bf16", "none"),
+           ("flash", "fp32", "bf16"), ("efficient", "fp32", "bf16"),
+           ("math", "fp32", "bf16"))
+VARIANTS = ("none", "full", "every_2", "selective")
+
+
+def grouped_query(model):
+    spec = real_stack_test.FAMILIES[model]
+    return spec.get("kv_heads", spec["heads"]) < spec["heads"]
+
+
+def run(model, backend, dtype, amp, variant, tmp, seq=16):
+    """(predicted, measured): each {"saved_bytes": N, "by_dtype": {...}}."""
+    spec = real_stack_test.FAMILIES[model]
+    case = {**witness.DEFAULTS, "batch": 2, "seq": seq, "variant": variant, "dtype": dtype,
+            "amp": amp, "device": "cuda", "sdpa_backend": backend}
+    flags = [f"--batch=2", f"--seq={seq}", f"--variants={variant}", f"--dtype={dtype}",
+             f"--amp={amp}", "--device=cuda", f"--sdpa_backend={backend}"]
+    if spec["family"] == "study":
+        case.update(study=True, layers=spec["layers"], width=spec["width"],
+                    heads=spec["heads"])
+        flags += [f"--layers={spec['layers']}", f"--width={spec['width']}",
+                  f"--heads={spec['heads']}"]
+    else:
+        case["config"] = real_stack_test.hf_config(spec)
+        path = Path(tmp) / f"{model}.json"
+        path.write_text(json.dumps(case["config"]))
+        flags.append(f"--model={path}")
+    measured = witness.measure(case)
+    out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"predict {' '.join(flags)}: {out.stderr.strip()}")
+    p = json.loads(out.stdout)
+    return ({"saved_bytes": p["saved_bytes"][variant],
+             "by_dtype": p["saved_bytes_by_dtype"][variant]},
+            {"saved_bytes": measured["saved_bytes"],
+             "by_dtype": measured["saved_bytes_by_dtype"]})
+
+
+class FakeCudaTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.tmp = tempfile.mkdtemp()
+
+    def test_saved_bytes_by_dtype_are_exact(self):
+        failures, count = [], 0
+        for model in MODELS:
+            for backend, dtype, amp in KERNELS:
+                # The memory-efficient kernel reads no grouped-query heads (predict and
+                # the witness both refuse it: test_refusals).
+                if backend == "efficient" and grouped_query(model):
+                    continue
+                for variant in VARIANTS:
+                    predicted, measured = run(model, backend, dtype, amp, variant, self.tmp)
+                    count += 1
+                    name = f"{model}/{backend}/{dtype}/amp{amp}/{variant}"
+                    if predicted != measured:
+                        failures.append(f"{name}: predicted {predicted}, measured {measured}")
+                    print(f"{name}: " + ("exact" if predicted == measured else "differs"),
+                          flush=True)
+        print(f"{count} cases")
+        self.assertGreater(count, 150)
+        self.assertEqual(failures, [], "\n".join(failures))
+
+    def test_the_witness_counts_by_hand(self):
+        # The study, 2 layers of width 32, 2 heads of 16, batch 2, seq 16 (N = 32 tokens),
+        # fp32 with the memory-efficient kernel. Per layer: ln1 keeps its input (N x d =
+        # 1,024 elements, 4,096 B) and mean and rstd (2 x 32 x 4 = 256 B); qkv's addmm its
+        # input (4,096 B); the kernel q, k, v (views of qkv's (N, 3d) output, 12,288 B),
+        # its output (4,096 B, which proj's addmm keeps too), logsumexp (B, H, T rounded
+        # up to 32) = 2 x 2 x 32 x 4 = 512 B, and its philox seed and offset, 0-dim int64
+        # (16 B); ln2 its input and stats (4,352 B); fc1 its input (4,096 B); gelu its
+        # input and fc2 its input, (N, 4d) each (16,384 B each). 66,560 B of fp32 a layer;
+        # with the loss's x.pow(2) keeping the output (4,096 B): 2 x 66,560 + 4,096 =
+        # 137,216 B fp32 and 32 B int64.
+        base = {**witness.DEFAULTS, "study": True, "layers": 2, "width": 32, "heads": 2,
+                "batch": 2, "seq": 16, "device": "cuda"}
+        efficient = witness.measure({**base, "sdpa_backend": "efficient"})
+        self.assertEqual(efficient["saved_bytes_by_dtype"],
+                         {"float32": 137216, "int64": 32})
+        # In bf16 with the flash kernel: logsumexp (B, H, T) fp32, 256 B a layer; the
+        # CUDA layer norm's mean and rstd in fp32 too (2 x 256 B a layer); rng_state (2,)
+        # and unused () uint64, 24 B a layer.
+        flash = witness.measure({**base, "sdpa_backend": "flash", "dtype": "bf16"})
+        self.assertEqual(flash["saved_bytes_by_dtype"]["float32"], 2 * (256 + 512))
+        self.assertEqual(flash["saved_bytes_by_dtype"]["uint64"], 2 * 24)
+
+    def test_auto_picks_what_an_sm90_gpu_runs(self):
+        # --sdpa_backend=auto: flash for bf16 or fp16 (head_dim 16, no mask), the
+        # memory-efficient kernel for fp32 without grouped-query heads, math for fp32 with
+        # them (flash takes no fp32, the efficient kernel no grouped heads).
+        for model, dtype, expected in (("llama_gqa", "bf16", "flash"),
+                                       ("llama_mha", "fp32", "efficient"),
+                                       ("llama_gqa", "fp32", "math"),
+                                       ("study", "fp16", "flash")):
+            predicted_auto = self.predict(model, "auto", dtype)
+            predicted_named = self.predict(model, expected, dtype)
+            self.assertEqual(predicted_auto, predicted_named, f"{model} {dtype}")
+            self.assertIn(f"SDPA kernel: {expected}", self.predict_table(model, dtype))
+
+    def test_refusals(self):
+        # A kernel that cannot run the call is refused in one line, exit 2, by predict
+        # and by the witness alike.
+        for model, backend, dtype, fragment in (
+                ("llama_gqa", "efficient", "fp32", "no grouped-query heads"),
+                ("llama_mha", "flash", "fp32", "fp16 or bf16 only"),
+                ("llama_mha", "cudnn", "bf16", "not modelled yet")):
+            out = self.predict_process(model, backend, dtype)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn(fragment, out.stderr)
+        with self.assertRaises(witness.UsageError):
+            run("llama_gqa", "efficient", "fp32", "none", "none", self.tmp)
+
+    # Helpers: predict for a model's small config on cuda.
+
+    def flags(self, model, backend, dtype):
+        spec = real_stack_test.FAMILIES[model]
+        flags = ["--batch=2", "--seq=16", "--variants=none", f"--dtype={dtype}",
+                 "--device=cuda", f"--sdpa_backend={backend}"]
+        if spec["family"] == "study":
+            return flags + [f"--layers={spec['layers']}", f"--width={spec['width']}",
+                            f"--heads={spec['heads']}"]
+        path = Path(self.tmp) / f"{model}.json"
+        path.write_text(json.dumps(real_stack_test.hf_config(spec)))
+        return flags + [f"--model={path}"]
+
+    def predict_process(self, model, backend, dtype, *extra):
+        return subprocess.run([PREDICT] + self.flags(model, backend, dtype) + list(extra),
+                              capture_output=True, text=True)
+
+    def predict(self, model, backend, dtype):
+        out = self.predict_process(model, backend, dtype)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        p = json.loads(out.stdout)
+        return p["saved_bytes"]["none"], p["saved_bytes_by_dtype"]["none"]
+
+    def predict_table(self, model, dtype):
+        out = self.predict_process(model, "auto", dtype, "--format=table")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return out.stdout
+
+
+if __name__ == "__main__":
+    PREDICT = os.path.realpath(sys.argv.pop(1))
+    unittest.main()
