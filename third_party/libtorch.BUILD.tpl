@@ -25,3 +25,25 @@ filegroup(
     name = "functions_h",
     srcs = ["include/torch/csrc/autograd/generated/Functions.h"],
 )
+
+# The CUDA runtime's headers (cuda_runtime_api.h): a stub libcudart is built against
+# them (//tests/cuda_stub).
+cc_library(
+    name = "cuda_runtime_headers",
+    hdrs = glob(["cuda_include/**"]),
+    includes = ["cuda_include"],
+)
+
+# c10 with its CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp compiled), for
+# //tests:cuda_allocator_test, which runs it over a stub libcudart.so.13. Not LibTorch:
+# nothing else of the wheel's CUDA libraries is linked.
+cc_library(
+    name = "c10_cuda",
+    srcs = [
+        "cuda_lib/libc10.so",
+        "cuda_lib/libc10_cuda.so",
+    ],
+    hdrs = glob(["include/c10/**"]),
+    includes = ["include"],
+    deps = [":cuda_runtime_headers"],
+)

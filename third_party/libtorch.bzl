@@ -22,6 +22,17 @@ def _libtorch_repository_impl(ctx):
             fail("MEMLEDGER_TORCH_DIR=%s has no torch/lib/%s; run ./bazelw to install " %
                  (torch_dir, needed) + "the pinned torch wheel")
     ctx.symlink(torch.get_child("include"), "include")
+    # c10's CUDA caching allocator and the CUDA runtime's headers (the wheel's
+    # nvidia-cuda-runtime), for //tests:cuda_allocator_test. Linked through these
+    # symlinks, libc10_cuda.so's $ORIGIN-relative rpath finds no real libcudart.
+    cuda_include = ctx.path(torch_dir).get_child("nvidia").get_child("cu13").get_child("include")
+    if cuda_include.exists and lib.get_child("libc10_cuda.so").exists:
+        ctx.symlink(cuda_include, "cuda_include")
+        ctx.symlink(lib.get_child("libc10_cuda.so"), "cuda_lib/libc10_cuda.so")
+        ctx.symlink(lib.get_child("libc10.so"), "cuda_lib/libc10.so")
+    else:
+        fail("MEMLEDGER_TORCH_DIR=%s has no nvidia/cu13/include or torch/lib/libc10_cuda.so: " %
+             torch_dir + "the pinned torch wheel's CUDA parts are missing")
     ctx.template("BUILD.bazel", ctx.attr.build_file_template, {"%{lib_dir}": str(lib)})
     ctx.file("WORKSPACE", "workspace(name = \"libtorch\")\n")
 

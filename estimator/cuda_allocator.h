@@ -1,0 +1,92 @@
+// CudaAllocatorSim: PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp
+// of the pinned release) replayed on a stream of allocations and frees, one device and
+// one stream, to give what torch.cuda.max_memory_allocated() and max_memory_reserved()
+// report for it: every request rounded to a block, blocks carved from 2 MiB and 20 MiB
+// (or larger) segments, split and merged as the allocator does, segments kept cached.
+//
+// Example:
+//   CudaAllocatorSim sim;
+//   const int a = sim.Malloc(1000);  // a 1,024-B block in a new 2 MiB small segment
+//   sim.Free(a);
+//   sim.stats().allocated.peak;      // 1024
+//   sim.stats().reserved.peak;       // 2097152
+//
+// What it leaves out: more than one stream (record_stream, events), the out-of-memory
+// path (freeing cached blocks to retry cudaMalloc), expandable segments, garbage
+// collection thresholds and PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
+// roundup_power2_divisions (the defaults: none of them).
+#ifndef ESTIMATOR_CUDA_ALLOCATOR_H_
+#define ESTIMATOR_CUDA_ALLOCATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace memledger {
+
+// The allocator's constants (CUDACachingAllocator.cpp / CUDAAllocatorConfig.h).
+inline constexpr int64_t kCudaMinBlockSize = 512;        // every block a multiple of this
+inline constexpr int64_t kCudaSmallSize = 1 << 20;       // largest "small" request: 1 MiB
+inline constexpr int64_t kCudaSmallBuffer = 2 << 20;     // a small pool's segment: 2 MiB
+inline constexpr int64_t kCudaLargeBuffer = 20 << 20;    // a large segment under 10 MiB
+inline constexpr int64_t kCudaMinLargeAlloc = 10 << 20;  // from here, segments fit requests
+inline constexpr int64_t kCudaRoundLarge = 2 << 20;      // ... rounded up to 2 MiB
+
+// CudaRoundSize is the block size a request of `bytes` gets (round_size): at least 512 B,
+// a multiple of 512 B. 0 bytes allocates nothing (the allocator returns no block).
+int64_t CudaRoundSize(int64_t bytes);
+// CudaSegmentSize is the segment cudaMalloc'd for a rounded request that no cached block
+// fits (get_allocation_size).
+int64_t CudaSegmentSize(int64_t rounded);
+
+struct CudaAllocatorStat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  void Add(int64_t bytes);
+};
+
+struct CudaAllocatorStats {
+  CudaAllocatorStat allocated;  // blocks handed out: max_memory_allocated()
+  CudaAllocatorStat reserved;   // segments: max_memory_reserved()
+  CudaAllocatorStat requested;  // the requests' own sizes
+  int64_t segments = 0;         // cudaMalloc calls
+};
+
+class CudaAllocatorSim {
+ public:
+  // Malloc allocates `bytes` and returns its handle (-1 for 0 bytes: no block).
+  int Malloc(int64_t bytes);
+  // Free returns the block of a handle Malloc gave (-1 is ignored).
+  void Free(int handle);
+
+  const CudaAllocatorStats& stats() const { return stats_; }
+
+ private:
+  struct Block {
+    int64_t address = 0;
+    int64_t size = 0;
+    int64_t requested = 0;
+    bool small = false;  // its pool
+    bool allocated = false;
+    int prev = -1, next = -1;  // neighbours in its segment
+  };
+  // A pool's cached blocks by (size, address), the allocator's BlockComparatorSize order.
+  using FreeSet = std::map<std::pair<int64_t, int64_t>, int>;
+
+  FreeSet& PoolOf(bool small) { return small ? small_free_ : large_free_; }
+  void Cache(int block);
+  void Uncache(int block);
+  int FindFree(bool small, int64_t size);
+  int NewSegment(bool small, int64_t size);
+  void Merge(int block, int neighbour);
+
+  std::vector<Block> blocks_;  // every block ever made; merged ones stay, unreferenced
+  FreeSet small_free_, large_free_;
+  int64_t next_address_ = 0;
+  CudaAllocatorStats stats_;
+};
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_CUDA_ALLOCATOR_H_

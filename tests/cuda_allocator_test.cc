@@ -1,0 +1,135 @@
+// CudaAllocatorSim against hand arithmetic, and against PyTorch's own CUDA caching
+// allocator: the pinned wheel's libc10_cuda.so (CUDACachingAllocator.cpp compiled) run
+// over a stub libcudart.so.13 (tests/cuda_stub), fed the same allocation streams through
+// raw_alloc / raw_delete, its device stats read back after every call.
+#include "estimator/cuda_allocator.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "c10/cuda/CUDACachingAllocator.h"
+#include "gtest/gtest.h"
+
+namespace memledger {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+
+TEST(CudaAllocatorSimTest, RoundsEveryRequestToA512ByteBlock) {
+  EXPECT_EQ(CudaRoundSize(1), 512);
+  EXPECT_EQ(CudaRoundSize(512), 512);
+  EXPECT_EQ(CudaRoundSize(513), 1024);
+  EXPECT_EQ(CudaRoundSize(3 * kMiB - 24), 3 * kMiB);
+  // Segments: 2 MiB for up to 1 MiB, 20 MiB below 10 MiB, else rounded up to 2 MiB.
+  EXPECT_EQ(CudaSegmentSize(kMiB), 2 * kMiB);
+  EXPECT_EQ(CudaSegmentSize(kMiB + 512), 20 * kMiB);
+  EXPECT_EQ(CudaSegmentSize(10 * kMiB), 10 * kMiB);
+  EXPECT_EQ(CudaSegmentSize(11 * kMiB + 512), 12 * kMiB);
+}
+
+TEST(CudaAllocatorSimTest, HandWorkedStream) {
+  CudaAllocatorSim sim;
+  // 1,000 B: a 1,024-B block of a new 2 MiB small segment, split from it.
+  const int a = sim.Malloc(1000);
+  EXPECT_EQ(sim.stats().allocated.current, 1024);
+  EXPECT_EQ(sim.stats().reserved.current, 2 * kMiB);
+  // 1 MiB (the largest small request) fits the segment's 2 MiB - 1 KiB remainder.
+  const int b = sim.Malloc(kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 2 * kMiB);
+  // 3 MiB - 24 B: a 3 MiB block split from a new 20 MiB segment (17 MiB remain).
+  const int c = sim.Malloc(3 * kMiB - 24);
+  EXPECT_EQ(sim.stats().reserved.current, 22 * kMiB);
+  EXPECT_EQ(sim.stats().allocated.current, 1024 + kMiB + 3 * kMiB);
+  // 19 MiB: too big for the 17 MiB left; a 20 MiB segment whose 1 MiB remainder is not
+  // above kSmallSize, so the block is the whole segment.
+  const int d = sim.Malloc(19 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 42 * kMiB);
+  EXPECT_EQ(sim.stats().allocated.current, 1024 + kMiB + 3 * kMiB + 20 * kMiB);
+  EXPECT_EQ(sim.Malloc(0), -1);  // no block
+  // Freed, the 3 MiB block merges back into its segment's 17 MiB: 20 MiB cached, which
+  // serves a 16 MiB request without a new segment.
+  sim.Free(c);
+  const int e = sim.Malloc(16 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 42 * kMiB);
+  for (int h : {a, b, d, e}) sim.Free(h);
+  EXPECT_EQ(sim.stats().allocated.current, 0);
+  EXPECT_EQ(sim.stats().allocated.peak, 1024 + kMiB + 20 * kMiB + 16 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.peak, 42 * kMiB);
+  EXPECT_EQ(sim.stats().requested.peak, 1000 + kMiB + 19 * kMiB + 16 * kMiB);
+}
+
+// The real allocator, process-wide: emptied between streams.
+class RealAllocatorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { c10::cuda::CUDACachingAllocator::init(1); }
+  void SetUp() override {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  }
+
+  struct Stats {
+    int64_t allocated, allocated_peak, reserved, reserved_peak;
+    bool operator==(const Stats&) const = default;
+  };
+  static Stats Real() {
+    const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return {s.allocated_bytes[all].current, s.allocated_bytes[all].peak,
+            s.reserved_bytes[all].current, s.reserved_bytes[all].peak};
+  }
+  static Stats Simulated(const CudaAllocatorSim& sim) {
+    return {sim.stats().allocated.current, sim.stats().allocated.peak,
+            sim.stats().reserved.current, sim.stats().reserved.peak};
+  }
+};
+
+TEST_F(RealAllocatorTest, TheStubIsTheRuntimeLoaded) {
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  EXPECT_EQ(std::string(prop.name), "memledger stub");
+}
+
+TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
+  // Sizes across the pools and segment kinds: small (< 1 MiB), large below 10 MiB
+  // (20 MiB segments) and above; frees of random live blocks, some right away.
+  std::mt19937_64 random(20261202);
+  for (int stream = 0; stream < 24; ++stream) {
+    SetUp();
+    CudaAllocatorSim sim;
+    std::vector<std::pair<void*, int>> live;
+    for (int op = 0; op < 400; ++op) {
+      const bool allocate = live.empty() || random() % 100 < 55;
+      if (allocate) {
+        int64_t bytes = 0;
+        switch (random() % 4) {
+          case 0: bytes = static_cast<int64_t>(random() % 4096); break;
+          case 1: bytes = static_cast<int64_t>(random() % kMiB) + 1; break;
+          case 2: bytes = kMiB + static_cast<int64_t>(random() % (9 * kMiB)); break;
+          default: bytes = static_cast<int64_t>(random() % (64 * kMiB)) + 1; break;
+        }
+        void* ptr = c10::cuda::CUDACachingAllocator::raw_alloc(static_cast<size_t>(bytes));
+        const int handle = sim.Malloc(bytes);
+        ASSERT_EQ(ptr == nullptr, handle < 0) << bytes;
+        if (ptr != nullptr) live.emplace_back(ptr, handle);
+      } else {
+        const size_t i = random() % live.size();
+        c10::cuda::CUDACachingAllocator::raw_delete(live[i].first);
+        sim.Free(live[i].second);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      ASSERT_EQ(Real(), Simulated(sim)) << "stream " << stream << ", call " << op;
+    }
+    for (auto& [ptr, handle] : live) {
+      c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+      sim.Free(handle);
+    }
+    ASSERT_EQ(Real(), Simulated(sim)) << "stream " << stream << " freed";
+  }
+}
+
+}  // namespace
+}  // namespace memledger
