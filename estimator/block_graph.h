@@ -59,6 +59,10 @@ struct TensorDef {
   // is_buffer: a module buffer (register_buffer): exists before the step, read by no op
   // the graph models, holds no gradient and is not stepped.
   bool is_buffer = false;
+  // host: on a CUDA step the tensor lives in host memory and holds no device bytes (the
+  // memory-efficient kernel's philox seed and offset: attention.cu,
+  // _efficient_attention_forward, at::kCPU unless a CUDA graph is being captured).
+  bool host = false;
   std::vector<SymDim> shape;  // parameters, globals and the graph input only
 };
 

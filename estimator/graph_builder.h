@@ -337,8 +337,16 @@ class GraphBuilder {
         return CpuFlashAttention(q, k, v, mask);
       case SdpaKernel::kCudaFlash:
         return CudaFusedAttention(OpType::kCudaFlashAttention, q, k, v, DType::kUInt64);
-      case SdpaKernel::kCudaEfficient:
-        return CudaFusedAttention(OpType::kEfficientAttention, q, k, v, DType::kInt64);
+      case SdpaKernel::kCudaEfficient: {
+        const int out = CudaFusedAttention(OpType::kEfficientAttention, q, k, v, DType::kInt64);
+        // Its philox seed and offset stay on the host (TensorDef::host).
+        const OpDef& op = graph_.ops.back();
+        graph_.tensors[op.outputs[2]].host = true;
+        graph_.tensors[op.outputs[3]].host = true;
+        return out;
+      }
+      case SdpaKernel::kCudnn:
+        return CudaFusedAttention(OpType::kCudnnAttention, q, k, v, DType::kInt64);
       case SdpaKernel::kMath:
         return SdpaMathAttention(q, k, v, enable_gqa);
     }
@@ -374,8 +382,8 @@ class GraphBuilder {
   }
 
   // CudaFusedAttention: a CUDA kernel of one op, (out, logsumexp in fp32, and the
-  // philox seed and offset in `rng` dtype: the flash kernel's uint64, the efficient
-  // kernel's int64), SDPA's arguments cast by autocast first.
+  // philox seed and offset in `rng` dtype: the flash kernel's uint64, the efficient and
+  // cuDNN kernels' int64), SDPA's arguments cast by autocast first.
   int CudaFusedAttention(OpType type, int q, int k, int v, DType rng) {
     Composite call(this);
     q = Lower("attention.q", q);

@@ -254,7 +254,7 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kSdpaBoolMask:
       return {{}, {}, {}, {}};  // from a bool mask: never has a backward node
     case OpType::kCudaFlashAttention:
-      // derivatives.yaml, _scaled_dot_product_flash_attention: query, key, value:
+      // derivatives.yaml:2939-2941, _scaled_dot_product_flash_attention: query, key, value:
       // _scaled_dot_product_flash_attention_backward_symint(grad, query, key, value,
       // output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
       // rng_state, unused, scale). cum_seq_q and cum_seq_k are undefined outputs
@@ -266,7 +266,7 @@ OpSemantics PinnedSemantics(OpType type) {
               {"ScaledDotProductFlashAttentionBackward0"},
               {"cum_seq_q_", "cum_seq_k_"}};
     case OpType::kEfficientAttention:
-      // derivatives.yaml, _scaled_dot_product_efficient_attention: query, key, value,
+      // derivatives.yaml:2935-2937, _scaled_dot_product_efficient_attention: query, key, value,
       // attn_bias: _scaled_dot_product_efficient_attention_backward(grad, query, key,
       // value, attn_bias, output, log_sumexp, philox_seed, philox_offset, dropout_p,
       // grad_input_mask, is_causal, scale). attn_bias is None here.
@@ -275,6 +275,17 @@ OpSemantics PinnedSemantics(OpType type) {
               {0, 1, 2},
               {"ScaledDotProductEfficientAttentionBackward0"},
               {"attn_bias_"}};
+    case OpType::kCudnnAttention:
+      // derivatives.yaml:2959-2961, _scaled_dot_product_cudnn_attention: query, key,
+      // value: _scaled_dot_product_cudnn_attention_backward_symint(grad, query, key,
+      // value, output, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
+      // cum_seq_k, max_q, max_k, dropout_p, is_causal, scale). attn_bias is None and
+      // cum_seq_q, cum_seq_k undefined without nested inputs.
+      return {{In(0, "query_"), In(1, "key_"), In(2, "value_"), Out(0, "output_"),
+               Out(1, "logsumexp_"), Out(2, "philox_seed_"), Out(3, "philox_offset_")},
+              {0, 1, 2},
+              {"ScaledDotProductCudnnAttentionBackward0"},
+              {"attn_bias_", "cum_seq_q_", "cum_seq_k_"}};
     case OpType::kIndexPair:
       // yaml:847 index.Tensor, with two indices (one SavedVariable list).
       return {{In(1, "indices_"), In(2, "indices_")}, {0}, {"IndexBackward0"}, {}};
@@ -377,6 +388,7 @@ const char* OpTypeName(OpType type) {
     case OpType::kSdpaBoolMask: return "where";
     case OpType::kCudaFlashAttention: return "_scaled_dot_product_flash_attention";
     case OpType::kEfficientAttention: return "_scaled_dot_product_efficient_attention";
+    case OpType::kCudnnAttention: return "_scaled_dot_product_cudnn_attention";
   }
   return "?";
 }

@@ -166,8 +166,11 @@ enum class OpType : uint8_t {
   // (q, k, v) -> (out, log_sumexp, philox_seed, philox_offset): CUDA's memory-efficient
   // kernel, _scaled_dot_product_efficient_attention, with no bias.
   kEfficientAttention,
+  // (q, k, v) -> (out, logsumexp, philox_seed, philox_offset): cuDNN's fused attention,
+  // _scaled_dot_product_cudnn_attention, with no bias.
+  kCudnnAttention,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kEfficientAttention) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kCudnnAttention) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -11,8 +11,37 @@ absl::Status Refused(SdpaBackend backend, absl::string_view why) {
       absl::StrCat("--sdpa_backend=", SdpaBackendName(backend), ": ", why));
 }
 
-// FlashRefuses says why the CUDA flash kernel cannot run the call ("" if it can):
-// sdp_utils.cpp, can_use_flash_attention.
+// The pinned torch's CUDA selection (aten/src/ATen/native/transformers/cuda/
+// sdp_utils.cpp, select_sdp_backend), read for the wheel's commit d0f2af8b: the first
+// backend of the priority order whose can_use_* accepts the call. The order is flash,
+// efficient, math, cudnn (ATen/Context.h, sdp_priority_order), but priority_order()
+// moves cudnn first where check_prefer_cudnn_attention() holds: cuDNN > 9.15 on sm90 or
+// sm100 (the wheel, a CUDA 13.2 build, ships cuDNN 9.26), unless
+// TORCH_CUDNN_SDPA_DEPRIORITIZED=1.
+
+// CudnnRefuses says why cuDNN cannot run the call ("" if it can): can_use_cudnn_attention
+// takes fp16 or bf16 (check_dtypes_low_precision), a head_dim that is a multiple of 8
+// and at most 128 (check_cudnn_tensor_shapes: 256 on sm90 only where the build's cuDNN
+// frontend supports it, which the wheel does not say), and in training only d <= 128
+// or 256 (check_cudnn_d256_bprop_head_dim); dropout a multiple of 1/16.
+std::string CudnnRefuses(const ModelConfig& config, const SdpaCall& call, DType dtype) {
+  if (dtype == DType::kFloat32) return "the cuDNN kernel takes fp16 or bf16 only";
+  if (call.masked) return "a mask with the cuDNN kernel is not modelled yet";
+  if (config.HeadDim() > 128 || config.HeadDim() % 8 != 0) {
+    return "the cuDNN kernel takes head_dim a multiple of 8 and <= 128 here";
+  }
+  if (call.dropout) {
+    const double sixteenths = config.dropout.attn * 16;
+    if (sixteenths != static_cast<double>(static_cast<int64_t>(sixteenths))) {
+      return "the cuDNN kernel takes a dropout that is a multiple of 1/16";
+    }
+  }
+  return "";
+}
+
+// FlashRefuses: can_use_flash_attention takes fp16 or bf16 (sm80_dtypes), no mask
+// (check_for_attn_mask) and head_dim <= 256; grouped-query heads read in place
+// (check_batch_size_and_num_heads_dense<true, ...>).
 std::string FlashRefuses(const ModelConfig& config, const SdpaCall& call, DType dtype) {
   if (dtype == DType::kFloat32) return "the flash kernel takes fp16 or bf16 only";
   if (call.masked) return "the flash kernel takes no attention mask";
@@ -23,9 +52,10 @@ std::string FlashRefuses(const ModelConfig& config, const SdpaCall& call, DType 
   return "";
 }
 
-// EfficientRefuses: sdp_utils.cpp, can_use_mem_efficient_attention.
+// EfficientRefuses: can_use_mem_efficient_attention takes fp32, fp16 and bf16 with
+// head_dim a multiple of the gemm alignment (8 for fp16/bf16, 4 for fp32 on sm90), and
+// grouped-query heads on CUDA in this release (supports_gqa).
 std::string EfficientRefuses(const ModelConfig& config, const SdpaCall& call, DType dtype) {
-  if (call.enable_gqa) return "the memory-efficient kernel has no grouped-query heads";
   if (call.masked) return "a mask with the memory-efficient kernel is not modelled yet";
   const int64_t alignment = dtype == DType::kFloat32 ? 4 : 8;
   if (config.HeadDim() % alignment != 0) {
@@ -44,6 +74,8 @@ absl::string_view SdpaKernelName(SdpaKernel kernel) {
       return "flash";
     case SdpaKernel::kCudaEfficient:
       return "efficient";
+    case SdpaKernel::kCudnn:
+      return "cudnn";
     case SdpaKernel::kMath:
       return "math";
   }
@@ -69,26 +101,23 @@ absl::StatusOr<SdpaKernel> SdpaKernelFor(const ModelConfig& config, const SdpaCa
     }
   }
   const DType dtype = config.amp != DType::kFloat32 ? config.amp : config.dtype;
-  switch (backend) {
-    case SdpaBackend::kAuto: {
-      if (FlashRefuses(config, call, dtype).empty()) return SdpaKernel::kCudaFlash;
-      if (EfficientRefuses(config, call, dtype).empty()) return SdpaKernel::kCudaEfficient;
-      return SdpaKernel::kMath;
-    }
-    case SdpaBackend::kFlash: {
-      const std::string why = FlashRefuses(config, call, dtype);
-      if (!why.empty()) return Refused(backend, why);
-      return SdpaKernel::kCudaFlash;
-    }
-    case SdpaBackend::kEfficient: {
-      const std::string why = EfficientRefuses(config, call, dtype);
-      if (!why.empty()) return Refused(backend, why);
-      return SdpaKernel::kCudaEfficient;
-    }
-    case SdpaBackend::kMath:
-      return SdpaKernel::kMath;
-    case SdpaBackend::kCudnn:
-      return Refused(backend, "the cuDNN kernel is not modelled yet");
+  struct Candidate {
+    SdpaBackend backend;
+    SdpaKernel kernel;
+    std::string (*refuses)(const ModelConfig&, const SdpaCall&, DType);
+  };
+  // The sm90 priority order: cudnn, flash, efficient; math takes every call.
+  constexpr Candidate kOrder[] = {
+      {SdpaBackend::kCudnn, SdpaKernel::kCudnn, CudnnRefuses},
+      {SdpaBackend::kFlash, SdpaKernel::kCudaFlash, FlashRefuses},
+      {SdpaBackend::kEfficient, SdpaKernel::kCudaEfficient, EfficientRefuses},
+  };
+  if (backend == SdpaBackend::kMath) return SdpaKernel::kMath;
+  for (const Candidate& candidate : kOrder) {
+    if (backend != SdpaBackend::kAuto && backend != candidate.backend) continue;
+    const std::string why = candidate.refuses(config, call, dtype);
+    if (why.empty()) return candidate.kernel;
+    if (backend != SdpaBackend::kAuto) return Refused(backend, why);
   }
   return SdpaKernel::kMath;
 }

@@ -6,7 +6,7 @@
 // Example:
 //   ModelConfig config = ...;  // bf16, device kCuda
 //   absl::StatusOr<SdpaKernel> kernel = SdpaKernelFor(config, SdpaCall{});
-//   // kCudaFlash: the flash kernel takes bf16, no mask and head_dim <= 256
+//   // kCudnn: on sm90 cuDNN comes first, and takes bf16 with head_dim <= 128
 #ifndef ESTIMATOR_SDPA_KERNEL_H_
 #define ESTIMATOR_SDPA_KERNEL_H_
 
@@ -23,9 +23,11 @@ enum class SdpaKernel : uint8_t {
   kCpuFlash,       // _scaled_dot_product_flash_attention_for_cpu
   kCudaFlash,      // _scaled_dot_product_flash_attention (FlashAttention-2)
   kCudaEfficient,  // _scaled_dot_product_efficient_attention (the cutlass kernel)
+  kCudnn,          // _scaled_dot_product_cudnn_attention (cuDNN's fused attention)
   kMath,           // _scaled_dot_product_attention_math: ATen ops, keeps T x T
 };
-absl::string_view SdpaKernelName(SdpaKernel kernel);  // "flash", "efficient", "math"
+// "flash", "efficient", "cudnn", "math"
+absl::string_view SdpaKernelName(SdpaKernel kernel);
 
 // SdpaCall is what a call passes SDPA besides q, k and v of (B, heads, T, head_dim).
 struct SdpaCall {

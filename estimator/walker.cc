@@ -147,7 +147,9 @@ class Walk {
   }
 
   void NewStorage(int tensor, const Layout& layout, DType dtype, bool is_parameter) {
-    CheckedInt64 bytes = layout.Numel() * ElementSizeBytes(dtype);
+    // A host tensor of a CUDA step holds no device bytes.
+    const bool off_device = config_.device == Device::kCuda && graph_.tensors[tensor].host;
+    CheckedInt64 bytes = layout.Numel() * (off_device ? 0 : ElementSizeBytes(dtype));
     overflow_ = overflow_ || bytes.overflowed();
     StorageState storage;
     storage.bytes = bytes.value();
@@ -408,10 +410,22 @@ class Walk {
         std::swap(tensors_[lse].layout.strides[1], tensors_[lse].layout.strides[2]);
         return absl::OkStatus();
       }
+      case OpType::kCudnnAttention: {
+        // The output made like q (alloc_with_matching_layout), logsumexp (B, H, T, 1)
+        // fp32, philox seed and offset () int64 on the device (attention.cu,
+        // _cudnn_attention_forward; meta__scaled_dot_product_cudnn_attention).
+        NewDenseLike(out, in);
+        const int64_t lse_sizes[] = {in.sizes[0], in.sizes[1], in.sizes[2], 1};
+        NewContiguous(op.outputs[1], lse_sizes, 4);
+        NewContiguous(op.outputs[2], nullptr, 0);
+        NewContiguous(op.outputs[3], nullptr, 0);
+        return absl::OkStatus();
+      }
       case OpType::kCudaFlashAttention: {
-        // q is (B, H, T, d_head). The output is made like q (empty_like of its (1, 2)
-        // transpose in flash_api.cpp; alloc_with_matching_layout in the meta kernel),
-        // logsumexp (B, H, T) fp32, rng_state (2,) and unused () uint64.
+        // q is (B, H, T, d_head). The output is made like q (flash_api.cpp:497,
+        // empty_like of its (1, 2) transpose; alloc_with_matching_layout in the meta
+        // kernel), logsumexp (B, H, T) fp32 (:512), rng_state (2,) and unused () uint64
+        // on the device even without dropout (:548-549).
         NewDenseLike(out, in);
         const int64_t lse_sizes[] = {in.sizes[0], in.sizes[1], in.sizes[2]};
         NewContiguous(op.outputs[1], lse_sizes, 3);

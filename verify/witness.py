@@ -440,7 +440,10 @@ def _measure(case):
 # Fake CUDA: what a CUDA step's forward keeps, without a GPU
 
 
-SDPA_BACKENDS = ("flash", "efficient", "math")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+# Tensors a forced kernel made that a GPU would keep on the host (forced_sdpa), held so
+# that no later storage reuses their address within the measurement.
+host_tensors = []
 # What SDPA calls for each backend on CUDA (aten/src/ATen/native/transformers/attention.cpp,
 # scaled_dot_product_attention): fake tensors cannot run the selection a GPU makes, so the
 # backend is given and its op called directly.
@@ -456,6 +459,7 @@ def forced_sdpa(backend):
     torch = _torch()
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
+    host_tensors.clear()
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
              enable_gqa=False):
@@ -474,15 +478,22 @@ def forced_sdpa(backend):
                     raise UsageError("--sdpa_backend=flash takes no attention mask")
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]
-            if backend == "efficient":
-                if attn_mask is not None or key.size(-3) != query.size(-3):
-                    raise UsageError("--sdpa_backend=efficient: no mask and no grouped "
-                                     "query heads in this witness")
-                # should_compute_logsumexp: an input requires grad and grad mode is on.
-                lse = torch.is_grad_enabled() and any(
-                    t.requires_grad for t in (query, key, value))
-                return torch.ops.aten._scaled_dot_product_efficient_attention(
-                    query, key, value, None, lse, dropout_p, is_causal, scale=scale)[0]
+            # should_compute_logsumexp: an input requires grad and grad mode is on.
+            lse = torch.is_grad_enabled() and any(
+                t.requires_grad for t in (query, key, value))
+            if backend in ("efficient", "cudnn"):
+                if attn_mask is not None:
+                    raise UsageError(f"--sdpa_backend={backend}: no mask in this witness")
+                op = (torch.ops.aten._scaled_dot_product_efficient_attention
+                      if backend == "efficient"
+                      else torch.ops.aten._scaled_dot_product_cudnn_attention)
+                out = op(query, key, value, None, lse, dropout_p, is_causal, scale=scale)
+                if backend == "efficient":
+                    # The CUDA kernel makes its philox seed and offset on the host unless
+                    # a graph is being captured (attention.cu, _efficient_attention_forward);
+                    # the meta kernel's land on the fake device.
+                    host_tensors.extend(out[2:4])
+                return out[0]
             return torch.ops.aten._scaled_dot_product_attention_math(
                 query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
                 enable_gqa=enable_gqa)[0]
@@ -573,8 +584,11 @@ def measure_fake_cuda(case):
         masking_utils.find_packed_sequence_indices = packed
     by_dtype = dict(counter.by_dtype)
     off_device = 0
-    for nbytes, dtype, device in seen.values():
-        if device != "cuda":
+    host_storages = {t.untyped_storage()._cdata for t in host_tensors}
+    for storage, (nbytes, dtype, device) in seen.items():
+        # Kernels save their outputs before returning them, so which storages a GPU
+        # keeps on the host is known only now.
+        if device != "cuda" or storage in host_storages:
             off_device += nbytes
             continue
         by_dtype[DTYPE_NAMES[dtype]] = by_dtype.get(DTYPE_NAMES[dtype], 0) + nbytes
