@@ -54,7 +54,8 @@ ABSL_FLAG(std::string, attention, "flash",
 ABSL_FLAG(std::string, device, "cpu",
           "Where the step runs: cpu (what memledger's runtime measures) or cuda (a CUDA "
           "GPU's step: CUDA autocast's fp32 list, the CUDA SDPA kernels, native dropout's "
-          "masks; saved bytes only, its peak is not modelled yet).");
+          "masks, host scalars, cuBLAS workspaces; peak_bytes in the caching allocator's "
+          "blocks and peak_reserved_bytes in its segments).");
 ABSL_FLAG(std::string, sdpa_backend, "auto",
           "The kernel scaled_dot_product_attention runs: auto (what the pinned torch picks "
           "for the dtype, head_dim, mask and grouped-query heads; on an sm90 GPU flash, then "

@@ -172,8 +172,12 @@ absl::string_view OptimizerImplName(OptimizerImpl impl) {
   return "?";
 }
 
-absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(absl::string_view name) {
-  if (name == "auto") return OptimizerImpl::kForLoop;  // on CPU tensors
+absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(absl::string_view name, Device device) {
+  // torch/optim/optimizer.py, _default_to_fused_or_foreach: foreach for CUDA tensors
+  // (never fused by default), the for-loop on CPU ones.
+  if (name == "auto") {
+    return device == Device::kCuda ? OptimizerImpl::kForeach : OptimizerImpl::kForLoop;
+  }
   for (OptimizerImpl impl :
        {OptimizerImpl::kForLoop, OptimizerImpl::kForeach, OptimizerImpl::kFused}) {
     if (name == OptimizerImplName(impl)) return impl;

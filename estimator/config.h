@@ -347,9 +347,9 @@ enum class OptimizerImpl : uint8_t {
 absl::string_view OptimizerImplName(OptimizerImpl impl);  // "for_loop", "foreach", "fused"
 // ParseOptimizerImpl parses --optimizer_impl: auto, for_loop, foreach or fused. `auto` is
 // what torch.optim picks when neither is given: the for-loop for CPU tensors, foreach
-// for CUDA ones (torch/optim/optimizer.py, _default_to_fused_or_foreach); this step runs
-// on the CPU.
-absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(absl::string_view name);
+// for CUDA ones (torch/optim/optimizer.py, _default_to_fused_or_foreach).
+absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(absl::string_view name,
+                                                 Device device = Device::kCpu);
 
 // OptimizerSpec is the optimizer and how it holds the parameters.
 struct OptimizerSpec {

@@ -60,6 +60,8 @@ class CudaAllocatorSim {
   // Free returns the block of a handle Malloc gave (-1 is ignored).
   void Free(int handle);
 
+  // BlockSize: the bytes of a handle's block, as allocated_bytes counts it.
+  int64_t BlockSize(int handle) const { return blocks_[handle].size; }
   const CudaAllocatorStats& stats() const { return stats_; }
 
  private:

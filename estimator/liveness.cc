@@ -223,11 +223,6 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
                                                     AttentionMode attention,
                                                     const StepOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  if (config.device == Device::kCuda) {
-    return absl::UnimplementedError(
-        "peak memory on --device=cuda is not modelled yet: the step simulation replays the "
-        "CPU step (its kernels' workspaces, no caching allocator)");
-  }
   if (options.cpu_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
@@ -290,6 +285,16 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
   StepTimeline timeline = ResidentTimeline(resident);
+  const bool cuda = config_.device == Device::kCuda;
+  if (cuda) {
+    // The caching allocator's blocks depend on everything before them: the whole step
+    // is replayed, its resident tensors allocated first, one by one.
+    if (resident.tensors.empty()) {
+      return absl::UnimplementedError(
+          "peak memory on --device=cuda needs the resident tensors one by one");
+    }
+    timeline.resident_tensors = resident.tensors;
+  }
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t period = PeriodOf(variant, *plans.graphs);
@@ -297,7 +302,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // A data-parallel rank's reduction holds all of its layers' gradients at once (its
   // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
   // a pipeline stage interleaves micro-batches: such a step is replayed whole.
-  if (!options_.record_events && reduced < config_.layers &&
+  if (!options_.record_events && !cuda && reduced < config_.layers &&
       options_.rank.parallel.dp <= 1 && options_.rank.parallel.micro_batches <= 1 &&
       options_.rank.parallel.pp <= 1) {
     ModelConfig short_config = config_;
@@ -311,9 +316,15 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     timeline.peak = *std::move(peak);
     return timeline;
   }
-  Simulation simulation(config_, variant, optimizer, options_, &timeline);
+  StepOptions options = options_;
+  if (cuda) {
+    // Every allocation goes through the allocator's simulation, none peeked at.
+    options.record_events = true;
+  }
+  Simulation simulation(config_, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
   simulation.NamePeak();
+  timeline.peak_reserved_bytes = simulation.reserved_peak();
   return timeline;
 }
 

@@ -98,6 +98,21 @@ struct StepTimeline {
   std::vector<TimelineEvent> events;  // empty unless StepOptions::record_events
   std::vector<std::string> op_labels;
   StepPeak peak;
+  // On --device=cuda: what the caching allocator reserves at most (its segments,
+  // max_memory_reserved()), replaying the step's allocations from a fresh allocator
+  // that first holds the resident tensors; peak.bytes then counts blocks, as
+  // max_memory_allocated() does. 0 on the CPU.
+  int64_t peak_reserved_bytes = 0;
+  // allocator_calls: on CUDA with events recorded, the step's requests to the caching
+  // allocator in order, the resident tensors' first: a malloc of `bytes` (> 0, as
+  // requested, before rounding) for allocation `id`, or its free (bytes 0). Replayed
+  // through torch's own allocator they give peak.bytes and peak_reserved_bytes
+  // (//tests:cuda_allocator_test).
+  struct AllocatorCall {
+    int32_t id = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<AllocatorCall> allocator_calls;
 };
 
 // RankStep is one rank's step in a distributed run, as runtime/distributed.h's ranks
@@ -157,6 +172,10 @@ struct ResidentBytes {
   int64_t parameter_bytes = 0;
   int64_t optimizer_state_bytes = 0;
   int64_t buffer_bytes = 0;
+  // tensors: on --device=cuda, every resident tensor in allocation order (parameters,
+  // buffers, optimizer state), each its own caching-allocator block; summing to the
+  // bytes above.
+  std::vector<ResidentTensor> tensors = {};
 };
 
 // StepStretch is one stretch of the step (a layer's forward or backward, the head's, the

@@ -561,6 +561,21 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
   if (!reference.ok()) return reference.status();
   prediction.saved_bytes_none = reference->saved_bytes;
 
+  // What exists before the step; on CUDA tensor by tensor (parameters, buffers, then the
+  // optimizer's state), each its own block of the caching allocator.
+  ResidentBytes resident{prediction.param_bytes, prediction.optimizer_state_bytes,
+                         prediction.buffer_bytes, {}};
+  if (config.device == Device::kCuda) {
+    resident.tensors = ResidentTensors(*graphs, config, optimizer, prediction);
+    if (prediction.buffer_bytes > 0) {
+      auto state = std::find_if(resident.tensors.begin(), resident.tensors.end(),
+                                [](const ResidentTensor& t) {
+                                  return t.category == MemoryCategory::kOptimizerState;
+                                });
+      resident.tensors.insert(state, ResidentTensor{"buffers", MemoryCategory::kBuffer,
+                                                    prediction.buffer_bytes});
+    }
+  }
   // One step simulator for every variant: it walks the model's segments once.
   std::optional<StepSimulator> simulator;
   std::string peak_unavailable;
@@ -587,14 +602,15 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);
     if (simulator.has_value()) {
-      absl::StatusOr<StepTimeline> timeline = simulator->Simulate(
-          variant, optimizer,
-          ResidentBytes{prediction.param_bytes, prediction.optimizer_state_bytes,
-                        prediction.buffer_bytes});
+      absl::StatusOr<StepTimeline> timeline =
+          simulator->Simulate(variant, optimizer, resident);
       if (timeline.ok()) {
         v->peak = timeline->peak;
-        if (options.timeline) {
+        v->peak_reserved_bytes = timeline->peak_reserved_bytes;
+        if (options.timeline && config.device != Device::kCuda) {
           timeline->resident_tensors = ResidentTensors(*graphs, config, optimizer, prediction);
+        }
+        if (options.timeline) {
           v->timeline = std::make_shared<const StepTimeline>(*std::move(timeline));
         }
       } else if (absl::IsUnimplemented(timeline.status())) {
@@ -623,6 +639,20 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
 std::vector<std::string> Caveats(const ModelConfig& config,
                                  const std::vector<Variant>& /*variants*/) {
   std::vector<std::string> caveats;
+  if (config.device == Device::kCuda) {
+    // What the CUDA step's simulation leaves out (its saved bytes are checked against
+    // the real stack's forward on fake CUDA, its allocator against PyTorch's own; its
+    // kernels' workspaces come from their sources, and no GPU has checked the peak).
+    caveats.push_back(
+        "cuda: the peak is not checked on a GPU yet; kernel workspaces it leaves out: the "
+        "memory-efficient and cuDNN attention backward's, layer norm's and reductions' "
+        "partial buffers, the embedding backward's sort; cuBLASLt's 1 MiB workspace is "
+        "counted as cuBLAS's 32 MiB");
+    caveats.push_back(
+        "cuda: peak_reserved_bytes starts from a fresh allocator holding the resident "
+        "tensors; a warm-up step's cached segments can make max_memory_reserved() larger");
+    return caveats;
+  }
   if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {
     caveats.push_back(
         "low precision: oneDNN's bf16/fp16 matmuls (torch.backends.mkldnn, on by default) "
@@ -645,6 +675,11 @@ OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
     case OptimizerKind::kAdam:
       states = 2;  // exp_avg, exp_avg_sq
       per_tensor = fp32;  // step: torch.tensor(0.0, dtype=_get_scalar_dtype()), fp32
+      // ... a host tensor beside CUDA parameters unless fused or capturable
+      // (adam.py:166-177): no device bytes.
+      if (config.device == Device::kCuda && optimizer.impl != OptimizerImpl::kFused) {
+        per_tensor = 0;
+      }
       break;
     case OptimizerKind::kSgd:
       states = optimizer.momentum > 0 ? 1 : 0;  // momentum_buffer

@@ -93,6 +93,9 @@ struct VariantPrediction {
   // peak: the whole training step's peak and where it happens, when the step
   // simulation models this config; otherwise peak_unavailable says why.
   std::optional<StepPeak> peak;
+  // On --device=cuda: max_memory_reserved() for the step, the caching allocator's
+  // segments at most (peak->bytes counts its blocks, as max_memory_allocated() does).
+  int64_t peak_reserved_bytes = 0;
   std::string peak_unavailable;
   // timeline: every allocation of the step, if PredictOptions::timeline.
   std::shared_ptr<const StepTimeline> timeline;

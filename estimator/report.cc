@@ -220,7 +220,10 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   doc.AddMember("caveats", caveats, a);
   {
     // The whole step's peak (estimator/liveness.h), where the simulation models it.
-    rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType);
+    // On CUDA peak_bytes counts the caching allocator's blocks (max_memory_allocated)
+    // and peak_reserved_bytes its segments (max_memory_reserved).
+    rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType),
+        reserved(rapidjson::kObjectType);
     std::string unavailable;
     for (const VariantPrediction& v : p.variants) {
       if (!v.peak.has_value()) {
@@ -229,10 +232,13 @@ rapidjson::Document PredictionJson(const Prediction& p) {
       }
       peak_bytes.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.peak->bytes), a);
       peaks.AddMember(String(v.variant.Name(), a), PeakJson(*v.peak, a), a);
+      reserved.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.peak_reserved_bytes),
+                         a);
     }
     if (!peak_bytes.ObjectEmpty()) {
       doc.AddMember("peak_bytes", peak_bytes, a);
       doc.AddMember("peak", peaks, a);
+      if (p.config.device == Device::kCuda) doc.AddMember("peak_reserved_bytes", reserved, a);
     }
     if (!unavailable.empty()) doc.AddMember("peak_unavailable", String(unavailable, a), a);
   }
@@ -412,6 +418,17 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
       absl::StrAppendFormat(&out, "%-22s %20d %14s  %s, %s\n", v.variant.Name(), v.peak->bytes,
                             HumanBytes(v.peak->bytes), StepPhaseName(v.peak->phase),
                             v.peak->op);
+    }
+    if (c.device == Device::kCuda) {
+      absl::StrAppendFormat(&out,
+                            "(on cuda: the caching allocator's blocks, as "
+                            "max_memory_allocated() counts them)\n\n%-22s %20s %14s\n",
+                            "peak_reserved_bytes", "bytes", "");
+      for (const VariantPrediction& v : p.variants) {
+        if (!v.peak.has_value()) continue;
+        absl::StrAppendFormat(&out, "%-22s %20d %14s\n", v.variant.Name(),
+                              v.peak_reserved_bytes, HumanBytes(v.peak_reserved_bytes));
+      }
     }
   }
   for (const VariantPrediction& v : p.variants) {

@@ -126,7 +126,10 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(request.optimizer);
   if (!optimizer.ok()) return optimizer.status();
   spec.optimizer.kind = *optimizer;
-  absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(request.optimizer_impl);
+  absl::StatusOr<Device> device = ParseDevice(request.device);
+  if (!device.ok()) return device.status();
+  spec.config.device = *device;
+  absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(request.optimizer_impl, *device);
   if (!impl.ok()) return impl.status();
   spec.optimizer.impl = *impl;
   spec.optimizer.momentum = request.momentum;
@@ -138,9 +141,6 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
   if (!checkpoint.ok()) return checkpoint.status();
   spec.config.checkpoint_impl = *checkpoint;
-  absl::StatusOr<Device> device = ParseDevice(request.device);
-  if (!device.ok()) return device.status();
-  spec.config.device = *device;
   absl::StatusOr<SdpaBackend> sdpa_backend = ParseSdpaBackend(request.sdpa_backend);
   if (!sdpa_backend.ok()) return sdpa_backend.status();
   spec.config.sdpa_backend = *sdpa_backend;

@@ -56,7 +56,8 @@ class Simulation {
   Simulation(const ModelConfig& config, const Variant& variant,
              const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
       : config_(config), variant_(variant), optimizer_(optimizer),
-        options_(options), out_(out), memory_(out, options.record_events, optimizer) {}
+        options_(options), out_(out),
+        memory_(out, options.record_events, optimizer, config.device == Device::kCuda) {}
 
   absl::Status Run(const ModelPlans& plans);
   // RunReduction is the step's end alone, from the .grads the backward leaves (one per
@@ -85,6 +86,8 @@ class Simulation {
   std::string Text(const Where& where) const { return WhereText(where, optimizer_); }
   // NamePeak fills StepPeak::op from the label current at the peak.
   void NamePeak() { out_->peak.op = memory_.PeakText(); }
+  // reserved_peak: on CUDA, the caching allocator's segments at most.
+  int64_t reserved_peak() const { return memory_.reserved_peak(); }
 
  private:
   // One segment instance in the model: its plan and its storages' ids in Memory.
@@ -268,6 +271,19 @@ class Simulation {
       }
     }
     return {inst.segment, tensor};
+  }
+
+  // CublasWorkspace: on CUDA, the cuBLAS workspace each GEMM allocates from the caching
+  // allocator after its output and frees when it is done. The wheel sizes it 32 MiB
+  // for compute capability 9 to 12 (at::cuda::parseChosenWorkspaceSize, as
+  // CUBLAS_WORKSPACE_CONFIG=:4096:8) and, without TORCH_CUBLAS_WORKSPACE_CACHE=1,
+  // allocates it per operation (getCurrentCUDABlasHandleWithWorkspace).
+  static constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+  void CublasWorkspace() {
+    if (memory_.cuda()) memory_.Transient(kCublasWorkspaceBytes);
+  }
+  static bool IsGemm(OpType type) {
+    return type == OpType::kAddmm || type == OpType::kMm || type == OpType::kBmm;
   }
 
   Handle NewGrad(const Layout& layout, DType dtype) {

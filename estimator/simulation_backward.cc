@@ -130,10 +130,14 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       // (bias, mat1, mat2): mm_mat1_backward = grad.mm(mat2^T) (contiguous);
       // mm_mat2_backward = mat1^T.mm(grad), laid out like mat2 when mat2 is a
       // transposed contiguous weight; bias: grad itself, summed by validate_outputs.
-      if (needs(1)) grads[1] = NewGrad(layout_of(1), grad.dtype);
+      if (needs(1)) {
+        grads[1] = NewGrad(layout_of(1), grad.dtype);
+        CublasWorkspace();
+      }
       if (needs(2)) {
         grads[2] = NewGrad(layout_of(2), grad.dtype);
         if (!layout_of(2).IsContiguous()) grads[2].layout = layout_of(2);
+        CublasWorkspace();
       }
       if (needs(0)) grads[0] = Alias(grad);
       break;
@@ -143,8 +147,12 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (needs(1)) {
         grads[1] = NewGrad(layout_of(1), grad.dtype);
         if (!layout_of(1).IsContiguous()) grads[1].layout = layout_of(1);
+        CublasWorkspace();
       }
-      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      if (needs(0)) {
+        grads[0] = NewGrad(layout_of(0), grad.dtype);
+        CublasWorkspace();
+      }
       break;
     case OpType::kMulTensor: {
       // MulBackward0 computes other's gradient, grad * self, then self's, grad * other
@@ -156,7 +164,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       auto product = [&](int factor) {
         const DType common = PromoteTypes(grad.dtype, dtype_of(factor));
         std::optional<int> promoted;
-        if (dtype_of(factor) != common) {
+        if (dtype_of(factor) != common && !memory_.cuda()) {  // CPU's promotion only
           promoted = memory_.Alloc(NumelOf(layout_of(factor)) * ElementSizeBytes(common),
                                    MemoryCategory::kTemporary);
         }
@@ -201,7 +209,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     case OpType::kMulWrapped: {
       // grad * other: the kept wrapped number, converted to grad's dtype for the op.
       const int converted =
-          memory_.Alloc(ElementSizeBytes(grad.dtype), MemoryCategory::kTemporary);
+          memory_.HostAlloc(ElementSizeBytes(grad.dtype), MemoryCategory::kTemporary);
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       memory_.Unref(converted);
       break;
@@ -238,8 +246,14 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     case OpType::kBmm:
       // BmmBackward0: mat2's gradient self^T.bmm(grad) first, then self's.
-      if (needs(1)) grads[1] = NewGrad(layout_of(1), grad.dtype);
-      if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
+      if (needs(1)) {
+        grads[1] = NewGrad(layout_of(1), grad.dtype);
+        CublasWorkspace();
+      }
+      if (needs(0)) {
+        grads[0] = NewGrad(layout_of(0), grad.dtype);
+        CublasWorkspace();
+      }
       break;
     case OpType::kMulScalar: {
       // grad * scalar: the wrapped scalar (8 B, then the dtype's) around the product.
@@ -332,8 +346,96 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (needs(2)) grads[2] = NewGrad(layout_of(2), dtype_of(2));
       // Its (2, threads, N) zero-filled buffer in X's dtype, only for dgamma or dbeta.
       const int64_t n = NumelOf(layout_of(1));
-      if (needs(1) || needs(2)) {
+      if ((needs(1) || needs(2)) && !memory_.cuda()) {
         memory_.Transient(options_.cpu_threads * 2 * n * ElementSizeBytes(dtype_of(0)));
+      }
+      break;
+    }
+    case OpType::kCudaFlashAttention: {
+      // _flash_attention_backward (attention_backward.cu): grad_out.contiguous() in
+      // (B, T, H, d) memory, a copy unless it is so already; then mha_bwd
+      // (flash_api.cpp): dq, dk, dv empty_like the (B, T, H, d) inputs (:954, :963,
+      // :972), softmax_d (B, H, T rounded to 128) fp32 (:984), dq_accum (B, T rounded to
+      // 128, H, d rounded to 32, or 64 above 128) fp32 (:989), and for grouped-query
+      // heads dk_expanded and dv_expanded at the query's heads (:1000-1001), summed into
+      // dk and dv (:1057-1058). All but the gradients die as it returns.
+      const Layout& q = layout_of(0);  // (B, H, T, d)
+      const int64_t b = q.sizes[0], h = q.sizes[1], t = q.sizes[2], d = q.sizes[3];
+      const int64_t t128 = (t + 127) / 128 * 128;
+      const int64_t rounding = d <= 128 ? 32 : 64;
+      const int64_t d_rounded = (d + rounding - 1) / rounding * rounding;
+      std::optional<int> grad_out_copy;
+      if (!Transposed(grad.layout, 1, 2).IsContiguous()) {
+        grad_out_copy = memory_.Alloc(NumelOf(grad.layout) * ElementSizeBytes(grad.dtype),
+                                      MemoryCategory::kTemporary);
+      }
+      for (int i = 0; i < 3; ++i) {
+        grads[i] = NewGrad(Transposed(layout_of(i), 1, 2), dtype_of(i));
+        grads[i].layout = Transposed(grads[i].layout, 1, 2);
+      }
+      const int softmax_d = memory_.Alloc(b * h * t128 * 4, MemoryCategory::kTemporary);
+      const int dq_accum =
+          memory_.Alloc(b * t128 * h * d_rounded * 4, MemoryCategory::kTemporary);
+      std::vector<int> expanded;
+      if (layout_of(1).sizes[1] != h) {
+        for (int i = 1; i < 3; ++i) {
+          expanded.push_back(memory_.Alloc(b * t * h * layout_of(i).sizes[3] *
+                                               ElementSizeBytes(dtype_of(i)),
+                                           MemoryCategory::kTemporary));
+        }
+      }
+      for (auto it = expanded.rbegin(); it != expanded.rend(); ++it) memory_.Unref(*it);
+      memory_.Unref(dq_accum);
+      memory_.Unref(softmax_d);
+      if (grad_out_copy) memory_.Unref(*grad_out_copy);
+      break;
+    }
+    case OpType::kEfficientAttention: {
+      // _efficient_attention_backward (attention_backward.cu): grad_out.contiguous(),
+      // grad_q, grad_k, grad_v (B, T, H, d) (and for grouped-query heads grad_k and
+      // grad_v expanded to the query's heads, reduced after the kernel), then delta:
+      // (B, H, T) fp32 for fp16/bf16 (kernel_backward.h, kKernelComputesDelta); for fp32
+      // (grad_out * out).sum(-1).transpose(-2, -1).contiguous(): the product, the sum,
+      // the copy. Not modelled: its fp32 staging workspace (workspace_size()) and
+      // shared_storage_dqdkdv's single chunk.
+      const Layout& q = layout_of(0);
+      const int64_t b = q.sizes[0], h = q.sizes[1], t = q.sizes[2];
+      std::optional<int> grad_out_copy;
+      if (!Transposed(grad.layout, 1, 2).IsContiguous()) {
+        grad_out_copy = memory_.Alloc(NumelOf(grad.layout) * ElementSizeBytes(grad.dtype),
+                                      MemoryCategory::kTemporary);
+      }
+      for (int i = 0; i < 3; ++i) {
+        grads[i] = NewGrad(Transposed(layout_of(i), 1, 2), dtype_of(i));
+        grads[i].layout = Transposed(grads[i].layout, 1, 2);
+      }
+      std::vector<int> temps;
+      if (layout_of(1).sizes[1] != h) {
+        for (int i = 1; i < 3; ++i) {
+          temps.push_back(memory_.Alloc(b * t * h * layout_of(i).sizes[3] *
+                                            ElementSizeBytes(dtype_of(i)),
+                                        MemoryCategory::kTemporary));
+        }
+      }
+      if (grad.dtype == DType::kFloat32) {
+        const int product = memory_.Alloc(NumelOf(grad.layout) * 4, MemoryCategory::kTemporary);
+        const int sum = memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary);
+        temps.push_back(memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary));
+        memory_.Unref(sum);
+        memory_.Unref(product);
+      } else {
+        temps.push_back(memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary));
+      }
+      for (auto it = temps.rbegin(); it != temps.rend(); ++it) memory_.Unref(*it);
+      if (grad_out_copy) memory_.Unref(*grad_out_copy);
+      break;
+    }
+    case OpType::kCudnnAttention: {
+      // _cudnn_attention_backward (attention_backward.cu): dq, dk, dv empty_like q, k, v,
+      // then run_cudnn_SDP_bprop. Not modelled: cuDNN's own workspace (MHA.cpp).
+      for (int i = 0; i < 3; ++i) {
+        grads[i] = NewGrad(layout_of(i), dtype_of(i));
+        if (NonOverlappingAndDense(layout_of(i))) grads[i].layout = layout_of(i);
       }
       break;
     }
@@ -552,7 +654,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   pass.replay = !variant_.PolicyAt(inst.segment).empty();
   // torch.random.fork_rng keeps the current RNG state while the recompute runs on the
   // forward's (checkpoint.py:303-308).
-  const int forked = memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
+  const int forked = memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
   if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
   ReleaseForwardHolds(/*forward_end=*/false);  // the recompute's autocast scope ends
   memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
@@ -599,7 +701,7 @@ absl::Status Simulation::Recompute(Instance& inst) {
   memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
   // recompute_fn runs under torch.random.fork_rng, which keeps the current RNG state
   // meanwhile (checkpoint.py, _checkpoint_without_reentrant_generator).
-  const int forked = memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
+  const int forked = memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
   // The layer input, unpacked from _NoopSaveInputs (ctx.get_args(ctx.saved_tensors)).
   Handle x;
   x.storage = frame.input;
@@ -704,6 +806,9 @@ bool Modelled(OpType type) {
     case OpType::kIndexAddInplace:
     case OpType::kFlashAttentionMasked:
     case OpType::kSdpaBoolMask:
+    case OpType::kCudaFlashAttention:
+    case OpType::kEfficientAttention:
+    case OpType::kCudnnAttention:
       return true;
     default:
       return false;

@@ -33,14 +33,14 @@ void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst,
       // 8-byte tensor, (E + 1) bools; both results die after nonzero.
       const int64_t classes = TensorOf(inst, op.inputs[0]).layout.sizes[0];
       prelude->push_back(memory_.Alloc(classes * 8, MemoryCategory::kTemporary));
-      const int zero = memory_.Alloc(8, MemoryCategory::kTemporary);
+      const int zero = memory_.HostAlloc(8, MemoryCategory::kTemporary);
       prelude->push_back(memory_.Alloc(classes, MemoryCategory::kTemporary));
       memory_.Unref(zero);
       return;
     }
     case OpType::kEqScalar:
       // expert_idx == self.num_experts: the number wrapped as an 8-byte tensor.
-      prelude->push_back(memory_.Alloc(8, MemoryCategory::kTemporary));
+      prelude->push_back(memory_.HostAlloc(8, MemoryCategory::kTemporary));
       return;
     case OpType::kSdpaBoolMask: {
       // scalar_tensor(0) and scalar_tensor(-inf) in the query's dtype, before the where.
@@ -57,6 +57,12 @@ void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst,
 // ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
 absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
   const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
+  if (memory_.cuda()) {
+    // A CUDA GEMM's cuBLAS workspace, after its output (CublasWorkspace); the CPU
+    // kernels' workspaces below are not a CUDA step's.
+    if (IsGemm(op.type)) CublasWorkspace();
+    return absl::OkStatus();
+  }
   switch (op.type) {
     case OpType::kFlashAttentionMasked:  // the same blocks (profiled with a mask)
     case OpType::kFlashAttention: {
@@ -214,9 +220,12 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // An elementwise op on CPU computes in its inputs' common dtype: an input of another
     // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
     // the copy dies after the op. Autocast's bf16 matmul outputs meet fp32 tensors so.
+    // On CUDA the kernels cast as they load (TensorIterator.cpp, compute_types: the
+    // temporaries only `if (common_device == kCPU)`), and cat copies each input into
+    // its slice.
     if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor ||
          op.type == OpType::kKvCacheCat) &&
-        !replayed) {
+        !replayed && !memory_.cuda()) {
       const DType common = graph.tensors[op.outputs[0]].dtype;
       for (int in : op.inputs) {
         if (graph.tensors[in].dtype == common) continue;

@@ -343,7 +343,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       // preserve_rng_state: torch.get_rng_state() before the layer runs.
       memory_.SetOp(Special(i, Where::Activity::kCheckpointNode));
       f.rng_states[i - f.range.first_layer] =
-          memory_.Alloc(kCpuRngStateBytes, MemoryCategory::kActivation);
+          memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kActivation);
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
       for (int held : CallArguments(inst)) memory_.Keep(held);
@@ -587,7 +587,9 @@ void Simulation::SlidingCacheLayers() {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t layers = model_layers_ >= 0 ? model_layers_ : config_.layers;
   for (int64_t i = 0; i < config_.SlidingLayers(layers); ++i) {
-    const int id = memory_.Alloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
+    // torch.tensor(...) without a device: a host tensor beside a CUDA model.
+    const int id =
+        memory_.HostAlloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
     forward_holds_.emplace_back(id, Where::kPrologue);
   }
 }
@@ -606,7 +608,7 @@ void Simulation::SlidingWindowMask(std::vector<int>* extras) {
   const int head = memory_.Alloc(8, MemoryCategory::kTemporary);
   auto positions = [&] {
     const int arange = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
-    const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+    const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);
     const int sum = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
     memory_.Unref(wrapped);
     memory_.Unref(arange);
@@ -615,7 +617,7 @@ void Simulation::SlidingWindowMask(std::vector<int>* extras) {
   const int q = positions();
   const int kv = positions();
   const int ones = memory_.Alloc(1, MemoryCategory::kTemporary);
-  const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);
+  const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);
   const int shifted = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
   memory_.Unref(wrapped);
   const int in_window = memory_.Alloc(cells, MemoryCategory::kTemporary);
@@ -640,7 +642,7 @@ void Simulation::PositionIds(std::vector<int>* extras) {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t bytes = config_.seq * ElementSizeBytes(DType::kInt64);
   const int arange = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-  const int wrapped = memory_.Alloc(8, MemoryCategory::kTemporary);  // the int 0, wrapped
+  const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);  // the int 0, wrapped
   const int positions = memory_.Alloc(bytes, MemoryCategory::kTemporary);
   memory_.Unref(wrapped);
   memory_.Unref(arange);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/block_graph.h"
 #include "estimator/config.h"
+#include "estimator/cuda_allocator.h"
 #include "estimator/liveness.h"
 #include "estimator/shape.h"
 
@@ -140,11 +141,31 @@ struct SegmentSummary {
 // events and the peak.
 class Memory {
  public:
-  Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer)
-      : out_(out), record_(record), optimizer_(optimizer) {}
+  // cuda: the step runs on a CUDA device, each storage a block of PyTorch's caching
+  // allocator (estimator/cuda_allocator.h): its bytes are the block's, and what lives on
+  // the host (HostAlloc) holds none.
+  Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer, bool cuda = false)
+      : out_(out), record_(record), optimizer_(optimizer) {
+    if (cuda) allocator_.emplace();
+  }
 
-  // Begin starts the step from the resident bytes (StepTimeline::resident).
+  // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the
+  // resident tensors (StepTimeline::resident_tensors, then the input) are allocated
+  // first, in order, and count as their blocks.
   void Begin() {
+    if (allocator_.has_value()) {
+      std::array<int64_t, kNumMemoryCategories> blocks{};
+      for (ResidentTensor& tensor : out_->resident_tensors) {
+        tensor.bytes = BlockBytes(Malloc(tensor.bytes));  // the snapshot's block
+        blocks[static_cast<int>(tensor.category)] += tensor.bytes;
+      }
+      const int input = static_cast<int>(MemoryCategory::kInput);
+      if (out_->resident[input] > 0) {
+        input_block_ = Malloc(out_->resident[input]);
+        blocks[input] = BlockBytes(input_block_);
+      }
+      out_->resident = blocks;
+    }
     live_ = out_->resident;
     total_ = 0;
     for (int64_t bytes : live_) total_ += bytes;
@@ -175,12 +196,27 @@ class Memory {
     return peak_where_.has_value() ? WhereText(*peak_where_, optimizer_) : "";
   }
 
-  // Alloc makes a storage with one reference.
+  // Alloc makes a storage with one reference; on CUDA a block of the allocator.
   int Alloc(int64_t bytes, MemoryCategory category) {
-    storages_.push_back(Storage{bytes, category, category, 1, 0});
+    int block = -1;
+    if (allocator_.has_value()) {
+      block = Malloc(bytes);
+      bytes = BlockBytes(block);
+    }
+    storages_.push_back(Storage{bytes, category, category, 1, 0, block});
     const int s = static_cast<int>(storages_.size()) - 1;
     Event(s, bytes, category);
     return s;
+  }
+  // HostAlloc is a storage that a CUDA step keeps in host memory (a Python number
+  // wrapped for an op, an RNG state): on the CPU an Alloc, on CUDA no device bytes.
+  int HostAlloc(int64_t bytes, MemoryCategory category) {
+    return Alloc(allocator_.has_value() ? 0 : bytes, category);
+  }
+  bool cuda() const { return allocator_.has_value(); }
+  // reserved_peak: the allocator's segments at most (0 on the CPU).
+  int64_t reserved_peak() const {
+    return allocator_.has_value() ? allocator_->stats().reserved.peak : 0;
   }
 
   void Ref(int s) { ++storages_[s].refs; }
@@ -189,6 +225,10 @@ class Memory {
     Storage& storage = storages_[s];
     if (--storage.refs > 0) return;
     Event(s, -storage.bytes, storage.category);
+    if (allocator_.has_value() && storage.block >= 0) {
+      allocator_->Free(storage.block);
+      if (record_) out_->allocator_calls.push_back({storage.block, 0});
+    }
   }
 
   int refs(int s) const { return storages_[s].refs; }
@@ -217,7 +257,12 @@ class Memory {
   // Adopt registers a storage that is already live (counted in the resident bytes), with
   // one reference.
   int Adopt(int64_t bytes, MemoryCategory category) {
-    storages_.push_back(Storage{bytes, category, category, 1, 0});
+    int block = -1;
+    if (allocator_.has_value() && category == MemoryCategory::kInput) {
+      block = input_block_;  // Begin's
+      bytes = BlockBytes(block);
+    }
+    storages_.push_back(Storage{bytes, category, category, 1, 0, block});
     return static_cast<int>(storages_.size()) - 1;
   }
 
@@ -249,10 +294,11 @@ class Memory {
     int wrapped = -1;
     int converted = -1;
   };
+  // Both are host tensors beside a CUDA tensor (TensorIterator reads CPU scalars).
   Wrapped WrapScalar(DType dtype) {
     Wrapped w;
-    w.wrapped = Alloc(8, MemoryCategory::kTemporary);
-    w.converted = Alloc(ElementSizeBytes(dtype), MemoryCategory::kTemporary);
+    w.wrapped = HostAlloc(8, MemoryCategory::kTemporary);
+    w.converted = HostAlloc(ElementSizeBytes(dtype), MemoryCategory::kTemporary);
     return w;
   }
   void Drop(const Wrapped& w) {
@@ -272,7 +318,17 @@ class Memory {
     MemoryCategory base;      // when nothing keeps it
     int refs = 0;
     int keeps = 0;
+    int block = -1;  // on CUDA its allocator block (-1: none, 0 bytes)
   };
+  int64_t BlockBytes(int block) const {
+    return block < 0 ? 0 : allocator_->BlockSize(block);
+  }
+  // Malloc: a request to the allocator, logged (its handle names the allocation).
+  int Malloc(int64_t bytes) {
+    const int block = allocator_->Malloc(bytes);
+    if (record_ && block >= 0) out_->allocator_calls.push_back({block, bytes});
+    return block;
+  }
 
   void Recategorize(int s, MemoryCategory category) {
     Storage& storage = storages_[s];
@@ -324,6 +380,8 @@ class Memory {
  private:
   StepTimeline* out_;
   bool record_;
+  std::optional<CudaAllocatorSim> allocator_;  // on CUDA
+  int input_block_ = -1;
   std::vector<Storage> storages_;
   std::array<int64_t, kNumMemoryCategories> live_{};
   int64_t total_ = 0;

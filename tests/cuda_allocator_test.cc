@@ -11,7 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
 #include "c10/cuda/CUDACachingAllocator.h"
+#include "estimator/predict.h"
+#include "estimator/run_request.h"
 #include "gtest/gtest.h"
 
 namespace memledger {
@@ -129,6 +133,63 @@ TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
     }
     ASSERT_EQ(Real(), Simulated(sim)) << "stream " << stream << " freed";
   }
+}
+
+// predict --device=cuda's step, its requests to the allocator replayed through torch's
+// own: the allocated and reserved peaks it reports are the prediction's peak_bytes and
+// peak_reserved_bytes, for every variant, family and SDPA kernel here.
+TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
+  struct Case {
+    const char* model;
+    const char* dtype;
+    const char* sdpa_backend;
+  };
+  int replayed = 0;
+  for (const Case& c : {Case{"study", "bf16", "flash"}, Case{"study", "fp32", "efficient"},
+                        Case{"tiny-llama", "bf16", "cudnn"}, Case{"tiny-llama", "fp32", "math"},
+                        Case{"tiny-gpt2", "fp16", "flash"}}) {
+    RunRequest request;
+    request.model = c.model;
+    request.dtype = c.dtype;
+    request.sdpa_backend = c.sdpa_backend;
+    request.device = "cuda";
+    request.batch = 2;
+    request.seq = 64;
+    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    PredictOptions options;
+    options.attention = spec->attention;
+    options.variants = spec->variants;
+    options.optimizer = spec->optimizer;
+    options.timeline = true;
+    absl::StatusOr<Prediction> p = Predict(spec->config, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    for (const VariantPrediction& v : p->variants) {
+      SCOPED_TRACE(absl::StrCat(c.model, " ", c.dtype, " ", c.sdpa_backend, " ",
+                                v.variant.Name()));
+      ASSERT_TRUE(v.peak.has_value()) << v.peak_unavailable;
+      ASSERT_NE(v.timeline, nullptr);
+      SetUp();
+      std::map<int32_t, void*> live;
+      for (const StepTimeline::AllocatorCall& call : v.timeline->allocator_calls) {
+        if (call.bytes > 0) {
+          ASSERT_EQ(live.count(call.id), 0u);
+          live[call.id] =
+              c10::cuda::CUDACachingAllocator::raw_alloc(static_cast<size_t>(call.bytes));
+        } else {
+          ASSERT_EQ(live.count(call.id), 1u);
+          c10::cuda::CUDACachingAllocator::raw_delete(live[call.id]);
+          live.erase(call.id);
+        }
+      }
+      const Stats real = Real();
+      EXPECT_EQ(real.allocated_peak, v.peak->bytes);
+      EXPECT_EQ(real.reserved_peak, v.peak_reserved_bytes);
+      for (auto& [id, ptr] : live) c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+      ++replayed;
+    }
+  }
+  EXPECT_EQ(replayed, 20);
 }
 
 }  // namespace

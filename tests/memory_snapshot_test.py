@@ -65,6 +65,24 @@ class MemorySnapshotTest(unittest.TestCase):
                 self.assertTrue({"memledger forward", "memledger backward",
                                  "memledger optimizer"} <= phases, phases)
 
+    def test_on_cuda_its_sizes_are_the_allocators_blocks(self):
+        # --device=cuda: every allocation is a block of the caching allocator (a multiple
+        # of 512 B, at least 512: tiny-llama's 64-B norm weights included), and the trace
+        # replays to peak_bytes, max_memory_allocated()'s count.
+        for variant, *flags in [("full", "--model=tiny-llama", "--dtype=bf16"),
+                                ("none", "--model=tiny-gpt2", "--sdpa_backend=efficient")]:
+            with self.subTest(variant=variant, flags=flags):
+                p, snapshot = self.snapshot(variant, "--device=cuda", *flags)
+                trace = snapshot["device_traces"][0]
+                sizes = [e["size"] for e in trace if e["action"] == "alloc"]
+                self.assertTrue(all(s % 512 == 0 and s >= 512 for s in sizes),
+                                sorted(set(s % 512 for s in sizes)))
+                self.assertEqual(replay(snapshot)[0], p["peak_bytes"][variant])
+        # On the CPU the same norm weights are 64-B allocations (32 bf16 elements).
+        _, cpu = self.snapshot("full", "--model=tiny-llama", "--dtype=bf16")
+        self.assertIn(64, [e["size"] for e in cpu["device_traces"][0]
+                           if e["action"] == "alloc"])
+
     def test_it_opens_with_every_parameter_and_its_optimizer_state(self):
         # tiny-llama (2 layers, untied) has, by hand, 21 parameter tensors: the
         # embedding, per layer q, k, v, o, gate, up, down and two norms (2 x 9), the
