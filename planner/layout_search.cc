@@ -336,6 +336,13 @@ absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request) {
 
 absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
                                            const SearchOptions& options) {
+  if (request.device != "cpu") {
+    // Its ranks' peaks compose from short models' stretches, which a CUDA step's
+    // allocator blocks do not.
+    return absl::InvalidArgumentError(
+        "--device=cuda: the layout search is not modelled on cuda yet (its ranks' peaks "
+        "are composed from short models, which the caching allocator's blocks are not)");
+  }
   if (options.gpus < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--gpus must be >= 1, got ", options.gpus));
   }

@@ -101,6 +101,7 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
            {"--budget_gib=1 --model=tiny-llama --pp=2", "--pp, --micro_batches and --zero=3"},
            {"--budget_gib=1 --model=tiny-llama --dp=2 --zero=3", "--zero=3"},
+           {"--budget_gib=1 --model=tiny-llama --device=cuda", "not modelled on cuda yet"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;

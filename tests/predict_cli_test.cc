@@ -60,6 +60,12 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--model=tiny-llama --tp=2 --sp --amp=bf16", "--sp with --amp is not modelled"},
            {"--model=megatron-gpt", "megatron-gpt needs --attention=math"},
            {"--variants=core_attention", "core_attention recomputes math attention's core"},
+           {"--device=tpu", "--device must be cpu or cuda"},
+           {"--sdpa_backend=fast", "--sdpa_backend must be auto, flash, efficient, cudnn or math"},
+           {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
+           {"--device=cuda --attention=math", "--device=cuda: --attention=math"},
+           {"--device=cuda --model=tiny-qwen3-moe", "--device=cuda: a mixture of experts"},
+           {"--device=cuda --model=tiny-llama --dp=2", "data and pipeline parallel ranks"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"},
            // Abseil's parse errors exit 2 like the rest.

@@ -133,6 +133,8 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--micro_batches follows from the layout"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --tp=3", "fits no layout of 4 GPUs with"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu=v100", "--gpu must be one of"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --device=cuda",
+             "not modelled on cuda yet"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --mfu=2", "--mfu must be in"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu_memory_gib=-1",
              "--gpu_memory_gib must be"},
