@@ -28,6 +28,7 @@ from pathlib import Path
 HERE = Path(os.path.realpath(__file__)).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "verify"))
+import gpu_check  # noqa: E402  (verify/gpu_check.py)
 import real_stack_test  # noqa: E402  (the families' small configs)
 import witness  # noqa: E402  (verify/witness.py)
 
@@ -152,6 +153,25 @@ class FakeCudaTest(unittest.TestCase):
                              text=True)
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn("needs --device=cuda", out.stderr)
+
+    def test_the_gpu_check_runs_only_on_a_gpu(self):
+        # verify/gpu_check.py trains the real step on a CUDA device; here it says there
+        # is none, in one line, exit 2. Its predict half runs anywhere: the flags it builds
+        # give predict's numbers for the kernel the GPU ran.
+        out = subprocess.run([sys.executable, str(HERE.parent / "verify" / "gpu_check.py"),
+                              "--study", f"--predict={PREDICT}"],
+                             capture_output=True, text=True)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(out.stderr.strip(), "gpu_check: no CUDA device: run this on a GPU "
+                         "machine")
+        args = gpu_check.parse(["--study", "--layers=2", "--width=32", "--heads=2",
+                                "--batch=2", "--seq=16", "--dtype=bf16", "--variant=full",
+                                f"--predict={PREDICT}"])
+        predicted = gpu_check.predict(args, "flash")
+        self.assertEqual(predicted["sdpa_kernel"], "flash")
+        flash, _ = run("study", "flash", "bf16", "none", "full", self.tmp)
+        self.assertEqual(predicted["saved_bytes"], flash["saved_bytes"])
+        self.assertGreater(predicted["peak_reserved_bytes"], predicted["peak_bytes"])
 
     # Helpers: predict for a model's small config on cuda.
 
