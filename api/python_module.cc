@@ -215,7 +215,7 @@ PYBIND11_MODULE(memledger, m) {
         "api/memledger.h (model, layers, width, heads, kv_heads, head_dim, intermediate, "
         "vocab, batch, seq, variants, every, policy, attention, dtype, amp, optimizer, "
         "optimizer_impl, checkpoint_impl, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
-        "micro_batches, zero, schedule, experts_impl, routing, explain); with dp or pp above 1, per rank ('ranks'). Raises ValueError "
+        "micro_batches, zero, schedule, experts_impl, routing, device, sdpa_backend, explain); with dp or pp above 1, per rank ('ranks'). Raises ValueError "
         "for bad input.");
   m.def("plan", &Plan,
         "plan(budget_gib=..., **fields) -> dict: the checkpoint plan with the least "

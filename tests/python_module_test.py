@@ -65,6 +65,20 @@ class PredictTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "apply to a mixture-of-experts model"):
             memledger.predict(model="tiny-llama", routing="worst")
 
+    def test_on_cuda_the_peaks_are_the_allocators(self):
+        # --device=cuda through Python: blocks of 512 B at least (cuda_allocator_test
+        # replays the stream through torch's allocator), segments at least as large; the
+        # kernel named; a kernel that cannot run the call is a ValueError.
+        p = memledger.predict(model="tiny-llama", device="cuda", dtype="bf16", variants="full")
+        self.assertEqual((p["device"], p["sdpa_kernel"]), ("cuda", "cudnn"))
+        self.assertEqual(p["peak_bytes"]["full"] % 512, 0)
+        self.assertGreaterEqual(p["peak_reserved_bytes"]["full"], p["peak_bytes"]["full"])
+        many = memledger.predict_many([dict(model="tiny-llama", device="cuda", dtype="bf16",
+                                            variants="full")])
+        self.assertEqual(many[0]["peak_bytes"], p["peak_bytes"])
+        with self.assertRaisesRegex(ValueError, "fp16 or bf16 only"):
+            memledger.predict(model="tiny-llama", device="cuda", sdpa_backend="flash")
+
     def test_default_is_the_study(self):
         self.assertEqual(memledger.predict()["saved_bytes"]["none"], 51052544)
 
