@@ -242,10 +242,7 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
   if (!prediction.ok()) return prediction.status();
   if (format == "svg") {
-    return PredictedTimelineSvg(
-        absl::StrCat("memledger: predicted memory of one training step (torch ", kTorchRelease,
-                     ")"),
-        prediction->variants);
+    return PredictedTimelineSvg(PredictedStepTitle(spec->config.device), prediction->variants);
   }
   if (format == "table") {
     std::string table = PredictionTable(*prediction);

@@ -187,9 +187,7 @@ int main(int argc, char** argv) {
   if (!svg_path.empty()) {
     if (absl::Status s = WriteTimelineSvg(
             svg_path,
-            absl::StrCat("memledger: predicted memory of one training step (torch ",
-                         memledger::kTorchRelease, ")"),
-            prediction->variants);
+            memledger::PredictedStepTitle(spec->config.device), prediction->variants);
         !s.ok()) {
       return memledger::ReportError(s);
     }

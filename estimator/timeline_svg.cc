@@ -231,6 +231,16 @@ void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* 
     absl::StrAppend(&label, " | measured ", HumanBytes(panel.measured->peak_bytes),
                     panel.measured->peak_bytes == t.peak.bytes ? " (exact)" : "");
   }
+  if (t.peak_reserved_bytes > 0) {
+    // On CUDA: the allocator's segments at most, a dashed line.
+    absl::StrAppend(&label, " | reserved ", HumanBytes(t.peak_reserved_bytes));
+    const double reserved_y = y_of(t.peak_reserved_bytes);
+    absl::StrAppendFormat(svg,
+                          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
+                          "class=\"reserved\"><title>peak_reserved_bytes %d</title></line>\n",
+                          kLeft, reserved_y, kWidth - kRight, reserved_y,
+                          t.peak_reserved_bytes);
+  }
   absl::StrAppendFormat(svg,
                         "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" class=\"peak\"/>"
                         "<text x=\"%d\" y=\"%d\" class=\"peaklabel\">%s</text>\n",
@@ -243,7 +253,8 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
   int64_t y_max = 1;
   bool any_measured = false;
   for (const TimelinePanel& panel : panels) {
-    y_max = std::max(y_max, panel.predicted->peak.bytes);
+    y_max = std::max({y_max, panel.predicted->peak.bytes,
+                      panel.predicted->peak_reserved_bytes});
     if (panel.measured.has_value()) {
       any_measured = true;
       y_max = std::max(y_max, panel.measured->peak_bytes);
@@ -259,6 +270,7 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
       ".phasename{font-size:11px;text-anchor:middle;fill:#444}"
       ".grid{stroke:#ddd;stroke-width:1}.phase{stroke:#555;stroke-width:1;stroke-dasharray:3,3}"
       ".peak{fill:#000}.peaklabel{font-size:11px}"
+      ".reserved{stroke:#555;stroke-width:1;stroke-dasharray:4 3}"
       ".measured{fill:none;stroke:#000;stroke-width:1.2}</style>\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"#ffffff\"/>\n"
       "<text x=\"%d\" y=\"22\" class=\"title\">%s</text>\n",
@@ -283,6 +295,12 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
   }
   svg += "</svg>\n";
   return svg;
+}
+
+std::string PredictedStepTitle(Device device) {
+  return absl::StrCat("memledger: predicted memory of one training step on ",
+                      DeviceName(device), " (torch ", kTorchRelease,
+                      device == Device::kCuda ? ", allocator blocks)" : ")");
 }
 
 absl::StatusOr<std::string> PredictedTimelineSvg(

@@ -42,6 +42,10 @@ struct TimelinePanel {
 // rank's schedule) draws them in one span, in time order.
 std::string TimelineSvg(const std::string& title, const std::vector<TimelinePanel>& panels);
 
+// PredictedStepTitle is the predicted timeline's title, naming the device (on CUDA the
+// bytes are the caching allocator's blocks).
+std::string PredictedStepTitle(Device device);
+
 // PredictedTimelineSvg draws each variant's predicted step (recorded with
 // PredictOptions::timeline) under `title`, one panel each; Unimplemented, naming why,
 // when a variant's step is not simulated (the message is why).

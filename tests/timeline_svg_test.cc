@@ -24,6 +24,23 @@ int Count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// On CUDA the title names the device and each panel its reserved peak, dashed.
+TEST(TimelineSvgTest, OnCudaItShowsTheReservedPeak) {
+  ModelConfig config;
+  config.device = Device::kCuda;
+  PredictOptions options;
+  options.timeline = true;
+  options.variants = {Variant()};
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
+  ASSERT_OK_AND_ASSIGN(std::string svg,
+                       PredictedTimelineSvg(PredictedStepTitle(config.device), p.variants));
+  EXPECT_NE(svg.find("one training step on cuda"), std::string::npos);
+  EXPECT_EQ(Count(svg, "class=\"reserved\""), 1);
+  EXPECT_NE(svg.find(absl::StrCat("peak_reserved_bytes ", p.variants[0].peak_reserved_bytes)),
+            std::string::npos);
+  EXPECT_GE(p.variants[0].peak_reserved_bytes, p.variants[0].peak->bytes);
+}
+
 TEST(TimelineSvgTest, RendersEveryVariantWithItsPeak) {
   PredictOptions options;
   options.timeline = true;
