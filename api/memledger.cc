@@ -191,6 +191,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "attention") status = string(&request.attention);
     else if (name == "device") status = string(&request.device);
     else if (name == "sdpa_backend") status = string(&request.sdpa_backend);
+    else if (name == "expandable_segments") status = boolean(&request.expandable_segments);
     else if (name == "dtype") status = string(&request.dtype);
     else if (name == "amp") status = string(&request.amp);
     else if (name == "optimizer") status = string(&request.optimizer);

@@ -22,7 +22,7 @@ INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", 
             "zero", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
             "max_virtual_stages", "threads", "top"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu"}
-BOOLEANS = {"master_weights", "sp", "explain"}
+BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
            "routing", "gpu", "device", "sdpa_backend"}
@@ -39,7 +39,7 @@ GROUPS = [
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
                      "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
-    ("device", ["device", "sdpa_backend", "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
+    ("device", ["device", "sdpa_backend", "expandable_segments", "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)"]),
     ("output", ["format (json or table)", "explain (predict)", "top (search)",
                 "chart_svg (search)"]),

@@ -60,6 +60,10 @@ ABSL_FLAG(std::string, sdpa_backend, "auto",
           "The kernel scaled_dot_product_attention runs: auto (what the pinned torch picks "
           "for the dtype, head_dim, mask and grouped-query heads; on an sm90 GPU flash, then "
           "efficient, then math), flash, efficient, cudnn or math.");
+ABSL_FLAG(bool, expandable_segments, false,
+          "With --device=cuda: the caching allocator runs expandable segments "
+          "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): each pool one segment "
+          "grown by 2 MiB or 20 MiB pages, every block split at 512 B.");
 ABSL_FLAG(std::string, dtype, "fp32",
           "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
           "(pure low precision; PyTorch still keeps some tensors in fp32).");
@@ -137,6 +141,7 @@ RunRequest RunRequestFromFlags() {
   request.attention = absl::GetFlag(FLAGS_attention);
   request.device = absl::GetFlag(FLAGS_device);
   request.sdpa_backend = absl::GetFlag(FLAGS_sdpa_backend);
+  request.expandable_segments = absl::GetFlag(FLAGS_expandable_segments);
   request.dtype = absl::GetFlag(FLAGS_dtype);
   request.amp = absl::GetFlag(FLAGS_amp);
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -210,6 +215,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},
     {"global_batch", "input"},   {"max_virtual_stages", "parallelism"},
     {"device", "device"},        {"sdpa_backend", "device"},
+    {"expandable_segments", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
     {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
     {"witness", "verification"}, {"witness_python", "verification"},

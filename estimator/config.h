@@ -244,9 +244,12 @@ struct ModelConfig {
   // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
-  // device: where the step runs; sdpa_backend: the SDPA kernel asked for.
+  // device: where the step runs; sdpa_backend: the SDPA kernel asked for;
+  // expandable_segments: on CUDA, the caching allocator's expandable segments
+  // (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
   Device device = Device::kCpu;
   SdpaBackend sdpa_backend = SdpaBackend::kAuto;
+  bool expandable_segments = false;
 
   // KeepsKvCache: use_cache for a family transformers builds (not the study or
   // megatron-gpt, which have no DynamicCache).
@@ -323,7 +326,7 @@ struct ModelConfig {
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
            a.checkpoint_impl == b.checkpoint_impl && a.device == b.device &&
-           a.sdpa_backend == b.sdpa_backend;
+           a.sdpa_backend == b.sdpa_backend && a.expandable_segments == b.expandable_segments;
   }
 };
 

@@ -1,6 +1,8 @@
 #include "estimator/cuda_allocator.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 namespace memledger {
 
@@ -33,10 +35,25 @@ void CudaAllocatorSim::Uncache(int block) {
 
 int CudaAllocatorSim::FindFree(bool small, int64_t size) {
   // get_free_block: the smallest cached block of the pool that fits, the lowest address
-  // among equals (pool.blocks.lower_bound of a key block of that size).
+  // among equals (pool.blocks.lower_bound of a key block of that size). With
+  // expandable segments a block before unmapped space counts as all it could grow to:
+  // from there the search moves on while the next block's such size is smaller.
   FreeSet& pool = PoolOf(small);
   auto it = pool.lower_bound({size, INT64_MIN});
   if (it == pool.end()) return -1;
+  if (expandable_) {
+    auto expandable_size = [&](int b) {
+      const Block& block = blocks_[b];
+      return block.size + (block.next >= 0 && !blocks_[block.next].mapped
+                               ? blocks_[block.next].size
+                               : 0);
+    };
+    for (auto next = std::next(it);
+         next != pool.end() && expandable_size(next->second) < expandable_size(it->second);
+         ++next) {
+      it = next;
+    }
+  }
   const int found = it->second;
   pool.erase(it);
   return found;
@@ -55,28 +72,97 @@ int CudaAllocatorSim::NewSegment(bool small, int64_t size) {
   return static_cast<int>(blocks_.size()) - 1;
 }
 
+// kExpandableAddressSpace: an expandable segment's reserved virtual range, more than
+// any step maps (the allocator reserves the device's memory and an eighth).
+constexpr int64_t kExpandableAddressSpace = int64_t{1} << 46;
+
+void CudaAllocatorSim::MapPages(int unmapped, int64_t size) {
+  // map_block: map `size` of the unmapped block, rounded up to whole pages; the rest
+  // stays unmapped after it; the mapped pages join a free mapped block before them.
+  const int64_t page = blocks_[unmapped].small ? kCudaSmallBuffer : kCudaLargeBuffer;
+  const int64_t bytes = std::min(blocks_[unmapped].size, (size + page - 1) / page * page);
+  const int rest = Split(unmapped, bytes);
+  const bool small = blocks_[unmapped].small;
+  if (rest >= 0) {
+    blocks_[rest].mapped = false;
+    unmapped_[small ? 0 : 1] = rest;
+  } else {
+    unmapped_[small ? 0 : 1] = -1;
+  }
+  blocks_[unmapped].mapped = true;
+  stats_.reserved.Add(bytes);
+  Merge(unmapped, blocks_[unmapped].prev);
+  Cache(unmapped);
+}
+
+int CudaAllocatorSim::GrowExpandable(bool small, int64_t size) {
+  // try_allocate_expandable_block: the pool's unmapped space, with the free mapped block
+  // before it if there is one (find_expandable_block), mapped until it holds `size`:
+  // only what the free block lacks (std::min(candidate->size, size) at first).
+  int& tail = unmapped_[small ? 0 : 1];
+  if (tail < 0) {
+    Block space;
+    space.address = next_address_;
+    space.size = kExpandableAddressSpace;
+    space.small = small;
+    space.mapped = false;
+    next_address_ += kExpandableAddressSpace;
+    blocks_.push_back(space);
+    tail = static_cast<int>(blocks_.size()) - 1;
+    ++stats_.segments;
+  }
+  int candidate = tail;
+  const int before = blocks_[tail].prev;
+  if (before >= 0 && !blocks_[before].allocated) {
+    candidate = before;
+    Uncache(candidate);
+  } else {
+    MapPages(candidate, size);
+    Uncache(candidate);
+  }
+  while (blocks_[candidate].size < size) {
+    const int next = blocks_[candidate].next;  // the unmapped space
+    Cache(candidate);  // MapPages merges the mapped pages into it
+    MapPages(next, size - blocks_[candidate].size);
+    Uncache(next);
+    candidate = next;
+  }
+  return candidate;
+}
+
+int CudaAllocatorSim::Split(int block, int64_t size) {
+  // The first `size` bytes stay `block`; the rest becomes a new block after it.
+  const int64_t remaining = blocks_[block].size - size;
+  if (remaining <= 0) return -1;
+  Block rest;
+  rest.address = blocks_[block].address + size;
+  rest.size = remaining;
+  rest.small = blocks_[block].small;
+  rest.prev = block;
+  rest.next = blocks_[block].next;
+  blocks_.push_back(rest);
+  const int r = static_cast<int>(blocks_.size()) - 1;
+  if (blocks_[r].next >= 0) blocks_[blocks_[r].next].prev = r;
+  blocks_[block].next = r;
+  blocks_[block].size = size;
+  return r;
+}
+
 int CudaAllocatorSim::Malloc(int64_t bytes) {
   if (bytes <= 0) return -1;  // malloc of 0 bytes returns no block
   const int64_t size = CudaRoundSize(bytes);
   const bool small = size <= kCudaSmallSize;
   int block = FindFree(small, size);
-  if (block < 0) block = NewSegment(small, CudaSegmentSize(size));
-  // should_split: a small block splits when at least 512 B remain, a large one when
-  // more than 1 MiB does (kSmallSize); the remainder stays cached after the block.
+  if (block < 0) {
+    block = expandable_ ? GrowExpandable(small, size)
+                        : NewSegment(small, CudaSegmentSize(size));
+  }
+  // should_split: a small block, or any with expandable segments, splits when at least
+  // 512 B remain; a large one when more than 1 MiB does (kSmallSize). The remainder
+  // stays cached after the block.
   const int64_t remaining = blocks_[block].size - size;
-  if (small ? remaining >= kCudaMinBlockSize : remaining > kCudaSmallSize) {
-    Block rest;
-    rest.address = blocks_[block].address + size;
-    rest.size = remaining;
-    rest.small = small;
-    rest.prev = block;
-    rest.next = blocks_[block].next;
-    blocks_.push_back(rest);
-    const int r = static_cast<int>(blocks_.size()) - 1;
-    if (blocks_[r].next >= 0) blocks_[blocks_[r].next].prev = r;
-    blocks_[block].next = r;
-    blocks_[block].size = size;
-    Cache(r);
+  if (small || expandable_ ? remaining >= kCudaMinBlockSize : remaining > kCudaSmallSize) {
+    Cache(Split(block, size));
   }
   Block& b = blocks_[block];
   b.allocated = true;
@@ -87,8 +173,12 @@ int CudaAllocatorSim::Malloc(int64_t bytes) {
 }
 
 void CudaAllocatorSim::Merge(int block, int neighbour) {
-  // try_merge_blocks: a free neighbour in the same segment joins the freed block.
-  if (neighbour < 0 || blocks_[neighbour].allocated) return;
+  // try_merge_blocks: a free neighbour in the same segment, mapped as the block is,
+  // joins it.
+  if (neighbour < 0 || blocks_[neighbour].allocated ||
+      blocks_[neighbour].mapped != blocks_[block].mapped) {
+    return;
+  }
   Block& dst = blocks_[block];
   Block& src = blocks_[neighbour];
   Uncache(neighbour);

@@ -12,9 +12,10 @@
 //   sim.stats().reserved.peak;       // 2097152
 //
 // What it leaves out: more than one stream (record_stream, events), the out-of-memory
-// path (freeing cached blocks to retry cudaMalloc), expandable segments, garbage
+// path (freeing cached blocks to retry cudaMalloc), garbage
 // collection thresholds and PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
-// roundup_power2_divisions (the defaults: none of them).
+// roundup_power2_divisions (the defaults: none of them). Expandable segments are a
+// constructor option.
 #ifndef ESTIMATOR_CUDA_ALLOCATOR_H_
 #define ESTIMATOR_CUDA_ALLOCATOR_H_
 
@@ -55,6 +56,12 @@ struct CudaAllocatorStats {
 
 class CudaAllocatorSim {
  public:
+  // expandable_segments: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. Each pool is
+  // then one segment of reserved address space whose pages (2 MiB small, 20 MiB large)
+  // are mapped as requests need them, and every block splits at 512 B.
+  explicit CudaAllocatorSim(bool expandable_segments = false)
+      : expandable_(expandable_segments) {}
+
   // Malloc allocates `bytes` and returns its handle (-1 for 0 bytes: no block).
   int Malloc(int64_t bytes);
   // Free returns the block of a handle Malloc gave (-1 is ignored).
@@ -71,6 +78,7 @@ class CudaAllocatorSim {
     int64_t requested = 0;
     bool small = false;  // its pool
     bool allocated = false;
+    bool mapped = true;  // false: an expandable segment's unmapped address space
     int prev = -1, next = -1;  // neighbours in its segment
   };
   // A pool's cached blocks by (size, address), the allocator's BlockComparatorSize order.
@@ -81,10 +89,15 @@ class CudaAllocatorSim {
   void Uncache(int block);
   int FindFree(bool small, int64_t size);
   int NewSegment(bool small, int64_t size);
+  int GrowExpandable(bool small, int64_t size);
+  void MapPages(int unmapped, int64_t size);
+  int Split(int block, int64_t size);
   void Merge(int block, int neighbour);
 
+  bool expandable_ = false;
   std::vector<Block> blocks_;  // every block ever made; merged ones stay, unreferenced
   FreeSet small_free_, large_free_;
+  int unmapped_[2] = {-1, -1};  // each expandable segment's unmapped tail, by pool
   int64_t next_address_ = 0;
   CudaAllocatorStats stats_;
 };

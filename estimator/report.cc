@@ -157,6 +157,9 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   doc.AddMember("sdpa_backend",
                 rapidjson::StringRef(SdpaBackendName(config.sdpa_backend).data()), a);
   doc.AddMember("sdpa_kernel", String(SdpaKernelsName(config, attention).value_or("?"), a), a);
+  if (config.device == Device::kCuda) {
+    doc.AddMember("expandable_segments", config.expandable_segments, a);
+  }
   doc.AddMember("checkpoint_impl",
                 rapidjson::StringRef(CheckpointImplName(config.checkpoint_impl).data()), a);
   // The release whose saving rules the numbers follow (estimator/rules.h).
@@ -350,13 +353,14 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   }
   std::string out = absl::StrFormat(
       "memledger prediction: %s%d layers, width %d, %d heads, batch %d, seq %d, %s attention, "
-      "%s%s, %s%s, torch %s\ndevice: %s, SDPA kernel: %s\n\n",
+      "%s%s, %s%s, torch %s\ndevice: %s%s, SDPA kernel: %s\n\n",
       model, c.layers, c.width, c.heads, c.batch, c.seq, AttentionModeName(p.attention),
       ModelDTypeName(c.dtype),
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(p.optimizer.kind),
       p.optimizer.master_weights ? " with fp32 master weights" : "", kTorchRelease,
-      DeviceName(c.device), SdpaKernelsName(c, p.attention).value_or("?"));
+      DeviceName(c.device), c.expandable_segments ? " (expandable segments)" : "",
+      SdpaKernelsName(c, p.attention).value_or("?"));
   if (c.moe.Sparse()) absl::StrAppend(&out, MoeLine(c.moe), "\n\n");
   if (!scope.empty()) {
     absl::StrAppend(&out, scope, "\n\n");

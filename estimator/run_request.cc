@@ -144,6 +144,11 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<SdpaBackend> sdpa_backend = ParseSdpaBackend(request.sdpa_backend);
   if (!sdpa_backend.ok()) return sdpa_backend.status();
   spec.config.sdpa_backend = *sdpa_backend;
+  if (request.expandable_segments && spec.config.device != Device::kCuda) {
+    return absl::InvalidArgumentError(
+        "--expandable_segments is a CUDA caching allocator setting: it needs --device=cuda");
+  }
+  spec.config.expandable_segments = request.expandable_segments;
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
   spec.routing = request.routing;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
@@ -213,6 +218,7 @@ std::string RequestFlags(const RunRequest& request) {
   text("schedule", request.schedule, defaults.schedule);
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);
+  if (request.expandable_segments) absl::StrAppend(&out, " --expandable_segments");
   text("experts_impl", request.experts_impl, defaults.experts_impl);
   text("routing", request.routing, defaults.routing);
   return out;

@@ -56,6 +56,7 @@ struct RunRequest {
   // path ({"layers": [[tokens per expert, ...], ...]}, one row per sparse layer).
   std::string device = "cpu";         // cpu or cuda
   std::string sdpa_backend = "auto";  // auto, flash, efficient, cudnn or math
+  bool expandable_segments = false;   // with device cuda
   std::string experts_impl = "grouped_mm";
   std::string routing = "balanced";
 };

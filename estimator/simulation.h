@@ -57,7 +57,8 @@ class Simulation {
              const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
       : config_(config), variant_(variant), optimizer_(optimizer),
         options_(options), out_(out),
-        memory_(out, options.record_events, optimizer, config.device == Device::kCuda) {}
+        memory_(out, options.record_events, optimizer, config.device == Device::kCuda,
+                config.expandable_segments) {}
 
   absl::Status Run(const ModelPlans& plans);
   // RunReduction is the step's end alone, from the .grads the backward leaves (one per

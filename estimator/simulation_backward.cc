@@ -351,55 +351,17 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       }
       break;
     }
-    case OpType::kCudaFlashAttention: {
-      // _flash_attention_backward (attention_backward.cu): grad_out.contiguous() in
-      // (B, T, H, d) memory, a copy unless it is so already; then mha_bwd
-      // (flash_api.cpp): dq, dk, dv empty_like the (B, T, H, d) inputs (:954, :963,
-      // :972), softmax_d (B, H, T rounded to 128) fp32 (:984), dq_accum (B, T rounded to
-      // 128, H, d rounded to 32, or 64 above 128) fp32 (:989), and for grouped-query
-      // heads dk_expanded and dv_expanded at the query's heads (:1000-1001), summed into
-      // dk and dv (:1057-1058). All but the gradients die as it returns.
+    case OpType::kCudaFlashAttention:
+    case OpType::kEfficientAttention: {
+      // Both start alike (attention_backward.cu, _flash_attention_backward and
+      // _efficient_attention_backward): grad_out.contiguous() in (B, T, H, d) memory, a
+      // copy unless it is so already; the gradients of q, k, v empty_like their
+      // (B, T, H, d) inputs (flash_api.cpp:954-972); for grouped-query heads k's and v's
+      // expanded to the query's heads, summed back after the kernel (flash_api.cpp:
+      // 1000-1001, 1057-1058). Then their own buffers. All but the gradients die as the
+      // node returns.
       const Layout& q = layout_of(0);  // (B, H, T, d)
       const int64_t b = q.sizes[0], h = q.sizes[1], t = q.sizes[2], d = q.sizes[3];
-      const int64_t t128 = (t + 127) / 128 * 128;
-      const int64_t rounding = d <= 128 ? 32 : 64;
-      const int64_t d_rounded = (d + rounding - 1) / rounding * rounding;
-      std::optional<int> grad_out_copy;
-      if (!Transposed(grad.layout, 1, 2).IsContiguous()) {
-        grad_out_copy = memory_.Alloc(NumelOf(grad.layout) * ElementSizeBytes(grad.dtype),
-                                      MemoryCategory::kTemporary);
-      }
-      for (int i = 0; i < 3; ++i) {
-        grads[i] = NewGrad(Transposed(layout_of(i), 1, 2), dtype_of(i));
-        grads[i].layout = Transposed(grads[i].layout, 1, 2);
-      }
-      const int softmax_d = memory_.Alloc(b * h * t128 * 4, MemoryCategory::kTemporary);
-      const int dq_accum =
-          memory_.Alloc(b * t128 * h * d_rounded * 4, MemoryCategory::kTemporary);
-      std::vector<int> expanded;
-      if (layout_of(1).sizes[1] != h) {
-        for (int i = 1; i < 3; ++i) {
-          expanded.push_back(memory_.Alloc(b * t * h * layout_of(i).sizes[3] *
-                                               ElementSizeBytes(dtype_of(i)),
-                                           MemoryCategory::kTemporary));
-        }
-      }
-      for (auto it = expanded.rbegin(); it != expanded.rend(); ++it) memory_.Unref(*it);
-      memory_.Unref(dq_accum);
-      memory_.Unref(softmax_d);
-      if (grad_out_copy) memory_.Unref(*grad_out_copy);
-      break;
-    }
-    case OpType::kEfficientAttention: {
-      // _efficient_attention_backward (attention_backward.cu): grad_out.contiguous(),
-      // grad_q, grad_k, grad_v (B, T, H, d) (and for grouped-query heads grad_k and
-      // grad_v expanded to the query's heads, reduced after the kernel), then delta:
-      // (B, H, T) fp32 for fp16/bf16 (kernel_backward.h, kKernelComputesDelta); for fp32
-      // (grad_out * out).sum(-1).transpose(-2, -1).contiguous(): the product, the sum,
-      // the copy. Not modelled: its fp32 staging workspace (workspace_size()) and
-      // shared_storage_dqdkdv's single chunk.
-      const Layout& q = layout_of(0);
-      const int64_t b = q.sizes[0], h = q.sizes[1], t = q.sizes[2];
       std::optional<int> grad_out_copy;
       if (!Transposed(grad.layout, 1, 2).IsContiguous()) {
         grad_out_copy = memory_.Alloc(NumelOf(grad.layout) * ElementSizeBytes(grad.dtype),
@@ -410,6 +372,15 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
         grads[i].layout = Transposed(grads[i].layout, 1, 2);
       }
       std::vector<int> temps;
+      if (op.type == OpType::kCudaFlashAttention) {
+        // mha_bwd: softmax_d (B, H, T rounded to 128) fp32 (:984), dq_accum (B, T rounded
+        // to 128, H, d rounded to 32, or 64 above 128) fp32 (:989).
+        const int64_t t128 = (t + 127) / 128 * 128;
+        const int64_t rounding = d <= 128 ? 32 : 64;
+        const int64_t d_rounded = (d + rounding - 1) / rounding * rounding;
+        temps.push_back(memory_.Alloc(b * h * t128 * 4, MemoryCategory::kTemporary));
+        temps.push_back(memory_.Alloc(b * t128 * h * d_rounded * 4, MemoryCategory::kTemporary));
+      }
       if (layout_of(1).sizes[1] != h) {
         for (int i = 1; i < 3; ++i) {
           temps.push_back(memory_.Alloc(b * t * h * layout_of(i).sizes[3] *
@@ -417,14 +388,21 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
                                         MemoryCategory::kTemporary));
         }
       }
-      if (grad.dtype == DType::kFloat32) {
-        const int product = memory_.Alloc(NumelOf(grad.layout) * 4, MemoryCategory::kTemporary);
-        const int sum = memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary);
-        temps.push_back(memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary));
-        memory_.Unref(sum);
-        memory_.Unref(product);
-      } else {
-        temps.push_back(memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary));
+      if (op.type == OpType::kEfficientAttention) {
+        // delta: (B, H, T) fp32 for fp16/bf16 (kernel_backward.h, kKernelComputesDelta);
+        // for fp32 (grad_out * out).sum(-1).transpose(-2, -1).contiguous(): the product,
+        // the sum, the copy. Not modelled: its fp32 staging workspace (workspace_size())
+        // and shared_storage_dqdkdv's single chunk.
+        if (grad.dtype == DType::kFloat32) {
+          const int product =
+              memory_.Alloc(NumelOf(grad.layout) * 4, MemoryCategory::kTemporary);
+          const int sum = memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary);
+          temps.push_back(memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary));
+          memory_.Unref(sum);
+          memory_.Unref(product);
+        } else {
+          temps.push_back(memory_.Alloc(b * h * t * 4, MemoryCategory::kTemporary));
+        }
       }
       for (auto it = temps.rbegin(); it != temps.rend(); ++it) memory_.Unref(*it);
       if (grad_out_copy) memory_.Unref(*grad_out_copy);

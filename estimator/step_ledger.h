@@ -144,9 +144,11 @@ class Memory {
   // cuda: the step runs on a CUDA device, each storage a block of PyTorch's caching
   // allocator (estimator/cuda_allocator.h): its bytes are the block's, and what lives on
   // the host (HostAlloc) holds none.
-  Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer, bool cuda = false)
+  // expandable_segments: the allocator's (estimator/cuda_allocator.h).
+  Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer, bool cuda = false,
+         bool expandable_segments = false)
       : out_(out), record_(record), optimizer_(optimizer) {
-    if (cuda) allocator_.emplace();
+    if (cuda) allocator_.emplace(expandable_segments);
   }
 
   // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the

@@ -1,12 +1,16 @@
 // CudaAllocatorSim against hand arithmetic, and against PyTorch's own CUDA caching
 // allocator: the pinned wheel's libc10_cuda.so (CUDACachingAllocator.cpp compiled) run
 // over a stub libcudart.so.13 (tests/cuda_stub), fed the same allocation streams through
-// raw_alloc / raw_delete, its device stats read back after every call.
+// raw_alloc / raw_delete, its device stats read back after every call. Built twice: as
+// cuda_allocator_test, and with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True as
+// cuda_allocator_expandable_test, where the real allocator maps pages through the
+// stub's driver API and the simulation runs expandable.
 #include "estimator/cuda_allocator.h"
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +18,7 @@
 #include <map>
 
 #include "c10/cuda/CUDACachingAllocator.h"
+#include "c10/cuda/PeerToPeerAccess.h"
 #include "estimator/predict.h"
 #include "estimator/run_request.h"
 #include "gtest/gtest.h"
@@ -22,6 +27,13 @@ namespace memledger {
 namespace {
 
 constexpr int64_t kMiB = 1 << 20;
+
+// Expandable: this binary's allocator runs expandable segments (the environment the
+// BUILD file gives it).
+bool Expandable() {
+  const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  return conf != nullptr && std::string(conf) == "expandable_segments:True";
+}
 
 TEST(CudaAllocatorSimTest, RoundsEveryRequestToA512ByteBlock) {
   EXPECT_EQ(CudaRoundSize(1), 512);
@@ -33,6 +45,32 @@ TEST(CudaAllocatorSimTest, RoundsEveryRequestToA512ByteBlock) {
   EXPECT_EQ(CudaSegmentSize(kMiB + 512), 20 * kMiB);
   EXPECT_EQ(CudaSegmentSize(10 * kMiB), 10 * kMiB);
   EXPECT_EQ(CudaSegmentSize(11 * kMiB + 512), 12 * kMiB);
+}
+
+TEST(CudaAllocatorSimTest, ExpandableSegmentsMapPagesAsNeeded) {
+  CudaAllocatorSim sim(/*expandable_segments=*/true);
+  // 1,000 B: the small pool's first 2 MiB page.
+  const int a = sim.Malloc(1000);
+  EXPECT_EQ(sim.stats().reserved.current, 2 * kMiB);
+  // 3 MiB: the large pool's first 20 MiB page; the block splits at 3 MiB.
+  const int b = sim.Malloc(3 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 22 * kMiB);
+  // 19 MiB: the free 17 MiB after b plus 2 MiB more, one more 20 MiB page mapped; the
+  // block is exactly 19 MiB (a split at 512 B), unlike a 20 MiB segment's.
+  const int c = sim.Malloc(19 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 42 * kMiB);
+  EXPECT_EQ(sim.stats().allocated.current, 1024 + 3 * kMiB + 19 * kMiB);
+  // After b is freed its 3 MiB hole is too small for 18 MiB, but the 18 MiB left at the
+  // end of the 40 MiB mapped hold it: no new page.
+  sim.Free(b);
+  const int d = sim.Malloc(18 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 42 * kMiB);
+  // 30 MiB: the free tail is empty (3 + 19 + 18 = 40 mapped); 30 MiB more of pages, two.
+  const int e = sim.Malloc(30 * kMiB);
+  EXPECT_EQ(sim.stats().reserved.current, 82 * kMiB);
+  for (int h : {a, c, d, e}) sim.Free(h);
+  EXPECT_EQ(sim.stats().allocated.current, 0);
+  EXPECT_EQ(sim.stats().reserved.peak, 82 * kMiB);
 }
 
 TEST(CudaAllocatorSimTest, HandWorkedStream) {
@@ -69,7 +107,10 @@ TEST(CudaAllocatorSimTest, HandWorkedStream) {
 // The real allocator, process-wide: emptied between streams.
 class RealAllocatorTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { c10::cuda::CUDACachingAllocator::init(1); }
+  static void SetUpTestSuite() {
+    c10::cuda::detail::init_p2p_access_cache(1);  // expandable segments ask it
+    c10::cuda::CUDACachingAllocator::init(1);
+  }
   void SetUp() override {
     c10::cuda::CUDACachingAllocator::emptyCache();
     c10::cuda::CUDACachingAllocator::resetPeakStats(0);
@@ -103,7 +144,7 @@ TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
   std::mt19937_64 random(20261202);
   for (int stream = 0; stream < 24; ++stream) {
     SetUp();
-    CudaAllocatorSim sim;
+    CudaAllocatorSim sim(Expandable());
     std::vector<std::pair<void*, int>> live;
     for (int op = 0; op < 400; ++op) {
       const bool allocate = live.empty() || random() % 100 < 55;
@@ -153,6 +194,7 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
     request.dtype = c.dtype;
     request.sdpa_backend = c.sdpa_backend;
     request.device = "cuda";
+    request.expandable_segments = Expandable();
     request.batch = 2;
     request.seq = 64;
     absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);

@@ -48,21 +48,11 @@ VARIANTS = ("none", "full", "every_2", "selective")
 
 def run(model, backend, dtype, amp, variant, tmp, seq=16):
     """(predicted, measured): each {"saved_bytes": N, "by_dtype": {...}}."""
-    spec = real_stack_test.FAMILIES[model]
+    model_case, model_flags = real_stack_test.model_case_and_flags(model, tmp)
     case = {**witness.DEFAULTS, "batch": 2, "seq": seq, "variant": variant, "dtype": dtype,
-            "amp": amp, "device": "cuda", "sdpa_backend": backend}
-    flags = [f"--batch=2", f"--seq={seq}", f"--variants={variant}", f"--dtype={dtype}",
-             f"--amp={amp}", "--device=cuda", f"--sdpa_backend={backend}"]
-    if spec["family"] == "study":
-        case.update(study=True, layers=spec["layers"], width=spec["width"],
-                    heads=spec["heads"])
-        flags += [f"--layers={spec['layers']}", f"--width={spec['width']}",
-                  f"--heads={spec['heads']}"]
-    else:
-        case["config"] = real_stack_test.hf_config(spec)
-        path = Path(tmp) / f"{model}.json"
-        path.write_text(json.dumps(case["config"]))
-        flags.append(f"--model={path}")
+            "amp": amp, "device": "cuda", "sdpa_backend": backend, **model_case}
+    flags = ["--batch=2", f"--seq={seq}", f"--variants={variant}", f"--dtype={dtype}",
+             f"--amp={amp}", "--device=cuda", f"--sdpa_backend={backend}", *model_flags]
     measured = witness.measure(case)
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
     if out.returncode != 0:
@@ -176,15 +166,9 @@ class FakeCudaTest(unittest.TestCase):
     # Helpers: predict for a model's small config on cuda.
 
     def flags(self, model, backend, dtype):
-        spec = real_stack_test.FAMILIES[model]
-        flags = ["--batch=2", "--seq=16", "--variants=none", f"--dtype={dtype}",
-                 "--device=cuda", f"--sdpa_backend={backend}"]
-        if spec["family"] == "study":
-            return flags + [f"--layers={spec['layers']}", f"--width={spec['width']}",
-                            f"--heads={spec['heads']}"]
-        path = Path(self.tmp) / f"{model}.json"
-        path.write_text(json.dumps(real_stack_test.hf_config(spec)))
-        return flags + [f"--model={path}"]
+        _, model_flags = real_stack_test.model_case_and_flags(model, self.tmp)
+        return ["--batch=2", "--seq=16", "--variants=none", f"--dtype={dtype}",
+                "--device=cuda", f"--sdpa_backend={backend}", *model_flags]
 
     def predict_process(self, model, backend, dtype, *extra):
         return subprocess.run([PREDICT] + self.flags(model, backend, dtype) + list(extra),

@@ -61,6 +61,7 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--model=megatron-gpt", "megatron-gpt needs --attention=math"},
            {"--variants=core_attention", "core_attention recomputes math attention's core"},
            {"--device=tpu", "--device must be cpu or cuda"},
+           {"--expandable_segments", "--expandable_segments is a CUDA caching allocator setting"},
            {"--sdpa_backend=fast", "--sdpa_backend must be auto, flash, efficient, cudnn or math"},
            {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
            {"--device=cuda --attention=math", "--device=cuda: --attention=math"},

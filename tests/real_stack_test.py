@@ -132,6 +132,21 @@ def hf_config(spec):
     return config
 
 
+def model_case_and_flags(model, tmp):
+    """The witness's case keys and predict's model flags for FAMILIES[model]: the study's
+    sizes, or a transformers config.json written into `tmp`."""
+    spec = FAMILIES[model]
+    if spec["family"] == "study":
+        return (dict(study=True, layers=spec["layers"], width=spec["width"],
+                     heads=spec["heads"]),
+                [f"--layers={spec['layers']}", f"--width={spec['width']}",
+                 f"--heads={spec['heads']}"])
+    config = hf_config(spec)
+    path = Path(tmp) / (model + ".json")
+    path.write_text(json.dumps(config))
+    return dict(config=config), [f"--model={path}"]
+
+
 def case_id(case):
     parts = [case["model"], case["variant"], case["checkpoint_impl"], case["dtype"],
              "amp" + case["amp"], case["optimizer"], case["optimizer_impl"]]
@@ -148,7 +163,6 @@ def case_id(case):
 
 def run_case(case, tmp):
     """(predicted, measured) bucket dicts for one case."""
-    spec = FAMILIES[case["model"]]
     measure = {**witness.DEFAULTS, "batch": case["batch"], "seq": case["seq"],
                "variant": case["variant"], "checkpoint_impl": case["checkpoint_impl"],
                "dtype": case["dtype"], "amp": case["amp"], "optimizer": case["optimizer"],
@@ -160,16 +174,9 @@ def run_case(case, tmp):
         # predict reads it (--routing=PATH).
         measure.update(experts_impl=case["experts_impl"], record_routing=True)
         flags.append(f"--experts_impl={case['experts_impl']}")
-    if spec["family"] == "study":
-        measure.update(study=True, layers=spec["layers"], width=spec["width"],
-                       heads=spec["heads"])
-        flags += [f"--layers={spec['layers']}", f"--width={spec['width']}",
-                  f"--heads={spec['heads']}"]
-    else:
-        measure["config"] = hf_config(spec)
-        path = Path(tmp) / (case["model"] + ".json")
-        path.write_text(json.dumps(measure["config"]))
-        flags.append(f"--model={path}")
+    model_case, model_flags = model_case_and_flags(case["model"], tmp)
+    measure.update(model_case)
+    flags += model_flags
     flags += [f"--batch={case['batch']}", f"--seq={case['seq']}",
               f"--variants={case['variant']}", f"--dtype={case['dtype']}",
               f"--amp={case['amp']}", f"--optimizer={case['optimizer']}",

@@ -5,7 +5,10 @@
 // caching allocator without a GPU. One 80 GiB sm90 device; cudaMalloc hands out
 // increasing fake addresses, never touched; events and streams succeed at once and no
 // stream is ever capturing. What the native allocator on one stream never calls (IPC,
-// memory pools, graphs, copies) says cudaErrorNotSupported.
+// memory pools, graphs, copies) says cudaErrorNotSupported. The driver functions of
+// expandable segments (cuMemAddressReserve, cuMemCreate, cuMemMap, ...) come through
+// cudaGetDriverEntryPointByVersion, as c10/cuda/driver_api.cpp asks for them.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -17,6 +20,52 @@ uintptr_t next_address = uintptr_t{1} << 40;
 size_t in_use = 0;
 std::map<uintptr_t, size_t>* sizes = new std::map<uintptr_t, size_t>();
 constexpr size_t kTotal = size_t{80} << 30;
+}  // namespace
+
+// The driver API, for expandable segments (c10/cuda/driver_api.h's required list),
+// handed out by cudaGetDriverEntryPointByVersion: virtual ranges and physical handles
+// that are only numbers.
+namespace {
+uintptr_t next_va = uintptr_t{1} << 44;
+unsigned long long next_handle = 1;
+CUresult StubDeviceGet(CUdevice* d, int) { *d = 0; return CUDA_SUCCESS; }
+CUresult StubDeviceGetAttribute(int* v, CUdevice_attribute, CUdevice) { *v = 0; return CUDA_SUCCESS; }
+CUresult StubMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) { if (base) *base = p; if (size) *size = 0; return CUDA_SUCCESS; }
+CUresult StubMemAddressReserve(CUdeviceptr* p, size_t size, size_t, CUdeviceptr, unsigned long long) {
+  *p = next_va; next_va += (size + (size_t{1} << 21) - 1) / (size_t{1} << 21) * (size_t{1} << 21); return CUDA_SUCCESS; }
+CUresult StubMemAddressFree(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+CUresult StubMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp*, unsigned long long) {
+  if (size > kTotal - in_use) return CUDA_ERROR_OUT_OF_MEMORY;
+  in_use += size; *h = next_handle++; (*sizes)[*h] = size; return CUDA_SUCCESS; }
+CUresult StubMemRelease(CUmemGenericAllocationHandle h) {
+  auto it = sizes->find(h); if (it != sizes->end()) { in_use -= it->second; sizes->erase(it); } return CUDA_SUCCESS; }
+CUresult StubMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) { return CUDA_SUCCESS; }
+CUresult StubMemUnmap(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+CUresult StubMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) { return CUDA_SUCCESS; }
+CUresult StubMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) { *g = size_t{1} << 21; return CUDA_SUCCESS; }
+CUresult StubNotSupported() { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult StubGetErrorString(CUresult, const char** s) { *s = "stub"; return CUDA_SUCCESS; }
+struct Entry { const char* name; void* fn; };
+const Entry kDriver[] = {
+    {"cuDeviceGet", reinterpret_cast<void*>(&StubDeviceGet)},
+    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&StubDeviceGetAttribute)},
+    {"cuMemGetAddressRange", reinterpret_cast<void*>(&StubMemGetAddressRange)},
+    {"cuMemAddressReserve", reinterpret_cast<void*>(&StubMemAddressReserve)},
+    {"cuMemRelease", reinterpret_cast<void*>(&StubMemRelease)},
+    {"cuMemMap", reinterpret_cast<void*>(&StubMemMap)},
+    {"cuMemAddressFree", reinterpret_cast<void*>(&StubMemAddressFree)},
+    {"cuMemSetAccess", reinterpret_cast<void*>(&StubMemSetAccess)},
+    {"cuMemUnmap", reinterpret_cast<void*>(&StubMemUnmap)},
+    {"cuMemCreate", reinterpret_cast<void*>(&StubMemCreate)},
+    {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&StubMemGetAllocationGranularity)},
+    {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&StubNotSupported)},
+    {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&StubNotSupported)},
+    {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&StubNotSupported)},
+    {"cuMemGetAllocationPropertiesFromHandle", reinterpret_cast<void*>(&StubNotSupported)},
+    {"cuMemsetD32Async", reinterpret_cast<void*>(&StubNotSupported)},
+    {"cuStreamWriteValue32", reinterpret_cast<void*>(&StubNotSupported)},
+    {"cuGetErrorString", reinterpret_cast<void*>(&StubGetErrorString)},
+};
 }  // namespace
 
 extern "C" {
@@ -66,7 +115,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { retur
 cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* s) { *s = cudaStreamCaptureStatusNone; return cudaSuccess; }
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) { static int n; *s = reinterpret_cast<cudaStream_t>(uintptr_t{0x2000} + (++n)); return cudaSuccess; }
-cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** fn, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult* status) { *fn = nullptr; if (status) *status = cudaDriverEntryPointSymbolNotFound; return cudaErrorSymbolNotFound; }
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult* status) {
+  for (const Entry& e : kDriver) {
+    if (std::strcmp(e.name, symbol) == 0) {
+      *fn = e.fn;
+      if (status) *status = cudaDriverEntryPointSuccess;
+      return cudaSuccess;
+    }
+  }
+  *fn = nullptr;
+  if (status) *status = cudaDriverEntryPointSymbolNotFound;
+  return cudaErrorSymbolNotFound;
+}
 cudaError_t cudaStreamGetCaptureInfo(cudaStream_t, cudaStreamCaptureStatus* s, unsigned long long* id, cudaGraph_t* graph, const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges, size_t* n) {
   *s = cudaStreamCaptureStatusNone;
   if (id) *id = 0;
