@@ -200,6 +200,9 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "experts_impl") status = string(&request.experts_impl);
     else if (name == "routing") status = string(&request.routing);
     else if (name == "momentum") status = NumberKey(name, value, &request.momentum);
+    else if (name == "cuda_context_mib") {
+      status = NumberKey(name, value, &request.cuda_context_mib);
+    }
     else if (name == "master_weights") status = boolean(&request.master_weights);
     else if (name == "sp") status = boolean(&request.sp);
     else {

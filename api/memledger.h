@@ -11,7 +11,7 @@
  * "virtual_stages", "micro_batches", "zero" (integers), "variants", "policy",
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend" (strings),
- * "momentum" (number), "master_weights", "sp", "expandable_segments", "explain" (booleans), "format" ("json",
+ * "momentum", "cuda_context_mib" (numbers), "master_weights", "sp", "expandable_segments", "explain" (booleans), "format" ("json",
  * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart). An unknown key is an error. With "dp" or
  * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,
  * "parallel" and "ranks" (each with its whole-step "peak_bytes" where simulated, which

@@ -21,7 +21,7 @@ INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", 
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
             "zero", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
             "max_virtual_stages", "threads", "top"}
-NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu"}
+NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
@@ -39,7 +39,8 @@ GROUPS = [
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
                      "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
-    ("device", ["device", "sdpa_backend", "expandable_segments", "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
+    ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
+                "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)"]),
     ("output", ["format (json or table)", "explain (predict)", "top (search)",
                 "chart_svg (search)"]),

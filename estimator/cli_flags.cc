@@ -64,6 +64,10 @@ ABSL_FLAG(bool, expandable_segments, false,
           "With --device=cuda: the caching allocator runs expandable segments "
           "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): each pool one segment "
           "grown by 2 MiB or 20 MiB pages, every block split at 512 B.");
+ABSL_FLAG(double, cuda_context_mib, 273.75,
+          "With --device=cuda: the CUDA context's device memory, outside the caching "
+          "allocator (its own bucket; default: PyTorch PR #86509's measurement with lazy "
+          "module loading, 287,047,680 B).");
 ABSL_FLAG(std::string, dtype, "fp32",
           "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
           "(pure low precision; PyTorch still keeps some tensors in fp32).");
@@ -142,6 +146,7 @@ RunRequest RunRequestFromFlags() {
   request.device = absl::GetFlag(FLAGS_device);
   request.sdpa_backend = absl::GetFlag(FLAGS_sdpa_backend);
   request.expandable_segments = absl::GetFlag(FLAGS_expandable_segments);
+  request.cuda_context_mib = absl::GetFlag(FLAGS_cuda_context_mib);
   request.dtype = absl::GetFlag(FLAGS_dtype);
   request.amp = absl::GetFlag(FLAGS_amp);
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -215,7 +220,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},
     {"global_batch", "input"},   {"max_virtual_stages", "parallelism"},
     {"device", "device"},        {"sdpa_backend", "device"},
-    {"expandable_segments", "device"},
+    {"expandable_segments", "device"}, {"cuda_context_mib", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
     {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
     {"witness", "verification"}, {"witness_python", "verification"},

@@ -51,6 +51,11 @@ enum class Device : uint8_t { kCpu, kCuda };
 absl::string_view DeviceName(Device device);  // "cpu", "cuda"
 absl::StatusOr<Device> ParseDevice(absl::string_view name);  // --device
 
+// kCudaContextBytes: the CUDA context's device memory with lazy module loading (torch
+// sets CUDA_MODULE_LOADING=LAZY since 1.13, the default from CUDA 12.2), as PyTorch's PR
+// #86509 measured it: 287,047,680 B (666,632,192 B eager). --cuda_context_mib changes it.
+inline constexpr int64_t kCudaContextBytes = 287047680;
+
 // SdpaBackend is --sdpa_backend: the kernel F.scaled_dot_product_attention runs.
 // kAuto is what the pinned torch selects for the call (estimator/sdpa_kernel.h).
 enum class SdpaBackend : uint8_t { kAuto, kFlash, kEfficient, kCudnn, kMath };
@@ -250,6 +255,9 @@ struct ModelConfig {
   Device device = Device::kCpu;
   SdpaBackend sdpa_backend = SdpaBackend::kAuto;
   bool expandable_segments = false;
+  // cuda_context_bytes: on CUDA, what the CUDA context holds on the device, outside the
+  // caching allocator (no max_memory_* counts it; nvidia-smi does).
+  int64_t cuda_context_bytes = kCudaContextBytes;
 
   // KeepsKvCache: use_cache for a family transformers builds (not the study or
   // megatron-gpt, which have no DynamicCache).
@@ -326,7 +334,8 @@ struct ModelConfig {
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
            a.checkpoint_impl == b.checkpoint_impl && a.device == b.device &&
-           a.sdpa_backend == b.sdpa_backend && a.expandable_segments == b.expandable_segments;
+           a.sdpa_backend == b.sdpa_backend && a.expandable_segments == b.expandable_segments &&
+           a.cuda_context_bytes == b.cuda_context_bytes;
   }
 };
 

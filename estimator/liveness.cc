@@ -294,6 +294,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
           "peak memory on --device=cuda needs the resident tensors one by one");
     }
     timeline.resident_tensors = resident.tensors;
+    timeline.outside_allocator_bytes = config_.cuda_context_bytes;
   }
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.

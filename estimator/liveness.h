@@ -103,6 +103,9 @@ struct StepTimeline {
   // that first holds the resident tensors; peak.bytes then counts blocks, as
   // max_memory_allocated() does. 0 on the CPU.
   int64_t peak_reserved_bytes = 0;
+  // outside_allocator_bytes: on CUDA, the device memory outside the caching allocator
+  // (the CUDA context's), which neither peak counts.
+  int64_t outside_allocator_bytes = 0;
   // allocator_calls: on CUDA with events recorded, the step's requests to the caching
   // allocator in order, the resident tensors' first: a malloc of `bytes` (> 0, as
   // requested, before rounding) for allocation `id`, or its free (bytes 0). Replayed

@@ -159,6 +159,10 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   doc.AddMember("sdpa_kernel", String(SdpaKernelsName(config, attention).value_or("?"), a), a);
   if (config.device == Device::kCuda) {
     doc.AddMember("expandable_segments", config.expandable_segments, a);
+    // What the device holds outside the caching allocator, which no max_memory_* counts.
+    rapidjson::Value outside(rapidjson::kObjectType);
+    outside.AddMember("cuda_context", config.cuda_context_bytes, a);
+    doc.AddMember("outside_allocator_bytes", outside, a);
   }
   doc.AddMember("checkpoint_impl",
                 rapidjson::StringRef(CheckpointImplName(config.checkpoint_impl).data()), a);
@@ -433,6 +437,11 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
         absl::StrAppendFormat(&out, "%-22s %20d %14s\n", v.variant.Name(),
                               v.peak_reserved_bytes, HumanBytes(v.peak_reserved_bytes));
       }
+      absl::StrAppendFormat(&out,
+                            "\noutside the allocator (no max_memory_* counts it)\n"
+                            "%-22s %20d %14s  (--cuda_context_mib)\n",
+                            "cuda context", c.cuda_context_bytes,
+                            HumanBytes(c.cuda_context_bytes));
     }
   }
   for (const VariantPrediction& v : p.variants) {

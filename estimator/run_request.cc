@@ -1,5 +1,6 @@
 #include "estimator/run_request.h"
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -149,6 +150,12 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
         "--expandable_segments is a CUDA caching allocator setting: it needs --device=cuda");
   }
   spec.config.expandable_segments = request.expandable_segments;
+  if (!(request.cuda_context_mib >= 0 && request.cuda_context_mib < 1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda_context_mib must be a number of MiB from 0, got ", request.cuda_context_mib));
+  }
+  spec.config.cuda_context_bytes =
+      static_cast<int64_t>(std::llround(request.cuda_context_mib * (1 << 20)));
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
   spec.routing = request.routing;
   if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
@@ -219,6 +226,9 @@ std::string RequestFlags(const RunRequest& request) {
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);
   if (request.expandable_segments) absl::StrAppend(&out, " --expandable_segments");
+  if (request.cuda_context_mib != defaults.cuda_context_mib) {
+    absl::StrAppend(&out, " --cuda_context_mib=", request.cuda_context_mib);
+  }
   text("experts_impl", request.experts_impl, defaults.experts_impl);
   text("routing", request.routing, defaults.routing);
   return out;

@@ -57,6 +57,7 @@ struct RunRequest {
   std::string device = "cpu";         // cpu or cuda
   std::string sdpa_backend = "auto";  // auto, flash, efficient, cudnn or math
   bool expandable_segments = false;   // with device cuda
+  double cuda_context_mib = static_cast<double>(kCudaContextBytes) / (1 << 20);
   std::string experts_impl = "grouped_mm";
   std::string routing = "balanced";
 };

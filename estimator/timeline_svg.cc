@@ -233,7 +233,8 @@ void DrawPanel(const TimelinePanel& panel, int top, int64_t y_max, std::string* 
   }
   if (t.peak_reserved_bytes > 0) {
     // On CUDA: the allocator's segments at most, a dashed line.
-    absl::StrAppend(&label, " | reserved ", HumanBytes(t.peak_reserved_bytes));
+    absl::StrAppend(&label, " | reserved ", HumanBytes(t.peak_reserved_bytes),
+                    " | outside the allocator ", HumanBytes(t.outside_allocator_bytes));
     const double reserved_y = y_of(t.peak_reserved_bytes);
     absl::StrAppendFormat(svg,
                           "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "

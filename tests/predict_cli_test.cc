@@ -62,6 +62,7 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--variants=core_attention", "core_attention recomputes math attention's core"},
            {"--device=tpu", "--device must be cpu or cuda"},
            {"--expandable_segments", "--expandable_segments is a CUDA caching allocator setting"},
+           {"--cuda_context_mib=-1", "--cuda_context_mib must be a number of MiB from 0"},
            {"--sdpa_backend=fast", "--sdpa_backend must be auto, flash, efficient, cudnn or math"},
            {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
            {"--device=cuda --attention=math", "--device=cuda: --attention=math"},

@@ -73,6 +73,10 @@ class PredictTest(unittest.TestCase):
         self.assertEqual((p["device"], p["sdpa_kernel"]), ("cuda", "cudnn"))
         self.assertEqual(p["peak_bytes"]["full"] % 512, 0)
         self.assertGreaterEqual(p["peak_reserved_bytes"]["full"], p["peak_bytes"]["full"])
+        # Outside the allocator, its own bucket: the CUDA context, 256 MiB when asked.
+        self.assertEqual(memledger.predict(model="tiny-llama", device="cuda", dtype="bf16",
+                                           cuda_context_mib=256)["outside_allocator_bytes"],
+                         {"cuda_context": 256 << 20})
         many = memledger.predict_many([dict(model="tiny-llama", device="cuda", dtype="bf16",
                                             variants="full")])
         self.assertEqual(many[0]["peak_bytes"], p["peak_bytes"])

@@ -39,6 +39,8 @@ TEST(TimelineSvgTest, OnCudaItShowsTheReservedPeak) {
   EXPECT_NE(svg.find(absl::StrCat("peak_reserved_bytes ", p.variants[0].peak_reserved_bytes)),
             std::string::npos);
   EXPECT_GE(p.variants[0].peak_reserved_bytes, p.variants[0].peak->bytes);
+  // The CUDA context, outside the allocator: PR #86509's 287,047,680 B by default.
+  EXPECT_NE(svg.find("outside the allocator 273.75 MiB"), std::string::npos);
 }
 
 TEST(TimelineSvgTest, RendersEveryVariantWithItsPeak) {
