@@ -408,17 +408,16 @@ namespace {
 absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
                                          const PredictOptions& options);
 
-// ResidentTensors lists what exists before one process's step tensor by tensor: each
-// parameter (a tied weight once, the embedding's) and its optimizer state (Adam's
-// exp_avg and exp_avg_sq, SGD's momentum buffer, the fp32 master copy, the step), named
-// by segment. Empty unless they sum to the prediction's bytes.
+}  // namespace
+
 std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const ModelConfig& config,
                                             const OptimizerSpec& optimizer,
-                                            const Prediction& prediction) {
+                                            const std::vector<StageRange>& chunks,
+                                            int64_t param_bytes, int64_t state_bytes) {
   std::vector<ResidentTensor> parameters, state;
   const OptimizerBytesPerParameter per = OptimizerBytesOf(config, optimizer);
   const bool adam = optimizer.kind != OptimizerKind::kSgd;
-  int64_t parameter_bytes = 0, state_bytes = 0;
+  int64_t parameters_sum = 0, state_sum = 0;
   auto visit = [&](const BlockGraph& graph, const std::string& where) {
     for (int t : graph.Parameters()) {
       const TensorDef& def = graph.tensors[t];
@@ -428,11 +427,11 @@ std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const Mod
       const std::string name = absl::StrCat(where, " ", def.name);
       const int64_t bytes = numel.value() * ElementSizeBytes(def.dtype);
       parameters.push_back({name, MemoryCategory::kParameter, bytes});
-      parameter_bytes += bytes;
+      parameters_sum += bytes;
       auto add = [&](const char* what, int64_t b) {
         if (b <= 0) return;
         state.push_back({absl::StrCat(name, " ", what), MemoryCategory::kOptimizerState, b});
-        state_bytes += b;
+        state_sum += b;
       };
       const int64_t moments = per.moments * numel.value();
       if (adam) {
@@ -446,20 +445,19 @@ std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const Mod
     }
     return true;
   };
-  bool ok = !graphs.prologue.has_value() || visit(*graphs.prologue, "embeddings");
-  for (int64_t i = 0; ok && i < config.layers; ++i) {
-    ok = visit(graphs.Layer(i), absl::StrCat("layer ", i));
+  bool ok = true;
+  for (const StageRange& chunk : chunks) {
+    ok = ok && (!chunk.prologue || !graphs.prologue.has_value() ||
+                visit(*graphs.prologue, "embeddings"));
+    for (int64_t i = chunk.first_layer; ok && i < chunk.first_layer + chunk.layers; ++i) {
+      ok = visit(graphs.Layer(i), absl::StrCat("layer ", i));
+    }
+    ok = ok && (!chunk.head || visit(graphs.epilogue, "head"));
   }
-  ok = ok && visit(graphs.epilogue, "head");
-  if (!ok || parameter_bytes != prediction.param_bytes ||
-      state_bytes != prediction.optimizer_state_bytes) {
-    return {};
-  }
+  if (!ok || parameters_sum != param_bytes || state_sum != state_bytes) return {};
   parameters.insert(parameters.end(), state.begin(), state.end());
   return parameters;
 }
-
-}  // namespace
 
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                    const PredictOptions& options) {
@@ -566,7 +564,9 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
   ResidentBytes resident{prediction.param_bytes, prediction.optimizer_state_bytes,
                          prediction.buffer_bytes, {}};
   if (config.device == Device::kCuda) {
-    resident.tensors = ResidentTensors(*graphs, config, optimizer, prediction);
+    resident.tensors =
+        ResidentTensors(*graphs, config, optimizer, {WholeModel(config)},
+                        prediction.param_bytes, prediction.optimizer_state_bytes);
     if (prediction.buffer_bytes > 0) {
       auto state = std::find_if(resident.tensors.begin(), resident.tensors.end(),
                                 [](const ResidentTensor& t) {
@@ -608,7 +608,9 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
         v->peak = timeline->peak;
         v->peak_reserved_bytes = timeline->peak_reserved_bytes;
         if (options.timeline && config.device != Device::kCuda) {
-          timeline->resident_tensors = ResidentTensors(*graphs, config, optimizer, prediction);
+          timeline->resident_tensors =
+              ResidentTensors(*graphs, config, optimizer, {WholeModel(config)},
+                              prediction.param_bytes, prediction.optimizer_state_bytes);
         }
         if (options.timeline) {
           v->timeline = std::make_shared<const StepTimeline>(*std::move(timeline));

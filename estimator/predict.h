@@ -136,6 +136,16 @@ struct Prediction {
   std::vector<std::string> caveats;
 };
 
+// ResidentTensors lists what exists before one process's step tensor by tensor, for
+// the chunks it runs: each parameter (a tied weight once, the embedding's), then each
+// one's optimizer state (Adam's exp_avg and exp_avg_sq, SGD's momentum buffer, the fp32
+// master copy, the step), named by segment. Empty unless they sum to `param_bytes` and
+// `state_bytes` (the prediction's, or a rank's).
+std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const ModelConfig& config,
+                                            const OptimizerSpec& optimizer,
+                                            const std::vector<StageRange>& chunks,
+                                            int64_t param_bytes, int64_t state_bytes);
+
 // Caveats lists, for a run of `config` under `variants`, what the real stack does that
 // memledger does not model yet (see the README's "Against the real stack"): oneDNN's
 // low-precision matmul scratchpads.

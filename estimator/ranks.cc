@@ -124,13 +124,14 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());
   if (!simulator.ok()) return simulator.status();
   absl::StatusOr<ResidentBytes> resident =
-      RankResident(config, parallel, *kind, options.attention);
+      RankResident(config, parallel, *kind, options.attention, options.optimizer);
   if (!resident.ok()) return resident.status();
   for (RankVariant& v : kind->variants) {
     absl::StatusOr<StepTimeline> timeline =
         simulator->Simulate(v.held.variant, options.optimizer, *resident);
     if (timeline.ok()) {
       v.held.peak = timeline->peak;
+      v.held.peak_reserved_bytes = timeline->peak_reserved_bytes;
       if (options.timeline) {
         v.held.timeline = std::make_shared<const StepTimeline>(*std::move(timeline));
       }
@@ -146,13 +147,47 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
 }  // namespace
 
 absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
-                                           const RankKind& kind, AttentionMode attention) {
+                                           const RankKind& kind, AttentionMode attention,
+                                           const OptimizerSpec& optimizer) {
   const bool flat = parallel.zero == 1 || parallel.zero == 2;
   const CheckedInt64 flat_bytes = CheckedInt64(ZeroShardElements(kind.n_params, parallel.dp)) *
                                   parallel.dp * ElementSizeBytes(config.dtype);
   if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
-  return ResidentBytes{flat ? flat_bytes.value() : kind.param_bytes, kind.optimizer_state_bytes,
-                       BufferBytes(*ModelGraphsFor(config, attention), config).value()};
+  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  ResidentBytes resident{flat ? flat_bytes.value() : kind.param_bytes,
+                         kind.optimizer_state_bytes, BufferBytes(*graphs, config).value(), {}};
+  if (config.device != Device::kCuda) return resident;
+  // On CUDA each tensor is its own block: without ZeRO the stage's parameters and their
+  // state one by one; with ZeRO the rank's flat buffer (or ZeRO-3 shard) and its
+  // shard's state, one tensor each, as the runtime holds them (runtime/rank.cc,
+  // HomeParameters: the optimizer steps one flat shard).
+  std::vector<ResidentTensor>& tensors = resident.tensors;
+  if (parallel.zero == 0) {
+    tensors = ResidentTensors(*graphs, config, optimizer, kind.chunks, kind.param_bytes,
+                              kind.optimizer_state_bytes);
+    if (tensors.empty()) return resident;  // not one by one: the peak says so
+  } else {
+    tensors.push_back({"flat parameters", MemoryCategory::kParameter, resident.parameter_bytes});
+    const OptimizerBytesPerParameter per = OptimizerBytesOf(config, optimizer);
+    const int64_t shard = ZeroShardElements(kind.n_params, parallel.dp);
+    const int64_t moments = per.moments * shard;
+    const bool adam = optimizer.kind != OptimizerKind::kSgd;
+    for (const auto& [name, bytes] :
+         {std::pair<const char*, int64_t>{adam ? "exp_avg" : "momentum_buffer",
+                                          adam ? moments / 2 : moments},
+          {"exp_avg_sq", adam ? moments - moments / 2 : 0},
+          {"master", per.master * shard},
+          {"step", per.per_tensor}}) {
+      if (bytes > 0) tensors.push_back({name, MemoryCategory::kOptimizerState, bytes});
+    }
+  }
+  if (resident.buffer_bytes > 0) {
+    auto state = std::find_if(tensors.begin(), tensors.end(), [](const ResidentTensor& t) {
+      return t.category == MemoryCategory::kOptimizerState;
+    });
+    tensors.insert(state, {"buffers", MemoryCategory::kBuffer, resident.buffer_bytes});
+  }
+  return resident;
 }
 
 absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,

@@ -80,10 +80,12 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
 
 // RankResident is what `kind`'s ranks hold before the step besides their input: the
 // parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a multiple of
-// dp), the optimizer's state (a shard with ZeRO) and the modules' buffers; OutOfRange
-// when the parameters' bytes overflow int64.
+// dp), the optimizer's state (a shard with ZeRO) and the modules' buffers; on CUDA
+// also tensor by tensor (ResidentBytes::tensors). OutOfRange when the parameters'
+// bytes overflow int64.
 absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
-                                           const RankKind& kind, AttentionMode attention);
+                                           const RankKind& kind, AttentionMode attention,
+                                           const OptimizerSpec& optimizer);
 
 // DistributedPrediction is what predict reports for a run with --dp or --pp: the whole
 // model's prediction (its config and graphs; no peak, which is no rank's) and every

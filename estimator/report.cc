@@ -591,13 +591,15 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     rank.AddMember("total_bytes", total, a);
     // The whole step's peak where it is simulated (RankStepModelled): its bytes, and
     // where it happens and what it holds (as the top level's `peak`); else why not.
+    // On CUDA the peak counts the allocator's blocks, and its segments are reserved.
     rapidjson::Value peak(rapidjson::kObjectType), where(rapidjson::kObjectType),
-        unavailable(rapidjson::kObjectType);
+        unavailable(rapidjson::kObjectType), reserved(rapidjson::kObjectType);
     for (const RankVariant& v : kind.variants) {
       const std::string name = v.held.variant.Name();
       if (v.held.peak.has_value()) {
         peak.AddMember(String(name, a), rapidjson::Value(v.held.peak->bytes), a);
         where.AddMember(String(name, a), PeakJson(*v.held.peak, a), a);
+        reserved.AddMember(String(name, a), rapidjson::Value(v.held.peak_reserved_bytes), a);
       } else if (!v.held.peak_unavailable.empty()) {
         unavailable.AddMember(String(name, a), String(v.held.peak_unavailable, a), a);
       }
@@ -605,6 +607,7 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     if (peak.MemberCount() > 0) {
       rank.AddMember("peak_bytes", peak, a);
       rank.AddMember("peak", where, a);
+      if (whole.config.device == Device::kCuda) rank.AddMember("peak_reserved_bytes", reserved, a);
     }
     if (unavailable.MemberCount() > 0) rank.AddMember("peak_unavailable", unavailable, a);
     kinds.PushBack(rank, a);

@@ -164,10 +164,6 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
                                request.micro_batches, request.zero, *schedule};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
-  if (spec.config.device == Device::kCuda && (spec.parallel.dp > 1 || spec.parallel.pp > 1)) {
-    return absl::InvalidArgumentError(
-        "--device=cuda: data and pipeline parallel ranks are not modelled yet");
-  }
 
   absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);
   if (!attention.ok()) return attention.status();

@@ -66,7 +66,15 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   }
   const int64_t input_bytes =
       reads_input ? input_plan.walk.storage_list[input_storage].bytes : 0;
-  out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
+  if (memory_.cuda()) {
+    // Each micro-batch's input its own block.
+    for (int64_t j = 0; reads_input && j < micro_batches; ++j) {
+      out_->resident_tensors.push_back(
+          ResidentTensor{absl::StrCat("input ", j), MemoryCategory::kInput, input_bytes});
+    }
+  } else {
+    out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
+  }
   memory_.Begin();
   // Under 1F1B only the first `simulated` micro-batches are replayed: the warm-up
   // forwards, the first steady iteration (whose backward makes the .grads) and a second
@@ -84,13 +92,15 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const bool interleaved = parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved;
   const int64_t warmup =
       parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
-  int64_t simulated = std::min(micro_batches, warmup + 2);
+  // On CUDA every micro-batch is replayed: the allocator's blocks need not repeat.
+  int64_t simulated = memory_.cuda() ? micro_batches : std::min(micro_batches, warmup + 2);
   if (interleaved) {
     simulated = micro_batches;
     const int64_t v = parallel.virtual_stages, pp = parallel.pp;
     const int64_t forwards = (pp - rank.stage - 1) * 2 + (v - 1) * pp + 2 * pp * v;
     const int64_t enough = ((forwards + v - 1) / v + pp - 1) / pp * pp;
-    if (!options_.record_events && micro_batches != pp && enough < micro_batches) {
+    if (!options_.record_events && !memory_.cuda() && micro_batches != pp &&
+        enough < micro_batches) {
       simulated = enough;
     }
   }

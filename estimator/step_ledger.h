@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -152,19 +153,16 @@ class Memory {
   }
 
   // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the
-  // resident tensors (StepTimeline::resident_tensors, then the input) are allocated
+  // resident tensors (StepTimeline::resident_tensors, the inputs last) are allocated
   // first, in order, and count as their blocks.
   void Begin() {
     if (allocator_.has_value()) {
       std::array<int64_t, kNumMemoryCategories> blocks{};
       for (ResidentTensor& tensor : out_->resident_tensors) {
-        tensor.bytes = BlockBytes(Malloc(tensor.bytes));  // the snapshot's block
+        const int block = Malloc(tensor.bytes);
+        tensor.bytes = BlockBytes(block);  // the snapshot's block
         blocks[static_cast<int>(tensor.category)] += tensor.bytes;
-      }
-      const int input = static_cast<int>(MemoryCategory::kInput);
-      if (out_->resident[input] > 0) {
-        input_block_ = Malloc(out_->resident[input]);
-        blocks[input] = BlockBytes(input_block_);
+        if (tensor.category == MemoryCategory::kInput) input_blocks_.push_back(block);
       }
       out_->resident = blocks;
     }
@@ -260,8 +258,10 @@ class Memory {
   // one reference.
   int Adopt(int64_t bytes, MemoryCategory category) {
     int block = -1;
-    if (allocator_.has_value() && category == MemoryCategory::kInput) {
-      block = input_block_;  // Begin's
+    if (allocator_.has_value() && category == MemoryCategory::kInput &&
+        !input_blocks_.empty()) {
+      block = input_blocks_.front();  // Begin's, one per micro-batch, in order
+      input_blocks_.pop_front();
       bytes = BlockBytes(block);
     }
     storages_.push_back(Storage{bytes, category, category, 1, 0, block});
@@ -383,7 +383,7 @@ class Memory {
   StepTimeline* out_;
   bool record_;
   std::optional<CudaAllocatorSim> allocator_;  // on CUDA
-  int input_block_ = -1;
+  std::deque<int> input_blocks_;  // the inputs' blocks, for Adopt
   std::vector<Storage> storages_;
   std::array<int64_t, kNumMemoryCategories> live_{};
   int64_t total_ = 0;

@@ -125,7 +125,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, predict);
     if (!ranks.ok()) return ranks.status();
     absl::StatusOr<ResidentBytes> rank =
-        RankResident(config, parallel, ranks->kinds[0], options.attention);
+        RankResident(config, parallel, ranks->kinds[0], options.attention, options.optimizer);
     if (!rank.ok()) return rank.status();
     resident = *rank;
   }

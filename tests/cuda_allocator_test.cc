@@ -20,6 +20,7 @@
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "c10/cuda/PeerToPeerAccess.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 #include "estimator/run_request.h"
 #include "gtest/gtest.h"
 
@@ -116,6 +117,8 @@ class RealAllocatorTest : public ::testing::Test {
     c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   }
 
+
+ public:
   struct Stats {
     int64_t allocated, allocated_peak, reserved, reserved_peak;
     bool operator==(const Stats&) const = default;
@@ -176,6 +179,51 @@ TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
   }
 }
 
+// ReplayPeaks replays a predicted step's requests to the allocator through torch's own
+// and returns what it reports.
+RealAllocatorTest::Stats ReplayThroughTorch(const StepTimeline& timeline) {
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  std::map<int32_t, void*> live;
+  for (const StepTimeline::AllocatorCall& call : timeline.allocator_calls) {
+    if (call.bytes > 0) {
+      EXPECT_EQ(live.count(call.id), 0u);
+      live[call.id] =
+          c10::cuda::CUDACachingAllocator::raw_alloc(static_cast<size_t>(call.bytes));
+    } else {
+      EXPECT_EQ(live.count(call.id), 1u);
+      c10::cuda::CUDACachingAllocator::raw_delete(live[call.id]);
+      live.erase(call.id);
+    }
+  }
+  const RealAllocatorTest::Stats real = RealAllocatorTest::Real();
+  for (auto& [id, ptr] : live) c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+  return real;
+}
+
+RunSpec CudaSpec(const char* model, const char* dtype, const char* sdpa_backend) {
+  RunRequest request;
+  request.model = model;
+  request.dtype = dtype;
+  request.sdpa_backend = sdpa_backend;
+  request.device = "cuda";
+  request.expandable_segments = Expandable();
+  request.batch = 2;
+  request.seq = 64;
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+PredictOptions TimelineOptions(const RunSpec& spec) {
+  PredictOptions options;
+  options.attention = spec.attention;
+  options.variants = spec.variants;
+  options.optimizer = spec.optimizer;
+  options.timeline = true;
+  return options;
+}
+
 // predict --device=cuda's step, its requests to the allocator replayed through torch's
 // own: the allocated and reserved peaks it reports are the prediction's peak_bytes and
 // peak_reserved_bytes, for every variant, family and SDPA kernel here.
@@ -189,49 +237,51 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
   for (const Case& c : {Case{"study", "bf16", "flash"}, Case{"study", "fp32", "efficient"},
                         Case{"tiny-llama", "bf16", "cudnn"}, Case{"tiny-llama", "fp32", "math"},
                         Case{"tiny-gpt2", "fp16", "flash"}}) {
-    RunRequest request;
-    request.model = c.model;
-    request.dtype = c.dtype;
-    request.sdpa_backend = c.sdpa_backend;
-    request.device = "cuda";
-    request.expandable_segments = Expandable();
-    request.batch = 2;
-    request.seq = 64;
-    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    PredictOptions options;
-    options.attention = spec->attention;
-    options.variants = spec->variants;
-    options.optimizer = spec->optimizer;
-    options.timeline = true;
-    absl::StatusOr<Prediction> p = Predict(spec->config, options);
+    const RunSpec spec = CudaSpec(c.model, c.dtype, c.sdpa_backend);
+    absl::StatusOr<Prediction> p = Predict(spec.config, TimelineOptions(spec));
     ASSERT_TRUE(p.ok()) << p.status();
     for (const VariantPrediction& v : p->variants) {
       SCOPED_TRACE(absl::StrCat(c.model, " ", c.dtype, " ", c.sdpa_backend, " ",
                                 v.variant.Name()));
       ASSERT_TRUE(v.peak.has_value()) << v.peak_unavailable;
       ASSERT_NE(v.timeline, nullptr);
-      SetUp();
-      std::map<int32_t, void*> live;
-      for (const StepTimeline::AllocatorCall& call : v.timeline->allocator_calls) {
-        if (call.bytes > 0) {
-          ASSERT_EQ(live.count(call.id), 0u);
-          live[call.id] =
-              c10::cuda::CUDACachingAllocator::raw_alloc(static_cast<size_t>(call.bytes));
-        } else {
-          ASSERT_EQ(live.count(call.id), 1u);
-          c10::cuda::CUDACachingAllocator::raw_delete(live[call.id]);
-          live.erase(call.id);
-        }
-      }
-      const Stats real = Real();
+      const Stats real = ReplayThroughTorch(*v.timeline);
       EXPECT_EQ(real.allocated_peak, v.peak->bytes);
       EXPECT_EQ(real.reserved_peak, v.peak_reserved_bytes);
-      for (auto& [id, ptr] : live) c10::cuda::CUDACachingAllocator::raw_delete(ptr);
       ++replayed;
     }
   }
   EXPECT_EQ(replayed, 20);
+}
+
+// The same for every kind of rank of data-parallel (ZeRO 0, 1 and 3) and pipeline
+// layouts: each rank's step, its resident tensors first, through torch's allocator.
+TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
+  int replayed = 0;
+  for (const ParallelSpec& parallel :
+       {ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B},
+        ParallelSpec{2, 1, 1, 1, 1, PipelineSchedule::k1F1B},
+        ParallelSpec{2, 1, 1, 1, 3, PipelineSchedule::k1F1B},
+        ParallelSpec{1, 2, 1, 4, 0, PipelineSchedule::k1F1B}}) {
+    const RunSpec spec = CudaSpec("tiny-llama", "bf16", "auto");
+    absl::StatusOr<RanksPrediction> ranks =
+        PredictRanks(spec.config, parallel, TimelineOptions(spec));
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    for (const RankKind& kind : ranks->kinds) {
+      for (const RankVariant& v : kind.variants) {
+        SCOPED_TRACE(absl::StrCat("dp ", parallel.dp, " zero ", parallel.zero, " pp ",
+                                  parallel.pp, " stage ", kind.stage, " ",
+                                  v.held.variant.Name()));
+        ASSERT_TRUE(v.held.peak.has_value()) << v.held.peak_unavailable;
+        ASSERT_NE(v.held.timeline, nullptr);
+        const Stats real = ReplayThroughTorch(*v.held.timeline);
+        EXPECT_EQ(real.allocated_peak, v.held.peak->bytes);
+        EXPECT_EQ(real.reserved_peak, v.held.peak_reserved_bytes);
+        ++replayed;
+      }
+    }
+  }
+  EXPECT_EQ(replayed, (3 + 2) * 4);  // 3 dp layouts of one kind of rank, pp 2 of two; 4 variants
 }
 
 }  // namespace

@@ -67,7 +67,6 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
            {"--device=cuda --attention=math", "--device=cuda: --attention=math"},
            {"--device=cuda --model=tiny-qwen3-moe", "--device=cuda: a mixture of experts"},
-           {"--device=cuda --model=tiny-llama --dp=2", "data and pipeline parallel ranks"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"},
            // Abseil's parse errors exit 2 like the rest.
