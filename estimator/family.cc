@@ -196,7 +196,6 @@ absl::Status ValidateDevice(const ModelConfig& config, AttentionMode attention) 
     if (config.megatron) return not_yet("megatron-gpt (Megatron's fused CUDA kernels)");
     if (config.moe.Sparse()) return not_yet("a mixture of experts");
     if (config.tp > 1) return not_yet("tensor parallelism");
-    if (config.SlidingWindowMasked()) return not_yet("the sliding-window mask");
     if (attention == AttentionMode::kMath) {
       return not_yet("--attention=math (plain-ops attention)");
     }

@@ -338,7 +338,10 @@ class GraphBuilder {
       case SdpaKernel::kCudaFlash:
         return CudaFusedAttention(OpType::kCudaFlashAttention, q, k, v, DType::kUInt64);
       case SdpaKernel::kCudaEfficient: {
-        const int out = CudaFusedAttention(OpType::kEfficientAttention, q, k, v, DType::kInt64);
+        const int out =
+            mask >= 0 ? CudaFusedAttention(OpType::kEfficientAttentionMasked, q, k, v,
+                                           DType::kInt64, mask)
+                      : CudaFusedAttention(OpType::kEfficientAttention, q, k, v, DType::kInt64);
         // Its philox seed and offset stay on the host (TensorDef::host).
         const OpDef& op = graph_.ops.back();
         graph_.tensors[op.outputs[2]].host = true;
@@ -384,12 +387,19 @@ class GraphBuilder {
   // CudaFusedAttention: a CUDA kernel of one op, (out, logsumexp in fp32, and the
   // philox seed and offset in `rng` dtype: the flash kernel's uint64, the efficient and
   // cuDNN kernels' int64), SDPA's arguments cast by autocast first.
-  int CudaFusedAttention(OpType type, int q, int k, int v, DType rng) {
+  // `mask`: a bool mask made additive in q's dtype first (convert_boolean_attn_mask;
+  // preprocess_mask's expand is a view), the kernel's attn_bias.
+  int CudaFusedAttention(OpType type, int q, int k, int v, DType rng, int mask = -1) {
     Composite call(this);
     q = Lower("attention.q", q);
     k = Lower("attention.k", k);
     v = Lower("attention.v", v);
-    std::vector<int> outputs = Op(type, "attention", {q, k, v},
+    std::vector<int> inputs = {q, k, v};
+    if (mask >= 0) {
+      inputs.push_back(Op1(OpType::kSdpaBoolMask, "attention.attn_mask", {mask}, {},
+                           std::nullopt, DTypeOf(q)));
+    }
+    std::vector<int> outputs = Op(type, "attention", inputs,
                                   {"out", "logsumexp", "philox_seed", "philox_offset"}, {},
                                   OpKind::kAttention);
     graph_.tensors[outputs[1]].dtype = DType::kFloat32;

@@ -275,6 +275,14 @@ OpSemantics PinnedSemantics(OpType type) {
               {0, 1, 2},
               {"ScaledDotProductEfficientAttentionBackward0"},
               {"attn_bias_"}};
+    case OpType::kEfficientAttentionMasked:
+      // derivatives.yaml:2935-2937 with attn_bias given: the expanded additive mask, kept.
+      return {{In(0, "query_"), In(1, "key_"), In(2, "value_"), In(3, "attn_bias_"),
+               Out(0, "output_"), Out(1, "log_sumexp_"), Out(2, "philox_seed_"),
+               Out(3, "philox_offset_")},
+              {0, 1, 2},
+              {"ScaledDotProductEfficientAttentionBackward0"},
+              {}};
     case OpType::kCudnnAttention:
       // derivatives.yaml:2959-2961, _scaled_dot_product_cudnn_attention: query, key,
       // value: _scaled_dot_product_cudnn_attention_backward_symint(grad, query, key,
@@ -389,6 +397,7 @@ const char* OpTypeName(OpType type) {
     case OpType::kCudaFlashAttention: return "_scaled_dot_product_flash_attention";
     case OpType::kEfficientAttention: return "_scaled_dot_product_efficient_attention";
     case OpType::kCudnnAttention: return "_scaled_dot_product_cudnn_attention";
+    case OpType::kEfficientAttentionMasked: return "_scaled_dot_product_efficient_attention";
   }
   return "?";
 }

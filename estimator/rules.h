@@ -169,8 +169,12 @@ enum class OpType : uint8_t {
   // (q, k, v) -> (out, logsumexp, philox_seed, philox_offset): cuDNN's fused attention,
   // _scaled_dot_product_cudnn_attention, with no bias.
   kCudnnAttention,
+  // (q, k, v, attn_bias) -> (out, log_sumexp, philox_seed, philox_offset): the
+  // memory-efficient kernel with an additive mask (a sliding window's), which its
+  // backward node keeps.
+  kEfficientAttentionMasked,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kCudnnAttention) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kEfficientAttentionMasked) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

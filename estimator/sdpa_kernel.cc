@@ -56,7 +56,11 @@ std::string FlashRefuses(const ModelConfig& config, const SdpaCall& call, DType 
 // head_dim a multiple of the gemm alignment (8 for fp16/bf16, 4 for fp32 on sm90), and
 // grouped-query heads on CUDA in this release (supports_gqa).
 std::string EfficientRefuses(const ModelConfig& config, const SdpaCall& call, DType dtype) {
-  if (call.masked) return "a mask with the memory-efficient kernel is not modelled yet";
+  // A mask is made additive and, unless its rows are 8-aligned, padded (attention.cpp,
+  // preprocess_mask, pad_bias<8>): the padding is not modelled.
+  if (call.masked && config.seq % 8 != 0) {
+    return "a mask whose rows are not a multiple of 8 long (padded) is not modelled yet";
+  }
   const int64_t alignment = dtype == DType::kFloat32 ? 4 : 8;
   if (config.HeadDim() % alignment != 0) {
     return absl::StrCat("the memory-efficient kernel takes head_dim a multiple of ",
@@ -94,6 +98,9 @@ absl::StatusOr<SdpaKernel> SdpaKernelFor(const ModelConfig& config, const SdpaCa
         if (call.dropout) return Refused(backend, "the CPU flash kernel has no dropout");
         return SdpaKernel::kCpuFlash;
       case SdpaBackend::kMath:
+        if (call.masked) {
+          return Refused(backend, "SDPA's math kernel with a mask is not modelled yet");
+        }
         return SdpaKernel::kMath;
       case SdpaBackend::kEfficient:
       case SdpaBackend::kCudnn:
@@ -112,13 +119,15 @@ absl::StatusOr<SdpaKernel> SdpaKernelFor(const ModelConfig& config, const SdpaCa
       {SdpaBackend::kFlash, SdpaKernel::kCudaFlash, FlashRefuses},
       {SdpaBackend::kEfficient, SdpaKernel::kCudaEfficient, EfficientRefuses},
   };
-  if (backend == SdpaBackend::kMath) return SdpaKernel::kMath;
-  for (const Candidate& candidate : kOrder) {
-    if (backend != SdpaBackend::kAuto && backend != candidate.backend) continue;
-    const std::string why = candidate.refuses(config, call, dtype);
-    if (why.empty()) return candidate.kernel;
-    if (backend != SdpaBackend::kAuto) return Refused(backend, why);
+  if (backend != SdpaBackend::kMath) {
+    for (const Candidate& candidate : kOrder) {
+      if (backend != SdpaBackend::kAuto && backend != candidate.backend) continue;
+      const std::string why = candidate.refuses(config, call, dtype);
+      if (why.empty()) return candidate.kernel;
+      if (backend != SdpaBackend::kAuto) return Refused(backend, why);
+    }
   }
+  if (call.masked) return Refused(backend, "SDPA's math kernel with a mask is not modelled yet");
   return SdpaKernel::kMath;
 }
 

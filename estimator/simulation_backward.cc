@@ -352,6 +352,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     }
     case OpType::kCudaFlashAttention:
+    case OpType::kEfficientAttentionMasked:  // the bias needs no gradient: the same
     case OpType::kEfficientAttention: {
       // Both start alike (attention_backward.cu, _flash_attention_backward and
       // _efficient_attention_backward): grad_out.contiguous() in (B, T, H, d) memory, a
@@ -388,7 +389,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
                                         MemoryCategory::kTemporary));
         }
       }
-      if (op.type == OpType::kEfficientAttention) {
+      if (op.type != OpType::kCudaFlashAttention) {
         // delta: (B, H, T) fp32 for fp16/bf16 (kernel_backward.h, kKernelComputesDelta);
         // for fp32 (grad_out * out).sum(-1).transpose(-2, -1).contiguous(): the product,
         // the sum, the copy. Not modelled: its fp32 staging workspace (workspace_size())
@@ -787,6 +788,7 @@ bool Modelled(OpType type) {
     case OpType::kCudaFlashAttention:
     case OpType::kEfficientAttention:
     case OpType::kCudnnAttention:
+    case OpType::kEfficientAttentionMasked:
       return true;
     default:
       return false;

@@ -434,6 +434,7 @@ class Walk {
         NewContiguous(op.outputs[3], nullptr, 0);
         return absl::OkStatus();
       }
+      case OpType::kEfficientAttentionMasked:  // the same outputs
       case OpType::kEfficientAttention: {
         // The output allocated (B, T, H, d_head) and returned (1, 2)-transposed;
         // logsumexp (B, H, T rounded up to 32) fp32; philox seed and offset () int64

@@ -89,6 +89,30 @@ class FakeCudaTest(unittest.TestCase):
         self.assertGreater(count, 200)
         self.assertEqual(failures, [], "\n".join(failures))
 
+    def test_gemma3_and_its_sliding_window_mask(self):
+        # Gemma 3's text model with the memory-efficient kernel (the one of sm90's that
+        # takes a mask): from seq 16 >= its window of 8 (gemma3_window) the sliding
+        # layers attend through transformers' mask, made additive in q's dtype and kept
+        # by the kernel as attn_bias.
+        failures, count = [], 0
+        for model, seq in (("gemma3", 16), ("gemma3_pattern", 16), ("gemma3_window", 16),
+                           ("gemma3_window", 64)):
+            for dtype, amp in (("fp32", "none"), ("bf16", "none"), ("fp32", "bf16")):
+                for variant in VARIANTS:
+                    predicted, measured = run(model, "efficient", dtype, amp, variant,
+                                              self.tmp, seq=seq)
+                    count += 1
+                    if predicted != measured:
+                        failures.append(f"{model}/seq{seq}/{dtype}/amp{amp}/{variant}: "
+                                        f"predicted {predicted}, measured {measured}")
+        self.assertEqual(count, 48)
+        self.assertEqual(failures, [], "\n".join(failures))
+        # auto: cuDNN for the global layers (bf16, head_dim 32), the memory-efficient
+        # kernel for the masked sliding ones (cuDNN's mask and flash are refused).
+        out = self.predict_process("gemma3_window", "auto", "bf16")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout)["sdpa_kernel"], "cudnn, masked layers efficient")
+
     def test_the_witness_counts_by_hand(self):
         # The study, 2 layers of width 32, 2 heads of 16, batch 2, seq 16 (N = 32 tokens),
         # fp32 with the memory-efficient kernel. Per layer: ln1 keeps its input (N x d =
@@ -134,7 +158,9 @@ class FakeCudaTest(unittest.TestCase):
         for model, backend, dtype, fragment in (
                 ("llama_mha", "flash", "fp32", "fp16 or bf16 only"),
                 ("llama_gqa", "cudnn", "fp32", "fp16 or bf16 only"),
-                ("gpt2", "cudnn", "bf16", "multiple of 1/16")):
+                ("gpt2", "cudnn", "bf16", "multiple of 1/16"),
+                ("gemma3_window", "flash", "bf16", "takes no attention mask"),
+                ("gemma3_window", "math", "fp32", "math kernel with a mask")):
             out = self.predict_process(model, backend, dtype)
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)

@@ -482,12 +482,25 @@ def forced_sdpa(backend):
             lse = torch.is_grad_enabled() and any(
                 t.requires_grad for t in (query, key, value))
             if backend in ("efficient", "cudnn"):
+                bias = None
                 if attn_mask is not None:
-                    raise UsageError(f"--sdpa_backend={backend}: no mask in this witness")
+                    if backend == "cudnn":
+                        raise UsageError("--sdpa_backend=cudnn: no mask in this witness")
+                    # SDPA's convert_boolean_attn_mask, then preprocess_mask: an additive
+                    # mask in q's dtype, padded to 8 (where it is not aligned), expanded.
+                    bias = attn_mask
+                    if bias.dtype == torch.bool:
+                        bias = torch.where(bias, 0.0, torch.scalar_tensor(
+                            float("-inf"), dtype=query.dtype, device=query.device))
+                    if bias.size(-1) % 8 != 0:
+                        raise UsageError("a mask whose last dim is not a multiple of 8 "
+                                         "(pad_bias) is not in this witness")
+                    bias = bias.expand(query.size(0), query.size(1), query.size(2),
+                                       key.size(2))
                 op = (torch.ops.aten._scaled_dot_product_efficient_attention
                       if backend == "efficient"
                       else torch.ops.aten._scaled_dot_product_cudnn_attention)
-                out = op(query, key, value, None, lse, dropout_p, is_causal, scale=scale)
+                out = op(query, key, value, bias, lse, dropout_p, is_causal, scale=scale)
                 if backend == "efficient":
                     # The CUDA kernel makes its philox seed and offset on the host unless
                     # a graph is being captured (attention.cu, _efficient_attention_forward);
