@@ -195,7 +195,6 @@ absl::Status ValidateDevice(const ModelConfig& config, AttentionMode attention) 
     };
     if (config.megatron) return not_yet("megatron-gpt (Megatron's fused CUDA kernels)");
     if (config.moe.Sparse()) return not_yet("a mixture of experts");
-    if (config.tp > 1) return not_yet("tensor parallelism");
     if (attention == AttentionMode::kMath) {
       return not_yet("--attention=math (plain-ops attention)");
     }

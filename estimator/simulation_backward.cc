@@ -306,8 +306,10 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       const Handle rows = Reshape(grad, Layout::Contiguous(rows_sizes, 2, &overflow));
       const int whole = memory_.Alloc(tokens * in * ElementSizeBytes(grad.dtype),
                                       MemoryCategory::kTemporary);
+      CublasWorkspace();  // on CUDA, the input gradient's matmul
       for (size_t i = 0; i < n_inputs; ++i) {
         grads[i] = NewGrad(layout_of(static_cast<int>(i)), grad.dtype);
+        if (i == 1) CublasWorkspace();  // and the weight gradient's
       }
       memory_.Unref(gathered);
       memory_.Unref(rows.storage);

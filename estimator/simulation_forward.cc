@@ -59,9 +59,12 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
   const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
   if (memory_.cuda()) {
     // A CUDA GEMM's cuBLAS workspace, after its output (CublasWorkspace); the CPU
-    // kernels' workspaces below are not a CUDA step's.
+    // kernels' workspaces below are not a CUDA step's, but the tensor-parallel
+    // functions' buffers are device tensors there too.
     if (IsGemm(op.type)) CublasWorkspace();
-    return absl::OkStatus();
+    if (op.type != OpType::kGatherLinear && op.type != OpType::kVocabParallelCrossEntropy) {
+      return absl::OkStatus();
+    }
   }
   switch (op.type) {
     case OpType::kFlashAttentionMasked:  // the same blocks (profiled with a mask)
@@ -138,9 +141,14 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
     }
     case OpType::kGatherLinear: {
       // The input all-gathered into a (B, T, in) buffer, freed once the matmul is done.
+      // On CUDA the matmul's cuBLAS workspace joins it.
       const WalkedTensor& x = TensorOf(inst, op.inputs[0]);
-      memory_.Transient(NumelOf(x.layout) * config_.tp *
-                        ElementSizeBytes(inst.plan->graph->tensors[op.inputs[0]].dtype));
+      const int gathered = memory_.Alloc(
+          NumelOf(x.layout) * config_.tp *
+              ElementSizeBytes(inst.plan->graph->tensors[op.inputs[0]].dtype),
+          MemoryCategory::kTemporary);
+      CublasWorkspace();
+      memory_.Unref(gathered);
       return absl::OkStatus();
     }
     case OpType::kVocabParallelCrossEntropy: {

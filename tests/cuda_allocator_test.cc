@@ -205,6 +205,10 @@ RunSpec CudaSpec(const char* model, const char* dtype, const char* sdpa_backend,
                  int64_t seq = 64) {
   RunRequest request;
   request.model = model;
+  if (const size_t at = request.model.find(" --tp="); at != std::string::npos) {
+    request.tp = std::stoll(request.model.substr(at + 6));  // a tensor-parallel rank's
+    request.model = request.model.substr(0, at);
+  }
   request.dtype = dtype;
   request.sdpa_backend = sdpa_backend;
   request.device = "cuda";
@@ -236,11 +240,13 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
   };
   int replayed = 0;
   for (const Case& c : {Case{"study", "bf16", "flash"}, Case{"study", "fp32", "efficient"},
+                        Case{"tiny-llama --tp=2", "bf16", "auto"},
                         Case{"tiny-llama", "bf16", "cudnn"}, Case{"tiny-llama", "fp32", "math"},
                         Case{"tiny-gpt2", "fp16", "flash"}, Case{"tiny-gemma3", "bf16", "auto"}}) {
     // tiny-gemma3 past its window of 512: the sliding layers' mask, efficient attention.
     const RunSpec spec = CudaSpec(c.model, c.dtype, c.sdpa_backend,
                                   std::string(c.model) == "tiny-gemma3" ? 1024 : 64);
+    ASSERT_EQ(spec.config.tp, std::string(c.model).find("--tp=2") != std::string::npos ? 2 : 1);
     absl::StatusOr<Prediction> p = Predict(spec.config, TimelineOptions(spec));
     ASSERT_TRUE(p.ok()) << p.status();
     for (const VariantPrediction& v : p->variants) {
@@ -254,7 +260,7 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
       ++replayed;
     }
   }
-  EXPECT_EQ(replayed, 24);
+  EXPECT_EQ(replayed, 28);
 }
 
 // The same for every kind of rank of data-parallel (ZeRO 0, 1 and 3) and pipeline
