@@ -159,9 +159,10 @@ class GraphBuilder {
     std::vector<int> outputs = Op(OpType::kNativeLayerNorm, name, {x, weight, bias},
                                   {"out", "mean", "rstd"}, {}, OpKind::kLayerNorm);
     // mean and rstd come on the CPU in the parameters' dtype (fp32 for a bf16 input
-    // under autocast: ATen's mixed-dtype layer norm), on CUDA in the accumulate type,
-    // fp32 for every floating input (layer_norm.cu, layer_norm_cuda:
-    // at::empty({M}, X->options().dtype(acc_type))).
+    // under autocast: ATen's mixed-dtype layer norm), on CUDA in the computation dtype,
+    // fp32 for every floating input (torch/_refs/__init__.py, native_layer_norm: "if
+    // input.device.type in ['cpu', 'mtia']" alone converts them back; the fake-CUDA
+    // witness measures it).
     const DType stats = cuda_ ? DType::kFloat32 : graph_.tensors[weight].dtype;
     graph_.tensors[outputs[1]].dtype = stats;
     graph_.tensors[outputs[2]].dtype = stats;
