@@ -339,7 +339,9 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
     held_unsaved += CheckedInt64(kind.count) * kind.walk->held_bytes;
     saved_buffers += CheckedInt64(kind.count) * kind.walk->buffer_bytes;
   }
-  const CheckedInt64 held_besides = CheckedInt64(checkpointed_calls) * kCpuRngStateBytes +
+  // A checkpoint's RNG states are host tensors beside a CUDA model: no device bytes.
+  const int64_t rng_state_bytes = config.device == Device::kCuda ? 0 : kCpuRngStateBytes;
+  const CheckedInt64 held_besides = CheckedInt64(checkpointed_calls) * rng_state_bytes +
                                     globals.HeldOnlyBytes() + held_unsaved;
   CheckedInt64 dtype_total = 0;
   for (const CheckedInt64& bytes : by_dtype) dtype_total += bytes;
