@@ -170,6 +170,24 @@ class FakeCudaTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn("needs --device=cuda", out.stderr)
 
+    def test_a_checkpoints_rng_state_stays_on_the_host(self):
+        # torch.get_rng_state() (5,056 B, rules.h's kCpuRngStateBytes) and the CUDA
+        # generator's state are CPU tensors: with full checkpointing of llama_mha's two
+        # layers a CUDA step holds, beyond what it saves, 2 x 5,056 B less after its
+        # forward than the CPU step.
+        held = {}
+        for device in ("cpu", "cuda"):
+            flags = [f for f in self.flags("llama_mha", "efficient", "fp32")
+                     if not f.startswith(("--device", "--sdpa_backend", "--variants"))]
+            if device == "cuda":
+                flags += ["--device=cuda", "--sdpa_backend=efficient"]
+            out = subprocess.run([PREDICT, "--variants=full", *flags],
+                                 capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            p = json.loads(out.stdout)
+            held[device] = p["held_after_forward_bytes"]["full"] - p["saved_bytes"]["full"]
+        self.assertEqual(held["cpu"] - held["cuda"], 2 * 5056)
+
     def test_the_gpu_check_runs_only_on_a_gpu(self):
         # verify/gpu_check.py trains the real step on a CUDA device; here it says there
         # is none, in one line, exit 2. Its predict half runs anywhere: the flags it builds
