@@ -338,17 +338,11 @@ class GraphBuilder {
         return CpuFlashAttention(q, k, v, mask);
       case SdpaKernel::kCudaFlash:
         return CudaFusedAttention(OpType::kCudaFlashAttention, q, k, v, DType::kUInt64);
-      case SdpaKernel::kCudaEfficient: {
-        const int out =
-            mask >= 0 ? CudaFusedAttention(OpType::kEfficientAttentionMasked, q, k, v,
-                                           DType::kInt64, mask)
-                      : CudaFusedAttention(OpType::kEfficientAttention, q, k, v, DType::kInt64);
+      case SdpaKernel::kCudaEfficient:
         // Its philox seed and offset stay on the host (TensorDef::host).
-        const OpDef& op = graph_.ops.back();
-        graph_.tensors[op.outputs[2]].host = true;
-        graph_.tensors[op.outputs[3]].host = true;
-        return out;
-      }
+        return CudaFusedAttention(
+            mask >= 0 ? OpType::kEfficientAttentionMasked : OpType::kEfficientAttention, q, k,
+            v, DType::kInt64, mask, /*rng_on_host=*/true);
       case SdpaKernel::kCudnn:
         return CudaFusedAttention(OpType::kCudnnAttention, q, k, v, DType::kInt64);
       case SdpaKernel::kMath:
@@ -389,8 +383,10 @@ class GraphBuilder {
   // philox seed and offset in `rng` dtype: the flash kernel's uint64, the efficient and
   // cuDNN kernels' int64), SDPA's arguments cast by autocast first.
   // `mask`: a bool mask made additive in q's dtype first (convert_boolean_attn_mask;
-  // preprocess_mask's expand is a view), the kernel's attn_bias.
-  int CudaFusedAttention(OpType type, int q, int k, int v, DType rng, int mask = -1) {
+  // preprocess_mask's expand is a view), the kernel's attn_bias. `rng_on_host`: the
+  // seed and offset are host tensors.
+  int CudaFusedAttention(OpType type, int q, int k, int v, DType rng, int mask = -1,
+                         bool rng_on_host = false) {
     Composite call(this);
     q = Lower("attention.q", q);
     k = Lower("attention.k", k);
@@ -404,8 +400,10 @@ class GraphBuilder {
                                   {"out", "logsumexp", "philox_seed", "philox_offset"}, {},
                                   OpKind::kAttention);
     graph_.tensors[outputs[1]].dtype = DType::kFloat32;
-    graph_.tensors[outputs[2]].dtype = rng;
-    graph_.tensors[outputs[3]].dtype = rng;
+    for (int i : {2, 3}) {
+      graph_.tensors[outputs[i]].dtype = rng;
+      graph_.tensors[outputs[i]].host = rng_on_host;
+    }
     return outputs[0];
   }
 
