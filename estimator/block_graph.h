@@ -20,6 +20,7 @@
 #include "estimator/config.h"
 #include "estimator/rules.h"
 #include "estimator/shape.h"
+#include "estimator/walk_memo.h"
 
 namespace memledger {
 
@@ -121,6 +122,9 @@ struct BlockGraph {
   // last layer's output, rebound to the norm's; position ids; RoPE tables). -1: none
   // (the study's loss reads its input to the end).
   int decoder_returns_after = -1;
+  // walk_memo: what walks of this graph kept (estimator/walk_memo.h); ModelGraphsFor
+  // sets it on the graphs it caches, which never change after. Null: no memo.
+  std::shared_ptr<WalkMemo> walk_memo;
   // Parameters returns the parameter tensors in that order.
   std::vector<int> Parameters() const;
 };

@@ -36,6 +36,9 @@ class BlockWalks {
   absl::StatusOr<const BlockWalk*> Get(int kind, bool checkpointed, const SavePolicy& policy,
                                        bool first, bool core = false) {
     core = core && !checkpointed;
+    // A decoder's first layer reads the embedding's output, which requires grad, as every
+    // later layer's input does: its walk is theirs.
+    first = first && !FamilyOf(config_.family).decoder;
     for (Entry& entry : entries_) {
       if (entry.kind == kind && entry.checkpointed == checkpointed && entry.first == first &&
           entry.core == core && (!checkpointed || entry.policy == policy)) {
@@ -45,9 +48,8 @@ class BlockWalks {
     WalkOptions options;
     options.checkpointed = checkpointed;
     options.recompute_core_attention = core;
-    // The study's first block reads the model input, which does not require grad; the
-    // decoder families' first layer reads the embedding's output, which does.
-    options.input_requires_grad = !first || FamilyOf(config_.family).decoder;
+    // The study's first block reads the model input, which does not require grad.
+    options.input_requires_grad = !first;
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
@@ -597,9 +599,14 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
     }
   }
   for (const Variant& variant : options.variants) {
+    // `none` is the reference itself, unless it is asked with its breakdown.
     absl::StatusOr<VariantPrediction> v =
-        PredictVariant(variant, config, segments, options.breakdown, walks, WholeModel(config));
+        variant.kind == VariantKind::kNone && !options.breakdown
+            ? *reference
+            : PredictVariant(variant, config, segments, options.breakdown, walks,
+                             WholeModel(config));
     if (!v.ok()) return v.status();
+    v->variant = variant;
     v->graphs = graphs;
     v->saved_ratio_vs_none =
         static_cast<double>(v->saved_bytes) / static_cast<double>(prediction.saved_bytes_none);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -27,7 +28,6 @@ struct StorageState {
   bool kept = false;    // by autograd or the checkpoint node
   bool cached = false;  // by the selective cache
   bool held = false;    // by a checkpoint's call arguments (KeepReason::kCheckpointHeld)
-  std::vector<int> kept_by;  // with record_layouts: every keeping op (-1: checkpoint)
 };
 
 }  // namespace
@@ -35,6 +35,7 @@ struct StorageState {
 struct BlockLayouts {
   std::vector<TensorState> tensors;
   std::vector<StorageState> storages;
+  std::vector<int> storage_of;  // per tensor: tensors[i].storage, the walk memo's key
 };
 
 namespace {
@@ -45,8 +46,7 @@ class Walk {
  public:
   Walk(const BlockGraph& graph, const ModelConfig& config, const WalkOptions& options)
       : graph_(graph), config_(config), options_(options),
-        rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()),
-        symbols_(config) {
+        rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()) {
     // Only the core attention's recompute asks which op made a tensor.
     if (options.recompute_core_attention) {
       producer_.assign(graph.tensors.size(), -1);
@@ -67,6 +67,8 @@ class Walk {
     }
     if (overflow_) return nullptr;
     auto layouts = std::make_shared<BlockLayouts>();
+    layouts->storage_of.reserve(tensors_.size());
+    for (const TensorState& t : tensors_) layouts->storage_of.push_back(t.storage);
     layouts->tensors = std::move(tensors_);
     layouts->storages = std::move(storages_);
     return layouts;
@@ -85,6 +87,37 @@ class Walk {
       storages_.reserve(graph_.tensors.size());
       LeafStorages();
     }
+    // A walk its graph's memo remembers takes the keeps from there (walk_memo.h); any
+    // other applies every op, and the memo remembers what it kept.
+    WalkMemo* memo = Memoizable() ? graph_.walk_memo.get() : nullptr;
+    const WalkMemo::Options memo_options = MemoOptions();
+    std::shared_ptr<const WalkMemo::Flags> remembered =
+        memo != nullptr ? memo->Find(memo_options, layouts->storage_of) : nullptr;
+    if (remembered != nullptr) {
+      for (size_t s = 0; s < storages_.size(); ++s) {
+        storages_[s].kept = ((*remembered)[s] & WalkMemo::kKept) != 0;
+        storages_[s].cached = ((*remembered)[s] & WalkMemo::kCached) != 0;
+        storages_[s].held = ((*remembered)[s] & WalkMemo::kHeld) != 0;
+      }
+    } else {
+      if (absl::Status s = ApplyOps(walk_ops); !s.ok()) return s;
+      if (memo != nullptr && !overflow_) {
+        memo->Remember(memo_options, layouts->storage_of, KeepFlags());
+      }
+    }
+    BlockWalk walk;
+    if (!overflow_) walk = Summarize();
+    if (overflow_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "byte counts overflow int64 for width=", config_.width,
+          " heads=", config_.heads, " batch=", config_.batch, " seq=", config_.seq));
+    }
+    return walk;
+  }
+
+ private:
+  // ApplyOps keeps what the checkpoint node and then each op (when `walk_ops`) keep.
+  absl::Status ApplyOps(bool walk_ops) {
     requires_grad_.assign(graph_.tensors.size(), false);
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
       const TensorDef& def = graph_.tensors[i];
@@ -112,17 +145,40 @@ class Walk {
       absl::Status s = Apply(static_cast<int>(op));
       if (!s.ok() && !overflow_) return s;
     }
-    BlockWalk walk;
-    if (!overflow_) walk = Summarize();
-    if (overflow_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "byte counts overflow int64 for width=", config_.width,
-          " heads=", config_.heads, " batch=", config_.batch, " seq=", config_.seq));
-    }
-    return walk;
+    return absl::OkStatus();
   }
 
- private:
+  // KeepFlags: each storage's keeps, as the memo holds them.
+  std::vector<uint8_t> KeepFlags() const {
+    std::vector<uint8_t> flags(storages_.size());
+    for (size_t s = 0; s < storages_.size(); ++s) {
+      flags[s] = static_cast<uint8_t>((storages_[s].kept ? WalkMemo::kKept : 0) |
+                                      (storages_[s].cached ? WalkMemo::kCached : 0) |
+                                      (storages_[s].held ? WalkMemo::kHeld : 0));
+    }
+    return flags;
+  }
+
+  // Memoizable: whether this walk may read or feed its graph's memo. It must start
+  // from layouts (its storages known before any op) and apply every op with the pinned
+  // rules, recording nothing per op (records name ops, which a memo does not keep).
+  bool Memoizable() const {
+    return graph_.walk_memo != nullptr && laid_out_ && !options_.record_storages &&
+           !options_.record_layouts &&
+           (options_.rules == nullptr || options_.rules == &RuleTable::Pinned());
+  }
+
+  const SymbolValues& Symbols() {
+    if (!symbols_.has_value()) symbols_.emplace(config_);
+    return *symbols_;
+  }
+
+  WalkMemo::Options MemoOptions() const {
+    return {options_.checkpointed, options_.input_requires_grad,
+            options_.recompute_core_attention,
+            config_.checkpoint_impl == CheckpointImpl::kNonReentrant, options_.policy};
+  }
+
   // LeafStorages makes the storages of the parameters, model-level tensors and input.
   void LeafStorages() {
     for (size_t i = 0; i < graph_.tensors.size(); ++i) {
@@ -139,7 +195,7 @@ class Walk {
   Layout Evaluate(const std::vector<SymDim>& shape) {
     int64_t sizes[Layout::kMaxDims];
     for (size_t i = 0; i < shape.size(); ++i) {
-      CheckedInt64 dim = shape[i].Evaluate(symbols_);
+      CheckedInt64 dim = shape[i].Evaluate(Symbols());
       overflow_ = overflow_ || dim.overflowed();
       sizes[i] = dim.value();
     }
@@ -276,7 +332,7 @@ class Walk {
         // narrow(dim, start, length): same strides, a shorter dimension (the storage
         // offset does not change what the storage holds).
         Layout view = in;
-        const CheckedInt64 length = op.attributes.length.Evaluate(symbols_);
+        const CheckedInt64 length = op.attributes.length.Evaluate(Symbols());
         overflow_ = overflow_ || length.overflowed();
         view.sizes[op.attributes.dim] = length.value();
         ViewOf(out, op.inputs[0], view);
@@ -517,7 +573,7 @@ class Walk {
         // values and indices of the input's sizes but the last, k.
         int64_t sizes[Layout::kMaxDims];
         std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
-        const CheckedInt64 k = op.attributes.length.Evaluate(symbols_);
+        const CheckedInt64 k = op.attributes.length.Evaluate(Symbols());
         overflow_ = overflow_ || k.overflowed();
         sizes[in.ndim - 1] = k.value();
         NewContiguous(out, sizes, in.ndim);
@@ -674,7 +730,8 @@ class Walk {
   void Keep(int op, int tensor, KeepReason reason) {
     StorageState& storage = storages_[(*laid_)[tensor].storage];
     if (options_.record_layouts && reason != KeepReason::kSelectiveCache) {
-      storage.kept_by.push_back(op);
+      kept_by_.resize(storages_.size());
+      kept_by_[(*laid_)[tensor].storage].push_back(op);
     }
     if (storage.is_parameter) return;  // parameters are accounted elsewhere
     const bool held =
@@ -731,10 +788,12 @@ class Walk {
             WalkedTensor{t.storage, t.layout, static_cast<bool>(requires_grad_[i])});
       }
       walk.storage_list.reserve(storages_.size());
-      for (StorageState& s : storages_) {
+      kept_by_.resize(storages_.size());
+      for (size_t i = 0; i < storages_.size(); ++i) {
+        const StorageState& s = storages_[i];
         walk.storage_list.push_back(WalkedStorage{s.bytes, s.owner, s.is_parameter,
                                                   s.is_buffer, s.is_global, s.is_weight_copy,
-                                                  std::move(s.kept_by), s.cached});
+                                                  std::move(kept_by_[i]), s.cached});
       }
     }
     return walk;
@@ -744,13 +803,16 @@ class Walk {
   const ModelConfig& config_;
   const WalkOptions& options_;
   const RuleTable& rules_;
-  const SymbolValues symbols_;
+  // symbols_: the config's sizes, made on first use (a walk from layouts needs none).
+  std::optional<SymbolValues> symbols_;
   std::vector<TensorState> tensors_;  // what Layouts makes, unless laid out already
   // laid_: the tensors' layouts the walk reads: tensors_, or a BlockLayouts' own.
   const std::vector<TensorState>* laid_ = &tensors_;
   std::vector<char> requires_grad_;  // per tensor
   std::vector<int> producer_;  // per tensor: the op that made it, -1: none
   std::vector<StorageState> storages_;
+  // kept_by_: with record_layouts, per storage, every op that kept it (-1: checkpoint).
+  std::vector<std::vector<int>> kept_by_;
   std::vector<KeptStorage> storages_recorded_;
   bool overflow_ = false;
   bool laid_out_ = false;  // the layouts came from a BlockLayouts: Apply skips them
