@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "api/predict_many.h"
 #include "estimator/memory_snapshot.h"
 #include "estimator/predict.h"
 #include "estimator/ranks.h"
@@ -256,15 +257,8 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   return JsonString(PredictionJson(*prediction));
 }
 
-// ManyOptions are memledger_predict_many's arguments past the requests.
-struct ManyOptions {
-  bool peak = true;
-  int threads = 0;  // 0: the machine's cores
-};
-
-// PredictOne is one request of a batch: its compact result, written by `w`.
-absl::Status PredictOne(const rapidjson::Value& item, bool peak,
-                        rapidjson::Writer<rapidjson::StringBuffer>& w) {
+// PredictOne is one request of a batch, predicted into `result`.
+absl::Status PredictOne(const rapidjson::Value& item, bool peak, ManyResult& result) {
   absl::StatusOr<RunRequest> request = RequestFromJson(item, nullptr);
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
@@ -276,79 +270,58 @@ absl::Status PredictOne(const rapidjson::Value& item, bool peak,
   options.peak = peak;
   absl::StatusOr<Prediction> p = Predict(spec->config, options);
   if (!p.ok()) return p.status();
-  w.StartObject();
-  w.Key("n_params");
-  w.Int64(p->n_params);
-  w.Key("param_bytes");
-  w.Int64(p->param_bytes);
-  w.Key("grad_bytes");
-  w.Int64(p->grad_bytes);
-  w.Key("optimizer_state_bytes");
-  w.Int64(p->optimizer_state_bytes);
-  w.Key("saved_bytes");
-  w.StartObject();
+  result.n_params = p->n_params;
+  result.param_bytes = p->param_bytes;
+  result.grad_bytes = p->grad_bytes;
+  result.optimizer_state_bytes = p->optimizer_state_bytes;
+  result.variants.reserve(p->variants.size());
   for (const VariantPrediction& v : p->variants) {
-    w.Key(v.variant.Name().c_str());
-    w.Int64(v.saved_bytes);
+    result.variants.push_back(
+        {v.variant.Name(), v.saved_bytes,
+         v.peak.has_value() ? std::optional<int64_t>(v.peak->bytes) : std::nullopt});
   }
-  w.EndObject();
-  if (peak) {
-    w.Key("peak_bytes");
-    w.StartObject();
-    for (const VariantPrediction& v : p->variants) {
-      w.Key(v.variant.Name().c_str());
-      if (v.peak.has_value()) {
-        w.Int64(v.peak->bytes);
-      } else {
-        w.Null();
-      }
-    }
-    w.EndObject();
-  }
-  w.EndObject();
   return absl::OkStatus();
 }
 
-// PredictMany parses the array once, predicts its requests on `threads` threads (each
-// its own share, claimed in order) and joins their results in the requests' order.
-absl::StatusOr<std::string> PredictMany(const char* requests_json, const ManyOptions& many) {
-  rapidjson::Document doc;
-  if (absl::Status s = ParseJson(requests_json, &doc); !s.ok()) return s;
-  if (!doc.IsArray()) return absl::InvalidArgumentError("requests: not a JSON array");
-  const size_t n = doc.Size();
-  std::vector<std::string> results(n);
-  std::vector<absl::Status> errors(n);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    rapidjson::StringBuffer buffer;
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      buffer.Clear();
-      rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
-      try {
-        errors[i] = PredictOne(doc[static_cast<rapidjson::SizeType>(i)], many.peak, w);
-      } catch (const std::exception& e) {
-        errors[i] = absl::InternalError(e.what());
+// ManyJson writes a batch's results as memledger_predict_many's JSON array.
+std::string ManyJson(const std::vector<ManyResult>& results, bool peak) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  w.StartArray();
+  for (const ManyResult& r : results) {
+    w.StartObject();
+    w.Key("n_params");
+    w.Int64(r.n_params);
+    w.Key("param_bytes");
+    w.Int64(r.param_bytes);
+    w.Key("grad_bytes");
+    w.Int64(r.grad_bytes);
+    w.Key("optimizer_state_bytes");
+    w.Int64(r.optimizer_state_bytes);
+    w.Key("saved_bytes");
+    w.StartObject();
+    for (const ManyVariant& v : r.variants) {
+      w.Key(v.name.c_str());
+      w.Int64(v.saved_bytes);
+    }
+    w.EndObject();
+    if (peak) {
+      w.Key("peak_bytes");
+      w.StartObject();
+      for (const ManyVariant& v : r.variants) {
+        w.Key(v.name.c_str());
+        if (v.peak_bytes.has_value()) {
+          w.Int64(*v.peak_bytes);
+        } else {
+          w.Null();
+        }
       }
-      if (errors[i].ok()) results[i].assign(buffer.GetString(), buffer.GetSize());
+      w.EndObject();
     }
-  };
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const size_t threads = std::min<size_t>(many.threads > 0 ? many.threads : cores, std::max<size_t>(n, 1));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  std::string out = "[";
-  for (size_t i = 0; i < n; ++i) {
-    if (!errors[i].ok()) {
-      return absl::Status(errors[i].code(),
-                          absl::StrCat("requests[", i, "]: ", errors[i].message()));
-    }
-    if (i > 0) out += ",";
-    out += results[i];
+    w.EndObject();
   }
-  out += "]";
-  return out;
+  w.EndArray();
+  return std::string(buffer.GetString(), buffer.GetSize());
 }
 
 absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
@@ -526,6 +499,42 @@ int Call(Run run, const char* request_json, char** response_json, char** error_m
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<ManyResult>> PredictMany(const char* requests_json,
+                                                    const ManyOptions& many) {
+  rapidjson::Document doc;
+  if (absl::Status s = ParseJson(requests_json, &doc); !s.ok()) return s;
+  if (!doc.IsArray()) return absl::InvalidArgumentError("requests: not a JSON array");
+  const size_t n = doc.Size();
+  std::vector<ManyResult> results(n);
+  std::vector<absl::Status> errors(n);
+  // Each thread claims the next request in order; results land in their own slots.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      try {
+        errors[i] = PredictOne(doc[static_cast<rapidjson::SizeType>(i)], many.peak, results[i]);
+      } catch (const std::exception& e) {
+        errors[i] = absl::InternalError(e.what());
+      }
+    }
+  };
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t threads =
+      std::min<size_t>(many.threads > 0 ? many.threads : cores, std::max<size_t>(n, 1));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i].ok()) {
+      return absl::Status(errors[i].code(),
+                          absl::StrCat("requests[", i, "]: ", errors[i].message()));
+    }
+  }
+  return results;
+}
+
 }  // namespace memledger
 
 extern "C" {
@@ -564,8 +573,13 @@ int memledger_predict_many(const char* requests_json, int peak, int threads,
   }
   const memledger::ManyOptions many{peak != 0, threads};
   return memledger::Call(
-      [&many](const char* json) { return memledger::PredictMany(json, many); }, requests_json,
-      response_json, error_message);
+      [&many](const char* json) -> absl::StatusOr<std::string> {
+        absl::StatusOr<std::vector<memledger::ManyResult>> results =
+            memledger::PredictMany(json, many);
+        if (!results.ok()) return results.status();
+        return memledger::ManyJson(*results, many.peak);
+      },
+      requests_json, response_json, error_message);
 }
 
 int memledger_snapshot(const char* request_json, char** snapshot, size_t* snapshot_size,

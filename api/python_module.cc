@@ -21,8 +21,13 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "api/memledger.h"
+#include "api/predict_many.h"
 
 namespace py = pybind11;
 
@@ -41,10 +46,10 @@ struct NoLayoutFits : std::runtime_error {
 // anything with to_dict() (a transformers PretrainedConfig; memledger does not import
 // transformers) as its dict.
 py::dict Fields(const py::dict& given) {
-  py::dict fields(given);
-  if (!fields.contains("model")) return fields;
-  py::object model = fields["model"];
-  if (py::isinstance<py::str>(model) || py::isinstance<py::dict>(model)) return fields;
+  if (!given.contains("model")) return given;
+  py::object model = given["model"];
+  if (py::isinstance<py::str>(model) || py::isinstance<py::dict>(model)) return given;
+  py::dict fields(given);  // a copy: the caller's dict keeps its model
   if (py::hasattr(model, "to_dict")) {
     fields["model"] = model.attr("to_dict")();
   } else if (py::hasattr(model, "__fspath__")) {
@@ -159,30 +164,91 @@ py::bytes Snapshot(const py::object& variant, const py::object& path, py::kwargs
 py::object Plan(const py::kwargs& fields) { return Call(memledger_plan, fields); }
 py::object Search(const py::kwargs& fields) { return Call(memledger_search, fields); }
 
-// PredictMany: every request (a dict of predict's fields) in one C call, the GIL
-// released while its threads predict; JSON only at the boundary, once each way.
+// GcPause disables Python's cyclic garbage collector for its lifetime, if it was
+// enabled (gc.disable / gc.enable), also when an exception unwinds.
+class GcPause {
+ public:
+  GcPause() : gc_(py::module_::import("gc")), was_enabled_(gc_.attr("isenabled")().cast<bool>()) {
+    if (was_enabled_) gc_.attr("disable")();
+  }
+  ~GcPause() {
+    if (was_enabled_) gc_.attr("enable")();
+  }
+  GcPause(const GcPause&) = delete;
+  GcPause& operator=(const GcPause&) = delete;
+
+ private:
+  py::module_ gc_;
+  bool was_enabled_;
+};
+
+// PredictMany: every request (a dict of predict's fields) in one call, the GIL
+// released while its threads predict. The requests cross as one JSON text; the results
+// come back as structs (api/predict_many.h) and become dicts here, with no JSON.
 py::object PredictMany(const py::list& requests, bool peak, int threads) {
-  py::module_ json = py::module_::import("json");
+  if (threads < 0 || threads > 1024) {
+    throw py::value_error("threads must be between 0 (the cores) and 1024, got " +
+                          std::to_string(threads));
+  }
   py::list ready;
   for (const py::handle& item : requests) {
     ready.append(py::isinstance<py::dict>(item) ? Fields(py::reinterpret_borrow<py::dict>(item))
                                                 : py::reinterpret_borrow<py::object>(item));
   }
   const std::string request = Dumps(ready);
-  char* response = nullptr;
-  char* error = nullptr;
-  int code = 0;
+  absl::StatusOr<std::vector<memledger::ManyResult>> results;
   {
     py::gil_scoped_release release;
-    code = memledger_predict_many(request.c_str(), peak ? 1 : 0, threads, &response, &error);
+    try {
+      results = memledger::PredictMany(request.c_str(), {peak, threads});
+    } catch (const std::exception& e) {  // as the C ABI's calls: an internal error
+      results = absl::InternalError(e.what());
+    }
   }
-  const std::string response_text = response != nullptr ? response : "";
-  const std::string error_text = error != nullptr ? error : "";
-  memledger_free(response);
-  memledger_free(error);
-  if (code == MEMLEDGER_INVALID_ARGUMENT) throw py::value_error(error_text);
-  if (code != MEMLEDGER_OK) throw std::runtime_error(error_text);
-  return json.attr("loads")(response_text);
+  if (!results.ok()) {
+    const std::string message(results.status().message());
+    if (absl::IsInvalidArgument(results.status()) || absl::IsOutOfRange(results.status()) ||
+        absl::IsNotFound(results.status())) {
+      throw py::value_error(message);
+    }
+    throw std::runtime_error(message);
+  }
+  // Python's cyclic GC would scan the growing list at every few hundred dicts made; these
+  // dicts hold only ints and strs, so it has nothing to find until they are all made.
+  GcPause pause;
+  // The keys once, as Python strings; each variant name once per distinct name.
+  const py::str n_params("n_params"), param_bytes("param_bytes"), grad_bytes("grad_bytes"),
+      optimizer_state_bytes("optimizer_state_bytes"), saved_bytes("saved_bytes"),
+      peak_bytes("peak_bytes");
+  std::vector<std::pair<std::string, py::str>> names;
+  auto name_of = [&names](const std::string& name) -> py::str {
+    for (const auto& [known, str] : names) {
+      if (known == name) return str;
+    }
+    names.emplace_back(name, py::str(name));
+    return names.back().second;
+  };
+  py::list out(results->size());
+  for (size_t i = 0; i < results->size(); ++i) {
+    const memledger::ManyResult& r = (*results)[i];
+    py::dict d;
+    d[n_params] = py::int_(r.n_params);
+    d[param_bytes] = py::int_(r.param_bytes);
+    d[grad_bytes] = py::int_(r.grad_bytes);
+    d[optimizer_state_bytes] = py::int_(r.optimizer_state_bytes);
+    py::dict saved, peaks;
+    for (const memledger::ManyVariant& v : r.variants) {
+      const py::str name = name_of(v.name);
+      saved[name] = py::int_(v.saved_bytes);
+      if (peak) {
+        peaks[name] = v.peak_bytes.has_value() ? py::object(py::int_(*v.peak_bytes)) : py::none();
+      }
+    }
+    d[saved_bytes] = std::move(saved);
+    if (peak) d[peak_bytes] = std::move(peaks);
+    out[i] = std::move(d);
+  }
+  return out;
 }
 
 }  // namespace
