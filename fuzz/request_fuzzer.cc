@@ -1,9 +1,11 @@
 // Fuzzes the C ABI's JSON request (every flag, the spec parser and its validation, then
-// Predict, and the same request's memory snapshot) and the --sweep grammar: any bytes
-// give a prediction (a snapshot) or an error code with a message, never a crash.
+// Predict, the same request's memory snapshot, and predict_many's request array: the
+// bytes as the array, and as its one request) and the --sweep grammar: any bytes give a
+// prediction (a snapshot, a list) or an error code with a message, never a crash.
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "api/memledger.h"
 #include "estimator/sweep.h"
@@ -30,6 +32,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   memledger_free(snapshot);
   memledger_free(error);
+  // predict_many: the bytes as its array (on two threads, with peaks), then as the one
+  // request of an array (without peaks: predict above ran the step).
+  for (const auto& [requests, peak] :
+       {std::pair<std::string, int>{text, 1}, std::pair<std::string, int>{"[" + text + "]", 0}}) {
+    response = nullptr;
+    error = nullptr;
+    const int many_code = memledger_predict_many(requests.c_str(), peak, /*threads=*/2,
+                                                 &response, &error);
+    if ((many_code == MEMLEDGER_OK) != (response != nullptr) ||
+        (many_code == MEMLEDGER_OK) == (error != nullptr)) {
+      __builtin_trap();
+    }
+    memledger_free(response);
+    memledger_free(error);
+  }
   (void)memledger::ParseSweep(text);
   return 0;
 }
