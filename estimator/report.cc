@@ -402,18 +402,32 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
     }
   }
   if (c.dtype != DType::kFloat32 || c.amp != DType::kFloat32) {
-    absl::StrAppendFormat(&out, "\n%-22s %14s %14s %14s %14s\n", "saved by dtype", "float32",
-                          "16-bit", "integer, bool",
-                          c.amp != DType::kFloat32 ? "weight copies" : "");
+    // One column per dtype any variant saves, named and split as saved_bytes_by_dtype
+    // is in the JSON; then autocast's weight copies (autocast_weight_copy_bytes).
+    // The floating dtypes first, then the integer and bool ones.
+    std::vector<DType> saved_dtypes;
+    for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64,
+                    DType::kInt64, DType::kInt32, DType::kUInt64, DType::kBool}) {
+      if (std::any_of(p.variants.begin(), p.variants.end(), [d](const VariantPrediction& v) {
+            return v.saved_by_dtype[static_cast<int>(d)] != 0;
+          })) {
+        saved_dtypes.push_back(d);
+      }
+    }
+    static_assert(kNumDTypes == 8, "a new dtype needs its place in the list above");
+    absl::StrAppendFormat(&out, "\n%-22s", "saved by dtype");
+    for (DType d : saved_dtypes) absl::StrAppendFormat(&out, " %14s", DTypeName(d));
+    if (c.amp != DType::kFloat32) absl::StrAppendFormat(&out, " %14s", "weight copies");
+    absl::StrAppend(&out, "\n");
     for (const VariantPrediction& v : p.variants) {
-      auto bytes = [&](DType d) { return v.saved_by_dtype[static_cast<int>(d)]; };
-      absl::StrAppendFormat(
-          &out, "%-22s %14s %14s %14s %14s\n", v.variant.Name(),
-          HumanBytes(bytes(DType::kFloat32)),
-          HumanBytes(bytes(DType::kBFloat16) + bytes(DType::kFloat16)),
-          HumanBytes(bytes(DType::kInt64) + bytes(DType::kInt32) + bytes(DType::kUInt64) +
-                     bytes(DType::kBool)),
-          c.amp != DType::kFloat32 ? HumanBytes(v.weight_copy_bytes) : "");
+      absl::StrAppendFormat(&out, "%-22s", v.variant.Name());
+      for (DType d : saved_dtypes) {
+        absl::StrAppendFormat(&out, " %14s", HumanBytes(v.saved_by_dtype[static_cast<int>(d)]));
+      }
+      if (c.amp != DType::kFloat32) {
+        absl::StrAppendFormat(&out, " %14s", HumanBytes(v.weight_copy_bytes));
+      }
+      absl::StrAppend(&out, "\n");
     }
   }
   bool any_peak = false;

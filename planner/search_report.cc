@@ -65,8 +65,10 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
   doc.AddMember("simulated", r.simulated, a);
   doc.AddMember("fitting", static_cast<int64_t>(r.layouts.size()), a);
   rapidjson::Value layouts(rapidjson::kArrayType);
-  for (const SearchedLayout& l : r.layouts) {
+  for (size_t i = 0; i < r.layouts.size(); ++i) {
+    const SearchedLayout& l = r.layouts[i];
     rapidjson::Value e(rapidjson::kObjectType);
+    e.AddMember("rank", static_cast<int64_t>(i + 1), a);  // the table's: 1 is the best
     e.AddMember("tp", l.tp, a);
     e.AddMember("pp", l.pp, a);
     e.AddMember("dp", l.dp, a);
@@ -131,8 +133,8 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
                           l.tflops_per_gpu, l.front ? "*" : "");
   }
   if (r.layouts.size() > top) {
-    absl::StrAppendFormat(&out, "... %d more in the JSON (--format=json)\n",
-                          r.layouts.size() - top);
+    absl::StrAppendFormat(&out, "... the rest of the %d that fit in the JSON (--format=json)\n",
+                          r.layouts.size());
   }
   if (!r.layouts.empty()) {
     const SearchedLayout& best = r.layouts.front();

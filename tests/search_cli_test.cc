@@ -72,7 +72,7 @@ TEST(SearchCliTest, TableAndChart) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("memledger layout search: tiny-llama"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("checkpoint"), std::string::npos);
-  EXPECT_NE(r.output.find("more in the JSON"), std::string::npos);
+  EXPECT_NE(r.output.find("that fit in the JSON"), std::string::npos);
   EXPECT_NE(r.output.find("./bazelw run //:predict -- --model=tiny-llama"), std::string::npos);
   EXPECT_NE(r.output.find("step time is a model"), std::string::npos);
   std::ifstream in(svg);
