@@ -22,9 +22,10 @@
 
 ABSL_FLAG(std::string, model, "study",
           "The model: a built-in name (study, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, "
-          "qwen2.5-7b, qwen3-8b, tiny-llama, tiny-qwen3, gpt2, tiny-gpt2, megatron-gpt) or the "
-          "path of a transformers config.json (model_type llama, mistral, qwen2, qwen3 or gpt2). "
-          "The size flags below override its sizes.");
+          "qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma-3-27b, gpt2, megatron-gpt, "
+          "and the small tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-gemma3, tiny-gpt2) or "
+          "the path of a transformers config.json (model_type llama, mistral, qwen2, qwen3, "
+          "qwen3_moe, mixtral, gemma3_text or gpt2). The size flags below override its sizes.");
 ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,
           "Number of Transformer blocks / decoder layers (>= 1; default: the model's, the "
           "study's 6).");
@@ -227,7 +228,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"grad_tolerance", "verification"}, {"skip_timing", "verification"},
     {"format", "output"},        {"json_out", "output"},      {"timeline_svg", "output"},
     {"explain", "output"},       {"plan_out", "output"},      {"frontier_svg", "output"},
-    {"top", "output"},           {"chart_svg", "output"},
+    {"top", "output"},           {"chart_svg", "output"},    {"snapshot_out", "output"},
 };
 
 // Wrapped breaks `text` into lines of at most `width` columns, each indented by

@@ -3,10 +3,35 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "absl/flags/reflection.h"
 #include "absl/status/status.h"
+#include "estimator/family.h"
+#include "estimator/model_presets.h"
 
 namespace memledger {
 namespace {
+
+// --model's help names every built-in model and every config.json model_type a family
+// reads: a new preset or family cannot go unlisted.
+TEST(CliFlagsTest, ModelHelpNamesEveryPresetAndModelType) {
+  const absl::CommandLineFlag* model = absl::FindCommandLineFlag("model");
+  ASSERT_NE(model, nullptr);
+  const std::string help = model->Help();
+  auto names = [&help](const std::string& name) {  // as a word of the list
+    for (const char* before : {" ", "("}) {
+      for (const char* after : {",", ")", " "}) {
+        if (help.find(before + name + after) != std::string::npos) return true;
+      }
+    }
+    return false;
+  };
+  for (const std::string& preset : PresetNames()) EXPECT_TRUE(names(preset)) << preset;
+  for (const FamilyDef* family : Families()) {
+    for (const std::string& type : family->model_types) EXPECT_TRUE(names(type)) << type;
+  }
+}
 
 TEST(CliFlagsTest, ExitStatusByErrorKind) {
   EXPECT_EQ(ReportError(absl::InvalidArgumentError("--layers must be >= 1")), 2);

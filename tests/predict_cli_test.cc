@@ -259,6 +259,8 @@ TEST(PredictCliTest, HelpListsEveryFlagByGroup) {
     EXPECT_NE(help.output.find(group), std::string::npos) << group << help.output;
   }
   EXPECT_LT(help.output.find("\nmodel:\n"), help.output.find("\noutput:\n"));
+  // Every flag has its group: none is left under "other".
+  EXPECT_EQ(help.output.find("\nother:\n"), std::string::npos) << help.output;
   CommandResult full = Predict("--helpfull");
   std::istringstream lines(full.output);
   std::string line;
