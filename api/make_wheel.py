@@ -47,6 +47,8 @@ def main():
     parser.add_argument("--module", required=True)
     parser.add_argument("--cli", required=True)
     parser.add_argument("--version", required=True)
+    parser.add_argument("--help_text", action="append", default=[], metavar="COMMAND=PATH",
+                        help="a Bazel CLI's --help, which `memledger COMMAND --help` shows")
     args = parser.parse_args()
     dist_info = f"memledger-{args.version}.dist-info"
     files = []  # (name in the wheel, bytes, executable)
@@ -54,6 +56,15 @@ def main():
         files.append(("memledger.so", f.read(), True))
     with open(args.cli, "rb") as f:
         files.append(("memledger_cli.py", f.read(), False))
+    # memledger_help.py: HELP, each command's Bazel CLI --help, as the command shows it.
+    helps = {}
+    for item in args.help_text:
+        command, _, path = item.partition("=")
+        with open(path, encoding="utf-8") as f:
+            helps[command] = f.read()
+    files.append(("memledger_help.py",
+                  (f'"""The Bazel CLIs\' --help, for `memledger COMMAND --help`."""\n\n'
+                   f"HELP = {helps!r}\n").encode(), False))
     for soname, path in needed_libraries(args.module):
         with open(os.path.realpath(path), "rb") as f:
             files.append((f"memledger.libs/{soname}", f.read(), True))

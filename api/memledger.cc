@@ -84,6 +84,7 @@ struct PlanKeys {
   std::optional<double> budget_gib;
   int64_t frontier_points = 9;
   int64_t cpu_threads = 1;
+  double flops_per_second = 0;  // > 0: the plan's step time too
 
   CallKeys Reader() {
     return {"plan", [this](const std::string& key,
@@ -96,6 +97,7 @@ struct PlanKeys {
               }
               if (key == "frontier_points") return IntegerKey(key, value, &frontier_points);
               if (key == "cpu_threads") return IntegerKey(key, value, &cpu_threads);
+              if (key == "flops_per_second") return NumberKey(key, value, &flops_per_second);
               return std::nullopt;
             }};
   }
@@ -375,6 +377,7 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   options.budget_bytes = *budget;
   options.frontier_points = static_cast<int>(keys.frontier_points);
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
+  options.flops_per_second = keys.flops_per_second;
   absl::StatusOr<PlanReport> report = RunPlanner(*spec, options);
   if (!report.ok()) return report.status();
   if (format == "table") return PlanReportTable(*report);

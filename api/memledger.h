@@ -19,7 +19,8 @@
  *
  * memledger_plan takes the same keys (but "explain"; "dp" and "pp" only as 1) plus
  * "budget_gib" (a number,
- * required), "frontier_points" (an integer, default 9) and "cpu_threads", and returns
+ * required), "frontier_points" (an integer, default 9), "cpu_threads" and
+ * "flops_per_second" (a number: with it, the plan's step time), and returns
  * the checkpoint planner's JSON (`//planner --format=json`: plan, peak_bytes, overhead,
  * variants, frontier).
  *

@@ -7,6 +7,8 @@
 Flags are the Bazel CLIs' request fields, written as they are: --name=value, --name value,
 --flag and --noflag for booleans. Output is what the Bazel CLIs print; the exit status 0,
 2 for bad input (one line on stderr), 3 when no plan or layout fits, 1 otherwise.
+`memledger predict --help` (plan, search) lists each command's flags by group with their
+meanings and defaults.
 """
 
 import json
@@ -16,18 +18,44 @@ import tempfile
 
 import memledger
 
+try:  # the Bazel CLIs' --help, put in the wheel by api/make_wheel.py
+    from memledger_help import HELP
+except ImportError:
+    HELP = {}
+
 # The request keys by JSON type (api/memledger.h); the rest are strings.
 INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
             "zero", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
             "max_virtual_stages", "threads", "top"}
-NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib"}
+NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
+           "flops_per_second"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
            "routing", "gpu", "device", "sdpa_backend"}
-# Flags the command handles itself: search's chart, written from the C ABI's "svg".
-FILES = {"chart_svg"}
+# Files the command writes itself from the C ABI's answers, per command: the JSON
+# (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
+# (memledger_snapshot), search's chart.
+FILES = {
+    "predict": {"json_out", "timeline_svg", "snapshot_out"},
+    "plan": {"json_out"},
+    "search": {"json_out", "chart_svg"},
+}
+# The Bazel CLIs' flags this command does not take (their outputs need the CLI).
+CLI_ONLY = {
+    "predict": {"sweep", "budget_gib", "cpu_threads"},
+    "plan": {"timeline_svg", "plan_out", "frontier_svg"},
+    "search": {"timeline_svg"},
+}
+# Each command's own keys beyond the run's (memledger_plan's and memledger_search's).
+OWN = {
+    "predict": {"explain"},
+    "plan": {"budget_gib", "frontier_points", "cpu_threads", "flops_per_second"},
+    "search": {"gpus", "gpus_per_node", "global_batch", "max_virtual_stages", "threads",
+               "top", "gpu", "gpu_memory_gib", "mfu"},
+}
+RUN_KEYS = (INTEGERS | NUMBERS | BOOLEANS | STRINGS) - set().union(*OWN.values())
 GROUPS = [
     ("model", ["model", "layers", "width", "heads", "kv_heads", "head_dim", "intermediate",
                "vocab", "attention", "experts_impl"]),
@@ -35,34 +63,59 @@ GROUPS = [
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
     ("checkpointing", ["variants", "every", "policy", "checkpoint_impl", "budget_gib (plan)",
-                       "frontier_points (plan)"]),
+                       "frontier_points (plan)", "flops_per_second (plan)"]),
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
                      "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
                 "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)"]),
-    ("output", ["format (json or table)", "explain (predict)", "top (search)",
+    ("output", ["format (json or table)", "json_out", "explain (predict)",
+                "timeline_svg (predict)", "snapshot_out (predict)", "top (search)",
                 "chart_svg (search)"]),
 ]
 COMMANDS = ("predict", "plan", "search")
+INVOCATIONS = {"predict": "./bazelw run //:predict -- ", "plan": "./bazelw run //planner -- ",
+               "search": "./bazelw run //planner:search -- "}
+
+
+def takes(command):
+    """The flags `command` takes."""
+    return RUN_KEYS | OWN[command] | FILES[command]
 
 
 class UsageError(Exception):
     pass
 
 
-def usage():
-    lines = [__doc__.strip(), "", "Flags:"]
-    for group, names in GROUPS:
-        lines.append(f"  {group}: " + ", ".join(f"--{n}" for n in names))
-    lines.append("\nSee `predict --help` (./bazelw run //:predict -- --help) for each flag's "
-                 "meaning and default.")
-    return "\n".join(lines)
+def usage(command=None):
+    """The overview, or `command`'s flags by group with their meanings and defaults: its
+    Bazel CLI's --help without the flags the command does not take."""
+    if command is None or command not in HELP:
+        lines = [__doc__.strip(), "", "Flags:"]
+        for group, names in GROUPS:
+            lines.append(f"  {group}: " + ", ".join(f"--{n}" for n in names))
+        lines.append("\n`memledger predict --help` (plan, search): each flag's meaning and "
+                     "default.")
+        return "\n".join(lines)
+    out, keep = [], True
+    for line in HELP[command].replace(INVOCATIONS[command], f"memledger {command} ").splitlines():
+        if line.startswith("Flags (--helpfull"):
+            line = "Flags:"
+        if line.startswith("  --"):  # a flag's block: kept with its description or not
+            keep = line[4:].split(" ")[0] in takes(command)
+        elif not line.startswith("      "):
+            keep = True
+        if keep:
+            out.append(line)
+    text = "\n".join(out).rstrip() + "\n"
+    only = sorted(CLI_ONLY[command])
+    return text + (f"\nOnly the Bazel CLI ({INVOCATIONS[command].strip()}) takes "
+                   + ", ".join(f"--{n}" for n in only) + ".\n")
 
 
-def parse(args):
-    """The request dict of `args` (flags only)."""
+def parse(command, args):
+    """The request dict of `command`'s `args` (flags only)."""
     request = {}
     i = 0
     while i < len(args):
@@ -74,7 +127,12 @@ def parse(args):
         if not eq and name.startswith("no") and name[2:] in BOOLEANS:
             request[name[2:]] = False
             continue
-        if name not in INTEGERS | NUMBERS | BOOLEANS | STRINGS | FILES:
+        if name in CLI_ONLY[command]:
+            raise UsageError(f"--{name} is the Bazel CLI's ({INVOCATIONS[command]}--{name}=...); "
+                             f"memledger {command} does not take it")
+        if name in set().union(*FILES.values()) - FILES[command]:
+            raise UsageError(f"--{name} is not memledger {command}'s (see --help)")
+        if name not in INTEGERS | NUMBERS | BOOLEANS | STRINGS | FILES[command]:
             raise UsageError(f"unknown flag --{name} (see --help)")
         if not eq:
             if name in BOOLEANS:
@@ -100,6 +158,34 @@ def parse(args):
     return request
 
 
+def write_atomically(path, data):
+    """Writes `data` (str or bytes) to `path` whole or not at all: a temporary file beside
+    it, renamed over it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with tempfile.NamedTemporaryFile(mode, dir=directory, delete=False) as f:
+        f.write(data)
+    os.replace(f.name, path)
+
+
+def files_of(command, request, files):
+    """What each file flag writes: (flag, path, (code, data)) from the C ABI."""
+    out = []
+    for flag, path in files.items():
+        if flag == "json_out":
+            answer = memledger._call(command, json.dumps(dict(request, format="json")))
+        elif flag in ("timeline_svg", "chart_svg"):
+            answer = memledger._call(command, json.dumps(dict(request, format="svg")))
+        else:  # snapshot_out: the one variant's step as a PyTorch memory snapshot
+            fields = {k: v for k, v in request.items() if k not in ("format", "explain")}
+            try:
+                answer = (0, memledger.snapshot(**fields))
+            except ValueError as e:
+                answer = (2, str(e))
+        out.append((flag, path, answer))
+    return out
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -107,32 +193,31 @@ def main(argv=None):
         return 0
     command, args = argv[0], argv[1:]
     if any(a in ("-h", "--help", "--helpfull") for a in args):
-        print(usage())
+        print(usage(command), end="" if command in HELP else "\n")
         return 0
     try:
         if command not in COMMANDS:
             raise UsageError(f"unknown command {command!r}: memledger predict, plan or search")
-        request = parse(args)
-        chart = request.pop("chart_svg", None)
-        if chart is not None and command != "search":
-            raise UsageError(f"--chart_svg is search's (memledger {command} has no chart)")
+        request = parse(command, args)
+        files = {flag: request.pop(flag) for flag in FILES[command] if flag in request}
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     code, text = memledger._call(command, json.dumps(request))
-    if code == 0 and chart is not None:
-        svg_code, svg = memledger._call(command, json.dumps(dict(request, format="svg")))
-        if svg_code != 0:
-            code, text = svg_code, svg
+    if code == 0:
+        # Every file's answer first: a file flag's bad input leaves none written.
+        answers = files_of(command, request, files)
+        for flag, _, (file_code, data) in answers:
+            if file_code != 0:
+                code, text = file_code, data
+                break
         else:
-            try:  # whole or not at all: a temporary file beside it, renamed over it
-                directory = os.path.dirname(os.path.abspath(chart))
-                with tempfile.NamedTemporaryFile("w", dir=directory, delete=False) as f:
-                    f.write(svg)
-                os.replace(f.name, chart)
-            except OSError as e:
-                print(f"error: --chart_svg: {e}", file=sys.stderr)
-                return 2
+            for flag, path, (_, data) in answers:
+                try:
+                    write_atomically(path, data)
+                except OSError as e:
+                    print(f"error: --{flag}: {e}", file=sys.stderr)
+                    return 1
     if code == 0:
         sys.stdout.write(text)
         return 0

@@ -44,6 +44,43 @@ set -e
 [[ $code == 3 ]] || fail "no plan fits: exit $code, $(cat err.txt)"
 run memledger plan --budget_gib=1 | grep -q '"plan"' || fail "memledger plan"
 run memledger --help | grep -q "checkpointing: --variants" || fail "memledger --help"
+# Each command's --help: its Bazel CLI's, grouped, with meanings and defaults, less the
+# flags only the Bazel CLI takes, which it names.
+run memledger predict --help > help.txt || fail "memledger predict --help"
+grep -q "^  memledger predict --layers=96" help.txt || fail "predict --help's example: $(head help.txt)"
+grep -q "^output:" help.txt && grep -q "^  --snapshot_out" help.txt &&
+  grep -q "^  --batch (default 16)" help.txt || fail "predict --help's flags: $(cat help.txt)"
+grep -q "^  --sweep" help.txt && fail "predict --help lists --sweep, which it does not take"
+grep -q "Only the Bazel CLI (./bazelw run //:predict --) takes --budget_gib, --cpu_threads, --sweep." help.txt ||
+  fail "predict --help's last line: $(tail -2 help.txt)"
+run memledger plan --help | grep -q "^  --flops_per_second" || fail "memledger plan --help"
+run memledger search --help | grep -q "^  --chart_svg" || fail "memledger search --help"
+set +e
+run memledger predict --sweep=batch:1..4 2> err.txt; code=$?
+set -e
+[[ $code == 2 && "$(cat err.txt)" == "error: --sweep is the Bazel CLI's (./bazelw run //:predict -- --sweep=...); memledger predict does not take it" ]] ||
+  fail "--sweep: exit $code, $(cat err.txt)"
+# The files predict writes beside its output, as the Bazel CLI writes them.
+run memledger predict --model=tiny-llama --variants=full --format=table --json_out=p.json \
+  --timeline_svg=t.svg --snapshot_out=s.pickle > table.txt || fail "predict's files"
+[[ "$(cat p.json)" == "$(run memledger predict --model=tiny-llama --variants=full)" ]] ||
+  fail "--json_out is not predict's JSON"
+grep -q "^peak of the step" table.txt || fail "predict's table beside its files"
+grep -q "<svg" t.svg || fail "--timeline_svg"
+run python -c '
+import pickle
+s = pickle.load(open("s.pickle", "rb"))
+assert {"segments", "device_traces"} <= set(s), sorted(s)
+' || fail "--snapshot_out"
+# A snapshot of four variants is bad input: exit 2, and no file is written.
+set +e
+run memledger predict --model=tiny-llama --json_out=none.json --snapshot_out=four.pickle 2> err.txt
+code=$?
+set -e
+[[ $code == 2 && ! -e four.pickle && ! -e none.json ]] ||
+  fail "--snapshot_out of four variants: exit $code, $(cat err.txt)"
+run memledger plan --model=tiny-llama --budget_gib=0.01 --flops_per_second=1e12 |
+  grep -q '"step_seconds"' || fail "memledger plan --flops_per_second"
 run memledger search --model=tiny-llama --gpus=2 --global_batch=2 --chart_svg=chart.svg |
   grep -q '"layouts"' || fail "memledger search"
 grep -q "<svg" chart.svg || fail "memledger search --chart_svg"
@@ -56,7 +93,7 @@ set -e
 # is no assertion: //api:python_benchmark measures it).
 run python -c '
 import time, memledger
-requests = [dict(batch=b, seq=s) for b in range(1, 65) for s in (16, 32, 64, 128, 256)] * 40
+requests = [dict(batch=b, seq=8 * s) for b in range(1, 65) for s in range(1, 201)]  # distinct
 memledger.predict_many(requests[:640], peak=False)
 start = time.perf_counter()
 memledger.predict_many(requests, peak=False)
