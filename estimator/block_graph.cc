@@ -193,6 +193,11 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.SlidingWindowMasked(),
                      config.device,
                      {SdpaKernelKey(config, mode, false), SdpaKernelKey(config, mode, true)}};
+  // The graphs this thread asked for last, found without the lock: a batch of
+  // predictions (predict_many, a sweep) asks for the same model again and again.
+  thread_local std::optional<GraphKey> last_key;
+  thread_local std::shared_ptr<const ModelGraphs> last_graphs;
+  if (last_key.has_value() && *last_key == key) return last_graphs;
   static std::mutex mutex;
   static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
   std::lock_guard<std::mutex> lock(mutex);
@@ -205,6 +210,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     built.epilogue.walk_memo = std::make_shared<WalkMemo>();
     graphs = std::make_shared<const ModelGraphs>(std::move(built));
   }
+  last_key = key;
+  last_graphs = graphs;
   return graphs;
 }
 

@@ -14,6 +14,8 @@
 #ifndef ESTIMATOR_WALK_MEMO_H_
 #define ESTIMATOR_WALK_MEMO_H_
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -40,13 +42,19 @@ class WalkMemo {
   enum Flag : uint8_t { kKept = 1, kCached = 2, kHeld = 4 };
   using Flags = std::vector<uint8_t>;
 
+  WalkMemo() = default;
+  WalkMemo(const WalkMemo&) = delete;
+  WalkMemo& operator=(const WalkMemo&) = delete;
+
   // Find returns the flags of a walk with `options` whose tensor i lives in storage
-  // storage_of[i], if one was remembered; null otherwise. Remembered flags never change.
-  std::shared_ptr<const Flags> Find(const Options& options,
-                                    const std::vector<int>& storage_of) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const Entry& entry : entries_) {
-      if (entry.options == options && entry.storage_of == storage_of) return entry.flags;
+  // storage_of[i], if one was remembered; null otherwise. It takes no lock: entries
+  // are only ever added, each published before the count that covers it, and live as
+  // long as the memo.
+  const Flags* Find(const Options& options, const std::vector<int>& storage_of) const {
+    const size_t n = count_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; ++i) {
+      const Entry& entry = *entries_[i];
+      if (entry.options == options && entry.storage_of == storage_of) return &entry.flags;
     }
     return nullptr;
   }
@@ -54,30 +62,26 @@ class WalkMemo {
   // Remember stores a walk's flags; past kMaxEntries (a graph walked at sizes that share
   // storages in that many ways) it stops remembering.
   void Remember(const Options& options, const std::vector<int>& storage_of, Flags flags) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() >= kMaxEntries) return;
-    for (const Entry& entry : entries_) {
-      if (entry.options == options && entry.storage_of == storage_of) return;
-    }
-    entries_.push_back(
-        Entry{options, storage_of, std::make_shared<const Flags>(std::move(flags))});
+    std::lock_guard<std::mutex> lock(mutex_);  // one writer at a time
+    const size_t n = count_.load(std::memory_order_relaxed);
+    if (n >= kMaxEntries || Find(options, storage_of) != nullptr) return;
+    entries_[n] = std::make_unique<const Entry>(Entry{options, storage_of, std::move(flags)});
+    count_.store(n + 1, std::memory_order_release);
   }
 
   // Size: how many walks it remembers.
-  size_t Size() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return entries_.size();
-  }
+  size_t Size() const { return count_.load(std::memory_order_acquire); }
 
  private:
   static constexpr size_t kMaxEntries = 64;
   struct Entry {
     Options options;
     std::vector<int> storage_of;
-    std::shared_ptr<const Flags> flags;
+    Flags flags;
   };
-  mutable std::mutex mutex_;
-  std::vector<Entry> entries_;
+  std::mutex mutex_;
+  std::array<std::unique_ptr<const Entry>, kMaxEntries> entries_;
+  std::atomic<size_t> count_{0};
 };
 
 }  // namespace memledger

@@ -91,7 +91,7 @@ class Walk {
     // other applies every op, and the memo remembers what it kept.
     WalkMemo* memo = Memoizable() ? graph_.walk_memo.get() : nullptr;
     const WalkMemo::Options memo_options = MemoOptions();
-    std::shared_ptr<const WalkMemo::Flags> remembered =
+    const WalkMemo::Flags* remembered =
         memo != nullptr ? memo->Find(memo_options, layouts->storage_of) : nullptr;
     if (remembered != nullptr) {
       for (size_t s = 0; s < storages_.size(); ++s) {
