@@ -20,8 +20,10 @@
 #include "estimator/report.h"
 #include "estimator/rules.h"
 #include "estimator/run_request.h"
+#include "estimator/sweep.h"
 #include "estimator/timeline_svg.h"
 #include "estimator/units.h"
+#include "planner/frontier_svg.h"
 #include "planner/layout_search.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
@@ -218,22 +220,77 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
   return request;
 }
 
-absl::StatusOr<std::string> PredictJson(const char* request_json) {
+// PredictKeys are memledger_predict's keys beyond the run's: predict's own flags.
+struct PredictKeys {
   bool explain = false;
+  std::optional<std::string> sweep;
+  double budget_gib = 0;  // with sweep: each row's fit
+  int64_t cpu_threads = 1;
+
+  CallKeys Reader() {
+    return {"", [this](const std::string& key,
+                       const rapidjson::Value& value) -> std::optional<absl::Status> {
+              if (key == "explain") return BooleanKey(key, value, &explain);
+              if (key == "sweep") {
+                std::string text;
+                absl::Status s = StringKey(key, value, &text);
+                sweep = text;
+                return s;
+              }
+              if (key == "budget_gib") return NumberKey(key, value, &budget_gib);
+              if (key == "cpu_threads") return IntegerKey(key, value, &cpu_threads);
+              return std::nullopt;
+            }};
+  }
+};
+
+// SweepRows: predict's --sweep, its rows as CSV (format "json" or "csv") or JSON lines.
+absl::StatusOr<std::string> SweepRows(const RunRequest& request, const PredictKeys& keys,
+                                      const std::string& format) {
+  if (format != "json" && format != "csv" && format != "jsonl") {
+    return KeyError("format", "with \"sweep\" must be \"csv\" or \"jsonl\"");
+  }
+  if (request.dp > 1 || request.pp > 1) {
+    return KeyError("sweep", "does not take \"dp\" or \"pp\" yet");
+  }
+  // 0: no budget column; otherwise whole bytes that fit int64.
+  const std::optional<int64_t> budget =
+      keys.budget_gib == 0 ? std::optional<int64_t>(0) : GibToBytes(keys.budget_gib);
+  if (!budget.has_value()) {
+    return KeyError("budget_gib", "must be >= 0 and below 2^33 GiB");
+  }
+  absl::StatusOr<SweepGrid> grid = ParseSweep(*keys.sweep);
+  if (!grid.ok()) return grid.status();
+  return RunSweep(request, *grid, *budget,
+                  format == "jsonl" ? SweepFormat::kJsonLines : SweepFormat::kCsv);
+}
+
+absl::StatusOr<std::string> PredictJson(const char* request_json) {
+  PredictKeys keys;
   std::string format = "json";
-  const CallKeys keys{"", [&explain](const std::string& key, const rapidjson::Value& value)
-                              -> std::optional<absl::Status> {
-                        if (key == "explain") return BooleanKey(key, value, &explain);
-                        return std::nullopt;
-                      }};
-  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &keys, &format);
+  const CallKeys reader = keys.Reader();
+  absl::StatusOr<RunRequest> request = ParseRequest(request_json, &reader, &format);
   if (!request.ok()) return request.status();
+  if (keys.sweep.has_value()) {
+    // As the CLI checks them: the run's keys first, then the sweep's.
+    if (absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request); !spec.ok()) {
+      return spec.status();
+    }
+    return SweepRows(*request, keys, format);
+  }
+  if (keys.budget_gib != 0) return KeyError("budget_gib", "goes with \"sweep\"");
   if (format != "json" && format != "table" && format != "svg") {
-    return KeyError("format", "must be \"json\", \"table\" or \"svg\"");
+    return KeyError("format", "must be \"json\", \"table\" or \"svg\" (\"csv\" and "
+                              "\"jsonl\" go with \"sweep\")");
+  }
+  if (keys.cpu_threads < 1 || keys.cpu_threads > 1024) {
+    return KeyError("cpu_threads", "must be between 1 and 1024");
   }
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
   PredictOptions options = OptionsOf(*spec);
+  options.cpu_threads = static_cast<int>(keys.cpu_threads);
+  const bool explain = keys.explain;
   options.breakdown = explain;
   options.timeline = format == "svg";
   if (format == "svg" && spec->parallel.Distributed()) {
@@ -354,8 +411,8 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   const CallKeys reader = keys.Reader();
   absl::StatusOr<RunRequest> request = ParseRequest(request_json, &reader, &format);
   if (!request.ok()) return request.status();
-  if (format != "json" && format != "table") {
-    return KeyError("format", "must be \"json\" or \"table\"");
+  if (format != "json" && format != "table" && format != "svg" && format != "frontier_svg") {
+    return KeyError("format", "must be \"json\", \"table\", \"svg\" or \"frontier_svg\"");
   }
   if (!keys.budget_gib.has_value()) {
     return absl::InvalidArgumentError("request: \"budget_gib\" is required");
@@ -378,9 +435,17 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   options.frontier_points = static_cast<int>(keys.frontier_points);
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
   options.flops_per_second = keys.flops_per_second;
+  options.timeline = format == "svg";
   absl::StatusOr<PlanReport> report = RunPlanner(*spec, options);
   if (!report.ok()) return report.status();
   if (format == "table") return PlanReportTable(*report);
+  if (format == "svg") return PlanTimelineSvg(*spec, *report);
+  if (format == "frontier_svg") {
+    if (report->frontier.size() < 2) {
+      return KeyError("format", "\"frontier_svg\" needs \"frontier_points\" >= 2");
+    }
+    return FrontierSvg(FrontierTitle(*spec), *report);
+  }
   return JsonString(PlanReportJson(*report));
 }
 

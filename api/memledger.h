@@ -12,7 +12,10 @@
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend" (strings),
  * "momentum", "cuda_context_mib" (numbers), "master_weights", "sp", "expandable_segments", "explain" (booleans), "format" ("json",
- * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart). An unknown key is an error. With "dp" or
+ * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart),
+ * and predict's own: "cpu_threads" (an integer), "sweep" (predict's --sweep grid, a
+ * string; then "format" is "csv", the default, or "jsonl", the response is the rows, and
+ * "budget_gib", a number, adds each row's fit). An unknown key is an error. With "dp" or
  * "pp" above 1 the response is predict's per-rank JSON: the most loaded rank's buckets,
  * "parallel" and "ranks" (each with its whole-step "peak_bytes" where simulated, which
  * replays the rank's layers: milliseconds for a large model, not microseconds).
@@ -22,7 +25,8 @@
  * required), "frontier_points" (an integer, default 9), "cpu_threads" and
  * "flops_per_second" (a number: with it, the plan's step time), and returns
  * the checkpoint planner's JSON (`//planner --format=json`: plan, peak_bytes, overhead,
- * variants, frontier).
+ * variants, frontier); "format" may also be "table", "svg" (the plan's step, its
+ * --timeline_svg chart) or "frontier_svg" (its --frontier_svg chart).
  *
  * memledger_search takes the run's keys (but "micro_batches" and "schedule", which
  * follow from the layout; "tp", "sp", "pp", "dp", "zero", "virtual_stages" and "batch",

@@ -33,24 +33,25 @@ NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib"
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
-           "routing", "gpu", "device", "sdpa_backend"}
+           "routing", "gpu", "device", "sdpa_backend", "sweep"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
 # (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
 # (memledger_snapshot), search's chart.
 FILES = {
     "predict": {"json_out", "timeline_svg", "snapshot_out"},
-    "plan": {"json_out"},
+    "plan": {"json_out", "plan_out", "timeline_svg", "frontier_svg"},
     "search": {"json_out", "chart_svg"},
 }
-# The Bazel CLIs' flags this command does not take (their outputs need the CLI).
-CLI_ONLY = {
-    "predict": {"sweep", "budget_gib", "cpu_threads"},
-    "plan": {"timeline_svg", "plan_out", "frontier_svg"},
-    "search": {"timeline_svg"},
-}
-# Each command's own keys beyond the run's (memledger_plan's and memledger_search's).
+# What a file flag asks the C ABI for: a "format" (or the snapshot call); --json_out and
+# --plan_out write the JSON, or a sweep's rows as printed.
+FILE_FORMATS = {"json_out": "json", "plan_out": "json", "timeline_svg": "svg",
+                "chart_svg": "svg", "frontier_svg": "frontier_svg"}
+# A flag of the Bazel CLI's --help that the command refuses as the Bazel CLI does.
+REFUSED = {("search", "timeline_svg"): "draws one step: run predict with a layout's flags"}
+# Each command's own keys beyond the run's (memledger_predict's, memledger_plan's and
+# memledger_search's).
 OWN = {
-    "predict": {"explain"},
+    "predict": {"explain", "sweep", "budget_gib", "cpu_threads"},
     "plan": {"budget_gib", "frontier_points", "cpu_threads", "flops_per_second"},
     "search": {"gpus", "gpus_per_node", "global_batch", "max_virtual_stages", "threads",
                "top", "gpu", "gpu_memory_gib", "mfu"},
@@ -59,19 +60,20 @@ RUN_KEYS = (INTEGERS | NUMBERS | BOOLEANS | STRINGS) - set().union(*OWN.values()
 GROUPS = [
     ("model", ["model", "layers", "width", "heads", "kv_heads", "head_dim", "intermediate",
                "vocab", "attention", "experts_impl"]),
-    ("input", ["batch", "seq", "routing", "global_batch (search)"]),
+    ("input", ["batch", "seq", "sweep (predict)", "routing", "global_batch (search)"]),
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
-    ("checkpointing", ["variants", "every", "policy", "checkpoint_impl", "budget_gib (plan)",
+    ("checkpointing", ["variants", "every", "policy", "checkpoint_impl", "budget_gib",
                        "frontier_points (plan)", "flops_per_second (plan)"]),
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
                      "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
-                "cpu_threads (plan)", "gpu (search)", "gpu_memory_gib (search)",
+                "cpu_threads", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)"]),
-    ("output", ["format (json or table)", "json_out", "explain (predict)",
-                "timeline_svg (predict)", "snapshot_out (predict)", "top (search)",
+    ("output", ["format (json or table; csv or jsonl with --sweep)", "json_out",
+                "explain (predict)", "timeline_svg", "snapshot_out (predict)",
+                "plan_out (plan)", "frontier_svg (plan)", "top (search)",
                 "chart_svg (search)"]),
 ]
 COMMANDS = ("predict", "plan", "search")
@@ -90,7 +92,7 @@ class UsageError(Exception):
 
 def usage(command=None):
     """The overview, or `command`'s flags by group with their meanings and defaults: its
-    Bazel CLI's --help without the flags the command does not take."""
+    Bazel CLI's --help, less the flags it refuses as the Bazel CLI does."""
     if command is None or command not in HELP:
         lines = [__doc__.strip(), "", "Flags:"]
         for group, names in GROUPS:
@@ -108,10 +110,7 @@ def usage(command=None):
             keep = True
         if keep:
             out.append(line)
-    text = "\n".join(out).rstrip() + "\n"
-    only = sorted(CLI_ONLY[command])
-    return text + (f"\nOnly the Bazel CLI ({INVOCATIONS[command].strip()}) takes "
-                   + ", ".join(f"--{n}" for n in only) + ".\n")
+    return "\n".join(out).rstrip() + "\n"
 
 
 def parse(command, args):
@@ -127,9 +126,8 @@ def parse(command, args):
         if not eq and name.startswith("no") and name[2:] in BOOLEANS:
             request[name[2:]] = False
             continue
-        if name in CLI_ONLY[command]:
-            raise UsageError(f"--{name} is the Bazel CLI's ({INVOCATIONS[command]}--{name}=...); "
-                             f"memledger {command} does not take it")
+        if (command, name) in REFUSED:
+            raise UsageError(f"--{name} {REFUSED[(command, name)]}")
         if name in set().union(*FILES.values()) - FILES[command]:
             raise UsageError(f"--{name} is not memledger {command}'s (see --help)")
         if name not in INTEGERS | NUMBERS | BOOLEANS | STRINGS | FILES[command]:
@@ -168,14 +166,16 @@ def write_atomically(path, data):
     os.replace(f.name, path)
 
 
-def files_of(command, request, files):
-    """What each file flag writes: (flag, path, (code, data)) from the C ABI."""
+def files_of(command, request, files, printed):
+    """What each file flag writes: (flag, path, (code, data)) from the C ABI; `printed`
+    is the command's own output (a sweep's --json_out is its rows as printed)."""
     out = []
     for flag, path in files.items():
-        if flag == "json_out":
-            answer = memledger._call(command, json.dumps(dict(request, format="json")))
-        elif flag in ("timeline_svg", "chart_svg"):
-            answer = memledger._call(command, json.dumps(dict(request, format="svg")))
+        if flag in ("json_out", "plan_out") and "sweep" in request:
+            answer = (0, printed)
+        elif flag in FILE_FORMATS:
+            answer = memledger._call(command, json.dumps(dict(request,
+                                                              format=FILE_FORMATS[flag])))
         else:  # snapshot_out: the one variant's step as a PyTorch memory snapshot
             fields = {k: v for k, v in request.items() if k not in ("format", "explain")}
             try:
@@ -206,7 +206,7 @@ def main(argv=None):
     code, text = memledger._call(command, json.dumps(request))
     if code == 0:
         # Every file's answer first: a file flag's bad input leaves none written.
-        answers = files_of(command, request, files)
+        answers = files_of(command, request, files, text)
         for flag, _, (file_code, data) in answers:
             if file_code != 0:
                 code, text = file_code, data

@@ -45,6 +45,8 @@ struct PlanReport {
   double flops_per_second = 0;  // > 0: also predict step times
   // parallel: the data-parallel layout whose one rank is planned (dp 1: one process).
   ParallelSpec parallel;
+  // plan_step: with PlanRunOptions::timeline, the plan's replay with its recorded step.
+  std::vector<VariantPrediction> plan_step;
 };
 
 // PlanRuns is a plan as runs of equal choices: "0-3 full", "4 selective:matmul".

@@ -8,6 +8,7 @@
 #include "estimator/predict.h"
 #include "estimator/ranks.h"
 #include "estimator/report.h"
+#include "estimator/timeline_svg.h"
 #include "planner/flops.h"
 #include "planner/planner.h"
 
@@ -35,9 +36,24 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
   return absl::OkStatus();
 }
 
+std::string FrontierTitle(const RunSpec& spec) {
+  const ModelConfig& c = spec.config;
+  return absl::StrCat("memledger planner: ", spec.model, ", ", c.layers, " layers, batch ",
+                      c.batch, ", seq ", c.seq, ", ", OptimizerName(spec.optimizer.kind));
+}
+
+absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanReport& report) {
+  return PredictedTimelineSvg(
+      absl::StrCat(PredictedStepTitle(spec.config.device), ": the plan"), report.plan_step);
+}
+
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
   const ParallelSpec& parallel = spec.parallel;
+  if (options.timeline && parallel.Distributed()) {
+    return absl::InvalidArgumentError(
+        "--timeline_svg draws one process's planned step: not with --dp");
+  }
   if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3) {
     return absl::InvalidArgumentError(
         "--pp, --micro_batches and --zero=3: the planner plans one data-parallel rank "
@@ -100,6 +116,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   report.plan = *plan;
   // Replay the plan itself: where its peak happens, and a check of the composition.
   predict.variants = {PlanVariant(plan->layers)};
+  predict.timeline = options.timeline;
   absl::StatusOr<Prediction> replayed = predicted(predict);
   if (!replayed.ok()) return replayed.status();
   if (const auto& peak = replayed->variants[0].peak; peak.has_value()) {
@@ -109,6 +126,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
     }
     report.plan_peak = *peak;
   }
+  if (options.timeline) report.plan_step = replayed->variants;
   report.smallest_budget_bytes = planner->SmallestBudget();
   if (options.frontier_points > 0) {
     absl::StatusOr<std::vector<FrontierPoint>> frontier =

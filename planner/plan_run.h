@@ -11,6 +11,7 @@
 #define PLANNER_PLAN_RUN_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "estimator/run_request.h"
@@ -23,10 +24,20 @@ struct PlanRunOptions {
   int frontier_points = 9;    // 0, or 2..1000
   int cpu_threads = 1;        // >= 1
   double flops_per_second = 0;  // > 0: step times too
+  // timeline: record the plan's replayed step (PlanReport::plan_step) for its chart; one
+  // process's only (not with --dp).
+  bool timeline = false;
 };
 
 // ValidatePlanRunOptions names the bad option ("--budget_gib", ...) as InvalidArgument.
 absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
+
+// FrontierTitle is the frontier chart's title (FrontierSvg).
+std::string FrontierTitle(const RunSpec& spec);
+
+// PlanTimelineSvg draws the plan's replayed step (a report run with
+// PlanRunOptions::timeline), as predict's --timeline_svg draws a variant's.
+absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanReport& report);
 
 // RunPlanner plans `spec` (its variants are the fixed ones shown beside the plan).
 // With --dp (ZeRO 0-2, one micro-batch) it plans one data-parallel rank: its buckets,

@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
   options.frontier_points = absl::GetFlag(FLAGS_frontier_points);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.flops_per_second = absl::GetFlag(FLAGS_flops_per_second);
+  const std::string timeline_path = absl::GetFlag(FLAGS_timeline_svg);
+  options.timeline = !timeline_path.empty();
   absl::StatusOr<memledger::PlanReport> planned = memledger::RunPlanner(*spec, options);
   if (absl::IsResourceExhausted(planned.status())) {
     std::cerr << "error: " << planned.status().message() << "\n";
@@ -83,12 +85,16 @@ int main(int argc, char** argv) {
       return memledger::ReportError(
           absl::InvalidArgumentError("--frontier_svg needs --frontier_points >= 2"));
     }
-    const memledger::ModelConfig& c = spec->config;
-    const std::string title = absl::StrCat(
-        "memledger planner: ", spec->model, ", ", c.layers, " layers, batch ", c.batch, ", seq ",
-        c.seq, ", ", memledger::OptimizerName(spec->optimizer.kind));
-    if (absl::Status s = memledger::WriteFileAtomically(path, memledger::FrontierSvg(title, report));
+    if (absl::Status s = memledger::WriteFileAtomically(
+            path, memledger::FrontierSvg(memledger::FrontierTitle(*spec), report));
         !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  if (!timeline_path.empty()) {
+    absl::StatusOr<std::string> svg = memledger::PlanTimelineSvg(*spec, report);
+    if (!svg.ok()) return memledger::ReportError(svg.status());
+    if (absl::Status s = memledger::WriteFileAtomically(timeline_path, *svg); !s.ok()) {
       return memledger::ReportError(s);
     }
   }

@@ -159,9 +159,9 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
     EXPECT_NE(bad.error.find(message), std::string::npos) << request << ": " << bad.error;
     EXPECT_TRUE(bad.response.empty());
   }
-  // predict does not take the planner's keys.
-  EXPECT_EQ(Call(R"({"budget_gib": 1})").error,
-            "request: \"budget_gib\" is not a request key (see api/memledger.h)");
+  // predict does not take the planner's own keys (its budget_gib is a sweep's).
+  EXPECT_EQ(Call(R"({"frontier_points": 3})").error,
+            "request: \"frontier_points\" is not a request key (see api/memledger.h)");
 }
 
 TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
@@ -213,6 +213,57 @@ TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
     EXPECT_NE(bad.error.find(message), std::string::npos) << request << ": " << bad.error;
     EXPECT_TRUE(bad.response.empty());
   }
+}
+
+// predict's --sweep through the C ABI: one row per point and variant, each row's saved
+// bytes the single prediction's at that point.
+TEST(ApiTest, SweepGivesARowPerPoint) {
+  Result r = Call(
+      R"({"model": "tiny-llama", "variants": "full", "sweep": "batch:1..4", "format": "csv"})");
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  std::vector<std::string> rows;
+  for (size_t start = 0, end; (end = r.response.find('\n', start)) != std::string::npos;
+       start = end + 1) {
+    rows.push_back(r.response.substr(start, end - start));
+  }
+  ASSERT_EQ(rows.size(), 4u) << r.response;  // the header, then batch 1, 2 and 4
+  EXPECT_EQ(rows[0].substr(0, 26), "model,layers,batch,seq,var");
+  Result two = Call(R"({"model": "tiny-llama", "variants": "full", "batch": 2})");
+  ASSERT_EQ(two.code, MEMLEDGER_OK) << two.error;
+  rapidjson::Document doc;
+  doc.Parse(two.response.c_str());
+  const std::string saved = std::to_string(doc["saved_bytes"]["full"].GetInt64());
+  EXPECT_NE(rows[2].find("tiny-llama,2,2,64,full,"), std::string::npos) << rows[2];
+  EXPECT_NE(rows[2].find("," + saved + ","), std::string::npos) << rows[2] << " " << saved;
+  for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
+           {R"({"sweep": "batch:1..4", "format": "table"})",
+            "request: \"format\" with \"sweep\" must be \"csv\" or \"jsonl\""},
+           {R"({"budget_gib": 80})", "request: \"budget_gib\" goes with \"sweep\""},
+           {R"({"cpu_threads": 0})", "request: \"cpu_threads\" must be between 1 and 1024"},
+       }) {
+    Result bad = Call(request);
+    EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT) << request;
+    EXPECT_EQ(bad.error, message) << request;
+  }
+}
+
+// The planner's charts through the C ABI: the plan's step ("svg") and the frontier.
+TEST(ApiTest, PlanDrawsItsStepAndItsFrontier) {
+  Result step = Call(R"({"model": "tiny-llama", "budget_gib": 0.004, "format": "svg"})",
+                     memledger_plan);
+  ASSERT_EQ(step.code, MEMLEDGER_OK) << step.error;
+  EXPECT_EQ(step.response.rfind("<svg", 0), 0u) << step.response.substr(0, 80);
+  EXPECT_NE(step.response.find("the plan"), std::string::npos);
+  Result frontier = Call(
+      R"({"model": "tiny-llama", "budget_gib": 0.004, "format": "frontier_svg"})",
+      memledger_plan);
+  ASSERT_EQ(frontier.code, MEMLEDGER_OK) << frontier.error;
+  EXPECT_EQ(frontier.response.rfind("<svg", 0), 0u);
+  Result rank = Call(
+      R"({"model": "tiny-llama", "budget_gib": 0.004, "dp": 2, "zero": 1, "format": "svg"})",
+      memledger_plan);
+  EXPECT_EQ(rank.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_EQ(rank.error, "--timeline_svg draws one process's planned step: not with --dp");
 }
 
 TEST(ApiTest, VersionNamesAbiAndTheReferenceStack) {

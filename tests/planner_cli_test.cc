@@ -134,6 +134,28 @@ TEST(PlannerCliTest, FrontierSvgRenders) {
   EXPECT_NE(bad.output.find("--frontier_svg needs --frontier_points >= 2"), std::string::npos);
 }
 
+// --timeline_svg draws the plan's step (it was listed in --help and ignored): one panel
+// whose peak label is the plan's peak_bytes of the JSON.
+TEST(PlannerCliTest, TimelineSvgDrawsThePlansStep) {
+  const std::string svg = TempPath("plan_timeline.svg");
+  CommandResult r = Planner("--budget_gib=0.04 --timeline_svg=" + svg, /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  std::ifstream file(svg);
+  std::stringstream text;
+  text << file.rdbuf();
+  EXPECT_EQ(text.str().rfind("<svg ", 0), 0u);
+  EXPECT_NE(text.str().find(": the plan"), std::string::npos);
+  EXPECT_NE(text.str().find("(" + std::to_string(doc["peak_bytes"].GetInt64()) + " B)"),
+            std::string::npos)
+      << text.str().substr(0, 2000);
+  CommandResult rank = Planner("--budget_gib=0.04 --dp=2 --zero=1 --timeline_svg=" + svg);
+  EXPECT_EQ(rank.exit_code, 2) << rank.output;
+  EXPECT_NE(rank.output.find("not with --dp"), std::string::npos) << rank.output;
+}
+
 // The plan the planner writes is the plan verify runs: measured == predicted.
 // VerifiedPlan runs `plan` with verify in LibTorch (stdout only: verify reports progress
 // on stderr once a run takes a second) and returns its JSON, after checking that the

@@ -40,12 +40,15 @@ class PredictTest(unittest.TestCase):
         ranks = memledger.predict(model="tiny-llama", dp=2)._repr_html_()
         self.assertIn("<pre>", ranks)
         self.assertNotIn("<svg", ranks)
-        # The C ABI's formats: predict renders json, table and svg; plan json and table.
+        # The C ABI's formats: predict renders json, table and svg (csv and jsonl with a
+        # sweep); plan json, table, svg (the plan's step) and frontier_svg.
         import json
         code, text = memledger._call("predict", json.dumps({"format": "xml"}))
-        self.assertEqual((code, text), (2, 'request: "format" must be "json", "table" or "svg"'))
-        code, text = memledger._call("plan", json.dumps({"budget_gib": 1, "format": "svg"}))
-        self.assertEqual((code, text), (2, 'request: "format" must be "json" or "table"'))
+        self.assertEqual((code, text), (2, 'request: "format" must be "json", "table" or "svg" '
+                                           '("csv" and "jsonl" go with "sweep")'))
+        code, text = memledger._call("plan", json.dumps({"budget_gib": 1, "format": "xml"}))
+        self.assertEqual((code, text), (2, 'request: "format" must be "json", "table", "svg" '
+                                           'or "frontier_svg"'))
 
     def test_a_mixture_of_experts_and_its_routing(self):
         # tiny-qwen3-moe: 43,488 parameters (model_presets_test's hand count). grouped_mm's

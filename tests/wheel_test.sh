@@ -50,16 +50,30 @@ run memledger predict --help > help.txt || fail "memledger predict --help"
 grep -q "^  memledger predict --layers=96" help.txt || fail "predict --help's example: $(head help.txt)"
 grep -q "^output:" help.txt && grep -q "^  --snapshot_out" help.txt &&
   grep -q "^  --batch (default 16)" help.txt || fail "predict --help's flags: $(cat help.txt)"
-grep -q "^  --sweep" help.txt && fail "predict --help lists --sweep, which it does not take"
-grep -q "Only the Bazel CLI (./bazelw run //:predict --) takes --budget_gib, --cpu_threads, --sweep." help.txt ||
-  fail "predict --help's last line: $(tail -2 help.txt)"
-run memledger plan --help | grep -q "^  --flops_per_second" || fail "memledger plan --help"
-run memledger search --help | grep -q "^  --chart_svg" || fail "memledger search --help"
+grep -q "^  --sweep" help.txt || fail "predict --help without --sweep"
+run memledger plan --help > help.txt || fail "memledger plan --help"
+grep -q "^  --flops_per_second" help.txt && grep -q "^  --frontier_svg" help.txt ||
+  fail "memledger plan --help: $(cat help.txt)"
+run memledger search --help > help.txt || fail "memledger search --help"
+grep -q "^  --chart_svg" help.txt || fail "memledger search --help: $(cat help.txt)"
+# search refuses --timeline_svg as //planner:search does, and its help does not list it.
+grep -q "^  --timeline_svg" help.txt && fail "memledger search --help lists --timeline_svg"
 set +e
-run memledger predict --sweep=batch:1..4 2> err.txt; code=$?
+run memledger search --gpus=2 --global_batch=2 --timeline_svg=x.svg 2> err.txt; code=$?
 set -e
-[[ $code == 2 && "$(cat err.txt)" == "error: --sweep is the Bazel CLI's (./bazelw run //:predict -- --sweep=...); memledger predict does not take it" ]] ||
-  fail "--sweep: exit $code, $(cat err.txt)"
+[[ $code == 2 && "$(cat err.txt)" == "error: --timeline_svg draws one step: run predict with a layout's flags" ]] ||
+  fail "search --timeline_svg: exit $code, $(cat err.txt)"
+# predict's sweep: a CSV row per point, --json_out the same rows.
+run memledger predict --model=tiny-llama --variants=full --sweep=batch:1..4 --json_out=rows.csv > sweep.csv ||
+  fail "memledger predict --sweep"
+[[ $(wc -l < sweep.csv) == 4 ]] && grep -q "^tiny-llama,2,2,64,full," sweep.csv &&
+  cmp -s sweep.csv rows.csv || fail "predict --sweep's rows: $(cat sweep.csv)"
+# The planner's files: the JSON twice, the plan's step and the frontier.
+run memledger plan --model=tiny-llama --budget_gib=0.01 --plan_out=plan.json --json_out=plan2.json \
+  --timeline_svg=plan.svg --frontier_svg=frontier.svg > plan_stdout.json || fail "plan's files"
+cmp -s plan.json plan_stdout.json && cmp -s plan2.json plan_stdout.json ||
+  fail "--plan_out and --json_out are not plan's JSON"
+grep -q "the plan" plan.svg && grep -q "<svg" frontier.svg || fail "plan's charts"
 # The files predict writes beside its output, as the Bazel CLI writes them.
 run memledger predict --model=tiny-llama --variants=full --format=table --json_out=p.json \
   --timeline_svg=t.svg --snapshot_out=s.pickle > table.txt || fail "predict's files"
