@@ -70,6 +70,18 @@ std::string Dumps(const py::object& value) {
 // memledger_plan) and returns its JSON as Python objects.
 py::object Call(int (*run)(const char*, char**, char**), const py::kwargs& given) {
   py::module_ json = py::module_::import("json");
+  // The answer is the JSON, as Python objects: a table or chart is the command line's
+  // (or a Prediction's display), a sweep's rows predict_many's.
+  if (given.contains("format") && py::str(given["format"]).cast<std::string>() != "json") {
+    throw py::value_error(
+        "format: these calls return the JSON as Python objects (a Prediction shows its "
+        "table and chart in Jupyter; `memledger predict --format=table` prints it)");
+  }
+  if (given.contains("sweep")) {
+    throw py::value_error(
+        "sweep: predict() makes one prediction; predict_many() takes the grid's points "
+        "(`memledger predict --sweep` prints its rows)");
+  }
   const py::dict fields = Fields(given);
   const std::string request = Dumps(fields);
   char* response = nullptr;

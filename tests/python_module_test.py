@@ -40,6 +40,12 @@ class PredictTest(unittest.TestCase):
         ranks = memledger.predict(model="tiny-llama", dp=2)._repr_html_()
         self.assertIn("<pre>", ranks)
         self.assertNotIn("<svg", ranks)
+        # predict() answers with the JSON: a table or a sweep is a ValueError naming where
+        # to get it.
+        with self.assertRaisesRegex(ValueError, "^format: these calls return the JSON"):
+            memledger.predict(format="table")
+        with self.assertRaisesRegex(ValueError, "^sweep: predict\\(\\) makes one prediction"):
+            memledger.predict(sweep="batch:1..4")
         # The C ABI's formats: predict renders json, table and svg (csv and jsonl with a
         # sweep); plan json, table, svg (the plan's step) and frontier_svg.
         import json
