@@ -362,7 +362,9 @@ absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int6
                        "' (known: none, full, every_k, every_<k>, selective, core_attention)"));
     }
     for (const Variant& seen : variants) {
-      if (seen.Name() == variant.Name()) {
+      // The same name: the same kind and, for every_k, the same k.
+      if (seen.kind == variant.kind &&
+          (variant.kind != VariantKind::kEveryK || seen.every == variant.every)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--variants: '", variant.Name(), "' is listed twice"));
       }

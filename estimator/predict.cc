@@ -394,12 +394,17 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConf
   segment_options.record_storages = options.breakdown;
   segment_options.rules = options.rules;
   Segments segments;
+  // From their layouts, so that a cached graph's memo serves the walk (walk_memo.h).
+  auto walk = [&](const BlockGraph& graph) {
+    const std::shared_ptr<const BlockLayouts> layouts = LayoutBlock(graph, config);
+    return WalkBlock(graph, config, segment_options, layouts.get());
+  };
   if (graphs.prologue.has_value()) {
-    absl::StatusOr<BlockWalk> prologue = WalkBlock(*graphs.prologue, config, segment_options);
+    absl::StatusOr<BlockWalk> prologue = walk(*graphs.prologue);
     if (!prologue.ok()) return prologue.status();
     segments.prologue = *std::move(prologue);
   }
-  absl::StatusOr<BlockWalk> epilogue = WalkBlock(graphs.epilogue, config, segment_options);
+  absl::StatusOr<BlockWalk> epilogue = walk(graphs.epilogue);
   if (!epilogue.ok()) return epilogue.status();
   segments.epilogue = *std::move(epilogue);
   return segments;

@@ -57,7 +57,8 @@ CheckedInt64 SymDim::Evaluate(const SymbolValues& symbols) const {
   // Multiply first, then divide: every division the graphs use is exact.
   CheckedInt64 value = coeff;
   int64_t divide_by = divisor;
-  for (int s = 0; s < kNumSymbols; ++s) {
+  for (unsigned set = this->symbols; set != 0; set &= set - 1) {
+    const int s = __builtin_ctz(set);
     for (int i = 0; i < powers[s]; ++i) value *= symbols.values[s];
     for (int i = 0; i > powers[s]; --i) divide_by *= symbols.values[s];
   }
@@ -79,6 +80,7 @@ SymDim operator/(SymDim a, SymDim b) {
   a.divisor *= b.coeff;
   a.coeff *= b.divisor;
   for (int s = 0; s < kNumSymbols; ++s) a.powers[s] = static_cast<int8_t>(a.powers[s] - b.powers[s]);
+  a.symbols |= b.symbols;
   return a;
 }
 
@@ -86,6 +88,7 @@ SymDim operator*(SymDim a, SymDim b) {
   a.coeff *= b.coeff;
   a.divisor *= b.divisor;
   for (int s = 0; s < kNumSymbols; ++s) a.powers[s] = static_cast<int8_t>(a.powers[s] + b.powers[s]);
+  a.symbols |= b.symbols;
   return a;
 }
 
@@ -93,6 +96,23 @@ SymDim operator*(int64_t coeff, SymDim a) {
   a.coeff *= coeff;
   return a;
 }
+
+namespace {
+
+// StableSortDims sorts order[0, n) by `less`, keeping equal dimensions in their order: an
+// insertion sort, as std::stable_sort would, without its temporary buffer (n <= 6, on
+// every layout the walker makes).
+template <typename Less>
+void StableSortDims(std::array<int, Layout::kMaxDims>& order, int n, Less less) {
+  for (int i = 1; i < n; ++i) {
+    const int dim = order[i];
+    int j = i;
+    for (; j > 0 && less(dim, order[j - 1]); --j) order[j] = order[j - 1];
+    order[j] = dim;
+  }
+}
+
+}  // namespace
 
 Layout Layout::Contiguous(const int64_t* sizes, int ndim, bool* overflow) {
   Layout layout;
@@ -113,8 +133,8 @@ Layout Layout::DenseLike(const Layout& like) {
   // in that order. A non-overlapping dense layout maps to itself.
   std::array<int, kMaxDims> order{};
   for (int i = 0; i < like.ndim; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.begin() + like.ndim,
-                   [&](int a, int b) { return like.strides[a] > like.strides[b]; });
+  StableSortDims(order, like.ndim,
+                 [&](int a, int b) { return like.strides[a] > like.strides[b]; });
   Layout out = like;
   int64_t stride = 1;
   for (int i = like.ndim - 1; i >= 0; --i) {
@@ -197,7 +217,7 @@ bool Layout::IsNonOverlappingAndDense() const {
   std::array<int, kMaxDims> order{};
   for (int i = 0; i < ndim; ++i) order[i] = i;
   // Size-1 dimensions last; the others by increasing stride.
-  std::stable_sort(order.begin(), order.begin() + ndim, [&](int a, int b) {
+  StableSortDims(order, ndim, [&](int a, int b) {
     if (sizes[a] < 2) return false;
     if (sizes[b] < 2) return true;
     return strides[a] < strides[b];

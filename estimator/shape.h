@@ -31,6 +31,7 @@ enum class Symbol : uint8_t {
   kExpertWidth,   // an expert's MLP width
 };
 inline constexpr int kNumSymbols = static_cast<int>(Symbol::kExpertWidth) + 1;
+static_assert(kNumSymbols <= 16, "SymDim::symbols is a 16-bit set");
 int64_t SymbolValue(Symbol symbol, const ModelConfig& config);
 
 // SymbolValues holds every symbol's value for one config, looked up once per walk.
@@ -46,6 +47,9 @@ struct SymDim {
   int64_t coeff = 1;
   int64_t divisor = 1;
   std::array<int8_t, kNumSymbols> powers{};
+  // symbols: bit s set where powers[s] may be nonzero (a product whose powers cancel
+  // keeps its bits), so Evaluate visits only those.
+  uint16_t symbols = 0;
 
   // Evaluate returns the dimension for `config`; overflow is sticky in the result.
   CheckedInt64 Evaluate(const ModelConfig& config) const;
@@ -56,6 +60,7 @@ struct SymDim {
 constexpr SymDim SymOf(Symbol symbol) {
   SymDim dim;
   dim.powers[static_cast<int>(symbol)] = 1;
+  dim.symbols = static_cast<uint16_t>(1u << static_cast<int>(symbol));
   return dim;
 }
 
