@@ -572,6 +572,11 @@ absl::StatusOr<std::vector<ManyResult>> PredictMany(const char* requests_json,
                                                     const ManyOptions& many) {
   rapidjson::Document doc;
   if (absl::Status s = ParseJson(requests_json, &doc); !s.ok()) return s;
+  return PredictMany(doc, many);
+}
+
+absl::StatusOr<std::vector<ManyResult>> PredictMany(const rapidjson::Value& doc,
+                                                    const ManyOptions& many) {
   if (!doc.IsArray()) return absl::InvalidArgumentError("requests: not a JSON array");
   const size_t n = doc.Size();
   std::vector<ManyResult> results(n);

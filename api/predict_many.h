@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rapidjson/document.h"
 
 namespace memledger {
 
@@ -48,6 +49,10 @@ struct ManyResult {
 // requests' order. The first bad request fails the batch: InvalidArgument (or
 // OutOfRange), "requests[i]: <predict's message>".
 absl::StatusOr<std::vector<ManyResult>> PredictMany(const char* requests_json,
+                                                    const ManyOptions& many);
+// PredictMany of requests already in a JSON document (the Python module builds it from
+// its dicts, without a JSON text): `requests` must be an array, as above.
+absl::StatusOr<std::vector<ManyResult>> PredictMany(const rapidjson::Value& requests,
                                                     const ManyOptions& many);
 
 }  // namespace memledger

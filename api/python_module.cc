@@ -19,6 +19,7 @@
 #include <pybind11/eval.h>
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "api/memledger.h"
 #include "api/predict_many.h"
+#include "rapidjson/document.h"
 
 namespace py = pybind11;
 
@@ -194,25 +196,73 @@ class GcPause {
   bool was_enabled_;
 };
 
+// ToJson writes a Python value as json.dumps(value, default=str) would read back into
+// `out`: dicts (their keys as str), lists and tuples, str, bool, int, float and None;
+// anything else as its str(). A float that is not finite is bad input, as JSON has none.
+void ToJson(const py::handle& value, rapidjson::Value& out,
+            rapidjson::Document::AllocatorType& a) {
+  if (value.is_none()) {
+    out.SetNull();
+  } else if (py::isinstance<py::bool_>(value)) {
+    out.SetBool(value.cast<bool>());
+  } else if (py::isinstance<py::int_>(value)) {
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (overflow == 0) {
+      out.SetInt64(n);
+    } else {
+      out.SetDouble(PyLong_AsDouble(value.ptr()));  // as a JSON parser reads a huge integer
+    }
+  } else if (py::isinstance<py::float_>(value)) {
+    const double x = value.cast<double>();
+    if (!std::isfinite(x)) throw py::value_error("requests: " + std::string(py::str(value)) +
+                                                 " is not a number JSON can say");
+    out.SetDouble(x);
+  } else if (py::isinstance<py::dict>(value)) {
+    out.SetObject();
+    for (const auto& [key, item] : py::reinterpret_borrow<py::dict>(value)) {
+      const std::string name = py::str(key);
+      rapidjson::Value converted;
+      ToJson(item, converted, a);
+      out.AddMember(rapidjson::Value(name.c_str(), static_cast<rapidjson::SizeType>(name.size()), a),
+                    converted, a);
+    }
+  } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    out.SetArray();
+    for (const py::handle& item : value) {
+      rapidjson::Value converted;
+      ToJson(item, converted, a);
+      out.PushBack(converted, a);
+    }
+  } else {
+    const std::string text = py::str(value);
+    out.SetString(text.c_str(), static_cast<rapidjson::SizeType>(text.size()), a);
+  }
+}
+
 // PredictMany: every request (a dict of predict's fields) in one call, the GIL
-// released while its threads predict. The requests cross as one JSON text; the results
-// come back as structs (api/predict_many.h) and become dicts here, with no JSON.
+// released while its threads predict. The requests become one JSON document in C++ (no
+// text either way); the results come back as structs (api/predict_many.h) and become
+// dicts here.
 py::object PredictMany(const py::list& requests, bool peak, int threads) {
   if (threads < 0 || threads > 1024) {
     throw py::value_error("threads must be between 0 (the cores) and 1024, got " +
                           std::to_string(threads));
   }
-  py::list ready;
+  rapidjson::Document doc(rapidjson::kArrayType);
+  doc.Reserve(static_cast<rapidjson::SizeType>(requests.size()), doc.GetAllocator());
   for (const py::handle& item : requests) {
-    ready.append(py::isinstance<py::dict>(item) ? Fields(py::reinterpret_borrow<py::dict>(item))
-                                                : py::reinterpret_borrow<py::object>(item));
+    rapidjson::Value request;
+    ToJson(py::isinstance<py::dict>(item) ? Fields(py::reinterpret_borrow<py::dict>(item))
+                                          : py::reinterpret_borrow<py::object>(item),
+           request, doc.GetAllocator());
+    doc.PushBack(request, doc.GetAllocator());
   }
-  const std::string request = Dumps(ready);
   absl::StatusOr<std::vector<memledger::ManyResult>> results;
   {
     py::gil_scoped_release release;
     try {
-      results = memledger::PredictMany(request.c_str(), {peak, threads});
+      results = memledger::PredictMany(doc, {peak, threads});
     } catch (const std::exception& e) {  // as the C ABI's calls: an internal error
       results = absl::InternalError(e.what());
     }

@@ -212,6 +212,14 @@ class PlanTest(unittest.TestCase):
         with self.assertRaises(ValueError) as raised:
             memledger.predict_many([dict(batch=2), dict(seq=0)], peak=False)
         self.assertEqual(str(raised.exception), "requests[1]: --seq must be >= 1, got 0")
+        # The requests reach C++ as values, not a JSON text, with JSON's types checked
+        # as the JSON reader checks them.
+        with self.assertRaisesRegex(ValueError, "^requests\\[1\\]: request: \"batch\" must be an integer"):
+            memledger.predict_many([dict(batch=2), dict(batch=2.0)], peak=False)
+        with self.assertRaisesRegex(ValueError, "^requests\\[1\\]: request: not a JSON object"):
+            memledger.predict_many([dict(batch=2), "batch=2"], peak=False)
+        with self.assertRaisesRegex(ValueError, "nan is not a number JSON can say"):
+            memledger.predict_many([dict(momentum=float("nan"))], peak=False)
         with self.assertRaises(ValueError):
             memledger.predict_many([dict(dp=2)])
         with self.assertRaises(ValueError):
