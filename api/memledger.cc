@@ -293,13 +293,11 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   const bool explain = keys.explain;
   options.breakdown = explain;
   options.timeline = format == "svg";
-  if (format == "svg" && spec->parallel.Distributed()) {
-    return KeyError("format", "\"svg\" draws one process's step: not with \"dp\" or \"pp\"");
-  }
   if (spec->parallel.Distributed()) {
     absl::StatusOr<DistributedPrediction> p =
         PredictDistributed(spec->config, spec->parallel, options);
     if (!p.ok()) return p.status();
+    if (format == "svg") return RankTimelineSvg(p->ranks.kinds.front());
     if (format == "table") return RanksTable(p->whole, p->ranks);
     return JsonString(RanksJson(p->whole, p->ranks));
   }

@@ -12,7 +12,8 @@
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend" (strings),
  * "momentum", "cuda_context_mib" (numbers), "master_weights", "sp", "expandable_segments", "explain" (booleans), "format" ("json",
- * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart),
+ * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart, with
+ * "dp" or "pp" the most loaded rank's step),
  * and predict's own: "cpu_threads" (an integer), "sweep" (predict's --sweep grid, a
  * string; then "format" is "csv", the default, or "jsonl", the response is the rows, and
  * "budget_gib", a number, adds each row's fit). An unknown key is an error. With "dp" or

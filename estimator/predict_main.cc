@@ -110,17 +110,13 @@ int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& 
       memledger::PredictDistributed(spec.config, spec.parallel, options);
   if (!p.ok()) return memledger::ReportError(p.status());
   if (!svg_path.empty()) {
-    // The most loaded rank's step: its chunks' micro-batches in the schedule's order,
-    // the gradients' reduction and its ZeRO shard's step.
-    const memledger::RankKind& most = p->ranks.kinds.front();
-    std::vector<memledger::VariantPrediction> variants;
-    for (const memledger::RankVariant& v : most.variants) variants.push_back(v.held);
-    if (absl::Status s = WriteTimelineSvg(
-            svg_path,
-            absl::StrCat("memledger: the most loaded rank's step, predicted (stage ", most.stage,
-                         ", torch ", memledger::kTorchRelease, ")"),
-            variants);
-        !s.ok()) {
+    // The most loaded rank's step.
+    absl::StatusOr<std::string> svg = memledger::RankTimelineSvg(p->ranks.kinds.front());
+    if (!svg.ok()) {
+      return memledger::ReportError(absl::Status(
+          svg.status().code(), absl::StrCat("--timeline_svg: ", svg.status().message())));
+    }
+    if (absl::Status s = memledger::WriteFileAtomically(svg_path, *svg); !s.ok()) {
       return memledger::ReportError(s);
     }
   }

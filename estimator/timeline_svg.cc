@@ -304,6 +304,15 @@ std::string PredictedStepTitle(Device device) {
                       device == Device::kCuda ? ", allocator blocks)" : ")");
 }
 
+absl::StatusOr<std::string> RankTimelineSvg(const RankKind& rank) {
+  std::vector<VariantPrediction> variants;
+  for (const RankVariant& v : rank.variants) variants.push_back(v.held);
+  return PredictedTimelineSvg(
+      absl::StrCat("memledger: the most loaded rank's step, predicted (stage ", rank.stage,
+                   ", torch ", kTorchRelease, ")"),
+      variants);
+}
+
 absl::StatusOr<std::string> PredictedTimelineSvg(
     const std::string& title, const std::vector<VariantPrediction>& variants) {
   std::vector<TimelinePanel> panels;

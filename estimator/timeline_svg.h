@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "estimator/liveness.h"
 #include "estimator/predict.h"
+#include "estimator/ranks.h"
 
 namespace memledger {
 
@@ -51,6 +52,12 @@ std::string PredictedStepTitle(Device device);
 // when a variant's step is not simulated (the message is why).
 absl::StatusOr<std::string> PredictedTimelineSvg(
     const std::string& title, const std::vector<VariantPrediction>& variants);
+
+// RankTimelineSvg draws a rank's predicted step (PredictRanks with
+// PredictOptions::timeline): its chunks' micro-batches in the schedule's order, the
+// gradients' reduction and its ZeRO shard's step, one panel per variant; Unimplemented
+// where a variant's step is not simulated.
+absl::StatusOr<std::string> RankTimelineSvg(const RankKind& rank);
 
 }  // namespace memledger
 

@@ -247,6 +247,17 @@ TEST(ApiTest, SweepGivesARowPerPoint) {
   }
 }
 
+// predict's "svg" of a layout: the most loaded rank's step, the chart predict
+// --dp --timeline_svg writes (predict_cli_test reads that one).
+TEST(ApiTest, SvgOfALayoutIsTheMostLoadedRanksStep) {
+  Result r = Call(R"({"model": "tiny-llama", "dp": 2, "zero": 1, "format": "svg"})");
+  ASSERT_EQ(r.code, MEMLEDGER_OK) << r.error;
+  EXPECT_EQ(r.response.rfind("<svg", 0), 0u);
+  EXPECT_NE(r.response.find("the most loaded rank's step, predicted (stage 0"),
+            std::string::npos)
+      << r.response.substr(0, 400);
+}
+
 // The planner's charts through the C ABI: the plan's step ("svg") and the frontier.
 TEST(ApiTest, PlanDrawsItsStepAndItsFrontier) {
   Result step = Call(R"({"model": "tiny-llama", "budget_gib": 0.004, "format": "svg"})",

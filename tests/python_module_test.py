@@ -36,10 +36,11 @@ class PredictTest(unittest.TestCase):
         self.assertIn("peak of the step", html)
         self.assertIn("<svg", html)
         self.assertEqual(html.count("<svg"), 1)
-        # Per rank: the table, no chart (the timeline is one process's).
+        # Per rank: the table and the most loaded rank's step, as predict --dp draws it.
         ranks = memledger.predict(model="tiny-llama", dp=2)._repr_html_()
         self.assertIn("<pre>", ranks)
-        self.assertNotIn("<svg", ranks)
+        self.assertEqual(ranks.count("<svg"), 1)
+        self.assertIn("the most loaded rank's step, predicted (stage 0", ranks)
         # predict() answers with the JSON: a table or a sweep is a ValueError naming where
         # to get it.
         with self.assertRaisesRegex(ValueError, "^format: these calls return the JSON"):
