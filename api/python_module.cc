@@ -198,9 +198,13 @@ class GcPause {
 
 // ToJson writes a Python value as json.dumps(value, default=str) would read back into
 // `out`: dicts (their keys as str), lists and tuples, str, bool, int, float and None;
-// anything else as its str(). A float that is not finite is bad input, as JSON has none.
+// anything else as its str(). A float that is not finite is bad input, as JSON has none,
+// and so is nesting past 64 levels (json.dumps' "circular reference", or nearly).
 void ToJson(const py::handle& value, rapidjson::Value& out,
-            rapidjson::Document::AllocatorType& a) {
+            rapidjson::Document::AllocatorType& a, int depth = 0) {
+  if (depth > 64) {
+    throw py::value_error("requests: nested more than 64 deep (a circular reference?)");
+  }
   if (value.is_none()) {
     out.SetNull();
   } else if (py::isinstance<py::bool_>(value)) {
@@ -223,7 +227,7 @@ void ToJson(const py::handle& value, rapidjson::Value& out,
     for (const auto& [key, item] : py::reinterpret_borrow<py::dict>(value)) {
       const std::string name = py::str(key);
       rapidjson::Value converted;
-      ToJson(item, converted, a);
+      ToJson(item, converted, a, depth + 1);
       out.AddMember(rapidjson::Value(name.c_str(), static_cast<rapidjson::SizeType>(name.size()), a),
                     converted, a);
     }
@@ -231,7 +235,7 @@ void ToJson(const py::handle& value, rapidjson::Value& out,
     out.SetArray();
     for (const py::handle& item : value) {
       rapidjson::Value converted;
-      ToJson(item, converted, a);
+      ToJson(item, converted, a, depth + 1);
       out.PushBack(converted, a);
     }
   } else {

@@ -221,6 +221,10 @@ class PlanTest(unittest.TestCase):
             memledger.predict_many([dict(batch=2), "batch=2"], peak=False)
         with self.assertRaisesRegex(ValueError, "nan is not a number JSON can say"):
             memledger.predict_many([dict(momentum=float("nan"))], peak=False)
+        circular = []
+        circular.append(circular)
+        with self.assertRaisesRegex(ValueError, "a circular reference"):
+            memledger.predict_many([dict(model=dict(layer_types=circular))], peak=False)
         with self.assertRaises(ValueError):
             memledger.predict_many([dict(dp=2)])
         with self.assertRaises(ValueError):
