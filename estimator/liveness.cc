@@ -58,13 +58,24 @@ int64_t PeriodOf(const Variant& variant, const ModelGraphs& graphs) {
   return std::lcm(every, graphs.Period());  // <= kMaxEvery x the pattern's period
 }
 
-// ResidentTimeline starts a step's timeline from what is resident throughout it.
-StepTimeline ResidentTimeline(const ResidentBytes& resident) {
+// ResidentTimeline starts a step's timeline from what is resident throughout it: on
+// CUDA its tensors one by one, each its own block (or request), and the memory outside
+// the allocator.
+absl::StatusOr<StepTimeline> ResidentTimeline(const ModelConfig& config,
+                                              const ResidentBytes& resident) {
   StepTimeline timeline;
   timeline.resident[static_cast<int>(MemoryCategory::kParameter)] = resident.parameter_bytes;
   timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
       resident.optimizer_state_bytes;
   timeline.resident[static_cast<int>(MemoryCategory::kBuffer)] = resident.buffer_bytes;
+  if (config.device == Device::kCuda) {
+    if (resident.tensors.empty()) {
+      return absl::UnimplementedError(
+          "peak memory on --device=cuda needs the resident tensors one by one");
+    }
+    timeline.resident_tensors = resident.tensors;
+    timeline.outside_allocator_bytes = config.cuda_context_bytes;
+  }
   return timeline;
 }
 
@@ -284,18 +295,13 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
         "cache; simulate it on the config with use_cache off (Predict does)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
-  StepTimeline timeline = ResidentTimeline(resident);
-  const bool cuda = config_.device == Device::kCuda;
-  if (cuda) {
-    // The caching allocator's blocks depend on everything before them: the whole step
-    // is replayed, its resident tensors allocated first, one by one.
-    if (resident.tensors.empty()) {
-      return absl::UnimplementedError(
-          "peak memory on --device=cuda needs the resident tensors one by one");
-    }
-    timeline.resident_tensors = resident.tensors;
-    timeline.outside_allocator_bytes = config_.cuda_context_bytes;
-  }
+  absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
+  if (!started.ok()) return started.status();
+  StepTimeline& timeline = *started;
+  // The caching allocator's blocks depend on everything before them: such a step is
+  // replayed whole. Rounded requests (CudaBlocks::kRequests) compose as CPU bytes do.
+  const bool allocator =
+      config_.device == Device::kCuda && options_.cuda_blocks == CudaBlocks::kAllocator;
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t period = PeriodOf(variant, *plans.graphs);
@@ -303,7 +309,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // A data-parallel rank's reduction holds all of its layers' gradients at once (its
   // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
   // a pipeline stage interleaves micro-batches: such a step is replayed whole.
-  if (!options_.record_events && !cuda && reduced < config_.layers &&
+  if (!options_.record_events && !allocator && reduced < config_.layers &&
       options_.rank.parallel.dp <= 1 && options_.rank.parallel.micro_batches <= 1 &&
       options_.rank.parallel.pp <= 1) {
     ModelConfig short_config = config_;
@@ -315,10 +321,10 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
         ComposePeak(simulation, timeline, *plans.graphs, config_.layers, reduced, period);
     if (!peak.ok()) return peak.status();
     timeline.peak = *std::move(peak);
-    return timeline;
+    return std::move(timeline);
   }
   StepOptions options = options_;
-  if (cuda) {
+  if (allocator) {
     // Every allocation goes through the allocator's simulation, none peeked at.
     options.record_events = true;
   }
@@ -326,7 +332,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
   simulation.NamePeak();
   timeline.peak_reserved_bytes = simulation.reserved_peak();
-  return timeline;
+  return std::move(timeline);
 }
 
 absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
@@ -343,9 +349,12 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
         "compose yet (its checkpoints hold the layers' shared arguments to the step's end)");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
-  StepTimeline timeline = ResidentTimeline(resident);
+  absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
+  if (!started.ok()) return started.status();
+  StepTimeline& timeline = *started;
   StepOptions options = options_;
   options.record_events = false;
+  options.cuda_blocks = CudaBlocks::kRequests;  // stretches of allocator blocks would not add
   Simulation simulation(config_, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
   const auto stretch = StretchOf;
@@ -383,9 +392,12 @@ absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec&
         "peak memory: the step's end alone is modelled for one pipeline stage with ZeRO 0-2");
   }
   const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
-  StepTimeline timeline = ResidentTimeline(resident);
+  absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
+  if (!started.ok()) return started.status();
+  StepTimeline& timeline = *started;
   StepOptions options = options_;
   options.record_events = false;
+  options.cuda_blocks = CudaBlocks::kRequests;
   const Variant none;
   Simulation simulation(config_, none, optimizer, options, &timeline);
   if (absl::Status s = simulation.RunReduction(plans); !s.ok()) return s;

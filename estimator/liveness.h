@@ -157,6 +157,18 @@ struct RankStep {
   std::vector<StageRange> chunks;  // its model chunks, in order (used when pp > 1)
 };
 
+// CudaBlocks is how a CUDA step's storages are counted.
+// - kAllocator: each is its block of the caching allocator's simulation
+//   (estimator/cuda_allocator.h), replayed in order over the whole step: peak_bytes as
+//   max_memory_allocated() reports it, and the reserved peak.
+// - kRequests: each is its request rounded to 512 B, the block the allocator hands out
+//   when it splits a free block to size. It always does with expandable segments, so
+//   this is then max_memory_allocated() exactly; without them a large block is split
+//   only when more than 1 MiB would remain, so this is a lower bound. It depends on no
+//   allocator state, so a long model's peak composes from a short one's stretches (the
+//   checkpoint planner's probes). No reserved peak.
+enum class CudaBlocks : uint8_t { kAllocator, kRequests };
+
 struct StepOptions {
   // cpu_threads: LibTorch's intra-op threads; CPU kernels size per-thread workspaces by
   // it (flash attention, layer norm's backward). The runtime uses min(4, cores).
@@ -167,6 +179,8 @@ struct StepOptions {
   // rank: a distributed rank's step (a step with dp, micro_batches or pp above 1 is
   // replayed whole, not composed).
   RankStep rank;
+  // cuda_blocks: how a --device=cuda step counts its storages (ignored on the CPU).
+  CudaBlocks cuda_blocks = CudaBlocks::kAllocator;
 };
 
 // ResidentBytes are what exists before the step besides the model input (Predict's

@@ -568,23 +568,9 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
   if (!reference.ok()) return reference.status();
   prediction.saved_bytes_none = reference->saved_bytes;
 
-  // What exists before the step; on CUDA tensor by tensor (parameters, buffers, then the
-  // optimizer's state), each its own block of the caching allocator.
-  ResidentBytes resident{prediction.param_bytes, prediction.optimizer_state_bytes,
-                         prediction.buffer_bytes, {}};
-  if (config.device == Device::kCuda) {
-    resident.tensors =
-        ResidentTensors(*graphs, config, optimizer, {WholeModel(config)},
-                        prediction.param_bytes, prediction.optimizer_state_bytes);
-    if (prediction.buffer_bytes > 0) {
-      auto state = std::find_if(resident.tensors.begin(), resident.tensors.end(),
-                                [](const ResidentTensor& t) {
-                                  return t.category == MemoryCategory::kOptimizerState;
-                                });
-      resident.tensors.insert(state, ResidentTensor{"buffers", MemoryCategory::kBuffer,
-                                                    prediction.buffer_bytes});
-    }
-  }
+  // What exists before the step; on CUDA tensor by tensor, each its own block of the
+  // caching allocator.
+  const ResidentBytes resident = ResidentOf(prediction);
   // One step simulator for every variant: it walks the model's segments once.
   std::optional<StepSimulator> simulator;
   std::string peak_unavailable;
@@ -651,6 +637,26 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
 }
 
 }  // namespace
+
+void AddBufferTensor(int64_t bytes, std::vector<ResidentTensor>* tensors) {
+  if (bytes <= 0) return;
+  auto state = std::find_if(tensors->begin(), tensors->end(), [](const ResidentTensor& t) {
+    return t.category == MemoryCategory::kOptimizerState;
+  });
+  tensors->insert(state, ResidentTensor{"buffers", MemoryCategory::kBuffer, bytes});
+}
+
+ResidentBytes ResidentOf(const Prediction& prediction) {
+  ResidentBytes resident{prediction.param_bytes, prediction.optimizer_state_bytes,
+                         prediction.buffer_bytes, {}};
+  const ModelConfig& config = prediction.config;
+  if (config.device != Device::kCuda || prediction.graphs == nullptr) return resident;
+  resident.tensors =
+      ResidentTensors(*prediction.graphs, config, prediction.optimizer, {WholeModel(config)},
+                      prediction.param_bytes, prediction.optimizer_state_bytes);
+  AddBufferTensor(prediction.buffer_bytes, &resident.tensors);
+  return resident;
+}
 
 std::vector<std::string> Caveats(const ModelConfig& config,
                                  const std::vector<Variant>& /*variants*/) {

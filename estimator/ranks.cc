@@ -181,12 +181,7 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
       if (bytes > 0) tensors.push_back({name, MemoryCategory::kOptimizerState, bytes});
     }
   }
-  if (resident.buffer_bytes > 0) {
-    auto state = std::find_if(tensors.begin(), tensors.end(), [](const ResidentTensor& t) {
-      return t.category == MemoryCategory::kOptimizerState;
-    });
-    tensors.insert(state, {"buffers", MemoryCategory::kBuffer, resident.buffer_bytes});
-  }
+  AddBufferTensor(resident.buffer_bytes, &tensors);
   return resident;
 }
 

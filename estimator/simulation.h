@@ -58,7 +58,7 @@ class Simulation {
       : config_(config), variant_(variant), optimizer_(optimizer),
         options_(options), out_(out),
         memory_(out, options.record_events, optimizer, config.device == Device::kCuda,
-                config.expandable_segments) {}
+                config.expandable_segments, options.cuda_blocks) {}
 
   absl::Status Run(const ModelPlans& plans);
   // RunReduction is the step's end alone, from the .grads the backward leaves (one per

@@ -92,14 +92,14 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const bool interleaved = parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved;
   const int64_t warmup =
       parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
-  // On CUDA every micro-batch is replayed: the allocator's blocks need not repeat.
-  int64_t simulated = memory_.cuda() ? micro_batches : std::min(micro_batches, warmup + 2);
+  // With the CUDA allocator every micro-batch is replayed: its blocks need not repeat.
+  int64_t simulated = memory_.allocator() ? micro_batches : std::min(micro_batches, warmup + 2);
   if (interleaved) {
     simulated = micro_batches;
     const int64_t v = parallel.virtual_stages, pp = parallel.pp;
     const int64_t forwards = (pp - rank.stage - 1) * 2 + (v - 1) * pp + 2 * pp * v;
     const int64_t enough = ((forwards + v - 1) / v + pp - 1) / pp * pp;
-    if (!options_.record_events && !memory_.cuda() && micro_batches != pp &&
+    if (!options_.record_events && !memory_.allocator() && micro_batches != pp &&
         enough < micro_batches) {
       simulated = enough;
     }

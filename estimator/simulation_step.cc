@@ -159,7 +159,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
         int last_denom = -1;
         for (int64_t numel : numels) {
           const int64_t bytes = numel * element;
-          if (!memory_.recording()) {
+          if (!memory_.itemized()) {
             memory_.Peek(last_denom_bytes + 2 * bytes + scalar_bytes, MemoryCategory::kTemporary);
             last_denom_bytes = bytes;
             continue;
@@ -181,7 +181,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
         // _single_tensor_sgd: buf.mul_(momentum).add_(grad) (sgd.py:364); param.add_
         // (:379, nothing).
         for (size_t p = 0; p < numels.size(); ++p) {
-          if (memory_.recording()) {
+          if (memory_.itemized()) {
             memory_.ScalarOp(dtype);
           } else {
             memory_.Peek(scalar_bytes, MemoryCategory::kTemporary);
@@ -193,7 +193,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
       // The slow path on CPU tensors runs each list op tensor by tensor.
       auto scalar_per_tensor = [&]() {
         for (size_t p = 0; p < numels.size(); ++p) {
-          if (memory_.recording()) {
+          if (memory_.itemized()) {
             memory_.ScalarOp(dtype);
           } else {
             memory_.Peek(scalar_bytes, MemoryCategory::kTemporary);
@@ -217,11 +217,11 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
           if (auto* layer_bytes = OptimizerLayerBytes(p)) {
             (*layer_bytes)[static_cast<int>(MemoryCategory::kTemporary)] += numel * element;
           }
-          if (memory_.recording()) {
+          if (memory_.itemized()) {
             roots.push_back(memory_.Alloc(numel * element, MemoryCategory::kTemporary));
           }
         }
-        if (!memory_.recording()) {
+        if (!memory_.itemized()) {
           memory_.Peek(list_bytes + scalar_bytes, MemoryCategory::kTemporary);
           break;
         }
@@ -238,7 +238,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
       // allocates nothing; _fused_sgd_ (sgd.py:529) allocates nothing.
       if (!adam) break;
       for (size_t p = 0; p < numels.size(); ++p) {
-        if (memory_.recording()) {
+        if (memory_.itemized()) {
           memory_.ScalarOp(step_dtype);
         } else {
           memory_.Peek(8 + ElementSizeBytes(step_dtype), MemoryCategory::kTemporary);

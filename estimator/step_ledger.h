@@ -142,27 +142,35 @@ struct SegmentSummary {
 // events and the peak.
 class Memory {
  public:
-  // cuda: the step runs on a CUDA device, each storage a block of PyTorch's caching
-  // allocator (estimator/cuda_allocator.h): its bytes are the block's, and what lives on
-  // the host (HostAlloc) holds none.
+  // cuda: the step runs on a CUDA device: what lives on the host (HostAlloc) holds no
+  // bytes, and each storage is counted as `blocks` says (StepOptions::cuda_blocks): its
+  // block of PyTorch's caching allocator (estimator/cuda_allocator.h), or its request
+  // rounded to the allocator's 512 B.
   // expandable_segments: the allocator's (estimator/cuda_allocator.h).
   Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer, bool cuda = false,
-         bool expandable_segments = false)
-      : out_(out), record_(record), optimizer_(optimizer) {
-    if (cuda) allocator_.emplace(expandable_segments);
+         bool expandable_segments = false, CudaBlocks blocks = CudaBlocks::kAllocator)
+      : out_(out), record_(record), cuda_(cuda), optimizer_(optimizer) {
+    if (cuda && blocks == CudaBlocks::kAllocator) allocator_.emplace(expandable_segments);
   }
 
   // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the
   // resident tensors (StepTimeline::resident_tensors, the inputs last) are allocated
   // first, in order, and count as their blocks.
   void Begin() {
-    if (allocator_.has_value()) {
+    if (cuda_) {
       std::array<int64_t, kNumMemoryCategories> blocks{};
       for (ResidentTensor& tensor : out_->resident_tensors) {
-        const int block = Malloc(tensor.bytes);
-        tensor.bytes = BlockBytes(block);  // the snapshot's block
+        int block = -1;
+        if (allocator_.has_value()) {
+          block = Malloc(tensor.bytes);
+          tensor.bytes = BlockBytes(block);  // the snapshot's block
+        } else {
+          tensor.bytes = RequestBytes(tensor.bytes);
+        }
         blocks[static_cast<int>(tensor.category)] += tensor.bytes;
-        if (tensor.category == MemoryCategory::kInput) input_blocks_.push_back(block);
+        if (tensor.category == MemoryCategory::kInput) {
+          inputs_.push_back(Input{block, tensor.bytes});
+        }
       }
       out_->resident = blocks;
     }
@@ -202,6 +210,8 @@ class Memory {
     if (allocator_.has_value()) {
       block = Malloc(bytes);
       bytes = BlockBytes(block);
+    } else if (cuda_) {
+      bytes = RequestBytes(bytes);
     }
     storages_.push_back(Storage{bytes, category, category, 1, 0, block});
     const int s = static_cast<int>(storages_.size()) - 1;
@@ -211,9 +221,14 @@ class Memory {
   // HostAlloc is a storage that a CUDA step keeps in host memory (a Python number
   // wrapped for an op, an RNG state): on the CPU an Alloc, on CUDA no device bytes.
   int HostAlloc(int64_t bytes, MemoryCategory category) {
-    return Alloc(allocator_.has_value() ? 0 : bytes, category);
+    return Alloc(cuda_ ? 0 : bytes, category);
   }
-  bool cuda() const { return allocator_.has_value(); }
+  bool cuda() const { return cuda_; }
+  // allocator: the caching allocator's blocks are simulated (CudaBlocks::kAllocator).
+  bool allocator() const { return allocator_.has_value(); }
+  // itemized: every transient is allocated one by one, as recorded events or as CUDA
+  // blocks (each rounded, host numbers none), rather than peeked at as a sum.
+  bool itemized() const { return record_ || cuda_; }
   // reserved_peak: the allocator's segments at most (0 on the CPU).
   int64_t reserved_peak() const {
     return allocator_.has_value() ? allocator_->stats().reserved.peak : 0;
@@ -258,11 +273,10 @@ class Memory {
   // one reference.
   int Adopt(int64_t bytes, MemoryCategory category) {
     int block = -1;
-    if (allocator_.has_value() && category == MemoryCategory::kInput &&
-        !input_blocks_.empty()) {
-      block = input_blocks_.front();  // Begin's, one per micro-batch, in order
-      input_blocks_.pop_front();
-      bytes = BlockBytes(block);
+    if (cuda_ && category == MemoryCategory::kInput && !inputs_.empty()) {
+      block = inputs_.front().block;  // Begin's, one per micro-batch, in order
+      bytes = inputs_.front().bytes;
+      inputs_.pop_front();
     }
     storages_.push_back(Storage{bytes, category, category, 1, 0, block});
     return static_cast<int>(storages_.size()) - 1;
@@ -325,6 +339,8 @@ class Memory {
   int64_t BlockBytes(int block) const {
     return block < 0 ? 0 : allocator_->BlockSize(block);
   }
+  // RequestBytes: a request as the allocator rounds it (malloc of 0 bytes: no block).
+  static int64_t RequestBytes(int64_t bytes) { return bytes <= 0 ? 0 : CudaRoundSize(bytes); }
   // Malloc: a request to the allocator, logged (its handle names the allocation).
   int Malloc(int64_t bytes) {
     const int block = allocator_->Malloc(bytes);
@@ -382,8 +398,13 @@ class Memory {
  private:
   StepTimeline* out_;
   bool record_;
-  std::optional<CudaAllocatorSim> allocator_;  // on CUDA
-  std::deque<int> input_blocks_;  // the inputs' blocks, for Adopt
+  bool cuda_;
+  std::optional<CudaAllocatorSim> allocator_;  // on CUDA, with CudaBlocks::kAllocator
+  struct Input {
+    int block = -1;
+    int64_t bytes = 0;
+  };
+  std::deque<Input> inputs_;  // on CUDA the inputs' blocks or requests, for Adopt
   std::vector<Storage> storages_;
   std::array<int64_t, kNumMemoryCategories> live_{};
   int64_t total_ = 0;

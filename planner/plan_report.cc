@@ -65,10 +65,25 @@ rapidjson::Document PlanReportJson(const PlanReport& r) {
                   a);
   }
   doc.AddMember("smallest_budget_bytes", r.smallest_budget_bytes, a);
+  const bool cuda = p.config.device == Device::kCuda;
+  if (cuda) {
+    // The plan's replay through the caching allocator; what the budget holds.
+    doc.AddMember("peak_allocated_bytes", r.plan_peak.has_value() ? r.plan_peak->bytes : 0, a);
+    doc.AddMember("peak_reserved_bytes", r.plan_reserved_bytes, a);
+    doc.AddMember("device_bytes", r.plan_device_bytes, a);
+    doc.AddMember("smallest_device_bytes", r.smallest_device_bytes, a);
+    doc.AddMember("composed_bytes",
+                  "peak_bytes, smallest_budget_bytes and the frontier's: requests rounded to "
+                  "512 B, max_memory_allocated() with expandable segments",
+                  a);
+  }
   rapidjson::Value variants(rapidjson::kObjectType);
   for (const VariantCost& v : r.variants) {
     rapidjson::Value entry(rapidjson::kObjectType);
     if (v.peak_bytes.has_value()) entry.AddMember("peak_bytes", *v.peak_bytes, a);
+    if (cuda && v.peak_bytes.has_value()) {
+      entry.AddMember("peak_reserved_bytes", v.peak_reserved_bytes, a);
+    }
     entry.AddMember("recompute_flops", v.recompute_flops, a);
     entry.AddMember("overhead", RoundTo4(v.overhead), a);
     variants.AddMember(String(v.name, a), entry, a);
@@ -121,20 +136,47 @@ std::string PlanReportTable(const PlanReport& r) {
         static_cast<double>(r.plan.step_flops + r.plan.recompute_flops) / r.flops_per_second,
         r.flops_per_second);
   }
+  const bool cuda = c.device == Device::kCuda;
   if (r.plan_peak.has_value()) {
     absl::StrAppendFormat(&out, "\npeak in the %s: %s", StepPhaseName(r.plan_peak->phase),
                           r.plan_peak->op);
   }
-  absl::StrAppendFormat(&out, "\nsmallest budget any plan fits: %s (%d B)\n\n",
-                        HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);
-  absl::StrAppend(&out, "variant        peak          overhead\n");
+  if (cuda) {
+    // The composed peak counts requests; the replay counts the allocator's blocks.
+    absl::StrAppendFormat(
+        &out,
+        "\non cuda, the plan replayed through the caching allocator: allocated %s (%d B), "
+        "reserved %s (%d B) + %s outside the allocator = %s on the device, within the "
+        "budget\n(the composed peak above counts requests rounded to 512 B: "
+        "max_memory_allocated() with --expandable_segments)",
+        HumanBytes(r.plan_peak.has_value() ? r.plan_peak->bytes : 0),
+        r.plan_peak.has_value() ? r.plan_peak->bytes : 0, HumanBytes(r.plan_reserved_bytes),
+        r.plan_reserved_bytes, HumanBytes(r.outside_allocator_bytes),
+        HumanBytes(r.plan_device_bytes));
+    absl::StrAppendFormat(&out,
+                          "\nsmallest budget found to fit on cuda: %s (%d B), the reserved "
+                          "peak and the outside of the least composed plan or of all-full, "
+                          "whichever needs less\n\n",
+                          HumanBytes(r.smallest_device_bytes), r.smallest_device_bytes);
+  } else {
+    absl::StrAppendFormat(&out, "\nsmallest budget any plan fits: %s (%d B)\n\n",
+                          HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);
+  }
+  absl::StrAppend(&out, cuda ? "variant        allocated     reserved      overhead\n"
+                             : "variant        peak          overhead\n");
   for (const VariantCost& v : r.variants) {
-    absl::StrAppendFormat(&out, "%-14s %-13s %.4f\n", v.name,
-                          v.peak_bytes.has_value() ? HumanBytes(*v.peak_bytes) : "-",
-                          v.overhead);
+    const std::string peak = v.peak_bytes.has_value() ? HumanBytes(*v.peak_bytes) : "-";
+    if (cuda) {
+      absl::StrAppendFormat(
+          &out, "%-14s %-13s %-13s %.4f\n", v.name, peak,
+          v.peak_bytes.has_value() ? HumanBytes(v.peak_reserved_bytes) : "-", v.overhead);
+    } else {
+      absl::StrAppendFormat(&out, "%-14s %-13s %.4f\n", v.name, peak, v.overhead);
+    }
   }
   if (!r.frontier.empty()) {
-    absl::StrAppend(&out, "\nfrontier (budget -> least recompute)\n",
+    absl::StrAppend(&out, "\nfrontier (budget -> least recompute",
+                    cuda ? "; requests rounded to 512 B" : "", ")\n",
                     "budget        peak          overhead  plan\n");
     for (const FrontierPoint& point : r.frontier) {
       std::vector<std::string> runs = PlanRuns(point.plan.layers);

@@ -28,6 +28,7 @@ namespace memledger {
 struct VariantCost {
   std::string name;
   std::optional<int64_t> peak_bytes;  // absent where the peak is not simulated
+  int64_t peak_reserved_bytes = 0;    // on --device=cuda: max_memory_reserved()
   int64_t recompute_flops = 0;
   double overhead = 1;
 };
@@ -39,6 +40,18 @@ struct PlanReport {
   // plan_peak: where the plan's peak happens, from the step simulation's replay of the
   // plan (equal in bytes to plan.peak_bytes, which the planner composed).
   std::optional<StepPeak> plan_peak;
+  // On --device=cuda the plan is composed from requests rounded to 512 B
+  // (CudaBlocks::kRequests): plan.peak_bytes, the frontier's peaks and the smallest
+  // budget count so, which is max_memory_allocated() exactly with expandable segments.
+  // The plan's replay through the caching allocator gives its allocated peak
+  // (plan_peak), its reserved peak, and with the memory outside the allocator what the
+  // device must hold, which the budget holds.
+  int64_t plan_reserved_bytes = 0;
+  int64_t outside_allocator_bytes = 0;
+  int64_t plan_device_bytes = 0;  // plan_reserved_bytes + outside_allocator_bytes
+  // smallest_device_bytes: on cuda, what the plan of the least composed peak needs on
+  // the device (replayed), a budget known to fit.
+  int64_t smallest_device_bytes = 0;
   int64_t smallest_budget_bytes = 0;
   std::vector<VariantCost> variants;
   std::vector<FrontierPoint> frontier;

@@ -1,14 +1,19 @@
 #include "planner/plan_run.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/cuda_allocator.h"
 #include "estimator/predict.h"
 #include "estimator/ranks.h"
 #include "estimator/report.h"
 #include "estimator/timeline_svg.h"
+#include "estimator/units.h"
 #include "planner/flops.h"
 #include "planner/planner.h"
 
@@ -94,6 +99,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
     Prediction rank = RankView(*whole, ranks->kinds[0]);
     for (size_t v = 0; v < rank.variants.size(); ++v) {
       rank.variants[v].peak = ranks->kinds[0].variants[v].held.peak;
+      rank.variants[v].peak_reserved_bytes = ranks->kinds[0].variants[v].held.peak_reserved_bytes;
     }
     return rank;
   };
@@ -104,6 +110,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
     VariantCost cost;
     cost.name = v.variant.Name();
     if (v.peak.has_value()) cost.peak_bytes = v.peak->bytes;
+    cost.peak_reserved_bytes = v.peak_reserved_bytes;
     absl::StatusOr<VariantRecompute> recompute = RecomputeOf(spec.config, spec.attention, v.variant);
     if (!recompute.ok()) return recompute.status();
     cost.recompute_flops = recompute->recompute_flops;
@@ -111,23 +118,84 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
     report.variants.push_back(cost);
   }
 
-  absl::StatusOr<PlanResult> plan = planner->Solve(options.budget_bytes);
-  if (!plan.ok()) return plan.status();
-  report.plan = *plan;
-  // Replay the plan itself: where its peak happens, and a check of the composition.
-  predict.variants = {PlanVariant(plan->layers)};
-  predict.timeline = options.timeline;
-  absl::StatusOr<Prediction> replayed = predicted(predict);
-  if (!replayed.ok()) return replayed.status();
-  if (const auto& peak = replayed->variants[0].peak; peak.has_value()) {
-    if (peak->bytes != plan->peak_bytes) {
-      return absl::InternalError(absl::StrCat("the plan's replayed peak ", peak->bytes,
-                                              " differs from the composed ", plan->peak_bytes));
+  // replay: a plan's step, simulated whole: where its peak happens, and a check of the
+  // composition. On CUDA through the caching allocator, whose blocks are the composed
+  // requests with expandable segments and at least them without.
+  const bool cuda = spec.config.device == Device::kCuda;
+  const int64_t outside = cuda ? spec.config.cuda_context_bytes : 0;
+  auto replay = [&](const PlanResult& plan, bool timeline) -> absl::StatusOr<VariantPrediction> {
+    PredictOptions o = predict;
+    o.variants = {PlanVariant(plan.layers)};
+    o.timeline = timeline;
+    absl::StatusOr<Prediction> replayed = predicted(o);
+    if (!replayed.ok()) return replayed.status();
+    const VariantPrediction& v = replayed->variants[0];
+    if (v.peak.has_value() &&
+        (cuda && !spec.config.expandable_segments ? v.peak->bytes < plan.peak_bytes
+                                                   : v.peak->bytes != plan.peak_bytes)) {
+      return absl::InternalError(absl::StrCat("the plan's replayed peak ", v.peak->bytes,
+                                              " differs from the composed ", plan.peak_bytes));
     }
-    report.plan_peak = *peak;
-  }
-  if (options.timeline) report.plan_step = replayed->variants;
+    return v;
+  };
+  // The device's bytes under a plan: the allocator's reserved peak and what is outside it.
+  auto device_bytes = [&](const VariantPrediction& v) { return v.peak_reserved_bytes + outside; };
   report.smallest_budget_bytes = planner->SmallestBudget();
+  // On CUDA, a plan known to fit the least device: of the plan with the least composed
+  // peak and all-full, the one whose replay needs less.
+  std::optional<std::pair<PlanResult, VariantPrediction>> least;
+  if (cuda) {
+    absl::StatusOr<PlanResult> lowest = planner->Solve(report.smallest_budget_bytes);
+    if (!lowest.ok()) return lowest.status();
+    for (const PlanResult& candidate :
+         {*lowest, planner->Evaluate(std::vector<int>(spec.config.layers, /*full=*/1))}) {
+      absl::StatusOr<VariantPrediction> v = replay(candidate, options.timeline);
+      if (!v.ok()) return v.status();
+      if (!least.has_value() || device_bytes(*v) < device_bytes(least->second)) {
+        least.emplace(candidate, *std::move(v));
+      }
+    }
+    report.smallest_device_bytes = device_bytes(least->second);
+    if (options.budget_bytes < report.smallest_device_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no checkpoint plan fits ", HumanBytes(options.budget_bytes), " (",
+          options.budget_bytes, " bytes) on cuda; the least found needs ",
+          HumanBytes(report.smallest_device_bytes), " (", report.smallest_device_bytes,
+          " bytes: the allocator's reserved peak and ", HumanBytes(outside), " outside it)"));
+    }
+  }
+  // On CUDA the plan is made for a budget of composed requests, replayed, and made again
+  // for a budget lower by what the replay exceeds (at least a 2 MiB segment) until the
+  // device holds it (the allocator's rounding and segments only add to the requests),
+  // or the budget passes below every plan's, where the least one found fits.
+  int64_t planned_within = options.budget_bytes - outside;
+  absl::StatusOr<PlanResult> plan;
+  absl::StatusOr<VariantPrediction> replayed;
+  for (int attempt = 0;; ++attempt) {
+    if (cuda && planned_within < report.smallest_budget_bytes) {
+      plan = least->first;
+      replayed = least->second;
+      break;
+    }
+    plan = planner->Solve(planned_within);
+    if (!plan.ok()) return plan.status();
+    replayed = replay(*plan, options.timeline);
+    if (!replayed.ok()) return replayed.status();
+    if (!cuda || device_bytes(*replayed) <= options.budget_bytes) break;
+    int64_t step = std::max<int64_t>(device_bytes(*replayed) - options.budget_bytes,
+                                     kCudaSmallBuffer);
+    // After a few tries, halve the distance to the least plan: a bounded search.
+    if (attempt >= 4) step = std::max(step, (planned_within - report.smallest_budget_bytes) / 2);
+    planned_within -= step;
+  }
+  report.plan = *plan;
+  if (replayed->peak.has_value()) report.plan_peak = *replayed->peak;
+  if (cuda) {
+    report.plan_reserved_bytes = replayed->peak_reserved_bytes;
+    report.outside_allocator_bytes = outside;
+    report.plan_device_bytes = device_bytes(*replayed);
+  }
+  if (options.timeline) report.plan_step = {*replayed};
   if (options.frontier_points > 0) {
     absl::StatusOr<std::vector<FrontierPoint>> frontier =
         planner->Frontier(options.frontier_points);

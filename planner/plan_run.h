@@ -45,6 +45,10 @@ absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanRepor
 // stretches do not compose yet (Megatron's ops), pipeline stages and accumulation;
 // ResourceExhausted when no plan fits the
 // budget; Internal if the plan's replayed peak differs from the planner's composed one.
+// On --device=cuda the budget holds the replayed plan's reserved peak and the memory
+// outside the allocator (PlanReport::plan_device_bytes): a plan whose replay exceeds it
+// is made again for a lower composed budget, so the plan returned fits, though a plan
+// of less recompute may exist (the reserved peak is not monotone in the plan).
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);
 
 }  // namespace memledger

@@ -67,13 +67,6 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
       !s.ok()) {
     return s;
   }
-  if (config.device == Device::kCuda) {
-    // Its plans' peaks compose from probe models' stretches, which a CUDA step's
-    // allocator blocks do not.
-    return absl::InvalidArgumentError(
-        "--device=cuda: the checkpoint planner is not modelled on cuda yet (a plan's peak is "
-        "composed from probe models, which the caching allocator's blocks are not)");
-  }
   // The dynamic program keeps every layer's partial plans to trace the answer back.
   if (config.layers > kMaxPlannerLayers) {
     return absl::InvalidArgumentError(absl::StrCat("the checkpoint planner handles at most ",
@@ -119,8 +112,9 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   predict.peak = false;
   absl::StatusOr<Prediction> buckets = Predict(config, predict);
   if (!buckets.ok()) return buckets.status();
-  ResidentBytes resident{buckets->param_bytes, buckets->optimizer_state_bytes,
-                         buckets->buffer_bytes};
+  // On CUDA tensor by tensor, each a request the probes count rounded (their stretches
+  // are of CudaBlocks::kRequests: the allocator's blocks would not compose).
+  ResidentBytes resident = ResidentOf(*buckets);
   if (parallel.dp > 1) {
     absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, predict);
     if (!ranks.ok()) return ranks.status();
@@ -134,6 +128,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     StepOptions cached;
     cached.cpu_threads = options.cpu_threads;
     cached.record_events = false;
+    cached.cuda_blocks = CudaBlocks::kRequests;  // as the probes count
     absl::StatusOr<StepTimeline> none =
         SimulateStep(model, options.attention, Variant(), options.optimizer, resident, cached);
     if (!none.ok()) return none.status();

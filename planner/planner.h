@@ -20,6 +20,11 @@
 // in recompute and no smaller in any stretch than another with the same checkpointing)
 // are dropped first.
 //
+// On --device=cuda the probes count each storage as its request rounded to 512 B
+// (CudaBlocks::kRequests, estimator/liveness.h), which composes: PeakOf and the budgets
+// are then max_memory_allocated() with expandable segments, a lower bound without.
+// RunPlanner (plan_run.h) replays the plan through the caching allocator.
+//
 // Example:
 //   absl::StatusOr<Planner> planner = Planner::Create(config, PlannerOptions());
 //   absl::StatusOr<PlanResult> plan = planner->Solve(80LL << 30);

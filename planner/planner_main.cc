@@ -20,7 +20,9 @@
 
 ABSL_FLAG(double, budget_gib, 0,
           "The memory budget in GiB (2^30 bytes) the step's predicted peak must fit; "
-          "required.");
+          "required. With --device=cuda it holds what the device needs under the plan: "
+          "the caching allocator's reserved peak (max_memory_reserved) and the CUDA "
+          "context outside it.");
 ABSL_FLAG(int32_t, frontier_points, 9,
           "Budgets in the frontier, evenly from the smallest any plan fits to the peak "
           "without checkpointing; 0 for none.");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -290,6 +291,69 @@ TEST(SimulateStepTest, ComposedPeakOfSparseLayersEqualsTheWholeSimulation) {
     }
   }
   EXPECT_EQ(compared, 3 * 3 * 4);
+}
+
+// On --device=cuda, counting each storage as its request rounded to 512 B
+// (CudaBlocks::kRequests) composes as the CPU's bytes do, and equals what the caching
+// allocator's simulation (checked against PyTorch's own allocator in
+// cuda_allocator_expandable_test) reports as max_memory_allocated with expandable
+// segments, which split every block to its rounded size. Without them a large block
+// keeps up to 1 MiB past its request, so the allocator's peak is at least this.
+TEST(SimulateStepTest, CudaRequestsComposeToTheExpandableAllocatorsPeak) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
+  ModelConfig study{/*layers=*/1, /*width=*/64, /*heads=*/2, /*batch=*/2, /*seq=*/64};
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
+                       ParseVariants("none,full,every_k,selective", /*every=*/3, ""));
+  int compared = 0;
+  int above = 0;  // the plain allocator's peak above the requests'
+  for (ModelConfig config : {study, llama, gpt2, gemma}) {
+    for (int64_t layers : {7, 16}) {
+      for (const Variant& variant : variants) {
+        ModelConfig run = config;
+        run.device = Device::kCuda;
+        run.layers = layers;
+        run.dtype = layers == 7 ? DType::kBFloat16 : DType::kFloat32;
+        run.amp = layers == 16 ? DType::kBFloat16 : DType::kFloat32;
+        run.use_cache = config.use_cache && !variant.CheckpointsAnyLayer();
+        OptimizerSpec optimizer;  // AdamW, foreach on CUDA
+        PredictOptions buckets;
+        buckets.optimizer = optimizer;
+        buckets.variants = {Variant()};
+        buckets.peak = false;
+        ASSERT_OK_AND_ASSIGN(Prediction p, Predict(run, buckets));
+        const ResidentBytes resident = ResidentOf(p);
+        StepOptions composed, whole, blocks;
+        composed.record_events = false;
+        composed.cuda_blocks = whole.cuda_blocks = CudaBlocks::kRequests;
+        const std::string what = absl::StrCat(FamilyName(config.family), " L", layers, " ",
+                                              DTypeName(run.dtype), " amp ",
+                                              DTypeName(run.amp), " ", variant.Name());
+        ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                          optimizer, resident, composed));
+        ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, AttentionMode::kFlash, variant,
+                                                          optimizer, resident, whole));
+        ASSERT_OK_AND_ASSIGN(StepTimeline plain, SimulateStep(run, AttentionMode::kFlash,
+                                                              variant, optimizer, resident,
+                                                              blocks));
+        run.expandable_segments = true;
+        ASSERT_OK_AND_ASSIGN(StepTimeline expandable,
+                             SimulateStep(run, AttentionMode::kFlash, variant, optimizer,
+                                          resident, blocks));
+        EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
+        EXPECT_EQ(a.peak.by_category, b.peak.by_category) << what;
+        EXPECT_EQ(a.peak.op, b.peak.op) << what;
+        EXPECT_EQ(b.peak.bytes, expandable.peak.bytes) << what;
+        EXPECT_GE(plain.peak.bytes, b.peak.bytes) << what;
+        EXPECT_EQ(a.peak_reserved_bytes, 0) << what;  // no allocator, no segments
+        above += plain.peak.bytes > b.peak.bytes;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 4 * 2 * 4);
+  std::printf("the plain allocator peaked above the requests in %d of %d\n", above, compared);
 }
 
 // A composed peak skips the repeating middle layers, so any layer count costs the same:

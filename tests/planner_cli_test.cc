@@ -101,12 +101,53 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
            {"--budget_gib=1 --model=tiny-llama --pp=2", "--pp, --micro_batches and --zero=3"},
            {"--budget_gib=1 --model=tiny-llama --dp=2 --zero=3", "--zero=3"},
-           {"--budget_gib=1 --model=tiny-llama --device=cuda", "not modelled on cuda yet"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(flag), std::string::npos) << args << ": " << r.output;
     EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
+  }
+}
+
+// On --device=cuda the budget holds what the device holds under the plan: the caching
+// allocator's reserved peak (its replay through the allocator's simulation) and the CUDA
+// context outside it. The composed peak counts requests rounded to 512 B, which the
+// replay's allocated blocks are at least.
+TEST(PlannerCliTest, OnCudaTheDeviceHoldsThePlan) {
+  const std::string model = "--model=tiny-llama --layers=6 --batch=8 --seq=1024 --dtype=bf16 "
+                            "--device=cuda --frontier_points=3";
+  CommandResult r = Planner(model + " --budget_gib=0.38", /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["device"], "cuda");
+  const int64_t budget = doc["budget_bytes"].GetInt64();
+  const int64_t context = doc["outside_allocator_bytes"]["cuda_context"].GetInt64();
+  EXPECT_EQ(context, 287047680);  // the default, 273.75 MiB
+  EXPECT_EQ(doc["device_bytes"].GetInt64(), doc["peak_reserved_bytes"].GetInt64() + context);
+  EXPECT_LE(doc["device_bytes"].GetInt64(), budget);
+  EXPECT_GE(doc["peak_allocated_bytes"].GetInt64(), doc["peak_bytes"].GetInt64());
+  EXPECT_EQ(doc["peak"]["bytes"].GetInt64(), doc["peak_allocated_bytes"].GetInt64());
+  EXPECT_GE(doc["peak_reserved_bytes"].GetInt64(), doc["peak_allocated_bytes"].GetInt64());
+  // Not every layer is none: without checkpoints the device would need more.
+  EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+  EXPECT_GT(doc["variants"]["none"]["peak_reserved_bytes"].GetInt64() + context, budget);
+  EXPECT_LE(doc["smallest_device_bytes"].GetInt64(), budget);
+  // Below what the least plan found needs: exit 3, naming it.
+  CommandResult small = Planner(model + " --budget_gib=0.3");
+  EXPECT_EQ(small.exit_code, 3) << small.output;
+  EXPECT_NE(small.output.find("on cuda; the least found needs"), std::string::npos)
+      << small.output;
+  EXPECT_EQ(small.output.find('\n'), small.output.size() - 1) << small.output;
+  // The table says what each number counts.
+  CommandResult table = Planner(model + " --budget_gib=0.38 --format=table");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  for (const char* text : {"on cuda, the plan replayed through the caching allocator",
+                           "outside the allocator", "within the budget",
+                           "variant        allocated     reserved",
+                           "requests rounded to 512 B"}) {
+    EXPECT_NE(table.output.find(text), std::string::npos) << text << "\n" << table.output;
   }
 }
 

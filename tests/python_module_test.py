@@ -261,6 +261,16 @@ class PlanTest(unittest.TestCase):
         self.assertLess(p["optimizer_state_bytes"], whole["optimizer_state_bytes"])
         self.assertLessEqual(p["peak_bytes"], 2**30)
 
+    def test_plan_on_cuda_fits_the_device(self):
+        # On cuda the budget holds the replayed reserved peak and the CUDA context.
+        p = memledger.plan(model="tiny-llama", device="cuda", dtype="bf16", batch=8,
+                           seq=1024, budget_gib=0.38, frontier_points=0)
+        self.assertLessEqual(p["device_bytes"], p["budget_bytes"])
+        self.assertEqual(p["device_bytes"], p["peak_reserved_bytes"] +
+                         p["outside_allocator_bytes"]["cuda_context"])
+        with self.assertRaises(memledger.NoPlanFits):
+            memledger.plan(model="tiny-llama", device="cuda", budget_gib=0.25)
+
     def test_no_plan_fits_raises_no_plan_fits(self):
         with self.assertRaises(memledger.NoPlanFits) as raised:
             memledger.plan(budget_gib=0.01)
