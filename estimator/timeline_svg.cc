@@ -299,9 +299,9 @@ std::string TimelineSvg(const std::string& title, const std::vector<TimelinePane
 }
 
 std::string PredictedStepTitle(Device device) {
-  return absl::StrCat("memledger: predicted memory of one training step on ",
-                      DeviceName(device), " (torch ", kTorchRelease,
-                      device == Device::kCuda ? ", allocator blocks)" : ")");
+  // Short enough that a plan's (": the plan") fits the chart's width.
+  return absl::StrCat("memledger: predicted step on ", DeviceName(device), " (torch ",
+                      kTorchRelease, device == Device::kCuda ? ", allocator blocks)" : ")");
 }
 
 absl::StatusOr<std::string> RankTimelineSvg(const RankKind& rank) {
