@@ -34,7 +34,7 @@ TEST(TimelineSvgTest, OnCudaItShowsTheReservedPeak) {
   ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
   ASSERT_OK_AND_ASSIGN(std::string svg,
                        PredictedTimelineSvg(PredictedStepTitle(config.device), p.variants));
-  EXPECT_NE(svg.find("one training step on cuda"), std::string::npos);
+  EXPECT_NE(svg.find("predicted step on cuda"), std::string::npos);
   EXPECT_EQ(Count(svg, "class=\"reserved\""), 1);
   EXPECT_NE(svg.find(absl::StrCat("peak_reserved_bytes ", p.variants[0].peak_reserved_bytes)),
             std::string::npos);
