@@ -25,17 +25,48 @@ rapidjson::Value String(const std::string& s, Allocator& allocator) {
 
 std::string Flops(int64_t flops) { return absl::StrFormat("%.3g", static_cast<double>(flops)); }
 
+// LayoutText: "; one of 8 data-parallel ranks with ZeRO-1", "; 4 pipeline stages of 8
+// micro-batches", or nothing for one process.
+std::string LayoutText(const ParallelSpec& p) {
+  std::string out;
+  if (p.pp > 1 || p.micro_batches > 1) {
+    out = p.pp > 1 ? absl::StrCat("; ", p.pp, " pipeline stages of ", p.micro_batches,
+                                  " micro-batches")
+                   : absl::StrCat("; ", p.micro_batches, " micro-batches accumulated");
+  }
+  if (p.dp > 1) {
+    absl::StrAppend(&out, p.pp > 1 ? ", each stage " : "; ", "one of ", p.dp,
+                    " data-parallel ranks",
+                    p.zero > 0 ? absl::StrCat(" with ZeRO-", p.zero) : std::string());
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers) {
+std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers, int64_t first) {
   std::vector<std::string> runs;
   size_t start = 0;
   for (size_t i = 1; i <= layers.size(); ++i) {
     if (i < layers.size() && layers[i] == layers[start]) continue;
-    const std::string span =
-        i - 1 == start ? absl::StrCat(start) : absl::StrCat(start, "-", i - 1);
+    const int64_t a = first + static_cast<int64_t>(start);
+    const int64_t b = first + static_cast<int64_t>(i) - 1;
+    const std::string span = a == b ? absl::StrCat(a) : absl::StrCat(a, "-", b);
     runs.push_back(absl::StrCat(span, " ", layers[start].Name()));
     start = i;
+  }
+  return runs;
+}
+
+std::vector<std::string> StageRuns(const StagePlan& stage) {
+  std::vector<std::string> runs;
+  size_t next = 0;
+  for (const StageRange& chunk : stage.chunks) {
+    const size_t end = std::min(stage.layers.size(), next + static_cast<size_t>(chunk.layers));
+    std::vector<LayerChoice> layers(stage.layers.begin() + static_cast<std::ptrdiff_t>(next),
+                                    stage.layers.begin() + static_cast<std::ptrdiff_t>(end));
+    for (std::string& run : PlanRuns(layers, chunk.first_layer)) runs.push_back(std::move(run));
+    next = end;
   }
   return runs;
 }
@@ -89,6 +120,31 @@ rapidjson::Document PlanReportJson(const PlanReport& r) {
     variants.AddMember(String(v.name, a), entry, a);
   }
   doc.AddMember("variants", variants, a);
+  if (!r.stages.empty()) {
+    rapidjson::Value stages(rapidjson::kArrayType);
+    for (const StagePlan& stage : r.stages) {
+      rapidjson::Value entry(rapidjson::kObjectType);
+      entry.AddMember("stage", stage.stage, a);
+      rapidjson::Value layers(rapidjson::kArrayType);
+      for (const StageRange& chunk : stage.chunks) {
+        rapidjson::Value range(rapidjson::kArrayType);
+        range.PushBack(chunk.first_layer, a).PushBack(chunk.first_layer + chunk.layers - 1, a);
+        layers.PushBack(range, a);
+      }
+      entry.AddMember("layers", layers, a);  // [first, last] per chunk
+      entry.AddMember("in_flight", stage.in_flight, a);
+      entry.AddMember("peak_bytes", stage.peak_bytes, a);
+      if (cuda) entry.AddMember("peak_reserved_bytes", stage.peak_reserved_bytes, a);
+      entry.AddMember("peak_op", String(stage.peak_op, a), a);
+      entry.AddMember("recompute_flops", stage.recompute_flops, a);
+      entry.AddMember("plans_replayed", stage.attempts, a);
+      rapidjson::Value runs(rapidjson::kArrayType);
+      for (const std::string& run : StageRuns(stage)) runs.PushBack(String(run, a), a);
+      entry.AddMember("plan", runs, a);
+      stages.PushBack(entry, a);
+    }
+    doc.AddMember("stages", stages, a);
+  }
   rapidjson::Value frontier(rapidjson::kArrayType);
   for (const FrontierPoint& point : r.frontier) {
     rapidjson::Value entry(rapidjson::kObjectType);
@@ -115,14 +171,22 @@ std::string PlanReportTable(const PlanReport& r) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(r.prediction.optimizer.kind),
       r.prediction.optimizer.master_weights ? " with fp32 master weights" : "",
-      r.parallel.dp > 1 ? absl::StrCat("; one of ", r.parallel.dp, " data-parallel ranks",
-                                       r.parallel.zero > 0
-                                           ? absl::StrCat(" with ZeRO-", r.parallel.zero)
-                                           : std::string())
-                        : std::string(),
-      HumanBytes(r.budget_bytes));
-  for (const std::string& run : PlanRuns(r.plan.layers)) {
-    absl::StrAppend(&out, "  layers ", run, "\n");
+      LayoutText(r.parallel), HumanBytes(r.budget_bytes));
+  const bool staged = !r.stages.empty();
+  if (staged) {
+    // Each stage's own plan, and its replayed peak.
+    for (const StagePlan& stage : r.stages) {
+      // Interleaved, what is in flight is micro-batch chunks.
+      const std::string unit = r.parallel.virtual_stages > 1 ? "micro-batch chunk" : "micro-batch";
+      absl::StrAppendFormat(&out, "  stage %d (%d %s%s in flight): %s; peak %s\n", stage.stage,
+                            stage.in_flight, unit,
+                            stage.in_flight == 1 ? "" : (r.parallel.virtual_stages > 1 ? "s" : "es"),
+                            absl::StrJoin(StageRuns(stage), ", "), HumanBytes(stage.peak_bytes));
+    }
+  } else {
+    for (const std::string& run : PlanRuns(r.plan.layers)) {
+      absl::StrAppend(&out, "  layers ", run, "\n");
+    }
   }
   absl::StrAppendFormat(&out,
                         "peak %s (%d B), recompute %s FLOPs, overhead %.4f over no "
@@ -141,7 +205,22 @@ std::string PlanReportTable(const PlanReport& r) {
     absl::StrAppendFormat(&out, "\npeak in the %s: %s", StepPhaseName(r.plan_peak->phase),
                           r.plan_peak->op);
   }
-  if (cuda) {
+  if (staged) {
+    absl::StrAppendFormat(
+        &out,
+        "\n(each stage's peak is its rank's step replayed%s; the plan is searched for stage "
+        "by stage, so one of less recompute may exist)",
+        cuda ? absl::StrFormat(": the most loaded holds %s reserved + %s outside the "
+                               "allocator = %s on the device",
+                               HumanBytes(r.plan_reserved_bytes),
+                               HumanBytes(r.outside_allocator_bytes),
+                               HumanBytes(r.plan_device_bytes))
+             : "");
+    absl::StrAppendFormat(&out,
+                          "\nevery layer fully checkpointed, the most loaded stage needs %s "
+                          "(%d B)\n\n",
+                          HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);
+  } else if (cuda) {
     // The composed peak counts requests; the replay counts the allocator's blocks.
     absl::StrAppendFormat(
         &out,

@@ -33,6 +33,19 @@ struct VariantCost {
   double overhead = 1;
 };
 
+// StagePlan is one pipeline stage's part of a staged plan (stage_planner.h).
+struct StagePlan {
+  int64_t stage = 0;
+  std::vector<StageRange> chunks;  // the layers it runs
+  int64_t in_flight = 0;           // micro-batches its schedule holds at once, at most
+  std::vector<LayerChoice> layers;  // its layers' choices, in the chunks' order
+  int64_t peak_bytes = 0;           // its rank's step, replayed (cuda: allocated)
+  int64_t peak_reserved_bytes = 0;  // cuda: max_memory_reserved()
+  std::string peak_op;              // where its peak happens
+  int64_t recompute_flops = 0;      // per micro-batch, its layers'
+  int attempts = 0;                 // how many plans its search replayed
+};
+
 struct PlanReport {
   Prediction prediction;  // the model's buckets (and the standard variants' peaks)
   int64_t budget_bytes = 0;
@@ -60,10 +73,17 @@ struct PlanReport {
   ParallelSpec parallel;
   // plan_step: with PlanRunOptions::timeline, the plan's replay with its recorded step.
   std::vector<VariantPrediction> plan_step;
+  // stages: with --pp or --micro_batches, each stage's plan (`plan` is the whole model's
+  // choices, peak_bytes the most loaded stage's); no frontier.
+  std::vector<StagePlan> stages;
 };
 
-// PlanRuns is a plan as runs of equal choices: "0-3 full", "4 selective:matmul".
-std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers);
+// PlanRuns is a plan as runs of equal choices: "0-3 full", "4 selective:matmul"; its
+// layers numbered from `first`.
+std::vector<std::string> PlanRuns(const std::vector<LayerChoice>& layers, int64_t first = 0);
+
+// StageRuns is a stage's plan as runs, chunk by chunk, numbered as the model's layers.
+std::vector<std::string> StageRuns(const StagePlan& stage);
 
 // PlanReportJson: the study's head (config, attention, optimizer, parameter buckets),
 // then budget_bytes, plan (one choice name per layer), peak_bytes, peak (phase, op,

@@ -16,6 +16,7 @@
 #include "estimator/units.h"
 #include "planner/flops.h"
 #include "planner/planner.h"
+#include "planner/stage_planner.h"
 
 namespace memledger {
 
@@ -59,10 +60,13 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
     return absl::InvalidArgumentError(
         "--timeline_svg draws one process's planned step: not with --dp");
   }
-  if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3) {
+  // Pipeline stages and accumulated micro-batches hold several micro-batches at once:
+  // their plans are searched for and replayed stage by stage.
+  if (parallel.pp > 1 || parallel.micro_batches > 1) return RunStagePlanner(spec, options);
+  if (parallel.zero >= 3) {
     return absl::InvalidArgumentError(
-        "--pp, --micro_batches and --zero=3: the planner plans one data-parallel rank "
-        "(--dp with ZeRO 0-2) of one micro-batch, not pipeline stages or accumulation yet");
+        "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
+        "planned yet)");
   }
   PlannerOptions planner_options;
   planner_options.attention = spec.attention;

@@ -47,6 +47,13 @@ constexpr char kUsage[] =
     "dynamic program over layers on the step simulation's stretches.\n\n"
     "  ./bazelw run //planner -- --model=llama-3-8b --batch=1 --seq=8192 "
     "--optimizer=sgd --budget_gib=80 --format=table\n\n"
+    "With --dp (ZeRO 0-2) it plans one data-parallel rank. With --pp or --micro_batches "
+    "each pipeline stage gets its own plan, searched for stage by stage and checked by "
+    "replaying every stage's schedule: the budget holds on every stage (no frontier).\n"
+    "  ./bazelw run //planner -- --model=llama-3-8b --batch=1 --seq=8192 --amp=bf16 "
+    "--tp=2 --dp=8 --zero=1 --pp=4 --micro_batches=8 --budget_gib=40 --format=table\n"
+    "With --device=cuda the budget holds the allocator's reserved peak and the CUDA "
+    "context.\n\n"
     "Recompute is counted in FLOPs; the overhead is (step + recompute) / step.\n"
     "Exit status: 0 on success, 2 for bad input, 3 when no plan fits (the message gives "
     "the smallest budget that would).";

@@ -3,6 +3,7 @@
 // --plan_out that verify --plan runs in LibTorch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -99,7 +100,9 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --cpu_threads=0", "--cpu_threads"},
            {"--budget_gib=1 --layers=0", "--layers"},
            {"--budget_gib=1 --width=130", "--width 130 is not divisible by --heads 4"},
-           {"--budget_gib=1 --model=tiny-llama --pp=2", "--pp, --micro_batches and --zero=3"},
+           {"--budget_gib=1 --model=tiny-llama --pp=2 --dp=2 --zero=3", "--zero=3"},
+           {"--budget_gib=1 --model=tiny-llama --micro_batches=2 --timeline_svg=/tmp/x.svg",
+            "not with --pp or --micro_batches"},
            {"--budget_gib=1 --model=tiny-llama --dp=2 --zero=3", "--zero=3"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
@@ -283,6 +286,59 @@ TEST(PlannerCliTest, PlansOneDataParallelRank) {
     EXPECT_EQ(rank["ratio"]["peak_bytes.plan"].GetDouble(), 1.0);
     EXPECT_EQ(rank["measured"]["peak_bytes.plan"].GetInt64(), doc["peak_bytes"].GetInt64());
   }
+}
+
+// A plan per pipeline stage (2 stages of 4 micro-batches, bf16 autocast), under
+// 2.5 MiB on each: each stage's plan is replayed by the planner, and verify runs the
+// plan on 2 Gloo ranks in LibTorch, where each stage's rank counts the planned peak.
+// Without checkpoints stage 0 (2 micro-batches in flight) peaks at 3,840,108 B, more
+// than the budget, so its plan recomputes.
+TEST(PlannerCliTest, PlansEachPipelineStageAndVerifiesOnGlooRanks) {
+  const std::string model =
+      "--model=tiny-llama --layers=4 --batch=4 --seq=128 --amp=bf16 --pp=2 --micro_batches=4";
+  const std::string plan = TempPath("plan_pp.json");
+  CommandResult r = Planner(model + " --budget_gib=0.0025 --plan_out=" + plan,
+                            /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  const int64_t budget = doc["budget_bytes"].GetInt64();
+  ASSERT_EQ(doc["stages"].Size(), 2u);
+  EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(), 3840108);
+  EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+  int64_t most = 0;
+  for (const rapidjson::Value& stage : doc["stages"].GetArray()) {
+    EXPECT_LE(stage["peak_bytes"].GetInt64(), budget);
+    most = std::max(most, stage["peak_bytes"].GetInt64());
+  }
+  EXPECT_EQ(doc["peak_bytes"].GetInt64(), most);
+  EXPECT_EQ(doc["stages"][0]["in_flight"].GetInt64(), 2);
+  EXPECT_EQ(doc["stages"][1]["in_flight"].GetInt64(), 1);
+  CommandResult v = RunCommand("verify/verify " + model + " --skip_timing --plan=" + plan,
+                               /*merge_stderr=*/false);
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  rapidjson::Document verified;
+  verified.Parse(v.output.c_str());
+  ASSERT_FALSE(verified.HasParseError()) << v.output;
+  ASSERT_EQ(verified["ranks"].Size(), 2u);
+  for (const rapidjson::Value& rank : verified["ranks"].GetArray()) {
+    const int64_t stage = rank["stage"].GetInt64();
+    EXPECT_EQ(rank["ratio"]["peak_bytes.plan"].GetDouble(), 1.0);
+    EXPECT_EQ(rank["measured"]["peak_bytes.plan"].GetInt64(),
+              doc["stages"][static_cast<rapidjson::SizeType>(stage)]["peak_bytes"].GetInt64());
+  }
+  // The table shows each stage's plan.
+  CommandResult table = Planner(model + " --budget_gib=0.0025 --format=table");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("  stage 0 (2 micro-batches in flight): "), std::string::npos)
+      << table.output;
+  EXPECT_NE(table.output.find("  stage 1 (1 micro-batch in flight): "), std::string::npos)
+      << table.output;
+  // Under what all-full needs on its most loaded stage: exit 3, naming the stage.
+  CommandResult small = Planner(model + " --budget_gib=0.001");
+  EXPECT_EQ(small.exit_code, 3) << small.output;
+  EXPECT_NE(small.output.find("on pipeline stage"), std::string::npos) << small.output;
 }
 
 // The planner's low-precision recipes, each plan run in LibTorch to the same peak:

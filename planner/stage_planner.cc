@@ -1,0 +1,301 @@
+#include "planner/stage_planner.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/predict.h"
+#include "estimator/ranks.h"
+#include "estimator/report.h"
+#include "estimator/units.h"
+#include "planner/flops.h"
+#include "planner/planner.h"
+
+namespace memledger {
+namespace {
+
+// A stage's layers, in its chunks' order.
+std::vector<int64_t> StageLayers(const std::vector<StageRange>& chunks) {
+  std::vector<int64_t> layers;
+  for (const StageRange& chunk : chunks) {
+    for (int64_t l = 0; l < chunk.layers; ++l) layers.push_back(chunk.first_layer + l);
+  }
+  return layers;
+}
+
+// Guide is a stage's single-process planner and its search over the budgets it plans
+// for: the guide's plan has less recompute the higher its budget, so the search looks
+// for the highest budget whose plan the stage's replay fits.
+struct Guide {
+  const Planner* planner = nullptr;
+  int64_t trial = 0;  // the budget planned for in this round
+  // fits: the highest budget whose plan fitted (none yet: every layer fully
+  // checkpointed, which fits); fails: the lowest whose plan did not.
+  std::optional<int64_t> fits;
+  std::optional<int64_t> fails;
+  std::vector<LayerChoice> fitting;  // the plan at `fits`, or all-full
+  bool done = false;
+};
+
+// Tolerance of the budget search: the budget / 4096 (about 20 MiB of 80 GiB).
+int64_t Tolerance(int64_t budget) { return std::max<int64_t>(1, budget / 4096); }
+
+}  // namespace
+
+absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOptions& options) {
+  if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
+  const ModelConfig& config = spec.config;
+  const ParallelSpec& parallel = spec.parallel;
+  if (parallel.zero >= 3) {
+    return absl::InvalidArgumentError(
+        "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
+        "planned yet)");
+  }
+  if (options.timeline) {
+    return absl::InvalidArgumentError(
+        "--timeline_svg draws one process's planned step: not with --pp or --micro_batches");
+  }
+  const bool cuda = config.device == Device::kCuda;
+  const int64_t outside = cuda ? config.cuda_context_bytes : 0;
+  PredictOptions predict;
+  predict.attention = spec.attention;
+  predict.optimizer = spec.optimizer;
+  predict.cpu_threads = options.cpu_threads;
+  // What a stage's rank needs under a variant: its replayed peak, or on CUDA the
+  // allocator's reserved peak and what is outside it.
+  auto need = [&](const RankVariant& v) -> int64_t {
+    return cuda ? v.held.peak_reserved_bytes + outside : v.held.peak->bytes;
+  };
+  auto ranks_of = [&](const std::vector<Variant>& variants) -> absl::StatusOr<RanksPrediction> {
+    PredictOptions o = predict;
+    o.variants = variants;
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, o);
+    if (!ranks.ok()) return ranks.status();
+    for (const RankKind& kind : ranks->kinds) {
+      for (const RankVariant& v : kind.variants) {
+        if (!v.held.peak.has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the planner needs each stage's simulated peak: ", v.held.peak_unavailable));
+        }
+      }
+    }
+    // By stage, not by load.
+    std::sort(ranks->kinds.begin(), ranks->kinds.end(),
+              [](const RankKind& a, const RankKind& b) { return a.stage < b.stage; });
+    return ranks;
+  };
+
+  PlanReport report;
+  report.budget_bytes = options.budget_bytes;
+  report.parallel = parallel;
+  report.flops_per_second = options.flops_per_second;
+  report.outside_allocator_bytes = outside;
+
+  // The fixed variants on every stage; each shown at its most loaded stage.
+  PredictOptions whole_options = predict;
+  whole_options.variants = spec.variants;
+  whole_options.peak = false;
+  absl::StatusOr<Prediction> whole = Predict(config, whole_options);
+  if (!whole.ok()) return whole.status();
+  absl::StatusOr<RanksPrediction> fixed = ranks_of(spec.variants);
+  if (!fixed.ok()) return fixed.status();
+  report.prediction = RankView(*whole, fixed->kinds[0]);
+  for (size_t v = 0; v < spec.variants.size(); ++v) {
+    const RankKind* most = &fixed->kinds[0];
+    for (const RankKind& kind : fixed->kinds) {
+      if (need(kind.variants[v]) > need(most->variants[v])) most = &kind;
+    }
+    VariantCost cost;
+    cost.name = spec.variants[v].Name();
+    cost.peak_bytes = most->variants[v].held.peak->bytes;
+    cost.peak_reserved_bytes = most->variants[v].held.peak_reserved_bytes;
+    absl::StatusOr<VariantRecompute> recompute =
+        RecomputeOf(config, spec.attention, spec.variants[v]);
+    if (!recompute.ok()) return recompute.status();
+    cost.recompute_flops = recompute->recompute_flops;
+    cost.overhead = recompute->overhead;
+    report.variants.push_back(cost);
+    report.prediction.variants[v].peak = most->variants[v].held.peak;
+    report.prediction.variants[v].peak_reserved_bytes = most->variants[v].held.peak_reserved_bytes;
+  }
+
+  // Every layer fully checkpointed: the least any stage falls back to. If it does not
+  // fit some stage, no plan the search makes does.
+  Variant all_full;
+  all_full.kind = VariantKind::kFull;
+  absl::StatusOr<RanksPrediction> full = ranks_of({all_full});
+  if (!full.ok()) return full.status();
+  int64_t full_need = 0;
+  for (const RankKind& kind : full->kinds) {
+    full_need = std::max(full_need, need(kind.variants[0]));
+    if (need(kind.variants[0]) > options.budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no checkpoint plan fits ", HumanBytes(options.budget_bytes), " (",
+          options.budget_bytes, " bytes) on pipeline stage ", kind.stage,
+          ": every layer fully checkpointed, it needs ", HumanBytes(need(kind.variants[0])),
+          " (", need(kind.variants[0]), " bytes", cuda ? ", reserved and outside the allocator" : "",
+          ")"));
+    }
+  }
+  report.smallest_budget_bytes = full_need;
+  report.smallest_device_bytes = cuda ? full_need : 0;
+
+  // Each stage's guide: the single-process planner on its layers at its micro-batches
+  // in flight (one guide per distinct shape).
+  PlannerOptions planner_options;
+  planner_options.attention = spec.attention;
+  planner_options.optimizer = spec.optimizer;
+  planner_options.cpu_threads = options.cpu_threads;
+  planner_options.parallel.dp = parallel.dp;
+  planner_options.parallel.zero = parallel.zero;
+  std::map<std::pair<int64_t, int64_t>, Planner> planners;
+  std::vector<Guide> guides;
+  for (const RankKind& kind : full->kinds) {
+    StagePlan stage;
+    stage.stage = kind.stage;
+    stage.chunks = kind.chunks;
+    stage.in_flight = std::max<int64_t>(1, kind.variants[0].in_flight);
+    const std::pair<int64_t, int64_t> shape{
+        static_cast<int64_t>(StageLayers(kind.chunks).size()), stage.in_flight};
+    auto it = planners.find(shape);
+    if (it == planners.end()) {
+      ModelConfig guide = config;
+      guide.layers = shape.first;
+      guide.batch = config.batch * shape.second;
+      absl::StatusOr<Planner> planner = Planner::Create(guide, planner_options);
+      if (!planner.ok()) return planner.status();
+      it = planners.emplace(shape, *std::move(planner)).first;
+    }
+    Guide guide;
+    guide.planner = &it->second;
+    guides.push_back(std::move(guide));
+    report.stages.push_back(std::move(stage));
+  }
+
+  absl::StatusOr<StepFlops> flops = CountStepFlops(config, spec.attention);
+  if (!flops.ok()) return flops.status();
+  std::vector<std::pair<LayerChoice, int64_t>> recompute;  // per micro-batch, one layer
+  auto recompute_of = [&](const LayerChoice& choice) -> absl::StatusOr<int64_t> {
+    for (const auto& [known, flops] : recompute) {
+      if (known == choice) return flops;
+    }
+    absl::StatusOr<int64_t> r = RecomputeFlops(config, spec.attention, choice);
+    if (!r.ok()) return r.status();
+    recompute.emplace_back(choice, *r);
+    return *r;
+  };
+
+  // Plan every stage, replay them all, and move each stage's budget: up while its plan
+  // fits (towards none's peak), down by the excess while it does not (to its guide's
+  // least plan), then halving the gap between the two.
+  std::vector<LayerChoice> plan(config.layers);
+  for (size_t s = 0; s < guides.size(); ++s) {
+    Guide& guide = guides[s];
+    const int64_t least = guide.planner->SmallestBudget();
+    const int64_t most = std::max(least, guide.planner->PeakOf(std::vector<int>(
+                                             StageLayers(report.stages[s].chunks).size(), 0)));
+    guide.trial = std::clamp(options.budget_bytes - outside, least, most);
+    guide.fitting.assign(StageLayers(report.stages[s].chunks).size(), LayerChoice{true, {}});
+  }
+  const int64_t tolerance = Tolerance(options.budget_bytes);
+  std::optional<RanksPrediction> fitted;  // the last replay where every stage fitted
+  for (int round = 0;; ++round) {
+    bool searching = false;
+    for (size_t s = 0; s < guides.size(); ++s) {
+      Guide& guide = guides[s];
+      StagePlan& stage = report.stages[s];
+      stage.layers = guide.fitting;
+      if (!guide.done) {
+        absl::StatusOr<PlanResult> planned = guide.planner->Solve(guide.trial);
+        if (!planned.ok()) return planned.status();
+        stage.layers = planned->layers;
+        ++stage.attempts;
+        searching = true;
+      }
+      const std::vector<int64_t> layers = StageLayers(stage.chunks);
+      for (size_t i = 0; i < layers.size(); ++i) plan[layers[i]] = stage.layers[i];
+    }
+    absl::StatusOr<RanksPrediction> replayed = ranks_of({PlanVariant(plan)});
+    if (!replayed.ok()) return replayed.status();
+    if (!searching) {
+      fitted = *std::move(replayed);
+      break;
+    }
+    for (size_t s = 0; s < guides.size(); ++s) {
+      Guide& guide = guides[s];
+      if (guide.done) continue;
+      const int64_t excess = need(replayed->kinds[s].variants[0]) - options.budget_bytes;
+      const int64_t least = guide.planner->SmallestBudget();
+      const int64_t most = guide.planner->PeakOf(
+          std::vector<int>(StageLayers(report.stages[s].chunks).size(), 0));
+      if (excess <= 0) {
+        guide.fits = guide.trial;
+        guide.fitting = report.stages[s].layers;
+      } else {
+        guide.fails = guide.trial;
+      }
+      if (!guide.fails.has_value()) {  // none's plan fits, or climbing towards it
+        guide.done = guide.trial >= most;
+        guide.trial = most;
+      } else if (!guide.fits.has_value()) {  // descending by the excess
+        guide.done = guide.trial <= least;
+        guide.trial = std::max(least, guide.trial - std::max<int64_t>(excess, tolerance));
+      } else {
+        guide.trial = *guide.fits + (*guide.fails - *guide.fits) / 2;
+      }
+      if (guide.fits.has_value() && guide.fails.has_value() &&
+          *guide.fails - *guide.fits <= tolerance) {
+        guide.done = true;
+      }
+      if (round >= 64) guide.done = true;  // bounded: keep what fits
+    }
+  }
+  for (size_t s = 0; s < guides.size(); ++s) {
+    const RankVariant& v = fitted->kinds[s].variants[0];
+    StagePlan& stage = report.stages[s];
+    stage.peak_bytes = v.held.peak->bytes;
+    stage.peak_reserved_bytes = v.held.peak_reserved_bytes;
+    stage.peak_op = v.held.peak->op;
+    if (need(v) > options.budget_bytes) {  // every stage's plan fitted its replay
+      return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage,
+                                              " exceeds the budget under its fitting plan"));
+    }
+  }
+  // The most loaded stage's peak is the plan's.
+  const RankVariant* most_loaded = &fitted->kinds[0].variants[0];
+  for (const RankKind& kind : fitted->kinds) {
+    if (need(kind.variants[0]) > need(*most_loaded)) most_loaded = &kind.variants[0];
+  }
+  report.plan_peak = most_loaded->held.peak;
+  if (cuda) {
+    report.plan_reserved_bytes = most_loaded->held.peak_reserved_bytes;
+    report.plan_device_bytes = need(*most_loaded);
+  }
+
+  // The plan's costs, per micro-batch (every micro-batch recomputes alike).
+  report.plan.layers = plan;
+  report.plan.peak_bytes = report.plan_peak->bytes;
+  report.plan.step_flops = flops->total;
+  for (StagePlan& stage : report.stages) {
+    for (const LayerChoice& choice : stage.layers) {
+      absl::StatusOr<int64_t> r = recompute_of(choice);
+      if (!r.ok()) return r.status();
+      stage.recompute_flops += *r;
+    }
+    report.plan.recompute_flops += stage.recompute_flops;
+  }
+  report.plan.overhead =
+      flops->total > 0 ? (static_cast<double>(flops->total) +
+                          static_cast<double>(report.plan.recompute_flops)) /
+                             static_cast<double>(flops->total)
+                       : 1;
+  return report;
+}
+
+}  // namespace memledger
