@@ -25,7 +25,8 @@ ABSL_FLAG(std::string, model, "study",
           "qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma-3-27b, gpt2, megatron-gpt, "
           "and the small tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-gemma3, tiny-gpt2) or "
           "the path of a transformers config.json (model_type llama, mistral, qwen2, qwen3, "
-          "qwen3_moe, mixtral, gemma3_text or gpt2). The size flags below override its sizes.");
+          "qwen3_moe, mixtral, gemma3_text, gpt2, or gemma3, whose text_config is read: the "
+          "text model without the vision tower). The size flags below override its sizes.");
 ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,
           "Number of Transformer blocks / decoder layers (>= 1; default: the model's, the "
           "study's 6).");

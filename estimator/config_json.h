@@ -22,12 +22,24 @@ namespace memledger {
 
 class ConfigJsonReader {
  public:
-  ConfigJsonReader(const rapidjson::Document& doc, absl::string_view source)
+  // doc: the config.json's object, or one nested in it (Nested).
+  ConfigJsonReader(const rapidjson::Value& doc, absl::string_view source)
       : doc_(doc), source_(source) {}
+
+  // Nested reads the object under `key` (a multimodal config's text_config): its errors
+  // name the key path ("text_config.hidden_size").
+  absl::StatusOr<ConfigJsonReader> Nested(const char* key) const {
+    if (!Has(key)) return Error(key, "is missing");
+    if (!doc_[key].IsObject()) return Error(key, "must be an object");
+    ConfigJsonReader nested(doc_[key], source_);
+    nested.prefix_ = absl::StrCat(prefix_, key, ".");
+    return nested;
+  }
 
   // Error: "<source>: "<key>" <what>".
   absl::Status Error(absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": \"", key, "\" ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": \"", prefix_, key, "\" ", what));
   }
 
   // Positive reads a required (or, with a fallback, optional) integer >= 1.
@@ -116,8 +128,9 @@ class ConfigJsonReader {
   }
 
  private:
-  const rapidjson::Document& doc_;
+  const rapidjson::Value& doc_;
   std::string source_;
+  std::string prefix_;  // the key path to a nested object, "text_config."
 };
 
 class ConfigJsonWriter {

@@ -157,6 +157,17 @@ TEST(HfConfigTest, ReadsTheUsualKeysOfEachModelType) {
   EXPECT_EQ(mixtral.moe.intermediate, 14336);
   EXPECT_FALSE(mixtral.qk_norm);
   EXPECT_EQ(ParamsOf(mixtral), 46702792704);
+  // A published Gemma 3 config.json is the multimodal Gemma3Config: its text_config
+  // (defaults from Gemma3TextConfig: vocabulary 262208, tied embeddings, the 6-layer
+  // pattern) is gemma-3-27b's text model, 27,009,346,304 parameters (by hand in
+  // ModelPresetsTest; the published 27B adds a 0.4B vision tower, not modelled).
+  ASSERT_OK_AND_ASSIGN(ModelConfig gemma,
+                       ModelFromHfConfigJson(ReadTestdata("gemma-3-27b.config.json"), "g3"));
+  EXPECT_EQ(gemma.family, Family::kGemma3);
+  EXPECT_EQ(gemma.layers, 62);
+  EXPECT_EQ(gemma.sliding_window, 1024);
+  EXPECT_EQ(gemma.LayerAttentionPeriod().size(), 6u);
+  EXPECT_EQ(ParamsOf(gemma), 27009346304);
 }
 
 // Qwen3MoeDecoderLayer is sparse iff its index is not in mlp_only_layers and
@@ -278,7 +289,14 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {R"({"model_type": 7})", "bad.json: \"model_type\" must be a string"},
            {R"({"model_type": "bert"})",
             "bad.json: \"model_type\" 'bert' is not supported (llama, mistral, qwen2, qwen3, "
-             "qwen3_moe, mixtral, gpt2, gemma3_text)"},
+             "qwen3_moe, mixtral, gpt2, gemma3_text, gemma3)"},
+           {R"({"model_type": "gemma3"})", "bad.json: \"text_config\" is missing"},
+           {R"({"model_type": "gemma3", "text_config": 3})",
+            "bad.json: \"text_config\" must be an object"},
+           {R"({"model_type": "gemma3", "text_config": {"hidden_size": -1}})",
+            "bad.json: \"text_config.hidden_size\" must be >= 1, got -1"},
+           {R"({"model_type": "gemma3", "text_config": {"model_type": "llama"}})",
+            "bad.json: \"text_config.model_type\" must be gemma3_text, got llama"},
            {R"({"model_type": "llama"})", "bad.json: \"hidden_size\" is missing"},
            {LlamaJson("num_hidden_layers", "\"two\""),
             "bad.json: \"num_hidden_layers\" must be an integer"},

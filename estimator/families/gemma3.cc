@@ -159,7 +159,22 @@ ModelGraphs BuildGemma3Graphs(const ModelConfig& config, AttentionMode mode) {
 
 // Gemma3TextConfig (configuration_gemma3.py): layer_types, or without it
 // sliding_window_pattern (default 6): layer i is full iff (i + 1) % pattern == 0.
-absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& r, absl::string_view) {
+// A published Gemma 3 checkpoint's config.json is the multimodal Gemma3Config
+// (model_type "gemma3"): its text model is its text_config, which memledger models
+// (Gemma3ForConditionalGeneration's language model; the vision tower is not).
+absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::string_view type) {
+  std::optional<ConfigJsonReader> text;
+  if (type == "gemma3") {
+    absl::StatusOr<ConfigJsonReader> nested = outer.Nested("text_config");
+    if (!nested.ok()) return nested.status();
+    text.emplace(*std::move(nested));
+    std::string inner;
+    MEMLEDGER_ASSIGN_OR_RETURN_(inner, text->String("model_type", "gemma3_text"));
+    if (inner != "gemma3_text") {
+      return text->Error("model_type", absl::StrCat("must be gemma3_text, got ", inner));
+    }
+  }
+  const ConfigJsonReader& r = text.has_value() ? *text : outer;
   ModelConfig c;
   c.family = Family::kGemma3;
   MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size", 2304));
@@ -285,7 +300,7 @@ const FamilyDef& Gemma3Family() {
       .layer_types = true,
       .graphs = BuildGemma3Graphs,
       .validate = ValidateGemma3,
-      .model_types = {"gemma3_text"},
+      .model_types = {"gemma3_text", "gemma3"},
       .read = ReadGemma3,
       .write = WriteGemma3,
       .presets = Gemma3Presets(),
