@@ -1,7 +1,7 @@
 // Cost of a full prediction (the four default variants). The buckets alone
 // (BM_PredictBuckets): under 20 us for the study's block, every variant of llama-3-70b
 // (embedding to loss) under 50 us, independent of batch, seq, width and layers. With
-// the whole step's peak (the default; estimator/liveness.h replays the step op by op on
+// the whole step's peak (the default; estimator/step/liveness.h replays the step op by op on
 // a model of at most 2k + 3 layers and composes the rest): independent of batch, seq,
 // width and layers (compare BM_Predict/layers:6 with BM_Predict/layers:600).
 #include <benchmark/benchmark.h>
@@ -9,11 +9,11 @@
 #include <cstdint>
 #include <optional>
 
-#include "estimator/config.h"
-#include "estimator/model_presets.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
 
 namespace memledger {
 namespace {

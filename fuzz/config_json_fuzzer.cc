@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "estimator/model_presets.h"
-#include "estimator/predict.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/predict/predict.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

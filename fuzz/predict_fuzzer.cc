@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "estimator/config.h"
-#include "estimator/memory_snapshot.h"
-#include "estimator/predict.h"
+#include "estimator/spec/config.h"
+#include "estimator/report/memory_snapshot.h"
+#include "estimator/predict/predict.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "api/memledger.h"
-#include "estimator/sweep.h"
+#include "estimator/predict/sweep.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -9,11 +9,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/block_graph.h"
-#include "estimator/checked_math.h"
-#include "estimator/family.h"
-#include "estimator/rules.h"
-#include "estimator/walker.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/spec/checked_math.h"
+#include "estimator/graph/family.h"
+#include "estimator/graph/rules.h"
+#include "estimator/saved/walker.h"
 
 namespace memledger {
 namespace {

@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 
 namespace memledger {
 

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "estimator/svg.h"
-#include "estimator/units.h"
+#include "estimator/report/svg.h"
+#include "estimator/report/units.h"
 
 namespace memledger {
 namespace {

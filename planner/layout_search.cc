@@ -12,11 +12,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/family.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
-#include "estimator/units.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
+#include "estimator/report/units.h"
 #include "planner/flops.h"
 
 namespace memledger {

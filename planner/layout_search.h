@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "estimator/config.h"
-#include "estimator/run_request.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/run_request.h"
 #include "planner/step_time.h"
 
 namespace memledger {

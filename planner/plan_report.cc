@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "estimator/family.h"
-#include "estimator/input_file.h"
-#include "estimator/report.h"
-#include "estimator/units.h"
+#include "estimator/graph/family.h"
+#include "estimator/spec/input_file.h"
+#include "estimator/report/report.h"
+#include "estimator/report/units.h"
 #include "rapidjson/error/en.h"
 
 namespace memledger {

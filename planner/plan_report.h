@@ -16,9 +16,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "estimator/config.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/predict.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
 #include "planner/planner.h"
 #include "rapidjson/document.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "estimator/run_request.h"
+#include "estimator/request/run_request.h"
 #include "planner/plan_report.h"
 
 namespace memledger {

@@ -11,10 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "estimator/family.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
-#include "estimator/units.h"
+#include "estimator/graph/family.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
+#include "estimator/report/units.h"
 #include "planner/planner_tables.h"
 
 namespace memledger {

@@ -1,7 +1,7 @@
 // Planner: the checkpoint plan with the least recompute whose predicted step peak fits a
 // memory budget (docs/DESIGN.md, "Peak memory"; issue 13).
 //
-// The peak of a plan comes from the step simulation (estimator/liveness.h) without
+// The peak of a plan comes from the step simulation (estimator/step/liveness.h) without
 // replaying the plan: a step is a sequence of stretches (each layer's forward, the
 // head's, each layer's backward, ...) whose net bytes and rises compose the peak, and a
 // layer's stretches depend only on its own choice, whether it is the first or the last,
@@ -21,7 +21,7 @@
 // are dropped first.
 //
 // On --device=cuda the probes count each storage as its request rounded to 512 B
-// (CudaBlocks::kRequests, estimator/liveness.h), which composes: PeakOf and the budgets
+// (CudaBlocks::kRequests, estimator/step/liveness.h), which composes: PeakOf and the budgets
 // are then max_memory_allocated() with expandable segments, a lower bound without.
 // RunPlanner (plan_run.h) replays the plan through the caching allocator.
 //
@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "estimator/config.h"
-#include "estimator/liveness.h"
-#include "estimator/parallel_spec.h"
+#include "estimator/spec/config.h"
+#include "estimator/step/liveness.h"
+#include "estimator/request/parallel_spec.h"
 #include "planner/flops.h"
 
 namespace memledger {

@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "estimator/config.h"
-#include "estimator/model_presets.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/model_presets.h"
 #include "planner/planner.h"
 
 namespace memledger {

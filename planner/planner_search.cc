@@ -13,9 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "estimator/family.h"
-#include "estimator/predict.h"
-#include "estimator/units.h"
+#include "estimator/graph/family.h"
+#include "estimator/predict/predict.h"
+#include "estimator/report/units.h"
 
 namespace memledger {
 

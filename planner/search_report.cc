@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "estimator/family.h"
-#include "estimator/report.h"
-#include "estimator/svg.h"
-#include "estimator/units.h"
+#include "estimator/graph/family.h"
+#include "estimator/report/report.h"
+#include "estimator/report/svg.h"
+#include "estimator/report/units.h"
 
 namespace memledger {
 

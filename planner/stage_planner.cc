@@ -10,10 +10,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
-#include "estimator/report.h"
-#include "estimator/units.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
+#include "estimator/report/report.h"
+#include "estimator/report/units.h"
 #include "planner/flops.h"
 #include "planner/planner.h"
 

@@ -28,7 +28,7 @@
 #define PLANNER_STAGE_PLANNER_H_
 
 #include "absl/status/statusor.h"
-#include "estimator/run_request.h"
+#include "estimator/request/run_request.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
 

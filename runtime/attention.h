@@ -16,7 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 
 namespace memledger::runtime {
 

@@ -16,7 +16,7 @@
 
 #include <optional>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 
 namespace memledger::runtime {
 

@@ -26,7 +26,7 @@
 #include <memory>
 #include <vector>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/model.h"
 
 namespace memledger::runtime {

@@ -32,7 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "estimator/family.h"
+#include "estimator/graph/family.h"
 #include "runtime/family.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"

@@ -10,7 +10,7 @@
 //   - gradients reduced over its data-parallel group (an all-reduce, or ZeRO-2/3's
 //     reduce-scatter into a shard), the optimizer stepped on its ZeRO shard and the
 //     result all-gathered;
-// and measures its own buckets and, where RankStepModelled (estimator/parallel_spec.h),
+// and measures its own buckets and, where RankStepModelled (estimator/request/parallel_spec.h),
 // each variant's whole step under the counting allocator. The parent gathers every rank's gradients and compares
 // them with one process training on the whole batch, and every rank's updated
 // parameters with its shard stepped whole on the gathered gradients.
@@ -32,8 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "estimator/config.h"
-#include "estimator/parallel_spec.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
 
 namespace memledger::runtime {
 

@@ -4,7 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/family.h"
+#include "estimator/graph/family.h"
 
 namespace memledger::runtime {
 

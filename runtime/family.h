@@ -1,7 +1,7 @@
 // A model family in the runtime, in one definition (runtime/families/<name>.cc): how
 // its LibTorch model is made and how its parameters split over tensor-parallel ranks
 // and group into ZeRO-3's units. What the family is (decoder or not, its capabilities)
-// is the estimator's FamilyDef (estimator/family.h).
+// is the estimator's FamilyDef (estimator/graph/family.h).
 #ifndef RUNTIME_FAMILY_H_
 #define RUNTIME_FAMILY_H_
 
@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/model.h"
 
 namespace memledger::runtime {

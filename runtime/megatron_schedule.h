@@ -1,14 +1,14 @@
 // Megatron-LM's pipeline layout and order, as the rank runtime runs them: a pipeline
 // rank's model chunks and its order of forwards and backwards (written independently
-// of estimator/pipeline_steps.h, which the runtime checks it against).
+// of estimator/step/pipeline_steps.h, which the runtime checks it against).
 #ifndef RUNTIME_MEGATRON_SCHEDULE_H_
 #define RUNTIME_MEGATRON_SCHEDULE_H_
 
 #include <cstdint>
 #include <vector>
 
-#include "estimator/config.h"
-#include "estimator/parallel_spec.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
 
 namespace memledger::runtime::distributed_internal {
 

@@ -4,7 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "runtime/attention.h"
-#include "estimator/family.h"
+#include "estimator/graph/family.h"
 #include "runtime/family.h"
 
 namespace memledger::runtime {

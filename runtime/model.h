@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/last_use.h"
 #include "runtime/selective_ops.h"
 #include "runtime/tensor_parallel.h"

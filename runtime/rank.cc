@@ -31,8 +31,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "estimator/family.h"
-#include "estimator/pipeline_steps.h"
+#include "estimator/graph/family.h"
+#include "estimator/step/pipeline_steps.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
 #include "runtime/dropout.h"
@@ -484,7 +484,7 @@ class Rank {
   }
 
   // RunPipeline runs the rank's micro-batches as PipelineSteps lists them
-  // (estimator/pipeline_steps.h: Megatron-LM's 1F1B or interleaved order, with its p2p
+  // (estimator/step/pipeline_steps.h: Megatron-LM's 1F1B or interleaved order, with its p2p
   // operations posted and waited together; with one stage, each forward then its
   // backward), checked against this runtime's own MegatronOrder. Every receive
   // allocates a new buffer; a sent output is freed once the paired operations complete

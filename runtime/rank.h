@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "estimator/config.h"
-#include "estimator/parallel_spec.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
 #include "runtime/distributed.h"
 
 namespace memledger::runtime::distributed_internal {

@@ -10,7 +10,7 @@ namespace memledger::runtime::distributed_internal {
 ModelConfig WholeBatch(const ModelConfig& config, const ParallelSpec& parallel) {
   ModelConfig whole = config;
   whole.batch = config.batch * parallel.dp * parallel.micro_batches;
-  whole.use_cache = false;  // ranks keep no DynamicCache (estimator/ranks.cc, PredictRanks)
+  whole.use_cache = false;  // ranks keep no DynamicCache (estimator/predict/ranks.cc, PredictRanks)
   return whole;
 }
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "estimator/config.h"
-#include "estimator/parallel_spec.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
 
 namespace memledger::runtime::distributed_internal {
 

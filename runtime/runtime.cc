@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/family.h"
+#include "estimator/graph/family.h"
 #include "runtime/family.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"

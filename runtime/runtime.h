@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/counting_allocator.h"
 
 namespace memledger::runtime {

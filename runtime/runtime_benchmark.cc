@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "planner/flops.h"
 #include "runtime/checkpoint.h"
 #include "runtime/model.h"

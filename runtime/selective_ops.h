@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/tensor_parallel.h"
 
 namespace memledger::runtime {

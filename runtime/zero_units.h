@@ -13,7 +13,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/checkpoint.h"
 
 namespace memledger::runtime::distributed_internal {

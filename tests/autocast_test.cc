@@ -1,5 +1,5 @@
 // What LibTorch 2.15's CPU autocast does to the ops of memledger's graphs: the evidence
-// behind the estimator's autocast rules (estimator/block_graph.cc, GraphBuilder::Lower).
+// behind the estimator's autocast rules (estimator/graph/block_graph.cc, GraphBuilder::Lower).
 // Matmuls and SDPA run in the autocast dtype on cast copies (weights included); pow,
 // rsqrt, layer_norm, softmax and log_softmax keep their input's dtype on the CPU (CUDA
 // would run them in fp32); nll_loss runs in fp32; a mixed-dtype layer norm returns its

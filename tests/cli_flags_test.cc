@@ -1,5 +1,5 @@
 // The CLIs' exit statuses for each kind of error (README, "Verifying a prediction").
-#include "estimator/cli_flags.h"
+#include "estimator/cli/cli_flags.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
-#include "estimator/family.h"
-#include "estimator/model_presets.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/model_presets.h"
 
 namespace memledger {
 namespace {

@@ -5,7 +5,7 @@
 // cuda_allocator_test, and with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True as
 // cuda_allocator_expandable_test, where the real allocator maps pages through the
 // stub's driver API and the simulation runs expandable.
-#include "estimator/cuda_allocator.h"
+#include "estimator/step/cuda_allocator.h"
 
 #include <cuda_runtime_api.h>
 
@@ -19,9 +19,9 @@
 
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "c10/cuda/PeerToPeerAccess.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
-#include "estimator/run_request.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
+#include "estimator/request/run_request.h"
 #include "gtest/gtest.h"
 
 namespace memledger {

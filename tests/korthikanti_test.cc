@@ -25,9 +25,9 @@
 #include <cstdio>
 #include <string>
 
-#include "estimator/config.h"
-#include "estimator/model_presets.h"
-#include "estimator/predict.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/predict/predict.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

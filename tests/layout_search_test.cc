@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "estimator/config.h"
-#include "estimator/family.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
-#include "estimator/run_request.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
+#include "estimator/request/run_request.h"
 #include "planner/step_time.h"
 #include "tests/status_matchers.h"
 

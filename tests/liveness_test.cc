@@ -1,8 +1,8 @@
-// Tests for estimator/liveness (the training step's timeline and peak). The tiny block's
+// Tests for estimator/step/liveness (the training step's timeline and peak). The tiny block's
 // peak is hand arithmetic below; runtime_test measures the same config in LibTorch and
 // expects the same number, and verify_grid_test compares the two on many configs.
-#include "estimator/family.h"
-#include "estimator/liveness.h"
+#include "estimator/graph/family.h"
+#include "estimator/step/liveness.h"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "estimator/config.h"
-#include "estimator/model_presets.h"
-#include "estimator/predict.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/predict/predict.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "tests/status_matchers.h"

@@ -1,7 +1,7 @@
 // Built-in models and the config.json reader: parameter counts equal the published
 // checkpoints' (hand arithmetic in the comments), and every kind of bad config.json is
 // one InvalidArgument line naming the file and the key.
-#include "estimator/model_presets.h"
+#include "estimator/request/model_presets.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "estimator/predict.h"
+#include "estimator/predict/predict.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

@@ -8,7 +8,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/counting_allocator.h"
 
 namespace memledger::runtime {

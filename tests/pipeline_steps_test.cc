@@ -1,10 +1,10 @@
-// PipelineSteps (estimator/pipeline_steps.h) against properties any correct schedule
+// PipelineSteps (estimator/step/pipeline_steps.h) against properties any correct schedule
 // has, checked by replaying every rank's list together: each chunk runs every
 // micro-batch forward then backward, in order; a forward's input and a backward's
 // output gradient have been received before they are used; every message one rank
 // sends is received, in the same order, by the rank that needs it; and the forwards
 // and backwards come in Megatron-LM's order (hand-written below for small cases).
-#include "estimator/pipeline_steps.h"
+#include "estimator/step/pipeline_steps.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "estimator/parallel_spec.h"
+#include "estimator/request/parallel_spec.h"
 
 namespace memledger {
 namespace {

@@ -38,7 +38,7 @@ TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
   EXPECT_EQ(doc["budget_bytes"].GetInt64(), 50 << 20);
   ASSERT_EQ(doc["plan"].Size(), 6u);
   EXPECT_LE(doc["peak_bytes"].GetInt64(), 50 << 20);
-  // The plan replayed (estimator/liveness) peaks where the planner composed it.
+  // The plan replayed (estimator/step/liveness) peaks where the planner composed it.
   EXPECT_EQ(doc["peak"]["bytes"].GetInt64(), doc["peak_bytes"].GetInt64());
   EXPECT_TRUE(doc["peak"]["op"].IsString());
   // Measured by the counting allocator (runtime_test, verify) and by the real stack's

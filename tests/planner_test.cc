@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "estimator/config.h"
-#include "estimator/liveness.h"
-#include "estimator/model_presets.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
+#include "estimator/spec/config.h"
+#include "estimator/step/liveness.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
 #include "planner/flops.h"
 #include "tests/status_matchers.h"
 

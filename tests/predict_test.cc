@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "estimator/config.h"
-#include "estimator/family.h"
-#include "estimator/model_presets.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/predict.h"
-#include "estimator/ranks.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

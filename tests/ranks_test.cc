@@ -1,7 +1,7 @@
-// Per-rank memory of distributed runs (estimator/ranks.h): pipeline stages' parameters
+// Per-rank memory of distributed runs (estimator/predict/ranks.h): pipeline stages' parameters
 // and held activations, ZeRO's shards and the schedules' micro-batches in flight, each
 // against hand arithmetic or the whole model's prediction.
-#include "estimator/ranks.h"
+#include "estimator/predict/ranks.h"
 
 #include <gtest/gtest.h>
 
@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "estimator/config.h"
-#include "estimator/liveness.h"
-#include "estimator/model_presets.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/predict.h"
+#include "estimator/spec/config.h"
+#include "estimator/step/liveness.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

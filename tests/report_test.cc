@@ -1,12 +1,12 @@
 // The JSON report carries the study's keys with the study's types; the table is
 // readable; the breakdown lists each kept storage.
-#include "estimator/report.h"
+#include "estimator/report/report.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "estimator/predict.h"
+#include "estimator/predict/predict.h"
 #include "rapidjson/document.h"
 #include "tests/status_matchers.h"
 

@@ -1,4 +1,4 @@
-// Checks the estimator's keep rules (estimator/rules.h) against the pinned wheel's own
+// Checks the estimator's keep rules (estimator/graph/rules.h) against the pinned wheel's own
 // torch/csrc/autograd/generated/Functions.h: for every op, the SavedVariable members of
 // its backward nodes are exactly the tensors the rules say are kept (plus the optional
 // inputs the graphs never pass). A torch upgrade that changes what a node saves, or
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-#include "estimator/rules.h"
+#include "estimator/graph/rules.h"
 
 namespace memledger {
 namespace {

@@ -5,7 +5,7 @@
 // x (d), ln1 mean+rstd (2), ln1 out (d), qkv (3d), attention out (d), lse (H),
 // x after the residual (d), ln2 mean+rstd (2), ln2 out (d), fc1 out (4d), gelu out (4d);
 // the loss keeps the final output (d). A checkpointed block keeps its input (d).
-#include "estimator/family.h"
+#include "estimator/graph/family.h"
 #include "runtime/runtime.h"
 
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "estimator/config.h"
-#include "estimator/rules.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/rules.h"
 
 namespace memledger::runtime {
 namespace {

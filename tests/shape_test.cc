@@ -1,5 +1,5 @@
 // ATen's view rules as the walker applies them (strides in elements).
-#include "estimator/shape.h"
+#include "estimator/graph/shape.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Sweeps: the grid syntax, its errors, and the rows (hand arithmetic from predict_test).
-#include "estimator/sweep.h"
+#include "estimator/predict/sweep.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@ through the C ABI ("format": "table" and "json"), which the CLIs print byte for 
 
 How a table's number is matched against the JSON's values (strings such as op names are
 taken out of the table first, so their digits are not numbers):
-- "3.07 MiB", "32 B": HumanBytes (estimator/units.cc) of one of the JSON's integers;
+- "3.07 MiB", "32 B": HumanBytes (estimator/report/units.cc) of one of the JSON's integers;
 - "(4026748 B)": the integer itself;
 - "15.1%": a share in the JSON (shares are rounded to 4 places there);
 - "1.6 us", "2.3 ms", "4 s": a JSON number in seconds, to the printed precision;
@@ -31,7 +31,7 @@ NUMBER = re.compile(
 
 
 def human_bytes(n):
-    """estimator/units.cc's HumanBytes, written again."""
+    """estimator/report/units.cc's HumanBytes, written again."""
     if n < 1024:
         return f"{n} B"
     value, unit = float(n), -1

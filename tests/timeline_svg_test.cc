@@ -1,7 +1,7 @@
 // The timeline chart is valid SVG that a real renderer (librsvg's rsvg-convert, which
 // ./bazelw installs) turns into a PNG, with one panel per variant, the phases, the
 // legend and the peak's label.
-#include "estimator/timeline_svg.h"
+#include "estimator/report/timeline_svg.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "estimator/predict.h"
+#include "estimator/predict/predict.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "estimator/config.h"
-#include "estimator/model_presets.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/model_presets.h"
 #include "tests/status_matchers.h"
 #include "verify/verify.h"
 

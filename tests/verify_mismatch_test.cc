@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "estimator/config.h"
-#include "estimator/rules.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/rules.h"
 #include "tests/status_matchers.h"
 #include "verify/verify.h"
 

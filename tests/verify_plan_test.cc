@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "estimator/config.h"
-#include "estimator/model_presets.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/model_presets.h"
 #include "planner/planner.h"
 #include "tests/status_matchers.h"
 #include "verify/verify.h"

@@ -181,7 +181,7 @@ TEST(VerifyRanksTest, InterleavedRanksHoldMegatronsWarmUpPlusOne) {
   EXPECT_EQ(Rank(doc, 1)["measured"]["micro_batches_in_flight.none"].GetInt64(), 3);
   EXPECT_EQ(Rank(doc, 0)["ratio"]["saved_bytes.full"].GetDouble(), 1.0);
   // Each rank's whole step, its chunks in the interleaved order with Megatron's paired
-  // point-to-point operations (estimator/pipeline_steps.h), counted and simulated alike.
+  // point-to-point operations (estimator/step/pipeline_steps.h), counted and simulated alike.
   ExpectPeaksExact(doc, {"none", "full"});
 }
 

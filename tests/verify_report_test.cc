@@ -6,7 +6,7 @@
 #include <string>
 
 #include "rapidjson/document.h"
-#include "estimator/report.h"
+#include "estimator/report/report.h"
 #include "verify/verify.h"
 
 namespace memledger {

@@ -1,4 +1,4 @@
-// The walk memo (estimator/walk_memo.h) against walks that apply every op: a cached
+// The walk memo (estimator/graph/walk_memo.h) against walks that apply every op: a cached
 // graph's walks, most read from its memo, equal a fresh graph's (built without a memo)
 // walks at the same sizes, for every family, down to batches, sequences and head counts
 // of 1; and a graph whose reshape views or copies by its sizes keeps a walk of each.
@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "estimator/block_graph.h"
-#include "estimator/config.h"
-#include "estimator/family.h"
-#include "estimator/model_presets.h"
-#include "estimator/walker.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/model_presets.h"
+#include "estimator/saved/walker.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

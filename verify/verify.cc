@@ -10,10 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "estimator/checked_math.h"
-#include "estimator/rules.h"
-#include "estimator/shape.h"
-#include "estimator/units.h"
+#include "estimator/spec/checked_math.h"
+#include "estimator/graph/rules.h"
+#include "estimator/graph/shape.h"
+#include "estimator/report/units.h"
 #include "planner/flops.h"
 
 namespace memledger {

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "estimator/config.h"
-#include "estimator/predict.h"
-#include "estimator/rules.h"
+#include "estimator/spec/config.h"
+#include "estimator/predict/predict.h"
+#include "estimator/graph/rules.h"
 #include "runtime/runtime.h"
 
 namespace memledger {

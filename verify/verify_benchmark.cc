@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/checkpoint.h"
 #include "runtime/model.h"
 #include "runtime/threads.h"

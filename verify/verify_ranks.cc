@@ -8,12 +8,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "estimator/checked_math.h"
-#include "estimator/family.h"
-#include "estimator/liveness.h"
-#include "estimator/report.h"
-#include "estimator/rules.h"
-#include "estimator/units.h"
+#include "estimator/spec/checked_math.h"
+#include "estimator/graph/family.h"
+#include "estimator/step/liveness.h"
+#include "estimator/report/report.h"
+#include "estimator/graph/rules.h"
+#include "estimator/report/units.h"
 #include "verify/verify_report.h"
 
 namespace memledger {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "estimator/config.h"
-#include "estimator/parallel_spec.h"
-#include "estimator/ranks.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/ranks.h"
 #include "rapidjson/document.h"
 #include "runtime/distributed.h"
 #include "verify/verify.h"

@@ -8,11 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "estimator/family.h"
-#include "estimator/report.h"
-#include "estimator/rules.h"
-#include "estimator/timeline_svg.h"
-#include "estimator/units.h"
+#include "estimator/graph/family.h"
+#include "estimator/report/report.h"
+#include "estimator/graph/rules.h"
+#include "estimator/report/timeline_svg.h"
+#include "estimator/report/units.h"
 
 namespace memledger {
 namespace {

@@ -25,7 +25,7 @@ void AddVerdictJson(double grad_tolerance, const std::vector<std::string>& failu
                     rapidjson::Document& doc);
 
 // VerifyTimelineSvg: the predicted step's timeline per variant with the measured live
-// bytes drawn over it (estimator/timeline_svg.h). FailedPrecondition if the report has no
+// bytes drawn over it (estimator/report/timeline_svg.h). FailedPrecondition if the report has no
 // predicted timeline (verified without VerifyOptions::timeline) or no measured step;
 // Unimplemented, with the reason, where the step simulation does not model the config.
 absl::StatusOr<std::string> VerifyTimelineSvg(const VerifyReport& report);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 
 namespace memledger {
 

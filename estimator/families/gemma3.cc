@@ -10,9 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/config_json.h"
-#include "estimator/family.h"
-#include "estimator/graph_builder.h"
+#include "estimator/spec/config_json.h"
+#include "estimator/graph/family.h"
+#include "estimator/graph/graph_builder.h"
 
 namespace memledger {
 namespace {

@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "estimator/config_json.h"
-#include "estimator/family.h"
-#include "estimator/graph_builder.h"
+#include "estimator/spec/config_json.h"
+#include "estimator/graph/family.h"
+#include "estimator/graph/graph_builder.h"
 
 namespace memledger {
 namespace {
@@ -60,7 +60,7 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
     k = g.KvCache("k_cache", k, keys);
     v = g.KvCache("v_cache", v, keys);
   }
-  // With attention dropout the CPU's SDPA runs its math kernel (estimator/sdpa_kernel.h).
+  // With attention dropout the CPU's SDPA runs its math kernel (estimator/graph/sdpa_kernel.h).
   int attention = g.CausalAttention(mode, q, k, v);
   int transposed = g.Op1(OpType::kTranspose, "attention.transpose", {attention}, {.dim = 1, .dim1 = 2});
   int merged = g.Op1(OpType::kReshape, "attention.merge_heads",

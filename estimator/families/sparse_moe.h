@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "estimator/config.h"
-#include "estimator/graph_builder.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/graph_builder.h"
 
 namespace memledger {
 

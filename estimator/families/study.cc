@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "estimator/family.h"
-#include "estimator/graph_builder.h"
+#include "estimator/graph/family.h"
+#include "estimator/graph/graph_builder.h"
 
 namespace memledger {
 namespace {

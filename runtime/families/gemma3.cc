@@ -123,7 +123,7 @@ class Gemma3LayerImpl : public DecoderLayer {
 
 // SlidingWindowMask is create_sliding_window_causal_mask's sdpa_mask without vmap
 // (masking_utils.py), as the estimator's simulation describes it
-// (estimator/simulation_schedule.cc, SlidingWindowMask): the (1, 1, T, T) bool mask of
+// (estimator/step/simulation_schedule.cc, SlidingWindowMask): the (1, 1, T, T) bool mask of
 // kv > q - window and kv <= q.
 at::Tensor SlidingWindowMask(int64_t batch, int64_t seq, int64_t window) {
   at::NoGradGuard no_grad;

@@ -9,7 +9,7 @@
 
 #include <utility>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/last_use.h"
 #include "runtime/model.h"
 #include "runtime/selective_ops.h"
@@ -20,7 +20,7 @@ namespace memledger::runtime {
 // inv_freq = 1 / base^(arange(0, d_head, 2) / d_head), freqs = outer(arange(T),
 // inv_freq), emb = cat(freqs, freqs); cos and sin of (1, T, d_head), returned in the
 // hidden states' dtype as transformers does (cos.to(x.dtype)). The estimator's
-// simulation makes the same temporaries (estimator/simulation_schedule.cc, RopeTables).
+// simulation makes the same temporaries (estimator/step/simulation_schedule.cc, RopeTables).
 inline std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double base,
                                                     at::ScalarType dtype) {
   at::NoGradGuard no_grad;

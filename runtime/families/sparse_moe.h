@@ -9,7 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
-#include "estimator/config.h"
+#include "estimator/spec/config.h"
 #include "runtime/selective_ops.h"
 
 namespace memledger::runtime {

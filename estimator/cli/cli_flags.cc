@@ -1,0 +1,383 @@
+#include "estimator/cli/cli_flags.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "estimator/request/run_request.h"
+
+ABSL_FLAG(std::string, model, "study",
+          "The model: a built-in name (study, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, "
+          "qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma-3-27b, gpt2, megatron-gpt, "
+          "and the small tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-gemma3, tiny-gpt2) or "
+          "the path of a transformers config.json (model_type llama, mistral, qwen2, qwen3, "
+          "qwen3_moe, mixtral, gemma3_text, gpt2, or gemma3, whose text_config is read: the "
+          "text model without the vision tower). The size flags below override its sizes.");
+ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,
+          "Number of Transformer blocks / decoder layers (>= 1; default: the model's, the "
+          "study's 6).");
+ABSL_FLAG(std::optional<int64_t>, width, std::nullopt,
+          "Model width (hidden size) d (>= 1; default: the model's, the study's 128).");
+ABSL_FLAG(std::optional<int64_t>, heads, std::nullopt,
+          "Attention heads H (>= 1; default: the model's, the study's 4).");
+ABSL_FLAG(std::optional<int64_t>, kv_heads, std::nullopt,
+          "Key/value heads (grouped-query attention; default: the model's).");
+ABSL_FLAG(std::optional<int64_t>, head_dim, std::nullopt,
+          "Per-head width (default: the model's, usually width / heads).");
+ABSL_FLAG(std::optional<int64_t>, intermediate, std::nullopt,
+          "MLP width F (default: the model's, 4 x width for the study and GPT-2).");
+ABSL_FLAG(std::optional<int64_t>, vocab, std::nullopt, "Vocabulary size V (default: the model's).");
+ABSL_FLAG(int64_t, batch, 16, "Batch size B (>= 1).");
+ABSL_FLAG(int64_t, seq, 64, "Sequence length T (>= 1).");
+ABSL_FLAG(std::string, variants, "none,full,every_k,selective",
+          "Comma-separated checkpointing variants: none, full, every_k (uses --every), "
+          "every_<k> (e.g. every_3), selective (uses --policy).");
+ABSL_FLAG(int64_t, every, 2, "k of every_k: blocks i with i % k == 0 are checkpointed.");
+ABSL_FLAG(std::string, policy, "matmul",
+          "Op kinds the selective variant must-saves, comma-separated: matmul (the "
+          "linears), attention (flash only), layer_norm, gelu, silu; each where the model "
+          "has it (the llama family: matmul, attention, silu).");
+ABSL_FLAG(std::string, attention, "flash",
+          "flash (PyTorch 2.x CPU flash SDPA contract) or math (plain ops, keeps T x T).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the step runs: cpu (what memledger's runtime measures) or cuda (a CUDA "
+          "GPU's step: CUDA autocast's fp32 list, the CUDA SDPA kernels, native dropout's "
+          "masks, host scalars, cuBLAS workspaces; peak_bytes in the caching allocator's "
+          "blocks and peak_reserved_bytes in its segments).");
+ABSL_FLAG(std::string, sdpa_backend, "auto",
+          "The kernel scaled_dot_product_attention runs: auto (what the pinned torch picks "
+          "for the dtype, head_dim, mask and grouped-query heads; on an sm90 GPU flash, then "
+          "efficient, then math), flash, efficient, cudnn or math.");
+ABSL_FLAG(bool, expandable_segments, false,
+          "With --device=cuda: the caching allocator runs expandable segments "
+          "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): each pool one segment "
+          "grown by 2 MiB or 20 MiB pages, every block split at 512 B.");
+ABSL_FLAG(double, cuda_context_mib, 273.75,
+          "With --device=cuda: the CUDA context's device memory, outside the caching "
+          "allocator (its own bucket; default: PyTorch PR #86509's measurement with lazy "
+          "module loading, 287,047,680 B).");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
+          "(pure low precision; PyTorch still keeps some tensors in fp32).");
+ABSL_FLAG(std::string, amp, "none",
+          "Autocast over the fp32 model: none, bf16 or fp16 (matmuls and SDPA in that dtype "
+          "on cast copies, weights included; norms and losses in fp32).");
+ABSL_FLAG(std::string, optimizer, "adamw", "The optimizer: adamw, adam or sgd.");
+ABSL_FLAG(std::string, optimizer_impl, "auto",
+          "torch.optim's implementation: for_loop (foreach=False), foreach (foreach=True) "
+          "or fused (fused=True); auto is torch.optim's default for the device (the "
+          "for-loop on the CPU).");
+ABSL_FLAG(double, momentum, 0, "SGD's momentum (> 0 keeps a momentum buffer).");
+ABSL_FLAG(std::string, checkpoint_impl, "non_reentrant",
+          "torch.utils.checkpoint's implementation (use_reentrant): non_reentrant, the "
+          "default of torch and transformers 5.23, or reentrant, whose checkpoints hold "
+          "their RNG state and call arguments until the loss dies.");
+ABSL_FLAG(bool, master_weights, false,
+          "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
+ABSL_FLAG(int64_t, tp, 1,
+          "Tensor-parallel ranks (Megatron's split of heads, MLP columns and vocabulary; "
+          "llama and gpt2 families): the buckets are one rank's.");
+ABSL_FLAG(bool, sp, false,
+          "Megatron's sequence parallelism with --tp (llama and gpt2 families; not with "
+          "--amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
+ABSL_FLAG(int64_t, dp, 1,
+          "Data-parallel ranks (predict: every kind of rank's memory, under --zero; "
+          "verify: run on that many Gloo ranks per model shard).");
+ABSL_FLAG(int64_t, pp, 1,
+          "Pipeline stages (llama and gpt2 families; --layers divisible by --pp x "
+          "--virtual_stages): each stage holds its layers' micro-batches in flight.");
+ABSL_FLAG(int64_t, virtual_stages, 1,
+          "Model chunks per pipeline rank (with --schedule=interleaved).");
+ABSL_FLAG(int64_t, micro_batches, 1,
+          "Micro-batches per step and pipeline, each of --batch sequences.");
+ABSL_FLAG(int64_t, zero, 0,
+          "ZeRO stage over the --dp ranks: 1 shards the optimizer's state, 2 the "
+          "gradients too, 3 the parameters too.");
+ABSL_FLAG(std::string, schedule, "1f1b",
+          "The pipeline schedule: 1f1b or interleaved (Megatron-LM's).");
+ABSL_FLAG(std::string, experts_impl, "grouped_mm",
+          "A mixture of experts' experts implementation: grouped_mm (transformers 5.23's "
+          "default; its memory does not depend on the routing) or eager (a loop over the "
+          "experts hit, each with its share of the tokens).");
+ABSL_FLAG(std::string, routing, "balanced",
+          "The eager experts' routing: balanced (an even split, the remainder to the lowest "
+          "expert ids), worst (every token to the same experts) or PATH to a JSON file "
+          "{\"layers\": [[tokens per expert, ...], ...]}, one row per sparse layer, each "
+          "summing to batch x seq x experts per token (exact for that step).");
+ABSL_FLAG(std::string, format, "json",
+          "Output format: json or table; with predict's --sweep, csv or jsonl.");
+ABSL_FLAG(std::string, json_out, "",
+          "Also write the JSON report to this file (atomically: temp file + rename).");
+ABSL_FLAG(std::string, timeline_svg, "",
+          "Also write the step's memory timeline as an SVG chart to this path: live bytes by "
+          "category along forward, backward and optimizer step, one panel per variant, the "
+          "peak marked.");
+
+namespace memledger {
+
+RunRequest RunRequestFromFlags() {
+  RunRequest request;
+  request.model = absl::GetFlag(FLAGS_model);
+  request.layers = absl::GetFlag(FLAGS_layers);
+  request.width = absl::GetFlag(FLAGS_width);
+  request.heads = absl::GetFlag(FLAGS_heads);
+  request.kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  request.head_dim = absl::GetFlag(FLAGS_head_dim);
+  request.intermediate = absl::GetFlag(FLAGS_intermediate);
+  request.vocab = absl::GetFlag(FLAGS_vocab);
+  request.batch = absl::GetFlag(FLAGS_batch);
+  request.seq = absl::GetFlag(FLAGS_seq);
+  request.variants = absl::GetFlag(FLAGS_variants);
+  request.every = absl::GetFlag(FLAGS_every);
+  request.policy = absl::GetFlag(FLAGS_policy);
+  request.attention = absl::GetFlag(FLAGS_attention);
+  request.device = absl::GetFlag(FLAGS_device);
+  request.sdpa_backend = absl::GetFlag(FLAGS_sdpa_backend);
+  request.expandable_segments = absl::GetFlag(FLAGS_expandable_segments);
+  request.cuda_context_mib = absl::GetFlag(FLAGS_cuda_context_mib);
+  request.dtype = absl::GetFlag(FLAGS_dtype);
+  request.amp = absl::GetFlag(FLAGS_amp);
+  request.optimizer = absl::GetFlag(FLAGS_optimizer);
+  request.optimizer_impl = absl::GetFlag(FLAGS_optimizer_impl);
+  request.momentum = absl::GetFlag(FLAGS_momentum);
+  request.checkpoint_impl = absl::GetFlag(FLAGS_checkpoint_impl);
+  request.master_weights = absl::GetFlag(FLAGS_master_weights);
+  request.tp = absl::GetFlag(FLAGS_tp);
+  request.sp = absl::GetFlag(FLAGS_sp);
+  request.dp = absl::GetFlag(FLAGS_dp);
+  request.pp = absl::GetFlag(FLAGS_pp);
+  request.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
+  request.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  request.zero = absl::GetFlag(FLAGS_zero);
+  request.schedule = absl::GetFlag(FLAGS_schedule);
+  request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
+  request.routing = absl::GetFlag(FLAGS_routing);
+  return request;
+}
+
+absl::StatusOr<RunSpec> RunSpecFromFlags() {
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(RunRequestFromFlags());
+  if (!spec.ok()) return spec.status();
+
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "json" && format != "table" && format != "csv" && format != "jsonl") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format must be json or table (csv or jsonl with --sweep), got '", format, "'"));
+  }
+  spec->format = format;
+  spec->table = format == "table";
+  return spec;
+}
+
+int ReportError(const absl::Status& status) {
+  const absl::StatusCode code = status.code();
+  if (code == absl::StatusCode::kUnimplemented) {
+    std::cerr << "not measurable here: " << status.message()
+              << " (predict still answers for this config)\n";
+    return 3;
+  }
+  std::cerr << "error: " << status.message() << "\n";
+  const bool user_error = code == absl::StatusCode::kInvalidArgument ||
+                          code == absl::StatusCode::kOutOfRange ||
+                          code == absl::StatusCode::kResourceExhausted;
+  return user_error ? 2 : 1;
+}
+
+namespace {
+
+// kFlagGroups: where --help lists each of the CLIs' flags, in this order (a flag not
+// named here is listed under "other").
+constexpr std::pair<const char*, const char*> kFlagGroups[] = {
+    {"model", "model"},          {"layers", "model"},         {"width", "model"},
+    {"heads", "model"},          {"kv_heads", "model"},       {"head_dim", "model"},
+    {"intermediate", "model"},   {"vocab", "model"},          {"attention", "model"},
+    {"experts_impl", "model"},   {"routing", "input"},
+    {"batch", "input"},          {"seq", "input"},            {"sweep", "input"},
+    {"seed", "input"},           {"dtype", "precision"},      {"amp", "precision"},
+    {"master_weights", "precision"}, {"optimizer", "optimizer"},
+    {"optimizer_impl", "optimizer"}, {"momentum", "optimizer"},
+    {"variants", "checkpointing"},   {"every", "checkpointing"},
+    {"policy", "checkpointing"},     {"checkpoint_impl", "checkpointing"},
+    {"plan", "checkpointing"},       {"budget_gib", "checkpointing"},
+    {"frontier_points", "checkpointing"}, {"flops_per_second", "checkpointing"},
+    {"tp", "parallelism"},       {"sp", "parallelism"},       {"dp", "parallelism"},
+    {"pp", "parallelism"},       {"virtual_stages", "parallelism"},
+    {"micro_batches", "parallelism"}, {"zero", "parallelism"},
+    {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
+    {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
+    {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},
+    {"global_batch", "input"},   {"max_virtual_stages", "parallelism"},
+    {"device", "device"},        {"sdpa_backend", "device"},
+    {"expandable_segments", "device"}, {"cuda_context_mib", "device"},
+    {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
+    {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
+    {"witness", "verification"}, {"witness_python", "verification"},
+    {"grad_tolerance", "verification"}, {"skip_timing", "verification"},
+    {"format", "output"},        {"json_out", "output"},      {"timeline_svg", "output"},
+    {"explain", "output"},       {"plan_out", "output"},      {"frontier_svg", "output"},
+    {"top", "output"},           {"chart_svg", "output"},    {"snapshot_out", "output"},
+};
+
+// Wrapped breaks `text` into lines of at most `width` columns, each indented by
+// `indent` spaces and ended by a newline (a word longer than a line stays whole).
+std::string Wrapped(absl::string_view text, int indent, int width) {
+  std::string out, line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && static_cast<int>(line.size() + 1 + word.size()) > width - indent) {
+      absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty()) absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+  return out;
+}
+
+// IsHelpRequest: --help (or -help, -h, --helpshort) with no value: the grouped list.
+// --helpfull and --help=SUBSTRING stay Abseil's.
+bool IsHelpRequest(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (absl::string_view help : {"--help", "-help", "-h", "--helpshort", "-helpshort"}) {
+      if (arg == help) return true;
+    }
+  }
+  return false;
+}
+
+// PrintGroupedHelp prints `usage` and then every flag this program defines (Abseil's
+// own are left to --helpfull), by group, each with its default and its help text.
+void PrintGroupedHelp(const char* usage) {
+  struct Entry {
+    int order;
+    std::string name, text;
+  };
+  std::vector<std::pair<std::string, std::vector<Entry>>> groups;
+  auto group_of = [&](absl::string_view name) -> std::pair<std::string, int> {
+    int order = 0;
+    for (const auto& [flag, group] : kFlagGroups) {
+      if (name == flag) return {group, order};
+      ++order;
+    }
+    return {"other", order};
+  };
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    // Abseil's own flags (--flagfile, --fromenv, ...) are defined in its sources.
+    const std::string file = flag->Filename();
+    if (absl::StrContains(file, "absl/")) continue;
+    const auto [group, order] = group_of(name);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == group; });
+    if (it == groups.end()) {
+      groups.emplace_back(group, std::vector<Entry>());
+      it = groups.end() - 1;
+    }
+    // An optional flag without a default says in its help what it falls back to.
+    const std::string value = flag->DefaultValue();
+    it->second.push_back({order, std::string(name),
+                          absl::StrCat("  --", name,
+                                       value.empty() ? "" : absl::StrCat(" (default ", value, ")"),
+                                       "\n", Wrapped(flag->Help(), 6, 88))});
+  }
+  // Groups in kFlagGroups' order, "other" last; flags in the table's order.
+  auto rank = [&](const std::string& group) {
+    int order = 0;
+    for (const auto& [flag, g] : kFlagGroups) {
+      if (group == g) return order;
+      ++order;
+    }
+    return order;
+  };
+  std::sort(groups.begin(), groups.end(),
+            [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
+  std::cout << usage << "\n\nFlags (--helpfull adds Abseil's own):\n";
+  for (auto& [group, entries] : groups) {
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.order != b.order ? a.order < b.order : a.name < b.name;
+    });
+    std::cout << "\n" << group << ":\n";
+    for (const Entry& e : entries) std::cout << e.text;
+  }
+}
+
+// CheckFlagsOrExit looks at every --flag[=value] before Abseil parses them, so that an
+// unknown flag or a value that does not parse exits 2 with one line, like every other
+// bad input (Abseil's own parser exits 1).
+void CheckFlagsOrExit(int argc, char** argv) {
+  auto fail = [](const std::string& message) {
+    std::cerr << "error: " << message << "\n";
+    std::exit(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    const size_t equals = arg.find('=');
+    absl::string_view name = arg.substr(0, equals);
+    for (absl::string_view builtin : {"help", "helpfull", "helpshort", "helppackage",
+                                      "version", "only_check_args", "flagfile", "fromenv",
+                                      "tryfromenv", "undefok"}) {
+      if (name == builtin) name = "";
+    }
+    if (name.empty()) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && equals == absl::string_view::npos) {
+      // --noexplain is --explain=false.
+      absl::string_view positive = name;
+      if (absl::ConsumePrefix(&positive, "no")) {
+        absl::CommandLineFlag* boolean = absl::FindCommandLineFlag(positive);
+        if (boolean != nullptr && boolean->IsOfType<bool>()) continue;
+      }
+    }
+    if (flag == nullptr) fail(absl::StrCat("unknown flag --", name, " (see --help)"));
+    std::string value;
+    if (equals != absl::string_view::npos) {
+      value = std::string(arg.substr(equals + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];  // --flag value
+    } else {
+      fail(absl::StrCat("--", name, " needs a value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      fail(absl::StrCat("--", name, ": ", error));
+    }
+  }
+}
+
+}  // namespace
+
+void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  if (IsHelpRequest(argc, argv)) {
+    PrintGroupedHelp(usage);
+    std::exit(0);
+  }
+  CheckFlagsOrExit(argc, argv);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::vector<std::string> extra(positional.begin() + 1, positional.end());
+    std::cerr << "error: unexpected argument(s): " << absl::StrJoin(extra, " ")
+              << " (flags look like --layers=6; see --help)\n";
+    std::exit(2);
+  }
+}
+
+}  // namespace memledger

@@ -1,0 +1,67 @@
+// The model and variant flags shared by the predict and verify command lines, and the
+// conversion of their values into a config and variants with one-line errors.
+#ifndef ESTIMATOR_CLI_FLAGS_H_
+#define ESTIMATOR_CLI_FLAGS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/run_request.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, layers);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, width);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, heads);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, kv_heads);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, head_dim);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, intermediate);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, vocab);
+ABSL_DECLARE_FLAG(int64_t, batch);
+ABSL_DECLARE_FLAG(int64_t, seq);
+ABSL_DECLARE_FLAG(std::string, variants);
+ABSL_DECLARE_FLAG(int64_t, every);
+ABSL_DECLARE_FLAG(std::string, policy);
+ABSL_DECLARE_FLAG(std::string, attention);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, amp);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(std::string, optimizer_impl);
+ABSL_DECLARE_FLAG(double, momentum);
+ABSL_DECLARE_FLAG(std::string, checkpoint_impl);
+ABSL_DECLARE_FLAG(bool, master_weights);
+ABSL_DECLARE_FLAG(int64_t, tp);
+ABSL_DECLARE_FLAG(bool, sp);
+ABSL_DECLARE_FLAG(std::string, format);
+ABSL_DECLARE_FLAG(std::string, json_out);
+ABSL_DECLARE_FLAG(std::string, timeline_svg);
+
+namespace memledger {
+
+// RunRequestFromFlags collects the shared flags as a request, unvalidated.
+RunRequest RunRequestFromFlags();
+
+// RunSpecFromFlags validates every shared flag; errors name the flag.
+absl::StatusOr<RunSpec> RunSpecFromFlags();
+
+// ReportError prints "error: <message>" on stderr and returns the exit status: 2 for
+// the user's input (InvalidArgument, OutOfRange, ResourceExhausted), 3 for a config
+// LibTorch cannot run on this machine (Unimplemented: an op without a CPU kernel in that
+// dtype), else 1.
+int ReportError(const absl::Status& status);
+
+// ParseCommandLineOrExit parses flags with `usage` as the help text; it exits with
+// status 2 and a one-line message for an unknown flag, a value that does not parse or a
+// positional argument. --help (-h, --helpshort) prints `usage` and every flag the
+// program defines, grouped (model, input, precision, optimizer, checkpointing,
+// parallelism, device, verification, output), on stdout, and exits 0; --helpfull adds
+// Abseil's own flags.
+void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_CLI_FLAGS_H_

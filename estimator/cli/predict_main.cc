@@ -1,0 +1,198 @@
+// predict: memledger's estimator on the command line. Prints every memory bucket of
+// training the model for each checkpointing variant, as JSON (default) or a table.
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/cli/atomic_file.h"
+#include "estimator/cli/cli_flags.h"
+#include "estimator/report/memory_snapshot.h"
+#include "estimator/predict/predict.h"
+#include "estimator/predict/ranks.h"
+#include "estimator/report/report.h"
+#include "estimator/graph/rules.h"
+#include "estimator/predict/sweep.h"
+#include "estimator/report/timeline_svg.h"
+#include "estimator/report/units.h"
+
+ABSL_FLAG(bool, explain, false,
+          "Also print the per-op breakdown: every kept storage of each kind of block.");
+ABSL_FLAG(std::string, sweep, "",
+          "A grid of runs, e.g. batch:1..64,seq:1024..32768 (lo..hi doubles, or v1|v2|v3; "
+          "axes batch, seq, layers), printed one row per point and variant as --format=csv "
+          "(default) or jsonl.");
+ABSL_FLAG(int32_t, cpu_threads, 1,
+          "LibTorch's intra-op threads on the CPU, which size some kernels' workspaces in "
+          "the step's peak (a few KiB).");
+ABSL_FLAG(std::string, snapshot_out, "",
+          "Also write the step of the one variant --variants names as a PyTorch memory "
+          "snapshot (torch.cuda.memory._snapshot()'s pickle) to this path, for "
+          "torch.cuda._memory_viz and https://pytorch.org/memory_viz.");
+ABSL_FLAG(double, budget_gib, 0,
+          "With --sweep: the memory budget in GiB; each row says whether parameters, "
+          "gradients, optimizer state and saved activations fit in it.");
+
+namespace {
+
+std::string Usage() {
+  return absl::StrCat(
+      "Predicts the training memory of a stack of pre-LN Transformer blocks: parameters, "
+      "gradients, AdamW state and activations saved for backward under each "
+      "checkpointing variant, byte for byte as torch ", memledger::kTorchRelease,
+      " and transformers ", memledger::kTransformersRelease, " keep them, and the whole training step's peak (where, and by category; "
+      "--timeline_svg draws it).\n\n"
+      "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
+      "--seq=2048 --format=table\n\n"
+      "Exit status: 0 on success, 2 for bad input.");
+}
+
+// RunSweep prints the grid's rows (csv unless --format=jsonl) to stdout, and to
+// --json_out atomically when given.
+int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t budget_bytes) {
+  if (spec.format == "table") {
+    return memledger::ReportError(
+        absl::InvalidArgumentError("--sweep prints --format=csv or --format=jsonl"));
+  }
+  if (spec.parallel.Distributed()) {
+    return memledger::ReportError(
+        absl::InvalidArgumentError("--sweep does not take --dp or --pp yet"));
+  }
+  absl::StatusOr<memledger::SweepGrid> grid = memledger::ParseSweep(text);
+  if (!grid.ok()) return memledger::ReportError(grid.status());
+  // CSV unless --format=jsonl (the default json means csv here).
+  const auto format = spec.format == "jsonl" ? memledger::SweepFormat::kJsonLines
+                                             : memledger::SweepFormat::kCsv;
+  absl::StatusOr<std::string> rows = memledger::RunSweep(
+      memledger::RunRequestFromFlags(), *grid, budget_bytes, format);
+  if (!rows.ok()) return memledger::ReportError(rows.status());
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, *rows); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  std::cout << *rows;
+  return 0;
+}
+
+// Output writes `json` to --json_out (atomically) and prints `json` or `table`.
+int Output(const memledger::RunSpec& spec, const std::string& json, const std::string& table) {
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  std::cout << (spec.table ? table : json);
+  return 0;
+}
+
+// PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
+// every kind of rank.
+// WriteTimelineSvg draws each variant's predicted step timeline into `path`
+// (atomically); Unimplemented, and no file, where a variant's step is not simulated.
+absl::Status WriteTimelineSvg(const std::string& path, const std::string& title,
+                              const std::vector<memledger::VariantPrediction>& variants) {
+  absl::StatusOr<std::string> svg = memledger::PredictedTimelineSvg(title, variants);
+  if (!svg.ok()) {
+    return absl::Status(svg.status().code(),
+                        absl::StrCat("--timeline_svg: ", svg.status().message()));
+  }
+  return memledger::WriteFileAtomically(path, *svg);
+}
+
+int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options,
+               const std::string& svg_path) {
+  absl::StatusOr<memledger::DistributedPrediction> p =
+      memledger::PredictDistributed(spec.config, spec.parallel, options);
+  if (!p.ok()) return memledger::ReportError(p.status());
+  if (!svg_path.empty()) {
+    // The most loaded rank's step.
+    absl::StatusOr<std::string> svg = memledger::RankTimelineSvg(p->ranks.kinds.front());
+    if (!svg.ok()) {
+      return memledger::ReportError(absl::Status(
+          svg.status().code(), absl::StrCat("--timeline_svg: ", svg.status().message())));
+    }
+    if (absl::Status s = memledger::WriteFileAtomically(svg_path, *svg); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  return Output(spec, memledger::JsonString(memledger::RanksJson(p->whole, p->ranks)),
+                spec.table ? memledger::RanksTable(p->whole, p->ranks) : "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string usage = Usage();
+  memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
+  absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
+  if (!spec.ok()) return memledger::ReportError(spec.status());
+  const std::string sweep = absl::GetFlag(FLAGS_sweep);
+  const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
+  // 0: no budget column; otherwise whole bytes that fit int64.
+  const std::optional<int64_t> budget_bytes =
+      budget_gib == 0 ? std::optional<int64_t>(0) : memledger::GibToBytes(budget_gib);
+  if (!budget_bytes.has_value()) {
+    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
+        "--budget_gib must be >= 0 and below 2^33 GiB, got ", budget_gib)));
+  }
+  if (!sweep.empty()) return RunSweep(*spec, sweep, *budget_bytes);
+  if (spec->format == "csv" || spec->format == "jsonl" || budget_gib > 0) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--format=csv, --format=jsonl and --budget_gib go with --sweep"));
+  }
+
+  memledger::PredictOptions options;
+  options.attention = spec->attention;
+  options.variants = spec->variants;
+  options.optimizer = spec->optimizer;
+  options.breakdown = absl::GetFlag(FLAGS_explain);
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  if (options.cpu_threads < 1) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        absl::StrCat("--cpu_threads must be >= 1, got ", options.cpu_threads)));
+  }
+  const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
+  const std::string snapshot_path = absl::GetFlag(FLAGS_snapshot_out);
+  options.timeline = !svg_path.empty() || !snapshot_path.empty();
+  if (!snapshot_path.empty() && (spec->parallel.Distributed() || options.variants.size() != 1)) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--snapshot_out writes one process's step of one variant: give --variants one "
+        "name, without --dp or --pp"));
+  }
+  if (spec->parallel.Distributed()) return PrintRanks(*spec, options, svg_path);
+  absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
+  if (!prediction.ok()) return memledger::ReportError(prediction.status());
+  if (!snapshot_path.empty()) {
+    const memledger::VariantPrediction& v = prediction->variants.front();
+    if (v.timeline == nullptr) {
+      return memledger::ReportError(absl::UnimplementedError(
+          absl::StrCat("--snapshot_out: no step simulation: ", v.peak_unavailable)));
+    }
+    absl::StatusOr<std::string> pickle = memledger::MemorySnapshotPickle(*v.timeline);
+    if (!pickle.ok()) return memledger::ReportError(pickle.status());
+    if (absl::Status s = memledger::WriteFileAtomically(snapshot_path, *pickle); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+
+  if (!svg_path.empty()) {
+    if (absl::Status s = WriteTimelineSvg(
+            svg_path,
+            memledger::PredictedStepTitle(spec->config.device), prediction->variants);
+        !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  const std::string json = memledger::JsonString(memledger::PredictionJson(*prediction));
+  std::string table;
+  if (spec->table) {
+    table = memledger::PredictionTable(*prediction);
+    if (options.breakdown) table += "\n" + memledger::BreakdownText(*prediction);
+  }
+  return Output(*spec, json, table);
+}

@@ -1,0 +1,218 @@
+#include "estimator/graph/block_graph.h"
+
+#include <array>
+#include <compare>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "estimator/graph/family.h"
+#include "estimator/graph/sdpa_kernel.h"
+
+namespace memledger {
+
+const char* ModelTensorName(ModelTensor id) {
+  switch (id) {
+    case ModelTensor::kNone:
+      return "";
+    case ModelTensor::kInputIds:
+      return "input_ids";
+    case ModelTensor::kPositionIds:
+      return "position_ids";
+    case ModelTensor::kRopeCos:
+      return "rope.cos";
+    case ModelTensor::kRopeSin:
+      return "rope.sin";
+    case ModelTensor::kRopeLocalCos:
+      return "rope_local.cos";
+    case ModelTensor::kRopeLocalSin:
+      return "rope_local.sin";
+    case ModelTensor::kSlidingMask:
+      return "sliding_mask";
+  }
+  return "?";
+}
+
+ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
+  return FamilyOf(config.family).graphs(config, mode);
+}
+
+// Elements is a parameter's, buffer's or global's element count for `symbols`.
+CheckedInt64 Elements(const TensorDef& tensor, const SymbolValues& symbols) {
+  CheckedInt64 numel = 1;
+  for (const SymDim& dim : tensor.shape) numel *= dim.Evaluate(symbols);
+  return numel;
+}
+
+CheckedInt64 TensorElements(const TensorDef& tensor, const ModelConfig& config) {
+  return Elements(tensor, SymbolValues(config));
+}
+
+CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config, bool tied) {
+  const SymbolValues symbols(config);
+  CheckedInt64 count = 0;
+  for (const TensorDef& tensor : graph.tensors) {
+    if (!tensor.is_parameter || tensor.is_tied != tied) continue;
+    count += Elements(tensor, symbols);
+  }
+  return count;
+}
+
+std::vector<int> BlockGraph::Parameters() const {
+  if (!parameter_order.empty()) return parameter_order;
+  std::vector<int> parameters;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].is_parameter) parameters.push_back(static_cast<int>(t));
+  }
+  return parameters;
+}
+
+int64_t ModelGraphs::LayersOfKind(int kind, int64_t first, int64_t count) const {
+  // Whole periods, then the rest of the range one pattern position at a time.
+  const int64_t period = Period();
+  int64_t per_period = 0;
+  for (int k : pattern) per_period += k == kind ? 1 : 0;
+  int64_t layers = count / period * per_period;
+  for (int64_t i = first + count / period * period; i < first + count; ++i) {
+    layers += KindOf(i) == kind ? 1 : 0;
+  }
+  return layers;
+}
+
+int64_t ModelGraphs::FirstOfKind(int kind) const {
+  for (int64_t i = 0; i < Period(); ++i) {
+    if (pattern[i] == kind) return i;
+  }
+  return -1;
+}
+
+ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
+                                const StageRange& stage) {
+  ParameterCensus census;
+  auto add = [&](const BlockGraph& graph, int64_t copies, bool tied) {
+    census.elements += CheckedInt64(copies) * ParameterCount(graph, config, tied);
+    for (const TensorDef& tensor : graph.tensors) {
+      if (tensor.is_parameter && tensor.is_tied == tied) census.tensors += copies;
+    }
+  };
+  for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
+    add(graphs.layer_kinds[kind],
+        graphs.LayersOfKind(static_cast<int>(kind), stage.first_layer, stage.layers),
+        /*tied=*/false);
+  }
+  if (stage.prologue && graphs.prologue.has_value()) add(*graphs.prologue, 1, false);
+  if (stage.head) {
+    add(graphs.epilogue, 1, false);
+    if (!stage.prologue) add(graphs.epilogue, 1, /*tied=*/true);
+  }
+  return census;
+}
+
+CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
+  const SymbolValues symbols(config);
+  CheckedInt64 bytes = 0;
+  std::vector<const BlockGraph*> segments = {&graphs.epilogue};
+  if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
+  for (const BlockGraph& kind : graphs.layer_kinds) segments.push_back(&kind);
+  for (const BlockGraph* graph : segments) {
+    for (const TensorDef& tensor : graph->tensors) {
+      if (tensor.is_buffer) bytes += Elements(tensor, symbols) * ElementSizeBytes(tensor.dtype);
+    }
+  }
+  return bytes;
+}
+
+namespace {
+
+// ExpertLoads: what the eager experts' graphs are built from (none for grouped_mm).
+std::vector<std::vector<int64_t>> ExpertLoads(const ModelConfig& config) {
+  std::vector<std::vector<int64_t>> loads;
+  if (!config.moe.Sparse() || config.moe.impl != ExpertsImpl::kEager) return loads;
+  const int64_t rows = config.moe.routing == RoutingSource::kGiven ? config.SparseLayers() : 1;
+  for (int64_t l = 0; l < rows; ++l) loads.push_back(config.ExpertLoad(l));
+  return loads;
+}
+
+// SdpaKernelKey: the kernel SDPA runs for the model's unmasked or masked calls, as an
+// int for the graph cache's key (-1: the backend asked for cannot run it).
+int SdpaKernelKey(const ModelConfig& config, AttentionMode mode, bool masked) {
+  absl::StatusOr<SdpaKernel> kernel = SdpaKernelFor(config, ModelSdpaCall(config, mode, masked));
+  return kernel.ok() ? static_cast<int>(*kernel) : -1;
+}
+
+}  // namespace
+
+std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
+                                                  AttentionMode mode) {
+  // Everything BuildModelGraphs branches on; a field, not a bit, each.
+  struct GraphKey {
+    Family family;
+    AttentionMode mode;
+    DType dtype;
+    DType amp;
+    bool megatron, sp, tp, qkv_bias, qk_norm, grouped_query, repeats_kv, tied;
+    bool resid_dropout, embd_dropout, attn_dropout, use_cache;
+    std::vector<LayerAttention> layer_attention;
+    bool sparse, norm_topk_prob;
+    MoeBlock moe_block;
+    ExpertsImpl experts_impl;
+    std::vector<bool> sparse_layers;
+    // The eager experts' sizes: every sparse layer's tokens per expert.
+    std::vector<std::vector<int64_t>> expert_loads;
+    bool sliding_masked;
+    Device device;
+    // The kernels SDPA runs for an unmasked and a masked call (-1: none can).
+    std::array<int, 2> sdpa_kernels;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  const bool grouped_query = config.KvHeads() < config.heads;
+  const GraphKey key{config.family,     mode,
+                     config.dtype,      config.amp,
+                     config.megatron,   config.sp,
+                     config.tp > 1,     config.qkv_bias,
+                     config.qk_norm,
+                     grouped_query,     grouped_query && RepeatsKv(mode, config.HeadDim()),
+                     config.tie_embeddings,
+                     config.dropout.resid > 0,
+                     config.dropout.embd > 0,
+                     config.dropout.attn > 0,
+                     config.KeepsKvCache(),
+                     config.LayerAttentionPeriod(),
+                     config.moe.Sparse(),
+                     config.moe.norm_topk_prob,
+                     config.moe.block,
+                     config.moe.impl,
+                     config.moe.sparse_layers,
+                     ExpertLoads(config),
+                     config.SlidingWindowMasked(),
+                     config.device,
+                     {SdpaKernelKey(config, mode, false), SdpaKernelKey(config, mode, true)}};
+  // The graphs this thread asked for last, found without the lock: a batch of
+  // predictions (predict_many, a sweep) asks for the same model again and again.
+  thread_local std::optional<GraphKey> last_key;
+  thread_local std::shared_ptr<const ModelGraphs> last_graphs;
+  if (last_key.has_value() && *last_key == key) return last_graphs;
+  static std::mutex mutex;
+  static auto* const cache = new std::map<GraphKey, std::shared_ptr<const ModelGraphs>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<const ModelGraphs>& graphs = (*cache)[key];
+  if (graphs == nullptr) {
+    ModelGraphs built = BuildModelGraphs(config, mode);
+    // Cached graphs never change, so their walks can be remembered (walk_memo.h).
+    if (built.prologue.has_value()) built.prologue->walk_memo = std::make_shared<WalkMemo>();
+    for (BlockGraph& kind : built.layer_kinds) kind.walk_memo = std::make_shared<WalkMemo>();
+    built.epilogue.walk_memo = std::make_shared<WalkMemo>();
+    graphs = std::make_shared<const ModelGraphs>(std::move(built));
+  }
+  last_key = key;
+  last_graphs = graphs;
+  return graphs;
+}
+
+}  // namespace memledger

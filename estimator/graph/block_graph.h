@@ -1,0 +1,194 @@
+// The symbolic graphs of a model's segments (prologue, decoder layer, epilogue) as the
+// pinned PyTorch (estimator/graph/rules.h) executes them for each family: every ATen op the
+// forward runs, with symbolic shapes over the config's sizes (B, T, d, H, kv heads,
+// d_head, F, V) and each tensor's dtype. What each op keeps is in estimator/rules.h.
+//
+// Example:
+//   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, AttentionMode::kFlash);
+//   for (const OpDef& op : graphs->Layer(0).ops) ...  // in execution order
+#ifndef ESTIMATOR_BLOCK_GRAPH_H_
+#define ESTIMATOR_BLOCK_GRAPH_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "estimator/spec/checked_math.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/rules.h"
+#include "estimator/graph/shape.h"
+#include "estimator/graph/walk_memo.h"
+
+namespace memledger {
+
+// ModelTensor names a model-level tensor: made once per forward (or per step) outside
+// the segments and read by them, matched across graphs by this id.
+enum class ModelTensor : uint8_t {
+  kNone,        // not a model-level tensor
+  kInputIds,    // the token ids (B, T), the model input
+  kPositionIds, // position_ids (1, T)
+  kRopeCos,     // the rotary tables (1, T, d_head) in the hidden states' dtype
+  kRopeSin,
+  // Gemma 3's sliding-window layers' own rotary tables (rope_local_base_freq): one pair
+  // per layer type (modeling_gemma3.py, Gemma3TextModel.forward).
+  kRopeLocalCos,
+  kRopeLocalSin,
+  // The sliding-window layers' (1, 1, T, T) bool mask, which transformers' sdpa_mask
+  // materializes once seq >= sliding_window (masking_utils.py, _ignore_causal_mask_sdpa)
+  // and the decoder model holds in causal_mask_mapping to its return.
+  kSlidingMask,
+};
+// ModelTensorName: "input_ids", "position_ids", "rope.cos", "rope.sin", "rope_local.cos",
+// "rope_local.sin", "sliding_mask" ("" for kNone).
+const char* ModelTensorName(ModelTensor id);
+
+// TensorDef is one tensor of the graph; its layout is derived during a walk.
+struct TensorDef {
+  std::string name;  // "ln1.out", "qkv.weight"
+  DType dtype = DType::kFloat32;
+  bool is_parameter = false;
+  // global: which model-level storage it is (kNone: none), made before the segments run
+  // and shared by them; never requires grad, and counts once for the whole model however
+  // many segments keep it.
+  ModelTensor global = ModelTensor::kNone;
+  bool is_global() const { return global != ModelTensor::kNone; }
+  // is_tied: a parameter another segment owns (a tied LM head): not counted again.
+  bool is_tied = false;
+  // is_buffer: a module buffer (register_buffer): exists before the step, read by no op
+  // the graph models, holds no gradient and is not stepped.
+  bool is_buffer = false;
+  // host: on a CUDA step the tensor lives in host memory and holds no device bytes (the
+  // memory-efficient kernel's philox seed and offset: attention.cu,
+  // _efficient_attention_forward, at::kCPU unless a CUDA graph is being captured).
+  bool host = false;
+  std::vector<SymDim> shape;  // parameters, globals and the graph input only
+};
+
+// OpAttributes are an op's non-tensor arguments; each op reads only its own.
+struct OpAttributes {
+  std::vector<SymDim> shape = {};  // view, reshape, _unsafe_view, expand: target sizes;
+                                   // triu's causal mask: (T, T)
+  std::vector<int> permutation = {};  // permute
+  int dim = 0;                   // transpose, select, slice, unsqueeze
+  int dim1 = 0;                  // transpose: the other dimension
+  int64_t index = 0;             // select
+  SymDim start = Sym(0);  // slice: narrow(dim, start, length)
+  SymDim length = Sym(0);
+  // split_part: the slice is one part of a split() of its input; the parts share one
+  // backward node (SplitBackward0: the parts' gradients concatenated) instead of one
+  // SliceBackward0 each.
+  bool split_part = false;
+  bool keepdim = false;  // sum.dim_IntList
+};
+
+// OpDef is one op in execution order.
+struct OpDef {
+  OpType type;
+  std::string name;  // where it sits in the block: "qkv", "attention.scores"
+  std::vector<int> inputs;
+  std::vector<int> outputs;
+  OpAttributes attributes;
+  // policy_kind says which selective-checkpointing op kind this op belongs to.
+  std::optional<OpKind> policy_kind;
+  // composite: the ops of one composite ATen call (matmul, linear) share an id, -1 for
+  // none. The call's arguments are held until it returns, so a storage it reads lives
+  // at least until the last of its ops.
+  int composite = -1;
+  // core_attention: one of math attention's core ops (scores to values), which
+  // Megatron's selective recompute runs again in the backward instead of keeping.
+  bool core_attention = false;
+};
+
+// BlockGraph is one segment of the model: a decoder layer (hidden states (B, T, d) in,
+// out), the prologue (no hidden input; token ids to the first hidden states) or the
+// epilogue (the last hidden states to the loss).
+struct BlockGraph {
+  std::vector<TensorDef> tensors;
+  std::vector<OpDef> ops;
+  int input = -1;   // the hidden states coming in; -1 for the prologue
+  int output = 0;   // the hidden states going out (the prologue's, a layer's) or the loss
+  // parameter_order: the parameters in the modules' registration order, which
+  // model.parameters() and so torch.optim visit; empty when that is the graph's order.
+  std::vector<int> parameter_order;
+  // held_until: (tensor, op) for a tensor a Python local (a module's argument, a
+  // variable not yet rebound) holds until op has run, after its last reader; op -1:
+  // until the segment's forward returns (the logits, which ForCausalLM returns).
+  std::vector<std::pair<int, int>> held_until;
+  // decoder_returns_after: in an epilogue, the op after which the decoder model's forward
+  // (LlamaModel, GPT2Model) returns, its final norm's last: its locals die there (the
+  // last layer's output, rebound to the norm's; position ids; RoPE tables). -1: none
+  // (the study's loss reads its input to the end).
+  int decoder_returns_after = -1;
+  // walk_memo: what walks of this graph kept (estimator/graph/walk_memo.h); ModelGraphsFor
+  // sets it on the graphs it caches, which never change after. Null: no memo.
+  std::shared_ptr<WalkMemo> walk_memo;
+  // Parameters returns the parameter tensors in that order.
+  std::vector<int> Parameters() const;
+};
+
+// ModelGraphs is a model as segments: prologue (embedding; none for the study, whose
+// input is the hidden state itself), the decoder layers, epilogue (final norm, LM head
+// and loss; the study's x.pow(2).mean()). The layers are of a few kinds (Gemma 3's
+// sliding-window and global layers) in a repeating pattern: layer i is
+// layer_kinds[pattern[i % pattern.size()]]. Every consumer works per kind, so its cost
+// grows with the kinds and the pattern's period, not with the layer count.
+struct ModelGraphs {
+  std::optional<BlockGraph> prologue;
+  std::vector<BlockGraph> layer_kinds;  // at least one; all take and give (B, T, d)
+  std::vector<int> pattern = {0};       // one period of kinds, into layer_kinds
+  BlockGraph epilogue;
+
+  int KindOf(int64_t layer) const {
+    return pattern[static_cast<size_t>(layer % static_cast<int64_t>(pattern.size()))];
+  }
+  const BlockGraph& Layer(int64_t layer) const { return layer_kinds[KindOf(layer)]; }
+  int64_t Period() const { return static_cast<int64_t>(pattern.size()); }
+  // LayersOfKind counts the layers of `kind` among [first, first + count), in closed
+  // form.
+  int64_t LayersOfKind(int kind, int64_t first, int64_t count) const;
+  // FirstOfKind is the first layer of `kind`.
+  int64_t FirstOfKind(int kind) const;
+};
+
+// BuildModelGraphs returns the graphs of `config.family` with `mode` attention, as the
+// family's PyTorch code runs them (docs/DESIGN.md, "Model families").
+// REQUIRES: ValidateConfig(config).ok().
+ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode);
+
+// TensorElements is one tensor's element count for `config`.
+CheckedInt64 TensorElements(const TensorDef& tensor, const ModelConfig& config);
+
+// ParameterCount sums a graph's parameters' elements for `config`; `tied`: those owned
+// by another segment (a tied LM head's weight) instead of the others.
+CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
+                            bool tied = false);
+
+// ParameterCensus is a stage's parameters: their elements, and how many tensors they are
+// (torch.optim keeps per-tensor state: Adam's `step`).
+struct ParameterCensus {
+  CheckedInt64 elements = 0;
+  int64_t tensors = 0;
+};
+
+// BufferBytes sums the model's buffers (TensorDef::is_buffer), which every rank's model
+// holds whatever layers it runs.
+CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config);
+
+// StageParameters counts the parameters a stage holds: its layers', the embedding's with
+// the prologue, the head's with the head, and a tied head weight's own copy on a stage
+// with the head but not the embedding (Megatron keeps one on the last stage).
+ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
+                                const StageRange& stage);
+
+// ModelGraphsFor is BuildModelGraphs memoized: graphs depend on the sizes only through
+// symbols, so one built graph serves every config of the same shape (family, attention
+// mode, dtype, autocast, q/k/v bias, grouped-query attention or not, tied head). Thread-safe.
+std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
+                                                  AttentionMode mode);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_BLOCK_GRAPH_H_

@@ -1,0 +1,91 @@
+// A model family in one definition (estimator/families/<name>.cc): its graphs and the
+// capabilities that set it apart, which the shared code asks instead of naming
+// families; and the validation every entry point runs, which asks them.
+//
+// Example:
+//   const FamilyDef& family = FamilyOf(config.family);
+//   if (family.decoder) ...  // token ids in, cross-entropy out
+#ifndef ESTIMATOR_FAMILY_H_
+#define ESTIMATOR_FAMILY_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/spec/config.h"
+
+namespace memledger {
+
+class ConfigJsonReader;  // estimator/spec/config_json.h
+class ConfigJsonWriter;
+
+struct FamilyDef {
+  Family id = Family::kStudy;
+  absl::string_view name;  // "study", "llama", "gpt2"
+  // decoder: a causal LM from token ids to cross-entropy (embedding, layers, final norm,
+  // LM head), as transformers builds it, with a vocabulary and tensor parallelism; the
+  // study's stack takes its hidden states as input and ends in x.pow(2).mean().
+  bool decoder = false;
+  // fused_qkv: one projection of width d split into the heads: head_dim = width / heads
+  // and kv_heads = heads.
+  bool fused_qkv = false;
+  // rope: rotary tables made once per forward for every layer (an even head_dim).
+  bool rope = false;
+  // learned_positions: a position embedding of max_positions rows (seq <= it).
+  bool learned_positions = false;
+  bool qk_norm = false;   // may have Qwen3's q/k norms (ModelConfig::qk_norm)
+  // layer_types: its layers' attention spans differ (ModelConfig::layer_attention).
+  bool layer_types = false;
+  bool megatron = false;  // has Megatron-LM's rendition (ModelConfig::megatron)
+  // dropouts: transformers' dropout probabilities are modelled (ModelConfig::dropout).
+  bool dropouts = false;
+  // graphs builds the family's segments (estimator/graph/graph_builder.h).
+  ModelGraphs (*graphs)(const ModelConfig& config, AttentionMode mode) = nullptr;
+  // validate: the family's own checks after ValidateConfig's (what it does not model
+  // yet, one line each); nullptr for none.
+  absl::Status (*validate)(const ModelConfig& config) = nullptr;
+  // model_types: the transformers config.json model_type values it reads, with `read`
+  // (errors name the file and the key); `write` is HfConfigJson's body for it (after the
+  // model_type, before tie_word_embeddings and use_cache), nullptr for a model that is
+  // not transformers'.
+  std::vector<std::string> model_types = {};
+  absl::StatusOr<ModelConfig> (*read)(const ConfigJsonReader& r,
+                                      absl::string_view model_type) = nullptr;
+  absl::Status (*write)(const ModelConfig& config, ConfigJsonWriter& w) = nullptr;
+  // presets: its built-in models (--model=NAME), with the study's batch and seq.
+  std::vector<std::pair<std::string, ModelConfig>> presets = {};
+};
+
+const FamilyDef& FamilyOf(Family family);
+// Families: every family, in Family's order.
+const std::vector<const FamilyDef*>& Families();
+absl::string_view FamilyName(Family family);  // FamilyOf(family).name
+
+// ValidateConfig returns InvalidArgument naming the offending flag, e.g.
+// "--width 130 is not divisible by --heads 4" or "--heads 32 is not divisible by
+// --kv_heads 5". Every entry point (predict, runtime, verify) calls it.
+absl::Status ValidateConfig(const ModelConfig& config);
+
+// ValidatePolicy rejects op kinds the model's layers do not have, which its graph says:
+// "attention" names the flash op, which math mode has not; RMSNorm is plain ops (no
+// layer_norm), Llama's activation is silu and transformers' GPT-2's gelu_new plain ops
+// (no gelu; megatron-gpt has one). REQUIRES: ValidateConfig(config).ok().
+absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode,
+                            const ModelConfig& config);
+
+// ValidateRun is the one validation path for a run, shared by predict, the runtime and
+// verify: the config, a non-empty list of distinct variants, every_k's k >= 1, each
+// selective policy against the attention mode and family, a plan's one choice per
+// layer, and the optimizer (momentum
+// for SGD only, master weights for low precision only).
+absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
+                         const std::vector<Variant>& variants,
+                         const OptimizerSpec& optimizer = OptimizerSpec());
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_FAMILY_H_

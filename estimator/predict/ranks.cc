@@ -1,0 +1,319 @@
+#include "estimator/predict/ranks.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/spec/checked_math.h"
+#include "estimator/graph/family.h"
+#include "estimator/step/liveness.h"
+
+namespace memledger {
+namespace {
+
+// InFlight walks pipeline rank `stage`'s schedule as Megatron-LM runs it
+// (forward_backward_pipelining_without_interleaving, ..._with_interleaving) over
+// `chunk_saved`, one micro-batch's saved bytes per local model chunk, and returns how
+// many micro-batches of each chunk it holds at its fullest: those it has run forward and
+// not yet backward. The first such moment, on ties.
+std::vector<int64_t> InFlight(const ParallelSpec& p, int64_t stage,
+                              const std::vector<int64_t>& chunk_saved) {
+  const int64_t m = p.micro_batches;
+  if (p.schedule == PipelineSchedule::k1F1B) {
+    // pp - stage - 1 warm-up forwards, then one forward before each backward.
+    return {std::min(p.pp - stage, m)};
+  }
+  const int64_t v = p.virtual_stages;
+  const int64_t group = p.pp * v;  // forward k runs chunk (k mod group) / pp
+  const int64_t total = m * v;
+  const int64_t warmup =
+      m == p.pp ? total : std::min((p.pp - stage - 1) * 2 + (v - 1) * p.pp, total);
+  const int64_t remaining = total - warmup;
+  std::vector<int64_t> held(v, 0), most(v, 0);
+  CheckedInt64 bytes = 0, most_bytes = -1;
+  auto forward = [&](int64_t k) {
+    const int64_t chunk = (k % group) / p.pp;
+    ++held[chunk];
+    bytes += chunk_saved[chunk];
+    if (!bytes.overflowed() && bytes.value() > most_bytes.value()) {
+      most = held;
+      most_bytes = bytes;
+    }
+  };
+  auto backward = [&](int64_t k) {
+    const int64_t chunk = v - 1 - (k % group) / p.pp;
+    --held[chunk];
+    bytes += -chunk_saved[chunk];
+  };
+  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  // The steady state repeats every `group` steps with no net change (each chunk runs
+  // pp forwards and pp backwards a group), so two groups show its fullest moment.
+  const int64_t steady = std::min(remaining, 2 * group);
+  for (int64_t i = 0; i < steady; ++i) {
+    forward(warmup + i);
+    backward(i);
+  }
+  return most;
+}
+
+
+// Held sums the chunks' predictions, each times its micro-batches in flight: saved
+// bytes and every split of them.
+absl::StatusOr<VariantPrediction> Held(const std::vector<const VariantPrediction*>& chunks,
+                                       const std::vector<int64_t>& counts) {
+  VariantPrediction sum;
+  sum.variant = chunks.front()->variant;
+  CheckedInt64 saved = 0, cache = 0, embedding = 0, layers = 0, head = 0, input = 0, copies = 0;
+  std::array<CheckedInt64, kNumDTypes> by_dtype{};
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const VariantPrediction& v = *chunks[c];
+    const CheckedInt64 n = counts[c];
+    saved += n * v.saved_bytes;
+    cache += n * v.cache_bytes;
+    embedding += n * v.embedding_bytes;
+    layers += n * v.layers_bytes;
+    head += n * v.head_loss_bytes;
+    input += n * v.input_bytes_kept;
+    copies += n * v.weight_copy_bytes;
+    for (int d = 0; d < kNumDTypes; ++d) by_dtype[d] += n * v.saved_by_dtype[d];
+  }
+  bool overflow = false;
+  for (const CheckedInt64& x : {saved, cache, embedding, layers, head, input, copies}) {
+    overflow = overflow || x.overflowed();
+  }
+  for (const CheckedInt64& x : by_dtype) overflow = overflow || x.overflowed();
+  if (overflow) {
+    return absl::OutOfRangeError(absl::StrCat("the saved bytes in flight of variant ",
+                                              sum.variant.Name(), " overflow int64"));
+  }
+  sum.saved_bytes = saved.value();
+  sum.cache_bytes = cache.value();
+  sum.embedding_bytes = embedding.value();
+  sum.layers_bytes = layers.value();
+  sum.head_loss_bytes = head.value();
+  sum.input_bytes_kept = input.value();
+  sum.weight_copy_bytes = copies.value();
+  for (int d = 0; d < kNumDTypes; ++d) sum.saved_by_dtype[d] = by_dtype[d].value();
+  return sum;
+}
+
+// PredictRankPeaks simulates the rank's whole step per variant (RankStepModelled), its
+// data-parallel reduction and ZeRO shard's step included, from what it holds before the
+// step: its parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a
+// multiple of dp), its optimizer's state and its micro-batch. Elsewhere each variant
+// says why there is no peak.
+absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& parallel,
+                              const PredictOptions& options, RankKind* kind) {
+  auto unavailable = [&](const absl::Status& why) {
+    for (RankVariant& v : kind->variants) v.held.peak_unavailable = std::string(why.message());
+    return absl::OkStatus();
+  };
+  if (absl::Status s = RankStepModelled(config, parallel); !s.ok()) return unavailable(s);
+  StepOptions step;
+  step.cpu_threads = options.cpu_threads;
+  step.record_events = options.timeline;  // the events only for a timeline's drawing
+  step.rules = options.rules;
+  step.rank = {parallel, kind->stage, kind->chunks};
+  absl::StatusOr<StepSimulator> simulator =
+      StepSimulator::Create(config, options.attention, step);
+  if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());
+  if (!simulator.ok()) return simulator.status();
+  absl::StatusOr<ResidentBytes> resident =
+      RankResident(config, parallel, *kind, options.attention, options.optimizer);
+  if (!resident.ok()) return resident.status();
+  for (RankVariant& v : kind->variants) {
+    absl::StatusOr<StepTimeline> timeline =
+        simulator->Simulate(v.held.variant, options.optimizer, *resident);
+    if (timeline.ok()) {
+      v.held.peak = timeline->peak;
+      v.held.peak_reserved_bytes = timeline->peak_reserved_bytes;
+      if (options.timeline) {
+        v.held.timeline = std::make_shared<const StepTimeline>(*std::move(timeline));
+      }
+    } else if (absl::IsUnimplemented(timeline.status())) {
+      v.held.peak_unavailable = std::string(timeline.status().message());
+    } else {
+      return timeline.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
+                                           const RankKind& kind, AttentionMode attention,
+                                           const OptimizerSpec& optimizer) {
+  const bool flat = parallel.zero == 1 || parallel.zero == 2;
+  const CheckedInt64 flat_bytes = CheckedInt64(ZeroShardElements(kind.n_params, parallel.dp)) *
+                                  parallel.dp * ElementSizeBytes(config.dtype);
+  if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
+  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  ResidentBytes resident{flat ? flat_bytes.value() : kind.param_bytes,
+                         kind.optimizer_state_bytes, BufferBytes(*graphs, config).value(), {}};
+  if (config.device != Device::kCuda) return resident;
+  // On CUDA each tensor is its own block: without ZeRO the stage's parameters and their
+  // state one by one; with ZeRO the rank's flat buffer (or ZeRO-3 shard) and its
+  // shard's state, one tensor each, as the runtime holds them (runtime/rank.cc,
+  // HomeParameters: the optimizer steps one flat shard).
+  std::vector<ResidentTensor>& tensors = resident.tensors;
+  if (parallel.zero == 0) {
+    tensors = ResidentTensors(*graphs, config, optimizer, kind.chunks, kind.param_bytes,
+                              kind.optimizer_state_bytes);
+    if (tensors.empty()) return resident;  // not one by one: the peak says so
+  } else {
+    tensors.push_back({"flat parameters", MemoryCategory::kParameter, resident.parameter_bytes});
+    const OptimizerBytesPerParameter per = OptimizerBytesOf(config, optimizer);
+    const int64_t shard = ZeroShardElements(kind.n_params, parallel.dp);
+    const int64_t moments = per.moments * shard;
+    const bool adam = optimizer.kind != OptimizerKind::kSgd;
+    for (const auto& [name, bytes] :
+         {std::pair<const char*, int64_t>{adam ? "exp_avg" : "momentum_buffer",
+                                          adam ? moments / 2 : moments},
+          {"exp_avg_sq", adam ? moments - moments / 2 : 0},
+          {"master", per.master * shard},
+          {"step", per.per_tensor}}) {
+      if (bytes > 0) tensors.push_back({name, MemoryCategory::kOptimizerState, bytes});
+    }
+  }
+  AddBufferTensor(resident.buffer_bytes, &tensors);
+  return resident;
+}
+
+absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
+                                             const ParallelSpec& parallel,
+                                             const PredictOptions& options) {
+  // A layout's ranks run memledger's Megatron-style rendition (runtime/distributed.h),
+  // which keeps no DynamicCache.
+  ModelConfig config = model;
+  config.use_cache = false;
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
+  // Each chunk's variants and `none` (the reference for saved_ratio_vs_none), added
+  // last unless requested.
+  PredictOptions chunk_options = options;
+  chunk_options.peak = false;
+  chunk_options.timeline = false;
+  chunk_options.breakdown = false;
+  const auto requested_none =
+      std::find_if(options.variants.begin(), options.variants.end(),
+                   [](const Variant& v) { return v.kind == VariantKind::kNone; });
+  const size_t none = static_cast<size_t>(requested_none - options.variants.begin());
+  if (requested_none == options.variants.end()) chunk_options.variants.push_back(Variant());
+  const int64_t chunks = parallel.pp * parallel.virtual_stages;
+  const int64_t chunk_layers = config.layers / chunks;
+  const int64_t element = ElementSizeBytes(config.dtype);
+  const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, options.optimizer);
+  const CheckedInt64 ranks_per_stage = CheckedInt64(config.tp) * parallel.dp;
+  ModelConfig chunk_config = config;
+  chunk_config.layers = chunk_layers;
+  const int64_t korthikanti_chunk = KorthikantiSavedBytes(chunk_config, options.attention);
+  if (ranks_per_stage.overflowed() || korthikanti_chunk < 0) {
+    return absl::OutOfRangeError("the ranks' counts overflow int64");
+  }
+
+  RanksPrediction prediction;
+  prediction.parallel = parallel;
+  for (int64_t stage = 0; stage < parallel.pp; ++stage) {
+    RankKind kind;
+    kind.stage = stage;
+    kind.ranks = ranks_per_stage.value();
+    std::vector<StagePrediction> predicted;
+    CheckedInt64 n_params = 0;
+    int64_t n_param_tensors = 0;
+    for (int64_t local = 0; local < parallel.virtual_stages; ++local) {
+      const int64_t global = local * parallel.pp + stage;
+      const StageRange range{global * chunk_layers, chunk_layers, global == 0,
+                             global == chunks - 1};
+      absl::StatusOr<StagePrediction> chunk = PredictStage(config, chunk_options, range);
+      if (!chunk.ok()) return chunk.status();
+      kind.chunks.push_back(range);
+      n_params += chunk->n_params;
+      n_param_tensors += chunk->n_param_tensors;
+      predicted.push_back(*std::move(chunk));
+    }
+    for (size_t v = 0; v < chunk_options.variants.size(); ++v) {
+      std::vector<const VariantPrediction*> per_chunk;
+      std::vector<int64_t> chunk_saved;
+      for (const StagePrediction& chunk : predicted) {
+        per_chunk.push_back(&chunk.variants[v]);
+        chunk_saved.push_back(chunk.variants[v].saved_bytes);
+      }
+      const std::vector<int64_t> counts = InFlight(parallel, stage, chunk_saved);
+      absl::StatusOr<VariantPrediction> held = Held(per_chunk, counts);
+      if (!held.ok()) return held.status();
+      int64_t in_flight = 0;
+      for (int64_t n : counts) in_flight += n;
+      if (v == none) {
+        kind.saved_bytes_none = held->saved_bytes;
+        const CheckedInt64 korthikanti = CheckedInt64(korthikanti_chunk) * in_flight;
+        if (korthikanti.overflowed()) return absl::OutOfRangeError("Korthikanti overflows");
+        kind.korthikanti_saved_bytes_none = korthikanti.value();
+      }
+      if (v < options.variants.size()) kind.variants.push_back({*std::move(held), in_flight});
+    }
+    for (RankVariant& v : kind.variants) {
+      v.held.saved_ratio_vs_none = kind.saved_bytes_none == 0
+                                       ? 0
+                                       : static_cast<double>(v.held.saved_bytes) /
+                                             static_cast<double>(kind.saved_bytes_none);
+    }
+    // ZeRO: the optimizer's state (1), the gradients (2) and the parameters (3) sharded.
+    const int64_t n = n_params.value();
+    const int64_t shard = ZeroShardElements(n, parallel.dp);
+    CheckedInt64 param_bytes = CheckedInt64(parallel.zero >= 3 ? shard : n) * element;
+    CheckedInt64 grad_bytes = CheckedInt64(parallel.zero >= 2 ? shard : n) * element;
+    const int64_t stepped = parallel.zero >= 1 ? shard : n;
+    // A ZeRO rank steps its shard as one flat tensor.
+    const int64_t stepped_tensors = parallel.zero >= 1 ? 1 : n_param_tensors;
+    CheckedInt64 moments = CheckedInt64(stepped) * per_parameter.moments;
+    CheckedInt64 state = moments + CheckedInt64(stepped) * per_parameter.master +
+                         CheckedInt64(stepped_tensors) * per_parameter.per_tensor;
+    CheckedInt64 total = param_bytes + grad_bytes + state;
+    for (const RankVariant& v : kind.variants) total += v.held.saved_bytes;
+    if (n_params.overflowed() || total.overflowed() || moments.overflowed()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("pipeline stage ", stage, ": its bytes overflow int64"));
+    }
+    kind.n_params = n;
+    kind.param_bytes = param_bytes.value();
+    kind.grad_bytes = grad_bytes.value();
+    kind.optimizer_state_bytes = state.value();
+    kind.adamw_state_bytes =
+        options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
+    if (options.peak) {
+      if (absl::Status s = PredictRankPeaks(config, parallel, options, &kind); !s.ok()) return s;
+    }
+    prediction.kinds.push_back(std::move(kind));
+  }
+  std::stable_sort(prediction.kinds.begin(), prediction.kinds.end(),
+                   [](const RankKind& a, const RankKind& b) { return a.Load() > b.Load(); });
+  return prediction;
+}
+
+absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& model,
+                                                         const ParallelSpec& parallel,
+                                                         PredictOptions options) {
+  ModelConfig config = model;
+  config.use_cache = false;  // as PredictRanks
+  if (options.breakdown) {
+    return absl::InvalidArgumentError(
+        "--explain describes one process's step: not with --dp or --pp yet");
+  }
+  // The whole model's peak is no rank's: only the ranks' are simulated.
+  PredictOptions whole_options = options;
+  whole_options.peak = false;
+  whole_options.timeline = false;
+  absl::StatusOr<Prediction> whole = Predict(config, whole_options);
+  if (!whole.ok()) return whole.status();
+  absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+  if (!ranks.ok()) return ranks.status();
+  return DistributedPrediction{*std::move(whole), *std::move(ranks)};
+}
+
+}  // namespace memledger

@@ -1,0 +1,103 @@
+// PredictRanks: the memory of every kind of rank in a distributed run (data parallelism
+// with ZeRO, pipeline stages with their schedule, on top of tensor parallelism): per
+// rank, its parameters, gradients and optimizer state (ZeRO's shards) and, per
+// checkpointing variant, the saved activations of the micro-batches its schedule holds
+// at once.
+//
+// Example:
+//   ModelConfig config = *ModelFromPreset("llama-3-70b");
+//   config.tp = 8;
+//   ParallelSpec parallel{.dp = 16, .pp = 4, .micro_batches = 8, .zero = 1};
+//   absl::StatusOr<RanksPrediction> r = PredictRanks(config, parallel, PredictOptions());
+//   // r->kinds[0]: the most loaded pipeline stage; its ranks (tp x dp) hold the same.
+#ifndef ESTIMATOR_RANKS_H_
+#define ESTIMATOR_RANKS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/spec/config.h"
+#include "estimator/step/liveness.h"
+#include "estimator/request/parallel_spec.h"
+#include "estimator/predict/predict.h"
+
+namespace memledger {
+
+// RankVariant is one variant's activations on a rank.
+struct RankVariant {
+  // held: the most the rank's schedule holds at once, the saved tensors of every
+  // micro-batch chunk it has run forward and not yet backward: saved_bytes and each of
+  // its splits (cache, segments, dtypes) summed over them. Its peak is the rank's whole
+  // step's where RankStepModelled (and the simulation models the ops), else
+  // peak_unavailable says why.
+  VariantPrediction held;
+  // in_flight: micro-batch chunks held at that moment (1F1B: min(pp - stage,
+  // micro_batches); interleaved: by the schedule's order).
+  int64_t in_flight = 0;
+};
+
+// RankKind is every rank of one pipeline stage: its tp x dp ranks hold the same bytes.
+struct RankKind {
+  int64_t stage = 0;               // pipeline rank, 0 = the first
+  int64_t ranks = 0;               // how many ranks: tp x dp
+  std::vector<StageRange> chunks;  // the layers it runs (virtual_stages chunks)
+  int64_t n_params = 0;            // its stage's parameters, before ZeRO's sharding
+  int64_t param_bytes = 0;         // held: a ZeRO-3 shard, or all of them
+  int64_t grad_bytes = 0;          // held after the step's reduction: a ZeRO-2 shard, or all
+  int64_t optimizer_state_bytes = 0;  // a ZeRO-1 shard, or all
+  int64_t adamw_state_bytes = 0;      // AdamW's moments within it; 0 for other optimizers
+  std::vector<RankVariant> variants;  // as PredictOptions::variants
+  int64_t saved_bytes_none = 0;       // `none`'s held bytes, for saved_ratio_vs_none
+  // korthikanti_saved_bytes_none: Korthikanti et al.'s per-GPU activations for `none`:
+  // their per-layer formula (KorthikantiSavedBytes) times the rank's layers and its
+  // micro-batches in flight.
+  int64_t korthikanti_saved_bytes_none = 0;
+  // Total: parameters, gradients, optimizer state and variant v's saved bytes.
+  int64_t Total(size_t v) const {
+    return param_bytes + grad_bytes + optimizer_state_bytes + variants[v].held.saved_bytes;
+  }
+  // Load: what ranks are ordered by: the first variant's peak where simulated, else its
+  // Total; 0 without variants.
+  int64_t Load() const {
+    if (variants.empty()) return 0;
+    return variants[0].held.peak.has_value() ? variants[0].held.peak->bytes : Total(0);
+  }
+};
+
+struct RanksPrediction {
+  ParallelSpec parallel;
+  // kinds: one per pipeline stage, the most loaded first (by Load: the first variant's
+  // peak, or its Total where there is none; the earlier stage on ties).
+  std::vector<RankKind> kinds;
+};
+
+// PredictRanks: InvalidArgument for a bad config, parallel spec or variant (naming the
+// flag), OutOfRange on int64 overflow.
+absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
+                                             const ParallelSpec& parallel,
+                                             const PredictOptions& options);
+
+// RankResident is what `kind`'s ranks hold before the step besides their input: the
+// parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a multiple of
+// dp), the optimizer's state (a shard with ZeRO) and the modules' buffers; on CUDA
+// also tensor by tensor (ResidentBytes::tensors). OutOfRange when the parameters'
+// bytes overflow int64.
+absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
+                                           const RankKind& kind, AttentionMode attention,
+                                           const OptimizerSpec& optimizer);
+
+// DistributedPrediction is what predict reports for a run with --dp or --pp: the whole
+// model's prediction (its config and graphs; no peak, which is no rank's) and every
+// kind of rank (see RanksJson in estimator/report/report.h), with its peak where simulated.
+struct DistributedPrediction {
+  Prediction whole;
+  RanksPrediction ranks;
+};
+absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& config,
+                                                         const ParallelSpec& parallel,
+                                                         PredictOptions options);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_RANKS_H_

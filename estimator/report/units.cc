@@ -1,0 +1,31 @@
+#include "estimator/report/units.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_format.h"
+
+namespace memledger {
+
+std::string HumanBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return absl::StrFormat("%d B", bytes);
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.2f %s", value, kUnits[unit]);
+}
+
+double RoundTo4(double x) { return std::round(x * 1e4) / 1e4; }
+
+std::optional<int64_t> GibToBytes(double gib) {
+  const double bytes = gib * static_cast<double>(int64_t{1} << 30);
+  if (!(gib > 0) || !(bytes < 9.2e18)) return std::nullopt;
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace memledger

@@ -1,0 +1,97 @@
+#include "estimator/request/model_presets.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "estimator/spec/config_json.h"
+#include "estimator/graph/family.h"
+#include "estimator/spec/input_file.h"
+#include "rapidjson/document.h"
+#include "rapidjson/error/en.h"
+#include "rapidjson/prettywriter.h"
+#include "rapidjson/stringbuffer.h"
+
+namespace memledger {
+
+// The families' presets and model types live in their definitions
+// (estimator/families/*.cc); these functions ask every family in turn.
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const FamilyDef* family : Families()) {
+    for (const auto& [name, config] : family->presets) names.push_back(name);
+  }
+  return names;
+}
+
+absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name) {
+  for (const FamilyDef* family : Families()) {
+    for (const auto& [preset, config] : family->presets) {
+      if (preset == name) return config;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no built-in model '", name, "' (known: ",
+                                          absl::StrJoin(PresetNames(), ", "), ")"));
+}
+
+absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
+                                                  absl::string_view source) {
+  rapidjson::Document doc;
+  doc.Parse(json.data(), json.size());
+  if (doc.HasParseError()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not JSON (", rapidjson::GetParseError_En(doc.GetParseError()),
+                     " at offset ", doc.GetErrorOffset(), ")"));
+  }
+  if (!doc.IsObject()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  ConfigJsonReader reader(doc, source);
+  if (!doc.HasMember("model_type")) return reader.Error("model_type", "is missing");
+  if (!doc["model_type"].IsString()) return reader.Error("model_type", "must be a string");
+  const std::string model_type = doc["model_type"].GetString();
+  std::vector<std::string> known;
+  for (const FamilyDef* family : Families()) {
+    for (const std::string& type : family->model_types) {
+      if (type == model_type) return family->read(reader, model_type);
+      known.push_back(type);
+    }
+  }
+  return reader.Error("model_type", absl::StrCat("'", model_type, "' is not supported (",
+                                                 absl::StrJoin(known, ", "), ")"));
+}
+
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
+  const FamilyDef& family = FamilyOf(c.family);
+  if (family.write == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", family.name,
+                                                   " is not a transformers model"));
+  }
+  rapidjson::StringBuffer buffer;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buffer);
+  w.StartObject();
+  ConfigJsonWriter writer(&w);
+  if (absl::Status s = family.write(c, writer); !s.ok()) return s;
+  writer.Bool("tie_word_embeddings", c.tie_embeddings);
+  writer.Bool("use_cache", c.use_cache);
+  w.EndObject();
+  return std::string(buffer.GetString());
+}
+
+absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value) {
+  absl::StatusOr<ModelConfig> preset = ModelFromPreset(value);
+  if (preset.ok()) return preset;
+  absl::StatusOr<std::string> text = ReadInputFile(std::string(value), "--model", kMaxJsonBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model: '", value, "' is neither a built-in model (",
+        absl::StrJoin(PresetNames(), ", "), ") nor a readable config.json"));
+  }
+  if (!text.ok()) return text.status();
+  return ModelFromHfConfigJson(*text, value);
+}
+
+}  // namespace memledger

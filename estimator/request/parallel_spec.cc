@@ -1,0 +1,95 @@
+#include "estimator/request/parallel_spec.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "estimator/graph/family.h"
+
+namespace memledger {
+
+absl::string_view PipelineScheduleName(PipelineSchedule schedule) {
+  switch (schedule) {
+    case PipelineSchedule::k1F1B:
+      return "1f1b";
+    case PipelineSchedule::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(absl::string_view name) {
+  if (name == "1f1b") return PipelineSchedule::k1F1B;
+  if (name == "interleaved") return PipelineSchedule::kInterleaved;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--schedule must be 1f1b or interleaved, got '", name, "'"));
+}
+
+absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec) {
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"dp", spec.dp},
+        {"pp", spec.pp},
+        {"virtual_stages", spec.virtual_stages},
+        {"micro_batches", spec.micro_batches}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", value));
+    }
+  }
+  if (spec.zero < 0 || spec.zero > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zero must be 0, 1, 2 or 3, got ", spec.zero));
+  }
+  if (spec.zero > 0 && spec.dp < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--zero=", spec.zero, " shards over data-parallel ranks: it needs --dp > 1"));
+  }
+  if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
+    return absl::InvalidArgumentError(
+        "--pp: pipeline stages are modelled for the decoder families (llama, gpt2), not the "
+        "study's block");
+  }
+  const bool interleaved = spec.schedule == PipelineSchedule::kInterleaved;
+  if (interleaved && spec.pp < 2) {
+    return absl::InvalidArgumentError("--schedule=interleaved needs --pp > 1");
+  }
+  if (interleaved != (spec.virtual_stages > 1)) {
+    return absl::InvalidArgumentError(
+        interleaved ? "--schedule=interleaved needs --virtual_stages >= 2"
+                    : absl::StrCat("--virtual_stages ", spec.virtual_stages,
+                                   " needs --schedule=interleaved"));
+  }
+  int64_t chunks = 0;
+  if (__builtin_mul_overflow(spec.pp, spec.virtual_stages, &chunks) ||
+      chunks > kMaxPipelineChunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pp ", spec.pp, " x --virtual_stages ", spec.virtual_stages, " must be at most ",
+        kMaxPipelineChunks, " model chunks"));
+  }
+  if (config.layers % chunks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers ", config.layers, " is not divisible by --pp ", spec.pp,
+        " x --virtual_stages ", spec.virtual_stages, " (every model chunk holds as many)"));
+  }
+  if (interleaved && spec.micro_batches % spec.pp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--schedule=interleaved needs --micro_batches divisible by --pp (as Megatron's), got ",
+        spec.micro_batches, " and ", spec.pp));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec) {
+  auto missing = [](absl::string_view what) {
+    return absl::UnimplementedError(
+        absl::StrCat("peak memory per rank: the step is not modelled ", what, " yet"));
+  };
+  // ZeRO-3 gathers a unit's parameters for its forward and backward; a tied embedding
+  // keeps its unit gathered from the forward's start to the backward's end, on one stage
+  // (over stages each end holds a copy, exchanged over the embedding group).
+  if (spec.zero >= 3 && config.tie_embeddings && spec.pp > 1) {
+    return missing("with --zero=3 and a tied embedding over pipeline stages");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memledger

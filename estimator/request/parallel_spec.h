@@ -1,0 +1,79 @@
+// ParallelSpec: how a training run is laid out over ranks beyond tensor parallelism
+// (ModelConfig::tp and ::sp, which change the graphs one rank runs): data parallelism
+// with ZeRO's sharding, and pipeline parallelism with its schedule.
+//
+// Example:
+//   ParallelSpec spec;
+//   spec.dp = 16;
+//   spec.pp = 4;
+//   spec.zero = 1;
+//   absl::Status s = ValidateParallel(config, spec);  // "--layers 30 is not divisible..."
+#ifndef ESTIMATOR_PARALLEL_SPEC_H_
+#define ESTIMATOR_PARALLEL_SPEC_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "estimator/spec/config.h"
+
+namespace memledger {
+
+// PipelineSchedule is the order in which a pipeline rank runs its micro-batches'
+// forwards and backwards (Megatron-LM's schedules).
+enum class PipelineSchedule : uint8_t {
+  k1F1B,         // warm-up forwards, then one forward one backward, then cool-down
+  kInterleaved,  // 1F1B over virtual_stages model chunks per rank
+};
+absl::string_view PipelineScheduleName(PipelineSchedule schedule);  // "1f1b", "interleaved"
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(absl::string_view name);
+
+struct ParallelSpec {
+  int64_t dp = 1;  // data-parallel ranks
+  int64_t pp = 1;  // pipeline stages
+  // virtual_stages: model chunks per pipeline rank (interleaving): rank s runs chunks
+  // s, s + pp, s + 2 pp, ... of pp x virtual_stages equal chunks.
+  int64_t virtual_stages = 1;
+  // micro_batches: per step and pipeline, each of ModelConfig::batch sequences.
+  int64_t micro_batches = 1;
+  // zero: ZeRO's stage over the dp ranks: 1 shards the optimizer's state, 2 the
+  // gradients too, 3 the parameters too; each rank holds ceil(n / dp) of a stage's n
+  // parameters' elements (one flat buffer, padded to a multiple of dp).
+  int64_t zero = 0;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+
+  // Distributed: more than tensor parallelism.
+  bool Distributed() const { return dp > 1 || pp > 1; }
+  friend bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
+    return a.dp == b.dp && a.pp == b.pp && a.virtual_stages == b.virtual_stages &&
+           a.micro_batches == b.micro_batches && a.zero == b.zero && a.schedule == b.schedule;
+  }
+};
+
+// kMaxPipelineChunks bounds pp x virtual_stages: each chunk is predicted on its own
+// (Megatron-LM runs at most a few hundred).
+inline constexpr int64_t kMaxPipelineChunks = 1024;
+
+// ValidateParallel returns InvalidArgument naming the flag, e.g. "--zero=1 shards over
+// data-parallel ranks: it needs --dp > 1" or "--layers 30 is not divisible by --pp 4 x
+// --virtual_stages 1".
+absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec);
+
+// ZeroShardElements: a rank's part of n elements split over dp ranks by ZeRO: one flat
+// buffer padded to a multiple of dp, ceil(n / dp) each.
+inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
+  return n / dp + (n % dp != 0 ? 1 : 0);
+}
+
+// RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated
+// (estimator/step/liveness.h) and measured on ranks (runtime/distributed.h): data
+// parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or
+// interleaved), tensor and sequence parallelism with Megatron's collectives, ZeRO-3's
+// parameters gathered unit by unit (a tied embedding on one stage only). Otherwise
+// Unimplemented, naming what is not modelled yet.
+absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_PARALLEL_SPEC_H_

@@ -1,0 +1,233 @@
+#include "estimator/request/run_request.h"
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "estimator/graph/family.h"
+#include "estimator/spec/input_file.h"
+#include "estimator/request/model_presets.h"
+#include "rapidjson/document.h"
+#include "rapidjson/error/en.h"
+
+namespace memledger {
+namespace {
+
+// ReadRouting reads --routing=PATH: {"layers": [[tokens per expert, ...], ...]}, one row
+// per sparse layer in order (ValidateConfig checks the rows against the model).
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "--routing", kMaxJsonBytes);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--routing: '", path, "' is neither balanced, worst nor a readable routing file"));
+    }
+    return text.status();
+  }
+  rapidjson::Document doc;
+  doc.Parse(text->data(), text->size());
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("--routing: ", path, ": ", what));
+  };
+  if (doc.HasParseError()) {
+    return bad(absl::StrCat("not JSON (", rapidjson::GetParseError_En(doc.GetParseError()), ")"));
+  }
+  const char* const kShape =
+      "must be {\"layers\": [[tokens per expert, ...], ...]}, one row of integers per "
+      "sparse layer";
+  if (!doc.IsObject() || !doc.HasMember("layers") || !doc["layers"].IsArray()) return bad(kShape);
+  std::vector<std::vector<int64_t>> rows;
+  for (const rapidjson::Value& row : doc["layers"].GetArray()) {
+    if (!row.IsArray()) return bad(kShape);
+    std::vector<int64_t>& counts = rows.emplace_back();
+    for (const rapidjson::Value& n : row.GetArray()) {
+      if (!n.IsInt64()) return bad(kShape);
+      counts.push_back(n.GetInt64());
+    }
+  }
+  return rows;
+}
+
+// ApplyExperts sets a mixture of experts' implementation and routing from the request.
+absl::Status ApplyExperts(const RunRequest& request, ModelConfig& config) {
+  if (request.experts_impl == "grouped_mm") {
+    config.moe.impl = ExpertsImpl::kGroupedMm;
+  } else if (request.experts_impl == "eager") {
+    config.moe.impl = ExpertsImpl::kEager;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--experts_impl must be grouped_mm or eager, got '", request.experts_impl, "'"));
+  }
+  config.moe.routing_rows.clear();
+  if (request.routing == "balanced") {
+    config.moe.routing = RoutingSource::kBalanced;
+  } else if (request.routing == "worst") {
+    config.moe.routing = RoutingSource::kWorst;
+  } else if (request.routing.empty()) {
+    return absl::InvalidArgumentError("--routing must be balanced, worst or a routing file");
+  } else {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> rows = ReadRouting(request.routing);
+    if (!rows.ok()) return rows.status();
+    config.moe.routing = RoutingSource::kGiven;
+    config.moe.routing_rows = *std::move(rows);
+  }
+  const bool moe_flags = request.experts_impl != "grouped_mm" || request.routing != "balanced";
+  if (moe_flags && !config.moe.Sparse()) {
+    return absl::InvalidArgumentError(
+        "--experts_impl and --routing apply to a mixture-of-experts model (qwen3_moe, mixtral)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
+  RunSpec spec;
+  absl::StatusOr<ModelConfig> model =
+      request.model_config_json.empty()
+          ? ModelFromFlag(request.model)
+          : ModelFromHfConfigJson(request.model_config_json, request.model);
+  if (!model.ok()) return model.status();
+  spec.config = *model;
+  spec.model = request.model;
+  for (const auto& [value, field] :
+       {std::pair<const std::optional<int64_t>*, int64_t*>{&request.layers, &spec.config.layers},
+        {&request.width, &spec.config.width},
+        {&request.heads, &spec.config.heads},
+        {&request.kv_heads, &spec.config.kv_heads},
+        {&request.head_dim, &spec.config.head_dim},
+        {&request.intermediate, &spec.config.intermediate},
+        {&request.vocab, &spec.config.vocab}}) {
+    if (value->has_value()) *field = **value;
+  }
+  // A new width or head count redraws the head split unless it is given too; the
+  // study's and GPT-2's kv heads follow the heads, their MLP the width.
+  const bool width_or_heads_set = request.width.has_value() || request.heads.has_value();
+  if (width_or_heads_set && !request.head_dim.has_value() && spec.config.heads > 0) {
+    spec.config.head_dim = spec.config.width / spec.config.heads;
+  }
+  const FamilyDef& family = FamilyOf(spec.config.family);
+  if (family.fused_qkv && !request.kv_heads.has_value()) {
+    spec.config.kv_heads = spec.config.heads;
+  }
+  if (family.fused_qkv && request.width.has_value() &&
+      !request.intermediate.has_value()) {
+    spec.config.intermediate = 4 * spec.config.width;
+  }
+  absl::StatusOr<DType> dtype = ParseModelDType(request.dtype);
+  if (!dtype.ok()) return dtype.status();
+  spec.config.dtype = *dtype;
+  absl::StatusOr<DType> amp = ParseAmp(request.amp);
+  if (!amp.ok()) return amp.status();
+  spec.config.amp = *amp;
+  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(request.optimizer);
+  if (!optimizer.ok()) return optimizer.status();
+  spec.optimizer.kind = *optimizer;
+  absl::StatusOr<Device> device = ParseDevice(request.device);
+  if (!device.ok()) return device.status();
+  spec.config.device = *device;
+  absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(request.optimizer_impl, *device);
+  if (!impl.ok()) return impl.status();
+  spec.optimizer.impl = *impl;
+  spec.optimizer.momentum = request.momentum;
+  spec.optimizer.master_weights = request.master_weights;
+  spec.config.batch = request.batch;
+  spec.config.seq = request.seq;
+  spec.config.tp = request.tp;
+  spec.config.sp = request.sp;
+  absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
+  if (!checkpoint.ok()) return checkpoint.status();
+  spec.config.checkpoint_impl = *checkpoint;
+  absl::StatusOr<SdpaBackend> sdpa_backend = ParseSdpaBackend(request.sdpa_backend);
+  if (!sdpa_backend.ok()) return sdpa_backend.status();
+  spec.config.sdpa_backend = *sdpa_backend;
+  if (request.expandable_segments && spec.config.device != Device::kCuda) {
+    return absl::InvalidArgumentError(
+        "--expandable_segments is a CUDA caching allocator setting: it needs --device=cuda");
+  }
+  spec.config.expandable_segments = request.expandable_segments;
+  if (!(request.cuda_context_mib >= 0 && request.cuda_context_mib < 1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda_context_mib must be a number of MiB from 0, got ", request.cuda_context_mib));
+  }
+  spec.config.cuda_context_bytes =
+      static_cast<int64_t>(std::llround(request.cuda_context_mib * (1 << 20)));
+  if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
+  spec.routing = request.routing;
+  if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
+  absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(request.schedule);
+  if (!schedule.ok()) return schedule.status();
+  spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
+                               request.micro_batches, request.zero, *schedule};
+  if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
+
+  absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);
+  if (!attention.ok()) return attention.status();
+  spec.attention = *attention;
+
+  absl::StatusOr<std::vector<Variant>> variants =
+      ParseVariants(request.variants, request.every, request.policy);
+  if (!variants.ok()) return variants.status();
+  spec.variants = *std::move(variants);
+  if (absl::Status s = ValidateRun(spec.config, spec.attention, spec.variants, spec.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  return spec;
+}
+
+std::string RequestFlags(const RunRequest& request) {
+  const RunRequest defaults;
+  std::string out = absl::StrCat("--model=", request.model, " --batch=", request.batch,
+                                 " --seq=", request.seq);
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::optional<int64_t>*>{"layers", &request.layers},
+        {"width", &request.width},
+        {"heads", &request.heads},
+        {"kv_heads", &request.kv_heads},
+        {"head_dim", &request.head_dim},
+        {"intermediate", &request.intermediate},
+        {"vocab", &request.vocab}}) {
+    if (value->has_value()) absl::StrAppend(&out, " --", flag, "=", **value);
+  }
+  auto text = [&](const char* flag, const std::string& value, const std::string& unset) {
+    if (value != unset) absl::StrAppend(&out, " --", flag, "=", value);
+  };
+  auto number = [&](const char* flag, int64_t value, int64_t unset) {
+    if (value != unset) absl::StrAppend(&out, " --", flag, "=", value);
+  };
+  text("variants", request.variants, defaults.variants);
+  number("every", request.every, defaults.every);
+  text("policy", request.policy, defaults.policy);
+  text("attention", request.attention, defaults.attention);
+  text("dtype", request.dtype, defaults.dtype);
+  text("amp", request.amp, defaults.amp);
+  text("optimizer", request.optimizer, defaults.optimizer);
+  text("optimizer_impl", request.optimizer_impl, defaults.optimizer_impl);
+  if (request.momentum != defaults.momentum) absl::StrAppend(&out, " --momentum=", request.momentum);
+  text("checkpoint_impl", request.checkpoint_impl, defaults.checkpoint_impl);
+  if (request.master_weights) absl::StrAppend(&out, " --master_weights");
+  number("tp", request.tp, defaults.tp);
+  if (request.sp) absl::StrAppend(&out, " --sp");
+  number("dp", request.dp, defaults.dp);
+  number("pp", request.pp, defaults.pp);
+  number("virtual_stages", request.virtual_stages, defaults.virtual_stages);
+  number("micro_batches", request.micro_batches, defaults.micro_batches);
+  number("zero", request.zero, defaults.zero);
+  text("schedule", request.schedule, defaults.schedule);
+  text("device", request.device, defaults.device);
+  text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);
+  if (request.expandable_segments) absl::StrAppend(&out, " --expandable_segments");
+  if (request.cuda_context_mib != defaults.cuda_context_mib) {
+    absl::StrAppend(&out, " --cuda_context_mib=", request.cuda_context_mib);
+  }
+  text("experts_impl", request.experts_impl, defaults.experts_impl);
+  text("routing", request.routing, defaults.routing);
+  return out;
+}
+
+}  // namespace memledger

@@ -1,0 +1,89 @@
+// RunRequest: what a caller asks for, as the command line's flags or the C ABI's JSON
+// request name it, and its conversion into a validated config, attention mode, variants
+// and optimizer. The CLIs and the C ABI share this path, so the same bad input gets the
+// same one-line message everywhere.
+//
+// Example:
+//   RunRequest request;
+//   request.model = "llama-3-8b";
+//   request.seq = 8192;
+//   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+#ifndef ESTIMATOR_RUN_REQUEST_H_
+#define ESTIMATOR_RUN_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/spec/config.h"
+#include "estimator/request/parallel_spec.h"
+
+namespace memledger {
+
+// RunRequest mirrors the flags (see --help); sizes left empty take the model's.
+struct RunRequest {
+  std::string model = "study";  // a preset name or a config.json path
+  // model_config_json: a config.json's text given inline (the C ABI's "model" as a JSON
+  // object); when set it is the model, and `model` only names it.
+  std::string model_config_json;
+  std::optional<int64_t> layers, width, heads, kv_heads, head_dim, intermediate, vocab;
+  int64_t batch = 16;
+  int64_t seq = 64;
+  std::string variants = "none,full,every_k,selective";
+  int64_t every = 2;
+  std::string policy = "matmul";
+  std::string attention = "flash";
+  std::string dtype = "fp32";
+  std::string amp = "none";
+  std::string optimizer = "adamw";
+  std::string optimizer_impl = "auto";  // torch.optim's for_loop, foreach or fused
+  std::string checkpoint_impl = "non_reentrant";  // torch.utils.checkpoint's use_reentrant
+  double momentum = 0;
+  bool master_weights = false;
+  int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's
+  bool sp = false;  // sequence parallelism (with tp)
+  // Data and pipeline parallelism (ParallelSpec): predict reports every kind of rank.
+  int64_t dp = 1;
+  int64_t pp = 1;
+  int64_t virtual_stages = 1;
+  int64_t micro_batches = 1;
+  int64_t zero = 0;
+  std::string schedule = "1f1b";
+  // A mixture of experts' experts implementation (grouped_mm, transformers 5.23's
+  // default, or eager) and, for eager, the routing: balanced, worst or a routing file's
+  // path ({"layers": [[tokens per expert, ...], ...]}, one row per sparse layer).
+  std::string device = "cpu";         // cpu or cuda
+  std::string sdpa_backend = "auto";  // auto, flash, efficient, cudnn or math
+  bool expandable_segments = false;   // with device cuda
+  double cuda_context_mib = static_cast<double>(kCudaContextBytes) / (1 << 20);
+  std::string experts_impl = "grouped_mm";
+  std::string routing = "balanced";
+};
+
+// RunSpec is a validated request.
+struct RunSpec {
+  ModelConfig config;
+  std::string model;  // as requested: a preset name or a config.json path
+  AttentionMode attention = AttentionMode::kFlash;
+  std::vector<Variant> variants;
+  OptimizerSpec optimizer;
+  ParallelSpec parallel;
+  bool table = false;  // the CLIs' --format=table, else JSON
+  std::string format = "json";  // the CLIs' --format: json, table, csv or jsonl
+  std::string routing = "balanced";  // as requested: balanced, worst or a file's path
+};
+
+// RunSpecFromRequest resolves the model, applies the size overrides and validates the
+// whole run (ValidateRun); errors are InvalidArgument naming the flag or key.
+absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request);
+
+// RequestFlags writes a request as the command line's flags (predict's and verify's
+// alike): --model, --batch and --seq always, every other flag only where it differs
+// from its default. A model given inline (model_config_json) is written as its name.
+std::string RequestFlags(const RunRequest& request);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_RUN_REQUEST_H_

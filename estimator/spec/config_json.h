@@ -1,0 +1,182 @@
+// Reading and writing a transformers config.json, for the families' definitions
+// (estimator/families/*.cc): ConfigJsonReader reads typed keys and names the file and
+// the key in each error; ConfigJsonWriter writes keys in order.
+#ifndef ESTIMATOR_CONFIG_JSON_H_
+#define ESTIMATOR_CONFIG_JSON_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "estimator/spec/config.h"
+#include "rapidjson/document.h"
+#include "rapidjson/prettywriter.h"
+#include "rapidjson/stringbuffer.h"
+
+namespace memledger {
+
+class ConfigJsonReader {
+ public:
+  // doc: the config.json's object, or one nested in it (Nested).
+  ConfigJsonReader(const rapidjson::Value& doc, absl::string_view source)
+      : doc_(doc), source_(source) {}
+
+  // Nested reads the object under `key` (a multimodal config's text_config): its errors
+  // name the key path ("text_config.hidden_size").
+  absl::StatusOr<ConfigJsonReader> Nested(const char* key) const {
+    if (!Has(key)) return Error(key, "is missing");
+    if (!doc_[key].IsObject()) return Error(key, "must be an object");
+    ConfigJsonReader nested(doc_[key], source_);
+    nested.prefix_ = absl::StrCat(prefix_, key, ".");
+    return nested;
+  }
+
+  // Error: "<source>: "<key>" <what>".
+  absl::Status Error(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": \"", prefix_, key, "\" ", what));
+  }
+
+  // Positive reads a required (or, with a fallback, optional) integer >= 1.
+  absl::StatusOr<int64_t> Positive(const char* key, std::optional<int64_t> fallback = {}) const {
+    if (!doc_.HasMember(key) || doc_[key].IsNull()) {
+      if (fallback.has_value()) return *fallback;
+      return Error(key, "is missing");
+    }
+    const rapidjson::Value& value = doc_[key];
+    if (!value.IsInt64()) return Error(key, "must be an integer");
+    if (value.GetInt64() < 1) {
+      return Error(key, absl::StrCat("must be >= 1, got ", value.GetInt64()));
+    }
+    return value.GetInt64();
+  }
+
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    if (!doc_.HasMember(key)) return fallback;
+    if (!doc_[key].IsBool()) return Error(key, "must be true or false");
+    return doc_[key].GetBool();
+  }
+
+  absl::StatusOr<double> PositiveNumber(const char* key, double fallback) const {
+    if (!doc_.HasMember(key)) return fallback;
+    if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() > 0)) {
+      return Error(key, "must be a number > 0");
+    }
+    return doc_[key].GetDouble();
+  }
+
+  bool Has(const char* key) const { return doc_.HasMember(key) && !doc_[key].IsNull(); }
+
+  // Probability reads a number in [0, 1).
+  absl::StatusOr<double> Probability(const char* key) const {
+    if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() >= 0) || !(doc_[key].GetDouble() < 1)) {
+      return Error(key, "must be a number in [0, 1)");
+    }
+    return doc_[key].GetDouble();
+  }
+
+  absl::StatusOr<std::string> String(const char* key, const char* fallback) const {
+    if (!doc_.HasMember(key)) return std::string(fallback);
+    if (!doc_[key].IsString()) return Error(key, "must be a string");
+    return std::string(doc_[key].GetString());
+  }
+
+  // LayerTypes reads an optional `layer_types` list: one "full_attention" or
+  // "sliding_attention" per layer; empty when the key is absent.
+  absl::StatusOr<std::vector<LayerAttention>> LayerTypes(const char* key, int64_t layers) const {
+    std::vector<LayerAttention> out;
+    if (!Has(key)) return out;
+    const rapidjson::Value& types = doc_[key];
+    if (!types.IsArray()) return Error(key, "must be a list of strings");
+    if (types.Size() != static_cast<uint64_t>(layers)) {
+      return Error(key, absl::StrCat("has ", types.Size(), " entries for ", layers, " layers"));
+    }
+    for (const rapidjson::Value& type : types.GetArray()) {
+      if (!type.IsString()) return Error(key, "must be a list of strings");
+      const absl::string_view name(type.GetString(), type.GetStringLength());
+      if (name == "full_attention") {
+        out.push_back(LayerAttention::kFull);
+      } else if (name == "sliding_attention") {
+        out.push_back(LayerAttention::kSliding);
+      } else {
+        return Error(key, absl::StrCat("'", name, "' is not a layer type (full_attention, "
+                                       "sliding_attention)"));
+      }
+    }
+    return out;
+  }
+
+  // LayerIndices reads an optional list of distinct layer indices in [0, layers)
+  // (Qwen3-MoE's mlp_only_layers); empty when the key is absent or null.
+  absl::StatusOr<std::vector<int64_t>> LayerIndices(const char* key, int64_t layers) const {
+    std::vector<int64_t> out;
+    if (!Has(key)) return out;
+    const rapidjson::Value& list = doc_[key];
+    if (!list.IsArray()) return Error(key, "must be a list of layer indices");
+    for (const rapidjson::Value& index : list.GetArray()) {
+      if (!index.IsInt64() || index.GetInt64() < 0 || index.GetInt64() >= layers) {
+        return Error(key, absl::StrCat("must list layer indices in [0, ", layers, ")"));
+      }
+      out.push_back(index.GetInt64());
+    }
+    return out;
+  }
+
+ private:
+  const rapidjson::Value& doc_;
+  std::string source_;
+  std::string prefix_;  // the key path to a nested object, "text_config."
+};
+
+class ConfigJsonWriter {
+ public:
+  explicit ConfigJsonWriter(rapidjson::PrettyWriter<rapidjson::StringBuffer>* w) : w_(w) {}
+  void Int(const char* key, int64_t value) {
+    w_->Key(key);
+    w_->Int64(value);
+  }
+  void Double(const char* key, double value) {
+    w_->Key(key);
+    w_->Double(value);
+  }
+  void Bool(const char* key, bool value) {
+    w_->Key(key);
+    w_->Bool(value);
+  }
+  void String(const char* key, const char* value) {
+    w_->Key(key);
+    w_->String(value);
+  }
+  void Ints(const char* key, const std::vector<int64_t>& values) {
+    w_->Key(key);
+    w_->StartArray();
+    for (int64_t value : values) w_->Int64(value);
+    w_->EndArray();
+  }
+  void Strings(const char* key, const std::vector<std::string>& values) {
+    w_->Key(key);
+    w_->StartArray();
+    for (const std::string& value : values) w_->String(value.c_str());
+    w_->EndArray();
+  }
+
+ private:
+  rapidjson::PrettyWriter<rapidjson::StringBuffer>* w_;
+};
+
+// MEMLEDGER_ASSIGN_OR_RETURN_(lhs, expr): lhs = *expr, or return its error.
+#define MEMLEDGER_ASSIGN_OR_RETURN_(lhs, expr) \
+  do {                                         \
+    auto result_ = (expr);                     \
+    if (!result_.ok()) return result_.status(); \
+    lhs = *result_;                            \
+  } while (0)
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_CONFIG_JSON_H_

@@ -1,0 +1,82 @@
+// Segment plans (internal to estimator/step/liveness): one segment graph (a layer, the
+// prologue, the head) walked for one config, with what the step simulation's replay
+// needs: each op's storages read, each storage's last forward use, what each backward
+// node releases, and which ops return their input itself.
+//
+// Example:
+//   absl::StatusOr<std::unique_ptr<SegmentPlan>> plan =
+//       MakePlan(graphs->Layer(0), config, /*input_requires_grad=*/true, /*rules=*/nullptr);
+#ifndef ESTIMATOR_SEGMENT_PLAN_H_
+#define ESTIMATOR_SEGMENT_PLAN_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/spec/config.h"
+#include "estimator/graph/rules.h"
+#include "estimator/saved/walker.h"
+
+namespace memledger::liveness_internal {
+
+// SegmentPlan is one segment graph walked for one config, with what the replay needs:
+// each op's storages read and each storage's last forward use.
+struct SegmentPlan {
+  const BlockGraph* graph = nullptr;
+  BlockWalk walk;  // with layouts, not checkpointed
+  std::vector<std::vector<int>> reads;  // per op: distinct non-parameter storages read
+  std::vector<int> last_use;            // per storage: the last op reading it, -1: none
+  int input_storage = -1;
+  int output_storage = -1;
+  // releases: per op, the storages its node's release_variables() lets go, in
+  // Functions.h's order (saved inputs by name, then outputs), as the rules keep them.
+  std::vector<std::vector<int>> releases;
+  // Under a non-reentrant torch.utils.checkpoint every saved tensor goes through its pack
+  // hook (checkpoint.py, _checkpoint_hook), except those SavedVariable stores without the
+  // hooks (wrapped numbers: saved_variable.cpp, is_wrapped_number()), which the node
+  // holds itself. packed_releases and unpacked_releases split `releases` so;
+  // unpacked_keeps counts, per storage, its keeps of the second kind.
+  std::vector<std::vector<int>> packed_releases;
+  std::vector<std::vector<int>> unpacked_releases;
+  std::vector<int> unpacked_keeps;
+  // packs: per op, whether its node packs a tensor (a parameter too) into the hook.
+  std::vector<bool> packs;
+  // The recompute's early stop (_StopRecomputationError, raised by the pack that fills
+  // the last holder): the last op that packs, and whether its last pack is an output
+  // (saved after the kernel ran) or an input (saved before: the kernel never runs).
+  int last_pack_op = -1;
+  bool last_pack_is_output = false;
+  // first_pack_op: the first op that packs; its node is the last in the backward to hold
+  // a hook, and the checkpoint's frame dies when it releases its variables.
+  int first_pack_op = -1;
+  // same_as: for the output of an op that returns its input itself (.to() of the same
+  // dtype, contiguous() of a contiguous tensor), that input; -1 otherwise. Such an op
+  // makes no backward node: gradients go straight to the input.
+  std::vector<int> same_as;
+};
+
+// MakePlan walks `graph` with layouts and derives the plan; Internal for an op with more
+// than three inputs (a backward node keeps at most three gradients).
+absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
+                                                      const ModelConfig& config,
+                                                      bool input_requires_grad,
+                                                      const RuleTable* rules);
+
+// ModelPlans are a model's segment plans, made once and shared by every variant's
+// simulation: the prologue (families), the first layer (whose input needs no gradient in
+// the study), each kind of the other layers and the head.
+struct ModelPlans {
+  std::shared_ptr<const ModelGraphs> graphs;
+  std::unique_ptr<SegmentPlan> prologue;
+  std::unique_ptr<SegmentPlan> first;
+  std::vector<std::unique_ptr<SegmentPlan>> rest;  // by layer kind
+  std::unique_ptr<SegmentPlan> head;
+  const SegmentPlan* Layer(int64_t i) const {
+    return i == 0 ? first.get() : rest[graphs->KindOf(i)].get();
+  }
+};
+
+}  // namespace memledger::liveness_internal
+
+#endif  // ESTIMATOR_SEGMENT_PLAN_H_

@@ -1,0 +1,409 @@
+// The step simulation's machinery, shared by its parts (estimator/step/liveness.h is the API):
+// Simulation replays one rank's training step, op by op, on a Memory ledger. Its
+// methods live by concern:
+//   simulation_forward.cc   a segment's forward (and a recompute's replay);
+//   simulation_backward.cc  a segment's backward nodes, checkpoints' recomputes;
+//   simulation_schedule.cc  the rank's schedule: micro-batches, pipeline steps, the
+//                           model-level tensors, the parameters' order;
+//   simulation_step.cc      ZeRO-3's gathered units, the gradients' reduction and the
+//                           optimizer's step;
+// and liveness.cc composes long models' peaks from a short model's stretches.
+#ifndef ESTIMATOR_SIMULATION_H_
+#define ESTIMATOR_SIMULATION_H_
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/spec/checked_math.h"
+#include "estimator/step/pipeline_steps.h"
+#include "estimator/step/segment_plan.h"
+#include "estimator/step/step_ledger.h"
+#include "estimator/saved/walker.h"
+
+namespace memledger::liveness_internal {
+// FlashSplits are the CPU flash kernel's block sizes for a sequence of length t: the q
+// block by thresholds on t (256, 64 or 32, at most t), the kv block 512 (at most t).
+struct FlashSplits {
+  int64_t q = 0;
+  int64_t kv = 0;
+};
+FlashSplits FlashSplitsFor(int64_t t);
+
+
+// ParameterKey names a parameter's .grad: its segment instance and tensor (a tied
+// weight's is its owner's, the prologue's).
+using ParameterKey = std::pair<int64_t, int>;
+
+// Grads are the engine's input buffers of one segment's backward, by tensor.
+using Buffers = std::map<int, Handle>;
+
+class Simulation {
+ public:
+  // The attention mode is in the graphs Run() gets.
+  Simulation(const ModelConfig& config, const Variant& variant,
+             const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
+      : config_(config), variant_(variant), optimizer_(optimizer),
+        options_(options), out_(out),
+        memory_(out, options.record_events, optimizer, config.device == Device::kCuda,
+                config.expandable_segments, options.cuda_blocks) {}
+
+  absl::Status Run(const ModelPlans& plans);
+  // RunReduction is the step's end alone, from the .grads the backward leaves (one per
+  // parameter, each its own storage): the data-parallel reduction and the optimizer's
+  // step, as segments().optimizer (the rank's, without ZeRO-3; one pipeline stage).
+  absl::Status RunReduction(const ModelPlans& plans);
+  // set_model_layers: the real model's layer count when this simulation replays a short
+  // model for ComposePeak (what is made once for the whole model is the real one's).
+  void set_model_layers(int64_t layers) { model_layers_ = layers; }
+  // The step's stretches, for ComposePeak.
+  struct Segments {
+    SegmentSummary prologue;               // model-level tensors, embeddings
+    std::vector<SegmentSummary> forward;   // per layer: its forward and x = layer(x)
+    SegmentSummary head_forward;           // the head and the forward's return
+    SegmentSummary head_backward;          // the seed and the head's backward
+    std::vector<SegmentSummary> backward;  // per layer
+    SegmentSummary tail;                   // the embeddings' backward, the graph's end
+    SegmentSummary optimizer;
+    // optimizer_layer_bytes: what one layer of each kind adds, by category, to the
+    // optimizer step's rise, where it is all alive at once: with master weights its fp32
+    // .grad copies, with foreach its share of the exp_avg_sq.sqrt() list. The rise grows
+    // by them per layer.
+    std::vector<std::array<int64_t, kNumMemoryCategories>> optimizer_layer_bytes;
+  };
+  const Segments& segments() const { return segments_; }
+  std::string Text(const Where& where) const { return WhereText(where, optimizer_); }
+  // NamePeak fills StepPeak::op from the label current at the peak.
+  void NamePeak() { out_->peak.op = memory_.PeakText(); }
+  // reserved_peak: on CUDA, the caching allocator's segments at most.
+  int64_t reserved_peak() const { return memory_.reserved_peak(); }
+
+ private:
+  // One segment instance in the model: its plan and its storages' ids in Memory.
+  struct Instance {
+    const SegmentPlan* plan = nullptr;
+    int64_t segment = Where::kHead;  // layer index, or Where::kHead
+    bool recompute = false;          // a checkpointed layer's forward again, with grad
+    std::vector<int> ids;  // walked storage -> Memory id; -1: parameter or not made
+    // cached: the selective cache, walked storage -> Memory id, filled by a recording
+    // forward and read (each entry popped) by the replaying one.
+    std::map<int, int> cached;
+    // Frame is a non-reentrant checkpoint's _CheckpointFrame in the backward
+    // (torch/utils/checkpoint.py): the layer's nodes are the outer graph's, each saved
+    // tensor a holder filled by the recompute. It holds the layer input (_NoopSaveInputs),
+    // the call's other tensors (the partial's keyword arguments), the forward's RNG
+    // state and the selective cache until the node that releases the last hook.
+    struct Frame {
+      int input = -1;
+      int rng_state = -1;
+      std::vector<int> held;
+      // forward_ids: the forward's ids, for what its nodes hold without the hooks.
+      std::vector<int> forward_ids;
+      bool recomputed = false;
+      bool alive = true;
+    };
+    std::optional<Frame> frame;
+  };
+
+  // How a segment's forward runs.
+  struct Pass {
+    enum class Keeps : uint8_t {
+      kAll,       // with grad: backward nodes keep what the rules say
+      kNone,      // without grad (a reentrant checkpoint's forward): nothing kept
+      // with grad under a non-reentrant checkpoint's pack hook: only what the nodes
+      // hold without the hooks (SegmentPlan::unpacked_keeps)
+      kUnpacked,
+    };
+    Keeps keeps = Keeps::kAll;
+    bool record = false;      // the policy's ops' outputs go into the selective cache
+    bool replay = false;      // a recompute under a policy: those ops pop their outputs
+    // early_stop: a non-reentrant recompute, which stops once the last holder is filled
+    // (SegmentPlan::last_pack_op); what it made that no holder keeps dies then.
+    bool early_stop = false;
+  };
+  static Pass Graph() { return Pass(); }
+
+  absl::Status Unimplemented(const std::string& what) {
+    return absl::UnimplementedError(absl::StrCat(
+        "peak memory: the step simulation does not model ", what, " yet"));
+  }
+
+  Where At(const Instance& inst, int op, const char* node) const {
+    Where where;
+    where.graph = inst.plan->graph;
+    where.segment = inst.segment;
+    where.op = op;
+    where.node = node;
+    where.recompute = inst.recompute;
+    return where;
+  }
+  Where Special(int64_t segment, Where::Activity activity) const {
+    Where where;
+    where.segment = segment;
+    where.activity = activity;
+    return where;
+  }
+
+  absl::Status Forward(Instance& inst, const Handle* input, Pass pass, Handle* output);
+  bool FromCache(const Instance& inst, const OpDef& op) const {
+    return op.policy_kind.has_value() && variant_.PolicyAt(inst.segment).Saves(*op.policy_kind);
+  }
+  // CallIsReplayed: `op` belongs to a composite call (a linear) whose op the replay
+  // returns from the selective cache. The replay bypasses the dispatcher and casts its
+  // arguments itself (runtime/selective_ops.cc), so autocast's cache never sees them.
+  bool CallIsReplayed(const Instance& inst, const OpDef& op) const {
+    if (op.composite < 0) return false;
+    for (const OpDef& other : inst.plan->graph->ops) {
+      if (other.composite == op.composite && FromCache(inst, other)) return true;
+    }
+    return false;
+  }
+  void LeadingTemporaries(const OpDef& op, const Instance& inst, std::vector<int>* prelude);
+  absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
+  absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
+  absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
+  absl::Status SplitBackward(Instance& inst, int op_index, Buffers& buffers,
+                             bool capture_parameters);
+  absl::Status CheckpointBackward(Instance& inst, int saved_input, Handle incoming,
+                                  Buffers& outer);
+  // Recompute is a non-reentrant checkpoint's unpack hook at its first call: the layer
+  // run again from its input, with grad, under the forward's RNG state, until the last
+  // holder is filled.
+  absl::Status Recompute(Instance& inst);
+  // FrameDies: the node holding the frame's last hook has released its variables.
+  void FrameDies(Instance& inst);
+  // StopRecompute is _StopRecomputationError unwinding the recompute: the forward's
+  // locals (`local`) die, and so does its graph, with what its nodes held without the
+  // hooks; the holders' tensors stay (the frame's recomputed dict). `output` is left
+  // undefined.
+  absl::Status StopRecompute(Instance& inst, const std::vector<bool>& local, Handle* output);
+  void RopeTables(ModelTensor cos, ModelTensor sin, std::vector<int>* extras);
+  void SlidingCacheLayers();
+  void SlidingWindowMask(std::vector<int>* extras);
+  void AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras);
+  void PositionIds(std::vector<int>* extras);
+  // CallArguments: the model-level tensors a checkpointed layer holds to its backward,
+  // the ones its graph reads (KeepReason::kCheckpointHeld).
+  std::vector<int> CallArguments(const Instance& inst) const {
+    std::vector<int> held;
+    const BlockGraph& graph = *inst.plan->graph;
+    for (const WalkedStorage& storage : inst.plan->walk.storage_list) {
+      if (storage.is_global) held.push_back(globals_.at(graph.tensors[storage.owner].global));
+    }
+    return held;
+  }
+  void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
+             bool capture_parameters);
+  void Accumulate(Buffers& buffers, int tensor, Handle grad);
+  void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, Handle grad);
+  // OptimizerStep steps tensors of these element counts, with their gradients.
+  absl::Status OptimizerStep(const std::vector<int64_t>& numels);
+  absl::Status ReduceAndStep();
+  // ZeRO-3 (RankStep): a unit (the prologue, a layer, the head: its segment) has its
+  // parameters gathered into one buffer for its forward and its backward; after its
+  // backward its .grads are flattened into a bucket and freed, the bucket all-reduced
+  // in place, this rank's part added into the shard's gradient (made on first use), the
+  // bucket freed and the unit released (runtime/zero_units.h, GatheredUnits).
+  int64_t UnitBytes(int64_t segment) const;
+  void GatherUnit(int64_t segment);
+  void ReleaseUnit(int64_t segment);
+  void ReduceScatterUnit(int64_t segment);
+  // BackwardPassed: `unit`'s backward has run (its input's gradient is complete); the
+  // unit before it (or none) is gathered next.
+  void BackwardPassed(int64_t unit, std::optional<int64_t> previous);
+  // InFlight is one micro-batch between its forward and its backward.
+  struct InFlight {
+    StageRange range;   // the model chunk
+    int input_id = -1;  // the model input, where the chunk reads it
+    Handle received;    // a later stage's received input (a leaf that requires grad)
+    Instance prologue, head;
+    std::vector<Instance> layers;  // the chunk's
+    std::vector<int> checkpoint_inputs;
+    // rng_states: each checkpointed layer's CPU RNG state, kept by its checkpoint.
+    std::vector<int> rng_states;
+    std::vector<int> extras;  // the layers' model-level tensors (position ids, RoPE tables)
+    std::map<ModelTensor, int> globals;  // as the forward left them
+    Handle loss;        // the head's, kept until the step ends
+    Handle output;      // a stage without the head: its output, until sent
+    Handle input_grad;  // the received input's .grad, until sent
+  };
+  absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
+                                const std::vector<int>& inputs);
+  void ParameterOrder(const ModelPlans& plans);
+  // OptimizerLayerBytes is where stepped tensor p's bytes count in
+  // Segments::optimizer_layer_bytes: its kind's, when p is a parameter of the first layer
+  // of its kind in a single rank's model (what one more layer of that kind adds to the
+  // optimizer's step); null otherwise.
+  std::array<int64_t, kNumMemoryCategories>* OptimizerLayerBytes(size_t p) {
+    if (p >= parameter_order_.size() || options_.rank.parallel.dp > 1) return nullptr;
+    const int64_t layer = parameter_order_[p].first;
+    if (layer < 0 || layer >= graphs_->Period()) return nullptr;
+    const int kind = graphs_->KindOf(layer);
+    if (graphs_->FirstOfKind(kind) != layer) return nullptr;
+    return &segments_.optimizer_layer_bytes[kind];
+  }
+  absl::Status ForwardPass(const ModelPlans& plans, InFlight& f);
+  absl::Status BackwardPass(const ModelPlans& plans, InFlight& f,
+                            std::optional<Handle> output_grad);
+
+  // kLayerInputKey is where a checkpoint node puts its layer input's gradient.
+  static constexpr int kLayerInputKey = -1;
+
+  ParameterKey KeyOf(const Instance& inst, int tensor) const {
+    const TensorDef& def = inst.plan->graph->tensors[tensor];
+    if (def.is_tied && prologue_graph_ != nullptr) {
+      // The LM head's tied weight is the embedding's: one .grad.
+      for (size_t t = 0; t < prologue_graph_->tensors.size(); ++t) {
+        if (prologue_graph_->tensors[t].name == def.name) {
+          return {Where::kPrologue, static_cast<int>(t)};
+        }
+      }
+    }
+    return {inst.segment, tensor};
+  }
+
+  // CublasWorkspace: on CUDA, the cuBLAS workspace each GEMM allocates from the caching
+  // allocator after its output and frees when it is done. The wheel sizes it 32 MiB
+  // for compute capability 9 to 12 (at::cuda::parseChosenWorkspaceSize, as
+  // CUBLAS_WORKSPACE_CONFIG=:4096:8) and, without TORCH_CUBLAS_WORKSPACE_CACHE=1,
+  // allocates it per operation (getCurrentCUDABlasHandleWithWorkspace).
+  static constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+  void CublasWorkspace() {
+    if (memory_.cuda()) memory_.Transient(kCublasWorkspaceBytes);
+  }
+  static bool IsGemm(OpType type) {
+    return type == OpType::kAddmm || type == OpType::kMm || type == OpType::kBmm;
+  }
+
+  Handle NewGrad(const Layout& layout, DType dtype) {
+    Handle h;
+    h.layout = ContiguousOf(layout);
+    h.dtype = dtype;
+    h.storage = memory_.Alloc(NumelOf(layout) * ElementSizeBytes(dtype),
+                              MemoryCategory::kTemporary);
+    return h;
+  }
+  // ScaledPowerGrad is grad * (c * x.pow(e)) as pow's and rsqrt's backward formulas run:
+  // the power (a copy even for e = 1), the wrapped scalar c, their product, then the
+  // gradient; the two temporaries die after it.
+  Handle ScaledPowerGrad(const Layout& layout, DType dtype) {
+    const int64_t bytes = NumelOf(layout) * ElementSizeBytes(dtype);
+    const int power = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+    const Memory::Wrapped scalar = memory_.WrapScalar(dtype);
+    const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+    memory_.Drop(scalar);
+    Handle grad = NewGrad(layout, dtype);
+    memory_.Unref(power);
+    memory_.Unref(scaled);
+    return grad;
+  }
+
+  // NewGradLike is an elementwise backward's result: TensorIterator lays it out like its
+  // gradient input when that is dense and of the same sizes (a transposed gradient gives
+  // a transposed result), else contiguous.
+  Handle NewGradLike(const Handle& like, const Layout& layout, DType dtype) {
+    Handle h = NewGrad(layout, dtype);
+    if (SameSizes(like.layout, layout) && NonOverlappingAndDense(like.layout)) {
+      h.layout = like.layout;
+    }
+    return h;
+  }
+  Handle Alias(const Handle& h) {
+    memory_.Ref(h.storage);
+    return h;
+  }
+  Handle ViewOf(const Handle& h, const Layout& layout) {
+    Handle view = Alias(h);
+    view.layout = layout;
+    view.is_view = true;
+    return view;
+  }
+  // Reshape is ATen's reshape of a gradient: a view when the strides allow, else a copy.
+  Handle Reshape(const Handle& h, const Layout& target) {
+    Layout view;
+    bool overflow = false;
+    if (ViewStrides(h.layout, target.sizes.data(), target.ndim, &view, &overflow)) {
+      return ViewOf(h, view);
+    }
+    return NewGrad(target, h.dtype);
+  }
+
+  const WalkedTensor& TensorOf(const Instance& inst, int tensor) const {
+    return inst.plan->walk.tensor_layouts[tensor];
+  }
+  bool IsParameter(const Instance& inst, int tensor) const {
+    return inst.plan->graph->tensors[tensor].is_parameter;
+  }
+
+  const ModelConfig& config_;
+  int64_t model_layers_ = -1;  // -1: config_.layers
+  const Variant& variant_;
+  const OptimizerSpec& optimizer_;
+  const StepOptions& options_;
+  StepTimeline* out_;
+  Memory memory_;
+  // Parameters' .grad storages by name (a tied weight has one .grad).
+  std::map<ParameterKey, int> grads_;
+  // Model-level tensors (TensorDef::global): Memory ids.
+  std::map<ModelTensor, int> globals_;
+  // forward_holds_: what the forward's scope holds until it returns (its loss
+  // included): autocast's casts of weights (leaves that require grad), which its cast
+  // cache holds until the outermost autocast scope ends (the forward's, or a checkpointed
+  // layer's recompute); and the keys and values of transformers' DynamicCache
+  // (use_cache without checkpointing), with its sliding-window layers' own tensors,
+  // which the model's output holds.
+  // Each entry: the Memory id and the segment (layer index, or Where::kHead) that made it.
+  std::vector<std::pair<int, int64_t>> forward_holds_;
+  // ReleaseForwardHolds ends the scope; at the forward's end, what it frees is noted in
+  // the layers' forward stretches (SegmentSummary::freed_at_forward_end).
+  void ReleaseForwardHolds(bool forward_end) {
+    for (const auto& [id, segment] : forward_holds_) {
+      if (forward_end && segment >= 0 &&
+          segment < static_cast<int64_t>(segments_.forward.size()) && memory_.refs(id) == 1) {
+        segments_.forward[segment].freed_at_forward_end[static_cast<int>(
+            memory_.category(id))] += memory_.bytes(id);
+      }
+      memory_.Unref(id);
+    }
+    forward_holds_.clear();
+  }
+  // decoder_returns_: run by Forward after the op where the decoder model's forward
+  // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
+  std::function<void()> decoder_returns_;
+  const BlockGraph* prologue_graph_ = nullptr;
+  const ModelGraphs* graphs_ = nullptr;  // Run's
+  std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)
+  Handle hidden_;     // the layout of the hidden states between layers (and stages)
+  int loss_total_ = -1;  // the first micro-batch's loss, which the others are added into
+  Segments segments_;
+  std::vector<ParameterKey> parameter_order_;
+  // ZeRO-3's state: each unit's parameter bytes (prologue, head, each layer kind), the
+  // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
+  // backward runs.
+  bool zero3_ = false;
+  int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
+  std::vector<int64_t> layer_unit_bytes_;  // by kind
+  int64_t shard_elements_ = 0;
+  std::map<int64_t, int> gathered_;
+  int shard_grad_ = -1;
+  std::optional<int64_t> pending_unit_;
+};
+
+// Modelled says whether Simulation::Node has the backward of `type`.
+bool Modelled(OpType type);
+
+}  // namespace memledger::liveness_internal
+
+#endif  // ESTIMATOR_SIMULATION_H_

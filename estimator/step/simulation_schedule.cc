@@ -1,0 +1,663 @@
+// The step simulation: one rank's schedule (micro-batches and pipeline steps), the
+// model-level tensors and the order the optimizer visits the parameters in.
+#include "estimator/step/simulation.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "estimator/graph/family.h"
+
+namespace memledger::liveness_internal {
+
+absl::Status Simulation::Run(const ModelPlans& plans) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  if (families) prologue_graph_ = &*graphs.prologue;
+  graphs_ = &graphs;
+  segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
+  const RankStep& rank = options_.rank;
+  const ParallelSpec& parallel = rank.parallel;
+  chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
+  zero3_ = parallel.zero >= 3 && parallel.dp > 1;
+  if (zero3_) {
+    // Each unit's parameter bytes (a tied weight is its owner's), and the rank's shard
+    // of its stage's parameters.
+    auto parameter_bytes = [&](const BlockGraph& graph) {
+      return (ParameterCount(graph, config_) * ElementSizeBytes(config_.dtype)).value();
+    };
+    prologue_unit_bytes_ = families ? parameter_bytes(*graphs.prologue) : 0;
+    head_unit_bytes_ = parameter_bytes(graphs.epilogue);
+    layer_unit_bytes_.clear();
+    for (const BlockGraph& kind : graphs.layer_kinds) {
+      layer_unit_bytes_.push_back(parameter_bytes(kind));
+    }
+    int64_t stage_bytes = 0;
+    for (const StageRange& chunk : chunks_) {
+      stage_bytes += (chunk.prologue ? prologue_unit_bytes_ : 0) +
+                     (chunk.head ? head_unit_bytes_ : 0);
+      for (size_t kind = 0; kind < layer_unit_bytes_.size(); ++kind) {
+        stage_bytes += graphs.LayersOfKind(static_cast<int>(kind), chunk.first_layer,
+                                           chunk.layers) *
+                       layer_unit_bytes_[kind];
+      }
+    }
+    shard_elements_ = ZeroShardElements(stage_bytes / ElementSizeBytes(config_.dtype), parallel.dp);
+  }
+
+  // The model input (the study's hidden states, the families' token ids): resident, held
+  // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
+  // embedding's, and the families' head, whose labels are the ids shifted).
+  const SegmentPlan& input_plan = families ? *plans.prologue : *plans.first;
+  int input_storage = input_plan.input_storage;
+  for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
+    const WalkedStorage& storage = plans.prologue->walk.storage_list[s];
+    if (graphs.prologue->tensors[storage.owner].global == ModelTensor::kInputIds) {
+      input_storage = static_cast<int>(s);
+    }
+  }
+  const int64_t micro_batches = std::max<int64_t>(1, parallel.micro_batches);
+  bool reads_input = false;
+  for (const StageRange& chunk : chunks_) {
+    reads_input = reads_input || chunk.prologue || (chunk.head && families);
+  }
+  const int64_t input_bytes =
+      reads_input ? input_plan.walk.storage_list[input_storage].bytes : 0;
+  if (memory_.cuda()) {
+    // Each micro-batch's input its own block.
+    for (int64_t j = 0; reads_input && j < micro_batches; ++j) {
+      out_->resident_tensors.push_back(
+          ResidentTensor{absl::StrCat("input ", j), MemoryCategory::kInput, input_bytes});
+    }
+  } else {
+    out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
+  }
+  memory_.Begin();
+  // Under 1F1B only the first `simulated` micro-batches are replayed: the warm-up
+  // forwards, the first steady iteration (whose backward makes the .grads) and a second
+  // one, which every later iteration repeats byte for byte (a forward and a backward;
+  // the .grads added to in place; each loss added into the first and freed), so that
+  // the step's peak is theirs, the cool-down's or the reduction's, none of which depends
+  // on how many iterations came between (the inputs are resident from the start).
+  // The interleaved schedule's steady state cycles through the chunks, one group of
+  // pp x v steps (each chunk pp forwards and pp backwards, no net change); its warm-up
+  // and cool-down do not depend on the micro-batches (a multiple of pp) unless they are
+  // exactly pp (all forwards first). So without events it is replayed for the least
+  // multiple of pp micro-batches whose steady state has two groups: the first makes
+  // every chunk's .grads, the second is what every later group repeats byte for byte
+  // (its chunks' order is the same: the micro-batches differ by whole groups).
+  const bool interleaved = parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved;
+  const int64_t warmup =
+      parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
+  // With the CUDA allocator every micro-batch is replayed: its blocks need not repeat.
+  int64_t simulated = memory_.allocator() ? micro_batches : std::min(micro_batches, warmup + 2);
+  if (interleaved) {
+    simulated = micro_batches;
+    const int64_t v = parallel.virtual_stages, pp = parallel.pp;
+    const int64_t forwards = (pp - rank.stage - 1) * 2 + (v - 1) * pp + 2 * pp * v;
+    const int64_t enough = ((forwards + v - 1) / v + pp - 1) / pp * pp;
+    if (!options_.record_events && !memory_.allocator() && micro_batches != pp &&
+        enough < micro_batches) {
+      simulated = enough;
+    }
+  }
+  std::vector<int> inputs;
+  for (int64_t j = 0; j < micro_batches; ++j) {
+    const int id = reads_input ? memory_.Adopt(input_bytes, MemoryCategory::kInput) : -1;
+    if (j < simulated) inputs.push_back(id);
+  }
+  // The hidden states a stage receives or sends: the layers' input.
+  const BlockGraph& layer = graphs.Layer(0);
+  hidden_.layout = plans.first->walk.tensor_layouts[layer.input].layout;
+  hidden_.dtype = layer.tensors[layer.input].dtype;
+
+  if (parallel.pp > 1) {
+    ParallelSpec replayed = parallel;
+    replayed.micro_batches = simulated;
+    if (absl::Status s = PipelineSchedule(plans, PipelineSteps(replayed, rank.stage), inputs);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    // Gradient accumulation: each micro-batch's forward and backward.
+    for (int input_id : inputs) {
+      InFlight f;
+      f.range = chunks_.front();
+      f.input_id = input_id;
+      if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+      if (absl::Status s = BackwardPass(plans, f, std::nullopt); !s.ok()) return s;
+    }
+  }
+  ParameterOrder(plans);
+
+  memory_.SetPhase(StepPhase::kOptimizer);
+  memory_.BeginSegment();
+  absl::Status status = ReduceAndStep();
+  segments_.optimizer = memory_.EndSegment();
+  if (status.ok() && memory_.overflowed()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the step's live bytes overflow int64 for layers=", config_.layers,
+        " width=", config_.width, " batch=", config_.batch, " seq=", config_.seq));
+  }
+  return status;
+}
+
+absl::Status Simulation::RunReduction(const ModelPlans& plans) {
+  const ModelGraphs& graphs = *plans.graphs;
+  if (graphs.prologue.has_value()) prologue_graph_ = &*graphs.prologue;
+  graphs_ = &graphs;
+  segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
+  chunks_ = {WholeModel(config_)};
+  memory_.Begin();
+  ParameterOrder(plans);
+  for (const ParameterKey& key : parameter_order_) {
+    if (grads_.count(key) > 0) continue;
+    const SegmentPlan* plan = key.first == Where::kPrologue ? plans.prologue.get()
+                              : key.first == Where::kHead   ? plans.head.get()
+                                                            : plans.Layer(key.first);
+    const TensorDef& def = plan->graph->tensors[key.second];
+    const int64_t bytes = NumelOf(plan->walk.tensor_layouts[key.second].layout) *
+                          ElementSizeBytes(def.dtype);
+    grads_.emplace(key, memory_.Alloc(bytes, MemoryCategory::kGradient));
+  }
+  memory_.SetPhase(StepPhase::kOptimizer);
+  memory_.BeginSegment();
+  absl::Status status = ReduceAndStep();
+  segments_.optimizer = memory_.EndSegment();
+  if (status.ok() && memory_.overflowed()) {
+    return absl::OutOfRangeError("the step's end overflows int64");
+  }
+  return status;
+}
+
+// PipelineSchedule executes a pipeline rank's steps (estimator/step/pipeline_steps.h): each
+// chunk's forwards and backwards in order, and the point-to-point operations between
+// them: receives allocate their buffers (input, then output gradient); then what was
+// sent is freed (the last forward's output; the last backward's input gradient and the
+// received input it belongs to).
+absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
+                                          const std::vector<PipelineStep>& steps,
+                                          const std::vector<int>& inputs) {
+  const size_t chunks = chunks_.size();
+  std::vector<std::deque<Handle>> received(chunks), output_grads(chunks);
+  std::vector<std::deque<InFlight>> in_flight(chunks);
+  std::vector<size_t> forwards(chunks, 0);
+  Handle last_output, last_input_grad, last_received;
+  auto receive = [&]() {
+    Handle h = hidden_;
+    h.storage = memory_.Alloc(NumelOf(h.layout) * ElementSizeBytes(h.dtype),
+                              MemoryCategory::kTemporary);
+    return h;
+  };
+  auto free = [&](Handle& h) {
+    if (h.defined()) memory_.Unref(h.storage);
+    h = Handle();
+  };
+  memory_.SetPhase(StepPhase::kForward);
+  for (const PipelineStep& step : steps) {
+    switch (step.kind) {
+      case PipelineStep::Kind::kForward: {
+        InFlight f;
+        f.range = chunks_[step.chunk];
+        const size_t j = forwards[step.chunk]++;
+        if (j >= inputs.size()) return absl::InternalError("a pipeline step past the micro-batches");
+        f.input_id = inputs[j];
+        if (!f.range.prologue) {
+          if (received[step.chunk].empty()) {
+            return absl::InternalError("a pipeline forward without its received input");
+          }
+          f.received = received[step.chunk].front();
+          received[step.chunk].pop_front();
+        }
+        if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+        last_output = f.output;
+        f.output = Handle();
+        in_flight[step.chunk].push_back(std::move(f));
+        break;
+      }
+      case PipelineStep::Kind::kBackward: {
+        if (in_flight[step.chunk].empty()) {
+          return absl::InternalError("a pipeline backward before its forward");
+        }
+        InFlight& f = in_flight[step.chunk].front();
+        std::optional<Handle> output_grad;
+        if (!f.range.head) {
+          if (output_grads[step.chunk].empty()) {
+            return absl::InternalError("a pipeline backward without its output's gradient");
+          }
+          output_grad = output_grads[step.chunk].front();
+          output_grads[step.chunk].pop_front();
+        }
+        if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
+        last_input_grad = f.input_grad;
+        last_received = f.received;
+        in_flight[step.chunk].pop_front();
+        break;
+      }
+      case PipelineStep::Kind::kCommunicate:
+        memory_.SetOp(Special(Where::kHead, Where::Activity::kPointToPoint));
+        if (step.receive_input >= 0) received[step.receive_input].push_back(receive());
+        if (step.receive_output_grad >= 0) {
+          output_grads[step.receive_output_grad].push_back(receive());
+        }
+        if (step.send_output) free(last_output);
+        if (step.send_input_grad) {
+          free(last_input_grad);
+          free(last_received);
+        }
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ParameterOrder: the optimizer visits model.parameters(), the rank's chunks' in the
+// model's order, each segment's in its graph's order (the modules' registration order).
+// A tied weight is the embedding's, visited there; a chunk without the embedding holds
+// its own copy, visited in the head.
+void Simulation::ParameterOrder(const ModelPlans& plans) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  bool has_embedding = false;
+  for (const StageRange& chunk : chunks_) has_embedding = has_embedding || chunk.prologue;
+  auto visit = [&](const SegmentPlan* plan, int64_t segment) {
+    Instance inst;
+    inst.plan = plan;
+    inst.segment = segment;
+    const BlockGraph& graph = *plan->graph;
+    for (int t : graph.Parameters()) {
+      if (!graph.tensors[t].is_tied || !has_embedding) parameter_order_.push_back(KeyOf(inst, t));
+    }
+  };
+  for (const StageRange& chunk : chunks_) {
+    if (chunk.prologue && families) visit(plans.prologue.get(), Where::kPrologue);
+    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+      visit(plans.Layer(i), i);
+    }
+    if (chunk.head) visit(plans.head.get(), Where::kHead);
+  }
+}
+
+// ForwardPass runs the stage's forward for one micro-batch: from its input (the
+// embedding's) or its received hidden states, through its layers, to the loss (the
+// head's) or its output; what the backward needs stays in `f`.
+absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  const SegmentPlan* const first = plans.first.get();
+  const BlockGraph& layer = graphs.Layer(0);
+  const int input_id = f.input_id;
+  Handle x;
+  if (families && input_id >= 0) globals_[ModelTensor::kInputIds] = input_id;
+  if (f.received.defined()) {
+    x = Alias(f.received);  // the caller keeps the leaf for its gradient
+  } else if (!families) {
+    x.storage = input_id;
+    x.layout = first->walk.tensor_layouts[layer.input].layout;
+    x.dtype = layer.tensors[layer.input].dtype;
+  }
+
+  memory_.SetPhase(StepPhase::kForward);
+  memory_.BeginSegment();
+  std::vector<int>& extras = f.extras;  // the layers' model-level tensors the caller holds
+  if (f.range.prologue && families) {
+    GatherUnit(Where::kPrologue);
+    f.prologue.plan = plans.prologue.get();
+    f.prologue.segment = Where::kPrologue;
+    // Learned positions' ids (which the embedding reads) are made before the prologue;
+    // RoPE's after the token embedding, with the tables.
+    const FamilyDef& family = FamilyOf(config_.family);
+    if (family.learned_positions) PositionIds(&extras);
+    if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
+    if (config_.KeepsKvCache()) SlidingCacheLayers();
+    if (family.rope) {
+      PositionIds(&extras);
+      if (config_.SlidingWindowMasked()) SlidingWindowMask(&extras);
+      AllRopeTables(graphs, &extras);
+    }
+    // A tied embedding's unit stays gathered: the head reads its weight, and its
+    // gradient is complete after the prologue's backward.
+    if (!config_.tie_embeddings) ReleaseUnit(Where::kPrologue);
+  } else if (families) {
+    // A later stage makes its own (ModelImpl::Extras).
+    PositionIds(&extras);
+    if (config_.SlidingWindowMasked()) SlidingWindowMask(&extras);
+    if (FamilyOf(config_.family).rope) AllRopeTables(graphs, &extras);
+  }
+  segments_.prologue = memory_.EndSegment();
+
+  const int64_t end = f.range.first_layer + f.range.layers;
+  f.layers.assign(f.range.layers, Instance());
+  f.checkpoint_inputs.assign(f.range.layers, -1);
+  f.rng_states.assign(f.range.layers, -1);
+  if (static_cast<int64_t>(segments_.forward.size()) < end) segments_.forward.resize(end);
+  for (int64_t i = f.range.first_layer; i < end; ++i) {
+    memory_.BeginSegment();
+    Instance& inst = f.layers[i - f.range.first_layer];
+    inst.plan = plans.Layer(i);
+    inst.segment = i;
+    GatherUnit(i);
+    Handle y;
+    if (variant_.IsCheckpointed(i)) {
+      // The checkpointed layer runs without a graph (reentrant: Function.apply's
+      // forward) or with one whose saved tensors are empty holders (non-reentrant),
+      // filling the selective cache; the checkpoint keeps its tensor inputs: x and the
+      // model-level tensors it reads.
+      const bool reentrant = config_.checkpoint_impl == CheckpointImpl::kReentrant;
+      Pass pass;
+      pass.keeps = reentrant ? Pass::Keeps::kNone : Pass::Keeps::kUnpacked;
+      pass.record = !variant_.PolicyAt(i).empty();
+      // preserve_rng_state: torch.get_rng_state() before the layer runs.
+      memory_.SetOp(Special(i, Where::Activity::kCheckpointNode));
+      f.rng_states[i - f.range.first_layer] =
+          memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kActivation);
+      if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
+      memory_.Keep(x.storage);
+      for (int held : CallArguments(inst)) memory_.Keep(held);
+      f.checkpoint_inputs[i - f.range.first_layer] = x.storage;
+      if (!reentrant) {
+        inst.frame = Instance::Frame{x.storage, f.rng_states[i - f.range.first_layer],
+                                     CallArguments(inst), inst.ids, false};
+      }
+    } else if (absl::Status s = Forward(inst, &x, Graph(), &y); !s.ok()) {
+      return s;
+    }
+    if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
+    x = y;
+    ReleaseUnit(i);
+    segments_.forward[i] = memory_.EndSegment();
+  }
+  memory_.BeginSegment();
+  if (f.range.head) {
+    f.head.plan = plans.head.get();
+    f.head.segment = Where::kHead;
+    GatherUnit(Where::kHead);
+    // Where the decoder model's forward returns (after its final norm) its last hidden
+    // states (rebound to the norm's output) and its other locals, the layers' extras,
+    // die; without a decoder (the study) when the loss is computed.
+    bool returned = false;
+    decoder_returns_ = [&] {
+      if (x.storage != input_id) memory_.Unref(x.storage);
+      for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
+      extras.clear();
+      returned = true;
+    };
+    absl::Status forward = Forward(f.head, &x, Graph(), &f.loss);
+    if (forward.ok() && !returned) decoder_returns_();
+    decoder_returns_ = nullptr;
+    if (!forward.ok()) return forward;
+    ReleaseUnit(Where::kHead);
+  } else {
+    f.output = x;  // returned to the caller, who sends it
+  }
+  // A stage without the head: the layers' extras die as it returns. Then the autocast
+  // scope ends (its cast cache cleared).
+  for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
+  f.globals = globals_;
+  ReleaseForwardHolds(/*forward_end=*/true);
+  segments_.head_forward = memory_.EndSegment();
+  return absl::OkStatus();
+}
+
+// BackwardPass runs `f`'s backward: from the loss (loss.backward(), whose graph root
+// holds ones_like(loss)) or from `output_grad`, received for its output; through the
+// layers, to the embedding's parameters or the received input's .grad (f.input_grad).
+absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
+                                      std::optional<Handle> output_grad) {
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool families = graphs.prologue.has_value();
+  globals_ = f.globals;
+  memory_.BeginSegment();
+  memory_.SetPhase(StepPhase::kBackward);
+  const int64_t end = f.range.first_layer + f.range.layers;
+  // ZeRO-3: the unit before `unit` in this chunk, whose gathering its input's hook
+  // starts; none before the first (the embeddings' gradient ends the graph).
+  auto before = [&](int64_t unit) -> std::optional<int64_t> {
+    if (unit == Where::kHead) return end - 1;
+    if (unit > f.range.first_layer) return unit - 1;
+    if (f.range.prologue && families) return Where::kPrologue;
+    return std::nullopt;
+  };
+  if (zero3_) {
+    pending_unit_ = f.range.head ? Where::kHead : end - 1;
+    GatherUnit(*pending_unit_);
+  }
+  memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
+  Handle seed;
+  std::optional<Handle> grad;
+  if (f.range.head) {
+    seed.layout = f.loss.layout;
+    seed.dtype = f.loss.dtype;
+    seed.storage = memory_.Alloc(memory_.bytes(f.loss.storage), MemoryCategory::kTemporary);
+    Buffers buffers;
+    buffers.emplace(graphs.epilogue.output, Alias(seed));
+    if (absl::Status s = Backward(f.head, buffers, false); !s.ok()) return s;
+    if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
+    BackwardPassed(Where::kHead, before(Where::kHead));
+  } else {
+    seed = *output_grad;  // the caller's reference, dropped when the backward returns
+    grad = Alias(seed);
+  }
+  segments_.head_backward = memory_.EndSegment();
+  if (static_cast<int64_t>(segments_.backward.size()) < end) segments_.backward.resize(end);
+  for (int64_t i = end - 1; i >= f.range.first_layer && grad.has_value(); --i) {
+    memory_.BeginSegment();
+    Instance& inst = f.layers[i - f.range.first_layer];
+    const BlockGraph& layer = graphs.Layer(i);
+    const Handle incoming = *grad;
+    grad.reset();
+    Buffers layer_buffers;
+    const int checkpoint_input = f.checkpoint_inputs[i - f.range.first_layer];
+    if (inst.frame.has_value()) {
+      // A non-reentrant checkpoint: the layer's nodes run in this engine, the first to
+      // unpack recomputing the layer.
+      layer_buffers.emplace(layer.output, incoming);
+      if (absl::Status s = Backward(inst, layer_buffers, false); !s.ok()) return s;
+      if (inst.frame->alive) FrameDies(inst);  // its last hook's node never ran
+      inst.frame.reset();
+      if (auto it = layer_buffers.find(layer.input); it != layer_buffers.end()) {
+        grad = it->second;
+      }
+    } else if (checkpoint_input >= 0) {
+      inst.plan = plans.Layer(i);
+      if (absl::Status s =
+              CheckpointBackward(inst, checkpoint_input, incoming, layer_buffers);
+          !s.ok()) {
+        return s;
+      }
+      if (auto it = layer_buffers.find(kLayerInputKey); it != layer_buffers.end()) {
+        grad = it->second;
+      }
+    } else {
+      layer_buffers.emplace(layer.output, incoming);
+      if (absl::Status s = Backward(inst, layer_buffers, false); !s.ok()) return s;
+      if (auto it = layer_buffers.find(layer.input); it != layer_buffers.end()) {
+        grad = it->second;
+      }
+    }
+    // The hook on the layer's input runs where another unit made it: not on the study's
+    // model input nor on a received one (a leaf), whose unit's backward ends with the
+    // graph's.
+    if (i > f.range.first_layer || (f.range.prologue && families)) {
+      BackwardPassed(i, before(i));
+    }
+    segments_.backward[i] = memory_.EndSegment();
+  }
+  memory_.BeginSegment();
+  if (f.range.prologue && families && grad.has_value()) {
+    Buffers prologue_buffers;
+    prologue_buffers.emplace(graphs.prologue->output, *grad);
+    grad.reset();
+    if (absl::Status s = Backward(f.prologue, prologue_buffers, false); !s.ok()) return s;
+  }
+  if (f.received.defined() && grad.has_value()) {
+    // The received leaf's AccumulateGrad: its .grad is the gradient if nothing else
+    // holds it and it has the leaf's layout, else a copy.
+    if (memory_.refs(grad->storage) == 1 && SameLayout(grad->layout, f.received.layout)) {
+      f.input_grad = *grad;
+    } else {
+      f.input_grad = NewGrad(f.received.layout, grad->dtype);
+      memory_.Unref(grad->storage);
+    }
+  } else if (grad.has_value()) {
+    memory_.Unref(grad->storage);  // the model input's: not kept
+  }
+  // ZeRO-3: the backward returns; the unit whose input's hook never ran (the
+  // embeddings', the study's first layer's) reduces its gradients. A received output
+  // gradient is the caller's until then; loss.backward()'s seed died with the graph.
+  auto end_backward = [&]() {
+    if (zero3_ && pending_unit_.has_value()) ReduceScatterUnit(*pending_unit_);
+    pending_unit_.reset();
+  };
+  if (!f.range.head) end_backward();
+  memory_.Unref(seed.storage);  // the graph task ends
+  if (f.range.head) end_backward();
+  // The loss, as a value: the first stays until the step ends; later ones are added
+  // into it in place and freed.
+  if (f.range.head) {
+    if (loss_total_ < 0) {
+      loss_total_ = f.loss.storage;
+    } else {
+      memory_.Unref(f.loss.storage);
+    }
+  }
+  segments_.tail = memory_.EndSegment();
+
+  return absl::OkStatus();
+}
+
+// RopeTables is transformers' LlamaRotaryEmbedding as the runtime computes it once per
+// forward, without grad: inv_freq = 1 / 10000^(arange(0, d_head, 2) / d_head) (the
+// division and pow each wrap a scalar), freqs = outer(arange(T), inv_freq), emb =
+// cat(freqs, freqs), cos = emb.cos(), sin = emb.sin() (the (1, T, d_head) tables every
+// layer reads); the temporaries die when the prologue returns.
+void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id,
+                            std::vector<int>* extras) {  // appends cos, sin
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
+  const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
+  const Memory::Wrapped scalar = memory_.WrapScalar(DType::kFloat32);
+  const int scaled = memory_.Alloc(half, MemoryCategory::kTemporary);
+  memory_.Drop(scalar);
+  const int powered = memory_.Alloc(half, MemoryCategory::kTemporary);
+  memory_.ScalarOp(DType::kFloat32);
+  const int inv_freq = memory_.Alloc(half, MemoryCategory::kTemporary);
+  memory_.Unref(exponents);
+  memory_.Unref(scaled);
+  memory_.Unref(powered);
+  const int positions = memory_.Alloc(t * 4, MemoryCategory::kTemporary);
+  const int freqs = memory_.Alloc(t * half, MemoryCategory::kTemporary);
+  memory_.Unref(positions);
+  const int emb = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
+  // cos and sin are computed in fp32 and returned in the hidden states' dtype (the
+  // model's; autocast leaves the embedding's output alone), as transformers does.
+  auto in_model_dtype = [&](int fp32_table) {
+    if (config_.dtype == DType::kFloat32) return fp32_table;
+    const int table = memory_.Alloc(t * half / 2 * ElementSizeBytes(config_.dtype),
+                                    MemoryCategory::kTemporary);
+    memory_.Unref(fp32_table);
+    return table;
+  };
+  const int cos = in_model_dtype(memory_.Alloc(t * half * 2, MemoryCategory::kTemporary));
+  const int sin = in_model_dtype(memory_.Alloc(t * half * 2, MemoryCategory::kTemporary));
+  memory_.Unref(emb);
+  memory_.Unref(freqs);
+  memory_.Unref(inv_freq);
+  globals_[cos_id] = cos;
+  globals_[sin_id] = sin;
+  extras->push_back(cos);
+  extras->push_back(sin);
+}
+
+// AllRopeTables makes the tables of each rotary the layers read: the global ones, then
+// Gemma 3's sliding-window layers' own (one call of the rotary embedding per layer
+// type, modeling_gemma3.py, Gemma3TextModel.forward; equal in size, so their order,
+// a Python set's, moves no peak).
+void Simulation::AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras) {
+  for (const auto& [cos, sin] :
+       {std::pair{ModelTensor::kRopeCos, ModelTensor::kRopeSin},
+        std::pair{ModelTensor::kRopeLocalCos, ModelTensor::kRopeLocalSin}}) {
+    bool read = false;
+    for (const BlockGraph& kind : graphs.layer_kinds) {
+      for (const TensorDef& tensor : kind.tensors) read = read || tensor.global == cos;
+    }
+    if (read) RopeTables(cos, sin, extras);
+  }
+}
+
+// SlidingCacheLayers: the decoder model makes its DynamicCache after the embeddings
+// (modeling_gemma3.py, Gemma3TextModel.forward); each sliding-window layer's
+// DynamicSlidingWindowLayer holds torch.tensor(sliding_window, dtype=torch.long), 8
+// bytes (cache_utils.py, DynamicSlidingWindowLayer.__init__), until the forward
+// returns the cache.
+void Simulation::SlidingCacheLayers() {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t layers = model_layers_ >= 0 ? model_layers_ : config_.layers;
+  for (int64_t i = 0; i < config_.SlidingLayers(layers); ++i) {
+    // torch.tensor(...) without a device: a host tensor beside a CUDA model.
+    const int id =
+        memory_.HostAlloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
+    forward_holds_.emplace_back(id, Where::kPrologue);
+  }
+}
+
+// SlidingWindowMask is create_sliding_window_causal_mask's sdpa_mask without vmap
+// (masking_utils.py): arange(B), arange(1), and the q and kv positions arange(T) + 0
+// (each sum wraps the 0), then and_masks(sliding_window_overlay, causal) from
+// new_ones((), bool): kv > q - window (the difference wraps the window and dies after
+// the comparison), &, then kv <= q, &, each result rebinding the last and each
+// comparison dying after its &; the (1, 1, T, T) mask stays, the aranges die as
+// sdpa_mask returns (profiled).
+void Simulation::SlidingWindowMask(std::vector<int>* extras) {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t t = config_.seq, cells = t * t;
+  const int batch = memory_.Alloc(config_.batch * 8, MemoryCategory::kTemporary);
+  const int head = memory_.Alloc(8, MemoryCategory::kTemporary);
+  auto positions = [&] {
+    const int arange = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+    const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);
+    const int sum = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+    memory_.Unref(wrapped);
+    memory_.Unref(arange);
+    return sum;
+  };
+  const int q = positions();
+  const int kv = positions();
+  const int ones = memory_.Alloc(1, MemoryCategory::kTemporary);
+  const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);
+  const int shifted = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+  memory_.Unref(wrapped);
+  const int in_window = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  memory_.Unref(shifted);
+  const int first = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  memory_.Unref(in_window);
+  memory_.Unref(ones);
+  const int causal = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  const int mask = memory_.Alloc(cells, MemoryCategory::kTemporary);
+  memory_.Unref(first);
+  memory_.Unref(causal);
+  for (int id : {batch, head, q, kv}) memory_.Unref(id);
+  globals_[ModelTensor::kSlidingMask] = mask;
+  extras->push_back(mask);
+}
+
+// PositionIds is transformers' position_ids = torch.arange(T) + past_seen_tokens (0),
+// unsqueezed (modeling_llama.py:375-378, modeling_gpt2.py:571-572): a local of the
+// decoder model's forward, which the layers are called with; made in the prologue, held
+// to the forward's end like the RoPE tables.
+void Simulation::PositionIds(std::vector<int>* extras) {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+  const int64_t bytes = config_.seq * ElementSizeBytes(DType::kInt64);
+  const int arange = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+  const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);  // the int 0, wrapped
+  const int positions = memory_.Alloc(bytes, MemoryCategory::kTemporary);
+  memory_.Unref(wrapped);
+  memory_.Unref(arange);
+  globals_[ModelTensor::kPositionIds] = positions;
+  extras->push_back(positions);
+}
+
+}  // namespace memledger::liveness_internal

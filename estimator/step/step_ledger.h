@@ -1,0 +1,425 @@
+// The step simulation's ledger (internal to estimator/step/liveness): the tensors it holds
+// (Handle), what runs (Where), the stretches it summarizes (SegmentSummary) and Memory,
+// the storages with reference counts, live bytes by category, events and the peak.
+//
+// Example (as simulation.h's Simulation uses it):
+//   Memory memory(&timeline, /*record=*/true, optimizer);
+//   memory.Begin();
+//   const int id = memory.Alloc(bytes, MemoryCategory::kTemporary);
+//   memory.Unref(id);
+#ifndef ESTIMATOR_STEP_LEDGER_H_
+#define ESTIMATOR_STEP_LEDGER_H_
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/spec/config.h"
+#include "estimator/step/cuda_allocator.h"
+#include "estimator/step/liveness.h"
+#include "estimator/graph/shape.h"
+
+namespace memledger::liveness_internal {
+
+// Handle is one tensor the simulation holds: a reference to a storage, and its layout.
+struct Handle {
+  int storage = -1;
+  Layout layout;
+  DType dtype = DType::kFloat32;
+  // is_view: made by a view op in the backward, so its base tensor is alive with it and
+  // the storage has two users (the engine never accumulates into it in place).
+  bool is_view = false;
+  bool defined() const { return storage >= 0; }
+};
+
+inline int64_t NumelOf(const Layout& layout) { return layout.Numel().value(); }
+
+inline Layout ContiguousOf(const Layout& layout) {
+  bool overflow = false;
+  return Layout::Contiguous(layout.sizes.data(), layout.ndim, &overflow);
+}
+
+inline bool SameSizes(const Layout& a, const Layout& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int i = 0; i < a.ndim; ++i) {
+    if (a.sizes[i] != b.sizes[i]) return false;
+  }
+  return true;
+}
+
+inline bool SameLayout(const Layout& a, const Layout& b) {
+  if (!SameSizes(a, b)) return false;
+  for (int i = 0; i < a.ndim; ++i) {
+    if (a.sizes[i] != 1 && a.strides[i] != b.strides[i]) return false;
+  }
+  return true;
+}
+
+// NonOverlappingAndDense is ATen's is_non_overlapping_and_dense: some order of the
+// dimensions makes the layout contiguous.
+inline bool NonOverlappingAndDense(const Layout& layout) {
+  std::vector<int> dims(layout.ndim);
+  std::iota(dims.begin(), dims.end(), 0);
+  std::sort(dims.begin(), dims.end(), [&](int a, int b) {
+    return layout.strides[a] < layout.strides[b];
+  });
+  int64_t expected = 1;
+  for (int d : dims) {
+    if (layout.sizes[d] == 1) continue;
+    if (layout.strides[d] != expected) return false;
+    expected *= layout.sizes[d];
+  }
+  return true;
+}
+
+inline Layout Permuted(const Layout& layout, const std::vector<int>& permutation) {
+  Layout out;
+  out.ndim = layout.ndim;
+  for (int i = 0; i < layout.ndim; ++i) {
+    out.sizes[i] = layout.sizes[permutation[i]];
+    out.strides[i] = layout.strides[permutation[i]];
+  }
+  return out;
+}
+
+inline Layout Transposed(const Layout& layout, int d0, int d1) {
+  Layout out = layout;
+  std::swap(out.sizes[d0], out.sizes[d1]);
+  std::swap(out.strides[d0], out.strides[d1]);
+  return out;
+}
+
+// Where is what runs, cheap to set at every op; it becomes text ("layer 3 fc2
+// (AddmmBackward0)") only for recorded events and the peak.
+struct Where {
+  enum class Activity : uint8_t {
+    kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables, kGradientReduction,
+    kPointToPoint, kParameterGather, kUnitReduction };
+  static constexpr int64_t kHead = -1;
+  static constexpr int64_t kPrologue = -2;
+  const BlockGraph* graph = nullptr;
+  int64_t segment = 0;  // layer index (a composed peak's may pass 2^31), or kHead
+  const char* node = nullptr;  // the backward node; null in the forward
+  int32_t op = -1;
+  bool recompute = false;
+  Activity activity = Activity::kOp;
+  friend bool operator==(const Where& a, const Where& b) {
+    return a.graph == b.graph && a.segment == b.segment && a.op == b.op && a.node == b.node &&
+           a.recompute == b.recompute && a.activity == b.activity;
+  }
+};
+
+// WhereText: "layer 3 fc2 (AddmmBackward0)", "adamw.step()", ...
+std::string WhereText(const Where& where, const OptimizerSpec& optimizer);
+
+// SegmentSummary is one stretch of the step (a layer's forward, a layer's backward, ...):
+// its net bytes by category and its own highest point, relative to where it started.
+// Identical layers have identical stretches, so a long model's peak can be composed from
+// a short model's stretches (ComposePeak).
+struct SegmentSummary {
+  std::array<int64_t, kNumMemoryCategories> net{};
+  bool has_rise = false;  // some moment of it rose above its start
+  int64_t rise = 0;       // the highest total minus the start's
+  std::array<int64_t, kNumMemoryCategories> at_rise{};  // live minus the start's, then
+  StepPhase phase = StepPhase::kForward;
+  Where where;
+  // freed_at_forward_end: of a layer's forward, what it leaves that only autocast's cast
+  // cache holds (casts of weights in a checkpointed layer), by category. The cache is
+  // cleared at the head's forward end, so a composed model's head_forward frees its own
+  // layers' sum, not the short model's.
+  std::array<int64_t, kNumMemoryCategories> freed_at_forward_end{};
+};
+
+// Memory is the ledger: storages with reference counts, live bytes by category, the
+// events and the peak.
+class Memory {
+ public:
+  // cuda: the step runs on a CUDA device: what lives on the host (HostAlloc) holds no
+  // bytes, and each storage is counted as `blocks` says (StepOptions::cuda_blocks): its
+  // block of PyTorch's caching allocator (estimator/step/cuda_allocator.h), or its request
+  // rounded to the allocator's 512 B.
+  // expandable_segments: the allocator's (estimator/step/cuda_allocator.h).
+  Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer, bool cuda = false,
+         bool expandable_segments = false, CudaBlocks blocks = CudaBlocks::kAllocator)
+      : out_(out), record_(record), cuda_(cuda), optimizer_(optimizer) {
+    if (cuda && blocks == CudaBlocks::kAllocator) allocator_.emplace(expandable_segments);
+  }
+
+  // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the
+  // resident tensors (StepTimeline::resident_tensors, the inputs last) are allocated
+  // first, in order, and count as their blocks.
+  void Begin() {
+    if (cuda_) {
+      std::array<int64_t, kNumMemoryCategories> blocks{};
+      for (ResidentTensor& tensor : out_->resident_tensors) {
+        int block = -1;
+        if (allocator_.has_value()) {
+          block = Malloc(tensor.bytes);
+          tensor.bytes = BlockBytes(block);  // the snapshot's block
+        } else {
+          tensor.bytes = RequestBytes(tensor.bytes);
+        }
+        blocks[static_cast<int>(tensor.category)] += tensor.bytes;
+        if (tensor.category == MemoryCategory::kInput) {
+          inputs_.push_back(Input{block, tensor.bytes});
+        }
+      }
+      out_->resident = blocks;
+    }
+    live_ = out_->resident;
+    total_ = 0;
+    for (int64_t bytes : live_) total_ += bytes;
+    out_->resident_bytes = total_;
+    out_->peak.bytes = total_;
+    out_->peak.by_category = live_;
+  }
+
+  void SetPhase(StepPhase phase) { phase_ = phase; }
+
+  // SetOp says what runs now.
+  void SetOp(const Where& where) { where_ = where; }
+
+  // BeginSegment and EndSegment bracket a stretch of the step and summarize it.
+  void BeginSegment() {
+    segment_ = SegmentSummary();
+    segment_start_ = live_;
+    segment_start_total_ = total_;
+  }
+  SegmentSummary EndSegment() {
+    if (overflow_) return segment_;
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment_.net[c] = live_[c] - segment_start_[c];
+    return segment_;
+  }
+
+  // PeakText names what ran at the peak.
+  std::string PeakText() const {
+    return peak_where_.has_value() ? WhereText(*peak_where_, optimizer_) : "";
+  }
+
+  // Alloc makes a storage with one reference; on CUDA a block of the allocator.
+  int Alloc(int64_t bytes, MemoryCategory category) {
+    int block = -1;
+    if (allocator_.has_value()) {
+      block = Malloc(bytes);
+      bytes = BlockBytes(block);
+    } else if (cuda_) {
+      bytes = RequestBytes(bytes);
+    }
+    storages_.push_back(Storage{bytes, category, category, 1, 0, block});
+    const int s = static_cast<int>(storages_.size()) - 1;
+    Event(s, bytes, category);
+    return s;
+  }
+  // HostAlloc is a storage that a CUDA step keeps in host memory (a Python number
+  // wrapped for an op, an RNG state): on the CPU an Alloc, on CUDA no device bytes.
+  int HostAlloc(int64_t bytes, MemoryCategory category) {
+    return Alloc(cuda_ ? 0 : bytes, category);
+  }
+  bool cuda() const { return cuda_; }
+  // allocator: the caching allocator's blocks are simulated (CudaBlocks::kAllocator).
+  bool allocator() const { return allocator_.has_value(); }
+  // itemized: every transient is allocated one by one, as recorded events or as CUDA
+  // blocks (each rounded, host numbers none), rather than peeked at as a sum.
+  bool itemized() const { return record_ || cuda_; }
+  // reserved_peak: the allocator's segments at most (0 on the CPU).
+  int64_t reserved_peak() const {
+    return allocator_.has_value() ? allocator_->stats().reserved.peak : 0;
+  }
+
+  void Ref(int s) { ++storages_[s].refs; }
+
+  void Unref(int s) {
+    Storage& storage = storages_[s];
+    if (--storage.refs > 0) return;
+    Event(s, -storage.bytes, storage.category);
+    if (allocator_.has_value() && storage.block >= 0) {
+      allocator_->Free(storage.block);
+      if (record_) out_->allocator_calls.push_back({storage.block, 0});
+    }
+  }
+
+  int refs(int s) const { return storages_[s].refs; }
+  int64_t bytes(int s) const { return storages_[s].bytes; }
+  MemoryCategory category(int s) const { return storages_[s].category; }
+
+  // Keep: a backward node (or the checkpoint node, or the cache) now holds `s`; while any
+  // does it is an activation. Release undoes one Keep.
+  void Keep(int s) {
+    Storage& storage = storages_[s];
+    ++storage.refs;
+    if (storage.keeps++ == 0) Recategorize(s, MemoryCategory::kActivation);
+  }
+  void Release(int s) {
+    Storage& storage = storages_[s];
+    if (--storage.keeps == 0 && storage.refs > 1) Recategorize(s, storage.base);
+    Unref(s);
+  }
+
+  // MakeGradient: the storage is now a parameter's .grad.
+  void MakeGradient(int s) {
+    storages_[s].base = MemoryCategory::kGradient;
+    Recategorize(s, MemoryCategory::kGradient);
+  }
+
+  // Adopt registers a storage that is already live (counted in the resident bytes), with
+  // one reference.
+  int Adopt(int64_t bytes, MemoryCategory category) {
+    int block = -1;
+    if (cuda_ && category == MemoryCategory::kInput && !inputs_.empty()) {
+      block = inputs_.front().block;  // Begin's, one per micro-batch, in order
+      bytes = inputs_.front().bytes;
+      inputs_.pop_front();
+    }
+    storages_.push_back(Storage{bytes, category, category, 1, 0, block});
+    return static_cast<int>(storages_.size()) - 1;
+  }
+
+  // Peek: would `bytes` more (of `category`) now be a new peak? Records it if so. For
+  // transients whose events nobody records (the optimizer's per-parameter temporaries).
+  void Peek(int64_t bytes, MemoryCategory category) {
+    if (overflow_ || total_ > INT64_MAX - bytes) {
+      overflow_ = true;
+      return;
+    }
+    std::array<int64_t, kNumMemoryCategories> live = live_;
+    live[static_cast<int>(category)] += bytes;
+    NoteRise(live, total_ + bytes);
+    if (total_ + bytes <= out_->peak.bytes) return;
+    out_->peak.bytes = total_ + bytes;
+    out_->peak.phase = phase_;
+    out_->peak.by_category = live_;
+    out_->peak.by_category[static_cast<int>(category)] += bytes;
+    out_->peak.event = event_count_;
+    peak_where_ = where_;
+  }
+  bool recording() const { return record_; }
+  // overflowed: some sum of live bytes left int64; every number after it is meaningless.
+  bool overflowed() const { return overflow_; }
+
+  // A Scalar operand of an ATen op is wrapped as an 8-byte double tensor and converted to
+  // the op's dtype (4 B in fp32, 2 B in bf16); both live until the op is done (Drop).
+  struct Wrapped {
+    int wrapped = -1;
+    int converted = -1;
+  };
+  // Both are host tensors beside a CUDA tensor (TensorIterator reads CPU scalars).
+  Wrapped WrapScalar(DType dtype) {
+    Wrapped w;
+    w.wrapped = HostAlloc(8, MemoryCategory::kTemporary);
+    w.converted = HostAlloc(ElementSizeBytes(dtype), MemoryCategory::kTemporary);
+    return w;
+  }
+  void Drop(const Wrapped& w) {
+    Unref(w.converted);
+    Unref(w.wrapped);
+  }
+  // ScalarOp is an in-place op with a Scalar operand: its wrapping comes and goes.
+  void ScalarOp(DType dtype) { Drop(WrapScalar(dtype)); }
+
+  // Transient allocates and frees a workspace around nothing else.
+  void Transient(int64_t bytes) { Unref(Alloc(bytes, MemoryCategory::kTemporary)); }
+
+ private:
+  struct Storage {
+    int64_t bytes = 0;
+    MemoryCategory category;  // now
+    MemoryCategory base;      // when nothing keeps it
+    int refs = 0;
+    int keeps = 0;
+    int block = -1;  // on CUDA its allocator block (-1: none, 0 bytes)
+  };
+  int64_t BlockBytes(int block) const {
+    return block < 0 ? 0 : allocator_->BlockSize(block);
+  }
+  // RequestBytes: a request as the allocator rounds it (malloc of 0 bytes: no block).
+  static int64_t RequestBytes(int64_t bytes) { return bytes <= 0 ? 0 : CudaRoundSize(bytes); }
+  // Malloc: a request to the allocator, logged (its handle names the allocation).
+  int Malloc(int64_t bytes) {
+    const int block = allocator_->Malloc(bytes);
+    if (record_ && block >= 0) out_->allocator_calls.push_back({block, bytes});
+    return block;
+  }
+
+  void Recategorize(int s, MemoryCategory category) {
+    Storage& storage = storages_[s];
+    if (storage.category == category || storage.category == MemoryCategory::kInput) return;
+    Event(s, -storage.bytes, storage.category, /*relabel=*/true);
+    storage.category = category;
+    Event(s, storage.bytes, category, /*relabel=*/true);
+  }
+
+  void Event(int s, int64_t bytes, MemoryCategory category, bool relabel = false) {
+    if (bytes == 0 || overflow_) return;  // after an overflow nothing is meaningful
+    // Each storage's size fits int64 (the walk checked); their sum may not.
+    overflow_ = overflow_ ||
+                __builtin_add_overflow(live_[static_cast<int>(category)], bytes,
+                                       &live_[static_cast<int>(category)]) ||
+                __builtin_add_overflow(total_, bytes, &total_);
+    if (overflow_) return;
+    if (record_) {
+      // Consecutive events of one op share its label.
+      if (!labelled_.has_value() || !(*labelled_ == where_)) {
+        out_->op_labels.push_back(WhereText(where_, optimizer_));
+        labelled_ = where_;
+      }
+      out_->events.push_back(TimelineEvent{bytes, category, phase_,
+                                           static_cast<int32_t>(out_->op_labels.size()) - 1,
+                                           relabel, static_cast<int32_t>(s)});
+    }
+    ++event_count_;
+    if (total_ > out_->peak.bytes) {
+      out_->peak.bytes = total_;
+      out_->peak.phase = phase_;
+      out_->peak.by_category = live_;
+      out_->peak.event = event_count_ - 1;
+      peak_where_ = where_;
+    }
+    NoteRise(live_, total_);
+  }
+
+  void NoteRise(const std::array<int64_t, kNumMemoryCategories>& live, int64_t total) {
+    const int64_t rise = total - segment_start_total_;
+    if (segment_.has_rise && rise <= segment_.rise) return;
+    segment_.has_rise = true;
+    segment_.rise = rise;
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment_.at_rise[c] = live[c] - segment_start_[c];
+    segment_.phase = phase_;
+    segment_.where = where_;
+  }
+
+ private:
+  StepTimeline* out_;
+  bool record_;
+  bool cuda_;
+  std::optional<CudaAllocatorSim> allocator_;  // on CUDA, with CudaBlocks::kAllocator
+  struct Input {
+    int block = -1;
+    int64_t bytes = 0;
+  };
+  std::deque<Input> inputs_;  // on CUDA the inputs' blocks or requests, for Adopt
+  std::vector<Storage> storages_;
+  std::array<int64_t, kNumMemoryCategories> live_{};
+  int64_t total_ = 0;
+  bool overflow_ = false;
+  StepPhase phase_ = StepPhase::kForward;
+  const OptimizerSpec& optimizer_;
+  Where where_;
+  std::optional<Where> labelled_;    // the last label recorded
+  std::optional<Where> peak_where_;
+  int64_t event_count_ = 0;
+  SegmentSummary segment_;
+  std::array<int64_t, kNumMemoryCategories> segment_start_{};
+  int64_t segment_start_total_ = 0;
+};
+
+}  // namespace memledger::liveness_internal
+
+#endif  // ESTIMATOR_STEP_LEDGER_H_
