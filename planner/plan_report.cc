@@ -173,6 +173,7 @@ std::string PlanReportTable(const PlanReport& r) {
       r.prediction.optimizer.master_weights ? " with fp32 master weights" : "",
       LayoutText(r.parallel), HumanBytes(r.budget_bytes));
   const bool staged = !r.stages.empty();
+  const bool searched = r.searched;
   if (staged) {
     // Each stage's own plan, and its replayed peak.
     for (const StagePlan& stage : r.stages) {
@@ -205,20 +206,22 @@ std::string PlanReportTable(const PlanReport& r) {
     absl::StrAppendFormat(&out, "\npeak in the %s: %s", StepPhaseName(r.plan_peak->phase),
                           r.plan_peak->op);
   }
-  if (staged) {
+  if (searched) {
     absl::StrAppendFormat(
         &out,
-        "\n(each stage's peak is its rank's step replayed%s; the plan is searched for stage "
-        "by stage, so one of less recompute may exist)",
-        cuda ? absl::StrFormat(": the most loaded holds %s reserved + %s outside the "
+        staged ? "\n(each stage's peak is its rank's step replayed%s; the plan is searched "
+                 "for stage by stage, so one of less recompute may exist)"
+               : "\n(the plan's step is replayed%s; its layers differ, so the plan is "
+                 "searched for with a guide of one kind of layer, and one of less recompute "
+                 "may exist)",
+        cuda ? absl::StrFormat(": %s reserved + %s outside the "
                                "allocator = %s on the device",
                                HumanBytes(r.plan_reserved_bytes),
                                HumanBytes(r.outside_allocator_bytes),
                                HumanBytes(r.plan_device_bytes))
              : "");
-    absl::StrAppendFormat(&out,
-                          "\nevery layer fully checkpointed, the most loaded stage needs %s "
-                          "(%d B)\n\n",
+    absl::StrAppendFormat(&out, "\nevery layer fully checkpointed, %s %s (%d B)\n\n",
+                          staged ? "the most loaded stage needs" : "the step needs",
                           HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);
   } else if (cuda) {
     // The composed peak counts requests; the replay counts the allocator's blocks.

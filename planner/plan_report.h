@@ -76,6 +76,9 @@ struct PlanReport {
   // stages: with --pp or --micro_batches, each stage's plan (`plan` is the whole model's
   // choices, peak_bytes the most loaded stage's); no frontier.
   std::vector<StagePlan> stages;
+  // searched: the plan was searched for and replayed (pipeline stages, layers that
+  // differ: stage_planner.h), not composed; there is no frontier.
+  bool searched = false;
 };
 
 // PlanRuns is a plan as runs of equal choices: "0-3 full", "4 selective:matmul"; its

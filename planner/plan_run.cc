@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/step/cuda_allocator.h"
+#include "estimator/graph/block_graph.h"
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
 #include "estimator/report/report.h"
@@ -62,7 +63,12 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   }
   // Pipeline stages and accumulated micro-batches hold several micro-batches at once:
   // their plans are searched for and replayed stage by stage.
-  if (parallel.pp > 1 || parallel.micro_batches > 1) return RunStagePlanner(spec, options);
+  // So are models whose layers differ (Gemma 3's local and global layers, an MoE's dense
+  // and sparse ones): the planner's probes compose one kind of layer.
+  if (parallel.pp > 1 || parallel.micro_batches > 1 ||
+      ModelGraphsFor(spec.config, spec.attention)->layer_kinds.size() > 1) {
+    return RunStagePlanner(spec, options);
+  }
   if (parallel.zero >= 3) {
     return absl::InvalidArgumentError(
         "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "

@@ -10,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/graph/block_graph.h"
+#include "estimator/graph/family.h"
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
 #include "estimator/report/report.h"
@@ -46,6 +48,37 @@ struct Guide {
 // Tolerance of the budget search: the budget / 4096 (about 20 MiB of 80 GiB).
 int64_t Tolerance(int64_t budget) { return std::max<int64_t>(1, budget / 4096); }
 
+// GuideModel is `config` with one kind of layer, which the single-process planner
+// composes: Gemma 3's layers all sliding-window (its most common kind), a mixture of
+// experts' layers all sparse, with the eager experts' balanced routing (one kind per
+// routing row otherwise). Only a guide: every plan is replayed on the real model.
+absl::StatusOr<ModelConfig> GuideModel(const ModelConfig& config, AttentionMode attention) {
+  if (ModelGraphsFor(config, attention)->layer_kinds.size() <= 1) return config;
+  ModelConfig guide = config;
+  if (!guide.layer_attention.empty()) guide.layer_attention = {LayerAttention::kSliding};
+  guide.moe.sparse_layers.clear();
+  guide.moe.routing = RoutingSource::kBalanced;
+  guide.moe.routing_rows.clear();
+  if (ModelGraphsFor(guide, attention)->layer_kinds.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint planner has no guide for this ", FamilyOf(config.family).name,
+        " model's kinds of layer"));
+  }
+  return guide;
+}
+
+// OneProcess is one process's prediction as the ranks of a layout with one stage and
+// one micro-batch: what the search replays when there is no pipeline.
+RanksPrediction OneProcess(const Prediction& p) {
+  RanksPrediction ranks;
+  RankKind kind;
+  kind.ranks = 1;
+  kind.chunks = {WholeModel(p.config)};
+  for (const VariantPrediction& v : p.variants) kind.variants.push_back(RankVariant{v, 1});
+  ranks.kinds.push_back(std::move(kind));
+  return ranks;
+}
+
 }  // namespace
 
 absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOptions& options) {
@@ -57,7 +90,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
         "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
         "planned yet)");
   }
-  if (options.timeline) {
+  if (options.timeline && (parallel.Distributed() || parallel.micro_batches > 1)) {
     return absl::InvalidArgumentError(
         "--timeline_svg draws one process's planned step: not with --pp or --micro_batches");
   }
@@ -72,10 +105,20 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   auto need = [&](const RankVariant& v) -> int64_t {
     return cuda ? v.held.peak_reserved_bytes + outside : v.held.peak->bytes;
   };
+  // One process (layers that differ, no layout) is predicted as predict does, with
+  // transformers' DynamicCache where it keeps one; a layout's ranks as PredictRanks does.
+  const bool one_process = !parallel.Distributed() && parallel.micro_batches <= 1;
   auto ranks_of = [&](const std::vector<Variant>& variants) -> absl::StatusOr<RanksPrediction> {
     PredictOptions o = predict;
     o.variants = variants;
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, o);
+    absl::StatusOr<RanksPrediction> ranks;
+    if (one_process) {
+      absl::StatusOr<Prediction> p = Predict(config, o);
+      if (!p.ok()) return p.status();
+      ranks = OneProcess(*p);
+    } else {
+      ranks = PredictRanks(config, parallel, o);
+    }
     if (!ranks.ok()) return ranks.status();
     for (const RankKind& kind : ranks->kinds) {
       for (const RankVariant& v : kind.variants) {
@@ -105,7 +148,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   if (!whole.ok()) return whole.status();
   absl::StatusOr<RanksPrediction> fixed = ranks_of(spec.variants);
   if (!fixed.ok()) return fixed.status();
-  report.prediction = RankView(*whole, fixed->kinds[0]);
+  report.prediction = one_process ? *whole : RankView(*whole, fixed->kinds[0]);
   for (size_t v = 0; v < spec.variants.size(); ++v) {
     const RankKind* most = &fixed->kinds[0];
     for (const RankKind& kind : fixed->kinds) {
@@ -137,7 +180,8 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
     if (need(kind.variants[0]) > options.budget_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "no checkpoint plan fits ", HumanBytes(options.budget_bytes), " (",
-          options.budget_bytes, " bytes) on pipeline stage ", kind.stage,
+          options.budget_bytes, " bytes)",
+          one_process ? std::string() : absl::StrCat(" on pipeline stage ", kind.stage),
           ": every layer fully checkpointed, it needs ", HumanBytes(need(kind.variants[0])),
           " (", need(kind.variants[0]), " bytes", cuda ? ", reserved and outside the allocator" : "",
           ")"));
@@ -165,10 +209,11 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
         static_cast<int64_t>(StageLayers(kind.chunks).size()), stage.in_flight};
     auto it = planners.find(shape);
     if (it == planners.end()) {
-      ModelConfig guide = config;
-      guide.layers = shape.first;
-      guide.batch = config.batch * shape.second;
-      absl::StatusOr<Planner> planner = Planner::Create(guide, planner_options);
+      absl::StatusOr<ModelConfig> guide = GuideModel(config, spec.attention);
+      if (!guide.ok()) return guide.status();
+      guide->layers = shape.first;
+      guide->batch = config.batch * shape.second;
+      absl::StatusOr<Planner> planner = Planner::Create(*guide, planner_options);
       if (!planner.ok()) return planner.status();
       it = planners.emplace(shape, *std::move(planner)).first;
     }
@@ -289,6 +334,18 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
       stage.recompute_flops += *r;
     }
     report.plan.recompute_flops += stage.recompute_flops;
+  }
+  report.searched = true;
+  if (one_process) {
+    report.stages.clear();  // one process: its plan is the whole model's
+    if (options.timeline) {
+      PredictOptions o = predict;
+      o.variants = {PlanVariant(plan)};
+      o.timeline = true;
+      absl::StatusOr<Prediction> drawn = Predict(config, o);
+      if (!drawn.ok()) return drawn.status();
+      report.plan_step = drawn->variants;
+    }
   }
   report.plan.overhead =
       flops->total > 0 ? (static_cast<double>(flops->total) +

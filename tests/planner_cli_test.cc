@@ -341,6 +341,43 @@ TEST(PlannerCliTest, PlansEachPipelineStageAndVerifiesOnGlooRanks) {
   EXPECT_NE(small.output.find("on pipeline stage"), std::string::npos) << small.output;
 }
 
+// Models whose layers differ: tiny-gemma3 (5 sliding-window layers, 1 global) and a
+// Qwen3-MoE whose layer 0 is dense (mlp_only_layers) and the rest sparse. Each plan is
+// searched for with a one-kind guide and replayed; verify runs it in LibTorch, which
+// counts the planned peak. Without checkpoints tiny-gemma3 at B 4, T 128 peaks at
+// 13.10 MiB and the MoE at 2,081,444 B, both above their budgets.
+TEST(PlannerCliTest, PlansLayersThatDifferAndVerifiesInLibTorch) {
+  for (const auto& [model, budget_gib] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"--model=tiny-gemma3 --batch=4 --seq=128", "0.004"},
+           {"--model=tests/testdata/small-qwen3-moe-dense-first.config.json --batch=2 --seq=64",
+            "0.0016"}}) {
+    SCOPED_TRACE(model);
+    const std::string plan = TempPath("plan_kinds.json");
+    CommandResult r = Planner(std::string(model) + " --budget_gib=" + budget_gib +
+                                  " --plan_out=" + plan,
+                              /*merge_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    rapidjson::Document doc;
+    doc.Parse(r.output.c_str());
+    ASSERT_FALSE(doc.HasParseError()) << r.output;
+    EXPECT_LE(doc["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
+    EXPECT_GT(doc["variants"]["none"]["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
+    EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+    EXPECT_LT(doc["recompute_flops"].GetInt64(),
+              doc["variants"]["full"]["recompute_flops"].GetInt64());
+    EXPECT_EQ(doc["frontier"].Size(), 0u);  // searched, not composed
+    CommandResult v = RunCommand(std::string("verify/verify ") + model +
+                                     " --skip_timing --plan=" + plan,
+                                 /*merge_stderr=*/false);
+    EXPECT_EQ(v.exit_code, 0) << v.output;
+    rapidjson::Document verified;
+    verified.Parse(v.output.c_str());
+    ASSERT_FALSE(verified.HasParseError()) << v.output;
+    EXPECT_TRUE(verified["passed"].GetBool()) << v.output;
+    EXPECT_EQ(verified["peak_bytes"]["plan"].GetInt64(), doc["peak_bytes"].GetInt64());
+  }
+}
+
 // The planner's low-precision recipes, each plan run in LibTorch to the same peak:
 //   - bf16 with fp32 master weights: the optimizer's step holds every layer's fp32
 //     .grad copy (the planner adds them per layer to its probes' step); under 4.1 MiB
