@@ -192,6 +192,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "zero") status = integer(&request.zero);
     else if (name == "schedule") status = string(&request.schedule);
     else if (name == "variants") status = string(&request.variants);
+    else if (name == "plan") status = string(&request.plan);
     else if (name == "policy") status = string(&request.policy);
     else if (name == "attention") status = string(&request.attention);
     else if (name == "device") status = string(&request.device);
@@ -462,6 +463,9 @@ struct SearchKeys {
                 return IntegerKey(key, value, &search.max_virtual_stages);
               }
               if (key == "threads") return IntegerKey(key, value, &search.threads);
+              if (key == "planned_layouts") {
+                return IntegerKey(key, value, &search.planned_layouts);
+              }
               if (key == "top") return IntegerKey(key, value, &top);
               if (key == "mfu") return NumberKey(key, value, &search.mfu);
               if (key == "gpu") return StringKey(key, value, &search.gpu);

@@ -27,13 +27,13 @@ except ImportError:
 INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
             "zero", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
-            "max_virtual_stages", "threads", "top"}
+            "max_virtual_stages", "threads", "top", "planned_layouts"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
            "flops_per_second"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
-           "routing", "gpu", "device", "sdpa_backend", "sweep"}
+           "routing", "gpu", "device", "sdpa_backend", "sweep", "plan"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
 # (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
 # (memledger_snapshot), search's chart.
@@ -54,7 +54,7 @@ OWN = {
     "predict": {"explain", "sweep", "budget_gib", "cpu_threads"},
     "plan": {"budget_gib", "frontier_points", "cpu_threads", "flops_per_second"},
     "search": {"gpus", "gpus_per_node", "global_batch", "max_virtual_stages", "threads",
-               "top", "gpu", "gpu_memory_gib", "mfu"},
+               "top", "gpu", "gpu_memory_gib", "mfu", "planned_layouts"},
 }
 RUN_KEYS = (INTEGERS | NUMBERS | BOOLEANS | STRINGS) - set().union(*OWN.values())
 GROUPS = [
@@ -63,8 +63,9 @@ GROUPS = [
     ("input", ["batch", "seq", "sweep (predict)", "routing", "global_batch (search)"]),
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
-    ("checkpointing", ["variants", "every", "policy", "checkpoint_impl", "budget_gib",
-                       "frontier_points (plan)", "flops_per_second (plan)"]),
+    ("checkpointing", ["variants", "plan", "every", "policy", "checkpoint_impl", "budget_gib",
+                       "frontier_points (plan)", "flops_per_second (plan)",
+                       "planned_layouts (search)"]),
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
                      "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),

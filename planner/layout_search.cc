@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -17,7 +18,9 @@
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
 #include "estimator/report/units.h"
+#include "estimator/request/plan_file.h"
 #include "planner/flops.h"
+#include "planner/stage_planner.h"
 
 namespace memledger {
 namespace {
@@ -28,6 +31,12 @@ struct Shape {
   int64_t tp = 1, pp = 1, dp = 1, zero = 0;
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
+  friend bool operator==(const Shape& a, const Shape& b) {
+    return std::tie(a.tp, a.pp, a.dp, a.zero, a.sp, a.micro_batch_size, a.micro_batches,
+                    a.virtual_stages) == std::tie(b.tp, b.pp, b.dp, b.zero, b.sp,
+                                                  b.micro_batch_size, b.micro_batches,
+                                                  b.virtual_stages);
+  }
 };
 
 std::vector<int64_t> Divisors(int64_t n) {
@@ -282,10 +291,66 @@ class Search {
     request.micro_batches = shape.micro_batches;
     request.virtual_stages = shape.virtual_stages;
     request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
-    request.variants = variant.Name();
+    if (variant.kind == VariantKind::kPlan) {
+      request.plan = PlanRunsText(variant);  // predict and verify take the plan inline
+    } else {
+      request.variants = variant.Name();
+    }
     layout.flags = RequestFlags(request);
     return layout;
   }
+
+ public:
+  // Planned is `shape` with a checkpoint plan per stage (RunStagePlanner) within the
+  // budget, timed as the variants are; nullopt when no plan fits.
+  absl::StatusOr<std::optional<SearchedLayout>> Planned(const Shape& shape) const {
+    RunRequest request = request_;
+    request.batch = shape.micro_batch_size;
+    request.tp = shape.tp;
+    request.sp = shape.sp;
+    request.dp = shape.dp;
+    request.pp = shape.pp;
+    request.zero = shape.zero;
+    request.micro_batches = shape.micro_batches;
+    request.virtual_stages = shape.virtual_stages;
+    request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
+    request.variants = "none";  // the planner's fixed variants: only none beside the plan
+    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+    if (!spec.ok()) return spec.status();
+    PlanRunOptions plan_options;
+    plan_options.budget_bytes = options_.budget_bytes;
+    plan_options.frontier_points = 0;
+    absl::StatusOr<PlanReport> report = RunStagePlanner(*spec, plan_options);
+    if (absl::IsResourceExhausted(report.status())) return std::nullopt;
+    if (!report.ok()) return report.status();
+    const Variant plan = PlanVariant(report->plan.layers);
+    const std::vector<LayerChoice>& layers = report->plan.layers;
+    if (std::all_of(layers.begin(), layers.end(),
+                    [&](const LayerChoice& c) { return c == layers.front(); })) {
+      return std::nullopt;  // one choice everywhere: a standard variant's layout
+    }
+    PredictOptions options;
+    options.attention = base_.attention;
+    options.optimizer = base_.optimizer;
+    options.variants = {plan};
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
+    if (!ranks.ok()) return ranks.status();
+    const RankKind* loaded = nullptr;
+    int64_t peak = -1;
+    for (const RankKind& kind : ranks->kinds) {
+      const VariantPrediction& held = kind.variants[0].held;
+      if (!held.peak.has_value()) return std::nullopt;
+      if (held.peak->bytes > peak) {
+        peak = held.peak->bytes;
+        loaded = &kind;
+      }
+    }
+    absl::StatusOr<SearchedLayout> layout = Layout(shape, spec->config, plan, *ranks, *loaded, peak);
+    if (!layout.ok()) return layout.status();
+    return std::optional<SearchedLayout>(*std::move(layout));
+  }
+
+ private:
 
   const RunRequest& request_;
   const RunSpec& base_;
@@ -330,6 +395,11 @@ absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request) {
   options.mfu = request.mfu;
   options.max_virtual_stages = request.max_virtual_stages;
   options.threads = static_cast<int>(request.threads);
+  if (request.planned_layouts < 0 || request.planned_layouts > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--planned_layouts must be between 0 and 64, got ", request.planned_layouts));
+  }
+  options.planned_layouts = request.planned_layouts;
   options.fixed = request.fixed;
   return options;
 }
@@ -384,6 +454,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, ": the search chooses the layout (SearchOptions::fixed constrains it)"));
     }
+  }
+  if (!request.plan.empty()) {
+    return absl::InvalidArgumentError(
+        "--plan: the search chooses the checkpointing (the standard --variants, and plans "
+        "of its own: --planned_layouts)");
   }
   if (request.routing != "balanced" && request.routing != "worst") {
     return absl::InvalidArgumentError(
@@ -470,15 +545,40 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
         " per GPU; the smallest peak of any layout is ", HumanBytes(smallest), " (",
         smallest, " bytes)"));
   }
-  std::sort(result.layouts.begin(), result.layouts.end(),
-            [](const SearchedLayout& a, const SearchedLayout& b) {
-              auto key = [](const SearchedLayout& l) {
-                return std::make_tuple(l.time.total_s, l.peak_bytes, l.tp, l.pp, l.dp, l.zero,
-                                       l.sp, l.micro_batch_size, l.virtual_stages,
-                                       l.checkpoint.Name());
-              };
-              return key(a) < key(b);
-            });
+  auto by_time = [](const SearchedLayout& a, const SearchedLayout& b) {
+    auto key = [](const SearchedLayout& l) {
+      return std::make_tuple(l.time.total_s, l.peak_bytes, l.tp, l.pp, l.dp, l.zero, l.sp,
+                             l.micro_batch_size, l.virtual_stages, l.checkpoint.Name());
+    };
+    return key(a) < key(b);
+  };
+  std::sort(result.layouts.begin(), result.layouts.end(), by_time);
+  // The fastest layouts that must recompute something (none does not fit them), planned
+  // per stage: a plan recomputes only what the budget needs.
+  auto shape_of = [](const SearchedLayout& l) {
+    return Shape{l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.micro_batches,
+                 l.virtual_stages};
+  };
+  std::vector<Shape> none_fits, to_plan;
+  for (const SearchedLayout& l : result.layouts) {
+    if (!l.checkpoint.CheckpointsAnyLayer()) none_fits.push_back(shape_of(l));
+  }
+  for (const SearchedLayout& l : result.layouts) {
+    if (static_cast<int64_t>(to_plan.size()) >= options.planned_layouts) break;
+    const Shape shape = shape_of(l);
+    if (std::find(none_fits.begin(), none_fits.end(), shape) == none_fits.end() &&
+        std::find(to_plan.begin(), to_plan.end(), shape) == to_plan.end()) {
+      to_plan.push_back(shape);
+    }
+  }
+  std::vector<absl::StatusOr<std::optional<SearchedLayout>>> planned(to_plan.size());
+  ForEach(to_plan.size(), threads, [&](size_t i) { planned[i] = search.Planned(to_plan[i]); });
+  for (absl::StatusOr<std::optional<SearchedLayout>>& p : planned) {
+    if (!p.ok()) return p.status();
+    ++result.planned;
+    if (p->has_value()) result.layouts.push_back(**std::move(p));
+  }
+  std::sort(result.layouts.begin(), result.layouts.end(), by_time);
   int64_t lowest = std::numeric_limits<int64_t>::max();
   for (SearchedLayout& layout : result.layouts) {
     layout.front = layout.peak_bytes < lowest;

@@ -55,6 +55,10 @@ struct SearchOptions {
   int64_t max_virtual_stages = 4;
   int threads = 0;  // 0: one per core
   LayoutConstraints fixed;
+  // planned_layouts: the fastest this many distinct layouts that checkpoint something
+  // are also planned per stage (planner/stage_planner.h) within the budget; a plan
+  // (checkpoint "plan", its runs in `flags`' --plan) joins the ranking. 0: none.
+  int64_t planned_layouts = 3;
 };
 
 // SearchRequest is the search's own flags (//planner:search's, the C ABI's keys) before
@@ -69,6 +73,7 @@ struct SearchRequest {
   int64_t max_virtual_stages = 4;
   int64_t threads = 0;
   LayoutConstraints fixed;
+  int64_t planned_layouts = 3;
 };
 
 // SearchOptionsFrom: InvalidArgument naming the flag for an unknown GPU, a budget that
@@ -107,6 +112,7 @@ struct SearchResult {
   int64_t too_big = 0;     // peak above the budget
   int64_t unmodelled = 0;  // no simulated peak (RankStepModelled)
   int64_t simulated = 0;   // layouts whose ranks' steps were simulated
+  int64_t planned = 0;     // layouts planned per stage (SearchOptions::planned_layouts)
   // smallest_peak_bytes: when nothing fits, the smallest peak any candidate has (what
   // the budget would need); else 0.
   int64_t smallest_peak_bytes = 0;

@@ -270,45 +270,4 @@ std::string PlanReportTable(const PlanReport& r) {
   return out;
 }
 
-absl::StatusOr<Variant> ParsePlanJson(absl::string_view json) {
-  rapidjson::Document doc;
-  doc.Parse(json.data(), json.size());
-  if (doc.HasParseError()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "not JSON at offset ", doc.GetErrorOffset(), ": ", rapidjson::GetParseError_En(doc.GetParseError())));
-  }
-  if (!doc.IsObject() || !doc.HasMember("plan") || !doc["plan"].IsArray()) {
-    return absl::InvalidArgumentError(
-        "expected an object with a \"plan\" array of layer choices (as //planner writes)");
-  }
-  std::vector<LayerChoice> layers;
-  const rapidjson::Value& plan = doc["plan"];
-  for (rapidjson::SizeType i = 0; i < plan.Size(); ++i) {
-    if (!plan[i].IsString()) {
-      return absl::InvalidArgumentError(absl::StrCat("plan[", i, "] is not a string"));
-    }
-    absl::StatusOr<LayerChoice> choice =
-        ParseLayerChoice(absl::string_view(plan[i].GetString(), plan[i].GetStringLength()));
-    if (!choice.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("plan[", i, "]: ", choice.status().message()));
-    }
-    layers.push_back(*choice);
-  }
-  if (layers.empty()) return absl::InvalidArgumentError("the plan has no layers");
-  return PlanVariant(std::move(layers));
-}
-
-absl::StatusOr<Variant> ReadPlanFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadInputFile(path, "--plan", kMaxJsonBytes);
-  if (absl::IsNotFound(text.status())) {
-    return absl::InvalidArgumentError(absl::StrCat("--plan ", path, ": cannot read the file"));
-  }
-  if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
-  absl::StatusOr<Variant> plan = ParsePlanJson(*text);
-  if (!plan.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--plan ", path, ": ", plan.status().message()));
-  }
-  return plan;
-}
-
 }  // namespace memledger

@@ -19,6 +19,7 @@
 #include "estimator/spec/config.h"
 #include "estimator/request/parallel_spec.h"
 #include "estimator/predict/predict.h"
+#include "estimator/request/plan_file.h"  // ParsePlanJson, ReadPlan: plan files
 #include "planner/planner.h"
 #include "rapidjson/document.h"
 
@@ -99,13 +100,6 @@ rapidjson::Document PlanReportJson(const PlanReport& report);
 // PlanReportTable: the plan as runs of layers, its peak and overhead, the standard
 // variants and the frontier.
 std::string PlanReportTable(const PlanReport& report);
-
-// ParsePlanJson reads a plan document's "plan" array (LayerChoice names) as a kPlan
-// variant; errors say what is wrong and where ("plan[3]: unknown layer choice 'half'").
-absl::StatusOr<Variant> ParsePlanJson(absl::string_view json);
-
-// ReadPlanFile reads and parses a plan file; errors start "--plan PATH: ".
-absl::StatusOr<Variant> ReadPlanFile(const std::string& path);
 
 }  // namespace memledger
 

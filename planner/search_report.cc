@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/graph/family.h"
+#include "estimator/request/plan_file.h"
 #include "estimator/report/report.h"
 #include "estimator/report/svg.h"
 #include "estimator/report/units.h"
@@ -63,6 +64,7 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
   doc.AddMember("too_big", r.too_big, a);
   doc.AddMember("unmodelled", r.unmodelled, a);
   doc.AddMember("simulated", r.simulated, a);
+  doc.AddMember("planned", r.planned, a);
   doc.AddMember("fitting", static_cast<int64_t>(r.layouts.size()), a);
   rapidjson::Value layouts(rapidjson::kArrayType);
   for (size_t i = 0; i < r.layouts.size(); ++i) {
@@ -79,6 +81,10 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
     e.AddMember("virtual_stages", l.virtual_stages, a);
     e.AddMember("schedule", String(ScheduleName(l), a), a);
     e.AddMember("checkpoint", String(l.checkpoint.Name(), a), a);
+    if (l.checkpoint.kind == VariantKind::kPlan) {
+      // The planner's per-stage plan, as predict's and verify's --plan read it inline.
+      e.AddMember("plan", String(PlanRunsText(l.checkpoint), a), a);
+    }
     e.AddMember("peak_bytes", l.peak_bytes, a);
     e.AddMember("peak_stage", l.stage, a);
     e.AddMember("step_time_s", l.time.total_s, a);
@@ -118,9 +124,10 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
       o.gpus_per_node, HumanBytes(o.budget_bytes), o.mfu);
   absl::StrAppendFormat(&out,
                         "%d candidates (layouts x checkpointing): %d fit, %d too big, %d "
-                        "refused, %d without a simulated peak; %d layouts simulated\n\n",
+                        "refused, %d without a simulated peak; %d layouts simulated; %d "
+                        "planned per stage\n\n",
                         r.candidates, r.layouts.size(), r.too_big, r.invalid, r.unmodelled,
-                        r.simulated);
+                        r.simulated, r.planned);
   absl::StrAppendFormat(&out, "%4s %3s %3s %4s %4s %3s %4s %5s %3s  %-11s %12s %10s %8s %6s\n",
                         "rank", "tp", "pp", "dp", "zero", "sp", "mbs", "micro", "v",
                         "checkpoint", "peak", "step", "TFLOP/s", "front");

@@ -133,6 +133,9 @@ SearchOptions TinyOptions(int64_t budget) {
   options.gpu = RoundGpu();
   options.max_virtual_stages = 2;
   options.threads = 2;
+  // The standard variants only: the brute force below knows no per-stage plans
+  // (search_cli_test checks those against predict and LibTorch).
+  options.planned_layouts = 0;
   return options;
 }
 

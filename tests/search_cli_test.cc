@@ -3,6 +3,8 @@
 // fits and one-line errors (exit 2).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -63,6 +65,53 @@ TEST(SearchCliTest, LayoutsReproduceWithPredict) {
               l["peak_bytes"].GetInt64())
         << l["flags"].GetString();
   }
+}
+
+// Where no layout fits without checkpoints, the fastest are also planned per stage: a
+// plan (layers that differ in checkpointing) joins the ranking with its choices inline in
+// the flags. Each plan reproduces with predict, and the best on 4 Gloo ranks in
+// LibTorch, where the most loaded rank counts the planned peak.
+TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
+  const std::string tiny =
+      "--model=tiny-llama --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=16 ";
+  CommandResult r = Search(tiny + "--gpu_memory_gib=0.002", false);  // 2.05 MiB
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["planned"].GetInt64(), 3);
+  const int64_t budget = doc["search"]["budget_bytes"].GetInt64();
+  const rapidjson::Value* best_plan = nullptr;
+  int plans = 0;
+  for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
+    if (std::string(l["checkpoint"].GetString()) != "plan") continue;
+    ++plans;
+    if (best_plan == nullptr) best_plan = &l;
+    EXPECT_LE(l["peak_bytes"].GetInt64(), budget);
+    const std::string flags = l["flags"].GetString();
+    EXPECT_NE(flags.find(std::string("--plan='") + l["plan"].GetString() + "'"),
+              std::string::npos)
+        << flags;
+    CommandResult p = RunCommand("estimator/predict " + flags, false);
+    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
+    rapidjson::Document predicted;
+    predicted.Parse(p.output.c_str());
+    ASSERT_FALSE(predicted.HasParseError()) << p.output;
+    EXPECT_EQ(predicted["peak_bytes"]["plan"].GetInt64(), l["peak_bytes"].GetInt64()) << flags;
+  }
+  ASSERT_GT(plans, 0) << r.output;
+  CommandResult v = RunCommand(
+      std::string("verify/verify ") + (*best_plan)["flags"].GetString() + " --skip_timing", false);
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  rapidjson::Document verified;
+  verified.Parse(v.output.c_str());
+  ASSERT_FALSE(verified.HasParseError()) << v.output;
+  int64_t most = 0;
+  for (const rapidjson::Value& rank : verified["ranks"].GetArray()) {
+    EXPECT_EQ(rank["ratio"]["peak_bytes.plan"].GetDouble(), 1.0);
+    most = std::max(most, rank["measured"]["peak_bytes.plan"].GetInt64());
+  }
+  EXPECT_EQ(most, (*best_plan)["peak_bytes"].GetInt64());
 }
 
 TEST(SearchCliTest, TableAndChart) {
@@ -139,6 +188,10 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu_memory_gib=-1",
              "--gpu_memory_gib must be"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --format=csv", "--format must be"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --planned_layouts=-1",
+             "--planned_layouts must be between 0 and 64"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --plan='full*2'",
+             "--plan: the search chooses the checkpointing"},
         Case{"--model=nope --gpus=4 --global_batch=4", "--model"}}) {
     CommandResult r = Search(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;

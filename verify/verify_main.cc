@@ -49,10 +49,6 @@ ABSL_FLAG(std::string, witness, "none",
 ABSL_FLAG(std::string, witness_python, "",
           "With --witness=transformers: the reference stack's Python (default: "
           "MEMLEDGER_REFERENCE_PYTHON with MEMLEDGER_TORCH_DIR, as ./bazelw sets them).");
-ABSL_FLAG(std::string, plan, "",
-          "A checkpoint plan from //planner (--plan_out): verify it, layer by layer, beside "
-          "`none` (instead of --variants); with --dp (a plan for one data-parallel rank) on "
-          "every rank.");
 
 namespace {
 
@@ -93,13 +89,6 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   memledger::runtime::DistributedRequest request;
   request.attention = spec.attention;
   request.variants = spec.variants;
-  // A //planner plan (for one data-parallel rank: --dp): beside none, as for one
-  // process; every rank process reads the same file.
-  if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
-    absl::StatusOr<memledger::Variant> plan = memledger::ReadPlanFile(path);
-    if (!plan.ok()) return memledger::ReportError(plan.status());
-    request.variants = {memledger::Variant(), *plan};
-  }
   request.optimizer = spec.optimizer;
   request.seed = absl::GetFlag(FLAGS_seed);
   request.timeout_s = absl::GetFlag(FLAGS_rank_timeout_s);
@@ -150,11 +139,6 @@ int main(int argc, char** argv) {
   memledger::VerifyOptions options;
   options.attention = spec->attention;
   options.variants = spec->variants;
-  if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
-    absl::StatusOr<memledger::Variant> plan = memledger::ReadPlanFile(path);
-    if (!plan.ok()) return memledger::ReportError(plan.status());
-    options.variants = {memledger::Variant(), *plan};
-  }
   options.optimizer = spec->optimizer;
   options.grad_tolerance = *tolerance;
   options.max_memory_bytes = *max_memory_bytes;

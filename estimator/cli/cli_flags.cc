@@ -47,6 +47,12 @@ ABSL_FLAG(std::string, variants, "none,full,every_k,selective",
           "Comma-separated checkpointing variants: none, full, every_k (uses --every), "
           "every_<k> (e.g. every_3), selective (uses --policy).");
 ABSL_FLAG(int64_t, every, 2, "k of every_k: blocks i with i % k == 0 are checkpointed.");
+ABSL_FLAG(std::string, plan, "",
+          "A checkpoint plan, one choice per layer, instead of --variants (shown beside "
+          "none): a //planner plan file (--plan_out, a path ending in .json), or inline runs "
+          "separated by ';', each a layer choice and after '*' how many layers take it, as "
+          "//planner:search's flags write them ('full*2;selective:matmul*3;none*75'). On "
+          "ranks (--dp, --pp) each stage runs its layers' part.");
 ABSL_FLAG(std::string, policy, "matmul",
           "Op kinds the selective variant must-saves, comma-separated: matmul (the "
           "linears), attention (flash only), layer_norm, gelu, silu; each where the model "
@@ -142,6 +148,7 @@ RunRequest RunRequestFromFlags() {
   request.batch = absl::GetFlag(FLAGS_batch);
   request.seq = absl::GetFlag(FLAGS_seq);
   request.variants = absl::GetFlag(FLAGS_variants);
+  request.plan = absl::GetFlag(FLAGS_plan);
   request.every = absl::GetFlag(FLAGS_every);
   request.policy = absl::GetFlag(FLAGS_policy);
   request.attention = absl::GetFlag(FLAGS_attention);
@@ -221,6 +228,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},
     {"global_batch", "input"},   {"max_virtual_stages", "parallelism"},
+    {"planned_layouts", "checkpointing"},
     {"device", "device"},        {"sdpa_backend", "device"},
     {"expandable_segments", "device"}, {"cuda_context_mib", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},

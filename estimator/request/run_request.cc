@@ -11,6 +11,7 @@
 #include "estimator/graph/family.h"
 #include "estimator/spec/input_file.h"
 #include "estimator/request/model_presets.h"
+#include "estimator/request/plan_file.h"
 #include "rapidjson/document.h"
 #include "rapidjson/error/en.h"
 
@@ -173,6 +174,12 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
       ParseVariants(request.variants, request.every, request.policy);
   if (!variants.ok()) return variants.status();
   spec.variants = *std::move(variants);
+  if (!request.plan.empty()) {
+    // A plan replaces the variants: it is shown beside none.
+    absl::StatusOr<Variant> plan = ReadPlan(request.plan);
+    if (!plan.ok()) return plan.status();
+    spec.variants = {Variant(), *std::move(plan)};
+  }
   if (absl::Status s = ValidateRun(spec.config, spec.attention, spec.variants, spec.optimizer);
       !s.ok()) {
     return s;
@@ -201,6 +208,10 @@ std::string RequestFlags(const RunRequest& request) {
     if (value != unset) absl::StrAppend(&out, " --", flag, "=", value);
   };
   text("variants", request.variants, defaults.variants);
+  if (!request.plan.empty()) {
+    // Inline runs hold ';' and '*': quoted for the shell.
+    absl::StrAppend(&out, " --plan='", request.plan, "'");
+  }
   number("every", request.every, defaults.every);
   text("policy", request.policy, defaults.policy);
   text("attention", request.attention, defaults.attention);

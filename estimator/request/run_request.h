@@ -60,6 +60,9 @@ struct RunRequest {
   double cuda_context_mib = static_cast<double>(kCudaContextBytes) / (1 << 20);
   std::string experts_impl = "grouped_mm";
   std::string routing = "balanced";
+  // plan: a checkpoint plan (ReadPlan: a //planner file, or inline runs such as
+  // "full*2;none*6"), predicted beside none instead of `variants`.
+  std::string plan;
 };
 
 // RunSpec is a validated request.
