@@ -118,6 +118,9 @@ struct Evaluated {
   // What did not fit: the simulated peaks, and the bounds of those never simulated.
   int64_t smallest_peak = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> bounds;  // by variant; -1 where simulated or invalid
+  // none_time_s: the shape's modelled step time without recompute, which no plan of it
+  // beats (infinite when invalid).
+  double none_time_s = std::numeric_limits<double>::infinity();
 };
 
 class Search {
@@ -157,6 +160,12 @@ class Search {
     if (!ranks.ok()) {
       out.invalid = static_cast<int64_t>(n);
       return out;
+    }
+    // The time no checkpointing of this shape beats: its step without recompute.
+    if (absl::StatusOr<SearchedLayout> fastest =
+            Layout(shape, config, Variant(), *ranks, ranks->kinds[0], 0);
+        fastest.ok()) {
+      out.none_time_s = fastest->time.total_s;
     }
     // The bound: what every rank holds at its fullest moment.
     std::vector<size_t> maybe;
@@ -314,9 +323,9 @@ class Search {
     request.micro_batches = shape.micro_batches;
     request.virtual_stages = shape.virtual_stages;
     request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
-    request.variants = "none";  // the planner's fixed variants: only none beside the plan
     absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
     if (!spec.ok()) return spec.status();
+    spec->variants.clear();  // no fixed variants beside the plan: the search has them
     PlanRunOptions plan_options;
     plan_options.budget_bytes = options_.budget_bytes;
     plan_options.frontier_points = 0;
@@ -553,24 +562,40 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     return key(a) < key(b);
   };
   std::sort(result.layouts.begin(), result.layouts.end(), by_time);
-  // The fastest layouts that must recompute something (none does not fit them), planned
-  // per stage: a plan recomputes only what the budget needs.
-  auto shape_of = [](const SearchedLayout& l) {
-    return Shape{l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.micro_batches,
-                 l.virtual_stages};
-  };
-  std::vector<Shape> none_fits, to_plan;
-  for (const SearchedLayout& l : result.layouts) {
-    if (!l.checkpoint.CheckpointsAnyLayer()) none_fits.push_back(shape_of(l));
+  // Plans per stage for the shapes that must recompute (some variant fits, none does
+  // not) and could be fastest, their step without recompute (which no plan of theirs
+  // beats) shorter than the best layout's. Taken in turn from two orders: by the time of
+  // their fastest variant that fits (a plan does at least as well), and by that bound.
+  const double best_s = result.layouts.front().time.total_s;
+  std::vector<std::pair<double, size_t>> by_variant, by_bound;
+  for (size_t i = 0; i < evaluated.size(); ++i) {
+    const Evaluated& e = evaluated[i];
+    if (e.fits.empty() || !(e.none_time_s < best_s)) continue;
+    double fastest = std::numeric_limits<double>::infinity();
+    bool none_fits = false;
+    for (const SearchedLayout& l : e.fits) {
+      none_fits = none_fits || !l.checkpoint.CheckpointsAnyLayer();
+      fastest = std::min(fastest, l.time.total_s);
+    }
+    if (none_fits) continue;
+    by_variant.push_back({fastest, i});
+    by_bound.push_back({e.none_time_s, i});
   }
-  for (const SearchedLayout& l : result.layouts) {
-    if (static_cast<int64_t>(to_plan.size()) >= options.planned_layouts) break;
-    const Shape shape = shape_of(l);
-    if (std::find(none_fits.begin(), none_fits.end(), shape) == none_fits.end() &&
-        std::find(to_plan.begin(), to_plan.end(), shape) == to_plan.end()) {
-      to_plan.push_back(shape);
+  std::sort(by_variant.begin(), by_variant.end());
+  std::sort(by_bound.begin(), by_bound.end());
+  std::vector<size_t> chosen;
+  for (size_t k = 0; k < by_variant.size() &&
+                     static_cast<int64_t>(chosen.size()) < options.planned_layouts;
+       ++k) {
+    for (size_t i : {by_variant[k].second, by_bound[k].second}) {
+      if (static_cast<int64_t>(chosen.size()) < options.planned_layouts &&
+          std::find(chosen.begin(), chosen.end(), i) == chosen.end()) {
+        chosen.push_back(i);
+      }
     }
   }
+  std::vector<Shape> to_plan;
+  for (size_t i : chosen) to_plan.push_back(shapes[i]);
   std::vector<absl::StatusOr<std::optional<SearchedLayout>>> planned(to_plan.size());
   ForEach(to_plan.size(), threads, [&](size_t i) { planned[i] = search.Planned(to_plan[i]); });
   for (absl::StatusOr<std::optional<SearchedLayout>>& p : planned) {

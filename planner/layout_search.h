@@ -55,10 +55,12 @@ struct SearchOptions {
   int64_t max_virtual_stages = 4;
   int threads = 0;  // 0: one per core
   LayoutConstraints fixed;
-  // planned_layouts: the fastest this many distinct layouts that checkpoint something
-  // are also planned per stage (planner/stage_planner.h) within the budget; a plan
-  // (checkpoint "plan", its runs in `flags`' --plan) joins the ranking. 0: none.
-  int64_t planned_layouts = 3;
+  // planned_layouts: this many layouts that must recompute (a variant fits, none does
+  // not) and could be fastest (their step without recompute, which no plan beats,
+  // shorter than the best found), taken in turn by their fastest variant's time and by
+  // that bound, are also planned per stage (planner/stage_planner.h) within the budget;
+  // a plan (checkpoint "plan", its runs in `flags`' --plan) joins the ranking. 0: none.
+  int64_t planned_layouts = 2;
 };
 
 // SearchRequest is the search's own flags (//planner:search's, the C ABI's keys) before
@@ -73,7 +75,7 @@ struct SearchRequest {
   int64_t max_virtual_stages = 4;
   int64_t threads = 0;
   LayoutConstraints fixed;
-  int64_t planned_layouts = 3;
+  int64_t planned_layouts = 2;
 };
 
 // SearchOptionsFrom: InvalidArgument naming the flag for an unknown GPU, a budget that

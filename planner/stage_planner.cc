@@ -142,13 +142,17 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
 
   // The fixed variants on every stage; each shown at its most loaded stage.
   PredictOptions whole_options = predict;
-  whole_options.variants = spec.variants;
+  whole_options.variants = spec.variants.empty() ? std::vector<Variant>{Variant()} : spec.variants;
   whole_options.peak = false;
   absl::StatusOr<Prediction> whole = Predict(config, whole_options);
   if (!whole.ok()) return whole.status();
-  absl::StatusOr<RanksPrediction> fixed = ranks_of(spec.variants);
+  // No fixed variants (the layout search's plans): the whole model's buckets only.
+  absl::StatusOr<RanksPrediction> fixed =
+      spec.variants.empty() ? absl::StatusOr<RanksPrediction>(RanksPrediction())
+                            : ranks_of(spec.variants);
   if (!fixed.ok()) return fixed.status();
-  report.prediction = one_process ? *whole : RankView(*whole, fixed->kinds[0]);
+  report.prediction =
+      one_process || fixed->kinds.empty() ? *whole : RankView(*whole, fixed->kinds[0]);
   for (size_t v = 0; v < spec.variants.size(); ++v) {
     const RankKind* most = &fixed->kinds[0];
     for (const RankKind& kind : fixed->kinds) {
