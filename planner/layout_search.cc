@@ -290,16 +290,7 @@ class Search {
                                                       : options_.gpu.fp32_flops;
     layout.mfu = model_flops_ * static_cast<double>(options_.global_batch) /
                  (layout.time.total_s * gpus * peak_flops);
-    RunRequest request = request_;
-    request.batch = shape.micro_batch_size;
-    request.tp = shape.tp;
-    request.sp = shape.sp;
-    request.dp = shape.dp;
-    request.pp = shape.pp;
-    request.zero = shape.zero;
-    request.micro_batches = shape.micro_batches;
-    request.virtual_stages = shape.virtual_stages;
-    request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
+    RunRequest request = RequestFor(shape);
     if (variant.kind == VariantKind::kPlan) {
       request.plan = PlanRunsText(variant);  // predict and verify take the plan inline
     } else {
@@ -313,16 +304,7 @@ class Search {
   // Planned is `shape` with a checkpoint plan per stage (RunStagePlanner) within the
   // budget, timed as the variants are; nullopt when no plan fits.
   absl::StatusOr<std::optional<SearchedLayout>> Planned(const Shape& shape) const {
-    RunRequest request = request_;
-    request.batch = shape.micro_batch_size;
-    request.tp = shape.tp;
-    request.sp = shape.sp;
-    request.dp = shape.dp;
-    request.pp = shape.pp;
-    request.zero = shape.zero;
-    request.micro_batches = shape.micro_batches;
-    request.virtual_stages = shape.virtual_stages;
-    request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
+    RunRequest request = RequestFor(shape);
     absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
     if (!spec.ok()) return spec.status();
     spec->variants.clear();  // no fixed variants beside the plan: the search has them
@@ -360,6 +342,21 @@ class Search {
   }
 
  private:
+
+  // RequestFor is the search's request laid out as `shape` (predict's and verify's).
+  RunRequest RequestFor(const Shape& shape) const {
+    RunRequest request = request_;
+    request.batch = shape.micro_batch_size;
+    request.tp = shape.tp;
+    request.sp = shape.sp;
+    request.dp = shape.dp;
+    request.pp = shape.pp;
+    request.zero = shape.zero;
+    request.micro_batches = shape.micro_batches;
+    request.virtual_stages = shape.virtual_stages;
+    request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
+    return request;
+  }
 
   const RunRequest& request_;
   const RunSpec& base_;
