@@ -207,19 +207,20 @@ std::string PlanReportTable(const PlanReport& r) {
                           r.plan_peak->op);
   }
   if (searched) {
-    absl::StrAppendFormat(
-        &out,
-        staged ? "\n(each stage's peak is its rank's step replayed%s; the plan is searched "
-                 "for stage by stage, so one of less recompute may exist)"
-               : "\n(the plan's step is replayed%s; its layers differ, so the plan is "
-                 "searched for with a guide of one kind of layer, and one of less recompute "
-                 "may exist)",
-        cuda ? absl::StrFormat(": %s reserved + %s outside the "
-                               "allocator = %s on the device",
+    const std::string device =
+        cuda ? absl::StrFormat(": %s reserved + %s outside the allocator = %s on the device",
                                HumanBytes(r.plan_reserved_bytes),
                                HumanBytes(r.outside_allocator_bytes),
                                HumanBytes(r.plan_device_bytes))
-             : "");
+             : "";
+    absl::StrAppend(&out,
+                    staged ? absl::StrCat("\n(each stage's peak is its rank's step replayed",
+                                          device, "; the plan is searched for stage by stage, "
+                                          "so one of less recompute may exist)")
+                           : absl::StrCat("\n(the plan's step is replayed", device,
+                                          "; its layers differ, so the plan is searched for "
+                                          "with a guide of one kind of layer, and one of less "
+                                          "recompute may exist)"));
     absl::StrAppendFormat(&out, "\nevery layer fully checkpointed, %s %s (%d B)\n\n",
                           staged ? "the most loaded stage needs" : "the step needs",
                           HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);
