@@ -31,12 +31,6 @@ struct Shape {
   int64_t tp = 1, pp = 1, dp = 1, zero = 0;
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
-  friend bool operator==(const Shape& a, const Shape& b) {
-    return std::tie(a.tp, a.pp, a.dp, a.zero, a.sp, a.micro_batch_size, a.micro_batches,
-                    a.virtual_stages) == std::tie(b.tp, b.pp, b.dp, b.zero, b.sp,
-                                                  b.micro_batch_size, b.micro_batches,
-                                                  b.virtual_stages);
-  }
 };
 
 std::vector<int64_t> Divisors(int64_t n) {
