@@ -60,6 +60,12 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     return s;
   }
   if (absl::Status s = RuntimeFamilyModelled(config); !s.ok()) return s;
+  if (config.moe.Sparse() && config.moe.impl == ExpertsImpl::kEager) {
+    // Each rank routes its own tokens, and the prediction takes one routing per layer.
+    return absl::UnimplementedError(
+        "the rank runtime runs the grouped_mm experts only: verify --experts_impl=eager "
+        "in one process, or predict the ranks");
+  }
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
   for (const Variant& v : request.variants) {
     if (v.kind == VariantKind::kCoreAttention) {

@@ -29,11 +29,6 @@ const RuntimeFamily& RuntimeFamilyOf(Family family) {
 }
 
 absl::Status RuntimeFamilyModelled(const ModelConfig& config) {
-  if (config.moe.Sparse() && config.moe.impl == ExpertsImpl::kEager) {
-    return absl::UnimplementedError(
-        "the LibTorch runtime runs the grouped_mm experts only: predict --experts_impl=eager, "
-        "or measure it with the real transformers model (verify/witness.py)");
-  }
   if (RuntimeFamilyOf(config.family).make_model != nullptr) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
       "the LibTorch runtime has no ", FamilyName(config.family),

@@ -22,6 +22,7 @@
 #include "runtime/family.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
+#include "runtime/families/sparse_moe.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
 #include "runtime/saved_tensor_recorder.h"
@@ -168,6 +169,7 @@ StepMemory MeasureStep(const ModelImpl& model, const at::Tensor& input, Attentio
   }
   at::set_num_threads(threads);
   step.peak_bytes = resident_bytes + step.peak.bytes;
+  step.routing = MeasuredRouting(model);
   return step;
 }
 
@@ -223,6 +225,7 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
       RunVariant(model, built.input, attention, NoneVariant(), parameter_storages);
   m.reference_saved_bytes = reference.hooked_bytes + reference.cache_bytes;
   m.torch_version = TorchVersion();
+  m.routing = MeasuredRouting(*built.model);
 
   for (const Variant& variant : variants) {
     VariantMeasurement vm;

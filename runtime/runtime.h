@@ -65,6 +65,10 @@ struct StepMemory {
   std::vector<AllocationEvent> events;
   std::vector<PhaseMark> phases;
   std::vector<std::string> op_names;
+  // routing: with the eager experts, this step's own (its forward's, which a recompute
+  // repeats), one row per sparse layer: each step runs on the parameters the steps
+  // before it moved, so it may route otherwise than Measurement::routing.
+  std::vector<std::vector<int64_t>> routing;
 };
 
 // VariantMeasurement is what one checkpointing variant kept and cost.
@@ -113,6 +117,10 @@ struct Measurement {
   std::string torch_version;
   // max_grad_diff: the largest of the variants' max_grad_diff.
   double max_grad_diff = 0.0;
+  // routing: with the eager experts, the tokens each expert received in the reference
+  // forward, one row per sparse layer (every variant's saved and held bytes are measured
+  // on the same parameters and input); predict's --routing rows.
+  std::vector<std::vector<int64_t>> routing;
 };
 
 // TorchVersion is the release of the LibTorch this runtime is built against (the

@@ -211,15 +211,20 @@ void SelectiveCache::Clear() {
 
 at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
                     SelectiveCache* cache) {
+  return FunctionalLinearOp(linear.weight, linear.bias, input, cache);
+}
+
+at::Tensor FunctionalLinearOp(const at::Tensor& weight, const at::Tensor& bias,
+                              const at::Tensor& input, SelectiveCache* cache) {
   return Cached(
-      cache, OpKind::kMatmul, [&] { return at::linear(input, linear.weight, linear.bias); },
+      cache, OpKind::kMatmul, [&] { return at::linear(input, weight, bias); },
       [&](const at::Tensor& out) {
         // In autocast's order for linear: bias, weight, input (its wrapper's call
         // arguments, evaluated last to first), so that the casts' backward nodes run in
         // the order they do after a real linear.
-        const at::Tensor bias = linear.bias.defined() ? Lower(linear.bias) : at::Tensor();
-        std::vector<at::Tensor> parameters = {Lower(linear.weight)};
-        if (bias.defined()) parameters.push_back(bias);
+        const at::Tensor lowered_bias = bias.defined() ? Lower(bias) : at::Tensor();
+        std::vector<at::Tensor> parameters = {Lower(weight)};
+        if (lowered_bias.defined()) parameters.push_back(lowered_bias);
         const at::Tensor x = Lower(input);
         return CachedLinear::apply(x, at::TensorList(parameters), &out);
       });

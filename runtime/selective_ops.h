@@ -60,6 +60,10 @@ class SelectiveCache {
 // LinearOp is linear.forward(input) (at::linear, with or without bias); kind matmul.
 at::Tensor LinearOp(torch::nn::LinearImpl& linear, const at::Tensor& input,
                     SelectiveCache* cache);
+// FunctionalLinearOp is F.linear(input, weight, bias) (bias may be undefined), as the
+// eager experts call it on their select views of the 3-D weights; kind matmul.
+at::Tensor FunctionalLinearOp(const at::Tensor& weight, const at::Tensor& bias,
+                              const at::Tensor& input, SelectiveCache* cache);
 
 // Conv1DOp is GPT-2's Conv1D: addmm(bias, input.view(-1, in), weight).view(..., out)
 // with weight of shape (in, out), or mm without a bias (undefined); kind matmul.

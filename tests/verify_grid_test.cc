@@ -289,17 +289,21 @@ INSTANTIATE_TEST_SUITE_P(
 // width 32, 2 per token): Qwen3-MoE's block and Mixtral's (fp32 top-k weights, experts as
 // wide as the dense MLP, no q/k norms), with and without a dense first layer, in each
 // dtype and under autocast, both attention modes, the matmul and silu policies.
+// The eager experts (a loop over the experts hit) size every expert's tensors by its
+// tokens: verify predicts them with the routing its own step measured.
 struct SparseCase {
   MoeBlock block;
   bool dense_first;
   DType dtype, amp;
   AttentionMode attention;
   const char* policy;
+  ExpertsImpl impl = ExpertsImpl::kGroupedMm;
 
   friend std::ostream& operator<<(std::ostream& os, const SparseCase& c) {
     return os << (c.block == MoeBlock::kMixtral ? "mixtral" : "qwen3_moe")
               << (c.dense_first ? "_dense_first" : "") << "_" << DTypeName(c.dtype) << "_amp"
-              << DTypeName(c.amp) << "_" << AttentionModeName(c.attention) << "_" << c.policy;
+              << DTypeName(c.amp) << "_" << AttentionModeName(c.attention) << "_" << c.policy
+              << (c.impl == ExpertsImpl::kEager ? "_eager" : "");
   }
 };
 
@@ -319,7 +323,37 @@ TEST_P(VerifySparseTest, MeasuredEqualsPredicted) {
   config.amp = c.amp;
   config.batch = 2;
   config.seq = 12;
-  ExpectFourVariantsExact(config, c.attention, c.policy);
+  config.moe.impl = c.impl;
+  if (c.impl == ExpertsImpl::kGroupedMm) {
+    ExpectFourVariantsExact(config, c.attention, c.policy);
+    return;
+  }
+  VerifyOptions options;
+  options.attention = c.attention;
+  ASSERT_OK_AND_ASSIGN(options.variants,
+                       ParseVariants("none,full,every_2,selective", 2, c.policy));
+  options.run.skip_timing = true;
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
+  ExpectEveryBucket(report, options.variants.size());
+  ExpectExact(report);
+  // Predicted with the measured step's routing: a row per sparse layer, each its B x T
+  // x k = 2 x 12 x 2 = 48 (token, expert) pairs over the 4 experts.
+  const MoeSpec& moe = report.prediction.config.moe;
+  EXPECT_EQ(moe.routing, RoutingSource::kGiven);
+  ASSERT_EQ(moe.routing_rows.size(), 2u);  // 2 layers, or 3 with the first dense
+  for (const std::vector<int64_t>& row : moe.routing_rows) {
+    ASSERT_EQ(row.size(), 4u);
+    EXPECT_EQ(row[0] + row[1] + row[2] + row[3], 48);
+  }
+  EXPECT_EQ(report.measurement.routing, moe.routing_rows);
+  // Each variant's whole step routes on its own parameters (the steps before it moved
+  // them), and its peak was predicted with that routing.
+  for (const runtime::VariantMeasurement& v : report.measurement.variants) {
+    ASSERT_EQ(v.step.routing.size(), 2u) << v.variant.Name();
+    for (const std::vector<int64_t>& row : v.step.routing) {
+      EXPECT_EQ(row[0] + row[1] + row[2] + row[3], 48) << v.variant.Name();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -331,7 +365,15 @@ INSTANTIATE_TEST_SUITE_P(
         SparseCase{MoeBlock::kQwen3Moe, true, kFp32, kBf16, kFlash, "matmul,attention"},
         SparseCase{MoeBlock::kMixtral, false, kFp32, kFp32, kFlash, "matmul,silu"},
         SparseCase{MoeBlock::kMixtral, true, kBf16, kFp32, kMath, "matmul"},
-        SparseCase{MoeBlock::kMixtral, false, kFp32, kBf16, kFlash, "attention,silu"}));
+        SparseCase{MoeBlock::kMixtral, false, kFp32, kBf16, kFlash, "attention,silu"},
+        SparseCase{MoeBlock::kQwen3Moe, false, kFp32, kFp32, kFlash, "matmul,silu",
+                   ExpertsImpl::kEager},
+        SparseCase{MoeBlock::kQwen3Moe, true, kBf16, kFp32, kMath, "matmul",
+                   ExpertsImpl::kEager},
+        SparseCase{MoeBlock::kMixtral, false, kFp32, kBf16, kFlash, "silu",
+                   ExpertsImpl::kEager},
+        SparseCase{MoeBlock::kMixtral, true, kFp32, kFp32, kFlash, "attention",
+                   ExpertsImpl::kEager}));
 
 // Gemma 3's text model, from tiny-gemma3 (6 layers, 5 sliding-window : 1 global, width
 // 32, 4 heads and 2 kv heads of 16): below its 512 window (no mask) in both attention

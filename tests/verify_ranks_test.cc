@@ -462,6 +462,14 @@ TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
       "--attention=math --skip_timing --dp=2 --variants=none,core_attention");
   EXPECT_EQ(core.exit_code, 3) << core.output;
   EXPECT_NE(core.output.find("no core_attention recompute yet"), std::string::npos) << core.output;
+  // Each rank would route its own tokens; one process runs the eager experts.
+  CommandResult eager = memledger::testing::RunCommand(
+      "verify/verify --model=tiny-qwen3-moe --experts_impl=eager --batch=2 --seq=8 "
+      "--skip_timing --dp=2");
+  EXPECT_EQ(eager.exit_code, 3) << eager.output;
+  EXPECT_NE(eager.output.find("the rank runtime runs the grouped_mm experts only"),
+            std::string::npos)
+      << eager.output;
   CommandResult timeout = memledger::testing::RunCommand(std::string("verify/verify ") + kStudy +
                                                          " --dp=2 --rank_timeout_s=0");
   EXPECT_EQ(timeout.exit_code, 2) << timeout.output;

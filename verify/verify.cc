@@ -88,6 +88,18 @@ int64_t DefaultMaxMemoryBytes() {
   return int64_t{4} << 30;
 }
 
+namespace {
+
+// Routed is `config` with the eager experts' routing given row by row.
+ModelConfig Routed(const ModelConfig& config, const std::vector<std::vector<int64_t>>& rows) {
+  ModelConfig routed = config;
+  routed.moe.routing = RoutingSource::kGiven;
+  routed.moe.routing_rows = rows;
+  return routed;
+}
+
+}  // namespace
+
 absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptions& options) {
   PredictOptions predict_options;
   predict_options.attention = options.attention;
@@ -113,6 +125,31 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   absl::StatusOr<runtime::Measurement> measurement =
       runtime::Measure(config, options.attention, options.variants, run_options);
   if (!measurement.ok()) return measurement.status();
+  if (!measurement->routing.empty()) {
+    // The eager experts' sizes are the routing, which the model's data decides: predict
+    // what the runtime ran with its own routing (docs/DESIGN.md, sparse MoE). The saved
+    // and held bytes come from forwards on the first parameters; each variant's whole
+    // step runs on the parameters the steps before it moved, and routes as they say.
+    prediction = Predict(Routed(config, measurement->routing), predict_options);
+    if (!prediction.ok()) return prediction.status();
+    for (VariantPrediction& predicted : prediction->variants) {
+      for (const runtime::VariantMeasurement& v : measurement->variants) {
+        if (v.variant.Name() != predicted.variant.Name() || v.step.routing.empty() ||
+            v.step.routing == measurement->routing) {
+          continue;
+        }
+        PredictOptions step_options = predict_options;
+        step_options.variants = {v.variant};
+        absl::StatusOr<Prediction> step =
+            Predict(Routed(config, v.step.routing), step_options);
+        if (!step.ok()) return step.status();
+        predicted.peak = step->variants[0].peak;
+        predicted.peak_reserved_bytes = step->variants[0].peak_reserved_bytes;
+        predicted.peak_unavailable = step->variants[0].peak_unavailable;
+        predicted.timeline = step->variants[0].timeline;
+      }
+    }
+  }
 
   const Prediction& p = *prediction;
   const runtime::Measurement& m = *measurement;

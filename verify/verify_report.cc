@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "estimator/graph/family.h"
 #include "estimator/report/report.h"
 #include "estimator/graph/rules.h"
@@ -187,6 +188,26 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
   doc.AddMember("predicted", predicted, a);
   doc.AddMember("ratio", ratio, a);
   doc.AddMember("max_grad_diff_per_variant", grad_diff, a);
+  if (!m.routing.empty()) {
+    // The eager experts' routing the prediction took from the runtime: the forwards'
+    // (saved and held bytes) and each variant's whole step's (its peak).
+    auto rows_json = [&](const std::vector<std::vector<int64_t>>& rows) {
+      rapidjson::Value layers(rapidjson::kArrayType);
+      for (const std::vector<int64_t>& row : rows) {
+        rapidjson::Value counts(rapidjson::kArrayType);
+        for (int64_t n : row) counts.PushBack(rapidjson::Value(n), a);
+        layers.PushBack(counts, a);
+      }
+      return layers;
+    };
+    rapidjson::Value routing(rapidjson::kObjectType), steps(rapidjson::kObjectType);
+    routing.AddMember("forward", rows_json(m.routing), a);
+    for (const runtime::VariantMeasurement& v : m.variants) {
+      if (!v.step.routing.empty()) steps.AddMember(Key(v.variant.Name(), a), rows_json(v.step.routing), a);
+    }
+    routing.AddMember("steps", steps, a);
+    doc.AddMember("measured_routing", routing, a);
+  }
   if (!r.witness.empty()) {
     // The real stack's step (verify/witness.py), by bucket, and the releases it ran.
     rapidjson::Value witness(rapidjson::kObjectType), buckets(rapidjson::kObjectType);
@@ -217,6 +238,25 @@ std::string VerifyTable(const VerifyReport& r) {
       OptimizerName(r.measurement.optimizer.kind),
       r.measurement.optimizer.master_weights ? " with fp32 master weights" : "",
       r.measurement.torch_version);
+  if (!r.measurement.routing.empty()) {
+    // The eager experts' sizes are the routing: say it was the runtime's own.
+    auto rows_text = [](const std::vector<std::vector<int64_t>>& rows) {
+      std::vector<std::string> layers;
+      for (const std::vector<int64_t>& row : rows) layers.push_back(absl::StrJoin(row, ","));
+      return absl::StrJoin(layers, " | ");
+    };
+    absl::StrAppend(&out,
+                    "eager experts, predicted with the runtime's own routing (tokens per "
+                    "expert, layer by layer; each step routes on the parameters the steps "
+                    "before it moved):\n",
+                    absl::StrFormat("  %-17s %s\n", "forwards", rows_text(r.measurement.routing)));
+    for (const runtime::VariantMeasurement& v : r.measurement.variants) {
+      if (v.step.routing.empty()) continue;
+      absl::StrAppendFormat(&out, "  %-17s %s\n", absl::StrCat(v.variant.Name(), "'s step"),
+                            rows_text(v.step.routing));
+    }
+    out += "\n";
+  }
   // With --witness=transformers a third column: the real stack's step (verify/witness.py).
   const bool witness = !r.witness.empty();
   absl::StrAppendFormat(&out, "%-34s %16s %16s %s%10s %12s\n", "bucket", "predicted", "measured",
