@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/block_graph.h"
@@ -47,8 +48,39 @@ FlashSplits FlashSplitsFor(int64_t t);
 // weight's is its owner's, the prologue's).
 using ParameterKey = std::pair<int64_t, int>;
 
-// Grads are the engine's input buffers of one segment's backward, by tensor.
-using Buffers = std::map<int, Handle>;
+// Buffers are the engine's input buffers of one segment's backward, by tensor: a few at
+// a time, so a flat list searched in order rather than a tree of heap nodes (the step
+// simulation's cost is mostly such bookkeeping).
+class Buffers {
+ public:
+  using Entry = std::pair<int, Handle>;
+  using iterator = std::vector<Entry>::iterator;
+  iterator end() { return entries_.end(); }
+  iterator find(int tensor) {
+    return std::find_if(entries_.begin(), entries_.end(),
+                        [tensor](const Entry& e) { return e.first == tensor; });
+  }
+  // emplace adds `grad` for `tensor` unless it has one: {where it is, whether added}.
+  std::pair<iterator, bool> emplace(int tensor, const Handle& grad) {
+    if (iterator it = find(tensor); it != end()) return {it, false};
+    entries_.emplace_back(tensor, grad);
+    return {entries_.end() - 1, true};
+  }
+  void erase(iterator it) { entries_.erase(it); }
+  // ByTensor: the entries in tensor order.
+  std::vector<Entry> ByTensor() const {
+    std::vector<Entry> sorted = entries_;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const Entry& a, const Entry& b) { return a.first < b.first; });
+    return sorted;
+  }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+// Ids are a few storages' Memory ids (an op's temporaries, its outputs), kept inline.
+using Ids = absl::InlinedVector<int, 8>;
 
 class Simulation {
  public:
@@ -170,7 +202,7 @@ class Simulation {
     }
     return false;
   }
-  void LeadingTemporaries(const OpDef& op, const Instance& inst, std::vector<int>* prelude);
+  void LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* prelude);
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);

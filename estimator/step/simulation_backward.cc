@@ -666,7 +666,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
     Accumulate(outer, kLayerInputKey, input_grad->second);
     inner.erase(input_grad);
   }
-  for (auto& [tensor, grad] : inner) {
+  for (const auto& [tensor, grad] : inner.ByTensor()) {
     const TensorDef& def = graph.tensors[tensor];
     if (!def.is_parameter) continue;
     AccumulateGrad(KeyOf(inst, tensor), TensorOf(inst, tensor).layout, grad);

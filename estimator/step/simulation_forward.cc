@@ -17,8 +17,7 @@ FlashSplits FlashSplitsFor(int64_t t) {
 // LeadingTemporaries: what an op's Python statement or ATen composite makes before its
 // result (profiled: the eager experts' no-grad statements, SDPA's mask conversion), the
 // survivors added to `prelude`, which dies after the op.
-void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst,
-                                   std::vector<int>* prelude) {
+void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* prelude) {
   switch (op.type) {
     case OpType::kOneHot: {
       // one_hot's aminmax of the indices: two 0-dim int64 tensors, read and freed.
@@ -210,7 +209,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     const bool stop_here = pass.early_stop && static_cast<int>(i) == plan.last_pack_op;
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
-    std::vector<int> prelude;
+    Ids prelude;
     // mul.Tensor with a wrapped Python number: the wrapped number is its output 1, which
     // MulBackward0 keeps; its conversion dies in the op.
     int wrapped_number = -1;
@@ -260,7 +259,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
     }
     if (!replayed) LeadingTemporaries(op, inst, &prelude);
-    std::vector<int> made;
+    Ids made;
     if (stop_here && !plan.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
       return StopRecompute(inst, local, output);

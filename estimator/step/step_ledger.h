@@ -66,13 +66,16 @@ inline bool SameLayout(const Layout& a, const Layout& b) {
 // NonOverlappingAndDense is ATen's is_non_overlapping_and_dense: some order of the
 // dimensions makes the layout contiguous.
 inline bool NonOverlappingAndDense(const Layout& layout) {
-  std::vector<int> dims(layout.ndim);
-  std::iota(dims.begin(), dims.end(), 0);
-  std::sort(dims.begin(), dims.end(), [&](int a, int b) {
-    return layout.strides[a] < layout.strides[b];
-  });
+  // The dimensions by stride, a stable insertion sort (at most kMaxDims; no heap).
+  std::array<int, Layout::kMaxDims> dims{};
+  for (int i = 0; i < layout.ndim; ++i) {
+    int j = i;
+    for (; j > 0 && layout.strides[dims[j - 1]] > layout.strides[i]; --j) dims[j] = dims[j - 1];
+    dims[j] = i;
+  }
   int64_t expected = 1;
-  for (int d : dims) {
+  for (int n = 0; n < layout.ndim; ++n) {
+    const int d = dims[n];
     if (layout.sizes[d] == 1) continue;
     if (layout.strides[d] != expected) return false;
     expected *= layout.sizes[d];
@@ -151,6 +154,7 @@ class Memory {
          bool expandable_segments = false, CudaBlocks blocks = CudaBlocks::kAllocator)
       : out_(out), record_(record), cuda_(cuda), optimizer_(optimizer) {
     if (cuda && blocks == CudaBlocks::kAllocator) allocator_.emplace(expandable_segments);
+    storages_.reserve(2048);  // a short model's step makes about this many
   }
 
   // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the
