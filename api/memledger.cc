@@ -466,6 +466,9 @@ struct SearchKeys {
               if (key == "planned_layouts") {
                 return IntegerKey(key, value, &search.planned_layouts);
               }
+              if (key == "checked_layouts") {
+                return IntegerKey(key, value, &search.checked_layouts);
+              }
               if (key == "top") return IntegerKey(key, value, &top);
               if (key == "mfu") return NumberKey(key, value, &search.mfu);
               if (key == "gpu") return StringKey(key, value, &search.gpu);

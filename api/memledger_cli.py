@@ -27,7 +27,7 @@ except ImportError:
 INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
             "zero", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
-            "max_virtual_stages", "threads", "top", "planned_layouts"}
+            "max_virtual_stages", "threads", "top", "planned_layouts", "checked_layouts"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
            "flops_per_second"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
@@ -54,7 +54,7 @@ OWN = {
     "predict": {"explain", "sweep", "budget_gib", "cpu_threads"},
     "plan": {"budget_gib", "frontier_points", "cpu_threads", "flops_per_second"},
     "search": {"gpus", "gpus_per_node", "global_batch", "max_virtual_stages", "threads",
-               "top", "gpu", "gpu_memory_gib", "mfu", "planned_layouts"},
+               "top", "gpu", "gpu_memory_gib", "mfu", "planned_layouts", "checked_layouts"},
 }
 RUN_KEYS = (INTEGERS | NUMBERS | BOOLEANS | STRINGS) - set().union(*OWN.values())
 GROUPS = [
@@ -71,7 +71,7 @@ GROUPS = [
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
                 "cpu_threads", "gpu (search)", "gpu_memory_gib (search)",
-                "mfu (search)", "threads (search)"]),
+                "mfu (search)", "threads (search)", "checked_layouts (search)"]),
     ("output", ["format (json or table; csv or jsonl with --sweep)", "json_out",
                 "explain (predict)", "timeline_svg", "snapshot_out (predict)",
                 "plan_out (plan)", "frontier_svg (plan)", "top (search)",

@@ -33,6 +33,11 @@ struct Shape {
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
 };
 
+Shape ShapeOf(const SearchedLayout& l) {
+  return Shape{l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.micro_batches,
+               l.virtual_stages};
+}
+
 std::vector<int64_t> Divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n / d; ++d) {
@@ -123,7 +128,10 @@ class Search {
   // recompute (for the MFU).
   Search(const RunRequest& request, const RunSpec& base, const SearchOptions& options,
          double model_flops)
-      : request_(request), base_(base), options_(options), model_flops_(model_flops) {}
+      : request_(request), base_(base), options_(options), model_flops_(model_flops),
+        cuda_(base.config.device == Device::kCuda),
+        allocatable_(options.budget_bytes -
+                     (cuda_ ? base.config.cuda_context_bytes : int64_t{0})) {}
 
   // Evaluate predicts the shape's ranks: the bound for every variant, then the peaks of
   // those the bound lets fit (`simulate_all`: of every variant, for the smallest-peak
@@ -150,6 +158,8 @@ class Search {
     options.optimizer = base_.optimizer;
     options.variants = base_.variants;
     options.peak = false;
+    // On CUDA first as requests (Check replays the best through the allocator).
+    options.cuda_blocks = CudaBlocks::kRequests;
     absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
     if (!ranks.ok()) {
       out.invalid = static_cast<int64_t>(n);
@@ -169,7 +179,7 @@ class Search {
         bound = std::max(bound, kind.param_bytes + kind.optimizer_state_bytes +
                                     kind.variants[v].held.saved_bytes);
       }
-      if (bound <= options_.budget_bytes || simulate_all) {
+      if (bound <= allocatable_ || simulate_all) {
         maybe.push_back(v);
       } else {
         ++out.too_big;
@@ -205,15 +215,19 @@ class Search {
         ++out.unmodelled;
         continue;
       }
-      if (peak > options_.budget_bytes) {
+      if (peak > allocatable_) {
         ++out.too_big;
-        out.smallest_peak = std::min(out.smallest_peak, peak);
+        out.smallest_peak = std::min(out.smallest_peak, peak + (options_.budget_bytes - allocatable_));
         continue;
       }
       absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, *peaks, *loaded, peak);
       if (!layout.ok()) {
         ++out.invalid;
         continue;
+      }
+      if (cuda_) {
+        layout->checked = false;
+        layout->device_bytes = peak + (options_.budget_bytes - allocatable_);
       }
       out.fits.push_back(*std::move(layout));
     }
@@ -320,18 +334,54 @@ class Search {
     options.variants = {plan};
     absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
     if (!ranks.ok()) return ranks.status();
+    // On CUDA the planner replayed its plan through the allocator, and so does this.
+    std::optional<SearchedLayout> layout = Replayed(shape, spec->config, plan, *ranks);
+    if (!layout.has_value() || layout->device_bytes > options_.budget_bytes) return std::nullopt;
+    return layout;
+  }
+
+  // Check replays `layout` (a standard variant's, found as requests) through the caching
+  // allocator's simulation: the layout as its ranks' blocks and reserved peaks say, or
+  // nullopt when they do not fit (or have no peak).
+  absl::StatusOr<std::optional<SearchedLayout>> Check(const SearchedLayout& found) const {
+    const Shape shape = ShapeOf(found);
+    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(RequestFor(shape));
+    if (!spec.ok()) return spec.status();
+    PredictOptions options;
+    options.attention = base_.attention;
+    options.optimizer = base_.optimizer;
+    options.variants = {found.checkpoint};
+    absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
+    if (!ranks.ok()) return ranks.status();
+    std::optional<SearchedLayout> layout =
+        Replayed(shape, spec->config, found.checkpoint, *ranks);
+    if (!layout.has_value() || layout->device_bytes > options_.budget_bytes) return std::nullopt;
+    return layout;
+  }
+
+ private:
+  // Replayed is the layout of `ranks` (one variant, simulated): its most loaded rank's
+  // peak and, on CUDA, its ranks' largest reserved peak and device bytes (checked).
+  std::optional<SearchedLayout> Replayed(const Shape& shape, const ModelConfig& config,
+                                         const Variant& variant,
+                                         const RanksPrediction& ranks) const {
     const RankKind* loaded = nullptr;
-    int64_t peak = -1;
-    for (const RankKind& kind : ranks->kinds) {
+    int64_t peak = -1, reserved = 0;
+    for (const RankKind& kind : ranks.kinds) {
       const VariantPrediction& held = kind.variants[0].held;
       if (!held.peak.has_value()) return std::nullopt;
+      reserved = std::max(reserved, held.peak_reserved_bytes);
       if (held.peak->bytes > peak) {
         peak = held.peak->bytes;
         loaded = &kind;
       }
     }
-    absl::StatusOr<SearchedLayout> layout = Layout(shape, spec->config, plan, *ranks, *loaded, peak);
-    if (!layout.ok()) return layout.status();
+    absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, ranks, *loaded, peak);
+    if (!layout.ok()) return std::nullopt;
+    if (cuda_) {
+      layout->peak_reserved_bytes = reserved;
+      layout->device_bytes = reserved + config.cuda_context_bytes;
+    }
     return std::optional<SearchedLayout>(*std::move(layout));
   }
 
@@ -356,6 +406,10 @@ class Search {
   const RunSpec& base_;
   const SearchOptions& options_;
   const double model_flops_;
+  const bool cuda_;
+  // allocatable_: what a rank's allocated peak may reach: the budget, less the CUDA
+  // context on CUDA.
+  const int64_t allocatable_;
 };
 
 // ForEach runs fn(i) for i in [0, n) over `threads` threads.
@@ -400,19 +454,64 @@ absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request) {
         "--planned_layouts must be between 0 and 64, got ", request.planned_layouts));
   }
   options.planned_layouts = request.planned_layouts;
+  if (request.checked_layouts < 0 || request.checked_layouts > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checked_layouts must be between 0 and 4096, got ", request.checked_layouts));
+  }
+  options.checked_layouts = request.checked_layouts;
   options.fixed = request.fixed;
   return options;
 }
 
+namespace {
+
+// CheckBest replays the best unchecked layouts through the caching allocator, a few at
+// a time in parallel, until options.checked_layouts fit (a planned layout counts: its
+// plan was replayed so); those that do not fit are dropped.
+absl::Status CheckBest(const Search& search, const SearchOptions& options, int threads,
+                       SearchResult* result) {
+  std::vector<SearchedLayout>& layouts = result->layouts;
+  int64_t fitting = 0;
+  size_t next = 0;
+  while (fitting < options.checked_layouts && next < layouts.size()) {
+    // The next batch: as many unchecked layouts as are still needed (at least one per
+    // thread), in rank order.
+    std::vector<size_t> batch;
+    for (; next < layouts.size() &&
+           static_cast<int64_t>(batch.size()) <
+               std::max<int64_t>(threads, options.checked_layouts - fitting);
+         ++next) {
+      if (layouts[next].checked) {
+        ++fitting;
+        if (fitting >= options.checked_layouts) break;
+        continue;
+      }
+      batch.push_back(next);
+    }
+    std::vector<absl::StatusOr<std::optional<SearchedLayout>>> checked(batch.size());
+    ForEach(batch.size(), threads, [&](size_t i) { checked[i] = search.Check(layouts[batch[i]]); });
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!checked[i].ok()) return checked[i].status();
+      ++result->checked;
+      if (checked[i]->has_value()) {
+        layouts[batch[i]] = **checked[i];
+        ++fitting;
+      } else {
+        layouts[batch[i]].peak_bytes = -1;  // dropped below
+        ++result->dropped_when_checked;
+      }
+    }
+  }
+  layouts.erase(std::remove_if(layouts.begin(), layouts.end(),
+                               [](const SearchedLayout& l) { return l.peak_bytes < 0; }),
+                layouts.end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
                                            const SearchOptions& options) {
-  if (request.device != "cpu") {
-    // Its ranks' peaks compose from short models' stretches, which a CUDA step's
-    // allocator blocks do not.
-    return absl::InvalidArgumentError(
-        "--device=cuda: the layout search is not modelled on cuda yet (its ranks' peaks "
-        "are composed from short models, which the caching allocator's blocks are not)");
-  }
   if (options.gpus < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--gpus must be >= 1, got ", options.gpus));
   }
@@ -595,6 +694,18 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     if (p->has_value()) result.layouts.push_back(**std::move(p));
   }
   std::sort(result.layouts.begin(), result.layouts.end(), by_time);
+  result.cuda = base->config.device == Device::kCuda;
+  if (result.cuda) {
+    result.outside_allocator_bytes = base->config.cuda_context_bytes;
+    if (absl::Status s = CheckBest(search, options, threads, &result); !s.ok()) return s;
+    if (result.layouts.empty()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no layout of ", options.gpus, " GPUs fits ", HumanBytes(options.budget_bytes),
+          " per GPU once the caching allocator's reserve is replayed (", result.dropped_when_checked,
+          " fitted as requests and were dropped)"));
+    }
+    std::sort(result.layouts.begin(), result.layouts.end(), by_time);
+  }
   int64_t lowest = std::numeric_limits<int64_t>::max();
   for (SearchedLayout& layout : result.layouts) {
     layout.front = layout.peak_bytes < lowest;

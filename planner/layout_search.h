@@ -61,6 +61,11 @@ struct SearchOptions {
   // that bound, are also planned per stage (planner/stage_planner.h) within the budget;
   // a plan (checkpoint "plan", its runs in `flags`' --plan) joins the ranking. 0: none.
   int64_t planned_layouts = 2;
+  // checked_layouts: on --device=cuda, the best layouts replayed through the caching
+  // allocator's simulation until this many fit their device's memory (reserved peak plus
+  // the CUDA context); those that do not are dropped. Every layout is first found with
+  // its storages counted as requests, several times cheaper. 0: none checked.
+  int64_t checked_layouts = 10;
 };
 
 // SearchRequest is the search's own flags (//planner:search's, the C ABI's keys) before
@@ -76,6 +81,7 @@ struct SearchRequest {
   int64_t threads = 0;
   LayoutConstraints fixed;
   int64_t planned_layouts = 2;
+  int64_t checked_layouts = 10;
 };
 
 // SearchOptionsFrom: InvalidArgument naming the flag for an unknown GPU, a budget that
@@ -98,6 +104,16 @@ struct SearchedLayout {
   double mfu = 0;
   bool front = false;  // no faster layout has a lower peak
   std::string flags;   // predict's and verify's flags for this layout
+  // On --device=cuda, peak_bytes is the most loaded rank's max_memory_allocated().
+  // checked: its ranks were replayed through the caching allocator's simulation
+  // (--expandable_segments as given): peak_reserved_bytes is their largest reserved
+  // peak and device_bytes that plus the CUDA context, within the budget. Unchecked, its
+  // storages were counted as requests (CudaBlocks::kRequests: the allocated bytes
+  // exactly with expandable segments, a lower bound without), the context added; the
+  // allocator may reserve more. Always checked on the CPU.
+  bool checked = true;
+  int64_t peak_reserved_bytes = 0;
+  int64_t device_bytes = 0;
 };
 
 struct SearchResult {
@@ -118,6 +134,13 @@ struct SearchResult {
   // smallest_peak_bytes: when nothing fits, the smallest peak any candidate has (what
   // the budget would need); else 0.
   int64_t smallest_peak_bytes = 0;
+  // On --device=cuda: the CUDA context's bytes, outside the allocator (in every
+  // layout's device bytes); how many layouts the allocator's replay checked, and how
+  // many of those it dropped (their reserved peak and the context above the budget).
+  bool cuda = false;
+  int64_t outside_allocator_bytes = 0;
+  int64_t checked = 0;
+  int64_t dropped_when_checked = 0;
 };
 
 // SearchLayouts: InvalidArgument for bad options (naming the flag: gpus not a multiple

@@ -44,6 +44,11 @@ ABSL_FLAG(int64_t, planned_layouts, 2,
           "per stage within the budget (the checkpoint planner's per-stage plans, "
           "replayed); a plan joins the ranking as checkpoint 'plan', its choices in the "
           "flags' --plan. 0: standard variants only.");
+ABSL_FLAG(int64_t, checked_layouts, 10,
+          "With --device=cuda: the best layouts, found with each storage counted as its "
+          "request (exact allocated bytes with expandable segments), are replayed through "
+          "the caching allocator's simulation until this many fit the GPU (reserved peak "
+          "plus the CUDA context); those that do not are dropped. 0: none replayed.");
 ABSL_FLAG(std::string, chart_svg, "",
           "Also draw every layout that fits (peak against step time, the budget, the "
           "front) as an SVG chart to this file.");
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
   search.max_virtual_stages = absl::GetFlag(FLAGS_max_virtual_stages);
   search.threads = absl::GetFlag(FLAGS_threads);
   search.planned_layouts = absl::GetFlag(FLAGS_planned_layouts);
+  search.checked_layouts = absl::GetFlag(FLAGS_checked_layouts);
   search.fixed = fixed;
   absl::StatusOr<memledger::SearchOptions> searched = memledger::SearchOptionsFrom(search);
   if (!searched.ok()) return memledger::ReportError(searched.status());

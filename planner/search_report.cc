@@ -66,6 +66,13 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
   doc.AddMember("simulated", r.simulated, a);
   doc.AddMember("planned", r.planned, a);
   doc.AddMember("fitting", static_cast<int64_t>(r.layouts.size()), a);
+  if (r.cuda) {
+    // The first pass counts requests; the best layouts were replayed through the
+    // caching allocator (SearchedLayout::checked).
+    // (The CUDA context is the head's outside_allocator_bytes.)
+    doc.AddMember("checked", r.checked, a);
+    doc.AddMember("dropped_when_checked", r.dropped_when_checked, a);
+  }
   rapidjson::Value layouts(rapidjson::kArrayType);
   for (size_t i = 0; i < r.layouts.size(); ++i) {
     const SearchedLayout& l = r.layouts[i];
@@ -87,6 +94,16 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
     }
     e.AddMember("peak_bytes", l.peak_bytes, a);
     e.AddMember("peak_stage", l.stage, a);
+    if (r.cuda) {
+      e.AddMember("checked", l.checked, a);
+      rapidjson::Value reserved, device;  // null until the allocator's replay
+      if (l.checked) {
+        reserved.SetInt64(l.peak_reserved_bytes);
+        device.SetInt64(l.device_bytes);
+      }
+      e.AddMember("peak_reserved_bytes", reserved, a);
+      e.AddMember("device_bytes", device, a);
+    }
     e.AddMember("step_time_s", l.time.total_s, a);
     rapidjson::Value time(rapidjson::kObjectType);
     for (const auto& [key, value] :
@@ -125,19 +142,35 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
   absl::StrAppendFormat(&out,
                         "%d candidates (layouts x checkpointing): %d fit, %d too big, %d "
                         "refused, %d without a simulated peak; %d layouts simulated; %d "
-                        "planned per stage\n\n",
+                        "planned per stage\n",
                         r.candidates, r.layouts.size(), r.too_big, r.invalid, r.unmodelled,
                         r.simulated, r.planned);
-  absl::StrAppendFormat(&out, "%4s %3s %3s %4s %4s %3s %4s %5s %3s  %-11s %12s %10s %8s %6s\n",
-                        "rank", "tp", "pp", "dp", "zero", "sp", "mbs", "micro", "v",
-                        "checkpoint", "peak", "step", "TFLOP/s", "front");
+  if (r.cuda) {
+    absl::StrAppendFormat(
+        &out,
+        "on cuda: found with each storage counted as its request (allocated bytes with "
+        "expandable segments), then the best replayed through the caching allocator until "
+        "%d fit: %d replayed, %d dropped (reserved + %s of CUDA context above the budget); "
+        "'device' is reserved + context, '-' where not replayed\n",
+        o.checked_layouts, r.checked, r.dropped_when_checked,
+        HumanBytes(r.outside_allocator_bytes));
+  }
+  out += "\n";
+  absl::StrAppendFormat(&out, "%4s %3s %3s %4s %4s %3s %4s %5s %3s  %-11s %12s ", "rank", "tp",
+                        "pp", "dp", "zero", "sp", "mbs", "micro", "v", "checkpoint", "peak");
+  if (r.cuda) absl::StrAppendFormat(&out, "%12s ", "device");
+  absl::StrAppendFormat(&out, "%10s %8s %6s\n", "step", "TFLOP/s", "front");
   for (size_t i = 0; i < r.layouts.size() && i < top; ++i) {
     const SearchedLayout& l = r.layouts[i];
-    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4d %3s %4d %5d %3d  %-11s %12s %10s %8.1f %6s\n",
-                          i + 1, l.tp, l.pp, l.dp, l.zero, l.sp ? "yes" : "no",
-                          l.micro_batch_size, l.micro_batches, l.virtual_stages,
-                          l.checkpoint.Name(), HumanBytes(l.peak_bytes), Seconds(l.time.total_s),
-                          l.tflops_per_gpu, l.front ? "*" : "");
+    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4d %3s %4d %5d %3d  %-11s %12s ", i + 1, l.tp,
+                          l.pp, l.dp, l.zero, l.sp ? "yes" : "no", l.micro_batch_size,
+                          l.micro_batches, l.virtual_stages, l.checkpoint.Name(),
+                          HumanBytes(l.peak_bytes));
+    if (r.cuda) {
+      absl::StrAppendFormat(&out, "%12s ", l.checked ? HumanBytes(l.device_bytes) : "-");
+    }
+    absl::StrAppendFormat(&out, "%10s %8.1f %6s\n", Seconds(l.time.total_s), l.tflops_per_gpu,
+                          l.front ? "*" : "");
   }
   if (r.layouts.size() > top) {
     absl::StrAppendFormat(&out, "... the rest of the %d that fit in the JSON (--format=json)\n",

@@ -145,9 +145,16 @@ using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_
 // the search's definition reads: tp x pp x dp = 4, pp dividing 4 layers, dp x mbs x m =
 // 4, interleaving (v = 2) where each stage's layers and the micro-batches allow, ZeRO
 // 0-3 with dp > 1, sp with tp > 1; returns each variant's most loaded peak.
-std::map<Key, int64_t> BruteForce() {
-  const RunSpec base = *RunSpecFromRequest(Tiny());
-  std::map<Key, int64_t> peaks;
+// RankPeaks: a layout's most loaded allocated peak and, on CUDA, its ranks' largest
+// reserved peak (the caching allocator's simulation).
+struct RankPeaks {
+  int64_t allocated = 0;
+  int64_t reserved = 0;
+};
+
+std::map<Key, RankPeaks> BruteForceOf(const RunRequest& request) {
+  const RunSpec base = *RunSpecFromRequest(request);
+  std::map<Key, RankPeaks> peaks;
   for (int64_t tp : {1, 2, 4}) {
     for (int64_t pp : {1, 2, 4}) {
       if (4 % (tp * pp) != 0) continue;
@@ -176,12 +183,13 @@ std::map<Key, int64_t> BruteForce() {
               absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
               if (!ranks.ok()) continue;
               for (size_t i = 0; i < base.variants.size(); ++i) {
-                int64_t peak = 0;
+                RankPeaks peak;
                 for (const RankKind& kind : ranks->kinds) {
                   const VariantPrediction& held = kind.variants[i].held;
                   EXPECT_TRUE(held.peak.has_value()) << held.peak_unavailable;
                   if (!held.peak.has_value()) continue;
-                  peak = std::max(peak, held.peak->bytes);
+                  peak.allocated = std::max(peak.allocated, held.peak->bytes);
+                  peak.reserved = std::max(peak.reserved, held.peak_reserved_bytes);
                   // The search's bound: parameters, state and the saved tensors in flight
                   // are live together, so they never exceed the peak.
                   EXPECT_LE(kind.param_bytes + kind.optimizer_state_bytes + held.saved_bytes,
@@ -196,6 +204,17 @@ std::map<Key, int64_t> BruteForce() {
     }
   }
   return peaks;
+}
+
+std::map<Key, int64_t> BruteForce() {
+  std::map<Key, int64_t> allocated;
+  for (const auto& [key, peaks] : BruteForceOf(Tiny())) allocated[key] = peaks.allocated;
+  return allocated;
+}
+
+Key KeyOf(const SearchedLayout& l) {
+  return {l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.virtual_stages,
+          l.checkpoint.Name()};
 }
 
 TEST(LayoutSearchTest, KeepsExactlyTheLayoutsThatFitFastestFirst) {
@@ -214,8 +233,7 @@ TEST(LayoutSearchTest, KeepsExactlyTheLayoutsThatFitFastestFirst) {
   std::map<Key, int64_t> found;
   for (const SearchedLayout& l : result.layouts) {
     EXPECT_EQ(l.micro_batches * l.micro_batch_size * l.dp, 4);
-    found[{l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.virtual_stages,
-           l.checkpoint.Name()}] = l.peak_bytes;
+    found[KeyOf(l)] = l.peak_bytes;
   }
   EXPECT_EQ(found, expected);
   EXPECT_EQ(result.too_big, static_cast<int64_t>(all.size() - expected.size()));
@@ -236,6 +254,90 @@ TEST(LayoutSearchTest, KeepsExactlyTheLayoutsThatFitFastestFirst) {
     EXPECT_GT(l.time.compute_s, 0);
     EXPECT_GT(l.tflops_per_gpu, 0);
   }
+}
+
+// On --device=cuda the search counts each storage as its request (rounded to 512 B),
+// then replays the best layouts through the caching allocator's simulation until
+// checked_layouts fit. With expandable segments the allocator splits every block to
+// size, so the requests are its allocated bytes exactly: every layout's peak, checked
+// or not, equals the brute force's replay through the allocator (PredictRanks'
+// default), and each checked one's device bytes are its reserved peak plus the CUDA
+// context.
+TEST(LayoutSearchTest, OnCudaRequestsFindTheLayoutsAndTheAllocatorChecksTheBest) {
+  RunRequest request = Tiny();
+  request.device = "cuda";
+  request.expandable_segments = true;
+  const std::map<Key, RankPeaks> all = BruteForceOf(request);
+  ASSERT_GT(all.size(), 100u);
+  const int64_t context = RunSpecFromRequest(request)->config.cuda_context_bytes;
+  ASSERT_GT(context, 0);
+  SearchOptions options = TinyOptions(int64_t{1} << 30);
+  options.checked_layouts = 6;
+  ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(request, options));
+  EXPECT_TRUE(result.cuda);
+  EXPECT_EQ(result.outside_allocator_bytes, context);
+  EXPECT_EQ(result.layouts.size(), all.size());  // 1 GiB holds every one
+  int64_t checked = 0;
+  for (size_t i = 0; i < result.layouts.size(); ++i) {
+    const SearchedLayout& l = result.layouts[i];
+    const RankPeaks& expected = all.at(KeyOf(l));
+    EXPECT_EQ(l.peak_bytes, expected.allocated) << l.flags;
+    EXPECT_EQ(l.checked, i < 6) << l.flags;  // nothing dropped: the best 6
+    if (!l.checked) continue;
+    ++checked;
+    EXPECT_EQ(l.peak_reserved_bytes, expected.reserved) << l.flags;
+    EXPECT_EQ(l.device_bytes, expected.reserved + context) << l.flags;
+  }
+  EXPECT_EQ(checked, 6);
+  EXPECT_EQ(result.checked, 6);
+  EXPECT_EQ(result.dropped_when_checked, 0);
+}
+
+// Without expandable segments the allocator may reserve more than the requests: a
+// budget that the requests of the fastest layouts fit but their reserve does not drops
+// them, and every layout kept as checked fits by its replay.
+TEST(LayoutSearchTest, OnCudaTheAllocatorsReserveDropsWhatOnlyTheRequestsFit) {
+  RunRequest request = Tiny();
+  request.device = "cuda";
+  // Long enough that the layouts' blocks leave the small pool (1 MiB and under) and
+  // their reserves differ.
+  request.seq = 8192;
+  const std::map<Key, RankPeaks> all = BruteForceOf(request);
+  const int64_t context = RunSpecFromRequest(request)->config.cuda_context_bytes;
+  SearchOptions roomy = TinyOptions(int64_t{1} << 30);
+  roomy.checked_layouts = 0;
+  ASSERT_OK_AND_ASSIGN(SearchResult unchecked, SearchLayouts(request, roomy));
+  // A budget that the fastest layout's requests fit and its reserve does not
+  // (reserved >= allocated >= requests), and that at least 4 layouts' reserve fits: the
+  // largest such device size of some layout.
+  const SearchedLayout& fastest = unchecked.layouts.front();
+  EXPECT_FALSE(fastest.checked);
+  const int64_t fastest_device = all.at(KeyOf(fastest)).reserved + context;
+  int64_t budget = -1;
+  for (const auto& [key, peaks] : all) {
+    const int64_t device = peaks.reserved + context;
+    if (device >= fastest_device || fastest.peak_bytes + context > device) continue;
+    int64_t fitting = 0;
+    for (const auto& [other, other_peaks] : all) fitting += other_peaks.reserved + context <= device;
+    if (fitting >= 4) budget = std::max(budget, device);
+  }
+  ASSERT_GT(budget, 0) << "no budget between the fastest layout's requests and reserve";
+  SearchOptions options = TinyOptions(budget);
+  options.checked_layouts = 4;
+  ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(request, options));
+  EXPECT_GE(result.dropped_when_checked, 1);
+  EXPECT_EQ(result.checked, 4 + result.dropped_when_checked);
+  int64_t checked = 0;
+  for (const SearchedLayout& l : result.layouts) {
+    EXPECT_NE(l.flags, fastest.flags);
+    if (!l.checked) continue;
+    const RankPeaks& expected = all.at(KeyOf(l));
+    EXPECT_EQ(l.peak_bytes, expected.allocated) << l.flags;
+    EXPECT_EQ(l.device_bytes, expected.reserved + context) << l.flags;
+    EXPECT_LE(l.device_bytes, budget) << l.flags;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 TEST(LayoutSearchTest, ConstraintsKeepTheLayoutsThatMeetThem) {

@@ -67,6 +67,47 @@ TEST(SearchCliTest, LayoutsReproduceWithPredict) {
   }
 }
 
+// On --device=cuda the best layouts are replayed through the caching allocator: each
+// checked one's flags (--device=cuda among them) make predict say its allocated peak,
+// and its device bytes are predict's reserved peak plus the CUDA context outside the
+// allocator; the others say null.
+TEST(SearchCliTest, OnCudaTheCheckedLayoutsReproduceWithPredict) {
+  CommandResult r = Search(std::string(kTiny) + "--device=cuda --checked_layouts=3", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["checked"].GetInt64(), 3);
+  EXPECT_EQ(doc["dropped_when_checked"].GetInt64(), 0);
+  const int64_t outside = doc["outside_allocator_bytes"]["cuda_context"].GetInt64();
+  EXPECT_GT(outside, 0);
+  const rapidjson::Value& layouts = doc["layouts"];
+  ASSERT_GT(layouts.Size(), 3u);
+  for (rapidjson::SizeType i = 0; i < 4; ++i) {
+    const rapidjson::Value& l = layouts[i];
+    const std::string flags = l["flags"].GetString();
+    if (i == 3) {
+      EXPECT_FALSE(l["checked"].GetBool()) << flags;
+      EXPECT_TRUE(l["device_bytes"].IsNull()) << flags;
+      continue;
+    }
+    ASSERT_TRUE(l["checked"].GetBool()) << flags;
+    EXPECT_NE(flags.find("--device=cuda"), std::string::npos) << flags;
+    CommandResult p = RunCommand("estimator/predict " + flags, false);
+    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
+    rapidjson::Document predicted;
+    predicted.Parse(p.output.c_str());
+    ASSERT_FALSE(predicted.HasParseError()) << p.output;
+    const char* variant = l["checkpoint"].GetString();
+    EXPECT_EQ(predicted["peak_bytes"][variant].GetInt64(), l["peak_bytes"].GetInt64()) << flags;
+    EXPECT_EQ(predicted["peak_reserved_bytes"][variant].GetInt64(),
+              l["peak_reserved_bytes"].GetInt64())
+        << flags;
+    EXPECT_EQ(predicted["outside_allocator_bytes"]["cuda_context"].GetInt64(), outside);
+    EXPECT_EQ(l["device_bytes"].GetInt64(), l["peak_reserved_bytes"].GetInt64() + outside);
+  }
+}
+
 // Where no layout fits without checkpoints, the fastest are also planned per stage: a
 // plan (layers that differ in checkpointing) joins the ranking with its choices inline in
 // the flags. Each plan reproduces with predict, and the best on 4 Gloo ranks in
@@ -182,8 +223,8 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--micro_batches follows from the layout"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --tp=3", "fits no layout of 4 GPUs with"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu=v100", "--gpu must be one of"},
-        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --device=cuda",
-             "not modelled on cuda yet"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --device=cuda --checked_layouts=-1",
+             "--checked_layouts must be between 0 and 4096"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --mfu=2", "--mfu must be in"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --gpu_memory_gib=-1",
              "--gpu_memory_gib must be"},

@@ -233,6 +233,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"expandable_segments", "device"}, {"cuda_context_mib", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
     {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
+    {"checked_layouts", "device"},
     {"witness", "verification"}, {"witness_python", "verification"},
     {"grad_tolerance", "verification"}, {"skip_timing", "verification"},
     {"format", "output"},        {"json_out", "output"},      {"timeline_svg", "output"},

@@ -577,6 +577,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
   if (options.peak) {
     StepOptions step;
     step.cpu_threads = options.cpu_threads;
+    step.cuda_blocks = options.cuda_blocks;
     step.record_events = options.timeline;
     step.rules = options.rules;
     absl::StatusOr<StepSimulator> created =

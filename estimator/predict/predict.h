@@ -50,6 +50,11 @@ struct PredictOptions {
   // cpu_threads: LibTorch's intra-op threads, which size CPU kernels' workspaces (a few
   // KiB); the runtime uses min(4, cores).
   int cpu_threads = 1;
+  // cuda_blocks: how a --device=cuda peak counts its storages (StepOptions::cuda_blocks):
+  // the caching allocator's blocks, with the reserved peak (the default), or requests
+  // rounded to 512 B, max_memory_allocated() with expandable segments and a lower bound
+  // without, several times cheaper (the layout search's first pass).
+  CudaBlocks cuda_blocks = CudaBlocks::kAllocator;
 };
 
 // BlockKind is one kind of block in the stack, and how many blocks are of it.

@@ -116,6 +116,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   if (absl::Status s = RankStepModelled(config, parallel); !s.ok()) return unavailable(s);
   StepOptions step;
   step.cpu_threads = options.cpu_threads;
+  step.cuda_blocks = options.cuda_blocks;
   step.record_events = options.timeline;  // the events only for a timeline's drawing
   step.rules = options.rules;
   step.rank = {parallel, kind->stage, kind->chunks};
