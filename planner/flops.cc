@@ -68,7 +68,13 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
       return f;
     }
     case OpType::kFlashAttentionMasked:  // the kernel computes every block, masked or not
-    case OpType::kFlashAttention: {  // q (B, H, T, d)
+    case OpType::kFlashAttention:        // q (B, H, T, d)
+    // The CUDA kernels (FlashAttention-2, the memory-efficient one, cuDNN's) skip the
+    // blocks above the causal diagonal as the CPU kernel does.
+    case OpType::kCudaFlashAttention:
+    case OpType::kEfficientAttention:
+    case OpType::kEfficientAttentionMasked:
+    case OpType::kCudnnAttention: {
       const CheckedInt64 b = size(op.inputs[0], 0), h = size(op.inputs[0], 1),
                          t = size(op.inputs[0], 2), d = size(op.inputs[0], 3);
       f.forward = CheckedInt64(2) * b * h * d * t * (t + 1);

@@ -71,6 +71,23 @@ TEST(FlopsTest, StudyBlockByHand) {
   EXPECT_EQ(matmul, forward - (24 * n * d * d + 9 * n * d));
 }
 
+// On --device=cuda the attention is SDPA's CUDA kernel (fp32: the memory-efficient one;
+// bf16: cuDNN's on sm90), which counts as the CPU's flash kernel does: the same study
+// block by hand as above.
+TEST(FlopsTest, OnCudaTheAttentionKernelsCountAsFlash) {
+  const int64_t n = 16 * 64, d = 128, b = 16, t = 64;
+  const int64_t forward = 24 * n * d * d + 25 * n * d + 2 * b * d * t * (t + 1);
+  const int64_t backward = 48 * n * d * d + 41 * n * d + 5 * b * d * t * (t + 1);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    ModelConfig config;
+    config.device = Device::kCuda;
+    config.dtype = dtype;
+    ASSERT_OK_AND_ASSIGN(StepFlops flops, CountStepFlops(config, AttentionMode::kFlash));
+    EXPECT_EQ(flops.layer_forward, forward) << DTypeName(dtype);
+    EXPECT_EQ(flops.layer_backward, backward) << DTypeName(dtype);
+  }
+}
+
 // Replayer replays plans of one model in the step simulation (every layer, no
 // composition): the independent peak the planner's composed one is compared with.
 // A plan that checkpoints no layer keeps transformers' DynamicCache (use_cache): it is
