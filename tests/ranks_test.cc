@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "estimator/spec/config.h"
 #include "estimator/step/liveness.h"
 #include "estimator/request/model_presets.h"
@@ -258,6 +259,80 @@ TEST(PredictRanksTest, InterleavedPeakOfManyMicroBatchesEqualsTheWholeReplay) {
       }
     }
   }
+}
+
+// A rank's step without events is composed from its chunks replayed short (2k + 3
+// layers for every_k, 5 otherwise), pass by pass, and the real rank's reduction; with
+// events (a timeline) it is replayed whole. The two peaks agree in bytes, categories,
+// phase and op over the families, data parallelism with ZeRO 0-2, micro-batches, 1F1B
+// stages, the variants, autocast, master weights and the optimizers' implementations.
+TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
+  struct Case {
+    const char* model;
+    int64_t layers, pp, micro_batches, dp, zero;
+    DType dtype, amp;
+    OptimizerSpec optimizer;
+  };
+  OptimizerSpec adamw, foreach_adamw, masters, sgd;
+  foreach_adamw.impl = OptimizerImpl::kForeach;
+  masters.master_weights = true;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.momentum = 0.9;
+  const DType fp32 = DType::kFloat32, bf16 = DType::kBFloat16;
+  int compared = 0;
+  for (const Case& c : {
+           Case{"tiny-llama", 12, 1, 1, 2, 1, fp32, fp32, adamw},
+           Case{"tiny-llama", 13, 1, 3, 1, 0, fp32, bf16, adamw},
+           Case{"tiny-llama", 24, 2, 4, 2, 2, fp32, bf16, foreach_adamw},
+           Case{"tiny-llama", 30, 3, 5, 2, 1, bf16, fp32, masters},
+           Case{"tiny-llama", 40, 4, 8, 1, 0, fp32, fp32, sgd},
+           Case{"tiny-llama", 27, 3, 2, 3, 2, bf16, fp32, masters},
+           Case{"tiny-gpt2", 16, 2, 3, 2, 0, fp32, fp32, foreach_adamw},
+           Case{"tiny-gpt2", 21, 1, 2, 2, 1, fp32, bf16, adamw},
+           Case{"tiny-qwen3", 18, 2, 4, 2, 1, fp32, fp32, adamw},
+       }) {
+    SCOPED_TRACE(::testing::Message() << c.model << " L" << c.layers << " pp " << c.pp << " m "
+                                      << c.micro_batches << " dp " << c.dp << " zero "
+                                      << c.zero);
+    ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.model));
+    config.layers = c.layers;
+    config.batch = 2;
+    config.seq = 8;
+    config.dtype = c.dtype;
+    config.amp = c.amp;
+    PredictOptions options = Variants("none,full,every_2,selective");
+    Variant every3;
+    every3.kind = VariantKind::kEveryK;
+    every3.every = 3;
+    options.variants.push_back(every3);
+    options.optimizer = c.optimizer;
+    options.peak = true;
+    ParallelSpec parallel;
+    parallel.pp = c.pp;
+    parallel.micro_batches = c.micro_batches;
+    parallel.dp = c.dp;
+    parallel.zero = c.zero;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction composed, PredictRanks(config, parallel, options));
+    options.timeline = true;  // every event: the whole step replayed
+    ASSERT_OK_AND_ASSIGN(RanksPrediction whole, PredictRanks(config, parallel, options));
+    ASSERT_EQ(composed.kinds.size(), whole.kinds.size());
+    for (size_t k = 0; k < whole.kinds.size(); ++k) {
+      for (size_t v = 0; v < whole.kinds[k].variants.size(); ++v) {
+        const VariantPrediction& w = whole.kinds[k].variants[v].held;
+        const VariantPrediction& r = composed.kinds[k].variants[v].held;
+        ASSERT_TRUE(w.peak.has_value()) << w.peak_unavailable;
+        ASSERT_TRUE(r.peak.has_value()) << r.peak_unavailable;
+        const std::string what =
+            absl::StrCat("stage ", whole.kinds[k].stage, " ", w.variant.Name());
+        EXPECT_EQ(r.peak->bytes, w.peak->bytes) << what;
+        EXPECT_EQ(r.peak->by_category, w.peak->by_category) << what;
+        EXPECT_EQ(r.peak->phase, w.peak->phase) << what;
+        EXPECT_EQ(r.peak->op, w.peak->op) << what;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 95);  // 9 cases x 5 variants x their stages' kinds
 }
 
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p

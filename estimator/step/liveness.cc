@@ -45,6 +45,7 @@ using liveness_internal::Transposed;
 using liveness_internal::Where;
 using liveness_internal::WhereText;
 using liveness_internal::Simulation;
+using liveness_internal::TapeStretch;
 
 // Composing a long model's peak from a short one's stretches. A layer's forward and
 // backward stretches depend on its own kind (its graph's, and plain or checkpointed) and
@@ -228,6 +229,149 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   return peak;
 }
 
+// ComposeRankPeak is a rank's step composed from its short chunks' tape (each chunk
+// replayed with `short_layers[c]` layers, congruent to its real count mod k, its first
+// layer the real one): the tape's stretches in order, each layer run of a pass walked
+// over the chunk's real layers (their representatives' stretches, the middle periods
+// skipped as ComposePeak does), and the real rank's reduction and optimizer step (its
+// every parameter's) in place of the short one's. The real layers' autocast casts,
+// which the forward's end frees, replace the short ones' in the stretch after each
+// forward run.
+absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
+                                         const StepTimeline& short_timeline,
+                                         const std::vector<TapeStretch>& tape,
+                                         const std::vector<StageRange>& chunks,
+                                         const std::vector<int64_t>& short_layers, int64_t k,
+                                         const SegmentSummary& reduction) {
+  std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
+  int64_t total = short_timeline.resident_bytes;
+  StepPeak peak;
+  peak.bytes = total;
+  peak.by_category = live;
+  std::optional<Where> where;
+  bool overflow = false;
+  auto add = [&](int64_t a, int64_t b) {
+    int64_t sum = 0;
+    overflow = overflow || __builtin_add_overflow(a, b, &sum);
+    return sum;
+  };
+  auto visit = [&](const SegmentSummary& s, int64_t real_layer) {
+    const int64_t top = add(total, s.rise);
+    if (s.has_rise && !overflow && top > peak.bytes) {
+      peak.bytes = top;
+      peak.phase = s.phase;
+      for (int c = 0; c < kNumMemoryCategories; ++c) peak.by_category[c] = add(live[c], s.at_rise[c]);
+      where = s.where;
+      if (real_layer >= 0 && where->segment >= 0) where->segment = real_layer;
+    }
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      live[c] = add(live[c], s.net[c]);
+      total = add(total, s.net[c]);
+    }
+  };
+  // What the forward runs' layers leave only to autocast's cache: the short ones', and
+  // the real ones' that replace them where the cache is cleared.
+  std::array<int64_t, kNumMemoryCategories> short_freed{}, real_freed{};
+  bool pending_freed = false;
+  for (size_t e = 0; e < tape.size();) {
+    const TapeStretch& stretch = tape[e];
+    if (stretch.kind == TapeStretch::Kind::kOptimizer) {
+      visit(reduction, -1);
+      ++e;
+      continue;
+    }
+    if (stretch.kind == TapeStretch::Kind::kOther) {
+      SegmentSummary s = stretch.summary;
+      if (pending_freed) {
+        for (int c = 0; c < kNumMemoryCategories; ++c) {
+          s.net[c] = add(s.net[c], short_freed[c]);
+          int64_t less = 0;
+          overflow = overflow || __builtin_sub_overflow(s.net[c], real_freed[c], &less);
+          s.net[c] = less;
+        }
+        pending_freed = false;
+      }
+      visit(s, -1);
+      ++e;
+      continue;
+    }
+    // A run: one pass's layer stretches of one chunk, consecutive.
+    size_t end = e;
+    while (end < tape.size() && tape[end].kind == stretch.kind && tape[end].pass == stretch.pass) {
+      ++end;
+    }
+    size_t c = 0;
+    while (c < chunks.size() && !(stretch.layer >= chunks[c].first_layer &&
+                                  stretch.layer < chunks[c].first_layer + short_layers[c])) {
+      ++c;
+    }
+    if (c == chunks.size()) return absl::InternalError("a layer stretch outside the chunks");
+    const int64_t first = chunks[c].first_layer, layers = chunks[c].layers,
+                  reduced = short_layers[c];
+    std::vector<const SegmentSummary*> by_layer(static_cast<size_t>(reduced), nullptr);
+    for (size_t i = e; i < end; ++i) {
+      const int64_t rel = tape[i].layer - first;
+      if (rel < 0 || rel >= reduced) return absl::InternalError("a layer run across chunks");
+      by_layer[static_cast<size_t>(rel)] = &tape[i].summary;
+    }
+    for (const SegmentSummary* s : by_layer) {
+      if (s == nullptr) return absl::InternalError("a layer run missing a layer");
+    }
+    const bool forward = stretch.kind == TapeStretch::Kind::kLayerForward;
+    std::array<int64_t, kNumMemoryCategories> freed{};
+    if (forward) {
+      short_freed = {};
+      for (const SegmentSummary* s : by_layer) {
+        for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+          short_freed[cat] = add(short_freed[cat], s->freed_at_forward_end[cat]);
+        }
+      }
+    }
+    // The walk: every real layer in the pass's order, the middle periods after the first
+    // skipped with their net (ComposePeak's argument).
+    const int64_t middle = layers - 2;
+    const int64_t skipped = reduced < layers && middle / k >= 4 ? middle / k - 3 : 0;
+    const int64_t step = forward ? 1 : -1;
+    std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
+    for (int64_t n = 0, rel = forward ? 0 : layers - 1; n < layers; ++n, rel += step) {
+      if (n == k + 1) {
+        period_start = live;
+        period_start_freed = freed;
+      }
+      const SegmentSummary& s =
+          *by_layer[static_cast<size_t>(reduced < layers ? Representative(rel, layers, reduced, k)
+                                                         : rel)];
+      visit(s, first + rel);
+      for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+        freed[cat] = add(freed[cat], s.freed_at_forward_end[cat]);
+      }
+      if (n == 2 * k && skipped > 0) {
+        for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+          int64_t period_net = 0, net = 0, period_freed = 0, more = 0;
+          overflow = overflow ||
+                     __builtin_sub_overflow(live[cat], period_start[cat], &period_net) ||
+                     __builtin_mul_overflow(period_net, skipped, &net) ||
+                     __builtin_sub_overflow(freed[cat], period_start_freed[cat], &period_freed) ||
+                     __builtin_mul_overflow(period_freed, skipped, &more);
+          live[cat] = add(live[cat], net);
+          total = add(total, net);
+          freed[cat] = add(freed[cat], more);
+        }
+        n += skipped * k;
+        rel += skipped * k * step;
+      }
+    }
+    if (forward) {
+      real_freed = freed;
+      pending_freed = true;
+    }
+    e = end;
+  }
+  if (overflow) return absl::OutOfRangeError("the step's live bytes overflow int64");
+  peak.op = where.has_value() ? simulation.Text(*where) : "";
+  return peak;
+}
+
 }  // namespace
 
 absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
@@ -322,6 +466,50 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     if (!peak.ok()) return peak.status();
     timeline.peak = *std::move(peak);
     return std::move(timeline);
+  }
+  // A rank's step (data parallelism, micro-batches, a 1F1B pipeline stage) composes from
+  // its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
+  const ParallelSpec& parallel = options_.rank.parallel;
+  if (!options_.record_events && !allocator && parallel.zero < 3 &&
+      (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
+      !(parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved) &&
+      config_.checkpoint_impl != CheckpointImpl::kReentrant) {
+    const std::vector<StageRange> chunks =
+        parallel.pp > 1 ? options_.rank.chunks : std::vector<StageRange>{WholeModel(config_)};
+    std::vector<StageRange> short_chunks = chunks;
+    std::vector<int64_t> short_layers;
+    bool shorter = false;
+    for (StageRange& chunk : short_chunks) {
+      chunk.layers = ReducedLayers(chunk.layers, variant, period);
+      short_layers.push_back(chunk.layers);
+      shorter = shorter || chunk.layers < chunks[short_layers.size() - 1].layers;
+    }
+    if (shorter) {
+      ModelConfig short_config = config_;
+      StepOptions short_options = options_;
+      if (parallel.pp > 1) {
+        short_options.rank.chunks = short_chunks;
+      } else {
+        short_config.layers = short_layers.front();
+      }
+      Simulation simulation(short_config, variant, optimizer, short_options, &timeline);
+      simulation.set_model_layers(config_.layers);
+      std::vector<TapeStretch> tape;
+      simulation.RecordTape(&tape);
+      if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
+      // The real rank's end: its every parameter's gradient reduced and stepped.
+      absl::StatusOr<StepTimeline> end = ResidentTimeline(config_, resident);
+      if (!end.ok()) return end.status();
+      const Variant none;
+      Simulation reduction(config_, none, optimizer, options_, &*end);
+      if (absl::Status s = reduction.RunReduction(plans); !s.ok()) return s;
+      absl::StatusOr<StepPeak> peak =
+          ComposeRankPeak(simulation, timeline, tape, chunks, short_layers, period,
+                          reduction.segments().optimizer);
+      if (!peak.ok()) return peak.status();
+      timeline.peak = *std::move(peak);
+      return std::move(timeline);
+    }
   }
   StepOptions options = options_;
   if (allocator) {

@@ -100,6 +100,10 @@ class Simulation {
   // set_model_layers: the real model's layer count when this simulation replays a short
   // model for ComposePeak (what is made once for the whole model is the real one's).
   void set_model_layers(int64_t layers) { model_layers_ = layers; }
+  // RecordTape: Run cuts the whole step into `tape`'s consecutive stretches (each layer's
+  // forward and backward per pass, the optimizer's step, the rest between), for a rank's
+  // composed peak (liveness.cc).
+  void RecordTape(std::vector<TapeStretch>* tape) { tape_ = tape; }
   // The step's stretches, for ComposePeak.
   struct Segments {
     SegmentSummary prologue;               // model-level tensors, embeddings
@@ -404,13 +408,22 @@ class Simulation {
     for (const auto& [id, segment] : forward_holds_) {
       if (forward_end && segment >= 0 &&
           segment < static_cast<int64_t>(segments_.forward.size()) && memory_.refs(id) == 1) {
-        segments_.forward[segment].freed_at_forward_end[static_cast<int>(
-            memory_.category(id))] += memory_.bytes(id);
+        const int c = static_cast<int>(memory_.category(id));
+        segments_.forward[segment].freed_at_forward_end[c] += memory_.bytes(id);
+        // On the tape, this pass's stretch of the layer.
+        if (auto entry = forward_entries_.find(segment); entry != forward_entries_.end()) {
+          (*tape_)[entry->second].summary.freed_at_forward_end[c] += memory_.bytes(id);
+        }
       }
       memory_.Unref(id);
     }
     forward_holds_.clear();
   }
+  // The tape the step is cut into (RecordTape), and where on it each layer's stretch of
+  // the current forward pass is.
+  std::vector<TapeStretch>* tape_ = nullptr;
+  std::map<int64_t, size_t> forward_entries_;
+  int64_t passes_ = 0;  // forward and backward passes begun
   // decoder_returns_: run by Forward after the op where the decoder model's forward
   // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
   std::function<void()> decoder_returns_;

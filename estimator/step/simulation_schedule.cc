@@ -76,6 +76,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
     out_->resident[static_cast<int>(MemoryCategory::kInput)] = input_bytes * micro_batches;
   }
   memory_.Begin();
+  if (tape_ != nullptr) memory_.SetTape(tape_);
   // Under 1F1B only the first `simulated` micro-batches are replayed: the warm-up
   // forwards, the first steady iteration (whose backward makes the .grads) and a second
   // one, which every later iteration repeats byte for byte (a forward and a backward;
@@ -134,9 +135,10 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   ParameterOrder(plans);
 
   memory_.SetPhase(StepPhase::kOptimizer);
-  memory_.BeginSegment();
+  memory_.BeginSegment(TapeStretch::Kind::kOptimizer);
   absl::Status status = ReduceAndStep();
   segments_.optimizer = memory_.EndSegment();
+  memory_.FinishTape();
   if (status.ok() && memory_.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
         "the step's live bytes overflow int64 for layers=", config_.layers,
@@ -150,7 +152,8 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   if (graphs.prologue.has_value()) prologue_graph_ = &*graphs.prologue;
   graphs_ = &graphs;
   segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
-  chunks_ = {WholeModel(config_)};
+  chunks_ = options_.rank.parallel.pp > 1 ? options_.rank.chunks
+                                          : std::vector<StageRange>{WholeModel(config_)};
   memory_.Begin();
   ParameterOrder(plans);
   for (const ParameterKey& key : parameter_order_) {
@@ -334,8 +337,10 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   f.checkpoint_inputs.assign(f.range.layers, -1);
   f.rng_states.assign(f.range.layers, -1);
   if (static_cast<int64_t>(segments_.forward.size()) < end) segments_.forward.resize(end);
+  const int64_t pass = passes_++;
+  forward_entries_.clear();
   for (int64_t i = f.range.first_layer; i < end; ++i) {
-    memory_.BeginSegment();
+    memory_.BeginSegment(TapeStretch::Kind::kLayerForward, i, pass);
     Instance& inst = f.layers[i - f.range.first_layer];
     inst.plan = plans.Layer(i);
     inst.segment = i;
@@ -369,6 +374,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     x = y;
     ReleaseUnit(i);
     segments_.forward[i] = memory_.EndSegment();
+    if (tape_ != nullptr) forward_entries_[i] = memory_.tape_size() - 1;
   }
   memory_.BeginSegment();
   if (f.range.head) {
@@ -443,8 +449,9 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   }
   segments_.head_backward = memory_.EndSegment();
   if (static_cast<int64_t>(segments_.backward.size()) < end) segments_.backward.resize(end);
+  const int64_t pass = passes_++;
   for (int64_t i = end - 1; i >= f.range.first_layer && grad.has_value(); --i) {
-    memory_.BeginSegment();
+    memory_.BeginSegment(TapeStretch::Kind::kLayerBackward, i, pass);
     Instance& inst = f.layers[i - f.range.first_layer];
     const BlockGraph& layer = graphs.Layer(i);
     const Handle incoming = *grad;

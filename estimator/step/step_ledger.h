@@ -141,6 +141,17 @@ struct SegmentSummary {
   std::array<int64_t, kNumMemoryCategories> freed_at_forward_end{};
 };
 
+// TapeStretch is one stretch of a step cut into consecutive stretches (Memory::SetTape):
+// a layer's forward or backward in one pass, the optimizer's step (with the gradients'
+// reduction), or anything else between them.
+struct TapeStretch {
+  enum class Kind : uint8_t { kOther, kLayerForward, kLayerBackward, kOptimizer };
+  Kind kind = Kind::kOther;
+  int64_t layer = -1;  // the layer's index (kLayerForward, kLayerBackward)
+  int64_t pass = -1;   // which forward or backward pass of the step
+  SegmentSummary summary;
+};
+
 // Memory is the ledger: storages with reference counts, live bytes by category, the
 // events and the peak.
 class Memory {
@@ -191,17 +202,37 @@ class Memory {
   // SetOp says what runs now.
   void SetOp(const Where& where) { where_ = where; }
 
-  // BeginSegment and EndSegment bracket a stretch of the step and summarize it.
-  void BeginSegment() {
+  // BeginSegment and EndSegment bracket a stretch of the step and summarize it. With a
+  // tape, each also ends the stretch open before it and records it there: the tape then
+  // covers every event of the step, in order.
+  void BeginSegment(TapeStretch::Kind kind = TapeStretch::Kind::kOther, int64_t layer = -1,
+                    int64_t pass = -1) {
+    if (tape_ != nullptr) Record();
     segment_ = SegmentSummary();
     segment_start_ = live_;
     segment_start_total_ = total_;
+    tag_ = TapeStretch{kind, layer, pass, {}};
   }
   SegmentSummary EndSegment() {
     if (overflow_) return segment_;
     for (int c = 0; c < kNumMemoryCategories; ++c) segment_.net[c] = live_[c] - segment_start_[c];
-    return segment_;
+    if (tape_ == nullptr) return segment_;
+    const SegmentSummary ended = segment_;
+    BeginSegment();  // records this one; what follows is another
+    return ended;
   }
+  // SetTape: from now on cut the step into `tape`'s stretches (opening one here).
+  void SetTape(std::vector<TapeStretch>* tape) {
+    tape_ = nullptr;
+    BeginSegment();  // from here, recording nothing before
+    tape_ = tape;
+  }
+  // FinishTape records the stretch still open, if anything happened in it.
+  void FinishTape() {
+    if (tape_ != nullptr) Record();
+  }
+  // tape_size: the stretches recorded so far (the next one's index).
+  size_t tape_size() const { return tape_ != nullptr ? tape_->size() : 0; }
 
   // PeakText names what ran at the peak.
   std::string PeakText() const {
@@ -389,6 +420,20 @@ class Memory {
     NoteRise(live_, total_);
   }
 
+  // Record appends the open stretch to the tape unless nothing happened in it.
+  void Record() {
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment_.net[c] = live_[c] - segment_start_[c];
+    bool moved = segment_.has_rise;
+    for (int64_t bytes : segment_.net) moved = moved || bytes != 0;
+    if (!moved && tag_.kind == TapeStretch::Kind::kOther) return;
+    tag_.summary = segment_;
+    tape_->push_back(tag_);
+    tag_ = TapeStretch();
+    segment_ = SegmentSummary();
+    segment_start_ = live_;
+    segment_start_total_ = total_;
+  }
+
   void NoteRise(const std::array<int64_t, kNumMemoryCategories>& live, int64_t total) {
     const int64_t rise = total - segment_start_total_;
     if (segment_.has_rise && rise <= segment_.rise) return;
@@ -422,6 +467,8 @@ class Memory {
   SegmentSummary segment_;
   std::array<int64_t, kNumMemoryCategories> segment_start_{};
   int64_t segment_start_total_ = 0;
+  std::vector<TapeStretch>* tape_ = nullptr;
+  TapeStretch tag_;  // the open stretch's kind
 };
 
 }  // namespace memledger::liveness_internal
