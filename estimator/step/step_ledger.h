@@ -165,8 +165,17 @@ class Memory {
          bool expandable_segments = false, CudaBlocks blocks = CudaBlocks::kAllocator)
       : out_(out), record_(record), cuda_(cuda), optimizer_(optimizer) {
     if (cuda && blocks == CudaBlocks::kAllocator) allocator_.emplace(expandable_segments);
-    storages_.reserve(2048);  // a short model's step makes about this many
+    // A step makes thousands of storages: this thread's vector of the last step, its
+    // pages already faulted in, serves again (emptied, its capacity kept).
+    storages_.swap(SparedStorages());
+    storages_.clear();
   }
+  ~Memory() {
+    storages_.clear();
+    if (storages_.capacity() > SparedStorages().capacity()) storages_.swap(SparedStorages());
+  }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
 
   // Begin starts the step from the resident bytes (StepTimeline::resident). On CUDA the
   // resident tensors (StepTimeline::resident_tensors, the inputs last) are allocated
@@ -371,6 +380,10 @@ class Memory {
     int keeps = 0;
     int block = -1;  // on CUDA its allocator block (-1: none, 0 bytes)
   };
+  static std::vector<Storage>& SparedStorages() {
+    static thread_local std::vector<Storage> spared;
+    return spared;
+  }
   int64_t BlockBytes(int block) const {
     return block < 0 ? 0 : allocator_->BlockSize(block);
   }
