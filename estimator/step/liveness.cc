@@ -110,188 +110,197 @@ int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
   return k + 1 + ((i - k - 1) % k + k) % k;  // in [k + 1, 2k], congruent to i mod k
 }
 
-// ComposePeak walks the real model's stretches in step order, each the short model's
-// representative one, and keeps the first highest moment. The middle layers (all but the
-// first and the last) repeat one period of k stretches, and its cost does not grow with
-// the layer count: a period's moments sit at live-at-its-start plus a fixed offset, and
-// live grows by the same d from one period to the next. Over a run of periods each
-// moment is highest in the last period when d > 0 and in the first when d <= 0 (first
-// of equals), so the periods between the first and the last two are skipped with their
-// net added at once. Every sum that could overflow is linear in the period's number,
-// extreme at the ends, and the ends are walked.
+// Composer walks a long step's stretches in order, each a short replay's, and keeps the
+// first highest moment: live bytes by category, the total, and what the forward's layers
+// leave only to autocast's cast cache (freed_at_forward_end), all overflow-checked.
+class Composer {
+ public:
+  explicit Composer(const StepTimeline& short_timeline)
+      : live_(short_timeline.resident), total_(short_timeline.resident_bytes) {
+    peak_.bytes = total_;
+    peak_.by_category = live_;
+  }
+
+  // Visit adds a stretch; `real_layer` (>= 0) names a layer stretch's real layer.
+  void Visit(const SegmentSummary& s, int64_t real_layer) {
+    const int64_t top = Add(total_, s.rise);
+    if (s.has_rise && !overflow_ && top > peak_.bytes) {
+      peak_.bytes = top;
+      peak_.phase = s.phase;
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        peak_.by_category[c] = Add(live_[c], s.at_rise[c]);
+      }
+      where_ = s.where;
+      if (real_layer >= 0 && where_->segment >= 0) where_->segment = real_layer;
+    }
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      live_[c] = Add(live_[c], s.net[c]);
+      total_ = Add(total_, s.net[c]);
+      freed_[c] = Add(freed_[c], s.freed_at_forward_end[c]);
+    }
+  }
+
+  // WalkLayers visits real layers [first, first + layers) in a pass's order (forward:
+  // first to last), layer i as its representative among the short replay's `reduced`
+  // (by_layer[i - first]'s). The middle layers (all but the first and the last) repeat
+  // one period of k stretches: a period's moments sit at live-at-its-start plus a fixed
+  // offset, and live grows by the same d from one period to the next, so over a run of
+  // periods each moment is highest in the last when d > 0 and in the first when d <= 0
+  // (first of equals). The periods between the first and the last two are skipped with
+  // their net added at once; every sum that could overflow is linear in the period's
+  // number, extreme at the ends, and the ends are walked.
+  void WalkLayers(const std::vector<const SegmentSummary*>& by_layer, int64_t first,
+                  int64_t layers, int64_t reduced, int64_t k, bool forward) {
+    const int64_t middle = layers - 2;
+    const int64_t skipped = reduced < layers && middle / k >= 4 ? middle / k - 3 : 0;
+    const int64_t step = forward ? 1 : -1;
+    std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
+    for (int64_t n = 0, i = forward ? 0 : layers - 1; n < layers; ++n, i += step) {
+      if (n == k + 1) {
+        period_start = live_;
+        period_start_freed = freed_;
+      }
+      const int64_t short_layer = reduced < layers ? Representative(i, layers, reduced, k) : i;
+      Visit(*by_layer[static_cast<size_t>(short_layer)], first + i);
+      if (n == 2 * k && skipped > 0) {
+        for (int c = 0; c < kNumMemoryCategories; ++c) {
+          int64_t period_net = 0, net = 0, period_freed = 0, freed = 0;
+          overflow_ = overflow_ ||
+                      __builtin_sub_overflow(live_[c], period_start[c], &period_net) ||
+                      __builtin_mul_overflow(period_net, skipped, &net) ||
+                      __builtin_sub_overflow(freed_[c], period_start_freed[c], &period_freed) ||
+                      __builtin_mul_overflow(period_freed, skipped, &freed);
+          live_[c] = Add(live_[c], net);
+          total_ = Add(total_, net);
+          freed_[c] = Add(freed_[c], freed);
+        }
+        n += skipped * k;
+        i += skipped * k * step;
+      }
+    }
+  }
+
+  // TakeFreed: what the layers visited since the last call left only to the cast cache.
+  std::array<int64_t, kNumMemoryCategories> TakeFreed() {
+    std::array<int64_t, kNumMemoryCategories> freed = freed_;
+    freed_ = {};
+    return freed;
+  }
+  // Replacing: `s` with the real layers' cached casts freed (`real`) in place of the
+  // short replay's (`short_freed`), as the forward's end frees the cache.
+  SegmentSummary Replacing(SegmentSummary s,
+                           const std::array<int64_t, kNumMemoryCategories>& short_freed,
+                           const std::array<int64_t, kNumMemoryCategories>& real) {
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
+      int64_t net = 0;
+      overflow_ = overflow_ || __builtin_sub_overflow(Add(s.net[c], short_freed[c]), real[c], &net);
+      s.net[c] = net;
+    }
+    return s;
+  }
+  void AddOverflow(bool overflow) { overflow_ = overflow_ || overflow; }
+
+  absl::StatusOr<StepPeak> Peak(const Simulation& simulation, const std::string& what) {
+    if (overflow_) {
+      return absl::OutOfRangeError(absl::StrCat("the step's live bytes overflow int64 ", what));
+    }
+    peak_.op = where_.has_value() ? simulation.Text(*where_) : "";
+    return peak_;
+  }
+
+ private:
+  int64_t Add(int64_t a, int64_t b) {
+    int64_t sum = 0;
+    overflow_ = overflow_ || __builtin_add_overflow(a, b, &sum);
+    return sum;
+  }
+
+  std::array<int64_t, kNumMemoryCategories> live_;
+  int64_t total_;
+  std::array<int64_t, kNumMemoryCategories> freed_{};
+  StepPeak peak_;
+  std::optional<Where> where_;
+  bool overflow_ = false;
+};
+
+// ShortFreed sums what the short replay's layer stretches leave only to the cast cache.
+std::array<int64_t, kNumMemoryCategories> ShortFreed(
+    const std::vector<const SegmentSummary*>& by_layer) {
+  std::array<int64_t, kNumMemoryCategories> freed{};
+  for (const SegmentSummary* s : by_layer) {
+    for (int c = 0; c < kNumMemoryCategories; ++c) freed[c] += s->freed_at_forward_end[c];
+  }
+  return freed;
+}
+
+// ComposePeak is one process's step composed from a short model's stretches (its
+// prologue, each layer's forward, the head's forward and backward, each layer's
+// backward, the tail, the optimizer's step): the layers walked over the real ones, the
+// head's forward freeing the real layers' cached casts, and the optimizer's step holding
+// every real layer's share (optimizer_layer_bytes, kind by kind).
 absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
                                      const StepTimeline& short_timeline, const ModelGraphs& graphs,
                                      int64_t layers, int64_t reduced, int64_t k) {
   const auto& segments = simulation.segments();
-  std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
-  int64_t total = short_timeline.resident_bytes;
-  StepPeak peak;
-  peak.bytes = total;
-  peak.by_category = live;
-  std::optional<Where> where;
-  bool overflow = false;
-  // What the real layers' forwards leave only in autocast's cache, freed at the head's
-  // forward end in place of the short model's.
-  std::array<int64_t, kNumMemoryCategories> freed_at_forward_end{};
-  auto visit = [&](const SegmentSummary& s, int64_t real_layer) {
-    int64_t top = 0;
-    overflow = overflow || __builtin_add_overflow(total, s.rise, &top);
-    if (s.has_rise && !overflow && top > peak.bytes) {
-      peak.bytes = top;
-      peak.phase = s.phase;
-      for (int c = 0; c < kNumMemoryCategories; ++c) {
-        overflow = overflow ||
-                   __builtin_add_overflow(live[c], s.at_rise[c], &peak.by_category[c]);
-      }
-      where = s.where;
-      if (real_layer >= 0 && where->segment >= 0) where->segment = real_layer;
-    }
-    for (int c = 0; c < kNumMemoryCategories; ++c) {
-      overflow = overflow || __builtin_add_overflow(live[c], s.net[c], &live[c]) ||
-                 __builtin_add_overflow(total, s.net[c], &total) ||
-                 __builtin_add_overflow(freed_at_forward_end[c], s.freed_at_forward_end[c],
-                                        &freed_at_forward_end[c]);
-    }
-  };
-  // walk visits the layers' stretches from first to last (step +1 or -1), skipping
-  // whole middle periods after the second (the first, [1, k], may hold one-time
-  // changes: the first layer of each kind's).
-  auto walk = [&](const std::vector<SegmentSummary>& stretches, int64_t first, int64_t step) {
-    const int64_t middle = layers - 2;  // ComposePeak runs only for layers > 2k + 3
-    const int64_t skipped_periods = middle / k >= 4 ? middle / k - 3 : 0;
-    std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
-    for (int64_t n = 0, i = first; n < layers; ++n, i += step) {
-      if (n == k + 1) {
-        period_start = live;
-        period_start_freed = freed_at_forward_end;
-      }
-      visit(stretches[Representative(i, layers, reduced, k)], i);
-      if (n == 2 * k && skipped_periods > 0) {
-        // One period walked: skip the next skipped_periods with their net bytes.
-        for (int c = 0; c < kNumMemoryCategories; ++c) {
-          int64_t period_net = 0, net = 0, period_freed = 0, freed = 0;
-          overflow = overflow ||
-                     __builtin_sub_overflow(live[c], period_start[c], &period_net) ||
-                     __builtin_mul_overflow(period_net, skipped_periods, &net) ||
-                     __builtin_add_overflow(live[c], net, &live[c]) ||
-                     __builtin_add_overflow(total, net, &total) ||
-                     __builtin_sub_overflow(freed_at_forward_end[c], period_start_freed[c],
-                                            &period_freed) ||
-                     __builtin_mul_overflow(period_freed, skipped_periods, &freed) ||
-                     __builtin_add_overflow(freed_at_forward_end[c], freed,
-                                            &freed_at_forward_end[c]);
-        }
-        n += skipped_periods * k;
-        i += skipped_periods * k * step;
-      }
-    }
-  };
-  visit(segments.prologue, -1);
-  walk(segments.forward, 0, +1);
-  // The head's forward ends by clearing autocast's cache: it frees the real layers'
-  // cached casts, not the short model's (its moments all come before).
-  SegmentSummary head_forward = segments.head_forward;
-  for (const SegmentSummary& layer : segments.forward) {
-    for (int c = 0; c < kNumMemoryCategories; ++c) {
-      head_forward.net[c] += layer.freed_at_forward_end[c];  // the short model's back
-    }
-  }
-  for (int c = 0; c < kNumMemoryCategories; ++c) {
-    overflow = overflow || __builtin_sub_overflow(head_forward.net[c], freed_at_forward_end[c],
-                                                  &head_forward.net[c]);
-  }
-  visit(head_forward, -1);
-  visit(segments.head_backward, -1);
-  walk(segments.backward, layers - 1, -1);
-  visit(segments.tail, -1);
-  // The optimizer's step holds every layer's fp32 .grad copy with master weights, and
-  // every layer's share of foreach's list: the real model's layers beyond the short
-  // one's, kind by kind.
+  Composer composer(short_timeline);
+  composer.Visit(segments.prologue, -1);
+  std::vector<const SegmentSummary*> forward, backward;
+  for (const SegmentSummary& s : segments.forward) forward.push_back(&s);
+  for (const SegmentSummary& s : segments.backward) backward.push_back(&s);
+  composer.TakeFreed();
+  composer.WalkLayers(forward, 0, layers, reduced, k, /*forward=*/true);
+  const std::array<int64_t, kNumMemoryCategories> real_freed = composer.TakeFreed();
+  composer.Visit(composer.Replacing(segments.head_forward, ShortFreed(forward), real_freed), -1);
+  composer.Visit(segments.head_backward, -1);
+  composer.WalkLayers(backward, 0, layers, reduced, k, /*forward=*/false);
+  composer.Visit(segments.tail, -1);
   SegmentSummary optimizer = segments.optimizer;
   for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
     const int64_t beyond = graphs.LayersOfKind(static_cast<int>(kind), 0, layers) -
                            graphs.LayersOfKind(static_cast<int>(kind), 0, reduced);
     for (int c = 0; c < kNumMemoryCategories; ++c) {
       int64_t more = 0;
-      overflow = overflow ||
-                 __builtin_mul_overflow(beyond, segments.optimizer_layer_bytes[kind][c],
-                                        &more) ||
-                 __builtin_add_overflow(optimizer.rise, more, &optimizer.rise) ||
-                 __builtin_add_overflow(optimizer.at_rise[c], more, &optimizer.at_rise[c]);
+      composer.AddOverflow(
+          __builtin_mul_overflow(beyond, segments.optimizer_layer_bytes[kind][c], &more) ||
+          __builtin_add_overflow(optimizer.rise, more, &optimizer.rise) ||
+          __builtin_add_overflow(optimizer.at_rise[c], more, &optimizer.at_rise[c]));
     }
   }
-  visit(optimizer, -1);
-  if (overflow) {
-    return absl::OutOfRangeError(absl::StrCat("the step's live bytes overflow int64 for ",
-                                              layers, " layers"));
-  }
-  peak.op = where.has_value() ? simulation.Text(*where) : "";
-  return peak;
+  composer.Visit(optimizer, -1);
+  return composer.Peak(simulation, absl::StrCat("for ", layers, " layers"));
 }
 
 // ComposeRankPeak is a rank's step composed from its short chunks' tape (each chunk
 // replayed with `short_layers[c]` layers, congruent to its real count mod k, its first
-// layer the real one): the tape's stretches in order, each layer run of a pass walked
-// over the chunk's real layers (their representatives' stretches, the middle periods
-// skipped as ComposePeak does), and the real rank's reduction and optimizer step (its
-// every parameter's) in place of the short one's. The real layers' autocast casts,
-// which the forward's end frees, replace the short ones' in the stretch after each
-// forward run.
+// layer the real one): the tape's stretches in order, each pass's layer run walked over
+// the chunk's real layers, the stretch after a forward run freeing the real layers'
+// cached casts, and the real rank's reduction and optimizer step (its every
+// parameter's) in place of the short one's.
 absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
                                          const StepTimeline& short_timeline,
                                          const std::vector<TapeStretch>& tape,
                                          const std::vector<StageRange>& chunks,
                                          const std::vector<int64_t>& short_layers, int64_t k,
                                          const SegmentSummary& reduction) {
-  std::array<int64_t, kNumMemoryCategories> live = short_timeline.resident;
-  int64_t total = short_timeline.resident_bytes;
-  StepPeak peak;
-  peak.bytes = total;
-  peak.by_category = live;
-  std::optional<Where> where;
-  bool overflow = false;
-  auto add = [&](int64_t a, int64_t b) {
-    int64_t sum = 0;
-    overflow = overflow || __builtin_add_overflow(a, b, &sum);
-    return sum;
-  };
-  auto visit = [&](const SegmentSummary& s, int64_t real_layer) {
-    const int64_t top = add(total, s.rise);
-    if (s.has_rise && !overflow && top > peak.bytes) {
-      peak.bytes = top;
-      peak.phase = s.phase;
-      for (int c = 0; c < kNumMemoryCategories; ++c) peak.by_category[c] = add(live[c], s.at_rise[c]);
-      where = s.where;
-      if (real_layer >= 0 && where->segment >= 0) where->segment = real_layer;
-    }
-    for (int c = 0; c < kNumMemoryCategories; ++c) {
-      live[c] = add(live[c], s.net[c]);
-      total = add(total, s.net[c]);
-    }
-  };
-  // What the forward runs' layers leave only to autocast's cache: the short ones', and
-  // the real ones' that replace them where the cache is cleared.
-  std::array<int64_t, kNumMemoryCategories> short_freed{}, real_freed{};
-  bool pending_freed = false;
+  Composer composer(short_timeline);
+  std::optional<std::pair<std::array<int64_t, kNumMemoryCategories>,
+                          std::array<int64_t, kNumMemoryCategories>>>
+      cache_freed;  // a forward run's (short, real), until the stretch that frees them
   for (size_t e = 0; e < tape.size();) {
     const TapeStretch& stretch = tape[e];
     if (stretch.kind == TapeStretch::Kind::kOptimizer) {
-      visit(reduction, -1);
+      composer.Visit(reduction, -1);
       ++e;
       continue;
     }
     if (stretch.kind == TapeStretch::Kind::kOther) {
-      SegmentSummary s = stretch.summary;
-      if (pending_freed) {
-        for (int c = 0; c < kNumMemoryCategories; ++c) {
-          s.net[c] = add(s.net[c], short_freed[c]);
-          int64_t less = 0;
-          overflow = overflow || __builtin_sub_overflow(s.net[c], real_freed[c], &less);
-          s.net[c] = less;
-        }
-        pending_freed = false;
+      if (cache_freed.has_value()) {
+        composer.Visit(
+            composer.Replacing(stretch.summary, cache_freed->first, cache_freed->second), -1);
+        cache_freed.reset();
+      } else {
+        composer.Visit(stretch.summary, -1);
       }
-      visit(s, -1);
       ++e;
       continue;
     }
@@ -306,70 +315,23 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
       ++c;
     }
     if (c == chunks.size()) return absl::InternalError("a layer stretch outside the chunks");
-    const int64_t first = chunks[c].first_layer, layers = chunks[c].layers,
-                  reduced = short_layers[c];
-    std::vector<const SegmentSummary*> by_layer(static_cast<size_t>(reduced), nullptr);
+    const int64_t first = chunks[c].first_layer;
+    std::vector<const SegmentSummary*> by_layer(static_cast<size_t>(short_layers[c]), nullptr);
     for (size_t i = e; i < end; ++i) {
       const int64_t rel = tape[i].layer - first;
-      if (rel < 0 || rel >= reduced) return absl::InternalError("a layer run across chunks");
+      if (rel < 0 || rel >= short_layers[c]) return absl::InternalError("a layer run across chunks");
       by_layer[static_cast<size_t>(rel)] = &tape[i].summary;
     }
     for (const SegmentSummary* s : by_layer) {
       if (s == nullptr) return absl::InternalError("a layer run missing a layer");
     }
     const bool forward = stretch.kind == TapeStretch::Kind::kLayerForward;
-    std::array<int64_t, kNumMemoryCategories> freed{};
-    if (forward) {
-      short_freed = {};
-      for (const SegmentSummary* s : by_layer) {
-        for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-          short_freed[cat] = add(short_freed[cat], s->freed_at_forward_end[cat]);
-        }
-      }
-    }
-    // The walk: every real layer in the pass's order, the middle periods after the first
-    // skipped with their net (ComposePeak's argument).
-    const int64_t middle = layers - 2;
-    const int64_t skipped = reduced < layers && middle / k >= 4 ? middle / k - 3 : 0;
-    const int64_t step = forward ? 1 : -1;
-    std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
-    for (int64_t n = 0, rel = forward ? 0 : layers - 1; n < layers; ++n, rel += step) {
-      if (n == k + 1) {
-        period_start = live;
-        period_start_freed = freed;
-      }
-      const SegmentSummary& s =
-          *by_layer[static_cast<size_t>(reduced < layers ? Representative(rel, layers, reduced, k)
-                                                         : rel)];
-      visit(s, first + rel);
-      for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-        freed[cat] = add(freed[cat], s.freed_at_forward_end[cat]);
-      }
-      if (n == 2 * k && skipped > 0) {
-        for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-          int64_t period_net = 0, net = 0, period_freed = 0, more = 0;
-          overflow = overflow ||
-                     __builtin_sub_overflow(live[cat], period_start[cat], &period_net) ||
-                     __builtin_mul_overflow(period_net, skipped, &net) ||
-                     __builtin_sub_overflow(freed[cat], period_start_freed[cat], &period_freed) ||
-                     __builtin_mul_overflow(period_freed, skipped, &more);
-          live[cat] = add(live[cat], net);
-          total = add(total, net);
-          freed[cat] = add(freed[cat], more);
-        }
-        n += skipped * k;
-        rel += skipped * k * step;
-      }
-    }
-    if (forward) {
-      real_freed = freed;
-      pending_freed = true;
-    }
+    composer.TakeFreed();
+    composer.WalkLayers(by_layer, first, chunks[c].layers, short_layers[c], k, forward);
+    if (forward) cache_freed.emplace(ShortFreed(by_layer), composer.TakeFreed());
     e = end;
   }
-  if (overflow) return absl::OutOfRangeError("the step's live bytes overflow int64");
-  peak.op = where.has_value() ? simulation.Text(*where) : "";
-  return peak;
+  return composer.Peak(simulation, "on this rank");
 }
 
 }  // namespace
