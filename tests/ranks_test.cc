@@ -264,7 +264,7 @@ TEST(PredictRanksTest, InterleavedPeakOfManyMicroBatchesEqualsTheWholeReplay) {
 // A rank's step without events is composed from its chunks replayed short (2k + 3
 // layers for every_k, 5 otherwise), pass by pass, and the real rank's reduction; with
 // events (a timeline) it is replayed whole. The two peaks agree in bytes, categories,
-// phase and op over the families, data parallelism with ZeRO 0-2, micro-batches, 1F1B
+// phase and op over the families, data parallelism with ZeRO 0-3, micro-batches, 1F1B
 // stages, the variants, autocast, master weights and the optimizers' implementations.
 TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
   struct Case {
@@ -290,6 +290,9 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
            Case{"tiny-gpt2", 16, 2, 3, 2, 0, fp32, fp32, foreach_adamw},
            Case{"tiny-gpt2", 21, 1, 2, 2, 1, fp32, bf16, adamw},
            Case{"tiny-qwen3", 18, 2, 4, 2, 1, fp32, fp32, adamw},
+           Case{"tiny-llama", 20, 1, 2, 2, 3, fp32, fp32, adamw},
+           Case{"tiny-llama", 24, 2, 3, 2, 3, fp32, bf16, foreach_adamw},
+           Case{"tiny-gpt2", 30, 1, 4, 4, 3, bf16, fp32, masters},  // tied: one stage
        }) {
     SCOPED_TRACE(::testing::Message() << c.model << " L" << c.layers << " pp " << c.pp << " m "
                                       << c.micro_batches << " dp " << c.dp << " zero "
@@ -332,7 +335,7 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
       }
     }
   }
-  EXPECT_EQ(compared, 95);  // 9 cases x 5 variants x their stages' kinds
+  EXPECT_EQ(compared, 115);  // 23 stages' kinds (one per stage) x 5 variants
 }
 
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p

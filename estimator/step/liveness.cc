@@ -432,7 +432,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // A rank's step (data parallelism, micro-batches, a 1F1B pipeline stage) composes from
   // its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
   const ParallelSpec& parallel = options_.rank.parallel;
-  if (!options_.record_events && !allocator && parallel.zero < 3 &&
+  if (!options_.record_events && !allocator &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
       !(parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved) &&
       config_.checkpoint_impl != CheckpointImpl::kReentrant) {
@@ -456,6 +456,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
       }
       Simulation simulation(short_config, variant, optimizer, short_options, &timeline);
       simulation.set_model_layers(config_.layers);
+      simulation.set_model_chunks(chunks);
       std::vector<TapeStretch> tape;
       simulation.RecordTape(&tape);
       if (absl::Status s = simulation.Run(plans); !s.ok()) return s;

@@ -100,6 +100,9 @@ class Simulation {
   // set_model_layers: the real model's layer count when this simulation replays a short
   // model for ComposePeak (what is made once for the whole model is the real one's).
   void set_model_layers(int64_t layers) { model_layers_ = layers; }
+  // set_model_chunks: the rank's real chunks when this simulation replays them short
+  // (ZeRO-3's shard is the real stage's).
+  void set_model_chunks(std::vector<StageRange> chunks) { model_chunks_ = std::move(chunks); }
   // RecordTape: Run cuts the whole step into `tape`'s consecutive stretches (each layer's
   // forward and backward per pass, the optimizer's step, the rest between), for a rank's
   // composed peak (liveness.cc).
@@ -252,6 +255,8 @@ class Simulation {
   // backward its .grads are flattened into a bucket and freed, the bucket all-reduced
   // in place, this rank's part added into the shard's gradient (made on first use), the
   // bucket freed and the unit released (runtime/zero_units.h, GatheredUnits).
+  // SetUpZero3: with ZeRO-3, each unit's bytes and the rank's shard.
+  void SetUpZero3(const ModelGraphs& graphs);
   int64_t UnitBytes(int64_t segment) const;
   void GatherUnit(int64_t segment);
   void ReleaseUnit(int64_t segment);
@@ -385,6 +390,7 @@ class Simulation {
 
   const ModelConfig& config_;
   int64_t model_layers_ = -1;  // -1: config_.layers
+  std::vector<StageRange> model_chunks_;  // empty: chunks_
   const Variant& variant_;
   const OptimizerSpec& optimizer_;
   const StepOptions& options_;

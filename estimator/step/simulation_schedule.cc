@@ -22,31 +22,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const RankStep& rank = options_.rank;
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
-  zero3_ = parallel.zero >= 3 && parallel.dp > 1;
-  if (zero3_) {
-    // Each unit's parameter bytes (a tied weight is its owner's), and the rank's shard
-    // of its stage's parameters.
-    auto parameter_bytes = [&](const BlockGraph& graph) {
-      return (ParameterCount(graph, config_) * ElementSizeBytes(config_.dtype)).value();
-    };
-    prologue_unit_bytes_ = families ? parameter_bytes(*graphs.prologue) : 0;
-    head_unit_bytes_ = parameter_bytes(graphs.epilogue);
-    layer_unit_bytes_.clear();
-    for (const BlockGraph& kind : graphs.layer_kinds) {
-      layer_unit_bytes_.push_back(parameter_bytes(kind));
-    }
-    int64_t stage_bytes = 0;
-    for (const StageRange& chunk : chunks_) {
-      stage_bytes += (chunk.prologue ? prologue_unit_bytes_ : 0) +
-                     (chunk.head ? head_unit_bytes_ : 0);
-      for (size_t kind = 0; kind < layer_unit_bytes_.size(); ++kind) {
-        stage_bytes += graphs.LayersOfKind(static_cast<int>(kind), chunk.first_layer,
-                                           chunk.layers) *
-                       layer_unit_bytes_[kind];
-      }
-    }
-    shard_elements_ = ZeroShardElements(stage_bytes / ElementSizeBytes(config_.dtype), parallel.dp);
-  }
+  SetUpZero3(graphs);
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
@@ -147,6 +123,34 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   return status;
 }
 
+void Simulation::SetUpZero3(const ModelGraphs& graphs) {
+  const ParallelSpec& parallel = options_.rank.parallel;
+  zero3_ = parallel.zero >= 3 && parallel.dp > 1;
+  if (!zero3_) return;
+  // Each unit's parameter bytes (a tied weight is its owner's), and the rank's shard of
+  // its stage's parameters (the real stage's, when its chunks are replayed short).
+  auto parameter_bytes = [&](const BlockGraph& graph) {
+    return (ParameterCount(graph, config_) * ElementSizeBytes(config_.dtype)).value();
+  };
+  prologue_unit_bytes_ = graphs.prologue.has_value() ? parameter_bytes(*graphs.prologue) : 0;
+  head_unit_bytes_ = parameter_bytes(graphs.epilogue);
+  layer_unit_bytes_.clear();
+  for (const BlockGraph& kind : graphs.layer_kinds) {
+    layer_unit_bytes_.push_back(parameter_bytes(kind));
+  }
+  int64_t stage_bytes = 0;
+  for (const StageRange& chunk : model_chunks_.empty() ? chunks_ : model_chunks_) {
+    stage_bytes += (chunk.prologue ? prologue_unit_bytes_ : 0) +
+                   (chunk.head ? head_unit_bytes_ : 0);
+    for (size_t kind = 0; kind < layer_unit_bytes_.size(); ++kind) {
+      stage_bytes += graphs.LayersOfKind(static_cast<int>(kind), chunk.first_layer,
+                                         chunk.layers) *
+                     layer_unit_bytes_[kind];
+    }
+  }
+  shard_elements_ = ZeroShardElements(stage_bytes / ElementSizeBytes(config_.dtype), parallel.dp);
+}
+
 absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   const ModelGraphs& graphs = *plans.graphs;
   if (graphs.prologue.has_value()) prologue_graph_ = &*graphs.prologue;
@@ -154,9 +158,16 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
   chunks_ = options_.rank.parallel.pp > 1 ? options_.rank.chunks
                                           : std::vector<StageRange>{WholeModel(config_)};
+  SetUpZero3(graphs);
   memory_.Begin();
   ParameterOrder(plans);
+  if (zero3_) {
+    // The backward reduced every unit into the shard's gradient.
+    shard_grad_ = memory_.Alloc(shard_elements_ * ElementSizeBytes(config_.dtype),
+                                MemoryCategory::kGradient);
+  }
   for (const ParameterKey& key : parameter_order_) {
+    if (zero3_) break;
     if (grads_.count(key) > 0) continue;
     const SegmentPlan* plan = key.first == Where::kPrologue ? plans.prologue.get()
                               : key.first == Where::kHead   ? plans.head.get()
