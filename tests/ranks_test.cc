@@ -265,13 +265,15 @@ TEST(PredictRanksTest, InterleavedPeakOfManyMicroBatchesEqualsTheWholeReplay) {
 // layers for every_k, 5 otherwise), pass by pass, and the real rank's reduction; with
 // events (a timeline) it is replayed whole. The two peaks agree in bytes, categories,
 // phase and op over the families, data parallelism with ZeRO 0-3, micro-batches, 1F1B
-// stages, the variants, autocast, master weights and the optimizers' implementations.
+// and interleaved stages, the variants, autocast, master weights and the optimizers'
+// implementations.
 TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
   struct Case {
     const char* model;
     int64_t layers, pp, micro_batches, dp, zero;
     DType dtype, amp;
     OptimizerSpec optimizer;
+    int64_t virtual_stages = 1;  // above 1: the interleaved schedule
   };
   OptimizerSpec adamw, foreach_adamw, masters, sgd;
   foreach_adamw.impl = OptimizerImpl::kForeach;
@@ -293,6 +295,8 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
            Case{"tiny-llama", 20, 1, 2, 2, 3, fp32, fp32, adamw},
            Case{"tiny-llama", 24, 2, 3, 2, 3, fp32, bf16, foreach_adamw},
            Case{"tiny-gpt2", 30, 1, 4, 4, 3, bf16, fp32, masters},  // tied: one stage
+           Case{"tiny-llama", 40, 2, 8, 2, 1, fp32, bf16, adamw, 2},
+           Case{"tiny-llama", 48, 2, 12, 2, 3, fp32, fp32, sgd, 2},
        }) {
     SCOPED_TRACE(::testing::Message() << c.model << " L" << c.layers << " pp " << c.pp << " m "
                                       << c.micro_batches << " dp " << c.dp << " zero "
@@ -315,6 +319,8 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     parallel.micro_batches = c.micro_batches;
     parallel.dp = c.dp;
     parallel.zero = c.zero;
+    parallel.virtual_stages = c.virtual_stages;
+    if (c.virtual_stages > 1) parallel.schedule = PipelineSchedule::kInterleaved;
     ASSERT_OK_AND_ASSIGN(RanksPrediction composed, PredictRanks(config, parallel, options));
     options.timeline = true;  // every event: the whole step replayed
     ASSERT_OK_AND_ASSIGN(RanksPrediction whole, PredictRanks(config, parallel, options));
@@ -335,7 +341,7 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
       }
     }
   }
-  EXPECT_EQ(compared, 115);  // 23 stages' kinds (one per stage) x 5 variants
+  EXPECT_EQ(compared, 135);  // 27 stages' kinds (one per stage) x 5 variants
 }
 
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p

@@ -429,12 +429,11 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     timeline.peak = *std::move(peak);
     return std::move(timeline);
   }
-  // A rank's step (data parallelism, micro-batches, a 1F1B pipeline stage) composes from
-  // its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
+  // A rank's step (data parallelism, micro-batches, a pipeline stage's chunks) composes
+  // from its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
   const ParallelSpec& parallel = options_.rank.parallel;
   if (!options_.record_events && !allocator &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
-      !(parallel.pp > 1 && parallel.schedule == PipelineSchedule::kInterleaved) &&
       config_.checkpoint_impl != CheckpointImpl::kReentrant) {
     const std::vector<StageRange> chunks =
         parallel.pp > 1 ? options_.rank.chunks : std::vector<StageRange>{WholeModel(config_)};
