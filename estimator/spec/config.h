@@ -371,6 +371,7 @@ struct OptimizerSpec {
   // parameters (and keeps its state in fp32), as mixed-precision trainers do.
   bool master_weights = false;
   OptimizerImpl impl = OptimizerImpl::kForLoop;
+  friend bool operator==(const OptimizerSpec&, const OptimizerSpec&) = default;
 };
 
 // AttentionMode selects how causal attention is computed and what it keeps.

@@ -459,15 +459,10 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
       std::vector<TapeStretch> tape;
       simulation.RecordTape(&tape);
       if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
-      // The real rank's end: its every parameter's gradient reduced and stepped.
-      absl::StatusOr<StepTimeline> end = ResidentTimeline(config_, resident);
-      if (!end.ok()) return end.status();
-      const Variant none;
-      Simulation reduction(config_, none, optimizer, options_, &*end);
-      if (absl::Status s = reduction.RunReduction(plans); !s.ok()) return s;
+      absl::StatusOr<SegmentSummary> reduction = RankEnd(plans, optimizer, resident);
+      if (!reduction.ok()) return reduction.status();
       absl::StatusOr<StepPeak> peak =
-          ComposeRankPeak(simulation, timeline, tape, chunks, short_layers, period,
-                          reduction.segments().optimizer);
+          ComposeRankPeak(simulation, timeline, tape, chunks, short_layers, period, *reduction);
       if (!peak.ok()) return peak.status();
       timeline.peak = *std::move(peak);
       return std::move(timeline);
@@ -483,6 +478,22 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   simulation.NamePeak();
   timeline.peak_reserved_bytes = simulation.reserved_peak();
   return std::move(timeline);
+}
+
+absl::StatusOr<SegmentSummary> StepSimulator::RankEnd(const ModelPlans& plans,
+                                                      const OptimizerSpec& optimizer,
+                                                      const ResidentBytes& resident) const {
+  std::lock_guard<std::mutex> lock(plans.reductions_mutex);
+  for (const ModelPlans::Reduction& r : plans.reductions) {
+    if (r.optimizer == optimizer) return r.stretch;
+  }
+  absl::StatusOr<StepTimeline> end = ResidentTimeline(config_, resident);
+  if (!end.ok()) return end.status();
+  const Variant none;
+  Simulation reduction(config_, none, optimizer, options_, &*end);
+  if (absl::Status s = reduction.RunReduction(plans); !s.ok()) return s;
+  plans.reductions.push_back({optimizer, reduction.segments().optimizer});
+  return reduction.segments().optimizer;
 }
 
 absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,

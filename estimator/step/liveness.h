@@ -36,6 +36,11 @@
 
 namespace memledger {
 
+namespace liveness_internal {
+struct ModelPlans;
+struct SegmentSummary;
+}  // namespace liveness_internal
+
 // MemoryCategory is what a live byte is for (as PyTorch's MemTracker names them).
 enum class MemoryCategory : uint8_t {
   kParameter,
@@ -257,6 +262,12 @@ class StepSimulator {
   AttentionMode attention() const { return attention_; }
 
  private:
+  // RankEnd is the real rank's step end (every parameter's gradient reduced and
+  // stepped), made once per optimizer: a composed rank's step ends with it.
+  absl::StatusOr<liveness_internal::SegmentSummary> RankEnd(
+      const liveness_internal::ModelPlans& plans, const OptimizerSpec& optimizer,
+      const ResidentBytes& resident) const;
+
   StepSimulator(const ModelConfig& config, AttentionMode attention, const StepOptions& options,
                 std::shared_ptr<const void> plans)
       : config_(config), attention_(attention), options_(options), plans_(std::move(plans)) {}

@@ -10,6 +10,7 @@
 #define ESTIMATOR_SEGMENT_PLAN_H_
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,7 @@
 #include "estimator/spec/config.h"
 #include "estimator/graph/rules.h"
 #include "estimator/saved/walker.h"
+#include "estimator/step/step_ledger.h"
 
 namespace memledger::liveness_internal {
 
@@ -67,6 +69,14 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
 // simulation: the prologue (families), the first layer (whose input needs no gradient in
 // the study), each kind of the other layers and the head.
 struct ModelPlans {
+  // reductions: a rank's step end (Simulation::RunReduction's stretch), per optimizer,
+  // the same for every variant: made once.
+  struct Reduction {
+    OptimizerSpec optimizer;
+    SegmentSummary stretch;
+  };
+  mutable std::mutex reductions_mutex;
+  mutable std::vector<Reduction> reductions;
   std::shared_ptr<const ModelGraphs> graphs;
   std::unique_ptr<SegmentPlan> prologue;
   std::unique_ptr<SegmentPlan> first;
