@@ -8,7 +8,8 @@
 // Parameters, optimizer state and the model input exist before the step ("resident").
 // Without recorded events, a long model is replayed as a short one (at most 2k + 3
 // layers for every_k, 5 otherwise) whose stretches (each layer's forward, each layer's
-// backward, ...) compose the long one's peak: the cost does not grow with layers.
+// backward, ...) compose the long one's peak: the cost does not grow with layers. A
+// rank's step composes so too, pass by pass.
 //
 // The engine semantics and each kernel's allocations are those of the pinned release
 // (kTorchRelease): the runtime's counting allocator measures the same step, and verify
@@ -181,8 +182,10 @@ struct StepOptions {
   bool record_events = true;
   // rules: what each op keeps; null means RuleTable::Pinned().
   const RuleTable* rules = nullptr;
-  // rank: a distributed rank's step (a step with dp, micro_batches or pp above 1 is
-  // replayed whole, not composed).
+  // rank: a distributed rank's step (with dp, micro_batches or pp above 1 its peak is
+  // composed pass by pass from its chunks replayed short, liveness.cc's
+  // ComposeRankPeak; replayed whole with events, the CUDA allocator or reentrant
+  // checkpoints).
   RankStep rank;
   // cuda_blocks: how a --device=cuda step counts its storages (ignored on the CPU).
   CudaBlocks cuda_blocks = CudaBlocks::kAllocator;
