@@ -217,7 +217,8 @@ class Search {
       }
       if (peak > allocatable_) {
         ++out.too_big;
-        out.smallest_peak = std::min(out.smallest_peak, peak + (options_.budget_bytes - allocatable_));
+        out.smallest_peak =
+            std::min(out.smallest_peak, peak + (options_.budget_bytes - allocatable_));
         continue;
       }
       absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, *peaks, *loaded, peak);
@@ -701,8 +702,8 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     if (result.layouts.empty()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "no layout of ", options.gpus, " GPUs fits ", HumanBytes(options.budget_bytes),
-          " per GPU once the caching allocator's reserve is replayed (", result.dropped_when_checked,
-          " fitted as requests and were dropped)"));
+          " per GPU once the caching allocator's reserve is replayed (",
+          result.dropped_when_checked, " fitted as requests and were dropped)"));
     }
     std::sort(result.layouts.begin(), result.layouts.end(), by_time);
   }

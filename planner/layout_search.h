@@ -60,7 +60,7 @@ struct SearchOptions {
   // shorter than the best found), taken in turn by their fastest variant's time and by
   // that bound, are also planned per stage (planner/stage_planner.h) within the budget;
   // a plan (checkpoint "plan", its runs in `flags`' --plan) joins the ranking. 0: none.
-  int64_t planned_layouts = 2;
+  int64_t planned_layouts = 8;
   // checked_layouts: on --device=cuda, the best layouts replayed through the caching
   // allocator's simulation until this many fit their device's memory (reserved peak plus
   // the CUDA context); those that do not are dropped. Every layout is first found with
@@ -80,7 +80,7 @@ struct SearchRequest {
   int64_t max_virtual_stages = 4;
   int64_t threads = 0;
   LayoutConstraints fixed;
-  int64_t planned_layouts = 2;
+  int64_t planned_layouts = 8;
   int64_t checked_layouts = 10;
 };
 

@@ -38,7 +38,7 @@ ABSL_FLAG(int64_t, max_virtual_stages, 4,
           "The most model chunks per pipeline rank the interleaved schedule is tried with.");
 ABSL_FLAG(int32_t, top, 20, "Layouts the table lists (the JSON has every layout that fits).");
 ABSL_FLAG(int64_t, threads, 0, "Threads to search with; 0: one per core.");
-ABSL_FLAG(int64_t, planned_layouts, 2,
+ABSL_FLAG(int64_t, planned_layouts, 8,
           "This many layouts that must recompute and could be fastest (taken in turn by "
           "their fastest variant and by their step without recompute) are also planned "
           "per stage within the budget (the checkpoint planner's per-stage plans, "

@@ -115,7 +115,8 @@ TEST(SearchCliTest, OnCudaTheCheckedLayoutsReproduceWithPredict) {
 TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
   const std::string tiny =
       "--model=tiny-llama --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=16 ";
-  CommandResult r = Search(tiny + "--gpu_memory_gib=0.0015", false);  // 1.54 MiB
+  // 1.54 MiB; two layouts planned, each checked below.
+  CommandResult r = Search(tiny + "--gpu_memory_gib=0.0015 --planned_layouts=2", false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
   doc.Parse(r.output.c_str());

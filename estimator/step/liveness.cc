@@ -319,7 +319,9 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
     std::vector<const SegmentSummary*> by_layer(static_cast<size_t>(short_layers[c]), nullptr);
     for (size_t i = e; i < end; ++i) {
       const int64_t rel = tape[i].layer - first;
-      if (rel < 0 || rel >= short_layers[c]) return absl::InternalError("a layer run across chunks");
+      if (rel < 0 || rel >= short_layers[c]) {
+        return absl::InternalError("a layer run across chunks");
+      }
       by_layer[static_cast<size_t>(rel)] = &tape[i].summary;
     }
     for (const SegmentSummary* s : by_layer) {
