@@ -1,7 +1,6 @@
 #include "runtime/rank.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
@@ -62,24 +61,6 @@ struct CountedStep {
   PeakPoint peak;              // where; its bytes are the step's own
   double unit_grad_diff = -1;  // ZeRO-3 (RankVariantMeasurement::unit_grad_diff)
 };
-
-// MaxAbsDiff is max |a - b| over two tensors of one shape and dtype, in plain loops: it
-// allocates nothing (a counted step calls it).
-double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && a.numel() == b.numel() &&
-                  a.scalar_type() == b.scalar_type(),
-              "MaxAbsDiff: two contiguous tensors of one shape and dtype");
-  double worst = 0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "MaxAbsDiff", [&] {
-    const scalar_t* x = a.data_ptr<scalar_t>();
-    const scalar_t* y = b.data_ptr<scalar_t>();
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      const double d = std::abs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
-      if (!(d <= worst)) worst = d;  // a NaN stays
-    }
-  });
-  return worst;
-}
 
 // PipelineRun is how Rank::RunPipeline runs a schedule: the verified one records each
 // forward's saved bytes and scales each loss by 1 / micro-batches; the counted one marks

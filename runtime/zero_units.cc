@@ -1,8 +1,10 @@
 #include "runtime/zero_units.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/native/Resize.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -34,6 +36,22 @@ void Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
 }
 
 int64_t ShardElements(int64_t n, int64_t dp) { return (n + dp - 1) / dp; }
+
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && a.numel() == b.numel() &&
+                  a.scalar_type() == b.scalar_type(),
+              "MaxAbsDiff: two contiguous tensors of one shape and dtype");
+  double worst = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "MaxAbsDiff", [&] {
+    const scalar_t* x = a.data_ptr<scalar_t>();
+    const scalar_t* y = b.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double d = std::abs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
+      if (!(d <= worst)) worst = d;  // a NaN stays
+    }
+  });
+  return worst;
+}
 
 int64_t UnitOf(const ModelConfig& config, const std::string& name) {
   if (absl::StartsWith(name, "layers.")) {

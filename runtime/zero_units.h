@@ -25,6 +25,9 @@ at::Tensor Flat(const std::vector<at::Tensor>& tensors, int64_t padded);
 void Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors);
 // ShardElements: a ZeRO rank's part of n elements over dp ranks (padded).
 int64_t ShardElements(int64_t n, int64_t dp);
+// MaxAbsDiff is max |a - b| over two contiguous tensors of one shape and dtype, in
+// plain loops: it allocates nothing (a counted step compares a unit's gradient so).
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b);
 
 // UnitOf names the ZeRO-3 unit (ParameterUnits) a parameter belongs to: its layer, the
 // prologue's embeddings or the head (the final norm, the LM head).
