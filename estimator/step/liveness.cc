@@ -51,8 +51,12 @@ using liveness_internal::TapeStretch;
 // backward stretches depend on its own kind (its graph's, and plain or checkpointed) and
 // its neighbours' (every_k repeats them with period k, the layer pattern with its own;
 // together with their least common multiple k), and on whether it is the first or the
-// last: a model of 2k + 3 layers (congruent to the real count mod k) has a stretch equal
-// to each real layer's (verified against the whole simulation by liveness_test).
+// last. A model of 2k + 2 layers (congruent to the real count mod k) has a stretch equal
+// to each real layer's: the first period [0, k] stands for itself, [k + 1, 2k] for every
+// middle layer, and the last for the last. A middle representative may be followed by
+// the last layer, which differs from a middle one only by what follows it (the head),
+// not by what it hands back. Verified against the whole simulation by liveness_test and
+// ranks_test; 2k + 3 layers, a middle one between, gave the same stretches.
 int64_t PeriodOf(const Variant& variant, const ModelGraphs& graphs) {
   const int64_t every =
       variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
@@ -93,10 +97,10 @@ StepStretch StretchOf(const SegmentSummary& summary) {
 int64_t ReducedLayers(int64_t layers, const Variant& variant, int64_t k) {
   // A plan has no period: the whole model is replayed.
   if (variant.kind == VariantKind::kPlan) return layers;
-  // The least r >= 2k + 3 congruent to layers mod k, in closed form (k may be any int64:
+  // The least r >= 2k + 2 congruent to layers mod k, in closed form (k may be any int64:
   // a loop would run up to k times); the real model itself when r would not be shorter.
-  if (k > (layers - 3) / 2) return layers;  // 2k + 3 > layers
-  const int64_t base = 2 * k + 3;
+  if (k > (layers - 2) / 2) return layers;  // 2k + 2 > layers
+  const int64_t base = 2 * k + 2;
   return std::min(layers, base + ((layers - base) % k + k) % k);
 }
 
