@@ -60,8 +60,9 @@ void ExpectExact(const VerifyReport& report) {
 
 // ExpectFourVariantsExact verifies `config` with none, full, every_2 and selective
 // (`policy`) in `attention` mode: every bucket measured and equal to its prediction.
+// The report goes to `out` when given.
 void ExpectFourVariantsExact(const ModelConfig& config, AttentionMode attention,
-                             const char* policy) {
+                             const char* policy, VerifyReport* out = nullptr) {
   VerifyOptions options;
   options.attention = attention;
   ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,full,every_2,selective", 2, policy));
@@ -69,6 +70,7 @@ void ExpectFourVariantsExact(const ModelConfig& config, AttentionMode attention,
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
   ExpectEveryBucket(report, options.variants.size());
   ExpectExact(report);
+  if (out != nullptr) *out = std::move(report);
 }
 
 class VerifyGridTest : public ::testing::TestWithParam<GridCase> {};
@@ -324,18 +326,9 @@ TEST_P(VerifySparseTest, MeasuredEqualsPredicted) {
   config.batch = 2;
   config.seq = 12;
   config.moe.impl = c.impl;
-  if (c.impl == ExpertsImpl::kGroupedMm) {
-    ExpectFourVariantsExact(config, c.attention, c.policy);
-    return;
-  }
-  VerifyOptions options;
-  options.attention = c.attention;
-  ASSERT_OK_AND_ASSIGN(options.variants,
-                       ParseVariants("none,full,every_2,selective", 2, c.policy));
-  options.run.skip_timing = true;
-  ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));
-  ExpectEveryBucket(report, options.variants.size());
-  ExpectExact(report);
+  VerifyReport report;
+  ExpectFourVariantsExact(config, c.attention, c.policy, &report);
+  if (c.impl == ExpertsImpl::kGroupedMm) return;
   // Predicted with the measured step's routing: a row per sparse layer, each its B x T
   // x k = 2 x 12 x 2 = 48 (token, expert) pairs over the 4 experts.
   const MoeSpec& moe = report.prediction.config.moe;
