@@ -108,9 +108,12 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   // One process (layers that differ, no layout) is predicted as predict does, with
   // transformers' DynamicCache where it keeps one; a layout's ranks as PredictRanks does.
   const bool one_process = !parallel.Distributed() && parallel.micro_batches <= 1;
-  auto ranks_of = [&](const std::vector<Variant>& variants) -> absl::StatusOr<RanksPrediction> {
+  auto ranks_of = [&](const std::vector<Variant>& variants,
+                      CudaBlocks blocks =
+                          CudaBlocks::kAllocator) -> absl::StatusOr<RanksPrediction> {
     PredictOptions o = predict;
     o.variants = variants;
+    o.cuda_blocks = blocks;
     absl::StatusOr<RanksPrediction> ranks;
     if (one_process) {
       absl::StatusOr<Prediction> p = Predict(config, o);
@@ -243,67 +246,108 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   // Plan every stage, replay them all, and move each stage's budget: up while its plan
   // fits (towards none's peak), down by the excess while it does not (to its guide's
   // least plan), then halving the gap between the two.
+  // On CUDA the search replays requests (CudaBlocks::kRequests: a lower bound of the
+  // allocated bytes, several times cheaper than the allocator, which replays every
+  // micro-batch), each stage needing its requests and the context within `searched`;
+  // the plan it settles on is then replayed through the allocator, and where its
+  // reserved bytes and the context exceed the budget the search runs again below by the
+  // excess (at least 2 MiB; after 4 tries every layer fully checkpointed, which fits).
+  const CudaBlocks search_blocks = cuda ? CudaBlocks::kRequests : CudaBlocks::kAllocator;
+  auto search_need = [&](const RankVariant& v) { return v.held.peak->bytes + outside; };
   std::vector<LayerChoice> plan(config.layers);
-  for (size_t s = 0; s < guides.size(); ++s) {
-    Guide& guide = guides[s];
-    const int64_t least = guide.planner->SmallestBudget();
-    const int64_t most = std::max(least, guide.planner->PeakOf(std::vector<int>(
-                                             StageLayers(report.stages[s].chunks).size(), 0)));
-    guide.trial = std::clamp(options.budget_bytes - outside, least, most);
-    guide.fitting.assign(StageLayers(report.stages[s].chunks).size(), LayerChoice{true, {}});
-  }
-  const int64_t tolerance = Tolerance(options.budget_bytes);
   std::optional<RanksPrediction> fitted;  // the last replay where every stage fitted
-  for (int round = 0;; ++round) {
-    bool searching = false;
+  int64_t searched = options.budget_bytes;
+  for (int attempt = 0;; ++attempt) {
     for (size_t s = 0; s < guides.size(); ++s) {
       Guide& guide = guides[s];
-      StagePlan& stage = report.stages[s];
-      stage.layers = guide.fitting;
-      if (!guide.done) {
-        absl::StatusOr<PlanResult> planned = guide.planner->Solve(guide.trial);
-        if (!planned.ok()) return planned.status();
-        stage.layers = planned->layers;
-        ++stage.attempts;
-        searching = true;
-      }
-      const std::vector<int64_t> layers = StageLayers(stage.chunks);
-      for (size_t i = 0; i < layers.size(); ++i) plan[layers[i]] = stage.layers[i];
+      const int64_t least = guide.planner->SmallestBudget();
+      const int64_t most = std::max(least, guide.planner->PeakOf(std::vector<int>(
+                                               StageLayers(report.stages[s].chunks).size(), 0)));
+      const Planner* planner = guide.planner;
+      guide = Guide();
+      guide.planner = planner;
+      guide.trial = std::clamp(searched - outside, least, most);
+      guide.fitting.assign(StageLayers(report.stages[s].chunks).size(), LayerChoice{true, {}});
     }
-    absl::StatusOr<RanksPrediction> replayed = ranks_of({PlanVariant(plan)});
-    if (!replayed.ok()) return replayed.status();
-    if (!searching) {
-      fitted = *std::move(replayed);
+    const int64_t tolerance = Tolerance(searched);
+    fitted.reset();
+    for (int round = 0;; ++round) {
+      bool searching = false;
+      for (size_t s = 0; s < guides.size(); ++s) {
+        Guide& guide = guides[s];
+        StagePlan& stage = report.stages[s];
+        stage.layers = guide.fitting;
+        if (!guide.done) {
+          absl::StatusOr<PlanResult> planned = guide.planner->Solve(guide.trial);
+          if (!planned.ok()) return planned.status();
+          stage.layers = planned->layers;
+          ++stage.attempts;
+          searching = true;
+        }
+        const std::vector<int64_t> layers = StageLayers(stage.chunks);
+        for (size_t i = 0; i < layers.size(); ++i) plan[layers[i]] = stage.layers[i];
+      }
+      absl::StatusOr<RanksPrediction> replayed = ranks_of({PlanVariant(plan)}, search_blocks);
+      if (!replayed.ok()) return replayed.status();
+      if (!searching) {
+        fitted = *std::move(replayed);
+        break;
+      }
+      for (size_t s = 0; s < guides.size(); ++s) {
+        Guide& guide = guides[s];
+        if (guide.done) continue;
+        const int64_t excess = search_need(replayed->kinds[s].variants[0]) - searched;
+        const int64_t least = guide.planner->SmallestBudget();
+        const int64_t most = guide.planner->PeakOf(
+            std::vector<int>(StageLayers(report.stages[s].chunks).size(), 0));
+        if (excess <= 0) {
+          guide.fits = guide.trial;
+          guide.fitting = report.stages[s].layers;
+        } else {
+          guide.fails = guide.trial;
+        }
+        if (!guide.fails.has_value()) {  // none's plan fits, or climbing towards it
+          guide.done = guide.trial >= most;
+          guide.trial = most;
+        } else if (!guide.fits.has_value()) {  // descending by the excess
+          guide.done = guide.trial <= least;
+          guide.trial = std::max(least, guide.trial - std::max<int64_t>(excess, tolerance));
+        } else {
+          guide.trial = *guide.fits + (*guide.fails - *guide.fits) / 2;
+        }
+        if (guide.fits.has_value() && guide.fails.has_value() &&
+            *guide.fails - *guide.fits <= tolerance) {
+          guide.done = true;
+        }
+        if (round >= 64) guide.done = true;  // bounded: keep what fits
+      }
+    }
+    if (!cuda) break;
+    // The allocator's replay of the plan found with requests.
+    for (size_t s = 0; s < guides.size(); ++s) {
+      const std::vector<int64_t> layers = StageLayers(report.stages[s].chunks);
+      for (size_t i = 0; i < layers.size(); ++i) plan[layers[i]] = guides[s].fitting[i];
+    }
+    absl::StatusOr<RanksPrediction> checked = ranks_of({PlanVariant(plan)});
+    if (!checked.ok()) return checked.status();
+    int64_t excess = 0;
+    for (const RankKind& kind : checked->kinds) {
+      excess = std::max(excess, need(kind.variants[0]) - options.budget_bytes);
+    }
+    if (excess <= 0 || attempt >= 4) {
+      if (excess > 0) {  // every layer fully checkpointed: it fits (checked above)
+        for (size_t s = 0; s < guides.size(); ++s) {
+          report.stages[s].layers.assign(StageLayers(report.stages[s].chunks).size(),
+                                         LayerChoice{true, {}});
+        }
+        std::fill(plan.begin(), plan.end(), LayerChoice{true, {}});
+        checked = ranks_of({PlanVariant(plan)});
+        if (!checked.ok()) return checked.status();
+      }
+      fitted = *std::move(checked);
       break;
     }
-    for (size_t s = 0; s < guides.size(); ++s) {
-      Guide& guide = guides[s];
-      if (guide.done) continue;
-      const int64_t excess = need(replayed->kinds[s].variants[0]) - options.budget_bytes;
-      const int64_t least = guide.planner->SmallestBudget();
-      const int64_t most = guide.planner->PeakOf(
-          std::vector<int>(StageLayers(report.stages[s].chunks).size(), 0));
-      if (excess <= 0) {
-        guide.fits = guide.trial;
-        guide.fitting = report.stages[s].layers;
-      } else {
-        guide.fails = guide.trial;
-      }
-      if (!guide.fails.has_value()) {  // none's plan fits, or climbing towards it
-        guide.done = guide.trial >= most;
-        guide.trial = most;
-      } else if (!guide.fits.has_value()) {  // descending by the excess
-        guide.done = guide.trial <= least;
-        guide.trial = std::max(least, guide.trial - std::max<int64_t>(excess, tolerance));
-      } else {
-        guide.trial = *guide.fits + (*guide.fails - *guide.fits) / 2;
-      }
-      if (guide.fits.has_value() && guide.fails.has_value() &&
-          *guide.fails - *guide.fits <= tolerance) {
-        guide.done = true;
-      }
-      if (round >= 64) guide.done = true;  // bounded: keep what fits
-    }
+    searched -= std::max<int64_t>(excess, int64_t{2} << 20);
   }
   for (size_t s = 0; s < guides.size(); ++s) {
     const RankVariant& v = fitted->kinds[s].variants[0];

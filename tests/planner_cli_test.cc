@@ -341,6 +341,47 @@ TEST(PlannerCliTest, PlansEachPipelineStageAndVerifiesOnGlooRanks) {
   EXPECT_NE(small.output.find("on pipeline stage"), std::string::npos) << small.output;
 }
 
+// Pipeline stages on --device=cuda: the plan is searched with each storage counted as its
+// request, then replayed through the caching allocator; every stage's reserved peak and
+// the CUDA context fit the budget, and predict replays the plan file to the same
+// per-stage blocks. Without checkpoints the device would need more: 396,099,584 B (none's
+// 104 MiB reserved + 273.75 MiB), above the 0.36 GiB budget (386,547,056 B).
+TEST(PlannerCliTest, OnCudaEveryStageFitsByTheAllocatorsReplay) {
+  const std::string model =
+      "--model=tiny-llama --layers=6 --batch=8 --seq=1024 --dtype=bf16 --device=cuda --pp=2 "
+      "--micro_batches=4";
+  const std::string plan = TempPath("plan_pp_cuda.json");
+  CommandResult r = Planner(model + " --budget_gib=0.36 --plan_out=" + plan,
+                            /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  const int64_t budget = doc["budget_bytes"].GetInt64();
+  const int64_t context = doc["outside_allocator_bytes"]["cuda_context"].GetInt64();
+  EXPECT_EQ(budget, 386547056);
+  EXPECT_GT(doc["variants"]["none"]["peak_reserved_bytes"].GetInt64() + context, budget);
+  EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+  ASSERT_EQ(doc["stages"].Size(), 2u);
+  CommandResult p = RunCommand("estimator/predict " + model + " --plan=" + plan, false);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  rapidjson::Document predicted;
+  predicted.Parse(p.output.c_str());
+  ASSERT_FALSE(predicted.HasParseError()) << p.output;
+  int64_t most = 0;
+  for (const rapidjson::Value& stage : doc["stages"].GetArray()) {
+    const int64_t reserved = stage["peak_reserved_bytes"].GetInt64();
+    EXPECT_LE(reserved + context, budget);
+    most = std::max(most, reserved + context);
+    for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
+      if (rank["stage"].GetInt64() != stage["stage"].GetInt64()) continue;
+      EXPECT_EQ(rank["peak_bytes"]["plan"].GetInt64(), stage["peak_bytes"].GetInt64());
+      EXPECT_EQ(rank["peak_reserved_bytes"]["plan"].GetInt64(), reserved);
+    }
+  }
+  EXPECT_EQ(doc["device_bytes"].GetInt64(), most);
+}
+
 // Models whose layers differ: tiny-gemma3 (5 sliding-window layers, 1 global) and a
 // Qwen3-MoE whose layer 0 is dense (mlp_only_layers) and the rest sparse. Each plan is
 // searched for with a one-kind guide and replayed; verify runs it in LibTorch, which
