@@ -336,9 +336,7 @@ class Search {
     absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
     if (!ranks.ok()) return ranks.status();
     // On CUDA the planner replayed its plan through the allocator, and so does this.
-    std::optional<SearchedLayout> layout = Replayed(shape, spec->config, plan, *ranks);
-    if (!layout.has_value() || layout->device_bytes > options_.budget_bytes) return std::nullopt;
-    return layout;
+    return Replayed(shape, spec->config, plan, *ranks);
   }
 
   // Check replays `layout` (a standard variant's, found as requests) through the caching
@@ -354,18 +352,17 @@ class Search {
     options.variants = {found.checkpoint};
     absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
     if (!ranks.ok()) return ranks.status();
-    std::optional<SearchedLayout> layout =
-        Replayed(shape, spec->config, found.checkpoint, *ranks);
-    if (!layout.has_value() || layout->device_bytes > options_.budget_bytes) return std::nullopt;
-    return layout;
+    return Replayed(shape, spec->config, found.checkpoint, *ranks);
   }
 
  private:
   // Replayed is the layout of `ranks` (one variant, simulated): its most loaded rank's
-  // peak and, on CUDA, its ranks' largest reserved peak and device bytes (checked).
-  std::optional<SearchedLayout> Replayed(const Shape& shape, const ModelConfig& config,
-                                         const Variant& variant,
-                                         const RanksPrediction& ranks) const {
+  // peak and, on CUDA, its ranks' largest reserved peak and device bytes (checked);
+  // nullopt when a rank has no peak or the device bytes exceed the budget.
+  absl::StatusOr<std::optional<SearchedLayout>> Replayed(const Shape& shape,
+                                                         const ModelConfig& config,
+                                                         const Variant& variant,
+                                                         const RanksPrediction& ranks) const {
     const RankKind* loaded = nullptr;
     int64_t peak = -1, reserved = 0;
     for (const RankKind& kind : ranks.kinds) {
@@ -378,10 +375,11 @@ class Search {
       }
     }
     absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, ranks, *loaded, peak);
-    if (!layout.ok()) return std::nullopt;
+    if (!layout.ok()) return layout.status();
     if (cuda_) {
       layout->peak_reserved_bytes = reserved;
       layout->device_bytes = reserved + config.cuda_context_bytes;
+      if (layout->device_bytes > options_.budget_bytes) return std::nullopt;
     }
     return std::optional<SearchedLayout>(*std::move(layout));
   }
@@ -490,7 +488,8 @@ absl::Status CheckBest(const Search& search, const SearchOptions& options, int t
       batch.push_back(next);
     }
     std::vector<absl::StatusOr<std::optional<SearchedLayout>>> checked(batch.size());
-    ForEach(batch.size(), threads, [&](size_t i) { checked[i] = search.Check(layouts[batch[i]]); });
+    ForEach(batch.size(), threads,
+            [&](size_t i) { checked[i] = search.Check(layouts[batch[i]]); });
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!checked[i].ok()) return checked[i].status();
       ++result->checked;

@@ -318,7 +318,9 @@ TEST(LayoutSearchTest, OnCudaTheAllocatorsReserveDropsWhatOnlyTheRequestsFit) {
     const int64_t device = peaks.reserved + context;
     if (device >= fastest_device || fastest.peak_bytes + context > device) continue;
     int64_t fitting = 0;
-    for (const auto& [other, other_peaks] : all) fitting += other_peaks.reserved + context <= device;
+    for (const auto& [other, other_peaks] : all) {
+      fitting += other_peaks.reserved + context <= device;
+    }
     if (fitting >= 4) budget = std::max(budget, device);
   }
   ASSERT_GT(budget, 0) << "no budget between the fastest layout's requests and reserve";

@@ -203,7 +203,8 @@ rapidjson::Document VerifyJson(const VerifyReport& r) {
     rapidjson::Value routing(rapidjson::kObjectType), steps(rapidjson::kObjectType);
     routing.AddMember("forward", rows_json(m.routing), a);
     for (const runtime::VariantMeasurement& v : m.variants) {
-      if (!v.step.routing.empty()) steps.AddMember(Key(v.variant.Name(), a), rows_json(v.step.routing), a);
+      if (v.step.routing.empty()) continue;
+      steps.AddMember(Key(v.variant.Name(), a), rows_json(v.step.routing), a);
     }
     routing.AddMember("steps", steps, a);
     doc.AddMember("measured_routing", routing, a);

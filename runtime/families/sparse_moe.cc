@@ -50,8 +50,9 @@ at::Tensor SparseMoeImpl::forward(const at::Tensor& x, SelectiveCache* cache) {
     scores = moe_.block == MoeBlock::kQwen3Moe ? Last(values).to(logits.scalar_type())
                                                : Last(values);
   }
-  at::Tensor out = moe_.impl == ExpertsImpl::kEager ? EagerExperts(flat, indices, scores, cache)
-                                                    : GroupedMmExperts(flat, indices, scores, cache);
+  at::Tensor out = moe_.impl == ExpertsImpl::kEager
+                       ? EagerExperts(flat, indices, scores, cache)
+                       : GroupedMmExperts(flat, indices, scores, cache);
   at::Tensor result = Last(out).view({b, t, d});
   return result;
 }
