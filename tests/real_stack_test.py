@@ -81,6 +81,21 @@ FAMILIES = {
                           sliding_window=8,
                           layer_types=["sliding_attention", "sliding_attention",
                                        "full_attention"]),
+    # Gemma 3 small enough (SGD, a short vocabulary) that the forward and the layers'
+    # backward hold the peak: the q, k and v projections made before their norms, a norm's
+    # argument held to its return (nn.Module.__call__'s *args), inputs_embeds held to the
+    # decoder's return, and (vocab 96) the tied weight's two gradients summed in its
+    # AccumulateGrad's input buffer.
+    "gemma3_forward": dict(family="gemma3_text", layers=3, width=32, heads=4, kv_heads=2,
+                           head_dim=16, intermediate=64, vocab=16, tied=True,
+                           sliding_window=8, layer_types=["sliding_attention",
+                                                          "sliding_attention",
+                                                          "full_attention"]),
+    "gemma3_forward_tied": dict(family="gemma3_text", layers=3, width=32, heads=4,
+                                kv_heads=2, head_dim=16, intermediate=64, vocab=96, tied=True,
+                                sliding_window=8, layer_types=["sliding_attention",
+                                                               "sliding_attention",
+                                                               "full_attention"]),
     # Sparse mixtures of experts (transformers 5.23's default grouped_mm experts): Qwen3-MoE
     # with q/k norms, renormalised top-k weights cast back to the model's dtype, and a
     # dense first layer (mlp_only_layers); Mixtral with fp32 top-k weights on every layer.
@@ -158,6 +173,8 @@ def case_id(case):
         parts.append("same_token")
     if case["seq"] != 16:
         parts.append(f"seq{case['seq']}")
+    if case["batch"] != 2:
+        parts.append(f"batch{case['batch']}")
     return "/".join(parts)
 
 
@@ -296,6 +313,11 @@ CASES = [
     c("gemma3_window", "full", dtype="bf16", optimizer_impl="foreach"),
     c("gemma3_window", dtype="fp16", seq=64),
     c("gemma3_window", "selective", amp="bf16", seq=32),
+    # Gemma 3 where the forward and the layers' backward peak (see FAMILIES).
+    c("gemma3_forward", dtype="bf16", optimizer="sgd", batch=1, seq=8),
+    c("gemma3_forward", dtype="bf16", optimizer="sgd", seq=8),
+    c("gemma3_forward", "full", amp="bf16", optimizer="sgd", seq=8),
+    c("gemma3_forward_tied", dtype="bf16", optimizer="sgd", batch=1, seq=8),
     # Sparse mixtures of experts (grouped_mm experts; a dense first layer in qwen3_moe):
     # every variant, both implementations, each dtype and autocast, the optimizers; fp16
     # with SGD peaks in Mixtral's fp32-weighted experts' MulBackward0.

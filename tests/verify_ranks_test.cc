@@ -293,6 +293,19 @@ TEST(VerifyRanksTest, GemmaOverTensorParallelRanks) {
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, GemmaUnderAutocastOverTensorParallelRanks) {
+  // The recompute's post_feedforward_layernorm holds its argument (the reduced MLP
+  // output, bf16 under autocast) to its return, as nn.Module.__call__'s *args does: at
+  // batch 1 that is where full, every_2 and selective peak (512 bytes more than when the
+  // argument died at the upcast).
+  rapidjson::Document doc = PassingRun(
+      "--model=tests/testdata/gemma3-window8.config.json --batch=1 --seq=8 --skip_timing "
+      "--tp=2 --amp=bf16",
+      2);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
   // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
   // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096

@@ -21,7 +21,10 @@ namespace {
 // x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps); output = output * (1.0 +
 // weight.float()); output.type_as(x). Unlike LlamaRMSNorm it scales in fp32 by 1 + w (a
 // new (width) tensor every call, which the product keeps) and casts last; its locals die
-// at their last use (no `variance` held to the return).
+// at their last use (no `variance` held to the return). Its argument x lives to the
+// return: nn.Module.__call__'s *args tuple holds it (torch/nn/modules/module.py,
+// _wrapped_call_impl and _call_impl), so a fresh input (the sandwich norms' projections,
+// the q/k norms' heads) outlives the upcast under bf16 and autocast.
 int GemmaRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width = kD) {
   int weight = g.Param(name + ".weight", {width});
   int x32 = g.ToDtype(name + ".upcast", x, DType::kFloat32);
@@ -33,7 +36,9 @@ int GemmaRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width =
   int weight32 = g.ToDtype(name + ".weight_upcast", weight, DType::kFloat32);
   int one_plus = g.Op1(OpType::kAddScalar, name + ".one_plus", {weight32});
   int scaled = g.Op1(OpType::kMulTensor, name + ".scaled", {normed, one_plus});
-  return g.ToDtype(name, scaled, g.DTypeOf(x));
+  const int out = g.ToDtype(name, scaled, g.DTypeOf(x));
+  g.HeldThroughHere({x});
+  return out;
 }
 
 // Gemma3TextScaledWordEmbedding: embedding(input_ids) * embed_scale.to(weight.dtype),
@@ -59,7 +64,9 @@ BlockGraph BuildGemma3Prologue(const ModelConfig& config) {
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
-  return g.Finish(g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale}));
+  int scaled = g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale});
+  g.HeldByDecoder({scaled});  // Gemma3TextModel.forward's inputs_embeds
+  return g.Finish(scaled);
 }
 
 // Gemma3DecoderLayer.forward: sandwich norms around attention and the MLP; q_norm and
@@ -82,9 +89,13 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
                       {.shape = {kB, kT, heads, kDHead}});
     return g.Op1(OpType::kTranspose, name + ".transpose", {split}, {.dim = 1, .dim1 = 2});
   };
-  int q = GemmaRmsNorm(g, "q_norm", project("q_proj", kH), kDHead);
-  int k = GemmaRmsNorm(g, "k_norm", project("k_proj", kKv), kDHead);
+  // Gemma3Attention.forward projects q, k and v first, then normalises q and k
+  // (modeling_gemma3.py:341-346); Qwen3 normalises each as it projects it.
+  int q = project("q_proj", kH);
+  int k = project("k_proj", kKv);
   int v = project("v_proj", kKv);
+  q = GemmaRmsNorm(g, "q_norm", q, kDHead);
+  k = GemmaRmsNorm(g, "k_norm", k, kDHead);
   // From seq >= sliding_window on, a sliding layer attends through the model's mask,
   // expanded to (B, 1, T, T) (masking_utils.py, sdpa_mask).
   int mask = -1;
@@ -252,11 +263,6 @@ absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
 absl::Status ValidateGemma3(const ModelConfig& c) {
   if (c.sp) {
     return absl::InvalidArgumentError("--sp: sequence parallelism is not modelled for gemma3 yet");
-  }
-  if (c.tp > 1 && c.amp != DType::kFloat32) {
-    // A tensor-parallel rank's peak under autocast differs from the runtime's by 12 bytes
-    // (found by verify, not explained yet).
-    return absl::InvalidArgumentError("--amp with --tp is not modelled for gemma3 yet");
   }
   return absl::OkStatus();
 }

@@ -183,8 +183,11 @@ class GraphBuilder {
     int normed = Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
     int downcast = ToDtype(name + ".downcast", normed, graph_.tensors[x].dtype);
     int out = Op1(OpType::kMulTensor, name, {weight, downcast});
-    // LlamaRMSNorm.forward's locals `variance` and `hidden_states` (normed), to its return.
-    HeldThroughHere({variance, normed});
+    // LlamaRMSNorm.forward's locals `variance` and `hidden_states` (normed), to its return;
+    // and its argument x, which nn.Module.__call__'s *args tuple holds to the return
+    // (torch/nn/modules/module.py, _wrapped_call_impl and _call_impl) even after forward
+    // rebinds its name: a fresh input (Qwen3's projected q and k) outlives the upcast.
+    HeldThroughHere({x, variance, normed});
     return out;
   }
 
@@ -634,6 +637,15 @@ class GraphBuilder {
   void HeldToEnd(int tensor) { graph_.held_until.emplace_back(tensor, -1); }
   // HeldThroughHere: Python locals hold `tensors` until the last op made so far has run
   // (a module's arguments and locals, to its return).
+  // HeldByDecoder: in a prologue, tensors the decoder model's locals hold until it
+  // returns (BlockGraph::decoder_locals).
+  void HeldByDecoder(std::initializer_list<int> tensors) {
+    for (int t : tensors) {
+      graph_.decoder_locals.push_back(t);
+      graph_.held_until.emplace_back(t, -1);  // to the prologue's end, then the caller's
+    }
+  }
+
   void HeldThroughHere(std::initializer_list<int> tensors) {
     for (int t : tensors) {
       graph_.held_until.emplace_back(t, static_cast<int>(graph_.ops.size()) - 1);

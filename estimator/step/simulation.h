@@ -245,6 +245,30 @@ class Simulation {
   }
   void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
              bool capture_parameters);
+  // TiedGradientReady: whether a parameter's AccumulateGrad runs now on *grad. A tied
+  // weight whose two uses are in one backward graph (one pipeline stage holds the LM
+  // head and the embedding) has one AccumulateGrad node with an edge from each; the
+  // engine runs it once both have arrived, their sum made in its InputBuffer
+  // (torch/csrc/autograd/input_buffer.cpp, accumulate). The head's gradient waits in
+  // tied_buffer_ (by the embedding's tensor) until the embedding's adds its own; *grad
+  // is then the sum.
+  bool TiedGradientReady(const ParameterKey& key, bool head_use, Handle* grad) {
+    if (prologue_graph_ == nullptr || options_.rank.parallel.pp != 1 ||
+        key.first != Where::kPrologue) {
+      return true;
+    }
+    if (head_use) {
+      Accumulate(tied_buffer_, key.second, *grad);
+      return false;
+    }
+    if (tied_buffer_.find(key.second) == tied_buffer_.end()) return true;
+    Accumulate(tied_buffer_, key.second, *grad);
+    const auto pending = tied_buffer_.find(key.second);
+    *grad = pending->second;
+    tied_buffer_.erase(pending);
+    return true;
+  }
+  Buffers tied_buffer_;
   void Accumulate(Buffers& buffers, int tensor, Handle grad);
   void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, Handle grad);
   // OptimizerStep steps tensors of these element counts, with their gradients.
@@ -433,6 +457,14 @@ class Simulation {
   // decoder_returns_: run by Forward after the op where the decoder model's forward
   // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
   std::function<void()> decoder_returns_;
+  // decoder_locals_: the Memory ids the decoder model's locals hold (the prologue's
+  // BlockGraph::decoder_locals), let go where it returns, or where a stage's forward
+  // without the head returns.
+  std::vector<int> decoder_locals_;
+  void ReleaseDecoderLocals() {
+    for (int id : decoder_locals_) memory_.Unref(id);
+    decoder_locals_.clear();
+  }
   const BlockGraph* prologue_graph_ = nullptr;
   const ModelGraphs* graphs_ = nullptr;  // Run's
   std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)

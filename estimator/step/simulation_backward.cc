@@ -51,7 +51,9 @@ void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers
   while (inst.plan->same_as[tensor] >= 0) tensor = inst.plan->same_as[tensor];
   const TensorDef& def = inst.plan->graph->tensors[tensor];
   if (def.is_parameter && !capture_parameters) {
-    AccumulateGrad(KeyOf(inst, tensor), TensorOf(inst, tensor).layout, grad);
+    const ParameterKey key = KeyOf(inst, tensor);
+    if (!TiedGradientReady(key, def.is_tied, &grad)) return;
+    AccumulateGrad(key, TensorOf(inst, tensor).layout, grad);
     return;
   }
   Accumulate(buffers, tensor, grad);

@@ -86,9 +86,12 @@ class Gemma3LayerImpl : public DecoderLayer {
     // With tensor parallelism, Megatron's f (CopyIn) before the column-parallel
     // projections and g (ReduceOut) after the row-parallel ones.
     at::Tensor h = CopyIn(tensor_parallel, input_layernorm->forward(x));
-    at::Tensor q = q_norm->forward(heads(LinearOp(*q_proj, h, cache), heads_));
-    at::Tensor k = k_norm->forward(heads(LinearOp(*k_proj, h, cache), kv_heads_));
+    // q, k and v projected first, then q and k normalised (modeling_gemma3.py:341-346).
+    at::Tensor q = heads(LinearOp(*q_proj, h, cache), heads_);
+    at::Tensor k = heads(LinearOp(*k_proj, h, cache), kv_heads_);
     at::Tensor v = heads(LinearOp(*v_proj, h, cache), kv_heads_);
+    q = q_norm->forward(Last(q));
+    k = k_norm->forward(Last(k));
     // From seq >= sliding_window on, a sliding layer attends through the model's mask:
     // SDPA without enable_gqa (repeat_kv copies) and with the mask, which ATen turns into
     // an additive one in q's dtype that the flash node keeps.
@@ -98,7 +101,11 @@ class Gemma3LayerImpl : public DecoderLayer {
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = ReduceOut(tensor_parallel, LinearOp(*o_proj, Last(merged), cache), cache);
     h = q = k = v = at::Tensor();  // self_attn returns
-    at::Tensor x1 = x + post_attention_layernorm->forward(Last(projected));
+    // hidden_states = self.post_attention_layernorm(hidden_states): the norm's argument
+    // lives to its return (nn.Module.__call__'s *args), then dies as the name is rebound,
+    // before the residual add.
+    at::Tensor attention_out = post_attention_layernorm->forward(Last(projected));
+    at::Tensor x1 = x + Last(attention_out);
     // Gemma3MLP: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x)).
     at::Tensor h2 = CopyIn(tensor_parallel, pre_feedforward_layernorm->forward(x1));
     at::Tensor gate = LinearOp(*gate_proj, h2, cache);
@@ -107,7 +114,8 @@ class Gemma3LayerImpl : public DecoderLayer {
     at::Tensor product = Last(act) * Last(up);
     at::Tensor down = ReduceOut(tensor_parallel, LinearOp(*down_proj, Last(product), cache), cache);
     h2 = at::Tensor();  // mlp returns
-    return Last(x1) + post_feedforward_layernorm->forward(Last(down));
+    at::Tensor mlp_out = post_feedforward_layernorm->forward(Last(down));  // as above
+    return Last(x1) + Last(mlp_out);
   }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -180,6 +188,7 @@ class Gemma3Model : public ModelImpl {
                                 : embed_tokens.ptr()->forward(input_ids);
     start.hidden = Last(embeddings) * embed_scale;
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
+    start.decoder_locals = {start.hidden};  // Gemma3TextModel.forward's inputs_embeds
     return start;
   }
 
