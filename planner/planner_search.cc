@@ -222,7 +222,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
       for (int below = 0; below < 2; ++below) {
         // `previous` is now the last layer's kind, `below` whether any layer is checkpointed.
-        const Bracket& head = Head(first_ckpt, previous, below);
+        const Bracket& head = last[previous][below];
         const Bracket& ends = first[first_ckpt];
         const int64_t base = resident + ends.prologue.net;
         // No layer checkpointed: the one plan that keeps the DynamicCache, replayed.

@@ -78,22 +78,14 @@ struct Planner::Tables {
   // By Key(position, previous checkpointed, choice, next checkpointed, lowest).
   std::vector<LayerStretches> layer;
   // By whether the first layer is checkpointed (prologue, tail), and (head) whether the
-  // first one is, the last one is and any is: transformers calls every layer with the
-  // position ids, which checkpointed layers hold until the lowest one's backward, and the
-  // decoder's inputs_embeds dies where it returns unless the first layer's checkpoint
-  // holds it.
+  // last one is and whether any is: transformers calls every layer with the position
+  // ids, which checkpointed layers hold until the lowest one's backward.
   struct Bracket {
     bool seen = false;
     StepStretch prologue, tail, head_forward, head_backward;
   };
   Bracket first[2];
-  Bracket last[2][2][2];
-  // Head: last[first][last_ckpt][any], or, where that context was not probed and the
-  // first layer does not matter, the other first's.
-  const Bracket& Head(int first_ckpt, int last_ckpt, int any) const {
-    const Bracket& b = last[first_ckpt][last_ckpt][any];
-    return b.seen ? b : last[1 - first_ckpt][last_ckpt][any];
-  }
+  Bracket last[2][2];
   // cached_none_peak: with transformers' use_cache, the plan that checkpoints no layer
   // runs with the DynamicCache (the others without): its peak, replayed; -1 without.
   int64_t cached_none_peak = -1;
