@@ -457,7 +457,6 @@ class Simulation {
   // decoder_returns_: run by Forward after the op where the decoder model's forward
   // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
   std::function<void()> decoder_returns_;
-
   const BlockGraph* prologue_graph_ = nullptr;
   const ModelGraphs* graphs_ = nullptr;  // Run's
   std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)
