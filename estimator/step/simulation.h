@@ -268,7 +268,6 @@ class Simulation {
     tied_buffer_.erase(pending);
     return true;
   }
-  Buffers tied_buffer_;
   void Accumulate(Buffers& buffers, int tensor, Handle grad);
   void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, Handle grad);
   // OptimizerStep steps tensors of these element counts, with their gradients.
@@ -458,6 +457,7 @@ class Simulation {
   // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
   std::function<void()> decoder_returns_;
   const BlockGraph* prologue_graph_ = nullptr;
+  Buffers tied_buffer_;  // the tied weight's AccumulateGrad input buffer (TiedGradientReady)
   const ModelGraphs* graphs_ = nullptr;  // Run's
   std::vector<StageRange> chunks_;  // the rank's model chunks (or the whole model)
   Handle hidden_;     // the layout of the hidden states between layers (and stages)
