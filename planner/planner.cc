@@ -169,6 +169,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
       threes.push_back({none, c, none});
       fours.push_back({none, c, c, none});
       shorts.push_back({none, c});
+      shorts.push_back({c, none});  // first checkpointed, last not: the head's context
     }
     probes.emplace_back(9, std::move(longs));
     probes.emplace_back(2, std::move(shorts));

@@ -109,7 +109,8 @@ class ParetoSet {
 // The peak of a plan, stretch by stretch in step order, with R the resident bytes,
 // P the prologue's net, F_i the forward nets of layers 0..i, D_j = forward + backward
 // net of layer j, H the head's two nets (under autocast less G, the casts the forward's
-// end frees, summed over the layers like F):
+// end frees, summed over the layers like F; first_held_bytes more when layer 0 is
+// checkpointed, as its frame keeps the decoder's inputs_embeds):
 //   forward of layer i:  R + P + F_{i-1} + rise_i
 //   backward of layer i: R + P + H + F_i + sum_{j > i} D_j + rise_i
 //   the tail:            R + P + H + sum_j D_j + rise
@@ -144,13 +145,17 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   // Place layer i into a label; false if a forward moment, a backward one known now
   // (`local`), or a lower bound of the moments still to come exceeds the budget.
   // Under `local`, the later layers' D: the last one's, and the middle ones'.
-  const int64_t head_net = head_net_none;
+  // H, under `local`: the head's nets when no layer is checkpointed, and more where the
+  // first layer's checkpoint holds what the decoder's return would free.
+  auto head_net = [&](bool first_ckpt) {
+    return head_net_none + (first_ckpt ? first_held_bytes : 0);
+  };
   auto later_d = [&](int64_t remaining) {
     return remaining == 0 ? 0 : d_of[kLast] + (remaining - 1) * d_of[kMiddle];
   };
   // held: some layer <= i is checkpointed (layer i being placed).
   auto place = [&](const Label& from, const LayerStretches& st, int64_t base,
-                   int64_t remaining, bool held, Label* to) -> bool {
+                   int64_t remaining, bool held, bool first_ckpt, Label* to) -> bool {
     if (st.forward.has_rise && base + from.f + st.forward.rise > budget) return false;
     to->f = from.f + st.forward.net;
     to->s = from.s + st.forward.net + st.backward.net;
@@ -158,7 +163,8 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     if (local) {
       // F less the casts freed at the forward's end; the later layers' D likewise.
       if (st.backward.has_rise &&
-          base + head_net + (held ? held_bytes : 0) + to->f - to->g + later_d(remaining) +
+          base + head_net(first_ckpt) + (held ? held_bytes : 0) + to->f - to->g +
+                  later_d(remaining) +
                   st.backward.rise >
               budget) {
         return false;
@@ -190,7 +196,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                   if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
                   Label to;
                   if (!place(from, layer[Key(position, previous, c, next, lowest)], base,
-                             remaining, below || current, &to)) {
+                             remaining, below || current, first_ckpt, &to)) {
                     continue;
                   }
                   to.cost = cost;
@@ -222,7 +228,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
       for (int below = 0; below < 2; ++below) {
         // `previous` is now the last layer's kind, `below` whether any layer is checkpointed.
-        const Bracket& head = last[previous][below];
+        const Bracket& head = Head(first_ckpt, previous, below);
         const Bracket& ends = first[first_ckpt];
         const int64_t base = resident + ends.prologue.net;
         // No layer checkpointed: the one plan that keeps the DynamicCache, replayed.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,7 +52,7 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   f.seen = true;
   f.prologue = s.prologue;
   f.tail = s.tail;
-  Bracket& l = last[Checkpointed(probe.back())][lowest >= 0];
+  Bracket& l = last[Checkpointed(probe.front())][Checkpointed(probe.back())][lowest >= 0];
   // The head's forward without the probe's casts freed at its end.
   StepStretch head_forward = s.head_forward;
   head_forward.net += probe_freed;
@@ -86,9 +87,11 @@ void Planner::Tables::DeriveBounds() {
   bool d_seen[kPositions] = {};
   bool d_varies = false;
   // D by position over the stretches of layers that are not the lowest checkpointed
-  // one; the lowest one's D must then be held_bytes less, one constant.
+  // one; the lowest one's D must then be held_bytes less, one constant, and at the first
+  // position (where the lowest is the first layer) first_held_bytes less again.
+  int64_t gap[kPositions] = {};
+  bool gap_seen[kPositions] = {};
   for (int lowest = 0; lowest < 2; ++lowest) {
-    bool held_known = false;
     for (int position = 0; position < kPositions; ++position) {
       for (int previous = 0; previous < 2; ++previous) {
         for (int c = 0; c < n; ++c) {
@@ -103,14 +106,11 @@ void Planner::Tables::DeriveBounds() {
             // forward's end.
             const int64_t dd = st.forward.net + st.backward.net - st.freed;
             if (lowest) {
-              if (!d_seen[position]) {
-                d_varies = true;
-              } else if (!held_known) {
-                t.held_bytes = d[position] - dd;
-                held_known = true;
-              } else if (d[position] - dd != t.held_bytes) {
+              if (!d_seen[position] || (gap_seen[position] && gap[position] != d[position] - dd)) {
                 d_varies = true;
               }
+              gap[position] = d[position] - dd;
+              gap_seen[position] = true;
               continue;
             }
             if (d_seen[position] && d[position] != dd) d_varies = true;
@@ -121,20 +121,43 @@ void Planner::Tables::DeriveBounds() {
       }
     }
   }
-  bool head_varies = !t.last[0][0].seen;
-  t.head_net_none = t.last[0][0].head_forward.net + t.last[0][0].head_backward.net;
-  for (int last_ckpt = 0; last_ckpt < 2; ++last_ckpt) {
-    for (int any_ckpt = 0; any_ckpt < 2; ++any_ckpt) {
-      const Tables::Bracket& b = t.last[last_ckpt][any_ckpt];
-      if (b.seen && b.head_forward.net + b.head_backward.net !=
-                        t.head_net_none + (any_ckpt ? t.held_bytes : 0)) {
-        head_varies = true;
+  // held_bytes from the layers after the first; the first's gap is first_held_bytes more
+  // (all of it held_bytes when only a first layer was probed checkpointed).
+  std::optional<int64_t> held, first_gap;
+  for (int position = 0; position < kPositions; ++position) {
+    if (!gap_seen[position]) continue;
+    std::optional<int64_t>& known =
+        position == kFirst || position == kOnly ? first_gap : held;
+    if (known.has_value() && *known != gap[position]) d_varies = true;
+    known = gap[position];
+  }
+  t.held_bytes = held.value_or(first_gap.value_or(0));
+  t.first_held_bytes = first_gap.has_value() ? *first_gap - t.held_bytes : 0;
+  bool head_varies = !t.last[0][0][0].seen;
+  t.head_net_none = t.last[0][0][0].head_forward.net + t.last[0][0][0].head_backward.net;
+  bool heads_differ_by_first = false;
+  for (int first_ckpt = 0; first_ckpt < 2; ++first_ckpt) {
+    for (int last_ckpt = 0; last_ckpt < 2; ++last_ckpt) {
+      for (int any_ckpt = 0; any_ckpt < 2; ++any_ckpt) {
+        const Tables::Bracket& b = t.last[first_ckpt][last_ckpt][any_ckpt];
+        if (b.seen && b.head_forward.net + b.head_backward.net !=
+                          t.head_net_none + (any_ckpt ? t.held_bytes : 0) +
+                              (first_ckpt ? t.first_held_bytes : 0)) {
+          head_varies = true;
+        }
+        const Tables::Bracket& other = t.last[1 - first_ckpt][last_ckpt][any_ckpt];
+        if (b.seen && other.seen &&
+            (!SameStretch(b.head_forward, other.head_forward) ||
+             !SameStretch(b.head_backward, other.head_backward))) {
+          heads_differ_by_first = true;
+        }
       }
     }
   }
   for (const Tables::LayerStretches& st : t.layer) t.casts = t.casts || st.freed != 0;
   t.local = !d_varies && !head_varies && !t.options.general;
-  t.first_matters = !(t.first[0].seen && t.first[1].seen &&
+  t.first_matters = heads_differ_by_first ||
+                    !(t.first[0].seen && t.first[1].seen &&
                       SameStretch(t.first[0].prologue, t.first[1].prologue) &&
                       SameStretch(t.first[0].tail, t.first[1].tail));
   for (int position = 0; position < kPositions; ++position) t.d_of[position] = d[position];
@@ -143,16 +166,18 @@ void Planner::Tables::DeriveBounds() {
   // So is the head's backward (its loss gradient, often the peak), at the head's
   // forward net above the forward's end.
   int64_t end = std::numeric_limits<int64_t>::max();
-  for (const auto& by_any : t.last) {
-    for (const Tables::Bracket& b : by_any) {
-      if (!b.seen) continue;
-      const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
-      // After the forward's end a plan's casts are freed (G, unknown here): only the
-      // head's forward rise is then a moment every plan reaches above its F.
-      const int64_t backward_moment =
-          t.casts ? forward_moment
-                  : b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
-      end = std::min(end, std::max(forward_moment, backward_moment));
+  for (const auto& by_last : t.last) {
+    for (const auto& by_any : by_last) {
+      for (const Tables::Bracket& b : by_any) {
+        if (!b.seen) continue;
+        const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
+        // After the forward's end a plan's casts are freed (G, unknown here): only the
+        // head's forward rise is then a moment every plan reaches above its F.
+        const int64_t backward_moment =
+            t.casts ? forward_moment
+                    : b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
+        end = std::min(end, std::max(forward_moment, backward_moment));
+      }
     }
   }
   t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
@@ -176,7 +201,8 @@ void Planner::Tables::DeriveBounds() {
     }
     if (least_rise != std::numeric_limits<int64_t>::max()) {
       t.min_end_rise = std::max(
-          t.min_end_rise, t.head_net_none + std::min<int64_t>(t.held_bytes, 0) + least_rise);
+          t.min_end_rise, t.head_net_none + std::min<int64_t>(t.held_bytes, 0) +
+                                 std::min<int64_t>(t.first_held_bytes, 0) + least_rise);
     }
   }
 }
@@ -280,7 +306,8 @@ int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
   };
   const int64_t lowest = t.LowestOf(plan);
   const Tables::Bracket& ends = t.first[t.Checkpointed(plan.front())];
-  const Tables::Bracket& head = t.last[t.Checkpointed(plan.back())][lowest >= 0];
+  const Tables::Bracket& head =
+      t.Head(t.Checkpointed(plan.front()), t.Checkpointed(plan.back()), lowest >= 0);
   visit(ends.prologue);
   StepStretch head_forward = head.head_forward;  // less the plan's casts, freed at its end
   for (int64_t i = 0; i < layers; ++i) {

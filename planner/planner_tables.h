@@ -78,14 +78,22 @@ struct Planner::Tables {
   // By Key(position, previous checkpointed, choice, next checkpointed, lowest).
   std::vector<LayerStretches> layer;
   // By whether the first layer is checkpointed (prologue, tail), and (head) whether the
-  // last one is and whether any is: transformers calls every layer with the position
-  // ids, which checkpointed layers hold until the lowest one's backward.
+  // first one is, the last one is and any is: transformers calls every layer with the
+  // position ids, which checkpointed layers hold until the lowest one's backward, and the
+  // decoder's inputs_embeds dies where it returns unless the first layer's checkpoint
+  // holds it.
   struct Bracket {
     bool seen = false;
     StepStretch prologue, tail, head_forward, head_backward;
   };
   Bracket first[2];
-  Bracket last[2][2];
+  Bracket last[2][2][2];
+  // Head: last[first][last_ckpt][any], or, where that context was not probed and the
+  // first layer does not matter, the other first's.
+  const Bracket& Head(int first_ckpt, int last_ckpt, int any) const {
+    const Bracket& b = last[first_ckpt][last_ckpt][any];
+    return b.seen ? b : last[1 - first_ckpt][last_ckpt][any];
+  }
   // cached_none_peak: with transformers' use_cache, the plan that checkpoints no layer
   // runs with the DynamicCache (the others without): its peak, replayed; -1 without.
   int64_t cached_none_peak = -1;
@@ -144,6 +152,11 @@ struct Planner::Tables {
   // A backward moment of layer i is held_bytes higher once a layer <= i is checkpointed.
   int64_t held_bytes = 0;
   int64_t head_net_none = 0;
+  // first_held_bytes: what a checkpointed first layer holds past the decoder's return,
+  // where the decoder's locals let go of its input (transformers' inputs_embeds): its D is
+  // that much less again, and the head's nets that much more. 0 when a plain first layer
+  // keeps its input anyway.
+  int64_t first_held_bytes = 0;
   // Lower bounds for pruning: the smallest forward net of any layer, and the smallest
   // moment above the forward's end that must still come (the head's forward rise, or
   // the last layer's backward rise above F).

@@ -365,6 +365,7 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
     // The decoder model's locals (position ids, RoPE tables: every copy here) die where
     // its forward returns.
     result.loss = model.Epilogue(std::move(x), input, [&] {
+      start.decoder_locals.clear();
       start.extras = layer_extras = plain_extras = LayerExtras();
     });
     end(ParameterUnits::kHead);

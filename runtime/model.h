@@ -90,6 +90,9 @@ class DecoderLayer : public torch::nn::Module {
 struct ModelStart {
   at::Tensor hidden;
   LayerExtras extras;
+  // decoder_locals: what the decoder model's forward holds in its locals until it
+  // returns, after its final norm (LlamaModel's inputs_embeds, modeling_llama.py:370-388).
+  std::vector<at::Tensor> decoder_locals;
 };
 
 // ModelImpl is a whole trainable model; its layers are registered in order as "layers".

@@ -83,9 +83,9 @@ FAMILIES = {
                                        "full_attention"]),
     # Gemma 3 small enough (SGD, a short vocabulary) that the forward and the layers'
     # backward hold the peak: the q, k and v projections made before their norms, a norm's
-    # argument held to its return (nn.Module.__call__'s *args) and (vocab 96) the tied
-    # weight's two gradients summed in its AccumulateGrad's input buffer. At batch 2 the
-    # decoder's inputs_embeds, which transformers holds to its return, is not modelled yet.
+    # argument held to its return (nn.Module.__call__'s *args), inputs_embeds held to the
+    # decoder's return, and (vocab 96) the tied weight's two gradients summed in its
+    # AccumulateGrad's input buffer.
     "gemma3_forward": dict(family="gemma3_text", layers=3, width=32, heads=4, kv_heads=2,
                            head_dim=16, intermediate=64, vocab=16, tied=True,
                            sliding_window=8, layer_types=["sliding_attention",
@@ -315,6 +315,7 @@ CASES = [
     c("gemma3_window", "selective", amp="bf16", seq=32),
     # Gemma 3 where the forward and the layers' backward peak (see FAMILIES).
     c("gemma3_forward", dtype="bf16", optimizer="sgd", batch=1, seq=8),
+    c("gemma3_forward", dtype="bf16", optimizer="sgd", seq=8),
     c("gemma3_forward", "full", amp="bf16", optimizer="sgd", batch=1, seq=8),
     c("gemma3_forward_tied", dtype="bf16", optimizer="sgd", batch=1, seq=8),
     # Sparse mixtures of experts (grouped_mm experts; a dense first layer in qwen3_moe):

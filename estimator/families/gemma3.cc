@@ -64,7 +64,9 @@ BlockGraph BuildGemma3Prologue(const ModelConfig& config) {
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
-  return g.Finish(g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale}));
+  int scaled = g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale});
+  g.HeldByDecoder({scaled});  // Gemma3TextModel.forward's inputs_embeds
+  return g.Finish(scaled);
 }
 
 // Gemma3DecoderLayer.forward: sandwich norms around attention and the MLP; q_norm and

@@ -23,6 +23,9 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   int positions =
       g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
   int embeddings = g.Op1(OpType::kAdd, "embeddings", {tokens, positions});
+  // GPT2Model.forward's inputs_embeds and position_embeds live to its return
+  // (modeling_gpt2.py:567-575); Megatron's embedding adds them inside its module.
+  if (!config.megatron) g.HeldByDecoder({tokens, positions});
   if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});

@@ -31,6 +31,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});
   }
+  g.HeldByDecoder({embeddings});  // inputs_embeds (with sequence parallelism, scattered)
   return g.Finish(embeddings);
 }
 

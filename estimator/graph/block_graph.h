@@ -122,6 +122,11 @@ struct BlockGraph {
   // last layer's output, rebound to the norm's; position ids; RoPE tables). -1: none
   // (the study's loss reads its input to the end).
   int decoder_returns_after = -1;
+  // decoder_locals: in a prologue, what the decoder model's forward holds in its locals
+  // until it returns, after its final norm: LlamaModel's and Gemma3TextModel's
+  // inputs_embeds (the first layer's input, modeling_llama.py:370-388), GPT2Model's
+  // inputs_embeds and position_embeds.
+  std::vector<int> decoder_locals;
   // walk_memo: what walks of this graph kept (estimator/graph/walk_memo.h); ModelGraphsFor
   // sets it on the graphs it caches, which never change after. Null: no memo.
   std::shared_ptr<WalkMemo> walk_memo;

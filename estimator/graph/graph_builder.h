@@ -637,6 +637,15 @@ class GraphBuilder {
   void HeldToEnd(int tensor) { graph_.held_until.emplace_back(tensor, -1); }
   // HeldThroughHere: Python locals hold `tensors` until the last op made so far has run
   // (a module's arguments and locals, to its return).
+  // HeldByDecoder: in a prologue, tensors the decoder model's locals hold until it
+  // returns (BlockGraph::decoder_locals).
+  void HeldByDecoder(std::initializer_list<int> tensors) {
+    for (int t : tensors) {
+      graph_.decoder_locals.push_back(t);
+      graph_.held_until.emplace_back(t, -1);  // to the prologue's end, then the caller's
+    }
+  }
+
   void HeldThroughHere(std::initializer_list<int> tensors) {
     for (int t : tensors) {
       graph_.held_until.emplace_back(t, static_cast<int>(graph_.ops.size()) - 1);

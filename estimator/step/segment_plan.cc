@@ -132,6 +132,10 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   }
   if (graph.input >= 0) plan->input_storage = tensors[graph.input].storage;
   plan->output_storage = tensors[graph.output].storage;
+  plan->decoder_local.assign(plan->walk.storage_list.size(), false);
+  for (int t : graph.decoder_locals) {
+    if (tensors[t].storage >= 0) plan->decoder_local[tensors[t].storage] = true;
+  }
   return plan;
 }
 

@@ -31,6 +31,9 @@ struct SegmentPlan {
   std::vector<int> last_use;            // per storage: the last op reading it, -1: none
   int input_storage = -1;
   int output_storage = -1;
+  // decoder_local: per storage, whether the decoder model's locals hold it past this
+  // segment, until the decoder returns (BlockGraph::decoder_locals).
+  std::vector<bool> decoder_local;
   // releases: per op, the storages its node's release_variables() lets go, in
   // Functions.h's order (saved inputs by name, then outputs), as the rules keep them.
   std::vector<std::vector<int>> releases;

@@ -456,6 +456,14 @@ class Simulation {
   // decoder_returns_: run by Forward after the op where the decoder model's forward
   // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
   std::function<void()> decoder_returns_;
+  // decoder_locals_: the Memory ids the decoder model's locals hold (the prologue's
+  // BlockGraph::decoder_locals), let go where it returns, or where a stage's forward
+  // without the head returns.
+  std::vector<int> decoder_locals_;
+  void ReleaseDecoderLocals() {
+    for (int id : decoder_locals_) memory_.Unref(id);
+    decoder_locals_.clear();
+  }
   const BlockGraph* prologue_graph_ = nullptr;
   Buffers tied_buffer_;  // the tied weight's AccumulateGrad input buffer (TiedGradientReady)
   const ModelGraphs* graphs_ = nullptr;  // Run's

@@ -328,7 +328,12 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
           s == plan.output_storage || storages[s].is_global) {
         continue;
       }
-      memory_.Unref(inst.ids[s]);
+      // The decoder model's locals take it over from the prologue (ForwardPass lets go).
+      if (plan.decoder_local[s]) {
+        decoder_locals_.push_back(inst.ids[s]);
+      } else {
+        memory_.Unref(inst.ids[s]);
+      }
       local[s] = false;
     }
     if (static_cast<int>(i) == graph.decoder_returns_after && decoder_returns_) {
@@ -337,6 +342,10 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     }
   }
   output->storage = inst.ids[plan.output_storage];
+  if (plan.decoder_local[plan.output_storage]) {
+    memory_.Ref(output->storage);  // the caller's reference, and a decoder local's
+    decoder_locals_.push_back(output->storage);
+  }
   output->layout = TensorOf(inst, graph.output).layout;
   output->dtype = graph.tensors[graph.output].dtype;
   return absl::OkStatus();

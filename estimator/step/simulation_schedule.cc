@@ -398,6 +398,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     bool returned = false;
     decoder_returns_ = [&] {
       if (x.storage != input_id) memory_.Unref(x.storage);
+      ReleaseDecoderLocals();
       for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
       extras.clear();
       returned = true;
@@ -412,6 +413,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   }
   // A stage without the head: the layers' extras die as it returns. Then the autocast
   // scope ends (its cast cache cleared).
+  ReleaseDecoderLocals();
   for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
   f.globals = globals_;
   ReleaseForwardHolds(/*forward_end=*/true);

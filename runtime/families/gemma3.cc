@@ -188,6 +188,7 @@ class Gemma3Model : public ModelImpl {
                                 : embed_tokens.ptr()->forward(input_ids);
     start.hidden = Last(embeddings) * embed_scale;
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
+    start.decoder_locals = {start.hidden};  // Gemma3TextModel.forward's inputs_embeds
     return start;
   }
 

@@ -173,19 +173,22 @@ class Gpt2Model : public ModelImpl {
     // position_ids, as GPT2Model makes them; it calls each block with them.
     LayerExtras extras = Extras(input_ids.size(1), at::kFloat);
     const at::Tensor& position_ids = extras.position_ids;
-    // One expression, as before tensor parallelism: the order in which the compiler
-    // evaluates the two lookups fixes their backward nodes' order, which the estimator's
-    // step simulation follows.
-    if (tensor_parallel != nullptr) {
-      at::Tensor embeddings = tensor_parallel->VocabEmbedding(input_ids, wte->weight) +
-                              wpe.ptr()->forward(position_ids);
-      // Megatron scatters the embeddings to the sequence-parallel region.
-      if (tensor_parallel->SequenceParallel()) embeddings = tensor_parallel->Scatter(embeddings);
-      return {EmbeddingDropout(std::move(embeddings)), std::move(extras)};
+    // GPT2Model.forward: inputs_embeds = wte(input_ids), position_embeds = wpe(...), in
+    // that order (their backward nodes' order, which the estimator's step simulation
+    // follows); both are its locals until it returns (modeling_gpt2.py:567-575).
+    at::Tensor tokens = tensor_parallel != nullptr
+                            ? tensor_parallel->VocabEmbedding(input_ids, wte->weight)
+                            : wte.ptr()->forward(input_ids);
+    at::Tensor positions = wpe.ptr()->forward(position_ids);
+    at::Tensor embeddings = tokens + positions;
+    // Megatron scatters the embeddings to the sequence-parallel region.
+    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
+      embeddings = tensor_parallel->Scatter(embeddings);
     }
-    at::Tensor embeddings =
-        EmbeddingDropout(wte.ptr()->forward(input_ids) + wpe.ptr()->forward(position_ids));
-    return {std::move(embeddings), std::move(extras)};
+    ModelStart start{EmbeddingDropout(std::move(embeddings)), std::move(extras), {}};
+    // Megatron's GPT embedding adds them inside its module, where they die.
+    if (!megatron_) start.decoder_locals = {std::move(tokens), std::move(positions)};
+    return start;
   }
 
   LayerExtras Extras(int64_t seq, at::ScalarType /*dtype*/) const override {

@@ -184,6 +184,7 @@ class LlamaModel : public ModelImpl {
     if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
       start.hidden = tensor_parallel->Scatter(start.hidden);
     }
+    start.decoder_locals = {start.hidden};  // inputs_embeds
     return start;
   }
 

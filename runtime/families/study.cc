@@ -18,7 +18,7 @@ class StudyModel : public ModelImpl {
     }
   }
 
-  ModelStart Prologue(const at::Tensor& input) const override { return {input, {}}; }
+  ModelStart Prologue(const at::Tensor& input) const override { return {input, {}, {}}; }
 
   at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& /*input*/,
                       const std::function<void()>& decoder_returns) const override {
