@@ -6,6 +6,9 @@
 #include "runtime/attention.h"
 #include "estimator/graph/family.h"
 #include "runtime/family.h"
+#include "runtime/last_use.h"
+#include "runtime/selective_ops.h"
+#include "runtime/tensor_parallel.h"
 
 namespace memledger::runtime {
 at::Tensor KvCacheUpdate(const at::Tensor& x, at::ScalarType keys_dtype,
@@ -122,6 +125,28 @@ at::Tensor ReduceScatter(TensorParallel& tp, const at::Tensor& x, const Selectiv
 at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x, const SelectiveCache* cache) {
   if (tp == nullptr) return x;
   return tp->ReduceOut(x, ReplaysMatmul(cache));
+}
+
+bool DecoderLayer::SequenceParallel() const {
+  return tensor_parallel != nullptr && tensor_parallel->SequenceParallel();
+}
+
+at::Tensor DecoderLayer::ColumnInput(const at::Tensor& h) const {
+  return SequenceParallel() ? h : CopyIn(tensor_parallel, h);
+}
+
+at::Tensor DecoderLayer::ColumnParallel(torch::nn::LinearImpl& linear, const at::Tensor& h,
+                                        SelectiveCache* cache) const {
+  if (!SequenceParallel()) return LinearOp(linear, h, cache);
+  return GatherLinearOp(*tensor_parallel, linear.weight, linear.bias, /*conv1d=*/false, h,
+                        cache);
+}
+
+at::Tensor DecoderLayer::RowParallel(torch::nn::LinearImpl& linear, const at::Tensor& x,
+                                     SelectiveCache* cache) const {
+  at::Tensor partial = LinearOp(linear, x, cache);
+  if (SequenceParallel()) return ReduceScatter(*tensor_parallel, Last(partial), cache);
+  return ReduceOut(tensor_parallel, Last(partial), cache);
 }
 
 void ModelImpl::SetTensorParallel(TensorParallel* tp) {

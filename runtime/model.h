@@ -84,6 +84,20 @@ class DecoderLayer : public torch::nn::Module {
                              AttentionMode mode, SelectiveCache* cache) = 0;
   // tensor_parallel: null in one process; set by ModelImpl::SetTensorParallel.
   TensorParallel* tensor_parallel = nullptr;
+
+ protected:
+  // Megatron's linears for nn.Linear layers (Llama's, Gemma 3's). With sequence
+  // parallelism the layer's input holds this rank's T / tp tokens: each column-parallel
+  // projection all-gathers it, each row-parallel one reduce-scatters; without, f
+  // (CopyIn) before the column-parallel ones and g (ReduceOut) after the row-parallel.
+  bool SequenceParallel() const;
+  // ColumnInput: the input of column-parallel projections, through f unless sequence
+  // parallel (where each projection gathers it).
+  at::Tensor ColumnInput(const at::Tensor& h) const;
+  at::Tensor ColumnParallel(torch::nn::LinearImpl& linear, const at::Tensor& h,
+                            SelectiveCache* cache) const;
+  at::Tensor RowParallel(torch::nn::LinearImpl& linear, const at::Tensor& x,
+                         SelectiveCache* cache) const;
 };
 
 // ModelStart is what the prologue hands the first layer.

@@ -164,7 +164,8 @@ TEST(KorthikantiTest, TensorParallelInputIsChecked) {
   ModelConfig sp = Megatron(kModels[0], 1, /*sp=*/true);
   options.attention = AttentionMode::kMath;
   EXPECT_STATUS(Predict(sp, options), absl::StatusCode::kInvalidArgument,
-                "--sp (sequence parallelism) needs --tp >= 2 and a llama or gpt2 family model");
+                "--sp (sequence parallelism) needs --tp >= 2 and a llama, gemma3 or gpt2 "
+                "family model");
 }
 
 }  // namespace

@@ -306,6 +306,24 @@ TEST(VerifyRanksTest, GemmaUnderAutocastOverTensorParallelRanks) {
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, GemmaOnSequenceParallelRanks) {
+  // Gemma 3 with sequence parallelism over tp = 2, at seq 16 past its window of 8 (the
+  // sliding layers attend through the mask): the four sandwich norms on this rank's 8
+  // tokens, q/k/v and gate/up gathering them, the scaled embeddings scattered and the
+  // head gathering its input. The norms' gradients are partial per rank until
+  // all-reduced, which the gradient check would catch.
+  rapidjson::Document doc = PassingRun(
+      "--model=tests/testdata/gemma3-window8.config.json --batch=2 --seq=16 --skip_timing "
+      "--tp=2 --sp",
+      2);
+  if (HasFailure()) return;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
+    EXPECT_LE(Rank(doc, rank)["max_grad_diff"]["none"].GetDouble(), 1e-5);
+  }
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, TensorParallelHeadPeaksAsPredicted) {
   // A 4,096-row vocabulary shard per rank: the step peaks in the head's backward, where
   // the cross-entropy's softmax (turned into the logits' gradient in place, 512 x 4,096

@@ -65,17 +65,21 @@ BlockGraph BuildGemma3Prologue(const ModelConfig& config) {
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
   int scaled = g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale});
-  g.HeldByDecoder({scaled});  // Gemma3TextModel.forward's inputs_embeds
+  if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
+    scaled = g.Op1(OpType::kScatter, "embeddings.scatter", {scaled}, {.shape = {kB, kTs, kD}});
+  }
+  g.HeldByDecoder({scaled});  // Gemma3TextModel.forward's inputs_embeds (scattered with sp)
   return g.Finish(scaled);
 }
 
 // Gemma3DecoderLayer.forward: sandwich norms around attention and the MLP; q_norm and
 // k_norm on the transposed heads (Gemma3Attention.forward normalises after the
-// transpose); RoPE with the layer type's tables.
+// transpose); RoPE with the layer type's tables. With sequence parallelism the residual
+// stream and the sandwich norms hold T / tp tokens (kTs), as Llama's do.
 BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
                             LayerAttention attention) {
   GraphBuilder g(config);
-  int x = g.Input("x", {kB, kT, kD});
+  int x = g.Input("x", {kB, kTs, kD});
   const bool sliding = attention == LayerAttention::kSliding;
   int cos = g.Global(sliding ? ModelTensor::kRopeLocalCos : ModelTensor::kRopeCos, config.dtype,
                      {Sym(1), kT, kDHead});
@@ -131,17 +135,20 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
 }
 
 // Final norm, LM head (tied to embed_tokens by default) and the loss; Gemma 3's
-// final_logit_softcapping is null (ValidateGemma3 refuses another).
+// final_logit_softcapping is null (the config.json reader refuses another).
 BlockGraph BuildGemma3Epilogue(const ModelConfig& config) {
   GraphBuilder g(config);
-  int x = g.Input("x", {kB, kT, kD});
+  int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int h = GemmaRmsNorm(g, "norm", x);
   g.DecoderReturnsHere();
   g.HeldToEnd(h);  // Gemma3ForCausalLM's `hidden_states`, to its return
   int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
                                      : g.Param("lm_head.weight", {kV, kD});
-  int logits = g.MatmulFolded("lm_head", h, weight, kD, kV);
+  // With sequence parallelism the vocabulary-parallel head gathers its input too.
+  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+                                 {.shape = {kB, kT, kV}}, OpKind::kMatmul)
+                         : g.MatmulFolded("lm_head", h, weight, kD, kV);
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 
@@ -259,14 +266,6 @@ absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
   return absl::OkStatus();
 }
 
-// ValidateGemma3: what is not modelled yet, one line each.
-absl::Status ValidateGemma3(const ModelConfig& c) {
-  if (c.sp) {
-    return absl::InvalidArgumentError("--sp: sequence parallelism is not modelled for gemma3 yet");
-  }
-  return absl::OkStatus();
-}
-
 ModelConfig Gemma3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
                    int64_t head_dim, int64_t intermediate, int64_t vocab, int64_t window) {
   ModelConfig c;
@@ -305,7 +304,6 @@ const FamilyDef& Gemma3Family() {
       .rope = true,
       .layer_types = true,
       .graphs = BuildGemma3Graphs,
-      .validate = ValidateGemma3,
       .model_types = {"gemma3_text", "gemma3"},
       .read = ReadGemma3,
       .write = WriteGemma3,

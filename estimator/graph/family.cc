@@ -100,8 +100,8 @@ absl::Status ValidateConfig(const ModelConfig& config) {
   if (config.tp > 1) {
     if (!family.decoder) {
       return absl::InvalidArgumentError(
-          "--tp: tensor parallelism is modelled for the decoder families (llama, gpt2), not "
-          "the study's block");
+          "--tp: tensor parallelism is modelled for the decoder families (llama, gemma3, "
+          "gpt2), not the study's block");
     }
     // Megatron splits whole heads, kv heads, MLP columns and vocabulary rows.
     for (const auto& [flag, value] :
@@ -118,7 +118,8 @@ absl::Status ValidateConfig(const ModelConfig& config) {
   if (config.sp) {
     if (!family.decoder || config.tp < 2) {
       return absl::InvalidArgumentError(
-          "--sp (sequence parallelism) needs --tp >= 2 and a llama or gpt2 family model");
+          "--sp (sequence parallelism) needs --tp >= 2 and a llama, gemma3 or gpt2 family "
+          "model");
     }
     if (config.amp != DType::kFloat32) {
       // Megatron's gather-linear is a custom autograd Function, which autocast does not

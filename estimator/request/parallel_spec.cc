@@ -45,8 +45,8 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
   }
   if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
     return absl::InvalidArgumentError(
-        "--pp: pipeline stages are modelled for the decoder families (llama, gpt2), not the "
-        "study's block");
+        "--pp: pipeline stages are modelled for the decoder families (llama, gemma3, gpt2), "
+        "not the study's block");
   }
   const bool interleaved = spec.schedule == PipelineSchedule::kInterleaved;
   if (interleaved && spec.pp < 2) {

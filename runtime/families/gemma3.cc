@@ -77,19 +77,18 @@ class Gemma3LayerImpl : public DecoderLayer {
 
   at::Tensor forward(const at::Tensor& x, const LayerExtras& extras, AttentionMode mode,
                      SelectiveCache* cache) override {
-    // One statement per last use (Last), in the graph's order.
-    const int64_t b = x.size(0), t = x.size(1);
+    // One statement per last use (Last), in the graph's order. With sequence
+    // parallelism x holds this rank's T / tp tokens (DecoderLayer's ColumnParallel).
+    const int64_t b = x.size(0), t = extras.cos.size(1);  // all T tokens
     auto heads = [&](const at::Tensor& projected, int64_t n) {
       return projected.view({b, t, n, head_dim_}).transpose(1, 2);
     };
     // Gemma3Attention.forward's argument and locals live to its return, after o_proj.
-    // With tensor parallelism, Megatron's f (CopyIn) before the column-parallel
-    // projections and g (ReduceOut) after the row-parallel ones.
-    at::Tensor h = CopyIn(tensor_parallel, input_layernorm->forward(x));
+    at::Tensor h = ColumnInput(input_layernorm->forward(x));
     // q, k and v projected first, then q and k normalised (modeling_gemma3.py:341-346).
-    at::Tensor q = heads(LinearOp(*q_proj, h, cache), heads_);
-    at::Tensor k = heads(LinearOp(*k_proj, h, cache), kv_heads_);
-    at::Tensor v = heads(LinearOp(*v_proj, h, cache), kv_heads_);
+    at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_);
+    at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_);
+    at::Tensor v = heads(ColumnParallel(*v_proj, h, cache), kv_heads_);
     q = q_norm->forward(Last(q));
     k = k_norm->forward(Last(k));
     // From seq >= sliding_window on, a sliding layer attends through the model's mask:
@@ -99,7 +98,7 @@ class Gemma3LayerImpl : public DecoderLayer {
     at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache,
                                  masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor());
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
-    at::Tensor projected = ReduceOut(tensor_parallel, LinearOp(*o_proj, Last(merged), cache), cache);
+    at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
     h = q = k = v = at::Tensor();  // self_attn returns
     // hidden_states = self.post_attention_layernorm(hidden_states): the norm's argument
     // lives to its return (nn.Module.__call__'s *args), then dies as the name is rebound,
@@ -107,12 +106,12 @@ class Gemma3LayerImpl : public DecoderLayer {
     at::Tensor attention_out = post_attention_layernorm->forward(Last(projected));
     at::Tensor x1 = x + Last(attention_out);
     // Gemma3MLP: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x)).
-    at::Tensor h2 = CopyIn(tensor_parallel, pre_feedforward_layernorm->forward(x1));
-    at::Tensor gate = LinearOp(*gate_proj, h2, cache);
+    at::Tensor h2 = ColumnInput(pre_feedforward_layernorm->forward(x1));
+    at::Tensor gate = ColumnParallel(*gate_proj, h2, cache);
     at::Tensor act = GeluOp(Last(gate), "tanh", cache);
-    at::Tensor up = LinearOp(*up_proj, h2, cache);
+    at::Tensor up = ColumnParallel(*up_proj, h2, cache);
     at::Tensor product = Last(act) * Last(up);
-    at::Tensor down = ReduceOut(tensor_parallel, LinearOp(*down_proj, Last(product), cache), cache);
+    at::Tensor down = RowParallel(*down_proj, Last(product), cache);
     h2 = at::Tensor();  // mlp returns
     at::Tensor mlp_out = post_feedforward_layernorm->forward(Last(down));  // as above
     return Last(x1) + Last(mlp_out);
@@ -188,6 +187,10 @@ class Gemma3Model : public ModelImpl {
                                 : embed_tokens.ptr()->forward(input_ids);
     start.hidden = Last(embeddings) * embed_scale;
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
+    // Megatron scatters the embeddings to the sequence-parallel region.
+    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
+      start.hidden = tensor_parallel->Scatter(start.hidden);
+    }
     start.decoder_locals = {start.hidden};  // Gemma3TextModel.forward's inputs_embeds
     return start;
   }
@@ -242,8 +245,13 @@ class Gemma3Model : public ModelImpl {
     const at::Tensor normed = norm.ptr()->forward(hidden);
     hidden = at::Tensor();  // Gemma3TextModel.forward returns its norm's output
     decoder_returns();
-    return CausalLmLoss(at::linear(CopyIn(tensor_parallel, normed), weight), input_ids,
-                        tensor_parallel);
+    // With sequence parallelism the vocabulary-parallel head gathers its input too.
+    at::Tensor logits =
+        tensor_parallel != nullptr && tensor_parallel->SequenceParallel()
+            ? tensor_parallel->GatherLinear(normed, weight, at::Tensor(), /*conv1d=*/false,
+                                            nullptr)
+            : at::linear(CopyIn(tensor_parallel, normed), weight);
+    return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};

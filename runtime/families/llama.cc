@@ -121,27 +121,6 @@ class LlamaLayerImpl : public DecoderLayer {
     return Last(x1) + Last(down);
   }
 
-  bool SequenceParallel() const {
-    return tensor_parallel != nullptr && tensor_parallel->SequenceParallel();
-  }
-  // ColumnInput: the input of column-parallel projections, through f unless sequence
-  // parallel (where each projection gathers it).
-  at::Tensor ColumnInput(const at::Tensor& h) const {
-    return SequenceParallel() ? h : CopyIn(tensor_parallel, h);
-  }
-  at::Tensor ColumnParallel(torch::nn::LinearImpl& linear, const at::Tensor& h,
-                            SelectiveCache* cache) const {
-    if (!SequenceParallel()) return LinearOp(linear, h, cache);
-    return GatherLinearOp(*tensor_parallel, linear.weight, linear.bias, /*conv1d=*/false, h,
-                          cache);
-  }
-  at::Tensor RowParallel(torch::nn::LinearImpl& linear, const at::Tensor& x,
-                         SelectiveCache* cache) const {
-    at::Tensor partial = LinearOp(linear, x, cache);
-    if (SequenceParallel()) return ReduceScatter(*tensor_parallel, Last(partial), cache);
-    return ReduceOut(tensor_parallel, Last(partial), cache);
-  }
-
   RmsNorm input_layernorm{nullptr};
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
