@@ -302,7 +302,24 @@ class Simulation {
     Handle loss;        // the head's, kept until the step ends
     Handle output;      // a stage without the head: its output, until sent
     Handle input_grad;  // the received input's .grad, until sent
+    bool repeated = false;  // its passes copied from the second micro-batch's
   };
+  // RepeatedPass is a micro-batch's forward or backward as tape stretches, and the
+  // handle it leaves its caller (the output to send, the input's gradient): a later
+  // micro-batch's pass that repeats it byte for byte is these stretches again.
+  struct RepeatedPass {
+    std::vector<TapeStretch> stretches;
+    Handle handle;  // undefined: none
+    int64_t bytes = 0;
+    MemoryCategory category = MemoryCategory::kTemporary;
+  };
+  // BeginCapture (with `capture`) ends the open stretch and says where the pass's own
+  // begin on the tape; Capture, after the pass, takes them and its handle.
+  size_t BeginCapture(bool capture);
+  RepeatedPass Capture(size_t begin, const Handle& handle);
+  // Repeat appends `pass`'s stretches (each pass renumbered) and returns its handle, a
+  // storage already counted in them.
+  Handle Repeat(const RepeatedPass& pass);
   absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
                                 const std::vector<int>& inputs);
   void ParameterOrder(const ModelPlans& plans);

@@ -198,7 +198,14 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
   const size_t chunks = chunks_.size();
   std::vector<std::deque<Handle>> received(chunks), output_grads(chunks);
   std::vector<std::deque<InFlight>> in_flight(chunks);
-  std::vector<size_t> forwards(chunks, 0);
+  std::vector<size_t> forwards(chunks, 0), backwards(chunks, 0);
+  // Under 1F1B every micro-batch after the second repeats the second's forward and
+  // backward stretch for stretch (Run's `simulated` rests on the same fact): where the
+  // step's peak is composed from the tape, they are copied rather than replayed. Not
+  // on the last stage, whose first loss stays and the others' are added into it.
+  const bool repeats = tape_ != nullptr && chunks == 1 && !chunks_.front().head &&
+                       !memory_.allocator() && !options_.record_events;
+  RepeatedPass second_forward, second_backward;
   Handle last_output, last_input_grad, last_received;
   auto receive = [&]() {
     Handle h = hidden_;
@@ -226,7 +233,14 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           f.received = received[step.chunk].front();
           received[step.chunk].pop_front();
         }
-        if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+        if (repeats && j >= 2) {
+          f.repeated = true;
+          f.output = Repeat(second_forward);
+        } else {
+          const size_t begin = BeginCapture(repeats);
+          if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+          if (repeats && j == 1) second_forward = Capture(begin, f.output);
+        }
         last_output = f.output;
         f.output = Handle();
         in_flight[step.chunk].push_back(std::move(f));
@@ -245,7 +259,16 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           output_grad = output_grads[step.chunk].front();
           output_grads[step.chunk].pop_front();
         }
-        if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
+        const size_t j = backwards[step.chunk]++;
+        if (f.repeated) {
+          // The second micro-batch's backward freed its output's gradient.
+          if (output_grad.has_value()) memory_.Forget(output_grad->storage);
+          f.input_grad = Repeat(second_backward);
+        } else {
+          const size_t begin = BeginCapture(repeats);
+          if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
+          if (repeats && j == 1) second_backward = Capture(begin, f.input_grad);
+        }
         last_input_grad = f.input_grad;
         last_received = f.received;
         in_flight[step.chunk].pop_front();
@@ -266,6 +289,39 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
     }
   }
   return absl::OkStatus();
+}
+
+size_t Simulation::BeginCapture(bool capture) {
+  if (!capture) return 0;
+  memory_.BeginSegment();  // ends what was open: the pass's stretches come next
+  return memory_.tape_size();
+}
+
+Simulation::RepeatedPass Simulation::Capture(size_t begin, const Handle& handle) {
+  memory_.BeginSegment();  // ends the pass's last stretch
+  RepeatedPass pass;
+  pass.stretches.assign(tape_->begin() + static_cast<std::ptrdiff_t>(begin), tape_->end());
+  pass.handle = handle;
+  if (handle.defined()) {
+    pass.bytes = memory_.bytes(handle.storage);
+    pass.category = memory_.category(handle.storage);
+  }
+  return pass;
+}
+
+Handle Simulation::Repeat(const RepeatedPass& pass) {
+  std::vector<TapeStretch> stretches = pass.stretches;
+  std::map<int64_t, int64_t> renumbered;  // each of its passes a new one, in order
+  for (TapeStretch& s : stretches) {
+    if (s.pass < 0) continue;
+    auto [it, added] = renumbered.emplace(s.pass, passes_);
+    if (added) ++passes_;
+    s.pass = it->second;
+  }
+  memory_.Replay(stretches);
+  Handle handle = pass.handle;
+  if (handle.defined()) handle.storage = memory_.Adopt(pass.bytes, pass.category);
+  return handle;
 }
 
 // ParameterOrder: the optimizer visits model.parameters(), the rank's chunks' in the

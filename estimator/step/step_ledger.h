@@ -236,6 +236,25 @@ class Memory {
     BeginSegment();  // from here, recording nothing before
     tape_ = tape;
   }
+  // Replay appends stretches recorded before, as if they happened again now: what they
+  // leave is live from here. Only with a tape, whose stretches the step's peak is then
+  // composed from (this ledger's own peak does not see them).
+  void Replay(const std::vector<TapeStretch>& stretches) {
+    Record();
+    for (const TapeStretch& s : stretches) {
+      tape_->push_back(s);
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        overflow_ = overflow_ || __builtin_add_overflow(live_[c], s.summary.net[c], &live_[c]) ||
+                    __builtin_add_overflow(total_, s.summary.net[c], &total_);
+      }
+    }
+    tag_ = TapeStretch();
+    segment_ = SegmentSummary();
+    segment_start_ = live_;
+    segment_start_total_ = total_;
+  }
+  // Forget drops a reference to `s` whose freeing stretches replayed (Replay) counted.
+  void Forget(int s) { --storages_[s].refs; }
   // FinishTape records the stretch still open, if anything happened in it.
   void FinishTape() {
     if (tape_ != nullptr) Record();
