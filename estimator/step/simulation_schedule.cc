@@ -199,13 +199,12 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
   std::vector<std::deque<Handle>> received(chunks), output_grads(chunks);
   std::vector<std::deque<InFlight>> in_flight(chunks);
   std::vector<size_t> forwards(chunks, 0), backwards(chunks, 0);
-  // Under 1F1B every micro-batch after the second repeats the second's forward and
-  // backward stretch for stretch (Run's `simulated` rests on the same fact): where the
-  // step's peak is composed from the tape, they are copied rather than replayed. Not
-  // on the last stage, whose first loss stays and the others' are added into it.
-  const bool repeats = tape_ != nullptr && chunks == 1 && !chunks_.front().head &&
-                       !memory_.allocator() && !options_.record_events;
-  RepeatedPass second_forward, second_backward;
+  // On a model chunk every micro-batch after the second repeats the second's forward
+  // and backward stretch for stretch (Run's `simulated` rests on the same fact): where
+  // the step's peak is composed from the tape, they are copied rather than replayed.
+  // Not on the head's chunk, whose first loss stays and the others' are added into it.
+  const bool copies = tape_ != nullptr && !memory_.allocator() && !options_.record_events;
+  std::vector<RepeatedPass> second_forward(chunks), second_backward(chunks);
   Handle last_output, last_input_grad, last_received;
   auto receive = [&]() {
     Handle h = hidden_;
@@ -233,13 +232,14 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           f.received = received[step.chunk].front();
           received[step.chunk].pop_front();
         }
+        const bool repeats = copies && !f.range.head;
         if (repeats && j >= 2) {
           f.repeated = true;
-          f.output = Repeat(second_forward);
+          f.output = Repeat(second_forward[step.chunk]);
         } else {
           const size_t begin = BeginCapture(repeats);
           if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
-          if (repeats && j == 1) second_forward = Capture(begin, f.output);
+          if (repeats && j == 1) second_forward[step.chunk] = Capture(begin, f.output);
         }
         last_output = f.output;
         f.output = Handle();
@@ -263,11 +263,12 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
         if (f.repeated) {
           // The second micro-batch's backward freed its output's gradient.
           if (output_grad.has_value()) memory_.Forget(output_grad->storage);
-          f.input_grad = Repeat(second_backward);
+          f.input_grad = Repeat(second_backward[step.chunk]);
         } else {
+          const bool repeats = copies && !f.range.head;
           const size_t begin = BeginCapture(repeats);
           if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
-          if (repeats && j == 1) second_backward = Capture(begin, f.input_grad);
+          if (repeats && j == 1) second_backward[step.chunk] = Capture(begin, f.input_grad);
         }
         last_input_grad = f.input_grad;
         last_received = f.received;
