@@ -2,7 +2,7 @@
 // (BM_PredictBuckets): under 20 us for the study's block, every variant of llama-3-70b
 // (embedding to loss) under 50 us, independent of batch, seq, width and layers. With
 // the whole step's peak (the default; estimator/step/liveness.h replays the step op by op on
-// a model of at most 2k + 2 layers and composes the rest): independent of batch, seq,
+// a model of at most 2k + 1 layers and composes the rest): independent of batch, seq,
 // width and layers (compare BM_Predict/layers:6 with BM_Predict/layers:600).
 #include <benchmark/benchmark.h>
 
@@ -146,7 +146,7 @@ void RunRankPeaks(benchmark::State& state, const ModelConfig& config,
   }
 }
 
-// Every stage's whole-step peak, composed from the stage replayed with 4 layers (2k + 2
+// Every stage's whole-step peak, composed from the stage replayed with 3 layers (2k + 1
 // for every_k) pass by pass: llama-3-70b over PP 8 x DP 16 with ZeRO-1, bf16 autocast,
 // seq 8192, `micro_batches` of 1 in 1F1B order. Two micro-batches are replayed per
 // stage, the later ones' passes copied from the second's: the cost barely grows with

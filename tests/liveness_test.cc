@@ -219,7 +219,7 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
 }
 
 // Gemma 3's layers differ (5 sliding : 1 global, each reading its own RoPE tables): the
-// composed peak replays 2m + 2 layers for m = lcm(k, 6) and must equal the whole
+// composed peak replays 2m + 1 layers for m = lcm(k, 6) and must equal the whole
 // simulation at every layer count, variant and precision, use_cache included.
 // ExpectComposedPeakIsTheWhole: the composed peak of `run` (a short model's replay) is
 // the whole simulation's: its bytes, categories and op.

@@ -261,8 +261,8 @@ TEST(PredictRanksTest, InterleavedPeakOfManyMicroBatchesEqualsTheWholeReplay) {
   }
 }
 
-// A rank's step without events is composed from its chunks replayed short (2k + 2
-// layers for every_k, 4 otherwise), pass by pass, and the real rank's reduction; with
+// A rank's step without events is composed from its chunks replayed short (2k + 1
+// layers for every_k, 3 otherwise), pass by pass, and the real rank's reduction; with
 // events (a timeline) it is replayed whole. The two peaks agree in bytes, categories,
 // phase and op over the families, data parallelism with ZeRO 0-3, micro-batches, 1F1B
 // and interleaved stages, the variants, autocast, master weights and the optimizers'

@@ -497,7 +497,7 @@ Variant PlanVariant(std::vector<LayerChoice> layers);
 absl::StatusOr<std::vector<Variant>> ParseVariants(absl::string_view names, int64_t every,
                                                    absl::string_view policy);
 
-// kMaxEvery bounds every_k's k: the step simulation replays a short model of 2k + 2
+// kMaxEvery bounds every_k's k: the step simulation replays a short model of 2k + 1
 // layers and walks one period of k layers to compose a long model's peak.
 inline constexpr int64_t kMaxEvery = 1024;
 

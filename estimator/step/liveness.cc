@@ -51,12 +51,16 @@ using liveness_internal::TapeStretch;
 // backward stretches depend on its own kind (its graph's, and plain or checkpointed) and
 // its neighbours' (every_k repeats them with period k, the layer pattern with its own;
 // together with their least common multiple k), and on whether it is the first or the
-// last. A model of 2k + 2 layers (congruent to the real count mod k) has a stretch equal
-// to each real layer's: the first period [0, k] stands for itself, [k + 1, 2k] for every
-// middle layer, and the last for the last. A middle representative may be followed by
-// the last layer, which differs from a middle one only by what follows it (the head),
-// not by what it hands back. Verified against the whole simulation by liveness_test and
-// ranks_test; 2k + 3 layers, a middle one between, gave the same stretches.
+// last. A model of 2k + 1 layers (congruent to the real count mod k) has a stretch equal
+// to each real layer's: the first period [0, k - 1] stands for itself (each kind's first
+// layer, and every_k's lowest checkpoint, are in it), [k, 2k - 1] for every middle
+// layer, and the last for the last. A middle representative may be followed by the last
+// layer, which differs from a middle one only by what follows it (the head), not by
+// what it hands back; nor does a layer's stretch depend on whether the layer before it
+// is the first (the planner composes any plan from first, middle and last positions
+// alone). Verified against the whole simulation by liveness_test and ranks_test, and
+// against LibTorch by verify's tests; 2k + 2 layers (the first period one longer) gave
+// the same stretches.
 int64_t PeriodOf(const Variant& variant, const ModelGraphs& graphs) {
   const int64_t every =
       variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
@@ -97,21 +101,21 @@ StepStretch StretchOf(const SegmentSummary& summary) {
 int64_t ReducedLayers(int64_t layers, const Variant& variant, int64_t k) {
   // A plan has no period: the whole model is replayed.
   if (variant.kind == VariantKind::kPlan) return layers;
-  // The least r >= 2k + 2 congruent to layers mod k, in closed form (k may be any int64:
+  // The least r >= 2k + 1 congruent to layers mod k, in closed form (k may be any int64:
   // a loop would run up to k times); the real model itself when r would not be shorter.
-  if (k > (layers - 2) / 2) return layers;  // 2k + 2 > layers
-  const int64_t base = 2 * k + 2;
+  if (k > (layers - 1) / 2) return layers;  // 2k + 1 > layers
+  const int64_t base = 2 * k + 1;
   return std::min(layers, base + ((layers - base) % k + k) % k);
 }
 
 // Representative is the short model's layer whose stretches equal real layer i's: the
-// layer itself in the first period [0, k] (where each kind's first layer makes the
+// layer itself in the first period [0, k - 1] (where each kind's first layer makes the
 // model-level tensors only it reads into activations, and frees them in the backward),
-// the last layer the last, and a middle one a layer congruent to it in [k + 1, 2k].
+// the last layer the last, and a middle one a layer congruent to it in [k, 2k - 1].
 int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
-  if (i <= k) return i;
+  if (i < k) return i;
   if (i == layers - 1) return reduced - 1;
-  return k + 1 + ((i - k - 1) % k + k) % k;  // in [k + 1, 2k], congruent to i mod k
+  return k + ((i - k) % k + k) % k;  // in [k, 2k - 1], congruent to i mod k
 }
 
 // Composer walks a long step's stretches in order, each a short replay's, and keeps the

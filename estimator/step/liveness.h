@@ -6,8 +6,8 @@
 // gradients accumulated into the engine's input buffers and stolen into .grad, checkpointed
 // layers recomputed inside their node) and the optimizer step with its temporaries.
 // Parameters, optimizer state and the model input exist before the step ("resident").
-// Without recorded events, a long model is replayed as a short one (at most 2k + 2
-// layers for every_k, 4 otherwise) whose stretches (each layer's forward, each layer's
+// Without recorded events, a long model is replayed as a short one (at most 2k + 1
+// layers for every_k, 3 otherwise) whose stretches (each layer's forward, each layer's
 // backward, ...) compose the long one's peak: the cost does not grow with layers. A
 // rank's step composes so too, pass by pass.
 //
