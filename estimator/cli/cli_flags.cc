@@ -96,16 +96,17 @@ ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,
           "Tensor-parallel ranks (Megatron's split of heads, MLP columns and vocabulary; "
-          "llama and gpt2 families): the buckets are one rank's.");
+          "llama, gemma3 and gpt2 families, not a mixture of experts): the buckets are one "
+          "rank's.");
 ABSL_FLAG(bool, sp, false,
-          "Megatron's sequence parallelism with --tp (llama and gpt2 families; not with "
-          "--amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
+          "Megatron's sequence parallelism with --tp (llama, gemma3 and gpt2 families; not "
+          "with --amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
 ABSL_FLAG(int64_t, dp, 1,
           "Data-parallel ranks (predict: every kind of rank's memory, under --zero; "
           "verify: run on that many Gloo ranks per model shard).");
 ABSL_FLAG(int64_t, pp, 1,
-          "Pipeline stages (llama and gpt2 families; --layers divisible by --pp x "
-          "--virtual_stages): each stage holds its layers' micro-batches in flight.");
+          "Pipeline stages (the decoder families, not the study; --layers divisible by "
+          "--pp x --virtual_stages): each stage holds its layers' micro-batches in flight.");
 ABSL_FLAG(int64_t, virtual_stages, 1,
           "Model chunks per pipeline rank (with --schedule=interleaved).");
 ABSL_FLAG(int64_t, micro_batches, 1,
