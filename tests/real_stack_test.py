@@ -81,6 +81,14 @@ FAMILIES = {
                           sliding_window=8,
                           layer_types=["sliding_attention", "sliding_attention",
                                        "full_attention"]),
+    # Llama and Qwen3 in bf16 under SGD with a short vocabulary, where the layers'
+    # backward holds the peak (not the head's, nor the optimizer's): LlamaModel's
+    # inputs_embeds held to its return while the first layer saves only its norm's fp32
+    # copy, and (Qwen3) the q/k norms' fresh arguments held to their return.
+    "llama_forward": dict(family="llama", layers=3, width=32, heads=4, kv_heads=2,
+                          intermediate=64, vocab=16),
+    "qwen3_forward": dict(family="qwen3", layers=3, width=32, heads=4, kv_heads=2,
+                          head_dim=16, intermediate=64, vocab=16),
     # Gemma 3 small enough (SGD, a short vocabulary) that the forward and the layers'
     # backward hold the peak: the q, k and v projections made before their norms, a norm's
     # argument held to its return (nn.Module.__call__'s *args), inputs_embeds held to the
@@ -313,6 +321,10 @@ CASES = [
     c("gemma3_window", "full", dtype="bf16", optimizer_impl="foreach"),
     c("gemma3_window", dtype="fp16", seq=64),
     c("gemma3_window", "selective", amp="bf16", seq=32),
+    # Llama and Qwen3 where the layers' backward peaks (see FAMILIES).
+    c("llama_forward", dtype="bf16", optimizer="sgd", seq=8),
+    c("qwen3_forward", dtype="bf16", optimizer="sgd", seq=8),
+    c("qwen3_forward", "full", amp="bf16", optimizer="sgd", seq=8),
     # Gemma 3 where the forward and the layers' backward peak (see FAMILIES).
     c("gemma3_forward", dtype="bf16", optimizer="sgd", batch=1, seq=8),
     c("gemma3_forward", dtype="bf16", optimizer="sgd", seq=8),
