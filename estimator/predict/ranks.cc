@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -107,29 +108,35 @@ absl::StatusOr<VariantPrediction> Held(const std::vector<const VariantPrediction
 // step: its parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a
 // multiple of dp), its optimizer's state and its micro-batch. Elsewhere each variant
 // says why there is no peak.
+// `shared` is the layout's step simulator, made at the first stage that needs it (its
+// plans do not depend on the stage); each stage simulates with it ForRank.
 absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& parallel,
-                              const PredictOptions& options, RankKind* kind) {
+                              const PredictOptions& options,
+                              std::optional<absl::StatusOr<StepSimulator>>* shared,
+                              RankKind* kind) {
   auto unavailable = [&](const absl::Status& why) {
     for (RankVariant& v : kind->variants) v.held.peak_unavailable = std::string(why.message());
     return absl::OkStatus();
   };
   if (absl::Status s = RankStepModelled(config, parallel); !s.ok()) return unavailable(s);
-  StepOptions step;
-  step.cpu_threads = options.cpu_threads;
-  step.cuda_blocks = options.cuda_blocks;
-  step.record_events = options.timeline;  // the events only for a timeline's drawing
-  step.rules = options.rules;
-  step.rank = {parallel, kind->stage, kind->chunks};
-  absl::StatusOr<StepSimulator> simulator =
-      StepSimulator::Create(config, options.attention, step);
-  if (absl::IsUnimplemented(simulator.status())) return unavailable(simulator.status());
-  if (!simulator.ok()) return simulator.status();
+  if (!shared->has_value()) {
+    StepOptions step;
+    step.cpu_threads = options.cpu_threads;
+    step.cuda_blocks = options.cuda_blocks;
+    step.record_events = options.timeline;  // the events only for a timeline's drawing
+    step.rules = options.rules;
+    *shared = StepSimulator::Create(config, options.attention, step);
+  }
+  const absl::StatusOr<StepSimulator>& created = **shared;
+  if (absl::IsUnimplemented(created.status())) return unavailable(created.status());
+  if (!created.ok()) return created.status();
+  const StepSimulator simulator = created->ForRank(RankStep{parallel, kind->stage, kind->chunks});
   absl::StatusOr<ResidentBytes> resident =
       RankResident(config, parallel, *kind, options.attention, options.optimizer);
   if (!resident.ok()) return resident.status();
   for (RankVariant& v : kind->variants) {
     absl::StatusOr<StepTimeline> timeline =
-        simulator->Simulate(v.held.variant, options.optimizer, *resident);
+        simulator.Simulate(v.held.variant, options.optimizer, *resident);
     if (timeline.ok()) {
       v.held.peak = timeline->peak;
       v.held.peak_reserved_bytes = timeline->peak_reserved_bytes;
@@ -220,6 +227,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
 
   RanksPrediction prediction;
   prediction.parallel = parallel;
+  std::optional<absl::StatusOr<StepSimulator>> simulator;  // every stage's (PredictRankPeaks)
   for (int64_t stage = 0; stage < parallel.pp; ++stage) {
     RankKind kind;
     kind.stage = stage;
@@ -288,7 +296,10 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
     kind.adamw_state_bytes =
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
     if (options.peak) {
-      if (absl::Status s = PredictRankPeaks(config, parallel, options, &kind); !s.ok()) return s;
+      if (absl::Status s = PredictRankPeaks(config, parallel, options, &simulator, &kind);
+          !s.ok()) {
+        return s;
+      }
     }
     prediction.kinds.push_back(std::move(kind));
   }

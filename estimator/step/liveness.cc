@@ -493,16 +493,28 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
 absl::StatusOr<SegmentSummary> StepSimulator::RankEnd(const ModelPlans& plans,
                                                       const OptimizerSpec& optimizer,
                                                       const ResidentBytes& resident) const {
+  // The rank's stage and chunks (its parameters) decide its step's end.
+  auto same_rank = [](const RankStep& a, const RankStep& b) {
+    if (a.stage != b.stage || a.chunks.size() != b.chunks.size()) return false;
+    for (size_t c = 0; c < a.chunks.size(); ++c) {
+      const StageRange &x = a.chunks[c], &y = b.chunks[c];
+      if (x.first_layer != y.first_layer || x.layers != y.layers || x.prologue != y.prologue ||
+          x.head != y.head) {
+        return false;
+      }
+    }
+    return true;
+  };
   std::lock_guard<std::mutex> lock(plans.reductions_mutex);
   for (const ModelPlans::Reduction& r : plans.reductions) {
-    if (r.optimizer == optimizer) return r.stretch;
+    if (r.optimizer == optimizer && same_rank(r.rank, options_.rank)) return r.stretch;
   }
   absl::StatusOr<StepTimeline> end = ResidentTimeline(config_, resident);
   if (!end.ok()) return end.status();
   const Variant none;
   Simulation reduction(config_, none, optimizer, options_, &*end);
   if (absl::Status s = reduction.RunReduction(plans); !s.ok()) return s;
-  plans.reductions.push_back({optimizer, reduction.segments().optimizer});
+  plans.reductions.push_back({optimizer, options_.rank, reduction.segments().optimizer});
   return reduction.segments().optimizer;
 }
 

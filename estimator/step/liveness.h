@@ -263,6 +263,13 @@ class StepSimulator {
                                           const ResidentBytes& resident) const;
   const ModelConfig& config() const { return config_; }
   AttentionMode attention() const { return attention_; }
+  // ForRank: this simulator for another rank of the same layout (its stage and chunks),
+  // sharing the segments' plans, which do not depend on the rank.
+  StepSimulator ForRank(const RankStep& rank) const {
+    StepSimulator other = *this;
+    other.options_.rank = rank;
+    return other;
+  }
 
  private:
   // RankEnd is the real rank's step end (every parameter's gradient reduced and

@@ -72,10 +72,12 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
 // simulation: the prologue (families), the first layer (whose input needs no gradient in
 // the study), each kind of the other layers and the head.
 struct ModelPlans {
-  // reductions: a rank's step end (Simulation::RunReduction's stretch), per optimizer,
-  // the same for every variant: made once.
+  // reductions: a rank's step end (Simulation::RunReduction's stretch), per optimizer
+  // and rank (StepSimulator::ForRank shares the plans between a layout's stages), the
+  // same for every variant: made once.
   struct Reduction {
     OptimizerSpec optimizer;
+    RankStep rank;
     SegmentSummary stretch;
   };
   mutable std::mutex reductions_mutex;
