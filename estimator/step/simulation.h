@@ -314,7 +314,7 @@ class Simulation {
     MemoryCategory category = MemoryCategory::kTemporary;
   };
   // BeginCapture (with `capture`) ends the open stretch and says where the pass's own
-  // begin on the tape; Capture, after the pass, takes them and its handle.
+  // stretches begin on the tape; Capture, after the pass, takes them and its handle.
   size_t BeginCapture(bool capture);
   RepeatedPass Capture(size_t begin, const Handle& handle);
   // Repeat appends `pass`'s stretches (each pass renumbered) and returns its handle, a
