@@ -111,6 +111,18 @@ at::Tensor CopyIn(TensorParallel* tp, const at::Tensor& x) {
   return tp == nullptr ? x : tp->CopyIn(x);
 }
 
+at::Tensor ToSequenceParallel(TensorParallel* tp, at::Tensor embeddings) {
+  if (tp == nullptr || !tp->SequenceParallel()) return embeddings;
+  return tp->Scatter(embeddings);
+}
+
+at::Tensor LmHeadLogits(TensorParallel* tp, const at::Tensor& normed, const at::Tensor& weight) {
+  if (tp != nullptr && tp->SequenceParallel()) {
+    return tp->GatherLinear(normed, weight, at::Tensor(), /*conv1d=*/false, nullptr);
+  }
+  return at::linear(CopyIn(tp, normed), weight);
+}
+
 namespace {
 // ReplaysMatmul: the row-parallel output comes from the cache, already reduced.
 bool ReplaysMatmul(const SelectiveCache* cache) {

@@ -75,6 +75,13 @@ at::Tensor CopyIn(TensorParallel* tp, const at::Tensor& x);
 at::Tensor ReduceOut(TensorParallel* tp, const at::Tensor& x, const SelectiveCache* cache);
 // ReduceScatter is tp.ReduceScatter of the row-parallel output x, likewise.
 at::Tensor ReduceScatter(TensorParallel& tp, const at::Tensor& x, const SelectiveCache* cache);
+// ToSequenceParallel: the embeddings as the first layer gets them; with sequence
+// parallelism Megatron scatters them to the sequence-parallel region.
+at::Tensor ToSequenceParallel(TensorParallel* tp, at::Tensor embeddings);
+// LmHeadLogits: the decoder families' LM head on the final norm's output `normed`
+// (weight: a vocabulary-parallel rank's rows): with sequence parallelism it gathers its
+// input too (Megatron's gather-linear), else f (CopyIn) before the linear.
+at::Tensor LmHeadLogits(TensorParallel* tp, const at::Tensor& normed, const at::Tensor& weight);
 
 // DecoderLayer is one layer. With a `cache`, the ops its policy names are recorded or
 // replayed (runtime/selective_ops.h); without, every op runs plainly.

@@ -187,10 +187,7 @@ class Gemma3Model : public ModelImpl {
                                 : embed_tokens.ptr()->forward(input_ids);
     start.hidden = Last(embeddings) * embed_scale;
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
-    // Megatron scatters the embeddings to the sequence-parallel region.
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      start.hidden = tensor_parallel->Scatter(start.hidden);
-    }
+    start.hidden = ToSequenceParallel(tensor_parallel, std::move(start.hidden));
     start.decoder_locals = {start.hidden};  // Gemma3TextModel.forward's inputs_embeds
     return start;
   }
@@ -245,13 +242,8 @@ class Gemma3Model : public ModelImpl {
     const at::Tensor normed = norm.ptr()->forward(hidden);
     hidden = at::Tensor();  // Gemma3TextModel.forward returns its norm's output
     decoder_returns();
-    // With sequence parallelism the vocabulary-parallel head gathers its input too.
-    at::Tensor logits =
-        tensor_parallel != nullptr && tensor_parallel->SequenceParallel()
-            ? tensor_parallel->GatherLinear(normed, weight, at::Tensor(), /*conv1d=*/false,
-                                            nullptr)
-            : at::linear(CopyIn(tensor_parallel, normed), weight);
-    return CausalLmLoss(Last(logits), input_ids, tensor_parallel);
+    return CausalLmLoss(LmHeadLogits(tensor_parallel, normed, weight), input_ids,
+                        tensor_parallel);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};

@@ -180,11 +180,7 @@ class Gpt2Model : public ModelImpl {
                             ? tensor_parallel->VocabEmbedding(input_ids, wte->weight)
                             : wte.ptr()->forward(input_ids);
     at::Tensor positions = wpe.ptr()->forward(position_ids);
-    at::Tensor embeddings = tokens + positions;
-    // Megatron scatters the embeddings to the sequence-parallel region.
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      embeddings = tensor_parallel->Scatter(embeddings);
-    }
+    at::Tensor embeddings = ToSequenceParallel(tensor_parallel, tokens + positions);
     ModelStart start{EmbeddingDropout(std::move(embeddings)), std::move(extras), {}};
     // Megatron's GPT embedding adds them inside its module, where they die.
     if (!megatron_) start.decoder_locals = {std::move(tokens), std::move(positions)};
@@ -204,14 +200,7 @@ class Gpt2Model : public ModelImpl {
     const at::Tensor normed = ln_f.ptr()->forward(hidden);
     hidden = at::Tensor();  // GPT2Model.forward returns ln_f's output
     decoder_returns();
-    at::Tensor logits;
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(normed, wte->weight, at::Tensor(),
-                                             /*conv1d=*/false, nullptr);
-    } else {
-      logits = at::linear(CopyIn(tensor_parallel, normed), wte->weight);
-    }
+    at::Tensor logits = LmHeadLogits(tensor_parallel, normed, wte->weight);
     // `logits` lives to the return, as transformers' ForCausalLM keeps it beside the
     // loss computed on logits.float().
     return CausalLmLoss(logits, input_ids, tensor_parallel);

@@ -159,10 +159,7 @@ class LlamaModel : public ModelImpl {
                        ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
                        : embed_tokens.ptr()->forward(input_ids);
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
-    // Megatron scatters the embeddings to the sequence-parallel region.
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      start.hidden = tensor_parallel->Scatter(start.hidden);
-    }
+    start.hidden = ToSequenceParallel(tensor_parallel, std::move(start.hidden));
     start.decoder_locals = {start.hidden};  // inputs_embeds
     return start;
   }
@@ -184,14 +181,7 @@ class LlamaModel : public ModelImpl {
     const at::Tensor normed = norm.ptr()->forward(hidden);
     hidden = at::Tensor();  // LlamaModel.forward returns its norm's output
     decoder_returns();
-    at::Tensor logits;
-    if (tensor_parallel != nullptr && tensor_parallel->SequenceParallel()) {
-      // The vocabulary-parallel head gathers its input too.
-      logits = tensor_parallel->GatherLinear(normed, weight, at::Tensor(),
-                                             /*conv1d=*/false, nullptr);
-    } else {
-      logits = at::linear(CopyIn(tensor_parallel, normed), weight);
-    }
+    at::Tensor logits = LmHeadLogits(tensor_parallel, normed, weight);
     // `logits` lives to the return, as transformers' ForCausalLM keeps it beside the
     // loss computed on logits.float().
     return CausalLmLoss(logits, input_ids, tensor_parallel);
