@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,10 +36,12 @@ struct Label {
 // ParetoSet keeps the labels of one state that no other label dominates (no larger f,
 // u, s and cost, no smaller g). Labels fall into groups of equal (u, s, g), which take
 // few values; in a group, labels sorted by f have strictly falling cost (a staircase),
-// so a dominance test is a binary search.
+// so a dominance test is a binary search. Clear keeps the groups' storage for the next
+// layer's labels: the dynamic program refills every set once per layer.
 class ParetoSet {
  public:
-  bool empty() const { return groups_.empty(); }
+  bool empty() const { return used_ == 0; }
+  void Clear() { used_ = 0; }
 
   // Insert adds `label` (stored in `arena`) unless a member dominates it, and removes
   // the members it dominates. `use_s`: whether s differs between labels at all.
@@ -50,7 +53,7 @@ class ParetoSet {
   // Dominated: some member is no larger in f, u, s and cost.
   bool Dominated(const Label& label, bool use_s) const {
     const int64_t s = use_s ? label.s : 0;
-    for (const Group& g : groups_) {
+    for (const Group& g : Groups()) {
       if (g.u > label.u || g.s > s || g.g < label.g) continue;
       auto it = std::upper_bound(g.steps.begin(), g.steps.end(), label.f,
                                  [](int64_t f, const Step& step) { return f < step.f; });
@@ -63,7 +66,7 @@ class ParetoSet {
   void InsertUndominated(std::vector<Label>& arena, const Label& label, bool use_s) {
     const int64_t s = use_s ? label.s : 0;
     Group* own = nullptr;
-    for (Group& g : groups_) {
+    for (Group& g : Groups()) {
       if (g.u < label.u || g.s < s || g.g > label.g) continue;
       auto first = std::lower_bound(g.steps.begin(), g.steps.end(), label.f,
                                     [](const Step& step, int64_t f) { return step.f < f; });
@@ -73,8 +76,12 @@ class ParetoSet {
       if (g.u == label.u && g.s == s && g.g == label.g) own = &g;
     }
     if (own == nullptr) {
-      groups_.push_back(Group{label.u, s, label.g, {}});
-      own = &groups_.back();
+      if (used_ == groups_.size()) groups_.emplace_back();
+      own = &groups_[used_++];
+      own->u = label.u;
+      own->s = s;
+      own->g = label.g;
+      own->steps.clear();
     }
     auto at = std::lower_bound(own->steps.begin(), own->steps.end(), label.f,
                                [](const Step& step, int64_t f) { return step.f < f; });
@@ -84,7 +91,7 @@ class ParetoSet {
 
   template <typename Visit>
   void ForEach(Visit visit) const {
-    for (const Group& g : groups_) {
+    for (const Group& g : Groups()) {
       for (const Step& step : g.steps) visit(step.label);
     }
   }
@@ -101,7 +108,10 @@ class ParetoSet {
     int64_t g;
     std::vector<Step> steps;
   };
-  std::vector<Group> groups_;
+  std::span<Group> Groups() { return {groups_.data(), used_}; }
+  std::span<const Group> Groups() const { return {groups_.data(), used_}; }
+  std::vector<Group> groups_;  // the first used_ are this layer's
+  size_t used_ = 0;
 };
 
 }  // namespace
@@ -135,6 +145,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   constexpr size_t kStates = 16;
   std::vector<std::vector<Label>> arenas(layers + 1);
   std::vector<ParetoSet> sets(kStates);
+  std::vector<ParetoSet> next_sets(kStates);
   for (int current = 0; current < 2; ++current) {
     if (candidates_by_checkpoint[current].empty()) continue;
     const Bracket& b = first[current];
@@ -177,7 +188,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   };
   const bool bounded = !search.any && search.incumbent != std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < layers; ++i) {
-    std::vector<ParetoSet> next_sets(kStates);
+    for (ParetoSet& set : next_sets) set.Clear();
     const int position = PositionOf(i, layers);
     const int64_t remaining = layers - 1 - i;
     for (int previous = 0; previous < 2; ++previous) {
@@ -200,15 +211,16 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                     continue;
                   }
                   to.cost = cost;
-                  ParetoSet& into = next_sets[state(current, next, first_ckpt, below || current)];
-                  if (into.Dominated(to, !local)) continue;
-                  // The LP bound of layers i + 1.. in what the forward has left.
+                  // The LP bound of layers i + 1.. in what the forward has left: cheaper
+                  // than the dominance test, and it drops more.
                   if (bounded &&
                       static_cast<double>(cost) +
                               CostBound(remaining, budget - base - min_end_rise - to.f) >
                           static_cast<double>(search.incumbent)) {
                     continue;
                   }
+                  ParetoSet& into = next_sets[state(current, next, first_ckpt, below || current)];
+                  if (into.Dominated(to, !local)) continue;
                   to.parent = index;
                   to.choice = static_cast<int16_t>(c);
                   into.InsertUndominated(arenas[i + 1], to, !local);
@@ -219,7 +231,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
         }
       }
     }
-    sets = std::move(next_sets);
+    std::swap(sets, next_sets);
   }
   // The head, the backward, the tail and the optimizer.
   int32_t best = -1;
