@@ -9,6 +9,7 @@
 #ifndef ESTIMATOR_SEGMENT_PLAN_H_
 #define ESTIMATOR_SEGMENT_PLAN_H_
 
+#include <array>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -82,6 +83,28 @@ struct ModelPlans {
   };
   mutable std::mutex reductions_mutex;
   mutable std::vector<Reduction> reductions;
+  // ChunkPasses: a pipeline chunk's first two micro-batches' forward and backward
+  // passes (tape stretches, layers numbered from the chunk's first), replayed by the
+  // first stage of a layout that runs a chunk of this shape, and copied by every later
+  // stage whose chunk has the same (Simulation::PipelineSchedule). A pass's stretches
+  // depend on what the shape holds, not on the stage: the schedule around it differs.
+  struct ChunkShape {
+    VariantKind variant = VariantKind::kNone;
+    int64_t every = 0;
+    SavePolicy policy;
+    OptimizerSpec optimizer;
+    int64_t layers = 0;        // the real chunk's
+    int64_t short_layers = 0;  // replayed
+    int64_t phase = 0;  // its first layer mod the period of the layer kinds and every_k
+    int64_t shard_elements = 0;  // ZeRO-3: the rank's shard
+    friend bool operator==(const ChunkShape&, const ChunkShape&) = default;
+  };
+  struct ChunkPasses {
+    ChunkShape shape;
+    std::array<RepeatedPass, 2> forward, backward;  // micro-batches 0 and 1
+  };
+  mutable std::mutex passes_mutex;
+  mutable std::vector<std::shared_ptr<const ChunkPasses>> chunk_passes;
   std::shared_ptr<const ModelGraphs> graphs;
   std::unique_ptr<SegmentPlan> prologue;
   std::unique_ptr<SegmentPlan> first;

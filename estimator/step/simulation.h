@@ -3,8 +3,10 @@
 // methods live by concern:
 //   simulation_forward.cc   a segment's forward (and a recompute's replay);
 //   simulation_backward.cc  a segment's backward nodes, checkpoints' recomputes;
-//   simulation_schedule.cc  the rank's schedule: micro-batches, pipeline steps, the
-//                           model-level tensors, the parameters' order;
+//   simulation_schedule.cc  the rank's schedule: micro-batches, the model-level
+//                           tensors, the parameters' order;
+//   simulation_pipeline.cc  a pipeline rank's steps, and the passes it copies (from an
+//                           earlier micro-batch, or a stage whose chunk has its shape);
 //   simulation_step.cc      ZeRO-3's gathered units, the gradients' reduction and the
 //                           optimizer's step;
 // and liveness.cc composes long models' peaks from a short model's stretches.
@@ -304,22 +306,19 @@ class Simulation {
     Handle input_grad;  // the received input's .grad, until sent
     bool repeated = false;  // its passes copied from the second micro-batch's
   };
-  // RepeatedPass is a micro-batch's forward or backward as tape stretches, and the
-  // handle it leaves its caller (the output to send, the input's gradient): a later
-  // micro-batch's pass that repeats it byte for byte is these stretches again.
-  struct RepeatedPass {
-    std::vector<TapeStretch> stretches;
-    Handle handle;  // undefined: none
-    int64_t bytes = 0;
-    MemoryCategory category = MemoryCategory::kTemporary;
-  };
   // BeginCapture (with `capture`) ends the open stretch and says where the pass's own
   // stretches begin on the tape; Capture, after the pass, takes them and its handle.
   size_t BeginCapture(bool capture);
   RepeatedPass Capture(size_t begin, const Handle& handle);
-  // Repeat appends `pass`'s stretches (each pass renumbered) and returns its handle, a
-  // storage already counted in them.
-  Handle Repeat(const RepeatedPass& pass);
+  // Repeat appends `pass`'s stretches (each pass renumbered, each layer `shift` later)
+  // and returns its handle, a storage already counted in them.
+  Handle Repeat(const RepeatedPass& pass, int64_t shift = 0);
+  // Shifted: `pass` with its layers (and the layers its stretches' moments name) `by`
+  // later.
+  static RepeatedPass Shifted(RepeatedPass pass, int64_t by);
+  // ShapeOf: what chunk `c`'s passes depend on, for sharing them with other stages;
+  // nullopt where they are not shared.
+  std::optional<ModelPlans::ChunkShape> ShapeOf(size_t c) const;
   absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
                                 const std::vector<int>& inputs);
   void ParameterOrder(const ModelPlans& plans);
@@ -493,6 +492,9 @@ class Simulation {
   // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
   // backward runs.
   bool zero3_ = false;
+  // passes_copied_: every pass of this rank's step was copied from another stage's
+  // (PipelineSchedule), which leaves no .grads here.
+  bool passes_copied_ = false;
   int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
   std::vector<int64_t> layer_unit_bytes_;  // by kind
   int64_t shard_elements_ = 0;

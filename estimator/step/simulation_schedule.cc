@@ -1,9 +1,9 @@
-// The step simulation: one rank's schedule (micro-batches and pipeline steps), the
-// model-level tensors and the order the optimizer visits the parameters in.
+// The step simulation: one rank's schedule (its micro-batches; a pipeline rank's steps
+// are simulation_pipeline.cc's), the model-level tensors and the order the optimizer
+// visits the parameters in.
 #include "estimator/step/simulation.h"
 
 #include <algorithm>
-#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -112,7 +112,10 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
 
   memory_.SetPhase(StepPhase::kOptimizer);
   memory_.BeginSegment(TapeStretch::Kind::kOptimizer);
-  absl::Status status = ReduceAndStep();
+  // A rank whose passes were all copied from another stage's made no .grads here: its
+  // step's end is the rank's own reduction, which ComposeRankPeak puts in this
+  // stretch's place whatever it holds.
+  absl::Status status = passes_copied_ ? absl::OkStatus() : ReduceAndStep();
   segments_.optimizer = memory_.EndSegment();
   memory_.FinishTape();
   if (status.ok() && memory_.overflowed()) {
@@ -185,144 +188,6 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
     return absl::OutOfRangeError("the step's end overflows int64");
   }
   return status;
-}
-
-// PipelineSchedule executes a pipeline rank's steps (estimator/step/pipeline_steps.h): each
-// chunk's forwards and backwards in order, and the point-to-point operations between
-// them: receives allocate their buffers (input, then output gradient); then what was
-// sent is freed (the last forward's output; the last backward's input gradient and the
-// received input it belongs to).
-absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
-                                          const std::vector<PipelineStep>& steps,
-                                          const std::vector<int>& inputs) {
-  const size_t chunks = chunks_.size();
-  std::vector<std::deque<Handle>> received(chunks), output_grads(chunks);
-  std::vector<std::deque<InFlight>> in_flight(chunks);
-  std::vector<size_t> forwards(chunks, 0), backwards(chunks, 0);
-  // On a model chunk every micro-batch after the second repeats the second's forward
-  // and backward stretch for stretch (Run's `simulated` rests on the same fact): where
-  // the step's peak is composed from the tape, they are copied rather than replayed.
-  // Not on the head's chunk, whose first loss stays and the others' are added into it.
-  const bool copies = tape_ != nullptr && !memory_.allocator() && !options_.record_events;
-  std::vector<RepeatedPass> second_forward(chunks), second_backward(chunks);
-  Handle last_output, last_input_grad, last_received;
-  auto receive = [&]() {
-    Handle h = hidden_;
-    h.storage = memory_.Alloc(NumelOf(h.layout) * ElementSizeBytes(h.dtype),
-                              MemoryCategory::kTemporary);
-    return h;
-  };
-  auto free = [&](Handle& h) {
-    if (h.defined()) memory_.Unref(h.storage);
-    h = Handle();
-  };
-  memory_.SetPhase(StepPhase::kForward);
-  for (const PipelineStep& step : steps) {
-    switch (step.kind) {
-      case PipelineStep::Kind::kForward: {
-        InFlight f;
-        f.range = chunks_[step.chunk];
-        const size_t j = forwards[step.chunk]++;
-        if (j >= inputs.size()) return absl::InternalError("a pipeline step past the micro-batches");
-        f.input_id = inputs[j];
-        if (!f.range.prologue) {
-          if (received[step.chunk].empty()) {
-            return absl::InternalError("a pipeline forward without its received input");
-          }
-          f.received = received[step.chunk].front();
-          received[step.chunk].pop_front();
-        }
-        const bool repeats = copies && !f.range.head;
-        if (repeats && j >= 2) {
-          f.repeated = true;
-          f.output = Repeat(second_forward[step.chunk]);
-        } else {
-          const size_t begin = BeginCapture(repeats);
-          if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
-          if (repeats && j == 1) second_forward[step.chunk] = Capture(begin, f.output);
-        }
-        last_output = f.output;
-        f.output = Handle();
-        in_flight[step.chunk].push_back(std::move(f));
-        break;
-      }
-      case PipelineStep::Kind::kBackward: {
-        if (in_flight[step.chunk].empty()) {
-          return absl::InternalError("a pipeline backward before its forward");
-        }
-        InFlight& f = in_flight[step.chunk].front();
-        std::optional<Handle> output_grad;
-        if (!f.range.head) {
-          if (output_grads[step.chunk].empty()) {
-            return absl::InternalError("a pipeline backward without its output's gradient");
-          }
-          output_grad = output_grads[step.chunk].front();
-          output_grads[step.chunk].pop_front();
-        }
-        const size_t j = backwards[step.chunk]++;
-        if (f.repeated) {
-          // The second micro-batch's backward freed its output's gradient.
-          if (output_grad.has_value()) memory_.Forget(output_grad->storage);
-          f.input_grad = Repeat(second_backward[step.chunk]);
-        } else {
-          const bool repeats = copies && !f.range.head;
-          const size_t begin = BeginCapture(repeats);
-          if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
-          if (repeats && j == 1) second_backward[step.chunk] = Capture(begin, f.input_grad);
-        }
-        last_input_grad = f.input_grad;
-        last_received = f.received;
-        in_flight[step.chunk].pop_front();
-        break;
-      }
-      case PipelineStep::Kind::kCommunicate:
-        memory_.SetOp(Special(Where::kHead, Where::Activity::kPointToPoint));
-        if (step.receive_input >= 0) received[step.receive_input].push_back(receive());
-        if (step.receive_output_grad >= 0) {
-          output_grads[step.receive_output_grad].push_back(receive());
-        }
-        if (step.send_output) free(last_output);
-        if (step.send_input_grad) {
-          free(last_input_grad);
-          free(last_received);
-        }
-        break;
-    }
-  }
-  return absl::OkStatus();
-}
-
-size_t Simulation::BeginCapture(bool capture) {
-  if (!capture) return 0;
-  memory_.BeginSegment();  // ends what was open: the pass's stretches come next
-  return memory_.tape_size();
-}
-
-Simulation::RepeatedPass Simulation::Capture(size_t begin, const Handle& handle) {
-  memory_.BeginSegment();  // ends the pass's last stretch
-  RepeatedPass pass;
-  pass.stretches.assign(tape_->begin() + static_cast<std::ptrdiff_t>(begin), tape_->end());
-  pass.handle = handle;
-  if (handle.defined()) {
-    pass.bytes = memory_.bytes(handle.storage);
-    pass.category = memory_.category(handle.storage);
-  }
-  return pass;
-}
-
-Handle Simulation::Repeat(const RepeatedPass& pass) {
-  std::vector<TapeStretch> stretches = pass.stretches;
-  std::map<int64_t, int64_t> renumbered;  // each of its passes a new one, in order
-  for (TapeStretch& s : stretches) {
-    if (s.pass < 0) continue;
-    auto [it, added] = renumbered.emplace(s.pass, passes_);
-    if (added) ++passes_;
-    s.pass = it->second;
-  }
-  memory_.Replay(stretches);
-  Handle handle = pass.handle;
-  if (handle.defined()) handle.storage = memory_.Adopt(pass.bytes, pass.category);
-  return handle;
 }
 
 // ParameterOrder: the optimizer visits model.parameters(), the rank's chunks' in the

@@ -152,6 +152,17 @@ struct TapeStretch {
   SegmentSummary summary;
 };
 
+// RepeatedPass is a micro-batch's forward or backward as tape stretches, and the
+// handle it leaves its caller (the output to send, the input's gradient): a later
+// micro-batch's pass that repeats it byte for byte is these stretches again
+// (Simulation::Repeat).
+struct RepeatedPass {
+  std::vector<TapeStretch> stretches;
+  Handle handle;  // undefined: none
+  int64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::kTemporary;
+};
+
 // Memory is the ledger: storages with reference counts, live bytes by category, the
 // events and the peak.
 class Memory {
