@@ -176,6 +176,9 @@ std::optional<ModelPlans::ChunkShape> Simulation::ShapeOf(size_t c) const {
   const StageRange& chunk = chunks_[c];
   // The embedding's and the head's chunks are one stage's each; a plan's layers differ.
   if (chunk.prologue || chunk.head || variant_.kind == VariantKind::kPlan) return std::nullopt;
+  // ZeRO-3's shard gradient is the rank's, made by whichever of its chunks' backwards
+  // runs first: with several chunks a chunk's first backward may or may not make it.
+  if (zero3_ && chunks_.size() > 1) return std::nullopt;
   const bool every_k = variant_.kind == VariantKind::kEveryK;
   const int64_t every = every_k ? std::max<int64_t>(1, variant_.every) : 1;
   const int64_t period = std::lcm(every, graphs_->Period());
