@@ -302,6 +302,8 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
            Case{"tiny-llama", 48, 4, 8, 2, 3, fp32, bf16, adamw},
            Case{"tiny-llama", 48, 4, 8, 2, 1, fp32, bf16, adamw, 2},
            Case{"tiny-llama", 48, 4, 8, 2, 3, fp32, fp32, sgd, 2},
+           Case{"tiny-llama", 40, 4, 2, 1, 0, fp32, fp32, adamw},  // fewer than pp
+           Case{"tiny-qwen3", 32, 4, 3, 2, 2, bf16, fp32, masters},
            Case{"tiny-gemma3", 48, 4, 6, 1, 0, bf16, fp32, sgd},
            Case{"tiny-qwen3-moe", 16, 4, 4, 1, 0, fp32, fp32, adamw},
        }) {
@@ -348,7 +350,7 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
       }
     }
   }
-  EXPECT_EQ(compared, 235);  // 47 stages' kinds (one per stage) x 5 variants
+  EXPECT_EQ(compared, 275);  // 55 stages' kinds (one per stage) x 5 variants
 }
 
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p
