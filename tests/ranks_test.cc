@@ -274,6 +274,8 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     DType dtype, amp;
     OptimizerSpec optimizer;
     int64_t virtual_stages = 1;  // above 1: the interleaved schedule
+    int64_t tp = 1;
+    bool sp = false;
   };
   OptimizerSpec adamw, foreach_adamw, masters, sgd;
   foreach_adamw.impl = OptimizerImpl::kForeach;
@@ -304,6 +306,7 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
            Case{"tiny-llama", 48, 4, 8, 2, 3, fp32, fp32, sgd, 2},
            Case{"tiny-llama", 40, 4, 2, 1, 0, fp32, fp32, adamw},  // fewer than pp
            Case{"tiny-qwen3", 32, 4, 3, 2, 2, bf16, fp32, masters},
+           Case{"tiny-llama", 32, 4, 4, 1, 0, bf16, fp32, sgd, 1, 2, true},  // tp 2, sp
            Case{"tiny-gemma3", 48, 4, 6, 1, 0, bf16, fp32, sgd},
            Case{"tiny-qwen3-moe", 16, 4, 4, 1, 0, fp32, fp32, adamw},
        }) {
@@ -316,6 +319,8 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     config.seq = 8;
     config.dtype = c.dtype;
     config.amp = c.amp;
+    config.tp = c.tp;
+    config.sp = c.sp;
     PredictOptions options = Variants("none,full,every_2,selective");
     Variant every3;
     every3.kind = VariantKind::kEveryK;
@@ -350,7 +355,7 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
       }
     }
   }
-  EXPECT_EQ(compared, 275);  // 55 stages' kinds (one per stage) x 5 variants
+  EXPECT_EQ(compared, 295);  // 59 stages' kinds (one per stage) x 5 variants
 }
 
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p
