@@ -83,11 +83,12 @@ struct ModelPlans {
   };
   mutable std::mutex reductions_mutex;
   mutable std::vector<Reduction> reductions;
-  // ChunkPasses: a pipeline chunk's first two micro-batches' forward and backward
-  // passes (tape stretches, layers numbered from the chunk's first), replayed by the
-  // first stage of a layout that runs a chunk of this shape, and copied by every later
-  // stage whose chunk has the same (Simulation::PipelineSchedule). A pass's stretches
-  // depend on what the shape holds, not on the stage: the schedule around it differs.
+  // ChunkPasses: a pipeline chunk's passes (tape stretches, layers numbered from the
+  // chunk's first): every micro-batch's forward, the first backward and every later one,
+  // replayed by the first stage of a layout that runs a chunk of this shape and copied
+  // by every later stage whose chunk has the same (Simulation::PipelineSchedule). A
+  // pass's stretches depend on what the shape holds, not on the stage: the schedule
+  // around it differs.
   struct ChunkShape {
     VariantKind variant = VariantKind::kNone;
     int64_t every = 0;
@@ -101,7 +102,8 @@ struct ModelPlans {
   };
   struct ChunkPasses {
     ChunkShape shape;
-    std::array<RepeatedPass, 2> forward, backward;  // micro-batches 0 and 1
+    RepeatedPass forward;
+    std::array<RepeatedPass, 2> backward;  // the first micro-batch's, and a later one's
   };
   mutable std::mutex passes_mutex;
   mutable std::vector<std::shared_ptr<const ChunkPasses>> chunk_passes;

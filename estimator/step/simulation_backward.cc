@@ -34,14 +34,17 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
     return;
   }
   // AccumulateGrad steals a gradient nobody else holds that has the parameter's layout;
-  // otherwise it clones it.
+  // otherwise it clones it. A later micro-batch's backward (the shadow pass) adds into
+  // the .grad instead, unless ZeRO-3's reduce-scatter freed it with the unit's.
+  const bool once = !zero3_;
   if (memory_.refs(grad.storage) == 1 && SameLayout(grad.layout, layout)) {
-    memory_.MakeGradient(grad.storage);
+    memory_.MakeGradient(grad.storage, once);
     grads_.emplace(parameter, grad.storage);
     return;
   }
-  const int clone =
-      memory_.Alloc(NumelOf(layout) * ElementSizeBytes(grad.dtype), MemoryCategory::kGradient);
+  const int64_t bytes = NumelOf(layout) * ElementSizeBytes(grad.dtype);
+  const int clone = once ? memory_.AllocOnce(bytes, MemoryCategory::kGradient)
+                         : memory_.Alloc(bytes, MemoryCategory::kGradient);
   memory_.Unref(grad.storage);
   grads_.emplace(parameter, clone);
 }

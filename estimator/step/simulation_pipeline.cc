@@ -28,15 +28,17 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
   std::vector<std::deque<Handle>> received(chunks), output_grads(chunks);
   std::vector<std::deque<InFlight>> in_flight(chunks);
   std::vector<size_t> forwards(chunks, 0), backwards(chunks, 0);
-  // On a model chunk every micro-batch after the second repeats the second's forward
-  // and backward stretch for stretch (Run's `simulated` rests on the same fact): where
-  // the step's peak is composed from the tape, they are copied rather than replayed.
-  // Not on the head's chunk, whose first loss stays and the others' are added into it.
+  // On a model chunk every micro-batch's forward repeats the first's stretch for
+  // stretch, and every backward after the first the second's (Run's `simulated` rests on
+  // the same fact), which the first backward's shadow pass gives (Memory::BeginShadow):
+  // where the step's peak is composed from the tape, only the first micro-batch is
+  // replayed and the rest copied. On the head's chunk the first loss stays and the
+  // others' are added into it and freed: the shadow frees it too (Memory::ShadowFrees).
   const bool copies = tape_ != nullptr && !memory_.allocator() && !options_.record_events;
-  std::vector<RepeatedPass> second_forward(chunks), second_backward(chunks);
-  // The first two micro-batches' passes are shared with later stages whose chunks have
-  // the same shape (ModelPlans::chunk_passes): a rank all of whose chunks an earlier
-  // stage replayed copies every pass; otherwise it replays them and offers its own.
+  std::vector<ModelPlans::ChunkPasses> own(chunks);  // this rank's, as replayed
+  // The passes are shared with later stages whose chunks have the same shape
+  // (ModelPlans::chunk_passes): a rank all of whose chunks an earlier stage replayed
+  // copies every pass; otherwise it replays them and offers its own.
   std::vector<std::optional<ModelPlans::ChunkShape>> shapes(chunks);
   std::vector<std::shared_ptr<const ModelPlans::ChunkPasses>> donated(chunks);
   bool all_donated = copies;
@@ -52,8 +54,6 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
   }
   if (!all_donated) donated.assign(chunks, nullptr);
   passes_copied_ = all_donated;
-  std::vector<std::array<RepeatedPass, 2>> offered_forward(chunks), offered_backward(chunks);
-  std::vector<int> offered(chunks, 0);  // passes captured of the 4
   Handle last_output, last_input_grad, last_received;
   auto receive = [&]() {
     Handle h = hidden_;
@@ -83,22 +83,17 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           f.received = received[step.chunk].front();
           received[step.chunk].pop_front();
         }
-        const bool repeats = copies && !f.range.head;
+        const bool repeats = copies;
         if (donated[step.chunk] != nullptr) {
           f.repeated = true;
-          f.output = Repeat(donated[step.chunk]->forward[std::min<size_t>(j, 1)],
-                            f.range.first_layer);
-        } else if (repeats && j >= 2) {
+          f.output = Repeat(donated[step.chunk]->forward, f.range.first_layer);
+        } else if (repeats && j >= 1) {
           f.repeated = true;
-          f.output = Repeat(second_forward[step.chunk]);
+          f.output = Repeat(own[step.chunk].forward);
         } else {
           const size_t begin = BeginCapture(repeats);
           if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
-          if (repeats && j == 1) second_forward[step.chunk] = Capture(begin, f.output);
-          if (repeats && j <= 1 && shapes[step.chunk].has_value()) {
-            offered_forward[step.chunk][j] = Capture(begin, f.output);
-            ++offered[step.chunk];
-          }
+          if (repeats) own[step.chunk].forward = Capture(begin, f.output);
         }
         last_output = f.output;
         f.output = Handle();
@@ -122,19 +117,22 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
         if (f.repeated) {
           // The backward it repeats freed its output's gradient.
           if (output_grad.has_value()) memory_.Forget(output_grad->storage);
-          f.input_grad =
-              donated[step.chunk] != nullptr
-                  ? Repeat(donated[step.chunk]->backward[std::min<size_t>(j, 1)],
-                           f.range.first_layer)
-                  : Repeat(second_backward[step.chunk]);
+          const ModelPlans::ChunkPasses* passes =
+              donated[step.chunk] != nullptr ? donated[step.chunk].get() : &own[step.chunk];
+          const int64_t shift = donated[step.chunk] != nullptr ? f.range.first_layer : 0;
+          f.input_grad = Repeat(passes->backward[std::min<size_t>(j, 1)], shift);
         } else {
-          const bool repeats = copies && !f.range.head;
+          // The first micro-batch's (a later one's forward was copied): its shadow pass is
+          // the second's.
+          const bool repeats = copies;
           const size_t begin = BeginCapture(repeats);
+          if (repeats) memory_.BeginShadow();
           if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
-          if (repeats && j == 1) second_backward[step.chunk] = Capture(begin, f.input_grad);
-          if (repeats && j <= 1 && shapes[step.chunk].has_value()) {
-            offered_backward[step.chunk][j] = Capture(begin, f.input_grad);
-            ++offered[step.chunk];
+          if (repeats) {
+            RepeatedPass& first = own[step.chunk].backward[0];
+            first = Capture(begin, f.input_grad);
+            own[step.chunk].backward[1] = first;
+            own[step.chunk].backward[1].stretches = memory_.EndShadow();
           }
         }
         last_input_grad = f.input_grad;
@@ -157,12 +155,14 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
     }
   }
   for (size_t c = 0; c < chunks; ++c) {
-    if (offered[c] < 4) continue;
+    // Offered once the first micro-batch's backward (and with it its shadow) has run.
+    if (!shapes[c].has_value() || donated[c] != nullptr || backwards[c] < 1) continue;
     auto passes = std::make_shared<ModelPlans::ChunkPasses>();
     passes->shape = *shapes[c];
+    const int64_t first_layer = chunks_[c].first_layer;
+    passes->forward = Shifted(std::move(own[c].forward), -first_layer);
     for (size_t j = 0; j < 2; ++j) {
-      passes->forward[j] = Shifted(std::move(offered_forward[c][j]), -chunks_[c].first_layer);
-      passes->backward[j] = Shifted(std::move(offered_backward[c][j]), -chunks_[c].first_layer);
+      passes->backward[j] = Shifted(std::move(own[c].backward[j]), -first_layer);
     }
     std::lock_guard<std::mutex> lock(plans.passes_mutex);
     bool known = false;

@@ -59,6 +59,8 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   // the .grads added to in place; each loss added into the first and freed), so that
   // the step's peak is theirs, the cool-down's or the reduction's, none of which depends
   // on how many iterations came between (the inputs are resident from the start).
+  // Where the peak is composed from the tape, only the first micro-batch's passes run:
+  // the others are copies (PipelineSchedule).
   // The interleaved schedule's steady state cycles through the chunks, one group of
   // pp x v steps (each chunk pp forwards and pp backwards, no net change); its warm-up
   // and cool-down do not depend on the micro-batches (a multiple of pp) unless they are
@@ -462,6 +464,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   if (f.range.head) {
     if (loss_total_ < 0) {
       loss_total_ = f.loss.storage;
+      memory_.ShadowFrees(f.loss.storage);  // a later micro-batch's is added and freed
     } else {
       memory_.Unref(f.loss.storage);
     }

@@ -42,9 +42,9 @@ void Simulation::ReduceScatterUnit(int64_t segment) {
     memory_.Unref(it->second);
     it = grads_.erase(it);
   }
-  if (shard_grad_ < 0) {
-    shard_grad_ = memory_.Alloc(shard_elements_ * ElementSizeBytes(config_.dtype),
-                                MemoryCategory::kGradient);
+  if (shard_grad_ < 0) {  // the first backward's alone (Memory::AllocOnce)
+    shard_grad_ = memory_.AllocOnce(shard_elements_ * ElementSizeBytes(config_.dtype),
+                                    MemoryCategory::kGradient);
   }
   memory_.Unref(bucket);
   ReleaseUnit(segment);

@@ -231,6 +231,7 @@ class Memory {
     segment_ = SegmentSummary();
     segment_start_ = live_;
     segment_start_total_ = total_;
+    if (shadowing_) ResetShadowSegment();
     tag_ = TapeStretch{kind, layer, pass, {}};
   }
   SegmentSummary EndSegment() {
@@ -337,10 +338,52 @@ class Memory {
     Unref(s);
   }
 
-  // MakeGradient: the storage is now a parameter's .grad.
-  void MakeGradient(int s) {
-    storages_[s].base = MemoryCategory::kGradient;
-    Recategorize(s, MemoryCategory::kGradient);
+  // MakeGradient: the storage is now a parameter's .grad. `once`: only the first
+  // micro-batch's backward makes it; the shadow pass (BeginShadow) frees it instead.
+  void MakeGradient(int s, bool once = false) {
+    Storage& storage = storages_[s];
+    storage.base = MemoryCategory::kGradient;
+    if (storage.category == MemoryCategory::kGradient ||
+        storage.category == MemoryCategory::kInput) {
+      if (once) ShadowEvent(-storage.bytes, storage.category);
+      return;
+    }
+    Event(s, -storage.bytes, storage.category, /*relabel=*/true);
+    storage.category = MemoryCategory::kGradient;
+    skip_shadow_ = once;
+    Event(s, storage.bytes, MemoryCategory::kGradient, /*relabel=*/true);
+    skip_shadow_ = false;
+  }
+  // AllocOnce: a storage only the first micro-batch's backward makes (a .grad, ZeRO-3's
+  // shard gradient): the shadow pass skips it.
+  int AllocOnce(int64_t bytes, MemoryCategory category) {
+    skip_shadow_ = true;
+    const int s = Alloc(bytes, category);
+    skip_shadow_ = false;
+    return s;
+  }
+
+  // The shadow pass: while a chunk's first micro-batch's backward runs, its events as the
+  // second micro-batch's backward sees them. Where the first makes a .grad, the second
+  // finds it made and adds into it in place, freeing the gradient it got (torch's
+  // AccumulateGrad): the shadow skips what only the first makes (MakeGradient and
+  // AllocOnce with `once`) and sees the rest. EndShadow returns its stretches, cut where
+  // the tape's are: the second backward's, without replaying it.
+  void BeginShadow() {
+    shadowing_ = true;
+    shadow_live_ = live_;
+    shadow_total_ = total_;
+    shadow_tape_.clear();
+    ResetShadowSegment();
+  }
+  std::vector<TapeStretch> EndShadow() {
+    shadowing_ = false;
+    return std::move(shadow_tape_);
+  }
+  // ShadowFrees: the shadow pass frees `s` here, which the first micro-batch keeps (the
+  // head's first loss, which later ones are added into).
+  void ShadowFrees(int s) {
+    if (storages_[s].refs == 1) ShadowEvent(-storages_[s].bytes, storages_[s].category);
   }
 
   // Adopt registers a storage that is already live (counted in the resident bytes), with
@@ -366,6 +409,12 @@ class Memory {
     std::array<int64_t, kNumMemoryCategories> live = live_;
     live[static_cast<int>(category)] += bytes;
     NoteRise(live, total_ + bytes);
+    if (shadowing_) {
+      std::array<int64_t, kNumMemoryCategories> shadow = shadow_live_;
+      shadow[static_cast<int>(category)] += bytes;
+      NoteRiseIn(shadow_segment_, shadow_start_, shadow_start_total_, shadow,
+                 shadow_total_ + bytes);
+    }
     if (total_ + bytes <= out_->peak.bytes) return;
     out_->peak.bytes = total_ + bytes;
     out_->peak.phase = phase_;
@@ -461,6 +510,20 @@ class Memory {
       peak_where_ = where_;
     }
     NoteRise(live_, total_);
+    if (shadowing_ && !skip_shadow_) ShadowEvent(bytes, category);
+  }
+
+  // ShadowEvent: `bytes` more (fewer) of `category` in the shadow pass.
+  void ShadowEvent(int64_t bytes, MemoryCategory category) {
+    if (!shadowing_) return;
+    shadow_live_[static_cast<int>(category)] += bytes;
+    shadow_total_ += bytes;
+    NoteRiseIn(shadow_segment_, shadow_start_, shadow_start_total_, shadow_live_, shadow_total_);
+  }
+  void ResetShadowSegment() {
+    shadow_segment_ = SegmentSummary();
+    shadow_start_ = shadow_live_;
+    shadow_start_total_ = shadow_total_;
   }
 
   // Record appends the open stretch to the tape unless nothing happened in it.
@@ -471,6 +534,15 @@ class Memory {
     if (!moved && tag_.kind == TapeStretch::Kind::kOther) return;
     tag_.summary = segment_;
     tape_->push_back(tag_);
+    if (shadowing_) {
+      TapeStretch shadow = tag_;
+      shadow.summary = shadow_segment_;
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        shadow.summary.net[c] = shadow_live_[c] - shadow_start_[c];
+      }
+      shadow_tape_.push_back(shadow);
+      ResetShadowSegment();
+    }
     tag_ = TapeStretch();
     segment_ = SegmentSummary();
     segment_start_ = live_;
@@ -478,13 +550,19 @@ class Memory {
   }
 
   void NoteRise(const std::array<int64_t, kNumMemoryCategories>& live, int64_t total) {
-    const int64_t rise = total - segment_start_total_;
-    if (segment_.has_rise && rise <= segment_.rise) return;
-    segment_.has_rise = true;
-    segment_.rise = rise;
-    for (int c = 0; c < kNumMemoryCategories; ++c) segment_.at_rise[c] = live[c] - segment_start_[c];
-    segment_.phase = phase_;
-    segment_.where = where_;
+    NoteRiseIn(segment_, segment_start_, segment_start_total_, live, total);
+  }
+  // NoteRiseIn: `segment` (started at `start`) with a moment of `live` bytes.
+  void NoteRiseIn(SegmentSummary& segment, const std::array<int64_t, kNumMemoryCategories>& start,
+                  int64_t start_total, const std::array<int64_t, kNumMemoryCategories>& live,
+                  int64_t total) const {
+    const int64_t rise = total - start_total;
+    if (segment.has_rise && rise <= segment.rise) return;
+    segment.has_rise = true;
+    segment.rise = rise;
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment.at_rise[c] = live[c] - start[c];
+    segment.phase = phase_;
+    segment.where = where_;
   }
 
  private:
@@ -512,6 +590,15 @@ class Memory {
   int64_t segment_start_total_ = 0;
   std::vector<TapeStretch>* tape_ = nullptr;
   TapeStretch tag_;  // the open stretch's kind
+  // The shadow pass (BeginShadow): its live bytes, its open stretch, its stretches.
+  bool shadowing_ = false;
+  bool skip_shadow_ = false;  // the event under way is the first micro-batch's alone
+  std::array<int64_t, kNumMemoryCategories> shadow_live_{};
+  int64_t shadow_total_ = 0;
+  SegmentSummary shadow_segment_;
+  std::array<int64_t, kNumMemoryCategories> shadow_start_{};
+  int64_t shadow_start_total_ = 0;
+  std::vector<TapeStretch> shadow_tape_;
 };
 
 }  // namespace memledger::liveness_internal
