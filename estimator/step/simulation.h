@@ -5,8 +5,8 @@
 //   simulation_backward.cc  a segment's backward nodes, checkpoints' recomputes;
 //   simulation_schedule.cc  the rank's schedule: micro-batches, the model-level
 //                           tensors, the parameters' order;
-//   simulation_pipeline.cc  a pipeline rank's steps, and the passes it copies (from an
-//                           earlier micro-batch, or a stage whose chunk has its shape);
+//   simulation_pipeline.cc  a pipeline rank's steps, and the passes it copies (from its
+//                           first micro-batch, or a stage whose chunk has its shape);
 //   simulation_step.cc      ZeRO-3's gathered units, the gradients' reduction and the
 //                           optimizer's step;
 // and liveness.cc composes long models' peaks from a short model's stretches.
