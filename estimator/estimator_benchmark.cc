@@ -148,10 +148,10 @@ void RunRankPeaks(benchmark::State& state, const ModelConfig& config,
 
 // Every stage's whole-step peak, composed from the stage replayed with 3 layers (2k + 1
 // for every_k) pass by pass: llama-3-70b over PP 8 x DP 16 with ZeRO-1, bf16 autocast,
-// seq 8192, `micro_batches` of 1 in 1F1B order. Two micro-batches are replayed per
-// stage, the later ones' passes copied from the second's, and the middle stages copy
-// all of theirs from stage 1's: the cost barely grows with the micro-batches, and not
-// with the layers.
+// seq 8192, `micro_batches` of 1 in 1F1B order. One micro-batch is replayed per
+// stage, the later ones' passes copied from its forward and its backward's shadow pass,
+// and the middle stages copy all of theirs from stage 1's: the cost barely grows with
+// the micro-batches, and not with the layers.
 void BM_PredictRanksPeaksLlama3_70b(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
