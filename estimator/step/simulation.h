@@ -492,9 +492,6 @@ class Simulation {
   // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
   // backward runs.
   bool zero3_ = false;
-  // passes_copied_: every pass of this rank's step was copied from another stage's
-  // (PipelineSchedule), which leaves no .grads here.
-  bool passes_copied_ = false;
   int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
   std::vector<int64_t> layer_unit_bytes_;  // by kind
   int64_t shard_elements_ = 0;

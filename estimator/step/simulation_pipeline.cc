@@ -53,7 +53,6 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
     }
   }
   if (!all_donated) donated.assign(chunks, nullptr);
-  passes_copied_ = all_donated;
   Handle last_output, last_input_grad, last_received;
   auto receive = [&]() {
     Handle h = hidden_;

@@ -131,10 +131,10 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
 
   memory_.SetPhase(StepPhase::kOptimizer);
   memory_.BeginSegment(TapeStretch::Kind::kOptimizer);
-  // A rank whose passes were all copied from another stage's made no .grads here: its
-  // step's end is the rank's own reduction, which ComposeRankPeak puts in this
-  // stretch's place whatever it holds.
-  absl::Status status = passes_copied_ ? absl::OkStatus() : ReduceAndStep();
+  // With a tape the step's end is the real rank's reduction and step (RankEnd), which
+  // ComposeRankPeak puts in this stretch's place whatever it holds: not replayed here
+  // (a rank whose passes were copied from another stage's has no .grads to reduce).
+  absl::Status status = tape_ != nullptr ? absl::OkStatus() : ReduceAndStep();
   segments_.optimizer = memory_.EndSegment();
   memory_.FinishTape();
   if (status.ok() && memory_.overflowed()) {
