@@ -309,6 +309,14 @@ class Simulation {
   // BeginCapture (with `capture`) ends the open stretch and says where the pass's own
   // stretches begin on the tape; Capture, after the pass, takes them and its handle.
   size_t BeginCapture(bool capture);
+  // CapturedForward and CapturedBackward run a micro-batch's pass and, with `capture`,
+  // take it as stretches: the forward, and the backward with its shadow pass (a later
+  // micro-batch's backward, Memory::BeginShadow).
+  absl::Status CapturedForward(const ModelPlans& plans, InFlight& f, bool capture,
+                               RepeatedPass* pass);
+  absl::Status CapturedBackward(const ModelPlans& plans, InFlight& f,
+                                std::optional<Handle> output_grad, bool capture,
+                                std::array<RepeatedPass, 2>* passes);
   RepeatedPass Capture(size_t begin, const Handle& handle);
   // Repeat appends `pass`'s stretches (each pass renumbered, each layer `shift` later)
   // and returns its handle, a storage already counted in them.

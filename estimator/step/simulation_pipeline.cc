@@ -82,17 +82,17 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           f.received = received[step.chunk].front();
           received[step.chunk].pop_front();
         }
-        const bool repeats = copies;
         if (donated[step.chunk] != nullptr) {
           f.repeated = true;
           f.output = Repeat(donated[step.chunk]->forward, f.range.first_layer);
-        } else if (repeats && j >= 1) {
+        } else if (copies && j >= 1) {
           f.repeated = true;
           f.output = Repeat(own[step.chunk].forward);
         } else {
-          const size_t begin = BeginCapture(repeats);
-          if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
-          if (repeats) own[step.chunk].forward = Capture(begin, f.output);
+          if (absl::Status s = CapturedForward(plans, f, copies, &own[step.chunk].forward);
+              !s.ok()) {
+            return s;
+          }
         }
         last_output = f.output;
         f.output = Handle();
@@ -123,15 +123,10 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
         } else {
           // The first micro-batch's (a later one's forward was copied): its shadow pass is
           // the second's.
-          const bool repeats = copies;
-          const size_t begin = BeginCapture(repeats);
-          if (repeats) memory_.BeginShadow();
-          if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
-          if (repeats) {
-            RepeatedPass& first = own[step.chunk].backward[0];
-            first = Capture(begin, f.input_grad);
-            own[step.chunk].backward[1] = first;
-            own[step.chunk].backward[1].stretches = memory_.EndShadow();
+          if (absl::Status s = CapturedBackward(plans, f, output_grad, copies,
+                                                &own[step.chunk].backward);
+              !s.ok()) {
+            return s;
           }
         }
         last_input_grad = f.input_grad;
@@ -199,6 +194,27 @@ RepeatedPass Simulation::Shifted(RepeatedPass pass, int64_t by) {
     if (s.summary.where.segment >= 0) s.summary.where.segment += by;
   }
   return pass;
+}
+
+absl::Status Simulation::CapturedForward(const ModelPlans& plans, InFlight& f, bool capture,
+                                         RepeatedPass* pass) {
+  const size_t begin = BeginCapture(capture);
+  if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
+  if (capture) *pass = Capture(begin, f.output);
+  return absl::OkStatus();
+}
+
+absl::Status Simulation::CapturedBackward(const ModelPlans& plans, InFlight& f,
+                                          std::optional<Handle> output_grad, bool capture,
+                                          std::array<RepeatedPass, 2>* passes) {
+  const size_t begin = BeginCapture(capture);
+  if (capture) memory_.BeginShadow();
+  if (absl::Status s = BackwardPass(plans, f, output_grad); !s.ok()) return s;
+  if (!capture) return absl::OkStatus();
+  (*passes)[0] = Capture(begin, f.input_grad);
+  (*passes)[1] = (*passes)[0];
+  (*passes)[1].stretches = memory_.EndShadow();
+  return absl::OkStatus();
 }
 
 size_t Simulation::BeginCapture(bool capture) {

@@ -105,25 +105,21 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
     // composed from the tape, the second's are the first's forward again and its
     // backward's shadow pass (as PipelineSchedule copies them).
     const bool copies = tape_ != nullptr && !memory_.allocator() && !options_.record_events;
-    RepeatedPass forward, later_backward;
+    RepeatedPass forward;
+    std::array<RepeatedPass, 2> backward;  // the first micro-batch's, a later one's
     for (size_t j = 0; j < inputs.size(); ++j) {
       if (copies && j >= 1) {
         Repeat(forward);
-        Repeat(later_backward);
+        Repeat(backward[1]);
         continue;
       }
       InFlight f;
       f.range = chunks_.front();
       f.input_id = inputs[j];
-      size_t begin = BeginCapture(copies);
-      if (absl::Status s = ForwardPass(plans, f); !s.ok()) return s;
-      if (copies) forward = Capture(begin, f.output);
-      begin = BeginCapture(copies);
-      if (copies) memory_.BeginShadow();
-      if (absl::Status s = BackwardPass(plans, f, std::nullopt); !s.ok()) return s;
-      if (copies) {
-        later_backward = Capture(begin, f.input_grad);
-        later_backward.stretches = memory_.EndShadow();
+      if (absl::Status s = CapturedForward(plans, f, copies, &forward); !s.ok()) return s;
+      if (absl::Status s = CapturedBackward(plans, f, std::nullopt, copies, &backward);
+          !s.ok()) {
+        return s;
       }
     }
   }

@@ -341,18 +341,12 @@ class Memory {
   // MakeGradient: the storage is now a parameter's .grad. `once`: only the first
   // micro-batch's backward makes it; the shadow pass (BeginShadow) frees it instead.
   void MakeGradient(int s, bool once = false) {
-    Storage& storage = storages_[s];
-    storage.base = MemoryCategory::kGradient;
-    if (storage.category == MemoryCategory::kGradient ||
-        storage.category == MemoryCategory::kInput) {
-      if (once) ShadowEvent(-storage.bytes, storage.category);
-      return;
-    }
-    Event(s, -storage.bytes, storage.category, /*relabel=*/true);
-    storage.category = MemoryCategory::kGradient;
+    storages_[s].base = MemoryCategory::kGradient;
+    const MemoryCategory was = storages_[s].category;
     skip_shadow_ = once;
-    Event(s, storage.bytes, MemoryCategory::kGradient, /*relabel=*/true);
+    Recategorize(s, MemoryCategory::kGradient);
     skip_shadow_ = false;
+    if (once) ShadowEvent(-storages_[s].bytes, was);
   }
   // AllocOnce: a storage only the first micro-batch's backward makes (a .grad, ZeRO-3's
   // shard gradient): the shadow pass skips it.
