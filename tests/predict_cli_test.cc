@@ -67,6 +67,12 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
            {"--device=cuda --attention=math", "--device=cuda: --attention=math"},
            {"--device=cuda --model=tiny-qwen3-moe", "--device=cuda: a mixture of experts"},
+           {"--ep=2 --dp=2", "--ep (expert parallelism) needs a mixture-of-experts model"},
+           {"--ep=0", "--ep must be >= 1, got 0"},
+           {"--model=tiny-qwen3-moe --ep=2 --dp=2", "--ep is modelled with --experts_impl=eager"},
+           {"--model=tiny-qwen3-moe --experts_impl=eager --ep=2 --dp=3", "--ep 2 must divide --dp 3"},
+           {"--model=tiny-qwen3-moe --experts_impl=eager --ep=2 --dp=2 --zero=1",
+            "--ep with --zero is not modelled yet"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"},
            // Abseil's parse errors exit 2 like the rest.

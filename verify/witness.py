@@ -77,13 +77,18 @@ def element_bytes(t):
     return t.untyped_storage().nbytes()
 
 
+def local(t):
+    """A DTensor's local shard (an expert-parallel rank's experts), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def unique_storage_bytes(tensors):
     """Bytes of the distinct storages among `tensors` (views count once)."""
     seen = {}
     for t in tensors:
         if t is None:
             continue
-        s = t.untyped_storage()
+        s = local(t).untyped_storage()
         seen[s.data_ptr() if s.data_ptr() else id(s)] = s.nbytes()
     return sum(seen.values())
 
@@ -156,8 +161,11 @@ class TransformersModel:
             config, attn_implementation=case.get("attn_implementation", "sdpa"),
             dtype=torch_dtype(case["dtype"]), **kwargs)
         self.model.train()
+        if case.get("ep", 1) > 1:
+            expert_parallel(self.model, config, case["ep"])
         vocab = config.vocab_size
-        generator = torch.Generator().manual_seed(case.get("seed", 0))
+        # Each expert-parallel rank trains its own batch.
+        generator = torch.Generator().manual_seed(case.get("seed", 0) + case.get("rank", 0))
         self.ids = torch.randint(0, vocab, (case["batch"], case["seq"]), generator=generator)
         if case.get("same_token"):
             # Every position the same token: every layer's hidden states are alike, so
@@ -197,6 +205,28 @@ class TransformersModel:
     def loss(self, counter):
         del counter  # transformers' checkpointing carries its own policy (set_variant)
         return self.model(input_ids=self.ids, labels=self.ids).loss
+
+
+def expert_parallel(model, config, ep):
+    """transformers 5.23's expert parallelism on this process's rank of `ep`, as
+    from_pretrained(distributed_config=...) applies its EP plan, without the FSDP2 it
+    also requires (distributed/configuration_utils.py): the config's base_model_ep_plan
+    (experts' 3-D weights Shard(0) by MoEParamShard, the experts module dispatching
+    through AutoEP, which trains with AllToAllEP), by apply_expert_parallelism."""
+    import re
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    mesh = init_device_mesh("cpu", (ep, 1), mesh_dim_names=("ep", "tp"))
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_modules()]
+    plan = {}
+    for pattern, style in config.base_model_ep_plan.items():
+        regex = re.compile("^model\\." + re.escape(pattern).replace("\\*", "\\d+") + "$")
+        plan.update({name: style for name in names if regex.match(name)})
+    if not plan:
+        raise UsageError(f"--ep: {config.model_type} has no expert-parallel plan")
+    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan)
 
 
 # ---------------------------------------------------------------------------------------
@@ -364,10 +394,14 @@ def _measure(case):
     set_variant(target, case, counter)
     # A mixture of experts' routing in the measured step: the same forward on a copy of
     # the weights it starts from, outside the measurement.
-    routing_copy = copy.deepcopy(target) if case.get("record_routing") else None
+    # Expert-parallel ranks cannot copy their model (its experts' forward is bound to the
+    # original module), so they route once before the step, on the same weights.
+    ep = case.get("ep", 1) > 1
+    routing_copy = copy.deepcopy(target) if case.get("record_routing") and not ep else None
+    routing_rows = target.routing(autocast) if case.get("record_routing") and ep else None
     gc.collect()
 
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    param_ptrs = {local(p).untyped_storage().data_ptr() for p in params}
     param_bytes = unique_storage_bytes(params)
     buffer_bytes = unique_storage_bytes(list(target.buffers()))
     state_tensors = [v for st in opt.state.values() for v in st.values()
@@ -414,7 +448,9 @@ def _measure(case):
             peak = (live, phase)
     resident = param_bytes + buffer_bytes + optimizer_state_bytes + input_bytes
     saved = sum(seen.values()) + counter.bytes
-    routing = {"routing": {"layers": routing_copy.routing(autocast)}} if routing_copy else {}
+    if routing_copy is not None:
+        routing_rows = routing_copy.routing(autocast)
+    routing = {"routing": {"layers": routing_rows}} if routing_rows is not None else {}
     return {
         **routing,
         "case": {k: v for k, v in case.items() if k != "config"},

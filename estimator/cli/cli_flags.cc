@@ -114,6 +114,10 @@ ABSL_FLAG(int64_t, micro_batches, 1,
 ABSL_FLAG(int64_t, zero, 0,
           "ZeRO stage over the --dp ranks: 1 shards the optimizer's state, 2 the "
           "gradients too, 3 the parameters too.");
+ABSL_FLAG(int64_t, ep, 1,
+          "Expert-parallel ranks among the --dp ranks (a mixture of experts, "
+          "--experts_impl=eager): each holds experts / ep whole experts, and transformers' "
+          "AllToAllEP sends every routed token to its expert's rank and the result back.");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "The pipeline schedule: 1f1b or interleaved (Megatron-LM's).");
 ABSL_FLAG(std::string, experts_impl, "grouped_mm",
@@ -124,7 +128,8 @@ ABSL_FLAG(std::string, routing, "balanced",
           "The eager experts' routing: balanced (an even split, the remainder to the lowest "
           "expert ids), worst (every token to the same experts) or PATH to a JSON file "
           "{\"layers\": [[tokens per expert, ...], ...]}, one row per sparse layer, each "
-          "summing to batch x seq x experts per token (exact for that step).");
+          "summing to batch x seq x experts per token (exact for that step); with --ep, "
+          "{\"ranks\": [{\"layers\": ...}, ...]} gives each expert-parallel rank's.");
 ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
@@ -172,6 +177,7 @@ RunRequest RunRequestFromFlags() {
   request.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   request.zero = absl::GetFlag(FLAGS_zero);
   request.schedule = absl::GetFlag(FLAGS_schedule);
+  request.ep = absl::GetFlag(FLAGS_ep);
   request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
   request.routing = absl::GetFlag(FLAGS_routing);
   return request;
@@ -224,7 +230,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"frontier_points", "checkpointing"}, {"flops_per_second", "checkpointing"},
     {"tp", "parallelism"},       {"sp", "parallelism"},       {"dp", "parallelism"},
     {"pp", "parallelism"},       {"virtual_stages", "parallelism"},
-    {"micro_batches", "parallelism"}, {"zero", "parallelism"},
+    {"micro_batches", "parallelism"}, {"zero", "parallelism"}, {"ep", "parallelism"},
     {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},

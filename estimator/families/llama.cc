@@ -365,7 +365,7 @@ ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
         per_layer.push_back(dense);
         continue;
       }
-      const std::vector<int64_t> load = config.ExpertLoad(sparse_index++);
+      const std::vector<int64_t> load = config.RunLoad(sparse_index++);
       auto [it, inserted] =
           kind_of_load.emplace(load, static_cast<int>(graphs.layer_kinds.size()));
       if (inserted) graphs.layer_kinds.push_back(BuildLlamaLayer(config, mode, true, load));
@@ -378,7 +378,7 @@ ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
                                    : config.moe.sparse_layers.empty() ? std::vector<bool>{true}
                                                                       : config.moe.sparse_layers;
   // Balanced and worst routings give every sparse layer the same load.
-  const std::vector<int64_t> load = eager ? config.ExpertLoad(0) : std::vector<int64_t>{};
+  const std::vector<int64_t> load = eager ? config.RunLoad(0) : std::vector<int64_t>{};
   int kinds[2] = {-1, -1};  // dense, sparse: their index in layer_kinds
   for (bool layer_sparse : sparse) {
     int& kind = kinds[layer_sparse];
@@ -407,7 +407,16 @@ absl::Status ValidateLlama(const ModelConfig& config) {
   }
   if (config.tp > 1) {
     return absl::InvalidArgumentError(
-        "tensor or expert parallelism of a mixture of experts is not modelled yet (use --tp=1)");
+        "tensor parallelism of a mixture of experts is not modelled yet (use --tp=1)");
+  }
+  if (moe.ep > 1 && moe.experts % moe.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep ", moe.ep, " does not divide the ",
+                                                   moe.experts, " experts"));
+  }
+  if (moe.ep > 1 && moe.impl != ExpertsImpl::kEager) {
+    return absl::InvalidArgumentError(
+        "--ep is modelled with --experts_impl=eager (grouped_mm's expert-parallel sentinel "
+        "rows are not modelled yet)");
   }
   if (moe.impl == ExpertsImpl::kEager && moe.experts > kMaxEagerExperts) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -424,10 +433,11 @@ absl::Status ValidateLlama(const ModelConfig& config) {
     // summing to the (token, expert) pairs.
     const int64_t tokens = config.batch * config.seq, pairs = tokens * moe.top_k;
     const int64_t sparse = config.SparseLayers();
-    if (static_cast<int64_t>(moe.routing_rows.size()) != sparse) {
+    const int64_t rows = static_cast<int64_t>(moe.routing_rows.size());
+    if (rows != sparse && (moe.ep == 1 || rows != moe.ep * sparse)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--routing has ", moe.routing_rows.size(), " rows for the model's ", sparse,
-          " sparse layers"));
+          "--routing has ", rows, " rows for the model's ", sparse, " sparse layers",
+          moe.ep > 1 ? absl::StrCat(" (or ", moe.ep * sparse, ", every --ep rank's)") : ""));
     }
     for (size_t l = 0; l < moe.routing_rows.size(); ++l) {
       const std::vector<int64_t>& row = moe.routing_rows[l];
@@ -442,6 +452,20 @@ absl::Status ValidateLlama(const ModelConfig& config) {
             "--routing row ", l, " must give each of the ", moe.experts,
             " experts 0 to ", tokens, " tokens, ", pairs, " in all (batch x seq x ",
             moe.top_k, ")"));
+      }
+    }
+  }
+  if (moe.ep > 1 && moe.impl == ExpertsImpl::kEager) {
+    // AllToAllEP runs a rank that receives no row on a fake one (its `tokens.shape[0] == 0`
+    // branch), which is not modelled.
+    const int64_t routed = moe.routing == RoutingSource::kGiven ? config.SparseLayers() : 1;
+    for (int64_t l = 0; l < routed; ++l) {
+      int64_t received = 0;
+      for (int64_t n : config.ReceivedLoad(l)) received += n;
+      if (received == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--ep: expert-parallel rank ", moe.ep_rank, " receives no token in sparse layer ",
+            l, " (AllToAllEP's empty branch is not modelled yet)"));
       }
     }
   }

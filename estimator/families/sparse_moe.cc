@@ -121,8 +121,9 @@ int Linear2D(GraphBuilder& g, const std::string& name, int x, int weight) {
 // (token, slot) pairs (torch.where), its tokens gathered, its own slices of the 3-D
 // weights (select views) through two linears, the gate, its routing weights gathered,
 // and index_add_ into the result. Every expert's tensors have its share of the routing.
-int EagerExperts(GraphBuilder& g, const ModelConfig& config, int flat, const RouterOut& r,
-                 int gate_up, int down, const std::vector<int64_t>& load) {
+// `load` has one count per expert the module holds (num_experts).
+int EagerExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up, int down,
+                 const std::vector<int64_t>& load) {
   int64_t hit = 0;
   for (int64_t n : load) hit += n > 0;
   int result = g.Op1(OpType::kZerosLike, "experts.final_hidden_states", {flat});
@@ -133,7 +134,7 @@ int EagerExperts(GraphBuilder& g, const ModelConfig& config, int flat, const Rou
                          {.shape = {Sym(hit), Sym(1)}});
   // top_k_weights[token_idx, top_k_pos, None] unsqueezes first, once per expert.
   int weighted_before = -1;  // current_hidden_states of the expert before, to its rebinding
-  for (int64_t e = 0; e < config.moe.experts; ++e) {
+  for (int64_t e = 0; e < static_cast<int64_t>(load.size()); ++e) {
     const int64_t n = load[static_cast<size_t>(e)];
     if (n == 0) continue;
     const std::string p = absl::StrCat("experts.", e);
@@ -172,6 +173,88 @@ int EagerExperts(GraphBuilder& g, const ModelConfig& config, int flat, const Rou
   return result;
 }
 
+
+// AllToAllEp is transformers 5.23's expert-parallel experts module in training
+// (distributed/expert_parallel.py: EpDispatchExpertsParallel's ep_forward, AutoEP picking
+// AllToAllEP whenever the hidden states require grad) on the (N, d) hidden states, without
+// tensor parallelism. `received` is the tokens each of this rank's experts gets from
+// every rank (ModelConfig::ReceivedLoad), R of them in all; S = N x k pairs are sent.
+int AllToAllEp(GraphBuilder& g, const ModelConfig& config, int flat, const RouterOut& r,
+               int gate_up, int down, const std::vector<int64_t>& received) {
+  const MoeSpec& moe = config.moe;
+  int64_t rows = 0;
+  for (int64_t n : received) rows += n;
+  const SymDim pairs = kB * kT * kK;
+  // _dispatch_tokens: expert_ids = top_k_index.reshape(-1); order = argsort(expert_ids),
+  // which is sort's indices (Sorting.cpp), its values dying with the call.
+  const int expert_ids = g.Op1(OpType::kReshape, "ep.expert_ids", {r.indices}, {.shape = {pairs}});
+  const int order = g.Op(OpType::kSort, "ep.argsort", {expert_ids}, {"values", "indices"})[1];
+  // send_tokens = hidden_states[order // num_top_k]: the quotient is the index's saved
+  // indices.
+  const int token_of_pair = g.Op1(OpType::kFloorDivide, "ep.token_of_pair", {order});
+  const int send_tokens = g.Op1(OpType::kIndexRows, "ep.send_tokens", {flat, token_of_pair});
+  // send_counts = zeros(E, long).scatter_add_(0, expert_ids, ones_like(expert_ids)), viewed
+  // (ep, E / ep); recv_counts = empty_like(send_counts), filled in place by c10d's
+  // all_to_all_single (Gloo writes into it: no ATen allocation).
+  int send_counts = g.Op1(OpType::kZeros, "ep.send_counts", {}, {.shape = {kE}}, std::nullopt,
+                          DType::kInt64);
+  const int ones = g.Op1(OpType::kOnesLike, "ep.ones", {expert_ids});
+  send_counts = g.Op1(OpType::kScatterAddInplace, "ep.count", {send_counts, expert_ids, ones});
+  const int recv_counts = g.Op1(OpType::kZerosLike, "ep.recv_counts", {send_counts});
+  // torch.stack([send_counts.sum(dim=1), recv_counts.sum(dim=1)]).tolist(): two (ep)
+  // sums and their (2, ep) stack, read back to the host and freed.
+  const SymDim ranks = Sym(moe.ep);
+  const int send_grid = g.Op1(OpType::kView, "ep.send_grid", {send_counts},
+                              {.shape = {ranks, kEl}});
+  const int recv_grid = g.Op1(OpType::kView, "ep.recv_grid", {recv_counts},
+                              {.shape = {ranks, kEl}});
+  const int send_sizes = g.Op1(OpType::kSumDim, "ep.send_sizes", {send_grid}, {.dim = 1});
+  const int recv_sizes = g.Op1(OpType::kSumDim, "ep.recv_sizes", {recv_grid}, {.dim = 1});
+  g.Op1(OpType::kStack, "ep.split_sizes", {send_sizes, recv_sizes}, {.shape = {Sym(2), ranks}});
+  // recv_tokens = all_to_all_single_autograd(send_tokens, recv_sizes, send_sizes): a new
+  // (R, d) tensor (_c10d_functional.all_to_all_single); _WaitTensor returns it as is.
+  const int recv_tokens = g.Op1(OpType::kAllToAll, "ep.dispatch", {send_tokens},
+                                {.shape = {Sym(rows), kD}});
+  // recv_expert_ids = arange(E / ep).repeat(ep).repeat_interleave(recv_counts.reshape(-1),
+  // output_size=R).unsqueeze(-1); recv_weights = ones_like(it, dtype=recv_tokens.dtype).
+  const int local_ids = g.Op1(OpType::kArange, "ep.local_ids", {}, {.shape = {kEl}},
+                              std::nullopt, DType::kInt64);
+  const int repeated = g.Op1(OpType::kRepeat, "ep.local_ids_repeat", {local_ids},
+                             {.shape = {kE}});
+  const int per_row = g.Op1(OpType::kRepeatInterleave, "ep.recv_expert_ids",
+                            {repeated, recv_counts}, {.shape = {Sym(rows)}});
+  const int recv_ids =
+      g.Op1(OpType::kUnsqueeze, "ep.recv_expert_ids_column", {per_row}, {.dim = 1});
+  const int recv_weights = g.Op1(OpType::kOnesLike, "ep.recv_weights", {recv_ids}, {},
+                                 std::nullopt, g.DTypeOf(recv_tokens));
+  // _dispatch_tokens' locals die at its return: send_tokens (all_to_all keeps nothing)
+  // and the counts.
+  g.HeldThroughHere({send_tokens, send_counts, recv_counts});
+  // The experts run top-1 on the received rows with unit weights (their own forward,
+  // num_experts = E / ep).
+  const RouterOut local{-1, recv_weights, recv_ids};
+  const int expert_output =
+      EagerExperts(g, recv_tokens, local, gate_up, down, received);
+  // _combine_tokens: recv_out = all_to_all_single_autograd(expert_output, send_sizes,
+  // recv_sizes), (S, d); token_outputs = empty_like(recv_out); token_outputs[order] =
+  // recv_out (index_put_, IndexPutBackward0 keeping order); viewed (N, k, d), times the
+  // routing weights, summed over k.
+  const int recv_out = g.Op1(OpType::kAllToAll, "ep.combine", {expert_output},
+                             {.shape = {pairs, kD}});
+  int token_outputs = g.Op1(OpType::kZerosLike, "ep.token_outputs", {recv_out});
+  token_outputs = g.Op1(OpType::kIndexPutInplace, "ep.unsort", {token_outputs, order, recv_out});
+  const int per_token = g.Op1(OpType::kView, "ep.per_token", {token_outputs},
+                              {.shape = {kB * kT, kK, kD}});
+  const int weights = g.Op1(OpType::kUnsqueeze, "ep.weights", {r.scores}, {.dim = 2});
+  const int weighted = g.Op1(OpType::kMulTensor, "ep.weighted", {per_token, weights});
+  const int summed = g.Op1(OpType::kSumDim, "ep.sum", {weighted}, {.dim = 1});
+  // ep_forward: output.to(hidden_states.dtype).
+  const int out = g.ToDtype("ep.out", summed, g.DTypeOf(flat));
+  // AllToAllEP.__call__'s locals, to its return: the received rows, ids and weights,
+  // the state (order) and the experts' output.
+  g.HeldThroughHere({recv_tokens, per_row, recv_weights, order, expert_output});
+  return out;
+}
 }  // namespace
 
 std::vector<std::string> SparseMoeRegistration(const ModelConfig& config) {
@@ -186,14 +269,17 @@ std::vector<std::string> SparseMoeRegistration(const ModelConfig& config) {
 int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x,
                    const std::vector<int64_t>& load) {
   // The experts' 3-D parameters (E, 2 F_e, d) and (E, d, F_e), and the router's (E, d).
-  const int gate_up = g.Param("experts.gate_up_proj", {kE, 2 * kFe, kD});
-  const int down = g.Param("experts.down_proj", {kE, kD, kFe});
+  // An expert-parallel rank holds E / ep of the experts (MoEParamShard's Shard(0)).
+  const SymDim held = config.moe.ep > 1 ? kEl : kE;
+  const int gate_up = g.Param("experts.gate_up_proj", {held, 2 * kFe, kD});
+  const int down = g.Param("experts.down_proj", {held, kD, kFe});
   const int router = g.Param("gate.weight", {kE, kD});
   // hidden_states.view(-1, hidden_dim)
   const int flat = g.Op1(OpType::kView, "moe.flatten", {x}, {.shape = {kB * kT, kD}});
   const RouterOut r = Router(g, config, flat, router);
-  const int experts = config.moe.impl == ExpertsImpl::kEager
-                          ? EagerExperts(g, config, flat, r, gate_up, down, load)
+  const int experts = config.moe.ep > 1 ? AllToAllEp(g, config, flat, r, gate_up, down, load)
+                      : config.moe.impl == ExpertsImpl::kEager
+                          ? EagerExperts(g, flat, r, gate_up, down, load)
                           : GroupedMmExperts(g, flat, r, gate_up, down);
   const int out = g.Op1(OpType::kView, "moe.unflatten", {experts}, {.shape = {kB, kT, kD}});
   // SparseMoeBlock.forward's locals, to its return: the flattened hidden states, the

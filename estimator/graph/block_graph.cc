@@ -135,7 +135,7 @@ std::vector<std::vector<int64_t>> ExpertLoads(const ModelConfig& config) {
   std::vector<std::vector<int64_t>> loads;
   if (!config.moe.Sparse() || config.moe.impl != ExpertsImpl::kEager) return loads;
   const int64_t rows = config.moe.routing == RoutingSource::kGiven ? config.SparseLayers() : 1;
-  for (int64_t l = 0; l < rows; ++l) loads.push_back(config.ExpertLoad(l));
+  for (int64_t l = 0; l < rows; ++l) loads.push_back(config.RunLoad(l));
   return loads;
 }
 
@@ -163,6 +163,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     MoeBlock moe_block;
     ExpertsImpl experts_impl;
     std::vector<bool> sparse_layers;
+    int64_t ep;  // expert-parallel ranks (their count is in the graphs' views)
     // The eager experts' sizes: every sparse layer's tokens per expert.
     std::vector<std::vector<int64_t>> expert_loads;
     bool sliding_masked;
@@ -189,6 +190,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.moe.block,
                      config.moe.impl,
                      config.moe.sparse_layers,
+                     config.moe.ep,
                      ExpertLoads(config),
                      config.SlidingWindowMasked(),
                      config.device,

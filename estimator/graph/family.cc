@@ -133,6 +133,14 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           "--sp: --seq ", config.seq, " is not divisible by --tp ", config.tp));
     }
   }
+  if (config.moe.ep < 1 || config.moe.ep_rank < 0 || config.moe.ep_rank >= config.moe.ep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ep must be >= 1, got ", config.moe.ep));
+  }
+  if (config.moe.ep > 1 && !config.moe.Sparse()) {
+    return absl::InvalidArgumentError(
+        "--ep (expert parallelism) needs a mixture-of-experts model (qwen3_moe, mixtral)");
+  }
   if (!family.decoder) return absl::OkStatus();
 
   if (config.vocab < 1) {

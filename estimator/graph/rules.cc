@@ -230,6 +230,13 @@ OpSemantics PinnedSemantics(OpType type) {
       // yaml:1622 sort: value_selecting_reduction_backward_symint(grad, dim, indices, ...);
       // never differentiated here (the routed expert ids are int64).
       return {{Out(1, "indices_")}, {0}, {"SortBackward0"}, {}};
+    case OpType::kZeros:
+    case OpType::kOnesLike:
+    case OpType::kArange:
+    case OpType::kRepeat:
+    case OpType::kRepeatInterleave:
+    case OpType::kStack:
+    case OpType::kScatterAddInplace:
     case OpType::kFloorDivide:
     case OpType::kHistc:  // yaml:805 histc: output_differentiability: [False]
     case OpType::kCumsum:
@@ -297,6 +304,14 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kIndexPair:
       // yaml:847 index.Tensor, with two indices (one SavedVariable list).
       return {{In(1, "indices_"), In(2, "indices_")}, {0}, {"IndexBackward0"}, {}};
+    case OpType::kIndexPutInplace:
+      // yaml index_put_: self: grad.index_put(indices, zeros_like(values), accumulate),
+      // values: grad.index(indices): the indices only (probed: IndexPutBackward0's
+      // _saved_indices is the index tensor itself).
+      return {{In(1, "indices_")}, {0, 2}, {"IndexPutBackward0"}, {}};
+    case OpType::kAllToAll:
+      // all_to_all_single_setup_context keeps the split sizes and the group's name.
+      return {{}, {0}, {"AllToAllSingle"}, {}, /*custom_function=*/true};
     case OpType::kIndexAddInplace:
       // yaml:866 index_add: self: grad; source: maybe_multiply(grad.index_select(dim,
       // index).expand_as(source), alpha): index and source for source's gradient.
@@ -398,6 +413,15 @@ const char* OpTypeName(OpType type) {
     case OpType::kEfficientAttention: return "_scaled_dot_product_efficient_attention";
     case OpType::kCudnnAttention: return "_scaled_dot_product_cudnn_attention";
     case OpType::kEfficientAttentionMasked: return "_scaled_dot_product_efficient_attention";
+    case OpType::kZeros: return "zeros";
+    case OpType::kOnesLike: return "ones_like";
+    case OpType::kArange: return "arange";
+    case OpType::kRepeat: return "repeat";
+    case OpType::kRepeatInterleave: return "repeat_interleave";
+    case OpType::kStack: return "stack";
+    case OpType::kScatterAddInplace: return "scatter_add_";
+    case OpType::kIndexPutInplace: return "index_put_";
+    case OpType::kAllToAll: return "_c10d_functional::all_to_all_single";
   }
   return "?";
 }

@@ -173,8 +173,27 @@ enum class OpType : uint8_t {
   // memory-efficient kernel with an additive mask (a sliding window's), which its
   // backward node keeps.
   kEfficientAttentionMasked,
+  // transformers' expert parallelism (AllToAllEP, distributed/expert_parallel.py):
+  kZeros,              // () -> zeros(attributes.shape): not differentiable
+  kOnesLike,           // ones_like(self), in the op's dtype: not differentiable
+  kArange,             // () -> arange(attributes.shape[0]) int64
+  kRepeat,             // self.repeat(...) to attributes.shape: integer ids here
+  // (self, repeats) -> self.repeat_interleave(repeats, output_size=attributes.shape[0]):
+  // the (R) int64 row index first (repeat_interleave of the repeats), then index_select.
+  kRepeatInterleave,
+  kStack,              // (a, b) -> stack([a, b]) to attributes.shape: integer counts here
+  // (self, index, src) -> self: scatter_add_(0, index, src) in place, on integer counts.
+  kScatterAddInplace,
+  // (self, indices, values) -> self: self[indices] = values (index_put_ in place, one
+  // 1-D int64 index).
+  kIndexPutInplace,
+  // (x) -> the (rows, ...) result of _c10d_functional.all_to_all_single, a new tensor;
+  // attributes.shape. Its autograd (torch.library.register_autograd in
+  // distributed/_functional_collectives.py) keeps no tensor: backward is the reverse
+  // all-to-all of grad_output.contiguous().
+  kAllToAll,
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kEfficientAttentionMasked) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kAllToAll) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -41,6 +41,8 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
       return config.moe.top_k;
     case Symbol::kExpertWidth:
       return config.moe.intermediate;
+    case Symbol::kLocalExperts:  // ValidateConfig makes the division exact
+      return config.moe.experts / config.moe.ep;
   }
   return 0;
 }

@@ -29,8 +29,9 @@ enum class Symbol : uint8_t {
   kExperts,       // E, a sparse MLP's experts
   kTopK,          // k, the experts each token is routed to
   kExpertWidth,   // an expert's MLP width
+  kLocalExperts,  // the experts one expert-parallel rank holds: E / ep
 };
-inline constexpr int kNumSymbols = static_cast<int>(Symbol::kExpertWidth) + 1;
+inline constexpr int kNumSymbols = static_cast<int>(Symbol::kLocalExperts) + 1;
 static_assert(kNumSymbols <= 16, "SymDim::symbols is a 16-bit set");
 int64_t SymbolValue(Symbol symbol, const ModelConfig& config);
 
@@ -78,6 +79,7 @@ inline constexpr SymDim kTs = SymOf(Symbol::kSeqShard);
 inline constexpr SymDim kE = SymOf(Symbol::kExperts);
 inline constexpr SymDim kK = SymOf(Symbol::kTopK);
 inline constexpr SymDim kFe = SymOf(Symbol::kExpertWidth);
+inline constexpr SymDim kEl = SymOf(Symbol::kLocalExperts);
 SymDim Sym(int64_t constant);
 SymDim operator*(SymDim a, SymDim b);
 SymDim operator*(int64_t coeff, SymDim a);

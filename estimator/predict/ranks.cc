@@ -217,7 +217,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
   const int64_t chunk_layers = config.layers / chunks;
   const int64_t element = ElementSizeBytes(config.dtype);
   const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, options.optimizer);
-  const CheckedInt64 ranks_per_stage = CheckedInt64(config.tp) * parallel.dp;
+  const CheckedInt64 ranks_per_stage = CheckedInt64(config.tp) * (parallel.dp / config.moe.ep);
   ModelConfig chunk_config = config;
   chunk_config.layers = chunk_layers;
   const int64_t korthikanti_chunk = KorthikantiSavedBytes(chunk_config, options.attention);
@@ -227,10 +227,18 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
 
   RanksPrediction prediction;
   prediction.parallel = parallel;
+  prediction.ep = config.moe.ep;
   std::optional<absl::StatusOr<StepSimulator>> simulator;  // every stage's (PredictRankPeaks)
-  for (int64_t stage = 0; stage < parallel.pp; ++stage) {
+  // With expert parallelism each expert-parallel rank is its own kind: its experts and
+  // what they receive (ModelConfig::ReceivedLoad) are its own.
+  const ModelConfig model_config = config;
+  for (int64_t kind_index = 0; kind_index < parallel.pp * model_config.moe.ep; ++kind_index) {
+    const int64_t stage = kind_index / model_config.moe.ep;
+    config.moe.ep_rank = kind_index % model_config.moe.ep;
+    if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
     RankKind kind;
     kind.stage = stage;
+    kind.ep_rank = config.moe.ep_rank;
     kind.ranks = ranks_per_stage.value();
     std::vector<StagePrediction> predicted;
     CheckedInt64 n_params = 0;
@@ -321,7 +329,17 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
   PredictOptions whole_options = options;
   whole_options.peak = false;
   whole_options.timeline = false;
-  absl::StatusOr<Prediction> whole = Predict(config, whole_options);
+  // The whole model is one process's: every expert in it, on expert-parallel rank 0's
+  // batch where the routing gives every rank's.
+  ModelConfig whole_config = config;
+  if (config.moe.ep > 1) {
+    if (config.moe.routing == RoutingSource::kGiven) {
+      whole_config.moe.routing_rows.resize(static_cast<size_t>(config.SparseLayers()));
+    }
+    whole_config.moe.ep = 1;
+    whole_config.moe.ep_rank = 0;
+  }
+  absl::StatusOr<Prediction> whole = Predict(whole_config, whole_options);
   if (!whole.ok()) return whole.status();
   absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
   if (!ranks.ok()) return ranks.status();

@@ -37,10 +37,14 @@ struct RankVariant {
   int64_t in_flight = 0;
 };
 
-// RankKind is every rank of one pipeline stage: its tp x dp ranks hold the same bytes.
+// RankKind is every rank of one pipeline stage: its tp x dp ranks hold the same bytes;
+// with expert parallelism, every rank of one stage and one expert-parallel rank.
 struct RankKind {
   int64_t stage = 0;               // pipeline rank, 0 = the first
-  int64_t ranks = 0;               // how many ranks: tp x dp
+  // ep_rank: with --ep, which experts the ranks hold (ModelConfig's moe.ep_rank); what
+  // they receive differs by rank. 0 without.
+  int64_t ep_rank = 0;
+  int64_t ranks = 0;               // how many ranks: tp x dp (/ ep with --ep)
   std::vector<StageRange> chunks;  // the layers it runs (virtual_stages chunks)
   int64_t n_params = 0;            // its stage's parameters, before ZeRO's sharding
   int64_t param_bytes = 0;         // held: a ZeRO-3 shard, or all of them
@@ -67,6 +71,7 @@ struct RankKind {
 
 struct RanksPrediction {
   ParallelSpec parallel;
+  int64_t ep = 1;  // expert-parallel ranks (ModelConfig's moe.ep)
   // kinds: one per pipeline stage, the most loaded first (by Load: the first variant's
   // peak, or its Total where there is none; the earlier stage on ties).
   std::vector<RankKind> kinds;

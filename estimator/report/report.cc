@@ -567,11 +567,14 @@ rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, 
 rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks) {
   rapidjson::Document doc = PredictionJson(RankView(whole, ranks.kinds.front()));
   Allocator& a = doc.GetAllocator();
-  doc.AddMember("parallel", ParallelJson(whole.config, ranks.parallel, a), a);
+  rapidjson::Value parallel = ParallelJson(whole.config, ranks.parallel, a);
+  parallel.AddMember("ep", ranks.ep, a);
+  doc.AddMember("parallel", parallel, a);
   rapidjson::Value kinds(rapidjson::kArrayType);
   for (const RankKind& kind : ranks.kinds) {
     rapidjson::Value rank(rapidjson::kObjectType);
     rank.AddMember("stage", kind.stage, a);
+    if (ranks.ep > 1) rank.AddMember("ep_rank", kind.ep_rank, a);
     rank.AddMember("ranks", kind.ranks, a);
     rapidjson::Value layers(rapidjson::kArrayType);
     for (const StageRange& chunk : kind.chunks) {
@@ -633,18 +636,23 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
 std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   const ParallelSpec& p = ranks.parallel;
   const RankKind& most = ranks.kinds.front();
-  const std::string scope = absl::StrFormat(
+  std::string scope = absl::StrFormat(
       "%d ranks (dp %d x tp %d x pp %d, %s%s, %d micro-batches, ZeRO-%d); every number "
       "below up to the rank table is the most loaded rank's: pipeline stage %d, %s",
       p.dp * whole.config.tp * p.pp, p.dp, whole.config.tp, p.pp,
       PipelineScheduleName(p.schedule),
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
       p.micro_batches, p.zero, most.stage, LayersText(most));
+  if (ranks.ep > 1) {
+    absl::StrAppend(&scope, "; experts over ", ranks.ep,
+                    " expert-parallel ranks, this one expert-parallel rank ", most.ep_rank);
+  }
   std::string out = PredictionTable(RankView(whole, most), scope);
   absl::StrAppendFormat(&out, "\nper kind of rank (the most loaded first), total = params + "
                               "grads + optimizer state + saved\n");
-  absl::StrAppendFormat(&out, "%-6s %6s %-16s %12s %12s %12s", "stage", "ranks", "layers",
-                        "params", "grads", "opt state");
+  absl::StrAppendFormat(&out, "%-6s %6s %-16s %12s %12s %12s",
+                        ranks.ep > 1 ? "st/ep" : "stage", "ranks", "layers", "params", "grads",
+                        "opt state");
   for (const RankVariant& v : most.variants) {
     absl::StrAppendFormat(&out, " %14s", absl::StrCat(v.held.variant.Name(), " total"));
   }
@@ -655,7 +663,9 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   }
   absl::StrAppend(&out, "\n");
   for (const RankKind& kind : ranks.kinds) {
-    absl::StrAppendFormat(&out, "%-6d %6d %-16s %12s %12s %12s", kind.stage, kind.ranks,
+    const std::string where = ranks.ep > 1 ? absl::StrCat(kind.stage, "/", kind.ep_rank)
+                                           : absl::StrCat(kind.stage);
+    absl::StrAppendFormat(&out, "%-6s %6d %-16s %12s %12s %12s", where, kind.ranks,
                           LayersText(kind).substr(7), HumanBytes(kind.param_bytes),
                           HumanBytes(kind.grad_bytes), HumanBytes(kind.optimizer_state_bytes));
     for (size_t v = 0; v < kind.variants.size(); ++v) {

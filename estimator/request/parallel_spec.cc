@@ -43,6 +43,19 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     return absl::InvalidArgumentError(absl::StrCat(
         "--zero=", spec.zero, " shards over data-parallel ranks: it needs --dp > 1"));
   }
+  if (config.moe.ep > 1) {
+    // Expert parallelism splits the data-parallel ranks (transformers 5.23 asks ep_size
+    // to divide its data-parallel world, distributed/configuration_utils.py).
+    if (spec.dp % config.moe.ep != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ep ", config.moe.ep, " must divide --dp ", spec.dp,
+          " (expert-parallel ranks are data-parallel ranks)"));
+    }
+    if (spec.zero > 0) {
+      return absl::InvalidArgumentError(
+          "--ep with --zero is not modelled yet (experts' state shards over other ranks)");
+    }
+  }
   if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
     return absl::InvalidArgumentError(
         "--pp: pipeline stages are modelled for the decoder families (llama, gemma3, gpt2), "
@@ -89,6 +102,9 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   if (spec.zero >= 3 && config.tie_embeddings && spec.pp > 1) {
     return missing("with --zero=3 and a tied embedding over pipeline stages");
   }
+  // AllToAllEP's backward runs the reverse all-to-alls; the ranks' runtime has no expert
+  // parallelism to measure it.
+  if (config.moe.ep > 1) return missing("with --ep");
   return absl::OkStatus();
 }
 

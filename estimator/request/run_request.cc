@@ -19,7 +19,8 @@ namespace memledger {
 namespace {
 
 // ReadRouting reads --routing=PATH: {"layers": [[tokens per expert, ...], ...]}, one row
-// per sparse layer in order (ValidateConfig checks the rows against the model).
+// per sparse layer in order, or {"ranks": [{"layers": ...}, ...]}, every expert-parallel
+// rank's, rank by rank (ValidateConfig checks the rows against the model).
 absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string& path) {
   absl::StatusOr<std::string> text = ReadInputFile(path, "--routing", kMaxJsonBytes);
   if (!text.ok()) {
@@ -39,17 +40,38 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string&
   }
   const char* const kShape =
       "must be {\"layers\": [[tokens per expert, ...], ...]}, one row of integers per "
-      "sparse layer";
-  if (!doc.IsObject() || !doc.HasMember("layers") || !doc["layers"].IsArray()) return bad(kShape);
+      "sparse layer, or {\"ranks\": [{\"layers\": ...}, ...]}, one per --ep rank";
   std::vector<std::vector<int64_t>> rows;
-  for (const rapidjson::Value& row : doc["layers"].GetArray()) {
-    if (!row.IsArray()) return bad(kShape);
-    std::vector<int64_t>& counts = rows.emplace_back();
-    for (const rapidjson::Value& n : row.GetArray()) {
-      if (!n.IsInt64()) return bad(kShape);
-      counts.push_back(n.GetInt64());
+  auto read_layers = [&](const rapidjson::Value& object) {
+    if (!object.IsObject() || !object.HasMember("layers") || !object["layers"].IsArray()) {
+      return false;
     }
+    for (const rapidjson::Value& row : object["layers"].GetArray()) {
+      if (!row.IsArray()) return false;
+      std::vector<int64_t>& counts = rows.emplace_back();
+      for (const rapidjson::Value& n : row.GetArray()) {
+        if (!n.IsInt64()) return false;
+        counts.push_back(n.GetInt64());
+      }
+    }
+    return true;
+  };
+  if (doc.IsObject() && doc.HasMember("ranks")) {
+    // Every expert-parallel rank's rows, rank by rank (ModelConfig::ExpertLoadFrom); the
+    // same number per rank.
+    if (!doc["ranks"].IsArray() || doc["ranks"].Empty()) return bad(kShape);
+    size_t per_rank = 0;
+    for (const rapidjson::Value& rank : doc["ranks"].GetArray()) {
+      const size_t before = rows.size();
+      if (!read_layers(rank)) return bad(kShape);
+      if (before > 0 && rows.size() - before != per_rank) {
+        return bad("every rank needs as many rows as the first");
+      }
+      per_rank = rows.size() - before;
+    }
+    return rows;
   }
+  if (!read_layers(doc)) return bad(kShape);
   return rows;
 }
 
@@ -140,6 +162,7 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.config.seq = request.seq;
   spec.config.tp = request.tp;
   spec.config.sp = request.sp;
+  spec.config.moe.ep = request.ep;
   absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
   if (!checkpoint.ok()) return checkpoint.status();
   spec.config.checkpoint_impl = *checkpoint;
@@ -230,6 +253,7 @@ std::string RequestFlags(const RunRequest& request) {
   number("micro_batches", request.micro_batches, defaults.micro_batches);
   number("zero", request.zero, defaults.zero);
   text("schedule", request.schedule, defaults.schedule);
+  number("ep", request.ep, defaults.ep);
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);
   if (request.expandable_segments) absl::StrAppend(&out, " --expandable_segments");

@@ -51,6 +51,9 @@ struct RunRequest {
   int64_t micro_batches = 1;
   int64_t zero = 0;
   std::string schedule = "1f1b";
+  // ep: expert-parallel ranks among the dp ranks (a mixture of experts' experts split
+  // over them, AllToAllEP between them).
+  int64_t ep = 1;
   // A mixture of experts' experts implementation (grouped_mm, transformers 5.23's
   // default, or eager) and, for eager, the routing: balanced, worst or a routing file's
   // path ({"layers": [[tokens per expert, ...], ...]}, one row per sparse layer).

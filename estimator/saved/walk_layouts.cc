@@ -395,7 +395,9 @@ absl::Status Walk::Layouts(const OpDef& op) {
     case OpType::kOneHot: {
       int64_t sizes[Layout::kMaxDims];
       std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
-      sizes[in.ndim] = config_.moe.experts + 1;  // num_classes = E + 1
+      // num_classes = num_experts + 1: the experts the module holds (E / ep with expert
+      // parallelism) and the padding class.
+      sizes[in.ndim] = config_.moe.experts / config_.moe.ep + 1;
       NewContiguous(out, sizes, in.ndim + 1);
       return absl::OkStatus();
     }
@@ -431,6 +433,19 @@ absl::Status Walk::Layouts(const OpDef& op) {
       NewContiguous(out, sizes, 2);
       return absl::OkStatus();
     }
+    case OpType::kOnesLike:
+      NewContiguous(out, in.sizes.data(), in.ndim);
+      return absl::OkStatus();
+    case OpType::kScatterAddInplace:
+    case OpType::kIndexPutInplace:
+      ViewOf(out, op.inputs[0], in);  // in place: the result is self
+      return absl::OkStatus();
+    case OpType::kZeros:
+    case OpType::kArange:
+    case OpType::kRepeat:
+    case OpType::kRepeatInterleave:
+    case OpType::kStack:
+    case OpType::kAllToAll:
     case OpType::kGatherLinear:
     case OpType::kReduceScatter:
     case OpType::kScatter: {

@@ -165,8 +165,15 @@ struct MoeSpec {
   std::vector<bool> sparse_layers = {};
   RoutingSource routing = RoutingSource::kBalanced;
   // routing_rows: with kGiven, the tokens each expert receives, one row of `experts`
-  // counts per sparse layer in layer order, each row summing to B x T x k.
+  // counts per sparse layer in layer order, each row summing to B x T x k. With ep > 1
+  // it may hold every expert-parallel rank's rows, rank by rank (ep x sparse layers).
   std::vector<std::vector<int64_t>> routing_rows = {};
+  // ep: expert parallelism (--ep), as transformers 5.23 trains it
+  // (distributed/expert_parallel.py): each of ep ranks holds experts / ep whole experts
+  // (MoEParamShard, Shard(0)) and AllToAllEP sends every (token, expert) pair to its
+  // expert's rank and the results back. ep_rank: the rank whose graphs these are.
+  int64_t ep = 1;
+  int64_t ep_rank = 0;
 
   bool Sparse() const { return experts > 0; }
   bool IsSparse(int64_t layer) const {
@@ -281,8 +288,14 @@ struct ModelConfig {
     return n;
   }
   // ExpertLoad is the tokens each expert receives in sparse layer `sparse_index` (the
-  // index among the sparse layers), as moe.routing says.
+  // index among the sparse layers), as moe.routing says: from this rank's batch
+  // (moe.ep_rank's rows where the routing gives every rank's).
   std::vector<int64_t> ExpertLoad(int64_t sparse_index) const {
+    return ExpertLoadFrom(moe.ep_rank, sparse_index);
+  }
+  // ExpertLoadFrom: ExpertLoad of expert-parallel rank `source`'s batch. Balanced and
+  // worst routings route every rank's batch alike.
+  std::vector<int64_t> ExpertLoadFrom(int64_t source, int64_t sparse_index) const {
     const int64_t tokens = batch * seq, pairs = tokens * moe.top_k;
     std::vector<int64_t> load(static_cast<size_t>(moe.experts), 0);
     switch (moe.routing) {
@@ -294,11 +307,35 @@ struct ModelConfig {
       case RoutingSource::kWorst:
         for (int64_t e = 0; e < moe.top_k; ++e) load[e] = tokens;
         break;
-      case RoutingSource::kGiven:
-        load = moe.routing_rows[static_cast<size_t>(sparse_index)];
+      case RoutingSource::kGiven: {
+        const int64_t per_rank = SparseLayers();
+        const bool by_rank = static_cast<int64_t>(moe.routing_rows.size()) > per_rank;
+        load = moe.routing_rows[static_cast<size_t>((by_rank ? source * per_rank : 0) +
+                                                    sparse_index)];
         break;
+      }
     }
     return load;
+  }
+  // ReceivedLoad: with expert parallelism, the tokens each of moe.ep_rank's experts
+  // (experts / ep of them, from expert ep_rank x experts / ep on) receives in sparse
+  // layer `sparse_index`, from every rank's batch (AllToAllEP's recv_counts, summed
+  // over the sources).
+  std::vector<int64_t> ReceivedLoad(int64_t sparse_index) const {
+    const int64_t local = moe.experts / moe.ep;
+    std::vector<int64_t> received(static_cast<size_t>(local), 0);
+    for (int64_t source = 0; source < moe.ep; ++source) {
+      const std::vector<int64_t> sent = ExpertLoadFrom(source, sparse_index);
+      for (int64_t j = 0; j < local; ++j) {
+        received[static_cast<size_t>(j)] += sent[static_cast<size_t>(moe.ep_rank * local + j)];
+      }
+    }
+    return received;
+  }
+  // RunLoad: the tokens each expert this rank runs receives in sparse layer
+  // `sparse_index`: ExpertLoad, or with expert parallelism ReceivedLoad.
+  std::vector<int64_t> RunLoad(int64_t sparse_index) const {
+    return moe.ep > 1 ? ReceivedLoad(sparse_index) : ExpertLoad(sparse_index);
   }
   // LayerAttentionPeriod is layer_attention over the layers the model has: a model
   // shorter than the period has only its first `layers` types (transformers'

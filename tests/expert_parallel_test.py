@@ -1,0 +1,121 @@
+"""Conformance: predict --ep against transformers 5.23's expert parallelism on Gloo ranks.
+
+verify/witness_ranks.py trains one step of the real Qwen3-MoE and Mixtral on 2
+expert-parallel ranks (2 processes on loopback): each rank holds half of the experts
+(MoEParamShard's Shard(0)) and AllToAllEP sends every routed token to its expert's rank
+and the result back, each rank training its own batch. predict --dp=2 --ep=2 predicts
+each rank from the same config.json and the step's routing (every rank's rows), and
+every rank's parameters, gradients and saved bytes must agree byte for byte.
+
+The ranks' predictions keep no DynamicCache (estimator/predict/ranks.cc), so the
+configs say use_cache false. What is not compared: the optimizer's state (torch.optim
+steps DTensors), held_after_forward and the peak (predict reports neither per rank with
+--ep yet).
+
+Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
+    python tests/expert_parallel_test.py PREDICT_BINARY
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import warnings
+from pathlib import Path
+
+HERE = Path(os.path.realpath(__file__)).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "verify"))
+import real_stack_test  # noqa: E402  (its small family configs)
+import witness_ranks  # noqa: E402  (verify/witness_ranks.py)
+
+PREDICT = None  # set from argv
+EP = 2
+
+# (family spec, variant, dtype): Qwen3-MoE with a dense first layer under every
+# checkpointing variant, in fp32 and bf16; Mixtral with fp32 routing weights.
+CASES = [
+    ("qwen3_moe", "none", "fp32"),
+    ("qwen3_moe", "full", "fp32"),
+    ("qwen3_moe", "every_2", "fp32"),
+    ("qwen3_moe", "selective", "fp32"),
+    ("qwen3_moe", "none", "bf16"),
+    ("mixtral", "none", "fp32"),
+    ("mixtral", "full", "fp32"),
+]
+
+
+def config_of(model):
+    config = real_stack_test.hf_config(real_stack_test.FAMILIES[model])
+    config["use_cache"] = False
+    return config
+
+
+def witness_case(model, variant, dtype):
+    return {"config": config_of(model), "batch": 2, "seq": 16, "variant": variant,
+            "dtype": dtype, "experts_impl": "eager", "mkldnn": dtype == "fp32"}
+
+
+def predict(model, variant, dtype, routing, tmp):
+    path = Path(tmp) / f"{model}.json"
+    path.write_text(json.dumps(config_of(model)))
+    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.routing.json"
+    routing_path.write_text(json.dumps(routing))
+    flags = [f"--model={path}", "--batch=2", "--seq=16", f"--variants={variant}",
+             f"--dtype={dtype}", "--experts_impl=eager", f"--routing={routing_path}",
+             f"--dp={EP}", f"--ep={EP}", "--optimizer_impl=for_loop"]
+    out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"predict {' '.join(flags)}: {out.stderr.strip()}")
+    return sorted(json.loads(out.stdout)["ranks"], key=lambda rank: rank["ep_rank"])
+
+
+class ExpertParallelTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.tmp = tempfile.mkdtemp()
+        cls.measured = witness_ranks.measure_ranks([witness_case(*c) for c in CASES], EP)
+
+    def test_every_rank_is_exact(self):
+        failures = []
+        for (model, variant, dtype), result in zip(CASES, self.measured):
+            ranks = predict(model, variant, dtype, result["routing"], self.tmp)
+            self.assertEqual(len(ranks), EP)
+            for r, (p, w) in enumerate(zip(ranks, result["ranks"])):
+                for bucket, predicted, measured in (
+                        ("param_bytes", p["param_bytes"], w["param_bytes"]),
+                        ("grad_bytes", p["grad_bytes"], w["grad_bytes"]),
+                        ("saved_bytes", p["saved_bytes"][variant], w["saved_bytes"])):
+                    line = f"{model}/{variant}/{dtype} rank {r} {bucket}: predicted " \
+                           f"{predicted}, measured {measured}"
+                    print(line, flush=True)
+                    if predicted != measured:
+                        failures.append(line)
+        self.assertEqual(failures, [], "\n".join(failures))
+
+    def test_the_ranks_route_differently(self):
+        # Each rank trains its own batch, so their routings (and what each rank's experts
+        # receive) differ: the comparison is per rank, not one rank's copied.
+        rows = self.measured[0]["routing"]["ranks"]
+        self.assertEqual(len(rows), EP)
+        self.assertNotEqual(rows[0]["layers"], rows[1]["layers"])
+
+    def test_each_rank_holds_half_the_experts(self):
+        # qwen3_moe: width 64, 4 experts of width 32 on layers 1 and 2 (layer 0 dense).
+        # An expert is gate_up (2 x 32, 64) + down (64, 32) = 6,144 fp32 elements, 24,576
+        # B; each rank holds 2 of the 4 in each of the 2 sparse layers: 98,304 B of
+        # experts instead of 196,608, so each rank's parameters are one process's less
+        # 98,304 B (both measured by the witness).
+        whole = witness_ranks.witness.measure(
+            {**witness_ranks.witness.DEFAULTS, **witness_case("qwen3_moe", "none", "fp32")})
+        for rank in self.measured[0]["ranks"]:
+            self.assertEqual(whole["param_bytes"] - rank["param_bytes"], 98304)
+
+if __name__ == "__main__":
+    PREDICT = os.path.realpath(sys.argv.pop(1))
+    unittest.main()

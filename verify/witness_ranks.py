@@ -1,0 +1,85 @@
+"""The real-stack witness on expert-parallel ranks: verify/witness.py's step on each of
+`ep` Gloo ranks on loopback (one process each), every rank training its own batch with
+transformers 5.23's expert parallelism (witness.expert_parallel: the experts split over
+the ranks, AllToAllEP between them).
+
+Each rank measures what witness.measure does (its parameters, saved-tensor hooks, the
+profiler's held bytes) and records its routing; the result is one JSON object per case:
+{"ranks": [rank 0's measurement, ...], "routing": {"ranks": [{"layers": ...}, ...]}},
+the routing being predict's --routing file for the same step.
+
+Usage:
+    python verify/witness_ranks.py --ep=2 --cases=cases.jsonl
+
+Bad input: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(os.path.realpath(__file__)).parent))
+import witness  # noqa: E402  (verify/witness.py)
+
+
+def _rank(rank, ep, store_path, cases, out_dir):
+    """One rank's process: its process group, then every case in order."""
+    warnings.filterwarnings("ignore")
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, ep), rank=rank,
+                            world_size=ep)
+    try:
+        results = [witness.measure({**witness.DEFAULTS, **case, "ep": ep, "rank": rank,
+                                    "record_routing": True}) for case in cases]
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def measure_ranks(cases, ep):
+    """Every case measured on `ep` expert-parallel ranks, one result per case."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_rank, args=(ep, os.path.join(out_dir, "store"), cases, out_dir), nprocs=ep)
+        per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(ep)]
+    results = []
+    for c in range(len(cases)):
+        ranks = [per_rank[r][c] for r in range(ep)]
+        routing = {"ranks": [{"layers": rank.pop("routing")["layers"]} for rank in ranks]}
+        results.append({"ranks": ranks, "routing": routing})
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ep", type=int, required=True, help="expert-parallel ranks (>= 2)")
+    parser.add_argument("--cases", required=True,
+                        help="a JSON-lines file of witness.py's cases (each with a config)")
+    args = parser.parse_args(argv)
+    try:
+        if args.ep < 2:
+            raise witness.UsageError(f"--ep must be >= 2, got {args.ep}")
+        path = Path(args.cases)
+        if not path.is_file():
+            raise witness.UsageError(f"--cases {args.cases}: not a file")
+        cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if any("config" not in case for case in cases):
+            raise witness.UsageError("--cases: every case needs a transformers config")
+        for result in measure_ranks(cases, args.ep):
+            print(json.dumps(result), flush=True)
+        return 0
+    except witness.UsageError as e:
+        print(f"witness_ranks: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
