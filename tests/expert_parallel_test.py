@@ -5,12 +5,13 @@ expert-parallel ranks (2 processes on loopback): each rank holds half of the exp
 (MoEParamShard's Shard(0)) and AllToAllEP sends every routed token to its expert's rank
 and the result back, each rank training its own batch. predict --dp=2 --ep=2 predicts
 each rank from the same config.json and the step's routing (every rank's rows), and
-every rank's parameters, gradients and saved bytes must agree byte for byte.
+every rank's parameters, gradients, optimizer state, saved bytes and the whole step's
+peak (with the gradients' reduction memledger predicts: witness.reduce_expert_parallel)
+must agree byte for byte.
 
 The ranks' predictions keep no DynamicCache (estimator/predict/ranks.cc), so the
-configs say use_cache false. What is not compared: the optimizer's state (torch.optim
-steps DTensors), held_after_forward and the peak (predict reports neither per rank with
---ep yet).
+configs say use_cache false. held_after_forward is not compared: predict reports it for
+one process, not per rank.
 
 Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
     python tests/expert_parallel_test.py PREDICT_BINARY
@@ -36,16 +37,22 @@ import witness_ranks  # noqa: E402  (verify/witness_ranks.py)
 PREDICT = None  # set from argv
 EP = 2
 
-# (family spec, variant, dtype): Qwen3-MoE with a dense first layer under every
-# checkpointing variant, in fp32 and bf16; Mixtral with fp32 routing weights.
+# (family spec, variant, dtype, seq): Qwen3-MoE with a dense first layer under every
+# checkpointing variant, in fp32 and bf16; Mixtral with fp32 routing weights. At seq 16
+# the step peaks in the gradients' reduction; at seq 128 the activations outweigh it and
+# it peaks in the backward, through the all-to-alls.
 CASES = [
-    ("qwen3_moe", "none", "fp32"),
-    ("qwen3_moe", "full", "fp32"),
-    ("qwen3_moe", "every_2", "fp32"),
-    ("qwen3_moe", "selective", "fp32"),
-    ("qwen3_moe", "none", "bf16"),
-    ("mixtral", "none", "fp32"),
-    ("mixtral", "full", "fp32"),
+    ("qwen3_moe", "none", "fp32", 16),
+    ("qwen3_moe", "full", "fp32", 16),
+    ("qwen3_moe", "every_2", "fp32", 16),
+    ("qwen3_moe", "selective", "fp32", 16),
+    ("qwen3_moe", "none", "bf16", 16),
+    ("mixtral", "none", "fp32", 16),
+    ("mixtral", "full", "fp32", 16),
+    ("qwen3_moe", "none", "fp32", 128),
+    ("qwen3_moe", "full", "fp32", 128),
+    ("qwen3_moe", "selective", "fp32", 128),
+    ("mixtral", "every_2", "fp32", 128),
 ]
 
 
@@ -55,17 +62,17 @@ def config_of(model):
     return config
 
 
-def witness_case(model, variant, dtype):
-    return {"config": config_of(model), "batch": 2, "seq": 16, "variant": variant,
+def witness_case(model, variant, dtype, seq):
+    return {"config": config_of(model), "batch": 2, "seq": seq, "variant": variant,
             "dtype": dtype, "experts_impl": "eager", "mkldnn": dtype == "fp32"}
 
 
-def predict(model, variant, dtype, routing, tmp):
+def predict(model, variant, dtype, seq, routing, tmp):
     path = Path(tmp) / f"{model}.json"
     path.write_text(json.dumps(config_of(model)))
-    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.routing.json"
+    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.{seq}.routing.json"
     routing_path.write_text(json.dumps(routing))
-    flags = [f"--model={path}", "--batch=2", "--seq=16", f"--variants={variant}",
+    flags = [f"--model={path}", "--batch=2", f"--seq={seq}", f"--variants={variant}",
              f"--dtype={dtype}", "--experts_impl=eager", f"--routing={routing_path}",
              f"--dp={EP}", f"--ep={EP}", "--optimizer_impl=for_loop"]
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
@@ -83,16 +90,21 @@ class ExpertParallelTest(unittest.TestCase):
 
     def test_every_rank_is_exact(self):
         failures = []
-        for (model, variant, dtype), result in zip(CASES, self.measured):
-            ranks = predict(model, variant, dtype, result["routing"], self.tmp)
+        for (model, variant, dtype, seq), result in zip(CASES, self.measured):
+            ranks = predict(model, variant, dtype, seq, result["routing"], self.tmp)
             self.assertEqual(len(ranks), EP)
             for r, (p, w) in enumerate(zip(ranks, result["ranks"])):
+                peak = p["peak"][variant]
                 for bucket, predicted, measured in (
                         ("param_bytes", p["param_bytes"], w["param_bytes"]),
                         ("grad_bytes", p["grad_bytes"], w["grad_bytes"]),
-                        ("saved_bytes", p["saved_bytes"][variant], w["saved_bytes"])):
-                    line = f"{model}/{variant}/{dtype} rank {r} {bucket}: predicted " \
-                           f"{predicted}, measured {measured}"
+                        ("optimizer_state_bytes", p["optimizer_state_bytes"],
+                         w["optimizer_state_bytes"]),
+                        ("saved_bytes", p["saved_bytes"][variant], w["saved_bytes"]),
+                        ("peak_bytes", peak["bytes"], w["peak_bytes"]),
+                        ("peak_phase", peak["phase"], w["peak_phase"])):
+                    line = f"{model}/{variant}/{dtype}/seq{seq} rank {r} {bucket}: " \
+                           f"predicted {predicted}, measured {measured}"
                     print(line, flush=True)
                     if predicted != measured:
                         failures.append(line)
@@ -112,7 +124,7 @@ class ExpertParallelTest(unittest.TestCase):
         # experts instead of 196,608, so each rank's parameters are one process's less
         # 98,304 B (both measured by the witness).
         whole = witness_ranks.witness.measure(
-            {**witness_ranks.witness.DEFAULTS, **witness_case("qwen3_moe", "none", "fp32")})
+            {**witness_ranks.witness.DEFAULTS, **witness_case("qwen3_moe", "none", "fp32", 16)})
         for rank in self.measured[0]["ranks"]:
             self.assertEqual(whole["param_bytes"] - rank["param_bytes"], 98304)
 

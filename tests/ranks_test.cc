@@ -276,6 +276,7 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     int64_t virtual_stages = 1;  // above 1: the interleaved schedule
     int64_t tp = 1;
     bool sp = false;
+    int64_t ep = 1;  // above 1: eager experts over ep ranks, each rank routing its own way
   };
   OptimizerSpec adamw, foreach_adamw, masters, sgd;
   foreach_adamw.impl = OptimizerImpl::kForeach;
@@ -309,6 +310,9 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
            Case{"tiny-llama", 32, 4, 4, 1, 0, bf16, fp32, sgd, 1, 2, true},  // tp 2, sp
            Case{"tiny-gemma3", 48, 4, 6, 1, 0, bf16, fp32, sgd},
            Case{"tiny-qwen3-moe", 16, 4, 4, 1, 0, fp32, fp32, adamw},
+           // Expert parallelism: a kind per stage and expert-parallel rank.
+           Case{"tiny-qwen3-moe", 16, 4, 4, 2, 0, fp32, fp32, adamw, 1, 1, false, 2},
+           Case{"tiny-qwen3-moe", 12, 1, 3, 4, 0, bf16, fp32, sgd, 1, 1, false, 2},
        }) {
     SCOPED_TRACE(::testing::Message() << c.model << " L" << c.layers << " pp " << c.pp << " m "
                                       << c.micro_batches << " dp " << c.dp << " zero "
@@ -321,6 +325,21 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     config.amp = c.amp;
     config.tp = c.tp;
     config.sp = c.sp;
+    if (c.ep > 1) {
+      // Every rank's own routing of the 2 x 8 tokens' 32 pairs over the 4 experts: an
+      // even split with 1 + l % 3 + 2 r tokens moved from one expert to the next.
+      config.moe.impl = ExpertsImpl::kEager;
+      config.moe.ep = c.ep;
+      config.moe.routing = RoutingSource::kGiven;
+      for (int64_t r = 0; r < c.ep; ++r) {
+        for (int64_t l = 0; l < c.layers; ++l) {
+          std::vector<int64_t> row(4, 8);
+          row[l % 4] -= 1 + l % 3 + 2 * r;
+          row[(l + 1) % 4] += 1 + l % 3 + 2 * r;
+          config.moe.routing_rows.push_back(row);
+        }
+      }
+    }
     PredictOptions options = Variants("none,full,every_2,selective");
     Variant every3;
     every3.kind = VariantKind::kEveryK;
@@ -355,7 +374,9 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
       }
     }
   }
-  EXPECT_EQ(compared, 295);  // 59 stages' kinds (one per stage) x 5 variants
+  // 59 stages' kinds (one per stage), 8 of the first expert-parallel case (4 stages x 2
+  // expert-parallel ranks) and 2 of the second, x 5 variants.
+  EXPECT_EQ(compared, 345);
 }
 
 // Korthikanti et al.'s per-GPU activations assume the first 1F1B stage holds p

@@ -162,6 +162,8 @@ class TransformersModel:
             dtype=torch_dtype(case["dtype"]), **kwargs)
         self.model.train()
         if case.get("ep", 1) > 1:
+            from witness_ranks import expert_parallel  # verify/witness_ranks.py
+
             expert_parallel(self.model, config, case["ep"])
         vocab = config.vocab_size
         # Each expert-parallel rank trains its own batch.
@@ -205,28 +207,6 @@ class TransformersModel:
     def loss(self, counter):
         del counter  # transformers' checkpointing carries its own policy (set_variant)
         return self.model(input_ids=self.ids, labels=self.ids).loss
-
-
-def expert_parallel(model, config, ep):
-    """transformers 5.23's expert parallelism on this process's rank of `ep`, as
-    from_pretrained(distributed_config=...) applies its EP plan, without the FSDP2 it
-    also requires (distributed/configuration_utils.py): the config's base_model_ep_plan
-    (experts' 3-D weights Shard(0) by MoEParamShard, the experts module dispatching
-    through AutoEP, which trains with AllToAllEP), by apply_expert_parallelism."""
-    import re
-
-    from torch.distributed.device_mesh import init_device_mesh
-    from transformers.distributed.expert_parallel import apply_expert_parallelism
-
-    mesh = init_device_mesh("cpu", (ep, 1), mesh_dim_names=("ep", "tp"))
-    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_modules()]
-    plan = {}
-    for pattern, style in config.base_model_ep_plan.items():
-        regex = re.compile("^model\\." + re.escape(pattern).replace("\\*", "\\d+") + "$")
-        plan.update({name: style for name in names if regex.match(name)})
-    if not plan:
-        raise UsageError(f"--ep: {config.model_type} has no expert-parallel plan")
-    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan)
 
 
 # ---------------------------------------------------------------------------------------
@@ -428,6 +408,10 @@ def _measure(case):
         loss_bytes = element_bytes(loss)
         loss.backward()
         _mark("memledger.backward_end")
+        if case.get("ep", 1) > 1:
+            from witness_ranks import reduce_expert_parallel
+
+            reduce_expert_parallel(params, case["ep"])
         opt.step()
         _mark("memledger.step_end")
     grad_bytes = unique_storage_bytes([p.grad for p in params])

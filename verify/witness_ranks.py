@@ -1,10 +1,12 @@
 """The real-stack witness on expert-parallel ranks: verify/witness.py's step on each of
 `ep` Gloo ranks on loopback (one process each), every rank training its own batch with
-transformers 5.23's expert parallelism (witness.expert_parallel: the experts split over
-the ranks, AllToAllEP between them).
+transformers 5.23's expert parallelism (expert_parallel below: the experts split over
+the ranks, AllToAllEP between them), and the gradients reduced as memledger predicts
+(reduce_expert_parallel below).
 
-Each rank measures what witness.measure does (its parameters, saved-tensor hooks, the
-profiler's held bytes) and records its routing; the result is one JSON object per case:
+Each rank measures what witness.measure does (its buckets, saved-tensor hooks, the
+profiler's held bytes and peak) and records its routing; the result is one JSON object
+per case:
 {"ranks": [rank 0's measurement, ...], "routing": {"ranks": [{"layers": ...}, ...]}},
 the routing being predict's --routing file for the same step.
 
@@ -26,6 +28,106 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(os.path.realpath(__file__)).parent))
 import witness  # noqa: E402  (verify/witness.py)
+
+
+def expert_parallel(model, config, ep):
+    """transformers 5.23's expert parallelism on this process's rank of `ep`, as
+    from_pretrained(distributed_config=...) applies its EP plan, without the FSDP2 it
+    also requires (distributed/configuration_utils.py): the config's base_model_ep_plan
+    (experts' 3-D weights Shard(0) by MoEParamShard, the experts module dispatching
+    through AutoEP, which trains with AllToAllEP), by apply_expert_parallelism."""
+    import re
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    mesh = init_device_mesh("cpu", (ep, 1), mesh_dim_names=("ep", "tp"))
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_modules()]
+    plan = {}
+    for pattern, style in config.base_model_ep_plan.items():
+        regex = re.compile("^model\\." + re.escape(pattern).replace("\\*", "\\d+") + "$")
+        plan.update({name: style for name in names if regex.match(name)})
+    if not plan:
+        raise witness.UsageError(f"--ep: {config.model_type} has no expert-parallel plan")
+    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan)
+    _let_gloo_go()
+
+
+def gloo_let_go(t):
+    """Returns once Gloo's worker thread has dropped its reference to the collective's
+    result `t` (and so to the whole work): the caller then holds the only one (a second
+    at most 1 s). A collective's wait returns before the worker lets go of the work's
+    tensors; were the caller to drop its own first, the worker would free them, where
+    torch.profiler (thread-local) records no free, and the witness would see a tensor
+    live for the rest of the step on whichever rank lost the race. memledger's runtime
+    waits the same way (runtime/gloo_collectives.h, Complete)."""
+    import time
+
+    deadline = time.monotonic() + 1.0
+    while t._use_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+def _let_gloo_go():
+    """Every wait of the expert-parallel code (the functional collectives' wait_tensor,
+    AllToAllEP's exchange of the counts) returns only once Gloo lets go (gloo_let_go).
+    No tensor's lifetime in the code changes."""
+    import torch.distributed._functional_collectives as functional
+    from transformers.distributed import expert_parallel, parallel_utils
+
+    if getattr(functional.wait_tensor, "memledger_waits", False):
+        return
+
+    def waited(fn):
+        def wait_tensor(tensor):
+            out = fn(tensor)
+            gloo_let_go(out)
+            return out
+
+        wait_tensor.memledger_waits = True
+        return wait_tensor
+
+    def exchanged(fn):
+        def all_to_all_single(output, input, *args, **kwargs):
+            result = fn(output, input, *args, **kwargs)
+            gloo_let_go(output)
+            return result
+
+        return all_to_all_single
+
+    functional.wait_tensor = waited(functional.wait_tensor)
+    parallel_utils.wait_tensor = waited(parallel_utils.wait_tensor)
+    expert_parallel.all_to_all_single = exchanged(expert_parallel.all_to_all_single)
+
+
+def reduce_expert_parallel(params, dp):
+    """The data-parallel reduction memledger predicts for expert-parallel ranks
+    (estimator/step/simulation_step.cc, ReduceAndStep) on dp = ep ranks: the gradients
+    other than the experts' (plain tensors) concatenated into one bucket, padded with
+    zeros to a multiple of dp, all-reduced, divided by dp and copied back; then the
+    experts' (DTensors) the same way, on this rank alone (dp / ep = 1 rank holds them)."""
+    import torch.distributed as dist
+
+    import torch
+
+    def reduce(grads, ranks):  # a function, so that no view of the bucket outlives it
+        n = sum(g.numel() for g in grads)
+        pieces = [g.view(-1) for g in grads]
+        if -(-n // ranks) * ranks > n:
+            pieces.append(grads[0].new_zeros(-(-n // ranks) * ranks - n))
+        bucket = torch.cat(pieces)
+        del pieces
+        if ranks > 1:
+            dist.all_reduce(bucket)
+            gloo_let_go(bucket)
+        bucket.div_(dp)
+        for g, piece in zip(grads, bucket.split([g.numel() for g in grads])):
+            g.copy_(piece.view_as(g))
+
+    for experts in (False, True):
+        reduce([witness.local(p.grad) for p in params
+                if p.grad is not None and hasattr(p, "to_local") == experts],
+               1 if experts else dp)
 
 
 def _rank(rank, ep, store_path, cases, out_dir):

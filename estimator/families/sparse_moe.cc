@@ -248,6 +248,8 @@ int AllToAllEp(GraphBuilder& g, const ModelConfig& config, int flat, const Route
   const int weights = g.Op1(OpType::kUnsqueeze, "ep.weights", {r.scores}, {.dim = 2});
   const int weighted = g.Op1(OpType::kMulTensor, "ep.weighted", {per_token, weights});
   const int summed = g.Op1(OpType::kSumDim, "ep.sum", {weighted}, {.dim = 1});
+  // _combine_tokens' locals, to its return: recv_out and token_outputs.
+  g.HeldThroughHere({recv_out, token_outputs});
   // ep_forward: output.to(hidden_states.dtype).
   const int out = g.ToDtype("ep.out", summed, g.DTypeOf(flat));
   // AllToAllEP.__call__'s locals, to its return: the received rows, ids and weights,
@@ -270,9 +272,12 @@ int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x,
                    const std::vector<int64_t>& load) {
   // The experts' 3-D parameters (E, 2 F_e, d) and (E, d, F_e), and the router's (E, d).
   // An expert-parallel rank holds E / ep of the experts (MoEParamShard's Shard(0)).
-  const SymDim held = config.moe.ep > 1 ? kEl : kE;
-  const int gate_up = g.Param("experts.gate_up_proj", {held, 2 * kFe, kD});
-  const int down = g.Param("experts.down_proj", {held, kD, kFe});
+  const bool sharded = config.moe.ep > 1;
+  auto expert_param = [&](const std::string& name, std::vector<SymDim> shape) {
+    return sharded ? g.ExpertShardParam(name, std::move(shape)) : g.Param(name, std::move(shape));
+  };
+  const int gate_up = expert_param("experts.gate_up_proj", {sharded ? kEl : kE, 2 * kFe, kD});
+  const int down = expert_param("experts.down_proj", {sharded ? kEl : kE, kD, kFe});
   const int router = g.Param("gate.weight", {kE, kD});
   // hidden_states.view(-1, hidden_dim)
   const int flat = g.Op1(OpType::kView, "moe.flatten", {x}, {.shape = {kB * kT, kD}});

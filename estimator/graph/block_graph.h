@@ -60,6 +60,9 @@ struct TensorDef {
   // is_buffer: a module buffer (register_buffer): exists before the step, read by no op
   // the graph models, holds no gradient and is not stepped.
   bool is_buffer = false;
+  // expert_shard: an expert-parallel rank's experts (--ep): its gradient is reduced over
+  // the data-parallel ranks that hold the same experts (dp / ep of them), not over all.
+  bool expert_shard = false;
   // host: on a CUDA step the tensor lives in host memory and holds no device bytes (the
   // memory-efficient kernel's philox seed and offset: attention.cu,
   // _efficient_attention_forward, at::kCPU unless a CUDA graph is being captured).

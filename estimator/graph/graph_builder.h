@@ -95,6 +95,14 @@ class GraphBuilder {
   }
 
   // TiedParam is a parameter owned by another segment (a tied LM head).
+  // ExpertShardParam: a parameter of an expert-parallel rank's experts (TensorDef::
+  // expert_shard).
+  int ExpertShardParam(std::string name, std::vector<SymDim> shape) {
+    int tensor = Param(std::move(name), std::move(shape));
+    graph_.tensors[tensor].expert_shard = true;
+    return tensor;
+  }
+
   int TiedParam(std::string name, std::vector<SymDim> shape) {
     int tensor = Param(std::move(name), std::move(shape));
     graph_.tensors[tensor].is_tied = true;

@@ -228,7 +228,10 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
   RanksPrediction prediction;
   prediction.parallel = parallel;
   prediction.ep = config.moe.ep;
-  std::optional<absl::StatusOr<StepSimulator>> simulator;  // every stage's (PredictRankPeaks)
+  // Every stage's step simulator (PredictRankPeaks), one per expert-parallel rank: their
+  // graphs differ.
+  std::vector<std::optional<absl::StatusOr<StepSimulator>>> simulators(
+      static_cast<size_t>(config.moe.ep));
   // With expert parallelism each expert-parallel rank is its own kind: its experts and
   // what they receive (ModelConfig::ReceivedLoad) are its own.
   const ModelConfig model_config = config;
@@ -304,7 +307,9 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
     kind.adamw_state_bytes =
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
     if (options.peak) {
-      if (absl::Status s = PredictRankPeaks(config, parallel, options, &simulator, &kind);
+      if (absl::Status s = PredictRankPeaks(config, parallel, options,
+                                            &simulators[static_cast<size_t>(kind.ep_rank)],
+                                            &kind);
           !s.ok()) {
         return s;
       }

@@ -70,7 +70,8 @@ inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
 // (estimator/step/liveness.h) and measured on ranks (runtime/distributed.h): data
 // parallelism with ZeRO 0-2, micro-batches accumulated, pipeline stages (1F1B or
 // interleaved), tensor and sequence parallelism with Megatron's collectives, ZeRO-3's
-// parameters gathered unit by unit (a tied embedding on one stage only). Otherwise
+// parameters gathered unit by unit (a tied embedding on one stage only), expert
+// parallelism (measured on transformers' own ranks: verify/witness_ranks.py). Otherwise
 // Unimplemented, naming what is not modelled yet.
 absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spec);
 

@@ -32,7 +32,6 @@ using liveness_internal::ContiguousOf;
 using liveness_internal::Handle;
 using liveness_internal::MakePlan;
 using liveness_internal::Memory;
-using liveness_internal::Modelled;
 using liveness_internal::ModelPlans;
 using liveness_internal::NonOverlappingAndDense;
 using liveness_internal::NumelOf;
@@ -357,19 +356,6 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   auto plans = std::make_shared<ModelPlans>();
   plans->graphs = ModelGraphsFor(config, attention);
   const ModelGraphs& graphs = *plans->graphs;
-  // What the simulation does not model yet, found before any work.
-  std::vector<const BlockGraph*> segments = {&graphs.epilogue};
-  if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
-  for (const BlockGraph& kind : graphs.layer_kinds) segments.push_back(&kind);
-  for (const BlockGraph* graph : segments) {
-    for (const OpDef& op : graph->ops) {
-      if (!Modelled(op.type)) {
-        return absl::UnimplementedError(absl::StrCat(
-            "peak memory: the step simulation does not model the backward of ",
-            OpTypeName(op.type), " yet"));
-      }
-    }
-  }
   const bool families = graphs.prologue.has_value();
   const RuleTable* rules = options.rules;
   auto make = [&](const BlockGraph& graph, bool input_requires_grad,

@@ -496,6 +496,9 @@ class Simulation {
   int loss_total_ = -1;  // the first micro-batch's loss, which the others are added into
   Segments segments_;
   std::vector<ParameterKey> parameter_order_;
+  // expert_shard_[p]: parameter_order_[p] is an expert-parallel rank's experts
+  // (TensorDef::expert_shard).
+  std::vector<bool> expert_shard_;
   // ZeRO-3's state: each unit's parameter bytes (prologue, head, each layer kind), the
   // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
   // backward runs.
@@ -507,9 +510,6 @@ class Simulation {
   int shard_grad_ = -1;
   std::optional<int64_t> pending_unit_;
 };
-
-// Modelled says whether Simulation::Node has the backward of `type`.
-bool Modelled(OpType type);
 
 }  // namespace memledger::liveness_internal
 

@@ -466,6 +466,22 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       if (grad_out_copy) memory_.Unref(*grad_out_copy);
       break;
     }
+    case OpType::kAllToAll:
+      // all_to_all_single_backward: the reverse all-to-all of grad_output.contiguous()
+      // into a new tensor of the input's rows (the gradient arrives contiguous).
+      grads[0] = NewGrad(layout_of(0), grad.dtype);
+      break;
+    case OpType::kIndexPutInplace:
+      // IndexPutBackward0: values: grad.index(indices), (S, d); self (when it needs a
+      // gradient): grad.index_put(indices, zeros_like(values)), a copy of grad.
+      if (needs(2)) grads[2] = NewGrad(layout_of(2), grad.dtype);
+      if (needs(0)) {
+        const int zeros = memory_.Alloc(NumelOf(layout_of(2)) * ElementSizeBytes(grad.dtype),
+                                        MemoryCategory::kTemporary);
+        grads[0] = NewGrad(grad.layout, grad.dtype);
+        memory_.Unref(zeros);
+      }
+      break;
     case OpType::kIndexAddInplace:
       // self: grad itself; source: grad.index_select(0, index), (n, d).
       if (needs(0)) grads[0] = Alias(grad);
@@ -718,88 +734,6 @@ void Simulation::FrameDies(Instance& inst) {
   // stop) die with recompute_fn's context.
   for (const auto& [storage, id] : inst.cached) memory_.Release(id);
   inst.cached.clear();
-}
-
-// Modelled says whether Node has the backward of `type`.
-bool Modelled(OpType type) {
-  switch (type) {
-    case OpType::kAdd:
-    case OpType::kAddmm:
-    case OpType::kFlashAttention:
-    case OpType::kGelu:
-    case OpType::kMean:
-    case OpType::kMm:
-    case OpType::kMulTensor:
-    case OpType::kAddScalar:
-    case OpType::kContiguous:
-    case OpType::kToDtype:
-    case OpType::kRsqrt:
-    case OpType::kMeanDim:
-    case OpType::kSilu:
-    case OpType::kNeg:
-    case OpType::kLogSoftmax:
-    case OpType::kSlice:
-    case OpType::kCat:
-    case OpType::kUnsqueeze:
-    case OpType::kExpand:
-    case OpType::kNllLoss:
-    case OpType::kEmbedding:
-    case OpType::kConstantPad:
-    case OpType::kBmm:
-    case OpType::kMulScalar:
-    case OpType::kMaskedFill:
-    case OpType::kSoftmax:
-    case OpType::kCausalMask:
-    case OpType::kNativeLayerNorm:
-    case OpType::kPermute:
-    case OpType::kPow:
-    case OpType::kReshape:
-    case OpType::kSelect:
-    case OpType::kT:
-    case OpType::kTranspose:
-    case OpType::kUnsafeView:
-    case OpType::kView:
-    case OpType::kVocabParallelEmbedding:
-    case OpType::kVocabParallelCrossEntropy:
-    case OpType::kGatherLinear:
-    case OpType::kReduceScatter:
-    case OpType::kScatter:
-    case OpType::kNativeDropout:
-    case OpType::kFusedCausalSoftmax:
-    case OpType::kTanh:
-    case OpType::kMulWrapped:
-    case OpType::kDropout:
-    case OpType::kAddInplace:
-    case OpType::kSdpaCausalMask:
-    case OpType::kSafeSoftmax:
-    case OpType::kKvCacheCat:
-    case OpType::kTopK:
-    case OpType::kSumDim:
-    case OpType::kDivInplace:
-    case OpType::kSort:
-    case OpType::kFloorDivide:
-    case OpType::kIndexRows:
-    case OpType::kHistc:
-    case OpType::kCumsum:
-    case OpType::kGroupedMm:
-    case OpType::kInversePermutation:
-    case OpType::kZerosLike:
-    case OpType::kOneHot:
-    case OpType::kExpertHits:
-    case OpType::kEqScalar:
-    case OpType::kNonzero:
-    case OpType::kIndexPair:
-    case OpType::kIndexAddInplace:
-    case OpType::kFlashAttentionMasked:
-    case OpType::kSdpaBoolMask:
-    case OpType::kCudaFlashAttention:
-    case OpType::kEfficientAttention:
-    case OpType::kCudnnAttention:
-    case OpType::kEfficientAttentionMasked:
-      return true;
-    default:
-      return false;
-  }
 }
 
 }  // namespace memledger::liveness_internal

@@ -37,6 +37,16 @@ void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* 
       memory_.Unref(zero);
       return;
     }
+    case OpType::kRepeatInterleave: {
+      // Repeat.cpp: the repeats' index first (repeat_interleave_common: the repeats'
+      // cumsum, freed on return, and the (R) int64 index it fills), then index_select.
+      const int64_t repeats = NumelOf(TensorOf(inst, op.inputs[1]).layout);
+      const int64_t rows = NumelOf(TensorOf(inst, op.outputs[0]).layout);
+      const int cumsum = memory_.Alloc(repeats * 8, MemoryCategory::kTemporary);
+      prelude->push_back(memory_.Alloc(rows * 8, MemoryCategory::kTemporary));
+      memory_.Unref(cumsum);
+      return;
+    }
     case OpType::kEqScalar:
       // expert_idx == self.num_experts: the number wrapped as an 8-byte tensor.
       prelude->push_back(memory_.HostAlloc(8, MemoryCategory::kTemporary));

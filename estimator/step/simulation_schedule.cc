@@ -220,7 +220,10 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
     inst.segment = segment;
     const BlockGraph& graph = *plan->graph;
     for (int t : graph.Parameters()) {
-      if (!graph.tensors[t].is_tied || !has_embedding) parameter_order_.push_back(KeyOf(inst, t));
+      if (!graph.tensors[t].is_tied || !has_embedding) {
+        parameter_order_.push_back(KeyOf(inst, t));
+        expert_shard_.push_back(graph.tensors[t].expert_shard);
+      }
     }
   };
   for (const StageRange& chunk : chunks_) {

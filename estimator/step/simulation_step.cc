@@ -76,6 +76,28 @@ absl::Status Simulation::ReduceAndStep() {
   }
   const ParallelSpec& data = options_.rank.parallel;
   if (data.dp <= 1) return OptimizerStep(numels);
+  if (config_.moe.ep > 1) {
+    // Expert parallelism (ZeRO 0): the experts' gradients and the rest are reduced
+    // apart, each group as the bucket below over its own ranks: the rest over all dp
+    // ranks, the experts over the dp / ep ranks that hold the same experts (Megatron's
+    // expert data-parallel group; one rank when dp == ep, where nothing is exchanged but
+    // the bucket is still made and divided by dp).
+    memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
+    for (const bool experts : {false, true}) {
+      int64_t group_n = 0;
+      for (size_t p = 0; p < numels.size(); ++p) group_n += expert_shard_[p] == experts ? numels[p] : 0;
+      const int64_t ranks = experts ? data.dp / config_.moe.ep : data.dp;
+      const int64_t padded = ZeroShardElements(group_n, ranks) * ranks;
+      const int padding =
+          padded > group_n ? memory_.Alloc((padded - group_n) * element, MemoryCategory::kTemporary)
+                           : -1;
+      const int bucket = memory_.Alloc(padded * element, MemoryCategory::kTemporary);
+      if (padding >= 0) memory_.Unref(padding);
+      memory_.ScalarOp(config_.dtype);  // bucket.div_(dp)
+      memory_.Unref(bucket);            // copied back into the .grads
+    }
+    return OptimizerStep(numels);
+  }
   int64_t n = 0;
   for (int64_t numel : numels) n += numel;
   const int64_t shard = ZeroShardElements(n, data.dp);
