@@ -37,22 +37,29 @@ import witness_ranks  # noqa: E402  (verify/witness_ranks.py)
 PREDICT = None  # set from argv
 EP = 2
 
-# (family spec, variant, dtype, seq): Qwen3-MoE with a dense first layer under every
-# checkpointing variant, in fp32 and bf16; Mixtral with fp32 routing weights. At seq 16
-# the step peaks in the gradients' reduction; at seq 128 the activations outweigh it and
-# it peaks in the backward, through the all-to-alls.
+# (family spec, variant, dtype, seq, experts): Qwen3-MoE with a dense first layer under
+# every checkpointing variant, in fp32 and bf16; Mixtral with fp32 routing weights; the
+# eager experts and transformers' default grouped_mm (whose expert-parallel module masks
+# its sentinel rows). At seq 16 the step peaks in the gradients' reduction; at seq 128
+# the activations outweigh it and it peaks in the forward or the backward, through the
+# all-to-alls.
 CASES = [
-    ("qwen3_moe", "none", "fp32", 16),
-    ("qwen3_moe", "full", "fp32", 16),
-    ("qwen3_moe", "every_2", "fp32", 16),
-    ("qwen3_moe", "selective", "fp32", 16),
-    ("qwen3_moe", "none", "bf16", 16),
-    ("mixtral", "none", "fp32", 16),
-    ("mixtral", "full", "fp32", 16),
-    ("qwen3_moe", "none", "fp32", 128),
-    ("qwen3_moe", "full", "fp32", 128),
-    ("qwen3_moe", "selective", "fp32", 128),
-    ("mixtral", "every_2", "fp32", 128),
+    ("qwen3_moe", "none", "fp32", 16, "eager"),
+    ("qwen3_moe", "full", "fp32", 16, "eager"),
+    ("qwen3_moe", "every_2", "fp32", 16, "eager"),
+    ("qwen3_moe", "selective", "fp32", 16, "eager"),
+    ("qwen3_moe", "none", "bf16", 16, "eager"),
+    ("mixtral", "none", "fp32", 16, "eager"),
+    ("mixtral", "full", "fp32", 16, "eager"),
+    ("qwen3_moe", "none", "fp32", 128, "eager"),
+    ("qwen3_moe", "full", "fp32", 128, "eager"),
+    ("qwen3_moe", "selective", "fp32", 128, "eager"),
+    ("mixtral", "every_2", "fp32", 128, "eager"),
+    ("qwen3_moe", "none", "fp32", 16, "grouped_mm"),
+    ("qwen3_moe", "none", "fp32", 128, "grouped_mm"),
+    ("qwen3_moe", "every_2", "bf16", 128, "grouped_mm"),
+    ("mixtral", "full", "fp32", 128, "grouped_mm"),
+    ("mixtral", "selective", "fp32", 128, "grouped_mm"),
 ]
 
 
@@ -62,18 +69,18 @@ def config_of(model):
     return config
 
 
-def witness_case(model, variant, dtype, seq):
+def witness_case(model, variant, dtype, seq, experts):
     return {"config": config_of(model), "batch": 2, "seq": seq, "variant": variant,
-            "dtype": dtype, "experts_impl": "eager", "mkldnn": dtype == "fp32"}
+            "dtype": dtype, "experts_impl": experts, "mkldnn": dtype == "fp32"}
 
 
-def predict(model, variant, dtype, seq, routing, tmp):
+def predict(model, variant, dtype, seq, experts, routing, tmp):
     path = Path(tmp) / f"{model}.json"
     path.write_text(json.dumps(config_of(model)))
-    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.{seq}.routing.json"
+    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.{seq}.{experts}.routing.json"
     routing_path.write_text(json.dumps(routing))
     flags = [f"--model={path}", "--batch=2", f"--seq={seq}", f"--variants={variant}",
-             f"--dtype={dtype}", "--experts_impl=eager", f"--routing={routing_path}",
+             f"--dtype={dtype}", f"--experts_impl={experts}", f"--routing={routing_path}",
              f"--dp={EP}", f"--ep={EP}", "--optimizer_impl=for_loop"]
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
     if out.returncode != 0:
@@ -90,8 +97,8 @@ class ExpertParallelTest(unittest.TestCase):
 
     def test_every_rank_is_exact(self):
         failures = []
-        for (model, variant, dtype, seq), result in zip(CASES, self.measured):
-            ranks = predict(model, variant, dtype, seq, result["routing"], self.tmp)
+        for (model, variant, dtype, seq, experts), result in zip(CASES, self.measured):
+            ranks = predict(model, variant, dtype, seq, experts, result["routing"], self.tmp)
             self.assertEqual(len(ranks), EP)
             for r, (p, w) in enumerate(zip(ranks, result["ranks"])):
                 peak = p["peak"][variant]
@@ -103,7 +110,7 @@ class ExpertParallelTest(unittest.TestCase):
                         ("saved_bytes", p["saved_bytes"][variant], w["saved_bytes"]),
                         ("peak_bytes", peak["bytes"], w["peak_bytes"]),
                         ("peak_phase", peak["phase"], w["peak_phase"])):
-                    line = f"{model}/{variant}/{dtype}/seq{seq} rank {r} {bucket}: " \
+                    line = f"{model}/{variant}/{dtype}/seq{seq}/{experts} rank {r} {bucket}: " \
                            f"predicted {predicted}, measured {measured}"
                     print(line, flush=True)
                     if predicted != measured:
@@ -124,7 +131,7 @@ class ExpertParallelTest(unittest.TestCase):
         # experts instead of 196,608, so each rank's parameters are one process's less
         # 98,304 B (both measured by the witness).
         whole = witness_ranks.witness.measure(
-            {**witness_ranks.witness.DEFAULTS, **witness_case("qwen3_moe", "none", "fp32", 16)})
+            {**witness_ranks.witness.DEFAULTS, **witness_case("qwen3_moe", "none", "fp32", 16, "eager")})
         for rank in self.measured[0]["ranks"]:
             self.assertEqual(whole["param_bytes"] - rank["param_bytes"], 98304)
 

@@ -115,9 +115,9 @@ ABSL_FLAG(int64_t, zero, 0,
           "ZeRO stage over the --dp ranks: 1 shards the optimizer's state, 2 the "
           "gradients too, 3 the parameters too.");
 ABSL_FLAG(int64_t, ep, 1,
-          "Expert-parallel ranks among the --dp ranks (a mixture of experts, "
-          "--experts_impl=eager): each holds experts / ep whole experts, and transformers' "
-          "AllToAllEP sends every routed token to its expert's rank and the result back.");
+          "Expert-parallel ranks among the --dp ranks (a mixture of experts): each holds "
+          "experts / ep whole experts, and transformers' AllToAllEP sends every routed token "
+          "to its expert's rank and the result back.");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "The pipeline schedule: 1f1b or interleaved (Megatron-LM's).");
 ABSL_FLAG(std::string, experts_impl, "grouped_mm",

@@ -351,8 +351,8 @@ std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
 // distinct tokens-per-expert row, over all the layers when rows are given.
 ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
   ModelGraphs graphs{BuildLlamaPrologue(config), {}, {}, BuildLlamaEpilogue(config)};
-  const bool eager = config.moe.Sparse() && config.moe.impl == ExpertsImpl::kEager;
-  if (eager && config.moe.routing == RoutingSource::kGiven) {
+  const bool routed = config.RoutingSizesGraphs();
+  if (routed && config.moe.routing == RoutingSource::kGiven) {
     std::map<std::vector<int64_t>, int> kind_of_load;
     int dense = -1;
     std::vector<int> per_layer;
@@ -378,7 +378,7 @@ ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
                                    : config.moe.sparse_layers.empty() ? std::vector<bool>{true}
                                                                       : config.moe.sparse_layers;
   // Balanced and worst routings give every sparse layer the same load.
-  const std::vector<int64_t> load = eager ? config.RunLoad(0) : std::vector<int64_t>{};
+  const std::vector<int64_t> load = routed ? config.RunLoad(0) : std::vector<int64_t>{};
   int kinds[2] = {-1, -1};  // dense, sparse: their index in layer_kinds
   for (bool layer_sparse : sparse) {
     int& kind = kinds[layer_sparse];
@@ -412,11 +412,6 @@ absl::Status ValidateLlama(const ModelConfig& config) {
   if (moe.ep > 1 && moe.experts % moe.ep != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--ep ", moe.ep, " does not divide the ",
                                                    moe.experts, " experts"));
-  }
-  if (moe.ep > 1 && moe.impl != ExpertsImpl::kEager) {
-    return absl::InvalidArgumentError(
-        "--ep is modelled with --experts_impl=eager (grouped_mm's expert-parallel sentinel "
-        "rows are not modelled yet)");
   }
   if (moe.impl == ExpertsImpl::kEager && moe.experts > kMaxEagerExperts) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -455,7 +450,7 @@ absl::Status ValidateLlama(const ModelConfig& config) {
       }
     }
   }
-  if (moe.ep > 1 && moe.impl == ExpertsImpl::kEager) {
+  if (moe.ep > 1) {
     // AllToAllEP runs a rank that receives no row on a fake one (its `tokens.shape[0] == 0`
     // branch), which is not modelled.
     const int64_t routed = moe.routing == RoutingSource::kGiven ? config.SparseLayers() : 1;

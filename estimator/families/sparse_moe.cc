@@ -46,13 +46,26 @@ RouterOut Router(GraphBuilder& g, const ModelConfig& config, int flat, int weigh
   return {logits, scores, top[1]};
 }
 
+// ExpertsRows is what an experts module runs on: N tokens, each routed to k of its
+// `experts` experts. Without expert parallelism the model's B x T tokens, k and E; with
+// it the R rows a rank received, top-1, over its E / ep experts (`expert_parallel`:
+// MoEParamShard sets the module's _is_expert_parallel).
+struct ExpertsRows {
+  SymDim tokens = kB * kT;
+  SymDim top_k = kK;
+  SymDim experts = kE;
+  bool expert_parallel = false;
+};
+
 // GroupedMmExperts is integrations/moe.py's grouped_mm_experts_forward on the (N, d)
 // hidden states, for the S = N x k (token, expert) pairs: sorted by expert, gathered,
 // gate_up and down through torch._grouped_mm (run in the weights' dtype, outside
 // autocast's lists), weighted, unsorted and summed per token. Every size is the
-// routing's total, never one expert's.
-int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up, int down) {
-  const SymDim pairs = kB * kT * kK;
+// routing's total, never one expert's. An expert-parallel module masks its sentinel
+// rows (ids >= num_experts) before and after each grouped_mm.
+int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up, int down,
+                     const ExpertsRows& rows = {}) {
+  const SymDim pairs = rows.tokens * rows.top_k;
   const int sample_weights = g.Op1(OpType::kReshape, "experts.sample_weights", {r.scores},
                                    {.shape = {pairs}});
   const int expert_ids = g.Op1(OpType::kReshape, "experts.expert_ids", {r.indices},
@@ -62,15 +75,30 @@ int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up,
   const int ids_sorted = sorted[0], perm = sorted[1];
   // hidden_states[perm // num_top_k]: the quotient is a temporary the index keeps.
   const int token_of_pair = g.Op1(OpType::kFloorDivide, "experts.token_of_pair", {perm});
-  const int gathered = g.Op1(OpType::kIndexRows, "experts.gather", {flat, token_of_pair});
+  int gathered = g.Op1(OpType::kIndexRows, "experts.gather", {flat, token_of_pair});
   const int weights_sorted =
       g.Op1(OpType::kIndexRows, "experts.gather_weights", {sample_weights, perm});
   // histc of the sorted ids as floats (on the CPU), cumsum to int32 offsets.
   const int histc_input = g.ToDtype("experts.histc_input", ids_sorted, DType::kFloat32);
-  const int per_expert =
-      g.Op1(OpType::kHistc, "experts.tokens_per_expert", {histc_input}, {.shape = {kE}});
+  const int per_expert = g.Op1(OpType::kHistc, "experts.tokens_per_expert", {histc_input},
+                               {.shape = {rows.experts}});
   const int offsets = g.Op1(OpType::kCumsum, "experts.offsets", {per_expert}, {}, std::nullopt,
                             DType::kInt32);
+  // With expert parallelism: sentinel_mask = (expert_ids_g >= num_experts).unsqueeze(-1);
+  // expert_ids_g.clamp_(max=...) works in place on the integer ids (nothing allocated,
+  // no graph op); selected_hidden_states_g.masked_fill_(sentinel_mask, 0.0), in place.
+  int sentinel = -1;
+  if (rows.expert_parallel) {
+    const int ge = g.Op1(OpType::kGeScalar, "experts.sentinel", {ids_sorted}, {}, std::nullopt,
+                         DType::kBool);
+    sentinel = g.Op1(OpType::kUnsqueeze, "experts.sentinel_mask", {ge}, {.dim = 1});
+    gathered = g.Op1(OpType::kMaskedFillInplace, "experts.premask", {gathered, sentinel});
+  }
+  // proj_out = proj_out.masked_fill(sentinel_mask, 0.0) after each grouped_mm: a new
+  // tensor, the grouped_mm's output dying with the rebinding.
+  auto postmask = [&](const std::string& name, int out) {
+    return sentinel < 0 ? out : g.Op1(OpType::kMaskedFill, name, {out, sentinel});
+  };
   // _grouped_linear(x, weight, offs): _grouped_mm(x.to(weight.dtype), weight.transpose(-2,
   // -1), offs); the .to() is x itself in the weights' dtype.
   auto grouped_linear = [&](const std::string& name, int x, int weight) {
@@ -79,7 +107,8 @@ int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up,
                                {.dim = 1, .dim1 = 2});
     return g.Op1(OpType::kGroupedMm, name, {x, weight_t, offsets});
   };
-  const int gate_up_out = grouped_linear("experts.gate_up", gathered, gate_up);
+  const int gate_up_out =
+      postmask("experts.gate_up_mask", grouped_linear("experts.gate_up", gathered, gate_up));
   // _default_apply_gate: gate, up = chunk(2, dim=-1); act_fn(gate) * up.
   const int gate = g.Op1(OpType::kSlice, "experts.gate", {gate_up_out},
                          {.dim = 1, .start = Sym(0), .length = kFe, .split_part = true});
@@ -87,14 +116,15 @@ int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up,
                        {.dim = 1, .start = kFe, .length = kFe, .split_part = true});
   const int act = g.Op1(OpType::kSilu, "experts.act_fn", {gate}, {}, OpKind::kSilu);
   const int product = g.Op1(OpType::kMulTensor, "experts.mul", {act, up});
-  const int down_out = grouped_linear("experts.down", product, down);
+  const int down_out =
+      postmask("experts.down_mask", grouped_linear("experts.down", product, down));
   const int weights_column =
       g.Op1(OpType::kUnsqueeze, "experts.weights_column", {weights_sorted}, {.dim = 1});
   const int weighted = g.Op1(OpType::kMulTensor, "experts.weighted", {down_out, weights_column});
   const int inverse = g.Op1(OpType::kInversePermutation, "experts.inverse_perm", {perm});
   const int unsorted = g.Op1(OpType::kIndexRows, "experts.unsort", {weighted, inverse});
   const int per_token = g.Op1(OpType::kView, "experts.per_token", {unsorted},
-                              {.shape = {kB * kT, kK, kD}});
+                              {.shape = {rows.tokens, rows.top_k, kD}});
   const int summed = g.Op1(OpType::kSumDim, "experts.sum", {per_token}, {.dim = 1});
   const int out = g.ToDtype("experts.out", summed, g.DTypeOf(flat));
   // The function's locals, to its return: expert_ids_g, perm, selected_hidden_states_g,
@@ -102,6 +132,7 @@ int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up,
   // weighted_out (rebound to the unsorted rows), inv_perm, final_hidden_states.
   g.HeldThroughHere({ids_sorted, perm, gathered, weights_sorted, histc_input, per_expert,
                      offsets, down_out, unsorted, inverse, summed});
+  if (sentinel >= 0) g.HeldThroughHere({sentinel});
   return out;
 }
 
@@ -234,7 +265,10 @@ int AllToAllEp(GraphBuilder& g, const ModelConfig& config, int flat, const Route
   // num_experts = E / ep).
   const RouterOut local{-1, recv_weights, recv_ids};
   const int expert_output =
-      EagerExperts(g, recv_tokens, local, gate_up, down, received);
+      moe.impl == ExpertsImpl::kEager
+          ? EagerExperts(g, recv_tokens, local, gate_up, down, received)
+          : GroupedMmExperts(g, recv_tokens, local, gate_up, down,
+                             {Sym(rows), Sym(1), kEl, /*expert_parallel=*/true});
   // _combine_tokens: recv_out = all_to_all_single_autograd(expert_output, send_sizes,
   // recv_sizes), (S, d); token_outputs = empty_like(recv_out); token_outputs[order] =
   // recv_out (index_put_, IndexPutBackward0 keeping order); viewed (N, k, d), times the

@@ -130,10 +130,11 @@ CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
 
 namespace {
 
-// ExpertLoads: what the eager experts' graphs are built from (none for grouped_mm).
+// ExpertLoads: what the graphs' routed sizes are built from (none for grouped_mm without
+// expert parallelism).
 std::vector<std::vector<int64_t>> ExpertLoads(const ModelConfig& config) {
   std::vector<std::vector<int64_t>> loads;
-  if (!config.moe.Sparse() || config.moe.impl != ExpertsImpl::kEager) return loads;
+  if (!config.RoutingSizesGraphs()) return loads;
   const int64_t rows = config.moe.routing == RoutingSource::kGiven ? config.SparseLayers() : 1;
   for (int64_t l = 0; l < rows; ++l) loads.push_back(config.RunLoad(l));
   return loads;

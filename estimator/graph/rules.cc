@@ -78,8 +78,9 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kCausalMask:
       return {{}, {}, {}, {}};  // a bool constant: never has a backward node
     case OpType::kMaskedFill:
-      // yaml:1098 masked_fill.Scalar: self: grad.masked_fill(mask, 0); mask:
-      // non_differentiable.
+    case OpType::kMaskedFillInplace:
+      // yaml:1098 masked_fill.Scalar (masked_fill_ too): self: grad.masked_fill(mask, 0);
+      // mask: non_differentiable.
       return {{In(1, "mask_")}, {0}, {"MaskedFillBackward0"}, {}};
     case OpType::kSoftmax:
       // yaml:2239 _softmax: _softmax_backward_data(grad, result, dim, ...).
@@ -230,6 +231,7 @@ OpSemantics PinnedSemantics(OpType type) {
       // yaml:1622 sort: value_selecting_reduction_backward_symint(grad, dim, indices, ...);
       // never differentiated here (the routed expert ids are int64).
       return {{Out(1, "indices_")}, {0}, {"SortBackward0"}, {}};
+    case OpType::kGeScalar:
     case OpType::kZeros:
     case OpType::kOnesLike:
     case OpType::kArange:
@@ -422,6 +424,8 @@ const char* OpTypeName(OpType type) {
     case OpType::kScatterAddInplace: return "scatter_add_";
     case OpType::kIndexPutInplace: return "index_put_";
     case OpType::kAllToAll: return "_c10d_functional::all_to_all_single";
+    case OpType::kGeScalar: return "ge";
+    case OpType::kMaskedFillInplace: return "masked_fill_";
   }
   return "?";
 }

@@ -192,8 +192,11 @@ enum class OpType : uint8_t {
   // distributed/_functional_collectives.py) keeps no tensor: backward is the reverse
   // all-to-all of grad_output.contiguous().
   kAllToAll,
+  // An expert-parallel grouped_mm experts module's sentinel rows (integrations/moe.py):
+  kGeScalar,           // self >= <a Python int>, a bool per element: not differentiable
+  kMaskedFillInplace,  // (self, mask) -> self: masked_fill_(mask, <a number>) in place
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kAllToAll) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kMaskedFillInplace) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -434,8 +434,10 @@ absl::Status Walk::Layouts(const OpDef& op) {
       return absl::OkStatus();
     }
     case OpType::kOnesLike:
+    case OpType::kGeScalar:
       NewContiguous(out, in.sizes.data(), in.ndim);
       return absl::OkStatus();
+    case OpType::kMaskedFillInplace:
     case OpType::kScatterAddInplace:
     case OpType::kIndexPutInplace:
       ViewOf(out, op.inputs[0], in);  // in place: the result is self

@@ -332,6 +332,11 @@ struct ModelConfig {
     }
     return received;
   }
+  // RoutingSizesGraphs: the graphs' sizes depend on the routing: the eager experts'
+  // per-expert rows, or with expert parallelism the rows a rank receives.
+  bool RoutingSizesGraphs() const {
+    return moe.Sparse() && (moe.impl == ExpertsImpl::kEager || moe.ep > 1);
+  }
   // RunLoad: the tokens each expert this rank runs receives in sparse layer
   // `sparse_index`: ExpertLoad, or with expert parallelism ReceivedLoad.
   std::vector<int64_t> RunLoad(int64_t sparse_index) const {

@@ -268,6 +268,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       break;
     }
     case OpType::kMaskedFill:
+    case OpType::kMaskedFillInplace:
     case OpType::kSoftmax:
       grads[0] = NewGradLike(grad, layout_of(0), grad.dtype);
       break;
