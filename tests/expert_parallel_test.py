@@ -60,21 +60,35 @@ CASES = [
     ("qwen3_moe", "every_2", "bf16", 128, "grouped_mm"),
     ("mixtral", "full", "fp32", 128, "grouped_mm"),
     ("mixtral", "selective", "fp32", 128, "grouped_mm"),
+    # Every position one token, routed top-1: with seed 3 both ranks send everything to
+    # expert 1, so rank 1 receives nothing in either sparse layer and AllToAllEP runs its
+    # experts on one fake row; with seed 5 each rank receives nothing in one layer.
+    ("qwen3_moe_top1", "none", "fp32", 16, "eager", 3),
+    ("qwen3_moe_top1", "full", "fp32", 16, "grouped_mm", 3),
+    ("qwen3_moe_top1", "none", "fp32", 128, "grouped_mm", 5),
+    ("qwen3_moe_top1", "selective", "fp32", 128, "eager", 5),
 ]
 
 
 def config_of(model):
-    config = real_stack_test.hf_config(real_stack_test.FAMILIES[model])
+    top1 = model == "qwen3_moe_top1"
+    config = real_stack_test.hf_config(real_stack_test.FAMILIES["qwen3_moe" if top1 else model])
     config["use_cache"] = False
+    if top1:
+        config["num_experts_per_tok"] = 1
     return config
 
 
-def witness_case(model, variant, dtype, seq, experts):
-    return {"config": config_of(model), "batch": 2, "seq": seq, "variant": variant,
+def witness_case(model, variant, dtype, seq, experts, same_token_seed=None):
+    case = {"config": config_of(model), "batch": 2, "seq": seq, "variant": variant,
             "dtype": dtype, "experts_impl": experts, "mkldnn": dtype == "fp32"}
+    if same_token_seed is not None:
+        case.update(same_token=True, seed=same_token_seed)
+    return case
 
 
-def predict(model, variant, dtype, seq, experts, routing, tmp):
+def predict(model, variant, dtype, seq, experts, routing, tmp, same_token_seed=None):
+    del same_token_seed  # the routing file says where the tokens went
     path = Path(tmp) / f"{model}.json"
     path.write_text(json.dumps(config_of(model)))
     routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.{seq}.{experts}.routing.json"
@@ -97,8 +111,9 @@ class ExpertParallelTest(unittest.TestCase):
 
     def test_every_rank_is_exact(self):
         failures = []
-        for (model, variant, dtype, seq, experts), result in zip(CASES, self.measured):
-            ranks = predict(model, variant, dtype, seq, experts, result["routing"], self.tmp)
+        for case, result in zip(CASES, self.measured):
+            model, variant, dtype, seq, experts = case[:5]
+            ranks = predict(*case[:5], result["routing"], self.tmp)
             self.assertEqual(len(ranks), EP)
             for r, (p, w) in enumerate(zip(ranks, result["ranks"])):
                 peak = p["peak"][variant]
@@ -123,6 +138,11 @@ class ExpertParallelTest(unittest.TestCase):
         rows = self.measured[0]["routing"]["ranks"]
         self.assertEqual(len(rows), EP)
         self.assertNotEqual(rows[0]["layers"], rows[1]["layers"])
+        # The same-token cases route as their comments say: seed 3 sends all 32 tokens of
+        # each rank to expert 1 (rank 0's) in both sparse layers.
+        seed3 = self.measured[CASES.index(("qwen3_moe_top1", "none", "fp32", 16, "eager", 3))]
+        for rank in seed3["routing"]["ranks"]:
+            self.assertEqual(rank["layers"], [[0, 32, 0, 0], [0, 32, 0, 0]])
 
     def test_each_rank_holds_half_the_experts(self):
         # qwen3_moe: width 64, 4 experts of width 32 on layers 1 and 2 (layer 0 dense).

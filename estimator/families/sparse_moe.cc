@@ -262,13 +262,33 @@ int AllToAllEp(GraphBuilder& g, const ModelConfig& config, int flat, const Route
   // and the counts.
   g.HeldThroughHere({send_tokens, send_counts, recv_counts});
   // The experts run top-1 on the received rows with unit weights (their own forward,
-  // num_experts = E / ep).
-  const RouterOut local{-1, recv_weights, recv_ids};
-  const int expert_output =
+  // num_experts = E / ep). A rank that received none runs them on one fake row, kept
+  // in the graph so that the reverse exchange still runs: tokens.sum(dim=0,
+  // keepdim=True) routed to its expert 0 with weight 1 (expert_ids.new_zeros((1, 1)),
+  // weights.new_ones((1, 1)): new_ones allocates as zeros does), the output sliced [:0].
+  int experts_in = recv_tokens;
+  RouterOut local{-1, recv_weights, recv_ids};
+  std::vector<int64_t> load = received;
+  int64_t run_rows = rows;
+  if (rows == 0) {
+    experts_in = g.Op1(OpType::kSumDim, "ep.fake_row", {recv_tokens}, {.dim = 0, .keepdim = true});
+    local.indices = g.Op1(OpType::kZeros, "ep.fake_id", {}, {.shape = {Sym(1), Sym(1)}},
+                          std::nullopt, DType::kInt64);
+    local.scores = g.Op1(OpType::kZeros, "ep.fake_weight", {}, {.shape = {Sym(1), Sym(1)}},
+                         std::nullopt, g.DTypeOf(recv_tokens));
+    load.assign(load.size(), 0);
+    load[0] = 1;
+    run_rows = 1;
+  }
+  int expert_output =
       moe.impl == ExpertsImpl::kEager
-          ? EagerExperts(g, recv_tokens, local, gate_up, down, received)
-          : GroupedMmExperts(g, recv_tokens, local, gate_up, down,
-                             {Sym(rows), Sym(1), kEl, /*expert_parallel=*/true});
+          ? EagerExperts(g, experts_in, local, gate_up, down, load)
+          : GroupedMmExperts(g, experts_in, local, gate_up, down,
+                             {Sym(run_rows), Sym(1), kEl, /*expert_parallel=*/true});
+  if (rows == 0) {
+    expert_output = g.Op1(OpType::kSlice, "ep.no_rows", {expert_output},
+                          {.dim = 0, .start = Sym(0), .length = Sym(0)});
+  }
   // _combine_tokens: recv_out = all_to_all_single_autograd(expert_output, send_sizes,
   // recv_sizes), (S, d); token_outputs = empty_like(recv_out); token_outputs[order] =
   // recv_out (index_put_, IndexPutBackward0 keeping order); viewed (N, k, d), times the
