@@ -190,6 +190,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "virtual_stages") status = integer(&request.virtual_stages);
     else if (name == "micro_batches") status = integer(&request.micro_batches);
     else if (name == "zero") status = integer(&request.zero);
+    else if (name == "ep") status = integer(&request.ep);
     else if (name == "schedule") status = string(&request.schedule);
     else if (name == "variants") status = string(&request.variants);
     else if (name == "plan") status = string(&request.plan);

@@ -8,7 +8,7 @@
  * Request keys (all optional; the CLI's defaults): "model" (a built-in name such as
  * "llama-3-8b", a config.json path, or a config.json's object itself), "layers", "width", "heads", "kv_heads",
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
- * "virtual_stages", "micro_batches", "zero" (integers), "variants", "policy",
+ * "virtual_stages", "micro_batches", "zero", "ep" (integers), "variants", "policy",
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend" (strings),
  * "momentum", "cuda_context_mib" (numbers), "master_weights", "sp", "expandable_segments", "explain" (booleans), "format" ("json",

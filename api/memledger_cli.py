@@ -26,7 +26,7 @@ except ImportError:
 # The request keys by JSON type (api/memledger.h); the rest are strings.
 INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
-            "zero", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
+            "zero", "ep", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
             "max_virtual_stages", "threads", "top", "planned_layouts", "checked_layouts"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
            "flops_per_second"}
@@ -67,7 +67,7 @@ GROUPS = [
                        "frontier_points (plan)", "flops_per_second (plan)",
                        "planned_layouts (search)"]),
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
-                     "schedule", "gpus (search)", "gpus_per_node (search)",
+                     "ep", "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
                 "cpu_threads", "gpu (search)", "gpu_memory_gib (search)",

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -72,6 +73,25 @@ TEST(ApiTest, ParallelKeysGiveThePerRankJson) {
   EXPECT_EQ(doc["parallel"]["world_size"].GetInt64(), 4);
   ASSERT_EQ(doc["ranks"].Size(), 2u);
   EXPECT_EQ(doc["n_params"].GetInt64(), doc["ranks"][0]["n_params"].GetInt64());
+  // "ep": a kind of rank per expert-parallel rank. tiny-qwen3-moe: width 32, 2 layers of
+  // 4 experts of width 32, each gate_up (64, 32) + down (32, 32) = 3,072 parameters; a
+  // rank holds 2 of each layer's 4, so 2 x 2 x 3,072 = 12,288 fewer than the model.
+  Result ep = Call(R"({"model": "tiny-qwen3-moe", "dp": 2, "ep": 2, "variants": "none"})");
+  ASSERT_EQ(ep.code, MEMLEDGER_OK) << ep.error;
+  Result one = Call(R"({"model": "tiny-qwen3-moe", "variants": "none"})");
+  ASSERT_EQ(one.code, MEMLEDGER_OK) << one.error;
+  rapidjson::Document ranks, model;
+  ranks.Parse(ep.response.c_str());
+  model.Parse(one.response.c_str());
+  ASSERT_FALSE(ranks.HasParseError() || model.HasParseError());
+  EXPECT_EQ(ranks["parallel"]["ep"].GetInt64(), 2);
+  ASSERT_EQ(ranks["ranks"].Size(), 2u);
+  std::set<int64_t> ep_ranks;
+  for (const rapidjson::Value& rank : ranks["ranks"].GetArray()) {
+    ep_ranks.insert(rank["ep_rank"].GetInt64());
+    EXPECT_EQ(model["n_params"].GetInt64() - rank["n_params"].GetInt64(), 12288);
+  }
+  EXPECT_EQ(ep_ranks, (std::set<int64_t>{0, 1}));
   Result bad = Call(R"({"model": "tiny-llama", "layers": 8, "pp": 3})");
   EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT);
   EXPECT_NE(bad.error.find("--layers 8 is not divisible by --pp 3"), std::string::npos)
