@@ -105,6 +105,8 @@ absl::StatusOr<VerifyReport> Verify(const ModelConfig& config, const VerifyOptio
   predict_options.attention = options.attention;
   predict_options.variants = options.variants;
   predict_options.rules = options.rules;
+  // The runtime runs selective checkpoints without a Python dispatch mode.
+  predict_options.python_dispatch_mode = false;
   predict_options.optimizer = options.optimizer;
   predict_options.timeline = options.timeline;
   // The measured step's intra-op threads size the CPU kernels' workspaces.

@@ -55,8 +55,10 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
   options.attention = request.attention;
   options.variants = request.variants;
   options.optimizer = request.optimizer;
-  // The ranks run one intra-op thread each (the machine's cores are shared).
+  // The ranks run one intra-op thread each (the machine's cores are shared), and
+  // selective checkpoints without a Python dispatch mode.
   options.cpu_threads = 1;
+  options.python_dispatch_mode = false;
   absl::StatusOr<RanksPrediction> prediction = PredictRanks(config, parallel, options);
   if (!prediction.ok()) return prediction.status();
   options.peak = false;

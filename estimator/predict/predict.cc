@@ -580,6 +580,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
     step.cuda_blocks = options.cuda_blocks;
     step.record_events = options.timeline;
     step.rules = options.rules;
+    step.python_dispatch_mode = options.python_dispatch_mode;
     absl::StatusOr<StepSimulator> created =
         StepSimulator::Create(config, options.attention, step);
     if (created.ok()) {

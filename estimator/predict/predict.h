@@ -55,6 +55,8 @@ struct PredictOptions {
   // rounded to 512 B, max_memory_allocated() with expandable segments and a lower bound
   // without, several times cheaper (the layout search's first pass).
   CudaBlocks cuda_blocks = CudaBlocks::kAllocator;
+  // python_dispatch_mode: StepOptions::python_dispatch_mode (false: memledger's runtime).
+  bool python_dispatch_mode = true;
 };
 
 // BlockKind is one kind of block in the stack, and how many blocks are of it.

@@ -125,6 +125,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
     step.cuda_blocks = options.cuda_blocks;
     step.record_events = options.timeline;  // the events only for a timeline's drawing
     step.rules = options.rules;
+    step.python_dispatch_mode = options.python_dispatch_mode;
     *shared = StepSimulator::Create(config, options.attention, step);
   }
   const absl::StatusOr<StepSimulator>& created = **shared;

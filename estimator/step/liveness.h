@@ -189,6 +189,13 @@ struct StepOptions {
   RankStep rank;
   // cuda_blocks: how a --device=cuda step counts its storages (ignored on the CPU).
   CudaBlocks cuda_blocks = CudaBlocks::kAllocator;
+  // python_dispatch_mode: a selective checkpoint's forward and recompute run under
+  // torch.utils.checkpoint's Python dispatch modes (_CachingTorchDispatchMode,
+  // _CachedTorchDispatchMode), as the real stack does. A mode receives an op's wrapped
+  // Python number back as a number and calls the op with it, which wraps it again: 8 B
+  // more, from before the conversion to just after the op. memledger's LibTorch runtime
+  // has no dispatch mode (verify predicts it with false).
+  bool python_dispatch_mode = true;
 };
 
 // ResidentBytes are what exists before the step besides the model input (Predict's

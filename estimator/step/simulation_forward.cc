@@ -233,6 +233,11 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       } else {
         prelude = {scalar.wrapped, scalar.converted};
       }
+      // Under a selective checkpoint's dispatch mode the number is wrapped again
+      // (StepOptions::python_dispatch_mode).
+      if ((pass.record || pass.replay) && options_.python_dispatch_mode) {
+        prelude.push_back(memory_.HostAlloc(8, MemoryCategory::kTemporary));
+      }
     }
     // An elementwise op on CPU computes in its inputs' common dtype: an input of another
     // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
