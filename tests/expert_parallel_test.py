@@ -68,6 +68,13 @@ CASES = [
     ("qwen3_moe_top1", "none", "fp32", 128, "grouped_mm", 5),
     ("qwen3_moe_top1", "selective", "fp32", 128, "eager", 5),
 ]
+# On 4 data-parallel ranks in 2 expert-parallel groups: the reduction of the experts'
+# gradients over their own group holds the peak at seq 16, the all-to-alls at seq 128.
+GROUP_CASES = [
+    ("qwen3_moe", "none", "fp32", 16, "grouped_mm"),
+    ("mixtral", "full", "fp32", 16, "eager"),
+    ("qwen3_moe", "none", "fp32", 128, "eager"),
+]
 
 
 def config_of(model):
@@ -87,19 +94,20 @@ def witness_case(model, variant, dtype, seq, experts, same_token_seed=None):
     return case
 
 
-def predict(model, variant, dtype, seq, experts, routing, tmp, same_token_seed=None):
+def predict(model, variant, dtype, seq, experts, routing, tmp, same_token_seed=None, dp=EP):
     del same_token_seed  # the routing file says where the tokens went
     path = Path(tmp) / f"{model}.json"
     path.write_text(json.dumps(config_of(model)))
-    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.{seq}.{experts}.routing.json"
+    routing_path = Path(tmp) / f"{model}.{variant}.{dtype}.{seq}.{experts}.{dp}.routing.json"
     routing_path.write_text(json.dumps(routing))
     flags = [f"--model={path}", "--batch=2", f"--seq={seq}", f"--variants={variant}",
              f"--dtype={dtype}", f"--experts_impl={experts}", f"--routing={routing_path}",
-             f"--dp={EP}", f"--ep={EP}", "--optimizer_impl=for_loop"]
+             f"--dp={dp}", f"--ep={EP}", "--optimizer_impl=for_loop"]
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
     if out.returncode != 0:
         raise AssertionError(f"predict {' '.join(flags)}: {out.stderr.strip()}")
-    return sorted(json.loads(out.stdout)["ranks"], key=lambda rank: rank["ep_rank"])
+    return sorted(json.loads(out.stdout)["ranks"],
+                  key=lambda rank: rank.get("dp_rank", rank["ep_rank"]))
 
 
 class ExpertParallelTest(unittest.TestCase):
@@ -108,16 +116,19 @@ class ExpertParallelTest(unittest.TestCase):
         warnings.filterwarnings("ignore")
         cls.tmp = tempfile.mkdtemp()
         cls.measured = witness_ranks.measure_ranks([witness_case(*c) for c in CASES], EP)
+        cls.measured_groups = witness_ranks.measure_ranks(
+            [witness_case(*c) for c in GROUP_CASES], EP, dp=2 * EP)
 
-    def test_every_rank_is_exact(self):
+    def compare(self, cases, measured, dp):
+        """Every rank's buckets and peak, predicted against measured."""
         failures = []
-        for case, result in zip(CASES, self.measured):
+        for case, result in zip(cases, measured):
             model, variant, dtype, seq, experts = case[:5]
-            ranks = predict(*case[:5], result["routing"], self.tmp)
-            self.assertEqual(len(ranks), EP)
+            ranks = predict(*case[:5], result["routing"], self.tmp, dp=dp)
+            self.assertEqual(len(ranks), dp)
             for r, (p, w) in enumerate(zip(ranks, result["ranks"])):
                 peak = p["peak"][variant]
-                for bucket, predicted, measured in (
+                for bucket, predicted, measured_bytes in (
                         ("param_bytes", p["param_bytes"], w["param_bytes"]),
                         ("grad_bytes", p["grad_bytes"], w["grad_bytes"]),
                         ("optimizer_state_bytes", p["optimizer_state_bytes"],
@@ -125,12 +136,21 @@ class ExpertParallelTest(unittest.TestCase):
                         ("saved_bytes", p["saved_bytes"][variant], w["saved_bytes"]),
                         ("peak_bytes", peak["bytes"], w["peak_bytes"]),
                         ("peak_phase", peak["phase"], w["peak_phase"])):
-                    line = f"{model}/{variant}/{dtype}/seq{seq}/{experts} rank {r} {bucket}: " \
-                           f"predicted {predicted}, measured {measured}"
+                    line = f"{model}/{variant}/{dtype}/seq{seq}/{experts} dp {dp} rank {r} " \
+                           f"{bucket}: predicted {predicted}, measured {measured_bytes}"
                     print(line, flush=True)
-                    if predicted != measured:
+                    if predicted != measured_bytes:
                         failures.append(line)
         self.assertEqual(failures, [], "\n".join(failures))
+
+    def test_every_rank_is_exact(self):
+        self.compare(CASES, self.measured, EP)
+
+    def test_every_rank_of_two_expert_parallel_groups_is_exact(self):
+        # dp 4 = 2 groups of ep 2 ranks: each group routes its own batches, and the
+        # experts' gradients are reduced over the 2 ranks that hold the same experts
+        # (ranks 0 and 2, 1 and 3); predict makes a kind per data-parallel rank.
+        self.compare(GROUP_CASES, self.measured_groups, 2 * EP)
 
     def test_the_ranks_route_differently(self):
         # Each rank trains its own batch, so their routings (and what each rank's experts

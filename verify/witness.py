@@ -411,7 +411,7 @@ def _measure(case):
         if case.get("ep", 1) > 1:
             from witness_ranks import reduce_expert_parallel
 
-            reduce_expert_parallel(params, case["ep"])
+            reduce_expert_parallel(params, case.get("dp", case["ep"]), case["ep"])
         opt.step()
         _mark("memledger.step_end")
     grad_bytes = unique_storage_bytes([p.grad for p in params])

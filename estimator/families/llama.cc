@@ -429,10 +429,12 @@ absl::Status ValidateLlama(const ModelConfig& config) {
     const int64_t tokens = config.batch * config.seq, pairs = tokens * moe.top_k;
     const int64_t sparse = config.SparseLayers();
     const int64_t rows = static_cast<int64_t>(moe.routing_rows.size());
-    if (rows != sparse && (moe.ep == 1 || rows != moe.ep * sparse)) {
+    if (rows != sparse && (moe.ep == 1 || rows % (moe.ep * sparse) != 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--routing has ", rows, " rows for the model's ", sparse, " sparse layers",
-          moe.ep > 1 ? absl::StrCat(" (or ", moe.ep * sparse, ", every --ep rank's)") : ""));
+          moe.ep > 1 ? absl::StrCat(" (or a multiple of ", moe.ep * sparse,
+                                    ", every --ep rank's of each expert-parallel group)")
+                     : ""));
     }
     for (size_t l = 0; l < moe.routing_rows.size(); ++l) {
       const std::vector<int64_t>& row = moe.routing_rows[l];

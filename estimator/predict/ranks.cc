@@ -218,7 +218,11 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
   const int64_t chunk_layers = config.layers / chunks;
   const int64_t element = ElementSizeBytes(config.dtype);
   const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, options.optimizer);
-  const CheckedInt64 ranks_per_stage = CheckedInt64(config.tp) * (parallel.dp / config.moe.ep);
+  // With expert parallelism a kind is one expert-parallel rank of every group of ep
+  // data-parallel ranks, or of one group where the routing gives every group's own.
+  const int64_t groups = config.RoutedGroups();
+  const CheckedInt64 ranks_per_stage =
+      CheckedInt64(config.tp) * (parallel.dp / config.moe.ep / groups);
   ModelConfig chunk_config = config;
   chunk_config.layers = chunk_layers;
   const int64_t korthikanti_chunk = KorthikantiSavedBytes(chunk_config, options.attention);
@@ -229,20 +233,23 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
   RanksPrediction prediction;
   prediction.parallel = parallel;
   prediction.ep = config.moe.ep;
-  // Every stage's step simulator (PredictRankPeaks), one per expert-parallel rank: their
-  // graphs differ.
+  prediction.ep_groups = groups;
+  // Every stage's step simulator (PredictRankPeaks), one per expert-parallel rank (and
+  // group): their graphs differ.
+  const int64_t per_stage = config.moe.ep * groups;
   std::vector<std::optional<absl::StatusOr<StepSimulator>>> simulators(
-      static_cast<size_t>(config.moe.ep));
+      static_cast<size_t>(per_stage));
   // With expert parallelism each expert-parallel rank is its own kind: its experts and
   // what they receive (ModelConfig::ReceivedLoad) are its own.
-  const ModelConfig model_config = config;
-  for (int64_t kind_index = 0; kind_index < parallel.pp * model_config.moe.ep; ++kind_index) {
-    const int64_t stage = kind_index / model_config.moe.ep;
-    config.moe.ep_rank = kind_index % model_config.moe.ep;
+  for (int64_t kind_index = 0; kind_index < parallel.pp * per_stage; ++kind_index) {
+    const int64_t stage = kind_index / per_stage;
+    config.moe.ep_group = kind_index % per_stage / config.moe.ep;
+    config.moe.ep_rank = kind_index % config.moe.ep;
     if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
     RankKind kind;
     kind.stage = stage;
     kind.ep_rank = config.moe.ep_rank;
+    kind.ep_group = config.moe.ep_group;
     kind.ranks = ranks_per_stage.value();
     std::vector<StagePrediction> predicted;
     CheckedInt64 n_params = 0;
@@ -309,7 +316,8 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
     if (options.peak) {
       if (absl::Status s = PredictRankPeaks(config, parallel, options,
-                                            &simulators[static_cast<size_t>(kind.ep_rank)],
+                                            &simulators[static_cast<size_t>(
+                                                kind.ep_group * config.moe.ep + kind.ep_rank)],
                                             &kind);
           !s.ok()) {
         return s;
@@ -342,6 +350,7 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
     if (config.moe.routing == RoutingSource::kGiven) {
       whole_config.moe.routing_rows.resize(static_cast<size_t>(config.SparseLayers()));
     }
+    whole_config.moe.ep_group = 0;
     whole_config.moe.ep = 1;
     whole_config.moe.ep_rank = 0;
   }

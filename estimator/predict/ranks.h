@@ -44,7 +44,10 @@ struct RankKind {
   // ep_rank: with --ep, which experts the ranks hold (ModelConfig's moe.ep_rank); what
   // they receive differs by rank. 0 without.
   int64_t ep_rank = 0;
-  int64_t ranks = 0;               // how many ranks: tp x dp (/ ep with --ep)
+  // ep_group: with a routing of every data-parallel rank's batch, which group of ep
+  // data-parallel ranks (data-parallel rank = ep_group x ep + ep_rank); 0 without.
+  int64_t ep_group = 0;
+  int64_t ranks = 0;  // how many ranks: tp x dp (/ ep with --ep, / the groups routed apart)
   std::vector<StageRange> chunks;  // the layers it runs (virtual_stages chunks)
   int64_t n_params = 0;            // its stage's parameters, before ZeRO's sharding
   int64_t param_bytes = 0;         // held: a ZeRO-3 shard, or all of them
@@ -72,6 +75,7 @@ struct RankKind {
 struct RanksPrediction {
   ParallelSpec parallel;
   int64_t ep = 1;  // expert-parallel ranks (ModelConfig's moe.ep)
+  int64_t ep_groups = 1;  // their groups routed apart (ModelConfig::RoutedGroups)
   // kinds: one per pipeline stage, the most loaded first (by Load: the first variant's
   // peak, or its Total where there is none; the earlier stage on ties).
   std::vector<RankKind> kinds;

@@ -575,6 +575,7 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     rapidjson::Value rank(rapidjson::kObjectType);
     rank.AddMember("stage", kind.stage, a);
     if (ranks.ep > 1) rank.AddMember("ep_rank", kind.ep_rank, a);
+    if (ranks.ep_groups > 1) rank.AddMember("dp_rank", kind.ep_group * ranks.ep + kind.ep_rank, a);
     rank.AddMember("ranks", kind.ranks, a);
     rapidjson::Value layers(rapidjson::kArrayType);
     for (const StageRange& chunk : kind.chunks) {
@@ -651,7 +652,8 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   absl::StrAppendFormat(&out, "\nper kind of rank (the most loaded first), total = params + "
                               "grads + optimizer state + saved\n");
   absl::StrAppendFormat(&out, "%-6s %6s %-16s %12s %12s %12s",
-                        ranks.ep > 1 ? "st/ep" : "stage", "ranks", "layers", "params", "grads",
+                        ranks.ep_groups > 1 ? "st/dp" : ranks.ep > 1 ? "st/ep" : "stage",
+                        "ranks", "layers", "params", "grads",
                         "opt state");
   for (const RankVariant& v : most.variants) {
     absl::StrAppendFormat(&out, " %14s", absl::StrCat(v.held.variant.Name(), " total"));
@@ -663,8 +665,9 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   }
   absl::StrAppend(&out, "\n");
   for (const RankKind& kind : ranks.kinds) {
-    const std::string where = ranks.ep > 1 ? absl::StrCat(kind.stage, "/", kind.ep_rank)
-                                           : absl::StrCat(kind.stage);
+    const std::string where =
+        ranks.ep > 1 ? absl::StrCat(kind.stage, "/", kind.ep_group * ranks.ep + kind.ep_rank)
+                     : absl::StrCat(kind.stage);
     absl::StrAppendFormat(&out, "%-6s %6d %-16s %12s %12s %12s", where, kind.ranks,
                           LayersText(kind).substr(7), HumanBytes(kind.param_bytes),
                           HumanBytes(kind.grad_bytes), HumanBytes(kind.optimizer_state_bytes));

@@ -55,6 +55,12 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
       return absl::InvalidArgumentError(
           "--ep with --zero is not modelled yet (experts' state shards over other ranks)");
     }
+    const int64_t groups = config.RoutedGroups();
+    if (groups > 1 && groups != spec.dp / config.moe.ep) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--routing gives ", groups, " expert-parallel groups' rows; --dp ", spec.dp,
+          " / --ep ", config.moe.ep, " has ", spec.dp / config.moe.ep));
+    }
   }
   if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
     return absl::InvalidArgumentError(

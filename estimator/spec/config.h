@@ -166,14 +166,18 @@ struct MoeSpec {
   RoutingSource routing = RoutingSource::kBalanced;
   // routing_rows: with kGiven, the tokens each expert receives, one row of `experts`
   // counts per sparse layer in layer order, each row summing to B x T x k. With ep > 1
-  // it may hold every expert-parallel rank's rows, rank by rank (ep x sparse layers).
+  // it may hold every expert-parallel rank's rows, rank by rank (ep x sparse layers),
+  // or every data-parallel rank's (dp x sparse layers: dp / ep groups of ep ranks).
   std::vector<std::vector<int64_t>> routing_rows = {};
   // ep: expert parallelism (--ep), as transformers 5.23 trains it
   // (distributed/expert_parallel.py): each of ep ranks holds experts / ep whole experts
   // (MoEParamShard, Shard(0)) and AllToAllEP sends every (token, expert) pair to its
-  // expert's rank and the results back. ep_rank: the rank whose graphs these are.
+  // expert's rank and the results back. ep_rank: the rank whose graphs these are;
+  // ep_group: its group of ep data-parallel ranks (data-parallel rank / ep), whose
+  // batches its experts receive where routing_rows gives every data-parallel rank's.
   int64_t ep = 1;
   int64_t ep_rank = 0;
+  int64_t ep_group = 0;
 
   bool Sparse() const { return experts > 0; }
   bool IsSparse(int64_t layer) const {
@@ -293,8 +297,8 @@ struct ModelConfig {
   std::vector<int64_t> ExpertLoad(int64_t sparse_index) const {
     return ExpertLoadFrom(moe.ep_rank, sparse_index);
   }
-  // ExpertLoadFrom: ExpertLoad of expert-parallel rank `source`'s batch. Balanced and
-  // worst routings route every rank's batch alike.
+  // ExpertLoadFrom: ExpertLoad of expert-parallel rank `source`'s batch (in moe.ep_group).
+  // Balanced and worst routings route every rank's batch alike.
   std::vector<int64_t> ExpertLoadFrom(int64_t source, int64_t sparse_index) const {
     const int64_t tokens = batch * seq, pairs = tokens * moe.top_k;
     std::vector<int64_t> load(static_cast<size_t>(moe.experts), 0);
@@ -310,8 +314,10 @@ struct ModelConfig {
       case RoutingSource::kGiven: {
         const int64_t per_rank = SparseLayers();
         const bool by_rank = static_cast<int64_t>(moe.routing_rows.size()) > per_rank;
-        load = moe.routing_rows[static_cast<size_t>((by_rank ? source * per_rank : 0) +
-                                                    sparse_index)];
+        const int64_t rank = by_rank ? RoutedGroups() > 1 ? moe.ep_group * moe.ep + source
+                                                          : source
+                                     : 0;
+        load = moe.routing_rows[static_cast<size_t>(rank * per_rank + sparse_index)];
         break;
       }
     }
@@ -331,6 +337,16 @@ struct ModelConfig {
       }
     }
     return received;
+  }
+  // RoutedGroups: the expert-parallel groups whose batches routing_rows gives (1 unless
+  // it gives every data-parallel rank's, dp / ep groups then).
+  int64_t RoutedGroups() const {
+    const int64_t per_group = moe.ep * SparseLayers();
+    const int64_t rows = static_cast<int64_t>(moe.routing_rows.size());
+    return moe.routing == RoutingSource::kGiven && moe.ep > 1 && per_group > 0 &&
+                   rows > per_group
+               ? rows / per_group
+               : 1;
   }
   // RoutingSizesGraphs: the graphs' sizes depend on the routing: the eager experts'
   // per-expert rows, or with expert parallelism the rows a rank receives.
