@@ -171,7 +171,8 @@ class ExpertParallelTest(unittest.TestCase):
         # experts instead of 196,608, so each rank's parameters are one process's less
         # 98,304 B (both measured by the witness).
         whole = witness_ranks.witness.measure(
-            {**witness_ranks.witness.DEFAULTS, **witness_case("qwen3_moe", "none", "fp32", 16, "eager")})
+            {**witness_ranks.witness.DEFAULTS,
+             **witness_case("qwen3_moe", "none", "fp32", 16, "eager")})
         for rank in self.measured[0]["ranks"]:
             self.assertEqual(whole["param_bytes"] - rank["param_bytes"], 98304)
 

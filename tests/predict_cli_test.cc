@@ -71,7 +71,8 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--ep=0", "--ep must be >= 1, got 0"},
            {"--model=tiny-qwen3-moe --ep=3 --dp=3", "--ep 3 does not divide the 4 experts"},
            {"--model=tiny-qwen3-moe --ep=2 --dp=3", "--ep 2 must divide --dp 3"},
-           {"--model=tiny-qwen3-moe --ep=2 --dp=2 --zero=1", "--ep with --zero is not modelled yet"},
+           {"--model=tiny-qwen3-moe --ep=2 --dp=2 --zero=1",
+            "--ep with --zero is not modelled yet"},
            {"--batch=1099511627776 --seq=1073741824", "overflow"},
            {"stray", "unexpected argument"},
            // Abseil's parse errors exit 2 like the rest.

@@ -204,7 +204,6 @@ int EagerExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up, int
   return result;
 }
 
-
 // AllToAllEp is transformers 5.23's expert-parallel experts module in training
 // (distributed/expert_parallel.py: EpDispatchExpertsParallel's ep_forward, AutoEP picking
 // AllToAllEP whenever the hidden states require grad) on the (N, d) hidden states, without
@@ -311,6 +310,7 @@ int AllToAllEp(GraphBuilder& g, const ModelConfig& config, int flat, const Route
   g.HeldThroughHere({recv_tokens, per_row, recv_weights, order, expert_output});
   return out;
 }
+
 }  // namespace
 
 std::vector<std::string> SparseMoeRegistration(const ModelConfig& config) {

@@ -85,7 +85,9 @@ absl::Status Simulation::ReduceAndStep() {
     memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
     for (const bool experts : {false, true}) {
       int64_t group_n = 0;
-      for (size_t p = 0; p < numels.size(); ++p) group_n += expert_shard_[p] == experts ? numels[p] : 0;
+      for (size_t p = 0; p < numels.size(); ++p) {
+        if (expert_shard_[p] == experts) group_n += numels[p];
+      }
       const int64_t ranks = experts ? data.dp / config_.moe.ep : data.dp;
       const int64_t padded = ZeroShardElements(group_n, ranks) * ranks;
       const int padding =
