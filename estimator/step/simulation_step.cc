@@ -76,25 +76,29 @@ absl::Status Simulation::ReduceAndStep() {
   }
   const ParallelSpec& data = options_.rank.parallel;
   if (data.dp <= 1) return OptimizerStep(numels);
+  memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
+  // A bucket of n elements over `ranks`: at::cat of the .grads' flat views and, when n
+  // is not a multiple of ranks, a block of zeros (which dies with the list of pieces).
+  auto make_bucket = [&](int64_t n, int64_t ranks) {
+    const int64_t padded = ZeroShardElements(n, ranks) * ranks;
+    const int padding =
+        padded > n ? memory_.Alloc((padded - n) * element, MemoryCategory::kTemporary) : -1;
+    const int bucket = memory_.Alloc(padded * element, MemoryCategory::kTemporary);
+    if (padding >= 0) memory_.Unref(padding);
+    return bucket;
+  };
   if (config_.moe.ep > 1) {
     // Expert parallelism (ZeRO 0): the experts' gradients and the rest are reduced
-    // apart, each group as the bucket below over its own ranks: the rest over all dp
-    // ranks, the experts over the dp / ep ranks that hold the same experts (Megatron's
-    // expert data-parallel group; one rank when dp == ep, where nothing is exchanged but
-    // the bucket is still made and divided by dp).
-    memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
+    // apart, each a bucket over its own ranks as below: the rest over all dp ranks, the
+    // experts over the dp / ep ranks that hold the same experts (Megatron's expert
+    // data-parallel group; one rank when dp == ep, where nothing is exchanged but the
+    // bucket is still made and divided by dp).
     for (const bool experts : {false, true}) {
       int64_t group_n = 0;
       for (size_t p = 0; p < numels.size(); ++p) {
         if (expert_shard_[p] == experts) group_n += numels[p];
       }
-      const int64_t ranks = experts ? data.dp / config_.moe.ep : data.dp;
-      const int64_t padded = ZeroShardElements(group_n, ranks) * ranks;
-      const int padding =
-          padded > group_n ? memory_.Alloc((padded - group_n) * element, MemoryCategory::kTemporary)
-                           : -1;
-      const int bucket = memory_.Alloc(padded * element, MemoryCategory::kTemporary);
-      if (padding >= 0) memory_.Unref(padding);
+      const int bucket = make_bucket(group_n, experts ? data.dp / config_.moe.ep : data.dp);
       memory_.ScalarOp(config_.dtype);  // bucket.div_(dp)
       memory_.Unref(bucket);            // copied back into the .grads
     }
@@ -103,15 +107,7 @@ absl::Status Simulation::ReduceAndStep() {
   int64_t n = 0;
   for (int64_t numel : numels) n += numel;
   const int64_t shard = ZeroShardElements(n, data.dp);
-  memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
-  // The bucket: at::cat of the .grads' flat views and, when n is not a multiple of dp,
-  // a block of zeros (which dies with the list of pieces).
-  const int padding = shard * data.dp > n
-                          ? memory_.Alloc((shard * data.dp - n) * element,
-                                          MemoryCategory::kTemporary)
-                          : -1;
-  const int bucket = memory_.Alloc(shard * data.dp * element, MemoryCategory::kTemporary);
-  if (padding >= 0) memory_.Unref(padding);
+  const int bucket = make_bucket(n, data.dp);
   auto free_grads = [&]() {
     for (const ParameterKey& parameter : parameter_order_) memory_.Unref(grads_.at(parameter));
   };
