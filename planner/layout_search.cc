@@ -554,6 +554,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
           "--", flag, ": the search chooses the layout (SearchOptions::fixed constrains it)"));
     }
   }
+  if (request.ep != defaults.ep) {
+    return absl::InvalidArgumentError(
+        "--ep: the search does not try expert parallelism yet (predict --dp --ep "
+        "predicts a layout with it)");
+  }
   if (!request.plan.empty()) {
     return absl::InvalidArgumentError(
         "--plan: the search chooses the checkpointing (the standard --variants, and plans "

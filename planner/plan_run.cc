@@ -56,6 +56,12 @@ absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanRepor
 
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
+  if (spec.config.moe.ep > 1) {
+    // Each expert-parallel rank receives its own tokens, so each would need its own plan.
+    return absl::InvalidArgumentError(
+        "--ep: the planner does not plan expert-parallel ranks yet (predict --ep predicts "
+        "each rank under the standard variants)");
+  }
   const ParallelSpec& parallel = spec.parallel;
   if (options.timeline && parallel.Distributed()) {
     return absl::InvalidArgumentError(

@@ -422,6 +422,8 @@ TEST(LayoutSearchTest, BadInputNamesTheFlag) {
   with_tp.tp = 2;
   RunRequest with_zero = Tiny();
   with_zero.zero = 1;
+  RunRequest with_ep = Tiny();
+  with_ep.ep = 2;
   RunRequest bad_model = Tiny();
   bad_model.model = "no-such-model";
   for (const Case& c :
@@ -430,6 +432,7 @@ TEST(LayoutSearchTest, BadInputNamesTheFlag) {
         Case{no_mfu, Tiny(), "--mfu must be in (0, 1], got 0"},
         Case{TinyOptions(1 << 30), with_tp, "--tp: the search chooses the layout"},
         Case{TinyOptions(1 << 30), with_zero, "--zero: the search chooses the layout"},
+        Case{TinyOptions(1 << 30), with_ep, "--ep: the search does not try expert parallelism"},
         Case{TinyOptions(1 << 30), bad_model, "--model"}}) {
     absl::StatusOr<SearchResult> result = SearchLayouts(c.request, c.options);
     EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << c.message;

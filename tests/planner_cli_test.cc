@@ -104,6 +104,7 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --model=tiny-llama --micro_batches=2 --timeline_svg=/tmp/x.svg",
             "not with --pp or --micro_batches"},
            {"--budget_gib=1 --model=tiny-llama --dp=2 --zero=3", "--zero=3"},
+           {"--budget_gib=1 --model=tiny-qwen3-moe --dp=2 --ep=2", "--ep: the planner does not"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
