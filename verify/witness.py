@@ -408,7 +408,7 @@ def _measure(case):
         loss_bytes = element_bytes(loss)
         loss.backward()
         _mark("memledger.backward_end")
-        if case.get("ep", 1) > 1:
+        if ep:
             from witness_ranks import reduce_expert_parallel
 
             reduce_expert_parallel(params, case.get("dp", case["ep"]), case["ep"])

@@ -20,7 +20,8 @@ namespace {
 
 // ReadRouting reads --routing=PATH: {"layers": [[tokens per expert, ...], ...]}, one row
 // per sparse layer in order, or {"ranks": [{"layers": ...}, ...]}, every expert-parallel
-// rank's, rank by rank (ValidateConfig checks the rows against the model).
+// (or data-parallel) rank's, rank by rank (ValidateConfig checks the rows against the
+// model).
 absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string& path) {
   absl::StatusOr<std::string> text = ReadInputFile(path, "--routing", kMaxJsonBytes);
   if (!text.ok()) {
@@ -40,7 +41,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string&
   }
   const char* const kShape =
       "must be {\"layers\": [[tokens per expert, ...], ...]}, one row of integers per "
-      "sparse layer, or {\"ranks\": [{\"layers\": ...}, ...]}, one per --ep rank";
+      "sparse layer, or {\"ranks\": [{\"layers\": ...}, ...]}, one per rank";
   std::vector<std::vector<int64_t>> rows;
   auto read_layers = [&](const rapidjson::Value& object) {
     if (!object.IsObject() || !object.HasMember("layers") || !object["layers"].IsArray()) {

@@ -313,10 +313,10 @@ struct ModelConfig {
         break;
       case RoutingSource::kGiven: {
         const int64_t per_rank = SparseLayers();
+        // Rank by rank where the rows are every rank's (ep_group is 0 unless they are
+        // every group's too).
         const bool by_rank = static_cast<int64_t>(moe.routing_rows.size()) > per_rank;
-        const int64_t rank = by_rank ? RoutedGroups() > 1 ? moe.ep_group * moe.ep + source
-                                                          : source
-                                     : 0;
+        const int64_t rank = by_rank ? moe.ep_group * moe.ep + source : 0;
         load = moe.routing_rows[static_cast<size_t>(rank * per_rank + sparse_index)];
         break;
       }
