@@ -73,12 +73,15 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
                                                    kMaxPlannerLayers, " layers, got --layers ",
                                                    config.layers));
   }
-  if (ModelGraphsFor(config, options.attention)->layer_kinds.size() > 1) {
-    // Its probes place each choice in every context of one kind of layer.
-    return absl::UnimplementedError(absl::StrCat(
-        "the checkpoint planner does not plan a model whose layers differ yet (this ",
-        FamilyOf(config.family).name, " model has ",
-        ModelGraphsFor(config, options.attention)->layer_kinds.size(), " kinds of layer)"));
+  // The model's layers' kinds and slots (the first layer of each kind is its own slot).
+  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, options.attention);
+  tables->kinds = static_cast<int>(graphs->layer_kinds.size());
+  std::vector<bool> kind_seen(tables->kinds, false);
+  for (int64_t i = 0; i < config.layers; ++i) {
+    const int kind = graphs->KindOf(i);
+    tables->kind_of.push_back(kind);
+    tables->slot_of.push_back(SlotOf(PositionOf(i, config.layers), !kind_seen[kind]));
+    kind_seen[kind] = true;
   }
   for (const LayerChoice& choice : tables->choices) {
     if (!choice.checkpointed) continue;
@@ -90,10 +93,16 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   absl::StatusOr<StepFlops> flops = CountStepFlops(config, options.attention);
   if (!flops.ok()) return flops.status();
   tables->flops = *flops;
-  for (const LayerChoice& choice : tables->choices) {
-    absl::StatusOr<int64_t> recompute = RecomputeFlops(config, options.attention, choice);
-    if (!recompute.ok()) return recompute.status();
-    tables->recompute.push_back(*recompute);
+  tables->recompute.assign(tables->kinds, {});
+  for (int kind = 0; kind < tables->kinds; ++kind) {
+    const int64_t first = graphs->FirstOfKind(kind);
+    for (const LayerChoice& choice : tables->choices) {
+      absl::StatusOr<int64_t> recompute =
+          first < 0 ? absl::StatusOr<int64_t>(0)
+                    : RecomputeFlops(config, options.attention, choice, first);
+      if (!recompute.ok()) return recompute.status();
+      tables->recompute[kind].push_back(*recompute);
+    }
   }
 
   // Resident bytes: parameters, optimizer state and buffers, as Predict counts them (a
@@ -135,59 +144,14 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     tables->cached_none_peak = none->peak.bytes;
   }
 
-  // Probes: for each choice c, with o the other kind of layer (none when c is
-  // checkpointed, full when not), [c o c o c c c o c] places c first and last beside
-  // an o and in the middle in all four contexts, and [c c] first and last beside its
-  // own kind; a one-layer model has only [c].
-  const int none = 0, full = 1;
+  // The probes: short models of the model's kinds of layer (planner_probes.cc).
   StepOptions step;
   step.cpu_threads = options.cpu_threads;
   step.record_events = false;
-  auto simulator_for = [&](int64_t layers) {
-    ModelConfig probe_config = config;
-    probe_config.layers = layers;
-    return StepSimulator::Create(probe_config, options.attention, step);
-  };
-  tables->layer.assign(
-      tables->Key(kPositions - 1, true, tables->choices.size() - 1, true, true) + 1,
-      Tables::LayerStretches());
-  const int n = static_cast<int>(tables->choices.size());
-  std::vector<std::pair<int64_t, std::vector<std::vector<int>>>> probes;
-  if (config.layers == 1) {
-    std::vector<std::vector<int>> ones;
-    for (int c = 0; c < n; ++c) ones.push_back({c});
-    probes.emplace_back(1, std::move(ones));
-  } else {
-    std::vector<std::vector<int>> longs, shorts, threes, fours;
-    for (int c = 0; c < n; ++c) {
-      const int o = tables->Checkpointed(c) ? none : full;
-      longs.push_back({c, o, c, o, c, c, c, o, c});
-      shorts.push_back({c, c});
-      // A checkpointed c as the lowest one after plain layers: in the middle beside
-      // either kind, and last ([c o ...] and [c c] have it first).
-      if (!tables->Checkpointed(c)) continue;
-      threes.push_back({none, c, none});
-      fours.push_back({none, c, c, none});
-      shorts.push_back({none, c});
-      shorts.push_back({c, none});  // first checkpointed, last not: the head's context
-    }
-    probes.emplace_back(9, std::move(longs));
-    probes.emplace_back(2, std::move(shorts));
-    probes.emplace_back(3, std::move(threes));
-    probes.emplace_back(4, std::move(fours));
-  }
-  for (const auto& [layers, plans] : probes) {
-    absl::StatusOr<StepSimulator> simulator = simulator_for(layers);
-    if (!simulator.ok()) return simulator.status();
-    for (const std::vector<int>& probe : plans) {
-      std::vector<LayerChoice> layer_choices;
-      for (int c : probe) layer_choices.push_back(tables->choices[c]);
-      absl::StatusOr<StepStretches> stretches =
-          simulator->Stretches(PlanVariant(layer_choices), options.optimizer, resident);
-      if (!stretches.ok()) return stretches.status();
-      tables->resident = stretches->resident_bytes;
-      if (absl::Status s = tables->Record(probe, *stretches); !s.ok()) return s;
-    }
+  absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, options.attention, step);
+  if (!simulator.ok()) return simulator.status();
+  if (absl::Status s = tables->RecordProbes(*simulator, options.optimizer, resident); !s.ok()) {
+    return s;
   }
 
   if (parallel.dp > 1) {
@@ -201,9 +165,10 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     if (!end.ok()) return end.status();
     tables->optimizer = *end;
   } else {
-    // The optimizer's rise over the model's layers (one kind: checked above).
-    for (int64_t bytes : tables->optimizer_layer_bytes) {
-      tables->optimizer.rise += config.layers * bytes;
+    // The optimizer's rise over the model's layers, kind by kind.
+    for (int kind = 0; kind < tables->kinds; ++kind) {
+      tables->optimizer.rise += graphs->LayersOfKind(kind, 0, config.layers) *
+                                std::max<int64_t>(tables->optimizer_layer_bytes[kind], 0);
     }
   }
 
@@ -230,10 +195,8 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
 PlanResult Planner::Evaluate(const std::vector<int>& plan) const {
   const Tables& t = *tables_;
   PlanResult result;
-  for (int c : plan) {
-    result.layers.push_back(t.choices[c]);
-    result.recompute_flops += t.recompute[c];
-  }
+  for (int c : plan) result.layers.push_back(t.choices[c]);
+  result.recompute_flops = t.RecomputeOf(plan);
   result.peak_bytes = PeakOf(plan);
   result.step_flops = t.flops.total;
   result.overhead =
@@ -308,7 +271,9 @@ absl::StatusOr<std::vector<FrontierPoint>> Planner::Frontier(int points) const {
 }
 
 const std::vector<LayerChoice>& Planner::choices() const { return tables_->choices; }
-const std::vector<int64_t>& Planner::recompute_flops() const { return tables_->recompute; }
+int64_t Planner::recompute_flops(int64_t layer, int choice) const {
+  return tables_->recompute[tables_->kind_of[layer]][choice];
+}
 const StepFlops& Planner::step_flops() const { return tables_->flops; }
 const std::vector<int>& Planner::candidates() const { return tables_->candidates; }
 

@@ -110,7 +110,8 @@ class Planner {
   PlanResult Evaluate(const std::vector<int>& plan) const;
 
   const std::vector<LayerChoice>& choices() const;
-  const std::vector<int64_t>& recompute_flops() const;  // per choice, one layer
+  // recompute_flops: what `layer` recomputes under `choice` (its kind's).
+  int64_t recompute_flops(int64_t layer, int choice) const;
   const StepFlops& step_flops() const;
   // candidates: the choices the solver considers (the undominated ones), into choices().
   const std::vector<int>& candidates() const;

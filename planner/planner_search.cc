@@ -135,14 +135,16 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   if (resident > budget) return false;
   // A label at step i has placed layers 0..i-1 and committed to whether layer i is
   // checkpointed; its state is (layer i-1 checkpointed, layer i checkpointed, layer 0
-  // checkpointed, any of layers 0..i-1 checkpointed), which is all the stretches still
-  // to come depend on. Choosing layer i's choice (of the committed kind) and layer
-  // i+1's kind places layer i. Labels that reached the same state by different choices
-  // compete in one Pareto set.
-  auto state = [](bool previous, bool current, bool first_ckpt, bool below) {
-    return ((static_cast<size_t>(previous) * 2 + current) * 2 + first_ckpt) * 2 + below;
+  // checkpointed, any of layers 0..i-1 checkpointed, and the groups they hold), which is
+  // all the stretches still to come depend on. Choosing layer i's choice (of the
+  // committed kind) and layer i+1's kind places layer i. Labels that reached the same
+  // state by different choices compete in one Pareto set.
+  auto state = [&](bool previous, bool current, bool first_ckpt, bool below, uint32_t held) {
+    return ((((static_cast<size_t>(previous) * 2 + current) * 2 + first_ckpt) * 2 + below)
+            << groups) + held;
   };
-  constexpr size_t kStates = 16;
+  const uint32_t masks = 1u << groups;
+  const size_t kStates = size_t{16} << groups;
   std::vector<std::vector<Label>> arenas(layers + 1);
   std::vector<ParetoSet> sets(kStates);
   std::vector<ParetoSet> next_sets(kStates);
@@ -150,23 +152,21 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     if (candidates_by_checkpoint[current].empty()) continue;
     const Bracket& b = first[current];
     if (b.prologue.has_rise && resident + b.prologue.rise > budget) continue;
-    sets[state(false, current, first_matters && current, false)].Insert(arenas[0], Label(),
-                                                                        !local);
+    sets[state(false, current, first_matters && current, false, 0)].Insert(arenas[0], Label(),
+                                                                           !local);
   }
   // Place layer i into a label; false if a forward moment, a backward one known now
   // (`local`), or a lower bound of the moments still to come exceeds the budget.
-  // Under `local`, the later layers' D: the last one's, and the middle ones'.
+  // Under `local`, the later layers' D: later_d.
   // H, under `local`: the head's nets when no layer is checkpointed, and more where the
   // first layer's checkpoint holds what the decoder's return would free.
   auto head_net = [&](bool first_ckpt) {
     return head_net_none + (first_ckpt ? first_held_bytes : 0);
   };
-  auto later_d = [&](int64_t remaining) {
-    return remaining == 0 ? 0 : d_of[kLast] + (remaining - 1) * d_of[kMiddle];
-  };
-  // held: some layer <= i is checkpointed (layer i being placed).
-  auto place = [&](const Label& from, const LayerStretches& st, int64_t base,
-                   int64_t remaining, bool held, bool first_ckpt, Label* to) -> bool {
+  // held: the groups a checkpointed layer <= i holds (layer i being placed).
+  auto place = [&](const Label& from, const LayerStretches& st, int64_t base, int64_t i,
+                   uint32_t held, bool first_ckpt, Label* to) -> bool {
+    const int64_t remaining = layers - 1 - i;
     if (st.forward.has_rise && base + from.f + st.forward.rise > budget) return false;
     to->f = from.f + st.forward.net;
     to->s = from.s + st.forward.net + st.backward.net;
@@ -174,8 +174,8 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     if (local) {
       // F less the casts freed at the forward's end; the later layers' D likewise.
       if (st.backward.has_rise &&
-          base + head_net(first_ckpt) + (held ? held_bytes : 0) + to->f - to->g +
-                  later_d(remaining) +
+          base + head_net(first_ckpt) + HeldBytes(held) + to->f - to->g +
+                  later_d[i] +
                   st.backward.rise >
               budget) {
         return false;
@@ -189,25 +189,29 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   const bool bounded = !search.any && search.incumbent != std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < layers; ++i) {
     for (ParetoSet& set : next_sets) set.Clear();
-    const int position = PositionOf(i, layers);
+    const int kind = kind_of[i], slot = slot_of[i];
     const int64_t remaining = layers - 1 - i;
     for (int previous = 0; previous < 2; ++previous) {
       for (int current = 0; current < 2; ++current) {
         for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
-          for (int below = 0; below < 2; ++below) {
-            const ParetoSet& set = sets[state(previous, current, first_ckpt, below)];
+          for (size_t below_held = 0; below_held < 2 * size_t{masks}; ++below_held) {
+            const bool below = below_held / masks;
+            const uint32_t held = below_held % masks;
+            const ParetoSet& set = sets[state(previous, current, first_ckpt, below, held)];
             if (set.empty()) continue;
             const int64_t base = resident + first[first_ckpt].prologue.net;
-            const bool lowest = current && !below;
+            // Layer i is the lowest checkpointed layer of its groups no layer below holds.
+            const uint32_t own = current ? kind_groups[kind] : 0;
+            const uint32_t lowest = own & ~held;
             set.ForEach([&](int32_t index) {
               const Label& from = arenas[i][index];
               for (int c : candidates_by_checkpoint[current]) {
-                const int64_t cost = search.any ? 0 : from.cost + recompute[c];
+                const int64_t cost = search.any ? 0 : from.cost + recompute[kind][c];
                 for (int next = 0; next < (remaining > 0 ? 2 : 1); ++next) {
                   if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
                   Label to;
-                  if (!place(from, layer[Key(position, previous, c, next, lowest)], base,
-                             remaining, below || current, first_ckpt, &to)) {
+                  if (!place(from, At(kind, slot, previous, c, next, lowest), base, i,
+                             held | own, first_ckpt, &to)) {
                     continue;
                   }
                   to.cost = cost;
@@ -219,7 +223,8 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                           static_cast<double>(search.incumbent)) {
                     continue;
                   }
-                  ParetoSet& into = next_sets[state(current, next, first_ckpt, below || current)];
+                  ParetoSet& into =
+                      next_sets[state(current, next, first_ckpt, below || current, held | own)];
                   if (into.Dominated(to, !local)) continue;
                   to.parent = index;
                   to.choice = static_cast<int16_t>(c);
@@ -238,14 +243,17 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   int64_t best_cost = 0;
   for (int previous = 0; previous < 2; ++previous) {
     for (int first_ckpt = 0; first_ckpt < (first_matters ? 2 : 1); ++first_ckpt) {
-      for (int below = 0; below < 2; ++below) {
-        // `previous` is now the last layer's kind, `below` whether any layer is checkpointed.
-        const Bracket& head = Head(first_ckpt, previous, below);
+      for (size_t below_held = 0; below_held < 2 * size_t{masks}; ++below_held) {
+        // `previous` is now the last layer's kind, `below` whether any layer is
+        // checkpointed, `held` the groups they hold.
+        const bool below = below_held / masks;
+        const uint32_t held = below_held % masks;
+        const Bracket& head = Head(first_ckpt, previous, below, held);
         const Bracket& ends = first[first_ckpt];
         const int64_t base = resident + ends.prologue.net;
         // No layer checkpointed: the one plan that keeps the DynamicCache, replayed.
         if (!below && cached_none_peak > budget) continue;
-        sets[state(previous, false, first_ckpt, below)].ForEach([&](int32_t index) {
+        sets[state(previous, false, first_ckpt, below, held)].ForEach([&](int32_t index) {
           const Label& to = arenas[layers][index];
           const int64_t forward_end = base + to.f;
           if (head.head_forward.has_rise && forward_end + head.head_forward.rise > budget) {

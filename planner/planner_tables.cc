@@ -3,6 +3,7 @@
 #include "planner/planner_tables.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -20,23 +21,31 @@
 
 namespace memledger {
 
-absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepStretches& s) {
+absl::Status Planner::Tables::Record(const std::vector<int>& probe,
+                                     const std::vector<int>& probe_kinds,
+                                     const StepStretches& s) {
   auto differ = [&](const std::string& what) {
     std::vector<std::string> names;
-    for (int c : probe) names.push_back(choices[c].Name());
+    for (size_t i = 0; i < probe.size(); ++i) {
+      names.push_back(absl::StrCat(choices[probe[i]].Name(), kinds > 1 ? "@" : "",
+                                   kinds > 1 ? absl::StrCat(probe_kinds[i]) : ""));
+    }
     return absl::InternalError(absl::StrCat(
         "checkpoint planner: the stretches of ", what,
         " depend on more than the neighbours' checkpointing (probe ", absl::StrJoin(names, " "),
         ")"));
   };
   const int64_t layers = static_cast<int64_t>(probe.size());
-  const int64_t lowest = LowestOf(probe);
+  const Placement placement = PlacementOf(probe, probe_kinds);
   int64_t probe_freed = 0;
+  std::vector<int64_t> of_kind(kinds, 0);  // the probe's layers by kind
   for (int64_t i = 0; i < layers; ++i) {
+    const int kind = probe_kinds[i];
     const bool previous = i > 0 && Checkpointed(probe[i - 1]);
     const bool next = i + 1 < layers && Checkpointed(probe[i + 1]);
-    LayerStretches& entry =
-        layer[Key(PositionOf(i, layers), previous, probe[i], next, i == lowest)];
+    LayerStretches& entry = layer[Key(kind, SlotOf(PositionOf(i, layers), of_kind[kind] == 0),
+                                      previous, probe[i], next, LowestMask(placement, i))];
+    ++of_kind[kind];
     const int64_t freed = i < static_cast<int64_t>(s.forward_freed.size()) ? s.forward_freed[i] : 0;
     if (entry.seen && (!SameStretch(entry.forward, s.forward[i]) ||
                        !SameStretch(entry.backward, s.backward[i]) || entry.freed != freed)) {
@@ -52,7 +61,27 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   f.seen = true;
   f.prologue = s.prologue;
   f.tail = s.tail;
-  Bracket& l = last[Checkpointed(probe.front())][Checkpointed(probe.back())][lowest >= 0];
+  // One layer's share of the optimizer's step, by kind (master weights' fp32 copies,
+  // foreach's list).
+  if (optimizer_layer_bytes.empty()) optimizer_layer_bytes.assign(kinds, -1);
+  for (int kind = 0; kind < kinds; ++kind) {
+    if (of_kind[kind] == 0) continue;
+    const int64_t bytes =
+        kind < static_cast<int>(s.optimizer_layer_bytes.size()) ? s.optimizer_layer_bytes[kind] : 0;
+    if (optimizer_layer_bytes[kind] >= 0 && optimizer_layer_bytes[kind] != bytes) {
+      return differ("the optimizer");
+    }
+    optimizer_layer_bytes[kind] = bytes;
+  }
+  // A probe without some kind of layer frees that kind's model-level tensors (Gemma 3's
+  // RoPE tables per span) as the decoder returns, in the head, and its optimizer steps
+  // without that kind's parameters: only probes with every kind tell the head and the
+  // optimizer.
+  bool every_kind = true;
+  for (int kind : kind_of) every_kind = every_kind && of_kind[kind] > 0;
+  if (!every_kind) return absl::OkStatus();
+  Bracket& l = last[HeadIndex(Checkpointed(probe.front()), Checkpointed(probe.back()),
+                              placement.any, placement.held)];
   // The head's forward without the probe's casts freed at its end.
   StepStretch head_forward = s.head_forward;
   head_forward.net += probe_freed;
@@ -63,41 +92,44 @@ absl::Status Planner::Tables::Record(const std::vector<int>& probe, const StepSt
   l.seen = true;
   l.head_forward = head_forward;
   l.head_backward = s.head_backward;
-  // The optimizer's rise without the probe's layers' share (master weights' fp32
-  // copies, foreach's list: optimizer_layer_bytes each); Create adds the model's.
+  // The optimizer's rise without the probe's layers' share; Create adds the model's.
   StepStretch step = s.optimizer;
-  for (int64_t bytes : s.optimizer_layer_bytes) step.rise -= layers * bytes;
-  if (optimizer_seen && (!SameStretch(optimizer, step) ||
-                         optimizer_layer_bytes != s.optimizer_layer_bytes)) {
-    return differ("the optimizer");
-  }
+  for (int kind = 0; kind < kinds; ++kind) step.rise -= of_kind[kind] * optimizer_layer_bytes[kind];
+  if (optimizer_seen && !SameStretch(optimizer, step)) return differ("the optimizer");
   optimizer_seen = true;
   optimizer = step;
-  optimizer_layer_bytes = s.optimizer_layer_bytes;
   return absl::OkStatus();
 }
 
-// DeriveBounds sets `local`, `first_matters`, D by position and the pruning bounds from
+// DeriveBounds sets `local`, `first_matters`, D by layer and the pruning bounds from
 // the recorded stretches.
 void Planner::Tables::DeriveBounds() {
   Tables& t = *this;
   const int n = static_cast<int>(choices.size());
+  const uint32_t masks = 1u << groups;
   bool any = false;
-  int64_t d[kPositions] = {};
-  bool d_seen[kPositions] = {};
+  // D by kind and slot over the stretches of layers that are not the lowest checkpointed
+  // one of any group; the lowest one's D must then be its groups' held bytes less, and at
+  // the first position (where the lowest is the first layer) first_held_bytes less again.
+  const size_t places = static_cast<size_t>(kinds) * kSlots;
+  std::vector<int64_t> d(places, 0);
+  std::vector<bool> d_seen(places, false);
   bool d_varies = false;
-  // D by position over the stretches of layers that are not the lowest checkpointed
-  // one; the lowest one's D must then be held_bytes less, one constant, and at the first
-  // position (where the lowest is the first layer) first_held_bytes less again.
-  int64_t gap[kPositions] = {};
-  bool gap_seen[kPositions] = {};
-  for (int lowest = 0; lowest < 2; ++lowest) {
-    for (int position = 0; position < kPositions; ++position) {
+  struct Gap {
+    size_t place;
+    uint32_t lowest;
+    int64_t bytes;
+  };
+  std::vector<Gap> gaps;
+  for (uint32_t lowest = 0; lowest < masks; ++lowest) {
+    for (size_t place = 0; place < places; ++place) {
+      const int kind = static_cast<int>(place / kSlots), slot = static_cast<int>(place % kSlots);
+      if ((lowest & ~kind_groups[kind]) != 0) continue;
       for (int previous = 0; previous < 2; ++previous) {
         for (int c = 0; c < n; ++c) {
           if (lowest && !t.Checkpointed(c)) continue;
           for (int next = 0; next < 2; ++next) {
-            const Tables::LayerStretches& st = t.layer[t.Key(position, previous, c, next, lowest)];
+            const Tables::LayerStretches& st = t.At(kind, slot, previous, c, next, lowest);
             if (!st.seen) continue;
             t.min_forward_net =
                 any ? std::min(t.min_forward_net, st.forward.net) : st.forward.net;
@@ -106,50 +138,83 @@ void Planner::Tables::DeriveBounds() {
             // forward's end.
             const int64_t dd = st.forward.net + st.backward.net - st.freed;
             if (lowest) {
-              if (!d_seen[position] || (gap_seen[position] && gap[position] != d[position] - dd)) {
-                d_varies = true;
-              }
-              gap[position] = d[position] - dd;
-              gap_seen[position] = true;
+              if (!d_seen[place]) d_varies = true;
+              gaps.push_back({place, lowest, d[place] - dd});
               continue;
             }
-            if (d_seen[position] && d[position] != dd) d_varies = true;
-            d[position] = dd;
-            d_seen[position] = true;
+            if (d_seen[place] && d[place] != dd) d_varies = true;
+            d[place] = dd;
+            d_seen[place] = true;
           }
         }
       }
     }
   }
-  // held_bytes from the layers after the first; the first's gap is first_held_bytes more
-  // (all of it held_bytes when only a first layer was probed checkpointed).
-  std::optional<int64_t> held, first_gap;
-  for (int position = 0; position < kPositions; ++position) {
-    if (!gap_seen[position]) continue;
-    std::optional<int64_t>& known =
-        position == kFirst || position == kOnly ? first_gap : held;
-    if (known.has_value() && *known != gap[position]) d_varies = true;
-    known = gap[position];
+  // A group's bytes from a layer after the first that is the lowest of it alone; the
+  // first's gap is first_held_bytes more (all of it the group's when the model has one
+  // group and only a first layer was probed checkpointed).
+  auto first_position = [](size_t place) {
+    const Position position = PositionOfSlot(static_cast<int>(place % kSlots));
+    return position == kFirst || position == kOnly;
+  };
+  t.held_bytes.assign(groups, 0);
+  std::vector<bool> held_known(groups, false);
+  for (const Gap& gap : gaps) {
+    if (first_position(gap.place) || std::popcount(gap.lowest) != 1) continue;
+    const int g = std::countr_zero(gap.lowest);
+    if (held_known[g] && t.held_bytes[g] != gap.bytes) d_varies = true;
+    t.held_bytes[g] = gap.bytes;
+    held_known[g] = true;
   }
-  t.held_bytes = held.value_or(first_gap.value_or(0));
-  t.first_held_bytes = first_gap.has_value() ? *first_gap - t.held_bytes : 0;
-  bool head_varies = !t.last[0][0][0].seen;
-  t.head_net_none = t.last[0][0][0].head_forward.net + t.last[0][0][0].head_backward.net;
+  std::optional<int64_t> first_gap;
+  for (const Gap& gap : gaps) {
+    if (!first_position(gap.place)) continue;
+    if (groups == 1 && !held_known[0]) {
+      t.held_bytes[0] = gap.bytes;
+      held_known[0] = true;
+    }
+    for (int g = 0; g < groups; ++g) d_varies = d_varies || ((gap.lowest >> g & 1) && !held_known[g]);
+    const int64_t extra = gap.bytes - t.HeldBytes(gap.lowest);
+    if (first_gap.has_value() && *first_gap != extra) d_varies = true;
+    first_gap = extra;
+  }
+  t.first_held_bytes = first_gap.value_or(0);
+  for (const Gap& gap : gaps) {
+    for (int g = 0; g < groups; ++g) d_varies = d_varies || ((gap.lowest >> g & 1) && !held_known[g]);
+    if (!d_varies && gap.bytes != t.HeldBytes(gap.lowest) +
+                                      (first_position(gap.place) ? t.first_held_bytes : 0)) {
+      d_varies = true;
+    }
+  }
+  // The model's layers' D, summed from the last.
+  const int64_t layers = static_cast<int64_t>(t.kind_of.size());
+  t.later_d.assign(layers, 0);
+  for (int64_t i = layers - 2; i >= 0; --i) {
+    const size_t place = static_cast<size_t>(t.kind_of[i + 1]) * kSlots + t.slot_of[i + 1];
+    if (!d_seen[place]) d_varies = true;
+    t.later_d[i] = t.later_d[i + 1] + d[place];
+  }
+  const Bracket& plain = t.last[t.HeadIndex(0, 0, 0, 0)];
+  bool head_varies = !plain.seen;
+  t.head_net_none = plain.head_forward.net + plain.head_backward.net;
   bool heads_differ_by_first = false;
   for (int first_ckpt = 0; first_ckpt < 2; ++first_ckpt) {
     for (int last_ckpt = 0; last_ckpt < 2; ++last_ckpt) {
       for (int any_ckpt = 0; any_ckpt < 2; ++any_ckpt) {
-        const Tables::Bracket& b = t.last[first_ckpt][last_ckpt][any_ckpt];
-        if (b.seen && b.head_forward.net + b.head_backward.net !=
-                          t.head_net_none + (any_ckpt ? t.held_bytes : 0) +
-                              (first_ckpt ? t.first_held_bytes : 0)) {
-          head_varies = true;
-        }
-        const Tables::Bracket& other = t.last[1 - first_ckpt][last_ckpt][any_ckpt];
-        if (b.seen && other.seen &&
-            (!SameStretch(b.head_forward, other.head_forward) ||
-             !SameStretch(b.head_backward, other.head_backward))) {
-          heads_differ_by_first = true;
+        for (uint32_t held = 0; held < masks; ++held) {
+          const Tables::Bracket& b = t.last[t.HeadIndex(first_ckpt, last_ckpt, any_ckpt, held)];
+          if (b.seen && b.head_forward.net + b.head_backward.net !=
+                            t.head_net_none + t.HeldBytes(held) +
+                                (first_ckpt ? t.first_held_bytes : 0)) {
+            head_varies = true;
+          }
+          const Tables::Bracket& other =
+              t.last[t.HeadIndex(1 - first_ckpt, last_ckpt, any_ckpt, held)];
+          if (b.seen && other.seen &&
+              (!SameStretch(b.head_forward, other.head_forward) ||
+               !SameStretch(b.head_backward, other.head_backward))) {
+            heads_differ_by_first = true;
+          }
         }
       }
     }
@@ -160,25 +225,20 @@ void Planner::Tables::DeriveBounds() {
                     !(t.first[0].seen && t.first[1].seen &&
                       SameStretch(t.first[0].prologue, t.first[1].prologue) &&
                       SameStretch(t.first[0].tail, t.first[1].tail));
-  for (int position = 0; position < kPositions; ++position) t.d_of[position] = d[position];
   // Every plan's forward ends, then its head's forward runs: the smaller of the two
   // heads' rises (or 0 when a head has none) is a moment still to come.
   // So is the head's backward (its loss gradient, often the peak), at the head's
   // forward net above the forward's end.
   int64_t end = std::numeric_limits<int64_t>::max();
-  for (const auto& by_last : t.last) {
-    for (const auto& by_any : by_last) {
-      for (const Tables::Bracket& b : by_any) {
-        if (!b.seen) continue;
-        const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
-        // After the forward's end a plan's casts are freed (G, unknown here): only the
-        // head's forward rise is then a moment every plan reaches above its F.
-        const int64_t backward_moment =
-            t.casts ? forward_moment
-                    : b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
-        end = std::min(end, std::max(forward_moment, backward_moment));
-      }
-    }
+  for (const Tables::Bracket& b : t.last) {
+    if (!b.seen) continue;
+    const int64_t forward_moment = std::max<int64_t>(RiseOf(b.head_forward), 0);
+    // After the forward's end a plan's casts are freed (G, unknown here): only the
+    // head's forward rise is then a moment every plan reaches above its F.
+    const int64_t backward_moment =
+        t.casts ? forward_moment
+                : b.head_forward.net + std::max<int64_t>(RiseOf(b.head_backward), 0);
+    end = std::min(end, std::max(forward_moment, backward_moment));
   }
   t.min_end_rise = end == std::numeric_limits<int64_t>::max() ? 0 : end;
   // Under `local`, the last layer's backward comes after the head's nets: a second
@@ -186,23 +246,27 @@ void Planner::Tables::DeriveBounds() {
   // the bound cannot know).
   if (t.local && !t.casts) {
     int64_t least_rise = std::numeric_limits<int64_t>::max();
-    for (int position : {kLast, kOnly}) {
-      for (int previous = 0; previous < 2; ++previous) {
-        for (int c = 0; c < n; ++c) {
-          for (int lowest = 0; lowest < 2; ++lowest) {
-            const Tables::LayerStretches& st =
-                t.layer[t.Key(position, previous, c, false, lowest)];
-            if (st.seen) {
-              least_rise = std::min(least_rise, st.backward.has_rise ? st.backward.rise : 0);
+    for (int kind = 0; kind < kinds; ++kind) {
+      for (int slot = 0; slot < kSlots; ++slot) {
+        if (PositionOfSlot(slot) != kLast && PositionOfSlot(slot) != kOnly) continue;
+        for (int previous = 0; previous < 2; ++previous) {
+          for (int c = 0; c < n; ++c) {
+            for (uint32_t lowest = 0; lowest < masks; ++lowest) {
+              const Tables::LayerStretches& st = t.At(kind, slot, previous, c, false, lowest);
+              if (st.seen) {
+                least_rise = std::min(least_rise, st.backward.has_rise ? st.backward.rise : 0);
+              }
             }
           }
         }
       }
     }
     if (least_rise != std::numeric_limits<int64_t>::max()) {
-      t.min_end_rise = std::max(
-          t.min_end_rise, t.head_net_none + std::min<int64_t>(t.held_bytes, 0) +
-                                 std::min<int64_t>(t.first_held_bytes, 0) + least_rise);
+      int64_t least_held = 0;
+      for (int64_t bytes : t.held_bytes) least_held += std::min<int64_t>(bytes, 0);
+      t.min_end_rise =
+          std::max(t.min_end_rise, t.head_net_none + least_held +
+                                       std::min<int64_t>(t.first_held_bytes, 0) + least_rise);
     }
   }
 }
@@ -214,26 +278,37 @@ void Planner::Tables::DeriveBounds() {
 void Planner::Tables::ChooseCandidates(const std::vector<int>& allowed) {
   Tables& t = *this;
   auto no_larger = [&](int a, int b) {  // a's stretches <= b's in every context
-    for (int position = 0; position < kPositions; ++position) {
-      for (int previous = 0; previous < 2; ++previous) {
-        for (int key = 0; key < 4; ++key) {
-          const int next = key / 2, lowest = key % 2;
-          const Tables::LayerStretches& x = t.layer[t.Key(position, previous, a, next, lowest)];
-          const Tables::LayerStretches& y = t.layer[t.Key(position, previous, b, next, lowest)];
-          if (x.seen != y.seen) return false;
-          if (!x.seen) continue;
-          if (x.freed != y.freed) return false;  // what later moments gain differs
-          if (x.forward.net > y.forward.net || RiseOf(x.forward) > RiseOf(y.forward) ||
-              x.forward.net + x.backward.net > y.forward.net + y.backward.net) {
-            return false;
-          }
-          if (x.backward.has_rise && (!y.backward.has_rise ||
-                                      x.forward.net + x.backward.rise >
-                                          y.forward.net + y.backward.rise)) {
-            return false;
+    for (int kind = 0; kind < kinds; ++kind) {
+      for (int slot = 0; slot < kSlots; ++slot) {
+        for (int previous = 0; previous < 2; ++previous) {
+          for (uint32_t key = 0; key < 2u << groups; ++key) {
+            const bool next = key >> groups;
+            const uint32_t lowest = key & ((1u << groups) - 1);
+            const Tables::LayerStretches& x = t.At(kind, slot, previous, a, next, lowest);
+            const Tables::LayerStretches& y = t.At(kind, slot, previous, b, next, lowest);
+            if (x.seen != y.seen) return false;
+            if (!x.seen) continue;
+            if (x.freed != y.freed) return false;  // what later moments gain differs
+            if (x.forward.net > y.forward.net || RiseOf(x.forward) > RiseOf(y.forward) ||
+                x.forward.net + x.backward.net > y.forward.net + y.backward.net) {
+              return false;
+            }
+            if (x.backward.has_rise && (!y.backward.has_rise ||
+                                        x.forward.net + x.backward.rise >
+                                            y.forward.net + y.backward.rise)) {
+              return false;
+            }
           }
         }
       }
+    }
+    return true;
+  };
+  // a recomputes no more than b in every kind of layer (the same: equal in every one).
+  auto cheaper = [&](int a, int b, bool same) {
+    for (int kind = 0; kind < kinds; ++kind) {
+      if (t.recompute[kind][a] > t.recompute[kind][b]) return false;
+      if (same && t.recompute[kind][a] != t.recompute[kind][b]) return false;
     }
     return true;
   };
@@ -241,26 +316,34 @@ void Planner::Tables::ChooseCandidates(const std::vector<int>& allowed) {
     bool dominated = false;
     for (int other : allowed) {
       if (other == c || t.Checkpointed(other) != t.Checkpointed(c)) continue;
-      if (t.recompute[other] > t.recompute[c] || !no_larger(other, c)) continue;
-      const bool tie = t.recompute[other] == t.recompute[c] && no_larger(c, other);
+      if (!cheaper(other, c, false) || !no_larger(other, c)) continue;
+      const bool tie = cheaper(other, c, true) && no_larger(c, other);
       if (!tie || other < c) dominated = true;
     }
     if (!dominated) t.candidates.push_back(c);
   }
 }
 
-// BuildHull groups the candidates by kind and makes the LP bound's hull.
+// BuildHull groups the candidates by kind and makes the LP bound's hull, of each
+// choice's least forward net and least recompute over the kinds of layer (each layer
+// lies on or above it).
 void Planner::Tables::BuildHull() {
   Tables& t = *this;
   const int n = static_cast<int>(choices.size());
   t.least_forward_net.assign(n, std::numeric_limits<int64_t>::max());
-  for (int position = 0; position < kPositions; ++position) {
-    for (int previous = 0; previous < 2; ++previous) {
-      for (int c = 0; c < n; ++c) {
-        for (int key = 0; key < 4; ++key) {
-          const Tables::LayerStretches& st =
-              t.layer[t.Key(position, previous, c, key / 2, key % 2)];
-          if (st.seen) t.least_forward_net[c] = std::min(t.least_forward_net[c], st.forward.net);
+  t.least_recompute.assign(n, std::numeric_limits<int64_t>::max());
+  for (int c = 0; c < n; ++c) {
+    for (int kind = 0; kind < kinds; ++kind) {
+      t.least_recompute[c] = std::min(t.least_recompute[c], t.recompute[kind][c]);
+      for (int slot = 0; slot < kSlots; ++slot) {
+        for (int previous = 0; previous < 2; ++previous) {
+          for (uint32_t key = 0; key < 2u << groups; ++key) {
+            const Tables::LayerStretches& st =
+                t.At(kind, slot, previous, c, key >> groups, key & ((1u << groups) - 1));
+            if (st.seen) {
+              t.least_forward_net[c] = std::min(t.least_forward_net[c], st.forward.net);
+            }
+          }
         }
       }
     }
@@ -268,7 +351,7 @@ void Planner::Tables::BuildHull() {
   std::vector<std::pair<double, double>> points;
   for (int c : t.candidates) {
     points.emplace_back(static_cast<double>(t.least_forward_net[c]),
-                        static_cast<double>(t.recompute[c]));
+                        static_cast<double>(t.least_recompute[c]));
     t.candidates_by_checkpoint[t.Checkpointed(c)].push_back(c);
   }
   std::sort(points.begin(), points.end());
@@ -297,26 +380,26 @@ void Planner::Tables::BuildHull() {
 int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
   const Tables& t = *this;
   const int64_t layers = static_cast<int64_t>(plan.size());
-  if (t.cached_none_peak >= 0 && t.LowestOf(plan) < 0) return t.cached_none_peak;
+  const Placement placement = t.PlacementOf(plan, t.kind_of);
+  if (t.cached_none_peak >= 0 && !placement.any) return t.cached_none_peak;
   int64_t total = t.resident;
   int64_t peak = total;
   auto visit = [&](const StepStretch& s) {
     if (s.has_rise) peak = std::max(peak, total + s.rise);
     total += s.net;
   };
-  const int64_t lowest = t.LowestOf(plan);
   const Tables::Bracket& ends = t.first[t.Checkpointed(plan.front())];
-  const Tables::Bracket& head =
-      t.Head(t.Checkpointed(plan.front()), t.Checkpointed(plan.back()), lowest >= 0);
+  const Tables::Bracket& head = t.Head(t.Checkpointed(plan.front()), t.Checkpointed(plan.back()),
+                                       placement.any, placement.held);
   visit(ends.prologue);
   StepStretch head_forward = head.head_forward;  // less the plan's casts, freed at its end
   for (int64_t i = 0; i < layers; ++i) {
-    visit(t.Layer(i, plan, lowest).forward);
-    head_forward.net -= t.Layer(i, plan, lowest).freed;
+    visit(t.Layer(i, plan, placement).forward);
+    head_forward.net -= t.Layer(i, plan, placement).freed;
   }
   visit(head_forward);
   visit(head.head_backward);
-  for (int64_t i = layers - 1; i >= 0; --i) visit(t.Layer(i, plan, lowest).backward);
+  for (int64_t i = layers - 1; i >= 0; --i) visit(t.Layer(i, plan, placement).backward);
   visit(ends.tail);
   visit(t.optimizer);
   return peak;
@@ -351,8 +434,7 @@ bool Planner::Tables::Incumbent(int64_t budget, std::vector<int>* plan, int64_t*
     for (int64_t i = 0; i < layers; ++i) trial[i] = i < k ? b : a;
     if (none_last) trial[layers - 1] = none;
     if (PeakOf(trial) > budget) return false;
-    int64_t sum = 0;
-    for (int c : trial) sum += recompute[c];
+    const int64_t sum = RecomputeOf(trial);
     if (!found || sum < *cost) {
       found = true;
       *cost = sum;
@@ -378,11 +460,12 @@ bool Planner::Tables::Incumbent(int64_t budget, std::vector<int>* plan, int64_t*
     bool improved = false;
     for (int64_t i = 0; i < layers; ++i) {
       const int current = (*plan)[i];
+      const std::vector<int64_t>& costs = recompute[kind_of[i]];
       for (int c : candidates) {
-        if (recompute[c] >= recompute[(*plan)[i]]) continue;
+        if (costs[c] >= costs[(*plan)[i]]) continue;
         (*plan)[i] = c;
         if (PeakOf(*plan) <= budget) {
-          *cost += recompute[c] - recompute[current];
+          *cost += costs[c] - costs[current];
           improved = true;
           break;
         }

@@ -262,13 +262,118 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
                           (5 + 25 + 125) + 11 * 40);
 }
 
+// Models whose layers differ: their kinds and each kind's first layer are the planner's
+// contexts too (planner_probes.cc).
+// Gemma 3 with `pattern` (its layer_types' period) and a window of 8 under seq 16: the
+// sliding-window layers attend through the mask the decoder makes (math attention
+// with a window of 32: no mask, which it does not model), and each span has its own
+// RoPE tables, which the first layer of the span frees.
+ModelConfig Gemma(int64_t layers, std::vector<LayerAttention> pattern, int64_t window = 8) {
+  ModelConfig config = Preset("tiny-gemma3", layers);
+  config.sliding_window = window;
+  config.layer_attention = std::move(pattern);
+  return config;
+}
+// Qwen3-MoE with a dense first layer (mlp_only_layers [0]), under either experts
+// implementation; `routed`: eager experts with a given routing, a row per sparse layer
+// (each summing to B T k = 2 x 16 x 2 = 64 over 4 experts, at most B T = 32 each), so that every sparse layer
+// is its own kind.
+ModelConfig DenseFirstMoe(int64_t layers, ExpertsImpl impl, bool routed = false) {
+  ModelConfig config = Preset("tiny-qwen3-moe", layers);
+  config.moe.impl = impl;
+  config.moe.sparse_layers.assign(layers, true);
+  config.moe.sparse_layers[0] = false;
+  if (routed) {
+    const std::vector<std::vector<int64_t>> rows = {
+        {16, 16, 16, 16}, {32, 16, 8, 8}, {0, 0, 32, 32}, {32, 32, 0, 0}};
+    config.moe.routing = RoutingSource::kGiven;
+    for (int64_t i = 1; i < layers; ++i) config.moe.routing_rows.push_back(rows[(i - 1) % 4]);
+  }
+  return config;
+}
+
+std::vector<Case> DifferingCases(int64_t layers) {
+  const LayerAttention kS = LayerAttention::kSliding, kF = LayerAttention::kFull;
+  std::vector<Case> cases = {
+      {"gemma3 [S F]", Gemma(layers, {kS, kF}), AttentionMode::kFlash, false, {}},
+      {"gemma3 [F S S], math", Gemma(layers, {kF, kS, kS}, 32), AttentionMode::kMath, false, {}},
+      {"gemma3 [S S F], general labels", Gemma(layers, {kS, kS, kF}), AttentionMode::kFlash,
+       true, {}},
+      {"gemma3 [S F] bf16 autocast", Autocast(Gemma(layers, {kS, kF})), AttentionMode::kFlash,
+       false, {}},
+  };
+  if (layers >= 2) {  // a dense first layer and sparse ones
+    cases.push_back({"qwen3-moe dense first, grouped_mm",
+                     DenseFirstMoe(layers, ExpertsImpl::kGroupedMm), AttentionMode::kFlash,
+                     false, {}});
+    cases.push_back({"qwen3-moe dense first, eager routed",
+                     DenseFirstMoe(layers, ExpertsImpl::kEager, true), AttentionMode::kFlash,
+                     false, {}});
+    cases.push_back({"qwen3-moe dense first, eager routed, bf16 master weights",
+                     Bf16(DenseFirstMoe(layers, ExpertsImpl::kEager, true)),
+                     AttentionMode::kFlash, false, MasterWeights()});
+  }
+  return cases;
+}
+
+// The planner composes a plan's peak for layers that differ: its kinds differ from the
+// probes' order, and the first layer of each kind frees what only that kind keeps.
+// Every plan of 1 to 3 layers (none, full and two policies each), and random 9-layer
+// plans over every choice.
+TEST(PlannerTest, LayersThatDifferComposeToTheReplayedPlan) {
+  std::mt19937 random(13);
+  int compared = 0;
+  for (int64_t layers : {1, 2, 3, 9}) {
+    for (const Case& c : DifferingCases(layers)) {
+      SCOPED_TRACE(c.name);
+      PlannerOptions options;
+      options.attention = c.attention;
+      options.optimizer = c.optimizer;
+      options.general = c.general;
+      if (layers <= 3) {
+        options.choices = {LayerChoice{false, {}}, LayerChoice{true, {}},
+                           LayerChoice{true, SavePolicy{OpKind::kMatmul}},
+                           LayerChoice{true, SavePolicy{OpKind::kMatmul, OpKind::kGelu}}};
+        if (c.config.family != Family::kGemma3) {
+          options.choices.back() = LayerChoice{true, SavePolicy{OpKind::kSilu}};
+        }
+      }
+      ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
+      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention, c.optimizer));
+      const int n = static_cast<int>(planner.choices().size());
+      std::vector<std::vector<int>> plans;
+      if (layers <= 3) {
+        ASSERT_EQ(n, 4) << c.name;
+        plans = AllPlans(layers, n);
+      } else {
+        for (int k = 0; k < 40; ++k) {
+          std::vector<int> plan(layers);
+          for (int& choice : plan) choice = static_cast<int>(random() % n);
+          plans.push_back(plan);
+        }
+      }
+      for (const std::vector<int>& plan : plans) {
+        ASSERT_EQ(planner.PeakOf(plan), replay.Peak(planner, plan))
+            << c.name << " plan " << absl::StrJoin(plan, " ");
+        ++compared;
+      }
+    }
+  }
+  // 1 layer: the 4 gemma cases, 4 plans each; 2 and 3 layers: the 7 cases, 4^2 and 4^3;
+  // 9 layers: the 7 cases, 40 random plans each.
+  EXPECT_EQ(compared, 4 * 4 + 7 * (16 + 64) + 7 * 40);
+}
+
 // The solver against every plan: at budgets between the smallest and the largest peak
 // (each a plan's replayed peak, where the answer changes), the least recompute among the
-// plans that fit.
+// plans that fit; for layers alike and layers that differ.
 TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
   int budgets = 0;
   for (int64_t layers : {3, 4}) {
-    for (const Case& c : Cases(layers)) {
+    std::vector<Case> cases = Cases(layers);
+    for (Case& c : DifferingCases(layers)) cases.push_back(std::move(c));
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
       PlannerOptions options;
       options.attention = c.attention;
       options.general = c.general;
@@ -292,7 +397,7 @@ TEST(PlannerTest, OptimalAgainstExhaustiveSearch) {
       std::vector<Scored> scored;
       for (const std::vector<int>& plan : AllPlans(layers, n)) {
         int64_t cost = 0;
-        for (int choice : plan) cost += planner.recompute_flops()[choice];
+        for (size_t i = 0; i < plan.size(); ++i) cost += planner.recompute_flops(i, plan[i]);
         scored.push_back({replay.Peak(planner, plan), cost});
       }
       std::vector<int64_t> peaks;

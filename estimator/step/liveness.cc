@@ -504,11 +504,62 @@ absl::StatusOr<SegmentSummary> StepSimulator::RankEnd(const ModelPlans& plans,
   return reduction.segments().optimizer;
 }
 
+std::vector<LayerGlobals> StepSimulator::LayerGlobalsOf() const {
+  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  std::vector<LayerGlobals> out;
+  for (const std::unique_ptr<SegmentPlan>& plan : plans.rest) {
+    LayerGlobals globals;
+    for (const WalkedStorage& storage : plan->walk.storage_list) {
+      if (!storage.is_global) continue;
+      const ModelTensor id = plan->graph->tensors[storage.owner].global;
+      const bool kept = std::any_of(storage.kept_by.begin(), storage.kept_by.end(),
+                                    [](int keeper) { return keeper >= 0; });
+      (kept ? globals.kept : globals.held_when_checkpointed).push_back(id);
+    }
+    out.push_back(std::move(globals));
+  }
+  return out;
+}
+
+absl::Status StepSimulator::ValidateProbe(const Variant& variant,
+                                          const OptimizerSpec& optimizer) const {
+  const std::vector<int>& kinds = options_.layer_kinds;
+  if (kinds.empty()) return ValidateRun(config_, attention_, {variant}, optimizer);
+  if (absl::Status s = ValidateRun(config_, attention_, {Variant()}, optimizer); !s.ok()) {
+    return s;
+  }
+  const size_t count = ModelGraphsFor(config_, attention_)->layer_kinds.size();
+  for (int kind : kinds) {
+    if (kind < 0 || static_cast<size_t>(kind) >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("step probe: the model has no layer kind ", kind));
+    }
+  }
+  if (variant.kind != VariantKind::kPlan || variant.layers.size() != kinds.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step probe: a probe of ", kinds.size(), " layers takes a plan of as many choices"));
+  }
+  for (const LayerChoice& choice : variant.layers) {
+    if (!choice.checkpointed) continue;
+    if (absl::Status s = ValidatePolicy(choice.policy, attention_, config_); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
                                                        const OptimizerSpec& optimizer,
                                                        const ResidentBytes& resident) const {
-  if (absl::Status s = ValidateRun(config_, attention_, {variant}, optimizer); !s.ok()) {
-    return s;
+  if (absl::Status s = ValidateProbe(variant, optimizer); !s.ok()) return s;
+  // A probe (Probe) runs its own layers, of the model's kinds.
+  ModelConfig config = config_;
+  if (!options_.layer_kinds.empty()) {
+    config.layers = static_cast<int64_t>(options_.layer_kinds.size());
+    // Whether the prologue makes the sliding-window mask is the model's: every attention
+    // span its layers have, within the probe's length (at least the 2 kinds there are).
+    std::vector<LayerAttention> spans;
+    for (LayerAttention span : config_.LayerAttentionPeriod()) {
+      if (std::find(spans.begin(), spans.end(), span) == spans.end()) spans.push_back(span);
+    }
+    config.layer_attention = spans;
   }
   if (config_.checkpoint_impl == CheckpointImpl::kReentrant && variant.kind != VariantKind::kNone) {
     // Its checkpoints hold their call arguments (shared by every layer) to the step's
@@ -524,7 +575,7 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
   StepOptions options = options_;
   options.record_events = false;
   options.cuda_blocks = CudaBlocks::kRequests;  // stretches of allocator blocks would not add
-  Simulation simulation(config_, variant, optimizer, options, &timeline);
+  Simulation simulation(config, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
   const auto stretch = StretchOf;
   const Simulation::Segments& segments = simulation.segments();

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "estimator/graph/block_graph.h"
 #include "estimator/spec/config.h"
 #include "estimator/request/parallel_spec.h"
 #include "estimator/graph/rules.h"
@@ -196,6 +197,10 @@ struct StepOptions {
   // more, from before the conversion to just after the op. memledger's LibTorch runtime
   // has no dispatch mode (verify predicts it with false).
   bool python_dispatch_mode = true;
+  // layer_kinds: a planner's probe, a short model whose layer i is of kind
+  // layer_kinds[i] (into ModelGraphs::layer_kinds) whatever the model's pattern says
+  // (StepSimulator::Probe); empty: the model's own layers.
+  std::vector<int> layer_kinds;
 };
 
 // ResidentBytes are what exists before the step besides the model input (Predict's
@@ -249,6 +254,14 @@ struct StepStretches {
 // so that many variants cost one walk. Thread-safe once created. A config with use_cache
 // (transformers' DynamicCache) simulates only the variants that checkpoint no layer:
 // transformers runs the others without the cache, on the config with use_cache off.
+// LayerGlobals are the model-level tensors (position ids, RoPE tables, masks) one kind of
+// layer reads: those its backward nodes keep when it runs plain, and those only a
+// checkpoint's frame holds, to the layer's backward (its call arguments).
+struct LayerGlobals {
+  std::vector<ModelTensor> kept;
+  std::vector<ModelTensor> held_when_checkpointed;
+};
+
 class StepSimulator {
  public:
   // Create returns InvalidArgument for a bad config or options and Unimplemented for a
@@ -270,6 +283,17 @@ class StepSimulator {
                                           const ResidentBytes& resident) const;
   const ModelConfig& config() const { return config_; }
   AttentionMode attention() const { return attention_; }
+  // LayerGlobalsOf: by layer kind (ModelGraphs::layer_kinds), what its layers read of
+  // the model-level tensors.
+  std::vector<LayerGlobals> LayerGlobalsOf() const;
+  // Probe: this simulator for a short model of the model's own kinds of layer in another
+  // order (StepOptions::layer_kinds), sharing the segments' plans. The checkpoint planner
+  // composes a model whose layers differ from such probes' Stretches.
+  StepSimulator Probe(std::vector<int> kinds) const {
+    StepSimulator other = *this;
+    other.options_.layer_kinds = std::move(kinds);
+    return other;
+  }
   // ForRank: this simulator for another rank of the same layout (its stage and chunks),
   // sharing the segments' plans, which do not depend on the rank.
   StepSimulator ForRank(const RankStep& rank) const {
@@ -279,6 +303,9 @@ class StepSimulator {
   }
 
  private:
+  // ValidateProbe: ValidateRun for this model, and for a probe (StepOptions::layer_kinds)
+  // its kinds and a plan of its length.
+  absl::Status ValidateProbe(const Variant& variant, const OptimizerSpec& optimizer) const;
   // RankEnd is the real rank's step end (every parameter's gradient reduced and
   // stepped), made once per optimizer: a composed rank's step ends with it.
   absl::StatusOr<liveness_internal::SegmentSummary> RankEnd(

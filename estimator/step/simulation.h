@@ -330,6 +330,29 @@ class Simulation {
   absl::Status PipelineSchedule(const ModelPlans& plans, const std::vector<PipelineStep>& steps,
                                 const std::vector<int>& inputs);
   void ParameterOrder(const ModelPlans& plans);
+  // KindOf: layer i's kind, the model's pattern's or a probe's (StepOptions::layer_kinds);
+  // KindsPeriod: the pattern's period (a probe's is its length); FirstOfKind: the first
+  // layer of `kind` in them (-1: none); LayerPlan: layer i's segment plan.
+  int KindOf(int64_t layer) const {
+    return options_.layer_kinds.empty() ? graphs_->KindOf(layer)
+                                        : options_.layer_kinds[static_cast<size_t>(layer)];
+  }
+  int64_t KindsPeriod() const {
+    return options_.layer_kinds.empty() ? graphs_->Period()
+                                        : static_cast<int64_t>(options_.layer_kinds.size());
+  }
+  int64_t FirstOfKind(int kind) const {
+    for (int64_t i = 0; i < KindsPeriod(); ++i) {
+      if (KindOf(i) == kind) return i;
+    }
+    return -1;
+  }
+  const SegmentPlan* LayerPlan(const ModelPlans& plans, int64_t i) const {
+    // The first layer's own plan is the pattern's first kind (the study's reads an input
+    // without a gradient); a probe may start with another kind.
+    return i == 0 && KindOf(0) == graphs_->KindOf(0) ? plans.first.get()
+                                                    : plans.rest[KindOf(i)].get();
+  }
   // OptimizerLayerBytes is where stepped tensor p's bytes count in
   // Segments::optimizer_layer_bytes: its kind's, when p is a parameter of the first layer
   // of its kind in a single rank's model (what one more layer of that kind adds to the
@@ -337,9 +360,9 @@ class Simulation {
   std::array<int64_t, kNumMemoryCategories>* OptimizerLayerBytes(size_t p) {
     if (p >= parameter_order_.size() || options_.rank.parallel.dp > 1) return nullptr;
     const int64_t layer = parameter_order_[p].first;
-    if (layer < 0 || layer >= graphs_->Period()) return nullptr;
-    const int kind = graphs_->KindOf(layer);
-    if (graphs_->FirstOfKind(kind) != layer) return nullptr;
+    if (layer < 0 || layer >= KindsPeriod()) return nullptr;
+    const int kind = KindOf(layer);
+    if (FirstOfKind(kind) != layer) return nullptr;
     return &segments_.optimizer_layer_bytes[kind];
   }
   absl::Status ForwardPass(const ModelPlans& plans, InFlight& f);

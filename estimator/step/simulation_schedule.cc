@@ -189,7 +189,7 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
     if (grads_.count(key) > 0) continue;
     const SegmentPlan* plan = key.first == Where::kPrologue ? plans.prologue.get()
                               : key.first == Where::kHead   ? plans.head.get()
-                                                            : plans.Layer(key.first);
+                                                            : LayerPlan(plans, key.first);
     const TensorDef& def = plan->graph->tensors[key.second];
     const int64_t bytes = NumelOf(plan->walk.tensor_layouts[key.second].layout) *
                           ElementSizeBytes(def.dtype);
@@ -229,7 +229,7 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
   for (const StageRange& chunk : chunks_) {
     if (chunk.prologue && families) visit(plans.prologue.get(), Where::kPrologue);
     for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-      visit(plans.Layer(i), i);
+      visit(LayerPlan(plans, i), i);
     }
     if (chunk.head) visit(plans.head.get(), Where::kHead);
   }
@@ -293,7 +293,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   for (int64_t i = f.range.first_layer; i < end; ++i) {
     memory_.BeginSegment(TapeStretch::Kind::kLayerForward, i, pass);
     Instance& inst = f.layers[i - f.range.first_layer];
-    inst.plan = plans.Layer(i);
+    inst.plan = LayerPlan(plans, i);
     inst.segment = i;
     GatherUnit(i);
     Handle y;
@@ -406,7 +406,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   for (int64_t i = end - 1; i >= f.range.first_layer && grad.has_value(); --i) {
     memory_.BeginSegment(TapeStretch::Kind::kLayerBackward, i, pass);
     Instance& inst = f.layers[i - f.range.first_layer];
-    const BlockGraph& layer = graphs.Layer(i);
+    const BlockGraph& layer = graphs.layer_kinds[KindOf(i)];
     const Handle incoming = *grad;
     grad.reset();
     Buffers layer_buffers;
@@ -422,7 +422,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
         grad = it->second;
       }
     } else if (checkpoint_input >= 0) {
-      inst.plan = plans.Layer(i);
+      inst.plan = LayerPlan(plans, i);
       if (absl::Status s =
               CheckpointBackward(inst, checkpoint_input, incoming, layer_buffers);
           !s.ok()) {

@@ -12,7 +12,7 @@ int64_t Simulation::UnitBytes(int64_t segment) const {
   if (!zero3_) return 0;
   if (segment == Where::kPrologue) return prologue_unit_bytes_;
   if (segment == Where::kHead) return head_unit_bytes_;
-  return layer_unit_bytes_[graphs_->KindOf(segment)];
+  return layer_unit_bytes_[KindOf(segment)];
 }
 
 void Simulation::GatherUnit(int64_t segment) {
