@@ -218,9 +218,9 @@ std::string PlanReportTable(const PlanReport& r) {
                                           device, "; the plan is searched for stage by stage, "
                                           "so one of less recompute may exist)")
                            : absl::StrCat("\n(the plan's step is replayed", device,
-                                          "; its layers differ, so the plan is searched for "
-                                          "with a guide of one kind of layer, and one of less "
-                                          "recompute may exist)"));
+                                          "; the plan is searched for with the composed "
+                                          "planner as a guide, and one of less recompute may "
+                                          "exist)"));
     absl::StrAppendFormat(&out, "\nevery layer fully checkpointed, %s %s (%d B)\n\n",
                           staged ? "the most loaded stage needs" : "the step needs",
                           HumanBytes(r.smallest_budget_bytes), r.smallest_budget_bytes);

@@ -69,12 +69,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   }
   // Pipeline stages and accumulated micro-batches hold several micro-batches at once:
   // their plans are searched for and replayed stage by stage.
-  // So are models whose layers differ (Gemma 3's local and global layers, an MoE's dense
-  // and sparse ones): the planner's probes compose one kind of layer.
-  if (parallel.pp > 1 || parallel.micro_batches > 1 ||
-      ModelGraphsFor(spec.config, spec.attention)->layer_kinds.size() > 1) {
-    return RunStagePlanner(spec, options);
-  }
+  if (parallel.pp > 1 || parallel.micro_batches > 1) return RunStagePlanner(spec, options);
   if (parallel.zero >= 3) {
     return absl::InvalidArgumentError(
         "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "

@@ -238,7 +238,7 @@ int64_t Planner::SmallestBudget() const {
   const Tables& t = *tables_;
   // All-full is one plan, so its peak is an upper bound; bisect down to the least
   // feasible budget, which is some plan's peak.
-  int64_t hi = PeakOf(std::vector<int>(t.config.layers, 1));
+  int64_t hi = PeakOf(std::vector<int>(t.Layers(), 1));
   int64_t lo = t.resident - 1;  // infeasible: the resident bytes alone exceed it
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -256,7 +256,7 @@ int64_t Planner::SmallestBudget() const {
 absl::StatusOr<std::vector<FrontierPoint>> Planner::Frontier(int points) const {
   if (points < 2) return absl::InvalidArgumentError("the frontier needs at least 2 points");
   const int64_t lo = SmallestBudget();
-  const int64_t hi = std::max(lo, PeakOf(std::vector<int>(tables_->config.layers, 0)));
+  const int64_t hi = std::max(lo, PeakOf(std::vector<int>(tables_->Layers(), 0)));
   std::vector<FrontierPoint> frontier;
   for (int k = 0; k < points; ++k) {
     const int64_t budget =

@@ -251,10 +251,10 @@ absl::Status Planner::Tables::GroupGlobals(const StepSimulator& simulator) {
     }
     if (std::find(sets.begin(), sets.end(), kinds_of) == sets.end()) sets.push_back(kinds_of);
   }
-  if (sets.size() > 4) {
+  if (sets.size() > static_cast<size_t>(kMaxGroups)) {
     return absl::UnimplementedError(absl::StrCat(
         "the checkpoint planner: the layers hold ", sets.size(),
-        " sets of model-level tensors when checkpointed (at most 4)"));
+        " sets of model-level tensors when checkpointed (at most ", kMaxGroups, ")"));
   }
   groups = static_cast<int>(sets.size());
   kind_groups.assign(kinds, 0);

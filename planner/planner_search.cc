@@ -131,7 +131,7 @@ class ParetoSet {
 // a partial plan no smaller in F, U, S and cost than another can be dropped.
 bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                                std::vector<int>* plan) const {
-  const int64_t layers = config.layers;
+  const int64_t layers = Layers();
   if (resident > budget) return false;
   // A label at step i has placed layers 0..i-1 and committed to whether layer i is
   // checkpointed; its state is (layer i-1 checkpointed, layer i checkpointed, layer 0
@@ -163,9 +163,9 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
   auto head_net = [&](bool first_ckpt) {
     return head_net_none + (first_ckpt ? first_held_bytes : 0);
   };
-  // held: the groups a checkpointed layer <= i holds (layer i being placed).
+  // held: what the groups a checkpointed layer <= i holds are (layer i being placed).
   auto place = [&](const Label& from, const LayerStretches& st, int64_t base, int64_t i,
-                   uint32_t held, bool first_ckpt, Label* to) -> bool {
+                   int64_t held, bool first_ckpt, Label* to) -> bool {
     const int64_t remaining = layers - 1 - i;
     if (st.forward.has_rise && base + from.f + st.forward.rise > budget) return false;
     to->f = from.f + st.forward.net;
@@ -174,7 +174,7 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
     if (local) {
       // F less the casts freed at the forward's end; the later layers' D likewise.
       if (st.backward.has_rise &&
-          base + head_net(first_ckpt) + HeldBytes(held) + to->f - to->g +
+          base + head_net(first_ckpt) + held + to->f - to->g +
                   later_d[i] +
                   st.backward.rise >
               budget) {
@@ -203,6 +203,9 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
             // Layer i is the lowest checkpointed layer of its groups no layer below holds.
             const uint32_t own = current ? kind_groups[kind] : 0;
             const uint32_t lowest = own & ~held;
+            const int64_t held_now = HeldBytes(held | own);
+            const size_t row =
+                ((static_cast<size_t>(kind) * kSlots + slot) * 2 + previous) * choices.size();
             set.ForEach([&](int32_t index) {
               const Label& from = arenas[i][index];
               for (int c : candidates_by_checkpoint[current]) {
@@ -210,8 +213,11 @@ bool Planner::Tables::Feasible(int64_t budget, const Search& search,
                 for (int next = 0; next < (remaining > 0 ? 2 : 1); ++next) {
                   if (remaining > 0 && candidates_by_checkpoint[next].empty()) continue;
                   Label to;
-                  if (!place(from, At(kind, slot, previous, c, next, lowest), base, i,
-                             held | own, first_ckpt, &to)) {
+                  // At(kind, slot, previous, c, next, lowest): c is of the committed
+                  // checkpointing, so `lowest` needs no normalizing.
+                  const LayerStretches& st =
+                      layer[(((row + c) * 2 + next) << groups) + lowest];
+                  if (!place(from, st, base, i, held_now, first_ckpt, &to)) {
                     continue;
                   }
                   to.cost = cost;

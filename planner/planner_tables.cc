@@ -394,8 +394,9 @@ int64_t Planner::Tables::PeakOf(const std::vector<int>& plan) const {
   visit(ends.prologue);
   StepStretch head_forward = head.head_forward;  // less the plan's casts, freed at its end
   for (int64_t i = 0; i < layers; ++i) {
-    visit(t.Layer(i, plan, placement).forward);
-    head_forward.net -= t.Layer(i, plan, placement).freed;
+    const LayerStretches& st = t.Layer(i, plan, placement);
+    visit(st.forward);
+    head_forward.net -= st.freed;
   }
   visit(head_forward);
   visit(head.head_backward);
@@ -423,7 +424,7 @@ double Planner::Tables::CostBound(int64_t r, int64_t memory) const {
 }
 
 bool Planner::Tables::Incumbent(int64_t budget, std::vector<int>* plan, int64_t* cost) const {
-  const int64_t layers = config.layers;
+  const int64_t layers = Layers();
   const int none = 0;
   const bool none_allowed =
       std::find(candidates.begin(), candidates.end(), none) != candidates.end();

@@ -5,6 +5,7 @@
 #define PLANNER_PLANNER_TABLES_H_
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -79,6 +80,7 @@ struct Planner::Tables {
   int kinds = 1;
   std::vector<int> kind_of;
   std::vector<int> slot_of;
+  int64_t Layers() const { return static_cast<int64_t>(kind_of.size()); }
   std::vector<std::vector<int64_t>> recompute;  // by kind, then choice: one layer's
   std::vector<int> candidates;
   StepFlops flops;
@@ -143,15 +145,18 @@ struct Planner::Tables {
     return layer[Key(kind, slot, previous, choice, next, lowest)];
   }
   // Placement: where a plan's checkpoints are, for the contexts of its layers.
+  static constexpr int kMaxGroups = 4;
   struct Placement {
-    std::vector<int64_t> lowest;  // by group, its lowest checkpointed layer (-1: none)
-    uint32_t held = 0;            // the groups some checkpointed layer holds
-    bool any = false;             // some layer is checkpointed
+    // by group, its lowest checkpointed layer (-1: none)
+    std::array<int64_t, kMaxGroups> lowest = {-1, -1, -1, -1};
+    uint32_t held = 0;  // the groups some checkpointed layer holds
+    bool any = false;   // some layer is checkpointed
   };
   Placement PlacementOf(const std::vector<int>& plan, const std::vector<int>& kinds) const {
     Placement p;
-    p.lowest.assign(groups, -1);
-    for (size_t i = 0; i < plan.size(); ++i) {
+    const uint32_t all = (1u << groups) - 1;
+    // Past the first checkpointed layer of every group there is nothing to learn.
+    for (size_t i = 0; i < plan.size() && !(p.any && p.held == all); ++i) {
       if (!Checkpointed(plan[i])) continue;
       p.any = true;
       for (int g = 0; g < groups; ++g) {
@@ -164,9 +169,9 @@ struct Planner::Tables {
     return p;
   }
   // LowestMask: the groups layer i is the lowest checkpointed layer of.
-  static uint32_t LowestMask(const Placement& p, int64_t i) {
+  uint32_t LowestMask(const Placement& p, int64_t i) const {
     uint32_t mask = 0;
-    for (size_t g = 0; g < p.lowest.size(); ++g) mask |= (p.lowest[g] == i ? 1u : 0u) << g;
+    for (int g = 0; g < groups; ++g) mask |= (p.lowest[g] == i ? 1u : 0u) << g;
     return mask;
   }
   // Layer: layer i's stretches in `plan` (of the model's layers), placed as `p`.

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,25 +47,6 @@ struct Guide {
 
 // Tolerance of the budget search: the budget / 4096 (about 20 MiB of 80 GiB).
 int64_t Tolerance(int64_t budget) { return std::max<int64_t>(1, budget / 4096); }
-
-// GuideModel is `config` with one kind of layer, which the single-process planner
-// composes: Gemma 3's layers all sliding-window (its most common kind), a mixture of
-// experts' layers all sparse, with the eager experts' balanced routing (one kind per
-// routing row otherwise). Only a guide: every plan is replayed on the real model.
-absl::StatusOr<ModelConfig> GuideModel(const ModelConfig& config, AttentionMode attention) {
-  if (ModelGraphsFor(config, attention)->layer_kinds.size() <= 1) return config;
-  ModelConfig guide = config;
-  if (!guide.layer_attention.empty()) guide.layer_attention = {LayerAttention::kSliding};
-  guide.moe.sparse_layers.clear();
-  guide.moe.routing = RoutingSource::kBalanced;
-  guide.moe.routing_rows.clear();
-  if (ModelGraphsFor(guide, attention)->layer_kinds.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the checkpoint planner has no guide for this ", FamilyOf(config.family).name,
-        " model's kinds of layer"));
-  }
-  return guide;
-}
 
 // OneProcess is one process's prediction as the ranks of a layout with one stage and
 // one micro-batch: what the search replays when there is no pipeline.
@@ -197,49 +178,50 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   report.smallest_budget_bytes = full_need;
   report.smallest_device_bytes = cuda ? full_need : 0;
 
-  // Each stage's guide: the single-process planner on its layers at its micro-batches
-  // in flight (one guide per distinct shape).
+  // Each stage's guide: the single-process planner on its layers alone at its
+  // micro-batches in flight (ModelConfig::LayersAlone; one guide per distinct model).
   PlannerOptions planner_options;
   planner_options.attention = spec.attention;
   planner_options.optimizer = spec.optimizer;
   planner_options.cpu_threads = options.cpu_threads;
   planner_options.parallel.dp = parallel.dp;
   planner_options.parallel.zero = parallel.zero;
-  std::map<std::pair<int64_t, int64_t>, Planner> planners;
+  std::vector<std::pair<ModelConfig, std::unique_ptr<Planner>>> planners;
   std::vector<Guide> guides;
   for (const RankKind& kind : full->kinds) {
     StagePlan stage;
     stage.stage = kind.stage;
     stage.chunks = kind.chunks;
     stage.in_flight = std::max<int64_t>(1, kind.variants[0].in_flight);
-    const std::pair<int64_t, int64_t> shape{
-        static_cast<int64_t>(StageLayers(kind.chunks).size()), stage.in_flight};
-    auto it = planners.find(shape);
+    const ModelConfig alone = config.LayersAlone(StageLayers(kind.chunks), stage.in_flight);
+    auto it = std::find_if(planners.begin(), planners.end(),
+                           [&](const auto& entry) { return entry.first == alone; });
     if (it == planners.end()) {
-      absl::StatusOr<ModelConfig> guide = GuideModel(config, spec.attention);
-      if (!guide.ok()) return guide.status();
-      guide->layers = shape.first;
-      guide->batch = config.batch * shape.second;
-      absl::StatusOr<Planner> planner = Planner::Create(*guide, planner_options);
+      absl::StatusOr<Planner> planner = Planner::Create(alone, planner_options);
       if (!planner.ok()) return planner.status();
-      it = planners.emplace(shape, *std::move(planner)).first;
+      planners.emplace_back(alone, std::make_unique<Planner>(*std::move(planner)));
+      it = std::prev(planners.end());
     }
     Guide guide;
-    guide.planner = &it->second;
+    guide.planner = it->second.get();
     guides.push_back(std::move(guide));
     report.stages.push_back(std::move(stage));
   }
 
   absl::StatusOr<StepFlops> flops = CountStepFlops(config, spec.attention);
   if (!flops.ok()) return flops.status();
-  std::vector<std::pair<LayerChoice, int64_t>> recompute;  // per micro-batch, one layer
-  auto recompute_of = [&](const LayerChoice& choice) -> absl::StatusOr<int64_t> {
+  // What layer `l` recomputes under `choice`, per micro-batch: its kind's (an MoE's
+  // sparse layers recompute their router and experts).
+  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> recompute;
+  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, spec.attention);
+  auto recompute_of = [&](int64_t l, const LayerChoice& choice) -> absl::StatusOr<int64_t> {
+    const std::pair<int, LayerChoice> key{graphs->KindOf(l), choice};
     for (const auto& [known, flops] : recompute) {
-      if (known == choice) return flops;
+      if (known == key) return flops;
     }
-    absl::StatusOr<int64_t> r = RecomputeFlops(config, spec.attention, choice);
+    absl::StatusOr<int64_t> r = RecomputeFlops(config, spec.attention, choice, l);
     if (!r.ok()) return r.status();
-    recompute.emplace_back(choice, *r);
+    recompute.emplace_back(key, *r);
     return *r;
   };
 
@@ -376,8 +358,9 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   report.plan.peak_bytes = report.plan_peak->bytes;
   report.plan.step_flops = flops->total;
   for (StagePlan& stage : report.stages) {
-    for (const LayerChoice& choice : stage.layers) {
-      absl::StatusOr<int64_t> r = recompute_of(choice);
+    const std::vector<int64_t> layers = StageLayers(stage.chunks);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      absl::StatusOr<int64_t> r = recompute_of(layers[i], stage.layers[i]);
       if (!r.ok()) return r.status();
       stage.recompute_flops += *r;
     }

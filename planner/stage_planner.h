@@ -1,15 +1,14 @@
-// RunStagePlanner: a checkpoint plan for each pipeline stage (--pp, --micro_batches), and
-// for a model whose layers differ (Gemma 3's sliding and global layers, an MoE's dense and
-// sparse ones), where RunPlanner's composition (plan_run.h) does not apply.
+// RunStagePlanner: a checkpoint plan for each pipeline stage (--pp, --micro_batches),
+// where RunPlanner's composition (plan_run.h) does not apply.
 //
 // A stage's peak is not one process's: its schedule holds several micro-batches' saved
 // tensors at once (1F1B: min(pp - stage, micro_batches)), later micro-batches add into
 // the .grads, and a middle stage has neither embeddings nor head. So the plan is not
 // composed but searched for and checked by replay:
 //   - each stage has a guide, the single-process planner (planner.h) on a model of the
-//     stage's layers whose batch is its micro-batches in flight, which scales the saved
-//     tensors as the schedule does, and with one kind of layer (GuideModel: Gemma 3's
-//     layers all sliding, an MoE's all sparse); one process is one stage;
+//     stage's layers alone, of their kinds (ModelConfig::LayersAlone), whose batch is its
+//     micro-batches in flight, which scales the saved tensors as the schedule does; one
+//     process is one stage;
 //   - every stage's guide plans its layers for a budget; the whole model's plan (each
 //     stage's layers their own choices) is replayed rank by rank (PredictRanks, the
 //     step simulation of every stage's whole schedule);

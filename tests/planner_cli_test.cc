@@ -385,8 +385,9 @@ TEST(PlannerCliTest, OnCudaEveryStageFitsByTheAllocatorsReplay) {
 
 // Models whose layers differ: tiny-gemma3 (5 sliding-window layers, 1 global) and a
 // Qwen3-MoE whose layer 0 is dense (mlp_only_layers) and the rest sparse. Each plan is
-// searched for with a one-kind guide and replayed; verify runs it in LibTorch, which
-// counts the planned peak. Without checkpoints tiny-gemma3 at B 4, T 128 peaks at
+// composed kind by kind like any other (with its frontier, whose last point is `none`'s
+// own peak, as predict replays it); verify runs it in LibTorch, which counts the planned
+// peak. Without checkpoints tiny-gemma3 at B 4, T 128 peaks at
 // 13.10 MiB and the MoE at 2,081,444 B, both above their budgets.
 TEST(PlannerCliTest, PlansLayersThatDifferAndVerifiesInLibTorch) {
   for (const auto& [model, budget_gib] : std::initializer_list<std::pair<const char*, const char*>>{
@@ -407,7 +408,13 @@ TEST(PlannerCliTest, PlansLayersThatDifferAndVerifiesInLibTorch) {
     EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
     EXPECT_LT(doc["recompute_flops"].GetInt64(),
               doc["variants"]["full"]["recompute_flops"].GetInt64());
-    EXPECT_EQ(doc["frontier"].Size(), 0u);  // searched, not composed
+    const rapidjson::Value& frontier = doc["frontier"];
+    ASSERT_EQ(frontier.Size(), 9u);
+    EXPECT_EQ(frontier[0].GetObject()["budget_bytes"].GetInt64(),
+              doc["smallest_budget_bytes"].GetInt64());
+    EXPECT_EQ(frontier[8].GetObject()["budget_bytes"].GetInt64(),
+              doc["variants"]["none"]["peak_bytes"].GetInt64());
+    EXPECT_EQ(frontier[8].GetObject()["overhead"].GetDouble(), 1.0);
     CommandResult v = RunCommand(std::string("verify/verify ") + model +
                                      " --skip_timing --plan=" + plan,
                                  /*merge_stderr=*/false);

@@ -358,6 +358,35 @@ struct ModelConfig {
   std::vector<int64_t> RunLoad(int64_t sparse_index) const {
     return moe.ep > 1 ? ReceivedLoad(sparse_index) : ExpertLoad(sparse_index);
   }
+  // LayersAlone is this model with only `kept` of its layers (model indices, in order),
+  // each keeping its attention span, sparseness and routing row, and its batch `scale`
+  // times larger (a given routing's rows likewise): the model a pipeline stage's
+  // checkpoint plan is guided by (planner/stage_planner.h). REQUIRES: moe.ep == 1.
+  ModelConfig LayersAlone(const std::vector<int64_t>& kept, int64_t scale = 1) const {
+    ModelConfig out = *this;
+    out.layers = static_cast<int64_t>(kept.size());
+    out.batch = batch * scale;
+    if (!layer_attention.empty()) {
+      out.layer_attention.clear();
+      for (int64_t l : kept) out.layer_attention.push_back(AttentionOf(l));
+    }
+    if (moe.Sparse() && !moe.sparse_layers.empty()) {
+      out.moe.sparse_layers.clear();
+      for (int64_t l : kept) out.moe.sparse_layers.push_back(moe.IsSparse(l));
+    }
+    if (moe.Sparse() && moe.routing == RoutingSource::kGiven) {
+      out.moe.routing_rows.clear();
+      for (int64_t l : kept) {
+        if (!moe.IsSparse(l)) continue;
+        int64_t sparse_index = 0;
+        for (int64_t i = 0; i < l; ++i) sparse_index += moe.IsSparse(i);
+        std::vector<int64_t> row = moe.routing_rows[static_cast<size_t>(sparse_index)];
+        for (int64_t& tokens : row) tokens *= scale;
+        out.moe.routing_rows.push_back(std::move(row));
+      }
+    }
+    return out;
+  }
   // LayerAttentionPeriod is layer_attention over the layers the model has: a model
   // shorter than the period has only its first `layers` types (transformers'
   // layer_types are per layer), so a type no layer has is not in it.
