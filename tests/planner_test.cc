@@ -481,7 +481,12 @@ TEST(PlannerTest, DataParallelPlansComposeToTheRanksPeak) {
     for (const Rank& r : {Rank{"tiny-llama", Larger(Preset("tiny-llama", layers)), {}},
                           Rank{"tiny-llama bf16, master weights",
                                Bf16(Larger(Preset("tiny-llama", layers))), MasterWeights()},
-                          Rank{"wide study", ModelConfig{layers, 128, 2, 1, 4}, {}}}) {
+                          Rank{"wide study", ModelConfig{layers, 128, 2, 1, 4}, {}},
+                          Rank{"gemma3 [S F]",
+                               Gemma(layers, {LayerAttention::kSliding, LayerAttention::kFull}),
+                               {}},
+                          Rank{"qwen3-moe dense first, eager routed",
+                               DenseFirstMoe(layers, ExpertsImpl::kEager, true), {}}}) {
       for (const auto& [dp, zero] : {std::pair<int64_t, int64_t>{2, 0}, {2, 1}, {3, 1}, {3, 2}}) {
         SCOPED_TRACE(::testing::Message() << r.name << " L" << layers << " dp " << dp
                                           << " zero " << zero);
@@ -521,7 +526,8 @@ TEST(PlannerTest, DataParallelPlansComposeToTheRanksPeak) {
       }
     }
   }
-  EXPECT_EQ(compared, 3 * 4 * (27 + 12));
+  // 5 models x 4 layouts, each every 3-layer plan of 3 choices and 12 random 7-layer ones.
+  EXPECT_EQ(compared, 5 * 4 * (27 + 12));
 }
 
 // On --device=cuda the planner composes requests rounded to 512 B (CudaBlocks::kRequests):
