@@ -222,6 +222,31 @@ std::vector<Case> Cases(int64_t layers) {
   };
 }
 
+// ComposedAgainstReplayed compares the planner's composed peak with the replayed step's
+// for every plan of up to 3 layers over its choices, or 40 random plans of more, and
+// counts them into *compared.
+void ComposedAgainstReplayed(const Case& c, int64_t layers, const PlannerOptions& options,
+                             std::mt19937& random, int* compared) {
+  ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
+  ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention, c.optimizer));
+  const int n = static_cast<int>(planner.choices().size());
+  std::vector<std::vector<int>> plans;
+  if (layers <= 3) {
+    plans = AllPlans(layers, n);
+  } else {
+    for (int k = 0; k < 40; ++k) {
+      std::vector<int> plan(layers);
+      for (int& choice : plan) choice = static_cast<int>(random() % n);
+      plans.push_back(plan);
+    }
+  }
+  for (const std::vector<int>& plan : plans) {
+    ASSERT_EQ(planner.PeakOf(plan), replay.Peak(planner, plan))
+        << c.name << " plan " << absl::StrJoin(plan, " ");
+    ++*compared;
+  }
+}
+
 // The planner composes a plan's peak from stretches of short probe models; the
 // simulation replays the plan itself. Every 3-layer plan, and random longer ones.
 TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
@@ -233,24 +258,7 @@ TEST(PlannerTest, ComposedPeakEqualsTheReplayedPlan) {
       PlannerOptions options;
       options.attention = c.attention;
       options.optimizer = c.optimizer;
-      ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
-      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention, c.optimizer));
-      const int n = static_cast<int>(planner.choices().size());
-      std::vector<std::vector<int>> plans;
-      if (layers <= 3) {
-        plans = AllPlans(layers, n);
-      } else {
-        for (int k = 0; k < 40; ++k) {
-          std::vector<int> plan(layers);
-          for (int& choice : plan) choice = static_cast<int>(random() % n);
-          plans.push_back(plan);
-        }
-      }
-      for (const std::vector<int>& plan : plans) {
-        ASSERT_EQ(planner.PeakOf(plan), replay.Peak(planner, plan))
-            << c.name << " plan " << absl::StrJoin(plan, " ");
-        ++compared;
-      }
+      ComposedAgainstReplayed(c, layers, options, random, &compared);
     }
   }
   // 1, 2 and 3 layers: 17^k plans for the five studies with flash (4 op kinds: the
@@ -338,29 +346,11 @@ TEST(PlannerTest, LayersThatDifferComposeToTheReplayedPlan) {
           options.choices.back() = LayerChoice{true, SavePolicy{OpKind::kSilu}};
         }
       }
-      ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(c.config, options));
-      ASSERT_OK_AND_ASSIGN(Replayer replay, ReplayerFor(c.config, c.attention, c.optimizer));
-      const int n = static_cast<int>(planner.choices().size());
-      std::vector<std::vector<int>> plans;
-      if (layers <= 3) {
-        ASSERT_EQ(n, 4) << c.name;
-        plans = AllPlans(layers, n);
-      } else {
-        for (int k = 0; k < 40; ++k) {
-          std::vector<int> plan(layers);
-          for (int& choice : plan) choice = static_cast<int>(random() % n);
-          plans.push_back(plan);
-        }
-      }
-      for (const std::vector<int>& plan : plans) {
-        ASSERT_EQ(planner.PeakOf(plan), replay.Peak(planner, plan))
-            << c.name << " plan " << absl::StrJoin(plan, " ");
-        ++compared;
-      }
+      ComposedAgainstReplayed(c, layers, options, random, &compared);
     }
   }
-  // 1 layer: the 4 gemma cases, 4 plans each; 2 and 3 layers: the 7 cases, 4^2 and 4^3;
-  // 9 layers: the 7 cases, 40 random plans each.
+  // 1 layer: the 4 gemma cases, 4 plans each (none, full and the two policies); 2 and 3
+  // layers: the 7 cases, 4^2 and 4^3; 9 layers: the 7 cases, 40 random plans each.
   EXPECT_EQ(compared, 4 * 4 + 7 * (16 + 64) + 7 * 40);
 }
 
