@@ -666,6 +666,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   for (size_t i = 0; i < evaluated.size(); ++i) {
     const Evaluated& e = evaluated[i];
     if (e.fits.empty() || !(e.none_time_s < best_s)) continue;
+    if (shapes[i].zero >= 3) continue;  // the stage planner plans ZeRO 0-2
     double fastest = std::numeric_limits<double>::infinity();
     bool none_fits = false;
     for (const SearchedLayout& l : e.fits) {
