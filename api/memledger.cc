@@ -487,6 +487,7 @@ struct SearchKeys {
                     {"dp", &fixed.dp},
                     {"zero", &fixed.zero},
                     {"virtual_stages", &fixed.virtual_stages},
+                    {"ep", &fixed.ep},
                     {"batch", &fixed.micro_batch_size}}) {
                 if (key != name) continue;
                 int64_t n = 0;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -13,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/graph/block_graph.h"
 #include "estimator/graph/family.h"
 #include "estimator/request/parallel_spec.h"
 #include "estimator/predict/predict.h"
@@ -31,11 +33,12 @@ struct Shape {
   int64_t tp = 1, pp = 1, dp = 1, zero = 0;
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
+  int64_t ep = 1;
 };
 
 Shape ShapeOf(const SearchedLayout& l) {
-  return Shape{l.tp, l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.micro_batches,
-               l.virtual_stages};
+  return Shape{l.tp,       l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.micro_batches,
+               l.virtual_stages, l.ep};
 }
 
 std::vector<int64_t> Divisors(int64_t n) {
@@ -84,7 +87,17 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
                   !allowed(fixed.virtual_stages, v) || (fixed.sp.has_value() && *fixed.sp != sp)) {
                 continue;
               }
-              shapes.push_back({tp, pp, dp, zero, sp, micro_batch_size, micro_batches, v});
+              // A mixture of experts' experts also split over ep of the dp ranks, where
+              // --ep is modelled (no tp, no ZeRO).
+              for (int64_t ep : Divisors(dp)) {
+                if (ep > 1 && (!config.moe.Sparse() || config.moe.experts % ep != 0 ||
+                               tp > 1 || zero > 0)) {
+                  continue;
+                }
+                if (!allowed(fixed.ep, ep)) continue;
+                shapes.push_back(
+                    {tp, pp, dp, zero, sp, micro_batch_size, micro_batches, v, ep});
+              }
             }
           }
         }
@@ -105,6 +118,37 @@ int64_t TpAllReduces(const std::vector<StageRange>& chunks, const Variant& varia
       n += variant.At(i).checkpointed ? 6 : 4;
     }
     n += (chunk.prologue ? 1 : 0) + (chunk.head ? 1 : 0);
+  }
+  return n;
+}
+
+// EpAllToAlls: expert parallelism's all-to-alls per micro-batch over a stage's chunks:
+// AllToAllEP's two in each sparse layer's forward, their two reverses in its backward,
+// and two more where a checkpointed layer reruns its forward.
+int64_t EpAllToAlls(const ModelConfig& config, const std::vector<StageRange>& chunks,
+                    const Variant& variant) {
+  int64_t n = 0;
+  for (const StageRange& chunk : chunks) {
+    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+      if (config.moe.IsSparse(i)) n += variant.At(i).checkpointed ? 6 : 4;
+    }
+  }
+  return n;
+}
+
+// ExpertParameters: the elements of a rank's experts (TensorDef::expert_shard) in its
+// chunks, which its expert-parallel group reduces apart from the rest.
+int64_t ExpertParameters(const ModelConfig& config, AttentionMode attention,
+                         const std::vector<StageRange>& chunks) {
+  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  int64_t n = 0;
+  for (const StageRange& chunk : chunks) {
+    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+      const BlockGraph& layer = graphs->Layer(i);
+      for (int t : layer.Parameters()) {
+        if (layer.tensors[t].expert_shard) n += TensorElements(layer.tensors[t], config).value();
+      }
+    }
   }
   return n;
 }
@@ -144,6 +188,7 @@ class Search {
     config.tp = shape.tp;
     config.sp = shape.sp;
     config.batch = shape.micro_batch_size;
+    config.moe.ep = shape.ep;
     ParallelSpec parallel{shape.dp, shape.pp, shape.virtual_stages, shape.micro_batches,
                           shape.zero,
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
@@ -245,6 +290,7 @@ class Search {
     layout.pp = shape.pp;
     layout.dp = shape.dp;
     layout.zero = shape.zero;
+    layout.ep = shape.ep;
     layout.sp = shape.sp;
     layout.micro_batch_size = shape.micro_batch_size;
     layout.micro_batches = shape.micro_batches;
@@ -257,6 +303,7 @@ class Search {
     in.pp = shape.pp;
     in.dp = shape.dp;
     in.zero = shape.zero;
+    in.ep = shape.ep;
     in.sp = shape.sp;
     in.micro_batch_size = shape.micro_batch_size;
     in.micro_batches = shape.micro_batches;
@@ -268,32 +315,41 @@ class Search {
     in.activation_element_bytes = ElementSizeBytes(activations);
     in.parameter_element_bytes = ElementSizeBytes(config.dtype);
     in.low_precision_matmul = activations != DType::kFloat32;
-    // The slowest stage sets the pipeline's pace; FLOPs of all stages for the rate.
+    // The slowest stage sets the pipeline's pace; FLOPs of all ranks for the rate.
     double step_flops = 0;
     bool first = true;
     for (const RankKind& kind : ranks.kinds) {
       int64_t flops = 0;
+      // An expert-parallel rank runs its own experts on what its tokens' routing sends.
+      ModelConfig rank = config;
+      rank.moe.ep_rank = kind.ep_rank;
+      rank.moe.ep_group = kind.ep_group;
       for (const StageRange& chunk : kind.chunks) {
-        absl::StatusOr<StageFlopsCount> count = StageFlops(config, base_.attention, variant, chunk);
+        absl::StatusOr<StageFlopsCount> count = StageFlops(rank, base_.attention, variant, chunk);
         if (!count.ok()) return count.status();
         flops += count->Total();
       }
-      step_flops += static_cast<double>(flops);
+      // Each of the kind's ranks (a stage's tp x dp, or its share of expert-parallel
+      // ranks) runs them.
+      step_flops += static_cast<double>(flops) * static_cast<double>(kind.ranks);
       if (first || flops > in.stage_flops) {
         in.stage_flops = flops;
         in.tp_all_reduces = TpAllReduces(kind.chunks, variant);
+        in.ep_all_to_alls = shape.ep > 1 ? EpAllToAlls(config, kind.chunks, variant) : 0;
         first = false;
       }
     }
+    in.routed_rows = config.batch * config.seq * config.moe.top_k;
+    in.expert_parameters = shape.ep > 1 ? ExpertParameters(config, base_.attention, loaded.chunks)
+                                        : 0;
     in.stage_parameters = loaded.n_params;
     in.stepped_elements =
         shape.zero >= 1 ? ZeroShardElements(loaded.n_params, shape.dp) : loaded.n_params;
     in.optimizer_state_bytes = loaded.optimizer_state_bytes;
     layout.time = PredictStepTime(options_.gpu, options_.mfu, in);
-    // Per GPU: each stage's FLOPs run on tp x dp GPUs, micro_batches times.
+    // Per GPU: every rank's FLOPs, micro_batches times, over the GPUs.
     const double gpus = static_cast<double>(options_.gpus);
-    const double per_step = step_flops * static_cast<double>(shape.micro_batches) *
-                            static_cast<double>(shape.tp * shape.dp) / gpus;
+    const double per_step = step_flops * static_cast<double>(shape.micro_batches) / gpus;
     layout.tflops_per_gpu = per_step / layout.time.total_s / 1e12;
     const double peak_flops = in.low_precision_matmul ? options_.gpu.bf16_flops
                                                       : options_.gpu.fp32_flops;
@@ -395,6 +451,7 @@ class Search {
     request.dp = shape.dp;
     request.pp = shape.pp;
     request.zero = shape.zero;
+    request.ep = shape.ep;
     request.micro_batches = shape.micro_batches;
     request.virtual_stages = shape.virtual_stages;
     request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
@@ -556,8 +613,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   }
   if (request.ep != defaults.ep) {
     return absl::InvalidArgumentError(
-        "--ep: the search does not try expert parallelism yet (predict --dp --ep "
-        "predicts a layout with it)");
+        "--ep: the search chooses the layout (SearchOptions::fixed constrains it)");
   }
   if (!request.plan.empty()) {
     return absl::InvalidArgumentError(
@@ -580,7 +636,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   if (shapes.empty()) {
     const LayoutConstraints& f = options.fixed;
     const bool constrained = f.tp || f.pp || f.dp || f.zero || f.micro_batch_size ||
-                             f.virtual_stages || f.sp;
+                             f.virtual_stages || f.sp || f.ep;
     return absl::InvalidArgumentError(absl::StrCat(
         "--global_batch ", options.global_batch, " fits no layout of ", options.gpus,
         " GPUs", constrained ? " with the layout flags given" : "",
@@ -666,7 +722,8 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   for (size_t i = 0; i < evaluated.size(); ++i) {
     const Evaluated& e = evaluated[i];
     if (e.fits.empty() || !(e.none_time_s < best_s)) continue;
-    if (shapes[i].zero >= 3) continue;  // the stage planner plans ZeRO 0-2
+    // The stage planner plans ZeRO 0-2, and not expert-parallel ranks.
+    if (shapes[i].zero >= 3 || shapes[i].ep > 1) continue;
     double fastest = std::numeric_limits<double>::infinity();
     bool none_fits = false;
     for (const SearchedLayout& l : e.fits) {

@@ -1,8 +1,10 @@
 // SearchLayouts: which parallel layouts of a model over N GPUs fit their memory, and
 // which of those is fastest. Every combination of tensor parallelism (within a node),
 // sequence parallelism, pipeline stages (1F1B, or interleaved over virtual stages),
-// data parallelism with ZeRO 0-3, micro-batch size and count (their product times dp is
-// the global batch) and checkpointing variant is predicted per rank, exactly
+// data parallelism with ZeRO 0-3, for a mixture of experts expert parallelism among the
+// data-parallel ranks (where --ep is modelled: without tp and ZeRO), micro-batch size and
+// count (their product times dp is the global batch) and checkpointing variant is
+// predicted per rank, exactly
 // (PredictRanks: every stage's whole-step peak, the most loaded rank's kept), and ranked
 // by a modelled step time (planner/step_time.h).
 //
@@ -39,7 +41,7 @@ namespace memledger {
 
 // LayoutConstraints fix parts of the layout; the search enumerates the rest.
 struct LayoutConstraints {
-  std::optional<int64_t> tp, pp, dp, zero, micro_batch_size, virtual_stages;
+  std::optional<int64_t> tp, pp, dp, zero, micro_batch_size, virtual_stages, ep;
   std::optional<bool> sp;
 };
 
@@ -92,6 +94,7 @@ absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request);
 // SearchedLayout is one layout that fits, with its checkpointing variant.
 struct SearchedLayout {
   int64_t tp = 1, pp = 1, dp = 1, zero = 0;
+  int64_t ep = 1;  // expert parallelism among the dp ranks (a mixture of experts)
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
   Variant checkpoint;

@@ -43,6 +43,21 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status PlannedLayout(const RunSpec& spec) {
+  if (spec.parallel.zero >= 3) {
+    return absl::InvalidArgumentError(
+        "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
+        "planned yet)");
+  }
+  if (spec.config.moe.ep > 1) {
+    // Each expert-parallel rank receives its own tokens, so each would need its own plan.
+    return absl::InvalidArgumentError(
+        "--ep: the planner does not plan expert-parallel ranks yet (predict --ep predicts "
+        "each rank under the standard variants)");
+  }
+  return absl::OkStatus();
+}
+
 std::string FrontierTitle(const RunSpec& spec) {
   const ModelConfig& c = spec.config;
   return absl::StrCat("memledger planner: ", spec.model, ", ", c.layers, " layers, batch ",
@@ -56,12 +71,7 @@ absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanRepor
 
 absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
-  if (spec.config.moe.ep > 1) {
-    // Each expert-parallel rank receives its own tokens, so each would need its own plan.
-    return absl::InvalidArgumentError(
-        "--ep: the planner does not plan expert-parallel ranks yet (predict --ep predicts "
-        "each rank under the standard variants)");
-  }
+  if (absl::Status s = PlannedLayout(spec); !s.ok()) return s;
   const ParallelSpec& parallel = spec.parallel;
   if (options.timeline && parallel.Distributed()) {
     return absl::InvalidArgumentError(
@@ -70,11 +80,6 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   // Pipeline stages and accumulated micro-batches hold several micro-batches at once:
   // their plans are searched for and replayed stage by stage.
   if (parallel.pp > 1 || parallel.micro_batches > 1) return RunStagePlanner(spec, options);
-  if (parallel.zero >= 3) {
-    return absl::InvalidArgumentError(
-        "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
-        "planned yet)");
-  }
   PlannerOptions planner_options;
   planner_options.attention = spec.attention;
   planner_options.optimizer = spec.optimizer;

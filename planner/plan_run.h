@@ -31,6 +31,9 @@ struct PlanRunOptions {
 
 // ValidatePlanRunOptions names the bad option ("--budget_gib", ...) as InvalidArgument.
 absl::Status ValidatePlanRunOptions(const PlanRunOptions& options);
+// PlannedLayout: InvalidArgument for a layout the planners do not plan (ZeRO-3,
+// expert-parallel ranks).
+absl::Status PlannedLayout(const RunSpec& spec);
 
 // FrontierTitle is the frontier chart's title (FrontierSvg).
 std::string FrontierTitle(const RunSpec& spec);

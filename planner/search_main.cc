@@ -58,10 +58,11 @@ namespace {
 constexpr char kUsage[] =
     "Searches the parallel layouts of a model over --gpus GPUs: tensor parallelism "
     "(within a node), sequence parallelism, pipeline stages (1F1B or interleaved), data "
-    "parallelism with ZeRO 0-3, the micro-batch size and count, and the checkpointing "
+    "parallelism with ZeRO 0-3, expert parallelism for a mixture of experts (--ep without "
+    "tp or ZeRO), the micro-batch size and count, and the checkpointing "
     "variants (--variants). It keeps those whose most loaded rank's exact step peak fits "
     "--gpu_memory_gib and ranks them by a modelled step time. --tp, --sp, --pp, --dp, "
-    "--zero, --virtual_stages and --batch (the micro-batch size), when given, fix that "
+    "--zero, --ep, --virtual_stages and --batch (the micro-batch size), when given, fix that "
     "part of the layout.\n\n"
     "  ./bazelw run //planner:search -- --model=llama-3-70b --seq=8192 --gpus=64 "
     "--global_batch=256 --dtype=bf16 --master_weights --format=table\n\n"
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   if (Given(argc, argv, "virtual_stages")) fixed.virtual_stages = request.virtual_stages;
   if (Given(argc, argv, "batch")) fixed.micro_batch_size = request.batch;
   if (Given(argc, argv, "sp") || Given(argc, argv, "nosp")) fixed.sp = request.sp;
+  if (Given(argc, argv, "ep")) fixed.ep = request.ep;
   const memledger::RunRequest defaults;
   request.tp = defaults.tp;
   request.pp = defaults.pp;
@@ -113,6 +115,7 @@ int main(int argc, char** argv) {
   request.zero = defaults.zero;
   request.virtual_stages = defaults.virtual_stages;
   request.sp = defaults.sp;
+  request.ep = defaults.ep;
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "json" && format != "table") {
     return memledger::ReportError(absl::InvalidArgumentError(

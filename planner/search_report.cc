@@ -19,7 +19,7 @@ namespace memledger {
 
 const char kTimeModelNote[] =
     "memory is exact (each rank's whole step simulated); step time is a model: FLOPs at "
-    "the GPU's peak x mfu, the pipeline bubble, and TP, PP and DP/ZeRO communication at "
+    "the GPU's peak x mfu, the pipeline bubble, and TP, PP, EP and DP/ZeRO communication at "
     "the preset's bandwidths, none of it overlapped (planner/step_time.h)";
 
 namespace {
@@ -82,6 +82,7 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
     e.AddMember("pp", l.pp, a);
     e.AddMember("dp", l.dp, a);
     e.AddMember("zero", l.zero, a);
+    e.AddMember("ep", l.ep, a);
     e.AddMember("sp", l.sp, a);
     e.AddMember("micro_batch_size", l.micro_batch_size, a);
     e.AddMember("micro_batches", l.micro_batches, a);
@@ -112,6 +113,7 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
           {"tp_s", l.time.tp_s},
           {"pp_s", l.time.pp_s},
           {"zero3_s", l.time.zero3_s},
+          {"ep_s", l.time.ep_s},
           {"dp_s", l.time.dp_s},
           {"optimizer_s", l.time.optimizer_s}}) {
       time.AddMember(rapidjson::StringRef(key), value, a);
@@ -156,16 +158,21 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
         HumanBytes(r.outside_allocator_bytes));
   }
   out += "\n";
-  absl::StrAppendFormat(&out, "%4s %3s %3s %4s %4s %3s %4s %5s %3s  %-11s %12s ", "rank", "tp",
-                        "pp", "dp", "zero", "sp", "mbs", "micro", "v", "checkpoint", "peak");
+  // A mixture of experts has an expert-parallel column.
+  const bool experts = c.moe.Sparse();
+  absl::StrAppendFormat(&out, "%4s %3s %3s %4s %4s ", "rank", "tp", "pp", "dp", "zero");
+  if (experts) absl::StrAppendFormat(&out, "%3s ", "ep");
+  absl::StrAppendFormat(&out, "%3s %4s %5s %3s  %-11s %12s ", "sp", "mbs", "micro", "v",
+                        "checkpoint", "peak");
   if (r.cuda) absl::StrAppendFormat(&out, "%12s ", "device");
   absl::StrAppendFormat(&out, "%10s %8s %6s\n", "step", "TFLOP/s", "front");
   for (size_t i = 0; i < r.layouts.size() && i < top; ++i) {
     const SearchedLayout& l = r.layouts[i];
-    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4d %3s %4d %5d %3d  %-11s %12s ", i + 1, l.tp,
-                          l.pp, l.dp, l.zero, l.sp ? "yes" : "no", l.micro_batch_size,
-                          l.micro_batches, l.virtual_stages, l.checkpoint.Name(),
-                          HumanBytes(l.peak_bytes));
+    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4d ", i + 1, l.tp, l.pp, l.dp, l.zero);
+    if (experts) absl::StrAppendFormat(&out, "%3d ", l.ep);
+    absl::StrAppendFormat(&out, "%3s %4d %5d %3d  %-11s %12s ", l.sp ? "yes" : "no",
+                          l.micro_batch_size, l.micro_batches, l.virtual_stages,
+                          l.checkpoint.Name(), HumanBytes(l.peak_bytes));
     if (r.cuda) {
       absl::StrAppendFormat(&out, "%12s ", l.checked ? HumanBytes(l.device_bytes) : "-");
     }
@@ -180,11 +187,12 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
     const SearchedLayout& best = r.layouts.front();
     absl::StrAppendFormat(
         &out,
-        "\nbest: step %s = compute %s + bubble %s + tp %s + pp %s + zero3 %s + dp %s + "
+        "\nbest: step %s = compute %s + bubble %s + tp %s + pp %s + zero3 %s + %sdp %s + "
         "optimizer %s; peak %s on stage %d\n"
         "  ./bazelw run //:predict -- %s\n",
         Seconds(best.time.total_s), Seconds(best.time.compute_s), Seconds(best.time.bubble_s),
         Seconds(best.time.tp_s), Seconds(best.time.pp_s), Seconds(best.time.zero3_s),
+        experts ? absl::StrCat("ep ", Seconds(best.time.ep_s), " + ") : "",
         Seconds(best.time.dp_s), Seconds(best.time.optimizer_s), HumanBytes(best.peak_bytes),
         best.stage, best.flags);
   }

@@ -66,11 +66,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
   const ModelConfig& config = spec.config;
   const ParallelSpec& parallel = spec.parallel;
-  if (parallel.zero >= 3) {
-    return absl::InvalidArgumentError(
-        "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
-        "planned yet)");
-  }
+  if (absl::Status s = PlannedLayout(spec); !s.ok()) return s;
   if (options.timeline && (parallel.Distributed() || parallel.micro_batches > 1)) {
     return absl::InvalidArgumentError(
         "--timeline_svg draws one process's planned step: not with --pp or --micro_batches");

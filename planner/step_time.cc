@@ -76,28 +76,48 @@ StepTime PredictStepTime(const GpuSpec& gpu, double mfu, const StepTimeInput& in
       (in.sp ? 0.0 : RingFraction(in.tp) * activations / gpu.nvlink_bandwidth);
   const double pp =
       in.pp > 1 ? 2.0 * static_cast<double>(in.virtual_stages) * transfer : 0.0;
-  const double parameter_bytes =
-      static_cast<double>(in.stage_parameters) * static_cast<double>(in.parameter_element_bytes);
+  const double element = static_cast<double>(in.parameter_element_bytes);
+  const double parameter_bytes = static_cast<double>(in.stage_parameters) * element;
   // A data group's ranks are tp apart: it spans tp x dp GPUs.
   const double dp_bandwidth = bandwidth(in.tp * in.dp);
   const double zero3 =
       in.zero >= 3 ? 3 * RingFraction(in.dp) * parameter_bytes / dp_bandwidth : 0.0;
-  const double slot = compute + tp + pp + zero3;
+  // An expert-parallel group is ep adjacent data-parallel ranks (transformers' mesh
+  // ("edp", "ep", "tp")): it spans tp x ep GPUs. Each all-to-all sends what the rank's
+  // tokens route to the other ranks' experts.
+  const double routed = static_cast<double>(in.routed_rows) * static_cast<double>(in.width) *
+                        static_cast<double>(in.activation_element_bytes);
+  const double ep = in.ep > 1 ? static_cast<double>(in.ep_all_to_alls) *
+                                    static_cast<double>(in.ep - 1) /
+                                    static_cast<double>(in.ep) * routed /
+                                    bandwidth(in.tp * in.ep)
+                              : 0.0;
+  const double slot = compute + tp + pp + zero3 + ep;
   const double m = static_cast<double>(in.micro_batches);
   StepTime t;
   t.compute_s = m * compute;
   t.tp_s = m * tp;
   t.pp_s = m * pp;
   t.zero3_s = m * zero3;
+  t.ep_s = m * ep;
   t.bubble_s = static_cast<double>(in.pp - 1) / static_cast<double>(in.virtual_stages) * slot;
-  t.dp_s = in.zero < 3 ? 2 * RingFraction(in.dp) * parameter_bytes / dp_bandwidth : 0.0;
+  // The experts' gradients are reduced over the dp / ep ranks that hold the same experts,
+  // tp x ep GPUs apart (the group spans tp x dp of them); the rest over every
+  // data-parallel rank.
+  const double expert_bytes = static_cast<double>(in.expert_parameters) * element;
+  t.dp_s = in.zero < 3 ? 2 * RingFraction(in.dp) * (parameter_bytes - expert_bytes) /
+                                 dp_bandwidth +
+                             2 * RingFraction(in.dp / std::max<int64_t>(in.ep, 1)) *
+                                 expert_bytes / dp_bandwidth
+                       : 0.0;
   // The step reads the parameters, gradients and state and writes the parameters and
   // state of the elements it steps.
   const double stepped = static_cast<double>(in.stepped_elements) *
                          static_cast<double>(in.parameter_element_bytes);
   t.optimizer_s =
       (3 * stepped + 2 * static_cast<double>(in.optimizer_state_bytes)) / gpu.memory_bandwidth;
-  t.total_s = t.compute_s + t.tp_s + t.pp_s + t.zero3_s + t.bubble_s + t.dp_s + t.optimizer_s;
+  t.total_s = t.compute_s + t.tp_s + t.pp_s + t.zero3_s + t.ep_s + t.bubble_s + t.dp_s +
+              t.optimizer_s;
   return t;
 }
 

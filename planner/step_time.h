@@ -1,7 +1,7 @@
 // StepTime: a predicted time for one training step of a parallel layout, the layout
 // search's ranking. Memory is exact (the step simulation); this is a model, and says so:
 //
-//   slot     = compute + tp + pp + zero3     one micro-batch on the slowest stage
+//   slot     = compute + tp + pp + zero3 + ep     one micro-batch on the slowest stage
 //   compute  = the stage's FLOPs (forward, backward, recompute) / (peak x mfu)
 //   tp       = Megatron's collectives of the layers and the ends, each a ring
 //              all-reduce's 2 (tp - 1) / tp x (b, s, h) activations over NVLink
@@ -12,10 +12,17 @@
 //              restores the rest
 //   zero3    = ZeRO-3's two all-gathers and one reduce-scatter of the stage's
 //              parameters per micro-batch, (dp - 1) / dp of them each
+//   ep       = expert parallelism's all-to-alls (transformers' AllToAllEP): per sparse
+//              layer two in the forward (the routed tokens out, the results back), two
+//              in the backward and two more in a checkpointed layer's recompute, each
+//              sending (ep - 1) / ep of the (b, s, k, h) routed rows (the routing
+//              balanced); the group is ep adjacent data-parallel ranks
 //   pipeline = (micro_batches + (pp - 1) / virtual_stages) x slot (Narayanan et al.
 //              2021, section 2.2: the bubble of 1F1B and of the interleaved schedule)
 //   dp       = the gradients' all-reduce (ZeRO 1 and 2: reduce-scatter + all-gather,
-//              the same bytes) after the last backward, 2 (dp - 1) / dp of them
+//              the same bytes) after the last backward, 2 (dp - 1) / dp of them; with
+//              expert parallelism the experts' over the dp / ep ranks holding the same
+//              experts, ep apart
 //   step     = pipeline + dp + optimizer (its bytes read and written at the memory's
 //              bandwidth)
 //
@@ -60,7 +67,7 @@ absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name);
 
 // StepTimeInput is one layout's shape and what its slowest stage does per micro-batch.
 struct StepTimeInput {
-  int64_t tp = 1, pp = 1, dp = 1, zero = 0;
+  int64_t tp = 1, pp = 1, dp = 1, zero = 0, ep = 1;
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
   int64_t gpus_per_node = 8;
@@ -72,9 +79,14 @@ struct StepTimeInput {
   // its tensor-parallel all-reduces of (b, s, h) activations.
   int64_t stage_flops = 0;
   int64_t tp_all_reduces = 0;
+  // With expert parallelism: its all-to-alls of the routed rows, and how many rows each
+  // sends (b x s x the experts per token).
+  int64_t ep_all_to_alls = 0;
+  int64_t routed_rows = 0;
   // The most loaded rank: its stage's parameters (before ZeRO), the elements its
   // optimizer steps and its optimizer state's bytes.
   int64_t stage_parameters = 0;
+  int64_t expert_parameters = 0;  // of those, its experts' (with expert parallelism)
   int64_t stepped_elements = 0;
   int64_t optimizer_state_bytes = 0;
 };
@@ -86,6 +98,7 @@ struct StepTime {
   double tp_s = 0;       // micro_batches x tp
   double pp_s = 0;       // micro_batches x pp
   double zero3_s = 0;    // micro_batches x zero3
+  double ep_s = 0;       // micro_batches x ep
   double dp_s = 0;
   double optimizer_s = 0;
   double total_s = 0;

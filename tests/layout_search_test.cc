@@ -104,6 +104,37 @@ TEST(StepTimeTest, OneNodeTalksOverNvlinkAndFp32UsesItsPeak) {
   EXPECT_DOUBLE_EQ(t.compute_s, 4 * 1e12 / (1e14 * 0.5));
 }
 
+// Expert parallelism: tp 1 x pp 1 x dp 8 with ep 4 on nodes of 4 GPUs, zero 0. The
+// stage has 3 sparse layers, one checkpointed: 3 x 4 + 2 = 14 all-to-alls per
+// micro-batch, each of (1 x 1000 tokens x 2 experts per token) rows of 1000 bf16.
+TEST(StepTimeTest, ExpertParallelAllToAllsAndTheExpertsOwnReductionByHand) {
+  StepTimeInput in = RoundLayout();
+  in.tp = 1;
+  in.pp = 1;
+  in.dp = 8;
+  in.zero = 0;
+  in.ep = 4;
+  in.ep_all_to_alls = 14;
+  in.routed_rows = 2000;
+  in.expert_parameters = 600'000'000;  // of the 1e9: 1.2e9 B of experts, 0.8e9 B rest
+  StepTime t = PredictStepTime(RoundGpu(), 0.5, in);
+  // ep: 14 x (3/4) x (2000 x 1000 x 2 B = 4e6 B) / 1e11 (the group's 4 GPUs are one
+  // node) = 0.42 ms per micro-batch, 4 micro-batches.
+  EXPECT_DOUBLE_EQ(t.ep_s, 4 * 14 * 0.75 * 4e6 / 1e11);
+  // dp: the rest over the 8 ranks, 2 x (7/8) x 0.8e9 B, and the experts over the
+  // 8 / 4 = 2 ranks holding the same ones, 2 x (1/2) x 1.2e9 B, across nodes (8 GPUs
+  // > 4): / 1e10.
+  EXPECT_DOUBLE_EQ(t.dp_s, (2 * 0.875 * 0.8e9 + 2 * 0.5 * 1.2e9) / 1e10);
+  // No pipeline: no bubble; the slot's ep is in the step.
+  EXPECT_DOUBLE_EQ(t.bubble_s, 0);
+  EXPECT_NEAR(t.total_s, t.compute_s + t.tp_s + t.ep_s + t.dp_s + t.optimizer_s, 1e-12);
+  // An expert-parallel group across nodes talks over the network.
+  in.ep = 8;
+  in.gpus_per_node = 4;
+  t = PredictStepTime(RoundGpu(), 0.5, in);
+  EXPECT_DOUBLE_EQ(t.ep_s, 4 * 14 * 0.875 * 4e6 / 1e10);
+}
+
 TEST(StepTimeTest, PresetsNameTheirSource) {
   for (const char* name : {"h100", "h200", "a100"}) {
     ASSERT_OK_AND_ASSIGN(GpuSpec gpu, GpuPreset(name));
@@ -432,7 +463,7 @@ TEST(LayoutSearchTest, BadInputNamesTheFlag) {
         Case{no_mfu, Tiny(), "--mfu must be in (0, 1], got 0"},
         Case{TinyOptions(1 << 30), with_tp, "--tp: the search chooses the layout"},
         Case{TinyOptions(1 << 30), with_zero, "--zero: the search chooses the layout"},
-        Case{TinyOptions(1 << 30), with_ep, "--ep: the search does not try expert parallelism"},
+        Case{TinyOptions(1 << 30), with_ep, "--ep: the search chooses the layout"},
         Case{TinyOptions(1 << 30), bad_model, "--model"}}) {
     absl::StatusOr<SearchResult> result = SearchLayouts(c.request, c.options);
     EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << c.message;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
 
 #include "rapidjson/document.h"
@@ -190,6 +191,59 @@ TEST(SearchCliTest, LayersThatDifferArePlannedButNotUnderZero3) {
     EXPECT_EQ(most, l["peak_bytes"].GetInt64()) << l["flags"].GetString();
   }
   EXPECT_GT(plans, 0) << r.output;
+}
+
+// A mixture of experts (tiny-qwen3-moe: 4 experts, 2 per token) on 4 GPUs: the search
+// also splits the experts over ep of the data-parallel ranks (without tp and ZeRO, as
+// --ep is modelled). Each such layout reproduces with predict (its most loaded rank,
+// every expert-parallel rank predicted), its flags carry --ep, and its time has the
+// all-to-alls; --ep fixes it.
+TEST(SearchCliTest, ExpertParallelLayoutsOfAMixtureOfExperts) {
+  const std::string moe =
+      "--model=tiny-qwen3-moe --seq=64 --gpus=4 --gpus_per_node=4 --global_batch=8 "
+      "--gpu_memory_gib=1 ";
+  CommandResult r = Search(moe, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  std::set<int64_t> eps;
+  for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
+    const int64_t ep = l["ep"].GetInt64();
+    eps.insert(ep);
+    if (ep == 1) {
+      EXPECT_EQ(l["time"]["ep_s"].GetDouble(), 0.0);
+      continue;
+    }
+    EXPECT_EQ(l["tp"].GetInt64(), 1);
+    EXPECT_EQ(l["zero"].GetInt64(), 0);
+    EXPECT_EQ(l["dp"].GetInt64() % ep, 0);
+    EXPECT_GT(l["time"]["ep_s"].GetDouble(), 0.0);
+    const std::string flags = l["flags"].GetString();
+    EXPECT_NE(flags.find("--ep=" + std::to_string(ep)), std::string::npos) << flags;
+    CommandResult p = RunCommand("estimator/predict " + flags, false);
+    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
+    rapidjson::Document predicted;
+    predicted.Parse(p.output.c_str());
+    ASSERT_FALSE(predicted.HasParseError()) << p.output;
+    const std::string checkpoint = l["checkpoint"].GetString();
+    int64_t most = 0;
+    for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
+      most = std::max(most, rank["peak_bytes"][checkpoint.c_str()].GetInt64());
+    }
+    EXPECT_EQ(most, l["peak_bytes"].GetInt64()) << flags;
+  }
+  // ep 1, 2 and 4 of the 4 data-parallel ranks (4 experts).
+  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4})) << r.output;
+  CommandResult fixed = Search(moe + "--ep=2 --format=table", false);
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
+  EXPECT_NE(fixed.output.find(" ep "), std::string::npos) << fixed.output;
+  EXPECT_NE(fixed.output.find("+ ep "), std::string::npos) << fixed.output;
+  rapidjson::Document only;
+  CommandResult fixed_json = Search(moe + "--ep=2", false);
+  only.Parse(fixed_json.output.c_str());
+  ASSERT_FALSE(only.HasParseError()) << fixed_json.output;
+  for (const rapidjson::Value& l : only["layouts"].GetArray()) EXPECT_EQ(l["ep"].GetInt64(), 2);
 }
 
 TEST(SearchCliTest, TableAndChart) {
