@@ -23,6 +23,7 @@
 #include "estimator/request/plan_file.h"
 #include "planner/flops.h"
 #include "planner/stage_planner.h"
+#include "planner/stage_traffic.h"
 
 namespace memledger {
 namespace {
@@ -105,52 +106,6 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
     }
   }
   return shapes;
-}
-
-// The tensor-parallel all-reduces of (b, s, h) per micro-batch over a stage's chunks:
-// Megatron's two forward (attention and MLP outputs) and two backward (their inputs'
-// gradients) per layer, two more per checkpointed layer (its forward rerun), and one
-// each for the embeddings' output and the head's input gradient.
-int64_t TpAllReduces(const std::vector<StageRange>& chunks, const Variant& variant) {
-  int64_t n = 0;
-  for (const StageRange& chunk : chunks) {
-    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-      n += variant.At(i).checkpointed ? 6 : 4;
-    }
-    n += (chunk.prologue ? 1 : 0) + (chunk.head ? 1 : 0);
-  }
-  return n;
-}
-
-// EpAllToAlls: expert parallelism's all-to-alls per micro-batch over a stage's chunks:
-// AllToAllEP's two in each sparse layer's forward, their two reverses in its backward,
-// and two more where a checkpointed layer reruns its forward.
-int64_t EpAllToAlls(const ModelConfig& config, const std::vector<StageRange>& chunks,
-                    const Variant& variant) {
-  int64_t n = 0;
-  for (const StageRange& chunk : chunks) {
-    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-      if (config.moe.IsSparse(i)) n += variant.At(i).checkpointed ? 6 : 4;
-    }
-  }
-  return n;
-}
-
-// ExpertParameters: the elements of a rank's experts (TensorDef::expert_shard) in its
-// chunks, which its expert-parallel group reduces apart from the rest.
-int64_t ExpertParameters(const ModelConfig& config, AttentionMode attention,
-                         const std::vector<StageRange>& chunks) {
-  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
-  int64_t n = 0;
-  for (const StageRange& chunk : chunks) {
-    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-      const BlockGraph& layer = graphs->Layer(i);
-      for (int t : layer.Parameters()) {
-        if (layer.tensors[t].expert_shard) n += TensorElements(layer.tensors[t], config).value();
-      }
-    }
-  }
-  return n;
 }
 
 // Evaluated is what one shape gave: its layouts that fit, and the rest counted.

@@ -27,6 +27,22 @@ CommandResult Search(const std::string& args, bool merge_stderr = true) {
   return RunCommand("planner/search " + args, merge_stderr);
 }
 
+// PredictedPeak runs predict with a layout's flags: the most loaded of its ranks' peaks
+// under `checkpoint` (predict orders its ranks by `none`'s, shown beside it, so under
+// another checkpointing another rank may be the most loaded); -1 on failure.
+int64_t PredictedPeak(const std::string& flags, const std::string& checkpoint) {
+  CommandResult p = RunCommand("estimator/predict " + flags, false);
+  EXPECT_EQ(p.exit_code, 0) << flags << ": " << p.output;
+  rapidjson::Document predicted;
+  predicted.Parse(p.output.c_str());
+  if (p.exit_code != 0 || predicted.HasParseError()) return -1;
+  int64_t most = 0;
+  for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
+    most = std::max(most, rank["peak_bytes"][checkpoint.c_str()].GetInt64());
+  }
+  return most;
+}
+
 std::string TempPath(const char* name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
@@ -135,12 +151,7 @@ TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
     EXPECT_NE(flags.find(std::string("--plan='") + l["plan"].GetString() + "'"),
               std::string::npos)
         << flags;
-    CommandResult p = RunCommand("estimator/predict " + flags, false);
-    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
-    rapidjson::Document predicted;
-    predicted.Parse(p.output.c_str());
-    ASSERT_FALSE(predicted.HasParseError()) << p.output;
-    EXPECT_EQ(predicted["peak_bytes"]["plan"].GetInt64(), l["peak_bytes"].GetInt64()) << flags;
+    EXPECT_EQ(PredictedPeak(flags, "plan"), l["peak_bytes"].GetInt64()) << flags;
   }
   ASSERT_GT(plans, 0) << r.output;
   CommandResult v = RunCommand(
@@ -160,9 +171,8 @@ TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
 // Layers that differ (tiny-gemma3: 5 sliding-window layers, 1 global), 2 MiB per GPU:
 // the fastest layouts that must recompute include ZeRO-3 ones, which the stage planner
 // does not plan; they keep their standard variants, and the search goes on (it stopped
-// with the planner's error). Each plan reproduces with predict: its most loaded rank's
-// peak under the plan (predict orders the ranks by `none`'s, shown beside it, so under an
-// interleaved layout's plan another stage may be the most loaded).
+// with the planner's error). Each plan reproduces with predict (under an interleaved
+// layout's plan another stage than none's most loaded may peak highest).
 TEST(SearchCliTest, LayersThatDifferArePlannedButNotUnderZero3) {
   CommandResult r = Search(
       "--model=tiny-gemma3 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=8 "
@@ -179,16 +189,8 @@ TEST(SearchCliTest, LayersThatDifferArePlannedButNotUnderZero3) {
     ++plans;
     EXPECT_LT(l["zero"].GetInt64(), 3);
     EXPECT_LE(l["peak_bytes"].GetInt64(), doc["search"]["budget_bytes"].GetInt64());
-    CommandResult p = RunCommand(std::string("estimator/predict ") + l["flags"].GetString(), false);
-    ASSERT_EQ(p.exit_code, 0) << p.output;
-    rapidjson::Document predicted;
-    predicted.Parse(p.output.c_str());
-    ASSERT_FALSE(predicted.HasParseError()) << p.output;
-    int64_t most = 0;
-    for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
-      most = std::max(most, rank["peak_bytes"]["plan"].GetInt64());
-    }
-    EXPECT_EQ(most, l["peak_bytes"].GetInt64()) << l["flags"].GetString();
+    EXPECT_EQ(PredictedPeak(l["flags"].GetString(), "plan"), l["peak_bytes"].GetInt64())
+        << l["flags"].GetString();
   }
   EXPECT_GT(plans, 0) << r.output;
 }
@@ -221,17 +223,8 @@ TEST(SearchCliTest, ExpertParallelLayoutsOfAMixtureOfExperts) {
     EXPECT_GT(l["time"]["ep_s"].GetDouble(), 0.0);
     const std::string flags = l["flags"].GetString();
     EXPECT_NE(flags.find("--ep=" + std::to_string(ep)), std::string::npos) << flags;
-    CommandResult p = RunCommand("estimator/predict " + flags, false);
-    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
-    rapidjson::Document predicted;
-    predicted.Parse(p.output.c_str());
-    ASSERT_FALSE(predicted.HasParseError()) << p.output;
-    const std::string checkpoint = l["checkpoint"].GetString();
-    int64_t most = 0;
-    for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
-      most = std::max(most, rank["peak_bytes"][checkpoint.c_str()].GetInt64());
-    }
-    EXPECT_EQ(most, l["peak_bytes"].GetInt64()) << flags;
+    EXPECT_EQ(PredictedPeak(flags, l["checkpoint"].GetString()), l["peak_bytes"].GetInt64())
+        << flags;
   }
   // ep 1, 2 and 4 of the 4 data-parallel ranks (4 experts).
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4})) << r.output;
