@@ -368,14 +368,20 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   if (families) {
     if (absl::Status s = make(*graphs.prologue, false, &plans->prologue); !s.ok()) return s;
   }
-  // The study's first layer reads the model input, which needs no gradient; the
-  // families' first layer reads the embeddings.
-  if (absl::Status s = make(graphs.Layer(0), families, &plans->first); !s.ok()) return s;
   plans->rest.resize(graphs.layer_kinds.size());
   for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
     if (absl::Status s = make(graphs.layer_kinds[kind], true, &plans->rest[kind]); !s.ok()) {
       return s;
     }
+  }
+  // The study's first layer reads the model input, which needs no gradient: a plan of
+  // its own. The families' first layer reads the embeddings, as every other layer reads
+  // its input: its kind's plan.
+  if (families) {
+    plans->first = plans->rest[graphs.KindOf(0)].get();
+  } else {
+    if (absl::Status s = make(graphs.Layer(0), false, &plans->study_first); !s.ok()) return s;
+    plans->first = plans->study_first.get();
   }
   if (absl::Status s = make(graphs.epilogue, true, &plans->head); !s.ok()) return s;
   return StepSimulator(config, attention, options, std::move(plans));

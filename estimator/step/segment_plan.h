@@ -109,11 +109,14 @@ struct ModelPlans {
   mutable std::vector<std::shared_ptr<const ChunkPasses>> chunk_passes;
   std::shared_ptr<const ModelGraphs> graphs;
   std::unique_ptr<SegmentPlan> prologue;
-  std::unique_ptr<SegmentPlan> first;
+  // first: the first layer's plan: the study's own (its input needs no gradient), the
+  // families' that of its kind in `rest` (their first layer reads the embeddings).
+  const SegmentPlan* first = nullptr;
+  std::unique_ptr<SegmentPlan> study_first;
   std::vector<std::unique_ptr<SegmentPlan>> rest;  // by layer kind
   std::unique_ptr<SegmentPlan> head;
   const SegmentPlan* Layer(int64_t i) const {
-    return i == 0 ? first.get() : rest[graphs->KindOf(i)].get();
+    return i == 0 ? first : rest[graphs->KindOf(i)].get();
   }
 };
 

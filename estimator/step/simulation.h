@@ -350,7 +350,7 @@ class Simulation {
   const SegmentPlan* LayerPlan(const ModelPlans& plans, int64_t i) const {
     // The first layer's own plan is the pattern's first kind (the study's reads an input
     // without a gradient); a probe may start with another kind.
-    return i == 0 && KindOf(0) == graphs_->KindOf(0) ? plans.first.get()
+    return i == 0 && KindOf(0) == graphs_->KindOf(0) ? plans.first
                                                     : plans.rest[KindOf(i)].get();
   }
   // OptimizerLayerBytes is where stepped tensor p's bytes count in

@@ -241,7 +241,7 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
 absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
-  const SegmentPlan* const first = plans.first.get();
+  const SegmentPlan* const first = plans.first;
   const BlockGraph& layer = graphs.Layer(0);
   const int input_id = f.input_id;
   Handle x;
