@@ -677,8 +677,12 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   for (size_t i = 0; i < evaluated.size(); ++i) {
     const Evaluated& e = evaluated[i];
     if (e.fits.empty() || !(e.none_time_s < best_s)) continue;
-    // The stage planner plans ZeRO 0-2, and not expert-parallel ranks.
-    if (shapes[i].zero >= 3 || shapes[i].ep > 1) continue;
+    // The stage planner plans ZeRO 0-2, and expert-parallel ranks only where they
+    // receive alike (PlannedLayout).
+    if (shapes[i].zero >= 3 ||
+        (shapes[i].ep > 1 && base->config.moe.routing != RoutingSource::kBalanced)) {
+      continue;
+    }
     double fastest = std::numeric_limits<double>::infinity();
     bool none_fits = false;
     for (const SearchedLayout& l : e.fits) {

@@ -26,8 +26,9 @@ rapidjson::Value String(const std::string& s, Allocator& allocator) {
 std::string Flops(int64_t flops) { return absl::StrFormat("%.3g", static_cast<double>(flops)); }
 
 // LayoutText: "; one of 8 data-parallel ranks with ZeRO-1", "; 4 pipeline stages of 8
-// micro-batches", or nothing for one process.
-std::string LayoutText(const ParallelSpec& p) {
+// micro-batches", "; one of 8 data-parallel ranks, each with 1 / 8 of the experts (every
+// expert-parallel rank alike)", or nothing for one process.
+std::string LayoutText(const ParallelSpec& p, int64_t ep) {
   std::string out;
   if (p.pp > 1 || p.micro_batches > 1) {
     out = p.pp > 1 ? absl::StrCat("; ", p.pp, " pipeline stages of ", p.micro_batches,
@@ -38,6 +39,10 @@ std::string LayoutText(const ParallelSpec& p) {
     absl::StrAppend(&out, p.pp > 1 ? ", each stage " : "; ", "one of ", p.dp,
                     " data-parallel ranks",
                     p.zero > 0 ? absl::StrCat(" with ZeRO-", p.zero) : std::string());
+  }
+  if (ep > 1) {
+    absl::StrAppend(&out, ", each with 1 / ", ep,
+                    " of the experts (every expert-parallel rank alike)");
   }
   return out;
 }
@@ -171,7 +176,7 @@ std::string PlanReportTable(const PlanReport& r) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(r.prediction.optimizer.kind),
       r.prediction.optimizer.master_weights ? " with fp32 master weights" : "",
-      LayoutText(r.parallel), HumanBytes(r.budget_bytes));
+      LayoutText(r.parallel, c.moe.ep), HumanBytes(r.budget_bytes));
   const bool staged = !r.stages.empty();
   const bool searched = r.searched;
   if (staged) {

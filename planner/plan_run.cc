@@ -49,11 +49,13 @@ absl::Status PlannedLayout(const RunSpec& spec) {
         "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
         "planned yet)");
   }
-  if (spec.config.moe.ep > 1) {
-    // Each expert-parallel rank receives its own tokens, so each would need its own plan.
+  if (spec.config.moe.ep > 1 && spec.config.moe.routing != RoutingSource::kBalanced) {
+    // Each expert-parallel rank receives its own tokens: the ranks' steps differ, and
+    // one plan (their all-to-alls must rerun together) would have to fit them all.
     return absl::InvalidArgumentError(
-        "--ep: the planner does not plan expert-parallel ranks yet (predict --ep predicts "
-        "each rank under the standard variants)");
+        "--ep: the planner plans expert-parallel ranks under --routing=balanced only, where "
+        "every rank receives alike (predict --ep predicts each rank under the standard "
+        "variants)");
   }
   return absl::OkStatus();
 }

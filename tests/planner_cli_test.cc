@@ -104,7 +104,8 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--budget_gib=1 --model=tiny-llama --micro_batches=2 --timeline_svg=/tmp/x.svg",
             "not with --pp or --micro_batches"},
            {"--budget_gib=1 --model=tiny-llama --dp=2 --zero=3", "--zero=3"},
-           {"--budget_gib=1 --model=tiny-qwen3-moe --dp=2 --ep=2", "--ep: the planner does not"},
+           {"--budget_gib=1 --model=tiny-qwen3-moe --dp=2 --ep=2 --routing=worst",
+            "--ep: the planner plans expert-parallel ranks under --routing=balanced only"},
            {"--budget_gib=1 stray", "unexpected argument"}}) {
     CommandResult r = Planner(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
@@ -424,6 +425,33 @@ TEST(PlannerCliTest, PlansLayersThatDifferAndVerifiesInLibTorch) {
     ASSERT_FALSE(verified.HasParseError()) << v.output;
     EXPECT_TRUE(verified["passed"].GetBool()) << v.output;
     EXPECT_EQ(verified["peak_bytes"]["plan"].GetInt64(), doc["peak_bytes"].GetInt64());
+  }
+}
+
+// Expert parallelism under balanced routing (tiny-qwen3-moe, 2 data-parallel ranks
+// each with 2 of the 4 experts): every rank receives alike, so one plan fits both, and
+// predict replays it on each rank to the planned peak (memledger's LibTorch runtime has
+// no expert parallelism; tests/expert_parallel_test.py proves these ranks' steps against
+// transformers). Without checkpoints each rank peaks above the budget.
+TEST(PlannerCliTest, ExpertParallelRanksShareOnePlan) {
+  const std::string model = "--model=tiny-qwen3-moe --batch=4 --seq=128 --dp=2 --ep=2";
+  const std::string plan = TempPath("plan_ep.json");
+  CommandResult r = Planner(model + " --budget_gib=0.004 --plan_out=" + plan, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_LE(doc["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
+  EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
+  CommandResult p = RunCommand("estimator/predict " + model + " --plan=" + plan, false);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  rapidjson::Document predicted;
+  predicted.Parse(p.output.c_str());
+  ASSERT_FALSE(predicted.HasParseError()) << p.output;
+  ASSERT_EQ(predicted["ranks"].Size(), 2u);
+  for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
+    EXPECT_GT(rank["peak_bytes"]["none"].GetInt64(), doc["budget_bytes"].GetInt64());
+    EXPECT_EQ(rank["peak_bytes"]["plan"].GetInt64(), doc["peak_bytes"].GetInt64());
   }
 }
 

@@ -354,6 +354,44 @@ TEST(PlannerTest, LayersThatDifferComposeToTheReplayedPlan) {
   EXPECT_EQ(compared, 4 * 4 + 7 * (16 + 64) + 7 * 40);
 }
 
+// Expert parallelism under balanced routing: every expert-parallel rank holds as many
+// experts and receives as many rows, so one plan's peak is every rank's. The planner
+// composes the rank's step (its experts, AllToAllEP's buffers, the experts' own
+// reduction) to every rank's replayed peak.
+TEST(PlannerTest, ExpertParallelRanksUnderBalancedRoutingComposeToEveryRanksPeak) {
+  int compared = 0;
+  for (ExpertsImpl impl : {ExpertsImpl::kEager, ExpertsImpl::kGroupedMm}) {
+    for (const auto& [dp, ep] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}}) {
+      ModelConfig config = DenseFirstMoe(3, impl);
+      config.moe.ep = ep;
+      SCOPED_TRACE(::testing::Message() << "impl " << static_cast<int>(impl) << " dp " << dp
+                                        << " ep " << ep);
+      PlannerOptions options;
+      options.parallel.dp = dp;
+      options.choices = {LayerChoice{false, {}}, LayerChoice{true, {}},
+                         LayerChoice{true, SavePolicy{OpKind::kMatmul}}};
+      ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(config, options));
+      for (const std::vector<int>& plan : AllPlans(3, 3)) {
+        std::vector<LayerChoice> choices;
+        for (int c : plan) choices.push_back(planner.choices()[c]);
+        PredictOptions predict;
+        predict.variants = {PlanVariant(choices)};
+        ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,
+                             PredictRanks(config, options.parallel, predict));
+        ASSERT_EQ(ranks.ep, ep);
+        for (const RankKind& kind : ranks.kinds) {
+          const VariantPrediction& held = kind.variants[0].held;
+          ASSERT_TRUE(held.peak.has_value()) << held.peak_unavailable;
+          ASSERT_EQ(planner.PeakOf(plan), held.peak->bytes)
+              << "ep rank " << kind.ep_rank << " plan " << absl::StrJoin(plan, " ");
+        }
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 2 * 27);
+}
+
 // The solver against every plan: at budgets between the smallest and the largest peak
 // (each a plan's replayed peak, where the answer changes), the least recompute among the
 // plans that fit; for layers alike and layers that differ.

@@ -361,7 +361,8 @@ struct ModelConfig {
   // LayersAlone is this model with only `kept` of its layers (model indices, in order),
   // each keeping its attention span, sparseness and routing row, and its batch `scale`
   // times larger (a given routing's rows likewise): the model a pipeline stage's
-  // checkpoint plan is guided by (planner/stage_planner.h). REQUIRES: moe.ep == 1.
+  // checkpoint plan is guided by (planner/stage_planner.h). REQUIRES: routing_rows one
+  // per sparse layer (not every expert-parallel rank's).
   ModelConfig LayersAlone(const std::vector<int64_t>& kept, int64_t scale = 1) const {
     ModelConfig out = *this;
     out.layers = static_cast<int64_t>(kept.size());
