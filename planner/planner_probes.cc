@@ -190,30 +190,43 @@ absl::Status Planner::Tables::RecordProbes(const StepSimulator& simulator,
     }
   }
 
-  // The head's contexts, by probes with every kind of the model: the first and last
-  // layers checkpointed as they say, and the fewest layers between that hold the groups.
+  // The head's contexts a plan of the model can make: its first and last layers
+  // checkpointed or not, and the groups its checkpointed layers hold: theirs, and any
+  // union of its middle layers' (one checkpointed layer per kind of a distinct set of
+  // groups makes it). Each by a probe with every kind: the model's first layer's kind,
+  // the middle layers that make the union, the other kinds plain, the last layer's kind.
   if (layers == 1) return absl::OkStatus();  // the templates had them all
-  const std::vector<ProbeLayer> symbols = layers_for(every.front());
+  const int first_kind = kind_of.front(), last_kind = kind_of.back();
+  std::vector<int> middle_kinds;  // one per distinct set of groups, among layers 1..L-2
+  for (int64_t i = 1; i + 1 < layers; ++i) {
+    bool known = false;
+    for (int k : middle_kinds) known = known || kind_groups[k] == kind_groups[kind_of[i]];
+    if (!known) middle_kinds.push_back(kind_of[i]);
+  }
+  std::vector<int> others;  // the kinds neither first nor last, plain
+  for (int kind : every) {
+    if (kind != first_kind && kind != last_kind) others.push_back(kind);
+  }
   for (int first_ckpt = 0; first_ckpt < 2; ++first_ckpt) {
     for (int last_ckpt = 0; last_ckpt < 2; ++last_ckpt) {
-      for (int any = 0; any < 2; ++any) {
-        for (uint32_t held = 0; held < (1u << groups); ++held) {
-          if (last[HeadIndex(first_ckpt, last_ckpt, any, held)].seen) continue;
-          Probe probe;
-          Sequences(symbols, 0, groups + 1, [&](const std::vector<ProbeLayer>& seq) {
-            Probe trial;
-            add(&trial, every.front(), first_ckpt ? kFull : kNone);
-            for (const ProbeLayer& sym : seq) add(&trial, sym.kind, sym.checkpointed ? kFull : kNone);
-            for (size_t k = 1; k < every.size(); ++k) add(&trial, every[k], kNone);
-            if (trial.kinds.size() < 2) add(&trial, every.front(), kNone);
-            trial.choices.back() = last_ckpt ? kFull : kNone;
-            const Placement p = PlacementOf(trial.choices, trial.kinds);
-            if (p.any != (any == 1) || p.held != held) return false;
-            probe = std::move(trial);
-            return true;
-          });
-          if (probe.kinds.empty()) continue;  // no plan has the context
-          if (absl::Status s = run(probe); !s.ok()) return s;
+      // Every subset of the middle kinds, checkpointed, the rest of the probe plain.
+      for (uint32_t subset = 0; subset < (1u << middle_kinds.size()); ++subset) {
+        Probe probe;
+        add(&probe, first_kind, first_ckpt ? kFull : kNone);
+        for (size_t m = 0; m < middle_kinds.size(); ++m) {
+          if (subset >> m & 1) add(&probe, middle_kinds[m], kFull);
+        }
+        for (int kind : others) add(&probe, kind, kNone);
+        add(&probe, last_kind, last_ckpt ? kFull : kNone);
+        const Placement p = PlacementOf(probe.choices, probe.kinds);
+        const Bracket& head = last[HeadIndex(first_ckpt, last_ckpt, p.any, p.held)];
+        if (head.seen) continue;
+        if (absl::Status s = run(probe); !s.ok()) return s;
+        if (!head.seen) {
+          return absl::InternalError(absl::StrCat(
+              "checkpoint planner: a probe missed the head's context (first layer ",
+              first_ckpt ? "" : "not ", "checkpointed, last ", last_ckpt ? "" : "not ",
+              "checkpointed, groups held ", p.held, ")"));
         }
       }
     }
