@@ -237,6 +237,26 @@ TEST(SearchCliTest, ExpertParallelLayoutsOfAMixtureOfExperts) {
   only.Parse(fixed_json.output.c_str());
   ASSERT_FALSE(only.HasParseError()) << fixed_json.output;
   for (const rapidjson::Value& l : only["layouts"].GetArray()) EXPECT_EQ(l["ep"].GetInt64(), 2);
+  // At 2 MiB with ep 2 (4 layers, seq 128) some layouts must recompute: their per-stage
+  // plans (balanced routing: every expert-parallel rank alike) fit every rank.
+  CommandResult planned = Search(
+      "--model=tiny-qwen3-moe --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 "
+      "--global_batch=8 --gpu_memory_gib=0.002 --ep=2",
+      false);
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  rapidjson::Document plans;
+  plans.Parse(planned.output.c_str());
+  ASSERT_FALSE(plans.HasParseError()) << planned.output;
+  int expert_parallel_plans = 0;
+  for (const rapidjson::Value& l : plans["layouts"].GetArray()) {
+    if (std::string(l["checkpoint"].GetString()) != "plan") continue;
+    ++expert_parallel_plans;
+    EXPECT_EQ(l["ep"].GetInt64(), 2);
+    EXPECT_LE(l["peak_bytes"].GetInt64(), plans["search"]["budget_bytes"].GetInt64());
+    EXPECT_EQ(PredictedPeak(l["flags"].GetString(), "plan"), l["peak_bytes"].GetInt64())
+        << l["flags"].GetString();
+  }
+  EXPECT_GT(expert_parallel_plans, 0) << planned.output;
 }
 
 TEST(SearchCliTest, TableAndChart) {
