@@ -2,9 +2,9 @@
 // model's layers can be in, each kind of layer in each of its slots, simulated once and
 // recorded into the tables (Planner::Tables::RecordProbes).
 #include <algorithm>
-#include <utility>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,8 +88,8 @@ absl::Status Planner::Tables::RecordProbes(const StepSimulator& simulator,
   const int64_t layers = static_cast<int64_t>(kind_of.size());
   const int n = static_cast<int>(choices.size());
   if (absl::Status s = GroupGlobals(simulator); !s.ok()) return s;
-  layer.assign(Key(kinds - 1, kSlots - 1, true, n - 1, true, kind_groups[kinds - 1]) + 1,
-               LayerStretches());
+  // Every key: kind, slot, previous, choice, next, then the groups' bits.
+  layer.assign((static_cast<size_t>(kinds) * kSlots * 2 * n * 2) << groups, LayerStretches());
   last.assign(HeadIndex(1, 1, 1, (1u << groups) - 1) + 1, Bracket());
   auto run = [&](const Probe& probe) -> absl::Status {
     std::vector<LayerChoice> layer_choices;
@@ -128,7 +128,9 @@ absl::Status Planner::Tables::RecordProbes(const StepSimulator& simulator,
   // The templates first, for the first layer's kind and each kind with more than its
   // first layer.
   std::vector<bool> alike(kinds, false);  // a kind with a layer not its first
-  for (int64_t i = 0; i < layers; ++i) alike[kind_of[i]] = alike[kind_of[i]] || slot_of[i] % 2 == 0;
+  for (int64_t i = 0; i < layers; ++i) {
+    alike[kind_of[i]] = alike[kind_of[i]] || slot_of[i] % 2 == 0;
+  }
   for (int kind = 0; kind < kinds; ++kind) {
     if (kind != kind_of[0] && !alike[kind]) continue;
     for (const Probe& probe : TemplateProbes(*this, kind, layers)) {
@@ -159,7 +161,7 @@ absl::Status Planner::Tables::RecordProbes(const StepSimulator& simulator,
             if (At(kind, slot, previous, c, next, lowest).seen) continue;
             Probe probe;
             if (after) {
-              const bool found = Sequences(symbols, 1, groups + 2, [&](const std::vector<ProbeLayer>& seq) {
+              auto makes_context = [&](const std::vector<ProbeLayer>& seq) {
                 if (seq.back().checkpointed != (previous == 1)) return false;
                 bool own_kind = false;
                 uint32_t held = 0;
@@ -169,10 +171,14 @@ absl::Status Planner::Tables::RecordProbes(const StepSimulator& simulator,
                 }
                 if (own_kind == first_of_kind) return false;
                 if (Checkpointed(c) && (kind_groups[kind] & ~held) != lowest) return false;
-                for (const ProbeLayer& sym : seq) add(&probe, sym.kind, sym.checkpointed ? kFull : kNone);
+                for (const ProbeLayer& sym : seq) {
+                  add(&probe, sym.kind, sym.checkpointed ? kFull : kNone);
+                }
                 return true;
-              });
-              if (!found) continue;  // no model of these kinds has the context
+              };
+              if (!Sequences(symbols, 1, groups + 2, makes_context)) {
+                continue;  // no model of these kinds has the context
+              }
             } else if (Checkpointed(c) && lowest != kind_groups[kind]) {
               continue;  // the first layer is the lowest of all its groups
             }

@@ -173,14 +173,18 @@ void Planner::Tables::DeriveBounds() {
       t.held_bytes[0] = gap.bytes;
       held_known[0] = true;
     }
-    for (int g = 0; g < groups; ++g) d_varies = d_varies || ((gap.lowest >> g & 1) && !held_known[g]);
+    for (int g = 0; g < groups; ++g) {
+      d_varies = d_varies || ((gap.lowest >> g & 1) && !held_known[g]);
+    }
     const int64_t extra = gap.bytes - t.HeldBytes(gap.lowest);
     if (first_gap.has_value() && *first_gap != extra) d_varies = true;
     first_gap = extra;
   }
   t.first_held_bytes = first_gap.value_or(0);
   for (const Gap& gap : gaps) {
-    for (int g = 0; g < groups; ++g) d_varies = d_varies || ((gap.lowest >> g & 1) && !held_known[g]);
+    for (int g = 0; g < groups; ++g) {
+      d_varies = d_varies || ((gap.lowest >> g & 1) && !held_known[g]);
+    }
     if (!d_varies && gap.bytes != t.HeldBytes(gap.lowest) +
                                       (first_position(gap.place) ? t.first_held_bytes : 0)) {
       d_varies = true;

@@ -284,8 +284,8 @@ ModelConfig Gemma(int64_t layers, std::vector<LayerAttention> pattern, int64_t w
 }
 // Qwen3-MoE with a dense first layer (mlp_only_layers [0]), under either experts
 // implementation; `routed`: eager experts with a given routing, a row per sparse layer
-// (each summing to B T k = 2 x 16 x 2 = 64 over 4 experts, at most B T = 32 each), so that every sparse layer
-// is its own kind.
+// (each summing to B T k = 2 x 16 x 2 = 64 over 4 experts, at most B T = 32 each), so
+// that every sparse layer is its own kind.
 ModelConfig DenseFirstMoe(int64_t layers, ExpertsImpl impl, bool routed = false) {
   ModelConfig config = Preset("tiny-qwen3-moe", layers);
   config.moe.impl = impl;

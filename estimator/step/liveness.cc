@@ -537,7 +537,8 @@ absl::Status StepSimulator::ValidateProbe(const Variant& variant,
   const size_t count = ModelGraphsFor(config_, attention_)->layer_kinds.size();
   for (int kind : kinds) {
     if (kind < 0 || static_cast<size_t>(kind) >= count) {
-      return absl::InvalidArgumentError(absl::StrCat("step probe: the model has no layer kind ", kind));
+      return absl::InvalidArgumentError(
+          absl::StrCat("step probe: the model has no layer kind ", kind));
     }
   }
   if (variant.kind != VariantKind::kPlan || variant.layers.size() != kinds.size()) {
