@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/graph/family.h"
 #include "estimator/spec/config.h"
 #include "estimator/step/liveness.h"
 #include "estimator/request/model_presets.h"
@@ -322,6 +323,32 @@ std::vector<Case> DifferingCases(int64_t layers) {
                      AttentionMode::kFlash, false, MasterWeights()});
   }
   return cases;
+}
+
+// A pipeline stage's guide is the model of its layers alone (ModelConfig::LayersAlone):
+// each keeps its attention span, sparseness and routing row, and the batch and rows
+// scale by the micro-batches in flight.
+TEST(PlannerTest, AStagesGuideModelIsItsLayersAlone) {
+  const LayerAttention kS = LayerAttention::kSliding, kF = LayerAttention::kFull;
+  // Gemma 3's 5 : 1 pattern over 12 layers: layers 4, 5, 6 are sliding, global, sliding.
+  ModelConfig gemma = Gemma(12, {kS, kS, kS, kS, kS, kF});
+  ModelConfig alone = gemma.LayersAlone({4, 5, 6}, 2);
+  EXPECT_EQ(alone.layers, 3);
+  EXPECT_EQ(alone.batch, 2 * gemma.batch);
+  EXPECT_EQ(alone.layer_attention, (std::vector<LayerAttention>{kS, kF, kS}));
+  EXPECT_OK(ValidateConfig(alone));
+  // An MoE whose layers 0 and 3 are dense, with a routing row for each sparse layer
+  // (1, 2, 4; each summing to B T k = 64): layers 2, 3, 4 keep rows 2 and 3, times 3.
+  ModelConfig moe = DenseFirstMoe(5, ExpertsImpl::kEager, true);
+  moe.moe.sparse_layers = {false, true, true, false, true};
+  moe.moe.routing_rows = {{16, 16, 16, 16}, {32, 16, 8, 8}, {0, 0, 32, 32}};
+  ASSERT_OK(ValidateConfig(moe));
+  ModelConfig stage = moe.LayersAlone({2, 3, 4}, 3);
+  EXPECT_EQ(stage.batch, 3 * moe.batch);
+  EXPECT_EQ(stage.moe.sparse_layers, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(stage.moe.routing_rows,
+            (std::vector<std::vector<int64_t>>{{96, 48, 24, 24}, {0, 0, 96, 96}}));
+  EXPECT_OK(ValidateConfig(stage));
 }
 
 // The planner composes a plan's peak for layers that differ: its kinds differ from the
