@@ -428,6 +428,39 @@ TEST(PlannerCliTest, PlansLayersThatDifferAndVerifiesInLibTorch) {
   }
 }
 
+// Pipeline stages of layers that differ: tiny-gemma3 (layers 0-2 sliding on stage 0;
+// 3-4 sliding and 5 global on stage 1) in 2 stages of 2 micro-batches. Each stage's
+// guide is its own layers' model (ModelConfig::LayersAlone); verify runs the plan on 2
+// Gloo ranks in LibTorch, each measuring its stage's peak at the planned one, within the
+// budget.
+TEST(PlannerCliTest, StagesOfLayersThatDifferVerifyOnGlooRanks) {
+  const std::string model = "--model=tiny-gemma3 --batch=2 --seq=128 --pp=2 --micro_batches=2";
+  const std::string plan = TempPath("plan_gemma_stages.json");
+  CommandResult r = Planner(model + " --budget_gib=0.004 --plan_out=" + plan, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_EQ(doc["stages"].Size(), 2u);
+  CommandResult v =
+      RunCommand("verify/verify " + model + " --skip_timing --plan=" + plan, false);
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  rapidjson::Document verified;
+  verified.Parse(v.output.c_str());
+  ASSERT_FALSE(verified.HasParseError()) << v.output;
+  EXPECT_TRUE(verified["passed"].GetBool()) << v.output;
+  int measured = 0;
+  for (const rapidjson::Value& stage : doc["stages"].GetArray()) {
+    EXPECT_LE(stage["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
+    for (const rapidjson::Value& rank : verified["ranks"].GetArray()) {
+      if (rank["stage"].GetInt64() != stage["stage"].GetInt64()) continue;
+      EXPECT_EQ(rank["measured"]["peak_bytes.plan"].GetInt64(), stage["peak_bytes"].GetInt64());
+      ++measured;
+    }
+  }
+  EXPECT_EQ(measured, 2);  // each stage's rank
+}
+
 // Expert parallelism under balanced routing (tiny-qwen3-moe, 2 data-parallel ranks
 // each with 2 of the 4 experts): every rank receives alike, so one plan fits both, and
 // predict replays it on each rank to the planned peak (memledger's LibTorch runtime has
