@@ -4,16 +4,19 @@
 // The peak of a plan comes from the step simulation (estimator/step/liveness.h) without
 // replaying the plan: a step is a sequence of stretches (each layer's forward, the
 // head's, each layer's backward, ...) whose net bytes and rises compose the peak, and a
-// layer's stretches depend only on its own choice, whether it is the first or the last,
-// whether its two neighbours are checkpointed and, checkpointed, whether it is the lowest
-// such layer (whose frame holds transformers' position ids last; the head's stretches
-// depend on whether any layer is checkpointed). Create() simulates a few short probe
-// models that contain every such context once, and checks that every context seen twice
-// has the same stretches (the assumption, checked on each use).
+// layer's stretches depend only on its kind (Gemma 3's sliding and global layers, an
+// MoE's dense and sparse ones), its own choice, whether it is the first or the last and
+// whether it is the first of its kind, whether its two neighbours are checkpointed and,
+// checkpointed, which groups of model-level tensors it is the lowest holder of (those only
+// checkpoint frames hold: transformers' position ids, Gemma 3's sliding-window mask; the
+// head's stretches depend on which groups are held). Create() simulates short probe
+// models of the model's kinds (planner_probes.cc) that contain every such context, and
+// checks that every context seen twice has the same stretches (the assumption, checked
+// on each use).
 //
 // The solver is exact: a dynamic program over layers whose state is (this layer's
-// choice, whether the previous one is checkpointed, whether any earlier one is) and, per
-// state, the Pareto set of
+// choice, whether the previous one is checkpointed, whether any earlier one is, and the
+// groups they hold) and, per state, the Pareto set of
 // partial plans by four sums that the rest of the step can only add to (the forward's
 // live bytes, the worst backward moment so far shifted by what later layers add, the
 // bytes that remain after the backward, recompute FLOPs). Dominated choices (no cheaper
