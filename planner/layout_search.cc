@@ -584,6 +584,12 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   base_request.batch = 1;
   absl::StatusOr<RunSpec> base = RunSpecFromRequest(base_request);
   if (!base.ok()) return base.status();
+  if (options.fixed.ep.has_value()) {
+    // --ep fixes the expert parallelism: the model must have it (predict's checks).
+    ModelConfig with_ep = base->config;
+    with_ep.moe.ep = *options.fixed.ep;
+    if (absl::Status s = ValidateConfig(with_ep); !s.ok()) return s;
+  }
   absl::StatusOr<StepFlops> model_flops = CountStepFlops(base->config, base->attention);
   if (!model_flops.ok()) return model_flops.status();
   const Search search(request, *base, options, static_cast<double>(model_flops->total));
