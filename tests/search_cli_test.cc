@@ -28,8 +28,8 @@ CommandResult Search(const std::string& args, bool merge_stderr = true) {
 }
 
 // PredictedPeak runs predict with a layout's flags: the most loaded of its ranks' peaks
-// under `checkpoint` (predict orders its ranks by `none`'s, shown beside it, so under
-// another checkpointing another rank may be the most loaded); -1 on failure.
+// under `checkpoint` (its first rank's: predict orders them by a plan's peak, or the
+// only variant's), -1 on failure.
 int64_t PredictedPeak(const std::string& flags, const std::string& checkpoint) {
   CommandResult p = RunCommand("estimator/predict " + flags, false);
   EXPECT_EQ(p.exit_code, 0) << flags << ": " << p.output;
@@ -40,6 +40,8 @@ int64_t PredictedPeak(const std::string& flags, const std::string& checkpoint) {
   for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
     most = std::max(most, rank["peak_bytes"][checkpoint.c_str()].GetInt64());
   }
+  EXPECT_EQ(predicted["ranks"][0]["peak_bytes"][checkpoint.c_str()].GetInt64(), most) << flags;
+  EXPECT_EQ(predicted["peak_bytes"][checkpoint.c_str()].GetInt64(), most) << flags;
   return most;
 }
 
@@ -172,7 +174,8 @@ TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
 // the fastest layouts that must recompute include ZeRO-3 ones, which the stage planner
 // does not plan; they keep their standard variants, and the search goes on (it stopped
 // with the planner's error). Each plan reproduces with predict (under an interleaved
-// layout's plan another stage than none's most loaded may peak highest).
+// layout's plan another stage than none's most loaded peaks highest: predict puts it
+// first).
 TEST(SearchCliTest, LayersThatDifferArePlannedButNotUnderZero3) {
   CommandResult r = Search(
       "--model=tiny-gemma3 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=8 "

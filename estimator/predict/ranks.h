@@ -64,11 +64,19 @@ struct RankKind {
   int64_t Total(size_t v) const {
     return param_bytes + grad_bytes + optimizer_state_bytes + variants[v].held.saved_bytes;
   }
-  // Load: what ranks are ordered by: the first variant's peak where simulated, else its
-  // Total; 0 without variants.
+  // Load: what ranks are ordered by: the first plan's peak where one is predicted (a
+  // plan is what was asked for; predict --plan shows none beside it), else the first
+  // variant's; its Total where the peak is not simulated; 0 without variants.
   int64_t Load() const {
     if (variants.empty()) return 0;
-    return variants[0].held.peak.has_value() ? variants[0].held.peak->bytes : Total(0);
+    size_t v = 0;
+    for (size_t i = 0; i < variants.size(); ++i) {
+      if (variants[i].held.variant.kind == VariantKind::kPlan) {
+        v = i;
+        break;
+      }
+    }
+    return variants[v].held.peak.has_value() ? variants[v].held.peak->bytes : Total(v);
   }
 };
 
@@ -76,8 +84,8 @@ struct RanksPrediction {
   ParallelSpec parallel;
   int64_t ep = 1;  // expert-parallel ranks (ModelConfig's moe.ep)
   int64_t ep_groups = 1;  // their groups routed apart (ModelConfig::RoutedGroups)
-  // kinds: one per pipeline stage, the most loaded first (by Load: the first variant's
-  // peak, or its Total where there is none; the earlier stage on ties).
+  // kinds: one per pipeline stage, the most loaded first (by Load: a plan's peak, else
+  // the first variant's, or its Total where there is none; the earlier stage on ties).
   std::vector<RankKind> kinds;
 };
 
