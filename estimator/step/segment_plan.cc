@@ -1,6 +1,7 @@
 #include "estimator/step/segment_plan.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -129,6 +130,26 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
         // add_ returns self; its AddBackward0 hands the gradient through.
         op.type == OpType::kAddInplace;
     if (identity) plan->same_as[op.outputs[0]] = op.inputs[0];
+  }
+  // Each split's parts (slices of one input marked split_part), in forward order, under
+  // its first part: the backward's SplitBackward0 waits for them all.
+  plan->split_parts.assign(graph.ops.size(), {});
+  plan->split_first.assign(graph.ops.size(), -1);
+  std::map<int, int> first_of_input;  // a split's input -> its first part
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const OpDef& op = graph.ops[i];
+    if (op.type != OpType::kSlice || !op.attributes.split_part) continue;
+    const int first = first_of_input.emplace(op.inputs[0], static_cast<int>(i)).first->second;
+    plan->split_first[i] = first;
+    plan->split_parts[first].push_back(static_cast<int>(i));
+  }
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const int call = graph.ops[i].composite;
+    if (call < 0) continue;
+    if (static_cast<size_t>(call) >= plan->composite_ops.size()) {
+      plan->composite_ops.resize(static_cast<size_t>(call) + 1);
+    }
+    plan->composite_ops[static_cast<size_t>(call)].push_back(static_cast<int>(i));
   }
   if (graph.input >= 0) plan->input_storage = tensors[graph.input].storage;
   plan->output_storage = tensors[graph.output].storage;

@@ -60,6 +60,13 @@ struct SegmentPlan {
   // dtype, contiguous() of a contiguous tensor), that input; -1 otherwise. Such an op
   // makes no backward node: gradients go straight to the input.
   std::vector<int> same_as;
+  // split_first: per op, the first part of the split it is a part of (a kSlice with
+  // split_part), -1 otherwise; split_parts: under a split's first part, every part in
+  // forward order (SplitBackward).
+  std::vector<int> split_first;
+  std::vector<std::vector<int>> split_parts;
+  // composite_ops: by composite call (OpDef::composite), its ops.
+  std::vector<std::vector<int>> composite_ops;
 };
 
 // MakePlan walks `graph` with layouts and derives the plan; Internal for an op with more

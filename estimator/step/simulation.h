@@ -206,8 +206,8 @@ class Simulation {
   // arguments itself (runtime/selective_ops.cc), so autocast's cache never sees them.
   bool CallIsReplayed(const Instance& inst, const OpDef& op) const {
     if (op.composite < 0) return false;
-    for (const OpDef& other : inst.plan->graph->ops) {
-      if (other.composite == op.composite && FromCache(inst, other)) return true;
+    for (int other : inst.plan->composite_ops[static_cast<size_t>(op.composite)]) {
+      if (FromCache(inst, inst.plan->graph->ops[other])) return true;
     }
     return false;
   }

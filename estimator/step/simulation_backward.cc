@@ -590,19 +590,15 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
 // a part without one, into the input's gradient; then the parts' gradients die.
 absl::Status Simulation::SplitBackward(Instance& inst, int op_index, Buffers& buffers,
                                        bool capture_parameters) {
-  const BlockGraph& graph = *inst.plan->graph;
+  const SegmentPlan& plan = *inst.plan;
+  const BlockGraph& graph = *plan.graph;
   const OpDef& op = graph.ops[op_index];
-  std::vector<const OpDef*> parts;  // in forward order
-  for (const OpDef& other : graph.ops) {
-    if (other.type == OpType::kSlice && other.attributes.split_part &&
-        other.inputs[0] == op.inputs[0]) {
-      parts.push_back(&other);
-    }
-  }
-  if (parts.front() != &op) return absl::OkStatus();
+  // The node runs once, at the first part (the last the backward reaches).
+  if (plan.split_first[op_index] != op_index) return absl::OkStatus();
   std::vector<Handle> incoming;
   std::vector<const OpDef*> missing;  // parts no gradient reached
-  for (const OpDef* part : parts) {
+  for (int p : plan.split_parts[op_index]) {
+    const OpDef* part = &graph.ops[p];
     if (auto it = buffers.find(part->outputs[0]); it != buffers.end()) {
       incoming.push_back(it->second);
       buffers.erase(it);
