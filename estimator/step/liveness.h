@@ -249,11 +249,6 @@ struct StepStretches {
   std::vector<int64_t> optimizer_layer_bytes;
 };
 
-// StepSimulator simulates the steps of one model (config and attention mode) under any
-// variant and optimizer; it checks what is modelled and walks the model's segments once,
-// so that many variants cost one walk. Thread-safe once created. A config with use_cache
-// (transformers' DynamicCache) simulates only the variants that checkpoint no layer:
-// transformers runs the others without the cache, on the config with use_cache off.
 // LayerGlobals are the model-level tensors (position ids, RoPE tables, masks) one kind of
 // layer reads: those its backward nodes keep when it runs plain, and those only a
 // checkpoint's frame holds, to the layer's backward (its call arguments).
@@ -262,6 +257,11 @@ struct LayerGlobals {
   std::vector<ModelTensor> held_when_checkpointed;
 };
 
+// StepSimulator simulates the steps of one model (config and attention mode) under any
+// variant and optimizer; it checks what is modelled and walks the model's segments once,
+// so that many variants cost one walk. Thread-safe once created. A config with use_cache
+// (transformers' DynamicCache) simulates only the variants that checkpoint no layer:
+// transformers runs the others without the cache, on the config with use_cache off.
 class StepSimulator {
  public:
   // Create returns InvalidArgument for a bad config or options and Unimplemented for a
