@@ -185,6 +185,9 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   std::vector<std::pair<ModelConfig, std::unique_ptr<Planner>>> planners;
   std::vector<Guide> guides;
   for (const RankKind& kind : full->kinds) {
+    // With expert parallelism a stage has a kind of rank per expert-parallel rank
+    // (sorted by stage): they share its plan.
+    if (!report.stages.empty() && report.stages.back().stage == kind.stage) continue;
     StagePlan stage;
     stage.stage = kind.stage;
     stage.chunks = kind.chunks;
@@ -203,6 +206,18 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
     guides.push_back(std::move(guide));
     report.stages.push_back(std::move(stage));
   }
+
+  // most_loaded_of: stage s's rank in a replay that `measure` finds the most loaded (its
+  // expert-parallel ranks' kinds share the stage's plan).
+  auto most_loaded_of = [&](const RanksPrediction& r, size_t s,
+                            auto measure) -> const RankVariant& {
+    const RankVariant* most = nullptr;
+    for (const RankKind& kind : r.kinds) {
+      if (kind.stage != report.stages[s].stage) continue;
+      if (most == nullptr || measure(kind.variants[0]) > measure(*most)) most = &kind.variants[0];
+    }
+    return *most;
+  };
 
   absl::StatusOr<StepFlops> flops = CountStepFlops(config, spec.attention);
   if (!flops.ok()) return flops.status();
@@ -274,7 +289,8 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
       for (size_t s = 0; s < guides.size(); ++s) {
         Guide& guide = guides[s];
         if (guide.done) continue;
-        const int64_t excess = search_need(replayed->kinds[s].variants[0]) - searched;
+        const int64_t excess =
+            search_need(most_loaded_of(*replayed, s, search_need)) - searched;
         const int64_t least = guide.planner->SmallestBudget();
         const int64_t most = guide.planner->PeakOf(
             std::vector<int>(StageLayers(report.stages[s].chunks).size(), 0));
@@ -328,7 +344,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
     searched -= std::max<int64_t>(excess, int64_t{2} << 20);
   }
   for (size_t s = 0; s < guides.size(); ++s) {
-    const RankVariant& v = fitted->kinds[s].variants[0];
+    const RankVariant& v = most_loaded_of(*fitted, s, need);
     StagePlan& stage = report.stages[s];
     stage.peak_bytes = v.held.peak->bytes;
     stage.peak_reserved_bytes = v.held.peak_reserved_bytes;

@@ -462,7 +462,8 @@ TEST(PlannerCliTest, StagesOfLayersThatDifferVerifyOnGlooRanks) {
 }
 
 // Expert parallelism under balanced routing (tiny-qwen3-moe, 2 data-parallel ranks
-// each with 2 of the 4 experts): every rank receives alike, so one plan fits both, and
+// each with 2 of the 4 experts): every rank receives alike, so one plan fits both (and
+// over pipeline stages, each stage's plan its ranks), and
 // predict replays it on each rank to the planned peak (memledger's LibTorch runtime has
 // no expert parallelism; tests/expert_parallel_test.py proves these ranks' steps against
 // transformers). Without checkpoints each rank peaks above the budget.
@@ -485,6 +486,28 @@ TEST(PlannerCliTest, ExpertParallelRanksShareOnePlan) {
   for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
     EXPECT_GT(rank["peak_bytes"]["none"].GetInt64(), doc["budget_bytes"].GetInt64());
     EXPECT_EQ(rank["peak_bytes"]["plan"].GetInt64(), doc["peak_bytes"].GetInt64());
+  }
+  // Over 2 pipeline stages each stage's 2 expert-parallel ranks share its plan: one entry
+  // per stage, whose peak every rank of the stage replays to.
+  const std::string staged = "--model=tiny-qwen3-moe --layers=4 --batch=2 --seq=128 --pp=2 "
+                             "--dp=2 --ep=2 --micro_batches=2";
+  const std::string stage_plan = TempPath("plan_ep_stages.json");
+  CommandResult sr = Planner(staged + " --budget_gib=0.004 --plan_out=" + stage_plan, false);
+  ASSERT_EQ(sr.exit_code, 0) << sr.output;
+  rapidjson::Document stages;
+  stages.Parse(sr.output.c_str());
+  ASSERT_FALSE(stages.HasParseError()) << sr.output;
+  ASSERT_EQ(stages["stages"].Size(), 2u);
+  CommandResult sp = RunCommand("estimator/predict " + staged + " --plan=" + stage_plan, false);
+  ASSERT_EQ(sp.exit_code, 0) << sp.output;
+  rapidjson::Document ranks;
+  ranks.Parse(sp.output.c_str());
+  ASSERT_FALSE(ranks.HasParseError()) << sp.output;
+  ASSERT_EQ(ranks["ranks"].Size(), 4u);  // 2 stages x 2 expert-parallel ranks
+  for (const rapidjson::Value& rank : ranks["ranks"].GetArray()) {
+    const rapidjson::Value& stage = stages["stages"][rank["stage"].GetUint()];
+    EXPECT_EQ(rank["peak_bytes"]["plan"].GetInt64(), stage["peak_bytes"].GetInt64());
+    EXPECT_LE(rank["peak_bytes"]["plan"].GetInt64(), stages["budget_bytes"].GetInt64());
   }
 }
 
