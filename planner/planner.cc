@@ -225,6 +225,10 @@ absl::StatusOr<PlanResult> Planner::Solve(int64_t budget_bytes) const {
         " bytes); the smallest peak any plan reaches is ", HumanBytes(SmallestBudget()),
         " (", SmallestBudget(), " bytes)"));
   }
+  if (!t.Probed(plan)) {
+    return absl::InternalError(
+        "checkpoint planner: the plan puts a layer (or the head) in a context no probe had");
+  }
   PlanResult result = Evaluate(plan);
   if (result.peak_bytes > budget_bytes) {
     return absl::InternalError(absl::StrCat("checkpoint planner: the plan peaks at ",

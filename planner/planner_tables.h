@@ -267,6 +267,19 @@ struct Planner::Tables {
   // [b x k, a x (L - k - 1), none], over candidate pairs, k by bisection; false if none.
   bool Incumbent(int64_t budget, std::vector<int>* plan, int64_t* cost) const;
   int64_t PeakOf(const std::vector<int>& plan) const;
+  // Probed: every stretch PeakOf composes for `plan` was recorded from a probe (the
+  // probes are made to cover every context a plan can make; Solve checks its answer).
+  bool Probed(const std::vector<int>& plan) const {
+    const Placement placement = PlacementOf(plan, kind_of);
+    if (cached_none_peak >= 0 && !placement.any) return true;
+    for (int64_t i = 0; i < static_cast<int64_t>(plan.size()); ++i) {
+      if (!Layer(i, plan, placement).seen) return false;
+    }
+    return first[Checkpointed(plan.front())].seen &&
+           Head(Checkpointed(plan.front()), Checkpointed(plan.back()), placement.any,
+                placement.held)
+               .seen;
+  }
 };
 
 }  // namespace memledger
