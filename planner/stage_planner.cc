@@ -221,21 +221,6 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
 
   absl::StatusOr<StepFlops> flops = CountStepFlops(config, spec.attention);
   if (!flops.ok()) return flops.status();
-  // What layer `l` recomputes under `choice`, per micro-batch: its kind's (an MoE's
-  // sparse layers recompute their router and experts).
-  std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> recompute;
-  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, spec.attention);
-  auto recompute_of = [&](int64_t l, const LayerChoice& choice) -> absl::StatusOr<int64_t> {
-    const std::pair<int, LayerChoice> key{graphs->KindOf(l), choice};
-    for (const auto& [known, flops] : recompute) {
-      if (known == key) return flops;
-    }
-    absl::StatusOr<int64_t> r = RecomputeFlops(config, spec.attention, choice, l);
-    if (!r.ok()) return r.status();
-    recompute.emplace_back(key, *r);
-    return *r;
-  };
-
   // Plan every stage, replay them all, and move each stage's budget: up while its plan
   // fits (towards none's peak), down by the excess while it does not (to its guide's
   // least plan), then halving the gap between the two.
@@ -369,12 +354,14 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   report.plan.layers = plan;
   report.plan.peak_bytes = report.plan_peak->bytes;
   report.plan.step_flops = flops->total;
+  // Each stage's chunks under the whole plan, each layer by its own kind (an MoE's
+  // sparse layers recompute their router and experts).
+  const Variant planned = PlanVariant(plan);
   for (StagePlan& stage : report.stages) {
-    const std::vector<int64_t> layers = StageLayers(stage.chunks);
-    for (size_t i = 0; i < layers.size(); ++i) {
-      absl::StatusOr<int64_t> r = recompute_of(layers[i], stage.layers[i]);
-      if (!r.ok()) return r.status();
-      stage.recompute_flops += *r;
+    for (const StageRange& chunk : stage.chunks) {
+      absl::StatusOr<StageFlopsCount> count = StageFlops(config, spec.attention, planned, chunk);
+      if (!count.ok()) return count.status();
+      stage.recompute_flops += count->recompute;
     }
     report.plan.recompute_flops += stage.recompute_flops;
   }

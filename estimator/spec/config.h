@@ -377,10 +377,11 @@ struct ModelConfig {
     }
     if (moe.Sparse() && moe.routing == RoutingSource::kGiven) {
       out.moe.routing_rows.clear();
+      // The rows follow the sparse layers in order; `kept` is in order too.
+      int64_t layer = 0, sparse_index = 0;
       for (int64_t l : kept) {
+        for (; layer < l; ++layer) sparse_index += moe.IsSparse(layer);
         if (!moe.IsSparse(l)) continue;
-        int64_t sparse_index = 0;
-        for (int64_t i = 0; i < l; ++i) sparse_index += moe.IsSparse(i);
         std::vector<int64_t> row = moe.routing_rows[static_cast<size_t>(sparse_index)];
         for (int64_t& tokens : row) tokens *= scale;
         out.moe.routing_rows.push_back(std::move(row));
