@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -257,6 +258,47 @@ TEST(SimulateStepTest, ComposedPeakOfLayersThatDifferEqualsTheWholeSimulation) {
     }
   }
   EXPECT_EQ(compared, 5 * 2 * 4);
+}
+
+// every_k composes from its shortest model: a plain layer of the first period stands for
+// its residue's middle layers, so every_2 on 8 layers replays 4 and every_4 on Gemma's
+// 5:1 pattern 22 instead of 25 (liveness.cc, ShortModelOf). At every count from the
+// shortest up (each residue mod k, so the last layer is plain or checkpointed), both
+// checkpoint implementations and both precisions, the composed peak is the whole
+// simulation's.
+TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
+  int compared = 0;
+  for (const ModelConfig& model : {llama, gpt2, gemma}) {
+    const bool is_gemma = model.family == gemma.family;
+    for (int64_t every : {2, 3, 4}) {
+      const int64_t period = is_gemma ? std::lcm<int64_t>(every, 6) : every;
+      for (int64_t layers = period + 2; layers <= 3 * period + 3; ++layers) {
+        for (CheckpointImpl impl : {CheckpointImpl::kNonReentrant, CheckpointImpl::kReentrant}) {
+          ModelConfig run = model;
+          run.layers = layers;
+          run.batch = 2;
+          run.seq = 16;
+          run.use_cache = false;
+          run.checkpoint_impl = impl;
+          run.amp = layers % 2 == 0 ? DType::kBFloat16 : DType::kFloat32;
+          Variant variant;
+          variant.kind = VariantKind::kEveryK;
+          variant.every = every;
+          ExpectComposedPeakIsTheWhole(
+              run, variant,
+              absl::StrCat(FamilyName(run.family), " L", layers, " every_", every, " ",
+                           CheckpointImplName(impl), " amp ", DTypeName(run.amp)));
+          ++compared;
+        }
+      }
+    }
+  }
+  // Counts k + 2 .. 3k + 3 for period k: 2k + 2 of them. llama and gpt2 (k = every):
+  // 6 + 8 + 10; Gemma (k = lcm(every, 6) = 6, 6, 12): 14 + 14 + 26; each twice (impls).
+  EXPECT_EQ(compared, 2 * 2 * (6 + 8 + 10) + 2 * (14 + 14 + 26));
 }
 
 // Dense and sparse layers (a period of one dense, two sparse), the eager experts with one

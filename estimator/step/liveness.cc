@@ -57,9 +57,10 @@ using liveness_internal::TapeStretch;
 // layer, which differs from a middle one only by what follows it (the head), not by
 // what it hands back; nor does a layer's stretch depend on whether the layer before it
 // is the first (the planner composes any plan from first, middle and last positions
-// alone). Verified against the whole simulation by liveness_test and ranks_test, and
-// against LibTorch by verify's tests; 2k + 2 layers (the first period one longer) gave
-// the same stretches.
+// alone). So a plain middle layer of the first period stands for its residue too
+// (ShortModelOf). Verified against the whole simulation by liveness_test and ranks_test,
+// and against LibTorch by verify's tests; 2k + 2 layers (the first period one longer)
+// gave the same stretches.
 int64_t PeriodOf(const Variant& variant, const ModelGraphs& graphs) {
   const int64_t every =
       variant.kind == VariantKind::kEveryK ? std::max<int64_t>(1, variant.every) : 1;
@@ -97,24 +98,62 @@ StepStretch StretchOf(const SegmentSummary& summary) {
   return out;
 }
 
-int64_t ReducedLayers(int64_t layers, const Variant& variant, int64_t k) {
-  // A plan has no period: the whole model is replayed.
-  if (variant.kind == VariantKind::kPlan) return layers;
-  // The least r >= 2k + 1 congruent to layers mod k, in closed form (k may be any int64:
-  // a loop would run up to k times); the real model itself when r would not be shorter.
-  if (k > (layers - 1) / 2) return layers;  // 2k + 1 > layers
-  const int64_t base = 2 * k + 1;
-  return std::min(layers, base + ((layers - base) % k + k) % k);
+// ShortModel is the short model a long one's peak is composed from: its layer count
+// (congruent to the real one's mod k) and, by residue mod k, the short layer that stands
+// for every real middle layer of that residue. The first period [0, k - 1] stands for
+// itself and the last layer for the last.
+struct ShortModel {
+  int64_t layers = 0;
+  std::vector<int64_t> middle;  // by residue; each in [1, layers - 2]
+
+  // Representative is the short layer whose stretches equal real layer i's (of `real`).
+  int64_t Representative(int64_t i, int64_t real) const {
+    if (layers >= real || i < static_cast<int64_t>(middle.size())) return i;
+    if (i == real - 1) return layers - 1;
+    return middle[static_cast<size_t>(i % static_cast<int64_t>(middle.size()))];
+  }
+};
+
+// ShortestCongruent is the least r >= at_least congruent to layers mod k, in closed form
+// (k may be any int64: a loop would run up to k times); the real model itself when r
+// would not be shorter.
+int64_t ShortestCongruent(int64_t layers, int64_t at_least, int64_t k) {
+  if (at_least >= layers) return layers;
+  return std::min(layers, at_least + ((layers - at_least) % k + k) % k);
 }
 
-// Representative is the short model's layer whose stretches equal real layer i's: the
-// layer itself in the first period [0, k - 1] (where each kind's first layer makes the
-// model-level tensors only it reads into activations, and frees them in the backward),
-// the last layer the last, and a middle one a layer congruent to it in [k, 2k - 1].
-int64_t Representative(int64_t i, int64_t layers, int64_t reduced, int64_t k) {
-  if (i < k) return i;
-  if (i == layers - 1) return reduced - 1;
-  return k + ((i - k) % k + k) % k;  // in [k, 2k - 1], congruent to i mod k
+// StandardShortModel has 2k + 1 layers or more, its middle representatives [k, 2k - 1]:
+// a pipeline rank's chunk, whose first period need not be the model's.
+ShortModel StandardShortModel(int64_t layers, const Variant& variant, int64_t k) {
+  ShortModel model;
+  // A plan has no period: the whole model is replayed.
+  model.layers = variant.kind == VariantKind::kPlan || k > (layers - 1) / 2
+                     ? layers
+                     : ShortestCongruent(layers, 2 * k + 1, k);
+  for (int64_t r = 0; r < k && model.layers < layers; ++r) model.middle.push_back(k + r);
+  return model;
+}
+
+// ShortModelOf is a whole model's shortest: a layer of the first period that is neither
+// checkpointed (every_k's lowest checkpoint and the frames' model-level tensors are in
+// the first period) nor the first of its kind (which makes and frees the tensors only its
+// kind reads) is a plain middle layer already, whose stretches stand for its residue's
+// (the planner composes any plan from first, middle and last positions alone, whatever
+// the layer before a middle one is). The other residues take the second period's. So
+// every_2 replays 4 layers where the standard model has 6 (for an even count).
+ShortModel ShortModelOf(int64_t layers, const Variant& variant, const ModelGraphs& graphs,
+                        int64_t k) {
+  ShortModel model = StandardShortModel(layers, variant, k);
+  if (model.layers >= layers) return model;
+  int64_t highest = 0;
+  for (int64_t r = 0; r < k; ++r) {
+    const bool stands_alone = r >= 1 && !variant.IsCheckpointed(r) &&
+                              graphs.FirstOfKind(graphs.KindOf(r)) != r;
+    model.middle[static_cast<size_t>(r)] = stands_alone ? r : k + r;
+    highest = std::max(highest, model.middle[static_cast<size_t>(r)]);
+  }
+  model.layers = ShortestCongruent(layers, highest + 2, k);  // the last after them all
+  return model;
 }
 
 // Composer walks a long step's stretches in order, each a short replay's, and keeps the
@@ -157,9 +196,9 @@ class Composer {
   // their net added at once; every sum that could overflow is linear in the period's
   // number, extreme at the ends, and the ends are walked.
   void WalkLayers(const std::vector<const SegmentSummary*>& by_layer, int64_t first,
-                  int64_t layers, int64_t reduced, int64_t k, bool forward) {
+                  int64_t layers, const ShortModel& model, int64_t k, bool forward) {
     const int64_t middle = layers - 2;
-    const int64_t skipped = reduced < layers && middle / k >= 4 ? middle / k - 3 : 0;
+    const int64_t skipped = model.layers < layers && middle / k >= 4 ? middle / k - 3 : 0;
     const int64_t step = forward ? 1 : -1;
     std::array<int64_t, kNumMemoryCategories> period_start{}, period_start_freed{};
     for (int64_t n = 0, i = forward ? 0 : layers - 1; n < layers; ++n, i += step) {
@@ -167,8 +206,7 @@ class Composer {
         period_start = live_;
         period_start_freed = freed_;
       }
-      const int64_t short_layer = reduced < layers ? Representative(i, layers, reduced, k) : i;
-      Visit(*by_layer[static_cast<size_t>(short_layer)], first + i);
+      Visit(*by_layer[static_cast<size_t>(model.Representative(i, layers))], first + i);
       if (n == 2 * k && skipped > 0) {
         for (int c = 0; c < kNumMemoryCategories; ++c) {
           int64_t period_net = 0, net = 0, period_freed = 0, freed = 0;
@@ -247,7 +285,7 @@ std::array<int64_t, kNumMemoryCategories> ShortFreed(
 // every real layer's share (optimizer_layer_bytes, kind by kind).
 absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
                                      const StepTimeline& short_timeline, const ModelGraphs& graphs,
-                                     int64_t layers, int64_t reduced, int64_t k) {
+                                     int64_t layers, const ShortModel& model, int64_t k) {
   const auto& segments = simulation.segments();
   Composer composer(short_timeline);
   composer.Visit(segments.prologue, -1);
@@ -255,16 +293,16 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   for (const SegmentSummary& s : segments.forward) forward.push_back(&s);
   for (const SegmentSummary& s : segments.backward) backward.push_back(&s);
   composer.TakeFreed();
-  composer.WalkLayers(forward, 0, layers, reduced, k, /*forward=*/true);
+  composer.WalkLayers(forward, 0, layers, model, k, /*forward=*/true);
   const std::array<int64_t, kNumMemoryCategories> real_freed = composer.TakeFreed();
   composer.Visit(composer.Replacing(segments.head_forward, ShortFreed(forward), real_freed), -1);
   composer.Visit(segments.head_backward, -1);
-  composer.WalkLayers(backward, 0, layers, reduced, k, /*forward=*/false);
+  composer.WalkLayers(backward, 0, layers, model, k, /*forward=*/false);
   composer.Visit(segments.tail, -1);
   SegmentSummary optimizer = segments.optimizer;
   for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
     const int64_t beyond = graphs.LayersOfKind(static_cast<int>(kind), 0, layers) -
-                           graphs.LayersOfKind(static_cast<int>(kind), 0, reduced);
+                           graphs.LayersOfKind(static_cast<int>(kind), 0, model.layers);
     for (int c = 0; c < kNumMemoryCategories; ++c) {
       int64_t more = 0;
       composer.AddOverflow(
@@ -278,8 +316,7 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
 }
 
 // ComposeRankPeak is a rank's step composed from its short chunks' tape (each chunk
-// replayed with `short_layers[c]` layers, congruent to its real count mod k, its first
-// layer the real one): the tape's stretches in order, each pass's layer run walked over
+// replayed as `short_models[c]`, its first layer the real one): the tape's stretches in order, each pass's layer run walked over
 // the chunk's real layers, the stretch after a forward run freeing the real layers'
 // cached casts, and the real rank's reduction and optimizer step (its every
 // parameter's) in place of the short one's.
@@ -287,7 +324,7 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
                                          const StepTimeline& short_timeline,
                                          const std::vector<TapeStretch>& tape,
                                          const std::vector<StageRange>& chunks,
-                                         const std::vector<int64_t>& short_layers, int64_t k,
+                                         const std::vector<ShortModel>& short_models, int64_t k,
                                          const SegmentSummary& reduction) {
   Composer composer(short_timeline);
   std::optional<std::pair<std::array<int64_t, kNumMemoryCategories>,
@@ -318,15 +355,16 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
     }
     size_t c = 0;
     while (c < chunks.size() && !(stretch.layer >= chunks[c].first_layer &&
-                                  stretch.layer < chunks[c].first_layer + short_layers[c])) {
+                                  stretch.layer < chunks[c].first_layer + short_models[c].layers)) {
       ++c;
     }
     if (c == chunks.size()) return absl::InternalError("a layer stretch outside the chunks");
     const int64_t first = chunks[c].first_layer;
-    std::vector<const SegmentSummary*> by_layer(static_cast<size_t>(short_layers[c]), nullptr);
+    const int64_t short_layers = short_models[c].layers;
+    std::vector<const SegmentSummary*> by_layer(static_cast<size_t>(short_layers), nullptr);
     for (size_t i = e; i < end; ++i) {
       const int64_t rel = tape[i].layer - first;
-      if (rel < 0 || rel >= short_layers[c]) {
+      if (rel < 0 || rel >= short_layers) {
         return absl::InternalError("a layer run across chunks");
       }
       by_layer[static_cast<size_t>(rel)] = &tape[i].summary;
@@ -336,7 +374,7 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
     }
     const bool forward = stretch.kind == TapeStretch::Kind::kLayerForward;
     composer.TakeFreed();
-    composer.WalkLayers(by_layer, first, chunks[c].layers, short_layers[c], k, forward);
+    composer.WalkLayers(by_layer, first, chunks[c].layers, short_models[c], k, forward);
     if (forward) cache_freed.emplace(ShortFreed(by_layer), composer.TakeFreed());
     e = end;
   }
@@ -413,20 +451,24 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t period = PeriodOf(variant, *plans.graphs);
-  const int64_t reduced = ReducedLayers(config_.layers, variant, period);
+  // A probe's layers are not the model's pattern: its first period is not the model's.
+  const ShortModel model =
+      options_.layer_kinds.empty()
+          ? ShortModelOf(config_.layers, variant, *plans.graphs, period)
+          : StandardShortModel(config_.layers, variant, period);
   // A data-parallel rank's reduction holds all of its layers' gradients at once (its
   // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
   // a pipeline stage interleaves micro-batches: such a step is replayed whole.
-  if (!options_.record_events && !allocator && reduced < config_.layers &&
+  if (!options_.record_events && !allocator && model.layers < config_.layers &&
       options_.rank.parallel.dp <= 1 && options_.rank.parallel.micro_batches <= 1 &&
       options_.rank.parallel.pp <= 1) {
     ModelConfig short_config = config_;
-    short_config.layers = reduced;
+    short_config.layers = model.layers;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);
     simulation.set_model_layers(config_.layers);
     if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
     absl::StatusOr<StepPeak> peak =
-        ComposePeak(simulation, timeline, *plans.graphs, config_.layers, reduced, period);
+        ComposePeak(simulation, timeline, *plans.graphs, config_.layers, model, period);
     if (!peak.ok()) return peak.status();
     timeline.peak = *std::move(peak);
     return std::move(timeline);
@@ -440,12 +482,12 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     const std::vector<StageRange> chunks =
         parallel.pp > 1 ? options_.rank.chunks : std::vector<StageRange>{WholeModel(config_)};
     std::vector<StageRange> short_chunks = chunks;
-    std::vector<int64_t> short_layers;
+    std::vector<ShortModel> short_models;
     bool shorter = false;
     for (StageRange& chunk : short_chunks) {
-      chunk.layers = ReducedLayers(chunk.layers, variant, period);
-      short_layers.push_back(chunk.layers);
-      shorter = shorter || chunk.layers < chunks[short_layers.size() - 1].layers;
+      short_models.push_back(StandardShortModel(chunk.layers, variant, period));
+      shorter = shorter || short_models.back().layers < chunk.layers;
+      chunk.layers = short_models.back().layers;
     }
     if (shorter) {
       ModelConfig short_config = config_;
@@ -453,7 +495,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
       if (parallel.pp > 1) {
         short_options.rank.chunks = short_chunks;
       } else {
-        short_config.layers = short_layers.front();
+        short_config.layers = short_models.front().layers;
       }
       Simulation simulation(short_config, variant, optimizer, short_options, &timeline);
       simulation.set_model_layers(config_.layers);
@@ -464,7 +506,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
       absl::StatusOr<SegmentSummary> reduction = RankEnd(plans, optimizer, resident);
       if (!reduction.ok()) return reduction.status();
       absl::StatusOr<StepPeak> peak =
-          ComposeRankPeak(simulation, timeline, tape, chunks, short_layers, period, *reduction);
+          ComposeRankPeak(simulation, timeline, tape, chunks, short_models, period, *reduction);
       if (!peak.ok()) return peak.status();
       timeline.peak = *std::move(peak);
       return std::move(timeline);
