@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -258,6 +260,69 @@ TEST(SimulateStepTest, ComposedPeakOfLayersThatDifferEqualsTheWholeSimulation) {
     }
   }
   EXPECT_EQ(compared, 5 * 2 * 4);
+}
+
+// ExpectSameStep: `run` simulated event by event with the pinned rules (plans shared
+// through the memo) and with a copy of them (plans of its own), the same step.
+void ExpectSameStep(const ModelConfig& run, AttentionMode attention, const Variant& variant,
+                    const RuleTable& copy, const std::string& what) {
+  StepOptions shared, fresh;
+  fresh.rules = &copy;
+  ASSERT_OK_AND_ASSIGN(StepTimeline a, SimulateStep(run, attention, variant, OptimizerSpec(),
+                                                    ResidentBytes{}, shared));
+  ASSERT_OK_AND_ASSIGN(StepTimeline b, SimulateStep(run, attention, variant, OptimizerSpec(),
+                                                    ResidentBytes{}, fresh));
+  EXPECT_EQ(a.peak.bytes, b.peak.bytes) << what;
+  EXPECT_EQ(a.peak.op, b.peak.op) << what;
+  ASSERT_EQ(a.events.size(), b.events.size()) << what;
+  for (size_t e = 0; e < a.events.size(); ++e) {
+    EXPECT_EQ(a.events[e].bytes, b.events[e].bytes) << what << " event " << e;
+    EXPECT_EQ(a.events[e].category, b.events[e].category) << what << " event " << e;
+  }
+}
+
+// A cached graph's segment plans share what they derive from the graph and its storages
+// (segment_plan.h, SegmentStructure) with every later config whose tensors share storages
+// alike; a copy of the pinned rules makes the simulation derive its own. Across sizes
+// that share storages differently (batches, sequences and head counts of 1, under math
+// attention), both give the same step, event by event (sharing a structure between
+// storages that differ fails it).
+TEST(SimulateStepTest, PlansSharedAcrossSizesReplayLikeFreshOnes) {
+  const RuleTable copy = RuleTable::Pinned();
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
+                       ParseVariants("none,full,every_k,selective", /*every=*/2, ""));
+  const std::vector<std::tuple<int64_t, int64_t, bool>> sizes = {
+      {2, 16, false}, {3, 8, false}, {1, 16, false}, {2, 1, false},
+      {1, 1, false},  {4, 32, false}, {2, 16, true},  {1, 1, true}};
+  int compared = 0;
+  for (const char* preset :
+       {"study", "tiny-llama", "tiny-gpt2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3-moe"}) {
+    for (const auto& [batch, seq, heads_of_one] : sizes) {
+      ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(preset));
+      config.layers = 3;
+      config.batch = batch;
+      config.seq = seq;
+      if (heads_of_one) {  // one head (and kv head) of the whole width
+        config.heads = 1;
+        config.kv_heads = 1;
+        config.head_dim = config.width;
+      }
+      config.amp = batch % 2 == 0 ? DType::kBFloat16 : DType::kFloat32;
+      if (!ValidateConfig(config).ok()) continue;
+      for (const Variant& variant : variants) {
+        for (AttentionMode attention : {AttentionMode::kFlash, AttentionMode::kMath}) {
+          ModelConfig run = config;
+          run.use_cache = config.use_cache && !variant.CheckpointsAnyLayer();
+          ExpectSameStep(run, attention, variant, copy,
+                         absl::StrCat(preset, " B", batch, " T", seq,
+                                      heads_of_one ? " one head " : " ", variant.Name(), " ",
+                                      AttentionModeName(attention)));
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 300);
 }
 
 // every_k composes from its shortest model: a plain layer of the first period stands for

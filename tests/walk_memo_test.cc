@@ -40,19 +40,40 @@ void ExpectSameWalk(const BlockWalk& memo, const BlockWalk& fresh, const std::st
     EXPECT_EQ(memo.kept_globals[i].bytes, fresh.kept_globals[i].bytes) << where;
     EXPECT_EQ(memo.kept_globals[i].held, fresh.kept_globals[i].held) << where;
   }
+  // With record_layouts, what the step simulation replays: the memo's requires_grad and
+  // keepers beside the walk's own layouts.
+  ASSERT_EQ(memo.tensor_layouts.size(), fresh.tensor_layouts.size()) << where;
+  for (size_t t = 0; t < memo.tensor_layouts.size(); ++t) {
+    const WalkedTensor &a = memo.tensor_layouts[t], &b = fresh.tensor_layouts[t];
+    EXPECT_EQ(a.storage, b.storage) << where << " tensor " << t;
+    EXPECT_EQ(a.requires_grad, b.requires_grad) << where << " tensor " << t;
+    EXPECT_EQ(a.layout.ShapeString(), b.layout.ShapeString()) << where << " tensor " << t;
+    EXPECT_EQ(a.layout.strides, b.layout.strides) << where << " tensor " << t;
+  }
+  ASSERT_EQ(memo.storage_list.size(), fresh.storage_list.size()) << where;
+  for (size_t s = 0; s < memo.storage_list.size(); ++s) {
+    const WalkedStorage &a = memo.storage_list[s], &b = fresh.storage_list[s];
+    EXPECT_EQ(a.bytes, b.bytes) << where << " storage " << s;
+    EXPECT_EQ(a.owner, b.owner) << where << " storage " << s;
+    EXPECT_EQ(a.kept_by, b.kept_by) << where << " storage " << s;
+    EXPECT_EQ(a.cached, b.cached) << where << " storage " << s;
+  }
 }
 
 TEST(WalkMemoTest, RememberedWalksEqualWalksThatApplyEveryOp) {
   // The walks a prediction asks for: each checkpointing choice, a first layer whose
   // input needs no grad, Megatron's core-attention recompute.
+  // layouts: the step simulation's walk (WalkOptions::record_layouts).
   struct Choice {
     bool checkpointed;
     SavePolicy policy;
     bool input_requires_grad;
     bool core;
+    bool layouts = false;
   };
   const std::vector<Choice> choices = {
       {false, {}, true, false},  {false, {}, false, false},
+      {false, {}, true, false, true},  {false, {}, false, false, true},
       {true, {}, true, false},   {true, {}, false, false},
       {true, StudyPolicy(), true, false},
       {true, SavePolicy{OpKind::kMatmul, OpKind::kAttention}, true, false},
@@ -96,10 +117,12 @@ TEST(WalkMemoTest, RememberedWalksEqualWalksThatApplyEveryOp) {
             options.policy = choice.policy;
             options.input_requires_grad = choice.input_requires_grad;
             options.recompute_core_attention = choice.core;
+            options.record_layouts = choice.layouts;
             const std::string where =
                 absl::StrCat(preset, " B", batch, " T", seq, heads_of_one ? " one head" : "",
                              " kind ", kind, " checkpointed ", choice.checkpointed,
-                             " reentrant ", impl == CheckpointImpl::kReentrant);
+                             " reentrant ", impl == CheckpointImpl::kReentrant,
+                             choice.layouts ? " with layouts" : "");
             const size_t remembered = remembering.walk_memo->Size();
             ASSERT_OK_AND_ASSIGN(BlockWalk memo,
                                  WalkBlock(remembering, config, options, memo_layouts.get()));

@@ -75,15 +75,16 @@ class Walk {
   // ApplyOps keeps what the checkpoint node and then each op (when `walk_ops`) keep.
   absl::Status ApplyOps(bool walk_ops);
 
-  // KeepFlags: each storage's keeps, as the memo holds them.
-  std::vector<uint8_t> KeepFlags() const;
+  // Facts: each storage's keeps (and with layouts, each tensor's requires_grad and each
+  // storage's keepers), as the memo holds them.
+  WalkMemo::Facts Facts() const;
 
   // Memoizable: whether this walk may read or feed its graph's memo. It must start
   // from layouts (its storages known before any op) and apply every op with the pinned
-  // rules, recording nothing per op (records name ops, which a memo does not keep).
+  // rules, recording no storages (records name ops, which a memo does not keep); the
+  // layouts it records are its own, the requires_grad and keepers the memo's.
   bool Memoizable() const {
     return graph_.walk_memo != nullptr && laid_out_ && !options_.record_storages &&
-           !options_.record_layouts &&
            (options_.rules == nullptr || options_.rules == &RuleTable::Pinned());
   }
 

@@ -47,19 +47,22 @@ absl::StatusOr<BlockWalk> Walk::Run(const BlockLayouts* layouts) {
   // other applies every op, and the memo remembers what it kept.
   WalkMemo* memo = Memoizable() ? graph_.walk_memo.get() : nullptr;
   const WalkMemo::Options memo_options = MemoOptions();
-  const WalkMemo::Flags* remembered =
+  const WalkMemo::Facts* remembered =
       memo != nullptr ? memo->Find(memo_options, layouts->storage_of) : nullptr;
   if (remembered != nullptr) {
+    const WalkMemo::Flags& flags = remembered->flags;
     for (size_t s = 0; s < storages_.size(); ++s) {
-      storages_[s].kept = ((*remembered)[s] & WalkMemo::kKept) != 0;
-      storages_[s].cached = ((*remembered)[s] & WalkMemo::kCached) != 0;
-      storages_[s].held = ((*remembered)[s] & WalkMemo::kHeld) != 0;
+      storages_[s].kept = (flags[s] & WalkMemo::kKept) != 0;
+      storages_[s].cached = (flags[s] & WalkMemo::kCached) != 0;
+      storages_[s].held = (flags[s] & WalkMemo::kHeld) != 0;
+    }
+    if (options_.record_layouts) {
+      requires_grad_ = remembered->requires_grad;
+      kept_by_ = remembered->kept_by;
     }
   } else {
     if (absl::Status s = ApplyOps(walk_ops); !s.ok()) return s;
-    if (memo != nullptr && !overflow_) {
-      memo->Remember(memo_options, layouts->storage_of, KeepFlags());
-    }
+    if (memo != nullptr && !overflow_) memo->Remember(memo_options, layouts->storage_of, Facts());
   }
   BlockWalk walk;
   if (!overflow_) walk = Summarize();
@@ -102,20 +105,27 @@ absl::Status Walk::ApplyOps(bool walk_ops) {
   return absl::OkStatus();
 }
 
-std::vector<uint8_t> Walk::KeepFlags() const {
-  std::vector<uint8_t> flags(storages_.size());
+WalkMemo::Facts Walk::Facts() const {
+  WalkMemo::Facts facts;
+  facts.flags.resize(storages_.size());
   for (size_t s = 0; s < storages_.size(); ++s) {
-    flags[s] = static_cast<uint8_t>((storages_[s].kept ? WalkMemo::kKept : 0) |
-                                    (storages_[s].cached ? WalkMemo::kCached : 0) |
-                                    (storages_[s].held ? WalkMemo::kHeld : 0));
+    facts.flags[s] = static_cast<uint8_t>((storages_[s].kept ? WalkMemo::kKept : 0) |
+                                          (storages_[s].cached ? WalkMemo::kCached : 0) |
+                                          (storages_[s].held ? WalkMemo::kHeld : 0));
   }
-  return flags;
+  if (options_.record_layouts) {
+    facts.requires_grad = requires_grad_;
+    facts.kept_by = kept_by_;
+    facts.kept_by.resize(storages_.size());
+  }
+  return facts;
 }
 
 WalkMemo::Options Walk::MemoOptions() const {
   return {options_.checkpointed, options_.input_requires_grad,
           options_.recompute_core_attention,
-          config_.checkpoint_impl == CheckpointImpl::kNonReentrant, options_.policy};
+          config_.checkpoint_impl == CheckpointImpl::kNonReentrant, options_.policy,
+          options_.record_layouts};
 }
 
 void Walk::LeafStorages() {

@@ -11,39 +11,31 @@
 
 namespace memledger::liveness_internal {
 
-absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
-                                                      const ModelConfig& config,
-                                                      bool input_requires_grad,
-                                                      const RuleTable* rules) {
-  WalkOptions options;
-  options.input_requires_grad = input_requires_grad;
-  options.record_layouts = true;
-  options.rules = rules;
-  absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config, options);
-  if (!walk.ok()) return walk.status();
-  auto plan = std::make_unique<SegmentPlan>();
-  plan->graph = &graph;
-  plan->walk = *std::move(walk);
-  const std::vector<WalkedTensor>& tensors = plan->walk.tensor_layouts;
+namespace {
+
+// Derive fills `structure` from `graph` and its walk.
+absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTable* rules,
+                    SegmentStructure& structure) {
+  const std::vector<WalkedTensor>& tensors = walk.tensor_layouts;
   for (const OpDef& op : graph.ops) {
     if (op.inputs.size() > 4) {  // Node keeps at most four gradients
       return absl::InternalError(absl::StrCat("step simulation: op '", op.name, "' has ",
                                               op.inputs.size(), " inputs"));
     }
   }
-  plan->last_use.assign(plan->walk.storage_list.size(), -1);
-  plan->reads.resize(graph.ops.size());
+  structure.last_use.assign(walk.storage_list.size(), -1);
+  structure.reads.resize(graph.ops.size());
   for (size_t op = 0; op < graph.ops.size(); ++op) {
     for (int input : graph.ops[op].inputs) {
       const int s = tensors[input].storage;
       // Parameters and buffers are resident: never freed by the step.
-      if (s < 0 || plan->walk.storage_list[s].is_parameter ||
-          plan->walk.storage_list[s].is_buffer) {
+      if (s < 0 || walk.storage_list[s].is_parameter ||
+          walk.storage_list[s].is_buffer) {
         continue;
       }
-      std::vector<int>& reads = plan->reads[op];
+      std::vector<int>& reads = structure.reads[op];
       if (std::find(reads.begin(), reads.end(), s) == reads.end()) reads.push_back(s);
-      plan->last_use[s] = static_cast<int>(op);
+      structure.last_use[s] = static_cast<int>(op);
     }
   }
   // A composite call (matmul, linear) holds its arguments until its last op: a storage
@@ -55,23 +47,23 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
     if (composite_end.size() <= static_cast<size_t>(c)) composite_end.resize(c + 1, -1);
     composite_end[c] = static_cast<int>(op);
   }
-  for (size_t s = 0; s < plan->last_use.size(); ++s) {
-    const int last = plan->last_use[s];
+  for (size_t s = 0; s < structure.last_use.size(); ++s) {
+    const int last = structure.last_use[s];
     if (last < 0 || graph.ops[last].composite < 0) continue;
     const int end = composite_end[graph.ops[last].composite];
     // Only an argument of the call: a storage made inside it dies at its last reader.
     const int owner_op = [&] {
       for (size_t op = 0; op < graph.ops.size(); ++op) {
         for (int out : graph.ops[op].outputs) {
-          if (out == plan->walk.storage_list[s].owner) return static_cast<int>(op);
+          if (out == walk.storage_list[s].owner) return static_cast<int>(op);
         }
       }
       return -1;
     }();
     if (owner_op >= 0 && graph.ops[owner_op].composite == graph.ops[last].composite) continue;
     if (end > last) {
-      plan->last_use[s] = end;
-      plan->reads[end].push_back(static_cast<int>(s));
+      structure.last_use[s] = end;
+      structure.reads[end].push_back(static_cast<int>(s));
     }
   }
   // What a Python local holds lives to the last op (nothing is allocated after it).
@@ -79,16 +71,16 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   for (const auto& [tensor, until] : graph.held_until) {
     const int s = tensors[tensor].storage;
     const int op = until < 0 ? last_op : until;
-    if (s < 0 || op < 0 || plan->last_use[s] >= op) continue;
-    plan->last_use[s] = op;
-    plan->reads[op].push_back(s);
+    if (s < 0 || op < 0 || structure.last_use[s] >= op) continue;
+    structure.last_use[s] = op;
+    structure.reads[op].push_back(s);
   }
   const RuleTable& table = rules != nullptr ? *rules : RuleTable::Pinned();
-  plan->releases.resize(graph.ops.size());
-  plan->packed_releases.resize(graph.ops.size());
-  plan->unpacked_releases.resize(graph.ops.size());
-  plan->unpacked_keeps.assign(plan->walk.storage_list.size(), 0);
-  plan->packs.assign(graph.ops.size(), false);
+  structure.releases.resize(graph.ops.size());
+  structure.packed_releases.resize(graph.ops.size());
+  structure.unpacked_releases.resize(graph.ops.size());
+  structure.unpacked_keeps.assign(walk.storage_list.size(), 0);
+  structure.packs.assign(graph.ops.size(), false);
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     std::vector<const KeepRule*> keeps;
@@ -106,22 +98,22 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
       const int tensor = rule->is_output ? op.outputs[rule->index] : op.inputs[rule->index];
       const int s = tensors[tensor].storage;
       if (s < 0) continue;
-      plan->releases[i].push_back(s);
+      structure.releases[i].push_back(s);
       if (rule->wrapped_number) {
-        plan->unpacked_releases[i].push_back(s);
-        if (has_node) ++plan->unpacked_keeps[s];
+        structure.unpacked_releases[i].push_back(s);
+        if (has_node) ++structure.unpacked_keeps[s];
         continue;
       }
-      plan->packed_releases[i].push_back(s);
+      structure.packed_releases[i].push_back(s);
       if (!has_node) continue;
-      plan->packs[i] = true;
-      if (plan->first_pack_op < 0) plan->first_pack_op = static_cast<int>(i);
-      if (plan->last_pack_op != static_cast<int>(i)) plan->last_pack_is_output = false;
-      plan->last_pack_op = static_cast<int>(i);
-      plan->last_pack_is_output = plan->last_pack_is_output || rule->is_output;
+      structure.packs[i] = true;
+      if (structure.first_pack_op < 0) structure.first_pack_op = static_cast<int>(i);
+      if (structure.last_pack_op != static_cast<int>(i)) structure.last_pack_is_output = false;
+      structure.last_pack_op = static_cast<int>(i);
+      structure.last_pack_is_output = structure.last_pack_is_output || rule->is_output;
     }
   }
-  plan->same_as.assign(graph.tensors.size(), -1);
+  structure.same_as.assign(graph.tensors.size(), -1);
   for (const OpDef& op : graph.ops) {
     const bool identity =
         (op.type == OpType::kToDtype &&
@@ -129,34 +121,109 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
         (op.type == OpType::kContiguous && tensors[op.inputs[0]].layout.IsContiguous()) ||
         // add_ returns self; its AddBackward0 hands the gradient through.
         op.type == OpType::kAddInplace;
-    if (identity) plan->same_as[op.outputs[0]] = op.inputs[0];
+    if (identity) structure.same_as[op.outputs[0]] = op.inputs[0];
   }
   // Each split's parts (slices of one input marked split_part), in forward order, under
   // its first part: the backward's SplitBackward0 waits for them all.
-  plan->split_parts.assign(graph.ops.size(), {});
-  plan->split_first.assign(graph.ops.size(), -1);
+  structure.split_parts.assign(graph.ops.size(), {});
+  structure.split_first.assign(graph.ops.size(), -1);
   std::map<int, int> first_of_input;  // a split's input -> its first part
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     if (op.type != OpType::kSlice || !op.attributes.split_part) continue;
     const int first = first_of_input.emplace(op.inputs[0], static_cast<int>(i)).first->second;
-    plan->split_first[i] = first;
-    plan->split_parts[first].push_back(static_cast<int>(i));
+    structure.split_first[i] = first;
+    structure.split_parts[first].push_back(static_cast<int>(i));
   }
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const int call = graph.ops[i].composite;
     if (call < 0) continue;
-    if (static_cast<size_t>(call) >= plan->composite_ops.size()) {
-      plan->composite_ops.resize(static_cast<size_t>(call) + 1);
+    if (static_cast<size_t>(call) >= structure.composite_ops.size()) {
+      structure.composite_ops.resize(static_cast<size_t>(call) + 1);
     }
-    plan->composite_ops[static_cast<size_t>(call)].push_back(static_cast<int>(i));
+    structure.composite_ops[static_cast<size_t>(call)].push_back(static_cast<int>(i));
   }
-  if (graph.input >= 0) plan->input_storage = tensors[graph.input].storage;
-  plan->output_storage = tensors[graph.output].storage;
-  plan->decoder_local.assign(plan->walk.storage_list.size(), false);
+  if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
+  structure.output_storage = tensors[graph.output].storage;
+  structure.decoder_local.assign(walk.storage_list.size(), false);
   for (int t : graph.decoder_locals) {
-    if (tensors[t].storage >= 0) plan->decoder_local[tensors[t].storage] = true;
+    if (tensors[t].storage >= 0) structure.decoder_local[tensors[t].storage] = true;
   }
+  return absl::OkStatus();
+}
+
+// StructureMemo: the structures of cached graphs' plans (those with a walk memo, which
+// live as long as the process), by what they follow from: the graph, whether its input
+// requires grad, which storage each tensor lives in, and which contiguous() inputs are
+// contiguous already (same_as). Entries are only added, at most kMaxEntries.
+class StructureMemo {
+ public:
+  struct Key {
+    const WalkMemo* graph = nullptr;
+    bool input_requires_grad = false;
+    std::vector<int> storage_of;
+    std::vector<bool> contiguous;
+    friend bool operator==(const Key&, const Key&) = default;
+  };
+  std::shared_ptr<const SegmentStructure> Find(const Key& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [k, structure] : entries_) {
+      if (k == key) return structure;
+    }
+    return nullptr;
+  }
+  void Remember(Key key, std::shared_ptr<const SegmentStructure> structure) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.size() < kMaxEntries) entries_.emplace_back(std::move(key), std::move(structure));
+  }
+  static StructureMemo& Get() {
+    static auto* const memo = new StructureMemo();
+    return *memo;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 1024;
+  std::mutex mutex_;
+  std::vector<std::pair<Key, std::shared_ptr<const SegmentStructure>>> entries_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
+                                                      const ModelConfig& config,
+                                                      bool input_requires_grad,
+                                                      const RuleTable* rules) {
+  WalkOptions options;
+  options.input_requires_grad = input_requires_grad;
+  options.record_layouts = true;
+  options.rules = rules;
+  // From the graph's layouts, so that a cached graph's memo serves the walk (walk_memo.h);
+  // without them (a layout that fails) the walk says why.
+  const std::shared_ptr<const BlockLayouts> layouts = LayoutBlock(graph, config);
+  absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config, options, layouts.get());
+  if (!walk.ok()) return walk.status();
+  auto plan = std::make_unique<SegmentPlan>();
+  plan->graph = &graph;
+  plan->walk = *std::move(walk);
+  const bool memoizable =
+      graph.walk_memo != nullptr && (rules == nullptr || rules == &RuleTable::Pinned());
+  StructureMemo::Key key;
+  if (memoizable) {
+    key.graph = graph.walk_memo.get();
+    key.input_requires_grad = input_requires_grad;
+    key.storage_of.reserve(graph.tensors.size());
+    for (const WalkedTensor& t : plan->walk.tensor_layouts) key.storage_of.push_back(t.storage);
+    for (const OpDef& op : graph.ops) {
+      if (op.type != OpType::kContiguous) continue;
+      key.contiguous.push_back(plan->walk.tensor_layouts[op.inputs[0]].layout.IsContiguous());
+    }
+    plan->structure = StructureMemo::Get().Find(key);
+    if (plan->structure != nullptr) return plan;
+  }
+  auto structure = std::make_shared<SegmentStructure>();
+  if (absl::Status s = Derive(graph, plan->walk, rules, *structure); !s.ok()) return s;
+  plan->structure = structure;
+  if (memoizable) StructureMemo::Get().Remember(std::move(key), std::move(structure));
   return plan;
 }
 

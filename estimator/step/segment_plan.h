@@ -23,11 +23,13 @@
 
 namespace memledger::liveness_internal {
 
-// SegmentPlan is one segment graph walked for one config, with what the replay needs:
-// each op's storages read and each storage's last forward use.
-struct SegmentPlan {
-  const BlockGraph* graph = nullptr;
-  BlockWalk walk;  // with layouts, not checkpointed
+// SegmentStructure is what the replay needs of a segment beyond its sizes: each op's
+// storages read, each storage's last forward use, what each backward node releases, and
+// which ops return their input itself. It follows from the graph, the pinned rules, and
+// the walk's storages (which tensors share one, which require grad), never from sizes
+// alone: configs whose tensors share storages alike share it (MakePlan's memo, as the
+// walk's own, estimator/graph/walk_memo.h).
+struct SegmentStructure {
   std::vector<std::vector<int>> reads;  // per op: distinct non-parameter storages read
   std::vector<int> last_use;            // per storage: the last op reading it, -1: none
   int input_storage = -1;
@@ -67,6 +69,13 @@ struct SegmentPlan {
   std::vector<std::vector<int>> split_parts;
   // composite_ops: by composite call (OpDef::composite), its ops.
   std::vector<std::vector<int>> composite_ops;
+};
+
+// SegmentPlan is one segment graph walked for one config, with what the replay needs.
+struct SegmentPlan {
+  const BlockGraph* graph = nullptr;
+  BlockWalk walk;  // with layouts, not checkpointed
+  std::shared_ptr<const SegmentStructure> structure;
 };
 
 // MakePlan walks `graph` with layouts and derives the plan; Internal for an op with more

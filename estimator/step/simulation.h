@@ -206,7 +206,7 @@ class Simulation {
   // arguments itself (runtime/selective_ops.cc), so autocast's cache never sees them.
   bool CallIsReplayed(const Instance& inst, const OpDef& op) const {
     if (op.composite < 0) return false;
-    for (int other : inst.plan->composite_ops[static_cast<size_t>(op.composite)]) {
+    for (int other : inst.plan->structure->composite_ops[static_cast<size_t>(op.composite)]) {
       if (FromCache(inst, inst.plan->graph->ops[other])) return true;
     }
     return false;

@@ -51,7 +51,8 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
 
 void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
                        bool capture_parameters) {
-  while (inst.plan->same_as[tensor] >= 0) tensor = inst.plan->same_as[tensor];
+  const std::vector<int>& same_as = inst.plan->structure->same_as;
+  while (same_as[tensor] >= 0) tensor = same_as[tensor];
   const TensorDef& def = inst.plan->graph->tensors[tensor];
   if (def.is_parameter && !capture_parameters) {
     const ParameterKey key = KeyOf(inst, tensor);
@@ -69,11 +70,12 @@ void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers
 absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
                               bool capture_parameters) {
   const SegmentPlan& plan = *inst.plan;
+  const SegmentStructure& structure = *plan.structure;
   const OpDef& op = plan.graph->ops[op_index];
   const OpSemantics& semantics =
       (options_.rules != nullptr ? *options_.rules : RuleTable::Pinned()).Of(op.type);
   if (!TensorOf(inst, op.outputs[0]).requires_grad) return absl::OkStatus();  // no node
-  if (plan.same_as[op.outputs[0]] >= 0) return absl::OkStatus();  // returned its input
+  if (structure.same_as[op.outputs[0]] >= 0) return absl::OkStatus();  // returned its input
   if (op.type == OpType::kSlice && op.attributes.split_part) {
     return SplitBackward(inst, op_index, buffers, capture_parameters);
   }
@@ -87,7 +89,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   memory_.SetOp(At(inst, op_index, node));
   // Under a non-reentrant checkpoint the first node to unpack a saved tensor runs the
   // recompute (checkpoint.py, _checkpoint_hook's unpack_hook).
-  if (inst.frame.has_value() && !inst.frame->recomputed && plan.packs[op_index]) {
+  if (inst.frame.has_value() && !inst.frame->recomputed && structure.packs[op_index]) {
     if (absl::Status s = Recompute(inst); !s.ok()) return s;
     memory_.SetOp(At(inst, op_index, node));
   }
@@ -545,7 +547,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   // An unpacked tensor is the formula's local: with the frame's holder emptied on
   // unpack (holder.handles[gid] = None), it dies as the node's apply() returns.
   if (inst.frame.has_value()) {
-    for (int s : plan.packed_releases[op_index]) {
+    for (int s : structure.packed_releases[op_index]) {
       if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
     }
   }
@@ -569,12 +571,12 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   // release_variables(), in Functions.h's order; under a non-reentrant checkpoint only
   // what the node held itself, since the forward (and the frame, with its last hook).
   if (inst.frame.has_value()) {
-    for (int s : plan.unpacked_releases[op_index]) {
+    for (int s : structure.unpacked_releases[op_index]) {
       if (inst.frame->forward_ids[s] >= 0) memory_.Release(inst.frame->forward_ids[s]);
     }
-    if (op_index == plan.first_pack_op) FrameDies(inst);
+    if (op_index == structure.first_pack_op) FrameDies(inst);
   } else {
-    for (int s : plan.releases[op_index]) {
+    for (int s : structure.releases[op_index]) {
       if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
     }
   }
@@ -591,13 +593,14 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
 absl::Status Simulation::SplitBackward(Instance& inst, int op_index, Buffers& buffers,
                                        bool capture_parameters) {
   const SegmentPlan& plan = *inst.plan;
+  const SegmentStructure& structure = *plan.structure;
   const BlockGraph& graph = *plan.graph;
   const OpDef& op = graph.ops[op_index];
   // The node runs once, at the first part (the last the backward reaches).
-  if (plan.split_first[op_index] != op_index) return absl::OkStatus();
+  if (structure.split_first[op_index] != op_index) return absl::OkStatus();
   std::vector<Handle> incoming;
   std::vector<const OpDef*> missing;  // parts no gradient reached
-  for (int p : plan.split_parts[op_index]) {
+  for (int p : structure.split_parts[op_index]) {
     const OpDef* part = &graph.ops[p];
     if (auto it = buffers.find(part->outputs[0]); it != buffers.end()) {
       incoming.push_back(it->second);

@@ -180,12 +180,13 @@ absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst)
 absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
                                  Handle* output) {
   const SegmentPlan& plan = *inst.plan;
+  const SegmentStructure& structure = *plan.structure;
   const BlockGraph& graph = *plan.graph;
   const std::vector<WalkedStorage>& storages = plan.walk.storage_list;
   // KeepsOf: how many of storage s's keeps this pass makes.
   auto keeps_of = [&](size_t s) {
     if (pass.keeps == Pass::Keeps::kNone) return 0;
-    if (pass.keeps == Pass::Keeps::kUnpacked) return plan.unpacked_keeps[s];
+    if (pass.keeps == Pass::Keeps::kUnpacked) return structure.unpacked_keeps[s];
     int n = 0;
     for (int keeper : storages[s].kept_by) n += keeper >= 0;
     return n;
@@ -206,9 +207,9 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     inst.ids[s] = global->second;
     for (int k = keeps_of(s); k > 0; --k) memory_.Keep(global->second);
   }
-  if (input != nullptr && plan.input_storage >= 0) {
-    inst.ids[plan.input_storage] = input->storage;
-    for (int k = keeps_of(plan.input_storage); k > 0; --k) memory_.Keep(input->storage);
+  if (input != nullptr && structure.input_storage >= 0) {
+    inst.ids[structure.input_storage] = input->storage;
+    for (int k = keeps_of(structure.input_storage); k > 0; --k) memory_.Keep(input->storage);
   }
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
@@ -216,7 +217,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     const bool replayed = pass.replay && FromCache(inst, op);
     // The recompute stops at the pack that fills the last holder: before the kernel when
     // that is an input's, after it when an output's.
-    const bool stop_here = pass.early_stop && static_cast<int>(i) == plan.last_pack_op;
+    const bool stop_here = pass.early_stop && static_cast<int>(i) == structure.last_pack_op;
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
     Ids prelude;
@@ -275,7 +276,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     }
     if (!replayed) LeadingTemporaries(op, inst, &prelude);
     Ids made;
-    if (stop_here && !plan.last_pack_is_output) {
+    if (stop_here && !structure.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
       return StopRecompute(inst, local, output);
     }
@@ -333,18 +334,18 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // norm's statistics); then, by Python's reference counting, every storage whose last
     // reader this op was (the caller holds the segment's input and output).
     for (int s : made) {
-      if (plan.last_use[s] < 0 && s != plan.output_storage) {
+      if (structure.last_use[s] < 0 && s != structure.output_storage) {
         memory_.Unref(inst.ids[s]);
         local[s] = false;
       }
     }
-    for (int s : plan.reads[i]) {
-      if (plan.last_use[s] != static_cast<int>(i) || s == plan.input_storage ||
-          s == plan.output_storage || storages[s].is_global) {
+    for (int s : structure.reads[i]) {
+      if (structure.last_use[s] != static_cast<int>(i) || s == structure.input_storage ||
+          s == structure.output_storage || storages[s].is_global) {
         continue;
       }
       // The decoder model's locals take it over from the prologue (ForwardPass lets go).
-      if (plan.decoder_local[s]) {
+      if (structure.decoder_local[s]) {
         decoder_locals_.push_back(inst.ids[s]);
       } else {
         memory_.Unref(inst.ids[s]);
@@ -356,8 +357,8 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       decoder_returns_ = nullptr;
     }
   }
-  output->storage = inst.ids[plan.output_storage];
-  if (plan.decoder_local[plan.output_storage]) {
+  output->storage = inst.ids[structure.output_storage];
+  if (structure.decoder_local[structure.output_storage]) {
     memory_.Ref(output->storage);  // the caller's reference, and a decoder local's
     decoder_locals_.push_back(output->storage);
   }
@@ -369,15 +370,16 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
 absl::Status Simulation::StopRecompute(Instance& inst, const std::vector<bool>& local,
                                        Handle* output) {
   const SegmentPlan& plan = *inst.plan;
+  const SegmentStructure& structure = *plan.structure;
   for (size_t s = 0; s < local.size(); ++s) {
     if (local[s]) memory_.Unref(inst.ids[s]);
   }
   for (size_t s = 0; s < local.size(); ++s) {
     const WalkedStorage& storage = plan.walk.storage_list[s];
-    if (inst.ids[s] < 0 || storage.is_global || static_cast<int>(s) == plan.input_storage) {
+    if (inst.ids[s] < 0 || storage.is_global || static_cast<int>(s) == structure.input_storage) {
       continue;
     }
-    for (int k = plan.unpacked_keeps[s]; k > 0; --k) memory_.Release(inst.ids[s]);
+    for (int k = structure.unpacked_keeps[s]; k > 0; --k) memory_.Release(inst.ids[s]);
   }
   *output = Handle();
   return absl::OkStatus();

@@ -28,7 +28,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
   // embedding's, and the families' head, whose labels are the ids shifted).
   const SegmentPlan& input_plan = families ? *plans.prologue : *plans.first;
-  int input_storage = input_plan.input_storage;
+  int input_storage = input_plan.structure->input_storage;
   for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
     const WalkedStorage& storage = plans.prologue->walk.storage_list[s];
     if (graphs.prologue->tensors[storage.owner].global == ModelTensor::kInputIds) {
