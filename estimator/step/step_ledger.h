@@ -485,16 +485,7 @@ class Memory {
                                        &live_[static_cast<int>(category)]) ||
                 __builtin_add_overflow(total_, bytes, &total_);
     if (overflow_) return;
-    if (record_) {
-      // Consecutive events of one op share its label.
-      if (!labelled_.has_value() || !(*labelled_ == where_)) {
-        out_->op_labels.push_back(WhereText(where_, optimizer_));
-        labelled_ = where_;
-      }
-      out_->events.push_back(TimelineEvent{bytes, category, phase_,
-                                           static_cast<int32_t>(out_->op_labels.size()) - 1,
-                                           relabel, static_cast<int32_t>(s)});
-    }
+    if (record_) RecordEvent(s, bytes, category, relabel);
     ++event_count_;
     if (total_ > out_->peak.bytes) {
       out_->peak.bytes = total_;
@@ -507,8 +498,22 @@ class Memory {
     if (shadowing_ && !skip_shadow_) ShadowEvent(bytes, category);
   }
 
+  // RecordEvent appends the event (and its op's label) to the timeline: out of Event's
+  // line, which runs thousands of times a step without recording.
+  [[gnu::noinline]] void RecordEvent(int s, int64_t bytes, MemoryCategory category,
+                                     bool relabel) {
+    // Consecutive events of one op share its label.
+    if (!labelled_.has_value() || !(*labelled_ == where_)) {
+      out_->op_labels.push_back(WhereText(where_, optimizer_));
+      labelled_ = where_;
+    }
+    out_->events.push_back(TimelineEvent{bytes, category, phase_,
+                                         static_cast<int32_t>(out_->op_labels.size()) - 1,
+                                         relabel, static_cast<int32_t>(s)});
+  }
+
   // ShadowEvent: `bytes` more (fewer) of `category` in the shadow pass.
-  void ShadowEvent(int64_t bytes, MemoryCategory category) {
+  [[gnu::noinline]] void ShadowEvent(int64_t bytes, MemoryCategory category) {
     if (!shadowing_) return;
     shadow_live_[static_cast<int>(category)] += bytes;
     shadow_total_ += bytes;
