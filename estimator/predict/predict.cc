@@ -53,17 +53,22 @@ class BlockWalks {
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
-    // Every walk of a kind starts from the same layouts: computed once.
     const BlockGraph& graph = graphs_.layer_kinds[kind];
-    Layouts& layouts = layouts_[kind];
-    if (!layouts.laid_out) {
-      layouts.layouts = LayoutBlock(graph, config_);
-      layouts.laid_out = true;
-    }
-    absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config_, options, layouts.layouts.get());
+    absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config_, options, LayoutsOf(kind).get());
     if (!walk.ok()) return walk.status();
     entries_.push_back(Entry{kind, checkpointed, first, core, policy, *std::move(walk)});
     return &entries_.back().walk;
+  }
+
+  // LayoutsOf: a kind's layouts, which every walk of it (and the step simulator's plan)
+  // starts from: made once. Null if they failed (a walk says why).
+  const std::shared_ptr<const BlockLayouts>& LayoutsOf(int kind) {
+    Layouts& layouts = layouts_[kind];
+    if (!layouts.laid_out) {
+      layouts.layouts = LayoutBlock(graphs_.layer_kinds[kind], config_);
+      layouts.laid_out = true;
+    }
+    return layouts.layouts;
   }
 
  private:
@@ -87,10 +92,11 @@ class BlockWalks {
   std::deque<Entry> entries_;  // deque: Get's pointers stay valid
 };
 
-// Segments are the prologue and epilogue walks of one Predict call.
+// Segments are the prologue and epilogue walks of one Predict call, and their layouts.
 struct Segments {
   std::optional<BlockWalk> prologue;
   BlockWalk epilogue;
+  std::shared_ptr<const BlockLayouts> prologue_layouts, epilogue_layouts;
 };
 
 // Congruent returns how many i in [lo, hi] have i % k == r (lo >= 0, 0 <= r < k).
@@ -395,16 +401,16 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConf
   segment_options.rules = options.rules;
   Segments segments;
   // From their layouts, so that a cached graph's memo serves the walk (walk_memo.h).
-  auto walk = [&](const BlockGraph& graph) {
-    const std::shared_ptr<const BlockLayouts> layouts = LayoutBlock(graph, config);
-    return WalkBlock(graph, config, segment_options, layouts.get());
+  auto walk = [&](const BlockGraph& graph, std::shared_ptr<const BlockLayouts>* layouts) {
+    *layouts = LayoutBlock(graph, config);
+    return WalkBlock(graph, config, segment_options, layouts->get());
   };
   if (graphs.prologue.has_value()) {
-    absl::StatusOr<BlockWalk> prologue = walk(*graphs.prologue);
+    absl::StatusOr<BlockWalk> prologue = walk(*graphs.prologue, &segments.prologue_layouts);
     if (!prologue.ok()) return prologue.status();
     segments.prologue = *std::move(prologue);
   }
-  absl::StatusOr<BlockWalk> epilogue = walk(graphs.epilogue);
+  absl::StatusOr<BlockWalk> epilogue = walk(graphs.epilogue, &segments.epilogue_layouts);
   if (!epilogue.ok()) return epilogue.status();
   segments.epilogue = *std::move(epilogue);
   return segments;
@@ -581,8 +587,13 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
     step.record_events = options.timeline;
     step.rules = options.rules;
     step.python_dispatch_mode = options.python_dispatch_mode;
+    // The segments' layouts, made for the buckets already.
+    ModelLayouts layouts{segments.prologue_layouts, {}, segments.epilogue_layouts};
+    for (int kind = 0; kind < static_cast<int>(graphs->layer_kinds.size()); ++kind) {
+      layouts.layer_kinds.push_back(walks.LayoutsOf(kind));
+    }
     absl::StatusOr<StepSimulator> created =
-        StepSimulator::Create(config, options.attention, step);
+        StepSimulator::Create(config, options.attention, step, layouts);
     if (created.ok()) {
       simulator = *std::move(created);
     } else if (absl::IsUnimplemented(created.status())) {

@@ -385,7 +385,8 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
 
 absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
                                                     AttentionMode attention,
-                                                    const StepOptions& options) {
+                                                    const StepOptions& options,
+                                                    const ModelLayouts& layouts) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (options.cpu_threads < 1) {
     return absl::InvalidArgumentError(
@@ -397,18 +398,25 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   const bool families = graphs.prologue.has_value();
   const RuleTable* rules = options.rules;
   auto make = [&](const BlockGraph& graph, bool input_requires_grad,
-                  std::unique_ptr<SegmentPlan>* plan) {
+                  std::unique_ptr<SegmentPlan>* plan,
+                  const std::shared_ptr<const BlockLayouts>& laid_out = nullptr) {
     absl::StatusOr<std::unique_ptr<SegmentPlan>> made =
-        MakePlan(graph, config, input_requires_grad, rules);
+        MakePlan(graph, config, input_requires_grad, rules, laid_out.get());
     if (made.ok()) *plan = *std::move(made);
     return made.status();
   };
   if (families) {
-    if (absl::Status s = make(*graphs.prologue, false, &plans->prologue); !s.ok()) return s;
+    if (absl::Status s = make(*graphs.prologue, false, &plans->prologue, layouts.prologue);
+        !s.ok()) {
+      return s;
+    }
   }
   plans->rest.resize(graphs.layer_kinds.size());
   for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
-    if (absl::Status s = make(graphs.layer_kinds[kind], true, &plans->rest[kind]); !s.ok()) {
+    const std::shared_ptr<const BlockLayouts> laid_out =
+        kind < layouts.layer_kinds.size() ? layouts.layer_kinds[kind] : nullptr;
+    if (absl::Status s = make(graphs.layer_kinds[kind], true, &plans->rest[kind], laid_out);
+        !s.ok()) {
       return s;
     }
   }
@@ -421,7 +429,9 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
     if (absl::Status s = make(graphs.Layer(0), false, &plans->study_first); !s.ok()) return s;
     plans->first = plans->study_first.get();
   }
-  if (absl::Status s = make(graphs.epilogue, true, &plans->head); !s.ok()) return s;
+  if (absl::Status s = make(graphs.epilogue, true, &plans->head, layouts.epilogue); !s.ok()) {
+    return s;
+  }
   return StepSimulator(config, attention, options, std::move(plans));
 }
 

@@ -35,6 +35,7 @@
 #include "estimator/spec/config.h"
 #include "estimator/request/parallel_spec.h"
 #include "estimator/graph/rules.h"
+#include "estimator/saved/walker.h"
 
 namespace memledger {
 
@@ -257,6 +258,16 @@ struct LayerGlobals {
   std::vector<ModelTensor> held_when_checkpointed;
 };
 
+// ModelLayouts are a model's segment graphs laid out for one config (LayoutBlock's, in
+// estimator/saved/walker.h): a caller that laid them out already (Predict, for the
+// buckets) hands them to StepSimulator::Create rather than have them made again. Null:
+// not given.
+struct ModelLayouts {
+  std::shared_ptr<const BlockLayouts> prologue;
+  std::vector<std::shared_ptr<const BlockLayouts>> layer_kinds;
+  std::shared_ptr<const BlockLayouts> epilogue;
+};
+
 // StepSimulator simulates the steps of one model (config and attention mode) under any
 // variant and optimizer; it checks what is modelled and walks the model's segments once,
 // so that many variants cost one walk. Thread-safe once created. A config with use_cache
@@ -266,9 +277,12 @@ class StepSimulator {
  public:
   // Create returns InvalidArgument for a bad config or options and Unimplemented for a
   // model whose step is not simulated yet (the message names what).
+  // `layouts`, where given, must be those of ModelGraphsFor(config, attention)'s graphs
+  // for `config`.
   static absl::StatusOr<StepSimulator> Create(const ModelConfig& config,
                                               AttentionMode attention,
-                                              const StepOptions& options);
+                                              const StepOptions& options,
+                                              const ModelLayouts& layouts = {});
   // Simulate returns the variant's timeline and peak (Unimplemented for master weights).
   absl::StatusOr<StepTimeline> Simulate(const Variant& variant, const OptimizerSpec& optimizer,
                                         const ResidentBytes& resident) const;

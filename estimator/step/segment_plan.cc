@@ -192,15 +192,20 @@ class StructureMemo {
 absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
                                                       const ModelConfig& config,
                                                       bool input_requires_grad,
-                                                      const RuleTable* rules) {
+                                                      const RuleTable* rules,
+                                                      const BlockLayouts* layouts) {
   WalkOptions options;
   options.input_requires_grad = input_requires_grad;
   options.record_layouts = true;
   options.rules = rules;
   // From the graph's layouts, so that a cached graph's memo serves the walk (walk_memo.h);
   // without them (a layout that fails) the walk says why.
-  const std::shared_ptr<const BlockLayouts> layouts = LayoutBlock(graph, config);
-  absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config, options, layouts.get());
+  std::shared_ptr<const BlockLayouts> made;
+  if (layouts == nullptr) {
+    made = LayoutBlock(graph, config);
+    layouts = made.get();
+  }
+  absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config, options, layouts);
   if (!walk.ok()) return walk.status();
   auto plan = std::make_unique<SegmentPlan>();
   plan->graph = &graph;

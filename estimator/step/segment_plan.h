@@ -80,10 +80,12 @@ struct SegmentPlan {
 
 // MakePlan walks `graph` with layouts and derives the plan; Internal for an op with more
 // than three inputs (a backward node keeps at most three gradients).
+// `layouts`: LayoutBlock(graph, config)'s, if the caller has them (null: made here).
 absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
                                                       const ModelConfig& config,
                                                       bool input_requires_grad,
-                                                      const RuleTable* rules);
+                                                      const RuleTable* rules,
+                                                      const BlockLayouts* layouts = nullptr);
 
 // ModelPlans are a model's segment plans, made once and shared by every variant's
 // simulation: the prologue (families), the first layer (whose input needs no gradient in
