@@ -245,7 +245,7 @@ class Simulation {
     }
     return held;
   }
-  void Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
+  void Route(Instance& inst, int tensor, const Handle& grad, Buffers& buffers,
              bool capture_parameters);
   // TiedGradientReady: whether a parameter's AccumulateGrad runs now on *grad. A tied
   // weight whose two uses are in one backward graph (one pipeline stage holds the LM
@@ -270,8 +270,8 @@ class Simulation {
     tied_buffer_.erase(pending);
     return true;
   }
-  void Accumulate(Buffers& buffers, int tensor, Handle grad);
-  void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, Handle grad);
+  void Accumulate(Buffers& buffers, int tensor, const Handle& grad);
+  void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, const Handle& grad);
   // OptimizerStep steps tensors of these element counts, with their gradients.
   absl::Status OptimizerStep(const std::vector<int64_t>& numels);
   absl::Status ReduceAndStep();

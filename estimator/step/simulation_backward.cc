@@ -10,7 +10,7 @@
 
 namespace memledger::liveness_internal {
 
-void Simulation::Accumulate(Buffers& buffers, int tensor, Handle grad) {
+void Simulation::Accumulate(Buffers& buffers, int tensor, const Handle& grad) {
   auto [it, inserted] = buffers.emplace(tensor, grad);
   if (inserted) return;
   Handle& old = it->second;
@@ -27,7 +27,7 @@ void Simulation::Accumulate(Buffers& buffers, int tensor, Handle grad) {
 }
 
 void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& layout,
-                                Handle grad) {
+                                const Handle& grad) {
   auto it = grads_.find(parameter);
   if (it != grads_.end()) {
     memory_.Unref(grad.storage);  // .grad += new, in place
@@ -49,15 +49,16 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
   grads_.emplace(parameter, clone);
 }
 
-void Simulation::Route(Instance& inst, int tensor, Handle grad, Buffers& buffers,
+void Simulation::Route(Instance& inst, int tensor, const Handle& grad, Buffers& buffers,
                        bool capture_parameters) {
   const std::vector<int>& same_as = inst.plan->structure->same_as;
   while (same_as[tensor] >= 0) tensor = same_as[tensor];
   const TensorDef& def = inst.plan->graph->tensors[tensor];
   if (def.is_parameter && !capture_parameters) {
     const ParameterKey key = KeyOf(inst, tensor);
-    if (!TiedGradientReady(key, def.is_tied, &grad)) return;
-    AccumulateGrad(key, TensorOf(inst, tensor).layout, grad);
+    Handle ready = grad;  // a tied weight's: the sum of both uses'
+    if (!TiedGradientReady(key, def.is_tied, &ready)) return;
+    AccumulateGrad(key, TensorOf(inst, tensor).layout, ready);
     return;
   }
   Accumulate(buffers, tensor, grad);
@@ -99,9 +100,9 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     return TensorOf(inst, op.inputs[input]).layout;
   };
   auto dtype_of = [&](int input) { return plan.graph->tensors[op.inputs[input]].dtype; };
-  // One gradient per input (an op has at most four).
-  std::array<Handle, 4> grad_slots;
-  const size_t n_inputs = std::min(op.inputs.size(), grad_slots.size());
+  // One gradient per input (an op has at most four, MakePlan checks): only as many made.
+  const size_t n_inputs = op.inputs.size();
+  absl::InlinedVector<Handle, 4> grad_slots(n_inputs);
   Handle* const grads = grad_slots.data();
 
   switch (op.type) {

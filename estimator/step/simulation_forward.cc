@@ -16,8 +16,11 @@ FlashSplits FlashSplitsFor(int64_t t) {
 
 // LeadingTemporaries: what an op's Python statement or ATen composite makes before its
 // result (profiled: the eager experts' no-grad statements, SDPA's mask conversion), the
-// survivors added to `prelude`, which dies after the op.
-void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* prelude) {
+// survivors added to `prelude`, which dies after the op. Inlined into Forward, which asks
+// for every op: most have none, and a call's entry and exit cost more than the switch.
+[[gnu::always_inline]] inline void Simulation::LeadingTemporaries(const OpDef& op,
+                                                               const Instance& inst,
+                                                               Ids* prelude) {
   switch (op.type) {
     case OpType::kOneHot: {
       // one_hot's aminmax of the indices: two 0-dim int64 tensors, read and freed.
@@ -63,8 +66,10 @@ void Simulation::LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* 
   }
 }
 
-// ForwardWorkspace: what a forward kernel allocates and frees besides its outputs.
-absl::Status Simulation::ForwardWorkspace(const OpDef& op, const Instance& inst) {
+// ForwardWorkspace: what a forward kernel allocates and frees besides its outputs
+// (inlined into Forward as LeadingTemporaries is).
+[[gnu::always_inline]] inline absl::Status Simulation::ForwardWorkspace(const OpDef& op,
+                                                                      const Instance& inst) {
   const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
   if (memory_.cuda()) {
     // A CUDA GEMM's cuBLAS workspace, after its output (CublasWorkspace); the CPU
