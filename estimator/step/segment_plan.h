@@ -32,6 +32,9 @@ namespace memledger::liveness_internal {
 struct SegmentStructure {
   std::vector<std::vector<int>> reads;  // per op: distinct non-parameter storages read
   std::vector<int> last_use;            // per storage: the last op reading it, -1: none
+  // node_keeps: per storage, how many backward nodes keep it (its keepers in the walk
+  // but the checkpoint node).
+  std::vector<int> node_keeps;
   int input_storage = -1;
   int output_storage = -1;
   // decoder_local: per storage, whether the decoder model's locals hold it past this

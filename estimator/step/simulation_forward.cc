@@ -192,14 +192,12 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   auto keeps_of = [&](size_t s) {
     if (pass.keeps == Pass::Keeps::kNone) return 0;
     if (pass.keeps == Pass::Keeps::kUnpacked) return structure.unpacked_keeps[s];
-    int n = 0;
-    for (int keeper : storages[s].kept_by) n += keeper >= 0;
-    return n;
+    return structure.node_keeps[s];
   };
   inst.ids.assign(storages.size(), -1);
   // local: made here and still referenced by the forward's locals (the early stop's
-  // unwinding frees them).
-  std::vector<bool> local(storages.size(), false);
+  // unwinding frees them): kept for an early stop only.
+  std::vector<bool> local(pass.early_stop ? storages.size() : 0, false);
   for (size_t s = 0; s < storages.size(); ++s) {
     if (!storages[s].is_global) continue;
     // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
@@ -318,7 +316,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       inst.ids[s] = id;
       made.push_back(s);
-      local[s] = true;
+      if (pass.early_stop) local[s] = true;
       if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy && !replayed &&
           !(pass.replay && CallIsReplayed(inst, op))) {
         memory_.Ref(id);
@@ -341,7 +339,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     for (int s : made) {
       if (structure.last_use[s] < 0 && s != structure.output_storage) {
         memory_.Unref(inst.ids[s]);
-        local[s] = false;
+        if (pass.early_stop) local[s] = false;
       }
     }
     for (int s : structure.reads[i]) {
@@ -355,7 +353,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       } else {
         memory_.Unref(inst.ids[s]);
       }
-      local[s] = false;
+      if (pass.early_stop) local[s] = false;
     }
     if (static_cast<int>(i) == graph.decoder_returns_after && decoder_returns_) {
       decoder_returns_();
