@@ -87,6 +87,30 @@ void BM_PredictLlama3_70b(benchmark::State& state) {
 }
 BENCHMARK(BM_PredictLlama3_70b);
 
+// The same model at a new size every call (batch 1 to 4, seq 2048 to 16384): what a
+// graph's memos keep (its walks' keeps, its plans' structure) is shared by every size
+// whose tensors share storages alike, so a sweep costs what one size does. Nothing is
+// remembered by size.
+void BM_PredictLlama3_70bSweep(benchmark::State& state) {
+  std::optional<ModelConfig> config = Llama3_70b(state);
+  if (!config.has_value()) return;
+  const PredictOptions options;
+  int64_t call = 0;
+  for (auto _ : state) {
+    ModelConfig sized = *config;
+    sized.batch = 1 + call % 4;
+    sized.seq = int64_t{2048} << (call / 4 % 4);
+    ++call;
+    absl::StatusOr<Prediction> p = Predict(sized, options);
+    if (!p.ok()) {
+      state.SkipWithError(p.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(p->variants[0].saved_bytes);
+  }
+}
+BENCHMARK(BM_PredictLlama3_70bSweep);
+
 // The same model trained in low precision: 0 under bf16 autocast (the peak replays the
 // cast cache and the gradients cast back), 1 in bf16 with fp32 master weights (the
 // optimizer step over fp32 copies). Each should cost what fp32 does.
