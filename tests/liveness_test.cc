@@ -21,6 +21,7 @@
 #include "estimator/predict/predict.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "tests/sized_config.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {
@@ -298,15 +299,9 @@ TEST(SimulateStepTest, PlansSharedAcrossSizesReplayLikeFreshOnes) {
   for (const char* preset :
        {"study", "tiny-llama", "tiny-gpt2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3-moe"}) {
     for (const auto& [batch, seq, heads_of_one] : sizes) {
-      ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(preset));
+      ASSERT_OK_AND_ASSIGN(ModelConfig preset_config, ModelFromPreset(preset));
+      ModelConfig config = Sized(preset_config, batch, seq, heads_of_one);
       config.layers = 3;
-      config.batch = batch;
-      config.seq = seq;
-      if (heads_of_one) {  // one head (and kv head) of the whole width
-        config.heads = 1;
-        config.kv_heads = 1;
-        config.head_dim = config.width;
-      }
       config.amp = batch % 2 == 0 ? DType::kBFloat16 : DType::kFloat32;
       if (!ValidateConfig(config).ok()) continue;
       for (const Variant& variant : variants) {

@@ -18,6 +18,7 @@
 #include "estimator/graph/family.h"
 #include "estimator/request/model_presets.h"
 #include "estimator/saved/walker.h"
+#include "tests/sized_config.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {
@@ -89,15 +90,9 @@ TEST(WalkMemoTest, RememberedWalksEqualWalksThatApplyEveryOp) {
            std::vector<std::tuple<int64_t, int64_t, bool>>{
                {2, 16, false}, {3, 8, false}, {1, 16, false}, {2, 1, false}, {4, 32, false},
                {1, 1, false}, {2, 16, true}, {5, 24, true}}) {
-        ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(preset));
-        config.batch = batch;
-        config.seq = seq;
+        ASSERT_OK_AND_ASSIGN(ModelConfig preset_config, ModelFromPreset(preset));
+        ModelConfig config = Sized(preset_config, batch, seq, heads_of_one);
         config.checkpoint_impl = impl;
-        if (heads_of_one) {  // one head (and kv head) of the whole width
-          config.heads = 1;
-          config.kv_heads = 1;
-          config.head_dim = config.width;
-        }
         if (!ValidateConfig(config).ok()) continue;
         const std::shared_ptr<const ModelGraphs> cached =
             ModelGraphsFor(config, AttentionMode::kFlash);
