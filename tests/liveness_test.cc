@@ -320,12 +320,12 @@ TEST(SimulateStepTest, PlansSharedAcrossSizesReplayLikeFreshOnes) {
   EXPECT_GT(compared, 300);
 }
 
-// every_k composes from its shortest model: a plain layer of the first period stands for
-// its residue's middle layers, so every_2 on 8 layers replays 4 and every_4 on Gemma's
-// 5:1 pattern 22 instead of 25 (liveness.cc, ShortModelOf). At every count from the
-// shortest up (each residue mod k, so the last layer is plain or checkpointed), both
-// checkpoint implementations and both precisions, the composed peak is the whole
-// simulation's.
+// every_k composes from its shortest model: a layer of the first period (not the first of
+// its kind, nor its kind's lowest checkpoint) stands for its residue's middle layers, so
+// every_2 on 8 layers replays 4 and every_4 on Gemma's 5:1 pattern 19 instead of 25
+// (liveness.cc, ShortModelOf). At every count from the shortest up (each residue mod k,
+// so the last layer is plain or checkpointed), both checkpoint implementations and both
+// precisions, the composed peak is the whole simulation's.
 TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
   ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
   ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
@@ -359,6 +359,34 @@ TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
   // Counts k + 2 .. 3k + 3 for period k: 2k + 2 of them. llama and gpt2 (k = every):
   // 6 + 8 + 10; Gemma (k = lcm(every, 6) = 6, 6, 12): 14 + 14 + 26; each twice (impls).
   EXPECT_EQ(compared, 2 * 2 * (6 + 8 + 10) + 2 * (14 + 14 + 26));
+}
+
+// Checkpointed layers of the first period stand for their residues too, but for a kind's
+// lowest checkpoint (whose frame would hold what only its kind reads). With every_7 on
+// Gemma 3 (m = 42) the checkpointed sliding layers 7 to 28 stand for theirs; the first
+// checkpointed global layer, 35, is kept as itself (Gemma's global layers read no such
+// tensor: there it is only conservative) and its residue takes 77. Counts where the
+// short model (80 to 89 layers) is shorter, both precisions.
+TEST(SimulateStepTest, CheckpointedFirstPeriodLayersStandForTheirResidues) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
+  Variant variant;
+  variant.kind = VariantKind::kEveryK;
+  variant.every = 7;
+  int compared = 0;
+  for (int64_t layers : {122, 125, 131}) {
+    for (DType amp : {DType::kFloat32, DType::kBFloat16}) {
+      ModelConfig run = gemma;
+      run.layers = layers;
+      run.batch = 1;
+      run.seq = 8;
+      run.use_cache = false;
+      run.amp = amp;
+      ExpectComposedPeakIsTheWhole(run, variant,
+                                   absl::StrCat("L", layers, " amp ", DTypeName(amp)));
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 6);
 }
 
 // Dense and sparse layers (a period of one dense, two sparse), the eager experts with one

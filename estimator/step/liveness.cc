@@ -134,21 +134,30 @@ ShortModel StandardShortModel(int64_t layers, const Variant& variant, int64_t k)
   return model;
 }
 
-// ShortModelOf is a whole model's shortest: a layer of the first period that is neither
-// checkpointed (every_k's lowest checkpoint and the frames' model-level tensors are in
-// the first period) nor the first of its kind (which makes and frees the tensors only its
-// kind reads) is a plain middle layer already, whose stretches stand for its residue's
-// (the planner composes any plan from first, middle and last positions alone, whatever
-// the layer before a middle one is). The other residues take the second period's. So
-// every_2 replays 4 layers where the standard model has 6 (for an even count).
+// ShortModelOf is a whole model's shortest: a layer of the first period is a middle layer
+// already, whose stretches stand for its residue's (the planner composes any plan from
+// first, middle and last positions alone, whatever the layer before a middle one is),
+// unless it is the first of its kind (which makes and frees the tensors only its kind
+// reads) or its kind's lowest checkpointed layer (whose frame holds the model-level
+// tensors its kind reads, for every later checkpoint of them). The other residues take
+// the second period's. So every_2 replays 4 layers where the standard model has 6 (for
+// an even count), and every_4 on Gemma 3's 5:1 pattern 19 where it had 25.
 ShortModel ShortModelOf(int64_t layers, const Variant& variant, const ModelGraphs& graphs,
                         int64_t k) {
   ShortModel model = StandardShortModel(layers, variant, k);
   if (model.layers >= layers) return model;
+  // lowest_checkpointed: whether layer r is its kind's lowest checkpointed layer.
+  auto lowest_checkpointed = [&](int64_t r) {
+    if (!variant.IsCheckpointed(r)) return false;
+    for (int64_t j = 0; j < r; ++j) {
+      if (graphs.KindOf(j) == graphs.KindOf(r) && variant.IsCheckpointed(j)) return false;
+    }
+    return true;
+  };
   int64_t highest = 0;
   for (int64_t r = 0; r < k; ++r) {
-    const bool stands_alone = r >= 1 && !variant.IsCheckpointed(r) &&
-                              graphs.FirstOfKind(graphs.KindOf(r)) != r;
+    const bool stands_alone =
+        r >= 1 && graphs.FirstOfKind(graphs.KindOf(r)) != r && !lowest_checkpointed(r);
     model.middle[static_cast<size_t>(r)] = stands_alone ? r : k + r;
     highest = std::max(highest, model.middle[static_cast<size_t>(r)]);
   }
@@ -316,10 +325,10 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
 }
 
 // ComposeRankPeak is a rank's step composed from its short chunks' tape (each chunk
-// replayed as `short_models[c]`, its first layer the real one): the tape's stretches in order, each pass's layer run walked over
-// the chunk's real layers, the stretch after a forward run freeing the real layers'
-// cached casts, and the real rank's reduction and optimizer step (its every
-// parameter's) in place of the short one's.
+// replayed as `short_models[c]`, its first layer the real one): the tape's stretches in
+// order, each pass's layer run walked over the chunk's real layers, the stretch after a
+// forward run freeing the real layers' cached casts, and the real rank's reduction and
+// optimizer step (its every parameter's) in place of the short one's.
 absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
                                          const StepTimeline& short_timeline,
                                          const std::vector<TapeStretch>& tape,
