@@ -320,6 +320,25 @@ TEST(SimulateStepTest, PlansSharedAcrossSizesReplayLikeFreshOnes) {
   EXPECT_GT(compared, 300);
 }
 
+// ExpectEveryKComposes: every_k on `model` at `layers` (batch 2, seq 16, without the
+// cache) composes to the whole simulation's peak.
+void ExpectEveryKComposes(ModelConfig run, int64_t every, int64_t layers, CheckpointImpl impl,
+                          DType amp) {
+  run.layers = layers;
+  run.batch = 2;
+  run.seq = 16;
+  run.use_cache = false;
+  run.checkpoint_impl = impl;
+  run.amp = amp;
+  Variant variant;
+  variant.kind = VariantKind::kEveryK;
+  variant.every = every;
+  ExpectComposedPeakIsTheWhole(
+      run, variant,
+      absl::StrCat(FamilyName(run.family), " L", layers, " every_", every, " ",
+                   CheckpointImplName(impl), " amp ", DTypeName(amp)));
+}
+
 // every_k composes from its shortest model: a layer of the first period (not the first of
 // its kind, nor its kind's lowest checkpoint) stands for its residue's middle layers, so
 // every_2 on 8 layers replays 4 and every_4 on Gemma's 5:1 pattern 19 instead of 25
@@ -337,20 +356,8 @@ TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
       const int64_t period = is_gemma ? std::lcm<int64_t>(every, 6) : every;
       for (int64_t layers = period + 2; layers <= 3 * period + 3; ++layers) {
         for (CheckpointImpl impl : {CheckpointImpl::kNonReentrant, CheckpointImpl::kReentrant}) {
-          ModelConfig run = model;
-          run.layers = layers;
-          run.batch = 2;
-          run.seq = 16;
-          run.use_cache = false;
-          run.checkpoint_impl = impl;
-          run.amp = layers % 2 == 0 ? DType::kBFloat16 : DType::kFloat32;
-          Variant variant;
-          variant.kind = VariantKind::kEveryK;
-          variant.every = every;
-          ExpectComposedPeakIsTheWhole(
-              run, variant,
-              absl::StrCat(FamilyName(run.family), " L", layers, " every_", every, " ",
-                           CheckpointImplName(impl), " amp ", DTypeName(run.amp)));
+          ExpectEveryKComposes(model, every, layers, impl,
+                               layers % 2 == 0 ? DType::kBFloat16 : DType::kFloat32);
           ++compared;
         }
       }
@@ -369,20 +376,10 @@ TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
 // short model (80 to 89 layers) is shorter, both precisions.
 TEST(SimulateStepTest, CheckpointedFirstPeriodLayersStandForTheirResidues) {
   ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
-  Variant variant;
-  variant.kind = VariantKind::kEveryK;
-  variant.every = 7;
   int compared = 0;
   for (int64_t layers : {122, 125, 131}) {
     for (DType amp : {DType::kFloat32, DType::kBFloat16}) {
-      ModelConfig run = gemma;
-      run.layers = layers;
-      run.batch = 1;
-      run.seq = 8;
-      run.use_cache = false;
-      run.amp = amp;
-      ExpectComposedPeakIsTheWhole(run, variant,
-                                   absl::StrCat("L", layers, " amp ", DTypeName(amp)));
+      ExpectEveryKComposes(gemma, /*every=*/7, layers, CheckpointImpl::kNonReentrant, amp);
       ++compared;
     }
   }
