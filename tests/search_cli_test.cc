@@ -47,6 +47,18 @@ int64_t PredictedPeak(const std::string& flags, const std::string& checkpoint) {
 
 // PlannedLayouts checks a search's plan layouts: each within the budget and reproduced
 // by predict; how many there are.
+// SearchJson runs search with `args` (stdout alone) and parses its JSON into `doc` (the
+// text into `output`, if given); a fatal failure unless it exits 0 with JSON (callers wrap
+// it in ASSERT_NO_FATAL_FAILURE).
+void SearchJson(const std::string& args, rapidjson::Document* doc,
+                std::string* output = nullptr) {
+  CommandResult r = Search(args, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  doc->Parse(r.output.c_str());
+  ASSERT_FALSE(doc->HasParseError()) << r.output;
+  if (output != nullptr) *output = r.output;
+}
+
 int PlannedLayouts(const rapidjson::Document& doc) {
   int plans = 0;
   for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
@@ -66,11 +78,9 @@ std::string TempPath(const char* name) {
 
 TEST(SearchCliTest, LayoutsReproduceWithPredict) {
   // 600,000 B as GiB.
-  CommandResult r = Search(std::string(kTiny) + "--gpu_memory_gib=0.000558793544769", false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_NO_FATAL_FAILURE(
+      SearchJson(std::string(kTiny) + "--gpu_memory_gib=0.000558793544769", &doc));
   EXPECT_EQ(doc["search"]["gpus"].GetInt64(), 4);
   EXPECT_EQ(doc["search"]["gpu"].GetString(), std::string("h100"));
   EXPECT_NE(std::string(doc["search"]["time_model"].GetString()).find("a model"),
@@ -105,11 +115,9 @@ TEST(SearchCliTest, LayoutsReproduceWithPredict) {
 // and its device bytes are predict's reserved peak plus the CUDA context outside the
 // allocator; the others say null.
 TEST(SearchCliTest, OnCudaTheCheckedLayoutsReproduceWithPredict) {
-  CommandResult r = Search(std::string(kTiny) + "--device=cuda --checked_layouts=3", false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_NO_FATAL_FAILURE(
+      SearchJson(std::string(kTiny) + "--device=cuda --checked_layouts=3", &doc));
   EXPECT_EQ(doc["checked"].GetInt64(), 3);
   EXPECT_EQ(doc["dropped_when_checked"].GetInt64(), 0);
   const int64_t outside = doc["outside_allocator_bytes"]["cuda_context"].GetInt64();
@@ -149,11 +157,10 @@ TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
   const std::string tiny =
       "--model=tiny-llama --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=16 ";
   // 1.54 MiB; two layouts planned, each checked below.
-  CommandResult r = Search(tiny + "--gpu_memory_gib=0.0015 --planned_layouts=2", false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(
+      SearchJson(tiny + "--gpu_memory_gib=0.0015 --planned_layouts=2", &doc, &output));
   EXPECT_EQ(doc["planned"].GetInt64(), 2);
   const int64_t budget = doc["search"]["budget_bytes"].GetInt64();
   const rapidjson::Value* best_plan = nullptr;
@@ -169,7 +176,7 @@ TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
         << flags;
     EXPECT_EQ(PredictedPeak(flags, "plan"), l["peak_bytes"].GetInt64()) << flags;
   }
-  ASSERT_GT(plans, 0) << r.output;
+  ASSERT_GT(plans, 0) << output;
   CommandResult v = RunCommand(
       std::string("verify/verify ") + (*best_plan)["flags"].GetString() + " --skip_timing", false);
   EXPECT_EQ(v.exit_code, 0) << v.output;
@@ -191,21 +198,19 @@ TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
 // layout's plan another stage than none's most loaded peaks highest: predict puts it
 // first).
 TEST(SearchCliTest, LayersThatDifferArePlannedButNotUnderZero3) {
-  CommandResult r = Search(
+  rapidjson::Document doc;
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(SearchJson(
       "--model=tiny-gemma3 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=8 "
       "--gpu_memory_gib=0.002",
-      false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+      &doc, &output));
   EXPECT_GT(doc["planned"].GetInt64(), 0);
   for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
     if (std::string(l["checkpoint"].GetString()) == "plan") {
       EXPECT_LT(l["zero"].GetInt64(), 3);
     }
   }
-  EXPECT_GT(PlannedLayouts(doc), 0) << r.output;
+  EXPECT_GT(PlannedLayouts(doc), 0) << output;
 }
 
 // A mixture of experts (tiny-qwen3-moe: 4 experts, 2 per token) on 4 GPUs: the search
@@ -217,11 +222,9 @@ TEST(SearchCliTest, ExpertParallelLayoutsOfAMixtureOfExperts) {
   const std::string moe =
       "--model=tiny-qwen3-moe --seq=64 --gpus=4 --gpus_per_node=4 --global_batch=8 "
       "--gpu_memory_gib=1 ";
-  CommandResult r = Search(moe, false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  std::string output;
+  ASSERT_NO_FATAL_FAILURE(SearchJson(moe, &doc, &output));
   std::set<int64_t> eps;
   for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
     const int64_t ep = l["ep"].GetInt64();
@@ -240,28 +243,24 @@ TEST(SearchCliTest, ExpertParallelLayoutsOfAMixtureOfExperts) {
         << flags;
   }
   // ep 1, 2 and 4 of the 4 data-parallel ranks (4 experts).
-  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4})) << r.output;
+  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4})) << output;
   CommandResult fixed = Search(moe + "--ep=2 --format=table", false);
   ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
   EXPECT_NE(fixed.output.find(" ep "), std::string::npos) << fixed.output;
   EXPECT_NE(fixed.output.find("+ ep "), std::string::npos) << fixed.output;
   rapidjson::Document only;
-  CommandResult fixed_json = Search(moe + "--ep=2", false);
-  only.Parse(fixed_json.output.c_str());
-  ASSERT_FALSE(only.HasParseError()) << fixed_json.output;
+  ASSERT_NO_FATAL_FAILURE(SearchJson(moe + "--ep=2", &only));
   for (const rapidjson::Value& l : only["layouts"].GetArray()) EXPECT_EQ(l["ep"].GetInt64(), 2);
   // At 2 MiB with ep 2 (4 layers, seq 128) some layouts must recompute: their per-stage
   // plans (balanced routing: every expert-parallel rank alike) fit every rank.
-  CommandResult planned = Search(
+  rapidjson::Document plans;
+  std::string planned;
+  ASSERT_NO_FATAL_FAILURE(SearchJson(
       "--model=tiny-qwen3-moe --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 "
       "--global_batch=8 --gpu_memory_gib=0.002 --ep=2",
-      false);
-  ASSERT_EQ(planned.exit_code, 0) << planned.output;
-  rapidjson::Document plans;
-  plans.Parse(planned.output.c_str());
-  ASSERT_FALSE(plans.HasParseError()) << planned.output;
+      &plans, &planned));
   for (const rapidjson::Value& l : plans["layouts"].GetArray()) EXPECT_EQ(l["ep"].GetInt64(), 2);
-  EXPECT_GT(PlannedLayouts(plans), 0) << planned.output;
+  EXPECT_GT(PlannedLayouts(plans), 0) << planned;
 }
 
 TEST(SearchCliTest, TableAndChart) {
@@ -299,11 +298,9 @@ TEST(SearchCliTest, HelpListsEveryFlagByGroup) {
 }
 
 TEST(SearchCliTest, LayoutFlagsFixThatPart) {
-  CommandResult r = Search(std::string(kTiny) + "--gpu_memory_gib=1 --tp=2 --sp --batch=1", false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_NO_FATAL_FAILURE(
+      SearchJson(std::string(kTiny) + "--gpu_memory_gib=1 --tp=2 --sp --batch=1", &doc));
   ASSERT_GT(doc["layouts"].Size(), 0u);
   for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
     EXPECT_EQ(l["tp"].GetInt64(), 2);
