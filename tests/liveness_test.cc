@@ -341,8 +341,8 @@ void ExpectEveryKComposes(ModelConfig run, int64_t every, int64_t layers, Checkp
 
 // every_k composes from its shortest model: a layer of the first period (not the first of
 // its kind, nor its kind's lowest checkpoint) stands for its residue's middle layers, so
-// every_2 on 8 layers replays 4 and every_4 on Gemma's 5:1 pattern 19 instead of 25
-// (liveness.cc, ShortModelOf). At every count from the shortest up (each residue mod k,
+// every_2 on 8 layers replays 4 and every_4 on Gemma's 5:1 pattern at least 19 instead of
+// at least 25 (liveness.cc, ShortModelOf). At every count from the shortest up (each residue mod k,
 // so the last layer is plain or checkpointed), both checkpoint implementations and both
 // precisions, the composed peak is the whole simulation's.
 TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
