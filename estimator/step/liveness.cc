@@ -145,24 +145,26 @@ ShortModel StandardShortModel(int64_t layers, const Variant& variant, int64_t k)
 // least 25 (43 layers: 19 where it had 31).
 ShortModel ShortModelOf(int64_t layers, const Variant& variant, const ModelGraphs& graphs,
                         int64_t k) {
-  ShortModel model = StandardShortModel(layers, variant, k);
-  if (model.layers >= layers) return model;
-  // lowest_checkpointed: whether layer r is its kind's lowest checkpointed layer.
-  auto lowest_checkpointed = [&](int64_t r) {
-    if (!variant.IsCheckpointed(r)) return false;
-    for (int64_t j = 0; j < r; ++j) {
-      if (graphs.KindOf(j) == graphs.KindOf(r) && variant.IsCheckpointed(j)) return false;
-    }
-    return true;
-  };
+  // A plan has no period, and a model of 2k layers or fewer has no shorter one: the whole
+  // model is replayed.
+  if (variant.kind == VariantKind::kPlan || k > (layers - 1) / 2) return {layers, {}};
+  ShortModel model;
+  model.middle.resize(static_cast<size_t>(k));
+  // Per kind, whether a layer of it (a checkpointed one) came before layer r.
+  std::vector<bool> seen(graphs.layer_kinds.size(), false);
+  std::vector<bool> checkpointed(graphs.layer_kinds.size(), false);
   int64_t highest = 0;
   for (int64_t r = 0; r < k; ++r) {
-    const bool stands_alone =
-        r >= 1 && graphs.FirstOfKind(graphs.KindOf(r)) != r && !lowest_checkpointed(r);
+    const size_t kind = static_cast<size_t>(graphs.KindOf(r));
+    const bool lowest_checkpoint = variant.IsCheckpointed(r) && !checkpointed[kind];
+    const bool stands_alone = r >= 1 && seen[kind] && !lowest_checkpoint;
+    seen[kind] = true;
+    checkpointed[kind] = checkpointed[kind] || variant.IsCheckpointed(r);
     model.middle[static_cast<size_t>(r)] = stands_alone ? r : k + r;
     highest = std::max(highest, model.middle[static_cast<size_t>(r)]);
   }
   model.layers = ShortestCongruent(layers, highest + 2, k);  // the last after them all
+  if (model.layers >= layers) return {layers, {}};
   return model;
 }
 
