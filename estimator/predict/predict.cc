@@ -602,6 +602,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
       return created.status();
     }
   }
+  prediction.variants.reserve(options.variants.size());
   for (const Variant& variant : options.variants) {
     // `none` is the reference itself, unless it is asked with its breakdown.
     absl::StatusOr<VariantPrediction> v =

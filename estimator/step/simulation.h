@@ -90,7 +90,8 @@ class Simulation {
   Simulation(const ModelConfig& config, const Variant& variant,
              const OptimizerSpec& optimizer, const StepOptions& options, StepTimeline* out)
       : config_(config), variant_(variant), optimizer_(optimizer),
-        options_(options), out_(out),
+        options_(options),
+        rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()), out_(out),
         memory_(out, options.record_events, optimizer, config.device == Device::kCuda,
                 config.expandable_segments, options.cuda_blocks) {}
 
@@ -464,6 +465,7 @@ class Simulation {
   const Variant& variant_;
   const OptimizerSpec& optimizer_;
   const StepOptions& options_;
+  const RuleTable& rules_;  // options_.rules, or the pinned release's
   StepTimeline* out_;
   Memory memory_;
   // Parameters' .grad storages by name (a tied weight has one .grad).

@@ -73,8 +73,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   const SegmentPlan& plan = *inst.plan;
   const SegmentStructure& structure = *plan.structure;
   const OpDef& op = plan.graph->ops[op_index];
-  const OpSemantics& semantics =
-      (options_.rules != nullptr ? *options_.rules : RuleTable::Pinned()).Of(op.type);
+  const OpSemantics& semantics = rules_.Of(op.type);
   if (!TensorOf(inst, op.outputs[0]).requires_grad) return absl::OkStatus();  // no node
   if (structure.same_as[op.outputs[0]] >= 0) return absl::OkStatus();  // returned its input
   if (op.type == OpType::kSlice && op.attributes.split_part) {
