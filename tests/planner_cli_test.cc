@@ -12,11 +12,13 @@
 #include <utility>
 
 #include "rapidjson/document.h"
+#include "tests/json_output.h"
 #include "tests/subprocess.h"
 
 namespace {
 
 using memledger::testing::CommandResult;
+using memledger::testing::JsonOutput;
 using memledger::testing::RunCommand;
 
 CommandResult Planner(const std::string& args, bool merge_stderr = true) {
@@ -31,10 +33,8 @@ std::string TempPath(const char* name) {
 // The study's default config (6 x 128, 4 heads, B 16, T 64, AdamW) under 50 MiB.
 TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
   CommandResult r = Planner("--budget_gib=0.048828125", /*merge_stderr=*/false);  // 50 MiB
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   EXPECT_EQ(doc["budget_bytes"].GetInt64(), 50 << 20);
   ASSERT_EQ(doc["plan"].Size(), 6u);
   EXPECT_LE(doc["peak_bytes"].GetInt64(), 50 << 20);
@@ -122,10 +122,8 @@ TEST(PlannerCliTest, OnCudaTheDeviceHoldsThePlan) {
   const std::string model = "--model=tiny-llama --layers=6 --batch=8 --seq=1024 --dtype=bf16 "
                             "--device=cuda --frontier_points=3";
   CommandResult r = Planner(model + " --budget_gib=0.38", /*merge_stderr=*/false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   EXPECT_EQ(doc["device"], "cuda");
   const int64_t budget = doc["budget_bytes"].GetInt64();
   const int64_t context = doc["outside_allocator_bytes"]["cuda_context"].GetInt64();
@@ -185,10 +183,8 @@ TEST(PlannerCliTest, FrontierSvgRenders) {
 TEST(PlannerCliTest, TimelineSvgDrawsThePlansStep) {
   const std::string svg = TempPath("plan_timeline.svg");
   CommandResult r = Planner("--budget_gib=0.04 --timeline_svg=" + svg, /*merge_stderr=*/false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   std::ifstream file(svg);
   std::stringstream text;
   text << file.rdbuf();
@@ -256,10 +252,8 @@ TEST(PlannerCliTest, PlansOneDataParallelRank) {
   CommandResult r = Planner(model + " --dp=4 --zero=1 --budget_gib=0.004 --frontier_points=3" +
                                 " --plan_out=" + plan,
                             /*merge_stderr=*/false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   EXPECT_EQ(doc["parallel"]["dp"].GetInt64(), 4);
   EXPECT_EQ(doc["parallel"]["zero"].GetInt64(), 1);
   EXPECT_LE(doc["peak_bytes"].GetInt64(), 4294967);
@@ -267,10 +261,8 @@ TEST(PlannerCliTest, PlansOneDataParallelRank) {
   // The rank's none, as predict says it for the layout.
   CommandResult p = RunCommand(
       "estimator/predict " + model + " --dp=4 --zero=1 --variants=none", /*merge_stderr=*/false);
-  ASSERT_EQ(p.exit_code, 0) << p.output;
   rapidjson::Document predicted;
-  predicted.Parse(p.output.c_str());
-  ASSERT_FALSE(predicted.HasParseError()) << p.output;
+  ASSERT_TRUE(JsonOutput(p, &predicted));
   EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(),
             predicted["peak_bytes"]["none"].GetInt64());
   EXPECT_EQ(doc["optimizer_state_bytes"].GetInt64(),
@@ -301,10 +293,8 @@ TEST(PlannerCliTest, PlansEachPipelineStageAndVerifiesOnGlooRanks) {
   const std::string plan = TempPath("plan_pp.json");
   CommandResult r = Planner(model + " --budget_gib=0.0025 --plan_out=" + plan,
                             /*merge_stderr=*/false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   const int64_t budget = doc["budget_bytes"].GetInt64();
   ASSERT_EQ(doc["stages"].Size(), 2u);
   EXPECT_EQ(doc["variants"]["none"]["peak_bytes"].GetInt64(), 3840108);
@@ -355,10 +345,8 @@ TEST(PlannerCliTest, OnCudaEveryStageFitsByTheAllocatorsReplay) {
   const std::string plan = TempPath("plan_pp_cuda.json");
   CommandResult r = Planner(model + " --budget_gib=0.36 --plan_out=" + plan,
                             /*merge_stderr=*/false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   const int64_t budget = doc["budget_bytes"].GetInt64();
   const int64_t context = doc["outside_allocator_bytes"]["cuda_context"].GetInt64();
   EXPECT_EQ(budget, 386547056);
@@ -366,10 +354,8 @@ TEST(PlannerCliTest, OnCudaEveryStageFitsByTheAllocatorsReplay) {
   EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
   ASSERT_EQ(doc["stages"].Size(), 2u);
   CommandResult p = RunCommand("estimator/predict " + model + " --plan=" + plan, false);
-  ASSERT_EQ(p.exit_code, 0) << p.output;
   rapidjson::Document predicted;
-  predicted.Parse(p.output.c_str());
-  ASSERT_FALSE(predicted.HasParseError()) << p.output;
+  ASSERT_TRUE(JsonOutput(p, &predicted));
   int64_t most = 0;
   for (const rapidjson::Value& stage : doc["stages"].GetArray()) {
     const int64_t reserved = stage["peak_reserved_bytes"].GetInt64();
@@ -400,10 +386,8 @@ TEST(PlannerCliTest, PlansLayersThatDifferAndVerifiesInLibTorch) {
     CommandResult r = Planner(std::string(model) + " --budget_gib=" + budget_gib +
                                   " --plan_out=" + plan,
                               /*merge_stderr=*/false);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
     rapidjson::Document doc;
-    doc.Parse(r.output.c_str());
-    ASSERT_FALSE(doc.HasParseError()) << r.output;
+    ASSERT_TRUE(JsonOutput(r, &doc));
     EXPECT_LE(doc["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
     EXPECT_GT(doc["variants"]["none"]["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
     EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
@@ -437,10 +421,8 @@ TEST(PlannerCliTest, StagesOfLayersThatDifferVerifyOnGlooRanks) {
   const std::string model = "--model=tiny-gemma3 --batch=2 --seq=128 --pp=2 --micro_batches=2";
   const std::string plan = TempPath("plan_gemma_stages.json");
   CommandResult r = Planner(model + " --budget_gib=0.004 --plan_out=" + plan, false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   ASSERT_EQ(doc["stages"].Size(), 2u);
   CommandResult v =
       RunCommand("verify/verify " + model + " --skip_timing --plan=" + plan, false);
@@ -471,17 +453,13 @@ TEST(PlannerCliTest, ExpertParallelRanksShareOnePlan) {
   const std::string model = "--model=tiny-qwen3-moe --batch=4 --seq=128 --dp=2 --ep=2";
   const std::string plan = TempPath("plan_ep.json");
   CommandResult r = Planner(model + " --budget_gib=0.004 --plan_out=" + plan, false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
   rapidjson::Document doc;
-  doc.Parse(r.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, &doc));
   EXPECT_LE(doc["peak_bytes"].GetInt64(), doc["budget_bytes"].GetInt64());
   EXPECT_GT(doc["recompute_flops"].GetInt64(), 0);
   CommandResult p = RunCommand("estimator/predict " + model + " --plan=" + plan, false);
-  ASSERT_EQ(p.exit_code, 0) << p.output;
   rapidjson::Document predicted;
-  predicted.Parse(p.output.c_str());
-  ASSERT_FALSE(predicted.HasParseError()) << p.output;
+  ASSERT_TRUE(JsonOutput(p, &predicted));
   ASSERT_EQ(predicted["ranks"].Size(), 2u);
   for (const rapidjson::Value& rank : predicted["ranks"].GetArray()) {
     EXPECT_GT(rank["peak_bytes"]["none"].GetInt64(), doc["budget_bytes"].GetInt64());
@@ -493,16 +471,12 @@ TEST(PlannerCliTest, ExpertParallelRanksShareOnePlan) {
                              "--dp=2 --ep=2 --micro_batches=2";
   const std::string stage_plan = TempPath("plan_ep_stages.json");
   CommandResult sr = Planner(staged + " --budget_gib=0.004 --plan_out=" + stage_plan, false);
-  ASSERT_EQ(sr.exit_code, 0) << sr.output;
   rapidjson::Document stages;
-  stages.Parse(sr.output.c_str());
-  ASSERT_FALSE(stages.HasParseError()) << sr.output;
+  ASSERT_TRUE(JsonOutput(sr, &stages));
   ASSERT_EQ(stages["stages"].Size(), 2u);
   CommandResult sp = RunCommand("estimator/predict " + staged + " --plan=" + stage_plan, false);
-  ASSERT_EQ(sp.exit_code, 0) << sp.output;
   rapidjson::Document ranks;
-  ranks.Parse(sp.output.c_str());
-  ASSERT_FALSE(ranks.HasParseError()) << sp.output;
+  ASSERT_TRUE(JsonOutput(sp, &ranks));
   ASSERT_EQ(ranks["ranks"].Size(), 4u);  // 2 stages x 2 expert-parallel ranks
   for (const rapidjson::Value& rank : ranks["ranks"].GetArray()) {
     const rapidjson::Value& stage = stages["stages"][rank["stage"].GetUint()];
@@ -535,10 +509,8 @@ TEST(PlannerCliTest, LowPrecisionPlansVerifyInLibTorch) {
     CommandResult r = Planner(model + " --budget_gib=" + c.budget_gib +
                                   " --frontier_points=0 --plan_out=" + plan,
                               /*merge_stderr=*/false);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
     rapidjson::Document planned;
-    planned.Parse(r.output.c_str());
-    ASSERT_FALSE(planned.HasParseError()) << r.output;
+    ASSERT_TRUE(JsonOutput(r, &planned));
     EXPECT_LE(planned["peak_bytes"].GetInt64(), c.budget);
     EXPECT_GT(planned["recompute_flops"].GetInt64(), 0);
     rapidjson::Document doc = VerifiedPlan(model, plan);

@@ -12,11 +12,13 @@
 #include <string>
 
 #include "rapidjson/document.h"
+#include "tests/json_output.h"
 #include "tests/subprocess.h"
 
 namespace {
 
 using memledger::testing::CommandResult;
+using memledger::testing::JsonOutput;
 using memledger::testing::RunCommand;
 
 // tiny-llama at 4 layers, seq 8, over 4 GPUs of one node, 4 sequences a step.
@@ -53,9 +55,7 @@ int64_t PredictedPeak(const std::string& flags, const std::string& checkpoint) {
 void SearchJson(const std::string& args, rapidjson::Document* doc,
                 std::string* output = nullptr) {
   CommandResult r = Search(args, false);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  doc->Parse(r.output.c_str());
-  ASSERT_FALSE(doc->HasParseError()) << r.output;
+  ASSERT_TRUE(JsonOutput(r, doc));
   if (output != nullptr) *output = r.output;
 }
 
