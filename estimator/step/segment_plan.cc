@@ -147,6 +147,38 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     }
     structure.composite_ops[static_cast<size_t>(call)].push_back(static_cast<int>(i));
   }
+  structure.inert.assign(graph.ops.size(), false);
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const OpDef& op = graph.ops[i];
+    // The op types Forward gives nothing of their own (no wrapped scalar, promotion copy,
+    // mask, leading temporary or workspace, on the CPU or CUDA).
+    switch (op.type) {
+      case OpType::kView:
+      case OpType::kUnsafeView:
+      case OpType::kReshape:
+      case OpType::kPermute:
+      case OpType::kTranspose:
+      case OpType::kT:
+      case OpType::kSelect:
+      case OpType::kExpand:
+      case OpType::kSlice:
+      case OpType::kUnsqueeze:
+      case OpType::kContiguous:
+      case OpType::kToDtype:
+        break;
+      default:
+        continue;
+    }
+    bool inert = static_cast<int>(i) != structure.last_pack_op &&
+                 static_cast<int>(i) != graph.decoder_returns_after;
+    for (int out : op.outputs) {
+      const int s = tensors[out].storage;
+      inert = inert && (s < 0 || walk.storage_list[s].owner != out ||
+                        walk.storage_list[s].is_parameter);
+    }
+    for (int s : structure.reads[i]) inert = inert && structure.last_use[s] != static_cast<int>(i);
+    structure.inert[i] = inert;
+  }
   if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
   structure.output_storage = tensors[graph.output].storage;
   structure.decoder_local.assign(walk.storage_list.size(), false);

@@ -72,6 +72,11 @@ struct SegmentStructure {
   std::vector<std::vector<int>> split_parts;
   // composite_ops: by composite call (OpDef::composite), its ops.
   std::vector<std::vector<int>> composite_ops;
+  // inert: per op, whether its forward touches no memory in any pass: a view-like op
+  // (no temporaries, no workspace) whose outputs are views or parameters, the last reader
+  // of no storage, neither the recompute's stop nor where the decoder returns. Forward
+  // skips it.
+  std::vector<bool> inert;
 };
 
 // SegmentPlan is one segment graph walked for one config, with what the replay needs.

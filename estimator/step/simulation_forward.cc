@@ -215,6 +215,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     for (int k = keeps_of(structure.input_storage); k > 0; --k) memory_.Keep(input->storage);
   }
   for (size_t i = 0; i < graph.ops.size(); ++i) {
+    if (structure.inert[i]) continue;
     const OpDef& op = graph.ops[i];
     memory_.SetOp(At(inst, static_cast<int>(i), nullptr));
     const bool replayed = pass.replay && FromCache(inst, op);
