@@ -179,6 +179,10 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     for (int s : structure.reads[i]) inert = inert && structure.last_use[s] != static_cast<int>(i);
     structure.inert[i] = inert;
   }
+  for (int i = static_cast<int>(graph.ops.size()) - 1; i >= 0; --i) {
+    const int out = graph.ops[i].outputs[0];
+    if (tensors[out].requires_grad && structure.same_as[out] < 0) structure.nodes.push_back(i);
+  }
   if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
   structure.output_storage = tensors[graph.output].storage;
   structure.decoder_local.assign(walk.storage_list.size(), false);

@@ -77,6 +77,9 @@ struct SegmentStructure {
   // of no storage, neither the recompute's stop nor where the decoder returns. Forward
   // skips it.
   std::vector<bool> inert;
+  // nodes: the ops that have a backward node (an output that requires grad, not the
+  // input returned as it is), last first: the order the backward visits them.
+  std::vector<int> nodes;
 };
 
 // SegmentPlan is one segment graph walked for one config, with what the replay needs.

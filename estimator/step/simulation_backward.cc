@@ -64,18 +64,17 @@ void Simulation::Route(Instance& inst, int tensor, const Handle& grad, Buffers& 
   Accumulate(buffers, tensor, grad);
 }
 
-// Node runs op `op_index`'s backward node as Engine::evaluate_function does: the
-// formula's outputs and workspaces, then validate_outputs (sum_to a broadcast input's
-// shape), then the incoming gradients die, then the saved tensors are released, then
-// each output goes to its input's buffer (or .grad).
+// Node runs op `op_index`'s backward node (one of SegmentStructure::nodes, which Backward
+// visits) as Engine::evaluate_function does: the formula's outputs and workspaces, then
+// validate_outputs (sum_to a broadcast input's shape), then the incoming gradients die,
+// then the saved tensors are released, then each output goes to its input's buffer (or
+// .grad).
 absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
                               bool capture_parameters) {
   const SegmentPlan& plan = *inst.plan;
   const SegmentStructure& structure = *plan.structure;
   const OpDef& op = plan.graph->ops[op_index];
   const OpSemantics& semantics = rules_.Of(op.type);
-  if (!TensorOf(inst, op.outputs[0]).requires_grad) return absl::OkStatus();  // no node
-  if (structure.same_as[op.outputs[0]] >= 0) return absl::OkStatus();  // returned its input
   if (op.type == OpType::kSlice && op.attributes.split_part) {
     return SplitBackward(inst, op_index, buffers, capture_parameters);
   }
@@ -626,8 +625,7 @@ absl::Status Simulation::SplitBackward(Instance& inst, int op_index, Buffers& bu
 }
 
 absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture_parameters) {
-  const BlockGraph& graph = *inst.plan->graph;
-  for (int op = static_cast<int>(graph.ops.size()) - 1; op >= 0; --op) {
+  for (int op : inst.plan->structure->nodes) {
     if (absl::Status s = Node(inst, op, buffers, capture_parameters); !s.ok()) return s;
   }
   return absl::OkStatus();
