@@ -472,12 +472,28 @@ class Memory {
   void Recategorize(int s, MemoryCategory category) {
     Storage& storage = storages_[s];
     if (storage.category == category || storage.category == MemoryCategory::kInput) return;
+    // Its two events (out of one category, into the other) end where they began: no new
+    // peak or rise, once the open stretches have a rise (a stretch's first moment is
+    // its rise, even a fall). Unrecorded, only the bytes move.
+    if (!record_ && !overflow_ && storage.bytes != 0 && segment_.has_rise &&
+        (!shadowing_ || skip_shadow_ || shadow_segment_.has_rise)) {
+      live_[static_cast<int>(storage.category)] -= storage.bytes;
+      live_[static_cast<int>(category)] += storage.bytes;
+      event_count_ += 2;
+      if (shadowing_ && !skip_shadow_) {
+        shadow_live_[static_cast<int>(storage.category)] -= storage.bytes;
+        shadow_live_[static_cast<int>(category)] += storage.bytes;
+      }
+      storage.category = category;
+      return;
+    }
     Event(s, -storage.bytes, storage.category, /*relabel=*/true);
     storage.category = category;
     Event(s, storage.bytes, category, /*relabel=*/true);
   }
 
-  void Event(int s, int64_t bytes, MemoryCategory category, bool relabel = false) {
+  [[gnu::always_inline]] void Event(int s, int64_t bytes, MemoryCategory category,
+                                    bool relabel = false) {
     if (bytes == 0 || overflow_) return;  // after an overflow nothing is meaningful
     // Each storage's size fits int64 (the walk checked); their sum may not.
     overflow_ = overflow_ ||
