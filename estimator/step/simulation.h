@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -468,8 +469,9 @@ class Simulation {
   const RuleTable& rules_;  // options_.rules, or the pinned release's
   StepTimeline* out_;
   Memory memory_;
-  // Parameters' .grad storages by name (a tied weight has one .grad).
-  std::map<ParameterKey, int> grads_;
+  // Parameters' .grad storages by name (a tied weight has one .grad). Looked up for
+  // every parameter's gradient: hashed, not a tree of heap nodes.
+  absl::flat_hash_map<ParameterKey, int> grads_;
   // Model-level tensors (TensorDef::global): Memory ids.
   std::map<ModelTensor, int> globals_;
   // forward_holds_: what the forward's scope holds until it returns (its loss

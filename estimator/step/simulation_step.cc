@@ -2,8 +2,10 @@
 // the optimizer's step.
 #include "estimator/step/simulation.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace memledger::liveness_internal {
@@ -34,13 +36,15 @@ void Simulation::ReduceScatterUnit(int64_t segment) {
   if (!zero3_ || bytes == 0) return;
   memory_.SetOp(Special(segment, Where::Activity::kUnitReduction));
   const int bucket = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-  for (auto it = grads_.begin(); it != grads_.end();) {
-    if (it->first.first != segment) {
-      ++it;
-      continue;
-    }
-    memory_.Unref(it->second);
-    it = grads_.erase(it);
+  // The unit's .grads die in its tensors' order.
+  std::vector<std::pair<int, int>> unit_grads;  // (tensor, storage)
+  for (const auto& [key, storage] : grads_) {
+    if (key.first == segment) unit_grads.emplace_back(key.second, storage);
+  }
+  std::sort(unit_grads.begin(), unit_grads.end());
+  for (const auto& [tensor, storage] : unit_grads) {
+    memory_.Unref(storage);
+    grads_.erase(ParameterKey{segment, tensor});
   }
   if (shard_grad_ < 0) {  // the first backward's alone (Memory::AllocOnce)
     shard_grad_ = memory_.AllocOnce(shard_elements_ * ElementSizeBytes(config_.dtype),
