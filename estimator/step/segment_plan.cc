@@ -147,6 +147,25 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     }
     structure.composite_ops[static_cast<size_t>(call)].push_back(static_cast<int>(i));
   }
+  for (int i = static_cast<int>(graph.ops.size()) - 1; i >= 0; --i) {
+    const int out = graph.ops[i].outputs[0];
+    if (tensors[out].requires_grad && structure.same_as[out] < 0) structure.nodes.push_back(i);
+  }
+  if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
+  structure.output_storage = tensors[graph.output].storage;
+  structure.decoder_local.assign(walk.storage_list.size(), false);
+  for (int t : graph.decoder_locals) {
+    if (tensors[t].storage >= 0) structure.decoder_local[tensors[t].storage] = true;
+  }
+  structure.frees.resize(graph.ops.size());
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    for (int s : structure.reads[i]) {
+      if (structure.last_use[s] == static_cast<int>(i) && s != structure.input_storage &&
+          s != structure.output_storage && !walk.storage_list[s].is_global) {
+        structure.frees[i].push_back(s);
+      }
+    }
+  }
   structure.inert.assign(graph.ops.size(), false);
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
@@ -176,18 +195,8 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
       inert = inert && (s < 0 || walk.storage_list[s].owner != out ||
                         walk.storage_list[s].is_parameter);
     }
-    for (int s : structure.reads[i]) inert = inert && structure.last_use[s] != static_cast<int>(i);
+    inert = inert && structure.frees[i].empty();
     structure.inert[i] = inert;
-  }
-  for (int i = static_cast<int>(graph.ops.size()) - 1; i >= 0; --i) {
-    const int out = graph.ops[i].outputs[0];
-    if (tensors[out].requires_grad && structure.same_as[out] < 0) structure.nodes.push_back(i);
-  }
-  if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
-  structure.output_storage = tensors[graph.output].storage;
-  structure.decoder_local.assign(walk.storage_list.size(), false);
-  for (int t : graph.decoder_locals) {
-    if (tensors[t].storage >= 0) structure.decoder_local[tensors[t].storage] = true;
   }
   return absl::OkStatus();
 }

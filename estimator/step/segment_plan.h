@@ -31,6 +31,10 @@ namespace memledger::liveness_internal {
 // walk's own, estimator/graph/walk_memo.h).
 struct SegmentStructure {
   std::vector<std::vector<int>> reads;  // per op: distinct non-parameter storages read
+  // frees: per op, the storages it is the last reader of that the forward lets go after
+  // it: not the segment's input or output (the caller holds them) nor a model-level
+  // tensor.
+  std::vector<std::vector<int>> frees;
   std::vector<int> last_use;            // per storage: the last op reading it, -1: none
   // node_keeps: per storage, how many backward nodes keep it (its keepers in the walk
   // but the checkpoint node).
@@ -73,9 +77,9 @@ struct SegmentStructure {
   // composite_ops: by composite call (OpDef::composite), its ops.
   std::vector<std::vector<int>> composite_ops;
   // inert: per op, whether its forward touches no memory in any pass: a view-like op
-  // (no temporaries, no workspace) whose outputs are views or parameters, the last reader
-  // of no storage, neither the recompute's stop nor where the decoder returns. Forward
-  // skips it.
+  // (no temporaries, no workspace) whose outputs are views or parameters, that frees
+  // nothing, neither the recompute's stop nor where the decoder returns. Forward skips
+  // it.
   std::vector<bool> inert;
   // nodes: the ops that have a backward node (an output that requires grad, not the
   // input returned as it is), last first: the order the backward visits them.

@@ -343,11 +343,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         if (pass.early_stop) local[s] = false;
       }
     }
-    for (int s : structure.reads[i]) {
-      if (structure.last_use[s] != static_cast<int>(i) || s == structure.input_storage ||
-          s == structure.output_storage || storages[s].is_global) {
-        continue;
-      }
+    for (int s : structure.frees[i]) {
       // The decoder model's locals take it over from the prologue (ForwardPass lets go).
       if (structure.decoder_local[s]) {
         decoder_locals_.push_back(inst.ids[s]);
