@@ -214,10 +214,11 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     inst.ids[structure.input_storage] = input->storage;
     for (int k = keeps_of(structure.input_storage); k > 0; --k) memory_.Keep(input->storage);
   }
+  memory_.SetOp(At(inst, -1, nullptr));
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     if (structure.inert[i]) continue;
     const OpDef& op = graph.ops[i];
-    memory_.SetOp(At(inst, static_cast<int>(i), nullptr));
+    memory_.SetOpIndex(static_cast<int>(i));
     const bool replayed = pass.replay && FromCache(inst, op);
     // The recompute stops at the pack that fills the last holder: before the kernel when
     // that is an input's, after it when an output's.

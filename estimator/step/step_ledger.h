@@ -219,8 +219,10 @@ class Memory {
 
   void SetPhase(StepPhase phase) { phase_ = phase; }
 
-  // SetOp says what runs now.
+  // SetOp says what runs now; SetOpIndex, that another op of the same graph and
+  // activity does.
   void SetOp(const Where& where) { where_ = where; }
+  void SetOpIndex(int op) { where_.op = op; }
 
   // BeginSegment and EndSegment bracket a stretch of the step and summarize it. With a
   // tape, each also ends the stretch open before it and records it there: the tape then
