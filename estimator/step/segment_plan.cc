@@ -170,7 +170,8 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     // The op types Forward gives nothing of their own (no wrapped scalar, promotion copy,
-    // mask, leading temporary or workspace, on the CPU or CUDA).
+    // mask, leading temporary or workspace, on the CPU or CUDA): a type that gets one
+    // there must leave this list.
     switch (op.type) {
       case OpType::kView:
       case OpType::kUnsafeView:

@@ -216,6 +216,8 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   }
   memory_.SetOp(At(inst, -1, nullptr));
   for (size_t i = 0; i < graph.ops.size(); ++i) {
+    // A view that touches no memory (SegmentStructure::inert; its view types are none
+    // that this loop gives a temporary or a workspace).
     if (structure.inert[i]) continue;
     const OpDef& op = graph.ops[i];
     memory_.SetOpIndex(static_cast<int>(i));
