@@ -222,6 +222,84 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
   EXPECT_GT(masters_at_peak, 0);  // the composed optimizer step is compared at the peak
 }
 
+// With every layer alike (one kind, one choice: none, full or selective) the composed
+// peak replays 2 layers, the last standing for the middle ones (liveness.cc,
+// ShortModelOf). That holds if what follows a layer (a layer like it, or the head) does
+// not change the layer's own stretches. Checked on whole replays of 4 layers: the last
+// layer's forward and backward stretches (net and rise) are those of the middle layers 1
+// and 2, for each family with such layers, both attentions, fp32 and bf16 autocast,
+// tensor parallelism with sequence parallelism, and CUDA's rounded requests. (Reentrant
+// checkpoints' stretches are not cut per layer; their composed peaks are compared below,
+// EveryOneComposesUnderReentrantCheckpoints.)
+TEST(SimulateStepTest, TheLastLayersStretchesAreTheMiddleOnes) {
+  ModelConfig study{/*layers=*/4, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  std::vector<std::pair<std::string, ModelConfig>> models = {{"study", study}};
+  for (const char* preset : {"tiny-llama", "tiny-gpt2", "tiny-qwen3", "tiny-qwen3-moe"}) {
+    ASSERT_OK_AND_ASSIGN(ModelConfig model, ModelFromPreset(preset));
+    models.emplace_back(preset, model);
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
+                       ParseVariants("none,full,selective", /*every=*/1, "matmul"));
+  auto same = [](const StepStretch& a, const StepStretch& b) {
+    return a.net == b.net && a.has_rise == b.has_rise && (!a.has_rise || a.rise == b.rise);
+  };
+  int compared = 0;
+  for (const auto& [name, model] : models) {
+    for (int setting = 0; setting < 5; ++setting) {
+      // 0: CPU, flash; 1: math; 2: bf16 autocast; 3: tp 2 with sp (the study and the
+      // mixture of experts have no tensor-parallel form: fp32 master weights on bf16
+      // instead); 4: CUDA's rounded requests under bf16 autocast (the mixture of experts
+      // is modelled on the CPU only: its eager experts instead).
+      ModelConfig run = model;
+      run.layers = 4;
+      AttentionMode attention = setting == 1 ? AttentionMode::kMath : AttentionMode::kFlash;
+      OptimizerSpec optimizer;
+      if (setting == 2 || setting == 4) run.amp = DType::kBFloat16;
+      if (setting == 3 && (model.family == study.family || model.moe.Sparse())) {
+        run.dtype = DType::kBFloat16;
+        optimizer.master_weights = true;
+      } else if (setting == 3) {
+        run.tp = 2;
+        run.sp = true;
+      }
+      if (setting == 4 && model.moe.Sparse()) {
+        run.moe.impl = ExpertsImpl::kEager;
+      } else if (setting == 4) {
+        run.device = Device::kCuda;
+      }
+      StepOptions options;
+      options.record_events = false;
+      options.cuda_blocks = CudaBlocks::kRequests;
+      for (const Variant& variant : variants) {
+        run.use_cache = model.use_cache && !variant.CheckpointsAnyLayer();
+        SCOPED_TRACE(absl::StrCat(name, " setting ", setting, " ", variant.Name()));
+        PredictOptions buckets;
+        buckets.optimizer = optimizer;
+        buckets.variants = {Variant()};
+        buckets.peak = false;
+        buckets.attention = attention;
+        ASSERT_OK_AND_ASSIGN(Prediction p, Predict(run, buckets));
+        ASSERT_OK_AND_ASSIGN(StepSimulator simulator,
+                             StepSimulator::Create(run, attention, options));
+        ASSERT_OK_AND_ASSIGN(StepStretches s,
+                             simulator.Stretches(variant, optimizer, ResidentOf(p)));
+        ASSERT_EQ(s.forward.size(), 4u);
+        ASSERT_EQ(s.backward.size(), 4u);
+        for (size_t middle : {1, 2}) {
+          EXPECT_TRUE(same(s.forward[3], s.forward[middle])) << "forward of " << middle;
+          EXPECT_TRUE(same(s.backward[3], s.backward[middle])) << "backward of " << middle;
+          EXPECT_EQ(s.forward_freed[3], s.forward_freed[middle]) << "freed by " << middle;
+        }
+        // Not a trivial match: a layer's forward leaves what its backward needs. (With the
+        // first layer in place of a middle one, 46 of these checks failed.)
+        EXPECT_GT(s.forward[3].net, 0);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 5 * 5 * 3);
+}
+
 // Gemma 3's layers differ (5 sliding : 1 global, each reading its own RoPE tables): the
 // composed peak replays 2m + 1 layers for m = lcm(k, 6) and must equal the whole
 // simulation at every layer count, variant and precision, use_cache included.
@@ -366,6 +444,24 @@ TEST(SimulateStepTest, EveryKComposesFromItsShortestModel) {
   // Counts k + 2 .. 3k + 3 for period k: 2k + 2 of them. llama and gpt2 (k = every):
   // 6 + 8 + 10; Gemma (k = lcm(every, 6) = 6, 6, 12): 14 + 14 + 26; each twice (impls).
   EXPECT_EQ(compared, 2 * 2 * (6 + 8 + 10) + 2 * (14 + 14 + 26));
+}
+
+// every_1 (every layer checkpointed) under reentrant checkpoints, whose stretches are not
+// cut per layer: at 3 to 9 layers (a 2-layer short model, the last layer standing for the
+// middle ones) the composed peak is the whole simulation's, both precisions.
+TEST(SimulateStepTest, EveryOneComposesUnderReentrantCheckpoints) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
+  ASSERT_OK_AND_ASSIGN(ModelConfig qwen3, ModelFromPreset("tiny-qwen3"));
+  int compared = 0;
+  for (const ModelConfig& model : {llama, gpt2, qwen3}) {
+    for (int64_t layers = 3; layers <= 9; ++layers) {
+      ExpectEveryKComposes(model, /*every=*/1, layers, CheckpointImpl::kReentrant,
+                           layers % 2 == 0 ? DType::kBFloat16 : DType::kFloat32);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 3 * 7);
 }
 
 // Checkpointed layers of the first period stand for their residues too, but for a kind's

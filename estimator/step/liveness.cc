@@ -143,6 +143,13 @@ ShortModel StandardShortModel(int64_t layers, const Variant& variant, int64_t k)
 // the second period's. So every_2 replays 4 layers where the standard model has 6 (for
 // an even count), and every_4 on Gemma 3's 5:1 pattern at least 19 where it had at
 // least 25 (43 layers: 19 where it had 31).
+// With k = 1 (one kind of layer, one choice for all: none, full, selective) the last
+// layer stands for the middle ones too, and 2 layers are replayed where 3 were. A middle
+// layer's neighbours are layers like it; the last one's are a layer like it and the
+// head. What follows a layer does not change its own stretches: what keeps its output
+// does so in the follower's stretch, and its backward starts from its output's gradient,
+// summed in the follower's. liveness_test checks this family by family: the last
+// layer's stretches are the middle ones' (TheLastLayersStretchesAreTheMiddleOnes).
 ShortModel ShortModelOf(int64_t layers, const Variant& variant, const ModelGraphs& graphs,
                         int64_t k) {
   // A plan has no period, and a model of 2k layers or fewer has no shorter one: the whole
@@ -163,7 +170,8 @@ ShortModel ShortModelOf(int64_t layers, const Variant& variant, const ModelGraph
     model.middle[static_cast<size_t>(r)] = stands_alone ? r : k + r;
     highest = std::max(highest, model.middle[static_cast<size_t>(r)]);
   }
-  model.layers = ShortestCongruent(layers, highest + 2, k);  // the last after them all
+  // The last after them all; with k = 1 it is the middle one.
+  model.layers = ShortestCongruent(layers, k == 1 ? highest + 1 : highest + 2, k);
   if (model.layers >= layers) return {layers, {}};
   return model;
 }
