@@ -116,19 +116,6 @@ void StableSortDims(std::array<int, Layout::kMaxDims>& order, int n, Less less) 
 
 }  // namespace
 
-Layout Layout::Contiguous(const int64_t* sizes, int ndim, bool* overflow) {
-  Layout layout;
-  layout.ndim = ndim;
-  CheckedInt64 stride = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
-    layout.sizes[i] = sizes[i];
-    layout.strides[i] = stride.value();
-    stride *= sizes[i];
-  }
-  *overflow = *overflow || stride.overflowed();
-  return layout;
-}
-
 Layout Layout::DenseLike(const Layout& like) {
   // The dimensions from the outermost stride to the innermost (a stable sort, so equal
   // strides, as size-1 dimensions may have, keep their order), then contiguous strides
@@ -144,12 +131,6 @@ Layout Layout::DenseLike(const Layout& like) {
     stride *= like.sizes[order[i]];
   }
   return out;
-}
-
-CheckedInt64 Layout::Numel() const {
-  CheckedInt64 numel = 1;
-  for (int i = 0; i < ndim; ++i) numel *= sizes[i];
-  return numel;
 }
 
 Layout Layout::Elementwise(std::initializer_list<const Layout*> inputs, const int64_t* sizes,
@@ -230,16 +211,6 @@ bool Layout::IsNonOverlappingAndDense() const {
     if (sizes[dim] == 1) continue;
     if (strides[dim] != require) return false;
     require *= sizes[dim];
-  }
-  return true;
-}
-
-bool Layout::IsContiguous() const {
-  int64_t expected = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
-    if (sizes[i] == 1) continue;
-    if (strides[i] != expected) return false;
-    expected *= sizes[i];
   }
   return true;
 }

@@ -120,6 +120,37 @@ struct Layout {
   std::string ShapeString() const;  // "(16, 64, 128)"
 };
 
+// Contiguous, Numel and IsContiguous run thousands of times a prediction (the walks'
+// layouts, the step simulation's gradients): inline, where the callers' loops are.
+inline Layout Layout::Contiguous(const int64_t* sizes, int ndim, bool* overflow) {
+  Layout layout;
+  layout.ndim = ndim;
+  CheckedInt64 stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    layout.sizes[i] = sizes[i];
+    layout.strides[i] = stride.value();
+    stride *= sizes[i];
+  }
+  *overflow = *overflow || stride.overflowed();
+  return layout;
+}
+
+inline CheckedInt64 Layout::Numel() const {
+  CheckedInt64 numel = 1;
+  for (int i = 0; i < ndim; ++i) numel *= sizes[i];
+  return numel;
+}
+
+inline bool Layout::IsContiguous() const {
+  int64_t expected = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
 // ViewStrides computes the strides of `new_sizes` viewing `old` without a copy, as
 // ATen's computeStride does for view()/reshape(); returns false if no such view exists.
 bool ViewStrides(const Layout& old, const int64_t* new_sizes, int new_ndim,
