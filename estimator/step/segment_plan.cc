@@ -151,6 +151,24 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     const int out = graph.ops[i].outputs[0];
     if (tensors[out].requires_grad && structure.same_as[out] < 0) structure.nodes.push_back(i);
   }
+  structure.view_nodes.assign(graph.ops.size(), false);
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const OpDef& op = graph.ops[i];
+    switch (op.type) {
+      case OpType::kView:
+      case OpType::kUnsafeView:
+      case OpType::kReshape:
+      case OpType::kPermute:
+      case OpType::kTranspose:
+      case OpType::kT:
+      case OpType::kUnsqueeze:
+        structure.view_nodes[i] = op.inputs.size() == 1 && !structure.packs[i] &&
+                                  structure.releases[i].empty();
+        break;
+      default:
+        break;
+    }
+  }
   if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
   structure.output_storage = tensors[graph.output].storage;
   structure.decoder_local.assign(walk.storage_list.size(), false);

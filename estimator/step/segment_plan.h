@@ -84,6 +84,10 @@ struct SegmentStructure {
   // nodes: the ops that have a backward node (an output that requires grad, not the
   // input returned as it is), last first: the order the backward visits them.
   std::vector<int> nodes;
+  // view_nodes: per op, whether its node only views its one input's gradient back (a
+  // view, reshape, permute, transpose, t or unsqueeze that packs and releases nothing):
+  // Simulation::ViewNode runs it.
+  std::vector<bool> view_nodes;
 };
 
 // SegmentPlan is one segment graph walked for one config, with what the replay needs.

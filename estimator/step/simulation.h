@@ -217,6 +217,10 @@ class Simulation {
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
+  // ViewNode is Node for one of SegmentStructure::view_nodes, whose incoming gradient is
+  // `found` (buffers' entry for the op's output).
+  void ViewNode(Instance& inst, const OpDef& op, int op_index, const char* node,
+                Buffers::iterator found, Buffers& buffers, bool capture_parameters);
   absl::Status SplitBackward(Instance& inst, int op_index, Buffers& buffers,
                              bool capture_parameters);
   absl::Status CheckpointBackward(Instance& inst, int saved_input, Handle incoming,

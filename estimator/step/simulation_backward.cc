@@ -80,11 +80,15 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   }
   auto found = buffers.find(op.outputs[0]);
   if (found == buffers.end()) return absl::OkStatus();  // no gradient reached it
-  const Handle grad = found->second;
-  buffers.erase(found);
   const char* node = semantics.backward_nodes.empty()
                          ? "?"
                          : std::string_view(semantics.backward_nodes[0]).data();
+  if (structure.view_nodes[op_index]) {
+    ViewNode(inst, op, op_index, node, found, buffers, capture_parameters);
+    return absl::OkStatus();
+  }
+  const Handle grad = found->second;
+  buffers.erase(found);
   memory_.SetOp(At(inst, op_index, node));
   // Under a non-reentrant checkpoint the first node to unpack a saved tensor runs the
   // recompute (checkpoint.py, _checkpoint_hook's unpack_hook).
@@ -583,6 +587,82 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
   }
   return absl::OkStatus();
+}
+
+// ViewNode runs a view's node as Node would, for less: no recompute, release or frame
+// event can come between its steps (the view packs and releases nothing). The input's
+// gradient is the incoming one viewed back (a reshape the strides refuse copies it), so
+// the view takes over the incoming gradient's reference: Node's Ref of it (ViewOf) and
+// its Unref once the node is done cancel. validate_outputs then reduces or casts it as
+// Node does. Where the input's gradient starts a buffer entry, the output's entry is
+// reused for it (Buffers keeps no order).
+void Simulation::ViewNode(Instance& inst, const OpDef& op, int op_index, const char* node,
+                          Buffers::iterator found, Buffers& buffers, bool capture_parameters) {
+  memory_.SetOp(At(inst, op_index, node));
+  const Handle grad = found->second;
+  const Layout& input = TensorOf(inst, op.inputs[0]).layout;
+  Layout view;
+  bool viewed = true;
+  switch (op.type) {
+    case OpType::kPermute:
+      view.ndim = grad.layout.ndim;
+      for (int i = 0; i < view.ndim; ++i) {
+        view.sizes[op.attributes.permutation[i]] = grad.layout.sizes[i];
+        view.strides[op.attributes.permutation[i]] = grad.layout.strides[i];
+      }
+      break;
+    case OpType::kTranspose:
+      view = Transposed(grad.layout, op.attributes.dim, op.attributes.dim1);
+      break;
+    case OpType::kT:
+      view = Transposed(grad.layout, 0, 1);
+      break;
+    case OpType::kUnsqueeze:
+      view.ndim = grad.layout.ndim - 1;
+      for (int i = 0, j = 0; i < grad.layout.ndim; ++i) {
+        if (i == op.attributes.dim) continue;
+        view.sizes[j] = grad.layout.sizes[i];
+        view.strides[j++] = grad.layout.strides[i];
+      }
+      break;
+    default: {  // view, _unsafe_view, reshape: grad.reshape(self.sizes())
+      bool overflow = false;
+      viewed = ViewStrides(grad.layout, input.sizes.data(), input.ndim, &view, &overflow);
+      break;
+    }
+  }
+  Handle out;
+  // borrowed: `out` is the view, holding grad's storage without a reference of its own
+  // (Node's ViewOf would have added one).
+  bool borrowed = viewed;
+  if (viewed) {
+    out = grad;
+    out.layout = view;
+    out.is_view = true;
+  } else {
+    out = NewGrad(input, grad.dtype);
+  }
+  auto replace = [&](const Handle& by) {
+    if (!borrowed) memory_.Unref(out.storage);
+    borrowed = false;
+    out = by;
+  };
+  const DType dtype = inst.plan->graph->tensors[op.inputs[0]].dtype;
+  if (!SameSizes(out.layout, input)) replace(NewGrad(input, out.dtype));
+  if (out.dtype != dtype) replace(NewGradLike(out, out.layout, dtype));
+  if (!borrowed) memory_.Unref(grad.storage);  // the incoming gradient
+  // Route's own steps, the entry reused where the input starts one.
+  int tensor = op.inputs[0];
+  const std::vector<int>& same_as = inst.plan->structure->same_as;
+  while (same_as[tensor] >= 0) tensor = same_as[tensor];
+  const bool parameter = inst.plan->graph->tensors[tensor].is_parameter && !capture_parameters;
+  if (!parameter && buffers.find(tensor) == buffers.end()) {
+    found->first = tensor;
+    found->second = out;
+    return;
+  }
+  buffers.erase(found);
+  Route(inst, tensor, out, buffers, capture_parameters);
 }
 
 // SplitBackward is split()'s one node for all its parts. It runs once every part's
