@@ -135,17 +135,23 @@ Layout Layout::DenseLike(const Layout& like) {
 
 Layout Layout::Elementwise(std::initializer_list<const Layout*> inputs, const int64_t* sizes,
                            int ndim, bool* overflow) {
-  // compute_fast_setup_type: only when every input has the output's shape.
-  bool same_shape = true, contiguous = true, same_dense_strides = true;
+  // compute_fast_setup_type: only when every input has the output's shape (the dense
+  // strides asked only when not all are contiguous).
+  bool same_shape = true, contiguous = true;
   for (const Layout* input : inputs) {
     same_shape = same_shape && input->ndim == ndim &&
                  std::equal(sizes, sizes + ndim, input->sizes.begin());
     contiguous = contiguous && input->IsContiguous();
-    same_dense_strides = same_dense_strides && input->IsNonOverlappingAndDense() &&
-                         input->strides == (*inputs.begin())->strides;
   }
   if (same_shape && contiguous) return Contiguous(sizes, ndim, overflow);
-  if (same_shape && same_dense_strides) return **inputs.begin();
+  if (same_shape) {
+    bool same_dense_strides = true;
+    for (const Layout* input : inputs) {
+      same_dense_strides = same_dense_strides && input->IsNonOverlappingAndDense() &&
+                           input->strides == (*inputs.begin())->strides;
+    }
+    if (same_dense_strides) return **inputs.begin();
+  }
   // compute_strides: each input's strides broadcast to `sizes`, 0 where it broadcasts.
   std::array<std::array<int64_t, kMaxDims>, 3> strides{};
   int n = 0;
