@@ -56,7 +56,7 @@ void ExpectSameWalk(const BlockWalk& memo, const BlockWalk& fresh, const std::st
     const WalkedStorage &a = memo.storage_list[s], &b = fresh.storage_list[s];
     EXPECT_EQ(a.bytes, b.bytes) << where << " storage " << s;
     EXPECT_EQ(a.owner, b.owner) << where << " storage " << s;
-    EXPECT_EQ(a.kept_by, b.kept_by) << where << " storage " << s;
+    EXPECT_EQ(a.node_keepers, b.node_keepers) << where << " storage " << s;
     EXPECT_EQ(a.cached, b.cached) << where << " storage " << s;
   }
 }

@@ -47,11 +47,11 @@ class WalkMemo {
   enum Flag : uint8_t { kKept = 1, kCached = 2, kHeld = 4 };
   using Flags = std::vector<uint8_t>;
   // Facts are what a walk remembers: its keep flags and, for a walk with layouts, each
-  // tensor's requires_grad and each storage's keepers (ops, -1 the checkpoint node).
+  // tensor's requires_grad and each storage's count of keeping nodes (WalkedStorage's).
   struct Facts {
     Flags flags;
     std::vector<char> requires_grad;
-    std::vector<std::vector<int>> kept_by;
+    std::vector<int> node_keepers;
   };
 
   WalkMemo() = default;

@@ -139,8 +139,9 @@ class Walk {
   std::vector<char> requires_grad_;  // per tensor
   std::vector<int> producer_;  // per tensor: the op that made it, -1: none
   std::vector<StorageState> storages_;
-  // kept_by_: with record_layouts, per storage, every op that kept it (-1: checkpoint).
-  std::vector<std::vector<int>> kept_by_;
+  // node_keepers_: with record_layouts, per storage, how many ops' nodes kept it (the
+  // checkpoint node not counted).
+  std::vector<int> node_keepers_;
   std::vector<KeptStorage> storages_recorded_;
   bool overflow_ = false;
   bool laid_out_ = false;  // the layouts came from a BlockLayouts: Apply skips them

@@ -58,7 +58,7 @@ absl::StatusOr<BlockWalk> Walk::Run(const BlockLayouts* layouts) {
     }
     if (options_.record_layouts) {
       requires_grad_ = remembered->requires_grad;
-      kept_by_ = remembered->kept_by;
+      node_keepers_ = remembered->node_keepers;
     }
   } else {
     if (absl::Status s = ApplyOps(walk_ops); !s.ok()) return s;
@@ -115,8 +115,8 @@ WalkMemo::Facts Walk::Facts() const {
   }
   if (options_.record_layouts) {
     facts.requires_grad = requires_grad_;
-    facts.kept_by = kept_by_;
-    facts.kept_by.resize(storages_.size());
+    facts.node_keepers = node_keepers_;
+    facts.node_keepers.resize(storages_.size());
   }
   return facts;
 }
@@ -233,8 +233,8 @@ absl::Status Walk::Apply(int op_index) {
 void Walk::Keep(int op, int tensor, KeepReason reason) {
   StorageState& storage = storages_[(*laid_)[tensor].storage];
   if (options_.record_layouts && reason != KeepReason::kSelectiveCache) {
-    kept_by_.resize(storages_.size());
-    kept_by_[(*laid_)[tensor].storage].push_back(op);
+    node_keepers_.resize(storages_.size());
+    node_keepers_[(*laid_)[tensor].storage] += op >= 0;
   }
   if (storage.is_parameter) return;  // parameters are accounted elsewhere
   const bool held =
@@ -291,12 +291,12 @@ BlockWalk Walk::Summarize() {
           WalkedTensor{t.storage, t.layout, static_cast<bool>(requires_grad_[i])});
     }
     walk.storage_list.reserve(storages_.size());
-    kept_by_.resize(storages_.size());
+    node_keepers_.resize(storages_.size());
     for (size_t i = 0; i < storages_.size(); ++i) {
       const StorageState& s = storages_[i];
       walk.storage_list.push_back(WalkedStorage{s.bytes, s.owner, s.is_parameter,
                                                 s.is_buffer, s.is_global, s.is_weight_copy,
-                                                std::move(kept_by_[i]), s.cached});
+                                                node_keepers_[i], s.cached});
     }
   }
   return walk;

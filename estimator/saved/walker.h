@@ -96,9 +96,9 @@ struct WalkedStorage {
   bool is_buffer = false;  // a module buffer: resident, never freed
   bool is_global = false;
   bool is_weight_copy = false;
-  // kept_by: every op whose backward node keeps it (in execution order; -1 for the
-  // checkpoint node), parameters included; cached: in the selective cache.
-  std::vector<int> kept_by;
+  // node_keepers: how many ops' backward nodes keep it (the checkpoint node, which may
+  // too, not counted), parameters included; cached: in the selective cache.
+  int node_keepers = 0;
   bool cached = false;
 };
 

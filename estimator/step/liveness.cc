@@ -590,9 +590,7 @@ std::vector<LayerGlobals> StepSimulator::LayerGlobalsOf() const {
     for (const WalkedStorage& storage : plan->walk.storage_list) {
       if (!storage.is_global) continue;
       const ModelTensor id = plan->graph->tensors[storage.owner].global;
-      const bool kept = std::any_of(storage.kept_by.begin(), storage.kept_by.end(),
-                                    [](int keeper) { return keeper >= 0; });
-      (kept ? globals.kept : globals.held_when_checkpointed).push_back(id);
+      (storage.node_keepers > 0 ? globals.kept : globals.held_when_checkpointed).push_back(id);
     }
     out.push_back(std::move(globals));
   }

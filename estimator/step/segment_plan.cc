@@ -26,7 +26,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   structure.last_use.assign(walk.storage_list.size(), -1);
   structure.node_keeps.assign(walk.storage_list.size(), 0);
   for (size_t s = 0; s < walk.storage_list.size(); ++s) {
-    for (int keeper : walk.storage_list[s].kept_by) structure.node_keeps[s] += keeper >= 0;
+    structure.node_keeps[s] = walk.storage_list[s].node_keepers;
   }
   structure.reads.resize(graph.ops.size());
   for (size_t op = 0; op < graph.ops.size(); ++op) {
