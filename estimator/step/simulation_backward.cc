@@ -599,58 +599,54 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
 void Simulation::ViewNode(Instance& inst, const OpDef& op, int op_index, const char* node,
                           Buffers::iterator found, Buffers& buffers, bool capture_parameters) {
   memory_.SetOp(At(inst, op_index, node));
-  const Handle grad = found->second;
+  // The incoming gradient's entry, viewed back in place where it can be.
+  Handle& entry = found->second;
   const Layout& input = TensorOf(inst, op.inputs[0]).layout;
-  Layout view;
-  bool viewed = true;
-  switch (op.type) {
-    case OpType::kPermute:
-      view.ndim = grad.layout.ndim;
-      for (int i = 0; i < view.ndim; ++i) {
-        view.sizes[op.attributes.permutation[i]] = grad.layout.sizes[i];
-        view.strides[op.attributes.permutation[i]] = grad.layout.strides[i];
-      }
-      break;
-    case OpType::kTranspose:
-      view = Transposed(grad.layout, op.attributes.dim, op.attributes.dim1);
-      break;
-    case OpType::kT:
-      view = Transposed(grad.layout, 0, 1);
-      break;
-    case OpType::kUnsqueeze:
-      view.ndim = grad.layout.ndim - 1;
-      for (int i = 0, j = 0; i < grad.layout.ndim; ++i) {
-        if (i == op.attributes.dim) continue;
-        view.sizes[j] = grad.layout.sizes[i];
-        view.strides[j++] = grad.layout.strides[i];
-      }
-      break;
-    default: {  // view, _unsafe_view, reshape: grad.reshape(self.sizes())
-      bool overflow = false;
-      viewed = ViewStrides(grad.layout, input.sizes.data(), input.ndim, &view, &overflow);
-      break;
-    }
-  }
-  Handle out;
-  // borrowed: `out` is the view, holding grad's storage without a reference of its own
-  // (Node's ViewOf would have added one).
-  bool borrowed = viewed;
-  if (viewed) {
-    out = grad;
-    out.layout = view;
-    out.is_view = true;
-  } else {
-    out = NewGrad(input, grad.dtype);
-  }
-  auto replace = [&](const Handle& by) {
-    if (!borrowed) memory_.Unref(out.storage);
-    borrowed = false;
-    out = by;
-  };
   const DType dtype = inst.plan->graph->tensors[op.inputs[0]].dtype;
-  if (!SameSizes(out.layout, input)) replace(NewGrad(input, out.dtype));
-  if (out.dtype != dtype) replace(NewGradLike(out, out.layout, dtype));
-  if (!borrowed) memory_.Unref(grad.storage);  // the incoming gradient
+  bool viewed = true;
+  if (op.type == OpType::kT || op.type == OpType::kTranspose) {
+    const int d0 = op.type == OpType::kT ? 0 : op.attributes.dim;
+    const int d1 = op.type == OpType::kT ? 1 : op.attributes.dim1;
+    std::swap(entry.layout.sizes[d0], entry.layout.sizes[d1]);
+    std::swap(entry.layout.strides[d0], entry.layout.strides[d1]);
+  } else {
+    Layout view;
+    if (op.type == OpType::kPermute) {
+      view.ndim = entry.layout.ndim;
+      for (int i = 0; i < view.ndim; ++i) {
+        view.sizes[op.attributes.permutation[i]] = entry.layout.sizes[i];
+        view.strides[op.attributes.permutation[i]] = entry.layout.strides[i];
+      }
+    } else if (op.type == OpType::kUnsqueeze) {
+      view.ndim = entry.layout.ndim - 1;
+      for (int i = 0, j = 0; i < entry.layout.ndim; ++i) {
+        if (i == op.attributes.dim) continue;
+        view.sizes[j] = entry.layout.sizes[i];
+        view.strides[j++] = entry.layout.strides[i];
+      }
+    } else {  // view, _unsafe_view, reshape: grad.reshape(self.sizes())
+      bool overflow = false;
+      viewed = ViewStrides(entry.layout, input.sizes.data(), input.ndim, &view, &overflow);
+    }
+    if (viewed) entry.layout = view;
+  }
+  if (viewed) entry.is_view = true;
+  if (!viewed || !SameSizes(entry.layout, input) || entry.dtype != dtype) {
+    // A copy, a reduction or a cast: as Node makes them, in its order.
+    const Handle grad = entry;  // its storage and dtype as they came
+    // borrowed: `entry` is the view, holding grad's storage without a reference of its
+    // own (Node's ViewOf would have added one).
+    bool borrowed = viewed;
+    if (!viewed) entry = NewGrad(input, grad.dtype);
+    auto replace = [&](const Handle& by) {
+      if (!borrowed) memory_.Unref(entry.storage);
+      borrowed = false;
+      entry = by;
+    };
+    if (!SameSizes(entry.layout, input)) replace(NewGrad(input, entry.dtype));
+    if (entry.dtype != dtype) replace(NewGradLike(entry, entry.layout, dtype));
+    if (!borrowed) memory_.Unref(grad.storage);  // the incoming gradient
+  }
   // Route's own steps, the entry reused where the input starts one.
   int tensor = op.inputs[0];
   const std::vector<int>& same_as = inst.plan->structure->same_as;
@@ -658,9 +654,9 @@ void Simulation::ViewNode(Instance& inst, const OpDef& op, int op_index, const c
   const bool parameter = inst.plan->graph->tensors[tensor].is_parameter && !capture_parameters;
   if (!parameter && buffers.find(tensor) == buffers.end()) {
     found->first = tensor;
-    found->second = out;
     return;
   }
+  const Handle out = entry;
   buffers.erase(found);
   Route(inst, tensor, out, buffers, capture_parameters);
 }
