@@ -431,10 +431,14 @@ class Simulation {
   // gradient input when that is dense and of the same sizes (a transposed gradient gives
   // a transposed result), else contiguous.
   Handle NewGradLike(const Handle& like, const Layout& layout, DType dtype) {
-    Handle h = NewGrad(layout, dtype);
-    if (SameSizes(like.layout, layout) && NonOverlappingAndDense(like.layout)) {
-      h.layout = like.layout;
+    if (!SameSizes(like.layout, layout) || !NonOverlappingAndDense(like.layout)) {
+      return NewGrad(layout, dtype);
     }
+    Handle h;
+    h.layout = like.layout;
+    h.dtype = dtype;
+    h.storage = memory_.Alloc(NumelOf(layout) * ElementSizeBytes(dtype),
+                              MemoryCategory::kTemporary);
     return h;
   }
   Handle Alias(const Handle& h) {

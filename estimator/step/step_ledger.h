@@ -66,6 +66,16 @@ inline bool SameLayout(const Layout& a, const Layout& b) {
 // NonOverlappingAndDense is ATen's is_non_overlapping_and_dense: some order of the
 // dimensions makes the layout contiguous.
 inline bool NonOverlappingAndDense(const Layout& layout) {
+  // Most are contiguous: then, without an empty dimension, the order by stride is the
+  // dimensions' own (inner ones' strides are smaller), and the answer is yes.
+  bool contiguous = true;
+  int64_t next = 1;
+  for (int i = layout.ndim - 1; i >= 0 && contiguous; --i) {
+    if (layout.sizes[i] == 1) continue;
+    contiguous = layout.sizes[i] > 1 && layout.strides[i] == next;
+    next *= layout.sizes[i];
+  }
+  if (contiguous) return true;
   // The dimensions by stride, a stable insertion sort (at most kMaxDims; no heap).
   std::array<int, Layout::kMaxDims> dims{};
   for (int i = 0; i < layout.ndim; ++i) {
