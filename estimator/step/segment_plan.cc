@@ -13,6 +13,24 @@ namespace memledger::liveness_internal {
 
 namespace {
 
+// ViewsBack: the view ops whose backward views the gradient back (a reshape may copy
+// it), from the output's sizes to the input's: view, reshape, permute, transpose, t,
+// unsqueeze.
+bool ViewsBack(OpType type) {
+  switch (type) {
+    case OpType::kView:
+    case OpType::kUnsafeView:
+    case OpType::kReshape:
+    case OpType::kPermute:
+    case OpType::kTranspose:
+    case OpType::kT:
+    case OpType::kUnsqueeze:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Derive fills `structure` from `graph` and its walk.
 absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTable* rules,
                     SegmentStructure& structure) {
@@ -154,20 +172,8 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   structure.view_nodes.assign(graph.ops.size(), false);
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
-    switch (op.type) {
-      case OpType::kView:
-      case OpType::kUnsafeView:
-      case OpType::kReshape:
-      case OpType::kPermute:
-      case OpType::kTranspose:
-      case OpType::kT:
-      case OpType::kUnsqueeze:
-        structure.view_nodes[i] = op.inputs.size() == 1 && !structure.packs[i] &&
-                                  structure.releases[i].empty();
-        break;
-      default:
-        break;
-    }
+    structure.view_nodes[i] = ViewsBack(op.type) && op.inputs.size() == 1 &&
+                              !structure.packs[i] && structure.releases[i].empty();
   }
   if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
   structure.output_storage = tensors[graph.output].storage;
@@ -191,21 +197,14 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     // mask, leading temporary or workspace, on the CPU or CUDA): a type that gets one
     // there must leave this list.
     switch (op.type) {
-      case OpType::kView:
-      case OpType::kUnsafeView:
-      case OpType::kReshape:
-      case OpType::kPermute:
-      case OpType::kTranspose:
-      case OpType::kT:
       case OpType::kSelect:
       case OpType::kExpand:
       case OpType::kSlice:
-      case OpType::kUnsqueeze:
       case OpType::kContiguous:
       case OpType::kToDtype:
         break;
       default:
-        continue;
+        if (!ViewsBack(op.type)) continue;
     }
     bool inert = static_cast<int>(i) != structure.last_pack_op &&
                  static_cast<int>(i) != graph.decoder_returns_after;
