@@ -461,6 +461,13 @@ class Simulation {
     return NewGrad(target, h.dtype);
   }
 
+  // RoutedTensor: where a gradient for `tensor` goes, past ops that return their input
+  // itself (SegmentStructure::same_as).
+  int RoutedTensor(const Instance& inst, int tensor) const {
+    const std::vector<int>& same_as = inst.plan->structure->same_as;
+    while (same_as[tensor] >= 0) tensor = same_as[tensor];
+    return tensor;
+  }
   const WalkedTensor& TensorOf(const Instance& inst, int tensor) const {
     return inst.plan->walk.tensor_layouts[tensor];
   }

@@ -51,8 +51,7 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
 
 void Simulation::Route(Instance& inst, int tensor, const Handle& grad, Buffers& buffers,
                        bool capture_parameters) {
-  const std::vector<int>& same_as = inst.plan->structure->same_as;
-  while (same_as[tensor] >= 0) tensor = same_as[tensor];
+  tensor = RoutedTensor(inst, tensor);
   const TensorDef& def = inst.plan->graph->tensors[tensor];
   if (def.is_parameter && !capture_parameters) {
     const ParameterKey key = KeyOf(inst, tensor);
@@ -647,10 +646,8 @@ void Simulation::ViewNode(Instance& inst, const OpDef& op, int op_index, const c
     if (entry.dtype != dtype) replace(NewGradLike(entry, entry.layout, dtype));
     if (!borrowed) memory_.Unref(grad.storage);  // the incoming gradient
   }
-  // Route's own steps, the entry reused where the input starts one.
-  int tensor = op.inputs[0];
-  const std::vector<int>& same_as = inst.plan->structure->same_as;
-  while (same_as[tensor] >= 0) tensor = same_as[tensor];
+  // As Route, but the entry reused where the input starts one.
+  const int tensor = RoutedTensor(inst, op.inputs[0]);
   const bool parameter = inst.plan->graph->tensors[tensor].is_parameter && !capture_parameters;
   if (!parameter && buffers.find(tensor) == buffers.end()) {
     found->first = tensor;
