@@ -9,6 +9,45 @@
 #include "absl/strings/str_cat.h"
 
 namespace memledger::liveness_internal {
+namespace {
+
+// ViewedBack sets `back` to the layout a view's backward gives `grad` (the gradient of
+// its output) in its input's sizes, `input`: the inverse permutation, the transpose, the
+// unsqueezed dimension dropped, or grad.reshape(self.sizes()) (a reshape that copied in
+// the forward has a CloneBackward0 + UnsafeViewBackward0 pair that ends the same way);
+// false where that reshape cannot view and copies. REQUIRES: a view, _unsafe_view,
+// reshape, permute, transpose, t or unsqueeze (segment_plan.cc, ViewsBack).
+bool ViewedBack(const OpDef& op, const Layout& grad, const Layout& input, Layout* back) {
+  switch (op.type) {
+    case OpType::kPermute:
+      back->ndim = grad.ndim;
+      for (int i = 0; i < grad.ndim; ++i) {
+        back->sizes[op.attributes.permutation[i]] = grad.sizes[i];
+        back->strides[op.attributes.permutation[i]] = grad.strides[i];
+      }
+      return true;
+    case OpType::kTranspose:
+      *back = Transposed(grad, op.attributes.dim, op.attributes.dim1);
+      return true;
+    case OpType::kT:
+      *back = Transposed(grad, 0, 1);
+      return true;
+    case OpType::kUnsqueeze:
+      back->ndim = grad.ndim - 1;
+      for (int i = 0, j = 0; i < grad.ndim; ++i) {
+        if (i == op.attributes.dim) continue;
+        back->sizes[j] = grad.sizes[i];
+        back->strides[j++] = grad.strides[i];
+      }
+      return true;
+    default: {  // view, _unsafe_view, reshape
+      bool overflow = false;
+      return ViewStrides(grad, input.sizes.data(), input.ndim, back, &overflow);
+    }
+  }
+}
+
+}  // namespace
 
 void Simulation::Accumulate(Buffers& buffers, int tensor, const Handle& grad) {
   auto [it, inserted] = buffers.emplace(tensor, grad);
@@ -110,22 +149,16 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
     case OpType::kView:
     case OpType::kUnsafeView:
     case OpType::kReshape:
-      // grad.reshape(self.sizes()) (a reshape that copied in the forward has a
-      // CloneBackward0 + UnsafeViewBackward0 pair that ends the same way).
-      grads[0] = Reshape(grad, layout_of(0));
-      break;
-    case OpType::kPermute: {
-      std::vector<int> inverse(op.attributes.permutation.size());
-      for (size_t i = 0; i < inverse.size(); ++i) inverse[op.attributes.permutation[i]] = i;
-      grads[0] = ViewOf(grad, Permuted(grad.layout, inverse));
+    case OpType::kPermute:
+    case OpType::kTranspose:
+    case OpType::kT:
+    case OpType::kUnsqueeze: {  // ViewNode's, where the node packs or releases
+      Layout back;
+      grads[0] = ViewedBack(op, grad.layout, layout_of(0), &back)
+                     ? ViewOf(grad, back)
+                     : NewGrad(layout_of(0), grad.dtype);
       break;
     }
-    case OpType::kTranspose:
-      grads[0] = ViewOf(grad, Transposed(grad.layout, op.attributes.dim, op.attributes.dim1));
-      break;
-    case OpType::kT:
-      grads[0] = ViewOf(grad, Transposed(grad.layout, 0, 1));
-      break;
     case OpType::kSelect:
       // select_backward: zeros of the input's sizes, the gradient copied into a slice.
       grads[0] = NewGrad(layout_of(0), grad.dtype);
@@ -235,17 +268,6 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
         part.sizes[dim] = layout_of(i).sizes[dim];
         if (needs(i)) grads[i] = ViewOf(grad, part);
       }
-      break;
-    }
-    case OpType::kUnsqueeze: {
-      Layout squeezed;
-      squeezed.ndim = grad.layout.ndim - 1;
-      for (int i = 0, j = 0; i < grad.layout.ndim; ++i) {
-        if (i == op.attributes.dim) continue;
-        squeezed.sizes[j] = grad.layout.sizes[i];
-        squeezed.strides[j++] = grad.layout.strides[i];
-      }
-      grads[0] = ViewOf(grad, squeezed);
       break;
     }
     case OpType::kExpand:
@@ -609,25 +631,9 @@ void Simulation::ViewNode(Instance& inst, const OpDef& op, int op_index, const c
     std::swap(entry.layout.sizes[d0], entry.layout.sizes[d1]);
     std::swap(entry.layout.strides[d0], entry.layout.strides[d1]);
   } else {
-    Layout view;
-    if (op.type == OpType::kPermute) {
-      view.ndim = entry.layout.ndim;
-      for (int i = 0; i < view.ndim; ++i) {
-        view.sizes[op.attributes.permutation[i]] = entry.layout.sizes[i];
-        view.strides[op.attributes.permutation[i]] = entry.layout.strides[i];
-      }
-    } else if (op.type == OpType::kUnsqueeze) {
-      view.ndim = entry.layout.ndim - 1;
-      for (int i = 0, j = 0; i < entry.layout.ndim; ++i) {
-        if (i == op.attributes.dim) continue;
-        view.sizes[j] = entry.layout.sizes[i];
-        view.strides[j++] = entry.layout.strides[i];
-      }
-    } else {  // view, _unsafe_view, reshape: grad.reshape(self.sizes())
-      bool overflow = false;
-      viewed = ViewStrides(entry.layout, input.sizes.data(), input.ndim, &view, &overflow);
-    }
-    if (viewed) entry.layout = view;
+    Layout back;
+    viewed = ViewedBack(op, entry.layout, input, &back);
+    if (viewed) entry.layout = back;
   }
   if (viewed) entry.is_view = true;
   if (!viewed || !SameSizes(entry.layout, input) || entry.dtype != dtype) {
