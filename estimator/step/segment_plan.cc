@@ -13,24 +13,6 @@ namespace memledger::liveness_internal {
 
 namespace {
 
-// ViewsBack: the view ops whose backward views the gradient back (a reshape may copy
-// it), from the output's sizes to the input's: view, reshape, permute, transpose, t,
-// unsqueeze.
-bool ViewsBack(OpType type) {
-  switch (type) {
-    case OpType::kView:
-    case OpType::kUnsafeView:
-    case OpType::kReshape:
-    case OpType::kPermute:
-    case OpType::kTranspose:
-    case OpType::kT:
-    case OpType::kUnsqueeze:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // Derive fills `structure` from `graph` and its walk.
 absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTable* rules,
                     SegmentStructure& structure) {

@@ -15,8 +15,7 @@ namespace {
 // its output) in its input's sizes, `input`: the inverse permutation, the transpose, the
 // unsqueezed dimension dropped, or grad.reshape(self.sizes()) (a reshape that copied in
 // the forward has a CloneBackward0 + UnsafeViewBackward0 pair that ends the same way);
-// false where that reshape cannot view and copies. REQUIRES: a view, _unsafe_view,
-// reshape, permute, transpose, t or unsqueeze (segment_plan.cc, ViewsBack).
+// false where that reshape cannot view and copies. REQUIRES: ViewsBack(op.type).
 bool ViewedBack(const OpDef& op, const Layout& grad, const Layout& input, Layout* back) {
   switch (op.type) {
     case OpType::kPermute:
@@ -146,19 +145,6 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
   Handle* const grads = grad_slots.data();
 
   switch (op.type) {
-    case OpType::kView:
-    case OpType::kUnsafeView:
-    case OpType::kReshape:
-    case OpType::kPermute:
-    case OpType::kTranspose:
-    case OpType::kT:
-    case OpType::kUnsqueeze: {  // ViewNode's, where the node packs or releases
-      Layout back;
-      grads[0] = ViewedBack(op, grad.layout, layout_of(0), &back)
-                     ? ViewOf(grad, back)
-                     : NewGrad(layout_of(0), grad.dtype);
-      break;
-    }
     case OpType::kSelect:
       // select_backward: zeros of the input's sizes, the gradient copied into a slice.
       grads[0] = NewGrad(layout_of(0), grad.dtype);
@@ -564,8 +550,17 @@ absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
       }
       if (needs(0)) grads[0] = NewGrad(layout_of(0), grad.dtype);
       break;
-    default:
-      return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
+    default: {
+      if (!ViewsBack(op.type)) {
+        return Unimplemented(absl::StrCat("the backward of ", OpTypeName(op.type)));
+      }
+      // A view's (ViewNode's, where the node packs or releases).
+      Layout back;
+      grads[0] = ViewedBack(op, grad.layout, layout_of(0), &back)
+                     ? ViewOf(grad, back)
+                     : NewGrad(layout_of(0), grad.dtype);
+      break;
+    }
   }
 
   // An unpacked tensor is the formula's local: with the frame's holder emptied on
