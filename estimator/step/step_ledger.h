@@ -187,13 +187,11 @@ class Memory {
       : out_(out), record_(record), cuda_(cuda), optimizer_(optimizer) {
     if (cuda && blocks == CudaBlocks::kAllocator) allocator_.emplace(expandable_segments);
     // A step makes thousands of storages: this thread's vector of the last step, its
-    // pages already faulted in, serves again (emptied, its capacity kept).
+    // pages already faulted in, serves again (its room kept, count_ from 0).
     storages_.swap(SparedStorages());
-    storages_.clear();
   }
   ~Memory() {
-    storages_.clear();
-    if (storages_.capacity() > SparedStorages().capacity()) storages_.swap(SparedStorages());
+    if (storages_.size() > SparedStorages().size()) storages_.swap(SparedStorages());
   }
   Memory(const Memory&) = delete;
   Memory& operator=(const Memory&) = delete;
@@ -300,8 +298,7 @@ class Memory {
     } else if (cuda_) {
       bytes = RequestBytes(bytes);
     }
-    storages_.push_back(Storage{bytes, category, category, 1, 0, block});
-    const int s = static_cast<int>(storages_.size()) - 1;
+    const int s = NewStorage(Storage{bytes, category, category, 1, 0, block});
     Event(s, bytes, category);
     return s;
   }
@@ -401,8 +398,7 @@ class Memory {
       bytes = inputs_.front().bytes;
       inputs_.pop_front();
     }
-    storages_.push_back(Storage{bytes, category, category, 1, 0, block});
-    return static_cast<int>(storages_.size()) - 1;
+    return NewStorage(Storage{bytes, category, category, 1, 0, block});
   }
 
   // Peek: would `bytes` more (of `category`) now be a new peak? Records it if so. For
@@ -465,6 +461,14 @@ class Memory {
     int keeps = 0;
     int block = -1;  // on CUDA its allocator block (-1: none, 0 bytes)
   };
+  // NewStorage appends a storage: its id. Inline but for the growth (a push_back's call
+  // and its spills cost more than the store, thousands of times a step).
+  int NewStorage(const Storage& storage) {
+    if (count_ == storages_.size()) Grow();
+    storages_[count_] = storage;
+    return static_cast<int>(count_++);
+  }
+  [[gnu::noinline]] void Grow() { storages_.resize(std::max<size_t>(1024, 2 * count_)); }
   static std::vector<Storage>& SparedStorages() {
     static thread_local std::vector<Storage> spared;
     return spared;
@@ -602,7 +606,10 @@ class Memory {
     int64_t bytes = 0;
   };
   std::deque<Input> inputs_;  // on CUDA the inputs' blocks or requests, for Adopt
+  // The storages by id: the first count_ of storages_ (its size is their room, kept
+  // from the thread's last step: SparedStorages).
   std::vector<Storage> storages_;
+  size_t count_ = 0;
   std::array<int64_t, kNumMemoryCategories> live_{};
   int64_t total_ = 0;
   bool overflow_ = false;
