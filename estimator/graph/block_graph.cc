@@ -65,11 +65,8 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config, 
 }
 
 std::vector<int> BlockGraph::Parameters() const {
-  if (!parameter_order.empty()) return parameter_order;
   std::vector<int> parameters;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    if (tensors[t].is_parameter) parameters.push_back(static_cast<int>(t));
-  }
+  ForEachParameter([&](int t) { parameters.push_back(t); });
   return parameters;
 }
 

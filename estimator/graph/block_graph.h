@@ -135,6 +135,18 @@ struct BlockGraph {
   std::shared_ptr<WalkMemo> walk_memo;
   // Parameters returns the parameter tensors in that order.
   std::vector<int> Parameters() const;
+  // ForEachParameter calls f(tensor) for each parameter, in that order, copying nothing
+  // (the step simulation lists them at every step).
+  template <typename F>
+  void ForEachParameter(F f) const {
+    if (!parameter_order.empty()) {
+      for (int t : parameter_order) f(t);
+      return;
+    }
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (tensors[t].is_parameter) f(static_cast<int>(t));
+    }
+  }
 };
 
 // ModelGraphs is a model as segments: prologue (embedding; none for the study, whose

@@ -379,7 +379,10 @@ class Simulation {
   static constexpr int kLayerInputKey = -1;
 
   ParameterKey KeyOf(const Instance& inst, int tensor) const {
-    const TensorDef& def = inst.plan->graph->tensors[tensor];
+    return KeyOf(*inst.plan->graph, inst.segment, tensor);
+  }
+  ParameterKey KeyOf(const BlockGraph& graph, int64_t segment, int tensor) const {
+    const TensorDef& def = graph.tensors[tensor];
     if (def.is_tied && prologue_graph_ != nullptr) {
       // The LM head's tied weight is the embedding's: one .grad.
       for (size_t t = 0; t < prologue_graph_->tensors.size(); ++t) {
@@ -388,7 +391,7 @@ class Simulation {
         }
       }
     }
-    return {inst.segment, tensor};
+    return {segment, tensor};
   }
 
   // CublasWorkspace: on CUDA, the cuBLAS workspace each GEMM allocates from the caching

@@ -215,16 +215,13 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
   bool has_embedding = false;
   for (const StageRange& chunk : chunks_) has_embedding = has_embedding || chunk.prologue;
   auto visit = [&](const SegmentPlan* plan, int64_t segment) {
-    Instance inst;
-    inst.plan = plan;
-    inst.segment = segment;
     const BlockGraph& graph = *plan->graph;
-    for (int t : graph.Parameters()) {
+    graph.ForEachParameter([&](int t) {
       if (!graph.tensors[t].is_tied || !has_embedding) {
-        parameter_order_.push_back(KeyOf(inst, t));
+        parameter_order_.push_back(KeyOf(graph, segment, t));
         expert_shard_.push_back(graph.tensors[t].expert_shard);
       }
-    }
+    });
   };
   for (const StageRange& chunk : chunks_) {
     if (chunk.prologue && families) visit(plans.prologue.get(), Where::kPrologue);
