@@ -245,10 +245,10 @@ class Memory {
     tag_ = TapeStretch{kind, layer, pass, {}};
   }
   SegmentSummary EndSegment() {
-    if (overflow_) return segment_;
+    if (overflow_) return Closed(segment_, segment_start_);
     for (int c = 0; c < kNumMemoryCategories; ++c) segment_.net[c] = live_[c] - segment_start_[c];
-    if (tape_ == nullptr) return segment_;
-    const SegmentSummary ended = segment_;
+    if (tape_ == nullptr) return Closed(segment_, segment_start_);
+    const SegmentSummary ended = Closed(segment_, segment_start_);
     BeginSegment();  // records this one; what follows is another
     return ended;
   }
@@ -414,8 +414,7 @@ class Memory {
     if (shadowing_) {
       std::array<int64_t, kNumMemoryCategories> shadow = shadow_live_;
       shadow[static_cast<int>(category)] += bytes;
-      NoteRiseIn(shadow_segment_, shadow_start_, shadow_start_total_, shadow,
-                 shadow_total_ + bytes);
+      NoteRiseIn(shadow_segment_, shadow_start_total_, shadow, shadow_total_ + bytes);
     }
     if (total_ + bytes <= out_->peak.bytes) return;
     out_->peak.bytes = total_ + bytes;
@@ -549,7 +548,7 @@ class Memory {
     if (!shadowing_) return;
     shadow_live_[static_cast<int>(category)] += bytes;
     shadow_total_ += bytes;
-    NoteRiseIn(shadow_segment_, shadow_start_, shadow_start_total_, shadow_live_, shadow_total_);
+    NoteRiseIn(shadow_segment_, shadow_start_total_, shadow_live_, shadow_total_);
   }
   void ResetShadowSegment() {
     shadow_segment_ = SegmentSummary();
@@ -563,11 +562,11 @@ class Memory {
     bool moved = segment_.has_rise;
     for (int64_t bytes : segment_.net) moved = moved || bytes != 0;
     if (!moved && tag_.kind == TapeStretch::Kind::kOther) return;
-    tag_.summary = segment_;
+    tag_.summary = Closed(segment_, segment_start_);
     tape_->push_back(tag_);
     if (shadowing_) {
       TapeStretch shadow = tag_;
-      shadow.summary = shadow_segment_;
+      shadow.summary = Closed(shadow_segment_, shadow_start_);
       for (int c = 0; c < kNumMemoryCategories; ++c) {
         shadow.summary.net[c] = shadow_live_[c] - shadow_start_[c];
       }
@@ -581,17 +580,25 @@ class Memory {
   }
 
   void NoteRise(const std::array<int64_t, kNumMemoryCategories>& live, int64_t total) {
-    NoteRiseIn(segment_, segment_start_, segment_start_total_, live, total);
+    NoteRiseIn(segment_, segment_start_total_, live, total);
   }
-  // NoteRiseIn: `segment` (started at `start`) with a moment of `live` bytes.
-  void NoteRiseIn(SegmentSummary& segment, const std::array<int64_t, kNumMemoryCategories>& start,
-                  int64_t start_total, const std::array<int64_t, kNumMemoryCategories>& live,
-                  int64_t total) const {
+  // Closed is an open stretch as its summary says it: the live bytes its rise recorded
+  // (NoteRiseIn, which runs at most events and so leaves the subtraction to here) less
+  // those at its start.
+  static SegmentSummary Closed(SegmentSummary segment,
+                               const std::array<int64_t, kNumMemoryCategories>& start) {
+    if (!segment.has_rise) return segment;
+    for (int c = 0; c < kNumMemoryCategories; ++c) segment.at_rise[c] -= start[c];
+    return segment;
+  }
+  // NoteRiseIn: `segment` (started at `start_total` bytes) with a moment of `live` bytes.
+  void NoteRiseIn(SegmentSummary& segment, int64_t start_total,
+                  const std::array<int64_t, kNumMemoryCategories>& live, int64_t total) const {
     const int64_t rise = total - start_total;
     if (segment.has_rise && rise <= segment.rise) return;
     segment.has_rise = true;
     segment.rise = rise;
-    for (int c = 0; c < kNumMemoryCategories; ++c) segment.at_rise[c] = live[c] - start[c];
+    segment.at_rise = live;  // made relative to `start` when the stretch closes (Closed)
     segment.phase = phase_;
     segment.where = where_;
   }
