@@ -216,7 +216,11 @@ class Simulation {
   void LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* prelude);
   absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
-  absl::Status Node(Instance& inst, int op_index, Buffers& buffers, bool capture_parameters);
+  // Node runs the backward node of op `op_index` (named `node`), whose incoming gradient
+  // is `found` (buffers' entry for the op's output); Backward finds it, and sends a
+  // split's parts to SplitBackward and a view's node to ViewNode.
+  absl::Status Node(Instance& inst, int op_index, const char* node, Buffers::iterator found,
+                    Buffers& buffers, bool capture_parameters);
   // ViewNode is Node for one of SegmentStructure::view_nodes, whose incoming gradient is
   // `found` (buffers' entry for the op's output).
   void ViewNode(Instance& inst, const OpDef& op, int op_index, const char* node,

@@ -106,24 +106,12 @@ void Simulation::Route(Instance& inst, int tensor, const Handle& grad, Buffers& 
 // validate_outputs (sum_to a broadcast input's shape), then the incoming gradients die,
 // then the saved tensors are released, then each output goes to its input's buffer (or
 // .grad).
-absl::Status Simulation::Node(Instance& inst, int op_index, Buffers& buffers,
+absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
+                              Buffers::iterator found, Buffers& buffers,
                               bool capture_parameters) {
   const SegmentPlan& plan = *inst.plan;
   const SegmentStructure& structure = *plan.structure;
   const OpDef& op = plan.graph->ops[op_index];
-  const OpSemantics& semantics = rules_.Of(op.type);
-  if (op.type == OpType::kSlice && op.attributes.split_part) {
-    return SplitBackward(inst, op_index, buffers, capture_parameters);
-  }
-  auto found = buffers.find(op.outputs[0]);
-  if (found == buffers.end()) return absl::OkStatus();  // no gradient reached it
-  const char* node = semantics.backward_nodes.empty()
-                         ? "?"
-                         : std::string_view(semantics.backward_nodes[0]).data();
-  if (structure.view_nodes[op_index]) {
-    ViewNode(inst, op, op_index, node, found, buffers, capture_parameters);
-    return absl::OkStatus();
-  }
   const Handle grad = found->second;
   buffers.erase(found);
   memory_.SetOp(At(inst, op_index, node));
@@ -699,8 +687,29 @@ absl::Status Simulation::SplitBackward(Instance& inst, int op_index, Buffers& bu
 }
 
 absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture_parameters) {
-  for (int op : inst.plan->structure->nodes) {
-    if (absl::Status s = Node(inst, op, buffers, capture_parameters); !s.ok()) return s;
+  const SegmentStructure& structure = *inst.plan->structure;
+  for (int op_index : structure.nodes) {
+    const OpDef& op = inst.plan->graph->ops[op_index];
+    if (op.type == OpType::kSlice && op.attributes.split_part) {
+      if (absl::Status s = SplitBackward(inst, op_index, buffers, capture_parameters);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    // The node runs once a gradient reached its output; a view's on its short path.
+    auto found = buffers.find(op.outputs[0]);
+    if (found == buffers.end()) continue;
+    const OpSemantics& semantics = rules_.Of(op.type);
+    const char* node = semantics.backward_nodes.empty()
+                           ? "?"
+                           : std::string_view(semantics.backward_nodes[0]).data();
+    if (structure.view_nodes[op_index]) {
+      ViewNode(inst, op, op_index, node, found, buffers, capture_parameters);
+    } else if (absl::Status s = Node(inst, op_index, node, found, buffers, capture_parameters);
+               !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }
