@@ -58,6 +58,9 @@ class Buffers {
  public:
   using Entry = std::pair<int, Handle>;
   using iterator = std::vector<Entry>::iterator;
+  // A layer's backward holds a few gradients at a time: room for them at once, not
+  // grown one entry at a time.
+  Buffers() { entries_.reserve(8); }
   iterator end() { return entries_.end(); }
   iterator find(int tensor) {
     return std::find_if(entries_.begin(), entries_.end(),

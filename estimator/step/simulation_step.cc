@@ -75,6 +75,7 @@ absl::Status Simulation::ReduceAndStep() {
     return status;
   }
   std::vector<int64_t> numels;
+  numels.reserve(parameter_order_.size());
   for (const ParameterKey& parameter : parameter_order_) {
     numels.push_back(memory_.bytes(grads_.at(parameter)) / element);
   }
