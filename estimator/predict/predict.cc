@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/checked_math.h"
@@ -143,7 +144,7 @@ class GlobalBytes {
   // HeldOnlyBytes: the held globals no segment saves, each once.
   CheckedInt64 HeldOnlyBytes() const {
     CheckedInt64 bytes = 0;
-    std::vector<ModelTensor> counted = seen_;
+    Ids counted = seen_;
     for (const KeptGlobal& global : held_) {
       if (Contains(counted, global.id)) continue;
       counted.push_back(global.id);
@@ -153,14 +154,17 @@ class GlobalBytes {
   }
 
  private:
-  static bool Contains(const std::vector<ModelTensor>& ids, ModelTensor id) {
+  // A model has a few model-level tensors (token and position ids, RoPE's tables, a
+  // mask): kept inline, as the census of every variant lists them again.
+  using Ids = absl::InlinedVector<ModelTensor, 8>;
+  static bool Contains(const Ids& ids, ModelTensor id) {
     return std::find(ids.begin(), ids.end(), id) != ids.end();
   }
 
   ByDtype& by_dtype_;
-  std::vector<ModelTensor> seen_;
-  std::vector<int64_t> seen_bytes_;
-  std::vector<KeptGlobal> held_;
+  Ids seen_;
+  absl::InlinedVector<int64_t, 8> seen_bytes_;
+  absl::InlinedVector<KeptGlobal, 8> held_;
 };
 
 // LayerCensus is the decoder stack as kinds of layers: each kind's walk and how many
