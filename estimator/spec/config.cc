@@ -12,26 +12,6 @@
 #include "absl/strings/strip.h"
 
 namespace memledger {
-int64_t ElementSizeBytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kBool:
-      return 1;
-    case DType::kInt64:
-    case DType::kFloat64:
-    case DType::kUInt64:
-      return 8;
-    case DType::kInt32:
-      return 4;
-    case DType::kBFloat16:
-    case DType::kFloat16:
-      return 2;
-  }
-  return 0;
-}
-
-DType PromoteTypes(DType a, DType b) { return a == b ? a : DType::kFloat32; }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {

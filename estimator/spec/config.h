@@ -29,11 +29,28 @@ enum class DType : uint8_t {
 };
 inline constexpr int kNumDTypes = static_cast<int>(DType::kUInt64) + 1;
 
-int64_t ElementSizeBytes(DType dtype);
+// ElementSizeBytes: inline, as the step simulation asks it at most of its allocations.
+constexpr int64_t ElementSizeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kBool:
+      return 1;
+    case DType::kInt64:
+    case DType::kFloat64:
+    case DType::kUInt64:
+      return 8;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+  }
+  return 0;
+}
 
 // PromoteTypes is ATen's result type of an op on two floating tensors of these dtypes:
 // the dtype itself when they agree, else fp32 (bf16 with fp32 or fp16 -> fp32).
-DType PromoteTypes(DType a, DType b);
+constexpr DType PromoteTypes(DType a, DType b) { return a == b ? a : DType::kFloat32; }
 // "float32", "bool", "int64", "bfloat16", "float16", "float64", "int32", "uint64"
 const char* DTypeName(DType dtype);
 
