@@ -51,6 +51,35 @@ TEST(ViewStridesTest, SizeOneDimensionsMergeFreely) {
   EXPECT_EQ(view.strides[2], 1);
 }
 
+// A row-major tensor views any sizes of its element count with their row-major strides;
+// a tensor whose size-1 dimensions have other strides keeps some of them. The expected
+// strides are what torch 2.15.0 prints: y = torch.empty(2, 3); x =
+// torch.empty_strided((4, 1), (1, 7)); z = torch.empty_strided((1, 4), (99, 1)).
+TEST(ViewStridesTest, RowMajorViewsAreRowMajorAndOthersKeepTheirSizeOneStrides) {
+  auto view_strides = [](const Layout& old, std::vector<int64_t> sizes) {
+    Layout view;
+    bool overflow = false;
+    const bool viewed =
+        ViewStrides(old, sizes.data(), static_cast<int>(sizes.size()), &view, &overflow);
+    EXPECT_FALSE(overflow);
+    if (!viewed) return std::vector<int64_t>{};
+    return std::vector<int64_t>(view.strides.begin(), view.strides.begin() + view.ndim);
+  };
+  const Layout y = Strided({2, 3}, {3, 1});
+  EXPECT_EQ(view_strides(y, {3, 1, 2}), (std::vector<int64_t>{2, 2, 1}));
+  EXPECT_EQ(view_strides(y, {1, 6, 1}), (std::vector<int64_t>{6, 1, 1}));
+  EXPECT_EQ(view_strides(y, {7}), std::vector<int64_t>{});  // 6 elements are not 7
+  EXPECT_EQ(view_strides(y, {5}), std::vector<int64_t>{});
+  const Layout x = Strided({4, 1}, {1, 7});
+  EXPECT_EQ(view_strides(x, {4, 1}), (std::vector<int64_t>{1, 7}));
+  EXPECT_EQ(view_strides(x, {4}), (std::vector<int64_t>{1}));
+  EXPECT_EQ(view_strides(x, {1, 4}), (std::vector<int64_t>{4, 1}));
+  EXPECT_EQ(view_strides(x, {2, 2, 1}), (std::vector<int64_t>{2, 1, 7}));
+  const Layout z = Strided({1, 4}, {99, 1});
+  EXPECT_EQ(view_strides(z, {4, 1}), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(view_strides(z, {1, 1, 4}), (std::vector<int64_t>{4, 4, 1}));
+}
+
 // TensorIterator's output layouts; the expected strides are what torch 2.15.0 prints
 // for the same tensors (x = torch.empty(2, 5, 3, 4).transpose(1, 2), cos =
 // torch.empty(1, 5, 4).unsqueeze(1), c = torch.empty(2, 3, 5, 4)).
