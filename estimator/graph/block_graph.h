@@ -41,6 +41,7 @@ enum class ModelTensor : uint8_t {
   // and the decoder model holds in causal_mask_mapping to its return.
   kSlidingMask,
 };
+inline constexpr int kNumModelTensors = static_cast<int>(ModelTensor::kSlidingMask) + 1;
 // ModelTensorName: "input_ids", "position_ids", "rope.cos", "rope.sin", "rope_local.cos",
 // "rope_local.sin", "sliding_mask" ("" for kNone).
 const char* ModelTensorName(ModelTensor id);

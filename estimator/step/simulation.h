@@ -88,6 +88,19 @@ class Buffers {
 // Ids are a few storages' Memory ids (an op's temporaries, its outputs), kept inline.
 using Ids = absl::InlinedVector<int, 8>;
 
+// GlobalIds: the Memory id of each model-level tensor made so far (-1: not made), a
+// fixed table that a pass copies to its backward without a heap allocation.
+class GlobalIds {
+ public:
+  GlobalIds() { ids_.fill(-1); }
+  int& operator[](ModelTensor id) { return ids_[static_cast<int>(id)]; }
+  // Find: the tensor's id, -1 if it was not made.
+  int Find(ModelTensor id) const { return ids_[static_cast<int>(id)]; }
+
+ private:
+  std::array<int, kNumModelTensors> ids_;
+};
+
 class Simulation {
  public:
   // The attention mode is in the graphs Run() gets.
@@ -254,7 +267,7 @@ class Simulation {
     std::vector<int> held;
     const BlockGraph& graph = *inst.plan->graph;
     for (const WalkedStorage& storage : inst.plan->walk.storage_list) {
-      if (storage.is_global) held.push_back(globals_.at(graph.tensors[storage.owner].global));
+      if (storage.is_global) held.push_back(globals_.Find(graph.tensors[storage.owner].global));
     }
     return held;
   }
@@ -313,7 +326,7 @@ class Simulation {
     // rng_states: each checkpointed layer's CPU RNG state, kept by its checkpoint.
     std::vector<int> rng_states;
     std::vector<int> extras;  // the layers' model-level tensors (position ids, RoPE tables)
-    std::map<ModelTensor, int> globals;  // as the forward left them
+    GlobalIds globals;  // as the forward left them
     Handle loss;        // the head's, kept until the step ends
     Handle output;      // a stage without the head: its output, until sent
     Handle input_grad;  // the received input's .grad, until sent
@@ -498,7 +511,7 @@ class Simulation {
   // every parameter's gradient: hashed, not a tree of heap nodes.
   absl::flat_hash_map<ParameterKey, int> grads_;
   // Model-level tensors (TensorDef::global): Memory ids.
-  std::map<ModelTensor, int> globals_;
+  GlobalIds globals_;
   // forward_holds_: what the forward's scope holds until it returns (its loss
   // included): autocast's casts of weights (leaves that require grad), which its cast
   // cache holds until the outermost autocast scope ends (the forward's, or a checkpointed

@@ -202,13 +202,13 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     if (!storages[s].is_global) continue;
     // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
     const ModelTensor id = graph.tensors[storages[s].owner].global;
-    auto global = globals_.find(id);
-    if (global == globals_.end()) {
+    const int global = globals_.Find(id);
+    if (global < 0) {
       return absl::InternalError(
           absl::StrCat("step simulation: no model-level ", ModelTensorName(id)));
     }
-    inst.ids[s] = global->second;
-    for (int k = keeps_of(s); k > 0; --k) memory_.Keep(global->second);
+    inst.ids[s] = global;
+    for (int k = keeps_of(s); k > 0; --k) memory_.Keep(global);
   }
   if (input != nullptr && structure.input_storage >= 0) {
     inst.ids[structure.input_storage] = input->storage;
