@@ -17,7 +17,6 @@
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -28,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/block_graph.h"
@@ -542,9 +542,13 @@ class Simulation {
   std::vector<TapeStretch>* tape_ = nullptr;
   std::map<int64_t, size_t> forward_entries_;
   int64_t passes_ = 0;  // forward and backward passes begun
+  // early_stop_locals_: Forward's `local` flags for a recompute's early stop, kept
+  // between recomputes so that each does not allocate them again.
+  std::vector<bool> early_stop_locals_;
   // decoder_returns_: run by Forward after the op where the decoder model's forward
-  // returns (BlockGraph::decoder_returns_after) while the head's forward runs.
-  std::function<void()> decoder_returns_;
+  // returns (BlockGraph::decoder_returns_after) while the head's forward runs; a
+  // reference to ForwardPass's own lambda, which outlives that forward.
+  std::optional<absl::FunctionRef<void()>> decoder_returns_;
   // decoder_locals_: the Memory ids the decoder model's locals hold (the prologue's
   // BlockGraph::decoder_locals), let go where it returns, or where a stage's forward
   // without the head returns.

@@ -196,8 +196,10 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   };
   inst.ids.assign(storages.size(), -1);
   // local: made here and still referenced by the forward's locals (the early stop's
-  // unwinding frees them): kept for an early stop only.
-  std::vector<bool> local(pass.early_stop ? storages.size() : 0, false);
+  // unwinding frees them): kept for an early stop only, in the simulation's room for it
+  // (one forward at a time stops early).
+  std::vector<bool>& local = early_stop_locals_;
+  local.assign(pass.early_stop ? storages.size() : 0, false);
   for (size_t s = 0; s < storages.size(); ++s) {
     if (!storages[s].is_global) continue;
     // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
@@ -355,9 +357,9 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       if (pass.early_stop) local[s] = false;
     }
-    if (static_cast<int>(i) == graph.decoder_returns_after && decoder_returns_) {
-      decoder_returns_();
-      decoder_returns_ = nullptr;
+    if (static_cast<int>(i) == graph.decoder_returns_after && decoder_returns_.has_value()) {
+      (*decoder_returns_)();
+      decoder_returns_.reset();
     }
   }
   output->storage = inst.ids[structure.output_storage];

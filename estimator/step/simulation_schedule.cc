@@ -254,6 +254,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   memory_.SetPhase(StepPhase::kForward);
   memory_.BeginSegment();
   std::vector<int>& extras = f.extras;  // the layers' model-level tensors the caller holds
+  extras.reserve(kNumModelTensors);
   if (f.range.prologue && families) {
     GatherUnit(Where::kPrologue);
     f.prologue.plan = plans.prologue.get();
@@ -309,11 +310,12 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
           memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kActivation);
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
       memory_.Keep(x.storage);
-      for (int held : CallArguments(inst)) memory_.Keep(held);
+      std::vector<int> held = CallArguments(inst);
+      for (int h : held) memory_.Keep(h);
       f.checkpoint_inputs[i - f.range.first_layer] = x.storage;
       if (!reentrant) {
         inst.frame = Instance::Frame{x.storage, f.rng_states[i - f.range.first_layer],
-                                     CallArguments(inst), inst.ids, false};
+                                     std::move(held), inst.ids, false};
       }
     } else if (absl::Status s = Forward(inst, &x, Graph(), &y); !s.ok()) {
       return s;
@@ -333,16 +335,17 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     // states (rebound to the norm's output) and its other locals, the layers' extras,
     // die; without a decoder (the study) when the loss is computed.
     bool returned = false;
-    decoder_returns_ = [&] {
+    auto returns = [&] {
       if (x.storage != input_id) memory_.Unref(x.storage);
       ReleaseDecoderLocals();
       for (auto it = extras.rbegin(); it != extras.rend(); ++it) memory_.Unref(*it);
       extras.clear();
       returned = true;
     };
+    decoder_returns_.emplace(returns);
     absl::Status forward = Forward(f.head, &x, Graph(), &f.loss);
-    if (forward.ok() && !returned) decoder_returns_();
-    decoder_returns_ = nullptr;
+    if (forward.ok() && !returned) returns();
+    decoder_returns_.reset();
     if (!forward.ok()) return forward;
     ReleaseUnit(Where::kHead);
   } else {
