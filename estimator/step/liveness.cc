@@ -310,6 +310,8 @@ absl::StatusOr<StepPeak> ComposePeak(const Simulation& simulation,
   Composer composer(short_timeline);
   composer.Visit(segments.prologue, -1);
   std::vector<const SegmentSummary*> forward, backward;
+  forward.reserve(segments.forward.size());
+  backward.reserve(segments.backward.size());
   for (const SegmentSummary& s : segments.forward) forward.push_back(&s);
   for (const SegmentSummary& s : segments.backward) backward.push_back(&s);
   composer.TakeFreed();

@@ -198,6 +198,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     inert = inert && structure.frees[i].empty();
     structure.inert[i] = inert;
   }
+  graph.ForEachParameter([&](int) { ++structure.parameters; });
   return absl::OkStatus();
 }
 

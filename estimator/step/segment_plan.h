@@ -106,6 +106,7 @@ struct SegmentStructure {
   // view, reshape, permute, transpose, t or unsqueeze that packs and releases nothing):
   // Simulation::ViewNode runs it.
   std::vector<bool> view_nodes;
+  int parameters = 0;  // the graph's parameters (the step lists them all at once)
 };
 
 // SegmentPlan is one segment graph walked for one config, with what the replay needs.

@@ -223,13 +223,22 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
       }
     });
   };
-  for (const StageRange& chunk : chunks_) {
-    if (chunk.prologue && families) visit(plans.prologue.get(), Where::kPrologue);
-    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-      visit(LayerPlan(plans, i), i);
+  // The segments in the model's order; their parameter counts first, to make room once.
+  auto segments = [&](auto&& f) {
+    for (const StageRange& chunk : chunks_) {
+      if (chunk.prologue && families) f(plans.prologue.get(), Where::kPrologue);
+      for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+        f(LayerPlan(plans, i), i);
+      }
+      if (chunk.head) f(plans.head.get(), Where::kHead);
     }
-    if (chunk.head) visit(plans.head.get(), Where::kHead);
-  }
+  };
+  size_t parameters = parameter_order_.size();
+  segments([&](const SegmentPlan* plan, int64_t) { parameters += plan->structure->parameters; });
+  parameter_order_.reserve(parameters);
+  expert_shard_.reserve(parameters);
+  segments(visit);
+  grads_.reserve(parameter_order_.size());
 }
 
 // ForwardPass runs the stage's forward for one micro-batch: from its input (the
