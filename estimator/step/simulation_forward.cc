@@ -70,7 +70,8 @@ FlashSplits FlashSplitsFor(int64_t t) {
 // (inlined into Forward as LeadingTemporaries is).
 [[gnu::always_inline]] inline absl::Status Simulation::ForwardWorkspace(const OpDef& op,
                                                                       const Instance& inst) {
-  const DType dtype = inst.plan->graph->tensors[op.outputs[0]].dtype;
+  // The output's dtype, looked up only by the cases that ask (most ops have none).
+  auto dtype = [&] { return inst.plan->graph->tensors[op.outputs[0]].dtype; };
   if (memory_.cuda()) {
     // A CUDA GEMM's cuBLAS workspace, after its output (CublasWorkspace); the CPU
     // kernels' workspaces below are not a CUDA step's, but the tensor-parallel
@@ -93,8 +94,9 @@ FlashSplits FlashSplitsFor(int64_t t) {
       const int64_t threads = options_.cpu_threads;
       const int64_t per_thread = q_split * kv_split + 2 * q_split + q_split * head;
       const int buf = memory_.Alloc(threads * per_thread * 4, MemoryCategory::kTemporary);
+      const DType out = dtype();
       const int reduced = memory_.Alloc(
-          dtype == DType::kFloat32 ? 0 : threads * q_split * kv_split * ElementSizeBytes(dtype),
+          out == DType::kFloat32 ? 0 : threads * q_split * kv_split * ElementSizeBytes(out),
           MemoryCategory::kTemporary);
       memory_.Unref(buf);
       memory_.Unref(reduced);
@@ -108,7 +110,7 @@ FlashSplits FlashSplitsFor(int64_t t) {
       const int64_t numel = NumelOf(x);
       const int neg_inf = memory_.Alloc(numel, MemoryCategory::kTemporary);
       const int rows = memory_.Alloc(numel / x.sizes[x.ndim - 1], MemoryCategory::kTemporary);
-      memory_.Transient(ElementSizeBytes(dtype));
+      memory_.Transient(ElementSizeBytes(dtype()));
       memory_.Unref(rows);
       memory_.Unref(neg_inf);
       return absl::OkStatus();
@@ -116,7 +118,7 @@ FlashSplits FlashSplitsFor(int64_t t) {
     case OpType::kMeanDim: {
       // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then the
       // dtype's size).
-      memory_.ScalarOp(dtype);
+      memory_.ScalarOp(dtype());
       return absl::OkStatus();
     }
     case OpType::kMean: {
@@ -124,7 +126,7 @@ FlashSplits FlashSplitsFor(int64_t t) {
       // result), then a division by the element count, a wrapped double scalar (8 B)
       // converted to the tensor's dtype.
       if (options_.cpu_threads > 1) memory_.Transient(8);
-      memory_.ScalarOp(dtype);
+      memory_.ScalarOp(dtype());
       return absl::OkStatus();
     }
     case OpType::kSort: {
