@@ -198,6 +198,24 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     inert = inert && structure.frees[i].empty();
     structure.inert[i] = inert;
   }
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    if (structure.inert[i]) continue;
+    const OpDef& op = graph.ops[i];
+    SegmentStructure::ForwardStep step;
+    step.op = static_cast<int>(i);
+    step.n_outputs = static_cast<int>(std::min(op.outputs.size(), step.outputs.size()));
+    for (int o = 0; o < step.n_outputs; ++o) {
+      SegmentStructure::ForwardStep::Output& output = step.outputs[o];
+      output.tensor = op.outputs[o];
+      output.storage = tensors[output.tensor].storage;
+      const int s = output.storage;
+      output.makes = s >= 0 && walk.storage_list[s].owner == output.tensor &&
+                     !walk.storage_list[s].is_parameter;
+      output.unread = output.makes && structure.last_use[s] < 0 && s != structure.output_storage;
+    }
+    if (op.type == OpType::kDropout) std::swap(step.outputs[0], step.outputs[1]);
+    structure.forward_steps.push_back(step);
+  }
   graph.ForEachParameter([&](int) { ++structure.parameters; });
   return absl::OkStatus();
 }

@@ -99,6 +99,23 @@ struct SegmentStructure {
   // nothing, neither the recompute's stop nor where the decoder returns. Forward skips
   // it.
   std::vector<bool> inert;
+  // forward_steps: the ops Forward runs (those not inert), in order, each with its
+  // outputs in the order the op makes them (CPU dropout its noise, output 1, first):
+  // whether the op makes the output's storage (not a view's, not a parameter's) and
+  // whether nothing reads that storage after the op (it dies in the op; the segment's
+  // output excepted).
+  struct ForwardStep {
+    struct Output {
+      int tensor = -1;
+      int storage = -1;
+      bool makes = false;
+      bool unread = false;
+    };
+    int op = 0;
+    int n_outputs = 0;  // Forward makes at most three outputs of an op
+    std::array<Output, 3> outputs{};
+  };
+  std::vector<ForwardStep> forward_steps;
   // nodes: the ops that have a backward node (an output that requires grad, not the
   // input returned as it is), last first: the order the backward visits them.
   std::vector<int> nodes;

@@ -219,16 +219,16 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     for (int k = keeps_of(structure.input_storage); k > 0; --k) memory_.Keep(input->storage);
   }
   memory_.SetOp(At(inst, -1, nullptr));
-  for (size_t i = 0; i < graph.ops.size(); ++i) {
-    // A view that touches no memory (SegmentStructure::inert; its view types are none
-    // that this loop gives a temporary or a workspace).
-    if (structure.inert[i]) continue;
+  // Not the views that touch no memory (SegmentStructure::inert; their view types are
+  // none that this loop gives a temporary or a workspace).
+  for (const SegmentStructure::ForwardStep& step : structure.forward_steps) {
+    const int i = step.op;
     const OpDef& op = graph.ops[i];
-    memory_.SetOpIndex(static_cast<int>(i));
+    memory_.SetOpIndex(i);
     const bool replayed = pass.replay && FromCache(inst, op);
     // The recompute stops at the pack that fills the last holder: before the kernel when
     // that is an input's, after it when an output's.
-    const bool stop_here = pass.early_stop && static_cast<int>(i) == structure.last_pack_op;
+    const bool stop_here = pass.early_stop && i == structure.last_pack_op;
     // An op with a Scalar operand wraps it first: an 8-byte double tensor, converted to
     // the op's dtype (4 B in fp32), freed after the op.
     Ids prelude;
@@ -286,24 +286,20 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
     }
     if (!replayed) LeadingTemporaries(op, inst, &prelude);
-    Ids made;
     if (stop_here && !structure.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
       return StopRecompute(inst, local, output);
     }
     // CPU dropout makes its noise (output 1) first, scales it in place by a Python
-    // number (wrapped, then gone), then the product.
-    std::array<int, 3> order{};
-    const int n_outputs = static_cast<int>(std::min(op.outputs.size(), order.size()));
-    std::copy(op.outputs.begin(), op.outputs.begin() + n_outputs, order.begin());
-    if (op.type == OpType::kDropout) std::swap(order[0], order[1]);
-    for (int o = 0; o < n_outputs; ++o) {
-      const int out = order[o];
+    // number (wrapped, then gone), then the product (the step's order).
+    for (int o = 0; o < step.n_outputs; ++o) {
+      const SegmentStructure::ForwardStep::Output& made = step.outputs[o];
+      const int out = made.tensor;
       if (op.type == OpType::kDropout && o == 1 && !replayed) {
         memory_.ScalarOp(graph.tensors[out].dtype);  // noise.div_(1 - p)
       }
-      const int s = TensorOf(inst, out).storage;
-      if (s < 0 || storages[s].owner != out || storages[s].is_parameter) continue;
+      if (!made.makes) continue;
+      const int s = made.storage;
       int id;
       if (replayed) {
         // The op is skipped: its output is popped from the cache (_CachedTorchDispatchMode,
@@ -323,7 +319,6 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         }
       }
       inst.ids[s] = id;
-      made.push_back(s);
       if (pass.early_stop) local[s] = true;
       if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy && !replayed &&
           !(pass.replay && CallIsReplayed(inst, op))) {
@@ -344,11 +339,11 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // Outputs nobody reads die inside the op (SDPA's logsumexp without grad, layer
     // norm's statistics); then, by Python's reference counting, every storage whose last
     // reader this op was (the caller holds the segment's input and output).
-    for (int s : made) {
-      if (structure.last_use[s] < 0 && s != structure.output_storage) {
-        memory_.Unref(inst.ids[s]);
-        if (pass.early_stop) local[s] = false;
-      }
+    for (int o = 0; o < step.n_outputs; ++o) {
+      const SegmentStructure::ForwardStep::Output& made = step.outputs[o];
+      if (!made.unread) continue;
+      memory_.Unref(inst.ids[made.storage]);
+      if (pass.early_stop) local[made.storage] = false;
     }
     for (int s : structure.frees[i]) {
       // The decoder model's locals take it over from the prologue (ForwardPass lets go).
@@ -359,7 +354,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       if (pass.early_stop) local[s] = false;
     }
-    if (static_cast<int>(i) == graph.decoder_returns_after && decoder_returns_.has_value()) {
+    if (i == graph.decoder_returns_after && decoder_returns_.has_value()) {
       (*decoder_returns_)();
       decoder_returns_.reset();
     }
