@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -148,14 +149,22 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     structure.composite_ops[static_cast<size_t>(call)].push_back(static_cast<int>(i));
   }
   for (int i = static_cast<int>(graph.ops.size()) - 1; i >= 0; --i) {
-    const int out = graph.ops[i].outputs[0];
-    if (tensors[out].requires_grad && structure.same_as[out] < 0) structure.nodes.push_back(i);
-  }
-  structure.view_nodes.assign(graph.ops.size(), false);
-  for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
-    structure.view_nodes[i] = ViewsBack(op.type) && op.inputs.size() == 1 &&
-                              !structure.packs[i] && structure.releases[i].empty();
+    const int out = op.outputs[0];
+    if (!tensors[out].requires_grad || structure.same_as[out] >= 0) continue;
+    using Kind = SegmentStructure::BackwardStep::Kind;
+    SegmentStructure::BackwardStep step;
+    step.op = i;
+    step.output = out;
+    if (op.type == OpType::kSlice && op.attributes.split_part) {
+      step.kind = Kind::kSplit;
+    } else if (ViewsBack(op.type) && op.inputs.size() == 1 && !structure.packs[i] &&
+               structure.releases[i].empty()) {
+      step.kind = Kind::kView;
+    }
+    const std::vector<std::string_view>& names = table.Of(op.type).backward_nodes;
+    if (!names.empty()) step.node = names[0].data();
+    structure.backward_steps.push_back(step);
   }
   if (graph.input >= 0) structure.input_storage = tensors[graph.input].storage;
   structure.output_storage = tensors[graph.output].storage;

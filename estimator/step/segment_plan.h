@@ -116,13 +116,20 @@ struct SegmentStructure {
     std::array<Output, 3> outputs{};
   };
   std::vector<ForwardStep> forward_steps;
-  // nodes: the ops that have a backward node (an output that requires grad, not the
-  // input returned as it is), last first: the order the backward visits them.
-  std::vector<int> nodes;
-  // view_nodes: per op, whether its node only views its one input's gradient back (a
-  // view, reshape, permute, transpose, t or unsqueeze that packs and releases nothing):
-  // Simulation::ViewNode runs it.
-  std::vector<bool> view_nodes;
+  // backward_steps: the ops that have a backward node (an output that requires grad,
+  // not the input returned as it is), last first: the order the backward visits them.
+  // Each names its node (the rules' first) and says who runs it: a split's one node for
+  // all its parts (Simulation::SplitBackward), a node that only views its one input's
+  // gradient back (a view, reshape, permute, transpose, t or unsqueeze that packs and
+  // releases nothing: Simulation::ViewNode), or any other (Simulation::Node).
+  struct BackwardStep {
+    enum class Kind : uint8_t { kNode, kView, kSplit };
+    int op = 0;
+    int output = 0;  // the op's output 0, whose gradient reaching it runs the node
+    Kind kind = Kind::kNode;
+    const char* node = "?";
+  };
+  std::vector<BackwardStep> backward_steps;
   int parameters = 0;  // the graph's parameters (the step lists them all at once)
 };
 

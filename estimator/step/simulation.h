@@ -237,8 +237,8 @@ class Simulation {
   // split's parts to SplitBackward and a view's node to ViewNode.
   absl::Status Node(Instance& inst, int op_index, const char* node, Buffers::iterator found,
                     Buffers& buffers, bool capture_parameters);
-  // ViewNode is Node for one of SegmentStructure::view_nodes, whose incoming gradient is
-  // `found` (buffers' entry for the op's output).
+  // ViewNode is Node for a view's node (SegmentStructure::BackwardStep::Kind::kView),
+  // whose incoming gradient is `found` (buffers' entry for the op's output).
   void ViewNode(Instance& inst, const OpDef& op, int op_index, const char* node,
                 Buffers::iterator found, Buffers& buffers, bool capture_parameters);
   absl::Status SplitBackward(Instance& inst, int op_index, Buffers& buffers,

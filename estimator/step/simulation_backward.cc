@@ -687,26 +687,23 @@ absl::Status Simulation::SplitBackward(Instance& inst, int op_index, Buffers& bu
 }
 
 absl::Status Simulation::Backward(Instance& inst, Buffers& buffers, bool capture_parameters) {
-  const SegmentStructure& structure = *inst.plan->structure;
-  for (int op_index : structure.nodes) {
-    const OpDef& op = inst.plan->graph->ops[op_index];
-    if (op.type == OpType::kSlice && op.attributes.split_part) {
-      if (absl::Status s = SplitBackward(inst, op_index, buffers, capture_parameters);
+  using Kind = SegmentStructure::BackwardStep::Kind;
+  for (const SegmentStructure::BackwardStep& step : inst.plan->structure->backward_steps) {
+    if (step.kind == Kind::kSplit) {
+      if (absl::Status s = SplitBackward(inst, step.op, buffers, capture_parameters);
           !s.ok()) {
         return s;
       }
       continue;
     }
     // The node runs once a gradient reached its output; a view's on its short path.
-    auto found = buffers.find(op.outputs[0]);
+    auto found = buffers.find(step.output);
     if (found == buffers.end()) continue;
-    const OpSemantics& semantics = rules_.Of(op.type);
-    const char* node = semantics.backward_nodes.empty()
-                           ? "?"
-                           : std::string_view(semantics.backward_nodes[0]).data();
-    if (structure.view_nodes[op_index]) {
-      ViewNode(inst, op, op_index, node, found, buffers, capture_parameters);
-    } else if (absl::Status s = Node(inst, op_index, node, found, buffers, capture_parameters);
+    if (step.kind == Kind::kView) {
+      ViewNode(inst, inst.plan->graph->ops[step.op], step.op, step.node, found, buffers,
+               capture_parameters);
+    } else if (absl::Status s =
+                   Node(inst, step.op, step.node, found, buffers, capture_parameters);
                !s.ok()) {
       return s;
     }
