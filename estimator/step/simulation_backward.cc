@@ -101,11 +101,11 @@ void Simulation::Route(Instance& inst, int tensor, const Handle& grad, Buffers& 
   Accumulate(buffers, tensor, grad);
 }
 
-// Node runs op `op_index`'s backward node (one of SegmentStructure::nodes, which Backward
-// visits) as Engine::evaluate_function does: the formula's outputs and workspaces, then
-// validate_outputs (sum_to a broadcast input's shape), then the incoming gradients die,
-// then the saved tensors are released, then each output goes to its input's buffer (or
-// .grad).
+// Node runs op `op_index`'s backward node (one of SegmentStructure::backward_steps,
+// which Backward visits) as Engine::evaluate_function does: the formula's outputs and
+// workspaces, then validate_outputs (sum_to a broadcast input's shape), then the incoming
+// gradients die, then the saved tensors are released, then each output goes to its
+// input's buffer (or .grad).
 absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
                               Buffers::iterator found, Buffers& buffers,
                               bool capture_parameters) {
