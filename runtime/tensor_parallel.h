@@ -1,5 +1,5 @@
 // TensorParallel: the collectives a tensor-parallel rank's model calls at Megatron's
-// communication points. The model code (runtime/families.cc, selective_ops.cc) calls this
+// communication points. The model code (runtime/families/, selective_ops.cc) calls this
 // interface; runtime/megatron_functions.cc implements it over a c10d Gloo group.
 #ifndef RUNTIME_TENSOR_PARALLEL_H_
 #define RUNTIME_TENSOR_PARALLEL_H_

@@ -1,4 +1,4 @@
-// The CLIs' exit statuses for each kind of error (README, "Verifying a prediction").
+// The CLIs' exit statuses for each kind of error (docs/verify.md).
 #include "estimator/cli/cli_flags.h"
 
 #include <gtest/gtest.h>

@@ -69,7 +69,7 @@ TEST(SweepTest, RowsAreThePredictionsAgainstTheBudget) {
 
 // The budget is checked against the step's peak, not the sum of buckets. At the
 // study's default batch 16 the peak of `none` is 67,688,232 bytes (measured by verify's
-// counting allocator, README) while the buckets sum to 4,758,528 x 2 + 9,517,344 +
+// counting allocator, docs/step_peak.md) while the buckets sum to 4,758,528 x 2 + 9,517,344 +
 // 51,052,544 = 70,086,944: gradients and activations are never all alive together.
 TEST(SweepTest, TheBudgetIsCheckedAgainstThePeak) {
   RunRequest request;

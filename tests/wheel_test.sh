@@ -17,7 +17,7 @@ ldd "$site/memledger.so" | grep libabsl_ | grep -v "$site/memledger.libs/" &&
   fail "an Abseil library resolved outside the wheel"
 ldd "$site/memledger.so" | grep -q "not found" && fail "a library of the module is missing"
 
-# The Python module: the README's example, and predict_many.
+# The Python module: docs/api.md's example, and predict_many.
 run python -c '
 import memledger
 p = memledger.predict(model="llama-3-8b", batch=1, seq=8192, amp="bf16")

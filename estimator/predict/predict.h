@@ -163,7 +163,7 @@ void AddBufferTensor(int64_t bytes, std::vector<ResidentTensor>* tensors);
 ResidentBytes ResidentOf(const Prediction& prediction);
 
 // Caveats lists, for a run of `config` under `variants`, what the real stack does that
-// memledger does not model yet (see the README's "Against the real stack"): oneDNN's
+// memledger does not model yet (see docs/real_stack.md): oneDNN's
 // low-precision matmul scratchpads.
 std::vector<std::string> Caveats(const ModelConfig& config, const std::vector<Variant>& variants);
 
