@@ -1,6 +1,6 @@
 // WriteFileAtomically: a file is either its complete new contents or untouched.
-#ifndef ESTIMATOR_ATOMIC_FILE_H_
-#define ESTIMATOR_ATOMIC_FILE_H_
+#ifndef ESTIMATOR_CLI_ATOMIC_FILE_H_
+#define ESTIMATOR_CLI_ATOMIC_FILE_H_
 
 #include <string>
 
@@ -16,4 +16,4 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_ATOMIC_FILE_H_
+#endif  // ESTIMATOR_CLI_ATOMIC_FILE_H_

@@ -1,7 +1,7 @@
 // The model and variant flags shared by the predict and verify command lines, and the
 // conversion of their values into a config and variants with one-line errors.
-#ifndef ESTIMATOR_CLI_FLAGS_H_
-#define ESTIMATOR_CLI_FLAGS_H_
+#ifndef ESTIMATOR_CLI_CLI_FLAGS_H_
+#define ESTIMATOR_CLI_CLI_FLAGS_H_
 
 #include <cstdint>
 #include <optional>
@@ -64,4 +64,4 @@ void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_CLI_FLAGS_H_
+#endif  // ESTIMATOR_CLI_CLI_FLAGS_H_

@@ -6,8 +6,8 @@
 // Example:
 //   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, AttentionMode::kFlash);
 //   for (const OpDef& op : graphs->Layer(0).ops) ...  // in execution order
-#ifndef ESTIMATOR_BLOCK_GRAPH_H_
-#define ESTIMATOR_BLOCK_GRAPH_H_
+#ifndef ESTIMATOR_GRAPH_BLOCK_GRAPH_H_
+#define ESTIMATOR_GRAPH_BLOCK_GRAPH_H_
 
 #include <cstdint>
 #include <memory>
@@ -212,4 +212,4 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_BLOCK_GRAPH_H_
+#endif  // ESTIMATOR_GRAPH_BLOCK_GRAPH_H_

@@ -5,8 +5,8 @@
 // Example:
 //   const FamilyDef& family = FamilyOf(config.family);
 //   if (family.decoder) ...  // token ids in, cross-entropy out
-#ifndef ESTIMATOR_FAMILY_H_
-#define ESTIMATOR_FAMILY_H_
+#ifndef ESTIMATOR_GRAPH_FAMILY_H_
+#define ESTIMATOR_GRAPH_FAMILY_H_
 
 #include <string>
 #include <utility>
@@ -88,4 +88,4 @@ absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_FAMILY_H_
+#endif  // ESTIMATOR_GRAPH_FAMILY_H_

@@ -2,8 +2,8 @@
 // execution order; its composite helpers expand a torch::nn or transformers call
 // (Linear, LayerNorm, LlamaRMSNorm, SDPA, RoPE, the loss, ...) into the ATen ops the
 // pinned PyTorch runs for it. Used by estimator/families/*.cc only.
-#ifndef ESTIMATOR_GRAPH_BUILDER_H_
-#define ESTIMATOR_GRAPH_BUILDER_H_
+#ifndef ESTIMATOR_GRAPH_GRAPH_BUILDER_H_
+#define ESTIMATOR_GRAPH_GRAPH_BUILDER_H_
 
 #include <initializer_list>
 #include <optional>
@@ -720,4 +720,4 @@ class GraphBuilder {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_GRAPH_BUILDER_H_
+#endif  // ESTIMATOR_GRAPH_GRAPH_BUILDER_H_

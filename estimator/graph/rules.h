@@ -9,8 +9,8 @@
 // Example:
 //   const OpSemantics& addmm = RuleTable::Pinned().Of(OpType::kAddmm);
 //   for (const KeepRule& rule : addmm.keeps) ...  // mat1_ (if mat2 needs grad), mat2_
-#ifndef ESTIMATOR_RULES_H_
-#define ESTIMATOR_RULES_H_
+#ifndef ESTIMATOR_GRAPH_RULES_H_
+#define ESTIMATOR_GRAPH_RULES_H_
 
 #include <array>
 #include <cstdint>
@@ -250,4 +250,4 @@ class RuleTable {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_RULES_H_
+#endif  // ESTIMATOR_GRAPH_RULES_H_

@@ -7,8 +7,8 @@
 //   ModelConfig config = ...;  // bf16, device kCuda
 //   absl::StatusOr<SdpaKernel> kernel = SdpaKernelFor(config, SdpaCall{});
 //   // kCudnn: on sm90 cuDNN comes first, and takes bf16 with head_dim <= 128
-#ifndef ESTIMATOR_SDPA_KERNEL_H_
-#define ESTIMATOR_SDPA_KERNEL_H_
+#ifndef ESTIMATOR_GRAPH_SDPA_KERNEL_H_
+#define ESTIMATOR_GRAPH_SDPA_KERNEL_H_
 
 #include <cstdint>
 #include <string>
@@ -54,4 +54,4 @@ absl::StatusOr<std::string> SdpaKernelsName(const ModelConfig& config, Attention
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_SDPA_KERNEL_H_
+#endif  // ESTIMATOR_GRAPH_SDPA_KERNEL_H_

@@ -1,7 +1,7 @@
 // Symbolic shapes in the model's sizes (B, T, d, H, kv heads, d_head, F, V) and the concrete tensor layouts
 // (sizes, strides) that the walker derives from them, with ATen's view rules.
-#ifndef ESTIMATOR_SHAPE_H_
-#define ESTIMATOR_SHAPE_H_
+#ifndef ESTIMATOR_GRAPH_SHAPE_H_
+#define ESTIMATOR_GRAPH_SHAPE_H_
 
 #include <array>
 #include <cstdint>
@@ -158,4 +158,4 @@ bool ViewStrides(const Layout& old, const int64_t* new_sizes, int new_ndim,
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_SHAPE_H_
+#endif  // ESTIMATOR_GRAPH_SHAPE_H_

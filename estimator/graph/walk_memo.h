@@ -15,8 +15,8 @@
 // A walk that records layouts for the step simulation (WalkOptions::record_layouts) also
 // reads which tensors require grad and which ops keep each storage, which follow from the
 // same: an entry for such walks holds them too.
-#ifndef ESTIMATOR_WALK_MEMO_H_
-#define ESTIMATOR_WALK_MEMO_H_
+#ifndef ESTIMATOR_GRAPH_WALK_MEMO_H_
+#define ESTIMATOR_GRAPH_WALK_MEMO_H_
 
 #include <array>
 #include <atomic>
@@ -98,4 +98,4 @@ class WalkMemo {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_WALK_MEMO_H_
+#endif  // ESTIMATOR_GRAPH_WALK_MEMO_H_

@@ -14,8 +14,8 @@
 // and not on layers either (identical layers are counted, not walked one by one; the
 // step's peak is replayed on a few layers and composed). The buckets take microseconds,
 // the peak (PredictOptions::peak) about 0.1-0.2 ms per variant.
-#ifndef ESTIMATOR_PREDICT_H_
-#define ESTIMATOR_PREDICT_H_
+#ifndef ESTIMATOR_PREDICT_PREDICT_H_
+#define ESTIMATOR_PREDICT_PREDICT_H_
 
 #include <array>
 #include <cstdint>
@@ -207,4 +207,4 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config, const PredictOptio
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_PREDICT_H_
+#endif  // ESTIMATOR_PREDICT_PREDICT_H_

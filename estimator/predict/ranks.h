@@ -10,8 +10,8 @@
 //   ParallelSpec parallel{.dp = 16, .pp = 4, .micro_batches = 8, .zero = 1};
 //   absl::StatusOr<RanksPrediction> r = PredictRanks(config, parallel, PredictOptions());
 //   // r->kinds[0]: the most loaded pipeline stage; its ranks (tp x dp) hold the same.
-#ifndef ESTIMATOR_RANKS_H_
-#define ESTIMATOR_RANKS_H_
+#ifndef ESTIMATOR_PREDICT_RANKS_H_
+#define ESTIMATOR_PREDICT_RANKS_H_
 
 #include <cstdint>
 #include <vector>
@@ -117,4 +117,4 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& conf
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_RANKS_H_
+#endif  // ESTIMATOR_PREDICT_RANKS_H_

@@ -4,8 +4,8 @@
 // Example:
 //   absl::StatusOr<SweepGrid> grid = ParseSweep("batch:1..8,seq:1024|4096");
 //   // grid->points: (batch 1, seq 1024), (1, 4096), (2, 1024), ... (8, 4096)
-#ifndef ESTIMATOR_SWEEP_H_
-#define ESTIMATOR_SWEEP_H_
+#ifndef ESTIMATOR_PREDICT_SWEEP_H_
+#define ESTIMATOR_PREDICT_SWEEP_H_
 
 #include <cstdint>
 #include <string>
@@ -47,4 +47,4 @@ absl::StatusOr<std::string> RunSweep(const RunRequest& request, const SweepGrid&
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_SWEEP_H_
+#endif  // ESTIMATOR_PREDICT_SWEEP_H_

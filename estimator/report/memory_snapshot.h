@@ -13,8 +13,8 @@
 //
 // Example:
 //   absl::StatusOr<std::string> pickle = MemorySnapshotPickle(*variant.timeline);
-#ifndef ESTIMATOR_MEMORY_SNAPSHOT_H_
-#define ESTIMATOR_MEMORY_SNAPSHOT_H_
+#ifndef ESTIMATOR_REPORT_MEMORY_SNAPSHOT_H_
+#define ESTIMATOR_REPORT_MEMORY_SNAPSHOT_H_
 
 #include <string>
 
@@ -29,4 +29,4 @@ absl::StatusOr<std::string> MemorySnapshotPickle(const StepTimeline& timeline);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_MEMORY_SNAPSHOT_H_
+#endif  // ESTIMATOR_REPORT_MEMORY_SNAPSHOT_H_

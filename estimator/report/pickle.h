@@ -8,8 +8,8 @@
 //   w.Str("size"); w.Int(512);
 //   w.EndDict();
 //   std::string bytes = w.Finish();  // pickle.loads(bytes) == {"size": 512}
-#ifndef ESTIMATOR_PICKLE_H_
-#define ESTIMATOR_PICKLE_H_
+#ifndef ESTIMATOR_REPORT_PICKLE_H_
+#define ESTIMATOR_REPORT_PICKLE_H_
 
 #include <cstdint>
 #include <string>
@@ -39,4 +39,4 @@ class PickleWriter {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_PICKLE_H_
+#endif  // ESTIMATOR_REPORT_PICKLE_H_

@@ -1,7 +1,7 @@
 // Renders a Prediction for people and programs: the study's JSON schema (via
 // RapidJSON), a table with human units, and the per-op breakdown (--explain).
-#ifndef ESTIMATOR_REPORT_H_
-#define ESTIMATOR_REPORT_H_
+#ifndef ESTIMATOR_REPORT_REPORT_H_
+#define ESTIMATOR_REPORT_REPORT_H_
 
 #include <cstdint>
 #include <string>
@@ -71,4 +71,4 @@ std::string BreakdownText(const Prediction& prediction);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_REPORT_H_
+#endif  // ESTIMATOR_REPORT_REPORT_H_

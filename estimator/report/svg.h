@@ -4,8 +4,8 @@
 // Example:
 //   absl::StrAppend(&svg, "<text>", SvgEscape(title), "</text>");
 //   const int64_t top = NiceBytesCeiling(peak_bytes);  // 4 ticks of 16 MiB, ...
-#ifndef ESTIMATOR_SVG_H_
-#define ESTIMATOR_SVG_H_
+#ifndef ESTIMATOR_REPORT_SVG_H_
+#define ESTIMATOR_REPORT_SVG_H_
 
 #include <cstdint>
 #include <string>
@@ -27,4 +27,4 @@ int64_t NiceBytesCeiling(int64_t bytes);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_SVG_H_
+#endif  // ESTIMATOR_REPORT_SVG_H_

@@ -7,8 +7,8 @@
 // Example:
 //   TimelinePanel panel{"none", &*prediction.variants[0].timeline};
 //   std::string svg = TimelineSvg("memledger: study default", {panel});
-#ifndef ESTIMATOR_TIMELINE_SVG_H_
-#define ESTIMATOR_TIMELINE_SVG_H_
+#ifndef ESTIMATOR_REPORT_TIMELINE_SVG_H_
+#define ESTIMATOR_REPORT_TIMELINE_SVG_H_
 
 #include <array>
 #include <cstdint>
@@ -61,4 +61,4 @@ absl::StatusOr<std::string> RankTimelineSvg(const RankKind& rank);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_TIMELINE_SVG_H_
+#endif  // ESTIMATOR_REPORT_TIMELINE_SVG_H_

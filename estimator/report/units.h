@@ -1,7 +1,7 @@
 // Human-readable byte counts for tables ("48.69 MiB", "3.21 GiB", "512 B") and budgets
 // given in GiB.
-#ifndef ESTIMATOR_UNITS_H_
-#define ESTIMATOR_UNITS_H_
+#ifndef ESTIMATOR_REPORT_UNITS_H_
+#define ESTIMATOR_REPORT_UNITS_H_
 
 #include <cstdint>
 #include <optional>
@@ -21,4 +21,4 @@ double RoundTo4(double x);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_UNITS_H_
+#endif  // ESTIMATOR_REPORT_UNITS_H_

@@ -5,8 +5,8 @@
 //   absl::StatusOr<ModelConfig> config = ModelFromFlag("llama-3-8b");  // or a path
 //   config->batch = 1;
 //   config->seq = 8192;
-#ifndef ESTIMATOR_MODEL_PRESETS_H_
-#define ESTIMATOR_MODEL_PRESETS_H_
+#ifndef ESTIMATOR_REQUEST_MODEL_PRESETS_H_
+#define ESTIMATOR_REQUEST_MODEL_PRESETS_H_
 
 #include <string>
 #include <vector>
@@ -54,4 +54,4 @@ absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_MODEL_PRESETS_H_
+#endif  // ESTIMATOR_REQUEST_MODEL_PRESETS_H_

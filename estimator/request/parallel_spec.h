@@ -8,8 +8,8 @@
 //   spec.pp = 4;
 //   spec.zero = 1;
 //   absl::Status s = ValidateParallel(config, spec);  // "--layers 30 is not divisible..."
-#ifndef ESTIMATOR_PARALLEL_SPEC_H_
-#define ESTIMATOR_PARALLEL_SPEC_H_
+#ifndef ESTIMATOR_REQUEST_PARALLEL_SPEC_H_
+#define ESTIMATOR_REQUEST_PARALLEL_SPEC_H_
 
 #include <cstdint>
 
@@ -77,4 +77,4 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_PARALLEL_SPEC_H_
+#endif  // ESTIMATOR_REQUEST_PARALLEL_SPEC_H_

@@ -8,8 +8,8 @@
 //   request.model = "llama-3-8b";
 //   request.seq = 8192;
 //   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
-#ifndef ESTIMATOR_RUN_REQUEST_H_
-#define ESTIMATOR_RUN_REQUEST_H_
+#ifndef ESTIMATOR_REQUEST_RUN_REQUEST_H_
+#define ESTIMATOR_REQUEST_RUN_REQUEST_H_
 
 #include <cstdint>
 #include <optional>
@@ -92,4 +92,4 @@ std::string RequestFlags(const RunRequest& request);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_RUN_REQUEST_H_
+#endif  // ESTIMATOR_REQUEST_RUN_REQUEST_H_

@@ -1,8 +1,8 @@
 // Walk: the walker's per-call state and steps (estimator/saved/walker.h is the API). Private
 // to //estimator:walker: walker.cc walks (what autograd keeps, the memo), and
 // walk_layouts.cc holds Layouts, ATen's layout rules op by op.
-#ifndef ESTIMATOR_WALK_H_
-#define ESTIMATOR_WALK_H_
+#ifndef ESTIMATOR_SAVED_WALK_H_
+#define ESTIMATOR_SAVED_WALK_H_
 
 #include <cstdint>
 #include <memory>
@@ -150,4 +150,4 @@ class Walk {
 }  // namespace walk_internal
 }  // namespace memledger
 
-#endif  // ESTIMATOR_WALK_H_
+#endif  // ESTIMATOR_SAVED_WALK_H_

@@ -7,8 +7,8 @@
 //   options.input_requires_grad = false;  // the study's first block
 //   absl::StatusOr<BlockWalk> walk =
 //       WalkBlock(ModelGraphsFor(config, AttentionMode::kFlash)->layer, config, options);
-#ifndef ESTIMATOR_WALKER_H_
-#define ESTIMATOR_WALKER_H_
+#ifndef ESTIMATOR_SAVED_WALKER_H_
+#define ESTIMATOR_SAVED_WALKER_H_
 
 #include <array>
 #include <memory>
@@ -153,4 +153,4 @@ absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ModelConfig& 
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_WALKER_H_
+#endif  // ESTIMATOR_SAVED_WALKER_H_

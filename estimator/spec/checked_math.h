@@ -5,8 +5,8 @@
 // Example:
 //   CheckedInt64 bytes = CheckedInt64(batch) * seq * width * 4;
 //   if (bytes.overflowed()) return absl::OutOfRangeError("...");
-#ifndef ESTIMATOR_CHECKED_MATH_H_
-#define ESTIMATOR_CHECKED_MATH_H_
+#ifndef ESTIMATOR_SPEC_CHECKED_MATH_H_
+#define ESTIMATOR_SPEC_CHECKED_MATH_H_
 
 #include <cstdint>
 
@@ -48,4 +48,4 @@ class CheckedInt64 {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_CHECKED_MATH_H_
+#endif  // ESTIMATOR_SPEC_CHECKED_MATH_H_

@@ -6,8 +6,8 @@
 //   absl::StatusOr<std::vector<memledger::Variant>> variants =
 //       memledger::ParseVariants("none,full,every_k,selective", /*every=*/2,
 //                                /*policy=*/"matmul");
-#ifndef ESTIMATOR_CONFIG_H_
-#define ESTIMATOR_CONFIG_H_
+#ifndef ESTIMATOR_SPEC_CONFIG_H_
+#define ESTIMATOR_SPEC_CONFIG_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -626,4 +626,4 @@ StageRange WholeModel(const ModelConfig& config);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_CONFIG_H_
+#endif  // ESTIMATOR_SPEC_CONFIG_H_

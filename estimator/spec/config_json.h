@@ -1,8 +1,8 @@
 // Reading and writing a transformers config.json, for the families' definitions
 // (estimator/families/*.cc): ConfigJsonReader reads typed keys and names the file and
 // the key in each error; ConfigJsonWriter writes keys in order.
-#ifndef ESTIMATOR_CONFIG_JSON_H_
-#define ESTIMATOR_CONFIG_JSON_H_
+#ifndef ESTIMATOR_SPEC_CONFIG_JSON_H_
+#define ESTIMATOR_SPEC_CONFIG_JSON_H_
 
 #include <cstdint>
 #include <optional>
@@ -179,4 +179,4 @@ class ConfigJsonWriter {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_CONFIG_JSON_H_
+#endif  // ESTIMATOR_SPEC_CONFIG_JSON_H_

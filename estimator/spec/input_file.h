@@ -4,8 +4,8 @@
 //
 // Example:
 //   absl::StatusOr<std::string> text = ReadInputFile("config.json", "--model", kMaxJsonBytes);
-#ifndef ESTIMATOR_INPUT_FILE_H_
-#define ESTIMATOR_INPUT_FILE_H_
+#ifndef ESTIMATOR_SPEC_INPUT_FILE_H_
+#define ESTIMATOR_SPEC_INPUT_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -26,4 +26,4 @@ absl::StatusOr<std::string> ReadInputFile(const std::string& path, absl::string_
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_INPUT_FILE_H_
+#endif  // ESTIMATOR_SPEC_INPUT_FILE_H_

@@ -16,8 +16,8 @@
 // collection thresholds and PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
 // roundup_power2_divisions (the defaults: none of them). Expandable segments are a
 // constructor option.
-#ifndef ESTIMATOR_CUDA_ALLOCATOR_H_
-#define ESTIMATOR_CUDA_ALLOCATOR_H_
+#ifndef ESTIMATOR_STEP_CUDA_ALLOCATOR_H_
+#define ESTIMATOR_STEP_CUDA_ALLOCATOR_H_
 
 #include <cstdint>
 #include <map>
@@ -104,4 +104,4 @@ class CudaAllocatorSim {
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_CUDA_ALLOCATOR_H_
+#endif  // ESTIMATOR_STEP_CUDA_ALLOCATOR_H_

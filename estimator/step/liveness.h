@@ -20,8 +20,8 @@
 //       ModelConfig(), AttentionMode::kFlash, Variant(), OptimizerSpec(),
 //       ResidentBytes{prediction.param_bytes, prediction.optimizer_state_bytes}, {});
 //   if (t.ok()) std::cout << t->peak.bytes << " at " << t->peak.op;
-#ifndef ESTIMATOR_LIVENESS_H_
-#define ESTIMATOR_LIVENESS_H_
+#ifndef ESTIMATOR_STEP_LIVENESS_H_
+#define ESTIMATOR_STEP_LIVENESS_H_
 
 #include <array>
 #include <cstdint>
@@ -347,4 +347,4 @@ absl::StatusOr<StepTimeline> SimulateStep(const ModelConfig& config, AttentionMo
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_LIVENESS_H_
+#endif  // ESTIMATOR_STEP_LIVENESS_H_

@@ -10,8 +10,8 @@
 //
 // Example:
 //   for (const PipelineStep& s : PipelineSteps(parallel, /*stage=*/0)) { ... }
-#ifndef ESTIMATOR_PIPELINE_STEPS_H_
-#define ESTIMATOR_PIPELINE_STEPS_H_
+#ifndef ESTIMATOR_STEP_PIPELINE_STEPS_H_
+#define ESTIMATOR_STEP_PIPELINE_STEPS_H_
 
 #include <cstdint>
 #include <vector>
@@ -44,4 +44,4 @@ std::vector<PipelineStep> PipelineSteps(const ParallelSpec& p, int64_t stage);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_PIPELINE_STEPS_H_
+#endif  // ESTIMATOR_STEP_PIPELINE_STEPS_H_

@@ -6,8 +6,8 @@
 // Example:
 //   absl::StatusOr<std::unique_ptr<SegmentPlan>> plan =
 //       MakePlan(graphs->Layer(0), config, /*input_requires_grad=*/true, /*rules=*/nullptr);
-#ifndef ESTIMATOR_SEGMENT_PLAN_H_
-#define ESTIMATOR_SEGMENT_PLAN_H_
+#ifndef ESTIMATOR_STEP_SEGMENT_PLAN_H_
+#define ESTIMATOR_STEP_SEGMENT_PLAN_H_
 
 #include <array>
 #include <memory>
@@ -202,4 +202,4 @@ struct ModelPlans {
 
 }  // namespace memledger::liveness_internal
 
-#endif  // ESTIMATOR_SEGMENT_PLAN_H_
+#endif  // ESTIMATOR_STEP_SEGMENT_PLAN_H_

@@ -10,8 +10,8 @@
 //   simulation_step.cc      ZeRO-3's gathered units, the gradients' reduction and the
 //                           optimizer's step;
 // and liveness.cc composes long models' peaks from a short model's stretches.
-#ifndef ESTIMATOR_SIMULATION_H_
-#define ESTIMATOR_SIMULATION_H_
+#ifndef ESTIMATOR_STEP_SIMULATION_H_
+#define ESTIMATOR_STEP_SIMULATION_H_
 
 #include <algorithm>
 #include <array>
@@ -582,4 +582,4 @@ class Simulation {
 
 }  // namespace memledger::liveness_internal
 
-#endif  // ESTIMATOR_SIMULATION_H_
+#endif  // ESTIMATOR_STEP_SIMULATION_H_

@@ -7,8 +7,8 @@
 //   memory.Begin();
 //   const int id = memory.Alloc(bytes, MemoryCategory::kTemporary);
 //   memory.Unref(id);
-#ifndef ESTIMATOR_STEP_LEDGER_H_
-#define ESTIMATOR_STEP_LEDGER_H_
+#ifndef ESTIMATOR_STEP_STEP_LEDGER_H_
+#define ESTIMATOR_STEP_STEP_LEDGER_H_
 
 #include <algorithm>
 #include <array>
@@ -644,4 +644,4 @@ class Memory {
 
 }  // namespace memledger::liveness_internal
 
-#endif  // ESTIMATOR_STEP_LEDGER_H_
+#endif  // ESTIMATOR_STEP_STEP_LEDGER_H_
