@@ -184,19 +184,8 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   structure.inert.assign(graph.ops.size(), false);
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
-    // The op types Forward gives nothing of their own (no wrapped scalar, promotion copy,
-    // mask, leading temporary or workspace, on the CPU or CUDA): a type that gets one
-    // there must leave this list.
-    switch (op.type) {
-      case OpType::kSelect:
-      case OpType::kExpand:
-      case OpType::kSlice:
-      case OpType::kContiguous:
-      case OpType::kToDtype:
-        break;
-      default:
-        if (!ViewsBack(op.type)) continue;
-    }
+    // Only an op type Forward gives nothing of its own (OpSteps::forward_inert).
+    if (!StepsOf(op.type).forward_inert) continue;
     bool inert = static_cast<int>(i) != structure.last_pack_op &&
                  static_cast<int>(i) != graph.decoder_returns_after;
     for (int out : op.outputs) {

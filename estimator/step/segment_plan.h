@@ -19,27 +19,10 @@
 #include "estimator/spec/config.h"
 #include "estimator/graph/rules.h"
 #include "estimator/saved/walker.h"
+#include "estimator/step/op_steps.h"
 #include "estimator/step/step_ledger.h"
 
 namespace memledger::liveness_internal {
-
-// ViewsBack: the view ops whose backward views the gradient back (a reshape may copy
-// it), from the output's sizes to the input's: view, reshape, permute, transpose, t,
-// unsqueeze.
-inline bool ViewsBack(OpType type) {
-  switch (type) {
-    case OpType::kView:
-    case OpType::kUnsafeView:
-    case OpType::kReshape:
-    case OpType::kPermute:
-    case OpType::kTranspose:
-    case OpType::kT:
-    case OpType::kUnsqueeze:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // SegmentStructure is what the replay needs of a segment beyond its sizes: each op's
 // storages read, each storage's last forward use, what each backward node releases, and

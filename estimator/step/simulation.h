@@ -32,20 +32,13 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/block_graph.h"
 #include "estimator/spec/checked_math.h"
+#include "estimator/step/op_steps.h"
 #include "estimator/step/pipeline_steps.h"
 #include "estimator/step/segment_plan.h"
 #include "estimator/step/step_ledger.h"
 #include "estimator/saved/walker.h"
 
 namespace memledger::liveness_internal {
-// FlashSplits are the CPU flash kernel's block sizes for a sequence of length t: the q
-// block by thresholds on t (256, 64 or 32, at most t), the kv block 512 (at most t).
-struct FlashSplits {
-  int64_t q = 0;
-  int64_t kv = 0;
-};
-FlashSplits FlashSplitsFor(int64_t t);
-
 
 // ParameterKey names a parameter's .grad: its segment instance and tensor (a tied
 // weight's is its owner's, the prologue's).
@@ -84,9 +77,6 @@ class Buffers {
  private:
   std::vector<Entry> entries_;
 };
-
-// Ids are a few storages' Memory ids (an op's temporaries, its outputs), kept inline.
-using Ids = absl::InlinedVector<int, 8>;
 
 // GlobalIds: the Memory id of each model-level tensor made so far (-1: not made), a
 // fixed table that a pass copies to its backward without a heap allocation.
@@ -229,8 +219,6 @@ class Simulation {
     }
     return false;
   }
-  void LeadingTemporaries(const OpDef& op, const Instance& inst, Ids* prelude);
-  absl::Status ForwardWorkspace(const OpDef& op, const Instance& inst);
   absl::Status Backward(Instance& inst, Buffers& buffers, bool capture_parameters);
   // Node runs the backward node of op `op_index` (named `node`), whose incoming gradient
   // is `found` (buffers' entry for the op's output); Backward finds it, and sends a
@@ -414,75 +402,17 @@ class Simulation {
     return {segment, tensor};
   }
 
-  // CublasWorkspace: on CUDA, the cuBLAS workspace each GEMM allocates from the caching
-  // allocator after its output and frees when it is done. The wheel sizes it 32 MiB
-  // for compute capability 9 to 12 (at::cuda::parseChosenWorkspaceSize, as
-  // CUBLAS_WORKSPACE_CONFIG=:4096:8) and, without TORCH_CUBLAS_WORKSPACE_CACHE=1,
-  // allocates it per operation (getCurrentCUDABlasHandleWithWorkspace).
-  static constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
-  void CublasWorkspace() {
-    if (memory_.cuda()) memory_.Transient(kCublasWorkspaceBytes);
+  // OpCallOf: op `op` of `inst` as its rows see it (op_steps.h).
+  OpCall OpCallOf(const Instance& inst, const OpDef& op) {
+    return OpCall(memory_, *inst.plan, inst.ids, op, options_, config_.tp);
   }
-  static bool IsGemm(OpType type) {
-    return type == OpType::kAddmm || type == OpType::kMm || type == OpType::kBmm;
-  }
-
   Handle NewGrad(const Layout& layout, DType dtype) {
-    Handle h;
-    h.layout = ContiguousOf(layout);
-    h.dtype = dtype;
-    h.storage = memory_.Alloc(NumelOf(layout) * ElementSizeBytes(dtype),
-                              MemoryCategory::kTemporary);
-    return h;
+    return liveness_internal::NewGrad(memory_, layout, dtype);
   }
-  // ScaledPowerGrad is grad * (c * x.pow(e)) as pow's and rsqrt's backward formulas run:
-  // the power (a copy even for e = 1), the wrapped scalar c, their product, then the
-  // gradient; the two temporaries die after it.
-  Handle ScaledPowerGrad(const Layout& layout, DType dtype) {
-    const int64_t bytes = NumelOf(layout) * ElementSizeBytes(dtype);
-    const int power = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-    const Memory::Wrapped scalar = memory_.WrapScalar(dtype);
-    const int scaled = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-    memory_.Drop(scalar);
-    Handle grad = NewGrad(layout, dtype);
-    memory_.Unref(power);
-    memory_.Unref(scaled);
-    return grad;
-  }
-
-  // NewGradLike is an elementwise backward's result: TensorIterator lays it out like its
-  // gradient input when that is dense and of the same sizes (a transposed gradient gives
-  // a transposed result), else contiguous.
   Handle NewGradLike(const Handle& like, const Layout& layout, DType dtype) {
-    if (!SameSizes(like.layout, layout) || !NonOverlappingAndDense(like.layout)) {
-      return NewGrad(layout, dtype);
-    }
-    Handle h;
-    h.layout = like.layout;
-    h.dtype = dtype;
-    h.storage = memory_.Alloc(NumelOf(layout) * ElementSizeBytes(dtype),
-                              MemoryCategory::kTemporary);
-    return h;
+    return liveness_internal::NewGradLike(memory_, like, layout, dtype);
   }
-  Handle Alias(const Handle& h) {
-    memory_.Ref(h.storage);
-    return h;
-  }
-  Handle ViewOf(const Handle& h, const Layout& layout) {
-    Handle view = Alias(h);
-    view.layout = layout;
-    view.is_view = true;
-    return view;
-  }
-  // Reshape is ATen's reshape of a gradient: a view when the strides allow, else a copy.
-  Handle Reshape(const Handle& h, const Layout& target) {
-    Layout view;
-    bool overflow = false;
-    if (ViewStrides(h.layout, target.sizes.data(), target.ndim, &view, &overflow)) {
-      return ViewOf(h, view);
-    }
-    return NewGrad(target, h.dtype);
-  }
+  Handle Alias(const Handle& h) { return liveness_internal::Alias(memory_, h); }
 
   // RoutedTensor: where a gradient for `tensor` goes, past ops that return their input
   // itself (SegmentStructure::same_as).

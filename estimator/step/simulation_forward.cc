@@ -9,181 +9,6 @@
 
 namespace memledger::liveness_internal {
 
-FlashSplits FlashSplitsFor(int64_t t) {
-  const int64_t q = t >= 768 ? 256 : (t >= 192 ? 64 : 32);
-  return FlashSplits{std::min(q, t), std::min<int64_t>(512, t)};
-}
-
-// LeadingTemporaries: what an op's Python statement or ATen composite makes before its
-// result (profiled: the eager experts' no-grad statements, SDPA's mask conversion), the
-// survivors added to `prelude`, which dies after the op. Inlined into Forward, which asks
-// for every op: most have none, and a call's entry and exit cost more than the switch.
-[[gnu::always_inline]] inline void Simulation::LeadingTemporaries(const OpDef& op,
-                                                               const Instance& inst,
-                                                               Ids* prelude) {
-  switch (op.type) {
-    case OpType::kOneHot: {
-      // one_hot's aminmax of the indices: two 0-dim int64 tensors, read and freed.
-      const int min = memory_.Alloc(8, MemoryCategory::kTemporary);
-      const int max = memory_.Alloc(8, MemoryCategory::kTemporary);
-      memory_.Unref(min);
-      memory_.Unref(max);
-      return;
-    }
-    case OpType::kExpertHits: {
-      // expert_mask.sum(dim=(-1, -2)): (E + 1) int64; greater(., 0): the 0 wrapped as an
-      // 8-byte tensor, (E + 1) bools; both results die after nonzero.
-      const int64_t classes = TensorOf(inst, op.inputs[0]).layout.sizes[0];
-      prelude->push_back(memory_.Alloc(classes * 8, MemoryCategory::kTemporary));
-      const int zero = memory_.HostAlloc(8, MemoryCategory::kTemporary);
-      prelude->push_back(memory_.Alloc(classes, MemoryCategory::kTemporary));
-      memory_.Unref(zero);
-      return;
-    }
-    case OpType::kRepeatInterleave: {
-      // Repeat.cpp: the repeats' index first (repeat_interleave_common: the repeats'
-      // cumsum, freed on return, and the (R) int64 index it fills), then index_select.
-      const int64_t repeats = NumelOf(TensorOf(inst, op.inputs[1]).layout);
-      const int64_t rows = NumelOf(TensorOf(inst, op.outputs[0]).layout);
-      const int cumsum = memory_.Alloc(repeats * 8, MemoryCategory::kTemporary);
-      prelude->push_back(memory_.Alloc(rows * 8, MemoryCategory::kTemporary));
-      memory_.Unref(cumsum);
-      return;
-    }
-    case OpType::kEqScalar:
-      // expert_idx == self.num_experts: the number wrapped as an 8-byte tensor.
-      prelude->push_back(memory_.HostAlloc(8, MemoryCategory::kTemporary));
-      return;
-    case OpType::kSdpaBoolMask: {
-      // scalar_tensor(0) and scalar_tensor(-inf) in the query's dtype, before the where.
-      const int64_t element = ElementSizeBytes(inst.plan->graph->tensors[op.outputs[0]].dtype);
-      prelude->push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
-      prelude->push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
-      return;
-    }
-    default:
-      return;
-  }
-}
-
-// ForwardWorkspace: what a forward kernel allocates and frees besides its outputs
-// (inlined into Forward as LeadingTemporaries is).
-[[gnu::always_inline]] inline absl::Status Simulation::ForwardWorkspace(const OpDef& op,
-                                                                      const Instance& inst) {
-  // The output's dtype, looked up only by the cases that ask (most ops have none).
-  auto dtype = [&] { return inst.plan->graph->tensors[op.outputs[0]].dtype; };
-  if (memory_.cuda()) {
-    // A CUDA GEMM's cuBLAS workspace, after its output (CublasWorkspace); the CPU
-    // kernels' workspaces below are not a CUDA step's, but the tensor-parallel
-    // functions' buffers are device tensors there too.
-    if (IsGemm(op.type)) CublasWorkspace();
-    if (op.type != OpType::kGatherLinear && op.type != OpType::kVocabParallelCrossEntropy) {
-      return absl::OkStatus();
-    }
-  }
-  switch (op.type) {
-    case OpType::kFlashAttentionMasked:  // the same blocks (profiled with a mask)
-    case OpType::kFlashAttention: {
-      // cpu_flash_attention: per-thread fp32 blocks of q x kv scores, row max and sum,
-      // and the q x d_head output accumulator; a reduced-precision copy of the scores
-      // for bf16/fp16 (empty in fp32).
-      const Layout& q = TensorOf(inst, op.inputs[0]).layout;  // (B, H, T, d_head)
-      const int64_t t = q.sizes[2], head = q.sizes[3];
-      const FlashSplits splits = FlashSplitsFor(t);
-      const int64_t q_split = splits.q, kv_split = splits.kv;
-      const int64_t threads = options_.cpu_threads;
-      const int64_t per_thread = q_split * kv_split + 2 * q_split + q_split * head;
-      const int buf = memory_.Alloc(threads * per_thread * 4, MemoryCategory::kTemporary);
-      const DType out = dtype();
-      const int reduced = memory_.Alloc(
-          out == DType::kFloat32 ? 0 : threads * q_split * kv_split * ElementSizeBytes(out),
-          MemoryCategory::kTemporary);
-      memory_.Unref(buf);
-      memory_.Unref(reduced);
-      return absl::OkStatus();
-    }
-    case OpType::kSafeSoftmax: {
-      // After the softmax: which rows are all -inf (isneginf of the input, a bool per
-      // element, then all over the last dim, a bool per row) and a 0-dim zero in the
-      // output's dtype, freed before it returns.
-      const Layout& x = TensorOf(inst, op.inputs[0]).layout;
-      const int64_t numel = NumelOf(x);
-      const int neg_inf = memory_.Alloc(numel, MemoryCategory::kTemporary);
-      const int rows = memory_.Alloc(numel / x.sizes[x.ndim - 1], MemoryCategory::kTemporary);
-      memory_.Transient(ElementSizeBytes(dtype()));
-      memory_.Unref(rows);
-      memory_.Unref(neg_inf);
-      return absl::OkStatus();
-    }
-    case OpType::kMeanDim: {
-      // mean over a dim: sum, then div_ by the count, a wrapped scalar (8 B, then the
-      // dtype's size).
-      memory_.ScalarOp(dtype());
-      return absl::OkStatus();
-    }
-    case OpType::kMean: {
-      // mean of everything: sum (with more than one thread, through an 8-byte partial
-      // result), then a division by the element count, a wrapped double scalar (8 B)
-      // converted to the tensor's dtype.
-      if (options_.cpu_threads > 1) memory_.Transient(8);
-      memory_.ScalarOp(dtype());
-      return absl::OkStatus();
-    }
-    case OpType::kSort: {
-      // The CPU sort's scratch copy of the values, after both outputs (profiled: values,
-      // indices, then a tensor of the input's size, freed before it returns).
-      const Layout& x = TensorOf(inst, op.inputs[0]).layout;
-      memory_.Transient(NumelOf(x) * ElementSizeBytes(inst.plan->graph->tensors[op.inputs[0]].dtype));
-      return absl::OkStatus();
-    }
-    case OpType::kHistc: {
-      // histogram_histc: its bin edges (bins + 1, fp32) and a (bins) fp32 partial
-      // histogram next to the output, both freed before it returns (profiled, one thread).
-      const int64_t bins = NumelOf(TensorOf(inst, op.outputs[0]).layout);
-      const int edges = memory_.Alloc((bins + 1) * 4, MemoryCategory::kTemporary);
-      memory_.Transient(bins * 4);
-      memory_.Unref(edges);
-      return absl::OkStatus();
-    }
-    case OpType::kCumsum: {
-      // cumsum(dtype=int32): the input converted to int32 first, freed after.
-      memory_.Transient(NumelOf(TensorOf(inst, op.inputs[0]).layout) * 4);
-      return absl::OkStatus();
-    }
-    case OpType::kInversePermutation: {
-      // inv[perm] = torch.arange(len): the arange dies with the statement.
-      memory_.Transient(NumelOf(TensorOf(inst, op.inputs[0]).layout) * 8);
-      return absl::OkStatus();
-    }
-    case OpType::kGatherLinear: {
-      // The input all-gathered into a (B, T, in) buffer, freed once the matmul is done.
-      // On CUDA the matmul's cuBLAS workspace joins it.
-      const WalkedTensor& x = TensorOf(inst, op.inputs[0]);
-      const int gathered = memory_.Alloc(
-          NumelOf(x.layout) * config_.tp *
-              ElementSizeBytes(inst.plan->graph->tensors[op.inputs[0]].dtype),
-          MemoryCategory::kTemporary);
-      CublasWorkspace();
-      memory_.Unref(gathered);
-      return absl::OkStatus();
-    }
-    case OpType::kVocabParallelCrossEntropy: {
-      // In place on the logits (N, V / tp): their row max (N fp32) all-reduced and
-      // subtracted, then the target logits and the rows' sums of exp (N fp32 each),
-      // all-reduced, alive until the op returns (its outputs exist by then).
-      const int64_t rows_bytes = TensorOf(inst, op.inputs[0]).layout.sizes[0] * 4;
-      memory_.Transient(rows_bytes);
-      const int target = memory_.Alloc(rows_bytes, MemoryCategory::kTemporary);
-      const int sums = memory_.Alloc(rows_bytes, MemoryCategory::kTemporary);
-      memory_.Unref(sums);
-      memory_.Unref(target);
-      return absl::OkStatus();
-    }
-    default:
-      return absl::OkStatus();
-  }
-}
-
 absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
                                  Handle* output) {
   const SegmentPlan& plan = *inst.plan;
@@ -268,24 +93,13 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
                                         MemoryCategory::kTemporary));
       }
     }
-    // The causal mask is ones(T, T).triu(1): the ones die after triu.
-    if (op.type == OpType::kCausalMask) {
-      const Layout& mask = TensorOf(inst, op.outputs[0]).layout;
-      prelude.push_back(memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary));
+    // What the op's Python statement or ATen composite makes before its outputs (its
+    // row's leading temporaries), alive until it returns.
+    const OpSteps& steps = StepsOf(op.type);
+    if (steps.leading != nullptr && !replayed) {
+      OpCall call = OpCallOf(inst, op);
+      steps.leading(call, &prelude);
     }
-    // The math SDPA's mask: ones(L, S, bool), its tril (the ones die), then
-    // where(tril, 0, -inf) with both numbers as 0-dim tensors of the mask's dtype; the
-    // tril and the numbers die after the where.
-    if (op.type == OpType::kSdpaCausalMask) {
-      const Layout& mask = TensorOf(inst, op.outputs[0]).layout;
-      const int64_t element = ElementSizeBytes(graph.tensors[op.outputs[0]].dtype);
-      const int ones = memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary);
-      prelude.push_back(memory_.Alloc(NumelOf(mask), MemoryCategory::kTemporary));
-      memory_.Unref(ones);
-      prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
-      prelude.push_back(memory_.Alloc(element, MemoryCategory::kTemporary));
-    }
-    if (!replayed) LeadingTemporaries(op, inst, &prelude);
     if (stop_here && !structure.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
       return StopRecompute(inst, local, output);
@@ -331,8 +145,10 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       for (int k = keeps_of(s); k > 0; --k) memory_.Keep(id);
     }
-    if (!replayed) {
-      if (absl::Status s = ForwardWorkspace(op, inst); !s.ok()) return s;
+    // The kernel's workspace, after its outputs.
+    if (steps.workspace != nullptr && !replayed) {
+      OpCall call = OpCallOf(inst, op);
+      steps.workspace(call);
     }
     for (auto it = prelude.rbegin(); it != prelude.rend(); ++it) memory_.Unref(*it);
     if (stop_here) return StopRecompute(inst, local, output);
