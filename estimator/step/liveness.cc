@@ -472,7 +472,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
         "step simulation: a model with use_cache runs a checkpointing variant without the "
         "cache; simulate it on the config with use_cache off (Predict does)");
   }
-  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  const ModelPlans& plans = *plans_;
   absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;
@@ -585,7 +585,7 @@ absl::StatusOr<SegmentSummary> StepSimulator::RankEnd(const ModelPlans& plans,
 }
 
 std::vector<LayerGlobals> StepSimulator::LayerGlobalsOf() const {
-  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  const ModelPlans& plans = *plans_;
   std::vector<LayerGlobals> out;
   for (const std::unique_ptr<SegmentPlan>& plan : plans.rest) {
     LayerGlobals globals;
@@ -647,7 +647,7 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
         "peak memory: the stretches of a step with --checkpoint_impl=reentrant do not "
         "compose yet (its checkpoints hold the layers' shared arguments to the step's end)");
   }
-  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  const ModelPlans& plans = *plans_;
   absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;
@@ -690,7 +690,7 @@ absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec&
     return absl::UnimplementedError(
         "peak memory: the step's end alone is modelled for one pipeline stage with ZeRO 0-2");
   }
-  const ModelPlans& plans = *static_cast<const ModelPlans*>(plans_.get());
+  const ModelPlans& plans = *plans_;
   absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;

@@ -327,13 +327,13 @@ class StepSimulator {
       const ResidentBytes& resident) const;
 
   StepSimulator(const ModelConfig& config, AttentionMode attention, const StepOptions& options,
-                std::shared_ptr<const void> plans)
+                std::shared_ptr<const liveness_internal::ModelPlans> plans)
       : config_(config), attention_(attention), options_(options), plans_(std::move(plans)) {}
 
   ModelConfig config_;
   AttentionMode attention_;
   StepOptions options_;
-  std::shared_ptr<const void> plans_;  // the segments' plans (liveness.cc's ModelPlans)
+  std::shared_ptr<const liveness_internal::ModelPlans> plans_;  // the segments' plans
 };
 
 // SimulateStep predicts the step's timeline and peak. Unimplemented for a config whose
