@@ -21,7 +21,7 @@
 #include "estimator/predict/ranks.h"
 #include "estimator/report/units.h"
 #include "estimator/request/plan_file.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 #include "planner/stage_planner.h"
 #include "planner/stage_traffic.h"
 

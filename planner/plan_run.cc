@@ -15,7 +15,7 @@
 #include "estimator/report/report.h"
 #include "estimator/report/timeline_svg.h"
 #include "estimator/report/units.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 #include "planner/planner.h"
 #include "planner/stage_planner.h"
 

@@ -43,7 +43,7 @@
 #include "estimator/spec/config.h"
 #include "estimator/step/liveness.h"
 #include "estimator/request/parallel_spec.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 
 namespace memledger {
 

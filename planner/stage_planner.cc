@@ -16,7 +16,7 @@
 #include "estimator/predict/ranks.h"
 #include "estimator/report/report.h"
 #include "estimator/report/units.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 #include "planner/planner.h"
 
 namespace memledger {

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "estimator/spec/config.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 #include "runtime/checkpoint.h"
 #include "runtime/model.h"
 #include "runtime/runtime.h"

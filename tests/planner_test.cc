@@ -21,7 +21,7 @@
 #include "estimator/request/model_presets.h"
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 #include "tests/status_matchers.h"
 
 namespace memledger {

@@ -14,7 +14,7 @@
 #include "estimator/graph/rules.h"
 #include "estimator/graph/shape.h"
 #include "estimator/report/units.h"
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 
 namespace memledger {
 

@@ -68,7 +68,7 @@ struct VerifyReport {
   // peak_unavailable: why the step's peak was not predicted (then not compared), or "".
   std::string peak_unavailable;
   // predicted_overhead: per measured variant (measurement.variants' order), the FLOP
-  // model's (step + recompute) / step (planner/flops.h), to set beside the measured
+  // model's (step + recompute) / step (estimator/predict/flops.h), to set beside the measured
   // time_s ratio to none; empty where the FLOPs could not be counted.
   std::vector<std::optional<double>> predicted_overhead;
   // failures: one line per bucket that is not exact, variant whose gradients differ, or

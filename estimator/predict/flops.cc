@@ -1,4 +1,4 @@
-#include "planner/flops.h"
+#include "estimator/predict/flops.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -107,8 +107,12 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kSilu:
     case OpType::kNeg:
     case OpType::kMaskedFill:
+    case OpType::kMaskedFillInplace:
     case OpType::kAddInplace:
-    case OpType::kDropout:  // the product (drawing and scaling the noise are no FLOPs)
+    case OpType::kTanh:
+    case OpType::kMulWrapped:
+    case OpType::kDropout:        // the product (drawing and scaling the noise are no FLOPs)
+    case OpType::kNativeDropout:  // x * mask * scale, one pass
       f.forward = numel(op.outputs[0]);
       break;
     case OpType::kMean:
@@ -120,7 +124,53 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kIndexAddInplace:  // an expert's weighted rows added into the result
       f.forward = numel(op.inputs[op.type == OpType::kDivInplace ? 0 : 2]);
       break;
-    default:  // views, copies, concatenation, embeddings, masks, padding: no arithmetic
+    // No arithmetic: views, copies and casts, concatenation, embeddings and lookups,
+    // masks, padding, collectives, integer bookkeeping (routing, sorting, counting).
+    case OpType::kView:
+    case OpType::kReshape:
+    case OpType::kUnsafeView:
+    case OpType::kPermute:
+    case OpType::kTranspose:
+    case OpType::kSelect:
+    case OpType::kExpand:
+    case OpType::kT:
+    case OpType::kCausalMask:
+    case OpType::kEmbedding:
+    case OpType::kSlice:
+    case OpType::kCat:
+    case OpType::kUnsqueeze:
+    case OpType::kConstantPad:
+    case OpType::kContiguous:
+    case OpType::kToDtype:
+    case OpType::kReduceScatter:
+    case OpType::kScatter:
+    case OpType::kVocabParallelEmbedding:
+    case OpType::kSdpaCausalMask:
+    case OpType::kKvCacheCat:
+    case OpType::kTopK:
+    case OpType::kSort:
+    case OpType::kFloorDivide:
+    case OpType::kIndexRows:
+    case OpType::kHistc:
+    case OpType::kCumsum:
+    case OpType::kInversePermutation:
+    case OpType::kZerosLike:
+    case OpType::kOneHot:
+    case OpType::kExpertHits:
+    case OpType::kEqScalar:
+    case OpType::kNonzero:
+    case OpType::kIndexPair:
+    case OpType::kSdpaBoolMask:
+    case OpType::kZeros:
+    case OpType::kOnesLike:
+    case OpType::kArange:
+    case OpType::kRepeat:
+    case OpType::kRepeatInterleave:
+    case OpType::kStack:
+    case OpType::kScatterAddInplace:
+    case OpType::kIndexPutInplace:
+    case OpType::kAllToAll:
+    case OpType::kGeScalar:
       return f;
   }
   f.backward = CheckedInt64(2) * f.forward;

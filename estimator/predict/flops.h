@@ -15,8 +15,8 @@
 // Example:
 //   absl::StatusOr<StepFlops> f = CountStepFlops(config, AttentionMode::kFlash);
 //   absl::StatusOr<int64_t> r = RecomputeFlops(config, AttentionMode::kFlash, choice);
-#ifndef PLANNER_FLOPS_H_
-#define PLANNER_FLOPS_H_
+#ifndef ESTIMATOR_PREDICT_FLOPS_H_
+#define ESTIMATOR_PREDICT_FLOPS_H_
 
 #include <cstdint>
 
@@ -71,4 +71,4 @@ absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionM
 
 }  // namespace memledger
 
-#endif  // PLANNER_FLOPS_H_
+#endif  // ESTIMATOR_PREDICT_FLOPS_H_
