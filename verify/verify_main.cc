@@ -28,9 +28,10 @@ ABSL_FLAG(double, max_memory_gib, 0,
           "Refuse configs whose predicted footprint exceeds this many GiB; 0 means half of "
           "this machine's available memory.");
 ABSL_FLAG(absl::optional<double>, grad_tolerance, absl::nullopt,
-          "Largest acceptable max_grad_diff: 1e-5 by default; on ranks (--dp, --tp, --pp) "
-          "of a bf16 or fp16 model or under --amp, 1e-2 (they sum gradients in another "
-          "order than one process).");
+          "Largest acceptable max_grad_diff: 1e-5 by default; on ranks (--dp, --tp, --pp), "
+          "which sum gradients in another order than one process, 2 sqrt(n) eps: eps the "
+          "compute dtype's machine epsilon, n the step's longest reduction (width, MLP "
+          "width, heads x head_dim, vocabulary or tokens).");
 ABSL_FLAG(int64_t, seed, 0, "Seed for the model's parameters and input.");
 ABSL_FLAG(int64_t, rank_timeout_s, 300,
           "With --dp, --tp or --pp: how long the rank processes may run before they are all "
@@ -100,12 +101,10 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
     return memledger::ReportError(absl::InvalidArgumentError(
         "--timeline_svg draws one process's step; drop it with --dp, --tp or --pp"));
   }
-  // Ranks sum gradients in another order than one process: in bf16 or fp16 (or under
-  // autocast) that differs by up to about 1e-3 (measured), so unless the flag is given
-  // their default is 1e-2; fp32 keeps 1e-5.
-  const bool low_precision = spec.config.dtype != memledger::DType::kFloat32 ||
-                             spec.config.amp != memledger::DType::kFloat32;
-  absl::StatusOr<double> tolerance = GradTolerance(low_precision ? 1e-2 : 1e-5);
+  // Ranks sum gradients in another order than one process: unless the flag is given,
+  // the tolerance follows the dtype and the reductions' length (RankGradTolerance).
+  absl::StatusOr<double> tolerance =
+      GradTolerance(memledger::RankGradTolerance(spec.config, spec.parallel));
   if (!tolerance.ok()) return memledger::ReportError(tolerance.status());
   absl::StatusOr<int64_t> max_memory_bytes = MaxMemoryBytes();
   if (!max_memory_bytes.ok()) return memledger::ReportError(max_memory_bytes.status());

@@ -46,6 +46,17 @@ std::string RankName(const runtime::RankPosition& p) {
 
 }  // namespace
 
+double RankGradTolerance(const ModelConfig& config, const ParallelSpec& parallel) {
+  const DType compute = config.amp != DType::kFloat32 ? config.amp : config.dtype;
+  double eps = 0x1p-23;  // fp32 (and wider: none is computed in)
+  if (compute == DType::kBFloat16) eps = 0x1p-7;
+  if (compute == DType::kFloat16) eps = 0x1p-10;
+  const int64_t n = std::max({config.width, config.Intermediate(), config.moe.intermediate,
+                              config.heads * config.HeadDim(), config.vocab,
+                              config.batch * config.seq * parallel.micro_batches * parallel.dp});
+  return 2 * std::sqrt(static_cast<double>(n)) * eps;
+}
+
 absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
                                               const ParallelSpec& parallel,
                                               const runtime::DistributedRequest& request,

@@ -43,6 +43,22 @@ struct RanksVerifyReport {
   bool Passed() const { return failures.empty(); }
 };
 
+// RankGradTolerance is the default largest max_grad_diff of ranks against one process:
+// 2 sqrt(n) eps, eps the machine epsilon of the dtype the step computes in (autocast's,
+// else the model's) and n the step's longest reduction (the width, the MLP's, the
+// attention heads', the vocabulary, or the tokens a weight's gradient sums: batch x seq
+// x micro-batches x dp). Why: ranks sum partial results one process adds in one pass
+// (tensor-parallel outputs, data-parallel gradients), in another order. A sum of n
+// terms rounded with unit roundoff u = eps / 2 is off the exact one by about sqrt(n) u
+// times the terms' magnitude (Higham and Mary, "A new approach to probabilistic
+// rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019, with lambda = 1), so two
+// orders differ by up to 2 sqrt(n) u = sqrt(n) eps; a gradient passes through the
+// forward's reductions and the backward's, twice that, on gradients of order 1 (these
+// models' init). Measured on this project's rank tests: fp32 diffs up to 4.8e-7 (Gemma
+// 3, tp 2 with sp, n = 96: tolerance 2.3e-6); bf16 autocast up to 0.0117 under
+// ATEN_CPU_CAPABILITY=avx2 (tp 2, n = 96: 0.153).
+double RankGradTolerance(const ModelConfig& config, const ParallelSpec& parallel);
+
 // VerifyRanks: the estimator's errors (InvalidArgument), ResourceExhausted when the
 // ranks and the reference would not fit in max_memory_bytes (CheckFootprint; every rank
 // process builds the whole model and batch, as the reference does), and
