@@ -380,6 +380,17 @@ def gap_for(case, bucket):
     return None
 
 
+def is_study(case):
+    return FAMILIES[case["model"]]["family"] == "study"
+
+
+def skip_without_study(test):
+    """Skips `test` where the reference study is not here (witness.study_skip_reason)."""
+    reason = witness.study_skip_reason()
+    if reason:
+        test.skipTest(reason)
+
+
 class RealStackTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -388,7 +399,13 @@ class RealStackTest(unittest.TestCase):
 
     def test_cases_are_exact(self):
         failures, rows = [], []
+        study_missing = witness.study_skip_reason()
+        skipped = [case for case in CASES if study_missing and is_study(case)]
+        if skipped:
+            print(f"skipped {len(skipped)} study cases: {study_missing}", flush=True)
         for case in CASES:
+            if study_missing and is_study(case):
+                continue
             predicted, measured = run_case(case, self.tmp)
             for line in mismatches(predicted, measured):
                 bucket = line.split(":")[0]
@@ -402,6 +419,7 @@ class RealStackTest(unittest.TestCase):
         self.assertEqual(failures, [], "\n".join(failures))
 
     def test_the_witness_counts_by_hand(self):
+        skip_without_study(self)
         # The study's 2 layers at width 32: 2 x (12 d^2 + 13 d) = 25,408 fp32 parameters
         # (101,632 B) in 2 x 12 tensors. AdamW's state: exp_avg and exp_avg_sq of each,
         # 2 x 101,632, and a 0-dim fp32 step per tensor, 24 x 4 = 96: 203,360 B. SGD
@@ -441,6 +459,7 @@ class RealStackTest(unittest.TestCase):
         self.assertNotEqual(balanced["peak_bytes"]["none"], measured["peak_bytes.none"])
 
     def test_a_wrong_rule_fails_naming_the_bucket(self):
+        skip_without_study(self)
         # The comparison's failure path: predict a for-loop AdamW step, measure a
         # foreach one. foreach's step holds a square root of every exp_avg_sq at once, so
         # only the peak differs, and the report names it.

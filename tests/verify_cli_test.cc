@@ -36,22 +36,24 @@ TEST(VerifyCliTest, ModelFlagVerifiesADecoderFamily) {
       << bad.output;
 }
 
+// StudyMissing: `r` is the witness's refusal of a study it cannot find
+// (verify/witness.py, STUDY_MISSING) and the run does not require the study
+// (MEMLEDGER_REQUIRE_STUDY=1, as .ci/run sets it).
+bool StudyMissing(const CommandResult& r) {
+  const char* require = std::getenv("MEMLEDGER_REQUIRE_STUDY");
+  return r.output.find("the reference study 22_memory_accounting.py is not here") !=
+             std::string::npos &&
+         !(require != nullptr && std::string(require) == "1");
+}
+
 // --witness=transformers adds the real stack's step as a third column, through the
-// pinned reference stack's Python (here its @reference_stack wrapper). The study agrees
-// in every bucket, under full checkpointing too (torch.utils.checkpoint's non-reentrant
-// lazy recompute with early stop, whose peak is in the backward at seq 16), and so does
-// transformers' GPT-2 without checkpointing, with use_cache's copies of k and v.
+// pinned reference stack's Python (here its @reference_stack wrapper). Transformers'
+// GPT-2 agrees without checkpointing, with use_cache's copies of k and v, and so does
+// the study in every bucket, under full checkpointing too (torch.utils.checkpoint's
+// non-reentrant lazy recompute with early stop, whose peak is in the backward at seq 16).
 TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
   const std::string witness =
       " --witness=transformers --witness_python=external/reference_stack/python";
-  CommandResult none = Verify(std::string(kSmall) + " --variants=none --format=table" + witness);
-  ASSERT_EQ(none.exit_code, 0) << none.output;
-  EXPECT_NE(none.output.find("transformers"), std::string::npos) << none.output;
-  EXPECT_NE(none.output.find("== the real stack's"), std::string::npos) << none.output;
-  CommandResult full = Verify(
-      "--layers=2 --width=32 --heads=2 --batch=2 --seq=16 --skip_timing --variants=full" +
-      witness);
-  EXPECT_EQ(full.exit_code, 0) << full.output;
   CommandResult gpt2 = Verify(
       "--model=tiny-gpt2 --batch=2 --seq=16 --skip_timing --variants=none" + witness);
   EXPECT_EQ(gpt2.exit_code, 0) << gpt2.output;
@@ -61,6 +63,15 @@ TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
   EXPECT_NE(bad.output.find("--witness must be none or transformers, got 'pytorch'"),
             std::string::npos)
       << bad.output;
+  CommandResult none = Verify(std::string(kSmall) + " --variants=none --format=table" + witness);
+  if (StudyMissing(none)) GTEST_SKIP() << none.output;
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("transformers"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("== the real stack's"), std::string::npos) << none.output;
+  CommandResult full = Verify(
+      "--layers=2 --width=32 --heads=2 --batch=2 --seq=16 --skip_timing --variants=full" +
+      witness);
+  EXPECT_EQ(full.exit_code, 0) << full.output;
 }
 
 TEST(VerifyCliTest, MegatronGptRunsWithItsDropoutAndFusedSoftmax) {

@@ -13,7 +13,7 @@ set -euo pipefail
 runs=3
 venv="${TMPDIR:-/tmp}/memledger-study-venv"
 workspace="${BUILD_WORKSPACE_DIRECTORY:-$(pwd)}"
-study="$workspace/../shared/seed/22_memory_accounting.py"
+study="${MEMLEDGER_STUDY:-$workspace/../shared/seed/22_memory_accounting.py}"
 for arg in "$@"; do
   case "$arg" in
     --runs=*) runs="${arg#--runs=}" ;;

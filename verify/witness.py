@@ -2,8 +2,9 @@
 
 memledger's predictions are judged against the code people run: transformers'
 `AutoModelForCausalLM`, `torch.utils.checkpoint` and `torch.optim` of the pinned
-reference stack (third_party/reference_requirements.txt), or the unchanged reference
-study (../shared/seed/22_memory_accounting.py). This script trains one step the way a
+reference stack (third_party/torch_requirements.txt), or the unchanged reference
+study (22_memory_accounting.py: at $MEMLEDGER_STUDY, or in ../shared/seed/ beside the
+checkout). This script trains one step the way a
 training loop does and measures it two independent ways:
 
 * saved-tensor hooks around the forward: unique storages autograd keeps, parameter
@@ -58,57 +59,52 @@ POLICY_OPS = {
 }
 
 
-class UsageError(Exception):
-    """Bad input: reported as one line, exit 2."""
-
-
-def _torch():
-    import torch  # imported late so --help works without the reference stack
-
-    return torch
-
-
-def torch_dtype(name):
-    torch = _torch()
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
-def element_bytes(t):
-    return t.untyped_storage().nbytes()
-
-
-def local(t):
-    """A DTensor's local shard (an expert-parallel rank's experts), else the tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def unique_storage_bytes(tensors):
-    """Bytes of the distinct storages among `tensors` (views count once)."""
-    seen = {}
-    for t in tensors:
-        if t is None:
-            continue
-        s = local(t).untyped_storage()
-        seen[s.data_ptr() if s.data_ptr() else id(s)] = s.nbytes()
-    return sum(seen.values())
+sys.path.insert(0, str(Path(os.path.realpath(__file__)).parent))
+from witness_common import (  # noqa: E402  (verify/witness_common.py)
+    UsageError, element_bytes, expert_parallel, local, reduce_expert_parallel,
+    torch_dtype, unique_storage_bytes, _torch)
 
 
 # ---------------------------------------------------------------------------------------
 # Models
 
 
+STUDY_FILE = "22_memory_accounting.py"
+# STUDY_MISSING: the one line a missing study gives, which the tests look for to skip.
+STUDY_MISSING = (f"the reference study {STUDY_FILE} is not here: set MEMLEDGER_STUDY to its "
+                 "path, or put it in ../shared/seed/ beside the checkout")
+
+
+def study_path():
+    """The reference study's path, or None: $MEMLEDGER_STUDY, else the first
+    ../shared/seed/ beside a folder holding this script (its checkout, through Bazel's
+    runfiles too)."""
+    if os.environ.get("MEMLEDGER_STUDY"):
+        path = Path(os.environ["MEMLEDGER_STUDY"])
+        return path if path.is_file() else None
+    for parent in Path(__file__).resolve().parents:
+        for candidate in (parent / "shared" / "seed" / STUDY_FILE,
+                          parent.parent / "shared" / "seed" / STUDY_FILE):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def study_skip_reason():
+    """None where the study is here; else why a study case is skipped. With
+    MEMLEDGER_REQUIRE_STUDY=1 (as .ci/run sets it) a missing study is an error instead."""
+    if study_path() is not None:
+        return None
+    if os.environ.get("MEMLEDGER_REQUIRE_STUDY") == "1":
+        raise RuntimeError(f"MEMLEDGER_REQUIRE_STUDY=1: {STUDY_MISSING}")
+    return STUDY_MISSING
+
+
 def load_study():
-    """The unchanged reference study, imported from ../shared/seed/."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        path = parent / "shared" / "seed" / "22_memory_accounting.py"
-        if path.is_file():
-            break
-        path = parent.parent / "shared" / "seed" / "22_memory_accounting.py"
-        if path.is_file():
-            break
-    else:
-        raise UsageError("--study: ../shared/seed/22_memory_accounting.py not found")
+    """The unchanged reference study (study_path)."""
+    path = study_path()
+    if path is None:
+        raise UsageError(f"--study: {STUDY_MISSING}")
     spec = importlib.util.spec_from_file_location("memory_accounting_study", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -162,8 +158,6 @@ class TransformersModel:
             dtype=torch_dtype(case["dtype"]), **kwargs)
         self.model.train()
         if case.get("ep", 1) > 1:
-            from witness_ranks import expert_parallel  # verify/witness_ranks.py
-
             expert_parallel(self.model, config, case["ep"])
         vocab = config.vocab_size
         # Each expert-parallel rank trains its own batch.
@@ -409,8 +403,6 @@ def _measure(case):
         loss.backward()
         _mark("memledger.backward_end")
         if ep:
-            from witness_ranks import reduce_expert_parallel
-
             reduce_expert_parallel(params, case.get("dp", case["ep"]), case["ep"])
         opt.step()
         _mark("memledger.step_end")

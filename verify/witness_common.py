@@ -1,0 +1,157 @@
+"""What the real-stack witnesses share (verify/witness.py, one process, and
+verify/witness_ranks.py, its expert-parallel ranks): the one-line usage error, the
+storage accounting both measure with, and transformers' expert parallelism on this
+process's rank, which witness.py's step runs when a case has ep > 1 and
+witness_ranks.py's ranks start. It imports neither script.
+"""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit 2."""
+
+
+def _torch():
+    import torch  # imported late so --help works without the reference stack
+
+    return torch
+
+
+def torch_dtype(name):
+    torch = _torch()
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def element_bytes(t):
+    return t.untyped_storage().nbytes()
+
+
+def local(t):
+    """A DTensor's local shard (an expert-parallel rank's experts), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def unique_storage_bytes(tensors):
+    """Bytes of the distinct storages among `tensors` (views count once)."""
+    seen = {}
+    for t in tensors:
+        if t is None:
+            continue
+        s = local(t).untyped_storage()
+        seen[s.data_ptr() if s.data_ptr() else id(s)] = s.nbytes()
+    return sum(seen.values())
+
+
+# ---------------------------------------------------------------------------------------
+# Expert parallelism
+
+# The process's device mesh (expert_parallel): its "ep" groups of ep consecutive ranks,
+# and its "edp" groups of the ranks that hold the same experts.
+_MESH = None
+
+
+def expert_parallel(model, config, ep):
+    """transformers 5.23's expert parallelism on this process's rank, in groups of `ep`
+    consecutive ranks (memledger's data-parallel rank = group x ep + expert-parallel
+    rank), as from_pretrained(distributed_config=...) applies its EP plan, without the
+    FSDP2 it also requires (distributed/configuration_utils.py): the config's
+    base_model_ep_plan (experts' 3-D weights Shard(0) by MoEParamShard, the experts
+    module dispatching through AutoEP, which trains with AllToAllEP), by
+    apply_expert_parallelism."""
+    import re
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    global _MESH
+    _MESH = mesh = init_device_mesh("cpu", (dist.get_world_size() // ep, ep, 1),
+                                    mesh_dim_names=("edp", "ep", "tp"))
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_modules()]
+    plan = {}
+    for pattern, style in config.base_model_ep_plan.items():
+        regex = re.compile("^model\\." + re.escape(pattern).replace("\\*", "\\d+") + "$")
+        plan.update({name: style for name in names if regex.match(name)})
+    if not plan:
+        raise UsageError(f"--ep: {config.model_type} has no expert-parallel plan")
+    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan)
+    _let_gloo_go()
+
+
+def gloo_let_go(t):
+    """Returns once Gloo's worker thread has dropped its reference to the collective's
+    result `t` (and so to the whole work): the caller then holds the only one (a second
+    at most 1 s). A collective's wait returns before the worker lets go of the work's
+    tensors; were the caller to drop its own first, the worker would free them, where
+    torch.profiler (thread-local) records no free, and the witness would see a tensor
+    live for the rest of the step on whichever rank lost the race. memledger's runtime
+    waits the same way (runtime/gloo_collectives.h, Complete)."""
+    import time
+
+    deadline = time.monotonic() + 1.0
+    while t._use_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+def _let_gloo_go():
+    """Every wait of the expert-parallel code (the functional collectives' wait_tensor,
+    AllToAllEP's exchange of the counts) returns only once Gloo lets go (gloo_let_go).
+    No tensor's lifetime in the code changes."""
+    import torch.distributed._functional_collectives as functional
+    from transformers.distributed import expert_parallel, parallel_utils
+
+    if getattr(functional.wait_tensor, "memledger_waits", False):
+        return
+
+    def waited(fn):
+        def wait_tensor(tensor):
+            out = fn(tensor)
+            gloo_let_go(out)
+            return out
+
+        wait_tensor.memledger_waits = True
+        return wait_tensor
+
+    def exchanged(fn):
+        def all_to_all_single(output, input, *args, **kwargs):
+            result = fn(output, input, *args, **kwargs)
+            gloo_let_go(output)
+            return result
+
+        return all_to_all_single
+
+    functional.wait_tensor = waited(functional.wait_tensor)
+    parallel_utils.wait_tensor = waited(parallel_utils.wait_tensor)
+    expert_parallel.all_to_all_single = exchanged(expert_parallel.all_to_all_single)
+
+
+def reduce_expert_parallel(params, dp, ep):
+    """The data-parallel reduction memledger predicts for expert-parallel ranks
+    (estimator/step/simulation_step.cc, ReduceAndStep): the gradients other than the
+    experts' (plain tensors) concatenated into one bucket, padded with zeros to a
+    multiple of dp, all-reduced over the dp ranks, divided by dp and copied back; then
+    the experts' (DTensors) the same way over the dp / ep ranks that hold the same
+    experts (the mesh's "edp" group; this rank alone when dp = ep)."""
+    import torch.distributed as dist
+
+    import torch
+
+    def reduce(grads, ranks, group):  # a function, so no view of the bucket outlives it
+        n = sum(g.numel() for g in grads)
+        pieces = [g.view(-1) for g in grads]
+        if -(-n // ranks) * ranks > n:
+            pieces.append(grads[0].new_zeros(-(-n // ranks) * ranks - n))
+        bucket = torch.cat(pieces)
+        del pieces
+        if ranks > 1:
+            dist.all_reduce(bucket, group=group)
+            gloo_let_go(bucket)
+        bucket.div_(dp)
+        for g, piece in zip(grads, bucket.split([g.numel() for g in grads])):
+            g.copy_(piece.view_as(g))
+
+    for experts in (False, True):
+        reduce([local(p.grad) for p in params
+                if p.grad is not None and hasattr(p, "to_local") == experts],
+               dp // ep if experts else dp, _MESH["edp"].get_group() if experts else None)
