@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "api/predict_many.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/report/memory_snapshot.h"
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
@@ -256,11 +257,8 @@ absl::StatusOr<std::string> SweepRows(const RunRequest& request, const PredictKe
     return KeyError("sweep", "does not take \"dp\" or \"pp\" yet");
   }
   // 0: no budget column; otherwise whole bytes that fit int64.
-  const std::optional<int64_t> budget =
-      keys.budget_gib == 0 ? std::optional<int64_t>(0) : GibToBytes(keys.budget_gib);
-  if (!budget.has_value()) {
-    return KeyError("budget_gib", "must be >= 0 and below 2^33 GiB");
-  }
+  const absl::StatusOr<int64_t> budget = BudgetBytes(keys.budget_gib, /*zero_is_none=*/true);
+  if (!budget.ok()) return budget.status();
   absl::StatusOr<SweepGrid> grid = ParseSweep(*keys.sweep);
   if (!grid.ok()) return grid.status();
   return RunSweep(request, *grid, *budget,
@@ -285,9 +283,7 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
     return KeyError("format", "must be \"json\", \"table\" or \"svg\" (\"csv\" and "
                               "\"jsonl\" go with \"sweep\")");
   }
-  if (keys.cpu_threads < 1 || keys.cpu_threads > 1024) {
-    return KeyError("cpu_threads", "must be between 1 and 1024");
-  }
+  if (absl::Status s = CheckCpuThreads(keys.cpu_threads); !s.ok()) return s;
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
   PredictOptions options = OptionsOf(*spec);
@@ -417,17 +413,13 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   if (!keys.budget_gib.has_value()) {
     return absl::InvalidArgumentError("request: \"budget_gib\" is required");
   }
-  const std::optional<int64_t> budget = GibToBytes(*keys.budget_gib);
-  if (!budget.has_value()) {
-    return KeyError("budget_gib", "must be a positive number of GiB below 2^33");
-  }
+  const absl::StatusOr<int64_t> budget = BudgetBytes(*keys.budget_gib);
+  if (!budget.ok()) return budget.status();
   // Out of int's range here; the rest of each range is RunPlanner's to check.
   if (keys.frontier_points < 0 || keys.frontier_points > 1000) {
     return KeyError("frontier_points", "must be 0 or between 2 and 1000");
   }
-  if (keys.cpu_threads < 1 || keys.cpu_threads > 1024) {
-    return KeyError("cpu_threads", "must be between 1 and 1024");
-  }
+  if (absl::Status s = CheckCpuThreads(keys.cpu_threads); !s.ok()) return s;
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
   PlanRunOptions options;

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/spec/checked_math.h"
 #include "estimator/graph/block_graph.h"
 #include "estimator/graph/family.h"
 #include "estimator/request/parallel_spec.h"

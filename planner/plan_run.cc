@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/step/cuda_allocator.h"
 #include "estimator/graph/block_graph.h"
 #include "estimator/predict/predict.h"
@@ -22,20 +23,17 @@
 namespace memledger {
 
 absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
+  // The CLIs and the C ABI give bytes from BudgetBytes; a library caller, its own.
   if (options.budget_bytes <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--budget_gib must be a positive number of GiB, got ",
-                     options.budget_bytes, " bytes"));
+        absl::StrCat("budget_bytes must be positive, got ", options.budget_bytes));
   }
   if (options.frontier_points < 0 || options.frontier_points == 1 ||
       options.frontier_points > 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--frontier_points must be 0 or between 2 and 1000, got ", options.frontier_points));
   }
-  if (options.cpu_threads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cpu_threads must be >= 1, got ", options.cpu_threads));
-  }
+  if (absl::Status s = CheckCpuThreads(options.cpu_threads); !s.ok()) return s;
   if (!(options.flops_per_second >= 0) || options.flops_per_second > 1e30) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--flops_per_second must be >= 0, got ", options.flops_per_second));

@@ -63,7 +63,8 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     return absl::InvalidArgumentError("checkpoint planner: at most 64 layer choices");
   }
   // The config and the optimizer, then every choice's policy.
-  if (absl::Status s = ValidateRun(config, options.attention, {Variant()}, options.optimizer);
+  if (absl::Status s =
+          ValidateRun(config, options.attention, {Variant()}, options.optimizer).status();
       !s.ok()) {
     return s;
   }

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/cli/atomic_file.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/report.h"
@@ -68,12 +69,9 @@ int main(int argc, char** argv) {
     return memledger::ReportError(absl::InvalidArgumentError(
         absl::StrCat("--format must be json or table, got '", spec->format, "'")));
   }
-  const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
-  const std::optional<int64_t> budget = memledger::GibToBytes(budget_gib);
-  if (!budget.has_value()) {
-    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
-        "--budget_gib must be a positive number of GiB below 2^33, got ", budget_gib)));
-  }
+  const absl::StatusOr<int64_t> budget =
+      memledger::BudgetBytes(absl::GetFlag(FLAGS_budget_gib));
+  if (!budget.ok()) return memledger::ReportError(budget.status());
   memledger::PlanRunOptions options;
   options.budget_bytes = *budget;
   options.frontier_points = absl::GetFlag(FLAGS_frontier_points);

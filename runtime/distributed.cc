@@ -55,7 +55,8 @@ using distributed_internal::WithReference;
 
 absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& parallel,
                                  const DistributedRequest& request) {
-  if (absl::Status s = ValidateRun(config, request.attention, request.variants, request.optimizer);
+  if (absl::Status s =
+          ValidateRun(config, request.attention, request.variants, request.optimizer).status();
       !s.ok()) {
     return s;
   }

@@ -176,7 +176,7 @@ StepMemory MeasureStep(const ModelImpl& model, const at::Tensor& input, Attentio
 absl::Status ValidateRequest(const ModelConfig& config, AttentionMode attention,
                              const std::vector<Variant>& variants,
                              const RunOptions& options) {
-  if (absl::Status status = ValidateRun(config, attention, variants, options.optimizer);
+  if (absl::Status status = ValidateRun(config, attention, variants, options.optimizer).status();
       !status.ok()) {
     return status;
   }

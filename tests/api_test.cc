@@ -171,12 +171,14 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
   EXPECT_NE(tight.error.find("the smallest peak any plan reaches is"), std::string::npos);
   for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
            {"{}", "request: \"budget_gib\" is required"},
-           {R"({"budget_gib": -1})", "request: \"budget_gib\" must be a positive number"},
+           {R"({"budget_gib": -1})",
+            "--budget_gib must be a positive number of GiB below 2^33, got -1"},
            {R"({"budget_gib": "80"})", "request: \"budget_gib\" must be a number"},
            {R"({"budget_gib": 1, "explain": true})", "request: \"explain\" is not a plan request key"},
            {R"({"budget_gib": 1, "frontier_points": 1})", "--frontier_points must be 0 or between 2"},
            {R"({"budget_gib": 1, "frontier_points": 5000})", "\"frontier_points\" must be 0 or"},
-           {R"({"budget_gib": 1, "cpu_threads": 0})", "\"cpu_threads\" must be between 1"},
+           {R"({"budget_gib": 1, "cpu_threads": 0})",
+            "--cpu_threads must be between 1 and 1024, got 0"},
            {R"({"budget_gib": 1, "model": "tiny-llama", "pp": 2, "dp": 2, "zero": 3})",
             "--zero=3"}}) {
     Result bad = Call(request, memledger_plan);
@@ -264,7 +266,8 @@ TEST(ApiTest, SweepGivesARowPerPoint) {
            {R"({"sweep": "batch:1..4", "format": "table"})",
             "request: \"format\" with \"sweep\" must be \"csv\" or \"jsonl\""},
            {R"({"budget_gib": 80})", "request: \"budget_gib\" goes with \"sweep\""},
-           {R"({"cpu_threads": 0})", "request: \"cpu_threads\" must be between 1 and 1024"},
+           // The CLI's message for the same value (predict_cli_test, python_module_test).
+           {R"({"cpu_threads": 0})", "--cpu_threads must be between 1 and 1024, got 0"},
        }) {
     Result bad = Call(request);
     EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT) << request;

@@ -348,9 +348,19 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
             std::string::npos)
       << sharded_parameters.output;
   EXPECT_FALSE(std::ifstream(zero3).good());
+  // One message per option, the same from the C ABI and Python (api_test,
+  // python_module_test).
   CommandResult threads = Predict("--cpu_threads=0");
   EXPECT_EQ(threads.exit_code, 2) << threads.output;
-  EXPECT_NE(threads.output.find("--cpu_threads"), std::string::npos) << threads.output;
+  EXPECT_NE(threads.output.find("error: --cpu_threads must be between 1 and 1024, got 0"),
+            std::string::npos)
+      << threads.output;
+  CommandResult budget = Predict("--sweep=batch:1..2 --budget_gib=-1");
+  EXPECT_EQ(budget.exit_code, 2) << budget.output;
+  EXPECT_NE(budget.output.find("error: --budget_gib must be 0 (no budget) or a positive "
+                               "number of GiB below 2^33, got -1"),
+            std::string::npos)
+      << budget.output;
 }
 
 }  // namespace

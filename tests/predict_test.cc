@@ -84,6 +84,20 @@ TEST(PredictTest, StudyDefaultConfig) {
   EXPECT_NEAR(p.variants[1].saved_ratio_vs_none, 0.071887, 1e-6);
 }
 
+// A prediction validates its config once, at its entry (ValidateRun); the walks, plans
+// and step simulations under it take the validated config and never check it again.
+// Counted for the study, a decoder with the KV cache's two graph sets (tiny-llama's
+// every_k checkpoints without it), and a sliding-window model.
+TEST(PredictTest, ValidatesItsConfigOnce) {
+  for (const char* preset : {"study", "tiny-llama", "tiny-gemma3"}) {
+    ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(preset));
+    const int64_t before = ValidateConfigCalls();
+    ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, {}));
+    EXPECT_EQ(ValidateConfigCalls() - before, 1) << preset;
+    EXPECT_EQ(p.variants.size(), 4u);
+  }
+}
+
 // Korthikanti et al.'s Table 2 per tensor-parallel GPU, without the dropout masks, for
 // 2 layers of s x b x h = 16 x 2 x 64 = 2,048 (fp32, 4 heads): no parallelism 16
 // elements per sbh, 2 x 4 x 16 x 2,048 = 262,144; t = 2: 4 + 12/2 = 10, 163,840; with

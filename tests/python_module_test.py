@@ -47,6 +47,13 @@ class PredictTest(unittest.TestCase):
             memledger.predict(format="table")
         with self.assertRaisesRegex(ValueError, "^sweep: predict\\(\\) makes one prediction"):
             memledger.predict(sweep="batch:1..4")
+        # A bad option's message is the CLI's, word for word (predict_cli_test).
+        with self.assertRaisesRegex(
+                ValueError, "^--cpu_threads must be between 1 and 1024, got 0$"):
+            memledger.predict(cpu_threads=0)
+        with self.assertRaisesRegex(
+                ValueError, "^--budget_gib must be a positive number of GiB below 2\\^33, got -1$"):
+            memledger.plan(budget_gib=-1)
         # The C ABI's formats: predict renders json, table and svg (csv and jsonl with a
         # sweep); plan json, table, svg (the plan's step) and frontier_svg.
         import json

@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/cli/atomic_file.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/memory_snapshot.h"
@@ -134,12 +135,9 @@ int main(int argc, char** argv) {
   const std::string sweep = absl::GetFlag(FLAGS_sweep);
   const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
   // 0: no budget column; otherwise whole bytes that fit int64.
-  const std::optional<int64_t> budget_bytes =
-      budget_gib == 0 ? std::optional<int64_t>(0) : memledger::GibToBytes(budget_gib);
-  if (!budget_bytes.has_value()) {
-    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
-        "--budget_gib must be >= 0 and below 2^33 GiB, got ", budget_gib)));
-  }
+  const absl::StatusOr<int64_t> budget_bytes =
+      memledger::BudgetBytes(budget_gib, /*zero_is_none=*/true);
+  if (!budget_bytes.ok()) return memledger::ReportError(budget_bytes.status());
   if (!sweep.empty()) return RunSweep(*spec, sweep, *budget_bytes);
   if (spec->format == "csv" || spec->format == "jsonl" || budget_gib > 0) {
     return memledger::ReportError(absl::InvalidArgumentError(
@@ -152,9 +150,8 @@ int main(int argc, char** argv) {
   options.optimizer = spec->optimizer;
   options.breakdown = absl::GetFlag(FLAGS_explain);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  if (options.cpu_threads < 1) {
-    return memledger::ReportError(absl::InvalidArgumentError(
-        absl::StrCat("--cpu_threads must be >= 1, got ", options.cpu_threads)));
+  if (absl::Status s = memledger::CheckCpuThreads(options.cpu_threads); !s.ok()) {
+    return memledger::ReportError(s);
   }
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   const std::string snapshot_path = absl::GetFlag(FLAGS_snapshot_out);

@@ -1,5 +1,6 @@
 #include "estimator/graph/family.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,7 +52,14 @@ const std::vector<const FamilyDef*>& Families() {
 
 absl::string_view FamilyName(Family family) { return FamilyOf(family).name; }
 
+namespace {
+std::atomic<int64_t> validate_config_calls{0};
+}  // namespace
+
+int64_t ValidateConfigCalls() { return validate_config_calls.load(std::memory_order_relaxed); }
+
 absl::Status ValidateConfig(const ModelConfig& config) {
+  validate_config_calls.fetch_add(1, std::memory_order_relaxed);
   for (const auto& [flag, value] :
        {std::pair<absl::string_view, int64_t>{"layers", config.layers},
         {"width", config.width},
@@ -211,10 +219,24 @@ absl::Status ValidateDevice(const ModelConfig& config, AttentionMode attention) 
   return SdpaKernelsName(config, attention).status();
 }
 
-absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
-                         const std::vector<Variant>& variants,
-                         const OptimizerSpec& optimizer) {
+absl::StatusOr<ValidConfig> ValidConfig::Of(const ModelConfig& config) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  return ValidConfig(config);
+}
+
+absl::StatusOr<ValidConfig> ValidateRun(const ModelConfig& config, AttentionMode attention,
+                                        const std::vector<Variant>& variants,
+                                        const OptimizerSpec& optimizer) {
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
+  if (absl::Status s = ValidateRunOf(*valid, attention, variants, optimizer); !s.ok()) return s;
+  return valid;
+}
+
+absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
+                           const std::vector<Variant>& variants,
+                           const OptimizerSpec& optimizer) {
+  const ModelConfig& config = *valid;
   if (absl::Status s = ValidateDevice(config, attention); !s.ok()) return s;
   if (config.SlidingWindowMasked() && attention == AttentionMode::kMath) {
     // masking_utils.py, _ignore_causal_mask_sdpa: from seq >= sliding_window on, the

@@ -69,6 +69,38 @@ absl::string_view FamilyName(Family family);  // FamilyOf(family).name
 // "--width 130 is not divisible by --heads 4" or "--heads 32 is not divisible by
 // --kv_heads 5". Every entry point (predict, runtime, verify) calls it.
 absl::Status ValidateConfig(const ModelConfig& config);
+// ValidateConfigCalls: how many times ValidateConfig has run in this process, for the
+// test that a prediction validates its config once.
+int64_t ValidateConfigCalls();
+
+// ValidConfig is a ModelConfig that ValidateConfig accepted: what an entry point (a
+// prediction, a step simulator) hands the walks, plans and simulations under it, which
+// take it without checking it again. Only Of and ValidateRun make one; a change that no
+// check can refuse keeps the proof (WithoutCache).
+//
+// Example:
+//   absl::StatusOr<ValidConfig> valid = ValidateRun(config, attention, variants);
+//   if (!valid.ok()) return valid.status();
+//   absl::StatusOr<BlockWalk> walk = WalkBlock(graph, *valid, options);
+class ValidConfig {
+ public:
+  // Of: `config` if ValidateConfig accepts it, else ValidateConfig's error.
+  static absl::StatusOr<ValidConfig> Of(const ModelConfig& config);
+  const ModelConfig& config() const { return config_; }
+  const ModelConfig& operator*() const { return config_; }
+  const ModelConfig* operator->() const { return &config_; }
+  // WithoutCache: the same model without transformers' DynamicCache (use_cache off, as
+  // a checkpointed variant and a rank run it).
+  ValidConfig WithoutCache() const {
+    ValidConfig without = *this;
+    without.config_.use_cache = false;
+    return without;
+  }
+
+ private:
+  explicit ValidConfig(const ModelConfig& config) : config_(config) {}
+  ModelConfig config_;
+};
 
 // ValidatePolicy rejects op kinds the model's layers do not have, which its graph says:
 // "attention" names the flash op, which math mode has not; RMSNorm is plain ops (no
@@ -82,9 +114,14 @@ absl::Status ValidatePolicy(const SavePolicy& policy, AttentionMode mode,
 // selective policy against the attention mode and family, a plan's one choice per
 // layer, and the optimizer (momentum
 // for SGD only, master weights for low precision only).
-absl::Status ValidateRun(const ModelConfig& config, AttentionMode attention,
-                         const std::vector<Variant>& variants,
-                         const OptimizerSpec& optimizer = OptimizerSpec());
+absl::StatusOr<ValidConfig> ValidateRun(const ModelConfig& config, AttentionMode attention,
+                                        const std::vector<Variant>& variants,
+                                        const OptimizerSpec& optimizer = OptimizerSpec());
+// ValidateRunOf: ValidateRun for a config already validated (everything but the config's
+// own checks).
+absl::Status ValidateRunOf(const ValidConfig& config, AttentionMode attention,
+                           const std::vector<Variant>& variants,
+                           const OptimizerSpec& optimizer = OptimizerSpec());
 
 }  // namespace memledger
 

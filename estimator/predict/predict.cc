@@ -25,7 +25,7 @@ namespace {
 // it is the first.
 class BlockWalks {
  public:
-  BlockWalks(const ModelGraphs& graphs, const ModelConfig& config, bool breakdown,
+  BlockWalks(const ModelGraphs& graphs, const ValidConfig& config, bool breakdown,
              const RuleTable* rules)
       : graphs_(graphs), config_(config), breakdown_(breakdown), rules_(rules),
         layouts_(graphs.layer_kinds.size()) {}
@@ -39,7 +39,7 @@ class BlockWalks {
     core = core && !checkpointed;
     // A decoder's first layer reads the embedding's output, which requires grad, as every
     // later layer's input does: its walk is theirs.
-    first = first && !FamilyOf(config_.family).decoder;
+    first = first && !FamilyOf(config_->family).decoder;
     for (Entry& entry : entries_) {
       if (entry.kind == kind && entry.checkpointed == checkpointed && entry.first == first &&
           entry.core == core && (!checkpointed || entry.policy == policy)) {
@@ -86,7 +86,7 @@ class BlockWalks {
     bool laid_out = false;
   };
   const ModelGraphs& graphs_;
-  const ModelConfig& config_;
+  const ValidConfig& config_;
   bool breakdown_;
   const RuleTable* rules_;
   std::vector<Layouts> layouts_;  // by kind
@@ -398,7 +398,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
 }
 
 // WalkSegments walks the prologue (if the model has one) and the epilogue.
-absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConfig& config,
+absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ValidConfig& config,
                                       const PredictOptions& options) {
   WalkOptions segment_options;
   segment_options.record_storages = options.breakdown;
@@ -424,7 +424,7 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ModelConf
 
 namespace {
 
-absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
+absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
                                          const PredictOptions& options);
 
 }  // namespace
@@ -480,12 +480,11 @@ std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const Mod
 
 absl::StatusOr<Prediction> Predict(const ModelConfig& config,
                                    const PredictOptions& options) {
-  if (absl::Status s =
-          ValidateRun(config, options.attention, options.variants, options.optimizer);
-      !s.ok()) {
-    return s;
-  }
-  if (!config.KeepsKvCache()) return PredictGraphs(config, options);
+  // The one validation of the run: what is below takes the validated config.
+  absl::StatusOr<ValidConfig> valid =
+      ValidateRun(config, options.attention, options.variants, options.optimizer);
+  if (!valid.ok()) return valid.status();
+  if (!config.KeepsKvCache()) return PredictGraphs(*valid, options);
   // With use_cache the variants that checkpoint a layer run without the cache
   // (transformers turns it off, utils/generic.py:1041-1045): they are predicted on the
   // graphs without it, the others (and saved_bytes_none) on the graphs with it.
@@ -495,13 +494,11 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   for (const Variant& v : options.variants) {
     (v.CheckpointsAnyLayer() ? uncached : cached).variants.push_back(v);
   }
-  if (uncached.variants.empty()) return PredictGraphs(config, options);
-  ModelConfig without = config;
-  without.use_cache = false;
-  absl::StatusOr<Prediction> rest = PredictGraphs(without, uncached);
+  if (uncached.variants.empty()) return PredictGraphs(*valid, options);
+  absl::StatusOr<Prediction> rest = PredictGraphs(valid->WithoutCache(), uncached);
   if (!rest.ok()) return rest;
   cached.peak = cached.peak && !cached.variants.empty();
-  absl::StatusOr<Prediction> prediction = PredictGraphs(config, cached);
+  absl::StatusOr<Prediction> prediction = PredictGraphs(*valid, cached);
   if (!prediction.ok()) return prediction;
   // The variants in the order asked, each against the `none` that keeps the cache.
   std::vector<VariantPrediction> with_cache = std::move(prediction->variants);
@@ -521,8 +518,9 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
 
 namespace {
 
-absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
+absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
                                          const PredictOptions& options) {
+  const ModelConfig& config = *valid;
   Prediction prediction;
   prediction.config = config;
   prediction.attention = options.attention;
@@ -567,11 +565,11 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
   prediction.adamw_state_bytes =
       optimizer.kind == OptimizerKind::kAdamW ? moment_bytes.value() : 0;
 
-  absl::StatusOr<Segments> walked = WalkSegments(*graphs, config, options);
+  absl::StatusOr<Segments> walked = WalkSegments(*graphs, valid, options);
   if (!walked.ok()) return walked.status();
   const Segments& segments = *walked;
 
-  BlockWalks walks(*graphs, config, options.breakdown, options.rules);
+  BlockWalks walks(*graphs, valid, options.breakdown, options.rules);
   Variant none;
   absl::StatusOr<VariantPrediction> reference =
       PredictVariant(none, config, segments, /*breakdown=*/false, walks, WholeModel(config));
@@ -597,7 +595,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ModelConfig& config,
       layouts.layer_kinds.push_back(walks.LayoutsOf(kind));
     }
     absl::StatusOr<StepSimulator> created =
-        StepSimulator::Create(config, options.attention, step, layouts);
+        StepSimulator::Create(valid, options.attention, step, layouts);
     if (created.ok()) {
       simulator = *std::move(created);
     } else if (absl::IsUnimplemented(created.status())) {
@@ -732,13 +730,12 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& model,
                                              const PredictOptions& options,
                                              const StageRange& stage) {
   // A pipeline stage is a rank's (estimator/predict/ranks.h): no DynamicCache.
-  ModelConfig config = model;
-  config.use_cache = false;
-  if (absl::Status s =
-          ValidateRun(config, options.attention, options.variants, options.optimizer);
-      !s.ok()) {
-    return s;
-  }
+  ModelConfig uncached = model;
+  uncached.use_cache = false;
+  absl::StatusOr<ValidConfig> valid =
+      ValidateRun(uncached, options.attention, options.variants, options.optimizer);
+  if (!valid.ok()) return valid.status();
+  const ModelConfig& config = **valid;
   if (stage.first_layer < 0 || stage.layers < 1 ||
       stage.first_layer > config.layers - stage.layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -751,9 +748,9 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& model,
   if (n_params.overflowed()) {
     return absl::OutOfRangeError("stage: parameter count overflows int64");
   }
-  absl::StatusOr<Segments> segments = WalkSegments(*graphs, config, options);
+  absl::StatusOr<Segments> segments = WalkSegments(*graphs, *valid, options);
   if (!segments.ok()) return segments.status();
-  BlockWalks walks(*graphs, config, options.breakdown, options.rules);
+  BlockWalks walks(*graphs, *valid, options.breakdown, options.rules);
   StagePrediction prediction;
   prediction.n_params = n_params.value();
   prediction.n_param_tensors = census.tensors;

@@ -22,10 +22,4 @@ std::string HumanBytes(int64_t bytes) {
 
 double RoundTo4(double x) { return std::round(x * 1e4) / 1e4; }
 
-std::optional<int64_t> GibToBytes(double gib) {
-  const double bytes = gib * static_cast<double>(int64_t{1} << 30);
-  if (!(gib > 0) || !(bytes < 9.2e18)) return std::nullopt;
-  return static_cast<int64_t>(bytes);
-}
-
 }  // namespace memledger

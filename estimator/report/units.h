@@ -12,10 +12,6 @@ namespace memledger {
 // HumanBytes uses binary units (KiB = 1024 B) with two decimals; plain bytes below 1 KiB.
 std::string HumanBytes(int64_t bytes);
 
-// GibToBytes is `gib` GiB (2^30 bytes) in bytes, rounded down; nullopt unless gib > 0
-// and the bytes fit int64 (below 2^33 GiB). NaN is nullopt.
-std::optional<int64_t> GibToBytes(double gib);
-
 // RoundTo4 rounds like the study's Python round(x, 4), for ratios in JSON.
 double RoundTo4(double x);
 

@@ -183,7 +183,9 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
       static_cast<int64_t>(std::llround(request.cuda_context_mib * (1 << 20)));
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
   spec.routing = request.routing;
-  if (absl::Status s = ValidateConfig(spec.config); !s.ok()) return s;
+  // The config first: the layout's and the variants' checks ask it.
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(spec.config);
+  if (!valid.ok()) return valid.status();
   absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(request.schedule);
   if (!schedule.ok()) return schedule.status();
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
@@ -204,7 +206,7 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
     if (!plan.ok()) return plan.status();
     spec.variants = {Variant(), *std::move(plan)};
   }
-  if (absl::Status s = ValidateRun(spec.config, spec.attention, spec.variants, spec.optimizer);
+  if (absl::Status s = ValidateRunOf(*valid, spec.attention, spec.variants, spec.optimizer);
       !s.ok()) {
     return s;
   }

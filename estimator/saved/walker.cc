@@ -324,14 +324,26 @@ const char* KeepReasonName(KeepReason reason) {
 
 std::shared_ptr<const BlockLayouts> LayoutBlock(const BlockGraph& graph,
                                                 const ModelConfig& config) {
-  if (!ValidateConfig(config).ok()) return nullptr;
-  return Walk(graph, config, WalkOptions()).LayoutsOnly();
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return nullptr;
+  return LayoutBlock(graph, *valid);
+}
+
+std::shared_ptr<const BlockLayouts> LayoutBlock(const BlockGraph& graph,
+                                                const ValidConfig& config) {
+  return Walk(graph, *config, WalkOptions()).LayoutsOnly();
 }
 
 absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ModelConfig& config,
                                     const WalkOptions& options, const BlockLayouts* layouts) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  return Walk(graph, config, options).Run(layouts);
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
+  return WalkBlock(graph, *valid, options, layouts);
+}
+
+absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ValidConfig& config,
+                                    const WalkOptions& options, const BlockLayouts* layouts) {
+  return Walk(graph, *config, options).Run(layouts);
 }
 
 }  // namespace memledger

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "estimator/graph/block_graph.h"
+#include "estimator/graph/family.h"
 #include "estimator/spec/config.h"
 #include "estimator/graph/rules.h"
 #include "estimator/graph/shape.h"
@@ -143,11 +144,18 @@ struct BlockLayouts;
 // overflows (a walk without them then reports why).
 std::shared_ptr<const BlockLayouts> LayoutBlock(const BlockGraph& graph,
                                                 const ModelConfig& config);
+// LayoutBlock for a config its caller validated: not checked again.
+std::shared_ptr<const BlockLayouts> LayoutBlock(const BlockGraph& graph,
+                                                const ValidConfig& config);
 
 // WalkBlock returns InvalidArgument for an invalid config and OutOfRange if a byte
 // count overflows int64. `layouts`, when given, must be LayoutBlock(graph, config)'s.
 // REQUIRES: `graph`'s input and output storages have the same size.
 absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ModelConfig& config,
+                                    const WalkOptions& options,
+                                    const BlockLayouts* layouts = nullptr);
+// WalkBlock for a config its caller validated: not checked again.
+absl::StatusOr<BlockWalk> WalkBlock(const BlockGraph& graph, const ValidConfig& config,
                                     const WalkOptions& options,
                                     const BlockLayouts* layouts = nullptr);
 

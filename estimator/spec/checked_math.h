@@ -9,6 +9,7 @@
 #define ESTIMATOR_SPEC_CHECKED_MATH_H_
 
 #include <cstdint>
+#include <optional>
 
 namespace memledger {
 
@@ -45,6 +46,14 @@ class CheckedInt64 {
   int64_t value_ = 0;
   bool overflowed_ = false;
 };
+
+// GibToBytes is `gib` GiB (2^30 bytes) in bytes, rounded down; nullopt unless gib > 0
+// and the bytes fit int64 (below 2^33 GiB). NaN is nullopt.
+inline std::optional<int64_t> GibToBytes(double gib) {
+  const double bytes = gib * static_cast<double>(int64_t{1} << 30);
+  if (!(gib > 0) || !(bytes < 9.2e18)) return std::nullopt;
+  return static_cast<int64_t>(bytes);
+}
 
 }  // namespace memledger
 

@@ -19,6 +19,7 @@
 #include "estimator/spec/checked_math.h"
 #include "estimator/graph/family.h"
 #include "estimator/step/pipeline_steps.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/step/segment_plan.h"
 #include "estimator/step/step_ledger.h"
 #include "estimator/step/simulation.h"
@@ -405,15 +406,21 @@ absl::StatusOr<StepPeak> ComposeRankPeak(const Simulation& simulation,
 
 }  // namespace
 
-absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
+absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& model,
                                                     AttentionMode attention,
                                                     const StepOptions& options,
                                                     const ModelLayouts& layouts) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  if (options.cpu_threads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpu_threads must be >= 1, got ", options.cpu_threads));
-  }
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(model);
+  if (!valid.ok()) return valid.status();
+  return Create(*valid, attention, options, layouts);
+}
+
+absl::StatusOr<StepSimulator> StepSimulator::Create(const ValidConfig& valid,
+                                                    AttentionMode attention,
+                                                    const StepOptions& options,
+                                                    const ModelLayouts& layouts) {
+  const ModelConfig& config = *valid;
+  if (absl::Status s = CheckCpuThreads(options.cpu_threads); !s.ok()) return s;
   auto plans = std::make_shared<ModelPlans>();
   plans->graphs = ModelGraphsFor(config, attention);
   const ModelGraphs& graphs = *plans->graphs;
@@ -423,7 +430,7 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
                   std::unique_ptr<SegmentPlan>* plan,
                   const std::shared_ptr<const BlockLayouts>& laid_out = nullptr) {
     absl::StatusOr<std::unique_ptr<SegmentPlan>> made =
-        MakePlan(graph, config, input_requires_grad, rules, laid_out.get());
+        MakePlan(graph, valid, input_requires_grad, rules, laid_out.get());
     if (made.ok()) *plan = *std::move(made);
     return made.status();
   };
@@ -454,53 +461,53 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ModelConfig& config,
   if (absl::Status s = make(graphs.epilogue, true, &plans->head, layouts.epilogue); !s.ok()) {
     return s;
   }
-  return StepSimulator(config, attention, options, std::move(plans));
+  return StepSimulator(valid, attention, options, std::move(plans));
 }
 
 absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
                                                      const OptimizerSpec& optimizer,
                                                      const ResidentBytes& resident) const {
-  if (absl::Status s = ValidateRun(config_, attention_, {variant}, optimizer); !s.ok()) {
+  if (absl::Status s = ValidateRunOf(config_, attention_, {variant}, optimizer); !s.ok()) {
     return s;
   }
   if (variant.kind == VariantKind::kCoreAttention) {
     return absl::UnimplementedError(
         "peak memory: the step simulation does not model core_attention's recompute yet");
   }
-  if (config_.KeepsKvCache() && variant.CheckpointsAnyLayer()) {
+  if (config_->KeepsKvCache() && variant.CheckpointsAnyLayer()) {
     return absl::InvalidArgumentError(
         "step simulation: a model with use_cache runs a checkpointing variant without the "
         "cache; simulate it on the config with use_cache off (Predict does)");
   }
   const ModelPlans& plans = *plans_;
-  absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
+  absl::StatusOr<StepTimeline> started = ResidentTimeline(*config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;
   // The caching allocator's blocks depend on everything before them: such a step is
   // replayed whole. Rounded requests (CudaBlocks::kRequests) compose as CPU bytes do.
   const bool allocator =
-      config_.device == Device::kCuda && options_.cuda_blocks == CudaBlocks::kAllocator;
+      config_->device == Device::kCuda && options_.cuda_blocks == CudaBlocks::kAllocator;
   // Without events, a long model's peak is composed from a short one's stretches: the
   // cost stops growing with layers.
   const int64_t period = PeriodOf(variant, *plans.graphs);
   // A probe's layers are not the model's pattern: its first period is not the model's.
   const ShortModel model =
       options_.layer_kinds.empty()
-          ? ShortModelOf(config_.layers, variant, *plans.graphs, period)
-          : StandardShortModel(config_.layers, variant, period);
+          ? ShortModelOf(config_->layers, variant, *plans.graphs, period)
+          : StandardShortModel(config_->layers, variant, period);
   // A data-parallel rank's reduction holds all of its layers' gradients at once (its
   // stretch grows with the layers), a second micro-batch's backward adds to .grads, and
   // a pipeline stage interleaves micro-batches: such a step is replayed whole.
-  if (!options_.record_events && !allocator && model.layers < config_.layers &&
+  if (!options_.record_events && !allocator && model.layers < config_->layers &&
       options_.rank.parallel.dp <= 1 && options_.rank.parallel.micro_batches <= 1 &&
       options_.rank.parallel.pp <= 1) {
-    ModelConfig short_config = config_;
+    ModelConfig short_config = *config_;
     short_config.layers = model.layers;
     Simulation simulation(short_config, variant, optimizer, options_, &timeline);
-    simulation.set_model_layers(config_.layers);
+    simulation.set_model_layers(config_->layers);
     if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
     absl::StatusOr<StepPeak> peak =
-        ComposePeak(simulation, timeline, *plans.graphs, config_.layers, model, period);
+        ComposePeak(simulation, timeline, *plans.graphs, config_->layers, model, period);
     if (!peak.ok()) return peak.status();
     timeline.peak = *std::move(peak);
     return std::move(timeline);
@@ -510,9 +517,9 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   const ParallelSpec& parallel = options_.rank.parallel;
   if (!options_.record_events && !allocator &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
-      config_.checkpoint_impl != CheckpointImpl::kReentrant) {
+      config_->checkpoint_impl != CheckpointImpl::kReentrant) {
     const std::vector<StageRange> chunks =
-        parallel.pp > 1 ? options_.rank.chunks : std::vector<StageRange>{WholeModel(config_)};
+        parallel.pp > 1 ? options_.rank.chunks : std::vector<StageRange>{WholeModel(*config_)};
     std::vector<StageRange> short_chunks = chunks;
     std::vector<ShortModel> short_models;
     bool shorter = false;
@@ -522,7 +529,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
       chunk.layers = short_models.back().layers;
     }
     if (shorter) {
-      ModelConfig short_config = config_;
+      ModelConfig short_config = *config_;
       StepOptions short_options = options_;
       if (parallel.pp > 1) {
         short_options.rank.chunks = short_chunks;
@@ -530,7 +537,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
         short_config.layers = short_models.front().layers;
       }
       Simulation simulation(short_config, variant, optimizer, short_options, &timeline);
-      simulation.set_model_layers(config_.layers);
+      simulation.set_model_layers(config_->layers);
       simulation.set_model_chunks(chunks);
       std::vector<TapeStretch> tape;
       simulation.RecordTape(&tape);
@@ -549,7 +556,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
     // Every allocation goes through the allocator's simulation, none peeked at.
     options.record_events = true;
   }
-  Simulation simulation(config_, variant, optimizer, options, &timeline);
+  Simulation simulation(*config_, variant, optimizer, options, &timeline);
   if (absl::Status s = simulation.Run(plans); !s.ok()) return s;
   simulation.NamePeak();
   timeline.peak_reserved_bytes = simulation.reserved_peak();
@@ -575,10 +582,10 @@ absl::StatusOr<SegmentSummary> StepSimulator::RankEnd(const ModelPlans& plans,
   for (const ModelPlans::Reduction& r : plans.reductions) {
     if (r.optimizer == optimizer && same_rank(r.rank, options_.rank)) return r.stretch;
   }
-  absl::StatusOr<StepTimeline> end = ResidentTimeline(config_, resident);
+  absl::StatusOr<StepTimeline> end = ResidentTimeline(*config_, resident);
   if (!end.ok()) return end.status();
   const Variant none;
-  Simulation reduction(config_, none, optimizer, options_, &*end);
+  Simulation reduction(*config_, none, optimizer, options_, &*end);
   if (absl::Status s = reduction.RunReduction(plans); !s.ok()) return s;
   plans.reductions.push_back({optimizer, options_.rank, reduction.segments().optimizer});
   return reduction.segments().optimizer;
@@ -602,11 +609,11 @@ std::vector<LayerGlobals> StepSimulator::LayerGlobalsOf() const {
 absl::Status StepSimulator::ValidateProbe(const Variant& variant,
                                           const OptimizerSpec& optimizer) const {
   const std::vector<int>& kinds = options_.layer_kinds;
-  if (kinds.empty()) return ValidateRun(config_, attention_, {variant}, optimizer);
-  if (absl::Status s = ValidateRun(config_, attention_, {Variant()}, optimizer); !s.ok()) {
+  if (kinds.empty()) return ValidateRunOf(config_, attention_, {variant}, optimizer);
+  if (absl::Status s = ValidateRunOf(config_, attention_, {Variant()}, optimizer); !s.ok()) {
     return s;
   }
-  const size_t count = ModelGraphsFor(config_, attention_)->layer_kinds.size();
+  const size_t count = ModelGraphsFor(*config_, attention_)->layer_kinds.size();
   for (int kind : kinds) {
     if (kind < 0 || static_cast<size_t>(kind) >= count) {
       return absl::InvalidArgumentError(
@@ -619,7 +626,7 @@ absl::Status StepSimulator::ValidateProbe(const Variant& variant,
   }
   for (const LayerChoice& choice : variant.layers) {
     if (!choice.checkpointed) continue;
-    if (absl::Status s = ValidatePolicy(choice.policy, attention_, config_); !s.ok()) return s;
+    if (absl::Status s = ValidatePolicy(choice.policy, attention_, *config_); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -629,18 +636,19 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
                                                        const ResidentBytes& resident) const {
   if (absl::Status s = ValidateProbe(variant, optimizer); !s.ok()) return s;
   // A probe (Probe) runs its own layers, of the model's kinds.
-  ModelConfig config = config_;
+  ModelConfig config = *config_;
   if (!options_.layer_kinds.empty()) {
     config.layers = static_cast<int64_t>(options_.layer_kinds.size());
     // Whether the prologue makes the sliding-window mask is the model's: every attention
     // span its layers have, within the probe's length (at least the 2 kinds there are).
     std::vector<LayerAttention> spans;
-    for (LayerAttention span : config_.LayerAttentionPeriod()) {
+    for (LayerAttention span : config_->LayerAttentionPeriod()) {
       if (std::find(spans.begin(), spans.end(), span) == spans.end()) spans.push_back(span);
     }
     config.layer_attention = spans;
   }
-  if (config_.checkpoint_impl == CheckpointImpl::kReentrant && variant.kind != VariantKind::kNone) {
+  if (config_->checkpoint_impl == CheckpointImpl::kReentrant &&
+      variant.kind != VariantKind::kNone) {
     // Its checkpoints hold their call arguments (shared by every layer) to the step's
     // end: when those die depends on whether any layer is checkpointed.
     return absl::UnimplementedError(
@@ -648,7 +656,7 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
         "compose yet (its checkpoints hold the layers' shared arguments to the step's end)");
   }
   const ModelPlans& plans = *plans_;
-  absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
+  absl::StatusOr<StepTimeline> started = ResidentTimeline(*config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;
   StepOptions options = options_;
@@ -682,7 +690,7 @@ absl::StatusOr<StepStretches> StepSimulator::Stretches(const Variant& variant,
 
 absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec& optimizer,
                                                             const ResidentBytes& resident) const {
-  if (absl::Status s = ValidateRun(config_, attention_, {Variant()}, optimizer); !s.ok()) {
+  if (absl::Status s = ValidateRunOf(config_, attention_, {Variant()}, optimizer); !s.ok()) {
     return s;
   }
   const ParallelSpec& parallel = options_.rank.parallel;
@@ -691,14 +699,14 @@ absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec&
         "peak memory: the step's end alone is modelled for one pipeline stage with ZeRO 0-2");
   }
   const ModelPlans& plans = *plans_;
-  absl::StatusOr<StepTimeline> started = ResidentTimeline(config_, resident);
+  absl::StatusOr<StepTimeline> started = ResidentTimeline(*config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;
   StepOptions options = options_;
   options.record_events = false;
   options.cuda_blocks = CudaBlocks::kRequests;
   const Variant none;
-  Simulation simulation(config_, none, optimizer, options, &timeline);
+  Simulation simulation(*config_, none, optimizer, options, &timeline);
   if (absl::Status s = simulation.RunReduction(plans); !s.ok()) return s;
   return StretchOf(simulation.segments().optimizer);
 }

@@ -32,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "estimator/graph/block_graph.h"
+#include "estimator/graph/family.h"
 #include "estimator/spec/config.h"
 #include "estimator/request/parallel_spec.h"
 #include "estimator/graph/rules.h"
@@ -283,6 +284,11 @@ class StepSimulator {
                                               AttentionMode attention,
                                               const StepOptions& options,
                                               const ModelLayouts& layouts = {});
+  // Create for a config its caller validated (a prediction's): not checked again.
+  static absl::StatusOr<StepSimulator> Create(const ValidConfig& config,
+                                              AttentionMode attention,
+                                              const StepOptions& options,
+                                              const ModelLayouts& layouts = {});
   // Simulate returns the variant's timeline and peak (Unimplemented for master weights).
   absl::StatusOr<StepTimeline> Simulate(const Variant& variant, const OptimizerSpec& optimizer,
                                         const ResidentBytes& resident) const;
@@ -295,7 +301,7 @@ class StepSimulator {
   // Stretches replays every layer (no events) and returns the step's stretches.
   absl::StatusOr<StepStretches> Stretches(const Variant& variant, const OptimizerSpec& optimizer,
                                           const ResidentBytes& resident) const;
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return *config_; }
   AttentionMode attention() const { return attention_; }
   // LayerGlobalsOf: by layer kind (ModelGraphs::layer_kinds), what its layers read of
   // the model-level tensors.
@@ -326,11 +332,11 @@ class StepSimulator {
       const liveness_internal::ModelPlans& plans, const OptimizerSpec& optimizer,
       const ResidentBytes& resident) const;
 
-  StepSimulator(const ModelConfig& config, AttentionMode attention, const StepOptions& options,
+  StepSimulator(const ValidConfig& config, AttentionMode attention, const StepOptions& options,
                 std::shared_ptr<const liveness_internal::ModelPlans> plans)
       : config_(config), attention_(attention), options_(options), plans_(std::move(plans)) {}
 
-  ModelConfig config_;
+  ValidConfig config_;
   AttentionMode attention_;
   StepOptions options_;
   std::shared_ptr<const liveness_internal::ModelPlans> plans_;  // the segments' plans

@@ -256,7 +256,7 @@ class StructureMemo {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
-                                                      const ModelConfig& config,
+                                                      const ValidConfig& config,
                                                       bool input_requires_grad,
                                                       const RuleTable* rules,
                                                       const BlockLayouts* layouts) {

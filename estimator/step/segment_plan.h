@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "estimator/graph/block_graph.h"
+#include "estimator/graph/family.h"
 #include "estimator/spec/config.h"
 #include "estimator/graph/rules.h"
 #include "estimator/saved/walker.h"
@@ -127,7 +128,7 @@ struct SegmentPlan {
 // than three inputs (a backward node keeps at most three gradients).
 // `layouts`: LayoutBlock(graph, config)'s, if the caller has them (null: made here).
 absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
-                                                      const ModelConfig& config,
+                                                      const ValidConfig& config,
                                                       bool input_requires_grad,
                                                       const RuleTable* rules,
                                                       const BlockLayouts* layouts = nullptr);

@@ -1,0 +1,25 @@
+// The options beside a run's (RunRequest's), each checked once, with the one message the
+// CLIs, the C ABI and Python give for a bad value.
+//
+// Example:
+//   absl::StatusOr<int64_t> budget = BudgetBytes(absl::GetFlag(FLAGS_budget_gib));
+//   if (!budget.ok()) return ReportError(budget.status());
+#ifndef ESTIMATOR_SPEC_OPTION_CHECKS_H_
+#define ESTIMATOR_SPEC_OPTION_CHECKS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace memledger {
+
+// CheckCpuThreads: --cpu_threads, LibTorch's intra-op threads, from 1 to 1024.
+absl::Status CheckCpuThreads(int64_t threads);
+// BudgetBytes: --budget_gib in bytes, a positive number of GiB below 2^33 (rounded down
+// to a byte); with `zero_is_none` (a sweep's, where 0 asks for no budget column) 0 too.
+absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none = false);
+
+}  // namespace memledger
+
+#endif  // ESTIMATOR_SPEC_OPTION_CHECKS_H_
