@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "estimator/graph/family.h"
 #include "estimator/request/model_presets.h"
 #include "estimator/predict/predict.h"
 
@@ -17,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   config->batch = 1;
   config->seq = 8;
-  if (config->family == memledger::Family::kGpt2) config->seq = 1;
+  if (memledger::FamilyOf(config->family).learned_positions) config->seq = 1;
   (void)memledger::Predict(*config, {});  // any status; it must return
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "runtime/family.h"
 
+#include <array>
 #include <string>
 
 #include "absl/status/status.h"
@@ -8,24 +9,37 @@
 
 namespace memledger::runtime {
 
-// The families, each defined in its own file under runtime/families/.
-const RuntimeFamily& StudyRuntimeFamily();
-const RuntimeFamily& LlamaRuntimeFamily();
-const RuntimeFamily& Gpt2RuntimeFamily();
-const RuntimeFamily& Gemma3RuntimeFamily();
+// The families the runtime measures (runtime/families/families.inc), each defined in its
+// folder under runtime/families/.
+#define MEMLEDGER_RUNTIME_FAMILY(name) const RuntimeFamily& name##RuntimeFamily();
+#include "runtime/families/families.inc"
+#undef MEMLEDGER_RUNTIME_FAMILY
+
+namespace {
+
+// Registered: by Family, each registered family's entry; a family without one has the
+// empty entry (no make_model), which RuntimeFamilyModelled refuses.
+const std::array<const RuntimeFamily*, kNumFamilies>& Registered() {
+  static const std::array<const RuntimeFamily*, kNumFamilies> kFamilies = [] {
+    static const RuntimeFamily kNone;
+    std::array<const RuntimeFamily*, kNumFamilies> families;
+    families.fill(&kNone);
+    for (const RuntimeFamily* family : {
+#define MEMLEDGER_RUNTIME_FAMILY(name) &name##RuntimeFamily(),
+#include "runtime/families/families.inc"
+#undef MEMLEDGER_RUNTIME_FAMILY
+         }) {
+      families[static_cast<size_t>(family->id)] = family;
+    }
+    return families;
+  }();
+  return kFamilies;
+}
+
+}  // namespace
 
 const RuntimeFamily& RuntimeFamilyOf(Family family) {
-  switch (family) {
-    case Family::kStudy:
-      return StudyRuntimeFamily();
-    case Family::kLlama:
-      return LlamaRuntimeFamily();
-    case Family::kGpt2:
-      return Gpt2RuntimeFamily();
-    case Family::kGemma3:
-      return Gemma3RuntimeFamily();
-  }
-  return StudyRuntimeFamily();
+  return *Registered()[static_cast<size_t>(family)];
 }
 
 absl::Status RuntimeFamilyModelled(const ModelConfig& config) {

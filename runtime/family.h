@@ -1,4 +1,4 @@
-// A model family in the runtime, in one definition (runtime/families/<name>.cc): how
+// A model family in the runtime, in one definition (runtime/families/<name>/): how
 // its LibTorch model is made and how its parameters split over tensor-parallel ranks
 // and group into ZeRO-3's units. What the family is (decoder or not, its capabilities)
 // is the estimator's FamilyDef (estimator/graph/family.h).
@@ -18,7 +18,7 @@
 namespace memledger::runtime {
 
 struct RuntimeFamily {
-  Family id = Family::kStudy;
+  Family id = Family{};  // set by the family's folder
   // make_model: the seeded model (BuildModel seeds LibTorch first).
   std::shared_ptr<ModelImpl> (*make_model)(const ModelConfig& config) = nullptr;
   // shard_of: tensor-parallel rank r's part of parameter `name` (named_parameters()'s
@@ -42,7 +42,7 @@ ParameterShard Split(int64_t dim, int64_t n, int64_t rank);
 // row-parallel bias) used on this rank's T / tp tokens only, so its gradient is partial.
 bool ReplicatedUnderSequenceParallelism(const ModelConfig& config, const std::string& name);
 // LlamaShardOf and LlamaGradientIsPartial: the Llama family's names under Megatron's
-// layout (runtime/families/llama.cc), which Gemma 3's share: q/k/v, gate/up and the
+// layout (runtime/families/llama/llama.cc), which Gemma 3's share: q/k/v, gate/up and the
 // vocabulary rows split by output, o_proj and down_proj by input, q_norm's and k_norm's
 // gradients all-reduced.
 ParameterShard LlamaShardOf(const ModelConfig& config, const std::string& name, int64_t r);

@@ -175,9 +175,5 @@ at::Tensor TakeShard(const at::Tensor& whole, const ParameterShard& shard) {
   return at::cat(pieces, shard.dim);
 }
 
-int64_t ExpectedParameterCount(const ModelConfig& config) {
-  const int64_t d = config.width;
-  return config.layers * (12 * d * d + 13 * d);
-}
 
 }  // namespace memledger::runtime

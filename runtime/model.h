@@ -240,8 +240,6 @@ at::Tensor StudyLoss(const at::Tensor& output);
 at::Tensor CausalLmLoss(at::Tensor logits, const at::Tensor& input_ids,
                         TensorParallel* tp = nullptr);
 
-// ExpectedParameterCount is layers * (12 d^2 + 13 d), the study's.
-int64_t ExpectedParameterCount(const ModelConfig& config);
 
 }  // namespace memledger::runtime
 

@@ -22,7 +22,7 @@
 #include "runtime/family.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
-#include "runtime/families/sparse_moe.h"
+#include "runtime/families/llama/sparse_moe.h"
 #include "runtime/model.h"
 #include "runtime/optimizer_runner.h"
 #include "runtime/saved_tensor_recorder.h"
@@ -209,10 +209,11 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
     parameter_storages.insert(StorageKey(p));
   }
   for (const at::Tensor& b : built.model->buffers()) m.buffer_bytes += TensorBytes(b);
-  if (config.family == Family::kStudy && m.n_params != ExpectedParameterCount(config)) {
-    return absl::InternalError(absl::StrCat("model has ", m.n_params,
-                                            " parameters, expected layers*(12d^2+13d) = ",
-                                            ExpectedParameterCount(config)));
+  if (const auto expected = FamilyOf(config.family).expected_parameters; expected != nullptr) {
+    if (const std::optional<int64_t> count = expected(config); m.n_params != count) {
+      return absl::InternalError(absl::StrCat("model has ", m.n_params,
+                                              " parameters, expected ", count.value_or(-1)));
+    }
   }
 
   const bool none_requested =

@@ -160,11 +160,11 @@ TEST(KorthikantiTest, TensorParallelInputIsChecked) {
   ModelConfig study;
   study.tp = 2;
   EXPECT_STATUS(Predict(study, PredictOptions()), absl::StatusCode::kInvalidArgument,
-                "not the study's block");
+                "not the study family");
   ModelConfig sp = Megatron(kModels[0], 1, /*sp=*/true);
   options.attention = AttentionMode::kMath;
   EXPECT_STATUS(Predict(sp, options), absl::StatusCode::kInvalidArgument,
-                "--sp (sequence parallelism) needs --tp >= 2 and a llama, gemma3 or gpt2 "
+                "--sp (sequence parallelism) needs --tp >= 2 and a llama, gpt2 or gemma3 "
                 "family model");
 }
 

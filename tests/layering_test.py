@@ -15,6 +15,9 @@ import unittest
 
 ORDER = ["spec", "graph", "families", "request", "saved", "step", "predict", "report", "cli"]
 INCLUDE = re.compile(r'^#include "estimator/([a-z_]+)/', re.MULTILINE)
+# A family's own names, which only its folders (and the registries' lists) may use.
+FAMILY_TOKEN = re.compile(r"\bFamily::k[A-Z]\w*|\b\w+(?<!Runtime)(?<!Of)Family\(\)|"
+                          r"\b\w+RuntimeFamily\(\)")
 
 
 class LayeringTest(unittest.TestCase):
@@ -24,8 +27,11 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(folders, sorted(ORDER), "a folder of estimator/ is not in ORDER")
         checked = 0
         for folder in ORDER:
-            for name in sorted(os.listdir(os.path.join(root, folder))):
-                path = os.path.join(root, folder, name)
+            # A folder's files and its subfolders' (a family's folder under families/).
+            paths = sorted(os.path.join(parent, name)
+                           for parent, _, names in os.walk(os.path.join(root, folder))
+                           for name in names)
+            for path in paths:
                 with open(path, encoding="utf-8") as f:
                     text = f.read()
                 for target in INCLUDE.findall(text):
@@ -35,6 +41,25 @@ class LayeringTest(unittest.TestCase):
                         f"{path} ({folder}/) includes estimator/{target}/, which comes later")
                 checked += 1
         self.assertGreater(checked, 60)  # every source file was read
+
+    def test_shared_code_names_no_family(self):
+        # Outside a family's folders, code names no family: it asks the registry
+        # (FamilyOf, Families, FamilyNames) and the FamilyDef's capabilities. Comments may.
+        found = []
+        for top in ("estimator", "runtime", "planner", "verify", "api"):
+            for parent, _, names in os.walk(top):
+                if "/families" in parent or parent.endswith("families"):
+                    continue
+                for name in names:
+                    if not name.endswith((".cc", ".h")):
+                        continue
+                    path = os.path.join(parent, name)
+                    with open(path, encoding="utf-8") as f:
+                        for number, line in enumerate(f, 1):
+                            code = line.split("//", 1)[0]
+                            for token in FAMILY_TOKEN.findall(code):
+                                found.append(f"{path}:{number}: {token}")
+        self.assertEqual(found, [], "\n".join(found))
 
 
 if __name__ == "__main__":

@@ -581,7 +581,7 @@ TEST(PredictRanksTest, BadLayoutsNameTheFlag) {
   ParallelSpec study_pipeline;
   study_pipeline.pp = 2;
   EXPECT_STATUS(PredictRanks(ModelConfig(), study_pipeline, options),
-                absl::StatusCode::kInvalidArgument, "not the study's block");
+                absl::StatusCode::kInvalidArgument, "not the study family");
 }
 
 }  // namespace

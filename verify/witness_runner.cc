@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "estimator/graph/family.h"
 #include "estimator/request/model_presets.h"
 #include "rapidjson/document.h"
 #include "rapidjson/stringbuffer.h"
@@ -38,7 +39,7 @@ std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
   };
   doc.AddMember("batch", config.batch, a);
   doc.AddMember("seq", config.seq, a);
-  if (config.family == Family::kStudy) {
+  if (!FamilyOf(config.family).decoder) {  // the study: no transformers model
     doc.AddMember("study", true, a);
     doc.AddMember("layers", config.layers, a);
     doc.AddMember("width", config.width, a);
@@ -106,7 +107,7 @@ absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
         "--witness=transformers: torch.optim has no master weights (drop --master_weights)");
   }
   std::string hf_config;
-  if (config.family != Family::kStudy) {
+  if (FamilyOf(config.family).decoder) {
     absl::StatusOr<std::string> json = HfConfigJson(config);
     if (!json.ok()) {
       return absl::InvalidArgumentError(

@@ -18,15 +18,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "estimator/request/model_presets.h"
 #include "estimator/request/run_request.h"
 
-ABSL_FLAG(std::string, model, "study",
-          "The model: a built-in name (study, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, "
-          "qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma-3-27b, gpt2, megatron-gpt, "
-          "and the small tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-gemma3, tiny-gpt2) or "
-          "the path of a transformers config.json (model_type llama, mistral, qwen2, qwen3, "
-          "qwen3_moe, mixtral, gemma3_text, gpt2, or gemma3, whose text_config is read: the "
-          "text model without the vision tower). The size flags below override its sizes.");
+// --model's help lists the families' presets and model_types (ModelFlagHelp).
+ABSL_FLAG(std::string, model, "study", memledger::ModelFlagHelp());
 ABSL_FLAG(std::optional<int64_t>, layers, std::nullopt,
           "Number of Transformer blocks / decoder layers (>= 1; default: the model's, the "
           "study's 6).");
@@ -96,11 +92,10 @@ ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,
           "Tensor-parallel ranks (Megatron's split of heads, MLP columns and vocabulary; "
-          "llama, gemma3 and gpt2 families, not a mixture of experts): the buckets are one "
-          "rank's.");
+          "the decoder families, not a mixture of experts): the buckets are one rank's.");
 ABSL_FLAG(bool, sp, false,
-          "Megatron's sequence parallelism with --tp (llama, gemma3 and gpt2 families; not "
-          "with --amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
+          "Megatron's sequence parallelism with --tp (the decoder families; not with "
+          "--amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
 ABSL_FLAG(int64_t, dp, 1,
           "Data-parallel ranks (predict: every kind of rank's memory, under --zero; "
           "verify: run on that many Gloo ranks per model shard).");

@@ -13,12 +13,6 @@
 
 namespace memledger {
 
-// The families, each defined in its own file under estimator/families/.
-const FamilyDef& StudyFamily();
-const FamilyDef& LlamaFamily();
-const FamilyDef& Gpt2Family();
-const FamilyDef& Gemma3Family();
-
 namespace {
 
 absl::Status CheckPositive(absl::string_view flag, int64_t value) {
@@ -29,28 +23,17 @@ absl::Status CheckPositive(absl::string_view flag, int64_t value) {
 
 }  // namespace
 
-const FamilyDef& FamilyOf(Family family) {
-  switch (family) {
-    case Family::kStudy:
-      return StudyFamily();
-    case Family::kLlama:
-      return LlamaFamily();
-    case Family::kGpt2:
-      return Gpt2Family();
-    case Family::kGemma3:
-      return Gemma3Family();
-  }
-  return StudyFamily();
-}
-
-const std::vector<const FamilyDef*>& Families() {
-  static const auto* const kFamilies =
-      new std::vector<const FamilyDef*>{&StudyFamily(), &LlamaFamily(), &Gpt2Family(),
-                                        &Gemma3Family()};
-  return *kFamilies;
-}
-
 absl::string_view FamilyName(Family family) { return FamilyOf(family).name; }
+
+std::string FamilyNames(bool FamilyDef::*capability, absl::string_view conjunction) {
+  std::vector<absl::string_view> names;
+  for (const FamilyDef* family : Families()) {
+    if (family->*capability) names.push_back(family->name);
+  }
+  if (names.size() < 2) return absl::StrJoin(names, "");
+  return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "), " ", conjunction,
+                      " ", names.back());
+}
 
 namespace {
 std::atomic<int64_t> validate_config_calls{0};
@@ -95,6 +78,11 @@ absl::Status ValidateConfig(const ModelConfig& config) {
   if (config.tp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 1, got ", config.tp));
   }
+  if (config.use_cache && !family.decoder) {  // ModelConfig::KeepsKvCache trusts this
+    return absl::InvalidArgumentError(absl::StrCat(
+        "use_cache (transformers' DynamicCache) is for the decoder families, not the ",
+        family.name, " family"));
+  }
   if (config.megatron && !family.megatron) {
     return absl::InvalidArgumentError(
         "Megatron's ops (dropout, fused softmax) are modelled for the gpt2 family only "
@@ -107,9 +95,9 @@ absl::Status ValidateConfig(const ModelConfig& config) {
   }
   if (config.tp > 1) {
     if (!family.decoder) {
-      return absl::InvalidArgumentError(
-          "--tp: tensor parallelism is modelled for the decoder families (llama, gemma3, "
-          "gpt2), not the study's block");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tp: tensor parallelism is modelled for the decoder families (",
+          FamilyNames(&FamilyDef::decoder), "), not the ", family.name, " family"));
     }
     // Megatron splits whole heads, kv heads, MLP columns and vocabulary rows.
     for (const auto& [flag, value] :
@@ -125,9 +113,9 @@ absl::Status ValidateConfig(const ModelConfig& config) {
   }
   if (config.sp) {
     if (!family.decoder || config.tp < 2) {
-      return absl::InvalidArgumentError(
-          "--sp (sequence parallelism) needs --tp >= 2 and a llama, gemma3 or gpt2 family "
-          "model");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sp (sequence parallelism) needs --tp >= 2 and a ",
+          FamilyNames(&FamilyDef::decoder), " family model"));
     }
     if (config.amp != DType::kFloat32) {
       // Megatron's gather-linear is a custom autograd Function, which autocast does not

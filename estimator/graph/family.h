@@ -1,4 +1,4 @@
-// A model family in one definition (estimator/families/<name>.cc): its graphs and the
+// A model family in one definition (estimator/families/<name>/): its graphs and the
 // capabilities that set it apart, which the shared code asks instead of naming
 // families; and the validation every entry point runs, which asks them.
 //
@@ -8,6 +8,8 @@
 #ifndef ESTIMATOR_GRAPH_FAMILY_H_
 #define ESTIMATOR_GRAPH_FAMILY_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,7 +26,7 @@ class ConfigJsonReader;  // estimator/spec/config_json.h
 class ConfigJsonWriter;
 
 struct FamilyDef {
-  Family id = Family::kStudy;
+  Family id = Family{};  // set by the family's folder
   absl::string_view name;  // "study", "llama", "gpt2"
   // decoder: a causal LM from token ids to cross-entropy (embedding, layers, final norm,
   // LM head), as transformers builds it, with a vocabulary and tensor parallelism; the
@@ -56,6 +58,10 @@ struct FamilyDef {
   absl::StatusOr<ModelConfig> (*read)(const ConfigJsonReader& r,
                                       absl::string_view model_type) = nullptr;
   absl::Status (*write)(const ModelConfig& config, ConfigJsonWriter& w) = nullptr;
+  // expected_parameters: the parameter count in closed form where the family has one
+  // (the study's layers (12 d^2 + 13 d)), which the graphs and the runtime's model must
+  // agree with; nullopt where it overflows int64; nullptr for none.
+  std::optional<int64_t> (*expected_parameters)(const ModelConfig& config) = nullptr;
   // presets: its built-in models (--model=NAME), with the study's batch and seq.
   std::vector<std::pair<std::string, ModelConfig>> presets = {};
 };
@@ -64,6 +70,10 @@ const FamilyDef& FamilyOf(Family family);
 // Families: every family, in Family's order.
 const std::vector<const FamilyDef*>& Families();
 absl::string_view FamilyName(Family family);  // FamilyOf(family).name
+// FamilyNames: the names of the families with `capability`, in the registry's order,
+// the last after `conjunction`: "llama, gpt2 or gemma3" (for messages and help, which
+// name no family themselves).
+std::string FamilyNames(bool FamilyDef::*capability, absl::string_view conjunction = "or");
 
 // ValidateConfig returns InvalidArgument naming the offending flag, e.g.
 // "--width 130 is not divisible by --heads 4" or "--heads 32 is not divisible by

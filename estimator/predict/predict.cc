@@ -530,16 +530,12 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
   const int64_t d = config.width;
   const ParameterCensus census = StageParameters(*graphs, config, WholeModel(config));
   const CheckedInt64 n_params = census.elements;
-  if (config.family == Family::kStudy) {
-    // The analytic identity: per block 2 LayerNorms (2d each), QKV (3d^2 + 3d), proj
-    // (d^2 + d), fc1 (4d^2 + 4d), fc2 (4d^2 + d).
-    CheckedInt64 identity =
-        CheckedInt64(config.layers) * (CheckedInt64(12) * d * d + CheckedInt64(13) * d);
-    if (!identity.overflowed() && !n_params.overflowed() &&
-        n_params.value() != identity.value()) {
+  // The family's closed form (FamilyDef::expected_parameters), where it fits int64.
+  if (const auto expected = FamilyOf(config.family).expected_parameters; expected != nullptr) {
+    const std::optional<int64_t> count = expected(config);
+    if (count.has_value() && !n_params.overflowed() && n_params.value() != *count) {
       return absl::InternalError(absl::StrCat("block graph has ", n_params.value(),
-                                              " parameters, expected layers*(12d^2+13d) = ",
-                                              identity.value()));
+                                              " parameters, expected ", *count));
     }
   }
   // Parameters and their gradients are in the model's dtype.

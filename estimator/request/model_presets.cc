@@ -17,7 +17,7 @@
 namespace memledger {
 
 // The families' presets and model types live in their definitions
-// (estimator/families/*.cc); these functions ask every family in turn.
+// (estimator/families/<name>/); these functions ask every family in turn.
 
 std::vector<std::string> PresetNames() {
   std::vector<std::string> names;
@@ -25,6 +25,18 @@ std::vector<std::string> PresetNames() {
     for (const auto& [name, config] : family->presets) names.push_back(name);
   }
   return names;
+}
+
+std::string ModelFlagHelp() {
+  std::vector<std::string> types;
+  for (const FamilyDef* family : Families()) {
+    types.insert(types.end(), family->model_types.begin(), family->model_types.end());
+  }
+  return absl::StrCat(
+      "The model: a built-in name (", absl::StrJoin(PresetNames(), ", "),
+      ") or the path of a transformers config.json (model_type ", absl::StrJoin(types, ", "),
+      "), of a multimodal checkpoint its text model (text_config). The size flags below "
+      "override its sizes.");
 }
 
 absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name) {

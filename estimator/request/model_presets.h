@@ -17,36 +17,29 @@
 
 namespace memledger {
 
-// PresetNames lists the built-in models, family by family (FamilyDef::presets): study,
-// llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b, qwen3-8b, tiny-llama,
-// tiny-qwen3, gpt2, tiny-gpt2, megatron-gpt.
+// PresetNames lists the built-in models, family by family in the registry's order
+// (FamilyDef::presets; --help and docs/flags.md list them).
 std::vector<std::string> PresetNames();
+
+// ModelFlagHelp is --model's help: every preset and every config.json model_type the
+// families read, from the registry.
+std::string ModelFlagHelp();
 
 // ModelFromPreset returns the named model with the study's batch and seq; NotFound for
 // an unknown name.
 absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
 
-// ModelFromHfConfigJson reads a transformers config.json's text: model_type llama,
-// mistral, qwen2 or qwen3 (hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads, optional num_key_value_heads, head_dim, vocab_size,
-// tie_word_embeddings, rms_norm_eps, max_position_embeddings, hidden_act; for qwen3
-// head_dim defaults to 128 and use_sliding_window and layer_types must leave every
-// layer full attention) or gpt2
-// (n_embd, n_layer, n_head, n_positions, vocab_size, optional n_inner,
-// layer_norm_epsilon, tie_word_embeddings, and resid_pdrop, embd_pdrop, attn_pdrop into
-// ModelConfig::dropout, 0.1 each when missing, as GPT2Config), and for both use_cache
-// (true when missing). Errors are
-// InvalidArgument, one line, naming
+// ModelFromHfConfigJson reads a transformers config.json's text with the reader of the
+// first family that lists its model_type (FamilyDef::read, each family's own keys, which
+// refuses a key it does not model). Errors are InvalidArgument, one line, naming
 // `source` (the file) and the key.
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source);
 
-// HfConfigJson is ModelFromHfConfigJson's inverse for the decoder families: the
-// transformers config.json of `config` (model_type llama, qwen2 with q/k/v biases, qwen3
-// with q/k norms;
-// gpt2 with its dropouts at config.dropout), which the real-stack
-// witness builds with AutoModelForCausalLM.from_config. InvalidArgument for the study
-// and megatron-gpt, which are not transformers models.
+// HfConfigJson is ModelFromHfConfigJson's inverse (FamilyDef::write): the transformers
+// config.json of `config`, which the real-stack witness builds with
+// AutoModelForCausalLM.from_config. InvalidArgument for a family that writes none (the
+// study) and megatron-gpt, which are not transformers models.
 absl::StatusOr<std::string> HfConfigJson(const ModelConfig& config);
 
 // ModelFromFlag is --model: a preset name, or else the path of a config.json.

@@ -63,9 +63,10 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     }
   }
   if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
-    return absl::InvalidArgumentError(
-        "--pp: pipeline stages are modelled for the decoder families (llama, gemma3, gpt2), "
-        "not the study's block");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pp: pipeline stages are modelled for the decoder families (",
+        FamilyNames(&FamilyDef::decoder), "), not the ", FamilyName(config.family),
+        " family"));
   }
   const bool interleaved = spec.schedule == PipelineSchedule::kInterleaved;
   if (interleaved && spec.pp < 2) {

@@ -80,16 +80,19 @@ absl::string_view SdpaBackendName(SdpaBackend backend);  // "auto", "flash", ...
 absl::StatusOr<SdpaBackend> ParseSdpaBackend(absl::string_view name);
 
 // Family is the kind of model: which graph the estimator builds and the runtime runs.
-// Each is defined in one place per side: estimator/families/<name>.cc (its FamilyDef,
-// estimator/graph/family.h) and runtime/families/<name>.cc.
+// Each is a line of estimator/spec/families.inc, defined in one folder per side:
+// estimator/families/<name>/ (its FamilyDef, estimator/graph/family.h, whose comment says
+// what the family is) and runtime/families/<name>/.
 enum class Family : uint8_t {
-  kStudy,  // the reference study's pre-LN block stack, input (B, T, d), loss x.pow(2).mean()
-  kLlama,  // Llama 2/3, Mistral, Qwen2, Qwen3: embedding, RMSNorm, RoPE, GQA, SwiGLU, head, CE
-  kGpt2,   // GPT-2: learned positions, LayerNorm, fused c_attn, gelu_new, tied head, CE
-  // Gemma 3's text model: a scaled embedding, sandwich (1 + w) RMSNorms, q/k norms,
-  // GeGLU-tanh, sliding-window and global layers with their own RoPE tables.
-  kGemma3,
+#define MEMLEDGER_FAMILY(name) k##name,
+#include "estimator/spec/families.inc"
+#undef MEMLEDGER_FAMILY
 };
+inline constexpr int kNumFamilies = 0
+#define MEMLEDGER_FAMILY(name) +1
+#include "estimator/spec/families.inc"
+#undef MEMLEDGER_FAMILY
+    ;
 
 // LayerAttention is a decoder layer's attention span (transformers' layer_types).
 enum class LayerAttention : uint8_t {
@@ -211,7 +214,7 @@ struct ModelConfig {
   int64_t heads = 4;
   int64_t batch = 16;
   int64_t seq = 64;
-  Family family = Family::kStudy;
+  Family family = Family{};  // the registry's first line: the study, whose sizes these are
   int64_t kv_heads = 0;       // key/value heads (grouped-query attention when < heads)
   int64_t head_dim = 0;       // per-head width
   int64_t intermediate = 0;   // MLP width F
@@ -289,7 +292,7 @@ struct ModelConfig {
 
   // KeepsKvCache: use_cache for a family transformers builds (not the study or
   // megatron-gpt, which have no DynamicCache).
-  bool KeepsKvCache() const { return use_cache && !megatron && family != Family::kStudy; }
+  bool KeepsKvCache() const { return use_cache && !megatron; }
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : width / heads; }
   int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * width; }

@@ -1,5 +1,5 @@
 // Reading and writing a transformers config.json, for the families' definitions
-// (estimator/families/*.cc): ConfigJsonReader reads typed keys and names the file and
+// (estimator/families/<name>/): ConfigJsonReader reads typed keys and names the file and
 // the key in each error; ConfigJsonWriter writes keys in order.
 #ifndef ESTIMATOR_SPEC_CONFIG_JSON_H_
 #define ESTIMATOR_SPEC_CONFIG_JSON_H_

@@ -1,4 +1,4 @@
-#include "runtime/families/sparse_moe.h"
+#include "runtime/families/llama/sparse_moe.h"
 
 #include <ATen/TensorIndexing.h>
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "estimator/graph/family.h"
+#include "estimator/spec/checked_math.h"
 #include "estimator/graph/graph_builder.h"
 
 namespace memledger {
@@ -41,6 +42,8 @@ BlockGraph BuildStudyLoss(const ModelConfig& config) {
 
 }  // namespace
 
+// StudyFamily: the reference study's pre-LN block stack, input (B, T, d), loss
+// x.pow(2).mean().
 const FamilyDef& StudyFamily() {
   static const FamilyDef kDef = {
       .id = Family::kStudy,
@@ -48,6 +51,15 @@ const FamilyDef& StudyFamily() {
       .fused_qkv = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
         return ModelGraphs{std::nullopt, {BuildStudyBlock(config, mode)}, {0}, BuildStudyLoss(config)};
+      },
+      // Per block 2 LayerNorms (2d each), QKV (3d^2 + 3d), proj (d^2 + d), fc1 (4d^2 + 4d),
+      // fc2 (4d^2 + d).
+      .expected_parameters = [](const ModelConfig& config) -> std::optional<int64_t> {
+        const int64_t d = config.width;
+        const CheckedInt64 n =
+            CheckedInt64(config.layers) * (CheckedInt64(12) * d * d + CheckedInt64(13) * d);
+        if (n.overflowed()) return std::nullopt;
+        return n.value();
       },
       .presets = {{"study", ModelConfig()}},  // the study's defaults: 6 x 128, 4 heads
   };

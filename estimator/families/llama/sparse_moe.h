@@ -1,7 +1,7 @@
 // transformers 5.23's sparse mixture-of-experts MLP as graph ops, for the families whose
-// layers have one (Qwen3-MoE, Mixtral: estimator/families/llama.cc).
-#ifndef ESTIMATOR_FAMILIES_SPARSE_MOE_H_
-#define ESTIMATOR_FAMILIES_SPARSE_MOE_H_
+// layers have one (Qwen3-MoE, Mixtral: estimator/families/llama/llama.cc).
+#ifndef ESTIMATOR_FAMILIES_LLAMA_SPARSE_MOE_H_
+#define ESTIMATOR_FAMILIES_LLAMA_SPARSE_MOE_H_
 
 #include <cstdint>
 #include <string>
@@ -25,4 +25,4 @@ std::vector<std::string> SparseMoeRegistration(const ModelConfig& config);
 
 }  // namespace memledger
 
-#endif  // ESTIMATOR_FAMILIES_SPARSE_MOE_H_
+#endif  // ESTIMATOR_FAMILIES_LLAMA_SPARSE_MOE_H_

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/config_json.h"
-#include "estimator/families/sparse_moe.h"
+#include "estimator/families/llama/sparse_moe.h"
 #include "estimator/graph/family.h"
 #include "estimator/graph/graph_builder.h"
 
@@ -39,7 +39,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
 // sequence parallelism the residual stream and the norms hold T / tp tokens (kTs), the
 // q/k/v and gate/up projections all-gather them, o_proj and down_proj reduce-scatter.
 // A sparse layer (Qwen3MoeDecoderLayer, MixtralDecoderLayer) runs the model's
-// SparseMoeBlock (estimator/families/sparse_moe.h) where a dense one runs LlamaMLP.
+// SparseMoeBlock (estimator/families/llama/sparse_moe.h) where a dense one runs LlamaMLP.
 BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool sparse,
                            const std::vector<int64_t>& load = {}) {
   GraphBuilder g(config);
@@ -457,6 +457,8 @@ absl::Status ValidateLlama(const ModelConfig& config) {
 
 }  // namespace
 
+// LlamaFamily: Llama 2/3, Mistral, Qwen2, Qwen3 and their sparse mixtures of experts:
+// embedding, RMSNorm, RoPE, GQA, SwiGLU, head, cross-entropy.
 const FamilyDef& LlamaFamily() {
   static const FamilyDef kDef = {
       .id = Family::kLlama,

@@ -1,6 +1,6 @@
 // The Llama family in LibTorch (Llama 2/3, Mistral, Qwen2, Qwen3, and the sparse
 // Qwen3-MoE and Mixtral), as transformers' modules run it (models/llama/modeling_llama.py,
-// models/qwen3/modeling_qwen3.py, runtime/families/sparse_moe.h), and its parameters
+// models/qwen3/modeling_qwen3.py, runtime/families/llama/sparse_moe.h), and its parameters
 // under Megatron's tensor-parallel layout.
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
@@ -16,7 +16,7 @@
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
 #include "runtime/families/rotary.h"
-#include "runtime/families/sparse_moe.h"
+#include "runtime/families/llama/sparse_moe.h"
 #include "runtime/family.h"
 
 namespace memledger::runtime {

@@ -1,8 +1,8 @@
 // transformers 5.23's sparse mixture-of-experts MLP in LibTorch (Qwen3MoeSparseMoeBlock,
 // MixtralSparseMoeBlock) with the grouped_mm experts or the eager ones, op for op as the
-// estimator's graph (estimator/families/sparse_moe.cc) describes it.
-#ifndef RUNTIME_FAMILIES_SPARSE_MOE_H_
-#define RUNTIME_FAMILIES_SPARSE_MOE_H_
+// estimator's graph (estimator/families/llama/sparse_moe.cc) describes it.
+#ifndef RUNTIME_FAMILIES_LLAMA_SPARSE_MOE_H_
+#define RUNTIME_FAMILIES_LLAMA_SPARSE_MOE_H_
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -63,4 +63,4 @@ std::vector<std::vector<int64_t>> MeasuredRouting(const torch::nn::Module& model
 
 }  // namespace memledger::runtime
 
-#endif  // RUNTIME_FAMILIES_SPARSE_MOE_H_
+#endif  // RUNTIME_FAMILIES_LLAMA_SPARSE_MOE_H_

@@ -1,4 +1,4 @@
-#include "estimator/families/sparse_moe.h"
+#include "estimator/families/llama/sparse_moe.h"
 
 #include <cstdint>
 #include <optional>

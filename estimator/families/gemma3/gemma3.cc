@@ -296,6 +296,8 @@ std::vector<std::pair<std::string, ModelConfig>> Gemma3Presets() {
 
 }  // namespace
 
+// Gemma3Family: Gemma 3's text model: a scaled embedding, sandwich (1 + w) RMSNorms,
+// q/k norms, GeGLU-tanh, sliding-window and global layers with their own RoPE tables.
 const FamilyDef& Gemma3Family() {
   static const FamilyDef kDef = {
       .id = Family::kGemma3,

@@ -1,5 +1,5 @@
 // Gemma 3's text model in LibTorch (Gemma3ForCausalLM, models/gemma3/modeling_gemma3.py),
-// op for op as the estimator's graphs (estimator/families/gemma3.cc): the scaled
+// op for op as the estimator's graphs (estimator/families/gemma3/gemma3.cc): the scaled
 // embedding, Gemma3RMSNorm, sandwich norms, q/k norms on the transposed heads, GeGLU-tanh,
 // sliding-window and global layers with their own RoPE tables and, from seq >=
 // sliding_window on, the sliding layers' mask; under Megatron's tensor parallelism

@@ -184,6 +184,8 @@ std::vector<std::pair<std::string, ModelConfig>> Gpt2Presets() {
 
 }  // namespace
 
+// Gpt2Family: GPT-2: learned positions, LayerNorm, fused c_attn, gelu_new, tied head,
+// cross-entropy.
 const FamilyDef& Gpt2Family() {
   static const FamilyDef kDef = {
       .id = Family::kGpt2,
