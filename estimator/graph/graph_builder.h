@@ -1,7 +1,7 @@
 // GraphBuilder: how a family's graphs are written. It appends tensors and ops in
 // execution order; its composite helpers expand a torch::nn or transformers call
 // (Linear, LayerNorm, LlamaRMSNorm, SDPA, RoPE, the loss, ...) into the ATen ops the
-// pinned PyTorch runs for it. Used by estimator/families/*.cc only.
+// pinned PyTorch runs for it. Used by estimator/families/ only.
 #ifndef ESTIMATOR_GRAPH_GRAPH_BUILDER_H_
 #define ESTIMATOR_GRAPH_GRAPH_BUILDER_H_
 
@@ -538,15 +538,24 @@ class GraphBuilder {
   };
   // `mask`: a (B, 1, T, T) bool mask (a sliding window's), which turns SDPA's
   // enable_gqa off (integrations/sdpa_attention.py, use_gqa_in_sdpa), so grouped-query
-  // layers repeat_kv; -1 for none.
+  // layers repeat_kv; -1 for none. `cast_back`: apply_rotary_pos_emb returns
+  // q_embed.to(q.dtype), k_embed.to(k.dtype) (a family whose tables stay fp32).
   RopeAttentionOut RopeAttention(const ModelConfig& config, AttentionMode mode, int q, int k,
-                                 int v, int cos, int sin, int mask = -1) {
+                                 int v, int cos, int sin, int mask = -1, bool cast_back = false) {
     int cos4 = Op1(OpType::kUnsqueeze, "rope.cos_heads", {cos}, {.dim = 1});
     int sin4 = Op1(OpType::kUnsqueeze, "rope.sin_heads", {sin}, {.dim = 1});
     const int q_pre = q, k_pre = k;
     q = Rope("q_rope", q, cos4, sin4);
     k = Rope("k_rope", k, cos4, sin4);
-    HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
+    if (cast_back) {
+      // The casts in its return statement, its locals q_embed and k_embed alive to it.
+      const int q_embed = q, k_embed = k;
+      q = ToDtype("q_rope.cast", q_embed, DTypeOf(q_pre));
+      k = ToDtype("k_rope.cast", k_embed, DTypeOf(k_pre));
+      HeldThroughHere({q_pre, k_pre, q_embed, k_embed});
+    } else {
+      HeldThroughHere({q_pre, k_pre});  // apply_rotary_pos_emb's arguments, to its return
+    }
     if (config.KeepsKvCache()) {
       // key_states, value_states = past_key_values.update(...): the cache's copies, the
       // old locals rebound after both are made. Under autocast the keys are fp32 (RoPE's

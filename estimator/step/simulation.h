@@ -244,7 +244,9 @@ class Simulation {
   // hooks; the holders' tensors stay (the frame's recomputed dict). `output` is left
   // undefined.
   absl::Status StopRecompute(Instance& inst, const std::vector<bool>& local, Handle* output);
-  void RopeTables(ModelTensor cos, ModelTensor sin, std::vector<int>* extras);
+  // RopeTables: a rotary embedding's tables, made in `dtype` (the layers' graphs read
+  // them so).
+  void RopeTables(ModelTensor cos, ModelTensor sin, DType dtype, std::vector<int>* extras);
   void SlidingCacheLayers();
   void SlidingWindowMask(std::vector<int>* extras);
   void AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras);

@@ -504,7 +504,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
 // division and pow each wrap a scalar), freqs = outer(arange(T), inv_freq), emb =
 // cat(freqs, freqs), cos = emb.cos(), sin = emb.sin() (the (1, T, d_head) tables every
 // layer reads); the temporaries die when the prologue returns.
-void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id,
+void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id, DType dtype,
                             std::vector<int>* extras) {  // appends cos, sin
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
@@ -522,11 +522,13 @@ void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id,
   const int freqs = memory_.Alloc(t * half, MemoryCategory::kTemporary);
   memory_.Unref(positions);
   const int emb = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
-  // cos and sin are computed in fp32 and returned in the hidden states' dtype (the
-  // model's; autocast leaves the embedding's output alone), as transformers does.
+  // cos and sin are computed in fp32 and returned in the dtype the layers read them in
+  // (their graphs' global): the hidden states' in most families (cos.to(x.dtype), the
+  // model's; autocast leaves the embedding's output alone), fp32 where the family keeps
+  // them so.
   auto in_model_dtype = [&](int fp32_table) {
-    if (config_.dtype == DType::kFloat32) return fp32_table;
-    const int table = memory_.Alloc(t * half / 2 * ElementSizeBytes(config_.dtype),
+    if (dtype == DType::kFloat32) return fp32_table;
+    const int table = memory_.Alloc(t * half / 2 * ElementSizeBytes(dtype),
                                     MemoryCategory::kTemporary);
     memory_.Unref(fp32_table);
     return table;
@@ -550,11 +552,13 @@ void Simulation::AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extr
   for (const auto& [cos, sin] :
        {std::pair{ModelTensor::kRopeCos, ModelTensor::kRopeSin},
         std::pair{ModelTensor::kRopeLocalCos, ModelTensor::kRopeLocalSin}}) {
-    bool read = false;
+    const TensorDef* read = nullptr;
     for (const BlockGraph& kind : graphs.layer_kinds) {
-      for (const TensorDef& tensor : kind.tensors) read = read || tensor.global == cos;
+      for (const TensorDef& tensor : kind.tensors) {
+        if (tensor.global == cos && read == nullptr) read = &tensor;
+      }
     }
-    if (read) RopeTables(cos, sin, extras);
+    if (read != nullptr) RopeTables(cos, sin, read->dtype, extras);
   }
 }
 

@@ -1,5 +1,5 @@
 // transformers' rotary position embedding in LibTorch, shared by the families that use
-// it (runtime/families/llama.cc, gemma3.cc): the tables a rotary embedding makes once per
+// it (runtime/families/llama/, gemma3/): the tables a rotary embedding makes once per
 // forward, apply_rotary_pos_emb for one of q and k, and repeat_kv.
 #ifndef RUNTIME_FAMILIES_ROTARY_H_
 #define RUNTIME_FAMILIES_ROTARY_H_
@@ -58,13 +58,21 @@ inline at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
 // rebound once both exist), repeat_kv where SDPA does not read the shared heads itself
 // (always with a `mask`), and attention. `q`, `k` and `v` come back as the forward's
 // locals after RoPE and the cache, for the caller to hold to its return.
+// `cast_back`: apply_rotary_pos_emb returns q_embed.to(q.dtype), k_embed.to(k.dtype) (a
+// family whose tables stay fp32).
 inline at::Tensor RopeAttention(at::Tensor& q, at::Tensor& k, at::Tensor& v,
                                 const LayerExtras& extras, int64_t heads, int64_t kv_heads,
                                 AttentionMode mode, SelectiveCache* cache,
-                                const at::Tensor& mask = {}) {
+                                const at::Tensor& mask = {}, bool cast_back = false) {
   const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
+  const at::ScalarType q_type = q.scalar_type(), k_type = k.scalar_type();
   at::Tensor q_embed = Rope(q, cos, sin);
   at::Tensor k_embed = Rope(Last(k), cos, sin);
+  if (cast_back) {  // the casts in its return statement, q_embed and k_embed alive to it
+    at::Tensor q_cast = q_embed.to(q_type), k_cast = k_embed.to(k_type);
+    q_embed = std::move(q_cast);
+    k_embed = std::move(k_cast);
+  }
   q = std::move(q_embed);
   k = std::move(k_embed);
   if (extras.kv_cache != nullptr) {
