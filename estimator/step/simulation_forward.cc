@@ -76,23 +76,6 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         prelude.push_back(memory_.HostAlloc(8, MemoryCategory::kTemporary));
       }
     }
-    // An elementwise op on CPU computes in its inputs' common dtype: an input of another
-    // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
-    // the copy dies after the op. Autocast's bf16 matmul outputs meet fp32 tensors so.
-    // On CUDA the kernels cast as they load (TensorIterator.cpp, compute_types: the
-    // temporaries only `if (common_device == kCPU)`), and cat copies each input into
-    // its slice.
-    if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor ||
-         op.type == OpType::kKvCacheCat) &&
-        !replayed && !memory_.cuda()) {
-      const DType common = graph.tensors[op.outputs[0]].dtype;
-      for (int in : op.inputs) {
-        if (graph.tensors[in].dtype == common) continue;
-        prelude.push_back(memory_.Alloc(NumelOf(TensorOf(inst, in).layout) *
-                                            ElementSizeBytes(common),
-                                        MemoryCategory::kTemporary));
-      }
-    }
     // What the op's Python statement or ATen composite makes before its outputs (its
     // row's leading temporaries), alive until it returns.
     const OpSteps& steps = StepsOf(op.type);
@@ -103,6 +86,24 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     if (stop_here && !structure.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
       return StopRecompute(inst, local, output);
+    }
+    // An elementwise op on CPU computes in its inputs' common dtype: an input of another
+    // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
+    // the copy dies after the op. Autocast's bf16 matmul outputs meet fp32 tensors so. The
+    // kernel makes it after VariableType has saved the inputs, whose pack hook may have
+    // stopped a recompute (above). On CUDA the kernels cast as they load
+    // (TensorIterator.cpp, compute_types: the temporaries only `if (common_device ==
+    // kCPU)`), and cat copies each input into its slice.
+    if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor ||
+         op.type == OpType::kKvCacheCat) &&
+        !replayed && !memory_.cuda()) {
+      const DType common = graph.tensors[op.outputs[0]].dtype;
+      for (int in : op.inputs) {
+        if (graph.tensors[in].dtype == common) continue;
+        prelude.push_back(memory_.Alloc(NumelOf(TensorOf(inst, in).layout) *
+                                            ElementSizeBytes(common),
+                                        MemoryCategory::kTemporary));
+      }
     }
     // CPU dropout makes its noise (output 1) first, scales it in place by a Python
     // number (wrapped, then gone), then the product (the step's order).
