@@ -70,6 +70,20 @@ TEST(ModelPresetsTest, ParameterCountsEqualThePublishedCheckpoints) {
   // tiny-gemma3: embed 96 x 32 = 3,072; per layer q, o 2 x 32 x 64 + k, v 2 x 32 x 32 +
   // norms 2 x 16 + MLP 3 x 32 x 64 + 4 x 32 = 12,448, x 6 = 74,688; final norm 32: 77,792.
   EXPECT_EQ(PresetParams("tiny-gemma3"), 77792);
+  // olmo-3-7b: embed and head 2 x 100278 x 4096 = 821,477,376; per layer q, k, v, o
+  // 4 x 4096^2 = 67,108,864 + q_norm and k_norm over the whole projections 2 x 4096 =
+  // 8,192 + MLP 3 x 4096 x 11008 = 135,266,304 + two norms 8,192 = 202,391,552, x 32 =
+  // 6,476,529,664; final norm 4,096: 7,298,011,136.
+  EXPECT_EQ(PresetParams("olmo-3-7b"), 7298011136);
+  // olmo-3-32b: embed and head 2 x 100278 x 5120 = 1,026,846,720; per layer q and o 2 x
+  // 5120^2 = 52,428,800 + k and v 2 x 5120 x (8 x 128) = 10,485,760 + q_norm 5,120 and
+  // k_norm 1,024 + MLP 3 x 5120 x 27648 = 424,673,280 + two norms 10,240 = 487,604,224,
+  // x 64 = 31,206,670,336; final norm 5,120: 32,233,522,176.
+  EXPECT_EQ(PresetParams("olmo-3-32b"), 32233522176);
+  // tiny-olmo3: embed and head 2 x 128 x 64 = 16,384; per layer q, o 2 x 64 x 64 + k, v
+  // 2 x 64 x 32 + q_norm 64 + k_norm 32 + MLP 3 x 64 x 128 + two norms 128 = 37,088, x 4 =
+  // 148,352; final norm 64: 164,800.
+  EXPECT_EQ(PresetParams("tiny-olmo3"), 164800);
   // llama-3-70b: embed and head 2 x 128256 x 8192 = 2,101,346,304; per layer q and o
   // 2 x 8192^2 = 134,217,728 + k and v 2 x 8192 x 1024 = 16,777,216 + MLP 3 x 8192 x
   // 28672 = 704,643,072 + norms 16,384 = 855,654,400, x 80 = 68,452,352,000; final
@@ -191,6 +205,22 @@ TEST(HfConfigTest, ReadsTheUsualKeysOfEachModelType) {
   EXPECT_EQ(gemma.sliding_window, 1024);
   EXPECT_EQ(gemma.LayerAttentionPeriod().size(), 6u);
   EXPECT_EQ(ParamsOf(gemma), 27009346304);
+  // OLMo 3 7B's config.json (tests/testdata, as reported for allenai/Olmo-3-1025-7B):
+  // the olmo-3-7b preset's 7,298,011,136 parameters (by hand in ModelPresetsTest), its
+  // 32 layers 3 sliding : 1 full, window 4096; yarn rope_scaling changes no tensor.
+  ASSERT_OK_AND_ASSIGN(ModelConfig olmo,
+                       ModelFromHfConfigJson(ReadTestdata("olmo-3-7b.config.json"), "o3"));
+  EXPECT_EQ(olmo.family, Family::kOlmo3);
+  EXPECT_EQ(olmo.layers, 32);
+  EXPECT_EQ(olmo.sliding_window, 4096);
+  EXPECT_EQ(olmo.LayerAttentionPeriod().size(), 4u);
+  EXPECT_EQ(ParamsOf(olmo), 7298011136);
+  // dynamic_rope_update's types recompute inv_freq in the forward: refused.
+  EXPECT_STATUS(ModelFromHfConfigJson(
+                    R"({"model_type": "olmo3", "rope_scaling": {"rope_type": "dynamic"}})",
+                    "o3.json"),
+                absl::StatusCode::kInvalidArgument,
+                "o3.json: \"rope_scaling.rope_type\" 'dynamic' is not modelled yet");
 }
 
 // Qwen3MoeDecoderLayer is sparse iff its index is not in mlp_only_layers and

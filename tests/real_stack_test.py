@@ -104,6 +104,20 @@ FAMILIES = {
                                 sliding_window=8, layer_types=["sliding_attention",
                                                                "sliding_attention",
                                                                "full_attention"]),
+    # OLMo 3: norms after attention and the MLP (the weight in fp32 before the cast), q/k
+    # norms over the whole projections, fp32 RoPE tables cast back after RoPE; 3 sliding
+    # : 1 full by default (olmo3, untied as Olmo3Config is), past its window (olmo3_window,
+    # tied), and small enough with SGD that the layers' forward and backward peak.
+    "olmo3": dict(family="olmo3", layers=4, width=64, heads=4, kv_heads=2, head_dim=16,
+                  intermediate=128, vocab=128, sliding_window=512),
+    "olmo3_window": dict(family="olmo3", layers=3, width=64, heads=4, kv_heads=2,
+                         head_dim=16, intermediate=128, vocab=128, tied=True, sliding_window=8,
+                         layer_types=["sliding_attention", "sliding_attention",
+                                      "full_attention"]),
+    "olmo3_forward": dict(family="olmo3", layers=3, width=32, heads=4, kv_heads=2, head_dim=8,
+                          intermediate=64, vocab=16, sliding_window=8,
+                          layer_types=["sliding_attention", "sliding_attention",
+                                       "full_attention"]),
     # Sparse mixtures of experts (transformers 5.23's default grouped_mm experts): Qwen3-MoE
     # with q/k norms, renormalised top-k weights cast back to the model's dtype, and a
     # dense first layer (mlp_only_layers); Mixtral with fp32 top-k weights on every layer.
@@ -333,6 +347,22 @@ CASES = [
     c("gemma3_forward", "selective", dtype="bf16", optimizer="sgd", seq=8),
     c("gemma3_forward", "full", amp="bf16", optimizer="sgd", batch=1, seq=8),
     c("gemma3_forward_tied", dtype="bf16", optimizer="sgd", batch=1, seq=8),
+    # OLMo 3: every variant, both implementations, each dtype and autocast, through its
+    # window (seq 7, 8, 16, 64) and where the layers peak; selective in bf16 stops its
+    # recompute at the post-feedforward norm's weight * hs, before the weight's fp32 copy.
+    c("olmo3"), c("olmo3", "full"), c("olmo3", "every_2"), c("olmo3", "selective"),
+    c("olmo3", "every_2", "reentrant"), c("olmo3", dtype="bf16"), c("olmo3", amp="bf16"),
+    c("olmo3", "full", dtype="bf16", optimizer_impl="foreach"),
+    c("olmo3", "selective", amp="bf16", optimizer_impl="fused"),
+    c("olmo3", dtype="fp16", optimizer="sgd", momentum=0.9),
+    c("olmo3_window"), c("olmo3_window", seq=8), c("olmo3_window", seq=7),
+    c("olmo3_window", "full"), c("olmo3_window", "selective"),
+    c("olmo3_window", "every_2", "reentrant"), c("olmo3_window", dtype="bf16"),
+    c("olmo3_window", amp="bf16"), c("olmo3_window", dtype="fp16", seq=64),
+    c("olmo3_forward", dtype="bf16", optimizer="sgd", seq=8),
+    c("olmo3_forward", dtype="bf16", optimizer="sgd", batch=1, seq=8),
+    c("olmo3_forward", "selective", dtype="bf16", optimizer="sgd", seq=8),
+    c("olmo3_forward", "full", amp="bf16", optimizer="sgd", batch=1, seq=8),
     # Sparse mixtures of experts (grouped_mm experts; a dense first layer in qwen3_moe):
     # every variant, both implementations, each dtype and autocast, the optimizers; fp16
     # with SGD peaks in Mixtral's fp32-weighted experts' MulBackward0.

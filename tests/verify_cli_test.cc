@@ -74,6 +74,21 @@ TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
   EXPECT_EQ(full.exit_code, 0) << full.output;
 }
 
+// OLMo 3 in the runtime (runtime/families/olmo3/): its norms after attention and the
+// MLP, q/k norms over the projections, fp32 RoPE tables cast back, and past its window of
+// 8 the sliding layers' mask; in bf16 with SGD the layers' forward and backward peak.
+TEST(VerifyCliTest, Olmo3IsMeasuredAsPredicted) {
+  for (const char* flags :
+       {"--model=tiny-olmo3 --batch=2 --seq=8", "--model=tiny-olmo3 --batch=2 --seq=8 --amp=bf16",
+        "--model=tests/testdata/olmo3-window8.config.json --batch=2 --seq=16 --dtype=bf16 "
+        "--optimizer=sgd"}) {
+    CommandResult r = Verify(std::string(flags) + " --skip_timing --format=table");
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find("OK: every bucket measured == predicted"), std::string::npos)
+        << flags << "\n" << r.output;
+  }
+}
+
 TEST(VerifyCliTest, MegatronGptRunsWithItsDropoutAndFusedSoftmax) {
   // megatron-gpt's dropouts (each keeps a bool mask) and fused causal softmax (keeps its
   // output, no mask tensor), measured in one process against the Korthikanti-style walk.
