@@ -73,7 +73,8 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       // Under a selective checkpoint's dispatch mode the number is wrapped again
       // (StepOptions::python_dispatch_mode).
       if ((pass.record || pass.replay) && options_.python_dispatch_mode) {
-        prelude.push_back(memory_.HostAlloc(8, MemoryCategory::kTemporary));
+        prelude.push_back(
+            memory_.HostAlloc(ElementSizeBytes(DType::kFloat64), MemoryCategory::kTemporary));
       }
     }
     // What the op's Python statement or ATen composite makes before its outputs (its

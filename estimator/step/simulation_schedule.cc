@@ -507,7 +507,8 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
 void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id, DType dtype,
                             std::vector<int>* extras) {  // appends cos, sin
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
-  const int64_t half = config_.HeadDim() / 2 * 4, t = config_.seq;
+  const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
+  const int64_t half = config_.HeadDim() / 2 * fp32, t = config_.seq;
   const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
   const Memory::Wrapped scalar = memory_.WrapScalar(DType::kFloat32);
   const int scaled = memory_.Alloc(half, MemoryCategory::kTemporary);
@@ -518,7 +519,7 @@ void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id, DType dtype,
   memory_.Unref(exponents);
   memory_.Unref(scaled);
   memory_.Unref(powered);
-  const int positions = memory_.Alloc(t * 4, MemoryCategory::kTemporary);
+  const int positions = memory_.Alloc(t * fp32, MemoryCategory::kTemporary);
   const int freqs = memory_.Alloc(t * half, MemoryCategory::kTemporary);
   memory_.Unref(positions);
   const int emb = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
@@ -588,12 +589,13 @@ void Simulation::SlidingCacheLayers() {
 void Simulation::SlidingWindowMask(std::vector<int>* extras) {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t t = config_.seq, cells = t * t;
-  const int batch = memory_.Alloc(config_.batch * 8, MemoryCategory::kTemporary);
-  const int head = memory_.Alloc(8, MemoryCategory::kTemporary);
+  const int64_t int64 = ElementSizeBytes(DType::kInt64);
+  const int batch = memory_.Alloc(config_.batch * int64, MemoryCategory::kTemporary);
+  const int head = memory_.Alloc(int64, MemoryCategory::kTemporary);
   auto positions = [&] {
-    const int arange = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
-    const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);
-    const int sum = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+    const int arange = memory_.Alloc(t * int64, MemoryCategory::kTemporary);
+    const int wrapped = memory_.HostAlloc(int64, MemoryCategory::kTemporary);
+    const int sum = memory_.Alloc(t * int64, MemoryCategory::kTemporary);
     memory_.Unref(wrapped);
     memory_.Unref(arange);
     return sum;
@@ -601,8 +603,8 @@ void Simulation::SlidingWindowMask(std::vector<int>* extras) {
   const int q = positions();
   const int kv = positions();
   const int ones = memory_.Alloc(1, MemoryCategory::kTemporary);
-  const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);
-  const int shifted = memory_.Alloc(t * 8, MemoryCategory::kTemporary);
+  const int wrapped = memory_.HostAlloc(int64, MemoryCategory::kTemporary);
+  const int shifted = memory_.Alloc(t * int64, MemoryCategory::kTemporary);
   memory_.Unref(wrapped);
   const int in_window = memory_.Alloc(cells, MemoryCategory::kTemporary);
   memory_.Unref(shifted);
@@ -626,7 +628,8 @@ void Simulation::PositionIds(std::vector<int>* extras) {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
   const int64_t bytes = config_.seq * ElementSizeBytes(DType::kInt64);
   const int arange = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-  const int wrapped = memory_.HostAlloc(8, MemoryCategory::kTemporary);  // the int 0, wrapped
+  const int wrapped =  // the int 0, wrapped
+      memory_.HostAlloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
   const int positions = memory_.Alloc(bytes, MemoryCategory::kTemporary);
   memory_.Unref(wrapped);
   memory_.Unref(arange);

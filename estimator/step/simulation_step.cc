@@ -156,9 +156,10 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   std::vector<int> master_grads;
   if (optimizer_.master_weights) {
     for (size_t p = 0; p < numels.size(); ++p) {
-      master_grads.push_back(memory_.Alloc(numels[p] * 4, MemoryCategory::kGradient));
+      const int64_t fp32_bytes = numels[p] * ElementSizeBytes(DType::kFloat32);
+      master_grads.push_back(memory_.Alloc(fp32_bytes, MemoryCategory::kGradient));
       if (auto* layer_bytes = OptimizerLayerBytes(p)) {
-        (*layer_bytes)[static_cast<int>(MemoryCategory::kGradient)] += numels[p] * 4;
+        (*layer_bytes)[static_cast<int>(MemoryCategory::kGradient)] += fp32_bytes;
       }
     }
   }

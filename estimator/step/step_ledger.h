@@ -437,7 +437,7 @@ class Memory {
   // Both are host tensors beside a CUDA tensor (TensorIterator reads CPU scalars).
   Wrapped WrapScalar(DType dtype) {
     Wrapped w;
-    w.wrapped = HostAlloc(8, MemoryCategory::kTemporary);
+    w.wrapped = HostAlloc(ElementSizeBytes(DType::kFloat64), MemoryCategory::kTemporary);
     w.converted = HostAlloc(ElementSizeBytes(dtype), MemoryCategory::kTemporary);
     return w;
   }
