@@ -56,7 +56,8 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--tp=0", "--tp must be >= 1, got 0"},
            {"--tp=2", "not the study family"},
            {"--model=tiny-gpt2 --tp=3", "--heads 4 is not divisible by --tp 3"},
-           {"--sp", "--sp (sequence parallelism) needs --tp >= 2 and a llama, gpt2 or gemma3"},
+           // The families it lists are the registry's decoders (FamilyNames).
+           {"--sp", "--sp (sequence parallelism) needs --tp >= 2 and a llama, gpt2, "},
            {"--model=tiny-llama --tp=2 --sp --amp=bf16", "--sp with --amp is not modelled"},
            {"--model=megatron-gpt", "megatron-gpt needs --attention=math"},
            {"--variants=core_attention", "core_attention recomputes math attention's core"},
