@@ -121,6 +121,34 @@ class GraphBuilder {
     graph_.tensors[tensor].global = id;
     return tensor;
   }
+  // The families with sliding-window and full layers (transformers' layer_types):
+  //
+  // RotaryBuffersPerLayerType: their rotary embedding's buffers, {type}_inv_freq and
+  // {type}_original_inv_freq, fp32, d_head / 2 each, for each type the model's layers
+  // have, in sorted order (Gemma3RotaryEmbedding's and Olmo3RotaryEmbedding's __init__).
+  void RotaryBuffersPerLayerType() {
+    bool sliding = false, full = false;
+    for (int64_t i = 0; i < config_.layers && !(sliding && full); ++i) {
+      (config_.AttentionOf(i) == LayerAttention::kSliding ? sliding : full) = true;
+    }
+    for (const auto& [present, type] : {std::pair<bool, const char*>{full, "full_attention"},
+                                        {sliding, "sliding_attention"}}) {
+      if (!present) continue;
+      Buffer(absl::StrCat("rotary_emb.", type, "_inv_freq"), DType::kFloat32, {kDHead / 2});
+      Buffer(absl::StrCat("rotary_emb.", type, "_original_inv_freq"), DType::kFloat32,
+             {kDHead / 2});
+    }
+  }
+  // SlidingWindowMask: a sliding layer's attention mask, -1 where it attends without one.
+  // From seq >= sliding_window on, it attends through the model's (1, 1, T, T) bool mask,
+  // expanded to (B, 1, T, T) (masking_utils.py, sdpa_mask).
+  int SlidingWindowMask(bool sliding) {
+    if (!sliding || !config_.SlidingWindowMasked()) return -1;
+    return Op1(OpType::kExpand, "sliding_mask.expand",
+               {Global(ModelTensor::kSlidingMask, DType::kBool, {Sym(1), Sym(1), kT, kT})},
+               {.shape = {kB, Sym(1), kT, kT}});
+  }
+
 
   // Op appends an op; its outputs have `dtype`, by default the first input's (views,
   // copies and the ops here keep their input's dtype).
@@ -726,6 +754,31 @@ class GraphBuilder {
   int next_composite_ = 0;
   bool core_attention_ = false;  // appending math attention's core ops
 };
+
+// GraphsByLayerAttention: a model of sliding-window and full layers, one layer kind per
+// attention span its pattern has, in the pattern's order of first appearance; `layer`
+// builds a kind.
+template <typename BuildLayer>
+ModelGraphs GraphsByLayerAttention(const ModelConfig& config, BlockGraph prologue,
+                                   BlockGraph epilogue, BuildLayer layer) {
+  ModelGraphs graphs;
+  graphs.prologue = std::move(prologue);
+  graphs.epilogue = std::move(epilogue);
+  std::vector<LayerAttention> period = {LayerAttention::kFull};
+  if (!config.layer_attention.empty()) period = config.LayerAttentionPeriod();
+  graphs.pattern.clear();
+  std::vector<LayerAttention> kinds;
+  for (LayerAttention type : period) {
+    size_t kind = 0;
+    while (kind < kinds.size() && kinds[kind] != type) ++kind;
+    if (kind == kinds.size()) {
+      kinds.push_back(type);
+      graphs.layer_kinds.push_back(layer(type));
+    }
+    graphs.pattern.push_back(static_cast<int>(kind));
+  }
+  return graphs;
+}
 
 }  // namespace memledger
 

@@ -164,6 +164,15 @@ class ConfigJsonWriter {
     for (const std::string& value : values) w_->String(value.c_str());
     w_->EndArray();
   }
+  // LayerTypes writes ConfigJsonReader::LayerTypes' list for `config`'s layers.
+  void LayerTypes(const char* key, const ModelConfig& config) {
+    std::vector<std::string> types;
+    for (int64_t i = 0; i < config.layers; ++i) {
+      types.push_back(config.AttentionOf(i) == LayerAttention::kSliding ? "sliding_attention"
+                                                                         : "full_attention");
+    }
+    Strings(key, types);
+  }
 
  private:
   rapidjson::PrettyWriter<rapidjson::StringBuffer>* w_;

@@ -7,8 +7,11 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cstdint>
+#include <vector>
 
+#include "estimator/spec/config.h"
 #include "runtime/last_use.h"
+#include "runtime/model.h"
 
 namespace memledger::runtime {
 
@@ -30,6 +33,36 @@ inline at::Tensor SlidingWindowMask(int64_t batch, int64_t seq, int64_t window) 
   at::Tensor causal = kv4 <= q4;
   result = result & Last(causal);
   return result;
+}
+
+// SlidingWindowExtrasOf is ModelImpl::ExtrasOf for a model of sliding-window and full
+// layers: layer `index` gets its type's position_embeddings (a sliding layer the local
+// tables) and attention_mask (the sliding mask, or none).
+inline LayerExtras SlidingWindowExtrasOf(const ModelConfig& config, int64_t index,
+                                         const LayerExtras& extras) {
+  LayerExtras own = extras;
+  if (config.AttentionOf(index) == LayerAttention::kSliding) {
+    own.cos = extras.cos_local;
+    own.sin = extras.sin_local;
+  } else {
+    own.sliding_mask = at::Tensor();
+  }
+  own.cos_local = own.sin_local = at::Tensor();
+  return own;
+}
+
+// SlidingWindowCacheLayers is ModelImpl::CacheLayers for such a model: each sliding
+// layer's DynamicSlidingWindowLayer holds torch.tensor(sliding_window, dtype=torch.long)
+// (cache_utils.py, DynamicSlidingWindowLayer.__init__).
+inline std::vector<at::Tensor> SlidingWindowCacheLayers(const ModelConfig& config,
+                                                        int64_t layers) {
+  std::vector<at::Tensor> tensors;
+  for (int64_t i = 0; i < layers; ++i) {
+    if (config.AttentionOf(i) == LayerAttention::kSliding) {
+      tensors.push_back(at::scalar_tensor(config.sliding_window, at::kLong));
+    }
+  }
+  return tensors;
 }
 
 }  // namespace memledger::runtime

@@ -2,7 +2,6 @@
 // (models/gemma3/modeling_gemma3.py), embedding to cross-entropy. Its layers are of two
 // kinds, sliding-window and global, which differ in the RoPE tables they read.
 #include <algorithm>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,18 +47,7 @@ int GemmaRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width =
 // type the model has (Gemma3RotaryEmbedding.__init__).
 BlockGraph BuildGemma3Prologue(const ModelConfig& config) {
   GraphBuilder g(config);
-  bool sliding = false, full = false;
-  for (int64_t i = 0; i < config.layers; ++i) {
-    (config.AttentionOf(i) == LayerAttention::kSliding ? sliding : full) = true;
-    if (sliding && full) break;
-  }
-  for (const auto& [present, type] :
-       {std::pair<bool, const char*>{full, "full_attention"}, {sliding, "sliding_attention"}}) {
-    if (!present) continue;
-    g.Buffer(absl::StrCat("rotary_emb.", type, "_inv_freq"), DType::kFloat32, {kDHead / 2});
-    g.Buffer(absl::StrCat("rotary_emb.", type, "_original_inv_freq"), DType::kFloat32,
-             {kDHead / 2});
-  }
+  g.RotaryBuffersPerLayerType();
   int scale = g.Buffer("embed_tokens.embed_scale", config.dtype, {});
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
@@ -100,14 +88,7 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
   int v = project("v_proj", kKv);
   q = GemmaRmsNorm(g, "q_norm", q, kDHead);
   k = GemmaRmsNorm(g, "k_norm", k, kDHead);
-  // From seq >= sliding_window on, a sliding layer attends through the model's mask,
-  // expanded to (B, 1, T, T) (masking_utils.py, sdpa_mask).
-  int mask = -1;
-  if (sliding && config.SlidingWindowMasked()) {
-    mask = g.Op1(OpType::kExpand, "sliding_mask.expand",
-                 {g.Global(ModelTensor::kSlidingMask, DType::kBool, {Sym(1), Sym(1), kT, kT})},
-                 {.shape = {kB, Sym(1), kT, kT}});
-  }
+  const int mask = g.SlidingWindowMask(sliding);
   const GraphBuilder::RopeAttentionOut a =
       g.RopeAttention(config, mode, q, k, v, cos, sin, mask);
   int projected = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
@@ -152,27 +133,11 @@ BlockGraph BuildGemma3Epilogue(const ModelConfig& config) {
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 
-// Graphs: one layer kind per attention span the pattern has, in the pattern's order of
-// first appearance.
+// Graphs: one layer kind per attention span the pattern has.
 ModelGraphs BuildGemma3Graphs(const ModelConfig& config, AttentionMode mode) {
-  ModelGraphs graphs;
-  graphs.prologue = BuildGemma3Prologue(config);
-  graphs.epilogue = BuildGemma3Epilogue(config);
-  const std::vector<LayerAttention> period = config.layer_attention.empty()
-                                                 ? std::vector<LayerAttention>{LayerAttention::kFull}
-                                                 : config.LayerAttentionPeriod();
-  graphs.pattern.clear();
-  std::vector<LayerAttention> kinds;
-  for (LayerAttention type : period) {
-    auto it = std::find(kinds.begin(), kinds.end(), type);
-    if (it == kinds.end()) {
-      kinds.push_back(type);
-      graphs.layer_kinds.push_back(BuildGemma3Layer(config, mode, type));
-      it = std::prev(kinds.end());
-    }
-    graphs.pattern.push_back(static_cast<int>(it - kinds.begin()));
-  }
-  return graphs;
+  return GraphsByLayerAttention(
+      config, BuildGemma3Prologue(config), BuildGemma3Epilogue(config),
+      [&](LayerAttention type) { return BuildGemma3Layer(config, mode, type); });
 }
 
 // Gemma3TextConfig (configuration_gemma3.py): layer_types, or without it
@@ -257,12 +222,7 @@ absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
   w.Int("max_position_embeddings", c.max_positions > 0 ? c.max_positions : 131072);
   w.Double("rms_norm_eps", c.norm_eps);
   w.Int("sliding_window", c.sliding_window);
-  std::vector<std::string> types;
-  for (int64_t i = 0; i < c.layers; ++i) {
-    types.push_back(c.AttentionOf(i) == LayerAttention::kSliding ? "sliding_attention"
-                                                                  : "full_attention");
-  }
-  w.Strings("layer_types", types);
+  w.LayerTypes("layer_types", c);
   return absl::OkStatus();
 }
 

@@ -5,7 +5,6 @@
 // and apply_rotary_pos_emb casting its results back; sliding-window layers (3 of 4 by
 // default) with their own tables and the sliding-window mask, as Gemma 3's.
 #include <algorithm>
-#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,28 +37,12 @@ int OlmoRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width = 
   return out;
 }
 
-// LayerTypesOf: which attention spans the model's layers have.
-std::pair<bool, bool> LayerTypesOf(const ModelConfig& config) {
-  bool sliding = false, full = false;
-  for (int64_t i = 0; i < config.layers && !(sliding && full); ++i) {
-    (config.AttentionOf(i) == LayerAttention::kSliding ? sliding : full) = true;
-  }
-  return {sliding, full};
-}
-
 // Olmo3Model's embed_tokens (M:366), unscaled, and the rotary embedding's buffers:
 // {type}_inv_freq and {type}_original_inv_freq, fp32, d_head / 2 each, for each layer
 // type in sorted order (Olmo3RotaryEmbedding.__init__, M:275-288).
 BlockGraph BuildOlmo3Prologue(const ModelConfig& config) {
   GraphBuilder g(config);
-  const auto [sliding, full] = LayerTypesOf(config);
-  for (const auto& [present, type] :
-       {std::pair<bool, const char*>{full, "full_attention"}, {sliding, "sliding_attention"}}) {
-    if (!present) continue;
-    g.Buffer(absl::StrCat("rotary_emb.", type, "_inv_freq"), DType::kFloat32, {kDHead / 2});
-    g.Buffer(absl::StrCat("rotary_emb.", type, "_original_inv_freq"), DType::kFloat32,
-             {kDHead / 2});
-  }
+  g.RotaryBuffersPerLayerType();
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
@@ -93,14 +76,7 @@ BlockGraph BuildOlmo3Layer(const ModelConfig& config, AttentionMode mode,
   int q = project("q_proj", kH, "q_norm");
   int k = project("k_proj", kKv, "k_norm");
   int v = project("v_proj", kKv, nullptr);
-  // From seq >= sliding_window on, a sliding layer attends through the model's mask,
-  // expanded to (B, 1, T, T) (masking_utils.py, sdpa_mask), as Gemma 3's.
-  int mask = -1;
-  if (sliding && config.SlidingWindowMasked()) {
-    mask = g.Op1(OpType::kExpand, "sliding_mask.expand",
-                 {g.Global(ModelTensor::kSlidingMask, DType::kBool, {Sym(1), Sym(1), kT, kT})},
-                 {.shape = {kB, Sym(1), kT, kT}});
-  }
+  const int mask = g.SlidingWindowMask(sliding);
   const GraphBuilder::RopeAttentionOut a =
       g.RopeAttention(config, mode, q, k, v, cos, sin, mask, /*cast_back=*/true);
   int projected = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
@@ -139,25 +115,11 @@ BlockGraph BuildOlmo3Epilogue(const ModelConfig& config) {
   return g.Finish(g.CrossEntropy(logits, input_ids));
 }
 
-// Graphs: one layer kind per attention span the pattern has, in the pattern's order of
-// first appearance.
+// Graphs: one layer kind per attention span the pattern has.
 ModelGraphs BuildOlmo3Graphs(const ModelConfig& config, AttentionMode mode) {
-  ModelGraphs graphs;
-  graphs.prologue = BuildOlmo3Prologue(config);
-  graphs.epilogue = BuildOlmo3Epilogue(config);
-  const std::vector<LayerAttention> period = config.LayerAttentionPeriod();
-  graphs.pattern.clear();
-  std::vector<LayerAttention> kinds;
-  for (LayerAttention type : period) {
-    auto it = std::find(kinds.begin(), kinds.end(), type);
-    if (it == kinds.end()) {
-      kinds.push_back(type);
-      graphs.layer_kinds.push_back(BuildOlmo3Layer(config, mode, type));
-      it = std::prev(kinds.end());
-    }
-    graphs.pattern.push_back(static_cast<int>(it - kinds.begin()));
-  }
-  return graphs;
+  return GraphsByLayerAttention(
+      config, BuildOlmo3Prologue(config), BuildOlmo3Epilogue(config),
+      [&](LayerAttention type) { return BuildOlmo3Layer(config, mode, type); });
 }
 
 // What OLMo 3 models that the shared checks do not refuse.
@@ -265,12 +227,7 @@ absl::Status WriteOlmo3(const ModelConfig& c, ConfigJsonWriter& w) {
   w.Int("vocab_size", c.vocab);
   w.Double("rms_norm_eps", c.norm_eps);
   w.Int("sliding_window", c.sliding_window);
-  std::vector<std::string> types;
-  for (int64_t i = 0; i < c.layers; ++i) {
-    types.push_back(c.AttentionOf(i) == LayerAttention::kSliding ? "sliding_attention"
-                                                                  : "full_attention");
-  }
-  w.Strings("layer_types", types);
+  w.LayerTypes("layer_types", c);
   return absl::OkStatus();
 }
 

@@ -162,27 +162,11 @@ class Olmo3Model : public ModelImpl {
   }
 
   LayerExtras ExtrasOf(int64_t index, const LayerExtras& extras) const override {
-    // Olmo3DecoderLayer gets its type's position_embeddings and attention_mask.
-    LayerExtras own = extras;
-    if (config_.AttentionOf(index) == LayerAttention::kSliding) {
-      own.cos = extras.cos_local;
-      own.sin = extras.sin_local;
-    } else {
-      own.sliding_mask = at::Tensor();
-    }
-    own.cos_local = own.sin_local = at::Tensor();
-    return own;
+    return SlidingWindowExtrasOf(config_, index, extras);  // Olmo3DecoderLayer's type's
   }
 
   std::vector<at::Tensor> CacheLayers() const override {
-    // DynamicSlidingWindowLayer.__init__: torch.tensor(sliding_window, dtype=torch.long).
-    std::vector<at::Tensor> tensors;
-    for (int64_t i = 0; i < num_layers(); ++i) {
-      if (config_.AttentionOf(i) == LayerAttention::kSliding) {
-        tensors.push_back(at::scalar_tensor(config_.sliding_window, at::kLong));
-      }
-    }
-    return tensors;
+    return SlidingWindowCacheLayers(config_, num_layers());
   }
 
   at::Tensor Epilogue(at::Tensor hidden, const at::Tensor& input_ids,
