@@ -205,18 +205,30 @@ class GraphBuilder {
     return outputs[0];
   }
 
+  // RmsNormalize is the fp32 core every RMSNorm of transformers computes (LlamaRMSNorm's,
+  // Gemma3RMSNorm's _norm(x.float()), Olmo3RMSNorm's): x32 = x.to(float32); variance =
+  // x32.pow(2).mean(-1, keepdim=True); normed = x32 * rsqrt(variance + eps). Its ops are
+  // `name`.upcast, .pow, .variance, .add_eps, .rsqrt and .normed; the caller scales and
+  // casts the result its own way.
+  struct RmsNormalized {
+    int variance, normed;
+  };
+  RmsNormalized RmsNormalize(const std::string& name, int x) {
+    int x32 = ToDtype(name + ".upcast", x, DType::kFloat32);
+    int squared = Op1(OpType::kPow, name + ".pow", {x32});
+    int variance = Op1(OpType::kMeanDim, name + ".variance", {squared});
+    int shifted = Op1(OpType::kAddScalar, name + ".add_eps", {variance});
+    int inverse = Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
+    return {variance, Op1(OpType::kMulTensor, name + ".normed", {x32, inverse})};
+  }
+
   // RmsNorm is transformers' LlamaRMSNorm: x32 = x.to(float32); weight *
   // (x32 * rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype). In fp32 both
   // casts return the tensor itself. It normalises x's last dimension, `width` (the hidden
   // size, or head_dim for Qwen3's q_norm and k_norm).
   int RmsNorm(const std::string& name, int x, SymDim width = kD) {
     int weight = Param(name + ".weight", {width});
-    int x32 = ToDtype(name + ".upcast", x, DType::kFloat32);
-    int squared = Op1(OpType::kPow, name + ".pow", {x32});
-    int variance = Op1(OpType::kMeanDim, name + ".variance", {squared});
-    int shifted = Op1(OpType::kAddScalar, name + ".add_eps", {variance});
-    int inverse = Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
-    int normed = Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
+    const auto [variance, normed] = RmsNormalize(name, x);
     int downcast = ToDtype(name + ".downcast", normed, graph_.tensors[x].dtype);
     int out = Op1(OpType::kMulTensor, name, {weight, downcast});
     // LlamaRMSNorm.forward's locals `variance` and `hidden_states` (normed), to its return;

@@ -26,12 +26,7 @@ namespace {
 // the q/k norms' heads) outlives the upcast under bf16 and autocast.
 int GemmaRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width = kD) {
   int weight = g.Param(name + ".weight", {width});
-  int x32 = g.ToDtype(name + ".upcast", x, DType::kFloat32);
-  int squared = g.Op1(OpType::kPow, name + ".pow", {x32});
-  int variance = g.Op1(OpType::kMeanDim, name + ".variance", {squared});
-  int shifted = g.Op1(OpType::kAddScalar, name + ".add_eps", {variance});
-  int inverse = g.Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
-  int normed = g.Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
+  const int normed = g.RmsNormalize(name, x).normed;
   int weight32 = g.ToDtype(name + ".weight_upcast", weight, DType::kFloat32);
   int one_plus = g.Op1(OpType::kAddScalar, name + ".one_plus", {weight32});
   int scaled = g.Op1(OpType::kMulTensor, name + ".scaled", {normed, one_plus});

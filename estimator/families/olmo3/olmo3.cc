@@ -25,12 +25,7 @@ namespace {
 // `variance` and `hs` and its argument x (nn.Module.__call__'s *args) live to its return.
 int OlmoRmsNorm(GraphBuilder& g, const std::string& name, int x, SymDim width = kD) {
   int weight = g.Param(name + ".weight", {width});
-  int x32 = g.ToDtype(name + ".upcast", x, DType::kFloat32);
-  int squared = g.Op1(OpType::kPow, name + ".pow", {x32});
-  int variance = g.Op1(OpType::kMeanDim, name + ".variance", {squared});
-  int shifted = g.Op1(OpType::kAddScalar, name + ".add_eps", {variance});
-  int inverse = g.Op1(OpType::kRsqrt, name + ".rsqrt", {shifted});
-  int normed = g.Op1(OpType::kMulTensor, name + ".normed", {x32, inverse});
+  const auto [variance, normed] = g.RmsNormalize(name, x);
   int scaled = g.Op1(OpType::kMulTensor, name + ".scaled", {weight, normed});
   const int out = g.ToDtype(name, scaled, g.DTypeOf(x));
   g.HeldThroughHere({x, variance, normed});
