@@ -692,6 +692,21 @@ class GraphBuilder {
 
   // HeldToEnd: a Python local holds `tensor` until the segment's forward returns.
   void HeldToEnd(int tensor) { graph_.held_until.emplace_back(tensor, -1); }
+
+  // CausalLmHead is a decoder's end after its final norm `h`: the decoder model returns
+  // it (...ForCausalLM's `hidden_states` local, to its return), then the LM head (tied to
+  // embed_tokens or not; with sequence parallelism vocabulary-parallel, gathering its
+  // input too) and the loss over `input_ids`.
+  int CausalLmHead(int h, int input_ids) {
+    DecoderReturnsHere();
+    HeldToEnd(h);
+    int weight = config_.tie_embeddings ? TiedParam("embed_tokens.weight", {kV, kD})
+                                        : Param("lm_head.weight", {kV, kD});
+    int logits = config_.sp ? Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+                                  {.shape = {kB, kT, kV}}, OpKind::kMatmul)
+                            : MatmulFolded("lm_head", h, weight, kD, kV);
+    return CrossEntropy(logits, input_ids);
+  }
   // HeldThroughHere: Python locals hold `tensors` until the last op made so far has run
   // (a module's arguments and locals, to its return).
   // HeldByDecoder: in a prologue, tensors the decoder model's locals hold until it

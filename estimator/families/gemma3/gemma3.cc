@@ -116,16 +116,7 @@ BlockGraph BuildGemma3Epilogue(const ModelConfig& config) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
-  int h = GemmaRmsNorm(g, "norm", x);
-  g.DecoderReturnsHere();
-  g.HeldToEnd(h);  // Gemma3ForCausalLM's `hidden_states`, to its return
-  int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
-                                     : g.Param("lm_head.weight", {kV, kD});
-  // With sequence parallelism the vocabulary-parallel head gathers its input too.
-  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
-                                 {.shape = {kB, kT, kV}}, OpKind::kMatmul)
-                         : g.MatmulFolded("lm_head", h, weight, kD, kV);
-  return g.Finish(g.CrossEntropy(logits, input_ids));
+  return g.Finish(g.CausalLmHead(GemmaRmsNorm(g, "norm", x), input_ids));
 }
 
 // Graphs: one layer kind per attention span the pattern has.

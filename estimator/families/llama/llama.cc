@@ -106,17 +106,7 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kTs, kD});
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
-  int h = g.RmsNorm("norm", x);
-  g.DecoderReturnsHere();
-  // The decoder model's output, LlamaForCausalLM's `hidden_states` local to its return.
-  g.HeldToEnd(h);
-  int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
-                                     : g.Param("lm_head.weight", {kV, kD});
-  // With sequence parallelism the vocabulary-parallel head gathers its input too.
-  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
-                                 {.shape = {kB, kT, kV}}, OpKind::kMatmul)
-                         : g.MatmulFolded("lm_head", h, weight, kD, kV);
-  return g.Finish(g.CrossEntropy(logits, input_ids));
+  return g.Finish(g.CausalLmHead(g.RmsNorm("norm", x), input_ids));
 }
 
 

@@ -101,13 +101,7 @@ BlockGraph BuildOlmo3Epilogue(const ModelConfig& config) {
   GraphBuilder g(config);
   int x = g.Input("x", {kB, kT, kD});
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
-  int h = OlmoRmsNorm(g, "norm", x);
-  g.DecoderReturnsHere();
-  g.HeldToEnd(h);  // Olmo3ForCausalLM's `hidden_states`, to its return
-  int weight = config.tie_embeddings ? g.TiedParam("embed_tokens.weight", {kV, kD})
-                                     : g.Param("lm_head.weight", {kV, kD});
-  int logits = g.MatmulFolded("lm_head", h, weight, kD, kV);
-  return g.Finish(g.CrossEntropy(logits, input_ids));
+  return g.Finish(g.CausalLmHead(OlmoRmsNorm(g, "norm", x), input_ids));
 }
 
 // Graphs: one layer kind per attention span the pattern has.
