@@ -333,7 +333,7 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
   }
   // What the layers are called with (a checkpointed one holds it all).
   LayerExtras layer_extras = start.extras;
-  if (!model.CallsLayersWithPositionIds()) layer_extras.position_ids = at::Tensor();
+  if (!model.CallsLayersWithPositionIds()) layer_extras[ModelTensor::kPositionIds] = at::Tensor();
   // transformers' use_cache, which gradient checkpointing turns off: without checkpointed
   // layers the model's DynamicCache holds every layer's keys and values until the
   // forward returns (destroyed before the autocast scope ends).

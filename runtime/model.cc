@@ -19,11 +19,11 @@ at::Tensor KvCacheUpdate(const at::Tensor& x, at::ScalarType keys_dtype,
 }
 
 std::vector<at::Tensor> LayerExtras::Defined() const {
-  std::vector<at::Tensor> tensors;
-  for (const at::Tensor* t : {&position_ids, &cos, &sin, &cos_local, &sin_local, &sliding_mask}) {
-    if (t->defined()) tensors.push_back(*t);
+  std::vector<at::Tensor> defined;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) defined.push_back(t);
   }
-  return tensors;
+  return defined;
 }
 
 at::Tensor PositionIds(int64_t seq) {

@@ -27,8 +27,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <array>
 #include <vector>
 
+#include "estimator/graph/block_graph.h"
 #include "estimator/spec/config.h"
 #include "runtime/last_use.h"
 #include "runtime/selective_ops.h"
@@ -36,19 +38,15 @@
 
 namespace memledger::runtime {
 
-// LayerExtras are model-level tensors every decoder layer reads besides its hidden
-// states: Llama's RoPE tables cos and sin, (1, T, d_head), made once per forward with no
-// grad. Undefined for the other families.
+// LayerExtras are the model-level tensors the decoder layers read besides their hidden
+// states, made once per forward with no grad, by the estimator's names for them
+// (ModelTensor, estimator/graph/block_graph.h): position ids, the rotary tables (1, T,
+// d_head), the sliding-window layers' own tables and (1, 1, T, T) bool mask.
+// ModelImpl::ExtrasOf hands each layer those it reads; undefined where a model has none.
 struct LayerExtras {
-  at::Tensor position_ids;  // the decoder families'
-  at::Tensor cos;           // Llama's RoPE tables
-  at::Tensor sin;
-  // Gemma 3's: its sliding-window layers' own RoPE tables and, from seq >=
-  // sliding_window on, their (1, 1, T, T) bool mask; ModelImpl::ExtrasOf hands each
-  // layer its type's.
-  at::Tensor cos_local;
-  at::Tensor sin_local;
-  at::Tensor sliding_mask;
+  std::array<at::Tensor, kNumModelTensors> tensors;
+  at::Tensor& operator[](ModelTensor id) { return tensors[static_cast<int>(id)]; }
+  const at::Tensor& operator[](ModelTensor id) const { return tensors[static_cast<int>(id)]; }
   // kv_cache: transformers' DynamicCache while the forward keeps one (ModelImpl::
   // use_cache, no layer checkpointed): KvCacheUpdate appends each layer's keys and
   // values; the caller's vector holds them until the forward returns. Null otherwise.

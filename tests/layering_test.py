@@ -61,6 +61,27 @@ class LayeringTest(unittest.TestCase):
                                 found.append(f"{path}:{number}: {token}")
         self.assertEqual(found, [], "\n".join(found))
 
+    def test_step_names_no_family_and_asks_no_capability(self):
+        # The step simulator runs graphs: the model's own tensors too are the family's
+        # graphs (ModelGraphs::tensors_*_prologue), so estimator/step/ names no family,
+        # not even in a comment, and asks no FamilyDef capability.
+        with open("estimator/spec/families.inc", encoding="utf-8") as f:
+            registered = re.findall(r"^MEMLEDGER_FAMILY\((\w+)\)", f.read(), re.MULTILINE)
+        self.assertGreaterEqual(len(registered), 5)
+        # The registry's families, and the model types they read under other names.
+        names = [n for n in registered if n != "Study"] + [
+            "Mistral", "Qwen", "Mixtral", "GPT-2", "Gemma", "OLMo"]
+        forbidden = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")|"
+                               r"\bFamilyOf\(|\bFamilyDef\b", re.IGNORECASE)
+        found = []
+        for name in sorted(os.listdir("estimator/step")):
+            path = os.path.join("estimator/step", name)
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    for match in forbidden.finditer(line):
+                        found.append(f"{path}:{number}: {match.group(0)}")
+        self.assertEqual(found, [], "\n".join(found))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -206,6 +206,8 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     ModelGraphs built = BuildModelGraphs(config, mode);
     // Cached graphs never change, so their walks can be remembered (walk_memo.h).
     if (built.prologue.has_value()) built.prologue->walk_memo = std::make_shared<WalkMemo>();
+    built.tensors_before_prologue.walk_memo = std::make_shared<WalkMemo>();
+    built.tensors_after_prologue.walk_memo = std::make_shared<WalkMemo>();
     for (BlockGraph& kind : built.layer_kinds) kind.walk_memo = std::make_shared<WalkMemo>();
     built.epilogue.walk_memo = std::make_shared<WalkMemo>();
     graphs = std::make_shared<const ModelGraphs>(std::move(built));

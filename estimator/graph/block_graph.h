@@ -131,6 +131,11 @@ struct BlockGraph {
   // inputs_embeds (the first layer's input, modeling_llama.py:370-388), GPT2Model's
   // inputs_embeds and position_embeds.
   std::vector<int> decoder_locals;
+  // returns: in a graph of the model's own tensors (ModelGraphs::tensors_before_prologue,
+  // tensors_after_prologue), the tensors it hands the decoder model, by model-level id:
+  // they outlive the graph (the decoder holds them to its return), and the segments read
+  // them as globals (TensorDef::global). `output` is the last of them.
+  std::vector<std::pair<int, ModelTensor>> returns;
   // walk_memo: what walks of this graph kept (estimator/graph/walk_memo.h); ModelGraphsFor
   // sets it on the graphs it caches, which never change after. Null: no memo.
   std::shared_ptr<WalkMemo> walk_memo;
@@ -161,6 +166,13 @@ struct ModelGraphs {
   std::vector<BlockGraph> layer_kinds;  // at least one; all take and give (B, T, d)
   std::vector<int> pattern = {0};       // one period of kinds, into layer_kinds
   BlockGraph epilogue;
+  // The decoder model's own tensors, made without grad once per forward (a pipeline's
+  // later stage makes its own, as runtime/model.h's ModelImpl::Extras): graphs of no
+  // input that return model-level tensors (BlockGraph::returns). Before the prologue
+  // those its embedding reads (GPT-2's position ids); after it the layers' (position
+  // ids, the sliding-window mask, the rotary tables). No ops: none.
+  BlockGraph tensors_before_prologue;
+  BlockGraph tensors_after_prologue;
 
   int KindOf(int64_t layer) const {
     return pattern[static_cast<size_t>(layer % static_cast<int64_t>(pattern.size()))];

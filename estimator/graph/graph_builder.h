@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -685,6 +686,82 @@ class GraphBuilder {
   // SetDType: an output whose dtype is not its first input's (topk's int64 indices).
   void SetDType(int tensor, DType dtype) { graph_.tensors[tensor].dtype = dtype; }
 
+  // The decoder model's own tensors (ModelGraphs::tensors_after_prologue), made without
+  // grad; Returns hands each to the decoder model.
+  //
+  // PositionIds is transformers' position_ids = torch.arange(T) + past_seen_tokens (0),
+  // unsqueezed (modeling_llama.py:375-378, modeling_gpt2.py:571-572): (1, T) int64, the
+  // arange dying after the sum.
+  int PositionIds() {
+    int arange = Op1(OpType::kArange, "position_ids.arange", {}, {.shape = {kT}},
+                     std::nullopt, DType::kInt64);
+    int positions = Op1(OpType::kAddWrappedInt, "position_ids", {arange});
+    return Op1(OpType::kUnsqueeze, "position_ids.unsqueeze", {positions}, {.dim = 0});
+  }
+  // RopeTables is a rotary embedding's forward without grad, as runtime/families/
+  // rotary.h's RopeTables computes it: inv_freq = 1 / base^(arange(0, d_head, 2) /
+  // d_head) (one statement: its temporaries die with it), freqs = outer(arange(T),
+  // inv_freq), emb = cat(freqs, freqs), then cos and sin (1, T, d_head) in `dtype` (the
+  // layers' global's: cos.to(x.dtype)), each fp32 table dying after its cast; freqs, emb
+  // and inv_freq die as the tables are returned. Returns {cos, sin}.
+  std::pair<int, int> RopeTables(const std::string& name, DType dtype) {
+    int exponents = Op1(OpType::kArange, name + ".exponents", {}, {.shape = {kDHead / 2}},
+                        std::nullopt, DType::kFloat32);
+    int scaled = Op1(OpType::kDivScalar, name + ".scaled", {exponents});
+    int powered = Op1(OpType::kPowScalarBase, name + ".powered", {scaled});
+    int inv_freq = Op1(OpType::kScalarDivide, name + ".inv_freq", {powered});
+    HeldThroughHere({exponents, scaled, powered});
+    int positions = Op1(OpType::kArange, name + ".positions", {}, {.shape = {kT}},
+                        std::nullopt, DType::kFloat32);
+    int freqs = Op1(OpType::kOuter, name + ".freqs", {positions, inv_freq});
+    int emb = Op1(OpType::kCat, name + ".emb", {freqs, freqs});
+    auto table = [&](OpType op, const char* part) {
+      int fp32 = Op1(op, absl::StrCat(name, ".", part, ".fp32"), {emb});
+      int unsqueezed = Op1(OpType::kUnsqueeze, absl::StrCat(name, ".", part, ".unsqueeze"),
+                           {fp32}, {.dim = 0});
+      return ToDtype(absl::StrCat(name, ".", part), unsqueezed, dtype);
+    };
+    int cos = table(OpType::kCos, "cos");
+    int sin = table(OpType::kSin, "sin");
+    HeldThroughHere({emb, freqs, inv_freq});
+    return {cos, sin};
+  }
+  // SlidingWindowMaskTensor is create_sliding_window_causal_mask's sdpa_mask without
+  // vmap (masking_utils.py): arange(B) and arange(1), the q and kv positions arange(T) +
+  // 0, then and_masks(sliding_window_overlay, causal) from new_ones((), bool): kv > q -
+  // window, &, then kv <= q, &, each result rebinding the last and each comparison
+  // dying after its &. The (1, 1, T, T) mask stays; the aranges die as sdpa_mask returns
+  // (profiled).
+  int SlidingWindowMaskTensor() {
+    const std::string name = "sliding_mask";
+    int batch = Op1(OpType::kArange, name + ".batch_arange", {}, {.shape = {kB}},
+                    std::nullopt, DType::kInt64);
+    int head = Op1(OpType::kArange, name + ".head_arange", {}, {.shape = {Sym(1)}},
+                   std::nullopt, DType::kInt64);
+    auto positions = [&](const char* which) {
+      int arange = Op1(OpType::kArange, absl::StrCat(name, ".", which, "_arange"), {},
+                       {.shape = {kT}}, std::nullopt, DType::kInt64);
+      return Op1(OpType::kAddWrappedInt, absl::StrCat(name, ".", which), {arange});
+    };
+    int q = positions("q");
+    int kv = positions("kv");
+    int q4 = Op1(OpType::kView, name + ".q_column", {q}, {.shape = {Sym(1), Sym(1), kT, Sym(1)}});
+    int kv4 = Op1(OpType::kView, name + ".kv_row", {kv}, {.shape = {Sym(1), Sym(1), Sym(1), kT}});
+    int result = Op1(OpType::kOnes, name + ".ones", {}, {.shape = {}}, std::nullopt,
+                     DType::kBool);
+    int shifted = Op1(OpType::kAddWrappedInt, name + ".shifted", {q4});
+    int in_window = Op1(OpType::kGt, name + ".in_window", {kv4, shifted}, {}, std::nullopt,
+                        DType::kBool);
+    result = Op1(OpType::kBitwiseAnd, name + ".windowed", {result, in_window});
+    int causal = Op1(OpType::kLe, name + ".causal", {kv4, q4}, {}, std::nullopt, DType::kBool);
+    result = Op1(OpType::kBitwiseAnd, name, {result, causal});
+    HeldThroughHere({batch, head, q, kv});
+    return result;
+  }
+  // Returns: the graph hands `tensor` to the decoder model as model-level tensor `id`
+  // (BlockGraph::returns).
+  void Returns(int tensor, ModelTensor id) { graph_.returns.emplace_back(tensor, id); }
+
   // DecoderReturnsHere: the decoder model's forward returns after the last op so far.
   void DecoderReturnsHere() {
     graph_.decoder_returns_after = static_cast<int>(graph_.ops.size()) - 1;
@@ -782,6 +859,53 @@ class GraphBuilder {
   bool core_attention_ = false;  // appending math attention's core ops
 };
 
+// DecoderModelTensors is the graph of the model-level tensors that `readers` read, as the
+// decoder model's forward makes them without grad (LlamaModel.forward,
+// modeling_llama.py:375-388, and its look-alikes, after the embeddings; GPT2Model's
+// position ids before them): position_ids, the sliding-window layers' mask
+// (causal_mask_mapping), then each rotary embedding's tables, the global one's and the
+// sliding layers' own (one call per layer type; equal in size, so their order, a Python
+// set's, moves no peak).
+inline BlockGraph DecoderModelTensors(const ModelConfig& config,
+                                      const std::vector<const BlockGraph*>& readers) {
+  // read: the dtype in which a reader reads `id`, if one does.
+  auto read = [&](ModelTensor id) -> std::optional<DType> {
+    for (const BlockGraph* reader : readers) {
+      for (const TensorDef& tensor : reader->tensors) {
+        if (tensor.global == id) return tensor.dtype;
+      }
+    }
+    return std::nullopt;
+  };
+  GraphBuilder g(config);
+  int last = -1;
+  auto returns = [&](int tensor, ModelTensor id) {
+    g.Returns(tensor, id);
+    last = tensor;
+  };
+  if (read(ModelTensor::kPositionIds)) returns(g.PositionIds(), ModelTensor::kPositionIds);
+  if (read(ModelTensor::kSlidingMask)) {
+    returns(g.SlidingWindowMaskTensor(), ModelTensor::kSlidingMask);
+  }
+  for (const auto& [cos, sin, name] :
+       {std::tuple{ModelTensor::kRopeCos, ModelTensor::kRopeSin, "rotary_emb"},
+        std::tuple{ModelTensor::kRopeLocalCos, ModelTensor::kRopeLocalSin, "rotary_emb_local"}}) {
+    const std::optional<DType> dtype = read(cos);
+    if (!dtype.has_value()) continue;
+    const auto [cos_table, sin_table] = g.RopeTables(name, *dtype);
+    returns(cos_table, cos);
+    returns(sin_table, sin);
+  }
+  return g.Finish(last);
+}
+// The layers' tensors, made after the embeddings.
+inline BlockGraph DecoderModelTensors(const ModelConfig& config,
+                                      const std::vector<BlockGraph>& layer_kinds) {
+  std::vector<const BlockGraph*> readers;
+  for (const BlockGraph& kind : layer_kinds) readers.push_back(&kind);
+  return DecoderModelTensors(config, readers);
+}
+
 // GraphsByLayerAttention: a model of sliding-window and full layers, one layer kind per
 // attention span its pattern has, in the pattern's order of first appearance; `layer`
 // builds a kind.
@@ -804,6 +928,7 @@ ModelGraphs GraphsByLayerAttention(const ModelConfig& config, BlockGraph prologu
     }
     graphs.pattern.push_back(static_cast<int>(kind));
   }
+  graphs.tensors_after_prologue = DecoderModelTensors(config, graphs.layer_kinds);
   return graphs;
 }
 

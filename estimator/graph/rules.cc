@@ -249,6 +249,20 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kEqScalar:
     case OpType::kNonzero:
       return {{}, {}, {}, {}};  // integer tensors: never a backward node
+    // The model's own tensors, made under no_grad (its position ids, rotary tables and
+    // masks): never a backward node.
+    case OpType::kAddWrappedInt:
+    case OpType::kDivScalar:
+    case OpType::kPowScalarBase:
+    case OpType::kScalarDivide:
+    case OpType::kOuter:
+    case OpType::kCos:
+    case OpType::kSin:
+    case OpType::kOnes:
+    case OpType::kGt:
+    case OpType::kLe:
+    case OpType::kBitwiseAnd:
+      return {{}, {}, {}, {}};
     case OpType::kIndexRows:
       // yaml:847 index.Tensor: self: index_backward(grad.new_zeros(self.sizes()), indices,
       // grad); indices: non-differentiable.
@@ -426,6 +440,17 @@ const char* OpTypeName(OpType type) {
     case OpType::kAllToAll: return "_c10d_functional::all_to_all_single";
     case OpType::kGeScalar: return "ge";
     case OpType::kMaskedFillInplace: return "masked_fill_";
+    case OpType::kAddWrappedInt: return "add";
+    case OpType::kDivScalar: return "div";
+    case OpType::kPowScalarBase: return "pow";
+    case OpType::kScalarDivide: return "div_";
+    case OpType::kOuter: return "outer";
+    case OpType::kCos: return "cos";
+    case OpType::kSin: return "sin";
+    case OpType::kOnes: return "ones";
+    case OpType::kGt: return "gt";
+    case OpType::kLe: return "le";
+    case OpType::kBitwiseAnd: return "bitwise_and";
   }
   return "?";
 }

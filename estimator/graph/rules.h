@@ -176,7 +176,7 @@ enum class OpType : uint8_t {
   // transformers' expert parallelism (AllToAllEP, distributed/expert_parallel.py):
   kZeros,              // () -> zeros(attributes.shape): not differentiable
   kOnesLike,           // ones_like(self), in the op's dtype: not differentiable
-  kArange,             // () -> arange(attributes.shape[0]) int64
+  kArange,             // () -> arange(attributes.shape[0]) in the op's dtype
   kRepeat,             // self.repeat(...) to attributes.shape: integer ids here
   // (self, repeats) -> self.repeat_interleave(repeats, output_size=attributes.shape[0]):
   // the (R) int64 row index first (repeat_interleave of the repeats), then index_select.
@@ -195,8 +195,30 @@ enum class OpType : uint8_t {
   // An expert-parallel grouped_mm experts module's sentinel rows (integrations/moe.py):
   kGeScalar,           // self >= <a Python int>, a bool per element: not differentiable
   kMaskedFillInplace,  // (self, mask) -> self: masked_fill_(mask, <a number>) in place
+  // The decoder model's own tensors, made once per forward without grad
+  // (ModelGraphs::tensors_before_prologue, tensors_after_prologue): the rotary tables,
+  // the position ids and the sliding-window mask. Not differentiable.
+  // self + n or self - n with a Python int n: add.Tensor / sub.Tensor with n wrapped in
+  // a 0-dim int64 tensor on the host, freed after the op.
+  kAddWrappedInt,
+  // self / <a Python number>: div.Scalar, the number wrapped (a float64 and its
+  // conversion to self's dtype) before the output and freed after it, as kMulScalar.
+  kDivScalar,
+  // pow(<a Python number>, self): pow.Scalar; the base's wrapping comes and goes after
+  // the output.
+  kPowScalarBase,
+  // <a Python number> / self: empty_like(self).fill_(n).div_(self) (ATen's
+  // TensorOperators.h for a Scalar left operand): one new tensor.
+  kScalarDivide,
+  kOuter,       // (a (n), b (m)) -> (n, m)
+  kCos,
+  kSin,
+  kOnes,        // () -> ones(attributes.shape) in the op's dtype (new_ones)
+  kGt,          // self > other, broadcast: a bool per element
+  kLe,          // self <= other, broadcast: a bool per element
+  kBitwiseAnd,  // self & other, broadcast (bools)
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kMaskedFillInplace) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kBitwiseAnd) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -172,6 +172,22 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kAllToAll:
     case OpType::kGeScalar:
       return f;
+    // The model's own tensors (position ids, rotary tables, masks): made without grad,
+    // one operation per element, in no segment the step's FLOPs sum.
+    case OpType::kAddWrappedInt:
+    case OpType::kDivScalar:
+    case OpType::kPowScalarBase:
+    case OpType::kScalarDivide:
+    case OpType::kOuter:
+    case OpType::kCos:
+    case OpType::kSin:
+    case OpType::kGt:
+    case OpType::kLe:
+    case OpType::kBitwiseAnd:
+      f.forward = numel(op.outputs[0]);
+      return f;
+    case OpType::kOnes:
+      return f;
   }
   f.backward = CheckedInt64(2) * f.forward;
   return f;

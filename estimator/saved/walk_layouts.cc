@@ -145,7 +145,10 @@ absl::Status Walk::Layouts(const OpDef& op) {
       return absl::OkStatus();
     }
     case OpType::kMulTensor:
-    case OpType::kAdd: {
+    case OpType::kAdd:
+    case OpType::kGt:
+    case OpType::kLe:
+    case OpType::kBitwiseAnd: {
       // Broadcast, right-aligned; the output laid out by TensorIterator.
       const Layout& a = tensors_[op.inputs[0]].layout;
       const Layout& b = tensors_[op.inputs[1]].layout;
@@ -321,6 +324,11 @@ absl::Status Walk::Layouts(const OpDef& op) {
     case OpType::kRsqrt:
     case OpType::kSilu:
     case OpType::kNeg:
+    case OpType::kAddWrappedInt:
+    case OpType::kDivScalar:
+    case OpType::kPowScalarBase:
+    case OpType::kCos:
+    case OpType::kSin:
       // Unary TensorIterator ops: the input's memory order (neg of a slice of a
       // transposed tensor is transposed too).
       NewStorage(out, Layout::Elementwise({&in}, in.sizes.data(), in.ndim, &overflow_),
@@ -442,6 +450,16 @@ absl::Status Walk::Layouts(const OpDef& op) {
     case OpType::kIndexPutInplace:
       ViewOf(out, op.inputs[0], in);  // in place: the result is self
       return absl::OkStatus();
+    case OpType::kScalarDivide:
+      NewDenseLike(out, in);  // empty_like(self), preserve_format
+      return absl::OkStatus();
+    case OpType::kOuter: {
+      const Layout& b = tensors_[op.inputs[1]].layout;
+      const int64_t sizes[] = {in.sizes[0], b.sizes[0]};
+      NewContiguous(out, sizes, 2);
+      return absl::OkStatus();
+    }
+    case OpType::kOnes:
     case OpType::kZeros:
     case OpType::kArange:
     case OpType::kRepeat:

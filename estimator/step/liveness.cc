@@ -142,7 +142,7 @@ ShortModel StandardShortModel(int64_t layers, const Variant& variant, int64_t k)
 // reads) or its kind's lowest checkpointed layer (whose frame holds the model-level
 // tensors its kind reads, for every later checkpoint of them). The other residues take
 // the second period's. So every_2 replays 4 layers where the standard model has 6 (for
-// an even count), and every_4 on Gemma 3's 5:1 pattern at least 19 where it had at
+// an even count), and every_4 on a 5:1 pattern of two kinds at least 19 where it had at
 // least 25 (43 layers: 19 where it had 31).
 // With k = 1 (one kind of layer, one choice for all: none, full, selective) the last
 // layer stands for the middle ones too, and 2 layers are replayed where 3 were. A middle
@@ -439,6 +439,12 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ValidConfig& valid,
         !s.ok()) {
       return s;
     }
+  }
+  for (const auto& [graph, plan] :
+       {std::pair{&graphs.tensors_before_prologue, &plans->tensors_before_prologue},
+        std::pair{&graphs.tensors_after_prologue, &plans->tensors_after_prologue}}) {
+    if (graph->ops.empty()) continue;
+    if (absl::Status s = make(*graph, false, plan); !s.ok()) return s;
   }
   plans->rest.resize(graphs.layer_kinds.size());
   for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {

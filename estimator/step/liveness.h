@@ -53,7 +53,7 @@ enum class MemoryCategory : uint8_t {
   kActivation,      // kept for backward: saved tensors, checkpoint inputs, the cache
   kTemporary,       // everything else: forward intermediates, gradients in flight, workspace
   kInput,           // the model input (and the labels made from it)
-  kBuffer,          // the modules' buffers (LlamaRotaryEmbedding's inv_freq)
+  kBuffer,          // the modules' buffers (a rotary embedding's inv_freq)
 };
 inline constexpr int kNumMemoryCategories = static_cast<int>(MemoryCategory::kBuffer) + 1;
 // "parameter", "gradient", "optimizer_state", "activation", "temporary", "input",

@@ -119,6 +119,12 @@ void EqScalarWrapped(OpCall& c, Ids* prelude) {
       c.memory().HostAlloc(ElementSizeBytes(DType::kFloat64), MemoryCategory::kTemporary));
 }
 
+// self + n, self - n with a Python int n: n wrapped in a 0-dim int64 tensor on the host
+// (wrapped_scalar_tensor), freed after the op.
+void WrappedInt(OpCall& c, Ids* prelude) {
+  prelude->push_back(c.memory().HostAlloc(kInt64, MemoryCategory::kTemporary));
+}
+
 // scalar_tensor(0) and scalar_tensor(-inf) in the query's dtype, before the where.
 void SdpaBoolMaskScalars(OpCall& c, Ids* prelude) {
   const int64_t element = ElementSizeBytes(c.output_dtype(0));
@@ -647,6 +653,11 @@ void GroupedMmBack(OpCall& c, const Handle& grad, Handle* grads) {
   if (c.needs(0)) grads[0] = c.NewGrad(c.layout(0), grad.dtype);
 }
 
+// pow.Scalar's base, wrapped and converted to the exponent's dtype, comes and goes after
+// the output (the order the simulation's rotary tables have always had; those tables
+// are never a step's peak, so no measurement tells the orders apart).
+void PowBaseWrapped(OpCall& c) { c.memory().ScalarOp(c.output_dtype(0)); }
+
 // ---------------------------------------------------------------------------------------
 // The rows. No `default:`: -Wswitch (an error here) catches a new OpType.
 
@@ -798,6 +809,22 @@ constexpr OpSteps RowOf(OpType type) {
       return Leading(EqScalarWrapped);
     case OpType::kSdpaBoolMask:
       return Leading(SdpaBoolMaskScalars);
+    case OpType::kAddWrappedInt:
+      return Leading(WrappedInt);
+    case OpType::kPowScalarBase:
+      return Workspace(PowBaseWrapped);
+    // The model's own tensors' other ops: no grad, nothing of their own (kDivScalar's
+    // wrapped number is Simulation::Forward's, as kMulScalar's).
+    case OpType::kDivScalar:
+    case OpType::kScalarDivide:
+    case OpType::kOuter:
+    case OpType::kCos:
+    case OpType::kSin:
+    case OpType::kOnes:
+    case OpType::kGt:
+    case OpType::kLe:
+    case OpType::kBitwiseAnd:
+      return OpSteps{};
     // Not differentiable here (integer ids, counts, masks) or returning their input
     // itself (add_ of a mask: the gradient passes to the input, SegmentStructure::
     // same_as), with nothing of their own in the forward.

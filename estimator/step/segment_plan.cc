@@ -172,11 +172,17 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   for (int t : graph.decoder_locals) {
     if (tensors[t].storage >= 0) structure.decoder_local[tensors[t].storage] = true;
   }
+  // What the segment hands its caller: its output, and a model-tensor graph's returns.
+  std::vector<bool> returned(walk.storage_list.size(), false);
+  if (structure.output_storage >= 0) returned[structure.output_storage] = true;
+  for (const auto& [tensor, id] : graph.returns) {
+    if (tensors[tensor].storage >= 0) returned[tensors[tensor].storage] = true;
+  }
   structure.frees.resize(graph.ops.size());
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     for (int s : structure.reads[i]) {
       if (structure.last_use[s] == static_cast<int>(i) && s != structure.input_storage &&
-          s != structure.output_storage && !walk.storage_list[s].is_global) {
+          !returned[s] && !walk.storage_list[s].is_global) {
         structure.frees[i].push_back(s);
       }
     }
@@ -209,7 +215,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
       const int s = output.storage;
       output.makes = s >= 0 && walk.storage_list[s].owner == output.tensor &&
                      !walk.storage_list[s].is_parameter;
-      output.unread = output.makes && structure.last_use[s] < 0 && s != structure.output_storage;
+      output.unread = output.makes && structure.last_use[s] < 0 && !returned[s];
     }
     if (op.type == OpType::kDropout) std::swap(step.outputs[0], step.outputs[1]);
     structure.forward_steps.push_back(step);

@@ -173,6 +173,9 @@ struct ModelPlans {
   mutable std::vector<std::shared_ptr<const ChunkPasses>> chunk_passes;
   std::shared_ptr<const ModelGraphs> graphs;
   std::unique_ptr<SegmentPlan> prologue;
+  // The model's own tensors' graphs (ModelGraphs::tensors_before_prologue,
+  // tensors_after_prologue); null where a graph has no ops.
+  std::unique_ptr<SegmentPlan> tensors_before_prologue, tensors_after_prologue;
   // first: the first layer's plan: the study's own (its input needs no gradient), the
   // families' that of its kind in `rest` (their first layer reads the embeddings).
   const SegmentPlan* first = nullptr;

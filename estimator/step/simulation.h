@@ -244,13 +244,12 @@ class Simulation {
   // hooks; the holders' tensors stay (the frame's recomputed dict). `output` is left
   // undefined.
   absl::Status StopRecompute(Instance& inst, const std::vector<bool>& local, Handle* output);
-  // RopeTables: a rotary embedding's tables, made in `dtype` (the layers' graphs read
-  // them so).
-  void RopeTables(ModelTensor cos, ModelTensor sin, DType dtype, std::vector<int>* extras);
-  void SlidingCacheLayers();
-  void SlidingWindowMask(std::vector<int>* extras);
-  void AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras);
-  void PositionIds(std::vector<int>* extras);
+  // MakeModelTensors runs a graph of the model's own tensors (ModelPlans::
+  // tensors_before_prologue, tensors_after_prologue; null: none) and takes what it
+  // returns as the model-level tensors, appended to `extras`.
+  absl::Status MakeModelTensors(const SegmentPlan* plan, std::vector<int>* extras);
+  // DynamicCacheLayers: the DynamicCache's sliding-window layers' scalars.
+  void DynamicCacheLayers();
   // CallArguments: the model-level tensors a checkpointed layer holds to its backward,
   // the ones its graph reads (KeepReason::kCheckpointHeld).
   std::vector<int> CallArguments(const Instance& inst) const {

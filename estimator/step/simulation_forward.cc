@@ -61,7 +61,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // MulBackward0 keeps; its conversion dies in the op.
     int wrapped_number = -1;
     if ((op.type == OpType::kAddScalar || op.type == OpType::kMulScalar ||
-         op.type == OpType::kMulWrapped) &&
+         op.type == OpType::kDivScalar || op.type == OpType::kMulWrapped) &&
         !replayed) {
       const Memory::Wrapped scalar = memory_.WrapScalar(graph.tensors[op.outputs[0]].dtype);
       if (op.type == OpType::kMulWrapped) {

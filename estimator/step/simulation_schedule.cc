@@ -268,25 +268,27 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     GatherUnit(Where::kPrologue);
     f.prologue.plan = plans.prologue.get();
     f.prologue.segment = Where::kPrologue;
-    // Learned positions' ids (which the embedding reads) are made before the prologue;
-    // RoPE's after the token embedding, with the tables.
-    const FamilyDef& family = FamilyOf(config_.family);
-    if (family.learned_positions) PositionIds(&extras);
+    // What the embedding reads is made before it (learned positions' ids); what the
+    // layers read after it and the DynamicCache (RoPE's position ids and tables, masks).
+    if (absl::Status s = MakeModelTensors(plans.tensors_before_prologue.get(), &extras);
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
-    if (config_.KeepsKvCache()) SlidingCacheLayers();
-    if (family.rope) {
-      PositionIds(&extras);
-      if (config_.SlidingWindowMasked()) SlidingWindowMask(&extras);
-      AllRopeTables(graphs, &extras);
+    if (config_.KeepsKvCache()) DynamicCacheLayers();
+    if (absl::Status s = MakeModelTensors(plans.tensors_after_prologue.get(), &extras);
+        !s.ok()) {
+      return s;
     }
     // A tied embedding's unit stays gathered: the head reads its weight, and its
     // gradient is complete after the prologue's backward.
     if (!config_.tie_embeddings) ReleaseUnit(Where::kPrologue);
   } else if (families) {
     // A later stage makes its own (ModelImpl::Extras).
-    PositionIds(&extras);
-    if (config_.SlidingWindowMasked()) SlidingWindowMask(&extras);
-    if (FamilyOf(config_.family).rope) AllRopeTables(graphs, &extras);
+    for (const SegmentPlan* plan :
+         {plans.tensors_before_prologue.get(), plans.tensors_after_prologue.get()}) {
+      if (absl::Status s = MakeModelTensors(plan, &extras); !s.ok()) return s;
+    }
   }
   segments_.prologue = memory_.EndSegment();
 
@@ -499,77 +501,30 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   return absl::OkStatus();
 }
 
-// RopeTables is transformers' LlamaRotaryEmbedding as the runtime computes it once per
-// forward, without grad: inv_freq = 1 / 10000^(arange(0, d_head, 2) / d_head) (the
-// division and pow each wrap a scalar), freqs = outer(arange(T), inv_freq), emb =
-// cat(freqs, freqs), cos = emb.cos(), sin = emb.sin() (the (1, T, d_head) tables every
-// layer reads); the temporaries die when the prologue returns.
-void Simulation::RopeTables(ModelTensor cos_id, ModelTensor sin_id, DType dtype,
-                            std::vector<int>* extras) {  // appends cos, sin
-  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
-  const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
-  const int64_t half = config_.HeadDim() / 2 * fp32, t = config_.seq;
-  const int exponents = memory_.Alloc(half, MemoryCategory::kTemporary);
-  const Memory::Wrapped scalar = memory_.WrapScalar(DType::kFloat32);
-  const int scaled = memory_.Alloc(half, MemoryCategory::kTemporary);
-  memory_.Drop(scalar);
-  const int powered = memory_.Alloc(half, MemoryCategory::kTemporary);
-  memory_.ScalarOp(DType::kFloat32);
-  const int inv_freq = memory_.Alloc(half, MemoryCategory::kTemporary);
-  memory_.Unref(exponents);
-  memory_.Unref(scaled);
-  memory_.Unref(powered);
-  const int positions = memory_.Alloc(t * fp32, MemoryCategory::kTemporary);
-  const int freqs = memory_.Alloc(t * half, MemoryCategory::kTemporary);
-  memory_.Unref(positions);
-  const int emb = memory_.Alloc(t * half * 2, MemoryCategory::kTemporary);
-  // cos and sin are computed in fp32 and returned in the dtype the layers read them in
-  // (their graphs' global): the hidden states' in most families (cos.to(x.dtype), the
-  // model's; autocast leaves the embedding's output alone), fp32 where the family keeps
-  // them so.
-  auto in_model_dtype = [&](int fp32_table) {
-    if (dtype == DType::kFloat32) return fp32_table;
-    const int table = memory_.Alloc(t * half / 2 * ElementSizeBytes(dtype),
-                                    MemoryCategory::kTemporary);
-    memory_.Unref(fp32_table);
-    return table;
-  };
-  const int cos = in_model_dtype(memory_.Alloc(t * half * 2, MemoryCategory::kTemporary));
-  const int sin = in_model_dtype(memory_.Alloc(t * half * 2, MemoryCategory::kTemporary));
-  memory_.Unref(emb);
-  memory_.Unref(freqs);
-  memory_.Unref(inv_freq);
-  globals_[cos_id] = cos;
-  globals_[sin_id] = sin;
-  extras->push_back(cos);
-  extras->push_back(sin);
-}
-
-// AllRopeTables makes the tables of each rotary the layers read: the global ones, then
-// Gemma 3's sliding-window layers' own (one call of the rotary embedding per layer
-// type, modeling_gemma3.py, Gemma3TextModel.forward; equal in size, so their order,
-// a Python set's, moves no peak).
-void Simulation::AllRopeTables(const ModelGraphs& graphs, std::vector<int>* extras) {
-  for (const auto& [cos, sin] :
-       {std::pair{ModelTensor::kRopeCos, ModelTensor::kRopeSin},
-        std::pair{ModelTensor::kRopeLocalCos, ModelTensor::kRopeLocalSin}}) {
-    const TensorDef* read = nullptr;
-    for (const BlockGraph& kind : graphs.layer_kinds) {
-      for (const TensorDef& tensor : kind.tensors) {
-        if (tensor.global == cos && read == nullptr) read = &tensor;
-      }
-    }
-    if (read != nullptr) RopeTables(cos, sin, read->dtype, extras);
+// MakeModelTensors: the graph runs as a segment of its own, without grad; the decoder
+// model takes what it returns (its locals, to its return).
+absl::Status Simulation::MakeModelTensors(const SegmentPlan* plan, std::vector<int>* extras) {
+  if (plan == nullptr) return absl::OkStatus();
+  Instance inst;
+  inst.plan = plan;
+  inst.segment = Where::kPrologue;
+  Handle last;
+  if (absl::Status s = Forward(inst, nullptr, Graph(), &last); !s.ok()) return s;
+  for (const auto& [tensor, id] : plan->graph->returns) {
+    const int storage = inst.ids[plan->walk.tensor_layouts[tensor].storage];
+    globals_[id] = storage;
+    extras->push_back(storage);
   }
+  return absl::OkStatus();
 }
 
-// SlidingCacheLayers: the decoder model makes its DynamicCache after the embeddings
-// (modeling_gemma3.py, Gemma3TextModel.forward); each sliding-window layer's
+// DynamicCacheLayers: the decoder model makes its DynamicCache after the embeddings
+// (transformers' decoder models' forward, with use_cache); each sliding-window layer's
 // DynamicSlidingWindowLayer holds torch.tensor(sliding_window, dtype=torch.long), 8
 // bytes (cache_utils.py, DynamicSlidingWindowLayer.__init__), until the forward
-// returns the cache.
-void Simulation::SlidingCacheLayers() {
-  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
+// returns the cache. Their count is the whole model's, which no segment graph knows.
+void Simulation::DynamicCacheLayers() {
+  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kDynamicCache));
   const int64_t layers = model_layers_ >= 0 ? model_layers_ : config_.layers;
   for (int64_t i = 0; i < config_.SlidingLayers(layers); ++i) {
     // torch.tensor(...) without a device: a host tensor beside a CUDA model.
@@ -577,64 +532,6 @@ void Simulation::SlidingCacheLayers() {
         memory_.HostAlloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
     forward_holds_.emplace_back(id, Where::kPrologue);
   }
-}
-
-// SlidingWindowMask is create_sliding_window_causal_mask's sdpa_mask without vmap
-// (masking_utils.py): arange(B), arange(1), and the q and kv positions arange(T) + 0
-// (each sum wraps the 0), then and_masks(sliding_window_overlay, causal) from
-// new_ones((), bool): kv > q - window (the difference wraps the window and dies after
-// the comparison), &, then kv <= q, &, each result rebinding the last and each
-// comparison dying after its &; the (1, 1, T, T) mask stays, the aranges die as
-// sdpa_mask returns (profiled).
-void Simulation::SlidingWindowMask(std::vector<int>* extras) {
-  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
-  const int64_t t = config_.seq, cells = t * t;
-  const int64_t int64 = ElementSizeBytes(DType::kInt64);
-  const int batch = memory_.Alloc(config_.batch * int64, MemoryCategory::kTemporary);
-  const int head = memory_.Alloc(int64, MemoryCategory::kTemporary);
-  auto positions = [&] {
-    const int arange = memory_.Alloc(t * int64, MemoryCategory::kTemporary);
-    const int wrapped = memory_.HostAlloc(int64, MemoryCategory::kTemporary);
-    const int sum = memory_.Alloc(t * int64, MemoryCategory::kTemporary);
-    memory_.Unref(wrapped);
-    memory_.Unref(arange);
-    return sum;
-  };
-  const int q = positions();
-  const int kv = positions();
-  const int ones = memory_.Alloc(1, MemoryCategory::kTemporary);
-  const int wrapped = memory_.HostAlloc(int64, MemoryCategory::kTemporary);
-  const int shifted = memory_.Alloc(t * int64, MemoryCategory::kTemporary);
-  memory_.Unref(wrapped);
-  const int in_window = memory_.Alloc(cells, MemoryCategory::kTemporary);
-  memory_.Unref(shifted);
-  const int first = memory_.Alloc(cells, MemoryCategory::kTemporary);
-  memory_.Unref(in_window);
-  memory_.Unref(ones);
-  const int causal = memory_.Alloc(cells, MemoryCategory::kTemporary);
-  const int mask = memory_.Alloc(cells, MemoryCategory::kTemporary);
-  memory_.Unref(first);
-  memory_.Unref(causal);
-  for (int id : {batch, head, q, kv}) memory_.Unref(id);
-  globals_[ModelTensor::kSlidingMask] = mask;
-  extras->push_back(mask);
-}
-
-// PositionIds is transformers' position_ids = torch.arange(T) + past_seen_tokens (0),
-// unsqueezed (modeling_llama.py:375-378, modeling_gpt2.py:571-572): a local of the
-// decoder model's forward, which the layers are called with; made in the prologue, held
-// to the forward's end like the RoPE tables.
-void Simulation::PositionIds(std::vector<int>* extras) {
-  memory_.SetOp(Special(Where::kPrologue, Where::Activity::kTables));
-  const int64_t bytes = config_.seq * ElementSizeBytes(DType::kInt64);
-  const int arange = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-  const int wrapped =  // the int 0, wrapped
-      memory_.HostAlloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
-  const int positions = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-  memory_.Unref(wrapped);
-  memory_.Unref(arange);
-  globals_[ModelTensor::kPositionIds] = positions;
-  extras->push_back(positions);
 }
 
 }  // namespace memledger::liveness_internal

@@ -15,8 +15,8 @@ std::string WhereText(const Where& where, const OptimizerSpec& optimizer) {
       return absl::StrCat(segment, " (CheckpointFunction)");
     case Where::Activity::kLossBackward:
       return "loss.backward()";
-    case Where::Activity::kTables:
-      return absl::StrCat(segment, " model-level tensors (RoPE tables, position ids)");
+    case Where::Activity::kDynamicCache:
+      return absl::StrCat(segment, " DynamicCache (its sliding-window layers)");
     case Where::Activity::kOptimizerStep:
       return absl::StrCat(OptimizerName(optimizer.kind), ".step()");
     case Where::Activity::kGradientReduction:

@@ -114,7 +114,7 @@ inline Layout Transposed(const Layout& layout, int d0, int d1) {
 // (AddmmBackward0)") only for recorded events and the peak.
 struct Where {
   enum class Activity : uint8_t {
-    kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kTables, kGradientReduction,
+    kOp, kCheckpointNode, kLossBackward, kOptimizerStep, kDynamicCache, kGradientReduction,
     kPointToPoint, kParameterGather, kUnitReduction };
   static constexpr int64_t kHead = -1;
   static constexpr int64_t kPrologue = -2;

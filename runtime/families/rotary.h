@@ -19,8 +19,8 @@ namespace memledger::runtime {
 // RopeTables is a rotary embedding's forward without grad, theta `base` and scaling 1:
 // inv_freq = 1 / base^(arange(0, d_head, 2) / d_head), freqs = outer(arange(T),
 // inv_freq), emb = cat(freqs, freqs); cos and sin of (1, T, d_head), returned in the
-// hidden states' dtype as transformers does (cos.to(x.dtype)). The estimator's
-// simulation makes the same temporaries (estimator/step/simulation_schedule.cc, RopeTables).
+// hidden states' dtype as transformers does (cos.to(x.dtype)). The estimator's graph
+// makes the same temporaries (estimator/graph/graph_builder.h, GraphBuilder::RopeTables).
 inline std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_dim, double base,
                                                     at::ScalarType dtype) {
   at::NoGradGuard no_grad;
@@ -29,6 +29,15 @@ inline std::pair<at::Tensor, at::Tensor> RopeTables(int64_t seq, int64_t head_di
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos().unsqueeze(0).to(dtype), emb.sin().unsqueeze(0).to(dtype)};
 }
+
+// RotaryTables names a rotary embedding's tables among the model-level tensors: the
+// global one's, or the sliding-window layers' own (Local).
+struct RotaryTables {
+  ModelTensor cos = ModelTensor::kRopeCos;
+  ModelTensor sin = ModelTensor::kRopeSin;
+  static RotaryTables Local() { return {ModelTensor::kRopeLocalCos, ModelTensor::kRopeLocalSin}; }
+  static RotaryTables Of(bool sliding) { return sliding ? Local() : RotaryTables(); }
+};
 
 // Rope is transformers' apply_rotary_pos_emb for one of q, k: x * cos +
 // rotate_half(x) * sin, rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]), in the order
@@ -60,11 +69,12 @@ inline at::Tensor RepeatKv(at::Tensor x, int64_t n_rep) {
 // locals after RoPE and the cache, for the caller to hold to its return.
 // `cast_back`: apply_rotary_pos_emb returns q_embed.to(q.dtype), k_embed.to(k.dtype) (a
 // family whose tables stay fp32).
+// `tables`: the rotary tables the layer reads (a sliding-window layer its own).
 inline at::Tensor RopeAttention(at::Tensor& q, at::Tensor& k, at::Tensor& v,
-                                const LayerExtras& extras, int64_t heads, int64_t kv_heads,
-                                AttentionMode mode, SelectiveCache* cache,
+                                const LayerExtras& extras, RotaryTables tables, int64_t heads,
+                                int64_t kv_heads, AttentionMode mode, SelectiveCache* cache,
                                 const at::Tensor& mask = {}, bool cast_back = false) {
-  const at::Tensor cos = extras.cos.unsqueeze(1), sin = extras.sin.unsqueeze(1);
+  const at::Tensor cos = extras[tables.cos].unsqueeze(1), sin = extras[tables.sin].unsqueeze(1);
   const at::ScalarType q_type = q.scalar_type(), k_type = k.scalar_type();
   at::Tensor q_embed = Rope(q, cos, sin);
   at::Tensor k_embed = Rope(Last(k), cos, sin);

@@ -5,11 +5,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
 
 #include <cstdint>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "estimator/spec/config.h"
+#include "runtime/families/rotary.h"
 #include "runtime/last_use.h"
 #include "runtime/model.h"
 
@@ -17,7 +21,7 @@ namespace memledger::runtime {
 
 // SlidingWindowMask is create_sliding_window_causal_mask's sdpa_mask without vmap
 // (masking_utils.py), as the estimator's simulation describes it
-// (estimator/step/simulation_schedule.cc, SlidingWindowMask): the (1, 1, T, T) bool mask of
+// (estimator/graph/graph_builder.h, GraphBuilder::SlidingWindowMaskTensor): the (1, 1, T, T) bool mask of
 // kv > q - window and kv <= q.
 inline at::Tensor SlidingWindowMask(int64_t batch, int64_t seq, int64_t window) {
   at::NoGradGuard no_grad;
@@ -41,13 +45,11 @@ inline at::Tensor SlidingWindowMask(int64_t batch, int64_t seq, int64_t window) 
 inline LayerExtras SlidingWindowExtrasOf(const ModelConfig& config, int64_t index,
                                          const LayerExtras& extras) {
   LayerExtras own = extras;
-  if (config.AttentionOf(index) == LayerAttention::kSliding) {
-    own.cos = extras.cos_local;
-    own.sin = extras.sin_local;
-  } else {
-    own.sliding_mask = at::Tensor();
-  }
-  own.cos_local = own.sin_local = at::Tensor();
+  const bool sliding = config.AttentionOf(index) == LayerAttention::kSliding;
+  // What the other type reads: the other tables, and a full layer no mask.
+  const RotaryTables other = RotaryTables::Of(!sliding);
+  own[other.cos] = own[other.sin] = at::Tensor();
+  if (!sliding) own[ModelTensor::kSlidingMask] = at::Tensor();
   return own;
 }
 
@@ -64,6 +66,59 @@ inline std::vector<at::Tensor> SlidingWindowCacheLayers(const ModelConfig& confi
   }
   return tensors;
 }
+
+// RotaryPerLayerType is such a model's rotary embedding, one per layer type its layers
+// have (Gemma3RotaryEmbedding, Olmo3RotaryEmbedding): its global tables (rope_theta
+// `full_theta`) for the full layers, its local ones (`sliding_theta`) for the sliding
+// layers.
+class RotaryPerLayerType {
+ public:
+  RotaryPerLayerType(const ModelConfig& config, double full_theta, double sliding_theta)
+      : config_(config), full_theta_(full_theta), sliding_theta_(sliding_theta) {
+    for (int64_t i = 0; i < config.layers; ++i) {
+      (config.AttentionOf(i) == LayerAttention::kSliding ? has_sliding_ : has_full_) = true;
+    }
+  }
+  // RegisterBuffers: {type}_inv_freq and {type}_original_inv_freq, fp32, d_head / 2 each,
+  // for each type the layers have, in sorted order (the estimator's
+  // GraphBuilder::RotaryBuffersPerLayerType).
+  void RegisterBuffers(torch::nn::Module& module) const {
+    const int64_t head_dim = config_.HeadDim();
+    for (const auto& [present, type, base] :
+         {std::tuple<bool, const char*, double>{has_full_, "full", full_theta_},
+          {has_sliding_, "sliding", sliding_theta_}}) {
+      if (!present) continue;
+      at::Tensor inv_freq = 1.0 / at::pow(base, at::arange(0, head_dim, 2, at::kFloat) / head_dim);
+      module.register_buffer(std::string(type) + "_inv_freq", inv_freq);
+      module.register_buffer(std::string(type) + "_original_inv_freq", inv_freq.clone());
+    }
+  }
+  // Extras is ModelImpl::Extras for such a model: position_ids, the sliding layers' mask
+  // when materialized, then the tables of each layer type the layers have, in `dtype`:
+  // the global ones, then the local ones (the estimator's DecoderModelTensors).
+  LayerExtras Extras(int64_t seq, at::ScalarType dtype) const {
+    at::NoGradGuard no_grad;
+    const int64_t head_dim = config_.HeadDim();
+    LayerExtras extras;
+    extras[ModelTensor::kPositionIds] = PositionIds(seq);
+    if (config_.SlidingWindowMasked()) {
+      extras[ModelTensor::kSlidingMask] =
+          SlidingWindowMask(config_.batch, seq, config_.sliding_window);
+    }
+    for (const auto& [present, tables, base] :
+         {std::tuple<bool, RotaryTables, double>{has_full_, RotaryTables(), full_theta_},
+          {has_sliding_, RotaryTables::Local(), sliding_theta_}}) {
+      if (!present) continue;
+      std::tie(extras[tables.cos], extras[tables.sin]) = RopeTables(seq, head_dim, base, dtype);
+    }
+    return extras;
+  }
+
+ private:
+  ModelConfig config_;
+  double full_theta_, sliding_theta_;
+  bool has_full_ = false, has_sliding_ = false;
+};
 
 }  // namespace memledger::runtime
 

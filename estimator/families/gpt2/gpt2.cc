@@ -196,8 +196,13 @@ const FamilyDef& Gpt2Family() {
       .megatron = true,
       .dropouts = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
-        return ModelGraphs{BuildGpt2Prologue(config), {BuildGpt2Layer(config, mode)}, {0},
-                           BuildGpt2Epilogue(config)};
+        ModelGraphs graphs;
+        graphs.prologue = BuildGpt2Prologue(config);
+        graphs.layer_kinds.push_back(BuildGpt2Layer(config, mode));
+        graphs.epilogue = BuildGpt2Epilogue(config);
+        // GPT2Model makes its position ids before the embeddings, which read them.
+        graphs.tensors_before_prologue = DecoderModelTensors(config, {&*graphs.prologue});
+        return graphs;
       },
       .model_types = {"gpt2"},
       .read = ReadGpt2,

@@ -340,7 +340,10 @@ std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
 // moe.sparse_layers. The eager experts' sizes are each layer's routing: a kind per
 // distinct tokens-per-expert row, over all the layers when rows are given.
 ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
-  ModelGraphs graphs{BuildLlamaPrologue(config), {}, {}, BuildLlamaEpilogue(config)};
+  ModelGraphs graphs;
+  graphs.prologue = BuildLlamaPrologue(config);
+  graphs.pattern.clear();
+  graphs.epilogue = BuildLlamaEpilogue(config);
   const bool routed = config.RoutingSizesGraphs();
   if (routed && config.moe.routing == RoutingSource::kGiven) {
     std::map<std::vector<int64_t>, int> kind_of_load;
@@ -362,6 +365,7 @@ ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
       per_layer.push_back(it->second);
     }
     graphs.pattern = SmallestPeriod(per_layer);
+    graphs.tensors_after_prologue = DecoderModelTensors(config, graphs.layer_kinds);
     return graphs;
   }
   const std::vector<bool> sparse = !config.moe.Sparse()             ? std::vector<bool>{false}
@@ -378,6 +382,7 @@ ModelGraphs BuildLlamaGraphs(const ModelConfig& config, AttentionMode mode) {
     }
     graphs.pattern.push_back(kind);
   }
+  graphs.tensors_after_prologue = DecoderModelTensors(config, graphs.layer_kinds);
   return graphs;
 }
 

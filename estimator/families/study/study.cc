@@ -50,7 +50,10 @@ const FamilyDef& StudyFamily() {
       .name = "study",
       .fused_qkv = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
-        return ModelGraphs{std::nullopt, {BuildStudyBlock(config, mode)}, {0}, BuildStudyLoss(config)};
+        ModelGraphs graphs;
+        graphs.layer_kinds.push_back(BuildStudyBlock(config, mode));
+        graphs.epilogue = BuildStudyLoss(config);
+        return graphs;
       },
       // Per block 2 LayerNorms (2d each), QKV (3d^2 + 3d), proj (d^2 + d), fc1 (4d^2 + 4d),
       // fc2 (4d^2 + d).

@@ -80,7 +80,7 @@ class Gemma3LayerImpl : public DecoderLayer {
                      SelectiveCache* cache) override {
     // One statement per last use (Last), in the graph's order. With sequence
     // parallelism x holds this rank's T / tp tokens (DecoderLayer's ColumnParallel).
-    const int64_t b = x.size(0), t = extras.cos.size(1);  // all T tokens
+    const int64_t b = x.size(0), t = extras[RotaryTables::Of(sliding_).cos].size(1);  // all T tokens
     auto heads = [&](const at::Tensor& projected, int64_t n) {
       return projected.view({b, t, n, head_dim_}).transpose(1, 2);
     };
@@ -95,9 +95,10 @@ class Gemma3LayerImpl : public DecoderLayer {
     // From seq >= sliding_window on, a sliding layer attends through the model's mask:
     // SDPA without enable_gqa (repeat_kv copies) and with the mask, which ATen turns into
     // an additive one in q's dtype that the flash node keeps.
-    const bool masked = sliding_ && extras.sliding_mask.defined();
-    at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache,
-                                 masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor());
+    const at::Tensor& sliding_mask = extras[ModelTensor::kSlidingMask];
+    const bool masked = sliding_ && sliding_mask.defined();
+    at::Tensor a = RopeAttention(q, k, v, extras, RotaryTables::Of(sliding_), heads_, kv_heads_, mode, cache,
+                                 masked ? sliding_mask.expand({b, 1, t, t}) : at::Tensor());
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
     h = q = k = v = at::Tensor();  // self_attn returns
@@ -132,7 +133,7 @@ class Gemma3LayerImpl : public DecoderLayer {
 class Gemma3Model : public ModelImpl {
  public:
   explicit Gemma3Model(const ModelConfig& c)
-      : config_(c), head_dim_(c.HeadDim()) {
+      : config_(c), rotary_(c, 1e6, 1e4) {
     const int64_t vocab = c.vocab / c.tp;  // a tensor-parallel rank's rows
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, c.width));
     // Gemma3TextScaledWordEmbedding's embed_scale: sqrt(hidden_size), 0-dim.
@@ -140,21 +141,12 @@ class Gemma3Model : public ModelImpl {
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) {
       const bool sliding = c.AttentionOf(i) == LayerAttention::kSliding;
-      (sliding ? has_sliding_ : has_full_) = true;
       layers->push_back(std::make_shared<Gemma3LayerImpl>(c, sliding));
     }
     norm = register_module("norm", GemmaRmsNorm(c.width, c.norm_eps));
-    // Gemma3RotaryEmbedding's buffers per layer type: {type}_inv_freq and
-    // {type}_original_inv_freq, fp32, d_head / 2 each.
-    for (const auto& [present, type, base] :
-         {std::tuple<bool, const char*, double>{has_full_, "full", 1e6},
-          {has_sliding_, "sliding", 1e4}}) {
-      if (!present) continue;
-      at::Tensor inv_freq =
-          1.0 / at::pow(base, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
-      register_buffer(std::string(type) + "_inv_freq", inv_freq);
-      register_buffer(std::string(type) + "_original_inv_freq", inv_freq.clone());
-    }
+    // Gemma3RotaryEmbedding's buffers per layer type (rope_theta 1e6 for the full
+    // layers, rope_local_base_freq 1e4 for the sliding ones).
+    rotary_.RegisterBuffers(*this);
     if (!c.tie_embeddings) {
       lm_head = register_module(
           "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, vocab).bias(false)));
@@ -174,19 +166,7 @@ class Gemma3Model : public ModelImpl {
   }
 
   LayerExtras Extras(int64_t seq, at::ScalarType dtype) const override {
-    // position_ids, the sliding layers' mask when materialized, then one rotary
-    // embedding per layer type: the global one (rope_theta), then the local one.
-    at::NoGradGuard no_grad;
-    LayerExtras extras;
-    extras.position_ids = PositionIds(seq);
-    if (config_.SlidingWindowMasked()) {
-      extras.sliding_mask = SlidingWindowMask(config_.batch, seq, config_.sliding_window);
-    }
-    if (has_full_) std::tie(extras.cos, extras.sin) = RopeTables(seq, head_dim_, 1e6, dtype);
-    if (has_sliding_) {
-      std::tie(extras.cos_local, extras.sin_local) = RopeTables(seq, head_dim_, 1e4, dtype);
-    }
-    return extras;
+    return rotary_.Extras(seq, dtype);  // its tables in the hidden states' dtype
   }
 
   LayerExtras ExtrasOf(int64_t index, const LayerExtras& extras) const override {
@@ -218,8 +198,7 @@ class Gemma3Model : public ModelImpl {
 
  private:
   ModelConfig config_;
-  int64_t head_dim_;
-  bool has_sliding_ = false, has_full_ = false;
+  RotaryPerLayerType rotary_;
 };
 
 }  // namespace

@@ -172,7 +172,7 @@ class Gpt2Model : public ModelImpl {
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     // position_ids, as GPT2Model makes them; it calls each block with them.
     LayerExtras extras = Extras(input_ids.size(1), at::kFloat);
-    const at::Tensor& position_ids = extras.position_ids;
+    const at::Tensor& position_ids = extras[ModelTensor::kPositionIds];
     // GPT2Model.forward: inputs_embeds = wte(input_ids), position_embeds = wpe(...), in
     // that order (their backward nodes' order, which the estimator's step simulation
     // follows); both are its locals until it returns (modeling_gpt2.py:567-575).
@@ -189,7 +189,7 @@ class Gpt2Model : public ModelImpl {
 
   LayerExtras Extras(int64_t seq, at::ScalarType /*dtype*/) const override {
     LayerExtras extras;
-    extras.position_ids = PositionIds(seq);
+    extras[ModelTensor::kPositionIds] = PositionIds(seq);
     return extras;
   }
   bool CallsLayersWithPositionIds() const override { return !megatron_; }

@@ -87,7 +87,7 @@ class LlamaLayerImpl : public DecoderLayer {
     // projections and g (ReduceOut) after the row-parallel ones; with sequence
     // parallelism x holds this rank's T / tp tokens, the column-parallel projections
     // all-gather them and the row-parallel ones reduce-scatter.
-    const int64_t b = x.size(0), t = extras.cos.size(1);  // all T tokens
+    const int64_t b = x.size(0), t = extras[ModelTensor::kRopeCos].size(1);  // all T tokens
     // Qwen3: q_norm(q_proj(h).view(B, T, -1, d_head)).transpose(1, 2), and k_norm on k.
     auto heads = [&](const at::Tensor& projected, int64_t n, RmsNorm* norm = nullptr) {
       at::Tensor split = projected.view({b, t, n, head_dim_});
@@ -101,7 +101,7 @@ class LlamaLayerImpl : public DecoderLayer {
     at::Tensor q = heads(ColumnParallel(*q_proj, h, cache), heads_, &q_norm);
     at::Tensor k = heads(ColumnParallel(*k_proj, h, cache), kv_heads_, &k_norm);
     at::Tensor v = heads(ColumnParallel(*v_proj, h, cache), kv_heads_);
-    at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache);
+    at::Tensor a = RopeAttention(q, k, v, extras, RotaryTables(), heads_, kv_heads_, mode, cache);
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
     h = q = k = v = at::Tensor();  // self_attn returns
@@ -169,8 +169,9 @@ class LlamaModel : public ModelImpl {
     // (1, T, d_head).
     at::NoGradGuard no_grad;
     LayerExtras extras;
-    extras.position_ids = PositionIds(seq);
-    std::tie(extras.cos, extras.sin) = RopeTables(seq, head_dim_, 10000.0, dtype);
+    extras[ModelTensor::kPositionIds] = PositionIds(seq);
+    std::tie(extras[ModelTensor::kRopeCos], extras[ModelTensor::kRopeSin]) =
+        RopeTables(seq, head_dim_, 10000.0, dtype);
     return extras;
   }
 

@@ -79,9 +79,10 @@ class Olmo3LayerImpl : public DecoderLayer {
     at::Tensor q = heads(q_norm->forward(ColumnParallel(*q_proj, x, cache)), heads_);
     at::Tensor k = heads(k_norm->forward(ColumnParallel(*k_proj, x, cache)), kv_heads_);
     at::Tensor v = heads(ColumnParallel(*v_proj, x, cache), kv_heads_);
-    const bool masked = sliding_ && extras.sliding_mask.defined();
-    at::Tensor a = RopeAttention(q, k, v, extras, heads_, kv_heads_, mode, cache,
-                                 masked ? extras.sliding_mask.expand({b, 1, t, t}) : at::Tensor(),
+    const at::Tensor& sliding_mask = extras[ModelTensor::kSlidingMask];
+    const bool masked = sliding_ && sliding_mask.defined();
+    at::Tensor a = RopeAttention(q, k, v, extras, RotaryTables::Of(sliding_), heads_, kv_heads_, mode, cache,
+                                 masked ? sliding_mask.expand({b, 1, t, t}) : at::Tensor(),
                                  /*cast_back=*/true);
     at::Tensor merged = Last(a).transpose(1, 2).contiguous().reshape({b, t, -1});
     at::Tensor projected = RowParallel(*o_proj, Last(merged), cache);
@@ -111,25 +112,17 @@ class Olmo3LayerImpl : public DecoderLayer {
 
 class Olmo3Model : public ModelImpl {
  public:
-  explicit Olmo3Model(const ModelConfig& c) : config_(c), head_dim_(c.HeadDim()) {
+  explicit Olmo3Model(const ModelConfig& c)
+      : config_(c), rotary_(c, kTheta, kTheta) {
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) {
       const bool sliding = c.AttentionOf(i) == LayerAttention::kSliding;
-      (sliding ? has_sliding_ : has_full_) = true;
       layers->push_back(std::make_shared<Olmo3LayerImpl>(c, sliding));
     }
     norm = register_module("norm", OlmoRmsNorm(c.width, c.norm_eps));
-    // Olmo3RotaryEmbedding's buffers per layer type, in sorted order: {type}_inv_freq and
-    // {type}_original_inv_freq, fp32, d_head / 2 each; rope_theta 500000 for both.
-    for (const auto& [present, type] :
-         {std::tuple<bool, const char*>{has_full_, "full"}, {has_sliding_, "sliding"}}) {
-      if (!present) continue;
-      at::Tensor inv_freq =
-          1.0 / at::pow(kTheta, at::arange(0, head_dim_, 2, at::kFloat) / head_dim_);
-      register_buffer(std::string(type) + "_inv_freq", inv_freq);
-      register_buffer(std::string(type) + "_original_inv_freq", inv_freq.clone());
-    }
+    // Olmo3RotaryEmbedding's buffers per layer type; rope_theta 500000 for both.
+    rotary_.RegisterBuffers(*this);
     if (!c.tie_embeddings) {
       lm_head = register_module(
           "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.width, c.vocab).bias(false)));
@@ -145,20 +138,7 @@ class Olmo3Model : public ModelImpl {
   }
 
   LayerExtras Extras(int64_t seq, at::ScalarType) const override {
-    // position_ids, the sliding layers' mask when materialized, then one rotary
-    // embedding per layer type, its tables in fp32 (Olmo3RotaryEmbedding.forward).
-    at::NoGradGuard no_grad;
-    LayerExtras extras;
-    extras.position_ids = PositionIds(seq);
-    if (config_.SlidingWindowMasked()) {
-      extras.sliding_mask = SlidingWindowMask(config_.batch, seq, config_.sliding_window);
-    }
-    if (has_full_) std::tie(extras.cos, extras.sin) = RopeTables(seq, head_dim_, kTheta, at::kFloat);
-    if (has_sliding_) {
-      std::tie(extras.cos_local, extras.sin_local) =
-          RopeTables(seq, head_dim_, kTheta, at::kFloat);
-    }
-    return extras;
+    return rotary_.Extras(seq, at::kFloat);  // its tables stay fp32 (Olmo3RotaryEmbedding)
   }
 
   LayerExtras ExtrasOf(int64_t index, const LayerExtras& extras) const override {
@@ -186,8 +166,7 @@ class Olmo3Model : public ModelImpl {
  private:
   static constexpr double kTheta = 500000;  // Olmo3Config's default_theta (C:84)
   ModelConfig config_;
-  int64_t head_dim_;
-  bool has_sliding_ = false, has_full_ = false;
+  RotaryPerLayerType rotary_;
 };
 
 }  // namespace
