@@ -24,6 +24,7 @@
 #include "estimator/predict/sweep.h"
 #include "estimator/report/timeline_svg.h"
 #include "estimator/report/units.h"
+#include "estimator/spec/input_file.h"
 #include "planner/frontier_svg.h"
 #include "planner/layout_search.h"
 #include "planner/plan_report.h"
@@ -121,6 +122,9 @@ PredictOptions OptionsOf(const RunSpec& spec) {
 // ParseJson parses one JSON text, naming what it is in errors.
 absl::Status ParseJson(const char* json, rapidjson::Document* doc) {
   if (json == nullptr) return absl::InvalidArgumentError("request: NULL");
+  if (absl::Status s = CheckJsonNesting(json); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("request: ", s.message()));
+  }
   doc->Parse(json);
   if (doc->HasParseError()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -291,7 +295,7 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   const bool explain = keys.explain;
   options.breakdown = explain;
   options.timeline = format == "svg";
-  if (spec->parallel.Distributed()) {
+  if (spec->parallel.Accumulates()) {
     absl::StatusOr<DistributedPrediction> p =
         PredictDistributed(spec->config, spec->parallel, options);
     if (!p.ok()) return p.status();
@@ -318,8 +322,9 @@ absl::Status PredictOne(const rapidjson::Value& item, bool peak, ManyResult& res
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
-  if (spec->parallel.Distributed()) {
-    return absl::InvalidArgumentError("\"dp\" and \"pp\" are memledger_predict's only");
+  if (spec->parallel.Accumulates()) {
+    return absl::InvalidArgumentError(
+        "\"dp\", \"pp\" and \"micro_batches\" are memledger_predict's only");
   }
   PredictOptions options = OptionsOf(*spec);
   options.peak = peak;
@@ -384,10 +389,10 @@ absl::StatusOr<std::string> SnapshotPickle(const char* request_json) {
   if (!request.ok()) return request.status();
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
-  if (spec->parallel.Distributed() || spec->variants.size() != 1) {
+  if (spec->parallel.Accumulates() || spec->variants.size() != 1) {
     return absl::InvalidArgumentError(
         "snapshot: one process's step of one variant: give \"variants\" one name, without "
-        "\"dp\" or \"pp\"");
+        "\"dp\", \"pp\" or \"micro_batches\"");
   }
   PredictOptions options = OptionsOf(*spec);
   options.timeline = true;

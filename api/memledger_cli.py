@@ -13,6 +13,7 @@ meanings and defaults.
 
 import json
 import os
+import stat
 import sys
 import tempfile
 
@@ -157,14 +158,65 @@ def parse(command, args):
     return request
 
 
-def write_atomically(path, data):
-    """Writes `data` (str or bytes) to `path` whole or not at all: a temporary file beside
-    it, renamed over it."""
-    directory = os.path.dirname(os.path.abspath(path))
+class OutputError(Exception):
+    """An output file that cannot be written: one line naming the flag and the path."""
+
+
+def stage(flag, path, data):
+    """Writes `data` (str or bytes) whole to a temporary file beside the file `path`
+    names and returns (temp, target), for commit(). The target is `path`, or what it names
+    if it is a symbolic link (written through: the link stays); one that exists and is
+    not a regular file (a device, a FIFO, a directory) is refused, as the binaries'
+    OutputFiles (estimator/cli/output_files.h) refuse it."""
+    target = path
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        if not os.path.exists(target):
+            raise OutputError(f"--{flag}={path}: a symbolic link whose target cannot be resolved")
+    if os.path.lexists(target):
+        mode = os.stat(target).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else
+                    "a character device" if stat.S_ISCHR(mode) else
+                    "a block device" if stat.S_ISBLK(mode) else
+                    "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+            raise OutputError(f"--{flag}={path}: is {kind}, not a regular file "
+                              "(only a regular file is replaced)")
+    directory = os.path.dirname(os.path.abspath(target))
     mode = "wb" if isinstance(data, bytes) else "w"
-    with tempfile.NamedTemporaryFile(mode, dir=directory, delete=False) as f:
-        f.write(data)
-    os.replace(f.name, path)
+    temp = None
+    try:
+        with tempfile.NamedTemporaryFile(mode, dir=directory, prefix=os.path.basename(target)
+                                         + ".tmp.", delete=False) as f:
+            temp = f.name
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o644)
+    except OSError as e:
+        if temp is not None:
+            os.unlink(temp)
+        raise OutputError(f"--{flag}={path}: cannot write it: {e.strerror or e}")
+    return temp, target
+
+
+def print_out(text):
+    """Writes `text` to standard output and flushes it; OutputError where that fails (a
+    full disk, a closed pipe), after which what is left in the buffer goes nowhere (so
+    the interpreter's exit does not fail on it again)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise OutputError(f"cannot write to standard output: {e.strerror or e}")
+
+
+def commit(staged):
+    """Renames every staged file over its target."""
+    for temp, target in staged:
+        os.replace(temp, target)
 
 
 def files_of(command, request, files, printed):
@@ -213,14 +265,28 @@ def main(argv=None):
                 code, text = file_code, data
                 break
         else:
-            for flag, path, (_, data) in answers:
-                try:
-                    write_atomically(path, data)
-                except OSError as e:
-                    print(f"error: --{flag}: {e}", file=sys.stderr)
-                    return 1
+            # Every file staged, the output printed, then every file renamed into place:
+            # all of them are written, or none is.
+            staged = []
+            try:
+                for flag, path, (_, data) in answers:
+                    staged.append(stage(flag, path, data))
+                print_out(text)
+                commit(staged)
+                staged = []
+                return 0
+            except OutputError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            finally:
+                for temp, _ in staged:
+                    os.unlink(temp)
     if code == 0:
-        sys.stdout.write(text)
+        try:
+            print_out(text)
+        except OutputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     print(f"error: {text}", file=sys.stderr)
     return {2: 2, 3: 3}.get(code, 1)

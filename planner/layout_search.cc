@@ -548,9 +548,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("--mfu must be in (0, 1], got ", options.mfu));
   }
-  if (options.max_virtual_stages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_virtual_stages must be >= 1, got ",
-                                                   options.max_virtual_stages));
+  if (options.max_virtual_stages < 1 || options.max_virtual_stages > kMaxPipelineChunks) {
+    // Each count up to it is tried per pipeline depth: bounded like the model chunks.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_virtual_stages must be between 1 and ", kMaxPipelineChunks,
+                     ", got ", options.max_virtual_stages));
   }
   const RunRequest defaults;
   for (const auto& [flag, set] :

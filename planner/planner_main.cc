@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/option_checks.h"
-#include "estimator/cli/atomic_file.h"
+#include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/report.h"
 #include "estimator/report/units.h"
@@ -87,13 +87,15 @@ int main(int argc, char** argv) {
   if (!planned.ok()) return memledger::ReportError(planned.status());
   const memledger::PlanReport& report = *planned;
 
+  // Every file is written, or (on an error) none.
+  memledger::OutputFiles outputs;
   if (const std::string path = absl::GetFlag(FLAGS_frontier_svg); !path.empty()) {
     if (report.frontier.size() < 2) {
       return memledger::ReportError(
           absl::InvalidArgumentError("--frontier_svg needs --frontier_points >= 2"));
     }
-    if (absl::Status s = memledger::WriteFileAtomically(
-            path, memledger::FrontierSvg(memledger::FrontierTitle(*spec), report));
+    if (absl::Status s = outputs.Stage(
+            "--frontier_svg", path, memledger::FrontierSvg(memledger::FrontierTitle(*spec), report));
         !s.ok()) {
       return memledger::ReportError(s);
     }
@@ -101,17 +103,24 @@ int main(int argc, char** argv) {
   if (!timeline_path.empty()) {
     absl::StatusOr<std::string> svg = memledger::PlanTimelineSvg(*spec, report);
     if (!svg.ok()) return memledger::ReportError(svg.status());
-    if (absl::Status s = memledger::WriteFileAtomically(timeline_path, *svg); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--timeline_svg", timeline_path, *svg); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
   const std::string json = memledger::JsonString(memledger::PlanReportJson(report));
-  for (const std::string& path : {absl::GetFlag(FLAGS_plan_out), absl::GetFlag(FLAGS_json_out)}) {
+  for (const auto& [flag, path] :
+       {std::pair<const char*, std::string>{"--plan_out", absl::GetFlag(FLAGS_plan_out)},
+        {"--json_out", absl::GetFlag(FLAGS_json_out)}}) {
     if (path.empty()) continue;
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+    if (absl::Status s = outputs.Stage(flag, path, json); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
-  std::cout << (spec->table ? memledger::PlanReportTable(report) : json);
+  if (absl::Status s =
+          memledger::PrintToStdout(spec->table ? memledger::PlanReportTable(report) : json);
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
+  if (absl::Status s = outputs.Commit(); !s.ok()) return memledger::ReportError(s);
   return 0;
 }

@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "estimator/cli/atomic_file.h"
+#include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/report.h"
 #include "estimator/report/units.h"
@@ -148,20 +148,26 @@ int main(int argc, char** argv) {
   }
   if (!result.ok()) return memledger::ReportError(result.status());
   const std::string json = memledger::JsonString(memledger::SearchJson(*result, options));
+  // Every file is written, or (on an error) none.
+  memledger::OutputFiles outputs;
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_chart_svg); !path.empty()) {
     if (absl::Status s =
-            memledger::WriteFileAtomically(path, memledger::SearchSvg(*result, options));
+            outputs.Stage("--chart_svg", path, memledger::SearchSvg(*result, options));
         !s.ok()) {
       return memledger::ReportError(s);
     }
   }
-  std::cout << (format == "table"
-                    ? memledger::SearchTable(*result, options, static_cast<size_t>(top))
-                    : json);
+  if (absl::Status s = memledger::PrintToStdout(
+          format == "table" ? memledger::SearchTable(*result, options, static_cast<size_t>(top))
+                            : json);
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
+  if (absl::Status s = outputs.Commit(); !s.ok()) return memledger::ReportError(s);
   return 0;
 }

@@ -124,9 +124,12 @@ class MemorySnapshotTest(unittest.TestCase):
             self.assertIn("--snapshot_out writes one process's step of one variant",
                           out.stderr)
             self.assertFalse(os.path.exists(path))
+        # An output path that cannot be written is bad input too (estimator/cli/
+        # output_files.h): exit 2, one line naming the flag and the path.
         out = predict("--snapshot_out=/nonexistent-dir/s.pickle", "--variants=none")
-        self.assertEqual(out.returncode, 1, out.stderr)
-        self.assertIn("/nonexistent-dir/s.pickle", out.stderr)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(out.stderr.count("\n"), 1, out.stderr)
+        self.assertIn("--snapshot_out=/nonexistent-dir/s.pickle: cannot create", out.stderr)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // The predict binary as a user runs it: exit codes, one-line errors naming the flag,
 // JSON on stdout, atomic --json_out.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -297,10 +298,141 @@ TEST(PredictCliTest, JsonOutWritesTheSameJson) {
   std::stringstream contents;
   contents << file.rdbuf();
   EXPECT_EQ(contents.str(), r.output);
-  // A directory that does not exist: an error, exit 1, nothing written.
+  // A directory that does not exist: bad input, exit 2, nothing written.
   CommandResult bad = Predict("--json_out=/nonexistent-dir/p.json");
-  EXPECT_EQ(bad.exit_code, 1) << bad.output;
-  EXPECT_NE(bad.output.find("/nonexistent-dir/p.json"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--json_out=/nonexistent-dir/p.json: cannot create a temporary "
+                            "file beside it"),
+            std::string::npos)
+      << bad.output;
+}
+
+// FileKind: what `path` is, without following a link ("regular", "fifo", "symlink", ...).
+std::string FileKind(const std::string& path) {
+  namespace fs = std::filesystem;
+  switch (fs::symlink_status(path).type()) {
+    case fs::file_type::regular: return "regular";
+    case fs::file_type::fifo: return "fifo";
+    case fs::file_type::symlink: return "symlink";
+    case fs::file_type::character: return "character";
+    case fs::file_type::not_found: return "none";
+    default: return "other";
+  }
+}
+
+std::string Contents(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+TEST(PredictCliTest, OutputsReplaceOnlyRegularFilesAllOrNone) {
+  namespace fs = std::filesystem;
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/outputs";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // A FIFO is refused and stays a FIFO (nothing opens it: the run does not hang).
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  CommandResult r = Predict("--model=tiny-llama --json_out=" + fifo);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--json_out=" + fifo + ": is a FIFO, not a regular file"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(FileKind(fifo), "fifo");
+  // A character device: /dev/null, refused before anything touches it.
+  r = Predict("--model=tiny-llama --json_out=/dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a character device, not a regular file"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(FileKind("/dev/null"), "character");
+  // A symbolic link is written through: the link stays, its target gets the JSON.
+  const std::string target = dir + "/target.json", link = dir + "/link.json";
+  std::ofstream(target) << "old";
+  fs::create_symlink(target, link);
+  r = memledger::testing::RunCommand("estimator/predict --model=tiny-llama --json_out=" + link,
+                                     /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(FileKind(link), "symlink");
+  EXPECT_EQ(Contents(target), r.output);
+  // A dangling link is refused; nothing appears where it points.
+  const std::string dangling = dir + "/dangling.json";
+  fs::create_symlink(dir + "/nowhere.json", dangling);
+  r = Predict("--model=tiny-llama --json_out=" + dangling);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("a symbolic link whose target cannot be resolved"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/nowhere.json"));
+  // One bad output path: none of the run's files is written.
+  const std::string svg = dir + "/ok.svg";
+  r = Predict("--model=tiny-llama --timeline_svg=" + svg + " --json_out=" + dir +
+              "/missing/x.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_FALSE(fs::exists(svg));
+  // Standard output on a full disk: exit 2, and --json_out is not written either.
+  if (fs::exists("/dev/full")) {
+    const std::string json = dir + "/full.json";
+    r = memledger::testing::RunCommand(
+        "estimator/predict --model=tiny-llama --json_out=" + json + " 2>&1 >/dev/full",
+        /*merge_stderr=*/false);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("cannot write to standard output: No space left on device"),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(json));
+  }
+  // Nothing the runs staged is left beside the targets.
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
+  }
+}
+
+TEST(PredictCliTest, InputsAndCountsAreBoundedBeforeTheWork) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR"));
+  // 120,000 '[' overflowed the parser's stack (SIGSEGV, nothing on stderr).
+  const std::string deep = dir + "/deep.json";
+  std::ofstream(deep) << std::string(120000, '[');
+  for (const auto& [args, message] :
+       std::initializer_list<std::pair<std::string, std::string>>{
+           {"--model=" + deep,
+            deep + ": nests arrays and objects deeper than 64 levels (at offset 64)"},
+           {"--routing=" + deep + " --model=tiny-qwen3-moe --experts_impl=eager",
+            "nests arrays and objects deeper than 64 levels"},
+           {"--plan=" + deep, "nests arrays and objects deeper than 64 levels"},
+           // 9223372036854775807 micro-batches grew to 18.9 GB, then bad_alloc.
+           {"--model=tiny-llama --pp=2 --micro_batches=9223372036854775807",
+            "--micro_batches must be at most 8192, got 9223372036854775807"},
+           {"--model=tiny-llama --layers=16 --pp=16 --micro_batches=8192",
+            "--pp 16 x --virtual_stages 1 x --micro_batches 8192 must be at most 65536"},
+           {"--model=tiny-llama --layers=100000 --timeline_svg=" + dir + "/t.svg",
+            "records every allocation: at most 4096 layers, got --layers 100000"},
+           // A flagfile could name /dev/zero, a FIFO or itself.
+           {"--flagfile=/dev/zero", "--flagfile is not supported"},
+           {"--fromenv=layers", "--fromenv is not supported"},
+           // A size given as 0 was the model's own (kv heads 32, 4 x width).
+           {"--model=llama-3-8b --kv_heads=0", "--kv_heads must be >= 1, got 0"},
+           {"--model=llama-3-8b --intermediate=0", "--intermediate must be >= 1, got 0"},
+           {"--model=llama-3-8b --head_dim=0", "--head_dim must be >= 1, got 0"},
+       }) {
+    CommandResult r = Predict(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << r.output;
+  }
+  EXPECT_FALSE(std::ifstream(dir + "/t.svg").good());
+}
+
+TEST(PredictCliTest, MicroBatchesWithoutRanksAccumulateGradients) {
+  // --micro_batches=4 on one process was ignored; it is the rank's step of 4 micro-batches
+  // (gradient accumulation), as the planner has it: the same buckets, and a report of the
+  // one rank.
+  CommandResult one = Predict("--model=tiny-llama --variants=none");
+  CommandResult four = Predict("--model=tiny-llama --variants=none --micro_batches=4");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  EXPECT_NE(four.output, one.output);
+  EXPECT_NE(four.output.find("\"micro_batches\": 4"), std::string::npos) << four.output;
 }
 
 TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {

@@ -345,6 +345,10 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--planned_layouts must be between 0 and 64"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --plan='full*2'",
              "--plan: the search chooses the checkpointing"},
+        // Every count up to it was tried: 2^63 - 1 never returned.
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --max_virtual_stages="
+             "9223372036854775807",
+             "--max_virtual_stages must be between 1 and 1024, got 9223372036854775807"},
         Case{"--model=nope --gpus=4 --global_batch=4", "--model"}}) {
     CommandResult r = Search(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;

@@ -93,6 +93,26 @@ code=$?
 set -e
 [[ $code == 2 && ! -e four.pickle && ! -e none.json ]] ||
   fail "--snapshot_out of four variants: exit $code, $(cat err.txt)"
+# The command's files are the binaries' (estimator/cli/output_files.h): a FIFO is refused
+# and stays one, a link is written through, a full standard output is exit 2 with no file.
+mkfifo fifo
+set +e
+run memledger predict --model=tiny-llama --json_out=fifo > /dev/null 2> err.txt
+code=$?
+set -e
+[[ $code == 2 && -p fifo ]] && grep -q "is a FIFO, not a regular file" err.txt ||
+  fail "--json_out=FIFO: exit $code, $(cat err.txt)"
+echo old > target.json && ln -s target.json link.json
+run memledger predict --model=tiny-llama --json_out=link.json > linked.json
+[[ -L link.json ]] && cmp -s target.json linked.json || fail "--json_out through a link"
+if [[ -e /dev/full ]]; then
+  set +e
+  run memledger predict --model=tiny-llama --json_out=full.json > /dev/full 2> err.txt
+  code=$?
+  set -e
+  [[ $code == 2 && ! -e full.json ]] && grep -q "cannot write to standard output" err.txt &&
+    ! grep -q Traceback err.txt || fail "stdout on /dev/full: exit $code, $(cat err.txt)"
+fi
 run memledger plan --model=tiny-llama --budget_gib=0.01 --flops_per_second=1e12 |
   grep -q '"step_seconds"' || fail "memledger plan --flops_per_second"
 run memledger search --model=tiny-llama --gpus=2 --global_batch=2 --chart_svg=chart.svg |

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
-#include "estimator/cli/atomic_file.h"
+#include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/report.h"
 #include "estimator/graph/rules.h"
@@ -113,12 +113,18 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
                              std::vector<std::string>(argv, argv + argc));
   if (!report.ok()) return memledger::ReportError(report.status());
   const std::string json = memledger::JsonString(memledger::RanksVerifyJson(*report));
+  memledger::OutputFiles outputs;
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
-  std::cout << (spec.table ? memledger::RanksVerifyTable(*report) : json);
+  if (absl::Status s =
+          memledger::PrintToStdout(spec.table ? memledger::RanksVerifyTable(*report) : json);
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
+  if (absl::Status s = outputs.Commit(); !s.ok()) return memledger::ReportError(s);
   return report->Passed() ? 0 : 1;
 }
 
@@ -130,6 +136,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
   if (spec->parallel.Distributed() || spec->config.tp > 1) return VerifyOnRanks(*spec, argc, argv);
+  if (spec->parallel.micro_batches > 1) {
+    return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
+        "--micro_batches ", spec->parallel.micro_batches,
+        " without --dp or --pp: one process's gradient accumulation is predicted, not "
+        "measured yet")));
+  }
   absl::StatusOr<int64_t> max_memory_bytes = MaxMemoryBytes();
   if (!max_memory_bytes.ok()) return memledger::ReportError(max_memory_bytes.status());
   absl::StatusOr<double> tolerance = GradTolerance(1e-5);
@@ -175,20 +187,27 @@ int main(int argc, char** argv) {
     if (!measured.ok()) return memledger::ReportError(measured.status());
     memledger::AddWitness(*measured, &*report);
   }
+  // Every file is written, or (on an error) none.
+  memledger::OutputFiles outputs;
   if (!svg_path.empty()) {
     absl::StatusOr<std::string> svg = memledger::VerifyTimelineSvg(*report);
     if (!svg.ok()) return memledger::ReportError(svg.status());
-    if (absl::Status s = memledger::WriteFileAtomically(svg_path, *svg); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--timeline_svg", svg_path, *svg); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
 
   const std::string json = memledger::JsonString(memledger::VerifyJson(*report));
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
-  std::cout << (spec->table ? memledger::VerifyTable(*report) : json);
+  if (absl::Status s =
+          memledger::PrintToStdout(spec->table ? memledger::VerifyTable(*report) : json);
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
+  if (absl::Status s = outputs.Commit(); !s.ok()) return memledger::ReportError(s);
   return report->Passed() ? 0 : 1;
 }

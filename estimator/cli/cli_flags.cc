@@ -128,7 +128,8 @@ ABSL_FLAG(std::string, routing, "balanced",
 ABSL_FLAG(std::string, format, "json",
           "Output format: json or table; with predict's --sweep, csv or jsonl.");
 ABSL_FLAG(std::string, json_out, "",
-          "Also write the JSON report to this file (atomically: temp file + rename).");
+          "Also write the JSON report to this file: whole or not at all, with the run's "
+          "other files; only a regular file (or a link's) is replaced.");
 ABSL_FLAG(std::string, timeline_svg, "",
           "Also write the step's memory timeline as an SVG chart to this path: live bytes by "
           "category along forward, backward and optimizer step, one panel per variant, the "
@@ -340,9 +341,17 @@ void CheckFlagsOrExit(int argc, char** argv) {
     if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
     const size_t equals = arg.find('=');
     absl::string_view name = arg.substr(0, equals);
+    // Flags come from the command line only: Abseil's flagfiles and environment flags
+    // would read whatever they name (a device, a FIFO, a file that includes itself)
+    // before any of memledger's checks.
+    for (absl::string_view indirect : {"flagfile", "fromenv", "tryfromenv"}) {
+      if (name == indirect) {
+        fail(absl::StrCat("--", name,
+                          " is not supported: give the flags on the command line"));
+      }
+    }
     for (absl::string_view builtin : {"help", "helpfull", "helpshort", "helppackage",
-                                      "version", "only_check_args", "flagfile", "fromenv",
-                                      "tryfromenv", "undefok"}) {
+                                      "version", "only_check_args", "undefok"}) {
       if (name == builtin) name = "";
     }
     if (name.empty()) continue;

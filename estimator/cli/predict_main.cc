@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/option_checks.h"
-#include "estimator/cli/atomic_file.h"
+#include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/memory_snapshot.h"
 #include "estimator/predict/predict.h"
@@ -52,6 +52,21 @@ std::string Usage() {
       "Exit status: 0 on success, 2 for bad input.");
 }
 
+// Output stages `json` for --json_out beside what `outputs` holds, prints `printed`, and
+// writes every file: all of them, or (on an error) none.
+int Output(memledger::OutputFiles& outputs, const std::string& json, const std::string& printed) {
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
+  if (absl::Status s = memledger::PrintToStdout(printed); !s.ok()) {
+    return memledger::ReportError(s);
+  }
+  if (absl::Status s = outputs.Commit(); !s.ok()) return memledger::ReportError(s);
+  return 0;
+}
+
 // RunSweep prints the grid's rows (csv unless --format=jsonl) to stdout, and to
 // --json_out atomically when given.
 int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t budget_bytes) {
@@ -71,45 +86,31 @@ int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t bu
   absl::StatusOr<std::string> rows = memledger::RunSweep(
       memledger::RunRequestFromFlags(), *grid, budget_bytes, format);
   if (!rows.ok()) return memledger::ReportError(rows.status());
-  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, *rows); !s.ok()) {
-      return memledger::ReportError(s);
-    }
-  }
-  std::cout << *rows;
-  return 0;
+  memledger::OutputFiles outputs;
+  return Output(outputs, *rows, *rows);
 }
 
-// Output writes `json` to --json_out (atomically) and prints `json` or `table`.
-int Output(const memledger::RunSpec& spec, const std::string& json, const std::string& table) {
-  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
-    if (absl::Status s = memledger::WriteFileAtomically(path, json); !s.ok()) {
-      return memledger::ReportError(s);
-    }
-  }
-  std::cout << (spec.table ? table : json);
-  return 0;
-}
-
-// PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
-// every kind of rank.
-// WriteTimelineSvg draws each variant's predicted step timeline into `path`
-// (atomically); Unimplemented, and no file, where a variant's step is not simulated.
-absl::Status WriteTimelineSvg(const std::string& path, const std::string& title,
+// StageTimelineSvg draws each variant's predicted step timeline for `path`;
+// Unimplemented, and no file, where a variant's step is not simulated.
+absl::Status StageTimelineSvg(memledger::OutputFiles& outputs, const std::string& path,
+                              const std::string& title,
                               const std::vector<memledger::VariantPrediction>& variants) {
   absl::StatusOr<std::string> svg = memledger::PredictedTimelineSvg(title, variants);
   if (!svg.ok()) {
     return absl::Status(svg.status().code(),
                         absl::StrCat("--timeline_svg: ", svg.status().message()));
   }
-  return memledger::WriteFileAtomically(path, *svg);
+  return outputs.Stage("--timeline_svg", path, *svg);
 }
 
+// PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
+// every kind of rank.
 int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options,
                const std::string& svg_path) {
   absl::StatusOr<memledger::DistributedPrediction> p =
       memledger::PredictDistributed(spec.config, spec.parallel, options);
   if (!p.ok()) return memledger::ReportError(p.status());
+  memledger::OutputFiles outputs;
   if (!svg_path.empty()) {
     // The most loaded rank's step.
     absl::StatusOr<std::string> svg = memledger::RankTimelineSvg(p->ranks.kinds.front());
@@ -117,12 +118,12 @@ int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& 
       return memledger::ReportError(absl::Status(
           svg.status().code(), absl::StrCat("--timeline_svg: ", svg.status().message())));
     }
-    if (absl::Status s = memledger::WriteFileAtomically(svg_path, *svg); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--timeline_svg", svg_path, *svg); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
-  return Output(spec, memledger::JsonString(memledger::RanksJson(p->whole, p->ranks)),
-                spec.table ? memledger::RanksTable(p->whole, p->ranks) : "");
+  const std::string json = memledger::JsonString(memledger::RanksJson(p->whole, p->ranks));
+  return Output(outputs, json, spec.table ? memledger::RanksTable(p->whole, p->ranks) : json);
 }
 
 }  // namespace
@@ -156,14 +157,16 @@ int main(int argc, char** argv) {
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   const std::string snapshot_path = absl::GetFlag(FLAGS_snapshot_out);
   options.timeline = !svg_path.empty() || !snapshot_path.empty();
-  if (!snapshot_path.empty() && (spec->parallel.Distributed() || options.variants.size() != 1)) {
+  if (!snapshot_path.empty() && (spec->parallel.Accumulates() || options.variants.size() != 1)) {
     return memledger::ReportError(absl::InvalidArgumentError(
         "--snapshot_out writes one process's step of one variant: give --variants one "
         "name, without --dp or --pp"));
   }
-  if (spec->parallel.Distributed()) return PrintRanks(*spec, options, svg_path);
+  // Gradient accumulation (--micro_batches without --dp or --pp) is one rank's step too.
+  if (spec->parallel.Accumulates()) return PrintRanks(*spec, options, svg_path);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
+  memledger::OutputFiles outputs;
   if (!snapshot_path.empty()) {
     const memledger::VariantPrediction& v = prediction->variants.front();
     if (v.timeline == nullptr) {
@@ -172,14 +175,14 @@ int main(int argc, char** argv) {
     }
     absl::StatusOr<std::string> pickle = memledger::MemorySnapshotPickle(*v.timeline);
     if (!pickle.ok()) return memledger::ReportError(pickle.status());
-    if (absl::Status s = memledger::WriteFileAtomically(snapshot_path, *pickle); !s.ok()) {
+    if (absl::Status s = outputs.Stage("--snapshot_out", snapshot_path, *pickle); !s.ok()) {
       return memledger::ReportError(s);
     }
   }
 
   if (!svg_path.empty()) {
-    if (absl::Status s = WriteTimelineSvg(
-            svg_path,
+    if (absl::Status s = StageTimelineSvg(
+            outputs, svg_path,
             memledger::PredictedStepTitle(spec->config.device), prediction->variants);
         !s.ok()) {
       return memledger::ReportError(s);
@@ -191,5 +194,5 @@ int main(int argc, char** argv) {
     table = memledger::PredictionTable(*prediction);
     if (options.breakdown) table += "\n" + memledger::BreakdownText(*prediction);
   }
-  return Output(*spec, json, table);
+  return Output(outputs, json, spec->table ? table : json);
 }

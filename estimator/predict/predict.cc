@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/checked_math.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/graph/family.h"
 
 namespace memledger {
@@ -484,6 +485,9 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   absl::StatusOr<ValidConfig> valid =
       ValidateRun(config, options.attention, options.variants, options.optimizer);
   if (!valid.ok()) return valid.status();
+  if (options.timeline) {
+    if (absl::Status s = CheckTimelineLayers(config.layers); !s.ok()) return s;
+  }
   if (!config.KeepsKvCache()) return PredictGraphs(*valid, options);
   // With use_cache the variants that checkpoint a layer run without the cache
   // (transformers turns it off, utils/generic.py:1041-1045): they are predicted on the

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/checked_math.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/graph/family.h"
 #include "estimator/step/liveness.h"
 
@@ -335,6 +336,9 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
                                                          PredictOptions options) {
   ModelConfig config = model;
   config.use_cache = false;  // as PredictRanks
+  if (options.timeline) {
+    if (absl::Status s = CheckTimelineLayers(config.layers); !s.ok()) return s;
+  }
   if (options.breakdown) {
     return absl::InvalidArgumentError(
         "--explain describes one process's step: not with --dp or --pp yet");

@@ -51,6 +51,9 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name) {
 
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source) {
+  if (absl::Status s = CheckJsonNesting(json); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
   rapidjson::Document doc;
   doc.Parse(json.data(), json.size());
   if (doc.HasParseError()) {

@@ -85,6 +85,19 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
         "--pp ", spec.pp, " x --virtual_stages ", spec.virtual_stages, " must be at most ",
         kMaxPipelineChunks, " model chunks"));
   }
+  // The ranks' step simulation replays every micro-batch of every model chunk (a quarter
+  // of a millisecond each on CUDA, on a 2-core machine): bounded, one prediction stays
+  // within seconds and a few hundred MB.
+  if (spec.micro_batches > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--micro_batches must be at most ", kMaxMicroBatches, ", got ", spec.micro_batches));
+  }
+  if (chunks * spec.micro_batches > kMaxChunkMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pp ", spec.pp, " x --virtual_stages ", spec.virtual_stages, " x --micro_batches ",
+        spec.micro_batches, " must be at most ", kMaxChunkMicroBatches,
+        " (the step replays each model chunk's every micro-batch)"));
+  }
   if (config.layers % chunks != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--layers ", config.layers, " is not divisible by --pp ", spec.pp,

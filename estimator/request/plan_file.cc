@@ -17,6 +17,7 @@
 namespace memledger {
 
 absl::StatusOr<Variant> ParsePlanJson(absl::string_view json) {
+  if (absl::Status s = CheckJsonNesting(json); !s.ok()) return s;
   rapidjson::Document doc;
   doc.Parse(json.data(), json.size());
   if (doc.HasParseError()) {

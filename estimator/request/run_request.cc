@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -31,11 +32,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string&
     }
     return text.status();
   }
-  rapidjson::Document doc;
-  doc.Parse(text->data(), text->size());
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("--routing: ", path, ": ", what));
   };
+  if (absl::Status s = CheckJsonNesting(*text); !s.ok()) return bad(s.message());
+  rapidjson::Document doc;
+  doc.Parse(text->data(), text->size());
   if (doc.HasParseError()) {
     return bad(absl::StrCat("not JSON (", rapidjson::GetParseError_En(doc.GetParseError()), ")"));
   }
@@ -118,15 +120,22 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   if (!model.ok()) return model.status();
   spec.config = *model;
   spec.model = request.model;
-  for (const auto& [value, field] :
-       {std::pair<const std::optional<int64_t>*, int64_t*>{&request.layers, &spec.config.layers},
-        {&request.width, &spec.config.width},
-        {&request.heads, &spec.config.heads},
-        {&request.kv_heads, &spec.config.kv_heads},
-        {&request.head_dim, &spec.config.head_dim},
-        {&request.intermediate, &spec.config.intermediate},
-        {&request.vocab, &spec.config.vocab}}) {
-    if (value->has_value()) *field = **value;
+  for (const auto& [name, value, field] :
+       {std::tuple<const char*, const std::optional<int64_t>*, int64_t*>{
+            "layers", &request.layers, &spec.config.layers},
+        {"width", &request.width, &spec.config.width},
+        {"heads", &request.heads, &spec.config.heads},
+        {"kv_heads", &request.kv_heads, &spec.config.kv_heads},
+        {"head_dim", &request.head_dim, &spec.config.head_dim},
+        {"intermediate", &request.intermediate, &spec.config.intermediate},
+        {"vocab", &request.vocab, &spec.config.vocab}}) {
+    if (!value->has_value()) continue;
+    // A size given is a size: the config's 0 ("derive it") is not the user's to give.
+    if (**value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " must be >= 1, got ", **value));
+    }
+    *field = **value;
   }
   // A new width or head count redraws the head split unless it is given too; the
   // study's and GPT-2's kv heads follow the heads, their MLP the width.

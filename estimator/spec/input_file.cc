@@ -44,4 +44,32 @@ absl::StatusOr<std::string> ReadInputFile(const std::string& path, absl::string_
   return text.str();
 }
 
+absl::Status CheckJsonNesting(absl::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("nests arrays and objects deeper than ", kMaxJsonDepth,
+                         " levels (at offset ", i, ")"));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace memledger

@@ -21,4 +21,11 @@ absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none) {
       "a positive number of GiB below 2^33, got ", gib));
 }
 
+absl::Status CheckTimelineLayers(int64_t layers) {
+  if (layers <= kMaxTimelineLayers) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a step timeline (--timeline_svg, --snapshot_out) records every allocation: at most ",
+      kMaxTimelineLayers, " layers, got --layers ", layers));
+}
+
 }  // namespace memledger
