@@ -20,6 +20,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -29,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "api/memledger.h"
 #include "api/predict_many.h"
+#include "estimator/cli/output_files.h"
 #include "rapidjson/document.h"
 
 namespace py = pybind11;
@@ -60,9 +62,38 @@ py::dict Fields(const py::dict& given) {
   return fields;
 }
 
+// NonFinite: the path of the first float in `value` that is not finite ("model.
+// rope_theta", "batch"), which JSON cannot say; nullopt if there is none.
+std::optional<std::string> NonFinite(const py::handle& value, const std::string& path,
+                                     int depth = 0) {
+  if (depth > 64) return std::nullopt;  // ToJson's and the C ABI's limit says it
+  if (py::isinstance<py::float_>(value)) {
+    if (std::isfinite(value.cast<double>())) return std::nullopt;
+    return path + ": " + std::string(py::str(value)) + " is not a number JSON can say";
+  }
+  if (py::isinstance<py::dict>(value)) {
+    for (const auto& [key, item] : py::reinterpret_borrow<py::dict>(value)) {
+      const std::string name = py::str(key);
+      if (auto found = NonFinite(item, path.empty() ? name : path + "." + name, depth + 1)) {
+        return found;
+      }
+    }
+  } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    size_t i = 0;
+    for (const py::handle& item : value) {
+      if (auto found = NonFinite(item, path + "[" + std::to_string(i++) + "]", depth + 1)) {
+        return found;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 // Dumps is json.dumps(value, default=str): what JSON cannot say (a dtype in a config's
-// dict) as its str().
+// dict) as its str(); a NaN or an infinity is a ValueError naming its key (json.dumps
+// would write NaN, which no JSON parser reads).
 std::string Dumps(const py::object& value) {
+  if (std::optional<std::string> bad = NonFinite(value, "")) throw py::value_error(*bad);
   py::object json = py::module_::import("json");
   return py::str(json.attr("dumps")(value, py::arg("default") =
                                                py::module_::import("builtins").attr("str")));
@@ -168,10 +199,16 @@ py::bytes Snapshot(const py::object& variant, const py::object& path, py::kwargs
   if (code != MEMLEDGER_OK) throw std::runtime_error(error_text);
   py::bytes result(bytes);
   if (!path.is_none()) {
-    py::module_ builtins = py::module_::import("builtins");
-    py::object file = builtins.attr("open")(path, "wb");
-    file.attr("write")(result);
-    file.attr("close")();
+    // A file's path, not a file descriptor (open(1, "wb") wrote to stdout and closed it);
+    // written as the command line writes its files (estimator/cli/output_files.h).
+    if (!py::isinstance<py::str>(path) && !py::hasattr(path, "__fspath__")) {
+      throw py::type_error("snapshot: path must be a str or an os.PathLike, not " +
+                           std::string(py::str(path.get_type().attr("__name__"))));
+    }
+    const std::string file = py::str(py::module_::import("os").attr("fspath")(path));
+    if (absl::Status s = memledger::WriteOutputFile("path", file, bytes); !s.ok()) {
+      throw py::value_error("snapshot: " + std::string(s.message()));
+    }
   }
   return result;
 }

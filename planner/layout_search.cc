@@ -43,6 +43,55 @@ Shape ShapeOf(const SearchedLayout& l) {
                l.virtual_stages, l.ep};
 }
 
+// CheckFixedLayout: each layout flag the search is given, against what that part of a
+// layout must be on its own, so that a bad one is named (it was "fits no layout of 8
+// GPUs with the layout flags given" for all of them).
+absl::Status CheckFixedLayout(const SearchOptions& options, const ModelConfig& config) {
+  const LayoutConstraints& f = options.fixed;
+  auto bad = [](absl::string_view flag, int64_t value, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", value, " ", what));
+  };
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::optional<int64_t>>{"tp", f.tp}, {"pp", f.pp},
+        {"dp", f.dp}, {"virtual_stages", f.virtual_stages}, {"batch", f.micro_batch_size}}) {
+    if (value.has_value() && *value < 1) return bad(flag, *value, "must be >= 1");
+  }
+  if (f.zero.has_value() && (*f.zero < 0 || *f.zero > 3)) {
+    return bad("zero", *f.zero, "must be 0, 1, 2 or 3");
+  }
+  const int64_t node = std::min(options.gpus, options.gpus_per_node);
+  if (f.tp.has_value() && node % *f.tp != 0) {
+    return bad("tp", *f.tp,
+               absl::StrCat("does not divide a node's ", node,
+                            " GPUs (tensor-parallel ranks share a node)"));
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::optional<int64_t>>{"pp", f.pp}, {"dp", f.dp}}) {
+    if (value.has_value() && options.gpus % *value != 0) {
+      return bad(flag, *value, absl::StrCat("does not divide the ", options.gpus, " GPUs"));
+    }
+  }
+  if (f.pp.has_value() && config.layers % *f.pp != 0) {
+    return bad("pp", *f.pp, absl::StrCat("does not divide the ", config.layers, " layers"));
+  }
+  if (f.micro_batch_size.has_value() && options.global_batch % *f.micro_batch_size != 0) {
+    return bad("batch", *f.micro_batch_size,
+               absl::StrCat("(sequences per micro-batch) does not divide --global_batch ",
+                            options.global_batch));
+  }
+  if (f.virtual_stages.has_value() && *f.virtual_stages > kMaxPipelineChunks) {
+    return bad("virtual_stages", *f.virtual_stages,
+               absl::StrCat("must be at most ", kMaxPipelineChunks));
+  }
+  if (f.tp.has_value() && *f.tp > 1) {
+    // The model's own checks of a tensor-parallel split (heads, kv heads, vocab, family).
+    ModelConfig split = config;
+    split.tp = *f.tp;
+    if (absl::Status s = ValidateConfig(split); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> Divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n / d; ++d) {
@@ -593,6 +642,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     with_ep.moe.ep = *options.fixed.ep;
     if (absl::Status s = ValidateConfig(with_ep); !s.ok()) return s;
   }
+  if (absl::Status s = CheckFixedLayout(options, base->config); !s.ok()) return s;
   absl::StatusOr<StepFlops> model_flops = CountStepFlops(base->config, base->attention);
   if (!model_flops.ok()) return model_flops.status();
   const Search search(request, *base, options, static_cast<double>(model_flops->total));

@@ -233,7 +233,7 @@ TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
            {R"({"gpus": 2})", "--global_batch must be >= 1, got 0"},
            {R"({"gpus": 2, "global_batch": 2, "micro_batches": 2})",
             "request: \"micro_batches\" follows from the layout"},
-           {R"({"gpus": 2, "global_batch": 2, "tp": 3})", "fits no layout of 2 GPUs with"},
+           {R"({"gpus": 2, "global_batch": 2, "tp": 3})", "--tp 3 does not divide a node's 2 GPUs"},
            {R"({"gpus": 2, "global_batch": 2, "gpu": "v100"})", "--gpu must be one of"},
            {R"({"gpus": 2, "global_batch": 2, "mfu": "high"})", "request: \"mfu\" must be a number"},
            {R"({"gpus": 2, "global_batch": 2, "top": -1})", "request: \"top\" must be >= 0"},

@@ -226,6 +226,15 @@ TEST(PlannerCliTest, PlanOutVerifiesInLibTorch) {
   written << file.rdbuf();
   EXPECT_EQ(written.str(), r.output);  // the same JSON document
   VerifiedPlan(model, plan);
+  // --plan_out's file is read back whatever its name (plan.txt was taken for inline runs).
+  const std::string txt = TempPath("plan.txt");
+  std::ofstream(txt) << written.str();
+  CommandResult from_json = RunCommand("estimator/predict " + model + " --plan=" + plan,
+                                       /*merge_stderr=*/false);
+  CommandResult from_txt = RunCommand("estimator/predict " + model + " --plan=" + txt,
+                                      /*merge_stderr=*/false);
+  ASSERT_EQ(from_txt.exit_code, 0) << from_txt.output;
+  EXPECT_EQ(from_txt.output, from_json.output);
 
   // A file that is not a plan: exit 2, naming the file.
   std::ofstream(TempPath("bad.json")) << "{\"plan\": [\"none\", \"half\", \"full\"]}";

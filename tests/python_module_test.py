@@ -4,11 +4,20 @@ batch that fits a budget, and plan() returns the checkpoint planner's answer. Ex
 (model_presets_test, predict_test)."""
 
 import os
+import stat
 import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.environ.get("TEST_SRCDIR", "."), "memledger", "api"))
 import memledger  # noqa: E402
+
+
+def nested(depth):
+    """A list nested `depth` levels deep: [[[...]]]."""
+    value = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 class PredictTest(unittest.TestCase):
@@ -115,6 +124,13 @@ class PredictTest(unittest.TestCase):
             (dict(layers="2"), '"layers" must be an integer'),
             (dict(master_weights=1), '"master_weights" must be true or false'),
             (dict(batch=2**40, seq=2**30), "overflow"),
+            # A NaN in a config dict was "request: not JSON (Invalid value. at offset 49)".
+            (dict(model={"model_type": "llama", "rope_theta": float("nan")}),
+             "model.rope_theta: nan is not a number JSON can say"),
+            (dict(batch=float("inf")), "batch: inf is not a number JSON can say"),
+            # Nested past the C ABI's limit: refused before parsing.
+            (dict(model={"model_type": "llama", "x": nested(70)}),
+             "nests arrays and objects deeper than 64 levels"),
         ]
         for fields, message in cases:
             with self.subTest(fields=fields):
@@ -257,6 +273,17 @@ class PlanTest(unittest.TestCase):
             memledger.snapshot(model="tiny-llama")  # four variants
         with self.assertRaises(ValueError):
             memledger.snapshot(variant="full", seq=0)
+        # A file descriptor is no path (open(1, "wb") wrote to stdout and closed it).
+        with self.assertRaises(TypeError) as raised:
+            memledger.snapshot(model="tiny-llama", variant="full", path=1)
+        self.assertIn("path must be a str or an os.PathLike, not int", str(raised.exception))
+        # The command line's writer: a FIFO is refused and stays one.
+        fifo = os.path.join(os.path.dirname(path), "fifo")
+        os.mkfifo(fifo)
+        with self.assertRaises(ValueError) as raised:
+            memledger.snapshot(model="tiny-llama", variant="full", path=fifo)
+        self.assertIn("is a FIFO, not a regular file", str(raised.exception))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
 
     def test_plan_one_data_parallel_rank(self):
         # One of 2 ZeRO-1 ranks: its optimizer state is half the model's (AdamW's moments

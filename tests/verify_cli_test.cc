@@ -168,6 +168,11 @@ TEST(VerifyCliTest, BadInputExitsTwo) {
            {"--every=0", "--every"},
            {"--variants=sometimes", "--variants"},
            {"--max_memory_gib=-1", "--max_memory_gib"},
+           // A NaN compared false with every bound and turned the guard off.
+           {"--max_memory_gib=nan",
+            "--max_memory_gib must be 0 (half the available memory) or a positive number of "
+            "GiB below 2^33, got nan"},
+           {"--micro_batches=4", "--micro_batches 4 without --dp or --pp"},
            {"--grad_tolerance=-1", "--grad_tolerance"},
            // The default config needs about 0.3 GiB: 1 MiB is refused before any
            // allocation, naming the predicted size.

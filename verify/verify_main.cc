@@ -16,6 +16,7 @@
 #include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/report.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/graph/rules.h"
 #include "planner/plan_report.h"
 #include "verify/verify.h"
@@ -77,11 +78,8 @@ absl::StatusOr<double> GradTolerance(double fallback) {
 
 // MaxMemoryBytes is --max_memory_gib in bytes (0: VerifyOptions' default).
 absl::StatusOr<int64_t> MaxMemoryBytes() {
-  const double max_gib = absl::GetFlag(FLAGS_max_memory_gib);
-  if (max_gib < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_memory_gib must be >= 0, got ", max_gib));
-  }
-  return static_cast<int64_t>(max_gib * (int64_t{1} << 30));
+  return memledger::GibFlagBytes("--max_memory_gib", absl::GetFlag(FLAGS_max_memory_gib),
+                                 "half the available memory");
 }
 
 // VerifyOnRanks: --dp, --tp, --pp. verify starts the rank processes as itself plus

@@ -1,5 +1,7 @@
 #include "estimator/request/plan_file.h"
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -93,8 +95,12 @@ std::string PlanRunsText(const Variant& plan) {
 absl::StatusOr<Variant> ReadPlan(const std::string& value) {
   if (!absl::EndsWith(value, ".json")) {
     absl::StatusOr<Variant> plan = ParsePlanRuns(value);
-    if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat("--plan: ", plan.status().message()));
-    return plan;
+    if (plan.ok()) return plan;
+    // Not a plan's runs: the file the planner's --plan_out wrote, whatever its name.
+    struct stat info;
+    if (stat(value.c_str(), &info) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--plan: ", plan.status().message()));
+    }
   }
   absl::StatusOr<std::string> text = ReadInputFile(value, "--plan", kMaxJsonBytes);
   if (absl::IsNotFound(text.status())) {

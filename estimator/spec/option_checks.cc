@@ -13,12 +13,18 @@ absl::Status CheckCpuThreads(int64_t threads) {
       absl::StrCat("--cpu_threads must be between 1 and 1024, got ", threads));
 }
 
-absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none) {
-  if (zero_is_none && gib == 0) return 0;
+absl::StatusOr<int64_t> GibFlagBytes(absl::string_view flag, double gib,
+                                     absl::string_view zero) {
+  if (!zero.empty() && gib == 0) return 0;
+  // NaN and infinities are no number of GiB (a NaN compared false and turned guards off).
   if (std::optional<int64_t> bytes = GibToBytes(gib); bytes.has_value()) return *bytes;
   return absl::InvalidArgumentError(absl::StrCat(
-      "--budget_gib must be ", zero_is_none ? "0 (no budget) or " : "",
+      flag, " must be ", zero.empty() ? "" : absl::StrCat("0 (", zero, ") or "),
       "a positive number of GiB below 2^33, got ", gib));
+}
+
+absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none) {
+  return GibFlagBytes("--budget_gib", gib, zero_is_none ? "no budget" : "");
 }
 
 absl::Status CheckTimelineLayers(int64_t layers) {

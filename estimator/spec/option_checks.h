@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace memledger {
 
@@ -19,6 +20,10 @@ absl::Status CheckCpuThreads(int64_t threads);
 // BudgetBytes: --budget_gib in bytes, a positive number of GiB below 2^33 (rounded down
 // to a byte); with `zero_is_none` (a sweep's, where 0 asks for no budget column) 0 too.
 absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none = false);
+// GibFlagBytes: `flag`'s value in GiB as bytes, as BudgetBytes; where `zero` is given, 0
+// too, which means `zero` ("half the available memory").
+absl::StatusOr<int64_t> GibFlagBytes(absl::string_view flag, double gib,
+                                     absl::string_view zero = "");
 // kMaxTimelineLayers bounds the layers of a step whose every allocation is recorded (a
 // timeline: --timeline_svg, --snapshot_out, a "svg" answer): 4,096 of tiny-llama's layers
 // make a 430 MB snapshot in 2.6 s here; 100,000 ran out of memory.
