@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -232,6 +233,71 @@ TEST(PredictCliTest, ConfigJsonErrorsExitTwoNamingFileAndKey) {
     EXPECT_EQ(bad.output.rfind(message, 0), 0u) << args << ": " << bad.output;
     EXPECT_EQ(bad.output.find('\n'), bad.output.size() - 1) << args << ": " << bad.output;
   }
+}
+
+// Config keys that change memory were silently ignored; each is modelled or refused now.
+TEST(PredictCliTest, ConfigKeysThatChangeMemoryAreModelledOrRefused) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR"));
+  const std::string llama =
+      R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, )"
+      R"("num_attention_heads": 4, "vocab_size": 100)";
+  const std::string gpt2 =
+      R"("model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, )"
+      R"("vocab_size": 100)";
+  int n = 0;
+  for (const auto& [json, args, message] :
+       std::initializer_list<std::tuple<std::string, std::string, std::string>>{
+           {R"({"model_type": "llama", )" + llama + R"(, "mlp_bias": true})", "",
+            R"("mlp_bias" true (biases on the MLP's projections) is not modelled yet)"},
+           {R"({"model_type": "mistral", )" + llama + R"(, "sliding_window": -5})", "",
+            R"("sliding_window" must be >= 1, got -5)"},
+           // A window the sequence reaches masks every layer: refused, not ignored.
+           {R"({"model_type": "mistral", )" + llama + R"(, "sliding_window": 16})",
+            "--seq=8192", "a sliding window (the config's sliding_window 16) masks every layer"},
+           {R"({"model_type": "qwen2", )" + llama + R"(, "use_sliding_window": true})", "",
+            R"("use_sliding_window" true is not modelled yet)"},
+           {"{" + gpt2 + R"(, "activation_function": "relu"})", "",
+            R"("activation_function" must be gelu_new, got relu)"},
+           {"{" + gpt2 + R"(, "add_cross_attention": true})", "",
+            R"("add_cross_attention" true is not modelled yet (use false))"},
+           {"{" + gpt2 + R"(, "reorder_and_upcast_attn": true})", "",
+            R"("reorder_and_upcast_attn" true is not modelled yet)"},
+           {R"({"model_type": "llama", "hidden_size": 32, )" + llama + "}", "",
+            R"("hidden_size" is given more than once)"},
+       }) {
+    const std::string path = dir + "/keys" + std::to_string(n++) + ".json";
+    std::ofstream(path) << json;
+    CommandResult r = Predict("--model=" + path + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << json << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << json << "\n" << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+  }
+  // Mistral's window below the sequence attends as without one.
+  const std::string short_window = dir + "/mistral.json";
+  std::ofstream(short_window) << R"({"model_type": "mistral", )" + llama +
+                                     R"(, "sliding_window": 4096})";
+  EXPECT_EQ(Predict("--model=" + short_window + " --seq=64").exit_code, 0);
+  // mlp_only_layers names layers: --layers=8 derives the same model as a config of 8
+  // layers (it repeated [sparse, sparse, dense], making layer 5 dense too).
+  const std::string moe =
+      R"({"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, )"
+      R"("num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, )"
+      R"("num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, )"
+      R"("mlp_only_layers": [2], "num_hidden_layers": )";
+  std::ofstream(dir + "/moe3.json") << moe << "3}";
+  std::ofstream(dir + "/moe8.json") << moe << "8}";
+  CommandResult overridden = Predict("--model=" + dir + "/moe3.json --layers=8");
+  CommandResult written = Predict("--model=" + dir + "/moe8.json");
+  ASSERT_EQ(overridden.exit_code, 0) << overridden.output;
+  rapidjson::Document a, b;
+  a.Parse(overridden.output.c_str());
+  b.Parse(written.output.c_str());
+  ASSERT_FALSE(a.HasParseError() || b.HasParseError());
+  // 7 sparse layers and 1 dense, as written. (A sparse layer has 256 parameters more than
+  // a dense one: its router, 4 x 64; its experts, 4 x 3 x 64 x 32, equal the dense MLP's
+  // 3 x 64 x 128. The repeated period gave 6 and 2, 256 fewer.)
+  EXPECT_EQ(a["n_params"].GetInt64(), b["n_params"].GetInt64());
+  EXPECT_EQ(a["peak_bytes"]["none"].GetInt64(), b["peak_bytes"]["none"].GetInt64());
 }
 
 TEST(PredictCliTest, SweepPrintsCsvRows) {

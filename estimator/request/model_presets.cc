@@ -1,6 +1,9 @@
 #include "estimator/request/model_presets.h"
 
+#include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +52,34 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name) {
                                           absl::StrJoin(PresetNames(), ", "), ")"));
 }
 
+namespace {
+
+// DuplicateKey: the first key an object of `value` holds twice, with its path
+// ("text_config.hidden_size"); nullopt if none. CheckJsonNesting bounds the recursion.
+std::optional<std::string> DuplicateKey(const rapidjson::Value& value, const std::string& path) {
+  if (value.IsArray()) {
+    for (const rapidjson::Value& item : value.GetArray()) {
+      if (std::optional<std::string> found = DuplicateKey(item, path); found.has_value()) {
+        return found;
+      }
+    }
+    return std::nullopt;
+  }
+  if (!value.IsObject()) return std::nullopt;
+  std::set<std::string_view> seen;
+  for (const auto& member : value.GetObject()) {
+    const std::string_view name(member.name.GetString(), member.name.GetStringLength());
+    const std::string key = path.empty() ? std::string(name) : path + "." + std::string(name);
+    if (!seen.insert(name).second) return key;
+    if (std::optional<std::string> found = DuplicateKey(member.value, key); found.has_value()) {
+      return found;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source) {
   if (absl::Status s = CheckJsonNesting(json); !s.ok()) {
@@ -63,6 +94,12 @@ absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
   }
   if (!doc.IsObject()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  // A key given twice: JSON leaves which one counts to the reader (Python's json keeps
+  // the last, RapidJSON's FindMember finds the first), so neither is taken.
+  if (std::optional<std::string> twice = DuplicateKey(doc, ""); twice.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": \"", *twice, "\" is given more than once"));
   }
   ConfigJsonReader reader(doc, source);
   if (!doc.HasMember("model_type")) return reader.Error("model_type", "is missing");

@@ -137,6 +137,9 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
     }
     *field = **value;
   }
+  // Another layer count derives a config's per-layer MoE choice again (mlp_only_layers
+  // names layers; repeating its period would make others dense too).
+  if (request.layers.has_value()) spec.config.moe.DeriveSparseLayers(spec.config.layers);
   // A new width or head count redraws the head split unless it is given too; the
   // study's and GPT-2's kv heads follow the heads, their MLP the width.
   const bool width_or_heads_set = request.width.has_value() || request.heads.has_value();

@@ -183,6 +183,11 @@ struct MoeSpec {
   // sparse_layers[i % size]); empty: every layer. Qwen3-MoE's mlp_only_layers and
   // decoder_sparse_step make some dense (modeling_qwen3_moe.py, Qwen3MoeDecoderLayer).
   std::vector<bool> sparse_layers = {};
+  // sparse_step, dense_layers: what sparse_layers was derived from, where a config.json
+  // gave decoder_sparse_step and mlp_only_layers (layer indices), so that another layer
+  // count (--layers) derives it again (DeriveSparseLayers); sparse_step 0: not derived.
+  int64_t sparse_step = 0;
+  std::vector<int64_t> dense_layers = {};
   RoutingSource routing = RoutingSource::kBalanced;
   // routing_rows: with kGiven, the tokens each expert receives, one row of `experts`
   // counts per sparse layer in layer order, each row summing to B x T x k. With ep > 1
@@ -200,6 +205,20 @@ struct MoeSpec {
   int64_t ep_group = 0;
 
   bool Sparse() const { return experts > 0; }
+  // DeriveSparseLayers sets sparse_layers for `layers` layers from sparse_step and
+  // dense_layers as Qwen3MoeDecoderLayer decides: layer i is sparse iff (i + 1) %
+  // decoder_sparse_step == 0 and i is not in mlp_only_layers (indices past the last
+  // layer name none).
+  void DeriveSparseLayers(int64_t layers) {
+    if (sparse_step < 1) return;
+    std::vector<bool> sparse(static_cast<size_t>(layers));
+    for (int64_t i = 0; i < layers; ++i) sparse[static_cast<size_t>(i)] = (i + 1) % sparse_step == 0;
+    for (int64_t i : dense_layers) {
+      if (i >= 0 && i < layers) sparse[static_cast<size_t>(i)] = false;
+    }
+    sparse_layers = SmallestPeriod(sparse);
+    if (sparse_layers == std::vector<bool>{true}) sparse_layers.clear();
+  }
   bool IsSparse(int64_t layer) const {
     return Sparse() && (sparse_layers.empty() ||
                         sparse_layers[static_cast<size_t>(

@@ -140,6 +140,27 @@ absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_vie
     *p = 0.1;  // GPT2Config's default
     if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN_(*p, r.Probability(key));
   }
+  // GPT2Config's keys that change the graphs (modeling_gpt2.py): another activation
+  // (GPT2MLP's ACT2FN[activation_function]), cross-attention modules in every block,
+  // and the eager attention's scaling and upcast choices. Only their defaults are
+  // modelled.
+  std::string activation;
+  MEMLEDGER_ASSIGN_OR_RETURN_(activation, r.String("activation_function", "gelu_new"));
+  if (activation != "gelu_new") {
+    return r.Error("activation_function", absl::StrCat("must be gelu_new, got ", activation));
+  }
+  for (const auto& [key, modelled] :
+       {std::pair<const char*, bool>{"add_cross_attention", false},
+        {"scale_attn_by_inverse_layer_idx", false},
+        {"reorder_and_upcast_attn", false},
+        {"scale_attn_weights", true}}) {
+    bool value = modelled;
+    MEMLEDGER_ASSIGN_OR_RETURN_(value, r.Bool(key, modelled));
+    if (value != modelled) {
+      return r.Error(key, absl::StrCat(value ? "true" : "false", " is not modelled yet (use ",
+                                       modelled ? "true" : "false", ")"));
+    }
+  }
   if (c.width % c.heads != 0) {
     return r.Error("n_embd", absl::StrCat(c.width, " is not divisible by n_head ", c.heads));
   }

@@ -163,13 +163,9 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
     MEMLEDGER_ASSIGN_OR_RETURN_(moe.norm_topk_prob, r.Bool("norm_topk_prob", false));
     int64_t step = 1;
     MEMLEDGER_ASSIGN_OR_RETURN_(step, r.Positive("decoder_sparse_step", 1));
-    std::vector<int64_t> dense;
-    MEMLEDGER_ASSIGN_OR_RETURN_(dense, r.LayerIndices("mlp_only_layers", layers));
-    std::vector<bool> sparse(static_cast<size_t>(layers));
-    for (int64_t i = 0; i < layers; ++i) sparse[i] = (i + 1) % step == 0;
-    for (int64_t i : dense) sparse[i] = false;
-    moe.sparse_layers = SmallestPeriod(sparse);
-    if (moe.sparse_layers == std::vector<bool>{true}) moe.sparse_layers.clear();
+    MEMLEDGER_ASSIGN_OR_RETURN_(moe.dense_layers, r.LayerIndices("mlp_only_layers", layers));
+    moe.sparse_step = step;
+    moe.DeriveSparseLayers(layers);
   }
   if (moe.top_k > moe.experts) {
     return r.Error("num_experts_per_tok", absl::StrCat(moe.top_k, " exceeds the ",
@@ -225,15 +221,28 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
   if (attention_bias) {
     return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
   }
+  // LlamaConfig's mlp_bias: biases on gate_proj, up_proj and down_proj (parameters and
+  // their gradients, and addmm instead of mm).
+  bool mlp_bias = false;
+  MEMLEDGER_ASSIGN_OR_RETURN_(mlp_bias, r.Bool("mlp_bias", false));
+  if (mlp_bias) {
+    return r.Error("mlp_bias", "true (biases on the MLP's projections) is not modelled yet "
+                               "(use false)");
+  }
+  if (model_type == "mistral" && r.Has("sliding_window")) {
+    // MistralConfig's window: from seq >= it on transformers masks every layer
+    // (ValidateLlama refuses that); shorter sequences attend as without one.
+    MEMLEDGER_ASSIGN_OR_RETURN_(c.sliding_window, r.Positive("sliding_window"));
+  }
   c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
   c.qk_norm = qwen3 || qwen3_moe;      // Qwen3Attention's q_norm and k_norm
   if (qwen3_moe || mixtral) {
     MEMLEDGER_ASSIGN_OR_RETURN_(c.moe, ReadMoe(r, c.layers, c.intermediate, mixtral));
   }
-  if (qwen3 || qwen3_moe) {
-    // Qwen3Config.__post_init__ makes layers >= max_window_layers sliding only with
-    // use_sliding_window; explicit layer_types may name them too. Sliding-window masks
-    // are not modelled for this family yet.
+  if (qwen3 || qwen3_moe || model_type == "qwen2") {
+    // Qwen2Config's and Qwen3Config's __post_init__ make layers >= max_window_layers
+    // sliding only with use_sliding_window; explicit layer_types may name them too.
+    // Sliding-window masks are not modelled for this family yet.
     bool sliding = false;
     MEMLEDGER_ASSIGN_OR_RETURN_(sliding, r.Bool("use_sliding_window", false));
     if (sliding) return r.Error("use_sliding_window", "true is not modelled yet (use false)");
@@ -393,6 +402,12 @@ constexpr int64_t kMaxRoutedLayers = 65536;
 
 // ValidateLlama: what the sparse models' graphs do not model yet, one line each.
 absl::Status ValidateLlama(const ModelConfig& config) {
+  if (config.sliding_window > 0 && config.seq >= config.sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq ", config.seq, ": a sliding window (the config's sliding_window ",
+        config.sliding_window, ") masks every layer from there on, which is not modelled "
+        "yet for the llama family (use a shorter --seq, or sliding_window null)"));
+  }
   const MoeSpec& moe = config.moe;
   if (!moe.Sparse()) return absl::OkStatus();
   if (moe.top_k < 1 || moe.top_k > moe.experts || moe.intermediate < 1) {
