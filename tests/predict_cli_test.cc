@@ -448,6 +448,17 @@ TEST(PredictCliTest, OutputsReplaceOnlyRegularFilesAllOrNone) {
         << r.output;
     EXPECT_FALSE(fs::exists(json));
   }
+  // A full disk, as a file-size limit gives it (ulimit -f 1: 1 KiB): the write fails
+  // with EFBIG instead of SIGXFSZ killing the run; exit 2, nothing written.
+  const std::string limited = dir + "/limited.json";
+  r = memledger::testing::RunCommand(
+      "(ulimit -f 1 && estimator/predict --model=tiny-llama --json_out=" + limited +
+      " > /dev/null)");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--json_out=" + limited + ": cannot write it: File too large"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(limited));
   // Nothing the runs staged is left beside the targets.
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();

@@ -1,6 +1,7 @@
 #include "estimator/cli/cli_flags.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -385,6 +386,9 @@ void CheckFlagsOrExit(int argc, char** argv) {
 }  // namespace
 
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
+  // Under a file-size limit (ulimit -f) a write past it fails with EFBIG, which the
+  // output writer reports, instead of killing the process with SIGXFSZ mid-file.
+  std::signal(SIGXFSZ, SIG_IGN);
   absl::SetProgramUsageMessage(usage);
   if (IsHelpRequest(argc, argv)) {
     PrintGroupedHelp(usage);
