@@ -264,6 +264,10 @@ TEST(PredictCliTest, ConfigKeysThatChangeMemoryAreModelledOrRefused) {
             R"("reorder_and_upcast_attn" true is not modelled yet)"},
            {R"({"model_type": "llama", "hidden_size": 32, )" + llama + "}", "",
             R"("hidden_size" is given more than once)"},
+           // It said "parameter bytes overflow int64 at layers=2 width=64", naming no file.
+           {R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, )"
+            R"("n_positions": 128, "vocab_size": 900000000000000000})",
+            "", R"("vocab_size" 900000000000000000 x hidden size 64: the embedding's bytes overflow int64)"},
        }) {
     const std::string path = dir + "/keys" + std::to_string(n++) + ".json";
     std::ofstream(path) << json;

@@ -553,7 +553,8 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
   const CheckedInt64 buffer_bytes = BufferBytes(*graphs, config);
   if (param_bytes.overflowed() || state_bytes.overflowed() || buffer_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
-        "parameter bytes overflow int64 at layers=", config.layers, " width=", d));
+        "parameter bytes overflow int64 at layers=", config.layers, " width=", d,
+        " vocab=", config.vocab, " intermediate=", config.Intermediate()));
   }
   prediction.optimizer = optimizer;
   prediction.caveats = Caveats(config, options.variants);

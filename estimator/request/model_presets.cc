@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/spec/checked_math.h"
 #include "estimator/spec/config_json.h"
 #include "estimator/graph/family.h"
 #include "estimator/spec/input_file.h"
@@ -108,8 +109,22 @@ absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
   std::vector<std::string> known;
   for (const FamilyDef* family : Families()) {
     for (const std::string& type : family->model_types) {
-      if (type == model_type) return family->read(reader, model_type);
-      known.push_back(type);
+      if (type != model_type) {
+        known.push_back(type);
+        continue;
+      }
+      absl::StatusOr<ModelConfig> config = family->read(reader, model_type);
+      if (!config.ok()) return config.status();
+      // The embedding's bytes (fp32 parameter, gradient and two moments: 16 per weight)
+      // must fit int64, or no bucket can be counted; say so here, naming the file's key
+      // (the prediction's own overflow message knows no file).
+      const CheckedInt64 embedding = CheckedInt64(config->vocab) * config->width * 16;
+      if (embedding.overflowed()) {
+        return reader.Error("vocab_size",
+                            absl::StrCat(config->vocab, " x hidden size ", config->width,
+                                         ": the embedding's bytes overflow int64"));
+      }
+      return config;
     }
   }
   return reader.Error("model_type", absl::StrCat("'", model_type, "' is not supported (",
