@@ -216,7 +216,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"model", "model"},          {"layers", "model"},         {"width", "model"},
     {"heads", "model"},          {"kv_heads", "model"},       {"head_dim", "model"},
     {"intermediate", "model"},   {"vocab", "model"},          {"attention", "model"},
-    {"experts_impl", "model"},   {"routing", "input"},
+    {"experts_impl", "model"},   {"config_keys", "model"},    {"routing", "input"},
     {"batch", "input"},          {"seq", "input"},            {"sweep", "input"},
     {"seed", "input"},           {"dtype", "precision"},      {"amp", "precision"},
     {"master_weights", "precision"}, {"optimizer", "optimizer"},

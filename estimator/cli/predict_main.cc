@@ -18,6 +18,8 @@
 #include "estimator/report/report.h"
 #include "estimator/graph/rules.h"
 #include "estimator/predict/sweep.h"
+#include "estimator/spec/input_file.h"
+#include "estimator/request/model_presets.h"
 #include "estimator/report/timeline_svg.h"
 #include "estimator/report/units.h"
 
@@ -34,6 +36,10 @@ ABSL_FLAG(std::string, snapshot_out, "",
           "Also write the step of the one variant --variants names as a PyTorch memory "
           "snapshot (torch.cuda.memory._snapshot()'s pickle) to this path, for "
           "torch.cuda._memory_viz and https://pytorch.org/memory_viz.");
+ABSL_FLAG(bool, config_keys, false,
+          "With --model=config.json: print, as JSON, which of its keys memledger read, which "
+          "it does not read and why (they change no memory), and any it does not know; no "
+          "prediction.");
 ABSL_FLAG(double, budget_gib, 0,
           "With --sweep: the memory budget in GiB; each row says whether parameters, "
           "gradients, optimizer state and saved activations fit in it.");
@@ -90,6 +96,25 @@ int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t bu
   return Output(outputs, *rows, *rows);
 }
 
+// PrintConfigKeys is --config_keys: the report of what --model's config.json reader did
+// with each key (ConfigKeysJson).
+int PrintConfigKeys() {
+  const std::string path = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<std::string> text =
+      memledger::ReadInputFile(path, "--model", memledger::kMaxJsonBytes);
+  if (!text.ok()) {
+    return memledger::ReportError(
+        absl::IsNotFound(text.status())
+            ? absl::InvalidArgumentError(absl::StrCat(
+                  "--config_keys reports on a config.json: '", path, "' is not a readable file"))
+            : absl::InvalidArgumentError(text.status().message()));
+  }
+  absl::StatusOr<std::string> report = memledger::ConfigKeysJson(*text, path);
+  if (!report.ok()) return memledger::ReportError(report.status());
+  memledger::OutputFiles outputs;
+  return Output(outputs, *report, *report);
+}
+
 // StageTimelineSvg draws each variant's predicted step timeline for `path`;
 // Unimplemented, and no file, where a variant's step is not simulated.
 absl::Status StageTimelineSvg(memledger::OutputFiles& outputs, const std::string& path,
@@ -131,6 +156,7 @@ int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& 
 int main(int argc, char** argv) {
   const std::string usage = Usage();
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
+  if (absl::GetFlag(FLAGS_config_keys)) return PrintConfigKeys();
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
   const std::string sweep = absl::GetFlag(FLAGS_sweep);

@@ -58,6 +58,10 @@ struct FamilyDef {
   absl::StatusOr<ModelConfig> (*read)(const ConfigJsonReader& r,
                                       absl::string_view model_type) = nullptr;
   absl::Status (*write)(const ModelConfig& config, ConfigJsonWriter& w) = nullptr;
+  // inert_config_keys: the keys of its transformers configuration classes that `read`
+  // does not read because they change no memory, each with why (--config_keys reports
+  // them; tests/config_keys_test.py walks the classes' attributes against them).
+  std::vector<std::pair<std::string, std::string>> inert_config_keys = {};
   // expected_parameters: the parameter count in closed form where the family has one
   // (the study's layers (12 d^2 + 13 d)), which the graphs and the runtime's model must
   // agree with; nullopt where it overflows int64; nullptr for none.

@@ -81,12 +81,126 @@ std::optional<std::string> DuplicateKey(const rapidjson::Value& value, const std
 
 }  // namespace
 
+// ReadHfConfig is ModelFromHfConfigJson, telling `consulted` (if given) which keys the
+// reader consulted and `family_out` whose reader it was.
+absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_view source,
+                                         std::set<std::string>* consulted,
+                                         const FamilyDef** family_out,
+                                         rapidjson::Document* parsed);
+
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source) {
+  rapidjson::Document doc;
+  return ReadHfConfig(json, source, nullptr, nullptr, &doc);
+}
+
+namespace {
+
+// kCommonInertKeys: what every transformers configuration (PretrainedConfig and its
+// generation and tokenizer fields) holds that changes no training step's memory.
+constexpr std::pair<const char*, const char*> kCommonInertKeys[] = {
+    {"_name_or_path", "where the config came from"},
+    {"architectures", "the model class's name; the model_type decides the graphs"},
+    {"model_type", "read first: it chooses the family's reader"},
+    {"transformers_version", "the writer's version"},
+    {"dtype", "the checkpoint's storage dtype; --dtype and --amp decide the step's"},
+    {"torch_dtype", "the checkpoint's storage dtype; --dtype and --amp decide the step's"},
+    {"initializer_range", "initial values only"},
+    {"id2label", "labels of a classification head, not the causal LM's"},
+    {"label2id", "labels of a classification head, not the causal LM's"},
+    {"problem_type", "a classification head's loss, not the causal LM's"},
+    {"is_encoder_decoder", "false for every causal LM memledger reads"},
+    {"chunk_size_feed_forward", "0 in these models' configs; no modeling file here reads it"},
+    {"output_attentions", "returns attention weights (no graph here asks for them)"},
+    {"output_hidden_states", "returns every layer's hidden states, which the step keeps anyway"},
+    {"return_dict", "the output's container"},
+    {"bos_token_id", "a token id"},
+    {"eos_token_id", "a token id"},
+    {"pad_token_id", "a token id (the embedding's padding_idx keeps every row)"},
+    {"tokenizer_class", "the tokenizer"},
+    {"auto_map", "remote-code class names"},
+};
+
+// InertReason: why `key` (its nested path stripped) changes no memory for `family`;
+// nullptr where neither list has it.
+const char* InertReason(const FamilyDef& family, absl::string_view key) {
+  const size_t dot = key.rfind('.');
+  const absl::string_view name = dot == absl::string_view::npos ? key : key.substr(dot + 1);
+  for (const auto& [inert, why] : family.inert_config_keys) {
+    if (inert == key || inert == name) return why.c_str();
+  }
+  for (const auto& [inert, why] : kCommonInertKeys) {
+    if (name == inert) return why;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ConfigKeysJson(absl::string_view json, absl::string_view source) {
+  std::set<std::string> consulted;
+  const FamilyDef* family = nullptr;
+  rapidjson::Document doc;
+  absl::StatusOr<ModelConfig> config = ReadHfConfig(json, source, &consulted, &family, &doc);
+  if (!config.ok()) return config.status();
+  std::vector<std::string> read, unknown;
+  std::vector<std::pair<std::string, std::string>> not_read;
+  // The keys present: the top level's, and a nested object's the reader entered.
+  auto visit = [&](auto& self, const rapidjson::Value& object, const std::string& prefix) -> void {
+    for (const auto& member : object.GetObject()) {
+      const std::string key = prefix + std::string(member.name.GetString(),
+                                                   member.name.GetStringLength());
+      const bool entered =
+          member.value.IsObject() &&
+          consulted.lower_bound(key + ".") != consulted.end() &&
+          consulted.lower_bound(key + ".")->rfind(key + ".", 0) == 0;
+      if (entered) {
+        self(self, member.value, key + ".");
+      } else if (consulted.count(key) > 0) {
+        read.push_back(key);
+      } else if (const char* why = InertReason(*family, key); why != nullptr) {
+        not_read.emplace_back(key, why);
+      } else {
+        unknown.push_back(key);
+      }
+    }
+  };
+  visit(visit, doc, "");
+  rapidjson::StringBuffer buffer;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buffer);
+  w.SetIndent(' ', 2);
+  w.StartObject();
+  w.Key("file");
+  w.String(std::string(source).c_str());
+  w.Key("family");
+  w.String(std::string(family->name).c_str());
+  w.Key("read");
+  w.StartArray();
+  for (const std::string& key : read) w.String(key.c_str());
+  w.EndArray();
+  w.Key("not_read");
+  w.StartObject();
+  for (const auto& [key, why] : not_read) {
+    w.Key(key.c_str());
+    w.String(why.c_str());
+  }
+  w.EndObject();
+  w.Key("unknown");
+  w.StartArray();
+  for (const std::string& key : unknown) w.String(key.c_str());
+  w.EndArray();
+  w.EndObject();
+  return std::string(buffer.GetString()) + "\n";
+}
+
+absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_view source,
+                                         std::set<std::string>* consulted,
+                                         const FamilyDef** family_out,
+                                         rapidjson::Document* parsed) {
+  rapidjson::Document& doc = *parsed;
   if (absl::Status s = CheckJsonNesting(json); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
-  rapidjson::Document doc;
   doc.Parse(json.data(), json.size());
   if (doc.HasParseError()) {
     return absl::InvalidArgumentError(
@@ -114,6 +228,9 @@ absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
         continue;
       }
       absl::StatusOr<ModelConfig> config = family->read(reader, model_type);
+      reader.Consult("model_type");
+      if (consulted != nullptr) *consulted = reader.Consulted();
+      if (family_out != nullptr) *family_out = family;
       if (!config.ok()) return config.status();
       // The embedding's bytes (fp32 parameter, gradient and two moments: 16 per weight)
       // must fit int64, or no bucket can be counted; say so here, naming the file's key

@@ -36,6 +36,14 @@ absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name);
 absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
                                                   absl::string_view source);
 
+// ConfigKeysJson reports what the reader did with each key of a config.json's text (the
+// top level's, and a nested config's it reads: "text_config.hidden_size"), as JSON:
+// "read" (the keys it consulted), "not_read" (key: why it does not change memory, from
+// the family's FamilyDef::inert_config_keys and the keys every transformers config has)
+// and "unknown" (neither: a key the reader should read or refuse). The reader's own
+// errors are returned as ModelFromHfConfigJson's.
+absl::StatusOr<std::string> ConfigKeysJson(absl::string_view json, absl::string_view source);
+
 // HfConfigJson is ModelFromHfConfigJson's inverse (FamilyDef::write): the transformers
 // config.json of `config`, which the real-stack witness builds with
 // AutoModelForCausalLM.from_config. InvalidArgument for a family that writes none (the

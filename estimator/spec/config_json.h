@@ -5,7 +5,9 @@
 #define ESTIMATOR_SPEC_CONFIG_JSON_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,7 +26,15 @@ class ConfigJsonReader {
  public:
   // doc: the config.json's object, or one nested in it (Nested).
   ConfigJsonReader(const rapidjson::Value& doc, absl::string_view source)
-      : doc_(doc), source_(source) {}
+      : doc_(doc), source_(source), consulted_(std::make_shared<std::set<std::string>>()) {}
+
+  // Consulted: every key a read has looked at so far, this reader's and its nested
+  // readers' ("text_config.hidden_size"), present in the file or not: what --config_keys
+  // reports as read.
+  const std::set<std::string>& Consulted() const { return *consulted_; }
+  // Consult marks `key` as read without a typed read (model_type, a key the reader
+  // inspects itself).
+  void Consult(absl::string_view key) const { consulted_->insert(absl::StrCat(prefix_, key)); }
 
   // Nested reads the object under `key` (a multimodal config's text_config): its errors
   // name the key path ("text_config.hidden_size").
@@ -33,6 +43,7 @@ class ConfigJsonReader {
     if (!doc_[key].IsObject()) return Error(key, "must be an object");
     ConfigJsonReader nested(doc_[key], source_);
     nested.prefix_ = absl::StrCat(prefix_, key, ".");
+    nested.consulted_ = consulted_;
     return nested;
   }
 
@@ -44,6 +55,7 @@ class ConfigJsonReader {
 
   // Positive reads a required (or, with a fallback, optional) integer >= 1.
   absl::StatusOr<int64_t> Positive(const char* key, std::optional<int64_t> fallback = {}) const {
+    Consult(key);
     if (!doc_.HasMember(key) || doc_[key].IsNull()) {
       if (fallback.has_value()) return *fallback;
       return Error(key, "is missing");
@@ -57,12 +69,14 @@ class ConfigJsonReader {
   }
 
   absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    Consult(key);
     if (!doc_.HasMember(key)) return fallback;
     if (!doc_[key].IsBool()) return Error(key, "must be true or false");
     return doc_[key].GetBool();
   }
 
   absl::StatusOr<double> PositiveNumber(const char* key, double fallback) const {
+    Consult(key);
     if (!doc_.HasMember(key)) return fallback;
     if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() > 0)) {
       return Error(key, "must be a number > 0");
@@ -70,10 +84,14 @@ class ConfigJsonReader {
     return doc_[key].GetDouble();
   }
 
-  bool Has(const char* key) const { return doc_.HasMember(key) && !doc_[key].IsNull(); }
+  bool Has(const char* key) const {
+    Consult(key);
+    return doc_.HasMember(key) && !doc_[key].IsNull();
+  }
 
   // Probability reads a number in [0, 1).
   absl::StatusOr<double> Probability(const char* key) const {
+    Consult(key);
     if (!doc_[key].IsNumber() || !(doc_[key].GetDouble() >= 0) || !(doc_[key].GetDouble() < 1)) {
       return Error(key, "must be a number in [0, 1)");
     }
@@ -81,6 +99,7 @@ class ConfigJsonReader {
   }
 
   absl::StatusOr<std::string> String(const char* key, const char* fallback) const {
+    Consult(key);
     if (!doc_.HasMember(key)) return std::string(fallback);
     if (!doc_[key].IsString()) return Error(key, "must be a string");
     return std::string(doc_[key].GetString());
@@ -127,10 +146,49 @@ class ConfigJsonReader {
     return out;
   }
 
+  // RefuseRecomputedRope reads transformers 5's rope_parameters (or the older
+  // rope_scaling), one object or one per layer type: the "dynamic" and "longrope" types
+  // recompute inv_freq in every forward (modeling_rope_utils.py, dynamic_rope_update),
+  // which is not modelled; the others (default, linear, llama3, yarn, ...) change no
+  // tensor's size: the tables stay (T, d_head), rope_theta only their values.
+  absl::Status RefuseRecomputedRope() const {
+    auto check = [](const ConfigJsonReader& rope) -> absl::Status {
+      for (const char* field : {"rope_type", "type"}) {
+        absl::StatusOr<std::string> type = rope.String(field, "default");
+        if (!type.ok()) return type.status();
+        if (*type == "dynamic" || *type == "longrope") {
+          return rope.Error(field, absl::StrCat("'", *type, "' is not modelled yet (its ",
+                                                "inv_freq is recomputed in every forward)"));
+        }
+      }
+      for (const char* inert : {"rope_theta", "factor", "original_max_position_embeddings",
+                                "low_freq_factor", "high_freq_factor", "beta_fast",
+                                "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+                                "partial_rotary_factor", "truncate"}) {
+        rope.Consult(inert);  // the tables' values only
+      }
+      return absl::OkStatus();
+    };
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      if (!Has(key)) continue;
+      absl::StatusOr<ConfigJsonReader> rope = Nested(key);
+      if (!rope.ok()) return rope.status();
+      if (absl::Status s = check(*rope); !s.ok()) return s;
+      for (const char* type : {"full_attention", "sliding_attention"}) {
+        if (!rope->Has(type)) continue;
+        absl::StatusOr<ConfigJsonReader> per_type = rope->Nested(type);
+        if (!per_type.ok()) return per_type.status();
+        if (absl::Status s = check(*per_type); !s.ok()) return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
  private:
   const rapidjson::Value& doc_;
   std::string source_;
   std::string prefix_;  // the key path to a nested object, "text_config."
+  std::shared_ptr<std::set<std::string>> consulted_;  // shared with the nested readers
 };
 
 class ConfigJsonWriter {

@@ -155,6 +155,13 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size", 262208));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  if (text.has_value()) {
+    // Gemma3ForConditionalGeneration ties lm_head to the language model's embed_tokens
+    // by its own config's key, the multimodal one's (modeling_utils.py,
+    // get_expanded_tied_weights_keys: self.config.tie_word_embeddings), not
+    // text_config's; Gemma3Config's default is true (configuration_gemma3.py).
+    MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, outer.Bool("tie_word_embeddings", true));
+  }
   MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
   MEMLEDGER_ASSIGN_OR_RETURN_(c.sliding_window, r.Positive("sliding_window", 4096));
@@ -173,6 +180,7 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   bool flag = false;
   MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("attention_bias", false));
   if (flag) return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
+  if (absl::Status s = r.RefuseRecomputedRope(); !s.ok()) return s;
   MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("use_bidirectional_attention", false));
   if (flag) return r.Error("use_bidirectional_attention", "true is not modelled yet (use false)");
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
@@ -255,6 +263,16 @@ const FamilyDef& Gemma3Family() {
       .model_types = {"gemma3_text", "gemma3"},
       .read = ReadGemma3,
       .write = WriteGemma3,
+      .inert_config_keys =
+          {{"query_pre_attn_scalar", "the attention's scaling, query_pre_attn_scalar ** "
+                                     "-0.5: a number, no tensor"},
+           {"_sliding_window_pattern", "what layer_types was derived from; layer_types "
+                                       "is read"},
+           {"vision_config", "the vision tower's: the text model is what is modelled"},
+           {"mm_tokens_per_image", "the vision tower's image tokens (not modelled)"},
+           {"boi_token_index", "a token id of the image inputs"},
+           {"eoi_token_index", "a token id of the image inputs"},
+           {"image_token_index", "a token id of the image inputs"}},
       .presets = Gemma3Presets(),
   };
   return kDef;

@@ -228,6 +228,14 @@ const FamilyDef& Gpt2Family() {
       .model_types = {"gpt2"},
       .read = ReadGpt2,
       .write = WriteGpt2,
+      .inert_config_keys =
+          {{"summary_type", "GPT2DoubleHeadsModel's multiple-choice head, not the LM's"},
+           {"summary_use_proj", "GPT2DoubleHeadsModel's multiple-choice head, not the LM's"},
+           {"summary_activation", "GPT2DoubleHeadsModel's multiple-choice head, not the LM's"},
+           {"summary_proj_to_labels",
+            "GPT2DoubleHeadsModel's multiple-choice head, not the LM's"},
+           {"summary_first_dropout",
+            "GPT2DoubleHeadsModel's multiple-choice head, not the LM's"}},
       .presets = Gpt2Presets(),
   };
   return kDef;

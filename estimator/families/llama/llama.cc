@@ -229,6 +229,7 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
     return r.Error("mlp_bias", "true (biases on the MLP's projections) is not modelled yet "
                                "(use false)");
   }
+  if (absl::Status s = r.RefuseRecomputedRope(); !s.ok()) return s;
   if (model_type == "mistral" && r.Has("sliding_window")) {
     // MistralConfig's window: from seq >= it on transformers masks every layer
     // (ValidateLlama refuses that); shorter sequences attend as without one.
@@ -481,6 +482,15 @@ const FamilyDef& LlamaFamily() {
       .model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"},
       .read = ReadLlama,
       .write = WriteLlama,
+      .inert_config_keys =
+          {{"pretraining_tp", "Meta's pretraining sliced the projections; transformers "
+                              "5.23's modeling_llama.py never reads it"},
+           {"max_window_layers", "picks the sliding layers only with use_sliding_window, "
+                                 "which is refused"},
+           {"sliding_window", "Qwen's window, used only by sliding layers "
+                              "(use_sliding_window or sliding_attention, refused)"},
+           {"router_aux_loss_coef", "weighs the load-balancing loss, which "
+                                    "output_router_logits (refused) would add"}},
       .presets = LlamaPresets(),
   };
   return kDef;

@@ -168,32 +168,8 @@ absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_vi
     if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
   }
   // dynamic_rope_update (M:318) recomputes inv_freq in every forward for the "dynamic"
-  // and "longrope" types: not modelled.
-  // The parameters may be one object or one per layer type (transformers 5's
-  // rope_parameters).
-  auto check_rope = [](const ConfigJsonReader& rope) -> absl::Status {
-    for (const char* field : {"rope_type", "type"}) {
-      std::string type;
-      MEMLEDGER_ASSIGN_OR_RETURN_(type, rope.String(field, "default"));
-      if (type == "dynamic" || type == "longrope") {
-        return rope.Error(field, absl::StrCat("'", type, "' is not modelled yet (its ",
-                                              "inv_freq is recomputed in every forward)"));
-      }
-    }
-    return absl::OkStatus();
-  };
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (!r.Has(key)) continue;
-    absl::StatusOr<ConfigJsonReader> rope = r.Nested(key);
-    if (!rope.ok()) return rope.status();
-    if (absl::Status s = check_rope(*rope); !s.ok()) return s;
-    for (const char* type : {"full_attention", "sliding_attention"}) {
-      if (!rope->Has(type)) continue;
-      absl::StatusOr<ConfigJsonReader> per_type = rope->Nested(type);
-      if (!per_type.ok()) return per_type.status();
-      if (absl::Status s = check_rope(*per_type); !s.ok()) return s;
-    }
-  }
+  // and "longrope" types: not modelled (ConfigJsonReader::RefuseRecomputedRope).
+  if (absl::Status s = r.RefuseRecomputedRope(); !s.ok()) return s;
   std::vector<LayerAttention> types;
   MEMLEDGER_ASSIGN_OR_RETURN_(types, r.LayerTypes("layer_types", c.layers));
   if (types.empty()) {

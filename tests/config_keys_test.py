@@ -1,0 +1,78 @@
+"""Every key of every configuration class memledger reads is modelled or refused
+(issue 53): for each model_type the families read (the registry's list, from predict's
+own error), transformers 5.23.0's configuration class with its defaults is written as a
+config.json, and `predict --config_keys` must know each of its keys: read by the
+family's reader, or listed as not changing memory with a reason (FamilyDef::
+inert_config_keys and the keys every transformers config has). A key that is neither
+fails here, naming it: read it, refuse it, or say why it changes no memory.
+
+Run with the reference stack's Python: run_reference_python.sh PYTHON this PREDICT."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from transformers import CONFIG_MAPPING
+
+PREDICT = sys.argv.pop(1) if len(sys.argv) > 1 else "estimator/predict"
+
+
+def predict(*args):
+    return subprocess.run([PREDICT, *args], capture_output=True, text=True)
+
+
+def model_types(directory):
+    """The model_types the registry's readers take, from the refusal of one they do not:
+    "'x' is not supported (llama, mistral, ...)"."""
+    path = os.path.join(directory, "unknown.json")
+    with open(path, "w") as f:
+        json.dump({"model_type": "no-such-type"}, f)
+    out = predict(f"--model={path}", "--config_keys")
+    found = re.search(r"is not supported \(([^)]*)\)", out.stderr)
+    assert found, out.stderr
+    return [t.strip() for t in found.group(1).split(",")]
+
+
+class ConfigKeysTest(unittest.TestCase):
+    def test_every_configuration_class_key_is_read_refused_or_inert(self):
+        directory = tempfile.mkdtemp()
+        types = model_types(directory)
+        self.assertGreaterEqual(len(types), 10, types)
+        for model_type in types:
+            with self.subTest(model_type=model_type):
+                config = CONFIG_MAPPING[model_type]()
+                path = os.path.join(directory, f"{model_type}.config.json")
+                with open(path, "w") as f:
+                    json.dump(config.to_dict(), f, default=str)
+                out = predict(f"--model={path}", "--config_keys")
+                self.assertEqual(out.returncode, 0, out.stderr)
+                report = json.loads(out.stdout)
+                self.assertEqual(report["unknown"], [],
+                                 f"{model_type}: keys neither read, refused nor inert")
+                for key, why in report["not_read"].items():
+                    self.assertTrue(why, f"{model_type}: {key} has no reason")
+                # The sizes are read, not waved through.
+                self.assertTrue(set(report["read"]) & {"hidden_size", "n_embd",
+                                                       "text_config.hidden_size"},
+                                report["read"])
+
+    def test_an_unknown_key_is_reported(self):
+        directory = tempfile.mkdtemp()
+        config = CONFIG_MAPPING["llama"]().to_dict()
+        config["my_new_key"] = 3
+        path = os.path.join(directory, "llama.json")
+        with open(path, "w") as f:
+            json.dump(config, f, default=str)
+        out = predict(f"--model={path}", "--config_keys")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        report = json.loads(out.stdout)
+        self.assertEqual(report["unknown"], ["my_new_key"])
+        self.assertIn("hidden_size", report["read"])
+        self.assertIn("pretraining_tp", report["not_read"])
+
+
+if __name__ == "__main__":
+    unittest.main()
