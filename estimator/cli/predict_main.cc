@@ -55,7 +55,9 @@ std::string Usage() {
       "--timeline_svg draws it).\n\n"
       "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
       "--seq=2048 --format=table\n\n"
-      "Exit status: 0 on success, 2 for bad input.");
+      "Exit status: 0 on success; 2 for bad input (an output file that cannot be written "
+      "too, and then no file is written); 3 when the step asked for is not simulated "
+      "(--timeline_svg, --snapshot_out; the message says why).");
 }
 
 // Output stages `json` for --json_out beside what `outputs` holds, prints `printed`, and
