@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/checked_math.h"
 #include "estimator/spec/option_checks.h"
+#include "estimator/spec/status_macros.h"
 #include "estimator/graph/family.h"
 
 namespace memledger {
@@ -411,13 +412,10 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ValidConf
     return WalkBlock(graph, config, segment_options, layouts->get());
   };
   if (graphs.prologue.has_value()) {
-    absl::StatusOr<BlockWalk> prologue = walk(*graphs.prologue, &segments.prologue_layouts);
-    if (!prologue.ok()) return prologue.status();
-    segments.prologue = *std::move(prologue);
+    MEMLEDGER_ASSIGN_OR_RETURN(segments.prologue,
+                               walk(*graphs.prologue, &segments.prologue_layouts));
   }
-  absl::StatusOr<BlockWalk> epilogue = walk(graphs.epilogue, &segments.epilogue_layouts);
-  if (!epilogue.ok()) return epilogue.status();
-  segments.epilogue = *std::move(epilogue);
+  MEMLEDGER_ASSIGN_OR_RETURN(segments.epilogue, walk(graphs.epilogue, &segments.epilogue_layouts));
   return segments;
 }
 

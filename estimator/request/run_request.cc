@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/family.h"
 #include "estimator/spec/input_file.h"
+#include "estimator/spec/status_macros.h"
 #include "estimator/request/model_presets.h"
 #include "estimator/request/plan_file.h"
 #include "rapidjson/document.h"
@@ -154,21 +155,12 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
       !request.intermediate.has_value()) {
     spec.config.intermediate = 4 * spec.config.width;
   }
-  absl::StatusOr<DType> dtype = ParseModelDType(request.dtype);
-  if (!dtype.ok()) return dtype.status();
-  spec.config.dtype = *dtype;
-  absl::StatusOr<DType> amp = ParseAmp(request.amp);
-  if (!amp.ok()) return amp.status();
-  spec.config.amp = *amp;
-  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizer(request.optimizer);
-  if (!optimizer.ok()) return optimizer.status();
-  spec.optimizer.kind = *optimizer;
-  absl::StatusOr<Device> device = ParseDevice(request.device);
-  if (!device.ok()) return device.status();
-  spec.config.device = *device;
-  absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(request.optimizer_impl, *device);
-  if (!impl.ok()) return impl.status();
-  spec.optimizer.impl = *impl;
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.dtype, ParseModelDType(request.dtype));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.amp, ParseAmp(request.amp));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.optimizer.kind, ParseOptimizer(request.optimizer));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.device, ParseDevice(request.device));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.optimizer.impl,
+                             ParseOptimizerImpl(request.optimizer_impl, spec.config.device));
   spec.optimizer.momentum = request.momentum;
   spec.optimizer.master_weights = request.master_weights;
   spec.config.batch = request.batch;
@@ -176,12 +168,9 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   spec.config.tp = request.tp;
   spec.config.sp = request.sp;
   spec.config.moe.ep = request.ep;
-  absl::StatusOr<CheckpointImpl> checkpoint = ParseCheckpointImpl(request.checkpoint_impl);
-  if (!checkpoint.ok()) return checkpoint.status();
-  spec.config.checkpoint_impl = *checkpoint;
-  absl::StatusOr<SdpaBackend> sdpa_backend = ParseSdpaBackend(request.sdpa_backend);
-  if (!sdpa_backend.ok()) return sdpa_backend.status();
-  spec.config.sdpa_backend = *sdpa_backend;
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.checkpoint_impl,
+                             ParseCheckpointImpl(request.checkpoint_impl));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.sdpa_backend, ParseSdpaBackend(request.sdpa_backend));
   if (request.expandable_segments && spec.config.device != Device::kCuda) {
     return absl::InvalidArgumentError(
         "--expandable_segments is a CUDA caching allocator setting: it needs --device=cuda");
@@ -198,25 +187,20 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   // The config first: the layout's and the variants' checks ask it.
   absl::StatusOr<ValidConfig> valid = ValidConfig::Of(spec.config);
   if (!valid.ok()) return valid.status();
-  absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(request.schedule);
-  if (!schedule.ok()) return schedule.status();
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
-                               request.micro_batches, request.zero, *schedule};
+                               request.micro_batches, request.zero, schedule};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
 
-  absl::StatusOr<AttentionMode> attention = ParseAttentionMode(request.attention);
-  if (!attention.ok()) return attention.status();
-  spec.attention = *attention;
-
-  absl::StatusOr<std::vector<Variant>> variants =
-      ParseVariants(request.variants, request.every, request.policy);
-  if (!variants.ok()) return variants.status();
-  spec.variants = *std::move(variants);
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.attention, ParseAttentionMode(request.attention));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.variants,
+                             ParseVariants(request.variants, request.every, request.policy));
   if (!request.plan.empty()) {
     // A plan replaces the variants: it is shown beside none.
-    absl::StatusOr<Variant> plan = ReadPlan(request.plan);
-    if (!plan.ok()) return plan.status();
-    spec.variants = {Variant(), *std::move(plan)};
+    Variant plan;
+    MEMLEDGER_ASSIGN_OR_RETURN(plan, ReadPlan(request.plan));
+    spec.variants = {Variant(), std::move(plan)};
   }
   if (absl::Status s = ValidateRunOf(*valid, spec.attention, spec.variants, spec.optimizer);
       !s.ok()) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "estimator/spec/config.h"
+#include "estimator/spec/status_macros.h"
 #include "rapidjson/document.h"
 #include "rapidjson/prettywriter.h"
 #include "rapidjson/stringbuffer.h"
@@ -235,14 +236,6 @@ class ConfigJsonWriter {
  private:
   rapidjson::PrettyWriter<rapidjson::StringBuffer>* w_;
 };
-
-// MEMLEDGER_ASSIGN_OR_RETURN_(lhs, expr): lhs = *expr, or return its error.
-#define MEMLEDGER_ASSIGN_OR_RETURN_(lhs, expr) \
-  do {                                         \
-    auto result_ = (expr);                     \
-    if (!result_.ok()) return result_.status(); \
-    lhs = *result_;                            \
-  } while (0)
 
 }  // namespace memledger
 

@@ -138,7 +138,7 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
     if (!nested.ok()) return nested.status();
     text.emplace(*std::move(nested));
     std::string inner;
-    MEMLEDGER_ASSIGN_OR_RETURN_(inner, text->String("model_type", "gemma3_text"));
+    MEMLEDGER_ASSIGN_OR_RETURN(inner, text->String("model_type", "gemma3_text"));
     if (inner != "gemma3_text") {
       return text->Error("model_type", absl::StrCat("must be gemma3_text, got ", inner));
     }
@@ -146,25 +146,25 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   const ConfigJsonReader& r = text.has_value() ? *text : outer;
   ModelConfig c;
   c.family = Family::kGemma3;
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size", 2304));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("intermediate_size", 9216));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("num_hidden_layers", 26));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("num_attention_heads", 8));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.kv_heads, r.Positive("num_key_value_heads", 4));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", 256));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size", 262208));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 2304));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 9216));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers", 26));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads", 8));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", 4));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.head_dim, r.Positive("head_dim", 256));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size", 262208));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.max_positions, r.Positive("max_position_embeddings", 0));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
   if (text.has_value()) {
     // Gemma3ForConditionalGeneration ties lm_head to the language model's embed_tokens
     // by its own config's key, the multimodal one's (modeling_utils.py,
     // get_expanded_tied_weights_keys: self.config.tie_word_embeddings), not
     // text_config's; Gemma3Config's default is true (configuration_gemma3.py).
-    MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, outer.Bool("tie_word_embeddings", true));
+    MEMLEDGER_ASSIGN_OR_RETURN(c.tie_embeddings, outer.Bool("tie_word_embeddings", true));
   }
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.sliding_window, r.Positive("sliding_window", 4096));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.sliding_window, r.Positive("sliding_window", 4096));
   if (c.heads % c.kv_heads != 0) {
     return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
                                                        "num_key_value_heads ", c.kv_heads));
@@ -173,29 +173,29 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
     return r.Error("head_dim", absl::StrCat(c.head_dim, " must be even for RoPE"));
   }
   std::string act;
-  MEMLEDGER_ASSIGN_OR_RETURN_(act, r.String("hidden_activation", "gelu_pytorch_tanh"));
+  MEMLEDGER_ASSIGN_OR_RETURN(act, r.String("hidden_activation", "gelu_pytorch_tanh"));
   if (act != "gelu_pytorch_tanh") {
     return r.Error("hidden_activation", absl::StrCat("must be gelu_pytorch_tanh, got ", act));
   }
   bool flag = false;
-  MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("attention_bias", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(flag, r.Bool("attention_bias", false));
   if (flag) return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
   if (absl::Status s = r.RefuseRecomputedRope(); !s.ok()) return s;
-  MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("use_bidirectional_attention", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(flag, r.Bool("use_bidirectional_attention", false));
   if (flag) return r.Error("use_bidirectional_attention", "true is not modelled yet (use false)");
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
     if (r.Has(key)) return r.Error(key, "is not modelled yet (Gemma 3's is null)");
   }
   if (r.Has("attention_dropout")) {
     double p = 0;
-    MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
+    MEMLEDGER_ASSIGN_OR_RETURN(p, r.Probability("attention_dropout"));
     if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
   }
   std::vector<LayerAttention> types;
-  MEMLEDGER_ASSIGN_OR_RETURN_(types, r.LayerTypes("layer_types", c.layers));
+  MEMLEDGER_ASSIGN_OR_RETURN(types, r.LayerTypes("layer_types", c.layers));
   if (types.empty()) {
     int64_t pattern = 6;
-    MEMLEDGER_ASSIGN_OR_RETURN_(pattern, r.Positive("sliding_window_pattern", 6));
+    MEMLEDGER_ASSIGN_OR_RETURN(pattern, r.Positive("sliding_window_pattern", 6));
     for (int64_t i = 0; i < std::min(pattern, c.layers); ++i) {
       types.push_back((i + 1) % pattern != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
     }

@@ -125,27 +125,27 @@ ModelConfig Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
 absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_view) {
   ModelConfig c;
   c.family = Family::kGpt2;
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("n_embd"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("n_layer"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("n_head"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("n_positions"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("n_inner", 4 * c.width));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("n_embd"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("n_layer"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("n_head"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.max_positions, r.Positive("n_positions"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("n_inner", 4 * c.width));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.tie_embeddings, r.Bool("tie_word_embeddings", true));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.norm_eps, r.PositiveNumber("layer_norm_epsilon", 1e-5));
   for (auto [key, p] : {std::pair{"resid_pdrop", &c.dropout.resid},
                          std::pair{"embd_pdrop", &c.dropout.embd},
                          std::pair{"attn_pdrop", &c.dropout.attn}}) {
     *p = 0.1;  // GPT2Config's default
-    if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN_(*p, r.Probability(key));
+    if (r.Has(key)) MEMLEDGER_ASSIGN_OR_RETURN(*p, r.Probability(key));
   }
   // GPT2Config's keys that change the graphs (modeling_gpt2.py): another activation
   // (GPT2MLP's ACT2FN[activation_function]), cross-attention modules in every block,
   // and the eager attention's scaling and upcast choices. Only their defaults are
   // modelled.
   std::string activation;
-  MEMLEDGER_ASSIGN_OR_RETURN_(activation, r.String("activation_function", "gelu_new"));
+  MEMLEDGER_ASSIGN_OR_RETURN(activation, r.String("activation_function", "gelu_new"));
   if (activation != "gelu_new") {
     return r.Error("activation_function", absl::StrCat("must be gelu_new, got ", activation));
   }
@@ -155,7 +155,7 @@ absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_vie
         {"reorder_and_upcast_attn", false},
         {"scale_attn_weights", true}}) {
     bool value = modelled;
-    MEMLEDGER_ASSIGN_OR_RETURN_(value, r.Bool(key, modelled));
+    MEMLEDGER_ASSIGN_OR_RETURN(value, r.Bool(key, modelled));
     if (value != modelled) {
       return r.Error(key, absl::StrCat(value ? "true" : "false", " is not modelled yet (use ",
                                        modelled ? "true" : "false", ")"));

@@ -137,19 +137,19 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
                                 int64_t intermediate, bool mixtral) {
   MoeSpec moe;
   bool aux_loss = false;
-  MEMLEDGER_ASSIGN_OR_RETURN_(aux_loss, r.Bool("output_router_logits", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(aux_loss, r.Bool("output_router_logits", false));
   if (aux_loss) {
     return r.Error("output_router_logits", "true (the load-balancing loss) is not modelled yet");
   }
   if (mixtral) {
     moe.block = MoeBlock::kMixtral;
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.experts, r.Positive("num_local_experts", 8));
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.top_k, r.Positive("num_experts_per_tok", 2));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.experts, r.Positive("num_local_experts", 8));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.top_k, r.Positive("num_experts_per_tok", 2));
     moe.intermediate = intermediate;
     moe.norm_topk_prob = true;
     if (r.Has("router_jitter_noise")) {
       double jitter = 0;
-      MEMLEDGER_ASSIGN_OR_RETURN_(jitter, r.Probability("router_jitter_noise"));
+      MEMLEDGER_ASSIGN_OR_RETURN(jitter, r.Probability("router_jitter_noise"));
       if (jitter > 0) return r.Error("router_jitter_noise", "> 0 is not modelled yet (use 0.0)");
     }
     if (r.Has("sliding_window")) {
@@ -157,13 +157,13 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
     }
   } else {
     const char* experts_key = r.Has("num_local_experts") ? "num_local_experts" : "num_experts";
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.experts, r.Positive(experts_key, 128));
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.top_k, r.Positive("num_experts_per_tok", 8));
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.intermediate, r.Positive("moe_intermediate_size", 768));
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.norm_topk_prob, r.Bool("norm_topk_prob", false));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.experts, r.Positive(experts_key, 128));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.top_k, r.Positive("num_experts_per_tok", 8));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.intermediate, r.Positive("moe_intermediate_size", 768));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.norm_topk_prob, r.Bool("norm_topk_prob", false));
     int64_t step = 1;
-    MEMLEDGER_ASSIGN_OR_RETURN_(step, r.Positive("decoder_sparse_step", 1));
-    MEMLEDGER_ASSIGN_OR_RETURN_(moe.dense_layers, r.LayerIndices("mlp_only_layers", layers));
+    MEMLEDGER_ASSIGN_OR_RETURN(step, r.Positive("decoder_sparse_step", 1));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.dense_layers, r.LayerIndices("mlp_only_layers", layers));
     moe.sparse_step = step;
     moe.DeriveSparseLayers(layers);
   }
@@ -177,21 +177,21 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
 absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_view model_type) {
   ModelConfig c;
   c.family = Family::kLlama;
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("intermediate_size"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("num_hidden_layers"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("num_attention_heads"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size"));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 0));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.max_positions, r.Positive("max_position_embeddings", 0));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-6));
   if (r.Has("attention_dropout")) {
     // LlamaAttention passes it to SDPA in training, which then runs its math kernel
     // with grouped-query repeat_interleave copies: not modelled for this family yet.
     double p = 0;
-    MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
+    MEMLEDGER_ASSIGN_OR_RETURN(p, r.Probability("attention_dropout"));
     if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
   }
   const bool qwen3 = model_type == "qwen3";
@@ -205,7 +205,7 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
   // Qwen3Config's head_dim defaults to 128, whatever the width (configuration_qwen3.py);
   // LlamaConfig's, MistralConfig's, Qwen2Config's, Qwen3MoeConfig's and MixtralConfig's
   // to hidden_size / heads.
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", qwen3 ? 128 : c.width / c.heads));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.head_dim, r.Positive("head_dim", qwen3 ? 128 : c.width / c.heads));
   if (c.heads % c.kv_heads != 0) {
     return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
                                                        "num_key_value_heads ", c.kv_heads));
@@ -214,17 +214,17 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
     return r.Error("head_dim", absl::StrCat(c.head_dim, " must be even for RoPE"));
   }
   std::string act;
-  MEMLEDGER_ASSIGN_OR_RETURN_(act, r.String("hidden_act", "silu"));
+  MEMLEDGER_ASSIGN_OR_RETURN(act, r.String("hidden_act", "silu"));
   if (act != "silu") return r.Error("hidden_act", absl::StrCat("must be silu, got ", act));
   bool attention_bias = false;
-  MEMLEDGER_ASSIGN_OR_RETURN_(attention_bias, r.Bool("attention_bias", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(attention_bias, r.Bool("attention_bias", false));
   if (attention_bias) {
     return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
   }
   // LlamaConfig's mlp_bias: biases on gate_proj, up_proj and down_proj (parameters and
   // their gradients, and addmm instead of mm).
   bool mlp_bias = false;
-  MEMLEDGER_ASSIGN_OR_RETURN_(mlp_bias, r.Bool("mlp_bias", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(mlp_bias, r.Bool("mlp_bias", false));
   if (mlp_bias) {
     return r.Error("mlp_bias", "true (biases on the MLP's projections) is not modelled yet "
                                "(use false)");
@@ -233,22 +233,22 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
   if (model_type == "mistral" && r.Has("sliding_window")) {
     // MistralConfig's window: from seq >= it on transformers masks every layer
     // (ValidateLlama refuses that); shorter sequences attend as without one.
-    MEMLEDGER_ASSIGN_OR_RETURN_(c.sliding_window, r.Positive("sliding_window"));
+    MEMLEDGER_ASSIGN_OR_RETURN(c.sliding_window, r.Positive("sliding_window"));
   }
   c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
   c.qk_norm = qwen3 || qwen3_moe;      // Qwen3Attention's q_norm and k_norm
   if (qwen3_moe || mixtral) {
-    MEMLEDGER_ASSIGN_OR_RETURN_(c.moe, ReadMoe(r, c.layers, c.intermediate, mixtral));
+    MEMLEDGER_ASSIGN_OR_RETURN(c.moe, ReadMoe(r, c.layers, c.intermediate, mixtral));
   }
   if (qwen3 || qwen3_moe || model_type == "qwen2") {
     // Qwen2Config's and Qwen3Config's __post_init__ make layers >= max_window_layers
     // sliding only with use_sliding_window; explicit layer_types may name them too.
     // Sliding-window masks are not modelled for this family yet.
     bool sliding = false;
-    MEMLEDGER_ASSIGN_OR_RETURN_(sliding, r.Bool("use_sliding_window", false));
+    MEMLEDGER_ASSIGN_OR_RETURN(sliding, r.Bool("use_sliding_window", false));
     if (sliding) return r.Error("use_sliding_window", "true is not modelled yet (use false)");
     std::vector<LayerAttention> types;
-    MEMLEDGER_ASSIGN_OR_RETURN_(types, r.LayerTypes("layer_types", c.layers));
+    MEMLEDGER_ASSIGN_OR_RETURN(types, r.LayerTypes("layer_types", c.layers));
     for (LayerAttention type : types) {
       if (type == LayerAttention::kSliding) {
         return r.Error("layer_types", "'sliding_attention' is not modelled yet for this model_type");

@@ -131,24 +131,24 @@ absl::Status ValidateOlmo3(const ModelConfig& config) {
 absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_view) {
   ModelConfig c;
   c.family = Family::kOlmo3;
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.width, r.Positive("hidden_size", 4096));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.intermediate, r.Positive("intermediate_size", 11008));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.layers, r.Positive("num_hidden_layers", 32));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.heads, r.Positive("num_attention_heads", 32));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 4096));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 11008));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers", 32));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads", 32));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
   if (c.width % c.heads != 0 && !r.Has("head_dim")) {
     return r.Error("hidden_size", absl::StrCat(c.width, " is not divisible by "
                                                "num_attention_heads ", c.heads));
   }
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.head_dim, r.Positive("head_dim", c.width / c.heads));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.vocab, r.Positive("vocab_size", 50304));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.max_positions, r.Positive("max_position_embeddings", 2048));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.head_dim, r.Positive("head_dim", c.width / c.heads));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size", 50304));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.max_positions, r.Positive("max_position_embeddings", 2048));
   // RoPE's positions are not learned: max_position_embeddings bounds nothing here.
   c.max_positions = 0;
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.use_cache, r.Bool("use_cache", true));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-5));
-  MEMLEDGER_ASSIGN_OR_RETURN_(c.sliding_window, r.Positive("sliding_window", 4096));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.tie_embeddings, r.Bool("tie_word_embeddings", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.use_cache, r.Bool("use_cache", true));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.norm_eps, r.PositiveNumber("rms_norm_eps", 1e-5));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.sliding_window, r.Positive("sliding_window", 4096));
   if (c.heads % c.kv_heads != 0) {
     return r.Error("num_attention_heads", absl::StrCat(c.heads, " is not divisible by "
                                                        "num_key_value_heads ", c.kv_heads));
@@ -157,21 +157,21 @@ absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_vi
     return r.Error("head_dim", absl::StrCat(c.head_dim, " must be even for RoPE"));
   }
   std::string act;
-  MEMLEDGER_ASSIGN_OR_RETURN_(act, r.String("hidden_act", "silu"));
+  MEMLEDGER_ASSIGN_OR_RETURN(act, r.String("hidden_act", "silu"));
   if (act != "silu") return r.Error("hidden_act", absl::StrCat("must be silu, got ", act));
   bool flag = false;
-  MEMLEDGER_ASSIGN_OR_RETURN_(flag, r.Bool("attention_bias", false));
+  MEMLEDGER_ASSIGN_OR_RETURN(flag, r.Bool("attention_bias", false));
   if (flag) return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
   if (r.Has("attention_dropout")) {
     double p = 0;
-    MEMLEDGER_ASSIGN_OR_RETURN_(p, r.Probability("attention_dropout"));
+    MEMLEDGER_ASSIGN_OR_RETURN(p, r.Probability("attention_dropout"));
     if (p > 0) return r.Error("attention_dropout", "> 0 is not modelled yet (use 0.0)");
   }
   // dynamic_rope_update (M:318) recomputes inv_freq in every forward for the "dynamic"
   // and "longrope" types: not modelled (ConfigJsonReader::RefuseRecomputedRope).
   if (absl::Status s = r.RefuseRecomputedRope(); !s.ok()) return s;
   std::vector<LayerAttention> types;
-  MEMLEDGER_ASSIGN_OR_RETURN_(types, r.LayerTypes("layer_types", c.layers));
+  MEMLEDGER_ASSIGN_OR_RETURN(types, r.LayerTypes("layer_types", c.layers));
   if (types.empty()) {
     for (int64_t i = 0; i < std::min<int64_t>(4, c.layers); ++i) {
       types.push_back((i + 1) % 4 != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
