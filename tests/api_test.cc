@@ -130,6 +130,17 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
     EXPECT_EQ(r.error, c.message) << c.request;
     EXPECT_TRUE(r.response.empty()) << c.request;
   }
+  // 120,000 '[' overflowed RapidJSON's parser (SIGSEGV); refused before parsing now.
+  const std::string deep = R"({"model": )" + std::string(120000, '[');
+  Result nested = Call(deep.c_str());
+  EXPECT_EQ(nested.code, MEMLEDGER_INVALID_ARGUMENT);
+  // The object is level 1, so the 64th '[' (at 10 + 63, after `{"model": `) is the 65th.
+  EXPECT_EQ(nested.error,
+            "request: nests arrays and objects deeper than 64 levels (at offset 73)");
+  // More micro-batches than the step's replay can hold (18.9 GB, then bad_alloc).
+  Result micro = Call(R"({"model": "tiny-llama", "pp": 2, "micro_batches": 1000000000})");
+  EXPECT_EQ(micro.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_EQ(micro.error, "--micro_batches must be at most 8192, got 1000000000");
   // An unknown model's line lists every built-in one, in the registry's order.
   Result unknown = Call(R"({"model": "llama-9"})");
   EXPECT_EQ(unknown.code, MEMLEDGER_INVALID_ARGUMENT);

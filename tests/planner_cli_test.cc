@@ -2,10 +2,12 @@
 // exit 3 when no plan fits, one-line errors (exit 2), and a plan written with
 // --plan_out that verify --plan runs in LibTorch.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -31,6 +33,23 @@ std::string TempPath(const char* name) {
 }
 
 // The study's default config (6 x 128, 4 heads, B 16, T 64, AdamW) under 50 MiB.
+// The planner's files go through predict's writer (estimator/cli/output_files.h): a
+// FIFO is refused and stays one, and one bad path leaves every other file unwritten.
+TEST(PlannerCliTest, OutputsAreAllOrNoneAndOnlyRegularFilesAreReplaced) {
+  const std::string fifo = TempPath("plan_fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  CommandResult r = Planner("--budget_gib=0.05 --plan_out=" + fifo);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--plan_out=" + fifo + ": is a FIFO, not a regular file"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  const std::string json = TempPath("plan_ok.json");
+  r = Planner("--budget_gib=0.05 --json_out=" + json + " --plan_out=/nonexistent-dir/p.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(json));
+}
+
 TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
   CommandResult r = Planner("--budget_gib=0.048828125", /*merge_stderr=*/false);  // 50 MiB
   rapidjson::Document doc;

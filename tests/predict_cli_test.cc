@@ -302,6 +302,17 @@ TEST(PredictCliTest, ConfigKeysThatChangeMemoryAreModelledOrRefused) {
   // 3 x 64 x 128. The repeated period gave 6 and 2, 256 fewer.)
   EXPECT_EQ(a["n_params"].GetInt64(), b["n_params"].GetInt64());
   EXPECT_EQ(a["peak_bytes"]["none"].GetInt64(), b["peak_bytes"]["none"].GetInt64());
+  // layer_types that name each of 3 layers without repeating have no period for 8: the
+  // override is refused (it repeated them); a list that repeats extends.
+  CommandResult unrepeated =
+      Predict("--model=tests/testdata/gemma3-window8.config.json --layers=8");
+  EXPECT_EQ(unrepeated.exit_code, 2) << unrepeated.output;
+  EXPECT_NE(unrepeated.output.find("--layers 8: the config's layer_types name each of its 3 "
+                                   "layers and do not repeat"),
+            std::string::npos)
+      << unrepeated.output;
+  EXPECT_EQ(Predict("--model=tests/testdata/gemma3-window8.config.json --layers=3").exit_code, 0);
+  EXPECT_EQ(Predict("--model=tests/testdata/olmo-3-7b.config.json --layers=8").exit_code, 0);
 }
 
 TEST(PredictCliTest, SweepPrintsCsvRows) {

@@ -33,12 +33,19 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string&
     }
     return text.status();
   }
+  return ParseRouting(*text, path);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> ParseRouting(absl::string_view text,
+                                                               absl::string_view path) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("--routing: ", path, ": ", what));
   };
-  if (absl::Status s = CheckJsonNesting(*text); !s.ok()) return bad(s.message());
+  if (absl::Status s = CheckJsonNesting(text); !s.ok()) return bad(s.message());
   rapidjson::Document doc;
-  doc.Parse(text->data(), text->size());
+  doc.Parse(text.data(), text.size());
   if (doc.HasParseError()) {
     return bad(absl::StrCat("not JSON (", rapidjson::GetParseError_En(doc.GetParseError()), ")"));
   }
@@ -78,6 +85,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadRouting(const std::string&
   if (!read_layers(doc)) return bad(kShape);
   return rows;
 }
+
+namespace {
 
 // ApplyExperts sets a mixture of experts' implementation and routing from the request.
 absl::Status ApplyExperts(const RunRequest& request, ModelConfig& config) {
@@ -137,6 +146,15 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
           absl::StrCat("--", name, " must be >= 1, got ", **value));
     }
     *field = **value;
+  }
+  // A layer_types list that names each layer without repeating has no period for another
+  // count (transformers refuses such a config too).
+  if (request.layers.has_value() && spec.config.layer_types_layers > 0 &&
+      *request.layers != spec.config.layer_types_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers ", *request.layers, ": the config's layer_types name each of its ",
+        spec.config.layer_types_layers, " layers and do not repeat; give a config.json with ",
+        *request.layers, " layers, or no --layers"));
   }
   // Another layer count derives a config's per-layer MoE choice again (mlp_only_layers
   // names layers; repeating its period would make others dense too).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "estimator/spec/config.h"
 #include "estimator/request/parallel_spec.h"
 
@@ -80,6 +81,14 @@ struct RunSpec {
   std::string format = "json";  // the CLIs' --format: json, table, csv or jsonl
   std::string routing = "balanced";  // as requested: balanced, worst or a file's path
 };
+
+// ParseRouting reads a routing file's text (`path` names it in errors): {"layers":
+// [[tokens per expert, ...], ...]}, one row per sparse layer in order, or {"ranks":
+// [{"layers": ...}, ...]}, every expert-parallel (or data-parallel) rank's, rank by rank
+// (ValidateConfig checks the rows against the model). InvalidArgument, naming --routing
+// and the path, for anything else.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ParseRouting(absl::string_view text,
+                                                               absl::string_view path);
 
 // RunSpecFromRequest resolves the model, applies the size overrides and validates the
 // whole run (ValidateRun); errors are InvalidArgument naming the flag or key.

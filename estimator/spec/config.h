@@ -250,6 +250,10 @@ struct ModelConfig {
   // layer_attention[i % size]); empty: every layer full. Gemma 3's layer_types, by
   // default 5 sliding : 1 full (configuration_gemma3.py, sliding_window_pattern 6).
   std::vector<LayerAttention> layer_attention = {};
+  // layer_types_layers: the layer count of a config.json's layer_types list that does not
+  // repeat (it is its own period), which another layer count (--layers) cannot extend;
+  // 0: none (a pattern, or a list that repeats). Not part of the model (operator==).
+  int64_t layer_types_layers = 0;
   int64_t sliding_window = 0;  // the sliding layers' window in tokens (0: none)
   // moe: transformers' sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral) on some or
   // all layers; experts 0: a dense model.

@@ -201,6 +201,10 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
     }
   }
   c.layer_attention = SmallestPeriod(types);
+  if (r.Has("layer_types") && c.layer_attention.size() > 1 &&
+      c.layer_attention.size() == types.size()) {
+    c.layer_types_layers = c.layers;  // names each layer; no period to extend
+  }
   return c;
 }
 

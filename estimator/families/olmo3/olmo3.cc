@@ -178,6 +178,10 @@ absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_vi
     }
   }
   c.layer_attention = SmallestPeriod(types);
+  if (r.Has("layer_types") && c.layer_attention.size() > 1 &&
+      c.layer_attention.size() == types.size()) {
+    c.layer_types_layers = c.layers;  // names each layer; no period to extend
+  }
   return c;
 }
 
