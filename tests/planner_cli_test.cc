@@ -48,6 +48,14 @@ TEST(PlannerCliTest, OutputsAreAllOrNoneAndOnlyRegularFilesAreReplaced) {
   r = Planner("--budget_gib=0.05 --json_out=" + json + " --plan_out=/nonexistent-dir/p.json");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_FALSE(std::filesystem::exists(json));
+  // Standard output on a full disk: exit 2 (it was 0), and no file.
+  if (std::filesystem::exists("/dev/full")) {
+    r = RunCommand("planner/planner --budget_gib=0.05 --json_out=" + json + " 2>&1 >/dev/full",
+                   /*merge_stderr=*/false);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("cannot write to standard output"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(json));
+  }
 }
 
 TEST(PlannerCliTest, JsonPlanUnderTheBudget) {

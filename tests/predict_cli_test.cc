@@ -515,6 +515,26 @@ TEST(PredictCliTest, InputsAndCountsAreBoundedBeforeTheWork) {
   EXPECT_FALSE(std::ifstream(dir + "/t.svg").good());
 }
 
+// The bounds keep a prediction within memory: at each bound the run fits in a 2 GiB
+// address space (RLIMIT_AS, ulimit -v), and past it the refusal costs nothing.
+TEST(PredictCliTest, AtItsBoundsAPredictionFitsInTwoGibOfAddressSpace) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory does not fit under ulimit -v";
+#endif
+  const std::string dir = std::string(getenv("TEST_TMPDIR"));
+  for (const std::string& args :
+       {std::string("--model=tiny-llama --layers=8 --pp=8 --micro_batches=8192"),
+        "--model=tiny-llama --layers=4096 --variants=none --timeline_svg=" + dir + "/b.svg",
+        "--model=tiny-llama --layers=4096 --variants=none --device=cuda --snapshot_out=" +
+            dir + "/b.pickle",
+        std::string("--model=tiny-llama --pp=2 --micro_batches=9223372036854775807")}) {
+    CommandResult r = memledger::testing::RunCommand(
+        "(ulimit -v 2097152 && estimator/predict " + args + " > /dev/null)");
+    const bool past_the_bound = args.find("9223372036854775807") != std::string::npos;
+    EXPECT_EQ(r.exit_code, past_the_bound ? 2 : 0) << args << "\n" << r.output;
+  }
+}
+
 TEST(PredictCliTest, MicroBatchesWithoutRanksAccumulateGradients) {
   // --micro_batches=4 on one process was ignored; it is the rank's step of 4 micro-batches
   // (gradient accumulation), as the planner has it: the same buckets, and a report of the

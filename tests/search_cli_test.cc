@@ -316,6 +316,18 @@ TEST(SearchCliTest, NoLayoutFitsExitsThree) {
   EXPECT_NE(r.output.find("the smallest peak of any layout is"), std::string::npos);
 }
 
+TEST(SearchCliTest, AFullStandardOutputIsAnError) {
+  // > /dev/full exited 0; the search's output is checked as predict's is.
+  if (!std::ifstream("/dev/full").good()) GTEST_SKIP() << "no /dev/full";
+  CommandResult r = memledger::testing::RunCommand(
+      "planner/search --model=tiny-llama --gpus=2 --global_batch=2 2>&1 >/dev/full",
+      /*merge_stderr=*/false);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot write to standard output: No space left on device"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
   struct Case {
     const char* args;
