@@ -2,6 +2,7 @@
 // JSON on stdout, atomic --json_out.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -474,6 +475,23 @@ TEST(PredictCliTest, OutputsReplaceOnlyRegularFilesAllOrNone) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(limited));
+  // A name that fits but not with the temporary file's .tmp.XXXXXX: exit 2 (it was 1).
+  const std::string long_name = dir + "/" + std::string(250, 'n') + ".json";
+  r = Predict("--model=tiny-llama --json_out=" + long_name);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot create a temporary file beside it: File name too long"),
+            std::string::npos)
+      << r.output;
+  // A read-only directory (root writes anyway: only checked for another user).
+  if (geteuid() != 0) {
+    const std::string read_only = dir + "/read_only";
+    fs::create_directories(read_only);
+    fs::permissions(read_only, fs::perms::owner_read | fs::perms::owner_exec);
+    r = Predict("--model=tiny-llama --json_out=" + read_only + "/x.json");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("Permission denied"), std::string::npos) << r.output;
+    fs::permissions(read_only, fs::perms::owner_all);
+  }
   // Nothing the runs staged is left beside the targets.
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
