@@ -14,8 +14,13 @@ for fuzzer in "$@"; do
   mkdir -p "$corpus"
   cp fuzz/corpus/"$name"/* "$corpus"/
   log="$outputs/$fuzzer.log"
+  # A dictionary (fuzz/dicts/<name>.dict): the tokens a careless or hostile input holds
+  # (transformers' alias keys, control bytes, counts near INT64_MAX).
+  dict=()
+  [[ -f "fuzz/dicts/$name.dict" ]] && dict=(-dict="fuzz/dicts/$name.dict")
   if "fuzz/$fuzzer" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 \
-       -rss_limit_mb=2048 -artifact_prefix="$outputs/$fuzzer-" "$corpus" > "$log" 2>&1; then
+       -rss_limit_mb=2048 -artifact_prefix="$outputs/$fuzzer-" "${dict[@]}" "$corpus" \
+       > "$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
     echo "$fuzzer: $runs runs in ${seconds} s, $speed exec/s, no findings"

@@ -156,9 +156,15 @@ at::Tensor DecoderLayer::ColumnParallel(torch::nn::LinearImpl& linear, const at:
 
 at::Tensor DecoderLayer::RowParallel(torch::nn::LinearImpl& linear, const at::Tensor& x,
                                      SelectiveCache* cache) const {
-  at::Tensor partial = LinearOp(linear, x, cache);
-  if (SequenceParallel()) return ReduceScatter(*tensor_parallel, Last(partial), cache);
-  return ReduceOut(tensor_parallel, Last(partial), cache);
+  if (tensor_parallel == nullptr) return LinearOp(linear, x, cache);
+  // Megatron's RowParallelLinear: each rank's partial sum without the bias, reduced,
+  // then the replicated bias added once (GraphBuilder::RowParallelLinear).
+  at::Tensor partial = FunctionalLinearOp(linear.weight, at::Tensor(), x, cache);
+  at::Tensor reduced = SequenceParallel()
+                           ? ReduceScatter(*tensor_parallel, Last(partial), cache)
+                           : ReduceOut(tensor_parallel, Last(partial), cache);
+  if (!linear.bias.defined()) return reduced;
+  return Last(reduced) + linear.bias;
 }
 
 void ModelImpl::SetTensorParallel(TensorParallel* tp) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "rapidjson/document.h"
 
 namespace {
@@ -141,6 +142,18 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
   Result micro = Call(R"({"model": "tiny-llama", "pp": 2, "micro_batches": 1000000000})");
   EXPECT_EQ(micro.code, MEMLEDGER_INVALID_ARGUMENT);
   EXPECT_EQ(micro.error, "--micro_batches must be at most 8192, got 1000000000");
+  // A layer count past kMaxLayers, on a model whose layer_types period the step's replay
+  // would have sized per layer (about 36 GB for 10^9 layers, then bad_alloc).
+  for (const char* model : {"tiny-olmo3", "tiny-llama"}) {
+    Result deep_model =
+        Call(absl::StrCat(R"({"model": ")", model, R"(", "layers": 1000000000000})").c_str());
+    EXPECT_EQ(deep_model.code, MEMLEDGER_INVALID_ARGUMENT) << model;
+    EXPECT_EQ(deep_model.error,
+              "--layers 1000000000000 is more than the 65536 layers memledger simulates (a "
+              "step's replay keeps records per layer; the deepest models have a few "
+              "hundred)")
+        << model;
+  }
   // An unknown model's line lists every built-in one, in the registry's order.
   Result unknown = Call(R"({"model": "llama-9"})");
   EXPECT_EQ(unknown.code, MEMLEDGER_INVALID_ARGUMENT);

@@ -36,7 +36,64 @@ def model_types(directory):
     return [t.strip() for t in found.group(1).split(",")]
 
 
+# A small config.json of each model_type whose configuration class has an attribute_map,
+# and a value for each alias other than its key's: transformers builds the model with the
+# alias's value (or, where the class's field is the alias, the key's), and so must
+# memledger count it.
+SMALL = {
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 128},
+    "mixtral": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                "num_experts_per_tok": 2, "num_local_experts": 4},
+    "qwen3_moe": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                  "num_local_experts": 4},
+}
+ALIAS_VALUES = {"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 8,
+                "max_position_embeddings": 48, "num_experts": 6}
+
+
+def transformers_parameters(config):
+    """The parameter count of transformers' own causal LM built from `config`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    return sum(p.numel() for p in model.parameters())
+
+
 class ConfigKeysTest(unittest.TestCase):
+    def test_aliases_are_transformers_attribute_maps_and_count_as_transformers_does(self):
+        directory = tempfile.mkdtemp()
+        for model_type in model_types(directory):
+            attribute_map = dict(CONFIG_MAPPING[model_type].attribute_map)
+            config = CONFIG_MAPPING[model_type]()
+            path = os.path.join(directory, f"{model_type}.config.json")
+            with open(path, "w") as f:
+                json.dump(config.to_dict(), f, default=str)
+            out = predict(f"--model={path}", "--config_keys")
+            self.assertEqual(out.returncode, 0, out.stderr)
+            report = json.loads(out.stdout)
+            self.assertEqual(report["aliases"], attribute_map, model_type)
+            for alias, key in attribute_map.items():
+                if key in report["not_read"]:  # a key that changes no memory (a token id)
+                    continue
+                self.assertIn(model_type, SMALL, "give it a small config to count")
+                base = {"model_type": model_type, **SMALL[model_type]}
+                alone = {k: v for k, v in base.items() if k != key}
+                for written in ({**base, alias: ALIAS_VALUES[alias]},
+                                {**alone, alias: ALIAS_VALUES[alias]}):
+                    with self.subTest(model_type=model_type, config=written):
+                        path = os.path.join(directory, f"{model_type}.{alias}.json")
+                        with open(path, "w") as f:
+                            json.dump(written, f)
+                        out = predict(f"--model={path}", "--seq=8", "--batch=1")
+                        self.assertEqual(out.returncode, 0, out.stderr)
+                        self.assertEqual(json.loads(out.stdout)["n_params"],
+                                         transformers_parameters(written))
+
+
     def test_every_configuration_class_key_is_read_refused_or_inert(self):
         directory = tempfile.mkdtemp()
         types = model_types(directory)

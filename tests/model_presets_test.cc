@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "estimator/graph/family.h"
@@ -363,8 +364,10 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {LlamaJson("hidden_act", "\"gelu\""),
             "bad.json: \"hidden_act\" must be silu, got gelu"},
            {LlamaJson("rms_norm_eps", "-1"), "bad.json: \"rms_norm_eps\" must be a number > 0"},
-           {LlamaJson("attention_bias", "true"),
-            "bad.json: \"attention_bias\" true (biases on q, k, v and o) is not supported"},
+           {LlamaJson("num_hidden_layers", "100000000"),
+            "bad.json: \"num_hidden_layers\" 100000000 is more than the 65536 layers "
+            "memledger simulates (a step's replay keeps records per layer; the deepest "
+            "models have a few hundred)"},
            {LlamaJson("attention_dropout", "0.1"),
             "bad.json: \"attention_dropout\" > 0 is not modelled yet (use 0.0)"},
            {R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 5,
@@ -399,6 +402,137 @@ TEST(HfConfigTest, Gpt2DropoutsPerSite) {
   EXPECT_EQ(bad.status().message(), "d.json: \"resid_pdrop\" must be a number in [0, 1)");
 }
 
+// Llama's attention_bias and mlp_bias are nn.Linear(bias=True) (modeling_llama.py:158-160,
+// 219-229); Qwen3's attention_bias the same on q, k, v and o; Mistral's projections
+// have none whatever the key says.
+TEST(HfConfigTest, LlamaBiasesAreParameters) {
+  // LlamaJson's model: d 64, 4 heads of 16 (kv heads 4), F 128, V 100, 2 layers, untied.
+  // Per layer q, k, v, o 4 x 64^2 = 16,384 + MLP 3 x 64 x 128 = 24,576 + norms 128 =
+  // 41,088, x 2 = 82,176; embed and head 2 x 100 x 64 = 12,800; final norm 64: 95,040.
+  ASSERT_OK_AND_ASSIGN(ModelConfig plain, ModelFromHfConfigJson(LlamaJson(), "plain.json"));
+  EXPECT_EQ(ParamsOf(plain), 95040);
+  // attention_bias: q, k, v and o 4 x 64 = 256 more per layer, 512 in all: 95,552.
+  ASSERT_OK_AND_ASSIGN(ModelConfig attention,
+                       ModelFromHfConfigJson(LlamaJson("attention_bias", "true"), "a.json"));
+  EXPECT_TRUE(attention.qkv_bias && attention.o_bias && !attention.mlp_bias);
+  EXPECT_EQ(ParamsOf(attention), 95552);
+  // mlp_bias: gate and up 2 x 128 + down 64 = 320 more per layer, 640 in all: 95,680.
+  ASSERT_OK_AND_ASSIGN(ModelConfig mlp,
+                       ModelFromHfConfigJson(LlamaJson("mlp_bias", "true"), "m.json"));
+  EXPECT_TRUE(mlp.mlp_bias && !mlp.qkv_bias && !mlp.o_bias);
+  EXPECT_EQ(ParamsOf(mlp), 95680);
+  // Mistral reads neither key (its projections are bias=False): the plain count.
+  std::string mistral = LlamaJson("mlp_bias", "true");
+  mistral.replace(mistral.find("\"llama\""), 7, "\"mistral\"");
+  mistral.insert(mistral.size() - 1, ", \"attention_bias\": true");
+  ASSERT_OK_AND_ASSIGN(ModelConfig unbiased, ModelFromHfConfigJson(mistral, "mistral.json"));
+  EXPECT_EQ(ParamsOf(unbiased), 95040);
+}
+
+// transformers' attribute_map aliases (PreTrainedConfig.__setattr__): an alias sets its
+// key, and beside it wins, the class's dataclass field being set first
+// (configuration_utils.py:157-165, 500-507); Qwen3MoeConfig's field is the alias itself.
+TEST(HfConfigTest, AttributeMapAliasesSetTheirKeys) {
+  // GPT-2, d 128 (hidden_size beside n_embd 64), 2 layers, V 128, 32 positions, tied,
+  // n_inner 4d = 512: wte 128 x 128 = 16,384 + wpe 32 x 128 = 4,096; per layer ln_1 256
+  // + c_attn 128 x 384 + 384 = 49,536 + c_proj 128 x 128 + 128 = 16,512 + ln_2 256 +
+  // c_fc 128 x 512 + 512 = 66,048 + c_proj 512 x 128 + 128 = 65,664 = 198,272, x 2 =
+  // 396,544; ln_f 256: 417,280 (transformers' GPT2LMHeadModel counts the same).
+  for (const char* json :
+       {R"({"model_type": "gpt2", "n_embd": 64, "hidden_size": 128, "n_layer": 2,
+            "n_head": 4, "n_positions": 32, "vocab_size": 128})",
+        R"({"model_type": "gpt2", "hidden_size": 128, "n_embd": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 32, "vocab_size": 128})"}) {
+    ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromHfConfigJson(json, "gpt2.json"));
+    gpt2.seq = 16;  // within the 32 positions
+    EXPECT_EQ(gpt2.width, 128) << json;
+    EXPECT_EQ(gpt2.max_positions, 32) << json;
+    EXPECT_EQ(ParamsOf(gpt2), 417280) << json;
+  }
+  // Mixtral, num_experts 16 (MixtralConfig's alias of num_local_experts), d 32, 4 heads
+  // and 2 kv heads of 8, F 48, V 128, 2 layers, untied: embed and head 2 x 128 x 32 =
+  // 8,192; per layer q and o 2 x 1,024 + k and v 2 x 32 x 16 = 3,072 + router 16 x 32 =
+  // 512 + experts' gate_up 16 x 96 x 32 = 49,152 and down 16 x 32 x 48 = 24,576 + norms
+  // 64 = 77,376, x 2 = 154,752; final norm 32: 162,976.
+  const std::string mixtral =
+      R"("model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 128, "num_experts_per_tok": 2, "num_experts": 16)";
+  for (const std::string& json : {"{" + mixtral + "}",
+                                  "{" + mixtral + R"(, "num_local_experts": 8})"}) {
+    ASSERT_OK_AND_ASSIGN(ModelConfig sixteen, ModelFromHfConfigJson(json, "mixtral.json"));
+    EXPECT_EQ(sixteen.moe.experts, 16) << json;
+    EXPECT_EQ(ParamsOf(sixteen), 162976) << json;
+  }
+  // Qwen3-MoE: num_local_experts, set after the num_experts field, wins.
+  ASSERT_OK_AND_ASSIGN(
+      ModelConfig qwen3_moe,
+      ModelFromHfConfigJson(R"({"model_type": "qwen3_moe", "hidden_size": 32,
+          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "vocab_size": 128, "num_experts": 16, "num_local_experts": 8,
+          "num_experts_per_tok": 2})", "q.json"));
+  EXPECT_EQ(qwen3_moe.moe.experts, 8);
+  // An error about the key names the alias the file holds.
+  EXPECT_EQ(ModelFromHfConfigJson(R"({"model_type": "gpt2", "n_embd": 64, "hidden_size": "64",
+                "n_layer": 2, "n_head": 4, "vocab_size": 128})", "g.json").status().message(),
+            "g.json: \"hidden_size\" (an alias of n_embd) must be an integer");
+}
+
+// What transformers cannot build is refused, naming the key: a RoPE type that its
+// ROPE_INIT_FUNCTIONS lacks (case-sensitive), a factor that is no number, a partial
+// rotation a non-default type cannot apply; strings are whole (a NUL inside is part of
+// them) and UTF-8.
+TEST(HfConfigTest, NonsenseIsRefusedNamingTheKey) {
+  for (const auto& [key, value, message] :
+       std::initializer_list<std::tuple<std::string, std::string, std::string>>{
+           {"rope_scaling", R"({"rope_type": "su", "factor": 2.0})",
+            "bad.json: \"rope_scaling.rope_type\" 'su' is not a RoPE type transformers builds "
+            "(default, linear, dynamic, yarn, longrope, llama3, proportional; "
+            "modeling_rope_utils.py)"},
+           {"rope_parameters", R"({"rope_type": "Dynamic", "factor": 2.0})",
+            "bad.json: \"rope_parameters.rope_type\" 'Dynamic' is not a RoPE type "
+            "transformers builds (default, linear, dynamic, yarn, longrope, llama3, "
+            "proportional; modeling_rope_utils.py)"},
+           {"rope_scaling", R"({"type": "banana"})",
+            "bad.json: \"rope_scaling.type\" 'banana' is not a RoPE type transformers "
+            "builds (default, linear, dynamic, yarn, longrope, llama3, proportional; "
+            "modeling_rope_utils.py)"},
+           {"rope_parameters", R"({"rope_type": "yarn", "factor": "x"})",
+            "bad.json: \"rope_parameters.factor\" must be a number"},
+           {"rope_parameters", R"({"rope_type": "linear"})",
+            "bad.json: \"rope_parameters.factor\" is missing (rope_type 'linear' needs it)"},
+           {"rope_parameters", R"({"rope_type": "yarn", "factor": 4.0,
+                                   "partial_rotary_factor": 0.5})",
+            "bad.json: \"rope_parameters.partial_rotary_factor\" < 1 with rope_type 'yarn' "
+            "shortens inv_freq, which the model's RoPE then cannot apply to its heads (use "
+            "1.0)"},
+           {"rope_parameters", R"({"rope_type": "default", "partial_rotary_factor": 0})",
+            "bad.json: \"rope_parameters.partial_rotary_factor\" must be a number in (0, 1]"},
+           {"hidden_act", R"("silu\u0000gelu")",
+            std::string("bad.json: \"hidden_act\" must be silu, got silu\0gelu", 50)},
+           {"model_type", R"("llama\u0000evil")",
+            std::string("bad.json: \"model_type\" 'llama\0evil' is not supported", 52)},
+       }) {
+    absl::StatusOr<ModelConfig> config = ModelFromHfConfigJson(LlamaJson(key, value), "bad.json");
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << key << value;
+    EXPECT_EQ(config.status().message().substr(0, message.size()), message) << key << value;
+  }
+  // The default type never reads partial_rotary_factor (the tables stay (T, d_head)).
+  EXPECT_TRUE(ModelFromHfConfigJson(
+                  LlamaJson("rope_parameters",
+                            R"({"rope_type": "default", "partial_rotary_factor": 0.5})"),
+                  "ok.json")
+                  .ok());
+  // Invalid UTF-8 (a lone continuation byte) in a value and in a key.
+  for (const std::string& json : {LlamaJson("hidden_act", "\"si\x80lu\""),
+                                  LlamaJson("\xff", "1")}) {
+    absl::StatusOr<ModelConfig> config = ModelFromHfConfigJson(json, "bad.json");
+    EXPECT_EQ(config.status().message().substr(0, 40),
+              "bad.json: not JSON (Invalid encoding in ")
+        << config.status();
+  }
+}
+
 // HfConfigJson writes what ModelFromHfConfigJson reads back: the same model.
 TEST(HfConfigTest, WrittenConfigsReadBackAsTheSameModel) {
   ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
@@ -410,7 +544,11 @@ TEST(HfConfigTest, WrittenConfigsReadBackAsTheSameModel) {
   ASSERT_OK_AND_ASSIGN(ModelConfig qwen3, ModelFromPreset("tiny-qwen3"));
   qwen3.max_positions = 2048;
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
-  for (const ModelConfig& model : {llama, qwen2, qwen3, gpt2}) {
+  ModelConfig biased = llama;  // attention_bias and mlp_bias
+  biased.qkv_bias = biased.o_bias = biased.mlp_bias = true;
+  ModelConfig qwen3_biased = qwen3;  // Qwen3's attention_bias
+  qwen3_biased.qkv_bias = qwen3_biased.o_bias = true;
+  for (const ModelConfig& model : {llama, qwen2, qwen3, gpt2, biased, qwen3_biased}) {
     ASSERT_OK_AND_ASSIGN(std::string json, HfConfigJson(model));
     ASSERT_OK_AND_ASSIGN(ModelConfig read, ModelFromHfConfigJson(json, "written.json"));
     read.batch = model.batch;

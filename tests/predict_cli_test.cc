@@ -248,8 +248,6 @@ TEST(PredictCliTest, ConfigKeysThatChangeMemoryAreModelledOrRefused) {
   int n = 0;
   for (const auto& [json, args, message] :
        std::initializer_list<std::tuple<std::string, std::string, std::string>>{
-           {R"({"model_type": "llama", )" + llama + R"(, "mlp_bias": true})", "",
-            R"("mlp_bias" true (biases on the MLP's projections) is not modelled yet)"},
            {R"({"model_type": "mistral", )" + llama + R"(, "sliding_window": -5})", "",
             R"("sliding_window" must be >= 1, got -5)"},
            // A window the sequence reaches masks every layer: refused, not ignored.
@@ -515,8 +513,11 @@ TEST(PredictCliTest, InputsAndCountsAreBoundedBeforeTheWork) {
             "--micro_batches must be at most 8192, got 9223372036854775807"},
            {"--model=tiny-llama --layers=16 --pp=16 --micro_batches=8192",
             "--pp 16 x --virtual_stages 1 x --micro_batches 8192 must be at most 65536"},
-           {"--model=tiny-llama --layers=100000 --timeline_svg=" + dir + "/t.svg",
-            "records every allocation: at most 4096 layers, got --layers 100000"},
+           {"--model=tiny-llama --layers=5000 --timeline_svg=" + dir + "/t.svg",
+            "records every allocation: at most 4096 layers, got --layers 5000"},
+           // 10^12 layers were simulated one by one (kMaxLayers).
+           {"--model=tiny-llama --layers=1000000000000",
+            "--layers 1000000000000 is more than the 65536 layers memledger simulates"},
            // A flagfile could name /dev/zero, a FIFO or itself.
            {"--flagfile=/dev/zero", "--flagfile is not supported"},
            {"--fromenv=layers", "--fromenv is not supported"},

@@ -130,12 +130,22 @@ FAMILIES = {
                             moe_intermediate_size=16),
     "mixtral": dict(family="mixtral", layers=2, width=64, heads=4, kv_heads=2,
                     intermediate=48, vocab=128, num_local_experts=4, num_experts_per_tok=2),
+    # Llama's attention_bias (q, k, v and o) and mlp_bias (gate, up and down): plain
+    # nn.Linear(bias=True) (modeling_llama.py:158-160, 219-229); Qwen3's attention_bias.
+    "llama_bias": dict(family="llama", layers=2, width=64, heads=4, kv_heads=2,
+                       intermediate=128, vocab=128, attention_bias=True),
+    "llama_mlp_bias": dict(family="llama", layers=2, width=64, heads=4, kv_heads=2,
+                           intermediate=128, vocab=128, mlp_bias=True),
+    "llama_all_bias": dict(family="llama", layers=3, width=32, heads=4, kv_heads=2,
+                           intermediate=64, vocab=16, attention_bias=True, mlp_bias=True),
+    "qwen3_bias": dict(family="qwen3", layers=2, width=64, heads=4, kv_heads=2, head_dim=16,
+                       intermediate=128, vocab=128, attention_bias=True),
 }
 
 # The keys a family spec passes to config.json as they are.
 PASSED_KEYS = ("sliding_window", "layer_types", "sliding_window_pattern", "num_experts",
                "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "norm_topk_prob", "mlp_only_layers")
+               "norm_topk_prob", "mlp_only_layers", "attention_bias", "mlp_bias")
 
 
 def hf_config(spec):
@@ -389,6 +399,16 @@ CASES = [
     # Every position the same token, so every token routes to the same experts.
     c("qwen3_moe_plain", same_token=True), c("mixtral", dtype="bf16", same_token=True),
     c("qwen3_moe_plain", experts_impl="eager", same_token=True),
+    # Llama's and Qwen3's biases: every variant, both implementations, each dtype and
+    # autocast; llama_all_bias small enough (SGD, a short vocabulary) that the layers peak.
+    c("llama_bias"), c("llama_bias", "full"), c("llama_bias", "selective"),
+    c("llama_bias", "every_2", "reentrant"), c("llama_bias", amp="bf16"),
+    c("llama_bias", dtype="bf16", optimizer_impl="foreach"),
+    c("llama_mlp_bias"), c("llama_mlp_bias", "selective"), c("llama_mlp_bias", amp="bf16"),
+    c("llama_mlp_bias", "full", dtype="fp16", optimizer_impl="fused"),
+    c("llama_all_bias", dtype="bf16", optimizer="sgd", seq=8),
+    c("llama_all_bias", "selective", amp="bf16", optimizer="sgd", seq=8),
+    c("qwen3_bias"), c("qwen3_bias", "full", amp="bf16"),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -125,8 +125,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The decoder families, embedding to loss: tiny-llama with kv heads < heads (repeat_kv
 // copies), == heads, == 1 (repeat_kv's reshape is a view), tied head, q/k/v biases
-// (Qwen2), tiny-qwen3 (q/k norms) and tiny-gpt2; both attention modes; every variant
-// and the family's policies.
+// (Qwen2), Llama's attention and MLP biases, tiny-qwen3 (q/k norms) and tiny-gpt2; both
+// attention modes; every variant and the family's policies.
 struct FamilyCase {
   const char* model;
   int64_t kv_heads;  // 0: the preset's
@@ -135,10 +135,14 @@ struct FamilyCase {
   int64_t layers, batch, seq;
   AttentionMode attention;
   const char* policy;
+  // Llama's attention_bias adds o_proj's bias to q/k/v's, its mlp_bias gate/up/down's.
+  bool o_bias = false;
+  bool mlp_bias = false;
 
   friend std::ostream& operator<<(std::ostream& os, const FamilyCase& c) {
     return os << c.model << "_kv" << c.kv_heads << (c.tie_embeddings ? "_tied" : "")
-              << (c.qkv_bias ? "_bias" : "") << "_L" << c.layers << "_B" << c.batch << "_T"
+              << (c.qkv_bias ? "_bias" : "") << (c.o_bias ? "_obias" : "")
+              << (c.mlp_bias ? "_mlpbias" : "") << "_L" << c.layers << "_B" << c.batch << "_T"
               << c.seq << "_" << AttentionModeName(c.attention) << "_" << c.policy;
   }
 };
@@ -151,6 +155,8 @@ TEST_P(VerifyFamilyTest, MeasuredEqualsPredicted) {
   if (c.kv_heads > 0) config.kv_heads = c.kv_heads;
   config.tie_embeddings = config.tie_embeddings || c.tie_embeddings;
   config.qkv_bias = c.qkv_bias;
+  config.o_bias = c.o_bias;
+  config.mlp_bias = c.mlp_bias;
   config.layers = c.layers;
   config.batch = c.batch;
   config.seq = c.seq;
@@ -268,6 +274,13 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"tiny-llama", 0, true, false, 4, 1, 17, kMath, ""},
         FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kFlash, "matmul,attention,silu"},
         FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kMath, "matmul"},
+        // Llama's attention_bias and mlp_bias: every projection an addmm with its bias.
+        FamilyCase{"tiny-llama", 0, false, true, 2, 2, 8, kFlash, "matmul,attention,silu",
+                   /*o_bias=*/true, /*mlp_bias=*/true},
+        FamilyCase{"tiny-llama", 1, true, false, 3, 2, 9, kMath, "silu",
+                   /*o_bias=*/false, /*mlp_bias=*/true},
+        FamilyCase{"tiny-qwen3", 0, false, true, 2, 3, 5, kFlash, "matmul",
+                   /*o_bias=*/true},
         // RoPE's output keeps the transposed projection's (B, T, H, d) memory order
         // (TensorIterator), so the scores' matmul copies q for its bmm; with matmul and
         // silu must-saved that copy is in the recompute's peak.

@@ -256,6 +256,27 @@ TEST(VerifyRanksTest, Qwen3QkNormGradientsAreAllReducedOverTensorParallelRanks) 
   ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, LlamaBiasesOverTensorAndSequenceParallelRanks) {
+  // tiny-llama's sizes with attention_bias and mlp_bias (testdata/llama_bias.config.json)
+  // over tp = 2: TensorParallelRanksHoldTheirShards' 4672 per layer plus q's bias (16),
+  // k's and v's (8 each), gate's and up's (32 each, split with their columns), and o's
+  // and down's (32 each, replicated: added once after the reduction, as Megatron's
+  // RowParallelLinear does) = 4832; two layers 9664, plus the vocabulary rows (3072)
+  // and the final norm (32): 12768 per rank. With --sp each rank adds the replicated
+  // biases on its own tokens, so their gradients are partial until all-reduced: the
+  // gradient check fails without it.
+  const std::string model = "--model=tests/testdata/llama_bias.config.json --batch=2 --seq=8 "
+                            "--skip_timing --tp=2";
+  rapidjson::Document doc = PassingRun(model, 2);
+  if (HasFailure()) return;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["measured"]["n_params"].GetInt64(), 12768);
+    EXPECT_EQ(Rank(doc, rank)["ratio"]["saved_bytes.none"].GetDouble(), 1.0);
+  }
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+  ExpectPeaksExact(PassingRun(model + " --sp", 2), {"none", "full", "every_2", "selective"});
+}
+
 TEST(VerifyRanksTest, SparseModelOverZero3Ranks) {
   // tiny-qwen3-moe (43,488 parameters, preset's count) over dp = 2 with ZeRO-3: each
   // rank holds ceil(n / 2) of each stage's unit, gathers a layer's experts' 3-D weights

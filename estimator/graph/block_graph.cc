@@ -154,7 +154,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     AttentionMode mode;
     DType dtype;
     DType amp;
-    bool megatron, sp, tp, qkv_bias, qk_norm, grouped_query, repeats_kv, tied;
+    bool megatron, sp, tp, qkv_bias, o_bias, mlp_bias, qk_norm, grouped_query, repeats_kv, tied;
     bool resid_dropout, embd_dropout, attn_dropout, use_cache;
     std::vector<LayerAttention> layer_attention;
     bool sparse, norm_topk_prob;
@@ -175,6 +175,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.dtype,      config.amp,
                      config.megatron,   config.sp,
                      config.tp > 1,     config.qkv_bias,
+                     config.o_bias,     config.mlp_bias,
                      config.qk_norm,
                      grouped_query,     grouped_query && RepeatsKv(mode, config.HeadDim()),
                      config.tie_embeddings,

@@ -61,7 +61,13 @@ absl::Status ValidateConfig(const ModelConfig& config) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", value));
     }
   }
+  if (absl::Status s = CheckLayerCount("--layers", config.layers); !s.ok()) return s;
   const FamilyDef& family = FamilyOf(config.family);
+  if ((config.o_bias || config.mlp_bias) && !family.projection_biases) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "o_proj and MLP biases (Llama's attention_bias, mlp_bias) are modelled for the ",
+        FamilyNames(&FamilyDef::projection_biases), " family, not the ", family.name, " family"));
+  }
   if (family.fused_qkv) {
     // One fused projection of width d split into heads: d = heads x head_dim.
     if (config.width % config.heads != 0) {

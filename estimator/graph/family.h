@@ -25,6 +25,21 @@ namespace memledger {
 class ConfigJsonReader;  // estimator/spec/config_json.h
 class ConfigJsonWriter;
 
+// ConfigAlias is one entry of a transformers configuration class's attribute_map: a
+// config.json key (`alias`) that PreTrainedConfig.__setattr__ stores under another
+// (`key`) (transformers/configuration_utils.py:653-656). When a config.json gives both,
+// the one that is not a dataclass field of the class wins: fields are set first in
+// __init__ (configuration_utils.py:157-165), the other keys after, in __post_init__
+// (500-507), overwriting. For most classes the field is `key`, so the alias wins;
+// `alias_is_field` marks a class whose field is the alias (Qwen3MoeConfig's
+// num_experts), where `key` wins.
+struct ConfigAlias {
+  std::string model_type;
+  std::string alias;
+  std::string key;
+  bool alias_is_field = false;
+};
+
 struct FamilyDef {
   Family id = Family{};  // set by the family's folder
   absl::string_view name;  // "study", "llama", "gpt2"
@@ -40,6 +55,8 @@ struct FamilyDef {
   // learned_positions: a position embedding of max_positions rows (seq <= it).
   bool learned_positions = false;
   bool qk_norm = false;   // may have Qwen3's q/k norms (ModelConfig::qk_norm)
+  // projection_biases: o_proj and the MLP may have biases (ModelConfig::o_bias, mlp_bias).
+  bool projection_biases = false;
   // layer_types: its layers' attention spans differ (ModelConfig::layer_attention).
   bool layer_types = false;
   bool megatron = false;  // has Megatron-LM's rendition (ModelConfig::megatron)
@@ -55,6 +72,10 @@ struct FamilyDef {
   // model_type, before tie_word_embeddings and use_cache), nullptr for a model that is
   // not transformers'.
   std::vector<std::string> model_types = {};
+  // config_aliases: the attribute_map of each of its model_types' configuration classes
+  // (tests/config_keys_test.py checks them against transformers' own). `read` sees the
+  // key each alias sets, never the alias.
+  std::vector<ConfigAlias> config_aliases = {};
   absl::StatusOr<ModelConfig> (*read)(const ConfigJsonReader& r,
                                       absl::string_view model_type) = nullptr;
   absl::Status (*write)(const ModelConfig& config, ConfigJsonWriter& w) = nullptr;

@@ -312,13 +312,23 @@ class GraphBuilder {
     return Op1(OpType::kGatherLinear, name, inputs, {.shape = {kB, kT, out}}, OpKind::kMatmul);
   }
 
-  // RowParallelNoBias: the Llama family's row-parallel nn.Linear, its partial sums
-  // all-reduced in place or, with sequence parallelism, reduce-scattered.
-  int RowParallelNoBias(const std::string& name, int x, SymDim in, SymDim out) {
-    int partial = LinearNoBias(name, x, in, out);
-    if (!sp_) return partial;
-    return Op1(OpType::kReduceScatter, name + ".reduce_scatter", {partial},
-               {.shape = {kB, kTs, out}});
+  // RowParallelLinear: the Llama family's row-parallel nn.Linear (weight (out, in)).
+  // Without tensor parallelism, the module's own at::linear (Linear or LinearNoBias).
+  // With it, as Megatron's RowParallelLinear (and RowParallel below): each rank's partial
+  // sum without the bias, at::linear(x, weight), all-reduced in place or, with sequence
+  // parallelism, reduce-scattered; then the replicated bias added once (an add that,
+  // under autocast, promotes to the bias's fp32 as the runtime's `+ bias` does).
+  int RowParallelLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
+    if (!tp_) return bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
+    int weight = Param(name + ".weight", {out, in});  // the module's order: weight, bias
+    int bias_param = bias ? Param(name + ".bias", {out}) : -1;
+    int partial = MatmulFolded(name, x, weight, in, out);
+    if (sp_) {
+      partial = Op1(OpType::kReduceScatter, name + ".reduce_scatter", {partial},
+                    {.shape = {kB, kTs, out}});
+    }
+    if (!bias) return partial;
+    return Op1(OpType::kAdd, name + ".bias", {partial, bias_param});
   }
 
   // RowParallel is GPT-2's Conv1D with its input rows split over tensor-parallel ranks:

@@ -99,6 +99,8 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
     json.AddMember("norm_eps", config.norm_eps, allocator);
     json.AddMember("tie_embeddings", config.tie_embeddings, allocator);
     json.AddMember("qkv_bias", config.qkv_bias, allocator);
+    json.AddMember("o_bias", config.o_bias, allocator);
+    json.AddMember("mlp_bias", config.mlp_bias, allocator);
     json.AddMember("qk_norm", config.qk_norm, allocator);
     json.AddMember("use_cache", config.use_cache, allocator);
     if (FamilyOf(config.family).dropouts && !config.megatron) {

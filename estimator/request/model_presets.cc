@@ -1,5 +1,6 @@
 #include "estimator/request/model_presets.h"
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -79,6 +80,49 @@ std::optional<std::string> DuplicateKey(const rapidjson::Value& value, const std
   return std::nullopt;
 }
 
+// ApplyConfigAliases gives each alias of `model_type`'s configuration class (ConfigAlias)
+// its place: the value of the alias or of its key, whichever transformers keeps, under
+// the key, and the alias dropped; `reader` names the alias in errors about the key.
+void ApplyConfigAliases(const FamilyDef& family, absl::string_view model_type,
+                        rapidjson::Document& doc, ConfigJsonReader& reader) {
+  for (const ConfigAlias& a : family.config_aliases) {
+    if (a.model_type != model_type || !doc.HasMember(a.alias.c_str())) continue;
+    const bool key_given = doc.HasMember(a.key.c_str());
+    if (!(key_given && a.alias_is_field)) {
+      rapidjson::Value value(doc[a.alias.c_str()], doc.GetAllocator());
+      if (key_given) {
+        doc[a.key.c_str()] = value;
+      } else {
+        doc.AddMember(rapidjson::Value(a.key.c_str(), doc.GetAllocator()), value,
+                      doc.GetAllocator());
+      }
+      reader.WrittenAs(a.key, a.alias);
+    }
+    doc.RemoveMember(a.alias.c_str());
+  }
+}
+
+// AliasReason: why --config_keys does not count `key` of a config.json as read, where an
+// alias decides: it lost to its alias, or (an alias) to its key; nullopt otherwise.
+std::optional<std::string> AliasReason(const FamilyDef& family, absl::string_view model_type,
+                                       const rapidjson::Value& doc, absl::string_view key) {
+  for (const ConfigAlias& a : family.config_aliases) {
+    if (a.model_type != model_type || !doc.HasMember(a.alias.c_str()) ||
+        !doc.HasMember(a.key.c_str())) {
+      continue;
+    }
+    if (key == a.key && !a.alias_is_field) {
+      return absl::StrCat("its alias ", a.alias, " is given too and wins (set after it, "
+                          "transformers' configuration_utils.py:500-507)");
+    }
+    if (key == a.alias && a.alias_is_field) {
+      return absl::StrCat("an alias of ", a.key, ", which is given too and wins (the alias is "
+                          "the class's field, set before the key)");
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 // ReadHfConfig is ModelFromHfConfigJson, telling `consulted` (if given) which keys the
@@ -145,6 +189,13 @@ absl::StatusOr<std::string> ConfigKeysJson(absl::string_view json, absl::string_
   if (!config.ok()) return config.status();
   std::vector<std::string> read, unknown;
   std::vector<std::pair<std::string, std::string>> not_read;
+  const std::string model_type(doc["model_type"].GetString(),
+                               doc["model_type"].GetStringLength());
+  // An alias is read where its key is: the reader sees the key.
+  std::map<std::string, std::string> key_of_alias;
+  for (const ConfigAlias& a : family->config_aliases) {
+    if (a.model_type == model_type) key_of_alias[a.alias] = a.key;
+  }
   // The keys present: the top level's, and a nested object's the reader entered.
   auto visit = [&](auto& self, const rapidjson::Value& object, const std::string& prefix) -> void {
     for (const auto& member : object.GetObject()) {
@@ -154,11 +205,19 @@ absl::StatusOr<std::string> ConfigKeysJson(absl::string_view json, absl::string_
           member.value.IsObject() &&
           consulted.lower_bound(key + ".") != consulted.end() &&
           consulted.lower_bound(key + ".")->rfind(key + ".", 0) == 0;
+      const auto alias = prefix.empty() ? key_of_alias.find(key) : key_of_alias.end();
+      std::optional<std::string> overridden =
+          prefix.empty() ? AliasReason(*family, model_type, doc, key) : std::nullopt;
       if (entered) {
         self(self, member.value, key + ".");
-      } else if (consulted.count(key) > 0) {
+      } else if (overridden.has_value()) {
+        not_read.emplace_back(key, *overridden);
+      } else if (consulted.count(key) > 0 ||
+                 (alias != key_of_alias.end() && consulted.count(alias->second) > 0)) {
         read.push_back(key);
-      } else if (const char* why = InertReason(*family, key); why != nullptr) {
+      } else if (const char* why = InertReason(
+                     *family, alias != key_of_alias.end() ? alias->second : key);
+                 why != nullptr) {
         not_read.emplace_back(key, why);
       } else {
         unknown.push_back(key);
@@ -189,6 +248,14 @@ absl::StatusOr<std::string> ConfigKeysJson(absl::string_view json, absl::string_
   w.StartArray();
   for (const std::string& key : unknown) w.String(key.c_str());
   w.EndArray();
+  // The configuration class's attribute_map: each alias and the key it sets.
+  w.Key("aliases");
+  w.StartObject();
+  for (const auto& [alias, key] : key_of_alias) {
+    w.Key(alias.c_str());
+    w.String(key.c_str());
+  }
+  w.EndObject();
   w.EndObject();
   return std::string(buffer.GetString()) + "\n";
 }
@@ -201,7 +268,8 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
   if (absl::Status s = CheckJsonNesting(json); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
-  doc.Parse(json.data(), json.size());
+  // Strings must be UTF-8 (a config.json is; transformers' json.load decodes it so).
+  doc.Parse<rapidjson::kParseValidateEncodingFlag>(json.data(), json.size());
   if (doc.HasParseError()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not JSON (", rapidjson::GetParseError_En(doc.GetParseError()),
@@ -216,10 +284,14 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": \"", *twice, "\" is given more than once"));
   }
-  ConfigJsonReader reader(doc, source);
-  if (!doc.HasMember("model_type")) return reader.Error("model_type", "is missing");
-  if (!doc["model_type"].IsString()) return reader.Error("model_type", "must be a string");
-  const std::string model_type = doc["model_type"].GetString();
+  const ConfigJsonReader file_reader(doc, source);
+  if (!doc.HasMember("model_type")) return file_reader.Error("model_type", "is missing");
+  if (!doc["model_type"].IsString()) {
+    return file_reader.Error("model_type", "must be a string");
+  }
+  // Its whole length: "llama\u0000x" is no model_type, not llama.
+  const std::string model_type(doc["model_type"].GetString(),
+                               doc["model_type"].GetStringLength());
   std::vector<std::string> known;
   for (const FamilyDef* family : Families()) {
     for (const std::string& type : family->model_types) {
@@ -227,6 +299,12 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
         known.push_back(type);
         continue;
       }
+      // The reader reads the keys transformers' configuration class stores: an alias's
+      // value under its key (the file itself stays as it is, for --config_keys).
+      rapidjson::Document stored;
+      stored.CopyFrom(doc, stored.GetAllocator());
+      ConfigJsonReader reader(stored, source);
+      ApplyConfigAliases(*family, model_type, stored, reader);
       absl::StatusOr<ModelConfig> config = family->read(reader, model_type);
       reader.Consult("model_type");
       if (consulted != nullptr) *consulted = reader.Consulted();
@@ -244,8 +322,9 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
       return config;
     }
   }
-  return reader.Error("model_type", absl::StrCat("'", model_type, "' is not supported (",
-                                                 absl::StrJoin(known, ", "), ")"));
+  return file_reader.Error("model_type",
+                           absl::StrCat("'", model_type, "' is not supported (",
+                                        absl::StrJoin(known, ", "), ")"));
 }
 
 absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {

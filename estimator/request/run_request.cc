@@ -147,6 +147,9 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
     }
     *field = **value;
   }
+  if (request.layers.has_value()) {
+    if (absl::Status s = CheckLayerCount("--layers", *request.layers); !s.ok()) return s;
+  }
   // A layer_types list that names each layer without repeating has no period for another
   // count (transformers refuses such a config too).
   if (request.layers.has_value() && spec.config.layer_types_layers > 0 &&

@@ -35,6 +35,16 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
+absl::Status CheckLayerCount(absl::string_view name, int64_t layers) {
+  if (layers >= 1 && layers <= kMaxLayers) return absl::OkStatus();
+  if (layers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 1, got ", layers));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      name, " ", layers, " is more than the ", kMaxLayers, " layers memledger simulates (a "
+      "step's replay keeps records per layer; the deepest models have a few hundred)"));
+}
+
 absl::string_view DeviceName(Device device) {
   return device == Device::kCuda ? "cuda" : "cpu";
 }

@@ -227,6 +227,15 @@ struct MoeSpec {
   friend bool operator==(const MoeSpec&, const MoeSpec&) = default;
 };
 
+// kMaxLayers bounds a model's layers: a step's replay keeps a few records per layer
+// (transformers' DynamicCache layers, each stage's and micro-batch's passes), and a
+// pipeline of 2 stages and 2 micro-batches over 2^20 of tiny-llama's layers took 5 s
+// and 1 GB here. The deepest published models have a few hundred.
+inline constexpr int64_t kMaxLayers = 65536;
+// CheckLayerCount: `layers` (what `name` gave: "--layers", "num_hidden_layers") is from
+// 1 to kMaxLayers; checked where the count is read, before anything is sized by it.
+absl::Status CheckLayerCount(absl::string_view name, int64_t layers);
+
 struct ModelConfig {
   int64_t layers = 6;
   int64_t width = 128;  // hidden size d
@@ -241,7 +250,9 @@ struct ModelConfig {
   int64_t max_positions = 0;  // GPT-2's learned positions; 0: unlimited (RoPE)
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head shares embed_tokens' weight
-  bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
+  bool qkv_bias = false;        // q/k/v projections have biases (Qwen2, Llama's attention_bias)
+  bool o_bias = false;          // o_proj has a bias (Llama's attention_bias)
+  bool mlp_bias = false;        // gate/up/down projections have biases (Llama's mlp_bias)
   // qk_norm: an RMSNorm over each head's head_dim on q and on k, between the projection
   // and RoPE, each with its own (head_dim) weight (Qwen3's q_norm and k_norm,
   // models/qwen3/modeling_qwen3.py, Qwen3Attention).
@@ -461,6 +472,7 @@ struct ModelConfig {
            a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
            a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
            a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
+           a.o_bias == b.o_bias && a.mlp_bias == b.mlp_bias &&
            a.qk_norm == b.qk_norm && a.layer_attention == b.layer_attention &&
            a.sliding_window == b.sliding_window && a.moe == b.moe &&
            a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&

@@ -5,6 +5,7 @@
 #define ESTIMATOR_SPEC_CONFIG_JSON_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "estimator/spec/config.h"
 #include "estimator/spec/status_macros.h"
@@ -27,7 +29,16 @@ class ConfigJsonReader {
  public:
   // doc: the config.json's object, or one nested in it (Nested).
   ConfigJsonReader(const rapidjson::Value& doc, absl::string_view source)
-      : doc_(doc), source_(source), consulted_(std::make_shared<std::set<std::string>>()) {}
+      : doc_(doc),
+        source_(source),
+        consulted_(std::make_shared<std::set<std::string>>()),
+        written_as_(std::make_shared<std::map<std::string, std::string>>()) {}
+
+  // WrittenAs: the file gave `key`'s value under `alias` (a transformers attribute_map
+  // alias, FamilyDef::config_aliases): errors about `key` name the alias the file holds.
+  void WrittenAs(const std::string& key, const std::string& alias) {
+    (*written_as_)[key] = alias;
+  }
 
   // Consulted: every key a read has looked at so far, this reader's and its nested
   // readers' ("text_config.hidden_size"), present in the file or not: what --config_keys
@@ -45,13 +56,19 @@ class ConfigJsonReader {
     ConfigJsonReader nested(doc_[key], source_);
     nested.prefix_ = absl::StrCat(prefix_, key, ".");
     nested.consulted_ = consulted_;
+    nested.written_as_ = written_as_;
     return nested;
   }
 
-  // Error: "<source>: "<key>" <what>".
+  // Error: "<source>: "<key>" <what>", or "<source>: "<alias>" (an alias of <key>)
+  // <what>" where the file gave the key's value under an alias (WrittenAs).
   absl::Status Error(absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": \"", prefix_, key, "\" ", what));
+    const std::string path = absl::StrCat(prefix_, key);
+    if (auto alias = written_as_->find(path); alias != written_as_->end()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": \"", alias->second,
+                                                     "\" (an alias of ", path, ") ", what));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": \"", path, "\" ", what));
   }
 
   // Positive reads a required (or, with a fallback, optional) integer >= 1.
@@ -67,6 +84,16 @@ class ConfigJsonReader {
       return Error(key, absl::StrCat("must be >= 1, got ", value.GetInt64()));
     }
     return value.GetInt64();
+  }
+
+  // Layers reads a layer count: Positive, and at most kMaxLayers (CheckLayerCount).
+  absl::StatusOr<int64_t> Layers(const char* key, std::optional<int64_t> fallback = {}) const {
+    int64_t layers = 0;
+    MEMLEDGER_ASSIGN_OR_RETURN(layers, Positive(key, fallback));
+    if (absl::Status s = CheckLayerCount("", layers); !s.ok()) {
+      return Error(key, absl::StripPrefix(s.message(), " "));
+    }
+    return layers;
   }
 
   absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
@@ -103,7 +130,8 @@ class ConfigJsonReader {
     Consult(key);
     if (!doc_.HasMember(key)) return std::string(fallback);
     if (!doc_[key].IsString()) return Error(key, "must be a string");
-    return std::string(doc_[key].GetString());
+    // Its whole length: "silu\u0000gelu" is not silu.
+    return std::string(doc_[key].GetString(), doc_[key].GetStringLength());
   }
 
   // LayerTypes reads an optional `layer_types` list: one "full_attention" or
@@ -148,25 +176,65 @@ class ConfigJsonReader {
   }
 
   // RefuseRecomputedRope reads transformers 5's rope_parameters (or the older
-  // rope_scaling), one object or one per layer type: the "dynamic" and "longrope" types
-  // recompute inv_freq in every forward (modeling_rope_utils.py, dynamic_rope_update),
-  // which is not modelled; the others (default, linear, llama3, yarn, ...) change no
-  // tensor's size: the tables stay (T, d_head), rope_theta only their values.
+  // rope_scaling), one object or one per layer type, as modeling_rope_utils.py builds
+  // them:
+  // - the type must be one ROPE_INIT_FUNCTIONS knows (modeling_rope_utils.py:669-676),
+  //   spelled as it is (the lookup is case-sensitive): another only warns when the
+  //   config is read, then the model's rotary embedding raises a KeyError;
+  // - "dynamic" and "longrope" recompute inv_freq in every forward
+  //   (dynamic_rope_update), which is not modelled;
+  // - the others (default, linear, llama3, yarn, proportional) change no tensor's size:
+  //   the tables stay (T, d_head), their numbers only the values. Those numbers must be
+  //   numbers (a yarn factor "x" raises a TypeError when the model is built), and linear,
+  //   yarn and llama3 need a factor (a KeyError when the config is read, :1153);
+  // - partial_rotary_factor < 1 shortens a non-default type's inv_freq, and the
+  //   model's apply_rotary_pos_emb then fails on the head's size: refused; the default
+  //   type never reads it (LlamaRotaryEmbedding.compute_default_rope_parameters).
   absl::Status RefuseRecomputedRope() const {
     auto check = [](const ConfigJsonReader& rope) -> absl::Status {
-      for (const char* field : {"rope_type", "type"}) {
-        absl::StatusOr<std::string> type = rope.String(field, "default");
-        if (!type.ok()) return type.status();
-        if (*type == "dynamic" || *type == "longrope") {
-          return rope.Error(field, absl::StrCat("'", *type, "' is not modelled yet (its ",
+      std::string rope_type = "default";
+      for (const char* field : {"type", "rope_type"}) {  // rope_type wins (standardize)
+        if (!rope.Has(field)) continue;
+        MEMLEDGER_ASSIGN_OR_RETURN(rope_type, rope.String(field, "default"));
+        if (rope_type == "dynamic" || rope_type == "longrope") {
+          return rope.Error(field, absl::StrCat("'", rope_type, "' is not modelled yet (its ",
                                                 "inv_freq is recomputed in every forward)"));
         }
+        bool known = false;
+        for (const char* type : {"default", "linear", "yarn", "llama3", "proportional"}) {
+          known = known || rope_type == type;
+        }
+        if (!known) {
+          return rope.Error(field, absl::StrCat(
+              "'", rope_type, "' is not a RoPE type transformers builds (default, linear, ",
+              "dynamic, yarn, longrope, llama3, proportional; modeling_rope_utils.py)"));
+        }
       }
-      for (const char* inert : {"rope_theta", "factor", "original_max_position_embeddings",
-                                "low_freq_factor", "high_freq_factor", "beta_fast",
-                                "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
-                                "partial_rotary_factor", "truncate"}) {
-        rope.Consult(inert);  // the tables' values only
+      for (const char* number : {"rope_theta", "factor", "original_max_position_embeddings",
+                                 "low_freq_factor", "high_freq_factor", "beta_fast",
+                                 "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+                                 "partial_rotary_factor"}) {
+        if (rope.Has(number) && !rope.doc_[number].IsNumber()) {
+          return rope.Error(number, "must be a number");
+        }
+      }
+      rope.Consult("truncate");  // yarn's, the tables' values only
+      if ((rope_type == "linear" || rope_type == "yarn" || rope_type == "llama3") &&
+          !rope.Has("factor")) {
+        return rope.Error("factor", absl::StrCat("is missing (rope_type '", rope_type,
+                                                 "' needs it)"));
+      }
+      if (rope.Has("partial_rotary_factor")) {
+        const double partial = rope.doc_["partial_rotary_factor"].GetDouble();
+        if (!(partial > 0 && partial <= 1)) {
+          return rope.Error("partial_rotary_factor", "must be a number in (0, 1]");
+        }
+        if (partial < 1 && rope_type != "default" && rope_type != "proportional") {
+          return rope.Error("partial_rotary_factor",
+                            absl::StrCat("< 1 with rope_type '", rope_type, "' shortens "
+                                         "inv_freq, which the model's RoPE then cannot apply "
+                                         "to its heads (use 1.0)"));
+        }
       }
       return absl::OkStatus();
     };
@@ -190,6 +258,8 @@ class ConfigJsonReader {
   std::string source_;
   std::string prefix_;  // the key path to a nested object, "text_config."
   std::shared_ptr<std::set<std::string>> consulted_;  // shared with the nested readers
+  // written_as_: key path -> the alias the file gave its value under (WrittenAs).
+  std::shared_ptr<std::map<std::string, std::string>> written_as_;
 };
 
 class ConfigJsonWriter {

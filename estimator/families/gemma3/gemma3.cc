@@ -86,7 +86,7 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
   const int mask = g.SlidingWindowMask(sliding);
   const GraphBuilder::RopeAttentionOut a =
       g.RopeAttention(config, mode, q, k, v, cos, sin, mask);
-  int projected = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
+  int projected = g.RowParallelLinear("o_proj", a.merged, kH * kDHead, kD, /*bias=*/false);
   // Gemma3Attention.forward's argument and locals, to its return.
   g.HeldThroughHere({h, a.q, a.k, a.v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, GemmaRmsNorm(g, "post_attention_layernorm",
@@ -98,7 +98,7 @@ BlockGraph BuildGemma3Layer(const ModelConfig& config, AttentionMode mode,
   int act = g.Op1(OpType::kGelu, "act_fn", {gate}, {}, OpKind::kGelu);
   int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
-  int mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
+  int mlp_out = g.RowParallelLinear("down_proj", product, kF, kD, /*bias=*/false);
   g.HeldThroughHere({h2});  // Gemma3MLP.forward's argument x, to its return
   int x2 = g.Op1(OpType::kAdd, "residual2",
                  {x1, GemmaRmsNorm(g, "post_feedforward_layernorm", mlp_out)});
@@ -148,7 +148,7 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   c.family = Family::kGemma3;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 2304));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 9216));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers", 26));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("num_hidden_layers", 26));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads", 8));
   MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", 4));
   MEMLEDGER_ASSIGN_OR_RETURN(c.head_dim, r.Positive("head_dim", 256));
@@ -265,6 +265,11 @@ const FamilyDef& Gemma3Family() {
       .layer_types = true,
       .graphs = BuildGemma3Graphs,
       .model_types = {"gemma3_text", "gemma3"},
+      // Gemma3Config.attribute_map (configuration_gemma3.py:196-200); Gemma3TextConfig
+      // has none.
+      .config_aliases = {{"gemma3", "image_token_id", "image_token_index"},
+                         {"gemma3", "boi_token_id", "boi_token_index"},
+                         {"gemma3", "eoi_token_id", "eoi_token_index"}},
       .read = ReadGemma3,
       .write = WriteGemma3,
       .inert_config_keys =

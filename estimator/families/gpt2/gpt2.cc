@@ -126,7 +126,7 @@ absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_vie
   ModelConfig c;
   c.family = Family::kGpt2;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("n_embd"));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("n_layer"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("n_layer"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("n_head"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.max_positions, r.Positive("n_positions"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size"));
@@ -226,6 +226,11 @@ const FamilyDef& Gpt2Family() {
         return graphs;
       },
       .model_types = {"gpt2"},
+      // GPT2Config.attribute_map (models/gpt2/configuration_gpt2.py:71-76).
+      .config_aliases = {{"gpt2", "hidden_size", "n_embd"},
+                         {"gpt2", "max_position_embeddings", "n_positions"},
+                         {"gpt2", "num_attention_heads", "n_head"},
+                         {"gpt2", "num_hidden_layers", "n_layer"}},
       .read = ReadGpt2,
       .write = WriteGpt2,
       .inert_config_keys =

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/spec/checked_math.h"
 #include "estimator/spec/config_json.h"
 #include "estimator/families/llama/sparse_moe.h"
 #include "estimator/graph/family.h"
@@ -65,7 +66,7 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool s
   int k = project("k_proj", kKv, config.qk_norm ? "k_norm" : nullptr);
   int v = project("v_proj", kKv, nullptr);
   const GraphBuilder::RopeAttentionOut a = g.RopeAttention(config, mode, q, k, v, cos, sin);
-  int attention_out = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
+  int attention_out = g.RowParallelLinear("o_proj", a.merged, kH * kDHead, kD, config.o_bias);
   // LlamaAttention.forward's argument and locals, to its return (modeling_llama.py:
   // 206-250): hidden_states, query_states, key_states, value_states.
   g.HeldThroughHere({h, a.q, a.k, a.v});
@@ -78,11 +79,11 @@ BlockGraph BuildLlamaLayer(const ModelConfig& config, AttentionMode mode, bool s
     // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's order of
     // evaluation (modeling_llama.py:164, LlamaMLP.forward): the autograd engine runs
     // up_proj's node before act_fn's.
-    int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, /*bias=*/false);
+    int gate = g.ColumnParallelLinear("gate_proj", h2, kD, kF, config.mlp_bias);
     int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
-    int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, /*bias=*/false);
+    int up = g.ColumnParallelLinear("up_proj", h2, kD, kF, config.mlp_bias);
     int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
-    mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
+    mlp_out = g.RowParallelLinear("down_proj", product, kF, kD, config.mlp_bias);
   }
   g.HeldThroughHere({h2});  // the MLP's forward's argument, to its return
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
@@ -127,8 +128,8 @@ ModelConfig Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads
 }
 
 
-// ReadMoe reads a sparse model's experts: Qwen3MoeConfig's num_experts (an alias of
-// num_local_experts), num_experts_per_tok, moe_intermediate_size, norm_topk_prob,
+// ReadMoe reads a sparse model's experts: Qwen3MoeConfig's num_local_experts (its
+// num_experts is an alias, FamilyDef::config_aliases), num_experts_per_tok, moe_intermediate_size, norm_topk_prob,
 // decoder_sparse_step and mlp_only_layers (configuration_qwen3_moe.py; layer i is sparse
 // iff it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0,
 // Qwen3MoeDecoderLayer.__init__), or MixtralConfig's num_local_experts and
@@ -156,8 +157,7 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
       return r.Error("sliding_window", "is not modelled yet for mixtral (use null)");
     }
   } else {
-    const char* experts_key = r.Has("num_local_experts") ? "num_local_experts" : "num_experts";
-    MEMLEDGER_ASSIGN_OR_RETURN(moe.experts, r.Positive(experts_key, 128));
+    MEMLEDGER_ASSIGN_OR_RETURN(moe.experts, r.Positive("num_local_experts", 128));
     MEMLEDGER_ASSIGN_OR_RETURN(moe.top_k, r.Positive("num_experts_per_tok", 8));
     MEMLEDGER_ASSIGN_OR_RETURN(moe.intermediate, r.Positive("moe_intermediate_size", 768));
     MEMLEDGER_ASSIGN_OR_RETURN(moe.norm_topk_prob, r.Bool("norm_topk_prob", false));
@@ -179,7 +179,7 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
   c.family = Family::kLlama;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size"));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("num_hidden_layers"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
   MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size"));
@@ -216,26 +216,25 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
   std::string act;
   MEMLEDGER_ASSIGN_OR_RETURN(act, r.String("hidden_act", "silu"));
   if (act != "silu") return r.Error("hidden_act", absl::StrCat("must be silu, got ", act));
-  bool attention_bias = false;
-  MEMLEDGER_ASSIGN_OR_RETURN(attention_bias, r.Bool("attention_bias", false));
-  if (attention_bias) {
-    return r.Error("attention_bias", "true (biases on q, k, v and o) is not supported");
+  // LlamaAttention's q/k/v/o_proj take bias=config.attention_bias, LlamaMLP's
+  // gate/up/down_proj bias=config.mlp_bias (modeling_llama.py:158-160, 219-229); Qwen3's
+  // and Qwen3-MoE's attention reads attention_bias too (modeling_qwen3.py:217-228,
+  // modeling_qwen3_moe.py:134-145), their MLPs and Mistral's, Qwen2's and Mixtral's
+  // projections have fixed biases (Qwen2: q, k and v, modeling_qwen2.py:181-184).
+  const bool reads_attention_bias = model_type == "llama" || qwen3 || qwen3_moe;
+  if (reads_attention_bias) {
+    bool attention_bias = false;
+    MEMLEDGER_ASSIGN_OR_RETURN(attention_bias, r.Bool("attention_bias", false));
+    c.qkv_bias = c.o_bias = attention_bias;
   }
-  // LlamaConfig's mlp_bias: biases on gate_proj, up_proj and down_proj (parameters and
-  // their gradients, and addmm instead of mm).
-  bool mlp_bias = false;
-  MEMLEDGER_ASSIGN_OR_RETURN(mlp_bias, r.Bool("mlp_bias", false));
-  if (mlp_bias) {
-    return r.Error("mlp_bias", "true (biases on the MLP's projections) is not modelled yet "
-                               "(use false)");
-  }
+  if (model_type == "llama") MEMLEDGER_ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   if (absl::Status s = r.RefuseRecomputedRope(); !s.ok()) return s;
   if (model_type == "mistral" && r.Has("sliding_window")) {
     // MistralConfig's window: from seq >= it on transformers masks every layer
     // (ValidateLlama refuses that); shorter sequences attend as without one.
     MEMLEDGER_ASSIGN_OR_RETURN(c.sliding_window, r.Positive("sliding_window"));
   }
-  c.qkv_bias = model_type == "qwen2";  // Qwen2 always has q, k, v biases, o has none
+  if (model_type == "qwen2") c.qkv_bias = true;  // Qwen2 always has q, k, v biases, o none
   c.qk_norm = qwen3 || qwen3_moe;      // Qwen3Attention's q_norm and k_norm
   if (qwen3_moe || mixtral) {
     MEMLEDGER_ASSIGN_OR_RETURN(c.moe, ReadMoe(r, c.layers, c.intermediate, mixtral));
@@ -260,8 +259,19 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
 
 
 absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
-  if (c.qk_norm && c.qkv_bias) {
+  // Which model_type builds these projections: attention_bias is q, k, v and o together
+  // (llama, qwen3, qwen3_moe), Qwen2 q, k and v alone; only llama has mlp_bias.
+  const bool attention_bias = c.qkv_bias && c.o_bias;
+  if (c.o_bias && !c.qkv_bias) {
+    return absl::InvalidArgumentError("an o_proj bias without q/k/v biases is no transformers "
+                                      "model_type");
+  }
+  if (c.qk_norm && c.qkv_bias && !attention_bias) {
     return absl::InvalidArgumentError("q/k/v biases with q/k norms is no transformers model_type");
+  }
+  if (c.mlp_bias && (c.qk_norm || c.moe.Sparse() || (c.qkv_bias && !attention_bias))) {
+    return absl::InvalidArgumentError("MLP biases are llama's alone (no q/k norms, experts, or "
+                                      "q/k/v biases without the o_proj's)");
   }
   const bool mixtral = c.moe.Sparse() && c.moe.block == MoeBlock::kMixtral;
   if (mixtral && (c.qk_norm || c.qkv_bias || !c.moe.sparse_layers.empty() ||
@@ -275,11 +285,14 @@ absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
   }
   // Qwen2 is the Llama family with q/k/v biases, Qwen3 with q/k norms; Qwen3-MoE and
   // Mixtral are sparse.
-  w.String("model_type", mixtral           ? "mixtral"
-                         : c.moe.Sparse()  ? "qwen3_moe"
-                         : c.qk_norm       ? "qwen3"
-                         : c.qkv_bias      ? "qwen2"
-                                           : "llama");
+  const char* model_type = mixtral                        ? "mixtral"
+                           : c.moe.Sparse()               ? "qwen3_moe"
+                           : c.qk_norm                    ? "qwen3"
+                           : c.qkv_bias && !c.o_bias      ? "qwen2"
+                                                          : "llama";
+  w.String("model_type", model_type);
+  if (attention_bias) w.Bool("attention_bias", true);
+  if (c.mlp_bias) w.Bool("mlp_bias", true);
   w.Int("hidden_size", c.width);
   w.Int("intermediate_size", c.Intermediate());
   w.Int("num_hidden_layers", c.layers);
@@ -294,7 +307,7 @@ absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
     w.Int("num_local_experts", c.moe.experts);
     w.Int("num_experts_per_tok", c.moe.top_k);
   } else if (c.moe.Sparse()) {
-    w.Int("num_experts", c.moe.experts);
+    w.Int("num_local_experts", c.moe.experts);
     w.Int("num_experts_per_tok", c.moe.top_k);
     w.Int("moe_intermediate_size", c.moe.intermediate);
     w.Bool("norm_topk_prob", c.moe.norm_topk_prob);
@@ -437,7 +450,13 @@ absl::Status ValidateLlama(const ModelConfig& config) {
   if (moe.routing == RoutingSource::kGiven) {
     // One row per sparse layer, each expert receiving at most every token once, the row
     // summing to the (token, expert) pairs.
-    const int64_t tokens = config.batch * config.seq, pairs = tokens * moe.top_k;
+    // Checked: a row's counts come from a file (--routing), near INT64_MAX if it says so.
+    const CheckedInt64 checked_pairs = CheckedInt64(config.batch) * config.seq * moe.top_k;
+    if (checked_pairs.overflowed()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--routing: batch x seq x ", moe.top_k, " experts per token overflows int64"));
+    }
+    const int64_t tokens = config.batch * config.seq, pairs = checked_pairs.value();
     const int64_t sparse = config.SparseLayers();
     const int64_t rows = static_cast<int64_t>(moe.routing_rows.size());
     if (rows != sparse && (moe.ep == 1 || rows % (moe.ep * sparse) != 0)) {
@@ -449,13 +468,13 @@ absl::Status ValidateLlama(const ModelConfig& config) {
     }
     for (size_t l = 0; l < moe.routing_rows.size(); ++l) {
       const std::vector<int64_t>& row = moe.routing_rows[l];
-      int64_t sum = 0;
+      CheckedInt64 sum = 0;
       bool in_range = row.size() == static_cast<size_t>(moe.experts);
       for (int64_t n : row) {
         in_range = in_range && n >= 0 && n <= tokens;
         sum += n;
       }
-      if (!in_range || sum != pairs) {
+      if (!in_range || sum.overflowed() || sum.value() != pairs) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--routing row ", l, " must give each of the ", moe.experts,
             " experts 0 to ", tokens, " tokens, ", pairs, " in all (batch x seq x ",
@@ -477,9 +496,15 @@ const FamilyDef& LlamaFamily() {
       .decoder = true,
       .rope = true,
       .qk_norm = true,
+      .projection_biases = true,
       .graphs = BuildLlamaGraphs,
       .validate = ValidateLlama,
       .model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"},
+      // MixtralConfig.attribute_map (configuration_mixtral.py:65) and Qwen3MoeConfig's
+      // (configuration_qwen3_moe.py:51-53), whose dataclass field is num_experts (:101).
+      .config_aliases = {{"mixtral", "num_experts", "num_local_experts"},
+                         {"qwen3_moe", "num_experts", "num_local_experts",
+                          /*alias_is_field=*/true}},
       .read = ReadLlama,
       .write = WriteLlama,
       .inert_config_keys =
@@ -490,7 +515,10 @@ const FamilyDef& LlamaFamily() {
            {"sliding_window", "Qwen's window, used only by sliding layers "
                               "(use_sliding_window or sliding_attention, refused)"},
            {"router_aux_loss_coef", "weighs the load-balancing loss, which "
-                                    "output_router_logits (refused) would add"}},
+                                    "output_router_logits (refused) would add"},
+           {"attention_bias", "read by llama, qwen3 and qwen3_moe; mistral's, qwen2's and "
+                              "mixtral's projections have fixed biases"},
+           {"mlp_bias", "read by llama alone; the other model types' MLPs have no biases"}},
       .presets = LlamaPresets(),
   };
   return kDef;

@@ -74,7 +74,7 @@ BlockGraph BuildOlmo3Layer(const ModelConfig& config, AttentionMode mode,
   const int mask = g.SlidingWindowMask(sliding);
   const GraphBuilder::RopeAttentionOut a =
       g.RopeAttention(config, mode, q, k, v, cos, sin, mask, /*cast_back=*/true);
-  int projected = g.RowParallelNoBias("o_proj", a.merged, kH * kDHead, kD);
+  int projected = g.RowParallelLinear("o_proj", a.merged, kH * kDHead, kD, /*bias=*/false);
   // Olmo3Attention.forward's locals, to its return.
   g.HeldThroughHere({a.q, a.k, a.v});
   int x1 = g.Op1(OpType::kAdd, "residual1",
@@ -84,7 +84,7 @@ BlockGraph BuildOlmo3Layer(const ModelConfig& config, AttentionMode mode,
   int act = g.Op1(OpType::kSilu, "act_fn", {gate}, {}, OpKind::kSilu);
   int up = g.ColumnParallelLinear("up_proj", x1, kD, kF, /*bias=*/false);
   int product = g.Op1(OpType::kMulTensor, "mlp.mul", {act, up});
-  int mlp_out = g.RowParallelNoBias("down_proj", product, kF, kD);
+  int mlp_out = g.RowParallelLinear("down_proj", product, kF, kD, /*bias=*/false);
   g.HeldThroughHere({x1});  // Olmo3MLP.forward's argument, to its return
   int x2 = g.Op1(OpType::kAdd, "residual2",
                  {x1, OlmoRmsNorm(g, "post_feedforward_layernorm", mlp_out)});
@@ -133,7 +133,7 @@ absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_vi
   c.family = Family::kOlmo3;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 4096));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 11008));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers", 32));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("num_hidden_layers", 32));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads", 32));
   MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
   if (c.width % c.heads != 0 && !r.Has("head_dim")) {

@@ -63,7 +63,7 @@ class LlamaLayerImpl : public DecoderLayer {
     q_proj = register_module("q_proj", linear(d, q_width, c.qkv_bias));
     k_proj = register_module("k_proj", linear(d, kv_width, c.qkv_bias));
     v_proj = register_module("v_proj", linear(d, kv_width, c.qkv_bias));
-    o_proj = register_module("o_proj", linear(q_width, d, false));
+    o_proj = register_module("o_proj", linear(q_width, d, c.o_bias));
     if (c.qk_norm) {  // Qwen3Attention registers them after o_proj (modeling_qwen3.py)
       q_norm = register_module("q_norm", RmsNorm(head_dim_, c.norm_eps));
       k_norm = register_module("k_norm", RmsNorm(head_dim_, c.norm_eps));
@@ -71,9 +71,9 @@ class LlamaLayerImpl : public DecoderLayer {
     if (sparse) {
       mlp = register_module("mlp", SparseMoe(c.moe, d));
     } else {
-      gate_proj = register_module("gate_proj", linear(d, intermediate, false));
-      up_proj = register_module("up_proj", linear(d, intermediate, false));
-      down_proj = register_module("down_proj", linear(intermediate, d, false));
+      gate_proj = register_module("gate_proj", linear(d, intermediate, c.mlp_bias));
+      up_proj = register_module("up_proj", linear(d, intermediate, c.mlp_bias));
+      down_proj = register_module("down_proj", linear(intermediate, d, c.mlp_bias));
     }
     input_layernorm = register_module("input_layernorm", RmsNorm(d, c.norm_eps));
     post_attention_layernorm =
@@ -198,8 +198,9 @@ class LlamaModel : public ModelImpl {
 
 }  // namespace
 
-// Megatron's layout of nn.Linear weights (out, in): q/k/v, gate/up and the vocabulary
-// rows split by output, o_proj and down_proj by input; the norms replicated.
+// Megatron's layout of nn.Linear weights (out, in): q/k/v, gate/up (and their biases)
+// and the vocabulary rows split by output, o_proj and down_proj by input; their biases
+// and the norms replicated.
 ParameterShard LlamaShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
   const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, kv = c.KvHeads() / c.tp * hd,
                 f = c.Intermediate() / c.tp, v = c.vocab / c.tp;
@@ -210,8 +211,9 @@ ParameterShard LlamaShardOf(const ModelConfig& c, const std::string& name, int64
     if (absl::EndsWith(name, kv_name)) return Split(0, kv, r);
   }
   if (absl::EndsWith(name, "o_proj.weight")) return Split(1, q, r);
-  if (absl::EndsWith(name, "gate_proj.weight") || absl::EndsWith(name, "up_proj.weight")) {
-    return Split(0, f, r);
+  for (const char* mlp_name : {"gate_proj.weight", "gate_proj.bias", "up_proj.weight",
+                               "up_proj.bias"}) {
+    if (absl::EndsWith(name, mlp_name)) return Split(0, f, r);
   }
   if (absl::EndsWith(name, "down_proj.weight")) return Split(1, f, r);
   if (name == "embed_tokens.weight" || name == "lm_head.weight") return Split(0, v, r);
