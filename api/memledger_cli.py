@@ -6,16 +6,20 @@
 
 Flags are the Bazel CLIs' request fields, written as they are: --name=value, --name value,
 --flag and --noflag for booleans. Output is what the Bazel CLIs print; the exit status 0,
-2 for bad input (one line on stderr), 3 when no plan or layout fits, 1 otherwise.
+2 for bad input (one line on stderr; an output file that cannot be written, or that is
+another output or an input, and standard output that cannot be written, a closed pipe
+too), 3 when no plan or layout fits, 1 otherwise.
 `memledger predict --help` (plan, search) lists each command's flags by group with their
 meanings and defaults.
 """
 
+import errno
 import json
 import os
+import random
 import stat
+import string
 import sys
-import tempfile
 
 import memledger
 
@@ -152,14 +156,108 @@ def parse(command, args):
                     raise ValueError(value)
                 request[name] = value in ("true", "1")
             else:
+                if name not in FILES[command]:
+                    # The request goes to the library as JSON, which holds only UTF-8 (an
+                    # undecodable byte of argv is a lone surrogate here).
+                    try:
+                        value.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise UsageError(f"--{name}={value}: not valid UTF-8 (the flags reach "
+                                         "the library as JSON)")
                 request[name] = value
         except ValueError:
             raise UsageError(f"--{name}: Illegal value '{value}' specified for flag '{name}'")
     return request
 
 
+def escape_for_message(text):
+    """`text` with its control characters written out, so that an error stays one line and
+    no escape sequence reaches the terminal: \\n, \\r and \\t as such, other C0 controls
+    and DEL as \\xNN, C1 controls as \\u00NN, and each byte that was not valid UTF-8 (a
+    surrogate-escaped byte of a command-line argument) as \\xNN; the twin of the
+    binaries' EscapeForMessage (estimator/cli/message_escape.h)."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif 0x80 <= code <= 0x9F:
+            out.append(f"\\u{code:04x}")
+        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's surrogateescape: an invalid byte
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def print_error(message):
+    """The one error line: "error: <message>", its control characters written out."""
+    print(f"error: {escape_for_message(str(message))}", file=sys.stderr)
+
+
 class OutputError(Exception):
     """An output file that cannot be written: one line naming the flag and the path."""
+
+
+def file_identity(path):
+    """Which file `path` names: ("inode", device, inode) where it exists (through links),
+    else ("path", the real path of its directory joined with its name)."""
+    try:
+        st = os.stat(path)
+        return ("inode", st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        directory, name = os.path.split(path)
+        return ("path", os.path.join(os.path.realpath(directory or "."), name))
+
+
+# The request keys that name a file the run reads (where one exists by that name).
+INPUTS = ("model", "routing", "plan")
+
+
+def check_outputs(request, files):
+    """Refuses, before any work, an output that is the same file as another output or as
+    a file the run reads (--model's config.json, --routing's or --plan's file), as the
+    binaries' OutputFiles::Claim does: OutputError naming both flags."""
+    inputs = [(f"--{key}", request[key]) for key in INPUTS
+              if isinstance(request.get(key), str) and request[key] not in ("balanced", "worst")
+              and os.path.isfile(request[key])]
+    claimed = []
+    for flag, path in files.items():
+        identity = file_identity(path)
+        for other, other_path in inputs:
+            if file_identity(other_path) == identity:
+                raise OutputError(f"--{flag}={path}: is the same file as {other}={other_path}, "
+                                  "which the run reads")
+        for other, other_path, other_identity in claimed:
+            if other_identity == identity:
+                raise OutputError(f"--{flag}={path}: is the same file as --{other}={other_path}")
+        claimed.append((flag, path, identity))
+
+
+TEMP_MARKER = ".tmp."
+TEMP_RANDOM = 6
+
+
+def temp_path(target):
+    """A new name beside `target` for its temporary file: the target's name, cut at a
+    character's start where ".tmp.XXXXXX" would not fit the file system's longest name
+    otherwise, and 6 random characters."""
+    directory, name = os.path.split(target)
+    try:
+        name_max = os.pathconf(directory or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    raw = os.fsencode(name)
+    keep = min(len(raw), name_max - len(TEMP_MARKER) - TEMP_RANDOM)
+    while 0 < keep < len(raw) and raw[keep] & 0xC0 == 0x80:  # no half UTF-8 character
+        keep -= 1
+    suffix = "".join(random.choice(string.ascii_letters + string.digits)
+                     for _ in range(TEMP_RANDOM))
+    return os.path.join(directory, os.fsdecode(raw[:keep]) + TEMP_MARKER + suffix)
 
 
 def stage(flag, path, data):
@@ -167,36 +265,61 @@ def stage(flag, path, data):
     names and returns (temp, target), for commit(). The target is `path`, or what it names
     if it is a symbolic link (written through: the link stays); one that exists and is
     not a regular file (a device, a FIFO, a directory) is refused, as the binaries'
-    OutputFiles (estimator/cli/output_files.h) refuse it."""
+    OutputFiles (estimator/cli/output_files.h) refuse it. The file gets the target's
+    permission bits where it exists, else 0666 less the umask, as a shell's `>`."""
     target = path
-    if os.path.islink(path):
-        target = os.path.realpath(path)
-        if not os.path.exists(target):
-            raise OutputError(f"--{flag}={path}: a symbolic link whose target cannot be resolved")
-    if os.path.lexists(target):
-        mode = os.stat(target).st_mode
-        if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else
-                    "a character device" if stat.S_ISCHR(mode) else
-                    "a block device" if stat.S_ISBLK(mode) else
-                    "a FIFO" if stat.S_ISFIFO(mode) else
-                    "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-            raise OutputError(f"--{flag}={path}: is {kind}, not a regular file "
-                              "(only a regular file is replaced)")
-    directory = os.path.dirname(os.path.abspath(target))
-    mode = "wb" if isinstance(data, bytes) else "w"
-    temp = None
     try:
-        with tempfile.NamedTemporaryFile(mode, dir=directory, prefix=os.path.basename(target)
-                                         + ".tmp.", delete=False) as f:
-            temp = f.name
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o644)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # a name too long, a file where a directory should be
+        raise OutputError(f"--{flag}={path}: cannot read what is there: {e.strerror or e}")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        target = os.path.realpath(path)
+        try:
+            st = os.stat(target)
+        except OSError as e:
+            raise OutputError(f"--{flag}={path}: a symbolic link whose target cannot be "
+                              f"resolved: {e.strerror or e}")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        mode = st.st_mode
+        kind = ("a directory" if stat.S_ISDIR(mode) else
+                "a character device" if stat.S_ISCHR(mode) else
+                "a block device" if stat.S_ISBLK(mode) else
+                "a FIFO" if stat.S_ISFIFO(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise OutputError(f"--{flag}={path}: is {kind}, not a regular file "
+                          "(only a regular file is replaced)")
+    if not os.path.basename(target):
+        raise OutputError(f"--{flag}={path}: names a directory (it ends in '/'), not a file")
+    data = data if isinstance(data, bytes) else data.encode()
+    temp, fd = None, -1
+    try:
+        for _ in range(100):  # O_EXCL: a new file, 0666 less the umask
+            temp = temp_path(target)
+            try:
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise OSError(errno.EEXIST, os.strerror(errno.EEXIST))
     except OSError as e:
-        if temp is not None:
-            os.unlink(temp)
+        raise OutputError(f"--{flag}={path}: cannot create a temporary file beside it: "
+                          f"{e.strerror or e}")
+    try:
+        if st is not None:  # an existing target keeps its permission bits
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(temp)
         raise OutputError(f"--{flag}={path}: cannot write it: {e.strerror or e}")
     return temp, target
 
@@ -214,9 +337,16 @@ def print_out(text):
 
 
 def commit(staged):
-    """Renames every staged file over its target."""
-    for temp, target in staged:
-        os.replace(temp, target)
+    """Renames every staged file over its target, removing each from `staged` once it is
+    in place (what is left is the caller's to remove)."""
+    while staged:
+        temp, target = staged[0]
+        try:
+            os.replace(temp, target)
+        except OSError as e:
+            raise OutputError(f"{target}: cannot rename a temporary file over it: "
+                              f"{e.strerror or e}")
+        staged.pop(0)
 
 
 def files_of(command, request, files, printed):
@@ -241,20 +371,26 @@ def files_of(command, request, files, printed):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
-        return 0
+    try:
+        if not argv or argv[0] in ("-h", "--help", "help"):
+            print_out(usage() + "\n")
+            return 0
+        if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]):
+            print_out(usage(argv[0]) + ("" if argv[0] in HELP else "\n"))
+            return 0
+    except OutputError as e:  # the help on a full disk or a closed pipe
+        print_error(e)
+        return 2
     command, args = argv[0], argv[1:]
-    if any(a in ("-h", "--help", "--helpfull") for a in args):
-        print(usage(command), end="" if command in HELP else "\n")
-        return 0
     try:
         if command not in COMMANDS:
             raise UsageError(f"unknown command {command!r}: memledger predict, plan or search")
         request = parse(command, args)
-        files = {flag: request.pop(flag) for flag in FILES[command] if flag in request}
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # In the command line's order, so that an error names the later flag.
+        files = {flag: request.pop(flag) for flag in list(request) if flag in FILES[command]}
+        check_outputs(request, files)
+    except (UsageError, OutputError) as e:
+        print_error(e)
         return 2
     code, text = memledger._call(command, json.dumps(request))
     if code == 0:
@@ -273,10 +409,9 @@ def main(argv=None):
                     staged.append(stage(flag, path, data))
                 print_out(text)
                 commit(staged)
-                staged = []
                 return 0
             except OutputError as e:
-                print(f"error: {e}", file=sys.stderr)
+                print_error(e)
                 return 2
             finally:
                 for temp, _ in staged:
@@ -285,10 +420,10 @@ def main(argv=None):
         try:
             print_out(text)
         except OutputError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print_error(e)
             return 2
         return 0
-    print(f"error: {text}", file=sys.stderr)
+    print_error(text)
     return {2: 2, 3: 3}.get(code, 1)
 
 

@@ -13,6 +13,7 @@
 #include "estimator/spec/option_checks.h"
 #include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
+#include "estimator/cli/message_escape.h"
 #include "estimator/report/report.h"
 #include "estimator/report/units.h"
 #include "planner/frontier_svg.h"
@@ -56,7 +57,9 @@ constexpr char kUsage[] =
     "With --device=cuda the budget holds the allocator's reserved peak and the CUDA "
     "context.\n\n"
     "Recompute is counted in FLOPs; the overhead is (step + recompute) / step.\n"
-    "Exit status: 0 on success, 2 for bad input, 3 when no plan fits (the message gives "
+    "Exit status: 0 on success, 2 for bad input (an output file that cannot be written, "
+    "or that is another output or an input, and standard output that cannot be written, "
+    "a closed pipe too: then no file is written), 3 when no plan fits (the message gives "
     "the smallest budget that would).";
 
 }  // namespace
@@ -72,6 +75,16 @@ int main(int argc, char** argv) {
   const absl::StatusOr<int64_t> budget =
       memledger::BudgetBytes(absl::GetFlag(FLAGS_budget_gib));
   if (!budget.ok()) return memledger::ReportError(budget.status());
+  // Every file is written, or (on an error) none; none replaces another or an input.
+  memledger::OutputFiles outputs;
+  if (absl::Status s = memledger::ClaimOutputs(
+          outputs, {{"--json_out", absl::GetFlag(FLAGS_json_out)},
+                    {"--plan_out", absl::GetFlag(FLAGS_plan_out)},
+                    {"--frontier_svg", absl::GetFlag(FLAGS_frontier_svg)},
+                    {"--timeline_svg", absl::GetFlag(FLAGS_timeline_svg)}});
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
   memledger::PlanRunOptions options;
   options.budget_bytes = *budget;
   options.frontier_points = absl::GetFlag(FLAGS_frontier_points);
@@ -81,14 +94,12 @@ int main(int argc, char** argv) {
   options.timeline = !timeline_path.empty();
   absl::StatusOr<memledger::PlanReport> planned = memledger::RunPlanner(*spec, options);
   if (absl::IsResourceExhausted(planned.status())) {
-    std::cerr << "error: " << planned.status().message() << "\n";
+    std::cerr << "error: " << memledger::EscapeForMessage(planned.status().message()) << "\n";
     return 3;
   }
   if (!planned.ok()) return memledger::ReportError(planned.status());
   const memledger::PlanReport& report = *planned;
 
-  // Every file is written, or (on an error) none.
-  memledger::OutputFiles outputs;
   if (const std::string path = absl::GetFlag(FLAGS_frontier_svg); !path.empty()) {
     if (report.frontier.size() < 2) {
       return memledger::ReportError(

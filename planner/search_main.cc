@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
+#include "estimator/cli/message_escape.h"
 #include "estimator/report/report.h"
 #include "estimator/report/units.h"
 #include "planner/layout_search.h"
@@ -68,8 +69,10 @@ constexpr char kUsage[] =
     "--global_batch=256 --dtype=bf16 --master_weights --format=table\n\n"
     "Memory is exact; the step time is a model (FLOPs at the GPU's peak x --mfu, the "
     "pipeline bubble, communication at the preset's bandwidths, nothing overlapped).\n"
-    "Exit status: 0 on success, 2 for bad input, 3 when no layout fits (the message gives "
-    "the smallest memory that would).";
+    "Exit status: 0 on success, 2 for bad input (an output file that cannot be written, "
+    "or that is another output or an input, and standard output that cannot be written, "
+    "a closed pipe too: then no file is written), 3 when no layout fits (the message "
+    "gives the smallest memory that would).";
 
 // Given: whether --name (or -name) is on the command line, with a value or not.
 bool Given(int argc, char** argv, absl::string_view name) {
@@ -126,6 +129,14 @@ int main(int argc, char** argv) {
     return memledger::ReportError(
         absl::InvalidArgumentError(absl::StrCat("--top must be >= 0, got ", top)));
   }
+  // Every file is written, or (on an error) none; none replaces another or an input.
+  memledger::OutputFiles outputs;
+  if (absl::Status s = memledger::ClaimOutputs(
+          outputs, {{"--json_out", absl::GetFlag(FLAGS_json_out)},
+                    {"--chart_svg", absl::GetFlag(FLAGS_chart_svg)}});
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
   memledger::SearchRequest search;
   search.gpus = absl::GetFlag(FLAGS_gpus);
   search.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
@@ -143,13 +154,11 @@ int main(int argc, char** argv) {
   const memledger::SearchOptions& options = *searched;
   absl::StatusOr<memledger::SearchResult> result = memledger::SearchLayouts(request, options);
   if (absl::IsResourceExhausted(result.status())) {
-    std::cerr << "error: " << result.status().message() << "\n";
+    std::cerr << "error: " << memledger::EscapeForMessage(result.status().message()) << "\n";
     return 3;
   }
   if (!result.ok()) return memledger::ReportError(result.status());
   const std::string json = memledger::JsonString(memledger::SearchJson(*result, options));
-  // Every file is written, or (on an error) none.
-  memledger::OutputFiles outputs;
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
       return memledger::ReportError(s);

@@ -58,6 +58,56 @@ TEST(PlannerCliTest, OutputsAreAllOrNoneAndOnlyRegularFilesAreReplaced) {
   }
 }
 
+// An output that is another output or the --plan the run reads is refused before the
+// planning; a closed pipe is exit 2 with no file (it was SIGPIPE, 141, and *.tmp.* left).
+TEST(PlannerCliTest, OutputsAreDistinctFilesAndAClosedPipeWritesNone) {
+  namespace fs = std::filesystem;
+  const std::string dir = TempPath("planner_same_file");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string plan = dir + "/plan.json";
+  CommandResult r = Planner("--budget_gib=0.05 --plan_out=" + plan, /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream plan_file(plan);
+  std::stringstream plan_text;
+  plan_text << plan_file.rdbuf();
+  for (const auto& [args, message] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"--plan_out=" + dir + "/p.json --frontier_svg=" + dir + "/p.json",
+            "--frontier_svg=" + dir + "/p.json: is the same file as --plan_out=" + dir +
+                "/p.json"},
+           {"--json_out=" + dir + "/j.json --plan_out=" + dir + "/./j.json",
+            "--plan_out=" + dir + "/./j.json: is the same file as --json_out=" + dir + "/j.json"},
+           {"--plan=" + plan + " --json_out=" + plan,
+            "--json_out=" + plan + ": is the same file as --plan=" + plan +
+                ", which the run reads"}}) {
+    r = Planner("--budget_gib=0.05 " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
+  }
+  std::ifstream after(plan);
+  std::stringstream after_text;
+  after_text << after.rdbuf();
+  EXPECT_EQ(after_text.str(), plan_text.str());
+  EXPECT_FALSE(fs::exists(dir + "/p.json"));
+  EXPECT_FALSE(fs::exists(dir + "/j.json"));
+  // The reader is gone before the planner starts.
+  r = RunCommand("(sleep 0.5; planner/planner --budget_gib=0.05 --plan_out=" + dir +
+                 "/out.json --frontier_svg=" + dir + "/out.svg 2>" + dir + "/stderr; echo $? > " +
+                 dir + "/status) | true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream status(dir + "/status"), stderr_file(dir + "/stderr");
+  std::stringstream status_text, stderr_text;
+  status_text << status.rdbuf();
+  stderr_text << stderr_file.rdbuf();
+  EXPECT_EQ(status_text.str(), "2\n");
+  EXPECT_EQ(stderr_text.str(), "error: cannot write to standard output: Broken pipe\n");
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "plan.json" || name == "status" || name == "stderr") << name;
+  }
+}
+
 TEST(PlannerCliTest, JsonPlanUnderTheBudget) {
   CommandResult r = Planner("--budget_gib=0.048828125", /*merge_stderr=*/false);  // 50 MiB
   rapidjson::Document doc;
@@ -120,6 +170,8 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            {"", "--budget_gib must be a positive number"},
            {"--budget_gib=-1", "--budget_gib"},
            {"--budget_gib=nan", "--budget_gib"},
+           // Rounded down to 0 bytes it was "budget_bytes must be positive, got 0".
+           {"--budget_gib=1e-12", "--budget_gib 1e-12 is less than one byte"},
            {"--budget_gib=1e30", "--budget_gib"},
            {"--budget_gib=1 --frontier_points=1", "--frontier_points"},
            {"--budget_gib=1 --format=csv", "--format must be json or table"},

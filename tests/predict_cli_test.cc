@@ -67,6 +67,9 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--device=tpu", "--device must be cpu or cuda"},
            {"--expandable_segments", "--expandable_segments is a CUDA caching allocator setting"},
            {"--cuda_context_mib=-1", "--cuda_context_mib must be a number of MiB from 0"},
+           // Given without --device=cuda it was silently ignored.
+           {"--cuda_context_mib=100",
+            "--cuda_context_mib is the CUDA context's device memory: it needs --device=cuda"},
            {"--sdpa_backend=fast", "--sdpa_backend must be auto, flash, efficient, cudnn or math"},
            {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
            {"--device=cuda --attention=math", "--device=cuda: --attention=math"},
@@ -473,13 +476,20 @@ TEST(PredictCliTest, OutputsReplaceOnlyRegularFilesAllOrNone) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(limited));
-  // A name that fits but not with the temporary file's .tmp.XXXXXX: exit 2 (it was 1).
+  // A name of 255 bytes, the longest ext4 and tmpfs take: written (the temporary file's
+  // name is cut to fit .tmp.XXXXXX; it was refused). One byte more is refused, exit 2.
   const std::string long_name = dir + "/" + std::string(250, 'n') + ".json";
-  r = Predict("--model=tiny-llama --json_out=" + long_name);
+  r = memledger::testing::RunCommand("estimator/predict --model=tiny-llama --json_out=" +
+                                         long_name,
+                                     /*merge_stderr=*/false);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Contents(long_name), r.output);
+  const std::string too_long = dir + "/" + std::string(251, 'n') + ".json";
+  r = Predict("--model=tiny-llama --json_out=" + too_long);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("cannot create a temporary file beside it: File name too long"),
-            std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("File name too long"), std::string::npos) << r.output;
+  std::error_code no_such_file;  // ENAMETOOLONG: it cannot even be looked up
+  EXPECT_FALSE(fs::exists(too_long, no_such_file));
   // A read-only directory (root writes anyway: only checked for another user).
   if (geteuid() != 0) {
     const std::string read_only = dir + "/read_only";
@@ -625,6 +635,178 @@ TEST(PredictCliTest, TimelineSvgWritesTheChartOrNothing) {
                                "number of GiB below 2^33, got -1"),
             std::string::npos)
       << budget.output;
+}
+
+// An output that is another output, or a file the run reads, is refused before the run
+// (it was written twice, the last rename winning, or replaced the config it read).
+TEST(PredictCliTest, AnOutputThatIsAnotherOutputOrAnInputIsRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/same_file";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/real");
+  fs::create_directory_symlink(dir + "/real", dir + "/linked");
+  const std::string config = dir + "/config.json";
+  fs::copy_file("tests/testdata/olmo3-window8.config.json", config);
+  const std::string config_text = Contents(config);
+  const std::string existing = dir + "/existing.json";
+  std::ofstream(existing) << "old";
+  fs::create_symlink(existing, dir + "/existing_link.json");
+  for (const auto& [args, message] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"--json_out=" + dir + "/a.json --timeline_svg=" + dir + "/a.json",
+            "--timeline_svg=" + dir + "/a.json: is the same file as --json_out=" + dir +
+                "/a.json"},
+           // Another spelling of a file not there yet: the directory's real path decides.
+           {"--json_out=" + dir + "/a.json --timeline_svg=" + dir + "/./a.json",
+            "--timeline_svg=" + dir + "/./a.json: is the same file as --json_out="},
+           {"--json_out=" + dir + "/real/b.json --timeline_svg=" + dir + "/linked/b.json",
+            "--timeline_svg=" + dir + "/linked/b.json: is the same file as --json_out=" + dir +
+                "/real/b.json"},
+           // A file that is there, through a link: one (device, inode).
+           {"--json_out=" + existing + " --timeline_svg=" + dir + "/existing_link.json",
+            "--timeline_svg=" + dir + "/existing_link.json: is the same file as --json_out="},
+           {"--json_out=" + existing + " --snapshot_out=" + existing + " --variants=none",
+            "--snapshot_out=" + existing + ": is the same file as --json_out=" + existing},
+           // The config.json --model reads.
+           {"--model=" + config + " --json_out=" + config,
+            "--json_out=" + config + ": is the same file as --model=" + config +
+                ", which the run reads"},
+           {"--model=" + config + " --config_keys --json_out=" + dir + "/../same_file/config.json",
+            "is the same file as --model=" + config},
+           // --routing's and --plan's files.
+           {"--model=tiny-qwen3-moe --experts_impl=eager --routing=" + existing +
+                " --json_out=" + existing,
+            "--json_out=" + existing + ": is the same file as --routing=" + existing},
+           {"--plan=" + existing + " --timeline_svg=" + existing,
+            "--timeline_svg=" + existing + ": is the same file as --plan=" + existing},
+       }) {
+    CommandResult r = Predict(args.rfind("--model", 0) == 0 ? args : "--model=tiny-llama " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << r.output;
+  }
+  EXPECT_EQ(Contents(config), config_text);
+  EXPECT_EQ(Contents(existing), "old");
+  EXPECT_FALSE(fs::exists(dir + "/a.json"));
+  EXPECT_FALSE(fs::exists(dir + "/real/b.json"));
+  // Two different files are fine, a link's and another's too.
+  CommandResult r = Predict("--model=tiny-llama --json_out=" + dir + "/a.json --timeline_svg=" +
+                            dir + "/linked/a.svg");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/real/a.svg"));
+}
+
+// FileMode: the permission bits of `path`.
+unsigned FileMode(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? st.st_mode & 07777 : 0;
+}
+
+// An output keeps what a shell's `>` keeps: an existing file's mode (a private 0600 file
+// stayed private only until the rename made it 0644), and 0666 less the umask for a new one.
+TEST(PredictCliTest, OutputsKeepTheModeAShellWouldGiveThem) {
+  namespace fs = std::filesystem;
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/modes";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string secret = dir + "/secret.json";
+  std::ofstream(secret) << "old";
+  ASSERT_EQ(chmod(secret.c_str(), 0600), 0);
+  CommandResult r = Predict("--model=tiny-llama --json_out=" + secret);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(Contents(secret), "old");
+  EXPECT_EQ(FileMode(secret), 0600u);
+  for (const auto& [umask, mode] : {std::pair<const char*, unsigned>{"027", 0640},
+                                    {"022", 0644}, {"077", 0600}, {"002", 0664}}) {
+    const std::string path = dir + "/new_" + umask + ".json";
+    r = memledger::testing::RunCommand(std::string("umask ") + umask +
+                                       " && estimator/predict --model=tiny-llama --json_out=" +
+                                       path + " > /dev/null");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(FileMode(path), mode) << "umask " << umask;
+  }
+}
+
+// A reader that closed the pipe (`predict | head -c 1` after head exits): the write
+// fails (EPIPE) instead of SIGPIPE killing the run with exit 141 between staging its
+// files and renaming them, which left *.tmp.* beside them. Exit 2, one line, no file.
+TEST(PredictCliTest, AClosedPipeIsAnErrorAndLeavesNoFile) {
+  namespace fs = std::filesystem;
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/closed_pipe";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // The reader is gone before predict starts (`true` exits; the left side waits).
+  CommandResult r = memledger::testing::RunCommand(
+      "(sleep 0.5; estimator/predict --model=tiny-llama --json_out=" + dir + "/a.json" +
+      " --timeline_svg=" + dir + "/a.svg 2>" + dir + "/stderr; echo $? > " + dir +
+      "/status) | true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Contents(dir + "/status"), "2\n");
+  EXPECT_EQ(Contents(dir + "/stderr"), "error: cannot write to standard output: Broken pipe\n");
+  EXPECT_FALSE(fs::exists(dir + "/a.json"));
+  EXPECT_FALSE(fs::exists(dir + "/a.svg"));
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
+  }
+}
+
+// --help and --version on a full disk exited 0 with nothing written.
+TEST(PredictCliTest, HelpAndVersionThatCannotBeWrittenAreErrors) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  for (const char* flag : {"--help", "--version", "--helpfull"}) {
+    CommandResult r = memledger::testing::RunCommand(
+        std::string("estimator/predict ") + flag + " 2>&1 >/dev/full", /*merge_stderr=*/false);
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("error: cannot write to standard output", 0), 0u)
+        << flag << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flag << r.output;
+  }
+  for (const char* flag : {"--help", "--version"}) {
+    CommandResult r = memledger::testing::RunCommand(
+        std::string("estimator/predict ") + flag + " 2>&1 >/dev/full", /*merge_stderr=*/false);
+    EXPECT_EQ(r.output, "error: cannot write to standard output: No space left on device\n")
+        << flag;
+  }
+  CommandResult version = Predict("--version");
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+}
+
+// A newline, a carriage return or an escape sequence in what the user typed split the
+// one-line error or reached the terminal; invalid UTF-8 went out raw. Each is written
+// out; valid UTF-8 is kept.
+TEST(PredictCliTest, ControlCharactersInInputAreEscapedInTheError) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR"));
+  for (const auto& [args, shown] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"--model='bad\nname\x1b[31m\xff caf\xc3\xa9'",
+            "--model: 'bad\\nname\\x1b[31m\\xff caf\xc3\xa9' is neither a built-in model"},
+           {"--model=tiny-llama --json_out='" + dir + "/x\ry' --timeline_svg='" + dir + "/x\ry'",
+            "--timeline_svg=" + dir + "/x\\ry: is the same file as --json_out=" + dir + "/x\\ry"},
+           {"--model=tiny-llama --json_out='/nonexistent-dir/\x1b]0;title\x07.json'",
+            "--json_out=/nonexistent-dir/\\x1b]0;title\\x07.json: cannot create"},
+           {"--variants='none\tfull'", "none\\tfull"},
+           {"--layers='1\n2'", "--layers: Illegal value '1\\n2'"},
+           {"'stray\nargument'", "unexpected argument(s): stray\\nargument"},
+       }) {
+    CommandResult r = Predict(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(shown), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << r.output;
+    EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+  }
+}
+
+// The CUDA context's size is taken with --device=cuda: its own bucket,
+// 100 MiB = 104,857,600 B.
+TEST(PredictCliTest, CudaContextMibSetsTheContextOnCuda) {
+  CommandResult r = memledger::testing::RunCommand(
+      "estimator/predict --model=tiny-llama --device=cuda --dtype=bf16 --variants=full "
+      "--cuda_context_mib=100",
+      /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc;
+  doc.Parse(r.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << r.output;
+  EXPECT_EQ(doc["outside_allocator_bytes"]["cuda_context"].GetInt64(), 104857600);
 }
 
 }  // namespace

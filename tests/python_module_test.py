@@ -5,7 +5,9 @@ batch that fits a budget, and plan() returns the checkpoint planner's answer. Ex
 
 import os
 import stat
+import subprocess
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.environ.get("TEST_SRCDIR", "."), "memledger", "api"))
@@ -334,6 +336,117 @@ class SearchTest(unittest.TestCase):
             memledger.search(model="tiny-llama", gpus=2, global_batch=2, micro_batches=2)
         fixed = memledger.search(model="tiny-llama", gpus=2, global_batch=2, tp=2)
         self.assertTrue(all(l["tp"] == 2 for l in fixed["layouts"]))
+
+
+API_DIR = os.path.join(os.environ.get("TEST_SRCDIR", "."), "memledger", "api")
+
+
+def command(args, cwd, stdout=subprocess.PIPE, umask=None):
+    """The `memledger` command (api/memledger_cli.py) run with `args`: (exit, out, err)."""
+    env = dict(os.environ, PYTHONPATH=API_DIR)
+    preexec = (lambda: os.umask(umask)) if umask is not None else None
+    run = subprocess.run([sys.executable, os.path.join(API_DIR, "memledger_cli.py")] + args,
+                         cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE,
+                         preexec_fn=preexec)
+    return run.returncode, run.stdout, run.stderr.decode("utf-8", "replace")
+
+
+class CommandTest(unittest.TestCase):
+    """The `memledger` command's bad input, as the Bazel CLIs': one line, exit 2, no file
+    lost or half-written."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    def refused(self, args, message):
+        code, _, err = command(args, self.dir)
+        self.assertEqual(code, 2, err)
+        self.assertIn(message, err)
+        self.assertEqual(err.count("\n"), 1, err)
+        return err
+
+    def test_an_output_that_is_another_output_or_an_input_is_refused(self):
+        self.refused(["predict", "--model=tiny-llama", "--json_out=a.json",
+                      "--timeline_svg=./a.json"],
+                     "--timeline_svg=./a.json: is the same file as --json_out=a.json")
+        self.refused(["plan", "--model=tiny-llama", "--budget_gib=0.01", "--plan_out=p.json",
+                      "--frontier_svg=p.json"],
+                     "--frontier_svg=p.json: is the same file as --plan_out=p.json")
+        config = os.path.join(self.dir, "config.json")
+        with open(config, "w") as f:
+            f.write('{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, '
+                    '"num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}')
+        self.refused(["predict", "--model=config.json", "--json_out=" + config],
+                     f"--json_out={config}: is the same file as --model=config.json, which "
+                     "the run reads")
+        with open(config) as f:
+            self.assertIn("model_type", f.read())
+        self.assertEqual(sorted(os.listdir(self.dir)), ["config.json"])
+
+    def test_a_file_keeps_the_mode_a_shell_gives_it(self):
+        secret = os.path.join(self.dir, "secret.json")
+        with open(secret, "w") as f:
+            f.write("old")
+        os.chmod(secret, 0o600)
+        code, _, err = command(["predict", "--model=tiny-llama", "--json_out=secret.json"],
+                               self.dir)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(stat.S_IMODE(os.stat(secret).st_mode), 0o600)
+        code, _, err = command(["predict", "--model=tiny-llama", "--json_out=new.json"],
+                               self.dir, umask=0o027)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.dir, "new.json")).st_mode),
+                         0o640)
+
+    def test_a_name_of_255_bytes_is_written(self):
+        name = "n" * 250 + ".json"
+        code, out, err = command(["predict", "--model=tiny-llama", "--json_out=" + name],
+                                 self.dir)
+        self.assertEqual(code, 0, err)
+        with open(os.path.join(self.dir, name), "rb") as f:
+            self.assertEqual(f.read(), out)
+        self.refused(["predict", "--model=tiny-llama", "--json_out=x" + name],
+                     "File name too long")
+        self.assertEqual(os.listdir(self.dir), [name])
+
+    def test_a_closed_pipe_writes_no_file(self):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the command writes
+        try:
+            code, _, err = command(["predict", "--model=tiny-llama", "--json_out=a.json",
+                                    "--timeline_svg=a.svg"], self.dir, stdout=write)
+        finally:
+            os.close(write)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(err, "error: cannot write to standard output: Broken pipe\n")
+        self.assertEqual(os.listdir(self.dir), [])
+
+    def test_help_on_a_full_disk_is_an_error(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full")
+        for args in (["--help"], ["predict", "--help"]):
+            with open("/dev/full", "wb") as full:
+                code, _, err = command(args, self.dir, stdout=full)
+            self.assertEqual(code, 2, args)
+            self.assertEqual(err, "error: cannot write to standard output: No space left on "
+                             "device\n", args)
+
+    def test_control_characters_are_written_out(self):
+        err = self.refused(["predict", "--model=bad\nname\x1b[31m caf\u00e9"],
+                           "bad\\nname\\x1b[31m caf\u00e9")
+        self.assertNotIn("\x1b", err)
+        # An undecodable byte of argv cannot reach the library's JSON: refused, shown as
+        # \xff.
+        self.refused(["predict", os.fsdecode(b"--model=a\xff")], "--model=a\\xff: not valid UTF-8")
+        self.refused(["predict", "--model=tiny-llama", "--json_out=/nonexistent/\r.json"],
+                     "--json_out=/nonexistent/\\r.json: cannot create a temporary file")
+
+    def test_bad_numbers_name_their_flag(self):
+        self.refused(["plan", "--model=tiny-llama", "--budget_gib=1e-12"],
+                     "--budget_gib 1e-12 is less than one byte")
+        self.refused(["predict", "--model=tiny-llama", "--cuda_context_mib=100"],
+                     "--cuda_context_mib is the CUDA context's device memory: it needs "
+                     "--device=cuda")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <set>
@@ -326,6 +327,40 @@ TEST(SearchCliTest, AFullStandardOutputIsAnError) {
   EXPECT_NE(r.output.find("cannot write to standard output: No space left on device"),
             std::string::npos)
       << r.output;
+}
+
+// --json_out and --chart_svg naming one file were both written, the last rename winning;
+// a closed pipe killed the search (SIGPIPE, 141) and left *.tmp.* beside the files.
+TEST(SearchCliTest, OutputsAreDistinctFilesAndAClosedPipeWritesNone) {
+  namespace fs = std::filesystem;
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/search_outputs";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CommandResult r = Search("--model=tiny-llama --gpus=2 --global_batch=2 --json_out=" + dir +
+                           "/s.json --chart_svg=" + dir + "/./s.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--chart_svg=" + dir + "/./s.json: is the same file as --json_out=" +
+                          dir + "/s.json"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/s.json"));
+  // The reader is gone before the search starts.
+  r = memledger::testing::RunCommand(
+      "(sleep 0.5; planner/search --model=tiny-llama --gpus=2 --global_batch=2 --json_out=" +
+      dir + "/s.json --chart_svg=" + dir + "/s.svg 2>" + dir + "/stderr; echo $? > " + dir +
+      "/status) | true");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream status(dir + "/status"), stderr_file(dir + "/stderr");
+  std::stringstream status_text, stderr_text;
+  status_text << status.rdbuf();
+  stderr_text << stderr_file.rdbuf();
+  EXPECT_EQ(status_text.str(), "2\n");
+  EXPECT_EQ(stderr_text.str(), "error: cannot write to standard output: Broken pipe\n");
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "status" || name == "stderr") << name;
+  }
 }
 
 TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {

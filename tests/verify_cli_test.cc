@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "rapidjson/document.h"
 #include "tests/subprocess.h"
@@ -161,6 +162,37 @@ TEST(VerifyCliTest, JsonOutIsWrittenWhole) {
   EXPECT_EQ(contents.str(), r.output);
 }
 
+// An output that is another output or the config.json --model reads is refused before
+// the measurement (the config was replaced by the report).
+TEST(VerifyCliTest, OutputsAreDistinctFromEachOtherAndFromTheInputs) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string config = dir + "/verify_config.json";
+  {
+    std::ifstream source("tests/testdata/olmo3-window8.config.json");
+    std::ofstream copy(config);
+    copy << source.rdbuf();
+  }
+  std::stringstream before;
+  before << std::ifstream(config).rdbuf();
+  for (const auto& [args, message] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"--model=" + config + " --json_out=" + dir + "/./verify_config.json",
+            "--json_out=" + dir + "/./verify_config.json: is the same file as --model=" + config +
+                ", which the run reads"},
+           {std::string(kSmall) + " --json_out=" + dir + "/v.json --timeline_svg=" + dir +
+                "/v.json",
+            "--timeline_svg=" + dir + "/v.json: is the same file as --json_out=" + dir +
+                "/v.json"}}) {
+    CommandResult r = Verify(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
+  }
+  std::stringstream after;
+  after << std::ifstream(config).rdbuf();
+  EXPECT_EQ(after.str(), before.str());
+  EXPECT_FALSE(std::ifstream(dir + "/v.json").good());
+}
+
 TEST(VerifyCliTest, BadInputExitsTwo) {
   for (const auto& [args, message] : std::initializer_list<std::pair<const char*, const char*>>{
            {"--width=30 --heads=4", "--width 30 is not divisible by --heads 4"},
@@ -174,12 +206,24 @@ TEST(VerifyCliTest, BadInputExitsTwo) {
             "GiB below 2^33, got nan"},
            {"--micro_batches=4", "--micro_batches 4 without --dp or --pp"},
            {"--grad_tolerance=-1", "--grad_tolerance"},
+           // An infinite tolerance passed every gradient, a NaN one too.
+           {"--grad_tolerance=inf", "--grad_tolerance must be a finite number >= 0, got inf"},
+           {"--model=tiny-llama --dp=2 --grad_tolerance=inf",
+            "--grad_tolerance must be a finite number >= 0, got inf"},
+           {"--grad_tolerance=-inf", "--grad_tolerance must be a finite number >= 0, got -inf"},
+           // The runtime measures the CPU: a CUDA step was measured there and reported
+           // as a MISMATCH (exit 1). Refused on every machine, with or without a GPU.
+           {"--model=tiny-llama --dtype=bf16 --device=cuda",
+            "--device=cuda: verify measures the step on the CPU only"},
+           {"--model=tiny-llama --dtype=bf16 --device=cuda --dp=2",
+            "--device=cuda: verify measures the step on the CPU only"},
            // The default config needs about 0.3 GiB: 1 MiB is refused before any
            // allocation, naming the predicted size.
            {"--max_memory_gib=0.001", "predicted to need"}}) {
     CommandResult r = Verify(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << args << ": " << r.output;
   }
   // What the runtime cannot run exits 3 with the reason.
   CommandResult core = Verify(

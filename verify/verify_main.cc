@@ -1,9 +1,10 @@
 // verify: runs memledger's estimator and its LibTorch runtime on one config and shows,
 // bucket by bucket and variant by variant, that the prediction is exact.
 // Exit status: 0 when every ratio is exactly 1 and every gradient difference is within
-// tolerance; 1 when any is not (the report says which); 2 for bad input; 3 when LibTorch
-// cannot run the config on the CPU.
+// tolerance; 1 when any is not (the report says which); 2 for bad input (--device=cuda
+// too: the runtime measures the CPU); 3 when LibTorch cannot run the config on the CPU.
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <optional>
@@ -62,18 +63,42 @@ std::string Usage() {
       "with memledger's prediction.\n\n"
       "  ./bazelw run //verify -- --skip_timing --format=table\n"
       "  ./bazelw run //verify -- --plan=plan.json  (a //planner plan, same model flags)\n\n"
-      "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input, 3 a "
-      "config LibTorch cannot run on the CPU.");
+      "Exit status: 0 all exact, 1 a mismatch or gradient difference, 2 bad input "
+      "(--device=cuda too: memledger's runtime measures the step on the CPU; "
+      "verify/gpu_check.py measures a GPU's), 3 a config LibTorch cannot run on the CPU.");
 }
 
-// GradTolerance is --grad_tolerance, or `fallback` when it is not given.
+// GradTolerance is --grad_tolerance, or `fallback` when it is not given. An infinite
+// tolerance would pass any gradient (a NaN one too), so it is no tolerance.
 absl::StatusOr<double> GradTolerance(double fallback) {
   const double tolerance = absl::GetFlag(FLAGS_grad_tolerance).value_or(fallback);
-  if (!(tolerance >= 0)) {
+  if (!(tolerance >= 0) || !std::isfinite(tolerance)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--grad_tolerance must be >= 0, got ", tolerance));
+        absl::StrCat("--grad_tolerance must be a finite number >= 0, got ", tolerance));
   }
   return tolerance;
+}
+
+// CheckMeasurable refuses what the runtime cannot measure: it runs the step on the CPU
+// (LibTorch's CPU allocator, Gloo between ranks), so a CUDA step's prediction would be
+// compared with a CPU measurement and reported as a mismatch.
+absl::Status CheckMeasurable(const memledger::RunSpec& spec) {
+  if (spec.config.device == memledger::Device::kCuda) {
+    return absl::InvalidArgumentError(
+        "--device=cuda: verify measures the step on the CPU only (memledger's runtime has "
+        "no CUDA device); verify/gpu_check.py measures a GPU's step beside predict's");
+  }
+  return absl::OkStatus();
+}
+
+// ClaimOutputs registers the files the run reads (the witness's Python too) and claims
+// the ones it writes, before the measurement: an output that is another output or an
+// input is refused at once.
+absl::Status ClaimOutputs(memledger::OutputFiles& outputs) {
+  outputs.Protect("--witness_python", absl::GetFlag(FLAGS_witness_python));
+  return memledger::ClaimOutputs(outputs,
+                                 {{"--json_out", absl::GetFlag(FLAGS_json_out)},
+                                  {"--timeline_svg", absl::GetFlag(FLAGS_timeline_svg)}});
 }
 
 // MaxMemoryBytes is --max_memory_gib in bytes (0: VerifyOptions' default).
@@ -99,6 +124,9 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
     return memledger::ReportError(absl::InvalidArgumentError(
         "--timeline_svg draws one process's step; drop it with --dp, --tp or --pp"));
   }
+  // Every file is written, or (on an error) none.
+  memledger::OutputFiles outputs;
+  if (absl::Status s = ClaimOutputs(outputs); !s.ok()) return memledger::ReportError(s);
   // Ranks sum gradients in another order than one process: unless the flag is given,
   // the tolerance follows the dtype and the reductions' length (RankGradTolerance).
   absl::StatusOr<double> tolerance =
@@ -111,7 +139,6 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
                              std::vector<std::string>(argv, argv + argc));
   if (!report.ok()) return memledger::ReportError(report.status());
   const std::string json = memledger::JsonString(memledger::RanksVerifyJson(*report));
-  memledger::OutputFiles outputs;
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
       return memledger::ReportError(s);
@@ -133,6 +160,7 @@ int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
+  if (absl::Status s = CheckMeasurable(*spec); !s.ok()) return memledger::ReportError(s);
   if (spec->parallel.Distributed() || spec->config.tp > 1) return VerifyOnRanks(*spec, argc, argv);
   if (spec->parallel.micro_batches > 1) {
     return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
@@ -144,6 +172,9 @@ int main(int argc, char** argv) {
   if (!max_memory_bytes.ok()) return memledger::ReportError(max_memory_bytes.status());
   absl::StatusOr<double> tolerance = GradTolerance(1e-5);
   if (!tolerance.ok()) return memledger::ReportError(tolerance.status());
+  // Every file is written, or (on an error) none.
+  memledger::OutputFiles outputs;
+  if (absl::Status s = ClaimOutputs(outputs); !s.ok()) return memledger::ReportError(s);
 
   memledger::VerifyOptions options;
   options.attention = spec->attention;
@@ -185,8 +216,6 @@ int main(int argc, char** argv) {
     if (!measured.ok()) return memledger::ReportError(measured.status());
     memledger::AddWitness(*measured, &*report);
   }
-  // Every file is written, or (on an error) none.
-  memledger::OutputFiles outputs;
   if (!svg_path.empty()) {
     absl::StatusOr<std::string> svg = memledger::VerifyTimelineSvg(*report);
     if (!svg.ok()) return memledger::ReportError(svg.status());

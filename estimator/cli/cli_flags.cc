@@ -19,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "estimator/cli/message_escape.h"
+#include "estimator/cli/output_files.h"
 #include "estimator/request/model_presets.h"
 #include "estimator/request/run_request.h"
 
@@ -194,14 +196,35 @@ absl::StatusOr<RunSpec> RunSpecFromFlags() {
   return spec;
 }
 
+absl::Status ClaimOutputs(OutputFiles& outputs,
+                          std::initializer_list<std::pair<const char*, std::string>> files) {
+  // --model reads a file only where it names no built-in model; --routing where it is
+  // not balanced or worst; --plan where it names a file (Protect skips the rest).
+  if (const std::string model = absl::GetFlag(FLAGS_model); !ModelFromPreset(model).ok()) {
+    outputs.Protect("--model", model);
+  }
+  if (const std::string routing = absl::GetFlag(FLAGS_routing);
+      routing != "balanced" && routing != "worst") {
+    outputs.Protect("--routing", routing);
+  }
+  outputs.Protect("--plan", absl::GetFlag(FLAGS_plan));
+  for (const auto& [flag, path] : files) {
+    if (path.empty()) continue;
+    if (absl::Status s = outputs.Claim(flag, path); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 int ReportError(const absl::Status& status) {
   const absl::StatusCode code = status.code();
+  // What the user typed is in the message: its control characters are written out.
+  const std::string message = EscapeForMessage(status.message());
   if (code == absl::StatusCode::kUnimplemented) {
-    std::cerr << "not measurable here: " << status.message()
+    std::cerr << "not measurable here: " << message
               << " (predict still answers for this config)\n";
     return 3;
   }
-  std::cerr << "error: " << status.message() << "\n";
+  std::cerr << "error: " << message << "\n";
   const bool user_error = code == absl::StatusCode::kInvalidArgument ||
                           code == absl::StatusCode::kOutOfRange ||
                           code == absl::StatusCode::kResourceExhausted;
@@ -273,9 +296,9 @@ bool IsHelpRequest(int argc, char** argv) {
   return false;
 }
 
-// PrintGroupedHelp prints `usage` and then every flag this program defines (Abseil's
-// own are left to --helpfull), by group, each with its default and its help text.
-void PrintGroupedHelp(const char* usage) {
+// GroupedHelp is `usage` and then every flag this program defines (Abseil's own are
+// left to --helpfull), by group, each with its default and its help text.
+std::string GroupedHelp(const char* usage) {
   struct Entry {
     int order;
     std::string name, text;
@@ -318,14 +341,15 @@ void PrintGroupedHelp(const char* usage) {
   };
   std::sort(groups.begin(), groups.end(),
             [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
-  std::cout << usage << "\n\nFlags (--helpfull adds Abseil's own):\n";
+  std::string help = absl::StrCat(usage, "\n\nFlags (--helpfull adds Abseil's own):\n");
   for (auto& [group, entries] : groups) {
     std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
       return a.order != b.order ? a.order < b.order : a.name < b.name;
     });
-    std::cout << "\n" << group << ":\n";
-    for (const Entry& e : entries) std::cout << e.text;
+    absl::StrAppend(&help, "\n", group, ":\n");
+    for (const Entry& e : entries) absl::StrAppend(&help, e.text);
   }
+  return help;
 }
 
 // CheckFlagsOrExit looks at every --flag[=value] before Abseil parses them, so that an
@@ -333,8 +357,7 @@ void PrintGroupedHelp(const char* usage) {
 // bad input (Abseil's own parser exits 1).
 void CheckFlagsOrExit(int argc, char** argv) {
   auto fail = [](const std::string& message) {
-    std::cerr << "error: " << message << "\n";
-    std::exit(2);
+    std::exit(ReportError(absl::InvalidArgumentError(message)));
   };
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -389,18 +412,24 @@ void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
   // Under a file-size limit (ulimit -f) a write past it fails with EFBIG, which the
   // output writer reports, instead of killing the process with SIGXFSZ mid-file.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A closed pipe on standard output (`predict | head -c 10`) fails the write with EPIPE,
+  // which PrintToStdout reports (exit 2, no file written, no temporary file left),
+  // instead of SIGPIPE killing the run between staging its files and renaming them.
+  std::signal(SIGPIPE, SIG_IGN);
+  // What Abseil prints itself (--version, --helpfull) is checked at exit as well.
+  CheckStandardOutputAtExit();
   absl::SetProgramUsageMessage(usage);
   if (IsHelpRequest(argc, argv)) {
-    PrintGroupedHelp(usage);
+    if (absl::Status s = PrintToStdout(GroupedHelp(usage)); !s.ok()) std::exit(ReportError(s));
     std::exit(0);
   }
   CheckFlagsOrExit(argc, argv);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::vector<std::string> extra(positional.begin() + 1, positional.end());
-    std::cerr << "error: unexpected argument(s): " << absl::StrJoin(extra, " ")
-              << " (flags look like --layers=6; see --help)\n";
-    std::exit(2);
+    std::exit(ReportError(absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument(s): ", absl::StrJoin(extra, " "),
+                     " (flags look like --layers=6; see --help)"))));
   }
 }
 

@@ -4,12 +4,15 @@
 #define ESTIMATOR_CLI_CLI_FLAGS_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "estimator/cli/output_files.h"
 #include "estimator/spec/config.h"
 #include "estimator/request/run_request.h"
 
@@ -48,7 +51,16 @@ RunRequest RunRequestFromFlags();
 // RunSpecFromFlags validates every shared flag; errors name the flag.
 absl::StatusOr<RunSpec> RunSpecFromFlags();
 
-// ReportError prints "error: <message>" on stderr and returns the exit status: 2 for
+// ClaimOutputs registers with `outputs` the files the shared flags make the run read
+// (--model's config.json, --routing's and --plan's files), then claims each output file
+// given (an empty path is a flag not given), before the run's work: an output that is
+// another output or an input is refused at once (OutputFiles::Claim).
+absl::Status ClaimOutputs(OutputFiles& outputs,
+                          std::initializer_list<std::pair<const char*, std::string>> files);
+
+// ReportError prints "error: <message>" on stderr, the message's control characters and
+// invalid UTF-8 written out (EscapeForMessage) so that it stays one line, and returns
+// the exit status: 2 for
 // the user's input (InvalidArgument, OutOfRange, ResourceExhausted), 3 for a config
 // LibTorch cannot run on this machine (Unimplemented: an op without a CPU kernel in that
 // dtype), else 1.
@@ -59,7 +71,10 @@ int ReportError(const absl::Status& status);
 // positional argument. --help (-h, --helpshort) prints `usage` and every flag the
 // program defines, grouped (model, input, precision, optimizer, checkpointing,
 // parallelism, device, verification, output), on stdout, and exits 0; --helpfull adds
-// Abseil's own flags.
+// Abseil's own flags. Where standard output cannot take the help (or --version), it
+// exits 2 with one line instead. It ignores SIGXFSZ and SIGPIPE for the rest of the run
+// (and the processes it starts): a file-size limit or a closed pipe fails the write,
+// which the output writer reports, instead of killing the process mid-file.
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
 
 }  // namespace memledger

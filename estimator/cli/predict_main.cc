@@ -56,7 +56,8 @@ std::string Usage() {
       "  ./bazelw run //:predict -- --layers=96 --width=12288 --heads=96 --batch=1 "
       "--seq=2048 --format=table\n\n"
       "Exit status: 0 on success; 2 for bad input (an output file that cannot be written "
-      "too, and then no file is written); 3 when the step asked for is not simulated "
+      "too, or that is another output or an input, and then no file is written; standard "
+      "output that cannot be written, a closed pipe too); 3 when the step asked for is not simulated "
       "(--timeline_svg, --snapshot_out; the message says why).");
 }
 
@@ -77,7 +78,8 @@ int Output(memledger::OutputFiles& outputs, const std::string& json, const std::
 
 // RunSweep prints the grid's rows (csv unless --format=jsonl) to stdout, and to
 // --json_out atomically when given.
-int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t budget_bytes) {
+int RunSweep(memledger::OutputFiles& outputs, const memledger::RunSpec& spec,
+             const std::string& text, int64_t budget_bytes) {
   if (spec.format == "table") {
     return memledger::ReportError(
         absl::InvalidArgumentError("--sweep prints --format=csv or --format=jsonl"));
@@ -94,13 +96,12 @@ int RunSweep(const memledger::RunSpec& spec, const std::string& text, int64_t bu
   absl::StatusOr<std::string> rows = memledger::RunSweep(
       memledger::RunRequestFromFlags(), *grid, budget_bytes, format);
   if (!rows.ok()) return memledger::ReportError(rows.status());
-  memledger::OutputFiles outputs;
   return Output(outputs, *rows, *rows);
 }
 
 // PrintConfigKeys is --config_keys: the report of what --model's config.json reader did
 // with each key (ConfigKeysJson).
-int PrintConfigKeys() {
+int PrintConfigKeys(memledger::OutputFiles& outputs) {
   const std::string path = absl::GetFlag(FLAGS_model);
   absl::StatusOr<std::string> text =
       memledger::ReadInputFile(path, "--model", memledger::kMaxJsonBytes);
@@ -113,7 +114,6 @@ int PrintConfigKeys() {
   }
   absl::StatusOr<std::string> report = memledger::ConfigKeysJson(*text, path);
   if (!report.ok()) return memledger::ReportError(report.status());
-  memledger::OutputFiles outputs;
   return Output(outputs, *report, *report);
 }
 
@@ -132,12 +132,11 @@ absl::Status StageTimelineSvg(memledger::OutputFiles& outputs, const std::string
 
 // PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
 // every kind of rank.
-int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& options,
-               const std::string& svg_path) {
+int PrintRanks(memledger::OutputFiles& outputs, const memledger::RunSpec& spec,
+               const memledger::PredictOptions& options, const std::string& svg_path) {
   absl::StatusOr<memledger::DistributedPrediction> p =
       memledger::PredictDistributed(spec.config, spec.parallel, options);
   if (!p.ok()) return memledger::ReportError(p.status());
-  memledger::OutputFiles outputs;
   if (!svg_path.empty()) {
     // The most loaded rank's step.
     absl::StatusOr<std::string> svg = memledger::RankTimelineSvg(p->ranks.kinds.front());
@@ -158,7 +157,17 @@ int PrintRanks(const memledger::RunSpec& spec, const memledger::PredictOptions& 
 int main(int argc, char** argv) {
   const std::string usage = Usage();
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
-  if (absl::GetFlag(FLAGS_config_keys)) return PrintConfigKeys();
+  // Every file is written, or (on an error) none.
+  memledger::OutputFiles outputs;
+  // An output that is another output or an input is refused before the work.
+  if (absl::Status s = memledger::ClaimOutputs(
+          outputs, {{"--json_out", absl::GetFlag(FLAGS_json_out)},
+                    {"--timeline_svg", absl::GetFlag(FLAGS_timeline_svg)},
+                    {"--snapshot_out", absl::GetFlag(FLAGS_snapshot_out)}});
+      !s.ok()) {
+    return memledger::ReportError(s);
+  }
+  if (absl::GetFlag(FLAGS_config_keys)) return PrintConfigKeys(outputs);
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
   const std::string sweep = absl::GetFlag(FLAGS_sweep);
@@ -167,7 +176,7 @@ int main(int argc, char** argv) {
   const absl::StatusOr<int64_t> budget_bytes =
       memledger::BudgetBytes(budget_gib, /*zero_is_none=*/true);
   if (!budget_bytes.ok()) return memledger::ReportError(budget_bytes.status());
-  if (!sweep.empty()) return RunSweep(*spec, sweep, *budget_bytes);
+  if (!sweep.empty()) return RunSweep(outputs, *spec, sweep, *budget_bytes);
   if (spec->format == "csv" || spec->format == "jsonl" || budget_gib > 0) {
     return memledger::ReportError(absl::InvalidArgumentError(
         "--format=csv, --format=jsonl and --budget_gib go with --sweep"));
@@ -191,10 +200,9 @@ int main(int argc, char** argv) {
         "name, without --dp or --pp"));
   }
   // Gradient accumulation (--micro_batches without --dp or --pp) is one rank's step too.
-  if (spec->parallel.Accumulates()) return PrintRanks(*spec, options, svg_path);
+  if (spec->parallel.Accumulates()) return PrintRanks(outputs, *spec, options, svg_path);
   absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
-  memledger::OutputFiles outputs;
   if (!snapshot_path.empty()) {
     const memledger::VariantPrediction& v = prediction->variants.front();
     if (v.timeline == nullptr) {

@@ -201,6 +201,13 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cuda_context_mib must be a number of MiB from 0, got ", request.cuda_context_mib));
   }
+  // Given (not the default) on the CPU, it would be silently ignored: refused as
+  // --expandable_segments is.
+  if (request.cuda_context_mib != RunRequest().cuda_context_mib &&
+      spec.config.device != Device::kCuda) {
+    return absl::InvalidArgumentError(
+        "--cuda_context_mib is the CUDA context's device memory: it needs --device=cuda");
+  }
   spec.config.cuda_context_bytes =
       static_cast<int64_t>(std::llround(request.cuda_context_mib * (1 << 20)));
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;

@@ -17,7 +17,14 @@ absl::StatusOr<int64_t> GibFlagBytes(absl::string_view flag, double gib,
                                      absl::string_view zero) {
   if (!zero.empty() && gib == 0) return 0;
   // NaN and infinities are no number of GiB (a NaN compared false and turned guards off).
-  if (std::optional<int64_t> bytes = GibToBytes(gib); bytes.has_value()) return *bytes;
+  if (std::optional<int64_t> bytes = GibToBytes(gib); bytes.has_value()) {
+    // Rounded down to 0 it would read as "no budget", or be refused by a layer below
+    // that does not know the flag.
+    if (*bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", gib, " is less than one byte"));
+    }
+    return *bytes;
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       flag, " must be ", zero.empty() ? "" : absl::StrCat("0 (", zero, ") or "),
       "a positive number of GiB below 2^33, got ", gib));

@@ -18,7 +18,8 @@ namespace memledger {
 // CheckCpuThreads: --cpu_threads, LibTorch's intra-op threads, from 1 to 1024.
 absl::Status CheckCpuThreads(int64_t threads);
 // BudgetBytes: --budget_gib in bytes, a positive number of GiB below 2^33 (rounded down
-// to a byte); with `zero_is_none` (a sweep's, where 0 asks for no budget column) 0 too.
+// to a byte; less than one byte is refused, naming the flag and the value); with
+// `zero_is_none` (a sweep's, where 0 asks for no budget column) 0 too.
 absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none = false);
 // GibFlagBytes: `flag`'s value in GiB as bytes, as BudgetBytes; where `zero` is given, 0
 // too, which means `zero` ("half the available memory").
