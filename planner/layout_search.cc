@@ -103,6 +103,19 @@ std::vector<int64_t> Divisors(int64_t n) {
   return out;
 }
 
+// MicroBatchSizes: the sizes a rank's `sequences` split into, ascending, each with at
+// most kMaxMicroBatches micro-batches (ValidateParallel refuses more). Counting the
+// micro-batches, not every divisor, keeps a huge --global_batch to 8,192 steps per
+// data-parallel size: its divisors took 23 s to list at 2^63 - 1.
+std::vector<int64_t> MicroBatchSizes(int64_t sequences) {
+  std::vector<int64_t> out;
+  for (int64_t micro_batches = std::min(sequences, kMaxMicroBatches); micro_batches >= 1;
+       --micro_batches) {
+    if (sequences % micro_batches == 0) out.push_back(sequences / micro_batches);
+  }
+  return out;
+}
+
 // Shapes enumerates every layout of `gpus` GPUs: tp divides a node's GPUs, pp the layers,
 // dp x micro_batch_size the global batch; the family's and the parallel spec's own
 // checks refuse the rest when evaluated.
@@ -118,7 +131,7 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
       if (config.layers % pp != 0) continue;
       const int64_t dp = options.gpus / tp / pp;
       if (options.global_batch % dp != 0) continue;
-      for (int64_t micro_batch_size : Divisors(options.global_batch / dp)) {
+      for (int64_t micro_batch_size : MicroBatchSizes(options.global_batch / dp)) {
         const int64_t micro_batches = options.global_batch / dp / micro_batch_size;
         std::vector<int64_t> virtual_stages = {1};
         const int64_t most_v =
@@ -574,8 +587,9 @@ absl::Status CheckBest(const Search& search, const SearchOptions& options, int t
 
 absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
                                            const SearchOptions& options) {
-  if (options.gpus < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpus must be >= 1, got ", options.gpus));
+  if (options.gpus < 1 || options.gpus > kMaxSearchGpus) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpus must be from 1 to ", kMaxSearchGpus,
+                                                   ", got ", options.gpus));
   }
   if (options.gpus_per_node < 1) {
     return absl::InvalidArgumentError(

@@ -45,6 +45,10 @@ struct LayoutConstraints {
   std::optional<bool> sp;
 };
 
+// kMaxSearchGpus bounds --gpus: each divisor of it is a parallel size tried, and each
+// layout a prediction (the largest training clusters hold about 2^17 GPUs).
+inline constexpr int64_t kMaxSearchGpus = int64_t{1} << 20;
+
 struct SearchOptions {
   int64_t gpus = 0;
   int64_t gpus_per_node = 8;  // tensor parallelism stays within a node

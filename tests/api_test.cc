@@ -253,7 +253,7 @@ TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
   EXPECT_EQ(tight.code, MEMLEDGER_NO_LAYOUT);
   EXPECT_NE(tight.error.find("the smallest peak of any layout is"), std::string::npos);
   for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
-           {R"({"global_batch": 2})", "--gpus must be >= 1, got 0"},
+           {R"({"global_batch": 2})", "--gpus must be from 1 to 1048576, got 0"},
            {R"({"gpus": 2})", "--global_batch must be >= 1, got 0"},
            {R"({"gpus": 2, "global_batch": 2, "micro_batches": 2})",
             "request: \"micro_batches\" follows from the layout"},

@@ -371,7 +371,12 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
   for (const Case& c :
        {Case{"--model=tiny-llama --gpus=12 --global_batch=4", "--gpus 12 is not a multiple"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=0", "--global_batch must be >= 1"},
-        Case{"--model=tiny-llama --global_batch=4", "--gpus must be >= 1"},
+        Case{"--model=tiny-llama --global_batch=4", "--gpus must be from 1 to 1048576, got 0"},
+        // 2^62 GPUs in one node: each divisor pair a tensor x pipeline size, the search
+        // ran past 100 s.
+        Case{"--model=tiny-llama --gpus=4611686018427387904 "
+             "--gpus_per_node=4611686018427387904 --global_batch=4",
+             "--gpus must be from 1 to 1048576, got 4611686018427387904"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --micro_batches=2",
              "--micro_batches follows from the layout"},
         // Each layout flag's own error (all of them were "fits no layout ... with the
