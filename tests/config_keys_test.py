@@ -63,18 +63,24 @@ def transformers_parameters(config):
     return sum(p.numel() for p in model.parameters())
 
 
+def default_config_report(directory, model_type):
+    """--config_keys's report on the config.json transformers writes for `model_type`'s
+    configuration class with its defaults."""
+    path = os.path.join(directory, f"{model_type}.config.json")
+    with open(path, "w") as f:
+        json.dump(CONFIG_MAPPING[model_type]().to_dict(), f, default=str)
+    out = predict(f"--model={path}", "--config_keys")
+    if out.returncode != 0:
+        raise AssertionError(f"{model_type}: {out.stderr}")
+    return json.loads(out.stdout)
+
+
 class ConfigKeysTest(unittest.TestCase):
     def test_aliases_are_transformers_attribute_maps_and_count_as_transformers_does(self):
         directory = tempfile.mkdtemp()
         for model_type in model_types(directory):
             attribute_map = dict(CONFIG_MAPPING[model_type].attribute_map)
-            config = CONFIG_MAPPING[model_type]()
-            path = os.path.join(directory, f"{model_type}.config.json")
-            with open(path, "w") as f:
-                json.dump(config.to_dict(), f, default=str)
-            out = predict(f"--model={path}", "--config_keys")
-            self.assertEqual(out.returncode, 0, out.stderr)
-            report = json.loads(out.stdout)
+            report = default_config_report(directory, model_type)
             self.assertEqual(report["aliases"], attribute_map, model_type)
             for alias, key in attribute_map.items():
                 if key in report["not_read"]:  # a key that changes no memory (a token id)
@@ -93,20 +99,13 @@ class ConfigKeysTest(unittest.TestCase):
                         self.assertEqual(json.loads(out.stdout)["n_params"],
                                          transformers_parameters(written))
 
-
     def test_every_configuration_class_key_is_read_refused_or_inert(self):
         directory = tempfile.mkdtemp()
         types = model_types(directory)
         self.assertGreaterEqual(len(types), 10, types)
         for model_type in types:
             with self.subTest(model_type=model_type):
-                config = CONFIG_MAPPING[model_type]()
-                path = os.path.join(directory, f"{model_type}.config.json")
-                with open(path, "w") as f:
-                    json.dump(config.to_dict(), f, default=str)
-                out = predict(f"--model={path}", "--config_keys")
-                self.assertEqual(out.returncode, 0, out.stderr)
-                report = json.loads(out.stdout)
+                report = default_config_report(directory, model_type)
                 self.assertEqual(report["unknown"], [],
                                  f"{model_type}: keys neither read, refused nor inert")
                 for key, why in report["not_read"].items():

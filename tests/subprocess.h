@@ -7,6 +7,8 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace memledger::testing {
@@ -29,6 +31,23 @@ inline CommandResult RunCommand(const std::string& command, bool merge_stderr = 
   }
   int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// RunWithClosedStdout runs `command` with standard output a pipe whose reader has gone
+// (`true` exits while the command waits 0.5 s), as `predict | head -c 1` after head
+// exits: its exit code, and in `output` what it wrote to stderr. `scratch` is a
+// directory for the status and stderr files, which are left there.
+inline CommandResult RunWithClosedStdout(const std::string& command, const std::string& scratch) {
+  CommandResult result;
+  const CommandResult shell = RunCommand("(sleep 0.5; " + command + " 2>" + scratch +
+                                         "/stderr; echo $? > " + scratch + "/status) | true");
+  if (shell.exit_code != 0) return result;
+  std::ifstream status(scratch + "/status"), stderr_file(scratch + "/stderr");
+  std::stringstream stderr_text;
+  stderr_text << stderr_file.rdbuf();
+  if (!(status >> result.exit_code)) result.exit_code = -1;
+  result.output = stderr_text.str();
   return result;
 }
 
