@@ -523,6 +523,19 @@ TEST(HfConfigTest, NonsenseIsRefusedNamingTheKey) {
                             R"({"rope_type": "default", "partial_rotary_factor": 0.5})"),
                   "ok.json")
                   .ok());
+  EXPECT_TRUE(ModelFromHfConfigJson(LlamaJson("partial_rotary_factor", "0.5"), "ok.json").ok());
+  // The older top-level partial_rotary_factor is each rope object's where it has none
+  // (modeling_rope_utils.py:786): with yarn, transformers 5.23's forward on this config
+  // fails ("The size of tensor a (16) must match the size of tensor b (8)").
+  const std::string top_level_partial = LlamaJson(
+      "partial_rotary_factor", R"(0.5, "rope_parameters": {"rope_type": "yarn", "factor": 2.0})");
+  EXPECT_EQ(ModelFromHfConfigJson(top_level_partial, "bad.json").status().message(),
+            "bad.json: \"partial_rotary_factor\" < 1 with rope_type 'yarn' shortens inv_freq, "
+            "which the model's RoPE then cannot apply to its heads (use 1.0)");
+  EXPECT_EQ(ModelFromHfConfigJson(LlamaJson("partial_rotary_factor", "\"half\""), "bad.json")
+                .status()
+                .message(),
+            "bad.json: \"partial_rotary_factor\" must be a number in (0, 1]");
   // Invalid UTF-8 (a lone continuation byte) in a value and in a key.
   for (const std::string& json : {LlamaJson("hidden_act", "\"si\x80lu\""),
                                   LlamaJson("\xff", "1")}) {

@@ -189,9 +189,19 @@ class ConfigJsonReader {
   //   yarn and llama3 need a factor (a KeyError when the config is read, :1153);
   // - partial_rotary_factor < 1 shortens a non-default type's inv_freq, and the
   //   model's apply_rotary_pos_emb then fails on the head's size: refused; the default
-  //   type never reads it (LlamaRotaryEmbedding.compute_default_rope_parameters).
+  //   type never reads it (LlamaRotaryEmbedding.compute_default_rope_parameters). A
+  //   top-level partial_rotary_factor (the older spelling) is each rope object's where
+  //   it has none (convert_rope_params_to_dict's setdefault, modeling_rope_utils.py:786).
   absl::Status RefuseRecomputedRope() const {
-    auto check = [](const ConfigJsonReader& rope) -> absl::Status {
+    // The top-level partial_rotary_factor, checked here whether or not a rope object
+    // takes it.
+    const bool top_partial = Has("partial_rotary_factor");
+    if (top_partial && !(doc_["partial_rotary_factor"].IsNumber() &&
+                         doc_["partial_rotary_factor"].GetDouble() > 0 &&
+                         doc_["partial_rotary_factor"].GetDouble() <= 1)) {
+      return Error("partial_rotary_factor", "must be a number in (0, 1]");
+    }
+    auto check = [this, top_partial](const ConfigJsonReader& rope) -> absl::Status {
       std::string rope_type = "default";
       for (const char* field : {"type", "rope_type"}) {  // rope_type wins (standardize)
         if (!rope.Has(field)) continue;
@@ -224,13 +234,16 @@ class ConfigJsonReader {
         return rope.Error("factor", absl::StrCat("is missing (rope_type '", rope_type,
                                                  "' needs it)"));
       }
-      if (rope.Has("partial_rotary_factor")) {
-        const double partial = rope.doc_["partial_rotary_factor"].GetDouble();
+      const ConfigJsonReader* partial_from = rope.Has("partial_rotary_factor") ? &rope
+                                             : top_partial                      ? this
+                                                                                : nullptr;
+      if (partial_from != nullptr) {
+        const double partial = partial_from->doc_["partial_rotary_factor"].GetDouble();
         if (!(partial > 0 && partial <= 1)) {
           return rope.Error("partial_rotary_factor", "must be a number in (0, 1]");
         }
         if (partial < 1 && rope_type != "default" && rope_type != "proportional") {
-          return rope.Error("partial_rotary_factor",
+          return partial_from->Error("partial_rotary_factor",
                             absl::StrCat("< 1 with rope_type '", rope_type, "' shortens "
                                          "inv_freq, which the model's RoPE then cannot apply "
                                          "to its heads (use 1.0)"));
