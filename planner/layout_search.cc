@@ -657,6 +657,14 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     if (absl::Status s = ValidateConfig(with_ep); !s.ok()) return s;
   }
   if (absl::Status s = CheckFixedLayout(options, base->config); !s.ok()) return s;
+  // Every layout of more than one GPU is a rank's step, bounded (ValidateParallel): said
+  // once here rather than as every layout refused.
+  if (base->config.layers > kMaxRankLayers && options.gpus > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers ", base->config.layers, " is more than the ", kMaxRankLayers,
+        " layers a rank's step is simulated with (every layout of ", options.gpus,
+        " GPUs is one)"));
+  }
   absl::StatusOr<StepFlops> model_flops = CountStepFlops(base->config, base->attention);
   if (!model_flops.ok()) return model_flops.status();
   const Search search(request, *base, options, static_cast<double>(model_flops->total));

@@ -106,6 +106,36 @@ TEST(ApiTest, ParallelKeysGiveThePerRankJson) {
   EXPECT_EQ(planned["stages"].Size(), 2u);
 }
 
+// One process's step of 10^12 layers is composed from a few layers' replay (ComposePeak)
+// in bounded memory, whatever the layer pattern (a layer_types period of 6 and 4, MoE
+// layers): the parameters are exactly linear in the layers, from two small models. The
+// peak is at least the small models' line; a later moment can overtake it, by at most
+// the DynamicCache's 8-byte scalar per sliding layer, the one tensor per layer held
+// past the forward's layers (it passes the line at about 10^5 of tiny-gemma3's layers).
+TEST(ApiTest, ATrillionLayersAreComposedFromAFew) {
+  constexpr int64_t kSmall = 12, kLarge = 24, kHuge = 1200000000000;  // periods divide 12
+  for (const char* model : {"tiny-llama", "tiny-gemma3", "tiny-olmo3", "tiny-qwen3-moe"}) {
+    auto predicted = [&](int64_t layers) -> std::pair<int64_t, int64_t> {
+      Result r = Call(absl::StrCat(R"({"model": ")", model, R"(", "layers": )", layers,
+                                   R"(, "variants": "none"})")
+                          .c_str());
+      EXPECT_EQ(r.code, MEMLEDGER_OK) << model << " " << layers << ": " << r.error;
+      rapidjson::Document doc;
+      doc.Parse(r.response.c_str());
+      if (doc.HasParseError() || !doc.HasMember("n_params")) return {0, 0};
+      return {doc["n_params"].GetInt64(), doc["peak_bytes"]["none"].GetInt64()};
+    };
+    const auto [params_small, peak_small] = predicted(kSmall);
+    const auto [params_large, peak_large] = predicted(kLarge);
+    const auto [params_huge, peak_huge] = predicted(kHuge);
+    const int64_t periods = (kHuge - kSmall) / (kLarge - kSmall);
+    EXPECT_EQ(params_huge, params_small + periods * (params_large - params_small)) << model;
+    const int64_t line = peak_small + periods * (peak_large - peak_small);
+    EXPECT_GE(peak_huge, line) << model;
+    EXPECT_LE(peak_huge, line + 8 * kHuge) << model;
+  }
+}
+
 TEST(ApiTest, BadRequestsAreOneLineErrors) {
   struct Case {
     const char* request;
@@ -142,18 +172,20 @@ TEST(ApiTest, BadRequestsAreOneLineErrors) {
   Result micro = Call(R"({"model": "tiny-llama", "pp": 2, "micro_batches": 1000000000})");
   EXPECT_EQ(micro.code, MEMLEDGER_INVALID_ARGUMENT);
   EXPECT_EQ(micro.error, "--micro_batches must be at most 8192, got 1000000000");
-  // A layer count past kMaxLayers, on a model whose layer_types period the step's replay
-  // would have sized per layer (about 36 GB for 10^9 layers, then bad_alloc).
-  for (const char* model : {"tiny-olmo3", "tiny-llama"}) {
-    Result deep_model =
-        Call(absl::StrCat(R"({"model": ")", model, R"(", "layers": 1000000000000})").c_str());
-    EXPECT_EQ(deep_model.code, MEMLEDGER_INVALID_ARGUMENT) << model;
-    EXPECT_EQ(deep_model.error,
-              "--layers 1000000000000 is more than the 65536 layers memledger simulates (a "
-              "step's replay keeps records per layer; the deepest models have a few "
-              "hundred)")
-        << model;
-  }
+  // A rank's step lays out every parameter's gradient bucket: its layers are bounded
+  // (kMaxRankLayers; 10^7 layers took 3.5 GB, then bad_alloc).
+  Result deep_ranks = Call(R"({"model": "tiny-llama", "dp": 2, "layers": 100000})");
+  EXPECT_EQ(deep_ranks.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_EQ(deep_ranks.error,
+            "--layers 100000 is more than the 65536 layers a rank's step is simulated with "
+            "(--dp, --pp, --micro_batches: every parameter's gradient bucket is laid out)");
+  // So does a CUDA step, tensor by tensor (kMaxCudaLayers).
+  Result deep_cuda =
+      Call(R"({"model": "tiny-llama", "device": "cuda", "dtype": "bf16", "layers": 4097})");
+  EXPECT_EQ(deep_cuda.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_EQ(deep_cuda.error,
+            "--layers 4097 is more than the 4096 layers a CUDA step is simulated with (tensor "
+            "by tensor, through the caching allocator's blocks)");
   // An unknown model's line lists every built-in one, in the registry's order.
   Result unknown = Call(R"({"model": "llama-9"})");
   EXPECT_EQ(unknown.code, MEMLEDGER_INVALID_ARGUMENT);

@@ -364,10 +364,22 @@ TEST(HfConfigTest, EveryBadInputIsOneLineNamingFileAndKey) {
            {LlamaJson("hidden_act", "\"gelu\""),
             "bad.json: \"hidden_act\" must be silu, got gelu"},
            {LlamaJson("rms_norm_eps", "-1"), "bad.json: \"rms_norm_eps\" must be a number > 0"},
-           {LlamaJson("num_hidden_layers", "100000000"),
-            "bad.json: \"num_hidden_layers\" 100000000 is more than the 65536 layers "
-            "memledger simulates (a step's replay keeps records per layer; the deepest "
-            "models have a few hundred)"},
+           // A layer pattern that does not repeat is as long as the model: bounded before
+           // it is sized (kMaxLayerPeriod). 10^8 layers alone are composed, not refused.
+           {R"({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48,
+                "num_hidden_layers": 100000000, "num_attention_heads": 4,
+                "vocab_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+                "mlp_only_layers": [0]})",
+            "bad.json: \"num_hidden_layers\" 100000000: mlp_only_layers makes a layer "
+            "pattern of 100000000 layers (it repeats no sooner), more than the 65536 a "
+            "step's replay holds"},
+           {R"({"model_type": "gemma3_text", "hidden_size": 32, "intermediate_size": 48,
+                "num_hidden_layers": 100000000, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 128,
+                "sliding_window_pattern": 100000000})",
+            "bad.json: \"sliding_window_pattern\" 100000000 makes a layer pattern of "
+            "100000000 layers (it repeats no sooner), more than the 65536 a step's replay "
+            "holds"},
            {LlamaJson("attention_dropout", "0.1"),
             "bad.json: \"attention_dropout\" > 0 is not modelled yet (use 0.0)"},
            {R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 5,
@@ -476,6 +488,30 @@ TEST(HfConfigTest, AttributeMapAliasesSetTheirKeys) {
   EXPECT_EQ(ModelFromHfConfigJson(R"({"model_type": "gpt2", "n_embd": 64, "hidden_size": "64",
                 "n_layer": 2, "n_head": 4, "vocab_size": 128})", "g.json").status().message(),
             "g.json: \"hidden_size\" (an alias of n_embd) must be an integer");
+}
+
+// A layer count is not bounded by itself: the layers are held as one period of their
+// pattern, so 10^12 layers of a pattern derived from numbers cost what a period does.
+TEST(HfConfigTest, DeepModelsKeepTheirPeriod) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromHfConfigJson(
+                                              LlamaJson("num_hidden_layers", "1000000000000"),
+                                              "deep.json"));
+  EXPECT_EQ(llama.layers, 1000000000000);
+  // decoder_sparse_step 3: layers 2, 5, 8, ... are sparse (configuration_qwen3_moe.py).
+  ASSERT_OK_AND_ASSIGN(ModelConfig moe, ModelFromHfConfigJson(
+      R"({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48,
+          "num_hidden_layers": 1000000000000, "num_attention_heads": 4, "vocab_size": 128,
+          "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 3})",
+      "deep.json"));
+  EXPECT_EQ(moe.moe.sparse_layers, (std::vector<bool>{false, false, true}));
+  // A pattern longer than the model: every layer slides (sliding_window_pattern 10^9
+  // over 10^6 layers).
+  ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromHfConfigJson(
+      R"({"model_type": "gemma3_text", "hidden_size": 32, "intermediate_size": 48,
+          "num_hidden_layers": 1000000, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 8, "vocab_size": 128, "sliding_window_pattern": 1000000000})",
+      "deep.json"));
+  EXPECT_EQ(gemma.layer_attention, std::vector<LayerAttention>{LayerAttention::kSliding});
 }
 
 // What transformers cannot build is refused, naming the key: a RoPE type that its

@@ -525,9 +525,17 @@ TEST(PredictCliTest, InputsAndCountsAreBoundedBeforeTheWork) {
             "--pp 16 x --virtual_stages 1 x --micro_batches 8192 must be at most 65536"},
            {"--model=tiny-llama --layers=5000 --timeline_svg=" + dir + "/t.svg",
             "records every allocation: at most 4096 layers, got --layers 5000"},
-           // 10^12 layers were simulated one by one (kMaxLayers).
-           {"--model=tiny-llama --layers=1000000000000",
-            "--layers 1000000000000 is more than the 65536 layers memledger simulates"},
+           // Steps laid out layer by layer: 10^7 layers on ranks grew to 3.5 GB, then
+           // bad_alloc; 10^12 on CUDA, 2.9 GB.
+           {"--model=tiny-llama --pp=2 --micro_batches=2 --layers=10000000",
+            "--layers 10000000 is more than the 65536 layers a rank's step is simulated with"},
+           {"--model=tiny-llama --dtype=bf16 --device=cuda --layers=1000000000000",
+            "--layers 1000000000000 is more than the 4096 layers a CUDA step is simulated "
+            "with"},
+           {"--model=tiny-llama --dtype=bf16 --device=cuda --layers=4096 --pp=2 "
+            "--micro_batches=32",
+            "--layers 4096 x --micro_batches 32 must be at most 65536 on --device=cuda"},
+
            // A flagfile could name /dev/zero, a FIFO or itself.
            {"--flagfile=/dev/zero", "--flagfile is not supported"},
            {"--fromenv=layers", "--fromenv is not supported"},
@@ -556,7 +564,15 @@ TEST(PredictCliTest, AtItsBoundsAPredictionFitsInTwoGibOfAddressSpace) {
         "--model=tiny-llama --layers=4096 --variants=none --timeline_svg=" + dir + "/b.svg",
         "--model=tiny-llama --layers=4096 --variants=none --device=cuda --snapshot_out=" +
             dir + "/b.pickle",
-        std::string("--model=tiny-llama --pp=2 --micro_batches=9223372036854775807")}) {
+        std::string("--model=tiny-llama --pp=2 --micro_batches=9223372036854775807"),
+        // Composed from a few layers: a layer_types period, a sliding DynamicCache (one
+        // 8-byte scalar per sliding layer, 3 GB at 10^9 one by one), MoE layers.
+        std::string("--model=tiny-olmo3 --layers=1000000000000"),
+        std::string("--model=tiny-gemma3 --layers=1000000000000"),
+        std::string("--model=tiny-qwen3-moe --layers=1000000000000"),
+        // At the bounds of the steps laid out layer by layer.
+        std::string("--model=tiny-llama --layers=65536 --pp=2 --micro_batches=2"),
+        std::string("--model=tiny-llama --layers=4096 --dtype=bf16 --device=cuda")}) {
     CommandResult r = memledger::testing::RunCommand(
         "(ulimit -v 2097152 && estimator/predict " + args + " > /dev/null)");
     const bool past_the_bound = args.find("9223372036854775807") != std::string::npos;

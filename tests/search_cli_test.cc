@@ -365,6 +365,10 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
   for (const Case& c :
        {Case{"--model=tiny-llama --gpus=12 --global_batch=4", "--gpus 12 is not a multiple"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=0", "--global_batch must be >= 1"},
+        // Every layout of 4 GPUs is a rank's step (it ran past 20 s, each refused).
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --layers=100000",
+             "--layers 100000 is more than the 65536 layers a rank's step is simulated with "
+             "(every layout of 4 GPUs is one)"},
         Case{"--model=tiny-llama --global_batch=4", "--gpus must be from 1 to 1048576, got 0"},
         // 2^62 GPUs in one node: each divisor pair a tensor x pipeline size, the search
         // ran past 100 s.

@@ -61,7 +61,16 @@ absl::Status ValidateConfig(const ModelConfig& config) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", value));
     }
   }
-  if (absl::Status s = CheckLayerCount("--layers", config.layers); !s.ok()) return s;
+  // The patterns a config.json's lists give (a layer_types list that does not repeat);
+  // those derived from a number are bounded where they are derived.
+  const auto period = static_cast<int64_t>(config.layer_attention.size());
+  if (absl::Status s = CheckLayerPeriod("layer_types", period); !s.ok()) return s;
+  if (config.device == Device::kCuda && config.layers > kMaxCudaLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers ", config.layers, " is more than the ", kMaxCudaLayers,
+        " layers a CUDA step is simulated with (tensor by tensor, through the caching "
+        "allocator's blocks)"));
+  }
   const FamilyDef& family = FamilyOf(config.family);
   if ((config.o_bias || config.mlp_bias) && !family.projection_biases) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -39,6 +39,12 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     return absl::InvalidArgumentError(
         absl::StrCat("--zero must be 0, 1, 2 or 3, got ", spec.zero));
   }
+  if (spec.Accumulates() && config.layers > kMaxRankLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers ", config.layers, " is more than the ", kMaxRankLayers,
+        " layers a rank's step is simulated with (--dp, --pp, --micro_batches: every "
+        "parameter's gradient bucket is laid out)"));
+  }
   if (spec.zero > 0 && spec.dp < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--zero=", spec.zero, " shards over data-parallel ranks: it needs --dp > 1"));
@@ -97,6 +103,16 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
         "--pp ", spec.pp, " x --virtual_stages ", spec.virtual_stages, " x --micro_batches ",
         spec.micro_batches, " must be at most ", kMaxChunkMicroBatches,
         " (the step replays each model chunk's every micro-batch)"));
+  }
+  // layers <= kMaxCudaLayers (ValidateConfig) and micro_batches <= kMaxMicroBatches: the
+  // product fits.
+  if (config.device == Device::kCuda && spec.micro_batches > 1 &&
+      config.layers <= kMaxCudaLayers &&
+      config.layers * spec.micro_batches > kMaxChunkMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers ", config.layers, " x --micro_batches ", spec.micro_batches,
+        " must be at most ", kMaxChunkMicroBatches,
+        " on --device=cuda (each micro-batch's layers are simulated tensor by tensor)"));
   }
   if (config.layers % chunks != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

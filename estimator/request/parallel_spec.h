@@ -61,6 +61,14 @@ inline constexpr int64_t kMaxPipelineChunks = 1024;
 // times the micro-batches, which the ranks' step simulation replays one by one (eight
 // times the bound took 125 s and 2.7 GB here: --pp=8 with 65,536 micro-batches on CUDA).
 inline constexpr int64_t kMaxMicroBatches = 8192;
+// kMaxRankLayers bounds the layers of a rank's step (data or pipeline parallelism,
+// gradient accumulation), which lays out every parameter's gradient bucket: 2 stages and
+// 2 micro-batches over 10^7 of tiny-llama's layers took 11 s and 3.5 GB here, then
+// bad_alloc; 65,536 take 0.1 s. One process's step is composed instead
+// (kMaxLayerPeriod). On CUDA, where each micro-batch's layers are simulated tensor by
+// tensor, the layers times the micro-batches are at most kMaxChunkMicroBatches (2
+// stages, 8 micro-batches and 4,096 layers took 9.2 s and 654 MB).
+inline constexpr int64_t kMaxRankLayers = 65536;
 inline constexpr int64_t kMaxChunkMicroBatches = 65536;
 
 // ValidateParallel returns InvalidArgument naming the flag, e.g. "--zero=1 shards over

@@ -147,9 +147,6 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
     }
     *field = **value;
   }
-  if (request.layers.has_value()) {
-    if (absl::Status s = CheckLayerCount("--layers", *request.layers); !s.ok()) return s;
-  }
   // A layer_types list that names each layer without repeating has no period for another
   // count (transformers refuses such a config too).
   if (request.layers.has_value() && spec.config.layer_types_layers > 0 &&
@@ -161,7 +158,12 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   }
   // Another layer count derives a config's per-layer MoE choice again (mlp_only_layers
   // names layers; repeating its period would make others dense too).
-  if (request.layers.has_value()) spec.config.moe.DeriveSparseLayers(spec.config.layers);
+  if (request.layers.has_value()) {
+    if (absl::Status s = spec.config.moe.DeriveSparseLayers(spec.config.layers); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--layers ", spec.config.layers, ": ",
+                                                     s.message()));
+    }
+  }
   // A new width or head count redraws the head split unless it is given too; the
   // study's and GPT-2's kv heads follow the heads, their MLP the width.
   const bool width_or_heads_set = request.width.has_value() || request.heads.has_value();

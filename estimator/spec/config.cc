@@ -35,14 +35,12 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
-absl::Status CheckLayerCount(absl::string_view name, int64_t layers) {
-  if (layers >= 1 && layers <= kMaxLayers) return absl::OkStatus();
-  if (layers < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 1, got ", layers));
-  }
+absl::Status CheckLayerPeriod(absl::string_view what, int64_t period) {
+  if (period <= kMaxLayerPeriod) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      name, " ", layers, " is more than the ", kMaxLayers, " layers memledger simulates (a "
-      "step's replay keeps records per layer; the deepest models have a few hundred)"));
+      what, what.empty() ? "" : " ", "makes a layer pattern of ", period,
+      " layers (it repeats no sooner), more than the ", kMaxLayerPeriod,
+      " a step's replay holds"));
 }
 
 absl::string_view DeviceName(Device device) {

@@ -9,6 +9,7 @@
 #ifndef ESTIMATOR_SPEC_CONFIG_H_
 #define ESTIMATOR_SPEC_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -170,6 +171,21 @@ enum class RoutingSource : uint8_t {
   kGiven,
 };
 
+// kMaxLayerPeriod bounds the period of a model's layer pattern (layer_types, Gemma 3's
+// sliding_window_pattern, the MoE's decoder_sparse_step and mlp_only_layers): a model's
+// layers are held as one period, and one process's step is replayed over two periods
+// and composed (ComposePeak), so 10^12 layers cost what a period does; a pattern that
+// does not repeat is as long as the model. The deepest published models have a few
+// hundred layers.
+inline constexpr int64_t kMaxLayerPeriod = 65536;
+// CheckLayerPeriod: "<what> makes a layer pattern of <period> layers (...), more than
+// the 65536 a step's replay holds" where `period` is past kMaxLayerPeriod.
+absl::Status CheckLayerPeriod(absl::string_view what, int64_t period);
+// kMaxCudaLayers bounds the layers of a CUDA step, which is simulated tensor by tensor
+// through the caching allocator's blocks rather than composed: 4,096 of tiny-llama's
+// layers took 1.3 s and 271 MB here, 16,384 5.6 s and 928 MB; 10^12 ran out of memory.
+inline constexpr int64_t kMaxCudaLayers = 4096;
+
 // MoeSpec is a sparse model's mixture of experts.
 struct MoeSpec {
   int64_t experts = 0;       // num_experts (Mixtral: num_local_experts); 0: dense
@@ -208,16 +224,28 @@ struct MoeSpec {
   // DeriveSparseLayers sets sparse_layers for `layers` layers from sparse_step and
   // dense_layers as Qwen3MoeDecoderLayer decides: layer i is sparse iff (i + 1) %
   // decoder_sparse_step == 0 and i is not in mlp_only_layers (indices past the last
-  // layer name none).
-  void DeriveSparseLayers(int64_t layers) {
-    if (sparse_step < 1) return;
-    std::vector<bool> sparse(static_cast<size_t>(layers));
-    for (int64_t i = 0; i < layers; ++i) sparse[static_cast<size_t>(i)] = (i + 1) % sparse_step == 0;
+  // layer name none). Without such an index the pattern repeats every
+  // decoder_sparse_step layers (one dense layer where the model is shorter); with one
+  // it is as long as the model. InvalidArgument where that period is past
+  // kMaxLayerPeriod (CheckLayerPeriod), before it is sized.
+  absl::Status DeriveSparseLayers(int64_t layers) {
+    if (sparse_step < 1) return absl::OkStatus();
+    const bool dense_named = std::any_of(dense_layers.begin(), dense_layers.end(),
+                                         [&](int64_t i) { return i >= 0 && i < layers; });
+    const int64_t length = dense_named ? layers : (layers < sparse_step ? 1 : sparse_step);
+    if (absl::Status s =
+            CheckLayerPeriod(dense_named ? "mlp_only_layers" : "decoder_sparse_step", length);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<bool> sparse(static_cast<size_t>(length));
+    for (int64_t i = 0; i < length; ++i) sparse[static_cast<size_t>(i)] = (i + 1) % sparse_step == 0;
     for (int64_t i : dense_layers) {
-      if (i >= 0 && i < layers) sparse[static_cast<size_t>(i)] = false;
+      if (i >= 0 && i < length) sparse[static_cast<size_t>(i)] = false;
     }
     sparse_layers = SmallestPeriod(sparse);
     if (sparse_layers == std::vector<bool>{true}) sparse_layers.clear();
+    return absl::OkStatus();
   }
   bool IsSparse(int64_t layer) const {
     return Sparse() && (sparse_layers.empty() ||
@@ -226,15 +254,6 @@ struct MoeSpec {
   }
   friend bool operator==(const MoeSpec&, const MoeSpec&) = default;
 };
-
-// kMaxLayers bounds a model's layers: a step's replay keeps a few records per layer
-// (transformers' DynamicCache layers, each stage's and micro-batch's passes), and a
-// pipeline of 2 stages and 2 micro-batches over 2^20 of tiny-llama's layers took 5 s
-// and 1 GB here. The deepest published models have a few hundred.
-inline constexpr int64_t kMaxLayers = 65536;
-// CheckLayerCount: `layers` (what `name` gave: "--layers", "num_hidden_layers") is from
-// 1 to kMaxLayers; checked where the count is read, before anything is sized by it.
-absl::Status CheckLayerCount(absl::string_view name, int64_t layers);
 
 struct ModelConfig {
   int64_t layers = 6;

@@ -86,16 +86,6 @@ class ConfigJsonReader {
     return value.GetInt64();
   }
 
-  // Layers reads a layer count: Positive, and at most kMaxLayers (CheckLayerCount).
-  absl::StatusOr<int64_t> Layers(const char* key, std::optional<int64_t> fallback = {}) const {
-    int64_t layers = 0;
-    MEMLEDGER_ASSIGN_OR_RETURN(layers, Positive(key, fallback));
-    if (absl::Status s = CheckLayerCount("", layers); !s.ok()) {
-      return Error(key, absl::StripPrefix(s.message(), " "));
-    }
-    return layers;
-  }
-
   absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
     Consult(key);
     if (!doc_.HasMember(key)) return fallback;

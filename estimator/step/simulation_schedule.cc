@@ -523,13 +523,19 @@ absl::Status Simulation::MakeModelTensors(const SegmentPlan* plan, std::vector<i
 // DynamicSlidingWindowLayer holds torch.tensor(sliding_window, dtype=torch.long), 8
 // bytes (cache_utils.py, DynamicSlidingWindowLayer.__init__), until the forward
 // returns the cache. Their count is the whole model's, which no segment graph knows.
+// Recorded, each is its own event; otherwise only their sum and their lifetime count,
+// and one storage of the sum stands for them: a composed model of 10^12 layers
+// (ComposePeak) made 10^12 storages, 3 GB at 10^9. The sum fits: each layer's own
+// parameters are more than 8 bytes, and their total was counted before.
 void Simulation::DynamicCacheLayers() {
   memory_.SetOp(Special(Where::kPrologue, Where::Activity::kDynamicCache));
   const int64_t layers = model_layers_ >= 0 ? model_layers_ : config_.layers;
-  for (int64_t i = 0; i < config_.SlidingLayers(layers); ++i) {
+  const int64_t sliding = config_.SlidingLayers(layers);
+  const int64_t storages = memory_.recording() ? sliding : std::min<int64_t>(sliding, 1);
+  for (int64_t i = 0; i < storages; ++i) {
     // torch.tensor(...) without a device: a host tensor beside a CUDA model.
-    const int id =
-        memory_.HostAlloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary);
+    const int id = memory_.HostAlloc(ElementSizeBytes(DType::kInt64) * (sliding / storages),
+                                     MemoryCategory::kTemporary);
     forward_holds_.emplace_back(id, Where::kPrologue);
   }
 }

@@ -148,7 +148,7 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   c.family = Family::kGemma3;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 2304));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 9216));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("num_hidden_layers", 26));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers", 26));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads", 8));
   MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", 4));
   MEMLEDGER_ASSIGN_OR_RETURN(c.head_dim, r.Positive("head_dim", 256));
@@ -196,7 +196,12 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   if (types.empty()) {
     int64_t pattern = 6;
     MEMLEDGER_ASSIGN_OR_RETURN(pattern, r.Positive("sliding_window_pattern", 6));
-    for (int64_t i = 0; i < std::min(pattern, c.layers); ++i) {
+    // Past the model's layers every layer slides: one period of one layer.
+    const int64_t length = pattern > c.layers ? 1 : pattern;
+    if (absl::Status s = CheckLayerPeriod("", length); !s.ok()) {
+      return r.Error("sliding_window_pattern", absl::StrCat(pattern, " ", s.message()));
+    }
+    for (int64_t i = 0; i < length; ++i) {
       types.push_back((i + 1) % pattern != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
     }
   }

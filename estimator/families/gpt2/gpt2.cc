@@ -126,7 +126,7 @@ absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_vie
   ModelConfig c;
   c.family = Family::kGpt2;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("n_embd"));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("n_layer"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("n_layer"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("n_head"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.max_positions, r.Positive("n_positions"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size"));

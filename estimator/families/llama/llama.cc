@@ -165,7 +165,9 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
     MEMLEDGER_ASSIGN_OR_RETURN(step, r.Positive("decoder_sparse_step", 1));
     MEMLEDGER_ASSIGN_OR_RETURN(moe.dense_layers, r.LayerIndices("mlp_only_layers", layers));
     moe.sparse_step = step;
-    moe.DeriveSparseLayers(layers);
+    if (absl::Status s = moe.DeriveSparseLayers(layers); !s.ok()) {
+      return r.Error("num_hidden_layers", absl::StrCat(layers, ": ", s.message()));
+    }
   }
   if (moe.top_k > moe.experts) {
     return r.Error("num_experts_per_tok", absl::StrCat(moe.top_k, " exceeds the ",
@@ -179,7 +181,7 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
   c.family = Family::kLlama;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size"));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("num_hidden_layers"));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
   MEMLEDGER_ASSIGN_OR_RETURN(c.vocab, r.Positive("vocab_size"));

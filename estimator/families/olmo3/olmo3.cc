@@ -133,7 +133,7 @@ absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_vi
   c.family = Family::kOlmo3;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 4096));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 11008));
-  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Layers("num_hidden_layers", 32));
+  MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("num_hidden_layers", 32));
   MEMLEDGER_ASSIGN_OR_RETURN(c.heads, r.Positive("num_attention_heads", 32));
   MEMLEDGER_ASSIGN_OR_RETURN(c.kv_heads, r.Positive("num_key_value_heads", c.heads));
   if (c.width % c.heads != 0 && !r.Has("head_dim")) {
