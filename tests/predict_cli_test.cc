@@ -511,6 +511,11 @@ TEST(PredictCliTest, InputsAndCountsAreBoundedBeforeTheWork) {
   // 120,000 '[' overflowed the parser's stack (SIGSEGV, nothing on stderr).
   const std::string deep = dir + "/deep.json";
   std::ofstream(deep) << std::string(120000, '[');
+  // A routing row near INT64_MAX overflowed its sum (UBSan named llama.cc): tiny-qwen3-moe's
+  // 4 experts, 2 a token, see at most batch 1 x seq 4 = 4 tokens each, 8 pairs a row.
+  const std::string huge_routing = dir + "/huge_routing.json";
+  std::ofstream(huge_routing)
+      << R"({"layers": [[9223372036854775807, 9223372036854775807, 0, 0], [4, 4, 0, 0]]})";
   for (const auto& [args, message] :
        std::initializer_list<std::pair<std::string, std::string>>{
            {"--model=" + deep,
@@ -518,6 +523,10 @@ TEST(PredictCliTest, InputsAndCountsAreBoundedBeforeTheWork) {
            {"--routing=" + deep + " --model=tiny-qwen3-moe --experts_impl=eager",
             "nests arrays and objects deeper than 64 levels"},
            {"--plan=" + deep, "nests arrays and objects deeper than 64 levels"},
+           {"--model=tiny-qwen3-moe --experts_impl=eager --batch=1 --seq=4 --routing=" +
+                huge_routing,
+            "--routing row 0 must give each of the 4 experts 0 to 4 tokens, 8 in all "
+            "(batch x seq x 2)"},
            // 9223372036854775807 micro-batches grew to 18.9 GB, then bad_alloc.
            {"--model=tiny-llama --pp=2 --micro_batches=9223372036854775807",
             "--micro_batches must be at most 8192, got 9223372036854775807"},

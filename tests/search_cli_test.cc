@@ -357,6 +357,33 @@ TEST(SearchCliTest, OutputsAreDistinctFilesAndAClosedPipeWritesNone) {
   }
 }
 
+// A global batch's micro-batch sizes came from its divisors, listed one by one: 2^63 - 1
+// never returned. Only the counts a rank's step lays out (at most 8,192 micro-batches)
+// are enumerated now.
+TEST(SearchCliTest, AHugeGlobalBatchIsSplitIntoAtMost8192MicroBatches) {
+  rapidjson::Document doc;
+  // 2^40 sequences over 2 data-parallel ranks: at least 2^39 / 8,192 = 2^26 a micro-batch.
+  ASSERT_NO_FATAL_FAILURE(SearchJson(
+      "--model=tiny-llama --seq=8 --gpus=2 --gpus_per_node=2 --global_batch=1099511627776 "
+      "--gpu_memory_gib=1000000000 --format=json",
+      &doc));
+  ASSERT_FALSE(doc["layouts"].GetArray().Empty());
+  for (const rapidjson::Value& layout : doc["layouts"].GetArray()) {
+    const int64_t micro_batches = layout["micro_batches"].GetInt64();
+    EXPECT_LE(micro_batches, 8192) << layout["flags"].GetString();
+    EXPECT_EQ(layout["micro_batch_size"].GetInt64() * micro_batches * layout["dp"].GetInt64(),
+              int64_t{1} << 40)
+        << layout["flags"].GetString();
+  }
+  // 2^63 - 1 = 7^2 x 73 x 127 x 337 x 92,737 x 649,657: every micro-batch of it overflows
+  // the step's byte counts, so no layout is modelled (exit 2), at once.
+  CommandResult r = Search(
+      "--model=tiny-llama --seq=8 --gpus=1 --global_batch=9223372036854775807");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no layout of 1 GPUs is modelled for this model"), std::string::npos)
+      << r.output;
+}
+
 TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
   struct Case {
     const char* args;
