@@ -41,12 +41,6 @@ ParameterShard Split(int64_t dim, int64_t n, int64_t rank);
 // ReplicatedUnderSequenceParallelism: with config.sp, a replicated parameter (a norm, a
 // row-parallel bias) used on this rank's T / tp tokens only, so its gradient is partial.
 bool ReplicatedUnderSequenceParallelism(const ModelConfig& config, const std::string& name);
-// LlamaShardOf and LlamaGradientIsPartial: the Llama family's names under Megatron's
-// layout (runtime/families/llama/llama.cc), which Gemma 3's share: q/k/v, gate/up and the
-// vocabulary rows split by output, o_proj and down_proj by input, q_norm's and k_norm's
-// gradients all-reduced.
-ParameterShard LlamaShardOf(const ModelConfig& config, const std::string& name, int64_t r);
-bool LlamaGradientIsPartial(const ModelConfig& config, const std::string& name);
 
 }  // namespace memledger::runtime
 

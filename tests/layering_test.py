@@ -82,6 +82,45 @@ class LayeringTest(unittest.TestCase):
                         found.append(f"{path}:{number}: {match.group(0)}")
         self.assertEqual(found, [], "\n".join(found))
 
+    def test_shared_code_declares_no_family_function_and_lists_no_model_type(self):
+        # A family's own functions (LlamaShardOf) are declared in its folder's headers,
+        # and messages list families or presets by asking the registry (FamilyNames,
+        # PresetNamesWith), never from a hand-written list such as "(qwen3_moe, mixtral)"
+        # that the next family would make false. The study is left out of the names: its
+        # name is also the reference study's, whose policy and report head shared code
+        # names (StudyPolicy, StudyJsonHead).
+        with open("estimator/spec/families.inc", encoding="utf-8") as f:
+            registered = re.findall(r"^MEMLEDGER_FAMILY\((\w+)\)", f.read(), re.MULTILINE)
+        own_name = re.compile(r"\b(" + "|".join(n for n in registered if n != "Study") +
+                              r")[A-Z]\w*")
+        model_types = set()
+        for parent, _, names in os.walk("estimator/families"):
+            for name in names:
+                with open(os.path.join(parent, name), encoding="utf-8") as f:
+                    for listed in re.findall(r"\.model_types = \{([^}]*)\}", f.read()):
+                        model_types.update(re.findall(r'"(\w+)"', listed))
+        self.assertGreaterEqual(len(model_types), 8)
+        model_type = re.compile(r"\b(" + "|".join(sorted(model_types)) + r")\b")
+        found = []
+        for top in ("estimator", "runtime", "planner", "verify", "api"):
+            for parent, _, names in os.walk(top):
+                if "/families" in parent or parent.endswith("families"):
+                    continue
+                for name in names:
+                    if not name.endswith((".cc", ".h")):
+                        continue
+                    path = os.path.join(parent, name)
+                    validates = parent in ("estimator/graph", "estimator/request")
+                    with open(path, encoding="utf-8") as f:
+                        for number, line in enumerate(f, 1):
+                            code = line.split("//", 1)[0]
+                            for match in own_name.finditer(code):
+                                found.append(f"{path}:{number}: {match.group(0)}")
+                            for literal in re.findall(r'"((?:[^"\\]|\\.)*)"', code):
+                                if validates and model_type.search(literal):
+                                    found.append(f"{path}:{number}: \"{literal}\"")
+        self.assertEqual(found, [], "\n".join(found))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -98,6 +98,22 @@ TEST(PredictTest, ValidatesItsConfigOnce) {
   }
 }
 
+// The models a capability needs are listed from the registry, not by hand: the llama
+// family's presets with experts (estimator/families/llama/llama.cc, LlamaPresets, in its
+// order) and the gpt2 family's Megatron preset.
+TEST(PredictTest, ARefusalListsTheRegistrysModels) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig dense, ModelFromPreset("tiny-llama"));
+  dense.moe.ep = 2;
+  EXPECT_STATUS(ValidateConfig(dense), absl::StatusCode::kInvalidArgument,
+                "--ep (expert parallelism) needs a mixture-of-experts model (qwen3-30b-a3b, "
+                "mixtral-8x7b, tiny-qwen3-moe or a config.json with experts)");
+  dense.moe.ep = 1;
+  dense.megatron = true;
+  EXPECT_STATUS(ValidateConfig(dense), absl::StatusCode::kInvalidArgument,
+                "Megatron's ops (dropout, fused softmax) are modelled for the gpt2 family "
+                "only (--model=megatron-gpt)");
+}
+
 // Korthikanti et al.'s Table 2 per tensor-parallel GPU, without the dropout masks, for
 // 2 layers of s x b x h = 16 x 2 x 64 = 2,048 (fp32, 4 heads): no parallelism 16
 // elements per sbh, 2 x 4 x 16 x 2,048 = 262,144; t = 2: 4 + 12/2 = 10, 163,840; with

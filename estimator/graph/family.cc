@@ -21,6 +21,14 @@ absl::Status CheckPositive(absl::string_view flag, int64_t value) {
       absl::StrCat("--", flag, " must be >= 1, got ", value));
 }
 
+// JoinNames: "a", "a or b", "a, b or c".
+std::string JoinNames(const std::vector<absl::string_view>& names,
+                      absl::string_view conjunction) {
+  if (names.size() < 2) return absl::StrJoin(names, "");
+  return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "), " ", conjunction,
+                      " ", names.back());
+}
+
 }  // namespace
 
 absl::string_view FamilyName(Family family) { return FamilyOf(family).name; }
@@ -30,9 +38,33 @@ std::string FamilyNames(bool FamilyDef::*capability, absl::string_view conjuncti
   for (const FamilyDef* family : Families()) {
     if (family->*capability) names.push_back(family->name);
   }
-  if (names.size() < 2) return absl::StrJoin(names, "");
-  return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "), " ", conjunction,
-                      " ", names.back());
+  return JoinNames(names, conjunction);
+}
+
+namespace {
+
+std::vector<absl::string_view> PresetsWith(bool (*has)(const ModelConfig& config)) {
+  std::vector<absl::string_view> names;
+  for (const FamilyDef* family : Families()) {
+    for (const auto& [name, config] : family->presets) {
+      if (has(config)) names.push_back(name);
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+std::string PresetNamesWith(bool (*has)(const ModelConfig& config),
+                            absl::string_view conjunction) {
+  return JoinNames(PresetsWith(has), conjunction);
+}
+
+std::string MixtureOfExpertsModels() {
+  std::vector<absl::string_view> names =
+      PresetsWith([](const ModelConfig& c) { return c.moe.Sparse(); });
+  names.push_back("a config.json with experts");
+  return JoinNames(names, "or");
 }
 
 namespace {
@@ -99,9 +131,10 @@ absl::Status ValidateConfig(const ModelConfig& config) {
         family.name, " family"));
   }
   if (config.megatron && !family.megatron) {
-    return absl::InvalidArgumentError(
-        "Megatron's ops (dropout, fused softmax) are modelled for the gpt2 family only "
-        "(--model=megatron-gpt)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Megatron's ops (dropout, fused softmax) are modelled for the ",
+        FamilyNames(&FamilyDef::megatron), " family only (--model=",
+        PresetNamesWith([](const ModelConfig& c) { return c.megatron; }), ")"));
   }
   if (config.qk_norm && !family.qk_norm) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -149,8 +182,9 @@ absl::Status ValidateConfig(const ModelConfig& config) {
         absl::StrCat("--ep must be >= 1, got ", config.moe.ep));
   }
   if (config.moe.ep > 1 && !config.moe.Sparse()) {
-    return absl::InvalidArgumentError(
-        "--ep (expert parallelism) needs a mixture-of-experts model (qwen3_moe, mixtral)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ep (expert parallelism) needs a mixture-of-experts model (",
+        MixtureOfExpertsModels(), ")"));
   }
   if (!family.decoder) return absl::OkStatus();
 

@@ -99,6 +99,13 @@ absl::string_view FamilyName(Family family);  // FamilyOf(family).name
 // the last after `conjunction`: "llama, gpt2 or gemma3" (for messages and help, which
 // name no family themselves).
 std::string FamilyNames(bool FamilyDef::*capability, absl::string_view conjunction = "or");
+// PresetNamesWith: the built-in models (FamilyDef::presets) whose config `has` it, joined
+// as FamilyNames joins: "megatron-gpt".
+std::string PresetNamesWith(bool (*has)(const ModelConfig& config),
+                            absl::string_view conjunction = "or");
+// MixtureOfExpertsModels: the models a flag for experts applies to, from the registry:
+// "qwen3-30b-a3b, mixtral-8x7b, tiny-qwen3-moe or a config.json with experts".
+std::string MixtureOfExpertsModels();
 
 // ValidateConfig returns InvalidArgument naming the offending flag, e.g.
 // "--width 130 is not divisible by --heads 4" or "--heads 32 is not divisible by

@@ -113,8 +113,9 @@ absl::Status ApplyExperts(const RunRequest& request, ModelConfig& config) {
   }
   const bool moe_flags = request.experts_impl != "grouped_mm" || request.routing != "balanced";
   if (moe_flags && !config.moe.Sparse()) {
-    return absl::InvalidArgumentError(
-        "--experts_impl and --routing apply to a mixture-of-experts model (qwen3_moe, mixtral)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--experts_impl and --routing apply to a mixture-of-experts model (",
+        MixtureOfExpertsModels(), ")"));
   }
   return absl::OkStatus();
 }

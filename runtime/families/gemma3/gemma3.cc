@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/attention.h"
+#include "runtime/families/llama/llama.h"
 #include "runtime/families/rotary.h"
 #include "runtime/families/sliding_window.h"
 #include "runtime/family.h"

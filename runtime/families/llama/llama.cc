@@ -16,6 +16,7 @@
 #include "runtime/attention.h"
 #include "runtime/dropout.h"
 #include "runtime/families/rotary.h"
+#include "runtime/families/llama/llama.h"
 #include "runtime/families/llama/sparse_moe.h"
 #include "runtime/family.h"
 
