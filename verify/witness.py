@@ -61,7 +61,7 @@ POLICY_OPS = {
 
 sys.path.insert(0, str(Path(os.path.realpath(__file__)).parent))
 from witness_common import (  # noqa: E402  (verify/witness_common.py)
-    UsageError, element_bytes, expert_parallel, local, reduce_expert_parallel,
+    UsageError, ddp, element_bytes, expert_parallel, local, reduce_expert_parallel,
     torch_dtype, unique_storage_bytes, _torch)
 
 
@@ -159,6 +159,11 @@ class TransformersModel:
         self.model.train()
         if case.get("ep", 1) > 1:
             expert_parallel(self.model, config, case["ep"])
+        # The step runs through DistributedDataParallel's forward (its Reducer hooks the
+        # parameters' gradients); checkpointing is still the model's (set_variant).
+        self.forward, self.reducer_bytes = self.model, 0
+        if case.get("ddp") is not None:
+            self.forward, self.reducer_bytes = ddp(self.model, case["ddp"])
         vocab = config.vocab_size
         # Each expert-parallel rank trains its own batch.
         generator = torch.Generator().manual_seed(case.get("seed", 0) + case.get("rank", 0))
@@ -200,7 +205,7 @@ class TransformersModel:
 
     def loss(self, counter):
         del counter  # transformers' checkpointing carries its own policy (set_variant)
-        return self.model(input_ids=self.ids, labels=self.ids).loss
+        return self.forward(input_ids=self.ids, labels=self.ids).loss
 
 
 # ---------------------------------------------------------------------------------------
@@ -356,13 +361,17 @@ def _measure(case):
     policy = case.get("policy", "matmul")
     op_names = [op for kind in policy.split(",") if kind for op in POLICY_OPS[kind]]
 
-    # The earlier step that makes the optimizer's state.
-    with autocast:
-        loss = target.loss(PolicyCounter(op_names))
-    loss.backward()
-    opt.step()
-    del loss
-    opt.zero_grad(set_to_none=True)
+    # The earlier step that makes the optimizer's state. Under DDP two: the Reducer
+    # rebuilds its buckets, in the order the first backward made the gradients, at the
+    # second forward (distributed.py, _pre_forward: reducer._rebuild_buckets()), and the
+    # step measured is every later one.
+    for _ in range(2 if case.get("ddp") is not None else 1):
+        with autocast:
+            loss = target.loss(PolicyCounter(op_names))
+        loss.backward()
+        opt.step()
+        del loss
+        opt.zero_grad(set_to_none=True)
 
     counter = PolicyCounter(op_names)
     set_variant(target, case, counter)
@@ -422,7 +431,8 @@ def _measure(case):
         live += value
         if live > peak[0]:
             peak = (live, phase)
-    resident = param_bytes + buffer_bytes + optimizer_state_bytes + input_bytes
+    reducer_bytes = getattr(target, "reducer_bytes", 0)
+    resident = param_bytes + buffer_bytes + optimizer_state_bytes + input_bytes + reducer_bytes
     saved = sum(seen.values()) + counter.bytes
     if routing_copy is not None:
         routing_rows = routing_copy.routing(autocast)
@@ -439,6 +449,7 @@ def _measure(case):
         "optimizer_state_bytes": optimizer_state_bytes,
         "optimizer_step_tensor_bytes": step_bytes,
         "input_bytes": input_bytes,
+        **({"reducer_bytes": reducer_bytes} if case.get("ddp") is not None else {}),
         "saved_bytes": saved,
         "cache_bytes": counter.bytes,
         "held_after_forward": marks["memledger.forward_end"] - loss_bytes,

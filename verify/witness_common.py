@@ -1,8 +1,8 @@
 """What the real-stack witnesses share (verify/witness.py, one process, and
-verify/witness_ranks.py, its expert-parallel ranks): the one-line usage error, the
-storage accounting both measure with, and transformers' expert parallelism on this
-process's rank, which witness.py's step runs when a case has ep > 1 and
-witness_ranks.py's ranks start. It imports neither script.
+verify/witness_ranks.py, its data-parallel ranks): the one-line usage error, the
+storage accounting both measure with, and on this process's rank transformers' expert
+parallelism or torch's DistributedDataParallel, which witness.py's step runs when a case
+has ep > 1 or ddp and witness_ranks.py's ranks start. It imports neither script.
 """
 
 from __future__ import annotations
@@ -131,6 +131,103 @@ def _let_gloo_go():
     functional.wait_tensor = waited(functional.wait_tensor)
     parallel_utils.wait_tensor = waited(parallel_utils.wait_tensor)
     expert_parallel.all_to_all_single = exchanged(expert_parallel.all_to_all_single)
+
+
+# ---------------------------------------------------------------------------------------
+# DDP
+
+
+def ddp(model, options):
+    """torch's DistributedDataParallel around `model` on the default (Gloo) group, with
+    options["bucket_cap_mb"] (None: torch's 25 MiB, and 1 MiB for the first bucket once
+    they are rebuilt) and options["gradient_as_bucket_view"] (False), every other
+    argument torch's default. Returns the wrapper and the bytes its construction keeps:
+    the profiler's net allocation over DistributedDataParallel.__init__, whose other
+    allocations (the parameters' and buffers' broadcast from rank 0) die before it
+    returns, so what stays is the Reducer's (its gradient buckets)."""
+    torch = _torch()
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    _broadcast_in_python(dist)
+    _verify_params_in_python(dist)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        wrapped = DistributedDataParallel(
+            model, bucket_cap_mb=options.get("bucket_cap_mb"),
+            gradient_as_bucket_view=options.get("gradient_as_bucket_view", False))
+    kept = sum(e.nbytes() for e in prof.profiler.kineto_results.events()
+               if e.name() == "[memory]")
+    return wrapped, kept
+
+
+def _broadcast_in_python(dist):
+    """dist._broadcast_coalesced (DDP's broadcast of the parameters at construction and
+    of the buffers at each forward's start, forward_sync_buffers) as c10d runs it
+    (torch/csrc/distributed/c10d/comm.cpp, broadcast_coalesced and BroadcastWork): the
+    tensors in buckets of buffer_size (compute_bucket_assignment_by_size), each copied
+    into one flat tensor (flatten_dense_tensors, a copy even of one tensor) and
+    broadcast, at most two in flight; finishing one waits for it and copies it back.
+    From Python, so that it also waits for Gloo's worker to let go of the flat copy
+    (gloo_let_go): c10d drops its own reference first, and whenever the worker's was
+    the last, the copy died on that thread where the profiler records no free, and a
+    rank read the buffers' bytes held for the rest of its step."""
+    if getattr(dist._broadcast_coalesced, "memledger_waits", False):
+        return
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    def broadcast_coalesced(process_group, tensors, buffer_size, src):
+        buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [buffer_size])
+        in_flight = []
+
+        def finish():
+            bucket, flat, work = in_flight.pop(0)
+            work.wait()
+            del work  # the work's own reference to the flat copy
+            gloo_let_go(flat)
+            for tensor, out in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                if out.numel() != 0:
+                    tensor.copy_(out)
+
+        for indices in buckets:
+            if len(in_flight) >= 2:
+                finish()
+            bucket = [tensors[i] for i in indices]
+            flat = _flatten_dense_tensors(bucket)
+            in_flight.append((bucket, flat, dist.broadcast(flat, group=process_group,
+                                                           group_src=src, async_op=True)))
+            del flat
+        while in_flight:
+            finish()
+
+    broadcast_coalesced.memledger_waits = True
+    dist._broadcast_coalesced = broadcast_coalesced
+
+
+def _verify_params_in_python(dist):
+    """dist._verify_params_across_processes (DDP's check at construction that every rank
+    has the same parameter shapes) as c10d runs it (torch/csrc/distributed/c10d/
+    reducer.cpp, verify_params_across_processes): each parameter's sizes and strides in
+    one int64 tensor, a copy of it broadcast from rank 0 and compared. From Python, to
+    wait for Gloo's worker to let go of the copy (gloo_let_go); it keeps nothing."""
+    if getattr(dist._verify_params_across_processes, "memledger_waits", False):
+        return
+    torch = _torch()
+
+    def verify_params_across_processes(process_group, tensors, logger=None):
+        del logger
+        metadata = torch.tensor([n for t in tensors for n in (*t.shape, *t.stride())],
+                                dtype=torch.long)
+        copy = metadata.clone()
+        work = dist.broadcast(copy, group=process_group, group_src=0, async_op=True)
+        work.wait()
+        del work
+        gloo_let_go(copy)
+        if not torch.equal(copy, metadata):
+            raise RuntimeError("DDP: the ranks' parameters differ in shape or stride")
+
+    verify_params_across_processes.memledger_waits = True
+    dist._verify_params_across_processes = verify_params_across_processes
 
 
 def reduce_expert_parallel(params, dp, ep):

@@ -1,8 +1,13 @@
-"""The real-stack witness on expert-parallel ranks: verify/witness.py's step on each of
+"""The real-stack witness on data-parallel ranks: verify/witness.py's step on each of
 dp Gloo ranks on loopback (one process each, dp = ep unless given), every rank training
-its own batch with transformers 5.23's expert parallelism in groups of ep ranks
-(expert_parallel below: the experts split over a group, AllToAllEP between them), and
-the gradients reduced as memledger predicts (reduce_expert_parallel below).
+its own batch, either
+* with transformers 5.23's expert parallelism in groups of ep ranks (expert_parallel:
+  the experts split over a group, AllToAllEP between them), and the gradients reduced
+  as memledger predicts (reduce_expert_parallel); or
+* (--ep=1, a case with "ddp": {"bucket_cap_mb": ..., "gradient_as_bucket_view": ...})
+  under torch's DistributedDataParallel as its defaults run it (witness_common.ddp),
+  measured in the steady state after the Reducer rebuilt its buckets; each rank's
+  "reducer_bytes" is what DDP's construction kept (its buckets), counted in its peak.
 
 Each rank measures what witness.measure does (its buckets, saved-tensor hooks, the
 profiler's held bytes and peak) and records its routing; the result is one JSON object
@@ -13,6 +18,7 @@ the routing being predict's --routing file for the same step.
 Usage:
     python verify/witness_ranks.py --ep=2 --cases=cases.jsonl
     python verify/witness_ranks.py --ep=2 --dp=4 --cases=cases.jsonl  # 2 groups of 2
+    python verify/witness_ranks.py --ep=1 --dp=2 --cases=ddp_cases.jsonl  # DDP
 
 Bad input: one line on stderr, exit 2.
 """
@@ -40,7 +46,7 @@ def _rank(rank, ep, dp, store_path, cases, out_dir):
                             world_size=dp)
     try:
         results = [witness.measure({**witness.DEFAULTS, **case, "ep": ep, "dp": dp,
-                                    "rank": rank, "record_routing": True})
+                                    "rank": rank, "record_routing": ep > 1})
                    for case in cases]
     finally:
         dist.destroy_process_group()
@@ -60,6 +66,9 @@ def measure_ranks(cases, ep, dp=None):
     results = []
     for c in range(len(cases)):
         ranks = [per_rank[r][c] for r in range(dp)]
+        if ep == 1:
+            results.append({"ranks": ranks})
+            continue
         routing = {"ranks": [{"layers": rank.pop("routing")["layers"]} for rank in ranks]}
         results.append({"ranks": ranks, "routing": routing})
     return results
@@ -67,23 +76,31 @@ def measure_ranks(cases, ep, dp=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ep", type=int, required=True, help="expert-parallel ranks (>= 2)")
+    parser.add_argument("--ep", type=int, required=True,
+                        help="expert-parallel ranks (>= 2), or 1 for DDP cases")
     parser.add_argument("--dp", type=int, default=None,
                         help="data-parallel ranks, a multiple of --ep (default: --ep)")
     parser.add_argument("--cases", required=True,
                         help="a JSON-lines file of witness.py's cases (each with a config)")
     args = parser.parse_args(argv)
     try:
-        if args.ep < 2:
-            raise witness.UsageError(f"--ep must be >= 2, got {args.ep}")
-        if args.dp is not None and (args.dp < args.ep or args.dp % args.ep != 0):
-            raise witness.UsageError(f"--dp {args.dp} must be a multiple of --ep {args.ep}")
+        if args.ep < 1:
+            raise witness.UsageError(f"--ep must be >= 1, got {args.ep}")
+        if args.dp is not None and (args.dp < max(args.ep, 2) or args.dp % args.ep != 0):
+            raise witness.UsageError(
+                f"--dp {args.dp} must be a multiple of --ep {args.ep}, and at least 2")
+        if args.ep == 1 and args.dp is None:
+            raise witness.UsageError("--ep=1 (DDP) needs --dp, the number of ranks")
         path = Path(args.cases)
         if not path.is_file():
             raise witness.UsageError(f"--cases {args.cases}: not a file")
         cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         if any("config" not in case for case in cases):
             raise witness.UsageError("--cases: every case needs a transformers config")
+        if any((case.get("ddp") is not None) != (args.ep == 1) for case in cases):
+            raise witness.UsageError(
+                "--cases: with --ep=1 every case runs DDP (\"ddp\": {...}), with --ep >= 2 "
+                "none does")
         for result in measure_ranks(cases, args.ep, args.dp):
             print(json.dumps(result), flush=True)
         return 0

@@ -1,0 +1,107 @@
+"""The DDP witness: torch's DistributedDataParallel on 2 Gloo ranks, as torch runs it.
+
+verify/witness_ranks.py (--ep=1) trains the issue's 2-layer Llama (hidden 64, 4 heads,
+2 kv heads, head_dim 16, intermediate 160, vocab 512, untied) under
+DistributedDataParallel with AdamW for_loop, batch 2 per rank and seq 32, and measures
+the step after the Reducer rebuilt its buckets. These tests pin what memledger's DDP
+must mirror, each fact checked against hand arithmetic or the single-process witness
+(the same code without DDP), never against memledger:
+
+* DDP's construction keeps one bucket element per parameter element (torch/csrc/
+  distributed/c10d/reducer.cpp, initialize_buckets: bucket.gradients =
+  at::empty({offset})) and nothing else; the buckets rebuilt at the second forward hold
+  the same elements, split by the cap;
+* the steady-state step allocates nothing else at its peak: a rank's peak is the single
+  process's plus the buckets;
+* with gradient_as_bucket_view the .grads are views of the buckets, so after the
+  backward none is held apart;
+* the measurement is deterministic (Gloo's worker lets go before the witness goes on).
+
+Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
+    python tests/ddp_witness_test.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import unittest
+import warnings
+from pathlib import Path
+
+HERE = Path(os.path.realpath(__file__)).parent
+sys.path.insert(0, str(HERE.parent / "verify"))
+import witness_ranks  # noqa: E402  (verify/witness_ranks.py)
+
+witness = witness_ranks.witness
+
+CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": False}
+# Its parameters, by hand: embed_tokens and lm_head 512 x 64 = 32,768 each; a layer's
+# q 64 x 64 = 4,096, k and v 32 x 64 = 2,048 each, o 4,096, gate, up and down
+# 160 x 64 = 10,240 each, two norms of 64: 43,136; the final norm 64.
+# 2 x 32,768 + 2 x 43,136 + 64 = 151,872 fp32 elements, 607,488 B.
+PARAM_BYTES = 151872 * 4
+# DDP's options: torch's defaults (bucket_cap_mb 25, the first rebuilt bucket 1 MiB,
+# gradient_as_bucket_view False), then each changed; the defaults again last.
+OPTIONS = [{}, {"gradient_as_bucket_view": True}, {"bucket_cap_mb": 0.1},
+           {"bucket_cap_mb": 0.1, "gradient_as_bucket_view": True}, {}]
+FIELDS = ("param_bytes", "grad_bytes", "optimizer_state_bytes", "saved_bytes",
+          "reducer_bytes", "held_after_forward", "held_after_backward", "peak_bytes",
+          "peak_phase")
+
+
+def case(ddp=None):
+    return {"config": CONFIG, "batch": 2, "seq": 32, "optimizer_impl": "for_loop",
+            **({"ddp": ddp} if ddp is not None else {})}
+
+
+class DdpWitnessTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in witness_ranks.measure_ranks(
+            [case(options) for options in OPTIONS], ep=1, dp=2)]
+        cls.alone = witness.measure({**witness.DEFAULTS, **case()})
+
+    def test_the_reducer_keeps_one_bucket_element_per_parameter_element(self):
+        for options, ranks in zip(OPTIONS, self.ranks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual(rank["param_bytes"], PARAM_BYTES, (options, r))
+                self.assertEqual(rank["reducer_bytes"], PARAM_BYTES, (options, r))
+
+    def test_a_ranks_step_is_the_single_process_step_beside_the_buckets(self):
+        # The issue's measurement, 3,503,004 B a rank with the defaults: the single
+        # process's peak plus the buckets, in the same phase.
+        self.assertEqual(self.ranks[0][0]["peak_bytes"], 3503004)
+        for options, ranks in zip(OPTIONS, self.ranks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual(rank["peak_bytes"] - rank["reducer_bytes"],
+                                 self.alone["peak_bytes"], (options, r))
+                self.assertEqual(rank["peak_phase"], self.alone["peak_phase"], (options, r))
+                self.assertEqual(rank["held_after_forward"], self.alone["held_after_forward"],
+                                 (options, r))
+                self.assertEqual(rank["saved_bytes"], self.alone["saved_bytes"], (options, r))
+
+    def test_gradients_as_bucket_views_are_held_in_the_buckets(self):
+        for options, ranks in zip(OPTIONS, self.ranks):
+            view = options.get("gradient_as_bucket_view", False)
+            for r, rank in enumerate(ranks):
+                # Apart: the single process's .grads (607,488 B) are held after the
+                # backward; as views, none but the loss's 4 B.
+                held = self.alone["held_after_backward"] - (PARAM_BYTES if view else 0)
+                self.assertEqual(rank["held_after_backward"], held, (options, r))
+
+    def test_the_measurement_is_the_same_on_every_rank_and_every_run(self):
+        for options, ranks in zip(OPTIONS, self.ranks):
+            for field in FIELDS:
+                self.assertEqual(ranks[0][field], ranks[1][field], (options, field))
+        first, last = self.ranks[0], self.ranks[-1]
+        for r in range(2):
+            for field in FIELDS:
+                self.assertEqual(first[r][field], last[r][field], (r, field))
+
+
+if __name__ == "__main__":
+    unittest.main()
