@@ -420,16 +420,12 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   }
   const absl::StatusOr<int64_t> budget = BudgetBytes(*keys.budget_gib);
   if (!budget.ok()) return budget.status();
-  // Out of int's range here; the rest of each range is RunPlanner's to check.
-  if (keys.frontier_points < 0 || keys.frontier_points > 1000) {
-    return KeyError("frontier_points", "must be 0 or between 2 and 1000");
-  }
   if (absl::Status s = CheckCpuThreads(keys.cpu_threads); !s.ok()) return s;
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
   if (!spec.ok()) return spec.status();
   PlanRunOptions options;
   options.budget_bytes = *budget;
-  options.frontier_points = static_cast<int>(keys.frontier_points);
+  options.frontier_points = keys.frontier_points;  // RunPlanner checks it
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
   options.flops_per_second = keys.flops_per_second;
   options.timeline = format == "svg";
@@ -517,7 +513,7 @@ absl::StatusOr<std::string> SearchCall(const char* request_json) {
   if (format != "json" && format != "table" && format != "svg") {
     return KeyError("format", "must be \"json\", \"table\" or \"svg\"");
   }
-  if (keys.top < 0) return KeyError("top", "must be >= 0");
+  if (absl::Status s = CheckTop(keys.top); !s.ok()) return s;
   absl::StatusOr<SearchOptions> options = SearchOptionsFrom(keys.search);
   if (!options.ok()) return options.status();
   absl::StatusOr<SearchResult> result = SearchLayouts(*request, *options);

@@ -18,6 +18,7 @@
 #include "estimator/graph/block_graph.h"
 #include "estimator/graph/family.h"
 #include "estimator/request/parallel_spec.h"
+#include "estimator/spec/option_checks.h"
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
 #include "estimator/report/units.h"
@@ -56,8 +57,8 @@ absl::Status CheckFixedLayout(const SearchOptions& options, const ModelConfig& c
         {"dp", f.dp}, {"virtual_stages", f.virtual_stages}, {"batch", f.micro_batch_size}}) {
     if (value.has_value() && *value < 1) return bad(flag, *value, "must be >= 1");
   }
-  if (f.zero.has_value() && (*f.zero < 0 || *f.zero > 3)) {
-    return bad("zero", *f.zero, "must be 0, 1, 2 or 3");
+  if (f.zero.has_value()) {
+    if (absl::Status s = CheckZeroStage(*f.zero); !s.ok()) return s;
   }
   const int64_t node = std::min(options.gpus, options.gpus_per_node);
   if (f.tp.has_value() && node % *f.tp != 0) {

@@ -28,11 +28,7 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("budget_bytes must be positive, got ", options.budget_bytes));
   }
-  if (options.frontier_points < 0 || options.frontier_points == 1 ||
-      options.frontier_points > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--frontier_points must be 0 or between 2 and 1000, got ", options.frontier_points));
-  }
+  if (absl::Status s = CheckFrontierPoints(options.frontier_points); !s.ok()) return s;
   if (absl::Status s = CheckCpuThreads(options.cpu_threads); !s.ok()) return s;
   if (!(options.flops_per_second >= 0) || options.flops_per_second > 1e30) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -214,7 +210,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   if (options.timeline) report.plan_step = {*replayed};
   if (options.frontier_points > 0) {
     absl::StatusOr<std::vector<FrontierPoint>> frontier =
-        planner->Frontier(options.frontier_points);
+        planner->Frontier(static_cast<int>(options.frontier_points));
     if (!frontier.ok()) return frontier.status();
     report.frontier = *frontier;
   }

@@ -21,7 +21,7 @@ namespace memledger {
 
 struct PlanRunOptions {
   int64_t budget_bytes = 0;   // REQUIRES: > 0
-  int frontier_points = 9;    // 0, or 2..1000
+  int64_t frontier_points = 9;    // 0, or 2..1000
   int cpu_threads = 1;        // >= 1
   double flops_per_second = 0;  // > 0: step times too
   // timeline: record the plan's replayed step (PlanReport::plan_step) for its chart; one

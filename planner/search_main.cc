@@ -16,6 +16,7 @@
 #include "estimator/cli/message_escape.h"
 #include "estimator/report/report.h"
 #include "estimator/report/units.h"
+#include "estimator/spec/option_checks.h"
 #include "planner/layout_search.h"
 #include "planner/search_report.h"
 #include "planner/step_time.h"
@@ -125,10 +126,7 @@ int main(int argc, char** argv) {
         absl::StrCat("--format must be json or table, got '", format, "'")));
   }
   const int32_t top = absl::GetFlag(FLAGS_top);
-  if (top < 0) {
-    return memledger::ReportError(
-        absl::InvalidArgumentError(absl::StrCat("--top must be >= 0, got ", top)));
-  }
+  if (absl::Status s = memledger::CheckTop(top); !s.ok()) return memledger::ReportError(s);
   // Every file is written, or (on an error) none; none replaces another or an input.
   memledger::OutputFiles outputs;
   if (absl::Status s = memledger::ClaimOutputs(

@@ -237,8 +237,15 @@ TEST(ApiTest, PlanReturnsThePlannersJson) {
             "--budget_gib must be a positive number of GiB below 2^33, got -1"},
            {R"({"budget_gib": "80"})", "request: \"budget_gib\" must be a number"},
            {R"({"budget_gib": 1, "explain": true})", "request: \"explain\" is not a plan request key"},
-           {R"({"budget_gib": 1, "frontier_points": 1})", "--frontier_points must be 0 or between 2"},
-           {R"({"budget_gib": 1, "frontier_points": 5000})", "\"frontier_points\" must be 0 or"},
+           // One check and one line for a value in and out of int's range (the C ABI
+           // read it as "request: \"frontier_points\" ..." past 1000, as the planner's
+           // "--frontier_points ..." below): the planner CLI's, planner_cli_test.
+           {R"({"budget_gib": 1, "frontier_points": 1})",
+            "--frontier_points must be 0 or between 2 and 1000, got 1"},
+           {R"({"budget_gib": 1, "frontier_points": 5000})",
+            "--frontier_points must be 0 or between 2 and 1000, got 5000"},
+           {R"({"budget_gib": 1, "frontier_points": 9223372036854775807})",
+            "--frontier_points must be 0 or between 2 and 1000, got 9223372036854775807"},
            {R"({"budget_gib": 1, "cpu_threads": 0})",
             "--cpu_threads must be between 1 and 1024, got 0"},
            {R"({"budget_gib": 1, "model": "tiny-llama", "pp": 2, "dp": 2, "zero": 3})",
@@ -292,7 +299,9 @@ TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
            {R"({"gpus": 2, "global_batch": 2, "tp": 3})", "--tp 3 does not divide a node's 2 GPUs"},
            {R"({"gpus": 2, "global_batch": 2, "gpu": "v100"})", "--gpu must be one of"},
            {R"({"gpus": 2, "global_batch": 2, "mfu": "high"})", "request: \"mfu\" must be a number"},
-           {R"({"gpus": 2, "global_batch": 2, "top": -1})", "request: \"top\" must be >= 0"},
+           // The search CLI's line (search_cli_test), and predict's for --zero.
+           {R"({"gpus": 2, "global_batch": 2, "top": -1})", "--top must be >= 0, got -1"},
+           {R"({"gpus": 2, "global_batch": 2, "zero": 4})", "--zero must be 0, 1, 2 or 3, got 4"},
            {R"({"gpus": 2, "global_batch": 2, "threads": 5000})", "--threads must be between 0"},
            {R"({"gpus": 2, "global_batch": 2, "format": "csv"})", "\"format\" must be"},
            {R"({"gpus": 2, "global_batch": 2, "budget_gib": 1})",

@@ -20,6 +20,22 @@ FAMILY_TOKEN = re.compile(r"\bFamily::k[A-Z]\w*|\b\w+(?<!Runtime)(?<!Of)Family\(
                           r"\b\w+RuntimeFamily\(\)")
 
 
+def shared_code_lines():
+    """(path, line number, the line's code before any // comment) of every C++ file
+    outside the families' folders."""
+    for top in ("estimator", "runtime", "planner", "verify", "api"):
+        for parent, _, names in os.walk(top):
+            if "/families" in parent or parent.endswith("families"):
+                continue
+            for name in sorted(names):
+                if not name.endswith((".cc", ".h")):
+                    continue
+                path = os.path.join(parent, name)
+                with open(path, encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        yield path, number, line.split("//", 1)[0]
+
+
 class LayeringTest(unittest.TestCase):
     def test_each_folder_includes_only_from_earlier_ones(self):
         root = "estimator"
@@ -45,20 +61,9 @@ class LayeringTest(unittest.TestCase):
     def test_shared_code_names_no_family(self):
         # Outside a family's folders, code names no family: it asks the registry
         # (FamilyOf, Families, FamilyNames) and the FamilyDef's capabilities. Comments may.
-        found = []
-        for top in ("estimator", "runtime", "planner", "verify", "api"):
-            for parent, _, names in os.walk(top):
-                if "/families" in parent or parent.endswith("families"):
-                    continue
-                for name in names:
-                    if not name.endswith((".cc", ".h")):
-                        continue
-                    path = os.path.join(parent, name)
-                    with open(path, encoding="utf-8") as f:
-                        for number, line in enumerate(f, 1):
-                            code = line.split("//", 1)[0]
-                            for token in FAMILY_TOKEN.findall(code):
-                                found.append(f"{path}:{number}: {token}")
+        found = [f"{path}:{number}: {token}"
+                 for path, number, code in shared_code_lines()
+                 for token in FAMILY_TOKEN.findall(code)]
         self.assertEqual(found, [], "\n".join(found))
 
     def test_step_names_no_family_and_asks_no_capability(self):
@@ -102,23 +107,14 @@ class LayeringTest(unittest.TestCase):
         self.assertGreaterEqual(len(model_types), 8)
         model_type = re.compile(r"\b(" + "|".join(sorted(model_types)) + r")\b")
         found = []
-        for top in ("estimator", "runtime", "planner", "verify", "api"):
-            for parent, _, names in os.walk(top):
-                if "/families" in parent or parent.endswith("families"):
-                    continue
-                for name in names:
-                    if not name.endswith((".cc", ".h")):
-                        continue
-                    path = os.path.join(parent, name)
-                    validates = parent in ("estimator/graph", "estimator/request")
-                    with open(path, encoding="utf-8") as f:
-                        for number, line in enumerate(f, 1):
-                            code = line.split("//", 1)[0]
-                            for match in own_name.finditer(code):
-                                found.append(f"{path}:{number}: {match.group(0)}")
-                            for literal in re.findall(r'"((?:[^"\\]|\\.)*)"', code):
-                                if validates and model_type.search(literal):
-                                    found.append(f"{path}:{number}: \"{literal}\"")
+        for path, number, code in shared_code_lines():
+            for match in own_name.finditer(code):
+                found.append(f"{path}:{number}: {match.group(0)}")
+            if os.path.dirname(path) not in ("estimator/graph", "estimator/request"):
+                continue  # the folders that validate and read
+            for literal in re.findall(r'"((?:[^"\\]|\\.)*)"', code):
+                if model_type.search(literal):
+                    found.append(f"{path}:{number}: \"{literal}\"")
         self.assertEqual(found, [], "\n".join(found))
 
 

@@ -168,7 +168,9 @@ TEST(PlannerCliTest, BadInputExitsTwoNamingTheFlag) {
            // Rounded down to 0 bytes it was "budget_bytes must be positive, got 0".
            {"--budget_gib=1e-12", "--budget_gib 1e-12 is less than one byte"},
            {"--budget_gib=1e30", "--budget_gib"},
-           {"--budget_gib=1 --frontier_points=1", "--frontier_points"},
+           // The C ABI's line for the same value (api_test).
+           {"--budget_gib=1 --frontier_points=1",
+            "--frontier_points must be 0 or between 2 and 1000, got 1"},
            {"--budget_gib=1 --format=csv", "--format must be json or table"},
            {"--budget_gib=1 --flops_per_second=-2", "--flops_per_second"},
            {"--budget_gib=1 --cpu_threads=0", "--cpu_threads"},

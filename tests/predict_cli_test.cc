@@ -76,6 +76,9 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--device=cuda --model=tiny-qwen3-moe", "--device=cuda: a mixture of experts"},
            {"--ep=2 --dp=2", "--ep (expert parallelism) needs a mixture-of-experts model"},
            {"--ep=0", "--ep must be >= 1, got 0"},
+           // The search's and the C ABI's line for the same value (search_cli_test,
+           // api_test): the search said "--zero 4 must be 0, 1, 2 or 3".
+           {"--dp=2 --zero=4", "--zero must be 0, 1, 2 or 3, got 4"},
            {"--model=tiny-qwen3-moe --ep=3 --dp=3", "--ep 3 does not divide the 4 experts"},
            {"--model=tiny-qwen3-moe --ep=2 --dp=3", "--ep 2 must divide --dp 3"},
            {"--model=tiny-qwen3-moe --ep=2 --dp=2 --zero=1",

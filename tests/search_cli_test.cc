@@ -409,7 +409,10 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --tp=3",
              "--tp 3 does not divide a node's 4 GPUs (tensor-parallel ranks share a node)"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --zero=4",
-             "--zero 4 must be 0, 1, 2 or 3"},
+             "--zero must be 0, 1, 2 or 3, got 4"},
+        // The C ABI's lines for the same values (api_test), and predict's for --zero.
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --top=-1",
+             "--top must be >= 0, got -1"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --pp=5",
              "--pp 5 does not divide the 4 GPUs"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --pp=4",

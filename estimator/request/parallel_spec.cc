@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/family.h"
+#include "estimator/spec/option_checks.h"
 
 namespace memledger {
 
@@ -35,10 +36,7 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
       return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", value));
     }
   }
-  if (spec.zero < 0 || spec.zero > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--zero must be 0, 1, 2 or 3, got ", spec.zero));
-  }
+  if (absl::Status s = CheckZeroStage(spec.zero); !s.ok()) return s;
   if (spec.Accumulates() && config.layers > kMaxRankLayers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--layers ", config.layers, " is more than the ", kMaxRankLayers,

@@ -13,6 +13,22 @@ absl::Status CheckCpuThreads(int64_t threads) {
       absl::StrCat("--cpu_threads must be between 1 and 1024, got ", threads));
 }
 
+absl::Status CheckZeroStage(int64_t zero) {
+  if (zero >= 0 && zero <= 3) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--zero must be 0, 1, 2 or 3, got ", zero));
+}
+
+absl::Status CheckFrontierPoints(int64_t points) {
+  if (points == 0 || (points >= 2 && points <= 1000)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--frontier_points must be 0 or between 2 and 1000, got ", points));
+}
+
+absl::Status CheckTop(int64_t top) {
+  if (top >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--top must be >= 0, got ", top));
+}
+
 absl::StatusOr<int64_t> GibFlagBytes(absl::string_view flag, double gib,
                                      absl::string_view zero) {
   if (!zero.empty() && gib == 0) return 0;

@@ -25,6 +25,12 @@ absl::StatusOr<int64_t> BudgetBytes(double gib, bool zero_is_none = false);
 // too, which means `zero` ("half the available memory").
 absl::StatusOr<int64_t> GibFlagBytes(absl::string_view flag, double gib,
                                      absl::string_view zero = "");
+// CheckZeroStage: --zero, ZeRO's stage, 0 to 3 (predict, the planner and the search).
+absl::Status CheckZeroStage(int64_t zero);
+// CheckFrontierPoints: --frontier_points, the planner's frontier: 0 (none) or 2 to 1000.
+absl::Status CheckFrontierPoints(int64_t points);
+// CheckTop: --top, the search's table rows: 0 (every layout) or more.
+absl::Status CheckTop(int64_t top);
 // kMaxTimelineLayers bounds the layers of a step whose every allocation is recorded (a
 // timeline: --timeline_svg, --snapshot_out, a "svg" answer): 4,096 of tiny-llama's layers
 // make a 430 MB snapshot in 2.6 s here; 100,000 ran out of memory.
