@@ -404,6 +404,32 @@ TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
   EXPECT_EQ(caveats(Preset("tiny-gpt2"), "full"), "");
 }
 
+// A data-parallel rank without ZeRO says that torch's DDP keeps its buckets, which the
+// reduction predicted does not (tests/ddp_witness_test.py measures them); ZeRO's flat
+// buffer and a pipeline alone say nothing of it.
+TEST(PredictFamiliesTest, DataParallelRanksSayDdpKeepsItsBuckets) {
+  auto caveats = [](int64_t dp, int64_t pp, int64_t zero) {
+    ParallelSpec parallel;
+    parallel.dp = dp;
+    parallel.pp = pp;
+    parallel.zero = zero;
+    PredictOptions options;
+    options.peak = false;
+    absl::StatusOr<DistributedPrediction> p =
+        PredictDistributed(Preset("tiny-llama"), parallel, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::string all;
+    for (const std::string& caveat : p->whole.caveats) {
+      all += caveat.substr(0, caveat.find(':')) + ";";
+    }
+    return all;
+  };
+  EXPECT_EQ(caveats(2, 1, 0), "dp;");
+  EXPECT_EQ(caveats(2, 2, 0), "dp;");
+  EXPECT_EQ(caveats(2, 1, 1), "");
+  EXPECT_EQ(caveats(1, 2, 0), "");
+}
+
 TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {
   ModelConfig untied = Preset("tiny-llama");
   ModelConfig tied = untied;

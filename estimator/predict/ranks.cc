@@ -360,6 +360,17 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
   }
   absl::StatusOr<Prediction> whole = Predict(whole_config, whole_options);
   if (!whole.ok()) return whole.status();
+  if (parallel.dp > 1 && parallel.zero == 0) {
+    // torch's DistributedDataParallel, measured on Gloo ranks of the real stack
+    // (tests/ddp_witness_test.py): its Reducer keeps buckets of every gradient element
+    // for the whole step (reducer.cpp, initialize_buckets), and a rank's peak is the
+    // single process's plus them, where memledger's reduction makes its bucket after
+    // the backward.
+    whole->caveats.push_back(
+        "dp: the reduction predicted is memledger's (a bucket made after the backward); "
+        "torch's DistributedDataParallel keeps its buckets, one more copy of the "
+        "gradients, for the whole step, which is not modelled yet");
+  }
   absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
   if (!ranks.ok()) return ranks.status();
   return DistributedPrediction{*std::move(whole), *std::move(ranks)};
