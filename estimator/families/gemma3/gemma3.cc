@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/config_json.h"
 #include "estimator/graph/family.h"
+#include "estimator/graph/decoder_model.h"
 #include "estimator/graph/graph_builder.h"
 
 namespace memledger {

@@ -13,6 +13,7 @@
 #include "estimator/spec/config_json.h"
 #include "estimator/families/llama/sparse_moe.h"
 #include "estimator/graph/family.h"
+#include "estimator/graph/decoder_model.h"
 #include "estimator/graph/graph_builder.h"
 
 namespace memledger {

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/family.h"
+#include "estimator/graph/decoder_model.h"
 #include "estimator/graph/graph_builder.h"
 #include "estimator/spec/config_json.h"
 
