@@ -219,9 +219,7 @@ def _verify_params_in_python(dist):
         metadata = torch.tensor([n for t in tensors for n in (*t.shape, *t.stride())],
                                 dtype=torch.long)
         copy = metadata.clone()
-        work = dist.broadcast(copy, group=process_group, group_src=0, async_op=True)
-        work.wait()
-        del work
+        dist.broadcast(copy, group=process_group, group_src=0)
         gloo_let_go(copy)
         if not torch.equal(copy, metadata):
             raise RuntimeError("DDP: the ranks' parameters differ in shape or stride")
