@@ -1,11 +1,13 @@
 """estimator/'s folders follow the flow of a prediction, and each folder includes only
 from itself and the folders before it:
 
-    spec -> graph -> families -> request -> saved -> step -> predict -> report -> cli
+    spec -> graph -> families -> request -> parallel -> saved -> step -> predict -> report
+    -> cli
 
 spec is the vocabulary (ModelConfig, config.json keys), graph the op graphs and ATen's
 rules, families each model family's graphs and reader, request a run resolved and
-validated against the families, saved what autograd keeps, step the step's simulation,
+validated against the families, parallel the parallel strategies' own rules (DDP's
+buckets), saved what autograd keeps, step the step's simulation,
 predict the buckets and ranks, report what is written, cli the predict binary. A header
 of a later folder included by an earlier one fails here, naming both files.
 """
@@ -13,7 +15,8 @@ import os
 import re
 import unittest
 
-ORDER = ["spec", "graph", "families", "request", "saved", "step", "predict", "report", "cli"]
+ORDER = ["spec", "graph", "families", "request", "parallel", "saved", "step", "predict",
+         "report", "cli"]
 INCLUDE = re.compile(r'^#include "estimator/([a-z_]+)/', re.MULTILINE)
 # A family's own names, which only its folders (and the registries' lists) may use.
 FAMILY_TOKEN = re.compile(r"\bFamily::k[A-Z]\w*|\b\w+(?<!Runtime)(?<!Of)Family\(\)|"
