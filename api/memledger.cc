@@ -216,6 +216,12 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
       status = NumberKey(name, value, &request.cuda_context_mib);
     }
     else if (name == "master_weights") status = boolean(&request.master_weights);
+    else if (name == "gradient_as_bucket_view") status = boolean(&request.gradient_as_bucket_view);
+    else if (name == "ddp_bucket_mb") {
+      double mib = 0;
+      status = NumberKey(name, value, &mib);
+      request.ddp_bucket_mb = mib;
+    }
     else if (name == "sp") status = boolean(&request.sp);
     else {
       const std::string call = keys != nullptr && !keys->call.empty() ? keys->call + " " : "";

@@ -211,7 +211,8 @@ class Search {
     ParallelSpec parallel{shape.dp, shape.pp, shape.virtual_stages, shape.micro_batches,
                           shape.zero,
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
-                                                   : PipelineSchedule::k1F1B};
+                                                   : PipelineSchedule::k1F1B,
+                          DdpOptionsFor(shape)};
     if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
         !ValidateRun(config, base_.attention, base_.variants, base_.optimizer).ok()) {
       out.invalid = static_cast<int64_t>(n);
@@ -474,7 +475,16 @@ class Search {
     request.micro_batches = shape.micro_batches;
     request.virtual_stages = shape.virtual_stages;
     request.schedule = shape.virtual_stages > 1 ? "interleaved" : "1f1b";
+    const DdpOptions ddp = DdpOptionsFor(shape);
+    request.ddp_bucket_mb = ddp.bucket_cap_mb;
+    request.gradient_as_bucket_view = ddp.gradient_as_bucket_view;
     return request;
+  }
+
+  // DdpOptionsFor: the request's DDP options on a layout that runs DDP; none elsewhere.
+  DdpOptions DdpOptionsFor(const Shape& shape) const {
+    if (!TorchDdp(shape.dp, shape.zero, shape.ep)) return {};
+    return DdpOptions{request_.ddp_bucket_mb, request_.gradient_as_bucket_view};
   }
 
   const RunRequest& request_;
@@ -649,6 +659,9 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   }
   RunRequest base_request = request;
   base_request.batch = 1;
+  // DDP's options are its layouts' (LayoutSearch::DdpOptionsFor), not one GPU's.
+  base_request.ddp_bucket_mb.reset();
+  base_request.gradient_as_bucket_view = false;
   absl::StatusOr<RunSpec> base = RunSpecFromRequest(base_request);
   if (!base.ok()) return base.status();
   if (options.fixed.ep.has_value()) {

@@ -149,13 +149,17 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   StepOptions step;
   step.cpu_threads = options.cpu_threads;
   step.record_events = false;
+  // Under DDP the Reducer's hooks run in each layer's backward (Simulation::DdpHook): the
+  // probes run as the rank; its step ends as one process's (nothing after the backward).
+  const bool ddp = TorchDdp(config, parallel);
+  if (ddp) step.rank.parallel = parallel;
   absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, options.attention, step);
   if (!simulator.ok()) return simulator.status();
   if (absl::Status s = tables->RecordProbes(*simulator, options.optimizer, resident); !s.ok()) {
     return s;
   }
 
-  if (parallel.dp > 1) {
+  if (parallel.dp > 1 && !ddp) {
     // The rank's step ends with the gradients' reduction and its shard's step, over the
     // whole model's parameters, whatever the plan.
     StepOptions rank = step;

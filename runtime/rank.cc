@@ -34,6 +34,7 @@
 #include "estimator/step/pipeline_steps.h"
 #include "runtime/checkpoint.h"
 #include "runtime/counting_allocator.h"
+#include "runtime/ddp_reducers.h"
 #include "runtime/dropout.h"
 #include "runtime/gloo_collectives.h"
 #include "runtime/megatron_functions.h"
@@ -70,6 +71,7 @@ struct PipelineRun {
   bool record_saved = false;
   bool scale_loss = false;
   ParameterUnits* units = nullptr;  // ZeRO-3's gathering (the counted step)
+  DdpReducers* ddp = nullptr;       // DDP's Reducers (the counted step)
 };
 
 struct PipelineResult {
@@ -570,6 +572,9 @@ class Rank {
             run.units->BeginBackward(chunk.head ? ParameterUnits::kHead
                                                 : chunk.first_layer + chunk.layers - 1);
           }
+          if (run.ddp != nullptr && f.micro_batch == parallel_.micro_batches - 1) {
+            run.ddp->BeforeSyncingBackward(step.chunk);
+          }
           if (chunk.head) {
             f.loss.backward();
             if (run.units != nullptr) run.units->EndBackward();
@@ -654,12 +659,13 @@ class Rank {
   // parallelism, ZeRO 0-2) under a counting allocator, as the single-process
   // runtime's MeasureStep does with the data-parallel reduction in the optimizer phase
   // (the simulation's RankStep): zero_grad(set_to_none); the stage's micro-batches in
-  // Megatron's order (RunPipeline), gradients accumulating; the tied embedding's
-  // gradients all-reduced in place between the first and last stage; the
-  // gradients copied into the bucket and all-reduced (ZeRO 0, 1) or reduce-scattered
-  // (ZeRO 2) and divided by dp x micro-batches (the mean, which the verified schedule
-  // takes by scaling each loss instead); the .grads freed (ZeRO 1, 2) or overwritten
-  // with the average (ZeRO 0); the optimizer's step; the updated shards all-gathered.
+  // Megatron's order (RunPipeline), gradients accumulating; without ZeRO, torch's DDP
+  // (DdpReducers: its Reducer's hooks reduce the .grads in each chunk's last backward);
+  // the tied embedding's gradients all-reduced in place between the first and last
+  // stage; with ZeRO the gradients copied into the bucket and all-reduced (ZeRO 1) or
+  // reduce-scattered (ZeRO 2) and divided by dp x micro-batches (the mean, which the
+  // verified schedule takes by scaling each loss instead); the .grads freed; the
+  // optimizer's step; the updated shards all-gathered.
   // Before it: the parameters (the padded flat buffer with ZeRO), the optimizer's state
   // and the micro-batches.
   CountedStep MeasureStep(const Variant& variant) {
@@ -698,9 +704,14 @@ class Rank {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
       units_->ReleaseAll();
     }
+    const bool ddp = TorchDdp(config_, parallel_);
+    if (ddp) {
+      if (ddp_ == nullptr) MakeDdp();
+      ddp_->BeforeStep();
+    }
     CountedStep step;
     step.resident_bytes = (flat_params_.defined() ? TensorBytes(flat_params_) : param_bytes_) +
-                          optimizer_state_bytes_;
+                          optimizer_state_bytes_ + (ddp ? ddp_->BucketBytes() : 0);
     // The model's buffers (RoPE's inverse frequencies), which every rank's model holds.
     for (const at::Tensor& b : built_.model->buffers()) step.resident_bytes += TensorBytes(b);
     for (const at::Tensor& input : inputs) step.resident_bytes += TensorBytes(input);
@@ -709,6 +720,7 @@ class Rank {
     PipelineRun run;
     run.counting = &counting;
     run.units = units_.get();
+    run.ddp = ddp_.get();
     const at::Tensor total_loss = RunPipeline(variant, inputs, run).total_loss;
     if (units_ == nullptr) {
       AllReducePartialGradients();  // in place
@@ -722,8 +734,8 @@ class Rank {
       step.unit_grad_diff = MaxAbsDiff(mine, whole_step_grad);  // allocates nothing
       mine.div_(static_cast<double>(divisor));
       StepShard(std::move(mine));
-    } else if (parallel_.dp == 1) {
-      optimizer_->Step();
+    } else if (parallel_.dp == 1 || ddp) {
+      optimizer_->Step();  // DDP reduced the .grads in the backward
     } else {
       at::Tensor bucket = Bucket();
       if (parallel_.zero == 2) {
@@ -750,6 +762,26 @@ class Rank {
     return step;
   }
 
+  // MakeDdp: torch's DDP over each local model chunk's parameters (owned_, grouped by
+  // the chunk that runs their unit).
+  void MakeDdp() {
+    std::vector<std::vector<at::Tensor>> chunk_parameters(chunks_.size());
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      const int64_t unit = UnitOf(config_, owned_names_[i]);
+      size_t c = 0;
+      while (c + 1 < chunks_.size() &&
+             !(unit == ParameterUnits::kPrologue ? chunks_[c].prologue
+               : unit == ParameterUnits::kHead   ? chunks_[c].head
+                                                 : unit >= chunks_[c].first_layer &&
+                                                     unit < chunks_[c].first_layer +
+                                                                chunks_[c].layers)) {
+        ++c;
+      }
+      chunk_parameters[c].push_back(owned_[i]);
+    }
+    ddp_ = std::make_unique<DdpReducers>(chunk_parameters, dp_group_, parallel_.ddp);
+  }
+
   void RecordOptimizer() {
     const OptimizerStateBytes state = optimizer_->StateBytes();
     optimizer_state_bytes_ = state.total;
@@ -772,6 +804,7 @@ class Rank {
   GroupPtr tp_group_, dp_group_, pp_group_, embedding_group_;
   std::unique_ptr<TensorParallel> tensor_parallel_;
   std::unique_ptr<GatheredUnits> units_;  // ZeRO-3's, for the counted steps
+  std::unique_ptr<DdpReducers> ddp_;       // DDP's, for the counted steps
   std::vector<at::Tensor> owned_;
   std::vector<std::string> owned_names_;
   std::vector<std::vector<int64_t>> owned_sizes_;

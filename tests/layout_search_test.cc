@@ -204,7 +204,8 @@ std::map<Key, RankPeaks> BruteForceOf(const RunRequest& request) {
               config.batch = mbs;
               ParallelSpec parallel{dp, pp, v, m, zero,
                                     v > 1 ? PipelineSchedule::kInterleaved
-                                          : PipelineSchedule::k1F1B};
+                                          : PipelineSchedule::k1F1B,
+                                    {}};
               if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
                   !ValidateRun(config, base.attention, base.variants, base.optimizer).ok()) {
                 continue;

@@ -79,6 +79,14 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            // The search's and the C ABI's line for the same value (search_cli_test,
            // api_test): the search said "--zero 4 must be 0, 1, 2 or 3".
            {"--dp=2 --zero=4", "--zero must be 0, 1, 2 or 3, got 4"},
+           // DDP's options would be ignored without DDP.
+           {"--gradient_as_bucket_view",
+            "--gradient_as_bucket_view is an option of torch's DistributedDataParallel: it "
+            "needs --dp > 1 without --zero"},
+           {"--dp=2 --zero=1 --ddp_bucket_mb=25", "--ddp_bucket_mb is an option of torch's"},
+           {"--dp=2 --ddp_bucket_mb=0", "--ddp_bucket_mb must be a number of MiB above 0"},
+           {"--dp=2 --ddp_bucket_mb=nan", "--ddp_bucket_mb must be a number of MiB above 0"},
+           {"--dp=2 --ddp_bucket_mb=x", "--ddp_bucket_mb: Illegal value 'x'"},
            {"--model=tiny-qwen3-moe --ep=3 --dp=3", "--ep 3 does not divide the 4 experts"},
            {"--model=tiny-qwen3-moe --ep=2 --dp=3", "--ep 2 must divide --dp 3"},
            {"--model=tiny-qwen3-moe --ep=2 --dp=2 --zero=1",

@@ -407,27 +407,37 @@ TEST(PredictFamiliesTest, CaveatsNameWhatTheRealStackDoesBesides) {
 // A data-parallel rank without ZeRO says that torch's DDP keeps its buckets, which the
 // reduction predicted does not (tests/ddp_witness_test.py measures them); ZeRO's flat
 // buffer and a pipeline alone say nothing of it.
-TEST(PredictFamiliesTest, DataParallelRanksSayDdpKeepsItsBuckets) {
-  auto caveats = [](int64_t dp, int64_t pp, int64_t zero) {
+// Ranks without ZeRO run torch's DDP (its buckets are modelled: ranks_test); the
+// prediction says what it assumes where torch leaves a choice: no_sync before each
+// chunk's last micro-batch, and on CUDA the buckets' split.
+TEST(PredictFamiliesTest, DdpRanksSayWhatTheyAssume) {
+  auto caveats = [](int64_t dp, int64_t pp, int64_t zero, int64_t micro_batches,
+                    Device device) {
     ParallelSpec parallel;
     parallel.dp = dp;
     parallel.pp = pp;
     parallel.zero = zero;
+    parallel.micro_batches = micro_batches;
+    ModelConfig config = Preset("tiny-llama");
+    config.device = device;
     PredictOptions options;
     options.peak = false;
-    absl::StatusOr<DistributedPrediction> p =
-        PredictDistributed(Preset("tiny-llama"), parallel, options);
+    absl::StatusOr<DistributedPrediction> p = PredictDistributed(config, parallel, options);
     EXPECT_TRUE(p.ok()) << p.status();
     std::string all;
     for (const std::string& caveat : p->whole.caveats) {
-      all += caveat.substr(0, caveat.find(':')) + ";";
+      if (caveat.rfind("dp:", 0) != 0) continue;
+      all += caveat.find("no_sync") != std::string::npos   ? "no_sync;"
+             : caveat.find("reverse") != std::string::npos ? "split;"
+                                                            : "other;";
     }
     return all;
   };
-  EXPECT_EQ(caveats(2, 1, 0), "dp;");
-  EXPECT_EQ(caveats(2, 2, 0), "dp;");
-  EXPECT_EQ(caveats(2, 1, 1), "");
-  EXPECT_EQ(caveats(1, 2, 0), "");
+  EXPECT_EQ(caveats(2, 1, 0, 1, Device::kCpu), "");
+  EXPECT_EQ(caveats(2, 2, 0, 2, Device::kCpu), "no_sync;");
+  EXPECT_EQ(caveats(2, 1, 0, 1, Device::kCuda), "split;");
+  EXPECT_EQ(caveats(2, 1, 1, 2, Device::kCpu), "");
+  EXPECT_EQ(caveats(1, 2, 0, 2, Device::kCpu), "");
 }
 
 TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {

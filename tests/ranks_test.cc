@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -420,9 +421,13 @@ ModelConfig SmallStudy(int64_t batch) {
 // per stepped element and a 4-byte step per stepped tensor, the 24 parameters' or the
 // one flat shard's; the input 2 x 8 x 32 x 4 = 2,048 B; the loss 4 B; the bucket's
 // division by dp wraps its scalar as 8 + 4 B):
-//   ZeRO 0: P + 203,264 + 96 (AdamW's state of all) + G + B + 2,048 + 4 + 12 = 510,320
-//   ZeRO 1: P + 101,632 + 4 (a 12,704-element shard's) + G + B + ... = 408,596
+//   ZeRO 1: P + 101,632 + 4 (a 12,704-element shard's) + G + B + 2,048 + 4 + 12 = 408,596
 //   ZeRO 2: ZeRO 1's + the shard copied out of the bucket (50,816 B) = 459,412
+// Without ZeRO the ranks run torch's DDP, whose buckets B are resident and reduced in the
+// backward: the peak is AdamW's for_loop step at fc2's weight (4,096 elements), after
+// fc1's bias (128): P + B + G + 203,264 + 96 (AdamW's state of all) + 2,048 + 4 + fc1
+// bias's denom 512 + fc2 weight's root and denom 2 x 16,384 + its divisor's 8 + 4
+//   = 543,600.
 // verify_ranks_test measures the same numbers on Gloo ranks.
 TEST(PredictRanksTest, DataParallelPeakByHand) {
   const ModelConfig config = SmallStudy(2);
@@ -432,7 +437,7 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
     int zero;
     int64_t peak;
   };
-  for (const Case& c : {Case{0, 510320}, Case{1, 408596}, Case{2, 459412}}) {
+  for (const Case& c : {Case{0, 543600}, Case{1, 408596}, Case{2, 459412}}) {
     SCOPED_TRACE(c.zero);
     ParallelSpec parallel;
     parallel.dp = 2;
@@ -515,6 +520,59 @@ TEST(PredictRanksTest, ZeroThreePeakByHand) {
     EXPECT_EQ(v.held.peak->op, "layer 0 gradients' reduce-scatter (ZeRO-3)");
     EXPECT_EQ(v.held.peak->by_category[static_cast<int>(MemoryCategory::kParameter)],
               2 * 50816);
+  }
+}
+
+// The issue's 2-layer Llama (hidden 64, 4 heads, 2 kv heads, head_dim 16, intermediate
+// 160, vocab 512, untied) at batch 2 per rank and seq 32, AdamW for_loop.
+ModelConfig IssueLlama() {
+  ModelConfig config = *ModelFromPreset("tiny-llama");
+  config.layers = 2;
+  config.width = 64;
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.head_dim = 16;
+  config.intermediate = 160;
+  config.vocab = 512;
+  config.tie_embeddings = false;
+  config.batch = 2;
+  config.seq = 32;
+  return config;
+}
+
+// torch's DistributedDataParallel on 2 Gloo ranks of the real stack (transformers
+// 5.23.0, torch 2.15.0; tests/ddp_witness_test.py measures and pins these numbers):
+// every rank of the issue's Llama peaks at 3,503,004 B, of which the Reducer's buckets
+// are 607,488 B (151,872 fp32 parameters), the single process's peak phase, whatever
+// bucket_cap_mb (25, 0.1) and gradient_as_bucket_view (off, on).
+TEST(PredictRanksTest, DdpPeaksAsTorchsDistributedDataParallel) {
+  PredictOptions options = Variants("none");
+  options.peak = true;
+  options.optimizer.impl = OptimizerImpl::kForLoop;
+  ASSERT_OK_AND_ASSIGN(Prediction alone, Predict(IssueLlama(), options));
+  ASSERT_TRUE(alone.variants[0].peak.has_value());
+  for (const std::optional<double> cap : {std::optional<double>(), std::optional<double>(0.1)}) {
+    int64_t totals[2] = {0, 0};
+    for (const bool view : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(cap.value_or(25), view ? " view" : ""));
+      ParallelSpec parallel;
+      parallel.dp = 2;
+      parallel.ddp.bucket_cap_mb = cap;
+      parallel.ddp.gradient_as_bucket_view = view;
+      ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
+      ASSERT_EQ(ranks.kinds.size(), 1u);
+      const RankKind& rank = ranks.kinds[0];
+      EXPECT_EQ(rank.communication_bytes, 607488);
+      ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
+      const StepPeak& peak = *rank.variants[0].held.peak;
+      EXPECT_EQ(peak.bytes, 3503004);
+      EXPECT_EQ(peak.by_category[static_cast<int>(MemoryCategory::kCommunication)], 607488);
+      EXPECT_EQ(peak.phase, alone.variants[0].peak->phase);
+      // As views the .grads hold none of their own after the backward: the rank's total
+      // (what it holds then) is 607,488 B less.
+      totals[view] = rank.Total(0);
+    }
+    EXPECT_EQ(totals[false] - totals[true], 607488);
   }
 }
 

@@ -68,11 +68,15 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
   // are 101632 bytes and a ZeRO shard ceil(25408 / 2) = 12704 elements, 50816 bytes.
   // AdamW keeps two moments of whatever it steps, and a 4-byte fp32 step per stepped
   // tensor: 2 x 12 = 24 parameter tensors without ZeRO (96 B), one flat shard with it.
-  // The whole step's peak, counted by each rank's allocator: for ZeRO 0-2 in the
+  // The whole step's peak, counted by each rank's allocator: for ZeRO 1-2 in the
   // gradients' reduction, the parameters, optimizer state, .grads and the bucket they
   // are copied into (101,632 B), the input 2 x 8 x 32 x 4 = 2,048 B, the loss 4 B and
   // the bucket's division by dp wrapping its scalar (8 + 4 B); ZeRO 2 also the shard
-  // copied out of the bucket, 50,816 B. ZeRO 3 gathers each layer's parameters for its
+  // copied out of the bucket, 50,816 B. ZeRO 0 runs torch's DDP (its own Reducer): the
+  // buckets (101,632 B) held throughout and filled in the backward, so the peak is
+  // AdamW's for_loop step at fc2's weight (4,096 elements) after fc1's bias (128):
+  // P, B, G, the state of all, the input and the loss, fc1 bias's denom 512 B, fc2
+  // weight's root and denom 2 x 16,384 B and its divisor's 8 + 4 B. ZeRO 3 gathers each layer's parameters for its
   // forward and its backward (one layer: 12,704 elements, 50,816 B) and reduce-scatters
   // its gradients after its backward; the study's first layer reads the model input,
   // which needs no gradient, so its reduction comes when the backward returns: it holds
@@ -85,7 +89,8 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
     int64_t param_bytes, grad_bytes, optimizer_state_bytes, peak_bytes;
   };
   for (const Case& c :
-       {Case{0, 101632, 101632, 2 * 101632 + 96, 4 * 101632 + 101632 + 2048 + 16 + 96},
+       {Case{0, 101632, 101632, 2 * 101632 + 96,
+             5 * 101632 + 96 + 2048 + 4 + 512 + 2 * 16384 + 12},
         Case{1, 101632, 101632, 2 * 50816 + 4, 4 * 101632 + 2048 + 16 + 4},
         Case{2, 101632, 50816, 2 * 50816 + 4, 4 * 101632 + 50816 + 2048 + 16 + 4},
         Case{3, 50816, 50816, 2 * 50816 + 4, 7 * 50816 + 2048 + 4 + 4}}) {
@@ -126,6 +131,18 @@ TEST(VerifyRanksTest, DataParallelZeroStagesAreExactPerRank) {
       }
     }
   }
+}
+
+// torch's DDP with its options, on ranks running torch's own c10d::Reducer: .grads as
+// its buckets' views (freed from the .grads in the last micro-batch's backward, the
+// others under no_sync) and 10 KiB buckets (many, where the default is one).
+TEST(VerifyRanksTest, DdpOptionsAreExactPerRank) {
+  rapidjson::Document doc = PassingRun(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --micro_batches=3 "
+      "--gradient_as_bucket_view --ddp_bucket_mb=0.01",
+      2);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
 }
 
 TEST(VerifyRanksTest, AccumulatedMicroBatchesPeakInTheBackwardExactly) {

@@ -100,7 +100,8 @@ ABSL_FLAG(bool, sp, false,
           "Megatron's sequence parallelism with --tp (the decoder families; not with "
           "--amp): norms, dropouts and residuals hold seq / tp tokens per rank.");
 ABSL_FLAG(int64_t, dp, 1,
-          "Data-parallel ranks (predict: every kind of rank's memory, under --zero; "
+          "Data-parallel ranks (predict: every kind of rank's memory, under torch's "
+          "DistributedDataParallel or --zero; "
           "verify: run on that many Gloo ranks per model shard).");
 ABSL_FLAG(int64_t, pp, 1,
           "Pipeline stages (the decoder families, not the study; --layers divisible by "
@@ -112,6 +113,13 @@ ABSL_FLAG(int64_t, micro_batches, 1,
 ABSL_FLAG(int64_t, zero, 0,
           "ZeRO stage over the --dp ranks: 1 shards the optimizer's state, 2 the "
           "gradients too, 3 the parameters too.");
+ABSL_FLAG(std::optional<double>, ddp_bucket_mb, std::nullopt,
+          "DDP's bucket_cap_mb, in MiB (--dp > 1 without --zero runs torch's "
+          "DistributedDataParallel): unset is torch's default, 25 MiB with a first bucket of "
+          "1 MiB.");
+ABSL_FLAG(bool, gradient_as_bucket_view, false,
+          "DDP's gradient_as_bucket_view: each .grad becomes a view of its bucket in the "
+          "backward (--dp > 1 without --zero).");
 ABSL_FLAG(int64_t, ep, 1,
           "Expert-parallel ranks among the --dp ranks (a mixture of experts): each holds "
           "experts / ep whole experts, and transformers' AllToAllEP sends every routed token "
@@ -176,6 +184,8 @@ RunRequest RunRequestFromFlags() {
   request.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   request.zero = absl::GetFlag(FLAGS_zero);
   request.schedule = absl::GetFlag(FLAGS_schedule);
+  request.gradient_as_bucket_view = absl::GetFlag(FLAGS_gradient_as_bucket_view);
+  request.ddp_bucket_mb = absl::GetFlag(FLAGS_ddp_bucket_mb);
   request.ep = absl::GetFlag(FLAGS_ep);
   request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
   request.routing = absl::GetFlag(FLAGS_routing);
@@ -251,6 +261,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"tp", "parallelism"},       {"sp", "parallelism"},       {"dp", "parallelism"},
     {"pp", "parallelism"},       {"virtual_stages", "parallelism"},
     {"micro_batches", "parallelism"}, {"zero", "parallelism"}, {"ep", "parallelism"},
+    {"ddp_bucket_mb", "parallelism"}, {"gradient_as_bucket_view", "parallelism"},
     {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},

@@ -123,6 +123,9 @@ struct Prediction {
   int64_t grad_bytes = 0;   // .grad, in the parameters' dtype
   // buffer_bytes: the modules' buffers (RoPE's inverse frequencies), resident all step.
   int64_t buffer_bytes = 0;
+  // communication_bytes: a data-parallel rank's strategy's buffers held for the whole
+  // run (DDP's Reducer buckets: RankKind::communication_bytes); 0 on one process.
+  int64_t communication_bytes = 0;
   // optimizer_state_bytes: every tensor of torch.optim's opt.state: Adam(W)'s step,
   // exp_avg and
   // exp_avg_sq, SGD's momentum_buffer (when momentum > 0), and with master weights the

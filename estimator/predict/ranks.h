@@ -54,15 +54,24 @@ struct RankKind {
   int64_t grad_bytes = 0;          // held after the step's reduction: a ZeRO-2 shard, or all
   int64_t optimizer_state_bytes = 0;  // a ZeRO-1 shard, or all
   int64_t adamw_state_bytes = 0;      // AdamW's moments within it; 0 for other optimizers
+  // communication_bytes: held for the whole run by the data-parallel strategy: DDP's
+  // Reducer buckets, one element per parameter element (TorchDdp); else 0.
+  int64_t communication_bytes = 0;
+  // grads_in_communication: the .grads are views of DDP's buckets after the backward
+  // (gradient_as_bucket_view): grad_bytes are not held apart.
+  bool grads_in_communication = false;
   std::vector<RankVariant> variants;  // as PredictOptions::variants
   int64_t saved_bytes_none = 0;       // `none`'s held bytes, for saved_ratio_vs_none
   // korthikanti_saved_bytes_none: Korthikanti et al.'s per-GPU activations for `none`:
   // their per-layer formula (KorthikantiSavedBytes) times the rank's layers and its
   // micro-batches in flight.
   int64_t korthikanti_saved_bytes_none = 0;
-  // Total: parameters, gradients, optimizer state and variant v's saved bytes.
+  // Total: parameters, gradients (held apart), optimizer state, communication buffers
+  // and variant v's saved bytes.
   int64_t Total(size_t v) const {
-    return param_bytes + grad_bytes + optimizer_state_bytes + variants[v].held.saved_bytes;
+    return param_bytes + (grads_in_communication ? 0 : grad_bytes) + optimizer_state_bytes +
+           communication_bytes +
+           variants[v].held.saved_bytes;
   }
   // Load: what ranks are ordered by: the first plan's peak where one is predicted (a
   // plan is what was asked for; predict --plan shows none beside it), else the first

@@ -10,6 +10,7 @@
 #include "estimator/graph/family.h"
 #include "estimator/graph/rules.h"
 #include "estimator/graph/sdpa_kernel.h"
+#include "estimator/parallel/ddp_buckets.h"
 #include "estimator/report/units.h"
 #include "rapidjson/prettywriter.h"
 #include "rapidjson/stringbuffer.h"
@@ -210,6 +211,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
                      p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
   doc.AddMember("buffer_bytes", p.buffer_bytes, a);
+  doc.AddMember("communication_bytes", p.communication_bytes, a);
   rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
       cache(rapidjson::kObjectType), held(rapidjson::kObjectType);
   for (const VariantPrediction& v : p.variants) {
@@ -382,7 +384,10 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
        {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
         {"grad_bytes", p.grad_bytes},
         {"optimizer_state_bytes", p.optimizer_state_bytes},
-        {"buffer_bytes", p.buffer_bytes}}) {
+        {"buffer_bytes", p.buffer_bytes},
+        {"communication_bytes", p.communication_bytes}}) {
+    // A rank's strategy's buffers; one process has none (the row would be a 0).
+    if (bytes == 0 && name == std::string("communication_bytes")) continue;
     absl::StrAppendFormat(&out, "%-22s %20d %14s\n", name, bytes, HumanBytes(bytes));
   }
   absl::StrAppendFormat(&out, "\n%-22s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",
@@ -527,6 +532,7 @@ Prediction RankView(const Prediction& whole, const RankKind& kind) {
   view.grad_bytes = kind.grad_bytes;
   view.optimizer_state_bytes = kind.optimizer_state_bytes;
   view.adamw_state_bytes = kind.adamw_state_bytes;
+  view.communication_bytes = kind.communication_bytes;
   view.saved_bytes_none = kind.saved_bytes_none;
   view.variants.clear();
   for (const RankVariant& v : kind.variants) view.variants.push_back(v.held);
@@ -542,6 +548,15 @@ Prediction RankView(const Prediction& whole, const RankKind& kind) {
 namespace {
 
 // LayersText: "layers 0-19", or "layers 0-4, 20-24" for interleaved chunks.
+// DdpText: "torch DDP (buckets 25 MiB, the first 1 MiB)", with the view when asked.
+std::string DdpText(const DdpOptions& ddp) {
+  const DdpBucketCaps caps = DdpBucketCapsOf(ddp.bucket_cap_mb);
+  return absl::StrCat("torch DDP (buckets ", HumanBytes(caps.rest),
+                      caps.first != caps.rest ? absl::StrCat(", the first ", HumanBytes(caps.first))
+                                              : "",
+                      ddp.gradient_as_bucket_view ? ", .grads as bucket views" : "", ")");
+}
+
 std::string LayersText(const RankKind& kind) {
   std::vector<std::string> parts;
   for (const StageRange& chunk : kind.chunks) {
@@ -598,6 +613,7 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     rank.AddMember("param_bytes", kind.param_bytes, a);
     rank.AddMember("grad_bytes", kind.grad_bytes, a);
     rank.AddMember("optimizer_state_bytes", kind.optimizer_state_bytes, a);
+    rank.AddMember("communication_bytes", kind.communication_bytes, a);
     rapidjson::Value saved(rapidjson::kObjectType), in_flight(rapidjson::kObjectType),
         total(rapidjson::kObjectType);
     for (size_t v = 0; v < kind.variants.size(); ++v) {
@@ -639,24 +655,31 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
 std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   const ParallelSpec& p = ranks.parallel;
   const RankKind& most = ranks.kinds.front();
+  const bool ddp = most.communication_bytes > 0;
   std::string scope = absl::StrFormat(
-      "%d ranks (dp %d x tp %d x pp %d, %s%s, %d micro-batches, ZeRO-%d); every number "
+      "%d ranks (dp %d x tp %d x pp %d, %s%s, %d micro-batches, %s); every number "
       "below up to the rank table is the most loaded rank's: pipeline stage %d, %s",
       p.dp * whole.config.tp * p.pp, p.dp, whole.config.tp, p.pp,
       PipelineScheduleName(p.schedule),
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
-      p.micro_batches, p.zero, most.stage, LayersText(most));
+      p.micro_batches, ddp ? DdpText(p.ddp) : absl::StrCat("ZeRO-", p.zero), most.stage,
+      LayersText(most));
   if (ranks.ep > 1) {
     absl::StrAppend(&scope, "; experts over ", ranks.ep,
                     " expert-parallel ranks, this one expert-parallel rank ", most.ep_rank);
   }
   std::string out = PredictionTable(RankView(whole, most), scope);
   absl::StrAppendFormat(&out, "\nper kind of rank (the most loaded first), total = params + "
-                              "grads + optimizer state + saved\n");
+                              "grads + optimizer state + %ssaved%s\n",
+                        ddp ? "DDP buckets + " : "",
+                        most.grads_in_communication
+                            ? " (the .grads are views of the buckets: not counted twice)"
+                            : "");
   absl::StrAppendFormat(&out, "%-6s %6s %-16s %12s %12s %12s",
                         ranks.ep_groups > 1 ? "st/dp" : ranks.ep > 1 ? "st/ep" : "stage",
                         "ranks", "layers", "params", "grads",
                         "opt state");
+  if (ddp) absl::StrAppendFormat(&out, " %12s", "DDP buckets");
   for (const RankVariant& v : most.variants) {
     absl::StrAppendFormat(&out, " %14s", absl::StrCat(v.held.variant.Name(), " total"));
   }
@@ -673,6 +696,7 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
     absl::StrAppendFormat(&out, "%-6s %6d %-16s %12s %12s %12s", where, kind.ranks,
                           LayersText(kind).substr(7), HumanBytes(kind.param_bytes),
                           HumanBytes(kind.grad_bytes), HumanBytes(kind.optimizer_state_bytes));
+    if (ddp) absl::StrAppendFormat(&out, " %12s", HumanBytes(kind.communication_bytes));
     for (size_t v = 0; v < kind.variants.size(); ++v) {
       absl::StrAppendFormat(&out, " %14s", HumanBytes(kind.Total(v)));
     }

@@ -26,9 +26,9 @@ constexpr int kPlotHeight = 164;
 
 // Stacked bottom to top: what exists before the step, then what the step makes.
 constexpr std::array<MemoryCategory, kNumMemoryCategories> kStackOrder = {
-    MemoryCategory::kParameter, MemoryCategory::kBuffer,     MemoryCategory::kOptimizerState,
-    MemoryCategory::kInput,     MemoryCategory::kGradient,   MemoryCategory::kActivation,
-    MemoryCategory::kTemporary};
+    MemoryCategory::kParameter, MemoryCategory::kBuffer,         MemoryCategory::kOptimizerState,
+    MemoryCategory::kCommunication, MemoryCategory::kInput,      MemoryCategory::kGradient,
+    MemoryCategory::kActivation, MemoryCategory::kTemporary};
 
 const char* Color(MemoryCategory category) {
   switch (category) {
@@ -39,6 +39,7 @@ const char* Color(MemoryCategory category) {
     case MemoryCategory::kTemporary: return "#e15759";
     case MemoryCategory::kInput: return "#bab0ac";
     case MemoryCategory::kBuffer: return "#9c755f";
+    case MemoryCategory::kCommunication: return "#b07aa1";
   }
   return "#000000";
 }

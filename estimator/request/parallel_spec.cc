@@ -117,6 +117,20 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
         "--layers ", config.layers, " is not divisible by --pp ", spec.pp,
         " x --virtual_stages ", spec.virtual_stages, " (every model chunk holds as many)"));
   }
+  // DDP's options change nothing elsewhere: given without DDP they would be ignored.
+  const bool ddp_options = spec.ddp.bucket_cap_mb.has_value() || spec.ddp.gradient_as_bucket_view;
+  if (ddp_options && !TorchDdp(config, spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.ddp.bucket_cap_mb.has_value() ? "--ddp_bucket_mb" : "--gradient_as_bucket_view",
+        " is an option of torch's DistributedDataParallel: it needs --dp > 1 without --zero",
+        config.moe.ep > 1 ? " or --ep" : ""));
+  }
+  if (spec.ddp.bucket_cap_mb.has_value() &&
+      !(*spec.ddp.bucket_cap_mb > 0 && *spec.ddp.bucket_cap_mb <= kMaxDdpBucketMib)) {
+    return absl::InvalidArgumentError(absl::StrCat("--ddp_bucket_mb must be a number of MiB above 0 and at most ",
+                                                   kMaxDdpBucketMib, ", got ",
+                                                   *spec.ddp.bucket_cap_mb));
+  }
   if (interleaved && spec.micro_batches % spec.pp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--schedule=interleaved needs --micro_batches divisible by --pp (as Megatron's), got ",

@@ -12,6 +12,7 @@
 #define ESTIMATOR_REQUEST_PARALLEL_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,6 +30,23 @@ enum class PipelineSchedule : uint8_t {
 absl::string_view PipelineScheduleName(PipelineSchedule schedule);  // "1f1b", "interleaved"
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(absl::string_view name);
 
+// DdpOptions: torch's DistributedDataParallel, which a data-parallel rank without ZeRO
+// runs (torch/nn/parallel/distributed.py; its Reducer, torch/csrc/distributed/c10d/
+// reducer.cpp), with the constructor's defaults.
+struct DdpOptions {
+  // bucket_cap_mb: the Reducer's bucket cap in MiB; unset is torch's default, 25 MiB
+  // with a first rebuilt bucket of 1 MiB (_BucketCapacityConfig.create, distributed.py:
+  // 87-110: the first bucket has its own cap only when bucket_cap_mb is None).
+  std::optional<double> bucket_cap_mb;
+  // gradient_as_bucket_view: each .grad becomes a view of its bucket in the backward
+  // (reducer.cpp, mark_variable_ready_dense: grad = bucket_view).
+  bool gradient_as_bucket_view = false;
+  friend bool operator==(const DdpOptions& a, const DdpOptions& b) {
+    return a.bucket_cap_mb == b.bucket_cap_mb &&
+           a.gradient_as_bucket_view == b.gradient_as_bucket_view;
+  }
+};
+
 struct ParallelSpec {
   int64_t dp = 1;  // data-parallel ranks
   int64_t pp = 1;  // pipeline stages
@@ -42,6 +60,7 @@ struct ParallelSpec {
   // parameters' elements (one flat buffer, padded to a multiple of dp).
   int64_t zero = 0;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  DdpOptions ddp;  // with dp > 1 and no ZeRO (TorchDdp)
 
   // Distributed: more than tensor parallelism.
   bool Distributed() const { return dp > 1 || pp > 1; }
@@ -50,9 +69,23 @@ struct ParallelSpec {
   bool Accumulates() const { return Distributed() || micro_batches > 1; }
   friend bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
     return a.dp == b.dp && a.pp == b.pp && a.virtual_stages == b.virtual_stages &&
-           a.micro_batches == b.micro_batches && a.zero == b.zero && a.schedule == b.schedule;
+           a.micro_batches == b.micro_batches && a.zero == b.zero && a.schedule == b.schedule &&
+           a.ddp == b.ddp;
   }
 };
+
+// TorchDdp: the data-parallel ranks run torch's DistributedDataParallel: dp > 1 without
+// ZeRO, and without expert parallelism (whose experts reduce over their own ranks,
+// as transformers' expert-parallel training does: verify/witness_ranks.py).
+inline bool TorchDdp(int64_t dp, int64_t zero, int64_t ep) {
+  return dp > 1 && zero == 0 && ep <= 1;
+}
+inline bool TorchDdp(const ModelConfig& config, const ParallelSpec& spec) {
+  return TorchDdp(spec.dp, spec.zero, config.moe.ep);
+}
+
+// kMaxDdpBucketMib bounds --ddp_bucket_mb (1 TiB: one bucket holds any model).
+inline constexpr double kMaxDdpBucketMib = 1 << 20;
 
 // kMaxPipelineChunks bounds pp x virtual_stages: each chunk is predicted on its own
 // (Megatron-LM runs at most a few hundred).

@@ -221,7 +221,8 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
-                               request.micro_batches, request.zero, schedule};
+                               request.micro_batches, request.zero, schedule,
+                               DdpOptions{request.ddp_bucket_mb, request.gradient_as_bucket_view}};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
 
   MEMLEDGER_ASSIGN_OR_RETURN(spec.attention, ParseAttentionMode(request.attention));
@@ -283,6 +284,10 @@ std::string RequestFlags(const RunRequest& request) {
   number("micro_batches", request.micro_batches, defaults.micro_batches);
   number("zero", request.zero, defaults.zero);
   text("schedule", request.schedule, defaults.schedule);
+  if (request.ddp_bucket_mb.has_value()) {
+    absl::StrAppend(&out, " --ddp_bucket_mb=", *request.ddp_bucket_mb);
+  }
+  if (request.gradient_as_bucket_view) absl::StrAppend(&out, " --gradient_as_bucket_view");
   number("ep", request.ep, defaults.ep);
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);

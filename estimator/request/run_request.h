@@ -52,6 +52,9 @@ struct RunRequest {
   int64_t micro_batches = 1;
   int64_t zero = 0;
   std::string schedule = "1f1b";
+  // DDP's options (dp > 1 without ZeRO; ParallelSpec::ddp): unset, torch's default cap.
+  std::optional<double> ddp_bucket_mb;
+  bool gradient_as_bucket_view = false;
   // ep: expert-parallel ranks among the dp ranks (a mixture of experts' experts split
   // over them, AllToAllEP between them).
   int64_t ep = 1;

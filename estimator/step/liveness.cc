@@ -78,6 +78,8 @@ absl::StatusOr<StepTimeline> ResidentTimeline(const ModelConfig& config,
   timeline.resident[static_cast<int>(MemoryCategory::kOptimizerState)] =
       resident.optimizer_state_bytes;
   timeline.resident[static_cast<int>(MemoryCategory::kBuffer)] = resident.buffer_bytes;
+  timeline.resident[static_cast<int>(MemoryCategory::kCommunication)] =
+      resident.communication_bytes;
   if (config.device == Device::kCuda) {
     if (resident.tensors.empty()) {
       return absl::UnimplementedError(
@@ -520,8 +522,10 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   }
   // A rank's step (data parallelism, micro-batches, a pipeline stage's chunks) composes
   // from its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
+  // Not under DDP, whose reduction runs in the last backward (Simulation::DdpHook): its
+  // step is replayed whole.
   const ParallelSpec& parallel = options_.rank.parallel;
-  if (!options_.record_events && !allocator &&
+  if (!options_.record_events && !allocator && !TorchDdp(*config_, parallel) &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
       config_->checkpoint_impl != CheckpointImpl::kReentrant) {
     const std::vector<StageRange> chunks =
@@ -736,6 +740,7 @@ const char* MemoryCategoryName(MemoryCategory category) {
     case MemoryCategory::kTemporary: return "temporary";
     case MemoryCategory::kInput: return "input";
     case MemoryCategory::kBuffer: return "buffer";
+    case MemoryCategory::kCommunication: return "communication";
   }
   return "?";
 }

@@ -54,10 +54,12 @@ enum class MemoryCategory : uint8_t {
   kTemporary,       // everything else: forward intermediates, gradients in flight, workspace
   kInput,           // the model input (and the labels made from it)
   kBuffer,          // the modules' buffers (a rotary embedding's inv_freq)
+  kCommunication,   // a data-parallel strategy's own buffers (DDP's Reducer buckets)
 };
-inline constexpr int kNumMemoryCategories = static_cast<int>(MemoryCategory::kBuffer) + 1;
+inline constexpr int kNumMemoryCategories =
+    static_cast<int>(MemoryCategory::kCommunication) + 1;
 // "parameter", "gradient", "optimizer_state", "activation", "temporary", "input",
-// "buffer".
+// "buffer", "communication".
 const char* MemoryCategoryName(MemoryCategory category);
 
 // StepPhase is where in the step an allocation happens.
@@ -142,10 +144,14 @@ struct StepTimeline {
 //     (deallocate_output_tensor), and receives its output's gradient into a new buffer
 //     before its backward. Sends and receives are posted and waited together as
 //     Megatron pairs them: the received buffers exist before what was sent is freed;
-//   - with dp > 1 the gradients are then copied into one flat bucket (padded to a
-//     multiple of dp), all-reduced in place and divided by dp x micro_batches;
-//     ZeRO 0: the average is copied back into the .grads, the bucket freed, and every
-//     parameter stepped; ZeRO 1: the .grads are freed, the rank's ceil(n / dp) shard of
+//   - with dp > 1 and no ZeRO, torch's DDP (TorchDdp): its buckets resident, each
+//     chunk's last backward copies every .grad into its bucket (Simulation::DdpHook;
+//     the .grad replaced by the bucket's view with gradient_as_bucket_view), and every
+//     parameter is stepped. With ZeRO (or expert parallelism without it) the gradients
+//     are copied into one flat bucket (padded to a multiple of dp), all-reduced in place
+//     and divided by dp x micro_batches; expert parallelism: the average is copied back
+//     into the .grads, the bucket freed, and every parameter stepped; ZeRO 1: the .grads
+//     are freed, the rank's ceil(n / dp) shard of
 //     the bucket (a view) stepped, then the bucket freed; ZeRO 2: the shard is copied
 //     out of the bucket and divided, the bucket and the .grads freed, the copy stepped.
 //     ZeRO 1, 2 all-gather the updated shards in place into the flat parameter buffer
@@ -215,6 +221,9 @@ struct ResidentBytes {
   // buffers, optimizer state), each its own caching-allocator block; summing to the
   // bytes above.
   std::vector<ResidentTensor> tensors = {};
+  // communication_bytes: a data-parallel strategy's buffers held for the whole run (DDP's
+  // Reducer buckets), among `tensors` on CUDA.
+  int64_t communication_bytes = 0;
 };
 
 // StepStretch is one stretch of the step (a layer's forward or backward, the head's, the

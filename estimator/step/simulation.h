@@ -290,6 +290,11 @@ class Simulation {
   // OptimizerStep steps tensors of these element counts, with their gradients.
   absl::Status OptimizerStep(const std::vector<int64_t>& numels);
   absl::Status ReduceAndStep();
+  // DdpHook is the hook DDP's Reducer puts on each parameter's AccumulateGrad, run in the
+  // backward that syncs (ddp_sync_): the .grad divided into its bucket's view and, with
+  // gradient_as_bucket_view, replaced by that view (reducer.cpp,
+  // mark_variable_ready_dense).
+  void DdpHook(const ParameterKey& parameter, DType dtype);
   // ZeRO-3 (RankStep): a unit (the prologue, a layer, the head: its segment) has its
   // parameters gathered into one buffer for its forward and its backward; after its
   // backward its .grads are flattened into a bucket and freed, the bucket all-reduced
@@ -370,10 +375,12 @@ class Simulation {
   }
   // OptimizerLayerBytes is where stepped tensor p's bytes count in
   // Segments::optimizer_layer_bytes: its kind's, when p is a parameter of the first layer
-  // of its kind in a single rank's model (what one more layer of that kind adds to the
-  // optimizer's step); null otherwise.
+  // of its kind in a single rank's model or under DDP, whose step is one process's
+  // (what one more layer of that kind adds to the optimizer's step); null otherwise.
   std::array<int64_t, kNumMemoryCategories>* OptimizerLayerBytes(size_t p) {
-    if (p >= parameter_order_.size() || options_.rank.parallel.dp > 1) return nullptr;
+    if (p >= parameter_order_.size() || (options_.rank.parallel.dp > 1 && !ddp_)) {
+      return nullptr;
+    }
     const int64_t layer = parameter_order_[p].first;
     if (layer < 0 || layer >= KindsPeriod()) return nullptr;
     const int kind = KindOf(layer);
@@ -502,6 +509,11 @@ class Simulation {
   // ZeRO-3's state: each unit's parameter bytes (prologue, head, each layer kind), the
   // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
   // backward runs.
+  // DDP (TorchDdp): its hooks run in each chunk's last micro-batch's backward (the
+  // others under no_sync, as torch.distributed.pipelining's stages and gradient
+  // accumulation run them).
+  bool ddp_ = false;
+  bool ddp_sync_ = false;
   bool zero3_ = false;
   int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
   std::vector<int64_t> layer_unit_bytes_;  // by kind

@@ -122,12 +122,15 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           f.input_grad = Repeat(passes->backward[std::min<size_t>(j, 1)], shift);
         } else {
           // The first micro-batch's (a later one's forward was copied): its shadow pass is
-          // the second's.
+          // the second's. Under DDP the chunk's last backward syncs (Run replays no copies
+          // then).
+          ddp_sync_ = ddp_ && j + 1 == inputs.size();
           if (absl::Status s = CapturedBackward(plans, f, output_grad, copies,
                                                 &own[step.chunk].backward);
               !s.ok()) {
             return s;
           }
+          ddp_sync_ = false;
         }
         last_input_grad = f.input_grad;
         last_received = f.received;

@@ -23,6 +23,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
   SetUpZero3(graphs);
+  ddp_ = TorchDdp(config_, parallel);
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
@@ -72,13 +73,17 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const int64_t warmup =
       parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
   // With the CUDA allocator every micro-batch is replayed: its blocks need not repeat.
-  int64_t simulated = memory_.allocator() ? micro_batches : std::min(micro_batches, warmup + 2);
+  // Under DDP the last backward syncs and the ones before it do not: one more is
+  // replayed, so that a backward without the hooks follows the first.
+  int64_t simulated = memory_.allocator()
+                          ? micro_batches
+                          : std::min(micro_batches, warmup + (ddp_ ? 3 : 2));
   if (interleaved) {
     simulated = micro_batches;
     const int64_t v = parallel.virtual_stages, pp = parallel.pp;
     const int64_t forwards = (pp - rank.stage - 1) * 2 + (v - 1) * pp + 2 * pp * v;
     const int64_t enough = ((forwards + v - 1) / v + pp - 1) / pp * pp;
-    if (!options_.record_events && !memory_.allocator() && micro_batches != pp &&
+    if (!options_.record_events && !memory_.allocator() && micro_batches != pp && !ddp_ &&
         enough < micro_batches) {
       simulated = enough;
     }
@@ -117,10 +122,12 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       f.range = chunks_.front();
       f.input_id = inputs[j];
       if (absl::Status s = CapturedForward(plans, f, copies, &forward); !s.ok()) return s;
+      ddp_sync_ = ddp_ && j + 1 == inputs.size();
       if (absl::Status s = CapturedBackward(plans, f, std::nullopt, copies, &backward);
           !s.ok()) {
         return s;
       }
+      ddp_sync_ = false;
     }
   }
   ParameterOrder(plans);

@@ -80,7 +80,8 @@ absl::Status Simulation::ReduceAndStep() {
     numels.push_back(memory_.bytes(grads_.at(parameter)) / element);
   }
   const ParallelSpec& data = options_.rank.parallel;
-  if (data.dp <= 1) return OptimizerStep(numels);
+  // DDP reduced in the backward, into its resident buckets and back (DdpHook).
+  if (data.dp <= 1 || ddp_) return OptimizerStep(numels);
   memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
   // A bucket of n elements over `ranks`: at::cat of the .grads' flat views and, when n
   // is not a multiple of ranks, a block of zeros (which dies with the list of pieces).
@@ -128,11 +129,6 @@ absl::Status Simulation::ReduceAndStep() {
     return status;
   }
   memory_.ScalarOp(config_.dtype);  // bucket.div_(dp)
-  if (data.zero == 0) {
-    // Copied back into the .grads (in place), the bucket freed.
-    memory_.Unref(bucket);
-    return OptimizerStep(numels);
-  }
   free_grads();
   absl::Status status = OptimizerStep({shard});  // on a view of the bucket
   memory_.Unref(bucket);
