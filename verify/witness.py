@@ -61,7 +61,7 @@ POLICY_OPS = {
 
 sys.path.insert(0, str(Path(os.path.realpath(__file__)).parent))
 from witness_common import (  # noqa: E402  (verify/witness_common.py)
-    UsageError, ddp, element_bytes, expert_parallel, local, reduce_expert_parallel,
+    UsageError, ddp, element_bytes, expert_parallel, fsdp2, local, reduce_expert_parallel,
     torch_dtype, unique_storage_bytes, _torch)
 
 
@@ -159,6 +159,8 @@ class TransformersModel:
         self.model.train()
         if case.get("ep", 1) > 1:
             expert_parallel(self.model, config, case["ep"])
+        if case.get("fsdp"):
+            fsdp2(self.model, case)
         # The step runs through DistributedDataParallel's forward (its Reducer hooks the
         # parameters' gradients); checkpointing is still the model's (set_variant).
         self.forward, self.reducer_bytes = self.model, 0
@@ -317,8 +319,37 @@ def _mark(name):
     torch.ops.profiler._record_function_exit._RecordFunction(handle)
 
 
+def _write_trace(prof, path):
+    """The measured step's allocations and frees, one line each in time order: bytes,
+    the live total after it, and the innermost three ops around it (FSDP's
+    record_function ranges among them), with the phase marks; appended to `path` plus
+    the rank (MEMLEDGER_WITNESS_TRACE=path). How FSDP2's and DDP's buffers come and go
+    was read from such traces (docs/DESIGN.md, Distributed)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    events = list(prof.profiler.kineto_results.events())
+    ops = [(e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events
+           if e.name() != "[memory]"]
+    rows, live = [], 0
+    for e in sorted((e for e in events
+                     if e.name() == "[memory]" or e.name().startswith("memledger.")),
+                    key=lambda e: e.start_ns()):
+        if e.name() != "[memory]":
+            rows.append(f"---- {e.name()} live {live}")
+            continue
+        around = sorted((o for o in ops if o[0] <= e.start_ns() <= o[1]),
+                        key=lambda o: (o[0], -o[1]))
+        live += e.nbytes()
+        rows.append(f"{e.nbytes():>11} {live:>11} {' > '.join(o[2] for o in around[-3:])}")
+    with open(f"{path}.{rank}", "a", encoding="utf-8") as f:
+        f.write("\n".join(rows) + "\n====\n")
+
+
 def _events(prof):
     """(start_ns, kind, value) of the memory events and the phase marks, in time order."""
+    if os.environ.get("MEMLEDGER_WITNESS_TRACE"):
+        _write_trace(prof, os.environ["MEMLEDGER_WITNESS_TRACE"])
     out = []
     for e in prof.profiler.kineto_results.events():
         if e.name() == "[memory]":

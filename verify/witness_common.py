@@ -79,10 +79,11 @@ def expert_parallel(model, config, ep):
     _let_gloo_go()
 
 
-def gloo_let_go(t):
+def gloo_let_go(t, held=1):
     """Returns once Gloo's worker thread has dropped its reference to the collective's
-    result `t` (and so to the whole work): the caller then holds the only one (within
-    30 s; a loaded machine was seen to need more than the 1 s this waited before). A
+    result `t` (and so to the whole work): the caller then holds only the `held`
+    references it held before the collective (within 30 s; a loaded machine was seen to
+    need more than the 1 s this waited before). A
     collective's wait returns before the worker lets go of the work's
     tensors; were the caller to drop its own first, the worker would free them, where
     torch.profiler (thread-local) records no free, and the witness would see a tensor
@@ -92,9 +93,9 @@ def gloo_let_go(t):
     import time
 
     deadline = time.monotonic() + 30.0
-    while t._use_count() > 1 and time.monotonic() < deadline:
+    while t._use_count() > held and time.monotonic() < deadline:
         time.sleep(0.0005)
-    if t._use_count() > 1:
+    if t._use_count() > held:
         # The runtime's Complete waits without a bound; say so rather than measure a
         # tensor the worker will free unrecorded.
         print("witness: Gloo's worker still holds a collective's result after 30 s; this "
@@ -226,6 +227,96 @@ def _verify_params_in_python(dist):
 
     verify_params_across_processes.memledger_waits = True
     dist._verify_params_across_processes = verify_params_across_processes
+
+
+# ---------------------------------------------------------------------------------------
+# FSDP2
+
+def fsdp2(model, case):
+    """torch 2.15's FSDP2 as torchtitan applies it: `fully_shard` on each decoder layer,
+    then on the whole model (the root unit: the embedding, the final norm, lm_head), over
+    a 1-D mesh of every rank, with case["reshard_after_forward"] and, when
+    case["mp_param_dtype"] is set, MixedPrecisionPolicy(param_dtype, reduce_dtype).
+
+    Gloo stands in for NCCL through FSDP2's own hooks for it (set_custom_all_gather,
+    set_custom_reduce_scatter), with collectives that allocate what NCCL's do, nothing
+    (_nccl_like_collectives). Gloo's own all_gather_into_tensor and
+    reduce_scatter_tensor copy their tensors, buffers a GPU rank never holds (the issue's
+    2,469,404 B a rank against 2,419,740 B here), and let go of them on Gloo's worker
+    thread, where torch.profiler (thread-local) records no free, so a rank would count a
+    buffer to the step's end whenever the worker was last (runs differed by one layer's,
+    172,544 B, or the root unit's, 262,400 B, on either rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    kwargs = {"mesh": mesh, "reshard_after_forward": case.get("reshard_after_forward", True)}
+    if case.get("mp_param_dtype"):
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch_dtype(case["mp_param_dtype"]),
+            reduce_dtype=torch_dtype(case.get("mp_reduce_dtype") or case["mp_param_dtype"]))
+    units = [*model.model.layers, model]
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    all_gather, reduce_scatter = _nccl_like_collectives()
+    for unit in units:
+        unit.set_custom_all_gather(all_gather)
+        unit.set_custom_reduce_scatter(reduce_scatter)
+
+
+class _Done:
+    """The work of a collective that has already completed (FSDP2 waits on it later)."""
+
+    def wait(self, timeout=None):
+        del timeout
+        return True
+
+
+def _nccl_like_collectives():
+    """FSDP2's all-gather and reduce-scatter as NCCL runs them, on Gloo: in place, without
+    a buffer of their own, done when they return, and only once Gloo's worker has let go
+    of the tensor (gloo_let_go, down to the references FSDP2 held before: its all-gather
+    result and reduce-scatter state keep the same tensors)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllocMixin
+
+    class InPlaceAllGather(DefaultAllocMixin, AllGather):
+        """NCCL's in-place all-gather: FSDP2's input is this rank's slice of the output
+        (all_gather_copy_in); the other slices, zeroed, are summed in place."""
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            n = input_tensor.numel()
+            rank = group.rank()
+            if input_tensor.data_ptr() != output_tensor[rank * n:].data_ptr():
+                output_tensor[rank * n:(rank + 1) * n].copy_(input_tensor)
+            output_tensor[:rank * n].zero_()
+            output_tensor[(rank + 1) * n:].zero_()
+            held = output_tensor._use_count()  # FSDP2's own references too
+            dist.all_reduce(output_tensor, group=group)
+            gloo_let_go(output_tensor, held)
+            return _Done() if async_op else None
+
+    class InPlaceReduceScatter(DefaultAllocMixin, ReduceScatter):
+        """NCCL's reduce-scatter: the input summed in place (FSDP2 made it for this
+        collective alone: foreach_reduce's reduce_scatter_input), this rank's slice
+        copied to the output."""
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                raise UsageError(f"FSDP2's reduce-scatter with {op}: not witnessed")
+            held = input_tensor._use_count()
+            dist.all_reduce(input_tensor, group=group)
+            gloo_let_go(input_tensor, held)
+            n = output_tensor.numel()
+            piece = input_tensor[group.rank() * n:(group.rank() + 1) * n]
+            if op == dist.ReduceOp.AVG:
+                piece.div_(group.size())
+            output_tensor.copy_(piece.view_as(output_tensor))
+            return _Done() if async_op else None
+
+    return InPlaceAllGather(), InPlaceReduceScatter()
 
 
 def reduce_expert_parallel(params, dp, ep):

@@ -7,7 +7,11 @@ its own batch, either
 * (--ep=1, a case with "ddp": {"bucket_cap_mb": ..., "gradient_as_bucket_view": ...})
   under torch's DistributedDataParallel as its defaults run it (witness_common.ddp),
   measured in the steady state after the Reducer rebuilt its buckets; each rank's
-  "reducer_bytes" is what DDP's construction kept (its buckets), counted in its peak.
+  "reducer_bytes" is what DDP's construction kept (its buckets), counted in its peak; or
+* (--ep=1, a case with "fsdp": true, and optionally "reshard_after_forward" (true, false
+  or a number of ranks), "mp_param_dtype" and "mp_reduce_dtype") under torch's FSDP2,
+  fully_shard on each decoder layer and the root (witness_common.fsdp2), its collectives
+  NCCL's: in place, without buffers of their own.
 
 Each rank measures what witness.measure does (its buckets, saved-tensor hooks, the
 profiler's held bytes and peak) and records its routing; the result is one JSON object
@@ -18,7 +22,7 @@ the routing being predict's --routing file for the same step.
 Usage:
     python verify/witness_ranks.py --ep=2 --cases=cases.jsonl
     python verify/witness_ranks.py --ep=2 --dp=4 --cases=cases.jsonl  # 2 groups of 2
-    python verify/witness_ranks.py --ep=1 --dp=2 --cases=ddp_cases.jsonl  # DDP
+    python verify/witness_ranks.py --ep=1 --dp=2 --cases=ddp_cases.jsonl  # DDP, FSDP2
 
 Bad input: one line on stderr, exit 2.
 """
@@ -97,10 +101,12 @@ def main(argv=None):
         cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         if any("config" not in case for case in cases):
             raise witness.UsageError("--cases: every case needs a transformers config")
-        if any((case.get("ddp") is not None) != (args.ep == 1) for case in cases):
-            raise witness.UsageError(
-                "--cases: with --ep=1 every case runs DDP (\"ddp\": {...}), with --ep >= 2 "
-                "none does")
+        for case in cases:
+            data_parallel = (case.get("ddp") is not None) + bool(case.get("fsdp"))
+            if data_parallel != (args.ep == 1):
+                raise witness.UsageError(
+                    "--cases: with --ep=1 every case runs DDP (\"ddp\": {...}) or FSDP2 "
+                    "(\"fsdp\": true), one of them; with --ep >= 2 none does")
         for result in measure_ranks(cases, args.ep, args.dp):
             print(json.dumps(result), flush=True)
         return 0

@@ -1,0 +1,116 @@
+"""The FSDP2 witness: torch's fully_shard on 2 Gloo ranks, as torch runs it.
+
+verify/witness_ranks.py (--ep=1) trains the issue's 2-layer Llama (hidden 64, 4 heads,
+2 kv heads, head_dim 16, intermediate 160, vocab 512, untied) under FSDP2, fully_shard on
+each decoder layer and then the whole model (torchtitan's way), with AdamW for_loop,
+batch 2 per rank and seq 32; its collectives are NCCL's (in place, no buffers of their
+own: witness_common._nccl_like_collectives). These tests pin what memledger's FSDP2 must
+mirror, each fact checked against hand arithmetic or the single-process witness (the same
+code without FSDP2), never against memledger:
+
+* each parameter is its own Shard(0) (torch/distributed/fsdp/_fully_shard/
+  _fsdp_param.py): here every dim 0 is even, so each rank holds half of every parameter,
+  its gradient and its optimizer state, unpadded;
+* after the backward a rank holds only its sharded gradients (and the loss);
+* with reshard_after_forward=True every unit, the root too, frees its unsharded
+  parameters after its forward: the forward leaves what one process's leaves; with False
+  all of them stay, the whole model's unsharded parameters more;
+* the measurement is deterministic: the same on both ranks and on a second run.
+
+The peaks are recorded as measured (docs/DESIGN.md, "Distributed", says which buffers
+make them); memledger's FSDP2 is to predict them.
+
+Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
+    python tests/fsdp2_witness_test.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import unittest
+import warnings
+from pathlib import Path
+
+HERE = Path(os.path.realpath(__file__)).parent
+sys.path.insert(0, str(HERE.parent / "verify"))
+import witness_ranks  # noqa: E402  (verify/witness_ranks.py)
+
+witness = witness_ranks.witness
+
+CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": False}
+# Its parameters, by hand: embed_tokens and lm_head 512 x 64 = 32,768 each; a layer's
+# q 64 x 64 = 4,096, k and v 32 x 64 = 2,048 each, o 4,096, gate, up and down
+# 160 x 64 = 10,240 each, two norms of 64: 43,136; the final norm 64: 151,872 fp32
+# elements, 607,488 B in 2 x 9 + 3 = 21 tensors. Every dim 0 (512, 64, 32, 160) is even:
+# a rank's Shard(0) of each is half of it, no padding.
+PARAM_BYTES = 151872 * 4
+SHARD_BYTES = PARAM_BYTES // 2
+TENSORS = 21
+OPTIONS = [{}, {"reshard_after_forward": False},
+           {"mp_param_dtype": "bf16", "mp_reduce_dtype": "fp32"}, {}]
+# As measured (transformers 5.23.0, torch 2.15.0; the issue measured 2,634,284 B for
+# reshard_after_forward=False with Gloo's own collectives too).
+PEAKS = [(2419740, "backward"), (2634284, "forward"), (1904796, "backward"),
+         (2419740, "backward")]
+FIELDS = ("param_bytes", "grad_bytes", "optimizer_state_bytes", "held_after_forward",
+          "held_after_backward", "peak_bytes", "peak_phase")
+
+
+def case(fsdp=None, **options):
+    return {"config": CONFIG, "batch": 2, "seq": 32, "optimizer_impl": "for_loop",
+            **({"fsdp": True, **options} if fsdp else {})}
+
+
+class Fsdp2WitnessTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in witness_ranks.measure_ranks(
+            [case(True, **options) for options in OPTIONS], ep=1, dp=2)]
+        cls.alone = witness.measure({**witness.DEFAULTS, **case()})
+
+    def test_each_parameter_is_sharded_on_its_first_dimension(self):
+        self.assertEqual(self.alone["param_bytes"], PARAM_BYTES)
+        for options, ranks in zip(OPTIONS, self.ranks):
+            for r, rank in enumerate(ranks):
+                # The sharded parameters stay fp32 under a MixedPrecisionPolicy.
+                self.assertEqual(rank["param_bytes"], SHARD_BYTES, (options, r))
+                self.assertEqual(rank["grad_bytes"], SHARD_BYTES, (options, r))
+                # AdamW's two moments of each shard, and a 4-byte step per tensor.
+                self.assertEqual(rank["optimizer_state_bytes"], 2 * SHARD_BYTES + 4 * TENSORS,
+                                 (options, r))
+
+    def test_after_the_backward_a_rank_holds_its_sharded_gradients(self):
+        for options, ranks in zip(OPTIONS, self.ranks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual(rank["held_after_backward"], SHARD_BYTES + 4, (options, r))
+
+    def test_reshard_after_forward_decides_what_the_forward_leaves(self):
+        resharded, kept = self.ranks[0], self.ranks[1]
+        for r in range(2):
+            self.assertEqual(resharded[r]["held_after_forward"],
+                             self.alone["held_after_forward"], r)
+            self.assertEqual(kept[r]["held_after_forward"],
+                             self.alone["held_after_forward"] + PARAM_BYTES, r)
+
+    def test_the_peaks_as_measured(self):
+        for options, ranks, (peak, phase) in zip(OPTIONS, self.ranks, PEAKS):
+            for r, rank in enumerate(ranks):
+                self.assertEqual((rank["peak_bytes"], rank["peak_phase"]), (peak, phase),
+                                 (options, r))
+
+    def test_the_measurement_is_the_same_on_every_rank_and_every_run(self):
+        for options, ranks in zip(OPTIONS, self.ranks):
+            for field in FIELDS:
+                self.assertEqual(ranks[0][field], ranks[1][field], (options, field))
+        first, last = self.ranks[0], self.ranks[-1]
+        for r in range(2):
+            for field in FIELDS:
+                self.assertEqual(first[r][field], last[r][field], (r, field))
+
+
+if __name__ == "__main__":
+    unittest.main()
