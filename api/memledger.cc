@@ -217,6 +217,12 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     }
     else if (name == "master_weights") status = boolean(&request.master_weights);
     else if (name == "gradient_as_bucket_view") status = boolean(&request.gradient_as_bucket_view);
+    else if (name == "fsdp") status = boolean(&request.fsdp);
+    else if (name == "reshard_after_forward") {
+      bool reshard = true;
+      status = boolean(&reshard);
+      request.reshard_after_forward = reshard ? "true" : "false";
+    }
     else if (name == "ddp_bucket_mb") {
       double mib = 0;
       status = NumberKey(name, value, &mib);

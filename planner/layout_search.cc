@@ -212,7 +212,7 @@ class Search {
                           shape.zero,
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
                                                    : PipelineSchedule::k1F1B,
-                          DdpOptionsFor(shape)};
+                          DdpOptionsFor(shape), FsdpOptions{}};
     if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
         !ValidateRun(config, base_.attention, base_.variants, base_.optimizer).ok()) {
       out.invalid = static_cast<int64_t>(n);
@@ -642,6 +642,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, ": the search chooses the layout (SearchOptions::fixed constrains it)"));
     }
+  }
+  if (request.fsdp || request.reshard_after_forward != defaults.reshard_after_forward) {
+    return absl::InvalidArgumentError(
+        "--fsdp: the search does not lay out FSDP2 yet (predict --fsdp answers for one "
+        "layout)");
   }
   if (request.ep != defaults.ep) {
     return absl::InvalidArgumentError(

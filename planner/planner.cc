@@ -110,10 +110,11 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   // data-parallel rank's as PredictRanks does).
   const ParallelSpec& parallel = options.parallel;
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
-  if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3) {
+  if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3 ||
+      parallel.fsdp.enabled) {
     return absl::UnimplementedError(
         "the checkpoint planner plans one data-parallel rank with ZeRO 0-2 and one "
-        "micro-batch, not --pp, --micro_batches or --zero=3 yet");
+        "micro-batch, not --pp, --micro_batches, --zero=3 or --fsdp yet");
   }
   PredictOptions predict;
   predict.attention = options.attention;

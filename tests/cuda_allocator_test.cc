@@ -268,10 +268,10 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
 TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
   int replayed = 0;
   for (const ParallelSpec& parallel :
-       {ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}},
-        ParallelSpec{2, 1, 1, 1, 1, PipelineSchedule::k1F1B, {}},
-        ParallelSpec{2, 1, 1, 1, 3, PipelineSchedule::k1F1B, {}},
-        ParallelSpec{1, 2, 1, 4, 0, PipelineSchedule::k1F1B, {}}}) {
+       {ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, {}},
+        ParallelSpec{2, 1, 1, 1, 1, PipelineSchedule::k1F1B, {}, {}},
+        ParallelSpec{2, 1, 1, 1, 3, PipelineSchedule::k1F1B, {}, {}},
+        ParallelSpec{1, 2, 1, 4, 0, PipelineSchedule::k1F1B, {}, {}}}) {
     const RunSpec spec = CudaSpec("tiny-llama", "bf16", "auto");
     absl::StatusOr<RanksPrediction> ranks =
         PredictRanks(spec.config, parallel, TimelineOptions(spec));

@@ -15,10 +15,13 @@ code without FSDP2), never against memledger:
 * with reshard_after_forward=True every unit, the root too, frees its unsharded
   parameters after its forward: the forward leaves what one process's leaves; with False
   all of them stay, the whole model's unsharded parameters more;
-* the measurement is deterministic: the same on both ranks and on a second run.
+* the measurement is deterministic: the same on both ranks and on a second run;
+* over 3 ranks (tiny-llama's shape) each rank stores ceil(rows / 3) rows of every
+  parameter, and its optimizer steps its own rows (the last rank's fewer).
 
 The peaks are recorded as measured (docs/DESIGN.md, "Distributed", says which buffers
-make them); memledger's FSDP2 is to predict them.
+make them); tests/ranks_test.cc (FsdpPeaksAsTorchsFullyShard) holds memledger's
+--fsdp to the first two.
 
 Run by Bazel with the reference stack's Python (tests/BUILD.bazel):
     python tests/fsdp2_witness_test.py
@@ -110,6 +113,45 @@ class Fsdp2WitnessTest(unittest.TestCase):
         for r in range(2):
             for field in FIELDS:
                 self.assertEqual(first[r][field], last[r][field], (r, field))
+
+
+# tiny-llama's shape (hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, vocab 96,
+# untied) over 3 ranks, where most rows are not a multiple of 3.
+TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "vocab_size": 96, "tie_word_embeddings": False}
+
+
+class Fsdp2PaddedShardsTest(unittest.TestCase):
+    """torch.chunk's rows, ceil(rows / 3) a rank, the last ranks' fewer: every rank
+    stores its shard padded (FSDPParam's padded sharded storage), its optimizer steps
+    the unpadded rows."""
+
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in witness_ranks.measure_ranks(
+            [{"config": TINY, "batch": 2, "seq": 8, "optimizer_impl": "for_loop",
+              "fsdp": True, "reshard_after_forward": reshard} for reshard in (True, False)],
+            ep=1, dp=3)]
+
+    def test_shards_by_hand(self):
+        # Rank 0's padded rows: a layer's q and o 11 x 32, k and v 6 x 32, gate and up
+        # 22 x 32, down 11 x 64, two norms 11: 3,222; the root's embedding and lm_head
+        # 32 x 32 each and its norm 11: 2,059; 2 x 3,222 + 2,059 = 8,503 elements.
+        # Rank 2's rows: 10, 4, 4, 10, 20, 20, 10 (x 64), 10 + 10 a layer: 2,836; the
+        # root 1,024 + 10 + 1,024: 7,730 elements, stepped by AdamW.
+        for ranks in self.ranks:
+            for r, rank in enumerate(ranks):
+                self.assertEqual(rank["param_bytes"], 8503 * 4, r)
+                stepped = 8503 if r < 2 else 7730
+                self.assertEqual(rank["optimizer_state_bytes"], 2 * stepped * 4 + 21 * 4, r)
+
+    def test_the_peaks_as_measured(self):
+        # Rank 0 and 1 alike; rank 2 holds less state.
+        for ranks, peaks in zip(self.ranks, ((330284, 330284, 324100),
+                                             (332668, 332668, 326484))):
+            self.assertEqual(tuple(rank["peak_bytes"] for rank in ranks), peaks)
 
 
 if __name__ == "__main__":

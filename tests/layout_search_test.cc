@@ -205,7 +205,7 @@ std::map<Key, RankPeaks> BruteForceOf(const RunRequest& request) {
               ParallelSpec parallel{dp, pp, v, m, zero,
                                     v > 1 ? PipelineSchedule::kInterleaved
                                           : PipelineSchedule::k1F1B,
-                                    {}};
+                                    {}, {}};
               if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
                   !ValidateRun(config, base.attention, base.variants, base.optimizer).ok()) {
                 continue;

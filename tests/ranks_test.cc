@@ -576,6 +576,69 @@ TEST(PredictRanksTest, DdpPeaksAsTorchsDistributedDataParallel) {
   }
 }
 
+// torch's FSDP2 on 2 Gloo ranks of the real stack (tests/fsdp2_witness_test.py measures
+// and pins these numbers): fully_shard on each layer and the root of the issue's Llama.
+// A rank holds half of every parameter (every dim 0 even: 151,872 / 2 elements, 303,744
+// B), its gradient likewise, AdamW's two moments of it and 21 steps (607,572 B); its step
+// peaks at 2,419,740 B in layer 1's backward with reshard_after_forward, and at 2,634,284
+// B in the forward without (every unit's unsharded parameters kept).
+TEST(PredictRanksTest, FsdpPeaksAsTorchsFullyShard) {
+  PredictOptions options = Variants("none");
+  options.peak = true;
+  options.optimizer.impl = OptimizerImpl::kForLoop;
+  struct Case {
+    bool reshard;
+    int64_t peak;
+    StepPhase phase;
+  };
+  for (const Case& c : {Case{true, 2419740, StepPhase::kBackward},
+                        Case{false, 2634284, StepPhase::kForward}}) {
+    SCOPED_TRACE(c.reshard);
+    ParallelSpec parallel;
+    parallel.dp = 2;
+    parallel.fsdp.enabled = true;
+    parallel.fsdp.reshard_after_forward = c.reshard;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
+    ASSERT_EQ(ranks.kinds.size(), 1u);
+    const RankKind& rank = ranks.kinds[0];
+    EXPECT_EQ(rank.param_bytes, 303744);
+    EXPECT_EQ(rank.grad_bytes, 303744);
+    EXPECT_EQ(rank.optimizer_state_bytes, 2 * 303744 + 21 * 4);
+    EXPECT_EQ(rank.communication_bytes, 0);
+    ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
+    EXPECT_EQ(rank.variants[0].held.peak->bytes, c.peak);
+    EXPECT_EQ(rank.variants[0].held.peak->phase, c.phase);
+  }
+}
+
+// FSDP2's Shard(0) pads each parameter's rows to a multiple of the ranks: tiny-llama over
+// 3 ranks, by hand (rank 0's, the fullest: ceil(rows / 3) rows each). A layer: q and o
+// 32 x 32 -> 11 x 32 = 352 each, k and v 16 x 32 -> 6 x 32 = 192 each, gate and up
+// 64 x 32 -> 22 x 32 = 704 each, down 32 x 64 -> 11 x 64 = 704, two norms of 32 -> 11
+// each: 3,222. The root: the embedding and lm_head 96 x 32 -> 32 x 32 = 1,024 each, the
+// final norm 11: 2,059. Two layers and the root: 8,503 elements, 34,012 B. The real
+// stack's rank 0 (tests/fsdp2_witness_test.py, Fsdp2PaddedShardsTest) peaks at 330,284 B
+// in the backward with reshard_after_forward, where torch._chunk_cat pads each gradient
+// of uneven rows for the reduce-scatter, and at 332,668 B in the forward without.
+TEST(PredictRanksTest, FsdpPadsEachParametersRowsByHand) {
+  for (const bool reshard : {true, false}) {
+    ParallelSpec parallel;
+    parallel.dp = 3;
+    parallel.fsdp.enabled = true;
+    parallel.fsdp.reshard_after_forward = reshard;
+    PredictOptions options = Variants("none");
+    options.peak = true;
+    options.optimizer.impl = OptimizerImpl::kForLoop;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(TinyLlama(2), parallel, options));
+    EXPECT_EQ(ranks.kinds[0].param_bytes, 34012);
+    EXPECT_EQ(ranks.kinds[0].grad_bytes, 34012);
+    EXPECT_EQ(ranks.kinds[0].optimizer_state_bytes, 2 * 34012 + 21 * 4);
+    EXPECT_EQ(ranks.kinds[0].n_params, 2 * 9280 + 3072 + 3104);
+    ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
+    EXPECT_EQ(ranks.kinds[0].variants[0].held.peak->bytes, reshard ? 330284 : 332668);
+  }
+}
+
 // Where the rank's step is not simulated, each variant says what is missing.
 TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   PredictOptions options = Variants("none");
@@ -591,7 +654,14 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
     const char* missing;
   };
   ModelConfig tied = *ModelFromPreset("tiny-gpt2");
-  for (const Case& c : {Case{tied, zero3, "--zero=3 and a tied embedding over pipeline"}}) {
+  ParallelSpec fsdp;
+  fsdp.dp = 2;
+  fsdp.fsdp.enabled = true;
+  ParallelSpec fsdp_accumulating = fsdp;
+  fsdp_accumulating.micro_batches = 2;
+  for (const Case& c :
+       {Case{tied, zero3, "--zero=3 and a tied embedding over pipeline"},
+        Case{TinyLlama(2), fsdp_accumulating, "--fsdp and --micro_batches"}}) {
     SCOPED_TRACE(c.missing);
     ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(c.config, c.parallel, options));
     for (const RankKind& kind : ranks.kinds) {
@@ -600,6 +670,15 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
           << kind.variants[0].held.peak_unavailable;
     }
   }
+  // FSDP2 with checkpointing: the variant says so, `none` beside it is simulated.
+  PredictOptions checkpointed = Variants("none,full");
+  checkpointed.peak = true;
+  ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(TinyLlama(2), fsdp, checkpointed));
+  EXPECT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
+  EXPECT_NE(ranks.kinds[0].variants[1].held.peak_unavailable.find(
+                "--fsdp with activation checkpointing"),
+            std::string::npos)
+      << ranks.kinds[0].variants[1].held.peak_unavailable;
 }
 
 TEST(PredictRanksTest, BadLayoutsNameTheFlag) {

@@ -533,6 +533,12 @@ TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
       "verify/verify --model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 "
       "--attention=math --skip_timing --dp=2 --variants=none,core_attention");
   EXPECT_EQ(core.exit_code, 3) << core.output;
+  // FSDP2 is torch's Python; the ranks have no rendition of it yet.
+  CommandResult fsdp = memledger::testing::RunCommand(
+      "verify/verify --model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --fsdp");
+  EXPECT_EQ(fsdp.exit_code, 3) << fsdp.output;
+  EXPECT_NE(fsdp.output.find("the rank runtime does not run FSDP2 yet"), std::string::npos)
+      << fsdp.output;
   EXPECT_NE(core.output.find("no core_attention recompute yet"), std::string::npos) << core.output;
   // Each rank would route its own tokens; one process runs the eager experts.
   CommandResult eager = memledger::testing::RunCommand(

@@ -120,6 +120,12 @@ ABSL_FLAG(std::optional<double>, ddp_bucket_mb, std::nullopt,
 ABSL_FLAG(bool, gradient_as_bucket_view, false,
           "DDP's gradient_as_bucket_view: each .grad becomes a view of its bucket in the "
           "backward (--dp > 1 without --zero).");
+ABSL_FLAG(bool, fsdp, false,
+          "torch's FSDP2 over the --dp ranks: fully_shard on each decoder layer and the "
+          "root, each parameter its own Shard(0) (kept apart from --zero).");
+ABSL_FLAG(std::string, reshard_after_forward, "true",
+          "FSDP2's reshard_after_forward: true frees each unit's unsharded parameters after "
+          "its forward, false keeps them to its backward (with --fsdp).");
 ABSL_FLAG(int64_t, ep, 1,
           "Expert-parallel ranks among the --dp ranks (a mixture of experts): each holds "
           "experts / ep whole experts, and transformers' AllToAllEP sends every routed token "
@@ -186,6 +192,8 @@ RunRequest RunRequestFromFlags() {
   request.schedule = absl::GetFlag(FLAGS_schedule);
   request.gradient_as_bucket_view = absl::GetFlag(FLAGS_gradient_as_bucket_view);
   request.ddp_bucket_mb = absl::GetFlag(FLAGS_ddp_bucket_mb);
+  request.fsdp = absl::GetFlag(FLAGS_fsdp);
+  request.reshard_after_forward = absl::GetFlag(FLAGS_reshard_after_forward);
   request.ep = absl::GetFlag(FLAGS_ep);
   request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
   request.routing = absl::GetFlag(FLAGS_routing);
@@ -262,6 +270,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"pp", "parallelism"},       {"virtual_stages", "parallelism"},
     {"micro_batches", "parallelism"}, {"zero", "parallelism"}, {"ep", "parallelism"},
     {"ddp_bucket_mb", "parallelism"}, {"gradient_as_bucket_view", "parallelism"},
+    {"fsdp", "parallelism"}, {"reshard_after_forward", "parallelism"},
     {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/family.h"
 #include "estimator/parallel/ddp_buckets.h"
+#include "estimator/parallel/fsdp2_shards.h"
 #include "estimator/spec/checked_math.h"
 #include "estimator/spec/option_checks.h"
 #include "estimator/step/liveness.h"
@@ -155,6 +156,22 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
   return absl::OkStatus();
 }
 
+// Fsdp2ModelShardElements: a rank's padded Shard(0) elements of every parameter of the
+// whole model (FSDP2 runs one stage: ValidateParallel).
+int64_t Fsdp2ModelShardElements(const ModelConfig& config, AttentionMode attention,
+                                int64_t world) {
+  const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  int64_t elements = 0;
+  for (size_t kind = 0; kind < graphs->layer_kinds.size(); ++kind) {
+    elements += graphs->LayersOfKind(static_cast<int>(kind), 0, config.layers) *
+                Fsdp2UnitOf({&graphs->layer_kinds[kind]}, config, world).shard_elements;
+  }
+  std::vector<const BlockGraph*> root;
+  if (graphs->prologue.has_value()) root.push_back(&*graphs->prologue);
+  root.push_back(&graphs->epilogue);
+  return elements + Fsdp2UnitOf(root, config, world).shard_elements;
+}
+
 // AddDdpBuckets: DDP's buckets, each its own block, made after the parameters and before
 // the optimizer's state (which the first step makes). Their split follows the gradients'
 // ready order, here the parameters' reverse (the order of a sequential model's backward;
@@ -181,6 +198,7 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
                                            const RankKind& kind, AttentionMode attention,
                                            const OptimizerSpec& optimizer) {
   const bool flat = parallel.zero == 1 || parallel.zero == 2;
+  // FSDP2's sharded parameters are tensors of their own (kind.param_bytes).
   const CheckedInt64 flat_bytes = CheckedInt64(ZeroShardElements(kind.n_params, parallel.dp)) *
                                   parallel.dp * ElementSizeBytes(config.dtype);
   if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
@@ -316,11 +334,16 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
                                              static_cast<double>(kind.saved_bytes_none);
     }
     // ZeRO: the optimizer's state (1), the gradients (2) and the parameters (3) sharded.
+    // FSDP2: every parameter its own padded Shard(0) (rank 0's), stepped tensor by tensor.
     const int64_t n = n_params.value();
-    const int64_t shard = ZeroShardElements(n, parallel.dp);
-    CheckedInt64 param_bytes = CheckedInt64(parallel.zero >= 3 ? shard : n) * element;
-    CheckedInt64 grad_bytes = CheckedInt64(parallel.zero >= 2 ? shard : n) * element;
-    const int64_t stepped = parallel.zero >= 1 ? shard : n;
+    const int64_t shard = parallel.fsdp.enabled
+                              ? Fsdp2ModelShardElements(config, options.attention, parallel.dp)
+                              : ZeroShardElements(n, parallel.dp);
+    const bool sharded_parameters = parallel.zero >= 3 || parallel.fsdp.enabled;
+    CheckedInt64 param_bytes = CheckedInt64(sharded_parameters ? shard : n) * element;
+    CheckedInt64 grad_bytes =
+        CheckedInt64(parallel.zero >= 2 || parallel.fsdp.enabled ? shard : n) * element;
+    const int64_t stepped = parallel.zero >= 1 || parallel.fsdp.enabled ? shard : n;
     // A ZeRO rank steps its shard as one flat tensor.
     const int64_t stepped_tensors = parallel.zero >= 1 ? 1 : n_param_tensors;
     CheckedInt64 moments = CheckedInt64(stepped) * per_parameter.moments;

@@ -662,8 +662,13 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
       p.dp * whole.config.tp * p.pp, p.dp, whole.config.tp, p.pp,
       PipelineScheduleName(p.schedule),
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
-      p.micro_batches, ddp ? DdpText(p.ddp) : absl::StrCat("ZeRO-", p.zero), most.stage,
-      LayersText(most));
+      p.micro_batches,
+      ddp              ? DdpText(p.ddp)
+      : p.fsdp.enabled ? absl::StrCat("torch FSDP2, ", p.fsdp.reshard_after_forward
+                                                           ? "resharded after each forward"
+                                                           : "not resharded after forward")
+                       : absl::StrCat("ZeRO-", p.zero),
+      most.stage, LayersText(most));
   if (ranks.ep > 1) {
     absl::StrAppend(&scope, "; experts over ", ranks.ep,
                     " expert-parallel ranks, this one expert-parallel rank ", most.ep_rank);

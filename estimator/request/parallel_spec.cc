@@ -117,13 +117,38 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
         "--layers ", config.layers, " is not divisible by --pp ", spec.pp,
         " x --virtual_stages ", spec.virtual_stages, " (every model chunk holds as many)"));
   }
+  if (spec.fsdp.enabled) {
+    // FSDP2 shards over the data-parallel ranks, as fully_shard lays a decoder out; the
+    // layouts beside it come later.
+    if (spec.dp < 2) return absl::InvalidArgumentError("--fsdp shards over --dp ranks: it needs --dp > 1");
+    if (spec.zero > 0) {
+      return absl::InvalidArgumentError(
+          "--fsdp is torch's FSDP2, --zero DeepSpeed's and Megatron's sharding: give one");
+    }
+    const char* beside = config.moe.ep > 1 ? "--ep"
+                         : config.tp > 1   ? "--tp"
+                         : spec.pp > 1     ? "--pp"
+                                           : nullptr;
+    if (beside != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--fsdp with ", beside, " is not modelled yet"));
+    }
+    if (!FamilyOf(config.family).decoder) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--fsdp: fully_shard's units are modelled for the decoder families (",
+          FamilyNames(&FamilyDef::decoder), "), not the ", FamilyName(config.family),
+          " family"));
+    }
+  } else if (!spec.fsdp.reshard_after_forward) {
+    return absl::InvalidArgumentError("--reshard_after_forward is FSDP2's: it needs --fsdp");
+  }
   // DDP's options change nothing elsewhere: given without DDP they would be ignored.
   const bool ddp_options = spec.ddp.bucket_cap_mb.has_value() || spec.ddp.gradient_as_bucket_view;
   if (ddp_options && !TorchDdp(config, spec)) {
     return absl::InvalidArgumentError(absl::StrCat(
         spec.ddp.bucket_cap_mb.has_value() ? "--ddp_bucket_mb" : "--gradient_as_bucket_view",
         " is an option of torch's DistributedDataParallel: it needs --dp > 1 without --zero",
-        config.moe.ep > 1 ? " or --ep" : ""));
+        config.moe.ep > 1 ? " or --ep" : spec.fsdp.enabled ? " or --fsdp" : ""));
   }
   if (spec.ddp.bucket_cap_mb.has_value() &&
       !(*spec.ddp.bucket_cap_mb > 0 && *spec.ddp.bucket_cap_mb <= kMaxDdpBucketMib)) {
@@ -149,6 +174,12 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   // (over stages each end holds a copy, exchanged over the embedding group).
   if (spec.zero >= 3 && config.tie_embeddings && spec.pp > 1) {
     return missing("with --zero=3 and a tied embedding over pipeline stages");
+  }
+  if (spec.fsdp.enabled && spec.micro_batches > 1) {
+    return missing("with --fsdp and --micro_batches (FSDP2's gradient accumulation)");
+  }
+  if (spec.fsdp.enabled && config.device == Device::kCuda) {
+    return missing("with --fsdp on --device=cuda (FSDP2's blocks in the caching allocator)");
   }
 
   return absl::OkStatus();

@@ -47,6 +47,19 @@ struct DdpOptions {
   }
 };
 
+// FsdpOptions: torch's FSDP2 over the data-parallel ranks (torch/distributed/fsdp/
+// _fully_shard), fully_shard on each decoder layer and the root, as torchtitan applies it;
+// kept apart from --zero (DeepSpeed's and Megatron's meaning).
+struct FsdpOptions {
+  bool enabled = false;
+  // reshard_after_forward: each unit frees its unsharded parameters after its forward
+  // (fully_shard's default True); False keeps them to the backward.
+  bool reshard_after_forward = true;
+  friend bool operator==(const FsdpOptions& a, const FsdpOptions& b) {
+    return a.enabled == b.enabled && a.reshard_after_forward == b.reshard_after_forward;
+  }
+};
+
 struct ParallelSpec {
   int64_t dp = 1;  // data-parallel ranks
   int64_t pp = 1;  // pipeline stages
@@ -61,6 +74,7 @@ struct ParallelSpec {
   int64_t zero = 0;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   DdpOptions ddp;  // with dp > 1 and no ZeRO (TorchDdp)
+  FsdpOptions fsdp;
 
   // Distributed: more than tensor parallelism.
   bool Distributed() const { return dp > 1 || pp > 1; }
@@ -70,18 +84,18 @@ struct ParallelSpec {
   friend bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
     return a.dp == b.dp && a.pp == b.pp && a.virtual_stages == b.virtual_stages &&
            a.micro_batches == b.micro_batches && a.zero == b.zero && a.schedule == b.schedule &&
-           a.ddp == b.ddp;
+           a.ddp == b.ddp && a.fsdp == b.fsdp;
   }
 };
 
 // TorchDdp: the data-parallel ranks run torch's DistributedDataParallel: dp > 1 without
-// ZeRO, and without expert parallelism (whose experts reduce over their own ranks,
-// as transformers' expert-parallel training does: verify/witness_ranks.py).
-inline bool TorchDdp(int64_t dp, int64_t zero, int64_t ep) {
-  return dp > 1 && zero == 0 && ep <= 1;
+// ZeRO or FSDP2, and without expert parallelism (whose experts reduce over their own
+// ranks, as transformers' expert-parallel training does: verify/witness_ranks.py).
+inline bool TorchDdp(int64_t dp, int64_t zero, int64_t ep, bool fsdp = false) {
+  return dp > 1 && zero == 0 && ep <= 1 && !fsdp;
 }
 inline bool TorchDdp(const ModelConfig& config, const ParallelSpec& spec) {
-  return TorchDdp(spec.dp, spec.zero, config.moe.ep);
+  return TorchDdp(spec.dp, spec.zero, config.moe.ep, spec.fsdp.enabled);
 }
 
 // kMaxDdpBucketMib bounds --ddp_bucket_mb (1 TiB: one bucket holds any model).

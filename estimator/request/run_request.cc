@@ -220,9 +220,19 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   if (!valid.ok()) return valid.status();
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
+  FsdpOptions fsdp{request.fsdp, true};
+  if (request.reshard_after_forward == "false") {
+    fsdp.reshard_after_forward = false;
+  } else if (request.reshard_after_forward != "true") {
+    // An int (reshard to that many ranks after the forward) comes with FSDP2's 2-D mesh.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reshard_after_forward must be true or false, got '", request.reshard_after_forward,
+        "'"));
+  }
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
                                request.micro_batches, request.zero, schedule,
-                               DdpOptions{request.ddp_bucket_mb, request.gradient_as_bucket_view}};
+                               DdpOptions{request.ddp_bucket_mb, request.gradient_as_bucket_view},
+                               fsdp};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
 
   MEMLEDGER_ASSIGN_OR_RETURN(spec.attention, ParseAttentionMode(request.attention));
@@ -288,6 +298,8 @@ std::string RequestFlags(const RunRequest& request) {
     absl::StrAppend(&out, " --ddp_bucket_mb=", *request.ddp_bucket_mb);
   }
   if (request.gradient_as_bucket_view) absl::StrAppend(&out, " --gradient_as_bucket_view");
+  if (request.fsdp) absl::StrAppend(&out, " --fsdp");
+  text("reshard_after_forward", request.reshard_after_forward, defaults.reshard_after_forward);
   number("ep", request.ep, defaults.ep);
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);

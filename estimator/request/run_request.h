@@ -55,6 +55,9 @@ struct RunRequest {
   // DDP's options (dp > 1 without ZeRO; ParallelSpec::ddp): unset, torch's default cap.
   std::optional<double> ddp_bucket_mb;
   bool gradient_as_bucket_view = false;
+  // FSDP2 (ParallelSpec::fsdp): --fsdp, and --reshard_after_forward: true or false.
+  bool fsdp = false;
+  std::string reshard_after_forward = "true";
   // ep: expert-parallel ranks among the dp ranks (a mixture of experts' experts split
   // over them, AllToAllEP between them).
   int64_t ep = 1;

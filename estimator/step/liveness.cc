@@ -522,10 +522,11 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   }
   // A rank's step (data parallelism, micro-batches, a pipeline stage's chunks) composes
   // from its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
-  // Not under DDP, whose reduction runs in the last backward (Simulation::DdpHook): its
-  // step is replayed whole.
+  // Not under DDP, whose reduction runs in the last backward (Simulation::DdpHook), nor
+  // FSDP2, whose units hand buffers on to the next: their steps are replayed whole.
   const ParallelSpec& parallel = options_.rank.parallel;
   if (!options_.record_events && !allocator && !TorchDdp(*config_, parallel) &&
+      !parallel.fsdp.enabled &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
       config_->checkpoint_impl != CheckpointImpl::kReentrant) {
     const std::vector<StageRange> chunks =

@@ -514,6 +514,45 @@ class Simulation {
   // accumulation run them).
   bool ddp_ = false;
   bool ddp_sync_ = false;
+  // FSDP2 (FsdpOptions, simulation_fsdp2.cc): fully_shard on each layer and the root
+  // (kRootUnit: the embedding, the final norm and the head). Each unit's parameters in
+  // order with their padded shards' elements and their .grads' keys; the unsharded
+  // parameters' storages by unit; a prefetched unit's all-gather output awaiting its
+  // copy-out; the forward's kept all-gather output (all_gather_state); the last
+  // reduce-scatter input (reduce_scatter_states); each parameter's shard by key.
+  static constexpr int64_t kRootUnit = Where::kHead;
+  struct FsdpParameter {
+    ParameterKey key;
+    int64_t shard_elements = 0;
+    bool padded = false;  // its rows are not a multiple of the ranks
+  };
+  struct FsdpUnit {
+    std::vector<FsdpParameter> parameters;
+    int64_t shard_elements = 0;
+  };
+  void SetUpFsdp2(const ModelGraphs& graphs);
+  FsdpUnit FsdpUnitAt(int64_t unit) const;
+  // The unit's unshard (pre_forward, pre_backward), reshard, backward prefetch and
+  // post-backward reduction, as FSDPParamGroup runs them.
+  void FsdpUnshard(int64_t unit, bool forward);
+  void FsdpReshard(int64_t unit);
+  void FsdpPrefetch(int64_t unit);
+  void FsdpPostBackward(int64_t unit);
+  // The hooks' points in the step: a segment's start and end in the forward, a unit's
+  // backward's start, its input's gradient made, the backward's end.
+  void FsdpForwardBegins(int64_t segment);
+  void FsdpForwardEnds(int64_t segment);
+  void FsdpBackwardBegins(int64_t unit, std::optional<int64_t> previous);
+  void FsdpBackwardEnds();
+  // FsdpShardOf: a parameter's padded shard's elements (what the rank's optimizer steps).
+  int64_t FsdpShardOf(const ParameterKey& key) const;
+  bool fsdp2_ = false;
+  std::vector<FsdpUnit> fsdp_layer_kinds_;  // a layer of kind k's unit, keyed to layer 0
+  FsdpUnit fsdp_root_;
+  std::map<int64_t, std::vector<int>> fsdp_unsharded_;
+  std::map<int64_t, int> fsdp_prefetched_;
+  int fsdp_all_gather_state_ = -1;
+  int fsdp_reduce_scatter_input_ = -1;
   bool zero3_ = false;
   int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
   std::vector<int64_t> layer_unit_bytes_;  // by kind

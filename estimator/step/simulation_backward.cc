@@ -36,7 +36,7 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
   // AccumulateGrad steals a gradient nobody else holds that has the parameter's layout;
   // otherwise it clones it. A later micro-batch's backward (the shadow pass) adds into
   // the .grad instead, unless ZeRO-3's reduce-scatter freed it with the unit's.
-  const bool once = !zero3_;
+  const bool once = !zero3_ && !fsdp2_;
   if (memory_.refs(grad.storage) == 1 && SameLayout(grad.layout, layout)) {
     memory_.MakeGradient(grad.storage, once);
     grads_.emplace(parameter, grad.storage);

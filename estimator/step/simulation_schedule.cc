@@ -23,7 +23,16 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
   SetUpZero3(graphs);
+  SetUpFsdp2(graphs);
   ddp_ = TorchDdp(config_, parallel);
+  if (fsdp2_) {
+    for (int64_t i = 0; i < config_.layers; ++i) {
+      if (variant_.IsCheckpointed(i)) {
+        return absl::UnimplementedError(
+            "peak memory per rank: --fsdp with activation checkpointing is not modelled yet");
+      }
+    }
+  }
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
@@ -409,6 +418,10 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     seed.layout = f.loss.layout;
     seed.dtype = f.loss.dtype;
     seed.storage = memory_.Alloc(memory_.bytes(f.loss.storage), MemoryCategory::kTemporary);
+    if (fsdp2_) {
+      FsdpBackwardBegins(kRootUnit,
+                         f.range.layers > 0 ? std::optional<int64_t>(end - 1) : std::nullopt);
+    }
     Buffers buffers;
     buffers.emplace(graphs.epilogue.output, Alias(seed));
     if (absl::Status s = Backward(f.head, buffers, false); !s.ok()) return s;
@@ -425,6 +438,10 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     memory_.BeginSegment(TapeStretch::Kind::kLayerBackward, i, pass);
     Instance& inst = f.layers[i - f.range.first_layer];
     const BlockGraph& layer = graphs.layer_kinds[KindOf(i)];
+    if (fsdp2_) {
+      FsdpBackwardBegins(
+          i, i > f.range.first_layer ? std::optional<int64_t>(i - 1) : std::nullopt);
+    }
     const Handle incoming = *grad;
     grad.reset();
     Buffers layer_buffers;
@@ -491,6 +508,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     pending_unit_.reset();
   };
   if (!f.range.head) end_backward();
+  if (fsdp2_) FsdpBackwardEnds();  // queued by the root: before the graph task ends
   memory_.Unref(seed.storage);  // the graph task ends
   if (f.range.head) end_backward();
   // The loss, as a value: the first stays until the step ends; later ones are added

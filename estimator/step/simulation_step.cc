@@ -18,6 +18,10 @@ int64_t Simulation::UnitBytes(int64_t segment) const {
 }
 
 void Simulation::GatherUnit(int64_t segment) {
+  if (fsdp2_) {
+    FsdpForwardBegins(segment);
+    return;
+  }
   const int64_t bytes = UnitBytes(segment);
   if (!zero3_ || bytes == 0 || gathered_.count(segment) == 1) return;
   memory_.SetOp(Special(segment, Where::Activity::kParameterGather));
@@ -25,6 +29,10 @@ void Simulation::GatherUnit(int64_t segment) {
 }
 
 void Simulation::ReleaseUnit(int64_t segment) {
+  if (fsdp2_) {
+    FsdpForwardEnds(segment);
+    return;
+  }
   auto it = gathered_.find(segment);
   if (it == gathered_.end()) return;
   memory_.Unref(it->second);
@@ -55,6 +63,9 @@ void Simulation::ReduceScatterUnit(int64_t segment) {
 }
 
 void Simulation::BackwardPassed(int64_t unit, std::optional<int64_t> previous) {
+  // FSDP2's post_backward, where the unit's input's gradient is made; the root's is the
+  // backward's final callback (FsdpBackwardEnds).
+  if (fsdp2_ && unit != kRootUnit) FsdpPostBackward(unit);
   if (!zero3_) return;
   ReduceScatterUnit(unit);
   pending_unit_ = previous;
@@ -65,6 +76,15 @@ void Simulation::BackwardPassed(int64_t unit, std::optional<int64_t> previous) {
 // gradients' reduction and the ZeRO shard's step (RankStep).
 absl::Status Simulation::ReduceAndStep() {
   const int64_t element = ElementSizeBytes(config_.dtype);
+  if (fsdp2_) {
+    // Reduced unit by unit in the backward: the optimizer steps each parameter's shard.
+    std::vector<int64_t> shards;
+    shards.reserve(parameter_order_.size());
+    for (const ParameterKey& parameter : parameter_order_) {
+      shards.push_back(FsdpShardOf(parameter));
+    }
+    return OptimizerStep(shards);
+  }
   if (zero3_) {
     // The shard's gradient, reduced unit by unit in the backward, divided by dp x
     // micro-batches, stepped and freed; the parameters stay sharded.

@@ -1,0 +1,188 @@
+// The step simulation of an FSDP2 rank (FsdpOptions): torch 2.15.0's fully_shard
+// (torch/distributed/fsdp/_fully_shard/) on each decoder layer and on the root, as the
+// FSDP2 witness measures it (tests/fsdp2_witness_test.py; docs/DESIGN.md,
+// "Distributed", lists each buffer with its source line).
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "estimator/parallel/fsdp2_shards.h"
+#include "estimator/step/simulation.h"
+
+namespace memledger::liveness_internal {
+
+void Simulation::SetUpFsdp2(const ModelGraphs& graphs) {
+  const ParallelSpec& parallel = options_.rank.parallel;
+  fsdp2_ = parallel.fsdp.enabled && parallel.dp > 1;
+  if (!fsdp2_) return;
+  auto unit_of = [&](const std::vector<std::pair<const BlockGraph*, int64_t>>& members) {
+    std::vector<const BlockGraph*> member_graphs;
+    for (const auto& [graph, segment] : members) member_graphs.push_back(graph);
+    const Fsdp2Unit shards = Fsdp2UnitOf(member_graphs, config_, parallel.dp);
+    FsdpUnit unit;
+    for (const Fsdp2Unit::Parameter& p : shards.parameters) {
+      const auto& [graph, segment] = members[static_cast<size_t>(p.graph)];
+      unit.parameters.push_back({KeyOf(*graph, segment, p.tensor), p.shard_elements, p.padded});
+    }
+    unit.shard_elements = shards.shard_elements;
+    return unit;
+  };
+  fsdp_layer_kinds_.clear();
+  for (const BlockGraph& kind : graphs.layer_kinds) {
+    fsdp_layer_kinds_.push_back(unit_of({{&kind, 0}}));
+  }
+  std::vector<std::pair<const BlockGraph*, int64_t>> root;
+  if (graphs.prologue.has_value()) root.emplace_back(&*graphs.prologue, Where::kPrologue);
+  root.emplace_back(&graphs.epilogue, Where::kHead);
+  fsdp_root_ = unit_of(root);
+}
+
+Simulation::FsdpUnit Simulation::FsdpUnitAt(int64_t unit) const {
+  if (unit == kRootUnit) return fsdp_root_;
+  FsdpUnit layer = fsdp_layer_kinds_[static_cast<size_t>(KindOf(unit))];
+  for (FsdpParameter& p : layer.parameters) p.key.first = unit;
+  return layer;
+}
+
+// unshard + wait_for_unshard (_fsdp_param_group.py:458, :505): the all-gather output,
+// world x the unit's padded shards (foreach_all_gather), unless prefetched; in the
+// forward the one kept from the unit before is released first
+// (release_all_gather_state_for_comm_reuse); the copy-out gives each parameter its
+// unsharded storage (foreach_all_gather_copy_out); then the output is kept to the next
+// unit's copy-out in the forward, freed at once in the backward.
+void Simulation::FsdpUnshard(int64_t unit, bool forward) {
+  if (fsdp_unsharded_.count(unit) == 1) return;  // unsharded already: unshard() returns
+  const int64_t world = options_.rank.parallel.dp;
+  const int64_t element = ElementSizeBytes(config_.dtype);
+  const FsdpUnit parameters = FsdpUnitAt(unit);
+  memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
+  int output = -1;
+  if (auto prefetched = fsdp_prefetched_.find(unit); prefetched != fsdp_prefetched_.end()) {
+    output = prefetched->second;
+    fsdp_prefetched_.erase(prefetched);
+  } else {
+    output = memory_.Alloc(world * parameters.shard_elements * element,
+                           MemoryCategory::kCommunication);
+  }
+  if (forward && fsdp_all_gather_state_ >= 0) {
+    memory_.Unref(fsdp_all_gather_state_);
+    fsdp_all_gather_state_ = -1;
+  }
+  std::vector<int>& unsharded = fsdp_unsharded_[unit];
+  for (const FsdpParameter& p : parameters.parameters) {
+    unsharded.push_back(
+        memory_.Alloc(world * p.shard_elements * element, MemoryCategory::kParameter));
+  }
+  if (forward) {
+    fsdp_all_gather_state_ = output;
+  } else {
+    memory_.Unref(output);
+  }
+}
+
+// reshard (:586): the unsharded storages freed, in the parameters' order.
+void Simulation::FsdpReshard(int64_t unit) {
+  auto it = fsdp_unsharded_.find(unit);
+  if (it == fsdp_unsharded_.end()) return;
+  for (int storage : it->second) memory_.Unref(storage);
+  fsdp_unsharded_.erase(it);
+}
+
+// _prefetch_unshard in the backward (_backward_prefetch, :1061): the all-gather alone;
+// its copy-out waits for the unit's own pre_backward.
+void Simulation::FsdpPrefetch(int64_t unit) {
+  if (fsdp_unsharded_.count(unit) == 1 || fsdp_prefetched_.count(unit) == 1) return;
+  const int64_t world = options_.rank.parallel.dp;
+  memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
+  fsdp_prefetched_[unit] = memory_.Alloc(
+      world * FsdpUnitAt(unit).shard_elements * ElementSizeBytes(config_.dtype),
+      MemoryCategory::kCommunication);
+}
+
+// post_backward (:695): reshard; the previous unit's reduce-scatter input freed
+// (reduce_scatter_max_input_buffers = 1); foreach_reduce (_fsdp_collectives.py:604): the
+// reduce-scatter input (world x the padded shards), filled by torch._chunk_cat, whose
+// CPU kernel first copies each gradient whose rows are not a multiple of the ranks into a
+// zero-padded tensor (all of them, then freed in turn: ATen's _pad_chunk), the
+// unsharded .grads freed (last parameter first), the output (the unit's sharded gradients, one storage the
+// parameters' .grads view) and its division by the world (_div_if_needed: a wrapped
+// scalar). The input stays until the next unit's reduction.
+void Simulation::FsdpPostBackward(int64_t unit) {
+  FsdpReshard(unit);
+  const int64_t world = options_.rank.parallel.dp;
+  const int64_t element = ElementSizeBytes(config_.dtype);
+  const FsdpUnit parameters = FsdpUnitAt(unit);
+  memory_.SetOp(Special(unit, Where::Activity::kUnitReduction));
+  if (fsdp_reduce_scatter_input_ >= 0) memory_.Unref(fsdp_reduce_scatter_input_);
+  fsdp_reduce_scatter_input_ = memory_.Alloc(world * parameters.shard_elements * element,
+                                             MemoryCategory::kCommunication);
+  std::vector<int> padded;
+  for (const FsdpParameter& p : parameters.parameters) {
+    if (p.padded) {
+      padded.push_back(
+          memory_.Alloc(world * p.shard_elements * element, MemoryCategory::kTemporary));
+    }
+  }
+  for (int copy : padded) memory_.Unref(copy);
+  for (auto it = parameters.parameters.rbegin(); it != parameters.parameters.rend(); ++it) {
+    auto grad = grads_.find(it->key);
+    if (grad == grads_.end()) continue;
+    memory_.Unref(grad->second);
+    grads_.erase(grad);
+  }
+  memory_.AllocOnce(parameters.shard_elements * element, MemoryCategory::kGradient);
+  memory_.ScalarOp(config_.dtype);
+}
+
+// pre_forward: the root unshards as the model's forward starts (the embedding's
+// segment), each layer as its own does; the head runs on the root's.
+void Simulation::FsdpForwardBegins(int64_t segment) {
+  if (segment == Where::kHead) return;
+  FsdpUnshard(segment == Where::kPrologue ? kRootUnit : segment, /*forward=*/true);
+}
+
+// post_forward (:657): a layer reshards after its forward (reshard_after_forward), the
+// root after the model's, which also releases the last kept all-gather output.
+void Simulation::FsdpForwardEnds(int64_t segment) {
+  if (segment == Where::kPrologue) return;
+  const bool reshard = options_.rank.parallel.fsdp.reshard_after_forward;
+  if (segment != Where::kHead) {
+    if (reshard) FsdpReshard(segment);
+    return;
+  }
+  if (reshard) FsdpReshard(kRootUnit);
+  if (fsdp_all_gather_state_ >= 0) {
+    memory_.Unref(fsdp_all_gather_state_);
+    fsdp_all_gather_state_ = -1;
+  }
+}
+
+// pre_backward (:679): the unit unshards (its copy-out, where prefetched), then
+// prefetches the unit before it in the forward's order (post_forward_order: the layers,
+// then the root); the first layer's has none.
+void Simulation::FsdpBackwardBegins(int64_t unit, std::optional<int64_t> previous) {
+  FsdpUnshard(unit, /*forward=*/false);
+  if (previous.has_value()) FsdpPrefetch(*previous);
+}
+
+int64_t Simulation::FsdpShardOf(const ParameterKey& key) const {
+  const FsdpUnit& unit = key.first >= 0 ? fsdp_layer_kinds_[static_cast<size_t>(KindOf(key.first))]
+                                        : fsdp_root_;
+  for (const FsdpParameter& p : unit.parameters) {
+    if (p.key.second == key.second && (key.first >= 0 || p.key.first == key.first)) {
+      return p.shard_elements;
+    }
+  }
+  return 0;
+}
+
+// The root's post-backward final callback (_fsdp_state.py:422): the root unit reshards
+// and reduces, then the last reduce-scatter input is freed.
+void Simulation::FsdpBackwardEnds() {
+  FsdpPostBackward(kRootUnit);
+  if (fsdp_reduce_scatter_input_ >= 0) memory_.Unref(fsdp_reduce_scatter_input_);
+  fsdp_reduce_scatter_input_ = -1;
+}
+
+}  // namespace memledger::liveness_internal
