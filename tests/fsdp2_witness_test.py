@@ -115,6 +115,29 @@ class Fsdp2WitnessTest(unittest.TestCase):
                 self.assertEqual(first[r][field], last[r][field], (r, field))
 
 
+class Fsdp2CheckpointingTest(unittest.TestCase):
+    """transformers' gradient checkpointing (non-reentrant) inside each fully_shard
+    layer: the recompute runs in the layer's backward, on the parameters its
+    pre_backward gathered (FSDP2's hooks skip the recompute's forward)."""
+
+    VARIANTS = [("full", True), ("full", False), ("selective", True), ("selective", False)]
+
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in witness_ranks.measure_ranks(
+            [case(True, variant=variant, reshard_after_forward=reshard)
+             for variant, reshard in cls.VARIANTS], ep=1, dp=2)]
+
+    def test_the_peaks_as_measured(self):
+        peaks = [(2198492, "backward"), (2198492, "backward"), (2297500, "backward"),
+                 (2346668, "forward")]
+        for variant, ranks, peak in zip(self.VARIANTS, self.ranks, peaks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual((rank["peak_bytes"], rank["peak_phase"]), peak, (variant, r))
+                self.assertEqual(rank["held_after_backward"], SHARD_BYTES + 4, (variant, r))
+
+
 # tiny-llama's shape (hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, vocab 96,
 # untied) over 3 ranks, where most rows are not a multiple of 3.
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,

@@ -25,14 +25,6 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   SetUpZero3(graphs);
   SetUpFsdp2(graphs);
   ddp_ = TorchDdp(config_, parallel);
-  if (fsdp2_) {
-    for (int64_t i = 0; i < config_.layers; ++i) {
-      if (variant_.IsCheckpointed(i)) {
-        return absl::UnimplementedError(
-            "peak memory per rank: --fsdp with activation checkpointing is not modelled yet");
-      }
-    }
-  }
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
