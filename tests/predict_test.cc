@@ -426,7 +426,9 @@ TEST(PredictFamiliesTest, DdpRanksSayWhatTheyAssume) {
     EXPECT_TRUE(p.ok()) << p.status();
     std::string all;
     for (const std::string& caveat : p->whole.caveats) {
-      if (caveat.rfind("dp:", 0) != 0) continue;
+      if (caveat.rfind("dp:", 0) != 0 || caveat.find("DynamicCache") != std::string::npos) {
+        continue;
+      }
       all += caveat.find("no_sync") != std::string::npos   ? "no_sync;"
              : caveat.find("reverse") != std::string::npos ? "split;"
                                                             : "other;";
@@ -438,6 +440,30 @@ TEST(PredictFamiliesTest, DdpRanksSayWhatTheyAssume) {
   EXPECT_EQ(caveats(2, 1, 0, 1, Device::kCuda), "split;");
   EXPECT_EQ(caveats(2, 1, 1, 2, Device::kCpu), "");
   EXPECT_EQ(caveats(1, 2, 0, 2, Device::kCpu), "");
+}
+
+// GPT-2's DynamicCache holds keys and values of its own in training (transformers keeps
+// it with use_cache): the ranks are predicted without it and say so; Llama's cache holds
+// the tensors saved anyway, nothing of its own, so nothing is said.
+TEST(PredictFamiliesTest, DdpAndFsdpRanksSayTheyDropAPayingCache) {
+  for (const auto& [preset, says] : {std::pair<const char*, bool>{"tiny-gpt2", true},
+                                     {"tiny-llama", false}}) {
+    for (const bool fsdp : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(preset, fsdp ? " fsdp" : " ddp"));
+      ParallelSpec parallel;
+      parallel.dp = 2;
+      parallel.fsdp.enabled = fsdp;
+      PredictOptions options;
+      options.peak = false;
+      ASSERT_OK_AND_ASSIGN(DistributedPrediction p,
+                           PredictDistributed(Preset(preset), parallel, options));
+      bool said = false;
+      for (const std::string& caveat : p.whole.caveats) {
+        said = said || caveat.find("DynamicCache") != std::string::npos;
+      }
+      EXPECT_EQ(said, says);
+    }
+  }
 }
 
 TEST(PredictFamiliesTest, TiedHeadCountsOnceAndGqaShrinksKv) {

@@ -256,7 +256,15 @@ def fsdp2(model, case):
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch_dtype(case["mp_param_dtype"]),
             reduce_dtype=torch_dtype(case.get("mp_reduce_dtype") or case["mp_param_dtype"]))
-    units = [*model.model.layers, model]
+    # The decoder's layers: model.model.layers (Llama and its kin), model.transformer.h
+    # (GPT-2).
+    base = model.base_model
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        layers = getattr(base, "h", None)
+    if layers is None:
+        raise UsageError(f"fsdp: {type(model).__name__} has no decoder layer list")
+    units = [*layers, model]
     for unit in units:
         fully_shard(unit, **kwargs)
     all_gather, reduce_scatter = _nccl_like_collectives()

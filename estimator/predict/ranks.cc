@@ -413,6 +413,29 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
   }
   absl::StatusOr<Prediction> whole = Predict(whole_config, whole_options);
   if (!whole.ok()) return whole.status();
+  if (model.KeepsKvCache() && (TorchDdp(config, parallel) || parallel.fsdp.enabled)) {
+    // transformers' model, whole on each rank, keeps its DynamicCache in training as one
+    // process does; the ranks are predicted without it. Where the cache holds bytes of
+    // its own (GPT-2's concatenated keys and values: not Llama's, which holds the
+    // tensors saved anyway), the prediction says so.
+    PredictOptions held;
+    held.attention = options.attention;
+    held.optimizer = options.optimizer;
+    held.peak = false;
+    held.variants = {Variant()};
+    absl::StatusOr<Prediction> cached = Predict(model, held);
+    absl::StatusOr<Prediction> uncached = Predict(config, held);
+    if (cached.ok() && uncached.ok() &&
+        cached->variants[0].held_after_forward_bytes !=
+            uncached->variants[0].held_after_forward_bytes) {
+      whole->caveats.push_back(absl::StrCat(
+          "dp: transformers keeps the model's DynamicCache (use_cache) in training, ",
+          cached->variants[0].held_after_forward_bytes -
+              uncached->variants[0].held_after_forward_bytes,
+          " B more after one process's forward; the ranks are predicted without it "
+          "(use_cache false in the config.json matches)"));
+    }
+  }
   if (TorchDdp(config, parallel)) {
     // torch's DistributedDataParallel (tests/ddp_witness_test.py measures it on Gloo
     // ranks of the real stack): what is assumed where torch leaves a choice.
