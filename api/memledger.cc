@@ -218,6 +218,8 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "master_weights") status = boolean(&request.master_weights);
     else if (name == "gradient_as_bucket_view") status = boolean(&request.gradient_as_bucket_view);
     else if (name == "fsdp") status = boolean(&request.fsdp);
+    else if (name == "mp_param_dtype") status = string(&request.mp_param_dtype);
+    else if (name == "mp_reduce_dtype") status = string(&request.mp_reduce_dtype);
     else if (name == "reshard_after_forward") {
       bool reshard = true;
       status = boolean(&reshard);

@@ -643,7 +643,8 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
           "--", flag, ": the search chooses the layout (SearchOptions::fixed constrains it)"));
     }
   }
-  if (request.fsdp || request.reshard_after_forward != defaults.reshard_after_forward) {
+  if (request.fsdp || request.reshard_after_forward != defaults.reshard_after_forward ||
+      !request.mp_param_dtype.empty() || !request.mp_reduce_dtype.empty()) {
     return absl::InvalidArgumentError(
         "--fsdp: the search does not lay out FSDP2 yet (predict --fsdp answers for one "
         "layout)");

@@ -138,6 +138,38 @@ class Fsdp2CheckpointingTest(unittest.TestCase):
                 self.assertEqual(rank["held_after_backward"], SHARD_BYTES + 4, (variant, r))
 
 
+class Fsdp2MixedPrecisionTest(unittest.TestCase):
+    """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 unsharded
+    parameters and compute over the fp32 shards, gradients reduced in fp32; ATen's own
+    gemm (oneDNN's bf16 scratchpads off, as memledger predicts)."""
+
+    VARIANTS = [(variant, reshard) for variant in ("none", "full", "selective")
+                for reshard in (True, False)]
+
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in witness_ranks.measure_ranks(
+            [case(True, variant=variant, reshard_after_forward=reshard,
+                  mp_param_dtype="bf16", mp_reduce_dtype="fp32", mkldnn=False)
+             for variant, reshard in cls.VARIANTS], ep=1, dp=2)]
+
+    def test_the_shards_stay_fp32(self):
+        for variant, ranks in zip(self.VARIANTS, self.ranks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual(rank["param_bytes"], SHARD_BYTES, (variant, r))
+                self.assertEqual(rank["grad_bytes"], SHARD_BYTES, (variant, r))
+                self.assertEqual(rank["optimizer_state_bytes"], 2 * SHARD_BYTES + 4 * TENSORS,
+                                 (variant, r))
+
+    def test_the_peaks_as_measured(self):
+        peaks = [(1904796, "backward"), (2012844, "forward"), (1712604, "backward"),
+                 (1712604, "backward"), (1731868, "backward"), (1839916, "forward")]
+        for variant, ranks, peak in zip(self.VARIANTS, self.ranks, peaks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual((rank["peak_bytes"], rank["peak_phase"]), peak, (variant, r))
+
+
 # tiny-llama's shape (hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, vocab 96,
 # untied) over 3 ranks, where most rows are not a multiple of 3.
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,

@@ -96,6 +96,16 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
             "--reshard_after_forward is FSDP2's: it needs --fsdp"},
            {"--model=tiny-llama --dp=2 --fsdp --reshard_after_forward=2",
             "--reshard_after_forward must be true or false, got '2'"},
+           {"--model=tiny-llama --dp=2 --mp_param_dtype=bf16",
+            "--mp_param_dtype and --mp_reduce_dtype are FSDP2's MixedPrecisionPolicy: they need "
+            "--fsdp"},
+           {"--model=tiny-llama --dp=2 --fsdp --mp_param_dtype=int8",
+            "--mp_param_dtype must be fp32, bf16 or fp16, got 'int8'"},
+           {"--model=tiny-llama --dp=2 --fsdp --mp_param_dtype=bf16",
+            "--mp_reduce_dtype: FSDP2 reducing in bf16 or fp16 is not modelled yet"},
+           {"--model=tiny-llama --dp=2 --fsdp --mp_param_dtype=bf16 --mp_reduce_dtype=fp32 "
+            "--dtype=bf16",
+            "FSDP2's mixed precision is modelled over fp32 parameters"},
            {"--model=tiny-llama --dp=2 --fsdp --gradient_as_bucket_view",
             "it needs --dp > 1 without --zero or --fsdp"},
            {"--model=tiny-qwen3-moe --ep=3 --dp=3", "--ep 3 does not divide the 4 experts"},

@@ -627,6 +627,42 @@ TEST(PredictRanksTest, FsdpPeaksAsTorchsFullyShard) {
   }
 }
 
+// FSDP2 under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as the witness
+// measures it (Fsdp2MixedPrecisionTest): the shards, their gradients and AdamW's state
+// stay fp32 (the same bytes as without), the step peaks lower.
+TEST(PredictRanksTest, FsdpMixedPrecisionAsTorchsPolicy) {
+  struct Case {
+    const char* variant;
+    bool reshard;
+    int64_t peak;
+    StepPhase phase;
+  };
+  for (const Case& c : {Case{"none", true, 1904796, StepPhase::kBackward},
+                        Case{"none", false, 2012844, StepPhase::kForward},
+                        Case{"full", true, 1712604, StepPhase::kBackward},
+                        Case{"full", false, 1712604, StepPhase::kBackward},
+                        Case{"selective", true, 1731868, StepPhase::kBackward},
+                        Case{"selective", false, 1839916, StepPhase::kForward}}) {
+    SCOPED_TRACE(absl::StrCat(c.variant, c.reshard ? " resharded" : " kept"));
+    ParallelSpec parallel;
+    parallel.dp = 2;
+    parallel.fsdp.enabled = true;
+    parallel.fsdp.reshard_after_forward = c.reshard;
+    parallel.fsdp.param_dtype = DType::kBFloat16;
+    parallel.fsdp.reduce_dtype = DType::kFloat32;
+    PredictOptions options = Variants(c.variant);
+    options.peak = true;
+    options.optimizer.impl = OptimizerImpl::kForLoop;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
+    const RankKind& rank = ranks.kinds[0];
+    EXPECT_EQ(rank.param_bytes, 303744);
+    EXPECT_EQ(rank.optimizer_state_bytes, 2 * 303744 + 21 * 4);
+    ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
+    EXPECT_EQ(rank.variants[0].held.peak->bytes, c.peak);
+    EXPECT_EQ(rank.variants[0].held.peak->phase, c.phase);
+  }
+}
+
 // FSDP2's Shard(0) pads each parameter's rows to a multiple of the ranks: tiny-llama over
 // 3 ranks, by hand (rank 0's, the fullest: ceil(rows / 3) rows each). A layer: q and o
 // 32 x 32 -> 11 x 32 = 352 each, k and v 16 x 32 -> 6 x 32 = 192 each, gate and up

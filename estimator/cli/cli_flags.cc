@@ -126,6 +126,13 @@ ABSL_FLAG(bool, fsdp, false,
 ABSL_FLAG(std::string, reshard_after_forward, "true",
           "FSDP2's reshard_after_forward: true frees each unit's unsharded parameters after "
           "its forward, false keeps them to its backward (with --fsdp).");
+ABSL_FLAG(std::string, mp_param_dtype, "",
+          "FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32; with --fsdp): the "
+          "unsharded parameters and the compute in it, the shards and the optimizer's state "
+          "in fp32.");
+ABSL_FLAG(std::string, mp_reduce_dtype, "",
+          "FSDP2's MixedPrecisionPolicy reduce_dtype: the dtype gradients are reduced in "
+          "(fp32 is modelled).");
 ABSL_FLAG(int64_t, ep, 1,
           "Expert-parallel ranks among the --dp ranks (a mixture of experts): each holds "
           "experts / ep whole experts, and transformers' AllToAllEP sends every routed token "
@@ -194,6 +201,8 @@ RunRequest RunRequestFromFlags() {
   request.ddp_bucket_mb = absl::GetFlag(FLAGS_ddp_bucket_mb);
   request.fsdp = absl::GetFlag(FLAGS_fsdp);
   request.reshard_after_forward = absl::GetFlag(FLAGS_reshard_after_forward);
+  request.mp_param_dtype = absl::GetFlag(FLAGS_mp_param_dtype);
+  request.mp_reduce_dtype = absl::GetFlag(FLAGS_mp_reduce_dtype);
   request.ep = absl::GetFlag(FLAGS_ep);
   request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
   request.routing = absl::GetFlag(FLAGS_routing);
@@ -271,6 +280,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"micro_batches", "parallelism"}, {"zero", "parallelism"}, {"ep", "parallelism"},
     {"ddp_bucket_mb", "parallelism"}, {"gradient_as_bucket_view", "parallelism"},
     {"fsdp", "parallelism"}, {"reshard_after_forward", "parallelism"},
+    {"mp_param_dtype", "parallelism"}, {"mp_reduce_dtype", "parallelism"},
     {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},

@@ -300,7 +300,9 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
       const int64_t global = local * parallel.pp + stage;
       const StageRange range{global * chunk_layers, chunk_layers, global == 0,
                              global == chunks - 1};
-      absl::StatusOr<StagePrediction> chunk = PredictStage(config, chunk_options, range);
+      // Under FSDP2's MixedPrecisionPolicy the graphs run in param_dtype.
+      absl::StatusOr<StagePrediction> chunk =
+          PredictStage(FsdpComputeConfig(config, parallel), chunk_options, range);
       if (!chunk.ok()) return chunk.status();
       kind.chunks.push_back(range);
       n_params += chunk->n_params;
@@ -369,7 +371,8 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
     kind.adamw_state_bytes =
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
     if (options.peak) {
-      if (absl::Status s = PredictRankPeaks(config, parallel, options,
+      if (absl::Status s = PredictRankPeaks(FsdpComputeConfig(config, parallel), parallel,
+                                            options,
                                             &simulators[static_cast<size_t>(
                                                 kind.ep_group * config.moe.ep + kind.ep_rank)],
                                             &kind);

@@ -139,8 +139,30 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
           FamilyNames(&FamilyDef::decoder), "), not the ", FamilyName(config.family),
           " family"));
     }
+    const FsdpOptions& mp = spec.fsdp;
+    if (mp.param_dtype.has_value() || mp.reduce_dtype.has_value()) {
+      // MixedPrecisionPolicy over fp32 parameters, reducing in fp32 (torchtitan's); a
+      // reduction in bf16 adds FSDP2's cast of the sharded gradient, not modelled yet.
+      if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {
+        return absl::InvalidArgumentError(
+            "--mp_param_dtype: FSDP2's mixed precision is modelled over fp32 parameters "
+            "without --amp (--dtype=fp32)");
+      }
+      if (!mp.param_dtype.has_value()) {
+        return absl::InvalidArgumentError("--mp_reduce_dtype needs --mp_param_dtype");
+      }
+      if (mp.reduce_dtype.value_or(*mp.param_dtype) != DType::kFloat32) {
+        return absl::InvalidArgumentError(
+            "--mp_reduce_dtype: FSDP2 reducing in bf16 or fp16 is not modelled yet "
+            "(give --mp_reduce_dtype=fp32)");
+      }
+    }
   } else if (!spec.fsdp.reshard_after_forward) {
     return absl::InvalidArgumentError("--reshard_after_forward is FSDP2's: it needs --fsdp");
+  } else if (spec.fsdp.param_dtype.has_value() || spec.fsdp.reduce_dtype.has_value()) {
+    return absl::InvalidArgumentError(
+        "--mp_param_dtype and --mp_reduce_dtype are FSDP2's MixedPrecisionPolicy: they need "
+        "--fsdp");
   }
   // DDP's options change nothing elsewhere: given without DDP they would be ignored.
   const bool ddp_options = spec.ddp.bucket_cap_mb.has_value() || spec.ddp.gradient_as_bucket_view;

@@ -55,8 +55,14 @@ struct FsdpOptions {
   // reshard_after_forward: each unit frees its unsharded parameters after its forward
   // (fully_shard's default True); False keeps them to the backward.
   bool reshard_after_forward = true;
+  // MixedPrecisionPolicy(param_dtype, reduce_dtype): the unsharded parameters (and so
+  // the compute) in param_dtype, the gradients reduced in reduce_dtype; the sharded
+  // parameters, their gradients and the optimizer's state stay the model's (fp32).
+  std::optional<DType> param_dtype;
+  std::optional<DType> reduce_dtype;
   friend bool operator==(const FsdpOptions& a, const FsdpOptions& b) {
-    return a.enabled == b.enabled && a.reshard_after_forward == b.reshard_after_forward;
+    return a.enabled == b.enabled && a.reshard_after_forward == b.reshard_after_forward &&
+           a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype;
   }
 };
 
@@ -127,6 +133,16 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
 // buffer padded to a multiple of dp, ceil(n / dp) each.
 inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
   return n / dp + (n % dp != 0 ? 1 : 0);
+}
+
+// FsdpComputeConfig: the config a rank's graphs run in: under FSDP2's
+// MixedPrecisionPolicy the parameters' dtype is param_dtype (the sharded ones stay
+// config.dtype).
+inline ModelConfig FsdpComputeConfig(ModelConfig config, const ParallelSpec& spec) {
+  if (spec.fsdp.enabled && spec.fsdp.param_dtype.has_value()) {
+    config.dtype = *spec.fsdp.param_dtype;
+  }
+  return config;
 }
 
 // RankStepModelled: OK when a rank's whole step, and so its peak, is both simulated

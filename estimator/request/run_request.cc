@@ -220,7 +220,19 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   if (!valid.ok()) return valid.status();
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
-  FsdpOptions fsdp{request.fsdp, true};
+  FsdpOptions fsdp{request.fsdp, true, std::nullopt, std::nullopt};
+  for (const auto& [flag, text, field] :
+       {std::tuple<const char*, const std::string*, std::optional<DType>*>{
+            "--mp_param_dtype", &request.mp_param_dtype, &fsdp.param_dtype},
+        {"--mp_reduce_dtype", &request.mp_reduce_dtype, &fsdp.reduce_dtype}}) {
+    if (text->empty()) continue;
+    absl::StatusOr<DType> dtype = ParseModelDType(*text);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be fp32, bf16 or fp16, got '", *text, "'"));
+    }
+    *field = *dtype;
+  }
   if (request.reshard_after_forward == "false") {
     fsdp.reshard_after_forward = false;
   } else if (request.reshard_after_forward != "true") {
@@ -300,6 +312,8 @@ std::string RequestFlags(const RunRequest& request) {
   if (request.gradient_as_bucket_view) absl::StrAppend(&out, " --gradient_as_bucket_view");
   if (request.fsdp) absl::StrAppend(&out, " --fsdp");
   text("reshard_after_forward", request.reshard_after_forward, defaults.reshard_after_forward);
+  text("mp_param_dtype", request.mp_param_dtype, defaults.mp_param_dtype);
+  text("mp_reduce_dtype", request.mp_reduce_dtype, defaults.mp_reduce_dtype);
   number("ep", request.ep, defaults.ep);
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);

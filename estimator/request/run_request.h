@@ -58,6 +58,9 @@ struct RunRequest {
   // FSDP2 (ParallelSpec::fsdp): --fsdp, and --reshard_after_forward: true or false.
   bool fsdp = false;
   std::string reshard_after_forward = "true";
+  // FSDP2's MixedPrecisionPolicy: "" (none), or fp32, bf16, fp16.
+  std::string mp_param_dtype;
+  std::string mp_reduce_dtype;
   // ep: expert-parallel ranks among the dp ranks (a mixture of experts' experts split
   // over them, AllToAllEP between them).
   int64_t ep = 1;

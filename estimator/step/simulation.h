@@ -537,6 +537,11 @@ class Simulation {
   void FsdpUnshard(int64_t unit, bool forward);
   void FsdpReshard(int64_t unit);
   void FsdpPrefetch(int64_t unit);
+  int FsdpAllGather(int64_t unit);  // its output's storage
+  // Under a MixedPrecisionPolicy (param_dtype other than the fp32 shards'): the gather's
+  // cast input, and the reduction's dtype (reduce_dtype; the shards' otherwise).
+  bool FsdpMixedPrecision() const;
+  DType FsdpReduceDType() const;
   void FsdpPostBackward(int64_t unit);
   // The hooks' points in the step: a segment's start and end in the forward, a unit's
   // backward's start, its input's gradient made, the backward's end.

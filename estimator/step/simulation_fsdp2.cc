@@ -56,15 +56,14 @@ void Simulation::FsdpUnshard(int64_t unit, bool forward) {
   const int64_t world = options_.rank.parallel.dp;
   const int64_t element = ElementSizeBytes(config_.dtype);
   const FsdpUnit parameters = FsdpUnitAt(unit);
-  memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
   int output = -1;
   if (auto prefetched = fsdp_prefetched_.find(unit); prefetched != fsdp_prefetched_.end()) {
     output = prefetched->second;
     fsdp_prefetched_.erase(prefetched);
   } else {
-    output = memory_.Alloc(world * parameters.shard_elements * element,
-                           MemoryCategory::kCommunication);
+    output = FsdpAllGather(unit);
   }
+  memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
   if (forward && fsdp_all_gather_state_ >= 0) {
     memory_.Unref(fsdp_all_gather_state_);
     fsdp_all_gather_state_ = -1;
@@ -93,11 +92,34 @@ void Simulation::FsdpReshard(int64_t unit) {
 // its copy-out waits for the unit's own pre_backward.
 void Simulation::FsdpPrefetch(int64_t unit) {
   if (fsdp_unsharded_.count(unit) == 1 || fsdp_prefetched_.count(unit) == 1) return;
+  fsdp_prefetched_[unit] = FsdpAllGather(unit);
+}
+
+// foreach_all_gather (_fsdp_collectives.py:351): the output, world x the unit's padded
+// shards in the parameters' dtype (param_dtype under a MixedPrecisionPolicy, whose
+// input is first a cast copy of the shards, freed once gathered: flat_foreach_copy_input,
+// :445; without one the input is the output's own slice).
+int Simulation::FsdpAllGather(int64_t unit) {
   const int64_t world = options_.rank.parallel.dp;
+  const int64_t element = ElementSizeBytes(config_.dtype);
+  const int64_t shard_bytes = FsdpUnitAt(unit).shard_elements * element;
   memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
-  fsdp_prefetched_[unit] = memory_.Alloc(
-      world * FsdpUnitAt(unit).shard_elements * ElementSizeBytes(config_.dtype),
-      MemoryCategory::kCommunication);
+  const int input = FsdpMixedPrecision()
+                        ? memory_.Alloc(shard_bytes, MemoryCategory::kCommunication)
+                        : -1;
+  const int output = memory_.Alloc(world * shard_bytes, MemoryCategory::kCommunication);
+  if (input >= 0) memory_.Unref(input);
+  return output;
+}
+
+bool Simulation::FsdpMixedPrecision() const {
+  const FsdpOptions& fsdp = options_.rank.parallel.fsdp;
+  return fsdp.param_dtype.has_value() && *fsdp.param_dtype != DType::kFloat32;
+}
+
+DType Simulation::FsdpReduceDType() const {
+  return FsdpMixedPrecision() ? options_.rank.parallel.fsdp.reduce_dtype.value_or(config_.dtype)
+                              : config_.dtype;
 }
 
 // post_backward (:695): reshard; the previous unit's reduce-scatter input freed
@@ -112,10 +134,12 @@ void Simulation::FsdpPostBackward(int64_t unit) {
   FsdpReshard(unit);
   const int64_t world = options_.rank.parallel.dp;
   const int64_t element = ElementSizeBytes(config_.dtype);
+  const DType reduce_dtype = FsdpReduceDType();
+  const int64_t reduce_element = ElementSizeBytes(reduce_dtype);
   const FsdpUnit parameters = FsdpUnitAt(unit);
   memory_.SetOp(Special(unit, Where::Activity::kUnitReduction));
   if (fsdp_reduce_scatter_input_ >= 0) memory_.Unref(fsdp_reduce_scatter_input_);
-  fsdp_reduce_scatter_input_ = memory_.Alloc(world * parameters.shard_elements * element,
+  fsdp_reduce_scatter_input_ = memory_.Alloc(world * parameters.shard_elements * reduce_element,
                                              MemoryCategory::kCommunication);
   std::vector<int> padded;
   for (const FsdpParameter& p : parameters.parameters) {
@@ -131,8 +155,8 @@ void Simulation::FsdpPostBackward(int64_t unit) {
     memory_.Unref(grad->second);
     grads_.erase(grad);
   }
-  memory_.AllocOnce(parameters.shard_elements * element, MemoryCategory::kGradient);
-  memory_.ScalarOp(config_.dtype);
+  memory_.AllocOnce(parameters.shard_elements * reduce_element, MemoryCategory::kGradient);
+  memory_.ScalarOp(reduce_dtype);
 }
 
 // pre_forward: the root unshards as the model's forward starts (the embedding's

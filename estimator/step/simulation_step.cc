@@ -168,7 +168,10 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   // copied to fp32 as its master's .grad; the optimizer steps the fp32 masters; then
   // each parameter is copied back from its master (in place) and the master's .grad
   // dies.
-  const DType dtype = optimizer_.master_weights ? DType::kFloat32 : config_.dtype;
+  // FSDP2's MixedPrecisionPolicy steps the fp32 shards too.
+  const DType dtype =
+      optimizer_.master_weights || (fsdp2_ && FsdpMixedPrecision()) ? DType::kFloat32
+                                                                    : config_.dtype;
   std::vector<int> master_grads;
   if (optimizer_.master_weights) {
     for (size_t p = 0; p < numels.size(); ++p) {
