@@ -4,7 +4,8 @@ One small config per family (real_stack_test's), trained one step under FSDP2 by
 verify/witness_ranks.py (fully_shard on each decoder layer and the root, NCCL-like
 collectives; tests/fsdp2_witness_test.py pins the mechanism) and predicted by
 //estimator:predict --dp=2 --fsdp from the same config.json. Each rank's parameters,
-optimizer state and whole-step peak (bytes and phase) must agree byte for byte.
+optimizer state and whole-step peak (bytes and phase) must agree byte for byte; a wrong
+prediction (the mutation test) is reported naming the rank and the bucket.
 
 GPT-2 is run with use_cache off: with it transformers keeps a DynamicCache in training,
 which memledger's ranks do not model yet (the prediction's caveats say so).
@@ -52,27 +53,41 @@ class Fsdp2FamiliesTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def predict(self, model):
+    def predict(self, model, *flags):
         path = Path(self.tmp.name) / f"{model}.json"
         path.write_text(json.dumps(self.configs[model]))
         out = subprocess.run([PREDICT, f"--model={path}", f"--batch={BATCH}", f"--seq={SEQ}",
                               "--dp=2", "--fsdp", "--optimizer_impl=for_loop",
-                              "--variants=none"], capture_output=True, text=True, check=False)
+                              "--variants=none", *flags],
+                             capture_output=True, text=True, check=False)
         self.assertEqual(out.returncode, 0, out.stderr)
         return json.loads(out.stdout)["ranks"][0]
 
     def test_every_family_is_exact_on_every_rank(self):
         for model in MODELS:
             with self.subTest(model=model):
-                predicted = self.predict(model)
-                for r, rank in enumerate(self.measured[model]):
-                    self.assertEqual(rank["param_bytes"], predicted["param_bytes"], (model, r))
-                    self.assertEqual(rank["optimizer_state_bytes"],
-                                     predicted["optimizer_state_bytes"], (model, r))
-                    self.assertEqual(
-                        (rank["peak_bytes"], rank["peak_phase"]),
-                        (predicted["peak_bytes"]["none"], predicted["peak"]["none"]["phase"]),
-                        (model, r))
+                self.assertEqual(mismatches(self.measured[model], self.predict(model)), [])
+
+    def test_a_wrong_prediction_is_named_by_rank_and_bucket(self):
+        # The mutation: the prediction without resharding after the forward, against ranks
+        # that reshard. Every rank's peak differs (bytes and phase); nothing else does.
+        found = mismatches(self.measured["llama_gqa"],
+                           self.predict("llama_gqa", "--reshard_after_forward=false"))
+        self.assertEqual([line.split(":")[0] for line in found],
+                         ["rank 0 peak_bytes", "rank 0 peak_phase", "rank 1 peak_bytes",
+                          "rank 1 peak_phase"], found)
+
+
+def mismatches(measured_ranks, predicted):
+    """Each bucket where a rank's measurement and the prediction differ, as "rank R
+    bucket: predicted P, measured M"."""
+    expected = {"param_bytes": predicted["param_bytes"],
+                "optimizer_state_bytes": predicted["optimizer_state_bytes"],
+                "peak_bytes": predicted["peak_bytes"]["none"],
+                "peak_phase": predicted["peak"]["none"]["phase"]}
+    return [f"rank {r} {bucket}: predicted {value}, measured {rank[bucket]}"
+            for r, rank in enumerate(measured_ranks)
+            for bucket, value in expected.items() if rank[bucket] != value]
 
 
 if __name__ == "__main__":
