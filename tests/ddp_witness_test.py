@@ -31,18 +31,12 @@ from pathlib import Path
 
 HERE = Path(os.path.realpath(__file__)).parent
 sys.path.insert(0, str(HERE.parent / "verify"))
+sys.path.insert(0, str(HERE))
 import witness_ranks  # noqa: E402  (verify/witness_ranks.py)
+from issue_llama import CONFIG, PARAM_BYTES  # noqa: E402  (tests/issue_llama.py)
 
 witness = witness_ranks.witness
 
-CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": False}
-# Its parameters, by hand: embed_tokens and lm_head 512 x 64 = 32,768 each; a layer's
-# q 64 x 64 = 4,096, k and v 32 x 64 = 2,048 each, o 4,096, gate, up and down
-# 160 x 64 = 10,240 each, two norms of 64: 43,136; the final norm 64.
-# 2 x 32,768 + 2 x 43,136 + 64 = 151,872 fp32 elements, 607,488 B.
-PARAM_BYTES = 151872 * 4
 # DDP's options: torch's defaults (bucket_cap_mb 25, the first rebuilt bucket 1 MiB,
 # gradient_as_bucket_view False), then each changed; the defaults again last.
 OPTIONS = [{}, {"gradient_as_bucket_view": True}, {"bucket_cap_mb": 0.1},
