@@ -221,9 +221,14 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "mp_param_dtype") status = string(&request.mp_param_dtype);
     else if (name == "mp_reduce_dtype") status = string(&request.mp_reduce_dtype);
     else if (name == "reshard_after_forward") {
-      bool reshard = true;
-      status = boolean(&reshard);
-      request.reshard_after_forward = reshard ? "true" : "false";
+      // fully_shard's bool | int.
+      if (value.IsBool()) {
+        request.reshard_after_forward = value.GetBool() ? "true" : "false";
+      } else {
+        int64_t ranks = 0;
+        status = IntegerKey(name, value, &ranks);
+        request.reshard_after_forward = absl::StrCat(ranks);
+      }
     }
     else if (name == "ddp_bucket_mb") {
       double mib = 0;

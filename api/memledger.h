@@ -13,8 +13,8 @@
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend", "mp_param_dtype",
  * "mp_reduce_dtype" (strings),
  * "momentum", "cuda_context_mib", "ddp_bucket_mb" (numbers), "master_weights", "sp",
- * "gradient_as_bucket_view", "fsdp", "reshard_after_forward", "expandable_segments",
- * "explain" (booleans), "format" ("json",
+ * "gradient_as_bucket_view", "fsdp", "expandable_segments", "explain" (booleans),
+ * "reshard_after_forward" (a boolean, or an integer: fully_shard's), "format" ("json",
  * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart, with
  * "dp" or "pp" the most loaded rank's step),
  * and predict's own: "cpu_threads" (an integer), "sweep" (predict's --sweep grid, a

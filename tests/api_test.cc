@@ -93,6 +93,22 @@ TEST(ApiTest, ParallelKeysGiveThePerRankJson) {
     EXPECT_EQ(model["n_params"].GetInt64() - rank["n_params"].GetInt64(), 12288);
   }
   EXPECT_EQ(ep_ranks, (std::set<int64_t>{0, 1}));
+  // "reshard_after_forward" is fully_shard's bool | int: the int reaches the estimator
+  // (ranks_test holds its bytes to the real stack), the message is the flag's.
+  Result to_two = Call(R"({"model": "tiny-llama", "dp": 4, "fsdp": true,
+                           "reshard_after_forward": 2, "variants": "none"})");
+  ASSERT_EQ(to_two.code, MEMLEDGER_OK) << to_two.error;
+  rapidjson::Document fsdp;
+  fsdp.Parse(to_two.response.c_str());
+  ASSERT_FALSE(fsdp.HasParseError());
+  EXPECT_EQ(std::string(fsdp["parallel"]["data_parallel"].GetString()), "fsdp2");
+  EXPECT_EQ(fsdp["parallel"]["fsdp"]["reshard_after_forward"].GetInt64(), 2);
+  Result to_three = Call(R"({"model": "tiny-llama", "dp": 4, "fsdp": true,
+                             "reshard_after_forward": 3})");
+  EXPECT_EQ(to_three.code, MEMLEDGER_INVALID_ARGUMENT);
+  EXPECT_EQ(to_three.error,
+            "--reshard_after_forward as a number must divide the --dp 4 ranks (fully_shard's "
+            "post-forward mesh), got 3");
   Result bad = Call(R"({"model": "tiny-llama", "layers": 8, "pp": 3})");
   EXPECT_EQ(bad.code, MEMLEDGER_INVALID_ARGUMENT);
   EXPECT_NE(bad.error.find("--layers 8 is not divisible by --pp 3"), std::string::npos)

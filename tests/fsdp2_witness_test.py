@@ -164,6 +164,46 @@ class Fsdp2MixedPrecisionTest(unittest.TestCase):
                 self.assertEqual((rank["peak_bytes"], rank["peak_phase"]), peak, (variant, r))
 
 
+class Fsdp2PostForwardMeshTest(unittest.TestCase):
+    """reshard_after_forward=2 over 4 ranks: after its forward each unit keeps its
+    parameters sharded over a post-forward mesh of 2 ranks (_fsdp_init.py,
+    _get_post_forward_mesh_info; FSDPParam.to_sharded_post_forward), half of each on a
+    rank, and its backward gathers them from those 2 ranks."""
+
+    # (reshard_after_forward, variant, MixedPrecisionPolicy(bf16, fp32))
+    CASES = [(True, "none", False), (False, "none", False), (2, "none", False),
+             (2, "full", False), (2, "selective", False), (2, "none", True)]
+
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in witness_ranks.measure_ranks(
+            [case(True, reshard_after_forward=reshard, variant=variant,
+                  **({"mp_param_dtype": "bf16", "mp_reduce_dtype": "fp32", "mkldnn": False}
+                     if mixed else {}))
+             for reshard, variant, mixed in cls.CASES], ep=1, dp=4)]
+
+    def test_the_forward_leaves_half_the_unsharded_parameters(self):
+        # Every dim 0 divides by 4: a rank's Shard(0) is a quarter, unpadded; True leaves
+        # no unsharded parameter after the forward, False all 607,488 B, 2 half of them.
+        resharded, kept, to_two = self.ranks[0], self.ranks[1], self.ranks[2]
+        for r in range(4):
+            self.assertEqual(resharded[r]["param_bytes"], PARAM_BYTES // 4, r)
+            self.assertEqual(kept[r]["held_after_forward"] - resharded[r]["held_after_forward"],
+                             PARAM_BYTES, r)
+            self.assertEqual(to_two[r]["held_after_forward"]
+                             - resharded[r]["held_after_forward"], PARAM_BYTES // 2, r)
+            self.assertEqual(to_two[r]["held_after_backward"], PARAM_BYTES // 4 + 4, r)
+
+    def test_the_peaks_as_measured(self):
+        # tests/ranks_test.cc (FsdpReshardsToAPostForwardMesh) holds --fsdp to these.
+        peaks = [(1964124, "backward"), (2178668, "forward"), (2136156, "backward"),
+                 (1764316, "backward"), (1928156, "backward"), (1535452, "backward")]
+        for options, ranks, peak in zip(self.CASES, self.ranks, peaks):
+            for r, rank in enumerate(ranks):
+                self.assertEqual((rank["peak_bytes"], rank["peak_phase"]), peak, (options, r))
+
+
 # tiny-llama's shape (hidden 32, 4 heads of 8, 2 kv heads, intermediate 64, vocab 96,
 # untied) over 3 ranks, where most rows are not a multiple of 3.
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,

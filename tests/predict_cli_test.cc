@@ -94,8 +94,15 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--dp=2 --fsdp", "--fsdp: fully_shard's units are modelled for the decoder"},
            {"--model=tiny-llama --dp=2 --reshard_after_forward=false",
             "--reshard_after_forward is FSDP2's: it needs --fsdp"},
-           {"--model=tiny-llama --dp=2 --fsdp --reshard_after_forward=2",
-            "--reshard_after_forward must be true or false, got '2'"},
+           {"--model=tiny-llama --dp=2 --fsdp --reshard_after_forward=yes",
+            "--reshard_after_forward must be true, false or a number of ranks, got 'yes'"},
+           {"--model=tiny-llama --dp=2 --fsdp --reshard_after_forward=0",
+            "--reshard_after_forward must be true, false or a number of ranks, got '0'"},
+           {"--model=tiny-llama --dp=4 --fsdp --reshard_after_forward=3",
+            "--reshard_after_forward as a number must divide the --dp 4 ranks (fully_shard's "
+            "post-forward mesh), got 3"},
+           {"--model=tiny-llama --dp=4 --reshard_after_forward=2",
+            "--reshard_after_forward is FSDP2's: it needs --fsdp"},
            {"--model=tiny-llama --dp=2 --mp_param_dtype=bf16",
             "--mp_param_dtype and --mp_reduce_dtype are FSDP2's MixedPrecisionPolicy: they need "
             "--fsdp"},

@@ -627,6 +627,48 @@ TEST(PredictRanksTest, FsdpPeaksAsTorchsFullyShard) {
   }
 }
 
+// reshard_after_forward=2 over 4 ranks (tests/fsdp2_witness_test.py,
+// Fsdp2PostForwardMeshTest measures these): after its forward each unit keeps half of its
+// unsharded parameters (a post-forward mesh of 2 ranks), so the forward leaves 303,744 B
+// (half the issue Llama's 607,488) more than with True and that much less than with
+// False, and the backward gathers over 2 ranks. A rank's shard is a quarter: 151,872 B.
+TEST(PredictRanksTest, FsdpReshardsToAPostForwardMesh) {
+  struct Case {
+    const char* variant;
+    int64_t reshard;  // 0: True, -1: False, else the int
+    bool mixed_precision;
+    int64_t peak;
+    StepPhase phase;
+  };
+  for (const Case& c : {Case{"none", 0, false, 1964124, StepPhase::kBackward},
+                        Case{"none", -1, false, 2178668, StepPhase::kForward},
+                        Case{"none", 2, false, 2136156, StepPhase::kBackward},
+                        Case{"full", 2, false, 1764316, StepPhase::kBackward},
+                        Case{"selective", 2, false, 1928156, StepPhase::kBackward},
+                        Case{"none", 2, true, 1535452, StepPhase::kBackward}}) {
+    SCOPED_TRACE(absl::StrCat(c.variant, " reshard ", c.reshard, c.mixed_precision ? " bf16" : ""));
+    ParallelSpec parallel;
+    parallel.dp = 4;
+    parallel.fsdp.enabled = true;
+    parallel.fsdp.reshard_after_forward = c.reshard >= 0;
+    parallel.fsdp.reshard_after_forward_ranks = std::max<int64_t>(c.reshard, 0);
+    if (c.mixed_precision) {
+      parallel.fsdp.param_dtype = DType::kBFloat16;
+      parallel.fsdp.reduce_dtype = DType::kFloat32;
+    }
+    PredictOptions options = Variants(c.variant);
+    options.peak = true;
+    options.optimizer.impl = OptimizerImpl::kForLoop;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
+    const RankKind& rank = ranks.kinds[0];
+    EXPECT_EQ(rank.param_bytes, 151872);
+    EXPECT_EQ(rank.optimizer_state_bytes, 2 * 151872 + 21 * 4);
+    ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
+    EXPECT_EQ(rank.variants[0].held.peak->bytes, c.peak);
+    EXPECT_EQ(rank.variants[0].held.peak->phase, c.phase);
+  }
+}
+
 // FSDP2 under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as the witness
 // measures it (Fsdp2MixedPrecisionTest): the shards, their gradients and AdamW's state
 // stay fp32 (the same bytes as without), the step peaks lower.

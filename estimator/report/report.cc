@@ -557,6 +557,14 @@ std::string DdpText(const DdpOptions& ddp) {
                       ddp.gradient_as_bucket_view ? ", .grads as bucket views" : "", ")");
 }
 
+// FsdpReshardText: what each unit keeps between its forward and backward.
+std::string FsdpReshardText(const ParallelSpec& p) {
+  const int64_t ranks = p.fsdp.PostForwardRanks(p.dp);
+  return ranks == p.dp ? "resharded after each forward"
+         : ranks == 1  ? "not resharded after forward"
+                       : absl::StrCat("resharded to ", ranks, " ranks after each forward");
+}
+
 std::string LayersText(const RankKind& kind) {
   std::vector<std::string> parts;
   for (const StageRange& chunk : kind.chunks) {
@@ -578,6 +586,45 @@ rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, 
   parallel.AddMember("schedule", rapidjson::StringRef(PipelineScheduleName(p.schedule).data()), a);
   parallel.AddMember("zero", p.zero, a);
   parallel.AddMember("world_size", p.dp * config.tp * p.pp, a);
+  // How the data-parallel ranks run: torch's DDP, torch's FSDP2, ZeRO (--zero), replicas
+  // beside expert parallelism, or one replica; with the options that change their bytes.
+  const bool ddp = TorchDdp(config, p);
+  parallel.AddMember("data_parallel",
+                     rapidjson::StringRef(p.dp == 1         ? "none"
+                                          : ddp             ? "ddp"
+                                          : p.fsdp.enabled  ? "fsdp2"
+                                          : p.zero > 0      ? "zero"
+                                                            : "replicated"),
+                     a);
+  if (ddp) {
+    const DdpBucketCaps caps = DdpBucketCapsOf(p.ddp.bucket_cap_mb);
+    rapidjson::Value options(rapidjson::kObjectType);
+    options.AddMember("bucket_cap_bytes", caps.rest, a);
+    options.AddMember("first_bucket_cap_bytes", caps.first, a);
+    options.AddMember("gradient_as_bucket_view", p.ddp.gradient_as_bucket_view, a);
+    parallel.AddMember("ddp", options, a);
+  } else if (p.fsdp.enabled) {
+    rapidjson::Value options(rapidjson::kObjectType);
+    // fully_shard's reshard_after_forward, resolved: true, false or the post-forward ranks.
+    const int64_t ranks = p.fsdp.PostForwardRanks(p.dp);
+    rapidjson::Value reshard;
+    if (ranks == p.dp || ranks == 1) {
+      reshard.SetBool(ranks == p.dp);
+    } else {
+      reshard.SetInt64(ranks);
+    }
+    options.AddMember("reshard_after_forward", reshard, a);
+    if (p.fsdp.param_dtype.has_value()) {
+      options.AddMember("mp_param_dtype",
+                        rapidjson::StringRef(ModelDTypeName(*p.fsdp.param_dtype).data()), a);
+      options.AddMember(
+          "mp_reduce_dtype",
+          rapidjson::StringRef(
+              ModelDTypeName(p.fsdp.reduce_dtype.value_or(*p.fsdp.param_dtype)).data()),
+          a);
+    }
+    parallel.AddMember("fsdp", options, a);
+  }
   return parallel;
 }
 
@@ -664,9 +711,7 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
       p.micro_batches,
       ddp              ? DdpText(p.ddp)
-      : p.fsdp.enabled ? absl::StrCat("torch FSDP2, ", p.fsdp.reshard_after_forward
-                                                           ? "resharded after each forward"
-                                                           : "not resharded after forward")
+      : p.fsdp.enabled ? absl::StrCat("torch FSDP2, ", FsdpReshardText(p))
                        : absl::StrCat("ZeRO-", p.zero),
       most.stage, LayersText(most));
   if (ranks.ep > 1) {

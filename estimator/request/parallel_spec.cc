@@ -139,6 +139,13 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
           FamilyNames(&FamilyDef::decoder), "), not the ", FamilyName(config.family),
           " family"));
     }
+    // _get_post_forward_mesh_info (_fsdp_init.py:162): an int is a factor of the mesh.
+    const int64_t ranks = spec.fsdp.reshard_after_forward_ranks;
+    if (ranks != 0 && (ranks < 1 || ranks > spec.dp || spec.dp % ranks != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--reshard_after_forward as a number must divide the --dp ", spec.dp,
+          " ranks (fully_shard's post-forward mesh), got ", ranks));
+    }
     const FsdpOptions& mp = spec.fsdp;
     if (mp.param_dtype.has_value() || mp.reduce_dtype.has_value()) {
       // MixedPrecisionPolicy over fp32 parameters, reducing in fp32 (torchtitan's); a
@@ -157,7 +164,7 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
             "(give --mp_reduce_dtype=fp32)");
       }
     }
-  } else if (!spec.fsdp.reshard_after_forward) {
+  } else if (!spec.fsdp.reshard_after_forward || spec.fsdp.reshard_after_forward_ranks != 0) {
     return absl::InvalidArgumentError("--reshard_after_forward is FSDP2's: it needs --fsdp");
   } else if (spec.fsdp.param_dtype.has_value() || spec.fsdp.reduce_dtype.has_value()) {
     return absl::InvalidArgumentError(

@@ -52,9 +52,21 @@ struct DdpOptions {
 // kept apart from --zero (DeepSpeed's and Megatron's meaning).
 struct FsdpOptions {
   bool enabled = false;
-  // reshard_after_forward: each unit frees its unsharded parameters after its forward
-  // (fully_shard's default True); False keeps them to the backward.
+  // reshard_after_forward, fully_shard's bool | int (_fsdp_init.py:152,
+  // _get_post_forward_mesh_info): true (the default) frees each unit's unsharded
+  // parameters after its forward, false keeps them to its backward, and an int,
+  // reshard_after_forward_ranks, a factor of dp, keeps 1/int of them on each rank (a
+  // post-forward mesh of that many ranks, gathered from in the backward). As given;
+  // PostForwardRanks resolves them.
   bool reshard_after_forward = true;
+  int64_t reshard_after_forward_ranks = 0;  // 0: given as a bool
+  // PostForwardRanks: the ranks a unit's parameters are spread over between its forward
+  // and its backward: dp (true, or the int dp), 1 (false, or the int 1: torch warns and
+  // takes False), or the int.
+  int64_t PostForwardRanks(int64_t dp) const {
+    if (!reshard_after_forward) return 1;
+    return reshard_after_forward_ranks > 0 ? reshard_after_forward_ranks : dp;
+  }
   // MixedPrecisionPolicy(param_dtype, reduce_dtype): the unsharded parameters (and so
   // the compute) in param_dtype, the gradients reduced in reduce_dtype; the sharded
   // parameters, their gradients and the optimizer's state stay the model's (fp32).
@@ -62,6 +74,7 @@ struct FsdpOptions {
   std::optional<DType> reduce_dtype;
   friend bool operator==(const FsdpOptions& a, const FsdpOptions& b) {
     return a.enabled == b.enabled && a.reshard_after_forward == b.reshard_after_forward &&
+           a.reshard_after_forward_ranks == b.reshard_after_forward_ranks &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype;
   }
 };

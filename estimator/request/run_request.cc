@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/family.h"
 #include "estimator/spec/input_file.h"
@@ -220,7 +221,7 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   if (!valid.ok()) return valid.status();
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
-  FsdpOptions fsdp{request.fsdp, true, std::nullopt, std::nullopt};
+  FsdpOptions fsdp{request.fsdp, true, 0, std::nullopt, std::nullopt};
   for (const auto& [flag, text, field] :
        {std::tuple<const char*, const std::string*, std::optional<DType>*>{
             "--mp_param_dtype", &request.mp_param_dtype, &fsdp.param_dtype},
@@ -235,11 +236,13 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   }
   if (request.reshard_after_forward == "false") {
     fsdp.reshard_after_forward = false;
-  } else if (request.reshard_after_forward != "true") {
-    // An int (reshard to that many ranks after the forward) comes with FSDP2's 2-D mesh.
+  } else if (request.reshard_after_forward != "true" &&
+             !(absl::SimpleAtoi(request.reshard_after_forward,
+                                &fsdp.reshard_after_forward_ranks) &&
+               fsdp.reshard_after_forward_ranks > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--reshard_after_forward must be true or false, got '", request.reshard_after_forward,
-        "'"));
+        "--reshard_after_forward must be true, false or a number of ranks, got '",
+        request.reshard_after_forward, "'"));
   }
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
                                request.micro_batches, request.zero, schedule,

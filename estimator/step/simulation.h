@@ -536,6 +536,7 @@ class Simulation {
   // post-backward reduction, as FSDPParamGroup runs them.
   void FsdpUnshard(int64_t unit, bool forward);
   void FsdpReshard(int64_t unit);
+  void FsdpReshardPostForward(int64_t unit, int64_t post_forward);
   void FsdpPrefetch(int64_t unit);
   int FsdpAllGather(int64_t unit);  // its output's storage
   // Under a MixedPrecisionPolicy (param_dtype other than the fp32 shards'): the gather's
@@ -556,6 +557,7 @@ class Simulation {
   FsdpUnit fsdp_root_;
   std::map<int64_t, std::vector<int>> fsdp_unsharded_;
   std::map<int64_t, int> fsdp_prefetched_;
+  std::map<int64_t, std::vector<int>> fsdp_post_forward_;  // a unit's post-forward shards
   int fsdp_all_gather_state_ = -1;
   int fsdp_reduce_scatter_input_ = -1;
   bool zero3_ = false;

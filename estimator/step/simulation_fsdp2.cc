@@ -49,8 +49,10 @@ Simulation::FsdpUnit Simulation::FsdpUnitAt(int64_t unit) const {
 // world x the unit's padded shards (foreach_all_gather), unless prefetched; in the
 // forward the one kept from the unit before is released first
 // (release_all_gather_state_for_comm_reuse); the copy-out gives each parameter its
-// unsharded storage (foreach_all_gather_copy_out); then the output is kept to the next
-// unit's copy-out in the forward, freed at once in the backward.
+// unsharded storage (foreach_all_gather_copy_out); a unit resharded to its post-forward
+// mesh then lets go of those shards (_to_unsharded, FSDPParam.to_unsharded: _fsdp_param.py
+// :1015); then the output is kept to the next unit's copy-out in the forward, freed at
+// once in the backward.
 void Simulation::FsdpUnshard(int64_t unit, bool forward) {
   if (fsdp_unsharded_.count(unit) == 1) return;  // unsharded already: unshard() returns
   const int64_t world = options_.rank.parallel.dp;
@@ -73,6 +75,10 @@ void Simulation::FsdpUnshard(int64_t unit, bool forward) {
     unsharded.push_back(
         memory_.Alloc(world * p.shard_elements * element, MemoryCategory::kParameter));
   }
+  if (auto post_forward = fsdp_post_forward_.find(unit); post_forward != fsdp_post_forward_.end()) {
+    for (int shard : post_forward->second) memory_.Unref(shard);
+    fsdp_post_forward_.erase(post_forward);
+  }
   if (forward) {
     fsdp_all_gather_state_ = output;
   } else {
@@ -88,6 +94,25 @@ void Simulation::FsdpReshard(int64_t unit) {
   fsdp_unsharded_.erase(it);
 }
 
+// reshard to the post-forward mesh (reshard_after_forward an int, post_forward ranks;
+// FSDPParam.to_sharded_post_forward, _fsdp_param.py:970): each parameter in turn clones
+// its 1/post_forward of the unsharded storage (in the parameters' dtype), then frees the
+// storage.
+void Simulation::FsdpReshardPostForward(int64_t unit, int64_t post_forward) {
+  auto it = fsdp_unsharded_.find(unit);
+  if (it == fsdp_unsharded_.end()) return;
+  const int64_t world = options_.rank.parallel.dp;
+  const int64_t element = ElementSizeBytes(config_.dtype);
+  const FsdpUnit parameters = FsdpUnitAt(unit);
+  std::vector<int>& shards = fsdp_post_forward_[unit];
+  for (size_t i = 0; i < parameters.parameters.size(); ++i) {
+    shards.push_back(memory_.Alloc(world * parameters.parameters[i].shard_elements / post_forward * element,
+                                   MemoryCategory::kParameter));
+    memory_.Unref(it->second[i]);
+  }
+  fsdp_unsharded_.erase(it);
+}
+
 // _prefetch_unshard in the backward (_backward_prefetch, :1061): the all-gather alone;
 // its copy-out waits for the unit's own pre_backward.
 void Simulation::FsdpPrefetch(int64_t unit) {
@@ -98,16 +123,21 @@ void Simulation::FsdpPrefetch(int64_t unit) {
 // foreach_all_gather (_fsdp_collectives.py:351): the output, world x the unit's padded
 // shards in the parameters' dtype (param_dtype under a MixedPrecisionPolicy, whose
 // input is first a cast copy of the shards, freed once gathered: flat_foreach_copy_input,
-// :445; without one the input is the output's own slice).
+// :445; without one the input is the output's own slice). A unit on its post-forward mesh
+// gathers its larger post-forward shards over fewer ranks (_all_gather_process_group,
+// _fsdp_param_group.py:1216): the output is the same.
 int Simulation::FsdpAllGather(int64_t unit) {
   const int64_t world = options_.rank.parallel.dp;
   const int64_t element = ElementSizeBytes(config_.dtype);
-  const int64_t shard_bytes = FsdpUnitAt(unit).shard_elements * element;
+  const int64_t output_bytes = world * FsdpUnitAt(unit).shard_elements * element;
+  const int64_t group = fsdp_post_forward_.count(unit) == 1
+                            ? options_.rank.parallel.fsdp.PostForwardRanks(world)
+                            : world;
   memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
   const int input = FsdpMixedPrecision()
-                        ? memory_.Alloc(shard_bytes, MemoryCategory::kCommunication)
+                        ? memory_.Alloc(output_bytes / group, MemoryCategory::kCommunication)
                         : -1;
-  const int output = memory_.Alloc(world * shard_bytes, MemoryCategory::kCommunication);
+  const int output = memory_.Alloc(output_bytes, MemoryCategory::kCommunication);
   if (input >= 0) memory_.Unref(input);
   return output;
 }
@@ -166,16 +196,25 @@ void Simulation::FsdpForwardBegins(int64_t segment) {
   FsdpUnshard(segment == Where::kPrologue ? kRootUnit : segment, /*forward=*/true);
 }
 
-// post_forward (:657): a layer reshards after its forward (reshard_after_forward), the
-// root after the model's, which also releases the last kept all-gather output.
+// post_forward (:657): a layer reshards after its forward (reshard_after_forward: to
+// every rank, or to its post-forward mesh; reshard, :586), the root after the model's,
+// which also releases the last kept all-gather output.
 void Simulation::FsdpForwardEnds(int64_t segment) {
   if (segment == Where::kPrologue) return;
-  const bool reshard = options_.rank.parallel.fsdp.reshard_after_forward;
+  const int64_t world = options_.rank.parallel.dp;
+  const int64_t post_forward = options_.rank.parallel.fsdp.PostForwardRanks(world);
+  auto reshard = [&](int64_t unit) {
+    if (post_forward == world) {
+      FsdpReshard(unit);
+    } else if (post_forward > 1) {
+      FsdpReshardPostForward(unit, post_forward);
+    }
+  };
   if (segment != Where::kHead) {
-    if (reshard) FsdpReshard(segment);
+    reshard(segment);
     return;
   }
-  if (reshard) FsdpReshard(kRootUnit);
+  reshard(kRootUnit);
   if (fsdp_all_gather_state_ >= 0) {
     memory_.Unref(fsdp_all_gather_state_);
     fsdp_all_gather_state_ = -1;
