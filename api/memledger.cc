@@ -307,8 +307,10 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
                               "\"jsonl\" go with \"sweep\")");
   }
   if (absl::Status s = CheckCpuThreads(keys.cpu_threads); !s.ok()) return s;
-  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
-  if (!spec.ok()) return spec.status();
+  // The request is validated here, once; what predicts from it takes the proof.
+  absl::StatusOr<ValidRun> run = ValidRunFromRequest(*request);
+  if (!run.ok()) return run.status();
+  const RunSpec* spec = &run->spec();
   PredictOptions options = OptionsOf(*spec);
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
   const bool explain = keys.explain;
@@ -316,13 +318,13 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
   options.timeline = format == "svg";
   if (spec->parallel.Accumulates()) {
     absl::StatusOr<DistributedPrediction> p =
-        PredictDistributed(spec->config, spec->parallel, options);
+        PredictValidDistributed(run->config(), spec->parallel, options);
     if (!p.ok()) return p.status();
     if (format == "svg") return RankTimelineSvg(p->ranks.kinds.front());
     if (format == "table") return RanksTable(p->whole, p->ranks);
     return JsonString(RanksJson(p->whole, p->ranks));
   }
-  absl::StatusOr<Prediction> prediction = Predict(spec->config, options);
+  absl::StatusOr<Prediction> prediction = PredictValid(run->config(), options);
   if (!prediction.ok()) return prediction.status();
   if (format == "svg") {
     return PredictedTimelineSvg(PredictedStepTitle(spec->config.device), prediction->variants);
@@ -339,15 +341,15 @@ absl::StatusOr<std::string> PredictJson(const char* request_json) {
 absl::Status PredictOne(const rapidjson::Value& item, bool peak, ManyResult& result) {
   absl::StatusOr<RunRequest> request = RequestFromJson(item, nullptr);
   if (!request.ok()) return request.status();
-  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
-  if (!spec.ok()) return spec.status();
-  if (spec->parallel.Accumulates()) {
+  absl::StatusOr<ValidRun> run = ValidRunFromRequest(*request);
+  if (!run.ok()) return run.status();
+  if (run->spec().parallel.Accumulates()) {
     return absl::InvalidArgumentError(
         "\"dp\", \"pp\" and \"micro_batches\" are memledger_predict's only");
   }
-  PredictOptions options = OptionsOf(*spec);
+  PredictOptions options = OptionsOf(run->spec());
   options.peak = peak;
-  absl::StatusOr<Prediction> p = Predict(spec->config, options);
+  absl::StatusOr<Prediction> p = PredictValid(run->config(), options);
   if (!p.ok()) return p.status();
   result.n_params = p->n_params;
   result.param_bytes = p->param_bytes;

@@ -213,11 +213,15 @@ class Search {
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
                                                    : PipelineSchedule::k1F1B,
                           DdpOptionsFor(shape), FsdpOptions{}};
-    if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
-        !ValidateRun(config, base_.attention, base_.variants, base_.optimizer).ok()) {
+    // The candidate's one validation: its config, its layout, its run; its two
+    // predictions below take the proof.
+    absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+    if (!valid.ok() || !ValidateParallel(config, parallel).ok() ||
+        !ValidateRunOf(*valid, base_.attention, base_.variants, base_.optimizer).ok()) {
       out.invalid = static_cast<int64_t>(n);
       return out;
     }
+    const ValidConfig ranks_config = valid->WithoutCache();  // a rank keeps no DynamicCache
     PredictOptions options;
     options.attention = base_.attention;
     options.optimizer = base_.optimizer;
@@ -225,7 +229,7 @@ class Search {
     options.peak = false;
     // On CUDA first as requests (Check replays the best through the allocator).
     options.cuda_blocks = CudaBlocks::kRequests;
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+    absl::StatusOr<RanksPrediction> ranks = PredictValidRanks(ranks_config, parallel, options);
     if (!ranks.ok()) {
       out.invalid = static_cast<int64_t>(n);
       return out;
@@ -255,7 +259,7 @@ class Search {
     options.peak = true;
     options.variants.clear();
     for (size_t v : maybe) options.variants.push_back(base_.variants[v]);
-    absl::StatusOr<RanksPrediction> peaks = PredictRanks(config, parallel, options);
+    absl::StatusOr<RanksPrediction> peaks = PredictValidRanks(ranks_config, parallel, options);
     out.simulated = true;
     if (!peaks.ok()) {
       out.unmodelled += static_cast<int64_t>(maybe.size());

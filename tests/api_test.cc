@@ -2,6 +2,8 @@
 // of bad request is an error code and one line; strings are owned by the caller; 16
 // threads at once get what one thread gets.
 #include "api/memledger.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/parallel_spec.h"
 
 #include <gtest/gtest.h>
 
@@ -120,6 +122,26 @@ TEST(ApiTest, ParallelKeysGiveThePerRankJson) {
   planned.Parse(plan.response.c_str());
   ASSERT_FALSE(planned.HasParseError());
   EXPECT_EQ(planned["stages"].Size(), 2u);
+}
+
+// A request is validated once, where it enters (ValidRunFromRequest): the prediction
+// under it, one process's or each kind of rank's, takes the proof. Before, the C ABI's
+// request was validated, then Predict validated it again (2), and a --dp request's ranks
+// again per stage and kind.
+TEST(ApiTest, ARequestIsValidatedOnce) {
+  for (const char* request :
+       {R"({"model": "tiny-llama", "variants": "none,full"})",
+        R"({"model": "tiny-llama", "layers": 4, "dp": 2, "pp": 2, "micro_batches": 2})",
+        R"({"model": "tiny-qwen3-moe", "dp": 2, "ep": 2})",
+        R"({"model": "tiny-llama", "dp": 2, "fsdp": true, "mp_param_dtype": "bf16",
+            "mp_reduce_dtype": "fp32"})"}) {
+    const int64_t configs = memledger::ValidateConfigCalls();
+    const int64_t layouts = memledger::ValidateParallelCalls();
+    Result r = Call(request);
+    ASSERT_EQ(r.code, MEMLEDGER_OK) << request << r.error;
+    EXPECT_EQ(memledger::ValidateConfigCalls() - configs, 1) << request;
+    EXPECT_EQ(memledger::ValidateParallelCalls() - layouts, 1) << request;
+  }
 }
 
 // One process's step of 10^12 layers is composed from a few layers' replay (ComposePeak)

@@ -627,6 +627,49 @@ TEST(PredictRanksTest, FsdpPeaksAsTorchsFullyShard) {
   }
 }
 
+// A layout's prediction validates its config and its layout once, at its entry: its
+// stages, expert-parallel ranks and step simulations take the proof (ValidConfig). Before,
+// PredictRanks checked the config again per kind of rank and per stage (ValidateRun in
+// PredictStage): 2 pipeline stages of 2 variants made 5 ValidateConfig calls.
+TEST(PredictRanksTest, ValidatesTheConfigAndTheLayoutOnce) {
+  struct Case {
+    const char* preset;
+    ParallelSpec parallel;
+    int64_t ep;
+  };
+  ParallelSpec pipeline;
+  pipeline.dp = 2;
+  pipeline.pp = 2;
+  pipeline.micro_batches = 4;
+  ParallelSpec experts;
+  experts.dp = 2;
+  ParallelSpec fsdp;
+  fsdp.dp = 2;
+  fsdp.fsdp.enabled = true;
+  fsdp.fsdp.param_dtype = DType::kBFloat16;
+  fsdp.fsdp.reduce_dtype = DType::kFloat32;
+  for (const Case& c : {Case{"tiny-llama", pipeline, 1}, Case{"tiny-qwen3-moe", experts, 2},
+                        Case{"tiny-llama", fsdp, 1}}) {
+    SCOPED_TRACE(c.preset);
+    ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.preset));
+    config.moe.ep = c.ep;
+    PredictOptions options = Variants("none,full");
+    options.peak = true;
+    const int64_t configs = ValidateConfigCalls(), layouts = ValidateParallelCalls();
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, c.parallel, options));
+    EXPECT_EQ(ValidateConfigCalls() - configs, 1);
+    EXPECT_EQ(ValidateParallelCalls() - layouts, 1);
+    EXPECT_TRUE(ranks.kinds[0].variants[1].held.peak.has_value());
+    // The distributed prediction (predict's --dp): the whole model's and the ranks'.
+    const int64_t configs_before = ValidateConfigCalls(), layouts_before = ValidateParallelCalls();
+    ASSERT_OK_AND_ASSIGN(DistributedPrediction distributed,
+                         PredictDistributed(config, c.parallel, options));
+    EXPECT_EQ(ValidateConfigCalls() - configs_before, 1);
+    EXPECT_EQ(ValidateParallelCalls() - layouts_before, 1);
+    EXPECT_EQ(distributed.ranks.kinds.size(), ranks.kinds.size());
+  }
+}
+
 // reshard_after_forward=2 over 4 ranks (tests/fsdp2_witness_test.py,
 // Fsdp2PostForwardMeshTest measures these): after its forward each unit keeps half of its
 // unsharded parameters (a post-forward mesh of 2 ranks), so the forward leaves 303,744 B

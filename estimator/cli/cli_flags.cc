@@ -211,17 +211,22 @@ RunRequest RunRequestFromFlags() {
 }
 
 absl::StatusOr<RunSpec> RunSpecFromFlags() {
-  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(RunRequestFromFlags());
-  if (!spec.ok()) return spec.status();
+  absl::StatusOr<ValidRun> run = ValidRunFromFlags();
+  if (!run.ok()) return run.status();
+  return run->spec();
+}
+
+absl::StatusOr<ValidRun> ValidRunFromFlags() {
+  absl::StatusOr<ValidRun> run = ValidRunFromRequest(RunRequestFromFlags());
+  if (!run.ok()) return run.status();
 
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "json" && format != "table" && format != "csv" && format != "jsonl") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--format must be json or table (csv or jsonl with --sweep), got '", format, "'"));
   }
-  spec->format = format;
-  spec->table = format == "table";
-  return spec;
+  run->SetFormat(format);
+  return run;
 }
 
 absl::Status ClaimOutputs(OutputFiles& outputs,

@@ -48,8 +48,10 @@ namespace memledger {
 // RunRequestFromFlags collects the shared flags as a request, unvalidated.
 RunRequest RunRequestFromFlags();
 
-// RunSpecFromFlags validates every shared flag; errors name the flag.
+// RunSpecFromFlags validates every shared flag; errors name the flag. ValidRunFromFlags
+// keeps the proof (ValidRun) for a caller that predicts without changing the run.
 absl::StatusOr<RunSpec> RunSpecFromFlags();
+absl::StatusOr<ValidRun> ValidRunFromFlags();
 
 // ClaimOutputs registers with `outputs` the files the shared flags make the run read
 // (--model's config.json, --routing's and --plan's files), then claims each output file

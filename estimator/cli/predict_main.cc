@@ -132,10 +132,11 @@ absl::Status StageTimelineSvg(memledger::OutputFiles& outputs, const std::string
 
 // PrintRanks reports a distributed run (--dp, --pp): the most loaded rank's buckets and
 // every kind of rank.
-int PrintRanks(memledger::OutputFiles& outputs, const memledger::RunSpec& spec,
+int PrintRanks(memledger::OutputFiles& outputs, const memledger::ValidRun& run,
                const memledger::PredictOptions& options, const std::string& svg_path) {
+  const memledger::RunSpec& spec = run.spec();
   absl::StatusOr<memledger::DistributedPrediction> p =
-      memledger::PredictDistributed(spec.config, spec.parallel, options);
+      memledger::PredictValidDistributed(run.config(), spec.parallel, options);
   if (!p.ok()) return memledger::ReportError(p.status());
   if (!svg_path.empty()) {
     // The most loaded rank's step.
@@ -168,8 +169,10 @@ int main(int argc, char** argv) {
     return memledger::ReportError(s);
   }
   if (absl::GetFlag(FLAGS_config_keys)) return PrintConfigKeys(outputs);
-  absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
-  if (!spec.ok()) return memledger::ReportError(spec.status());
+  // The request is validated here, once; what predicts from it takes the proof.
+  absl::StatusOr<memledger::ValidRun> run = memledger::ValidRunFromFlags();
+  if (!run.ok()) return memledger::ReportError(run.status());
+  const memledger::RunSpec* spec = &run->spec();
   const std::string sweep = absl::GetFlag(FLAGS_sweep);
   const double budget_gib = absl::GetFlag(FLAGS_budget_gib);
   // 0: no budget column; otherwise whole bytes that fit int64.
@@ -200,8 +203,9 @@ int main(int argc, char** argv) {
         "name, without --dp or --pp"));
   }
   // Gradient accumulation (--micro_batches without --dp or --pp) is one rank's step too.
-  if (spec->parallel.Accumulates()) return PrintRanks(outputs, *spec, options, svg_path);
-  absl::StatusOr<memledger::Prediction> prediction = memledger::Predict(spec->config, options);
+  if (spec->parallel.Accumulates()) return PrintRanks(outputs, *run, options, svg_path);
+  absl::StatusOr<memledger::Prediction> prediction =
+      memledger::PredictValid(run->config(), options);
   if (!prediction.ok()) return memledger::ReportError(prediction.status());
   if (!snapshot_path.empty()) {
     const memledger::VariantPrediction& v = prediction->variants.front();

@@ -138,6 +138,35 @@ class ValidConfig {
     without.config_.use_cache = false;
     return without;
   }
+  // ForExpertRank: the same model as one expert-parallel rank of its layout sees it.
+  // REQUIRES: 0 <= group < RoutedGroups() and 0 <= rank < moe.ep (ValidateConfig's range).
+  ValidConfig ForExpertRank(int64_t group, int64_t rank) const {
+    ValidConfig on_rank = *this;
+    on_rank.config_.moe.ep_group = group;
+    on_rank.config_.moe.ep_rank = rank;
+    return on_rank;
+  }
+  // AsOneProcess: the whole model in one process: every expert, on expert-parallel rank
+  // 0's routing (its rows route a whole batch, as one process's do).
+  ValidConfig AsOneProcess() const {
+    ValidConfig whole = *this;
+    MoeSpec& moe = whole.config_.moe;
+    if (moe.ep > 1 && moe.routing == RoutingSource::kGiven) {
+      moe.routing_rows.resize(static_cast<size_t>(config_.SparseLayers()));
+    }
+    moe.ep = 1;
+    moe.ep_group = 0;
+    moe.ep_rank = 0;
+    return whole;
+  }
+  // InParameterDType: the same model with its parameters in `dtype` (FSDP2's
+  // MixedPrecisionPolicy's param_dtype). REQUIRES: fp32, bf16 or fp16 and no autocast
+  // (ValidateParallel's rule for the policy).
+  ValidConfig InParameterDType(DType dtype) const {
+    ValidConfig in_dtype = *this;
+    in_dtype.config_.dtype = dtype;
+    return in_dtype;
+  }
 
  private:
   explicit ValidConfig(const ModelConfig& config) : config_(config) {}

@@ -483,10 +483,15 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   absl::StatusOr<ValidConfig> valid =
       ValidateRun(config, options.attention, options.variants, options.optimizer);
   if (!valid.ok()) return valid.status();
+  return PredictValid(*valid, options);
+}
+
+absl::StatusOr<Prediction> PredictValid(const ValidConfig& valid, const PredictOptions& options) {
+  const ModelConfig& config = *valid;
   if (options.timeline) {
     if (absl::Status s = CheckTimelineLayers(config.layers); !s.ok()) return s;
   }
-  if (!config.KeepsKvCache()) return PredictGraphs(*valid, options);
+  if (!config.KeepsKvCache()) return PredictGraphs(valid, options);
   // With use_cache the variants that checkpoint a layer run without the cache
   // (transformers turns it off, utils/generic.py:1041-1045): they are predicted on the
   // graphs without it, the others (and saved_bytes_none) on the graphs with it.
@@ -496,11 +501,11 @@ absl::StatusOr<Prediction> Predict(const ModelConfig& config,
   for (const Variant& v : options.variants) {
     (v.CheckpointsAnyLayer() ? uncached : cached).variants.push_back(v);
   }
-  if (uncached.variants.empty()) return PredictGraphs(*valid, options);
-  absl::StatusOr<Prediction> rest = PredictGraphs(valid->WithoutCache(), uncached);
+  if (uncached.variants.empty()) return PredictGraphs(valid, options);
+  absl::StatusOr<Prediction> rest = PredictGraphs(valid.WithoutCache(), uncached);
   if (!rest.ok()) return rest;
   cached.peak = cached.peak && !cached.variants.empty();
-  absl::StatusOr<Prediction> prediction = PredictGraphs(*valid, cached);
+  absl::StatusOr<Prediction> prediction = PredictGraphs(valid, cached);
   if (!prediction.ok()) return prediction;
   // The variants in the order asked, each against the `none` that keeps the cache.
   std::vector<VariantPrediction> with_cache = std::move(prediction->variants);
@@ -734,7 +739,13 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& model,
   absl::StatusOr<ValidConfig> valid =
       ValidateRun(uncached, options.attention, options.variants, options.optimizer);
   if (!valid.ok()) return valid.status();
-  const ModelConfig& config = **valid;
+  return PredictValidStage(*valid, options, stage);
+}
+
+absl::StatusOr<StagePrediction> PredictValidStage(const ValidConfig& valid,
+                                                  const PredictOptions& options,
+                                                  const StageRange& stage) {
+  const ModelConfig& config = *valid;
   if (stage.first_layer < 0 || stage.layers < 1 ||
       stage.first_layer > config.layers - stage.layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -747,9 +758,9 @@ absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& model,
   if (n_params.overflowed()) {
     return absl::OutOfRangeError("stage: parameter count overflows int64");
   }
-  absl::StatusOr<Segments> segments = WalkSegments(*graphs, *valid, options);
+  absl::StatusOr<Segments> segments = WalkSegments(*graphs, valid, options);
   if (!segments.ok()) return segments.status();
-  BlockWalks walks(*graphs, *valid, options.breakdown, options.rules);
+  BlockWalks walks(*graphs, valid, options.breakdown, options.rules);
   StagePrediction prediction;
   prediction.n_params = n_params.value();
   prediction.n_param_tensors = census.tensors;

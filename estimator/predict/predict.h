@@ -198,6 +198,12 @@ struct StagePrediction {
 absl::StatusOr<StagePrediction> PredictStage(const ModelConfig& config,
                                              const PredictOptions& options,
                                              const StageRange& stage);
+// PredictValidStage: PredictStage of a config the caller validated (a rank's layout
+// validates once; estimator/predict/ranks.cc). REQUIRES: ValidateRunOf(config,
+// options.attention, options.variants, options.optimizer).ok() and no DynamicCache.
+absl::StatusOr<StagePrediction> PredictValidStage(const ValidConfig& config,
+                                                  const PredictOptions& options,
+                                                  const StageRange& stage);
 
 // KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none` in the
 // model's dtype, without dropout masks, per GPU of config.tp (and config.sp) tensor
@@ -207,6 +213,10 @@ int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention
 // Predict returns InvalidArgument for a bad config, variant or policy (the message
 // names the flag) and OutOfRange when a byte count would overflow int64.
 absl::StatusOr<Prediction> Predict(const ModelConfig& config, const PredictOptions& options);
+// PredictValid: Predict of a config the caller validated, for an entry point that has
+// (PredictDistributed). REQUIRES: ValidateRunOf(config, options.attention,
+// options.variants, options.optimizer).ok().
+absl::StatusOr<Prediction> PredictValid(const ValidConfig& config, const PredictOptions& options);
 
 }  // namespace memledger
 

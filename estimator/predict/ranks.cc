@@ -113,10 +113,11 @@ absl::StatusOr<VariantPrediction> Held(const std::vector<const VariantPrediction
 // says why there is no peak.
 // `shared` is the layout's step simulator, made at the first stage that needs it (its
 // plans do not depend on the stage); each stage simulates with it ForRank.
-absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& parallel,
+absl::Status PredictRankPeaks(const ValidConfig& valid, const ParallelSpec& parallel,
                               const PredictOptions& options,
                               std::optional<absl::StatusOr<StepSimulator>>* shared,
                               RankKind* kind) {
+  const ModelConfig& config = *valid;
   auto unavailable = [&](const absl::Status& why) {
     for (RankVariant& v : kind->variants) v.held.peak_unavailable = std::string(why.message());
     return absl::OkStatus();
@@ -129,7 +130,7 @@ absl::Status PredictRankPeaks(const ModelConfig& config, const ParallelSpec& par
     step.record_events = options.timeline;  // the events only for a timeline's drawing
     step.rules = options.rules;
     step.python_dispatch_mode = options.python_dispatch_mode;
-    *shared = StepSimulator::Create(config, options.attention, step);
+    *shared = StepSimulator::Create(valid, options.attention, step);
   }
   const absl::StatusOr<StepSimulator>& created = **shared;
   if (absl::IsUnimplemented(created.status())) return unavailable(created.status());
@@ -236,6 +237,30 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
   return resident;
 }
 
+namespace {
+
+// ChunkVariants: a chunk's variants, `options`' and `none` (the reference for
+// saved_ratio_vs_none), added last unless requested.
+std::vector<Variant> ChunkVariants(const PredictOptions& options) {
+  std::vector<Variant> variants = options.variants;
+  if (std::none_of(variants.begin(), variants.end(),
+                   [](const Variant& v) { return v.kind == VariantKind::kNone; })) {
+    variants.push_back(Variant());
+  }
+  return variants;
+}
+
+// ValidateRankRun: the run as a layout's ranks run it (their graphs in FSDP2's
+// param_dtype, with `none` beside the variants), once the model (ValidConfig) and the
+// layout (ValidateParallel) are validated: the run's own checks, not the config's.
+absl::Status ValidateRankRun(const ValidConfig& valid, const ParallelSpec& parallel,
+                             const PredictOptions& options) {
+  return ValidateRunOf(FsdpComputeConfig(valid, parallel), options.attention,
+                       ChunkVariants(options), options.optimizer);
+}
+
+}  // namespace
+
 absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
                                              const ParallelSpec& parallel,
                                              const PredictOptions& options) {
@@ -243,19 +268,26 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
   // which keeps no DynamicCache.
   ModelConfig config = model;
   config.use_cache = false;
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
-  // Each chunk's variants and `none` (the reference for saved_ratio_vs_none), added
-  // last unless requested.
+  return PredictValidRanks(*valid, parallel, options);
+}
+
+absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
+                                                  const ParallelSpec& parallel,
+                                                  const PredictOptions& options) {
+  if (absl::Status s = ValidateRankRun(valid, parallel, options); !s.ok()) return s;
+  ModelConfig config = *valid;
   PredictOptions chunk_options = options;
   chunk_options.peak = false;
   chunk_options.timeline = false;
   chunk_options.breakdown = false;
+  chunk_options.variants = ChunkVariants(options);
   const auto requested_none =
       std::find_if(options.variants.begin(), options.variants.end(),
                    [](const Variant& v) { return v.kind == VariantKind::kNone; });
   const size_t none = static_cast<size_t>(requested_none - options.variants.begin());
-  if (requested_none == options.variants.end()) chunk_options.variants.push_back(Variant());
   const int64_t chunks = parallel.pp * parallel.virtual_stages;
   const int64_t chunk_layers = config.layers / chunks;
   const int64_t element = ElementSizeBytes(config.dtype);
@@ -285,9 +317,9 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
   // what they receive (ModelConfig::ReceivedLoad) are its own.
   for (int64_t kind_index = 0; kind_index < parallel.pp * per_stage; ++kind_index) {
     const int64_t stage = kind_index / per_stage;
-    config.moe.ep_group = kind_index % per_stage / config.moe.ep;
-    config.moe.ep_rank = kind_index % config.moe.ep;
-    if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+    const ValidConfig on_rank =
+        valid.ForExpertRank(kind_index % per_stage / config.moe.ep, kind_index % config.moe.ep);
+    config = *on_rank;
     RankKind kind;
     kind.stage = stage;
     kind.ep_rank = config.moe.ep_rank;
@@ -302,7 +334,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
                              global == chunks - 1};
       // Under FSDP2's MixedPrecisionPolicy the graphs run in param_dtype.
       absl::StatusOr<StagePrediction> chunk =
-          PredictStage(FsdpComputeConfig(config, parallel), chunk_options, range);
+          PredictValidStage(FsdpComputeConfig(on_rank, parallel), chunk_options, range);
       if (!chunk.ok()) return chunk.status();
       kind.chunks.push_back(range);
       n_params += chunk->n_params;
@@ -371,7 +403,7 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
     kind.adamw_state_bytes =
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
     if (options.peak) {
-      if (absl::Status s = PredictRankPeaks(FsdpComputeConfig(config, parallel), parallel,
+      if (absl::Status s = PredictRankPeaks(FsdpComputeConfig(on_rank, parallel), parallel,
                                             options,
                                             &simulators[static_cast<size_t>(
                                                 kind.ep_group * config.moe.ep + kind.ep_rank)],
@@ -389,32 +421,43 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& model,
 
 absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& model,
                                                          const ParallelSpec& parallel,
-                                                         PredictOptions options) {
-  ModelConfig config = model;
-  config.use_cache = false;  // as PredictRanks
+                                                         const PredictOptions& options) {
+  // The one validation of the request: the model, the layout (the ranks' run is
+  // checked below, with the whole model's).
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(model);
+  if (!valid.ok()) return valid.status();
+  if (absl::Status s = ValidateParallel(valid->WithoutCache().config(), parallel); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateRunOf(*valid, options.attention, options.variants,
+                                     options.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  return PredictValidDistributed(*valid, parallel, options);
+}
+
+absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig& valid_model,
+                                                              const ParallelSpec& parallel,
+                                                              const PredictOptions& options) {
+  const ModelConfig& model = *valid_model;
   if (options.timeline) {
-    if (absl::Status s = CheckTimelineLayers(config.layers); !s.ok()) return s;
+    if (absl::Status s = CheckTimelineLayers(model.layers); !s.ok()) return s;
   }
   if (options.breakdown) {
     return absl::InvalidArgumentError(
         "--explain describes one process's step: not with --dp or --pp yet");
   }
+  const ValidConfig valid = valid_model.WithoutCache();  // as PredictRanks
+  const ModelConfig& config = *valid;
+  const ValidConfig whole_valid = valid.AsOneProcess();
   // The whole model's peak is no rank's: only the ranks' are simulated.
   PredictOptions whole_options = options;
   whole_options.peak = false;
   whole_options.timeline = false;
   // The whole model is one process's: every expert in it, on expert-parallel rank 0's
   // batch where the routing gives every rank's.
-  ModelConfig whole_config = config;
-  if (config.moe.ep > 1) {
-    if (config.moe.routing == RoutingSource::kGiven) {
-      whole_config.moe.routing_rows.resize(static_cast<size_t>(config.SparseLayers()));
-    }
-    whole_config.moe.ep_group = 0;
-    whole_config.moe.ep = 1;
-    whole_config.moe.ep_rank = 0;
-  }
-  absl::StatusOr<Prediction> whole = Predict(whole_config, whole_options);
+  absl::StatusOr<Prediction> whole = PredictValid(whole_valid, whole_options);
   if (!whole.ok()) return whole.status();
   if (model.KeepsKvCache() && (TorchDdp(config, parallel) || parallel.fsdp.enabled)) {
     // transformers' model, whole on each rank, keeps its DynamicCache in training as one
@@ -426,8 +469,8 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
     held.optimizer = options.optimizer;
     held.peak = false;
     held.variants = {Variant()};
-    absl::StatusOr<Prediction> cached = Predict(model, held);
-    absl::StatusOr<Prediction> uncached = Predict(config, held);
+    absl::StatusOr<Prediction> cached = PredictValid(valid_model, held);
+    absl::StatusOr<Prediction> uncached = PredictValid(valid, held);
     if (cached.ok() && uncached.ok() &&
         cached->variants[0].held_after_forward_bytes !=
             uncached->variants[0].held_after_forward_bytes) {
@@ -455,7 +498,7 @@ absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& mode
           "its first bucket");
     }
   }
-  absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, options);
+  absl::StatusOr<RanksPrediction> ranks = PredictValidRanks(valid, parallel, options);
   if (!ranks.ok()) return ranks.status();
   return DistributedPrediction{*std::move(whole), *std::move(ranks)};
 }

@@ -104,6 +104,14 @@ absl::StatusOr<RanksPrediction> PredictRanks(const ModelConfig& config,
                                              const ParallelSpec& parallel,
                                              const PredictOptions& options);
 
+// PredictValidRanks: PredictRanks of a config and layout validated at the caller's edge
+// (the search's candidate), which checks only the run as the ranks' graphs run it (FSDP2's
+// param_dtype). REQUIRES: config without a DynamicCache (use_cache false) and
+// ValidateParallel(*config, parallel).ok().
+absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& config,
+                                                  const ParallelSpec& parallel,
+                                                  const PredictOptions& options);
+
 // RankResident is what `kind`'s ranks hold before the step besides their input: the
 // parameters (with ZeRO 1 and 2 the flat buffer they live in, padded to a multiple of
 // dp), the optimizer's state (a shard with ZeRO) and the modules' buffers; on CUDA
@@ -122,7 +130,15 @@ struct DistributedPrediction {
 };
 absl::StatusOr<DistributedPrediction> PredictDistributed(const ModelConfig& config,
                                                          const ParallelSpec& parallel,
-                                                         PredictOptions options);
+                                                         const PredictOptions& options);
+// PredictValidDistributed: PredictDistributed of a request validated at its edge
+// (ValidRunFromRequest: the config, the layout and the run), which validates nothing
+// again but the run as the ranks' graphs run it. REQUIRES: ValidateParallel(config
+// without its cache, parallel).ok() and ValidateRunOf(config, options.attention,
+// options.variants, options.optimizer).ok().
+absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig& config,
+                                                              const ParallelSpec& parallel,
+                                                              const PredictOptions& options);
 
 }  // namespace memledger
 

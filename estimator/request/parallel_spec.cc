@@ -1,5 +1,6 @@
 #include "estimator/request/parallel_spec.h"
 
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -26,7 +27,16 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(absl::string_view name) {
       absl::StrCat("--schedule must be 1f1b or interleaved, got '", name, "'"));
 }
 
+namespace {
+std::atomic<int64_t> validate_parallel_calls{0};
+}  // namespace
+
+int64_t ValidateParallelCalls() {
+  return validate_parallel_calls.load(std::memory_order_relaxed);
+}
+
 absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec) {
+  validate_parallel_calls.fetch_add(1, std::memory_order_relaxed);
   for (const auto& [flag, value] :
        {std::pair<const char*, int64_t>{"dp", spec.dp},
         {"pp", spec.pp},

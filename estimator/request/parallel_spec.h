@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "estimator/graph/family.h"
 #include "estimator/spec/config.h"
 
 namespace memledger {
@@ -141,6 +142,9 @@ inline constexpr int64_t kMaxChunkMicroBatches = 65536;
 // data-parallel ranks: it needs --dp > 1" or "--layers 30 is not divisible by --pp 4 x
 // --virtual_stages 1".
 absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec);
+// ValidateParallelCalls: how many times ValidateParallel has run in this process, for
+// the tests that a request validates its layout once.
+int64_t ValidateParallelCalls();
 
 // ZeroShardElements: a rank's part of n elements split over dp ranks by ZeRO: one flat
 // buffer padded to a multiple of dp, ceil(n / dp) each.
@@ -154,6 +158,13 @@ inline int64_t ZeroShardElements(int64_t n, int64_t dp) {
 inline ModelConfig FsdpComputeConfig(ModelConfig config, const ParallelSpec& spec) {
   if (spec.fsdp.enabled && spec.fsdp.param_dtype.has_value()) {
     config.dtype = *spec.fsdp.param_dtype;
+  }
+  return config;
+}
+// REQUIRES: ValidateParallel(*config, spec).ok().
+inline ValidConfig FsdpComputeConfig(const ValidConfig& config, const ParallelSpec& spec) {
+  if (spec.fsdp.enabled && spec.fsdp.param_dtype.has_value()) {
+    return config.InParameterDType(*spec.fsdp.param_dtype);
   }
   return config;
 }

@@ -124,6 +124,12 @@ absl::Status ApplyExperts(const RunRequest& request, ModelConfig& config) {
 }  // namespace
 
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
+  absl::StatusOr<ValidRun> run = ValidRunFromRequest(request);
+  if (!run.ok()) return run.status();
+  return run->spec();
+}
+
+absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   RunSpec spec;
   absl::StatusOr<ModelConfig> model =
       request.model_config_json.empty()
@@ -263,7 +269,7 @@ absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
       !s.ok()) {
     return s;
   }
-  return spec;
+  return ValidRun(std::move(spec), *std::move(valid));
 }
 
 std::string RequestFlags(const RunRequest& request) {

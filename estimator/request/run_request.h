@@ -103,6 +103,30 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ParseRouting(absl::string_view
 // whole run (ValidateRun); errors are InvalidArgument naming the flag or key.
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request);
 
+// ValidRun is a RunSpec that ValidRunFromRequest validated whole, once: its config
+// (ValidConfig), its layout (ValidateParallel) and its run (ValidateRunOf). predict and
+// the C ABI predict from it without validating again (PredictValid,
+// PredictValidDistributed). What was validated cannot change; a changed run is a new
+// request (RunSpecFromRequest gives a RunSpec to change).
+class ValidRun {
+ public:
+  const RunSpec& spec() const { return spec_; }
+  const ValidConfig& config() const { return config_; }
+  // SetFormat: the CLIs' --format (json, table, csv or jsonl), which no check depends on.
+  void SetFormat(const std::string& format) {
+    spec_.format = format;
+    spec_.table = format == "table";
+  }
+
+ private:
+  friend absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request);
+  ValidRun(RunSpec spec, ValidConfig config)
+      : spec_(std::move(spec)), config_(std::move(config)) {}
+  RunSpec spec_;
+  ValidConfig config_;
+};
+absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request);
+
 // RequestFlags writes a request as the command line's flags (predict's and verify's
 // alike): --model, --batch and --seq always, every other flag only where it differs
 // from its default. A model given inline (model_config_json) is written as its name.
