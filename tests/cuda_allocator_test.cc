@@ -179,6 +179,68 @@ TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
   }
 }
 
+// Three streams, as FSDP2's collectives use (estimator/step/simulation_fsdp2.cc): each
+// request on one of them at random (torch's raw_alloc_with_stream; the stub's streams are
+// distinct handles), frees in any order. The real allocator's pools are ordered by stream
+// first and reuse a block only for its own stream: the simulation agrees after every
+// call, with and without expandable segments.
+TEST_F(RealAllocatorTest, AgreesOnRandomCallsOverThreeStreams) {
+  cudaStream_t streams[3] = {nullptr, nullptr, nullptr};  // the default stream first
+  ASSERT_EQ(cudaStreamCreateWithPriority(&streams[1], 0, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithPriority(&streams[2], 0, 0), cudaSuccess);
+  std::mt19937_64 random(20261207);
+  for (int sequence = 0; sequence < 12; ++sequence) {
+    SetUp();
+    CudaAllocatorSim sim(Expandable());
+    std::vector<std::pair<void*, int>> live;
+    for (int op = 0; op < 400; ++op) {
+      const bool allocate = live.empty() || random() % 100 < 55;
+      if (allocate) {
+        int64_t bytes = 0;
+        switch (random() % 4) {
+          case 0: bytes = static_cast<int64_t>(random() % 4096); break;
+          case 1: bytes = static_cast<int64_t>(random() % kMiB) + 1; break;
+          case 2: bytes = kMiB + static_cast<int64_t>(random() % (9 * kMiB)); break;
+          default: bytes = static_cast<int64_t>(random() % (64 * kMiB)) + 1; break;
+        }
+        const int stream = static_cast<int>(random() % 3);
+        void* ptr = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(
+            static_cast<size_t>(bytes), streams[stream]);
+        const int handle = sim.Malloc(bytes, stream);
+        ASSERT_EQ(ptr == nullptr, handle < 0) << bytes;
+        if (ptr != nullptr) live.emplace_back(ptr, handle);
+      } else {
+        const size_t i = random() % live.size();
+        c10::cuda::CUDACachingAllocator::raw_delete(live[i].first);
+        sim.Free(live[i].second);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      ASSERT_EQ(Real(), Simulated(sim)) << "sequence " << sequence << ", call " << op;
+    }
+    for (auto& [ptr, handle] : live) {
+      c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+      sim.Free(handle);
+    }
+    ASSERT_EQ(Real(), Simulated(sim)) << "sequence " << sequence << " freed";
+  }
+}
+
+// A block freed on one stream is not reused by another, by hand: 1 MiB on stream 1, freed;
+// then 1 MiB on the default stream takes a second 2 MiB segment (4 MiB reserved), and
+// 1 MiB again on stream 1 the first block (still 4 MiB).
+TEST(CudaAllocatorSimTest, ABlockServesOnlyItsOwnStream) {
+  CudaAllocatorSim sim;
+  sim.Free(sim.Malloc(kMiB, /*stream=*/1));
+  EXPECT_EQ(sim.stats().reserved.current, 2 * kMiB);
+  const int on_default = sim.Malloc(kMiB, 0);
+  EXPECT_EQ(sim.stats().reserved.current, 4 * kMiB);
+  const int again = sim.Malloc(kMiB, 1);
+  EXPECT_EQ(sim.stats().reserved.current, 4 * kMiB);
+  EXPECT_EQ(sim.stats().allocated.current, 2 * kMiB);
+  sim.Free(on_default);
+  sim.Free(again);
+}
+
 // ReplayPeaks replays a predicted step's requests to the allocator through torch's own
 // and returns what it reports.
 RealAllocatorTest::Stats ReplayThroughTorch(const StepTimeline& timeline) {

@@ -26,21 +26,23 @@ void CudaAllocatorStat::Add(int64_t bytes) {
 }
 
 void CudaAllocatorSim::Cache(int block) {
-  PoolOf(blocks_[block].small)[{blocks_[block].size, blocks_[block].address}] = block;
+  PoolOf(blocks_[block].small)[KeyOf(blocks_[block])] = block;
 }
 
 void CudaAllocatorSim::Uncache(int block) {
-  PoolOf(blocks_[block].small).erase({blocks_[block].size, blocks_[block].address});
+  PoolOf(blocks_[block].small).erase(KeyOf(blocks_[block]));
 }
 
-int CudaAllocatorSim::FindFree(bool small, int64_t size) {
-  // get_free_block: the smallest cached block of the pool that fits, the lowest address
-  // among equals (pool.blocks.lower_bound of a key block of that size). With
-  // expandable segments a block before unmapped space counts as all it could grow to:
-  // from there the search moves on while the next block's such size is smaller.
+int CudaAllocatorSim::FindFree(bool small, int64_t size, int stream) {
+  // get_free_block: the smallest cached block of the pool on the request's stream that
+  // fits, the lowest address among equals (pool.blocks.lower_bound of a key block of
+  // that stream and size; a block of another stream is no match). With expandable
+  // segments a block before unmapped space counts as all it could grow to: from there
+  // the search moves on while the next block, of the same stream, has a smaller such
+  // size.
   FreeSet& pool = PoolOf(small);
-  auto it = pool.lower_bound({size, INT64_MIN});
-  if (it == pool.end()) return -1;
+  auto it = pool.lower_bound({stream, size, INT64_MIN});
+  if (it == pool.end() || blocks_[it->second].stream != stream) return -1;
   if (expandable_) {
     auto expandable_size = [&](int b) {
       const Block& block = blocks_[b];
@@ -49,7 +51,8 @@ int CudaAllocatorSim::FindFree(bool small, int64_t size) {
                                : 0);
     };
     for (auto next = std::next(it);
-         next != pool.end() && expandable_size(next->second) < expandable_size(it->second);
+         next != pool.end() && blocks_[next->second].stream == stream &&
+         expandable_size(next->second) < expandable_size(it->second);
          ++next) {
       it = next;
     }
@@ -59,11 +62,12 @@ int CudaAllocatorSim::FindFree(bool small, int64_t size) {
   return found;
 }
 
-int CudaAllocatorSim::NewSegment(bool small, int64_t size) {
-  // alloc_block: cudaMalloc a segment; it is reserved until empty_cache().
+int CudaAllocatorSim::NewSegment(bool small, int64_t size, int stream) {
+  // alloc_block: cudaMalloc a segment for the stream; it is reserved until empty_cache().
   Block block;
   block.address = next_address_;
   block.size = size;
+  block.stream = stream;
   block.small = small;
   next_address_ += size;
   blocks_.push_back(block);
@@ -82,12 +86,12 @@ void CudaAllocatorSim::MapPages(int unmapped, int64_t size) {
   const int64_t page = blocks_[unmapped].small ? kCudaSmallBuffer : kCudaLargeBuffer;
   const int64_t bytes = std::min(blocks_[unmapped].size, (size + page - 1) / page * page);
   const int rest = Split(unmapped, bytes);
-  const bool small = blocks_[unmapped].small;
+  const std::pair<int, bool> pool{blocks_[unmapped].stream, blocks_[unmapped].small};
   if (rest >= 0) {
     blocks_[rest].mapped = false;
-    unmapped_[small ? 0 : 1] = rest;
+    unmapped_[pool] = rest;
   } else {
-    unmapped_[small ? 0 : 1] = -1;
+    unmapped_[pool] = -1;
   }
   blocks_[unmapped].mapped = true;
   stats_.reserved.Add(bytes);
@@ -95,15 +99,18 @@ void CudaAllocatorSim::MapPages(int unmapped, int64_t size) {
   Cache(unmapped);
 }
 
-int CudaAllocatorSim::GrowExpandable(bool small, int64_t size) {
-  // try_allocate_expandable_block: the pool's unmapped space, with the free mapped block
-  // before it if there is one (find_expandable_block), mapped until it holds `size`:
-  // only what the free block lacks (std::min(candidate->size, size) at first).
-  int& tail = unmapped_[small ? 0 : 1];
+int CudaAllocatorSim::GrowExpandable(bool small, int64_t size, int stream) {
+  // try_allocate_expandable_block: the pool's unmapped space on the stream (each stream
+  // has its own expandable segment: find_expandable_block), with the free mapped block
+  // before it if there is one, mapped until it holds `size`: only what the free block
+  // lacks (std::min(candidate->size, size) at first).
+  auto found = unmapped_.try_emplace({stream, small}, -1).first;
+  int& tail = found->second;
   if (tail < 0) {
     Block space;
     space.address = next_address_;
     space.size = kExpandableAddressSpace;
+    space.stream = stream;
     space.small = small;
     space.mapped = false;
     next_address_ += kExpandableAddressSpace;
@@ -137,6 +144,7 @@ int CudaAllocatorSim::Split(int block, int64_t size) {
   Block rest;
   rest.address = blocks_[block].address + size;
   rest.size = remaining;
+  rest.stream = blocks_[block].stream;
   rest.small = blocks_[block].small;
   rest.prev = block;
   rest.next = blocks_[block].next;
@@ -148,14 +156,14 @@ int CudaAllocatorSim::Split(int block, int64_t size) {
   return r;
 }
 
-int CudaAllocatorSim::Malloc(int64_t bytes) {
+int CudaAllocatorSim::Malloc(int64_t bytes, int stream) {
   if (bytes <= 0) return -1;  // malloc of 0 bytes returns no block
   const int64_t size = CudaRoundSize(bytes);
   const bool small = size <= kCudaSmallSize;
-  int block = FindFree(small, size);
+  int block = FindFree(small, size, stream);
   if (block < 0) {
-    block = expandable_ ? GrowExpandable(small, size)
-                        : NewSegment(small, CudaSegmentSize(size));
+    block = expandable_ ? GrowExpandable(small, size, stream)
+                        : NewSegment(small, CudaSegmentSize(size), stream);
   }
   // should_split: a small block, or any with expandable segments, splits when at least
   // 512 B remain; a large one when more than 1 MiB does (kSmallSize). The remainder

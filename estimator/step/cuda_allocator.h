@@ -3,6 +3,9 @@
 // one stream, to give what torch.cuda.max_memory_allocated() and max_memory_reserved()
 // report for it: every request rounded to a block, blocks carved from 2 MiB and 20 MiB
 // (or larger) segments, split and merged as the allocator does, segments kept cached.
+// Each segment belongs to the stream that was current when it was made, and a block is
+// reused only by requests on its stream (BlockComparatorSize orders a pool by stream
+// first; get_free_block takes no block of another stream).
 //
 // Example:
 //   CudaAllocatorSim sim;
@@ -11,7 +14,7 @@
 //   sim.stats().allocated.peak;      // 1024
 //   sim.stats().reserved.peak;       // 2097152
 //
-// What it leaves out: more than one stream (record_stream, events), the out-of-memory
+// What it leaves out: record_stream and the events it waits for, the out-of-memory
 // path (freeing cached blocks to retry cudaMalloc), garbage
 // collection thresholds and PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
 // roundup_power2_divisions (the defaults: none of them). Expandable segments are a
@@ -21,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,8 +66,9 @@ class CudaAllocatorSim {
   explicit CudaAllocatorSim(bool expandable_segments = false)
       : expandable_(expandable_segments) {}
 
-  // Malloc allocates `bytes` and returns its handle (-1 for 0 bytes: no block).
-  int Malloc(int64_t bytes);
+  // Malloc allocates `bytes` on `stream` (0: the default stream; any other number
+  // another stream) and returns its handle (-1 for 0 bytes: no block).
+  int Malloc(int64_t bytes, int stream = 0);
   // Free returns the block of a handle Malloc gave (-1 is ignored).
   void Free(int handle);
 
@@ -76,20 +81,25 @@ class CudaAllocatorSim {
     int64_t address = 0;
     int64_t size = 0;
     int64_t requested = 0;
+    int stream = 0;      // its segment's
     bool small = false;  // its pool
     bool allocated = false;
     bool mapped = true;  // false: an expandable segment's unmapped address space
     int prev = -1, next = -1;  // neighbours in its segment
   };
-  // A pool's cached blocks by (size, address), the allocator's BlockComparatorSize order.
-  using FreeSet = std::map<std::pair<int64_t, int64_t>, int>;
+  // A pool's cached blocks by (stream, size, address), the allocator's
+  // BlockComparatorSize order.
+  using FreeSet = std::map<std::tuple<int, int64_t, int64_t>, int>;
+  static std::tuple<int, int64_t, int64_t> KeyOf(const Block& b) {
+    return {b.stream, b.size, b.address};
+  }
 
   FreeSet& PoolOf(bool small) { return small ? small_free_ : large_free_; }
   void Cache(int block);
   void Uncache(int block);
-  int FindFree(bool small, int64_t size);
-  int NewSegment(bool small, int64_t size);
-  int GrowExpandable(bool small, int64_t size);
+  int FindFree(bool small, int64_t size, int stream);
+  int NewSegment(bool small, int64_t size, int stream);
+  int GrowExpandable(bool small, int64_t size, int stream);
   void MapPages(int unmapped, int64_t size);
   int Split(int block, int64_t size);
   void Merge(int block, int neighbour);
@@ -97,7 +107,8 @@ class CudaAllocatorSim {
   bool expandable_ = false;
   std::vector<Block> blocks_;  // every block ever made; merged ones stay, unreferenced
   FreeSet small_free_, large_free_;
-  int unmapped_[2] = {-1, -1};  // each expandable segment's unmapped tail, by pool
+  // Each expandable segment's unmapped tail, by (stream, small pool).
+  std::map<std::pair<int, bool>, int> unmapped_;
   int64_t next_address_ = 0;
   CudaAllocatorStats stats_;
 };
