@@ -37,11 +37,12 @@ struct Shape {
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
   int64_t ep = 1;
+  bool fsdp = false;  // the data-parallel ranks run torch's FSDP2 (--fsdp)
 };
 
 Shape ShapeOf(const SearchedLayout& l) {
   return Shape{l.tp,       l.pp, l.dp, l.zero, l.sp, l.micro_batch_size, l.micro_batches,
-               l.virtual_stages, l.ep};
+               l.virtual_stages, l.ep, l.fsdp};
 }
 
 // CheckFixedLayout: each layout flag the search is given, against what that part of a
@@ -120,7 +121,9 @@ std::vector<int64_t> MicroBatchSizes(int64_t sequences) {
 // Shapes enumerates every layout of `gpus` GPUs: tp divides a node's GPUs, pp the layers,
 // dp x micro_batch_size the global batch; the family's and the parallel spec's own
 // checks refuse the rest when evaluated.
-std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& options) {
+// Shapes: the layouts of options.gpus. With `fsdp` every one runs FSDP2 over all of them
+// (fully_shard over the data-parallel ranks, modelled without tp, pp or ep: ValidateParallel).
+std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& options, bool fsdp) {
   const LayoutConstraints& fixed = options.fixed;
   auto allowed = [](const std::optional<int64_t>& want, int64_t value) {
     return !want.has_value() || *want == value;
@@ -160,8 +163,9 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
                   continue;
                 }
                 if (!allowed(fixed.ep, ep)) continue;
+                if (fsdp && (tp > 1 || pp > 1 || ep > 1 || zero > 0 || dp < 2)) continue;
                 shapes.push_back(
-                    {tp, pp, dp, zero, sp, micro_batch_size, micro_batches, v, ep});
+                    {tp, pp, dp, zero, sp, micro_batch_size, micro_batches, v, ep, fsdp});
               }
             }
           }
@@ -190,8 +194,8 @@ class Search {
   // model_flops: one sequence's forward and backward over the whole model, without
   // recompute (for the MFU).
   Search(const RunRequest& request, const RunSpec& base, const SearchOptions& options,
-         double model_flops)
-      : request_(request), base_(base), options_(options), model_flops_(model_flops),
+         const FsdpOptions& fsdp, double model_flops)
+      : request_(request), base_(base), options_(options), fsdp_(fsdp), model_flops_(model_flops),
         cuda_(base.config.device == Device::kCuda),
         allocatable_(options.budget_bytes -
                      (cuda_ ? base.config.cuda_context_bytes : int64_t{0})) {}
@@ -212,7 +216,7 @@ class Search {
                           shape.zero,
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
                                                    : PipelineSchedule::k1F1B,
-                          DdpOptionsFor(shape), FsdpOptions{}};
+                          DdpOptionsFor(shape), shape.fsdp ? fsdp_ : FsdpOptions{}};
     // The candidate's one validation: its config, its layout, its run; its two
     // predictions below take the proof.
     absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
@@ -315,6 +319,7 @@ class Search {
     layout.dp = shape.dp;
     layout.zero = shape.zero;
     layout.ep = shape.ep;
+    layout.fsdp = shape.fsdp;
     layout.sp = shape.sp;
     layout.micro_batch_size = shape.micro_batch_size;
     layout.micro_batches = shape.micro_batches;
@@ -326,7 +331,9 @@ class Search {
     in.tp = shape.tp;
     in.pp = shape.pp;
     in.dp = shape.dp;
-    in.zero = shape.zero;
+    // FSDP2 moves what ZeRO-3 does: each unit's parameters gathered in the forward and
+    // the backward, its gradients reduce-scattered.
+    in.zero = shape.fsdp ? 3 : shape.zero;
     in.ep = shape.ep;
     in.sp = shape.sp;
     in.micro_batch_size = shape.micro_batch_size;
@@ -335,9 +342,12 @@ class Search {
     in.gpus_per_node = options_.gpus_per_node;
     in.seq = config.seq;
     in.width = config.width;
-    const DType activations = config.amp != DType::kFloat32 ? config.amp : config.dtype;
+    // Under FSDP2's MixedPrecisionPolicy the graphs run, and the parameters are gathered,
+    // in param_dtype.
+    const DType compute = shape.fsdp ? fsdp_.param_dtype.value_or(config.dtype) : config.dtype;
+    const DType activations = config.amp != DType::kFloat32 ? config.amp : compute;
     in.activation_element_bytes = ElementSizeBytes(activations);
-    in.parameter_element_bytes = ElementSizeBytes(config.dtype);
+    in.parameter_element_bytes = ElementSizeBytes(compute);
     in.low_precision_matmul = activations != DType::kFloat32;
     // The slowest stage sets the pipeline's pace; FLOPs of all ranks for the rate.
     double step_flops = 0;
@@ -494,6 +504,7 @@ class Search {
   const RunRequest& request_;
   const RunSpec& base_;
   const SearchOptions& options_;
+  const FsdpOptions fsdp_;  // the request's, for the layouts that run FSDP2
   const double model_flops_;
   const bool cuda_;
   // allocatable_: what a rank's allocated peak may reach: the budget, less the CUDA
@@ -647,12 +658,6 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
           "--", flag, ": the search chooses the layout (SearchOptions::fixed constrains it)"));
     }
   }
-  if (request.fsdp || request.reshard_after_forward != defaults.reshard_after_forward ||
-      !request.mp_param_dtype.empty() || !request.mp_reduce_dtype.empty()) {
-    return absl::InvalidArgumentError(
-        "--fsdp: the search does not lay out FSDP2 yet (predict --fsdp answers for one "
-        "layout)");
-  }
   if (request.ep != defaults.ep) {
     return absl::InvalidArgumentError(
         "--ep: the search chooses the layout (SearchOptions::fixed constrains it)");
@@ -669,11 +674,31 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   }
   RunRequest base_request = request;
   base_request.batch = 1;
-  // DDP's options are its layouts' (LayoutSearch::DdpOptionsFor), not one GPU's.
+  // DDP's options are its layouts' (LayoutSearch::DdpOptionsFor), not one GPU's; so are
+  // FSDP2's with --fsdp (without it, one GPU's request refuses them, naming --fsdp).
   base_request.ddp_bucket_mb.reset();
   base_request.gradient_as_bucket_view = false;
+  absl::StatusOr<FsdpOptions> fsdp = FsdpOptionsFrom(request);
+  if (!fsdp.ok()) return fsdp.status();
+  if (request.fsdp) {
+    base_request.fsdp = false;
+    base_request.reshard_after_forward = defaults.reshard_after_forward;
+    base_request.mp_param_dtype.clear();
+    base_request.mp_reduce_dtype.clear();
+  }
   absl::StatusOr<RunSpec> base = RunSpecFromRequest(base_request);
   if (!base.ok()) return base.status();
+  if (request.fsdp && options.gpus < 2) {
+    return absl::InvalidArgumentError(
+        "--fsdp shards over the data-parallel ranks: it needs --gpus > 1");
+  }
+  if (request.fsdp) {
+    // The FSDP2 options against a layout of them all (their message, as predict's).
+    ParallelSpec all_ranks;
+    all_ranks.dp = std::max<int64_t>(options.gpus, 2);
+    all_ranks.fsdp = *fsdp;
+    if (absl::Status s = ValidateParallel(base->config, all_ranks); !s.ok()) return s;
+  }
   if (options.fixed.ep.has_value()) {
     // --ep fixes the expert parallelism: the model must have it (predict's checks).
     ModelConfig with_ep = base->config;
@@ -691,8 +716,8 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   }
   absl::StatusOr<StepFlops> model_flops = CountStepFlops(base->config, base->attention);
   if (!model_flops.ok()) return model_flops.status();
-  const Search search(request, *base, options, static_cast<double>(model_flops->total));
-  const std::vector<Shape> shapes = Shapes(base->config, options);
+  const Search search(request, *base, options, *fsdp, static_cast<double>(model_flops->total));
+  const std::vector<Shape> shapes = Shapes(base->config, options, request.fsdp);
   if (shapes.empty()) {
     const LayoutConstraints& f = options.fixed;
     const bool constrained = f.tp || f.pp || f.dp || f.zero || f.micro_batch_size ||

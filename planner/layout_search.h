@@ -99,6 +99,7 @@ absl::StatusOr<SearchOptions> SearchOptionsFrom(const SearchRequest& request);
 struct SearchedLayout {
   int64_t tp = 1, pp = 1, dp = 1, zero = 0;
   int64_t ep = 1;  // expert parallelism among the dp ranks (a mixture of experts)
+  bool fsdp = false;  // the data-parallel ranks run torch's FSDP2 (search --fsdp)
   bool sp = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
   Variant checkpoint;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "estimator/graph/family.h"
+#include "estimator/request/parallel_spec.h"
 #include "estimator/request/plan_file.h"
 #include "estimator/report/report.h"
 #include "estimator/report/svg.h"
@@ -23,6 +24,11 @@ const char kTimeModelNote[] =
     "the preset's bandwidths, none of it overlapped (planner/step_time.h)";
 
 namespace {
+
+// ZeroText: the table's "zero" column: ZeRO's stage, or "fsdp" for FSDP2's ranks.
+std::string ZeroText(const SearchedLayout& l) {
+  return l.fsdp ? "fsdp" : absl::StrCat(l.zero);
+}
 
 using Allocator = rapidjson::Document::AllocatorType;
 
@@ -82,6 +88,14 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
     e.AddMember("pp", l.pp, a);
     e.AddMember("dp", l.dp, a);
     e.AddMember("zero", l.zero, a);
+    // As predict's parallel.data_parallel: how the data-parallel ranks run.
+    e.AddMember("data_parallel",
+                rapidjson::StringRef(l.dp == 1                        ? "none"
+                                     : l.fsdp                         ? "fsdp2"
+                                     : TorchDdp(l.dp, l.zero, l.ep)   ? "ddp"
+                                     : l.zero > 0                     ? "zero"
+                                                                      : "replicated"),
+                a);
     e.AddMember("ep", l.ep, a);
     e.AddMember("sp", l.sp, a);
     e.AddMember("micro_batch_size", l.micro_batch_size, a);
@@ -168,7 +182,7 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
   absl::StrAppendFormat(&out, "%10s %8s %6s\n", "step", "TFLOP/s", "front");
   for (size_t i = 0; i < r.layouts.size() && i < top; ++i) {
     const SearchedLayout& l = r.layouts[i];
-    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4d ", i + 1, l.tp, l.pp, l.dp, l.zero);
+    absl::StrAppendFormat(&out, "%4d %3d %3d %4d %4s ", i + 1, l.tp, l.pp, l.dp, ZeroText(l));
     if (experts) absl::StrAppendFormat(&out, "%3d ", l.ep);
     absl::StrAppendFormat(&out, "%3s %4d %5d %3d  %-11s %12s ", l.sp ? "yes" : "no",
                           l.micro_batch_size, l.micro_batches, l.virtual_stages,
@@ -306,8 +320,9 @@ std::string SearchSvg(const SearchResult& r, const SearchOptions& o) {
                           "stroke=\"#e15759\" stroke-width=\"2\"/>\n"
                           "<text x=\"%.1f\" y=\"%.1f\" class=\"label\" paint-order=\"stroke\" "
                           "stroke=\"#fff\" stroke-width=\"4\">best: tp %d pp %d dp %d, "
-                          "zero %d, %s, %s</text>\n",
-                          x, y, x + 9, y + 16, best.tp, best.pp, best.dp, best.zero,
+                          "%s, %s, %s</text>\n",
+                          x, y, x + 9, y + 16, best.tp, best.pp, best.dp,
+                          best.fsdp ? "FSDP2" : absl::StrCat("zero ", best.zero),
                           SvgEscape(best.checkpoint.Name()), Seconds(best.time.total_s));
   }
   for (size_t i = 0; i < legend.size(); ++i) {

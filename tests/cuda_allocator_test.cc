@@ -241,17 +241,22 @@ TEST(CudaAllocatorSimTest, ABlockServesOnlyItsOwnStream) {
   sim.Free(again);
 }
 
-// ReplayPeaks replays a predicted step's requests to the allocator through torch's own
-// and returns what it reports.
+// ReplayPeaks replays a predicted step's requests to the allocator through torch's own,
+// each on its stream (a stub stream per number but the default's 0), and returns what
+// it reports.
 RealAllocatorTest::Stats ReplayThroughTorch(const StepTimeline& timeline) {
   c10::cuda::CUDACachingAllocator::emptyCache();
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  static std::map<int, cudaStream_t> streams = {{0, nullptr}};
   std::map<int32_t, void*> live;
   for (const StepTimeline::AllocatorCall& call : timeline.allocator_calls) {
     if (call.bytes > 0) {
       EXPECT_EQ(live.count(call.id), 0u);
-      live[call.id] =
-          c10::cuda::CUDACachingAllocator::raw_alloc(static_cast<size_t>(call.bytes));
+      if (streams.count(call.stream) == 0) {
+        EXPECT_EQ(cudaStreamCreateWithPriority(&streams[call.stream], 0, 0), cudaSuccess);
+      }
+      live[call.id] = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(
+          static_cast<size_t>(call.bytes), streams[call.stream]);
     } else {
       EXPECT_EQ(live.count(call.id), 1u);
       c10::cuda::CUDACachingAllocator::raw_delete(live[call.id]);
@@ -327,14 +332,23 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
 
 // The same for every kind of rank of data-parallel (ZeRO 0, 1 and 3) and pipeline
 // layouts: each rank's step, its resident tensors first, through torch's allocator.
+// FSDP2's ranks too, whose collectives allocate on streams of their own (over 2 ranks, 3
+// with padded rows, and 4 resharded to 2 after the forward under a MixedPrecisionPolicy).
 TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
   int replayed = 0;
+  FsdpOptions fsdp{true, true, 0, std::nullopt, std::nullopt};
+  FsdpOptions fsdp_mixed{true, true, 2, DType::kBFloat16, DType::kFloat32};
   for (const ParallelSpec& parallel :
        {ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, {}},
         ParallelSpec{2, 1, 1, 1, 1, PipelineSchedule::k1F1B, {}, {}},
         ParallelSpec{2, 1, 1, 1, 3, PipelineSchedule::k1F1B, {}, {}},
-        ParallelSpec{1, 2, 1, 4, 0, PipelineSchedule::k1F1B, {}, {}}}) {
-    const RunSpec spec = CudaSpec("tiny-llama", "bf16", "auto");
+        ParallelSpec{1, 2, 1, 4, 0, PipelineSchedule::k1F1B, {}, {}},
+        ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp},
+        ParallelSpec{3, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp},
+        ParallelSpec{4, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp_mixed}}) {
+    // FSDP2's MixedPrecisionPolicy runs over fp32 parameters.
+    const RunSpec spec =
+        CudaSpec("tiny-llama", parallel.fsdp.param_dtype.has_value() ? "fp32" : "bf16", "auto");
     absl::StatusOr<RanksPrediction> ranks =
         PredictRanks(spec.config, parallel, TimelineOptions(spec));
     ASSERT_TRUE(ranks.ok()) << ranks.status();
@@ -352,7 +366,53 @@ TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
       }
     }
   }
-  EXPECT_EQ(replayed, (3 + 2) * 4);  // 3 dp layouts of one kind of rank, pp 2 of two; 4 variants
+  // 3 ZeRO and 3 FSDP2 layouts of one kind of rank, pp 2 of two; 4 variants.
+  EXPECT_EQ(replayed, (3 + 2 + 3) * 4);
+}
+
+// Where an FSDP2 rank's buffers go on CUDA, by hand, for the issue's Llama over 2 ranks
+// (tests/issue_llama.py; every dim 0 even): the all-gather outputs on the all-gather
+// copy-in stream, world x a unit's shards, fp32: the root's (embedding, final norm,
+// lm_head: 65,600 elements, 32,800 a rank) 262,400 B, a layer's (43,136 elements, 21,568
+// a rank) 172,544 B, in the forward's order (root, layer 0, layer 1) and the backward's
+// (the root, layer 1 prefetched, layer 0 prefetched); the sharded gradients on the
+// reduce-scatter stream, a rank's shards: layer 1's and layer 0's 86,272 B, the root's
+// 131,200 B. The kernels' metadata, on the default stream: a layer's copy-out 648 B and
+// reduce-scatter copy-in 800 B (its 9 parameters' shards of 2,048, 1,024, 1,024, 2,048,
+// 5,120, 5,120, 5,120, 32 and 32 elements are 4 + 2 + 2 + 4 + 10 + 10 + 10 + 1 + 1 = 44
+// blocks of 2,048 B; 8 x (4 x 9 + 1 + 44) and 8 x (6 x 9 + 2 + 44)).
+TEST(FsdpOnCudaTest, EachBufferOnItsStream) {
+  RunRequest request;
+  request.model = "issue-llama";
+  request.model_config_json =
+      R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": false})";
+  request.device = "cuda";
+  request.batch = 2;
+  request.seq = 32;
+  request.dp = 2;
+  request.fsdp = true;
+  request.variants = "none";
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<RanksPrediction> ranks =
+      PredictRanks(spec->config, spec->parallel, TimelineOptions(*spec));
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  const RankVariant& rank = ranks->kinds[0].variants[0];
+  ASSERT_TRUE(rank.held.peak.has_value()) << rank.held.peak_unavailable;
+  std::map<int, std::vector<int64_t>> by_stream;
+  for (const StepTimeline::AllocatorCall& call : rank.held.timeline->allocator_calls) {
+    if (call.bytes > 0) by_stream[call.stream].push_back(call.bytes);
+  }
+  EXPECT_EQ(by_stream[kFsdpAllGatherStream],
+            (std::vector<int64_t>{262400, 172544, 172544, 262400, 172544, 172544}));
+  EXPECT_EQ(by_stream[kFsdpReduceScatterStream],
+            (std::vector<int64_t>{86272, 86272, 131200}));
+  const std::vector<int64_t>& on_default = by_stream[kDefaultStream];
+  EXPECT_EQ(std::count(on_default.begin(), on_default.end(), 648), 4);  // 2 layers, twice
+  EXPECT_EQ(std::count(on_default.begin(), on_default.end(), 800), 2);
+  EXPECT_EQ(by_stream.size(), 3u);
 }
 
 }  // namespace

@@ -433,6 +433,49 @@ TEST(LayoutSearchTest, NoLayoutFitsNamesTheSmallestPeak) {
       << result.status();
 }
 
+// search --fsdp lays out torch's FSDP2 over every GPU (fully_shard is modelled without
+// tp, pp or ep): 4 ranks of the global batch of 4, one micro-batch of 1 sequence each,
+// for each variant. Each listed layout's peak is predict's for it (its flags rebuilt here
+// by hand: --dp=4 --fsdp --batch=1).
+TEST(LayoutSearchTest, FsdpLaysOutFsdp2OverEveryGpu) {
+  RunRequest request = Tiny();
+  request.fsdp = true;
+  ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(request, TinyOptions(1 << 30)));
+  EXPECT_EQ(result.layouts.size(), 4u);  // none, full, every_k, selective
+  ASSERT_FALSE(result.layouts.empty());
+  for (const SearchedLayout& l : result.layouts) {
+    EXPECT_TRUE(l.fsdp);
+    EXPECT_EQ((std::tuple{l.tp, l.pp, l.dp, l.zero, l.ep}), (std::tuple{1, 1, 4, 0, 1}));
+    EXPECT_NE(l.flags.find("--fsdp"), std::string::npos) << l.flags;
+    RunRequest alone = Tiny();
+    alone.fsdp = true;
+    alone.dp = 4;
+    alone.batch = l.micro_batch_size;
+    alone.micro_batches = l.micro_batches;
+    ASSERT_OK_AND_ASSIGN(RunSpec spec, RunSpecFromRequest(alone));
+    PredictOptions options;
+    options.variants = {l.checkpoint};
+    options.peak = true;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,
+                         PredictRanks(spec.config, spec.parallel, options));
+    ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
+    EXPECT_EQ(l.peak_bytes, ranks.kinds[0].variants[0].held.peak->bytes) << l.flags;
+  }
+  RunRequest mixed = request;
+  mixed.mp_param_dtype = "bf16";
+  mixed.dtype = "bf16";
+  SearchOptions one = TinyOptions(1 << 30);
+  one.gpus = 1;
+  for (const auto& [bad, options, message] :
+       {std::tuple{mixed, TinyOptions(1 << 30),
+                   "--mp_param_dtype: FSDP2's mixed precision is modelled over fp32 parameters"},
+        std::tuple{request, one, "--fsdp shards over the data-parallel ranks: it needs --gpus > 1"}}) {
+    absl::StatusOr<SearchResult> refused = SearchLayouts(bad, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << message;
+    EXPECT_NE(refused.status().message().find(message), std::string::npos) << refused.status();
+  }
+}
+
 TEST(LayoutSearchTest, BadInputNamesTheFlag) {
   struct Case {
     SearchOptions options;

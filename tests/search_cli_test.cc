@@ -410,8 +410,10 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--tp 3 does not divide a node's 4 GPUs (tensor-parallel ranks share a node)"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --zero=4",
              "--zero must be 0, 1, 2 or 3, got 4"},
-        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --fsdp",
-             "--fsdp: the search does not lay out FSDP2 yet"},
+        Case{"--model=tiny-llama --gpus=1 --global_batch=4 --fsdp",
+             "--fsdp shards over the data-parallel ranks: it needs --gpus > 1"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --reshard_after_forward=2",
+             "--reshard_after_forward is FSDP2's: it needs --fsdp"},
         // The C ABI's lines for the same values (api_test), and predict's for --zero.
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --top=-1",
              "--top must be >= 0, got -1"},

@@ -173,6 +173,73 @@ int64_t Fsdp2ModelShardElements(const ModelConfig& config, AttentionMode attenti
   return elements + Fsdp2UnitOf(root, config, world).shard_elements;
 }
 
+// Fsdp2ResidentTensors: an FSDP2 rank's resident tensors on CUDA, a block each: every
+// parameter's padded Shard(0) in `stored` (the model's dtype, fp32 under a
+// MixedPrecisionPolicy), in the order fully_shard makes them (each decoder layer's unit,
+// then the root's: FSDPParam._init_sharded_param), then the optimizer's state, each
+// parameter's in model.parameters() order (the embedding, the layers, the final norm and
+// the head), as its first step makes it (adam.py, _init_group). Rank 0's: the fullest.
+std::vector<ResidentTensor> Fsdp2ResidentTensors(const ModelGraphs& graphs,
+                                                 const ModelConfig& config, int64_t world,
+                                                 const OptimizerSpec& optimizer, DType stored) {
+  struct Shard {
+    std::string name;
+    int64_t elements = 0;
+  };
+  auto shards_of = [&](const std::vector<const BlockGraph*>& members,
+                       const std::vector<std::string>& wheres) {
+    std::vector<Shard> shards;
+    const Fsdp2Unit unit = Fsdp2UnitOf(members, config, world);
+    for (const Fsdp2Unit::Parameter& p : unit.parameters) {
+      const size_t g = static_cast<size_t>(p.graph);
+      shards.push_back({absl::StrCat(wheres[g], " ", members[g]->tensors[p.tensor].name),
+                        p.shard_elements});
+    }
+    return shards;
+  };
+  std::vector<std::vector<Shard>> layers;
+  for (int64_t i = 0; i < config.layers; ++i) {
+    layers.push_back(shards_of({&graphs.Layer(i)}, {absl::StrCat("layer ", i)}));
+  }
+  std::vector<Shard> embedding, head;
+  if (graphs.prologue.has_value()) embedding = shards_of({&*graphs.prologue}, {"embeddings"});
+  head = shards_of({&graphs.epilogue}, {"head"});
+  ModelConfig stored_config = config;
+  stored_config.dtype = stored;
+  const OptimizerBytesPerParameter per = OptimizerBytesOf(stored_config, optimizer);
+  const int64_t element = ElementSizeBytes(stored);
+  const bool adam = optimizer.kind != OptimizerKind::kSgd;
+  std::vector<ResidentTensor> tensors;
+  auto parameters = [&](const std::vector<Shard>& shards) {
+    for (const Shard& shard : shards) {
+      tensors.push_back({absl::StrCat(shard.name, " shard"), MemoryCategory::kParameter,
+                         shard.elements * element});
+    }
+  };
+  auto state = [&](const std::vector<Shard>& shards) {
+    for (const Shard& shard : shards) {
+      auto add = [&](const char* what, int64_t bytes) {
+        if (bytes > 0) {
+          tensors.push_back(
+              {absl::StrCat(shard.name, " ", what), MemoryCategory::kOptimizerState, bytes});
+        }
+      };
+      const int64_t moments = per.moments * shard.elements;
+      add(adam ? "exp_avg" : "momentum_buffer", adam ? moments / 2 : moments);
+      add("exp_avg_sq", adam ? moments - moments / 2 : 0);
+      add("master", per.master * shard.elements);
+      add("step", per.per_tensor);
+    }
+  };
+  for (const std::vector<Shard>& layer : layers) parameters(layer);
+  parameters(embedding);
+  parameters(head);
+  state(embedding);
+  for (const std::vector<Shard>& layer : layers) state(layer);
+  state(head);
+  return tensors;
+}
+
 // AddDdpBuckets: DDP's buckets, each its own block, made after the parameters and before
 // the optimizer's state (which the first step makes). Their split follows the gradients'
 // ready order, here the parameters' reverse (the order of a sequential model's backward;
@@ -213,7 +280,19 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
   // shard's state, one tensor each, as the runtime holds them (runtime/rank.cc,
   // HomeParameters: the optimizer steps one flat shard).
   std::vector<ResidentTensor>& tensors = resident.tensors;
-  if (parallel.zero == 0) {
+  if (parallel.fsdp.enabled) {
+    // The shards stay in the model's dtype under a MixedPrecisionPolicy (fp32: ValidateParallel).
+    const DType stored = parallel.fsdp.param_dtype.has_value() ? DType::kFloat32 : config.dtype;
+    tensors = Fsdp2ResidentTensors(*graphs, config, parallel.dp, optimizer, stored);
+    int64_t parameters = 0, state = 0;
+    for (const ResidentTensor& t : tensors) {
+      (t.category == MemoryCategory::kParameter ? parameters : state) += t.bytes;
+    }
+    if (parameters != kind.param_bytes || state != kind.optimizer_state_bytes) {
+      tensors.clear();  // not one by one: the peak says so
+      return resident;
+    }
+  } else if (parallel.zero == 0) {
     tensors = ResidentTensors(*graphs, config, optimizer, kind.chunks, kind.param_bytes,
                               kind.optimizer_state_bytes);
     if (tensors.empty()) return resident;  // not one by one: the peak says so
@@ -497,6 +576,17 @@ absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig&
           "block; torch rebuilds them in the first backward's order from the block of "
           "its first bucket");
     }
+  }
+  if (parallel.fsdp.enabled && config.device == Device::kCuda) {
+    // tests/fsdp2_witness_test.py measures FSDP2 on Gloo CPU ranks; the CUDA step is
+    // torch's source mirrored (simulation_fsdp2.cc), its allocator replay checked against
+    // torch's own (tests/cuda_allocator_test.cc), no GPU run.
+    whole->caveats.push_back(
+        "fsdp: FSDP2 on CUDA follows torch's source, not a GPU run: the all-gather buffers "
+        "on its copy-in stream and the sharded gradients on its reduce-scatter stream (each "
+        "stream's blocks cached apart), NCCL averaging in the collective, the copy kernels' "
+        "metadata as an H100's 132 SMs size it; NCCL's own buffers are outside the "
+        "allocator");
   }
   absl::StatusOr<RanksPrediction> ranks = PredictValidRanks(valid, parallel, options);
   if (!ranks.ok()) return ranks.status();

@@ -557,6 +557,16 @@ std::string DdpText(const DdpOptions& ddp) {
                       ddp.gradient_as_bucket_view ? ", .grads as bucket views" : "", ")");
 }
 
+// ComputeView: a kind of rank's view (RankView) in the dtype its graphs run in: under
+// FSDP2's MixedPrecisionPolicy param_dtype (its dtype and SDPA kernel; the shards' bytes
+// stay the model's dtype's).
+Prediction ComputeView(const Prediction& whole, const RanksPrediction& ranks,
+                       const RankKind& kind) {
+  Prediction view = RankView(whole, kind);
+  view.config = FsdpComputeConfig(view.config, ranks.parallel);
+  return view;
+}
+
 // FsdpReshardText: what each unit keeps between its forward and backward.
 std::string FsdpReshardText(const ParallelSpec& p) {
   const int64_t ranks = p.fsdp.PostForwardRanks(p.dp);
@@ -629,7 +639,7 @@ rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, 
 }
 
 rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks) {
-  rapidjson::Document doc = PredictionJson(RankView(whole, ranks.kinds.front()));
+  rapidjson::Document doc = PredictionJson(ComputeView(whole, ranks, ranks.kinds.front()));
   Allocator& a = doc.GetAllocator();
   rapidjson::Value parallel = ParallelJson(whole.config, ranks.parallel, a);
   parallel.AddMember("ep", ranks.ep, a);
@@ -711,14 +721,25 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
       p.micro_batches,
       ddp              ? DdpText(p.ddp)
-      : p.fsdp.enabled ? absl::StrCat("torch FSDP2, ", FsdpReshardText(p))
+      : p.fsdp.enabled
+          ? absl::StrCat("torch FSDP2",
+                         p.fsdp.param_dtype.has_value()
+                             ? absl::StrCat(" (MixedPrecisionPolicy: ",
+                                            ModelDTypeName(*p.fsdp.param_dtype),
+                                            " compute over ", ModelDTypeName(whole.config.dtype),
+                                            " shards, ",
+                                            ModelDTypeName(p.fsdp.reduce_dtype.value_or(
+                                                *p.fsdp.param_dtype)),
+                                            " reduction)")
+                             : "",
+                         ", ", FsdpReshardText(p))
                        : absl::StrCat("ZeRO-", p.zero),
       most.stage, LayersText(most));
   if (ranks.ep > 1) {
     absl::StrAppend(&scope, "; experts over ", ranks.ep,
                     " expert-parallel ranks, this one expert-parallel rank ", most.ep_rank);
   }
-  std::string out = PredictionTable(RankView(whole, most), scope);
+  std::string out = PredictionTable(ComputeView(whole, ranks, most), scope);
   absl::StrAppendFormat(&out, "\nper kind of rank (the most loaded first), total = params + "
                               "grads + optimizer state + %ssaved%s\n",
                         ddp ? "DDP buckets + " : "",

@@ -217,9 +217,6 @@ absl::Status RankStepModelled(const ModelConfig& config, const ParallelSpec& spe
   if (spec.fsdp.enabled && spec.micro_batches > 1) {
     return missing("with --fsdp and --micro_batches (FSDP2's gradient accumulation)");
   }
-  if (spec.fsdp.enabled && config.device == Device::kCuda) {
-    return missing("with --fsdp on --device=cuda (FSDP2's blocks in the caching allocator)");
-  }
 
   return absl::OkStatus();
 }

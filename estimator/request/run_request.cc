@@ -123,6 +123,33 @@ absl::Status ApplyExperts(const RunRequest& request, ModelConfig& config) {
 
 }  // namespace
 
+absl::StatusOr<FsdpOptions> FsdpOptionsFrom(const RunRequest& request) {
+  FsdpOptions fsdp{request.fsdp, true, 0, std::nullopt, std::nullopt};
+  for (const auto& [flag, text, field] :
+       {std::tuple<const char*, const std::string*, std::optional<DType>*>{
+            "--mp_param_dtype", &request.mp_param_dtype, &fsdp.param_dtype},
+        {"--mp_reduce_dtype", &request.mp_reduce_dtype, &fsdp.reduce_dtype}}) {
+    if (text->empty()) continue;
+    absl::StatusOr<DType> dtype = ParseModelDType(*text);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be fp32, bf16 or fp16, got '", *text, "'"));
+    }
+    *field = *dtype;
+  }
+  if (request.reshard_after_forward == "false") {
+    fsdp.reshard_after_forward = false;
+  } else if (request.reshard_after_forward != "true" &&
+             !(absl::SimpleAtoi(request.reshard_after_forward,
+                                &fsdp.reshard_after_forward_ranks) &&
+               fsdp.reshard_after_forward_ranks > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reshard_after_forward must be true, false or a number of ranks, got '",
+        request.reshard_after_forward, "'"));
+  }
+  return fsdp;
+}
+
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request) {
   absl::StatusOr<ValidRun> run = ValidRunFromRequest(request);
   if (!run.ok()) return run.status();
@@ -227,33 +254,12 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   if (!valid.ok()) return valid.status();
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
-  FsdpOptions fsdp{request.fsdp, true, 0, std::nullopt, std::nullopt};
-  for (const auto& [flag, text, field] :
-       {std::tuple<const char*, const std::string*, std::optional<DType>*>{
-            "--mp_param_dtype", &request.mp_param_dtype, &fsdp.param_dtype},
-        {"--mp_reduce_dtype", &request.mp_reduce_dtype, &fsdp.reduce_dtype}}) {
-    if (text->empty()) continue;
-    absl::StatusOr<DType> dtype = ParseModelDType(*text);
-    if (!dtype.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, " must be fp32, bf16 or fp16, got '", *text, "'"));
-    }
-    *field = *dtype;
-  }
-  if (request.reshard_after_forward == "false") {
-    fsdp.reshard_after_forward = false;
-  } else if (request.reshard_after_forward != "true" &&
-             !(absl::SimpleAtoi(request.reshard_after_forward,
-                                &fsdp.reshard_after_forward_ranks) &&
-               fsdp.reshard_after_forward_ranks > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--reshard_after_forward must be true, false or a number of ranks, got '",
-        request.reshard_after_forward, "'"));
-  }
+  absl::StatusOr<FsdpOptions> fsdp = FsdpOptionsFrom(request);
+  if (!fsdp.ok()) return fsdp.status();
   spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
                                request.micro_batches, request.zero, schedule,
                                DdpOptions{request.ddp_bucket_mb, request.gradient_as_bucket_view},
-                               fsdp};
+                               *fsdp};
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
 
   MEMLEDGER_ASSIGN_OR_RETURN(spec.attention, ParseAttentionMode(request.attention));

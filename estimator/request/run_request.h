@@ -99,6 +99,11 @@ struct RunSpec {
 absl::StatusOr<std::vector<std::vector<int64_t>>> ParseRouting(absl::string_view text,
                                                                absl::string_view path);
 
+// FsdpOptionsFrom: the request's FSDP2 options (--fsdp, --reshard_after_forward,
+// --mp_param_dtype, --mp_reduce_dtype), parsed; ValidateParallel checks them against a
+// layout. InvalidArgument naming the flag.
+absl::StatusOr<FsdpOptions> FsdpOptionsFrom(const RunRequest& request);
+
 // RunSpecFromRequest resolves the model, applies the size overrides and validates the
 // whole run (ValidateRun); errors are InvalidArgument naming the flag or key.
 absl::StatusOr<RunSpec> RunSpecFromRequest(const RunRequest& request);

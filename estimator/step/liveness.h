@@ -62,6 +62,18 @@ inline constexpr int kNumMemoryCategories =
 // "buffer", "communication".
 const char* MemoryCategoryName(MemoryCategory category);
 
+// CudaStream: the streams a CUDA step allocates on; the caching allocator keeps a pool
+// per stream (estimator/step/cuda_allocator.h). FSDP2 allocates its all-gather input and
+// output on its all-gather copy-in stream and the sharded gradients on its reduce-scatter
+// stream (FSDPCommContext, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:92;
+// foreach_all_gather, _fsdp_collectives.py:362; foreach_reduce, :673), all else on the
+// default stream.
+enum CudaStream : int {
+  kDefaultStream = 0,
+  kFsdpAllGatherStream = 1,
+  kFsdpReduceScatterStream = 2,
+};
+
 // StepPhase is where in the step an allocation happens.
 enum class StepPhase : uint8_t { kForward, kBackward, kOptimizer };
 inline constexpr int kNumStepPhases = 3;
@@ -119,12 +131,14 @@ struct StepTimeline {
   int64_t outside_allocator_bytes = 0;
   // allocator_calls: on CUDA with events recorded, the step's requests to the caching
   // allocator in order, the resident tensors' first: a malloc of `bytes` (> 0, as
-  // requested, before rounding) for allocation `id`, or its free (bytes 0). Replayed
+  // requested, before rounding) for allocation `id` on `stream` (0: the default stream;
+  // FSDP2's collectives have their own: CudaStream), or its free (bytes 0). Replayed
   // through torch's own allocator they give peak.bytes and peak_reserved_bytes
   // (//tests:cuda_allocator_test).
   struct AllocatorCall {
     int32_t id = 0;
     int64_t bytes = 0;
+    int stream = 0;
   };
   std::vector<AllocatorCall> allocator_calls;
 };

@@ -528,6 +528,11 @@ class Simulation {
   };
   struct FsdpUnit {
     std::vector<FsdpParameter> parameters;
+    std::vector<int64_t> ShardElements() const {
+      std::vector<int64_t> elements;
+      for (const FsdpParameter& p : parameters) elements.push_back(p.shard_elements);
+      return elements;
+    }
     int64_t shard_elements = 0;
   };
   void SetUpFsdp2(const ModelGraphs& graphs);

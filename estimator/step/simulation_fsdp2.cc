@@ -3,6 +3,7 @@
 // FSDP2 witness measures it (tests/fsdp2_witness_test.py; docs/DESIGN.md,
 // "Distributed", lists each buffer with its source line).
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -11,6 +12,55 @@
 #include "estimator/step/simulation.h"
 
 namespace memledger::liveness_internal {
+namespace {
+
+// On CUDA, FSDP2's copy-out and reduce-scatter copy-in run ATen kernels that first copy
+// their int64 index vectors from pinned host memory into one device tensor (pack_vecs,
+// aten/src/ATen/native/cuda/TensorShape.cu), which dies once the kernel is enqueued. Each
+// vector has an entry per parameter, or per 2,048-B block of work (kCopyBytesPerBlock:
+// 128 threads x 16 B).
+constexpr int64_t kCopyBytesPerBlock = 2048;
+
+int64_t DivUp(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ChunkCatMetadataBytes: _chunk_cat_out_cuda_contiguous's (foreach_reduce_scatter_copy_in,
+// _fsdp_collectives.py:905, on contiguous gradients): srcs, actual_tensor_sizes,
+// pad_tensor_chunk_sizes and num_blocks_per_tensor_chunk (n each),
+// tensor_idx_to_start_tensor_bytes and start_block_idx_per_tensor_chunk (n + 1 each), and
+// block_idx_to_tensor_idx, a block per 2,048 B of each parameter's padded chunk in the
+// output's dtype (get_chunk_cat_metadata).
+int64_t ChunkCatMetadataBytes(const std::vector<int64_t>& shard_elements, int64_t out_element) {
+  int64_t blocks = 0;
+  for (int64_t elements : shard_elements) blocks += DivUp(elements * out_element, kCopyBytesPerBlock);
+  const int64_t n = static_cast<int64_t>(shard_elements.size());
+  return 8 * (6 * n + 2 + blocks);
+}
+
+// SplitCopyMetadataBytes: split_with_sizes_copy_out_cuda_contiguous_no_cast's
+// (foreach_all_gather_copy_out, _fsdp_collectives.py:538): dst and src addresses and chunk
+// sizes (n each), blocks_cumsums (n + 1) and block_idx_to_split_idx, whose blocks each
+// copy iters_per_chunk x 2,048 B of a parameter's piece per rank. iters_per_chunk follows
+// the grid torch sizes for the device (max_blocks: SMs x threads per SM / 128 x 2); the
+// step is modelled on an H100 or H200's 132 SMs of 2,048 threads.
+int64_t SplitCopyMetadataBytes(const std::vector<int64_t>& shard_elements, int64_t element,
+                               int64_t world) {
+  constexpr int64_t kSms = 132, kThreadsPerSm = 2048, kThreadsPerBlock = 128;
+  constexpr int64_t kMaxBlocks = kSms * kThreadsPerSm / kThreadsPerBlock * 2;
+  int64_t num_blocks = 0;
+  for (int64_t elements : shard_elements) num_blocks += DivUp(elements * element, kCopyBytesPerBlock);
+  const int64_t iter_factor = DivUp(num_blocks * world, kMaxBlocks);
+  const int64_t chunks_per_block = std::min(
+      static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(iter_factor)))), world);
+  const int64_t iters_per_chunk = DivUp(iter_factor, chunks_per_block);
+  int64_t blocks = 0;
+  for (int64_t elements : shard_elements) {
+    blocks += DivUp(elements * element, kCopyBytesPerBlock * iters_per_chunk);
+  }
+  const int64_t n = static_cast<int64_t>(shard_elements.size());
+  return 8 * (4 * n + 1 + blocks);
+}
+
+}  // namespace
 
 void Simulation::SetUpFsdp2(const ModelGraphs& graphs) {
   const ParallelSpec& parallel = options_.rank.parallel;
@@ -75,6 +125,10 @@ void Simulation::FsdpUnshard(int64_t unit, bool forward) {
     unsharded.push_back(
         memory_.Alloc(world * p.shard_elements * element, MemoryCategory::kParameter));
   }
+  if (memory_.cuda()) {
+    memory_.Transient(
+        SplitCopyMetadataBytes(parameters.ShardElements(), element, world));
+  }
   if (auto post_forward = fsdp_post_forward_.find(unit); post_forward != fsdp_post_forward_.end()) {
     for (int shard : post_forward->second) memory_.Unref(shard);
     fsdp_post_forward_.erase(post_forward);
@@ -134,10 +188,12 @@ int Simulation::FsdpAllGather(int64_t unit) {
                             ? options_.rank.parallel.fsdp.PostForwardRanks(world)
                             : world;
   memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
-  const int input = FsdpMixedPrecision()
-                        ? memory_.Alloc(output_bytes / group, MemoryCategory::kCommunication)
-                        : -1;
-  const int output = memory_.Alloc(output_bytes, MemoryCategory::kCommunication);
+  const int input = FsdpMixedPrecision() ? memory_.Alloc(output_bytes / group,
+                                                         MemoryCategory::kCommunication,
+                                                         kFsdpAllGatherStream)
+                                         : -1;
+  const int output =
+      memory_.Alloc(output_bytes, MemoryCategory::kCommunication, kFsdpAllGatherStream);
   if (input >= 0) memory_.Unref(input);
   return output;
 }
@@ -171,22 +227,33 @@ void Simulation::FsdpPostBackward(int64_t unit) {
   if (fsdp_reduce_scatter_input_ >= 0) memory_.Unref(fsdp_reduce_scatter_input_);
   fsdp_reduce_scatter_input_ = memory_.Alloc(world * parameters.shard_elements * reduce_element,
                                              MemoryCategory::kCommunication);
-  std::vector<int> padded;
-  for (const FsdpParameter& p : parameters.parameters) {
-    if (p.padded) {
-      padded.push_back(
-          memory_.Alloc(world * p.shard_elements * element, MemoryCategory::kTemporary));
+  if (memory_.cuda()) {
+    // _chunk_cat_out_cuda pads inside its kernel: only its metadata.
+    memory_.Transient(
+        ChunkCatMetadataBytes(parameters.ShardElements(), reduce_element));
+  } else {
+    std::vector<int> padded;
+    for (const FsdpParameter& p : parameters.parameters) {
+      if (p.padded) {
+        padded.push_back(
+            memory_.Alloc(world * p.shard_elements * element, MemoryCategory::kTemporary));
+      }
     }
+    for (int copy : padded) memory_.Unref(copy);
   }
-  for (int copy : padded) memory_.Unref(copy);
   for (auto it = parameters.parameters.rbegin(); it != parameters.parameters.rend(); ++it) {
     auto grad = grads_.find(it->key);
     if (grad == grads_.end()) continue;
     memory_.Unref(grad->second);
     grads_.erase(grad);
   }
-  memory_.AllocOnce(parameters.shard_elements * reduce_element, MemoryCategory::kGradient);
-  memory_.ScalarOp(reduce_dtype);
+  memory_.AllocOnce(parameters.shard_elements * reduce_element, MemoryCategory::kGradient,
+                    kFsdpReduceScatterStream);
+  // On the Gloo ranks the witness's reduce-scatter averages by a division
+  // (witness_common._nccl_like_collectives); NCCL averages in the collective
+  // (_get_gradient_divide_factors, _fsdp_collectives.py:973: ReduceOp.AVG for fp32 and
+  // bf16).
+  if (!memory_.cuda()) memory_.ScalarOp(reduce_dtype);
 }
 
 // pre_forward: the root unshards as the model's forward starts (the embedding's

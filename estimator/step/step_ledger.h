@@ -289,11 +289,12 @@ class Memory {
     return peak_where_.has_value() ? WhereText(*peak_where_, optimizer_) : "";
   }
 
-  // Alloc makes a storage with one reference; on CUDA a block of the allocator.
-  int Alloc(int64_t bytes, MemoryCategory category) {
+  // Alloc makes a storage with one reference; on CUDA a block of the allocator, on
+  // `stream` (CudaStream: the default stream, or one of FSDP2's collectives').
+  int Alloc(int64_t bytes, MemoryCategory category, int stream = kDefaultStream) {
     int block = -1;
     if (allocator_.has_value()) {
-      block = Malloc(bytes);
+      block = Malloc(bytes, stream);
       bytes = BlockBytes(block);
     } else if (cuda_) {
       bytes = RequestBytes(bytes);
@@ -359,9 +360,9 @@ class Memory {
   }
   // AllocOnce: a storage only the first micro-batch's backward makes (a .grad, ZeRO-3's
   // shard gradient): the shadow pass skips it.
-  int AllocOnce(int64_t bytes, MemoryCategory category) {
+  int AllocOnce(int64_t bytes, MemoryCategory category, int stream = kDefaultStream) {
     skip_shadow_ = true;
-    const int s = Alloc(bytes, category);
+    const int s = Alloc(bytes, category, stream);
     skip_shadow_ = false;
     return s;
   }
@@ -478,9 +479,9 @@ class Memory {
   // RequestBytes: a request as the allocator rounds it (malloc of 0 bytes: no block).
   static int64_t RequestBytes(int64_t bytes) { return bytes <= 0 ? 0 : CudaRoundSize(bytes); }
   // Malloc: a request to the allocator, logged (its handle names the allocation).
-  int Malloc(int64_t bytes) {
-    const int block = allocator_->Malloc(bytes);
-    if (record_ && block >= 0) out_->allocator_calls.push_back({block, bytes});
+  int Malloc(int64_t bytes, int stream = kDefaultStream) {
+    const int block = allocator_->Malloc(bytes, stream);
+    if (record_ && block >= 0) out_->allocator_calls.push_back({block, bytes, stream});
     return block;
   }
 

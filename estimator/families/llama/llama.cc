@@ -349,8 +349,13 @@ std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
   // Small: 4 experts (2 per token) of width 32 on Qwen3-MoE's tiny attention.
   ModelConfig tiny_moe = tiny_qwen3;
   tiny_moe.moe = {.experts = 4, .top_k = 2, .intermediate = 32, .norm_topk_prob = true};
+  // meta-llama/Llama-3.1-8B's config.json: Llama 3's sizes and 131,072 positions; its
+  // llama3 rope scaling changes how inv_freq is computed, not a tensor's size.
+  ModelConfig llama31 = Llama(32, 4096, 32, 8, 14336, 128256, 1e-5);
+  llama31.max_positions = 131072;
   return {{"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)},
           {"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)},
+          {"llama-3.1-8b", llama31},
           {"llama-3-70b", Llama(80, 8192, 64, 8, 28672, 128256, 1e-5)},
           {"mistral-7b", Llama(32, 4096, 32, 8, 14336, 32000, 1e-5)},
           {"qwen2.5-7b", qwen},
