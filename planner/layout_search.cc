@@ -740,6 +740,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   result.model = base->model;
   result.attention = base->attention;
   result.optimizer = base->optimizer;
+  if (request.fsdp) result.fsdp = *fsdp;
   {
     PredictOptions whole;
     whole.attention = base->attention;

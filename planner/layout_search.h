@@ -130,6 +130,7 @@ struct SearchResult {
   std::string model;
   AttentionMode attention = AttentionMode::kFlash;
   OptimizerSpec optimizer;
+  FsdpOptions fsdp;  // search --fsdp's: every layout's data-parallel ranks run FSDP2
   int64_t n_params = 0, param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0,
           adamw_state_bytes = 0;
   std::vector<SearchedLayout> layouts;  // those that fit, fastest first

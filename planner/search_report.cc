@@ -151,7 +151,11 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
       "%d x %s (%d per node), %s per GPU, mfu %.2f\n\n",
       r.model, FamilyName(c.family), c.layers, c.width, c.seq, o.global_batch,
       ModelDTypeName(c.dtype),
-      c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
+      c.amp != DType::kFloat32 ? absl::StrCat(" with ", AmpName(c.amp), " autocast")
+      : r.fsdp.param_dtype.has_value()
+          ? absl::StrCat(" shards, ", ModelDTypeName(*r.fsdp.param_dtype),
+                         " compute (FSDP2's MixedPrecisionPolicy)")
+          : "",
       OptimizerName(r.optimizer.kind),
       r.optimizer.master_weights ? " with fp32 master weights" : "", o.gpus, o.gpu.name,
       o.gpus_per_node, HumanBytes(o.budget_bytes), o.mfu);
