@@ -240,7 +240,7 @@ class Search {
     }
     // The time no checkpointing of this shape beats: its step without recompute.
     if (absl::StatusOr<SearchedLayout> fastest =
-            Layout(shape, config, Variant(), *ranks, ranks->kinds[0], 0);
+            Layout(shape, *valid, Variant(), *ranks, ranks->kinds[0], 0);
         fastest.ok()) {
       out.none_time_s = fastest->time.total_s;
     }
@@ -294,7 +294,7 @@ class Search {
             std::min(out.smallest_peak, peak + (options_.budget_bytes - allocatable_));
         continue;
       }
-      absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, *peaks, *loaded, peak);
+      absl::StatusOr<SearchedLayout> layout = Layout(shape, *valid, variant, *peaks, *loaded, peak);
       if (!layout.ok()) {
         ++out.invalid;
         continue;
@@ -310,9 +310,10 @@ class Search {
 
  private:
   // Layout times the shape under `variant` on its slowest stage.
-  absl::StatusOr<SearchedLayout> Layout(const Shape& shape, const ModelConfig& config,
+  absl::StatusOr<SearchedLayout> Layout(const Shape& shape, const ValidConfig& valid,
                                         const Variant& variant, const RanksPrediction& ranks,
                                         const RankKind& loaded, int64_t peak) const {
+    const ModelConfig& config = *valid;
     SearchedLayout layout;
     layout.tp = shape.tp;
     layout.pp = shape.pp;
@@ -355,9 +356,7 @@ class Search {
     for (const RankKind& kind : ranks.kinds) {
       int64_t flops = 0;
       // An expert-parallel rank runs its own experts on what its tokens' routing sends.
-      ModelConfig rank = config;
-      rank.moe.ep_rank = kind.ep_rank;
-      rank.moe.ep_group = kind.ep_group;
+      const ValidConfig rank = valid.ForExpertRank(kind.ep_group, kind.ep_rank);
       for (const StageRange& chunk : kind.chunks) {
         absl::StatusOr<StageFlopsCount> count = StageFlops(rank, base_.attention, variant, chunk);
         if (!count.ok()) return count.status();
@@ -403,9 +402,10 @@ class Search {
   // Planned is `shape` with a checkpoint plan per stage (RunStagePlanner) within the
   // budget, timed as the variants are; nullopt when no plan fits.
   absl::StatusOr<std::optional<SearchedLayout>> Planned(const Shape& shape) const {
-    RunRequest request = RequestFor(shape);
-    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
-    if (!spec.ok()) return spec.status();
+    absl::StatusOr<ValidRun> run = ValidRunFromRequest(RequestFor(shape));
+    if (!run.ok()) return run.status();
+    RunSpec planned = run->spec();
+    RunSpec* spec = &planned;
     spec->variants.clear();  // no fixed variants beside the plan: the search has them
     PlanRunOptions plan_options;
     plan_options.budget_bytes = options_.budget_bytes;
@@ -423,10 +423,11 @@ class Search {
     options.attention = base_.attention;
     options.optimizer = base_.optimizer;
     options.variants = {plan};
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
+    absl::StatusOr<RanksPrediction> ranks =
+        PredictValidRanks(run->config().WithoutCache(), spec->parallel, options);
     if (!ranks.ok()) return ranks.status();
     // On CUDA the planner replayed its plan through the allocator, and so does this.
-    return Replayed(shape, spec->config, plan, *ranks);
+    return Replayed(shape, run->config(), plan, *ranks);
   }
 
   // Check replays `layout` (a standard variant's, found as requests) through the caching
@@ -434,15 +435,17 @@ class Search {
   // nullopt when they do not fit (or have no peak).
   absl::StatusOr<std::optional<SearchedLayout>> Check(const SearchedLayout& found) const {
     const Shape shape = ShapeOf(found);
-    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(RequestFor(shape));
-    if (!spec.ok()) return spec.status();
+    // The layout validated once (its request), its ranks predicted from the proof.
+    absl::StatusOr<ValidRun> run = ValidRunFromRequest(RequestFor(shape));
+    if (!run.ok()) return run.status();
     PredictOptions options;
     options.attention = base_.attention;
     options.optimizer = base_.optimizer;
     options.variants = {found.checkpoint};
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec->config, spec->parallel, options);
+    absl::StatusOr<RanksPrediction> ranks =
+        PredictValidRanks(run->config().WithoutCache(), run->spec().parallel, options);
     if (!ranks.ok()) return ranks.status();
-    return Replayed(shape, spec->config, found.checkpoint, *ranks);
+    return Replayed(shape, run->config(), found.checkpoint, *ranks);
   }
 
  private:
@@ -450,9 +453,10 @@ class Search {
   // peak and, on CUDA, its ranks' largest reserved peak and device bytes (checked);
   // nullopt when a rank has no peak or the device bytes exceed the budget.
   absl::StatusOr<std::optional<SearchedLayout>> Replayed(const Shape& shape,
-                                                         const ModelConfig& config,
+                                                         const ValidConfig& valid,
                                                          const Variant& variant,
                                                          const RanksPrediction& ranks) const {
+    const ModelConfig& config = *valid;
     const RankKind* loaded = nullptr;
     int64_t peak = -1, reserved = 0;
     for (const RankKind& kind : ranks.kinds) {
@@ -464,7 +468,7 @@ class Search {
         loaded = &kind;
       }
     }
-    absl::StatusOr<SearchedLayout> layout = Layout(shape, config, variant, ranks, *loaded, peak);
+    absl::StatusOr<SearchedLayout> layout = Layout(shape, valid, variant, ranks, *loaded, peak);
     if (!layout.ok()) return layout.status();
     if (cuda_) {
       layout->peak_reserved_bytes = reserved;
@@ -686,8 +690,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     base_request.mp_param_dtype.clear();
     base_request.mp_reduce_dtype.clear();
   }
-  absl::StatusOr<RunSpec> base = RunSpecFromRequest(base_request);
-  if (!base.ok()) return base.status();
+  // The request's one validation (ValidRun): the search's whole-model numbers take the
+  // proof; each layout then validates once as a candidate.
+  absl::StatusOr<ValidRun> base_run = ValidRunFromRequest(base_request);
+  if (!base_run.ok()) return base_run.status();
+  const RunSpec* base = &base_run->spec();
   if (request.fsdp && options.gpus < 2) {
     return absl::InvalidArgumentError(
         "--fsdp shards over the data-parallel ranks: it needs --gpus > 1");
@@ -714,7 +721,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
         " layers a rank's step is simulated with (every layout of ", options.gpus,
         " GPUs is one)"));
   }
-  absl::StatusOr<StepFlops> model_flops = CountStepFlops(base->config, base->attention);
+  absl::StatusOr<StepFlops> model_flops = CountStepFlops(base_run->config(), base->attention);
   if (!model_flops.ok()) return model_flops.status();
   const Search search(request, *base, options, *fsdp, static_cast<double>(model_flops->total));
   const std::vector<Shape> shapes = Shapes(base->config, options, request.fsdp);
@@ -747,7 +754,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     whole.optimizer = base->optimizer;
     whole.variants = {Variant()};
     whole.peak = false;
-    absl::StatusOr<Prediction> p = Predict(base->config, whole);
+    absl::StatusOr<Prediction> p = PredictValid(base_run->config(), whole);
     if (!p.ok()) return p.status();
     result.n_params = p->n_params;
     result.param_bytes = p->param_bytes;

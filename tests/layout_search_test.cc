@@ -476,6 +476,28 @@ TEST(LayoutSearchTest, FsdpLaysOutFsdp2OverEveryGpu) {
   }
 }
 
+// The search validates its request once and each layout once: a candidate's config, its
+// layout and its run where it is enumerated (its two predictions and its FLOPs take the
+// proof), and again only where the allocator re-checks it on CUDA (its flags as predict
+// reads them). Before, each candidate's config was checked some 30 times (the FLOPs
+// walked each segment through a validating entry): 1,681 for these 51 layouts.
+TEST(LayoutSearchTest, ValidatesTheRequestOnceAndEachLayoutOnce) {
+  for (const bool cuda : {false, true}) {
+    SCOPED_TRACE(cuda ? "cuda" : "cpu");
+    RunRequest request = Tiny();
+    if (cuda) request.device = "cuda";
+    const int64_t configs = ValidateConfigCalls(), layouts = ValidateParallelCalls();
+    ASSERT_OK_AND_ASSIGN(SearchResult result, SearchLayouts(request, TinyOptions(1 << 30)));
+    const int64_t shapes = result.candidates / 4;  // none, full, every_k, selective each
+    EXPECT_EQ(result.planned, 0);
+    EXPECT_EQ(result.checked, cuda ? 10 : 0);
+    EXPECT_EQ(ValidateConfigCalls() - configs, 1 + shapes + result.checked);
+    // A layout whose config is refused (tp not dividing the heads) never reaches its own.
+    EXPECT_LE(ValidateParallelCalls() - layouts, shapes + result.checked);
+    EXPECT_GT(ValidateParallelCalls() - layouts, result.checked);
+  }
+}
+
 TEST(LayoutSearchTest, BadInputNamesTheFlag) {
   struct Case {
     SearchOptions options;

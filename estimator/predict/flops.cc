@@ -195,7 +195,7 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
 
 // SegmentFlops sums a segment's ops; `skip(op)` leaves an op out.
 template <typename Skip>
-absl::StatusOr<OpFlops> SegmentFlops(const BlockGraph& graph, const ModelConfig& config,
+absl::StatusOr<OpFlops> SegmentFlops(const BlockGraph& graph, const ValidConfig& config,
                                      Skip skip) {
   WalkOptions options;
   options.record_layouts = true;
@@ -216,31 +216,47 @@ absl::StatusOr<OpFlops> SegmentFlops(const BlockGraph& graph, const ModelConfig&
 
 // RangeRecompute is what `variant` recomputes over layers [first, first + count): each
 // distinct (kind, choice) pair's FLOPs counted once, then summed over the layers.
-absl::StatusOr<int64_t> RangeRecompute(const ModelConfig& config, AttentionMode attention,
+absl::StatusOr<int64_t> RangeRecompute(const ValidConfig& config, AttentionMode attention,
                                        const ModelGraphs& graphs, const Variant& variant,
                                        int64_t first, int64_t count);
+absl::StatusOr<StepFlops> CountValidStepFlops(const ValidConfig& valid, AttentionMode attention);
+absl::StatusOr<int64_t> ValidRecomputeFlops(const ValidConfig& valid, AttentionMode attention,
+                                            const LayerChoice& choice, int64_t layer);
 
 }  // namespace
 
+// Each entry validates its config once (ValidConfig::Of); the walks under it take the proof.
 absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMode attention) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
+  return CountValidStepFlops(*valid, attention);
+}
+
+absl::StatusOr<StepFlops> CountStepFlops(const ValidConfig& config, AttentionMode attention) {
+  return CountValidStepFlops(config, attention);
+}
+
+namespace {
+
+absl::StatusOr<StepFlops> CountValidStepFlops(const ValidConfig& valid, AttentionMode attention) {
+  const ModelConfig& config = *valid;
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
   auto all = [](const OpDef&) { return false; };
   // Every layer kind's, times its count.
   CheckedInt64 layers_total = 0;
   std::optional<OpFlops> layer;
   for (size_t kind = 0; kind < graphs->layer_kinds.size(); ++kind) {
-    absl::StatusOr<OpFlops> flops = SegmentFlops(graphs->layer_kinds[kind], config, all);
+    absl::StatusOr<OpFlops> flops = SegmentFlops(graphs->layer_kinds[kind], valid, all);
     if (!flops.ok()) return flops.status();
     if (static_cast<int>(kind) == graphs->KindOf(0)) layer = *flops;
     layers_total += CheckedInt64(graphs->LayersOfKind(static_cast<int>(kind), 0, config.layers)) *
                     (flops->forward + flops->backward);
   }
-  absl::StatusOr<OpFlops> head = SegmentFlops(graphs->epilogue, config, all);
+  absl::StatusOr<OpFlops> head = SegmentFlops(graphs->epilogue, valid, all);
   if (!head.ok()) return head.status();
   OpFlops other = *head;
   if (graphs->prologue.has_value()) {
-    absl::StatusOr<OpFlops> prologue = SegmentFlops(*graphs->prologue, config, all);
+    absl::StatusOr<OpFlops> prologue = SegmentFlops(*graphs->prologue, valid, all);
     if (!prologue.ok()) return prologue.status();
     other.forward += prologue->forward;
     other.backward += prologue->backward;
@@ -259,26 +275,38 @@ absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMod
   return flops;
 }
 
-absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
-                                       const LayerChoice& choice, int64_t layer) {
+absl::StatusOr<int64_t> ValidRecomputeFlops(const ValidConfig& valid, AttentionMode attention,
+                                            const LayerChoice& choice, int64_t layer) {
   if (!choice.checkpointed) return 0;
-  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+  std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(*valid, attention);
   absl::StatusOr<OpFlops> recompute =
-      SegmentFlops(graphs->Layer(layer), config, [&](const OpDef& op) {
+      SegmentFlops(graphs->Layer(layer), valid, [&](const OpDef& op) {
         return op.policy_kind.has_value() && choice.policy.Saves(*op.policy_kind);
       });
   if (!recompute.ok()) return recompute.status();
   return recompute->forward.value();
 }
 
+}  // namespace
+
+absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
+                                       const LayerChoice& choice, int64_t layer) {
+  if (!choice.checkpointed) return 0;
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
+  return ValidRecomputeFlops(*valid, attention, choice, layer);
+}
+
 absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, AttentionMode attention,
                                              const Variant& variant) {
-  absl::StatusOr<StepFlops> step = CountStepFlops(config, attention);
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
+  absl::StatusOr<StepFlops> step = CountValidStepFlops(*valid, attention);
   if (!step.ok()) return step.status();
   // Layers of one kind and choice cost the same: each distinct pair counted once.
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
   absl::StatusOr<int64_t> recompute =
-      RangeRecompute(config, attention, *graphs, variant, 0, config.layers);
+      RangeRecompute(*valid, attention, *graphs, variant, 0, config.layers);
   if (!recompute.ok()) return recompute.status();
   VariantRecompute out;
   out.recompute_flops = *recompute;
@@ -292,7 +320,14 @@ absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, Attentio
 
 absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionMode attention,
                                            const Variant& variant, const StageRange& stage) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
+  if (!valid.ok()) return valid.status();
+  return StageFlops(*valid, attention, variant, stage);
+}
+
+absl::StatusOr<StageFlopsCount> StageFlops(const ValidConfig& valid, AttentionMode attention,
+                                           const Variant& variant, const StageRange& stage) {
+  const ModelConfig& config = *valid;
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
   auto all = [](const OpDef&) { return false; };
   CheckedInt64 forward = 0, backward = 0, recompute = 0;
@@ -300,20 +335,20 @@ absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionM
     const int64_t count =
         graphs->LayersOfKind(static_cast<int>(kind), stage.first_layer, stage.layers);
     if (count == 0) continue;
-    absl::StatusOr<OpFlops> flops = SegmentFlops(graphs->layer_kinds[kind], config, all);
+    absl::StatusOr<OpFlops> flops = SegmentFlops(graphs->layer_kinds[kind], valid, all);
     if (!flops.ok()) return flops.status();
     forward += flops->forward * count;
     backward += flops->backward * count;
   }
   absl::StatusOr<int64_t> recomputed =
-      RangeRecompute(config, attention, *graphs, variant, stage.first_layer, stage.layers);
+      RangeRecompute(valid, attention, *graphs, variant, stage.first_layer, stage.layers);
   if (!recomputed.ok()) return recomputed.status();
   recompute += *recomputed;
   std::vector<const BlockGraph*> ends;
   if (stage.prologue && graphs->prologue.has_value()) ends.push_back(&*graphs->prologue);
   if (stage.head) ends.push_back(&graphs->epilogue);
   for (const BlockGraph* graph : ends) {
-    absl::StatusOr<OpFlops> flops = SegmentFlops(*graph, config, all);
+    absl::StatusOr<OpFlops> flops = SegmentFlops(*graph, valid, all);
     if (!flops.ok()) return flops.status();
     forward += flops->forward;
     backward += flops->backward;
@@ -326,7 +361,7 @@ absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionM
 
 namespace {
 
-absl::StatusOr<int64_t> RangeRecompute(const ModelConfig& config, AttentionMode attention,
+absl::StatusOr<int64_t> RangeRecompute(const ValidConfig& config, AttentionMode attention,
                                        const ModelGraphs& graphs, const Variant& variant,
                                        int64_t first, int64_t count) {
   std::vector<std::pair<std::pair<int, LayerChoice>, int64_t>> seen;
@@ -336,7 +371,7 @@ absl::StatusOr<int64_t> RangeRecompute(const ModelConfig& config, AttentionMode 
     auto it = std::find_if(seen.begin(), seen.end(),
                            [&](const auto& entry) { return entry.first == key; });
     if (it == seen.end()) {
-      absl::StatusOr<int64_t> flops = RecomputeFlops(config, attention, key.second, i);
+      absl::StatusOr<int64_t> flops = ValidRecomputeFlops(config, attention, key.second, i);
       if (!flops.ok()) return flops.status();
       seen.emplace_back(key, *flops);
       it = std::prev(seen.end());

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "estimator/graph/family.h"
 #include "estimator/spec/config.h"
 
 namespace memledger {
@@ -37,6 +38,8 @@ struct StepFlops {
 
 // CountStepFlops counts a config's step; OutOfRange when it overflows int64.
 absl::StatusOr<StepFlops> CountStepFlops(const ModelConfig& config, AttentionMode attention);
+// The same for a config its caller validated.
+absl::StatusOr<StepFlops> CountStepFlops(const ValidConfig& config, AttentionMode attention);
 
 // RecomputeFlops is what layer `layer`'s checkpoint recomputes under `choice`: its
 // forward less the ops its selective cache serves (0 when not checkpointed).
@@ -67,6 +70,9 @@ struct StageFlopsCount {
   int64_t Total() const { return forward + backward + recompute; }
 };
 absl::StatusOr<StageFlopsCount> StageFlops(const ModelConfig& config, AttentionMode attention,
+                                           const Variant& variant, const StageRange& stage);
+// The same for a config its caller validated (the search's candidates).
+absl::StatusOr<StageFlopsCount> StageFlops(const ValidConfig& config, AttentionMode attention,
                                            const Variant& variant, const StageRange& stage);
 
 }  // namespace memledger
