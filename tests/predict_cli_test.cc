@@ -871,4 +871,22 @@ TEST(PredictCliTest, CudaContextMibSetsTheContextOnCuda) {
   EXPECT_EQ(doc["outside_allocator_bytes"]["cuda_context"].GetInt64(), 104857600);
 }
 
+// A request is validated once where predict reads it (ValidRunFromFlags): what predicts
+// from it, one process's step or each kind of rank's, takes the proof. Counted by the
+// binary itself at exit (MEMLEDGER_COUNT_VALIDATIONS).
+TEST(PredictCliTest, ARequestIsValidatedOnce) {
+  for (const char* flags :
+       {"--model=tiny-llama --variants=none,full", "--model=tiny-llama --dp=2",
+        "--model=tiny-llama --layers=4 --pp=2 --micro_batches=2 --dp=2 --zero=1",
+        "--model=tiny-qwen3-moe --dp=2 --ep=2",
+        "--model=tiny-llama --dp=4 --fsdp --reshard_after_forward=2 --device=cuda"}) {
+    const memledger::testing::CommandResult r = memledger::testing::RunCommand(
+        std::string("MEMLEDGER_COUNT_VALIDATIONS=1 estimator/predict ") + flags +
+            " 2>&1 >/dev/null",
+        /*merge_stderr=*/false);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    EXPECT_EQ(r.output, "validations: config 1, layout 1\n") << flags;
+  }
+}
+
 }  // namespace

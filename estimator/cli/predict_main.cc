@@ -1,6 +1,7 @@
 // predict: memledger's estimator on the command line. Prints every memory bucket of
 // training the model for each checkpointing variant, as JSON (default) or a table.
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -10,6 +11,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/spec/option_checks.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/parallel_spec.h"
 #include "estimator/cli/output_files.h"
 #include "estimator/cli/cli_flags.h"
 #include "estimator/report/memory_snapshot.h"
@@ -158,6 +161,14 @@ int PrintRanks(memledger::OutputFiles& outputs, const memledger::ValidRun& run,
 int main(int argc, char** argv) {
   const std::string usage = Usage();
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
+  // MEMLEDGER_COUNT_VALIDATIONS set: at exit, stderr says how many times the request's
+  // config and layout were validated (predict_cli_test holds a request to one of each).
+  if (std::getenv("MEMLEDGER_COUNT_VALIDATIONS") != nullptr) {
+    std::atexit([] {
+      std::cerr << "validations: config " << memledger::ValidateConfigCalls() << ", layout "
+                << memledger::ValidateParallelCalls() << "\n";
+    });
+  }
   // Every file is written, or (on an error) none.
   memledger::OutputFiles outputs;
   // An output that is another output or an input is refused before the work.
