@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "rapidjson/document.h"
@@ -73,6 +74,46 @@ TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
       "--layers=2 --width=32 --heads=2 --batch=2 --seq=16 --skip_timing --variants=full" +
       witness);
   EXPECT_EQ(full.exit_code, 0) << full.output;
+}
+
+// On --dp ranks --witness=transformers runs the real stack on as many Gloo ranks
+// (verify/witness_ranks.py: torch's DDP, or FSDP2's fully_shard) and shows a column per
+// rank. The issue's Llama (tests/issue_llama.py, as tests/testdata/issue_llama.config.json):
+// FSDP2, which the LibTorch ranks do not run, is checked against the real stack alone,
+// 2,419,740 B a rank as tests/fsdp2_witness_test.py measures it; DDP against both, 3,503,004
+// B (tests/ddp_witness_test.py).
+TEST(VerifyCliTest, WitnessOnRanksIsAColumnPerRank) {
+  const std::string run =
+      "--model=tests/testdata/issue_llama.config.json --batch=2 --seq=32 --dp=2 "
+      "--variants=none --optimizer_impl=for_loop --skip_timing --witness=transformers "
+      "--witness_python=external/reference_stack/python";
+  for (const auto& [flags, peak, measured] :
+       {std::tuple{" --fsdp", int64_t{2419740}, false},
+        std::tuple{"", int64_t{3503004}, true}}) {
+    CommandResult r = Verify(run + flags, /*merge_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << flags << r.output;
+    rapidjson::Document doc;
+    doc.Parse(r.output.c_str());
+    ASSERT_FALSE(doc.HasParseError()) << r.output;
+    EXPECT_TRUE(doc["passed"].GetBool()) << r.output;
+    EXPECT_EQ(doc["ranks_measured"].GetBool(), measured);
+    bool found = false;
+    for (const rapidjson::Value& row : doc["witness"]["buckets"].GetArray()) {
+      if (std::string(row["bucket"].GetString()) != "peak_bytes.none") continue;
+      found = true;
+      EXPECT_EQ(row["predicted"].GetInt64(), peak) << flags;
+      ASSERT_EQ(row["ranks"].Size(), 2u);
+      for (const rapidjson::Value& rank : row["ranks"].GetArray()) {
+        EXPECT_EQ(rank.GetInt64(), peak) << flags;
+      }
+    }
+    EXPECT_TRUE(found) << r.output;
+  }
+  CommandResult zero = Verify(run + " --zero=1");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--witness=transformers on ranks runs torch's DDP and FSDP2"),
+            std::string::npos)
+      << zero.output;
 }
 
 // OLMo 3 in the runtime (runtime/families/olmo3/): its norms after attention and the

@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, witness, "none",
           "transformers: also train the step with the real stack (verify/witness.py: "
           "transformers 5.23.0's AutoModelForCausalLM or the unchanged study, "
           "torch.utils.checkpoint, torch.optim) and show it as a third column; every "
-          "bucket must agree. none: only memledger's runtime.");
+          "bucket must agree. With --dp, on as many Gloo ranks under torch's DDP or (with "
+          "--fsdp, then alone) FSDP2, a column per rank. none: only memledger's runtime.");
 ABSL_FLAG(std::string, witness_python, "",
           "With --witness=transformers: the reference stack's Python (default: "
           "MEMLEDGER_REFERENCE_PYTHON with MEMLEDGER_TORCH_DIR, as ./bazelw sets them).");
@@ -107,8 +108,24 @@ absl::StatusOr<int64_t> MaxMemoryBytes() {
                                  "half the available memory");
 }
 
+// WitnessFromFlags: --witness's command (nullopt for none), or the error naming it.
+absl::StatusOr<std::optional<memledger::WitnessCommand>> WitnessFromFlags(const char* argv0) {
+  const std::string witness = absl::GetFlag(FLAGS_witness);
+  if (witness != "none" && witness != "transformers") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--witness must be none or transformers, got '", witness, "'"));
+  }
+  if (witness == "none") return std::optional<memledger::WitnessCommand>();
+  absl::StatusOr<memledger::WitnessCommand> found =
+      memledger::FindWitness(absl::GetFlag(FLAGS_witness_python), argv0);
+  if (!found.ok()) return found.status();
+  return std::optional<memledger::WitnessCommand>(*found);
+}
+
 // VerifyOnRanks: --dp, --tp, --pp. verify starts the rank processes as itself plus
-// --rank_worker; that flag makes this process one of them.
+// --rank_worker; that flag makes this process one of them. With --witness=transformers
+// the real stack runs on as many Gloo ranks too (torch's DDP or FSDP2), a column per
+// rank; FSDP2, which the LibTorch ranks do not run, is checked against it alone.
 int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   memledger::runtime::DistributedRequest request;
   request.attention = spec.attention;
@@ -134,10 +151,23 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   if (!tolerance.ok()) return memledger::ReportError(tolerance.status());
   absl::StatusOr<int64_t> max_memory_bytes = MaxMemoryBytes();
   if (!max_memory_bytes.ok()) return memledger::ReportError(max_memory_bytes.status());
+  absl::StatusOr<std::optional<memledger::WitnessCommand>> witness = WitnessFromFlags(argv[0]);
+  if (!witness.ok()) return memledger::ReportError(witness.status());
   absl::StatusOr<memledger::RanksVerifyReport> report =
-      memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance, *max_memory_bytes,
-                             std::vector<std::string>(argv, argv + argc));
+      spec.parallel.fsdp.enabled && witness->has_value()
+          ? memledger::PredictedRanksReport(spec.config, spec.parallel, request)
+          : memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance,
+                                   *max_memory_bytes,
+                                   std::vector<std::string>(argv, argv + argc));
   if (!report.ok()) return memledger::ReportError(report.status());
+  if (witness->has_value()) {
+    absl::StatusOr<std::vector<memledger::WitnessBuckets>> measured = memledger::RunRanksWitness(
+        **witness, spec.config, spec.parallel, spec.variants, spec.optimizer);
+    if (!measured.ok()) return memledger::ReportError(measured.status());
+    if (absl::Status s = memledger::AddRanksWitness(*measured, &*report); !s.ok()) {
+      return memledger::ReportError(s);
+    }
+  }
   const std::string json = memledger::JsonString(memledger::RanksVerifyJson(*report));
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     if (absl::Status s = outputs.Stage("--json_out", path, json); !s.ok()) {
@@ -192,18 +222,9 @@ int main(int argc, char** argv) {
     }
   };
 
-  const std::string witness = absl::GetFlag(FLAGS_witness);
-  if (witness != "none" && witness != "transformers") {
-    return memledger::ReportError(absl::InvalidArgumentError(
-        absl::StrCat("--witness must be none or transformers, got '", witness, "'")));
-  }
-  std::optional<memledger::WitnessCommand> witness_command;
-  if (witness == "transformers") {
-    absl::StatusOr<memledger::WitnessCommand> found =
-        memledger::FindWitness(absl::GetFlag(FLAGS_witness_python), argv[0]);
-    if (!found.ok()) return memledger::ReportError(found.status());
-    witness_command = *found;
-  }
+  absl::StatusOr<std::optional<memledger::WitnessCommand>> witness = WitnessFromFlags(argv[0]);
+  if (!witness.ok()) return memledger::ReportError(witness.status());
+  const std::optional<memledger::WitnessCommand>& witness_command = *witness;
 
   const std::string svg_path = absl::GetFlag(FLAGS_timeline_svg);
   options.timeline = !svg_path.empty();

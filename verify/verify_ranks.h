@@ -11,6 +11,8 @@
 #ifndef VERIFY_VERIFY_RANKS_H_
 #define VERIFY_VERIFY_RANKS_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,8 +42,36 @@ struct RanksVerifyReport {
   // failures: one line per bucket that is not exact, and per rank whose gradients or
   // updated parameters differ from the single process's by more than grad_tolerance.
   std::vector<std::string> failures;
-  bool Passed() const { return failures.empty(); }
+  // With --witness=transformers, the real stack on as many Gloo ranks (torch's DDP or
+  // FSDP2: verify/witness_ranks.py): each bucket's prediction (the predicted rank's, as
+  // predict gives it) and what each rank measured; witness_failures: a line per rank and
+  // bucket that is not the prediction (rank 0 exactly; under FSDP2, whose prediction is
+  // rank 0's, the fullest, the others at most it).
+  struct WitnessRow {
+    std::string bucket;
+    int64_t predicted = 0;
+    std::vector<int64_t> ranks;
+  };
+  std::vector<WitnessRow> witness;
+  std::vector<std::string> witness_failures;
+  // measured: the LibTorch ranks ran (false under FSDP2, which they do not run: the
+  // prediction is checked against the real stack only).
+  bool measured = true;
+  bool Passed() const { return failures.empty() && witness_failures.empty(); }
 };
+
+// PredictedRanksReport is a report of the prediction alone, for a layout the LibTorch
+// ranks do not run (FSDP2), which AddRanksWitness checks against the real stack.
+absl::StatusOr<RanksVerifyReport> PredictedRanksReport(const ModelConfig& config,
+                                                       const ParallelSpec& parallel,
+                                                       const runtime::DistributedRequest& request);
+
+// AddRanksWitness compares each rank of the real stack (RunRanksWitness, by rank) with
+// PredictRanks as predict runs it (its default threads and Python dispatch mode, as
+// transformers' checkpointing runs): parameters, gradients, the optimizer's state, DDP's
+// buckets and each variant's peak.
+absl::Status AddRanksWitness(const std::vector<std::map<std::string, int64_t>>& witness,
+                             RanksVerifyReport* report);
 
 // RankGradTolerance is the default largest max_grad_diff of ranks against one process:
 // 2 sqrt(n) eps, eps the machine epsilon of the dtype the step computes in (autocast's,

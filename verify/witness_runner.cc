@@ -29,9 +29,11 @@ std::string ShellQuoted(const std::string& s) {
   return out + "'";
 }
 
-// CaseJson is one line of witness.py --cases: the variant's step of `config`.
+// CaseJson is one line of witness.py --cases: the variant's step of `config`, on ranks
+// under `parallel`'s DDP or FSDP2 where given (witness_ranks.py's keys).
 std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
-                     const Variant& variant, const OptimizerSpec& optimizer) {
+                     const Variant& variant, const OptimizerSpec& optimizer,
+                     const ParallelSpec* parallel = nullptr) {
   rapidjson::Document doc(rapidjson::kObjectType);
   auto& a = doc.GetAllocator();
   auto text = [&](const char* key, const std::string& value) {
@@ -59,6 +61,30 @@ std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
   doc.AddMember("momentum", optimizer.momentum, a);
   // memledger predicts ATen's own gemm, as its runtime runs it (runtime/threads.h).
   doc.AddMember("mkldnn", false, a);
+  if (parallel != nullptr && parallel->fsdp.enabled) {
+    const FsdpOptions& fsdp = parallel->fsdp;
+    doc.AddMember("fsdp", true, a);
+    const int64_t ranks = fsdp.PostForwardRanks(parallel->dp);
+    rapidjson::Value reshard;
+    if (ranks == parallel->dp || ranks == 1) {
+      reshard.SetBool(ranks == parallel->dp);
+    } else {
+      reshard.SetInt64(ranks);
+    }
+    doc.AddMember("reshard_after_forward", reshard, a);
+    if (fsdp.param_dtype.has_value()) {
+      text("mp_param_dtype", std::string(ModelDTypeName(*fsdp.param_dtype)));
+      text("mp_reduce_dtype",
+           std::string(ModelDTypeName(fsdp.reduce_dtype.value_or(*fsdp.param_dtype))));
+    }
+  } else if (parallel != nullptr) {
+    rapidjson::Value ddp(rapidjson::kObjectType);
+    rapidjson::Value cap;  // null: torch's default
+    if (parallel->ddp.bucket_cap_mb.has_value()) cap.SetDouble(*parallel->ddp.bucket_cap_mb);
+    ddp.AddMember("bucket_cap_mb", cap, a);
+    ddp.AddMember("gradient_as_bucket_view", parallel->ddp.gradient_as_bucket_view, a);
+    doc.AddMember("ddp", ddp, a);
+  }
   rapidjson::StringBuffer buffer;
   rapidjson::Writer<rapidjson::StringBuffer> writer(buffer);
   doc.Accept(writer);
@@ -98,10 +124,14 @@ absl::StatusOr<WitnessCommand> FindWitness(const std::string& python, const std:
       "--witness=transformers: verify/witness.py not found (run verify with ./bazelw run)");
 }
 
-absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
-                                          const ModelConfig& config,
-                                          const std::vector<Variant>& variants,
-                                          const OptimizerSpec& optimizer) {
+namespace {
+
+// WitnessCases: a case per variant (CaseJson), or the refusal of what the real stack
+// cannot run.
+absl::StatusOr<std::string> WitnessCases(const ModelConfig& config,
+                                         const std::vector<Variant>& variants,
+                                         const OptimizerSpec& optimizer,
+                                         const ParallelSpec* parallel) {
   if (optimizer.master_weights) {
     return absl::InvalidArgumentError(
         "--witness=transformers: torch.optim has no master weights (drop --master_weights)");
@@ -121,8 +151,17 @@ absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
       return absl::InvalidArgumentError(absl::StrCat(
           "--witness=transformers: the real stack has no ", variant.Name(), " variant"));
     }
-    cases += CaseJson(config, hf_config, variant, optimizer) + "\n";
+    cases += CaseJson(config, hf_config, variant, optimizer, parallel) + "\n";
   }
+  return cases;
+}
+
+// RunScript runs a witness script (`script`, with `arguments`) on `cases` and returns its
+// output's lines; Internal with the script's last error line when it fails.
+absl::StatusOr<std::vector<std::string>> RunScript(const WitnessCommand& witness,
+                                                   const std::string& script,
+                                                   const std::string& arguments,
+                                                   const std::string& cases) {
   char dir_template[] = "/tmp/memledger-witness-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("witness: no temp dir");
   const std::string dir = dir_template;
@@ -130,7 +169,7 @@ absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
   std::ofstream(cases_path) << cases;
   std::string command =
       (witness.python_path.empty() ? "" : "PYTHONPATH=" + ShellQuoted(witness.python_path) + " ") +
-      ShellQuoted(witness.python) + " " + ShellQuoted(witness.script) + " --cases=" +
+      ShellQuoted(witness.python) + " " + ShellQuoted(script) + arguments + " --cases=" +
       ShellQuoted(cases_path) + " 2>" + ShellQuoted(errors_path);
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("witness: could not start the reference Python");
@@ -151,9 +190,27 @@ absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
     return absl::InternalError(absl::StrCat("witness failed (exit ", WEXITSTATUS(status),
                                             "): ", last));
   }
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipWhitespace())) {
+    lines.emplace_back(line);
+  }
+  return lines;
+}
+
+}  // namespace
+
+absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
+                                          const ModelConfig& config,
+                                          const std::vector<Variant>& variants,
+                                          const OptimizerSpec& optimizer) {
+  absl::StatusOr<std::string> cases = WitnessCases(config, variants, optimizer, nullptr);
+  if (!cases.ok()) return cases.status();
+  absl::StatusOr<std::vector<std::string>> lines =
+      RunScript(witness, witness.script, "", *cases);
+  if (!lines.ok()) return lines.status();
   WitnessBuckets buckets;
   size_t index = 0;
-  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipWhitespace())) {
+  for (const std::string& line : *lines) {
     rapidjson::Document doc;
     doc.Parse(line.data(), line.size());
     if (doc.HasParseError() || !doc.IsObject() || index >= variants.size()) {
@@ -173,6 +230,56 @@ absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
                                             variants.size(), " variants"));
   }
   return buckets;
+}
+
+absl::StatusOr<std::vector<WitnessBuckets>> RunRanksWitness(const WitnessCommand& witness,
+                                                            const ModelConfig& config,
+                                                            const ParallelSpec& parallel,
+                                                            const std::vector<Variant>& variants,
+                                                            const OptimizerSpec& optimizer) {
+  // witness_ranks.py runs transformers' model whole on each rank, under torch's DDP or
+  // FSDP2.
+  if (config.tp > 1 || parallel.pp > 1 || parallel.zero > 0 || config.moe.ep > 1 ||
+      parallel.micro_batches > 1 || parallel.dp < 2) {
+    return absl::InvalidArgumentError(
+        "--witness=transformers on ranks runs torch's DDP and FSDP2: --dp without --tp, "
+        "--pp, --zero, --ep or --micro_batches");
+  }
+  if (!FamilyOf(config.family).decoder) {
+    return absl::InvalidArgumentError(
+        "--witness=transformers on ranks runs transformers' models, not the study's blocks");
+  }
+  absl::StatusOr<std::string> cases = WitnessCases(config, variants, optimizer, &parallel);
+  if (!cases.ok()) return cases.status();
+  const std::string script =
+      witness.script.substr(0, witness.script.rfind('/') + 1) + "witness_ranks.py";
+  absl::StatusOr<std::vector<std::string>> lines = RunScript(
+      witness, script, absl::StrCat(" --ep=1 --dp=", parallel.dp), *cases);
+  if (!lines.ok()) return lines.status();
+  if (lines->size() != variants.size()) {
+    return absl::InternalError(absl::StrCat("witness: ", lines->size(), " results for ",
+                                            variants.size(), " variants"));
+  }
+  std::vector<WitnessBuckets> ranks(static_cast<size_t>(parallel.dp));
+  for (size_t v = 0; v < variants.size(); ++v) {
+    rapidjson::Document doc;
+    doc.Parse((*lines)[v].c_str());
+    if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("ranks") ||
+        !doc["ranks"].IsArray() || doc["ranks"].Size() != ranks.size()) {
+      return absl::InternalError(absl::StrCat("witness: unexpected output: ", (*lines)[v]));
+    }
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const rapidjson::Value& m = doc["ranks"][static_cast<rapidjson::SizeType>(r)];
+      WitnessBuckets& buckets = ranks[r];
+      buckets["param_bytes"] = m["param_bytes"].GetInt64();
+      buckets["grad_bytes"] = m["grad_bytes"].GetInt64();
+      buckets["optimizer_state_bytes"] = m["optimizer_state_bytes"].GetInt64();
+      buckets["communication_bytes"] =
+          m.HasMember("reducer_bytes") ? m["reducer_bytes"].GetInt64() : 0;
+      buckets["peak_bytes." + variants[v].Name()] = m["peak_bytes"].GetInt64();
+    }
+  }
+  return ranks;
 }
 
 }  // namespace memledger

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "estimator/request/parallel_spec.h"
 #include "estimator/spec/config.h"
 
 namespace memledger {
@@ -46,6 +47,18 @@ absl::StatusOr<WitnessBuckets> RunWitness(const WitnessCommand& witness,
                                           const ModelConfig& config,
                                           const std::vector<Variant>& variants,
                                           const OptimizerSpec& optimizer);
+
+// RunRanksWitness measures `config` on parallel.dp Gloo ranks of the real stack
+// (verify/witness_ranks.py) under torch's DistributedDataParallel with parallel.ddp's
+// options, or FSDP2's fully_shard with parallel.fsdp's, each variant one case; by rank:
+// param_bytes, grad_bytes, optimizer_state_bytes, communication_bytes (DDP's Reducer
+// buckets) and peak_bytes.<variant>. InvalidArgument for a layout its ranks do not run
+// (--tp, --pp, --zero, --ep, --micro_batches) besides RunWitness's refusals.
+absl::StatusOr<std::vector<WitnessBuckets>> RunRanksWitness(const WitnessCommand& witness,
+                                                            const ModelConfig& config,
+                                                            const ParallelSpec& parallel,
+                                                            const std::vector<Variant>& variants,
+                                                            const OptimizerSpec& optimizer);
 
 }  // namespace memledger
 
