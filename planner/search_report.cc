@@ -90,12 +90,7 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
     e.AddMember("zero", l.zero, a);
     // As predict's parallel.data_parallel: how the data-parallel ranks run.
     e.AddMember("data_parallel",
-                rapidjson::StringRef(l.dp == 1                        ? "none"
-                                     : l.fsdp                         ? "fsdp2"
-                                     : TorchDdp(l.dp, l.zero, l.ep)   ? "ddp"
-                                     : l.zero > 0                     ? "zero"
-                                                                      : "replicated"),
-                a);
+                rapidjson::StringRef(DataParallelName(l.dp, l.zero, l.ep, l.fsdp)), a);
     e.AddMember("ep", l.ep, a);
     e.AddMember("sp", l.sp, a);
     e.AddMember("micro_batch_size", l.micro_batch_size, a);

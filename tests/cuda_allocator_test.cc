@@ -141,12 +141,16 @@ TEST_F(RealAllocatorTest, TheStubIsTheRuntimeLoaded) {
   EXPECT_EQ(std::string(prop.name), "memledger stub");
 }
 
-TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
-  // Sizes across the pools and segment kinds: small (< 1 MiB), large below 10 MiB
-  // (20 MiB segments) and above; frees of random live blocks, some right away.
-  std::mt19937_64 random(20261202);
-  for (int stream = 0; stream < 24; ++stream) {
-    SetUp();
+// RandomCallsAgree replays `sequences` random sequences of 400 calls through torch's
+// allocator and the simulation, checking their stats after every call: sizes across the
+// pools and segment kinds (small, < 1 MiB; large below 10 MiB, 20 MiB segments; and
+// above), frees of random live blocks, some right away; each request on one of `streams`
+// at random (torch's raw_alloc_with_stream) where there are several.
+void RandomCallsAgree(uint64_t seed, int sequences, const std::vector<cudaStream_t>& streams) {
+  std::mt19937_64 random(seed);
+  for (int sequence = 0; sequence < sequences; ++sequence) {
+    c10::cuda::CUDACachingAllocator::emptyCache();  // as RealAllocatorTest::SetUp
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
     CudaAllocatorSim sim(Expandable());
     std::vector<std::pair<void*, int>> live;
     for (int op = 0; op < 400; ++op) {
@@ -159,53 +163,9 @@ TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
           case 2: bytes = kMiB + static_cast<int64_t>(random() % (9 * kMiB)); break;
           default: bytes = static_cast<int64_t>(random() % (64 * kMiB)) + 1; break;
         }
-        void* ptr = c10::cuda::CUDACachingAllocator::raw_alloc(static_cast<size_t>(bytes));
-        const int handle = sim.Malloc(bytes);
-        ASSERT_EQ(ptr == nullptr, handle < 0) << bytes;
-        if (ptr != nullptr) live.emplace_back(ptr, handle);
-      } else {
-        const size_t i = random() % live.size();
-        c10::cuda::CUDACachingAllocator::raw_delete(live[i].first);
-        sim.Free(live[i].second);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
-      }
-      ASSERT_EQ(Real(), Simulated(sim)) << "stream " << stream << ", call " << op;
-    }
-    for (auto& [ptr, handle] : live) {
-      c10::cuda::CUDACachingAllocator::raw_delete(ptr);
-      sim.Free(handle);
-    }
-    ASSERT_EQ(Real(), Simulated(sim)) << "stream " << stream << " freed";
-  }
-}
-
-// Three streams, as FSDP2's collectives use (estimator/step/simulation_fsdp2.cc): each
-// request on one of them at random (torch's raw_alloc_with_stream; the stub's streams are
-// distinct handles), frees in any order. The real allocator's pools are ordered by stream
-// first and reuse a block only for its own stream: the simulation agrees after every
-// call, with and without expandable segments.
-TEST_F(RealAllocatorTest, AgreesOnRandomCallsOverThreeStreams) {
-  cudaStream_t streams[3] = {nullptr, nullptr, nullptr};  // the default stream first
-  ASSERT_EQ(cudaStreamCreateWithPriority(&streams[1], 0, 0), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithPriority(&streams[2], 0, 0), cudaSuccess);
-  std::mt19937_64 random(20261207);
-  for (int sequence = 0; sequence < 12; ++sequence) {
-    SetUp();
-    CudaAllocatorSim sim(Expandable());
-    std::vector<std::pair<void*, int>> live;
-    for (int op = 0; op < 400; ++op) {
-      const bool allocate = live.empty() || random() % 100 < 55;
-      if (allocate) {
-        int64_t bytes = 0;
-        switch (random() % 4) {
-          case 0: bytes = static_cast<int64_t>(random() % 4096); break;
-          case 1: bytes = static_cast<int64_t>(random() % kMiB) + 1; break;
-          case 2: bytes = kMiB + static_cast<int64_t>(random() % (9 * kMiB)); break;
-          default: bytes = static_cast<int64_t>(random() % (64 * kMiB)) + 1; break;
-        }
-        const int stream = static_cast<int>(random() % 3);
+        const int stream = streams.size() > 1 ? static_cast<int>(random() % streams.size()) : 0;
         void* ptr = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(
-            static_cast<size_t>(bytes), streams[stream]);
+            static_cast<size_t>(bytes), streams[static_cast<size_t>(stream)]);
         const int handle = sim.Malloc(bytes, stream);
         ASSERT_EQ(ptr == nullptr, handle < 0) << bytes;
         if (ptr != nullptr) live.emplace_back(ptr, handle);
@@ -215,14 +175,31 @@ TEST_F(RealAllocatorTest, AgreesOnRandomCallsOverThreeStreams) {
         sim.Free(live[i].second);
         live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
       }
-      ASSERT_EQ(Real(), Simulated(sim)) << "sequence " << sequence << ", call " << op;
+      ASSERT_EQ(RealAllocatorTest::Real(), RealAllocatorTest::Simulated(sim))
+          << "sequence " << sequence << ", call " << op;
     }
     for (auto& [ptr, handle] : live) {
       c10::cuda::CUDACachingAllocator::raw_delete(ptr);
       sim.Free(handle);
     }
-    ASSERT_EQ(Real(), Simulated(sim)) << "sequence " << sequence << " freed";
+    ASSERT_EQ(RealAllocatorTest::Real(), RealAllocatorTest::Simulated(sim))
+        << "sequence " << sequence << " freed";
   }
+}
+
+TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
+  RandomCallsAgree(20261202, 24, {nullptr});  // the default stream
+}
+
+// Three streams, as FSDP2's collectives use (estimator/step/simulation_fsdp2.cc; the
+// stub's streams are distinct handles). The real allocator's pools are ordered by stream
+// first and reuse a block only for its own stream: the simulation agrees after every
+// call, with and without expandable segments.
+TEST_F(RealAllocatorTest, AgreesOnRandomCallsOverThreeStreams) {
+  std::vector<cudaStream_t> streams = {nullptr, nullptr, nullptr};  // the default first
+  ASSERT_EQ(cudaStreamCreateWithPriority(&streams[1], 0, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithPriority(&streams[2], 0, 0), cudaSuccess);
+  RandomCallsAgree(20261207, 12, streams);
 }
 
 // A block freed on one stream is not reused by another, by hand: 1 MiB on stream 1, freed;

@@ -670,6 +670,24 @@ TEST(PredictRanksTest, ValidatesTheConfigAndTheLayoutOnce) {
   }
 }
 
+// ExpectFsdpRank: an FSDP2 rank of the issue's Llama under `parallel`, one variant, with
+// AdamW's for-loop (the witness's): its fp32 shards (`shard_bytes`, the parameters'; the
+// state two moments of them and 21 four-byte steps) and its step's peak as the witness
+// measured it.
+void ExpectFsdpRank(const ParallelSpec& parallel, const char* variant, int64_t shard_bytes,
+                    int64_t peak, StepPhase phase) {
+  PredictOptions options = Variants(variant);
+  options.peak = true;
+  options.optimizer.impl = OptimizerImpl::kForLoop;
+  ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
+  const RankKind& rank = ranks.kinds[0];
+  EXPECT_EQ(rank.param_bytes, shard_bytes);
+  EXPECT_EQ(rank.optimizer_state_bytes, 2 * shard_bytes + 21 * 4);
+  ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
+  EXPECT_EQ(rank.variants[0].held.peak->bytes, peak);
+  EXPECT_EQ(rank.variants[0].held.peak->phase, phase);
+}
+
 // reshard_after_forward=2 over 4 ranks (tests/fsdp2_witness_test.py,
 // Fsdp2PostForwardMeshTest measures these): after its forward each unit keeps half of its
 // unsharded parameters (a post-forward mesh of 2 ranks), so the forward leaves 303,744 B
@@ -699,16 +717,7 @@ TEST(PredictRanksTest, FsdpReshardsToAPostForwardMesh) {
       parallel.fsdp.param_dtype = DType::kBFloat16;
       parallel.fsdp.reduce_dtype = DType::kFloat32;
     }
-    PredictOptions options = Variants(c.variant);
-    options.peak = true;
-    options.optimizer.impl = OptimizerImpl::kForLoop;
-    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
-    const RankKind& rank = ranks.kinds[0];
-    EXPECT_EQ(rank.param_bytes, 151872);
-    EXPECT_EQ(rank.optimizer_state_bytes, 2 * 151872 + 21 * 4);
-    ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
-    EXPECT_EQ(rank.variants[0].held.peak->bytes, c.peak);
-    EXPECT_EQ(rank.variants[0].held.peak->phase, c.phase);
+    ExpectFsdpRank(parallel, c.variant, /*shard_bytes=*/151872, c.peak, c.phase);
   }
 }
 
@@ -735,16 +744,7 @@ TEST(PredictRanksTest, FsdpMixedPrecisionAsTorchsPolicy) {
     parallel.fsdp.reshard_after_forward = c.reshard;
     parallel.fsdp.param_dtype = DType::kBFloat16;
     parallel.fsdp.reduce_dtype = DType::kFloat32;
-    PredictOptions options = Variants(c.variant);
-    options.peak = true;
-    options.optimizer.impl = OptimizerImpl::kForLoop;
-    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(IssueLlama(), parallel, options));
-    const RankKind& rank = ranks.kinds[0];
-    EXPECT_EQ(rank.param_bytes, 303744);
-    EXPECT_EQ(rank.optimizer_state_bytes, 2 * 303744 + 21 * 4);
-    ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
-    EXPECT_EQ(rank.variants[0].held.peak->bytes, c.peak);
-    EXPECT_EQ(rank.variants[0].held.peak->phase, c.phase);
+    ExpectFsdpRank(parallel, c.variant, /*shard_bytes=*/303744, c.peak, c.phase);
   }
 }
 

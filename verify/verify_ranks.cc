@@ -364,9 +364,8 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
       c.tp * p.dp * p.pp,
       !FamilyOf(c.family).decoder ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
       c.width, c.batch, c.seq, c.tp, p.dp,
-      p.fsdp.enabled       ? std::string("FSDP2")
-      : TorchDdp(c, p)     ? std::string("DDP")
-                           : absl::StrCat("ZeRO-", p.zero),
+      p.zero > 0 ? absl::StrCat("ZeRO-", p.zero)
+                 : std::string(DataParallelName(p.dp, p.zero, c.moe.ep, p.fsdp.enabled)),
       p.pp, p.micro_batches, pipeline,
       OptimizerName(r.request.optimizer.kind), kTorchRelease);
   for (const RankCheck& check : r.ranks) {

@@ -599,13 +599,9 @@ rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, 
   // How the data-parallel ranks run: torch's DDP, torch's FSDP2, ZeRO (--zero), replicas
   // beside expert parallelism, or one replica; with the options that change their bytes.
   const bool ddp = TorchDdp(config, p);
-  parallel.AddMember("data_parallel",
-                     rapidjson::StringRef(p.dp == 1         ? "none"
-                                          : ddp             ? "ddp"
-                                          : p.fsdp.enabled  ? "fsdp2"
-                                          : p.zero > 0      ? "zero"
-                                                            : "replicated"),
-                     a);
+  parallel.AddMember(
+      "data_parallel",
+      rapidjson::StringRef(DataParallelName(p.dp, p.zero, config.moe.ep, p.fsdp.enabled)), a);
   if (ddp) {
     const DdpBucketCaps caps = DdpBucketCapsOf(p.ddp.bucket_cap_mb);
     rapidjson::Value options(rapidjson::kObjectType);

@@ -118,6 +118,17 @@ inline bool TorchDdp(const ModelConfig& config, const ParallelSpec& spec) {
   return TorchDdp(spec.dp, spec.zero, config.moe.ep, spec.fsdp.enabled);
 }
 
+// DataParallelName: how the data-parallel ranks run, as the JSON's data_parallel says it
+// (predict's, the search's, verify's): "none" (one rank), "ddp" (TorchDdp), "fsdp2",
+// "zero" (--zero) or "replicated" (beside expert parallelism).
+inline const char* DataParallelName(int64_t dp, int64_t zero, int64_t ep, bool fsdp) {
+  return dp <= 1                        ? "none"
+         : fsdp                         ? "fsdp2"
+         : TorchDdp(dp, zero, ep, fsdp) ? "ddp"
+         : zero > 0                     ? "zero"
+                                        : "replicated";
+}
+
 // kMaxDdpBucketMib bounds --ddp_bucket_mb (1 TiB: one bucket holds any model).
 inline constexpr double kMaxDdpBucketMib = 1 << 20;
 
