@@ -221,9 +221,11 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "mp_param_dtype") status = string(&request.mp_param_dtype);
     else if (name == "mp_reduce_dtype") status = string(&request.mp_reduce_dtype);
     else if (name == "reshard_after_forward") {
-      // fully_shard's bool | int.
+      // fully_shard's bool | int, or "auto" (its default, None).
       if (value.IsBool()) {
         request.reshard_after_forward = value.GetBool() ? "true" : "false";
+      } else if (value.IsString()) {
+        status = string(&request.reshard_after_forward);
       } else {
         int64_t ranks = 0;
         status = IntegerKey(name, value, &ranks);

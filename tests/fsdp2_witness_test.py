@@ -46,12 +46,17 @@ witness = witness_ranks.witness
 # Every dim 0 of the issue's Llama (512, 64, 32, 160) is even: a rank's Shard(0) of each
 # parameter is half of it, no padding.
 SHARD_BYTES = PARAM_BYTES // 2
+# The last repeats the first: the same measurement run after run.
 OPTIONS = [{}, {"reshard_after_forward": False},
-           {"mp_param_dtype": "bf16", "mp_reduce_dtype": "fp32"}, {}]
+           {"mp_param_dtype": "bf16", "mp_reduce_dtype": "fp32"},
+           {"reshard_after_forward": None}, {}]
 # As measured (transformers 5.23.0, torch 2.15.0; the issue measured 2,634,284 B for
 # reshard_after_forward=False with Gloo's own collectives too).
 PEAKS = [(2419740, "backward"), (2634284, "forward"), (1904796, "backward"),
-         (2419740, "backward")]
+         (2419740, "backward"), (2419740, "backward")]
+# The root unit's unsharded parameters: the embedding and lm_head (512 x 64 each) and the
+# final norm (64), fp32.
+ROOT_BYTES = (2 * 512 * 64 + 64) * 4
 FIELDS = ("param_bytes", "grad_bytes", "optimizer_state_bytes", "held_after_forward",
           "held_after_backward", "peak_bytes", "peak_phase")
 
@@ -86,12 +91,16 @@ class Fsdp2WitnessTest(unittest.TestCase):
                 self.assertEqual(rank["held_after_backward"], SHARD_BYTES + 4, (options, r))
 
     def test_reshard_after_forward_decides_what_the_forward_leaves(self):
-        resharded, kept = self.ranks[0], self.ranks[1]
+        # fully_shard's default (None) reshards every unit but the root
+        # (FSDPState._lazy_init), which keeps its parameters to the backward.
+        resharded, kept, auto = self.ranks[0], self.ranks[1], self.ranks[3]
         for r in range(2):
             self.assertEqual(resharded[r]["held_after_forward"],
                              self.alone["held_after_forward"], r)
             self.assertEqual(kept[r]["held_after_forward"],
                              self.alone["held_after_forward"] + PARAM_BYTES, r)
+            self.assertEqual(auto[r]["held_after_forward"],
+                             self.alone["held_after_forward"] + ROOT_BYTES, r)
 
     def test_the_peaks_as_measured(self):
         for options, ranks, (peak, phase) in zip(OPTIONS, self.ranks, PEAKS):

@@ -95,9 +95,9 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--model=tiny-llama --dp=2 --reshard_after_forward=false",
             "--reshard_after_forward is FSDP2's: it needs --fsdp"},
            {"--model=tiny-llama --dp=2 --fsdp --reshard_after_forward=yes",
-            "--reshard_after_forward must be true, false or a number of ranks, got 'yes'"},
+            "--reshard_after_forward must be true, false, auto or a number of ranks, got 'yes'"},
            {"--model=tiny-llama --dp=2 --fsdp --reshard_after_forward=0",
-            "--reshard_after_forward must be true, false or a number of ranks, got '0'"},
+            "--reshard_after_forward must be true, false, auto or a number of ranks, got '0'"},
            {"--model=tiny-llama --dp=4 --fsdp --reshard_after_forward=3",
             "--reshard_after_forward as a number must divide the --dp 4 ranks (fully_shard's "
             "post-forward mesh), got 3"},

@@ -688,6 +688,21 @@ void ExpectFsdpRank(const ParallelSpec& parallel, const char* variant, int64_t s
   EXPECT_EQ(rank.variants[0].held.peak->phase, phase);
 }
 
+// fully_shard's default, reshard_after_forward=None (--reshard_after_forward=auto): the
+// root keeps its parameters from its forward to its backward, where it gathers them at
+// once otherwise; the step's peak, later in the backward, is the same 2,419,740 B
+// (tests/fsdp2_witness_test.py measures it, and what the forward leaves: the root's
+// 262,400 B more).
+TEST(PredictRanksTest, FsdpAutoKeepsTheRootsParameters) {
+  ParallelSpec parallel;
+  parallel.dp = 2;
+  parallel.fsdp.enabled = true;
+  parallel.fsdp.reshard_after_forward_auto = true;
+  EXPECT_EQ(parallel.fsdp.RootPostForwardRanks(2), 1);
+  EXPECT_EQ(parallel.fsdp.PostForwardRanks(2), 2);
+  ExpectFsdpRank(parallel, "none", /*shard_bytes=*/303744, 2419740, StepPhase::kBackward);
+}
+
 // reshard_after_forward=2 over 4 ranks (tests/fsdp2_witness_test.py,
 // Fsdp2PostForwardMeshTest measures these): after its forward each unit keeps half of its
 // unsharded parameters (a post-forward mesh of 2 ranks), so the forward leaves 303,744 B

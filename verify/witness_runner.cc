@@ -65,8 +65,10 @@ std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
     const FsdpOptions& fsdp = parallel->fsdp;
     doc.AddMember("fsdp", true, a);
     const int64_t ranks = fsdp.PostForwardRanks(parallel->dp);
-    rapidjson::Value reshard;
-    if (ranks == parallel->dp || ranks == 1) {
+    rapidjson::Value reshard;  // null: fully_shard's default, None
+    if (fsdp.reshard_after_forward_auto) {
+      reshard.SetNull();
+    } else if (ranks == parallel->dp || ranks == 1) {
       reshard.SetBool(ranks == parallel->dp);
     } else {
       reshard.SetInt64(ranks);

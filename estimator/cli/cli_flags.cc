@@ -126,7 +126,8 @@ ABSL_FLAG(bool, fsdp, false,
 ABSL_FLAG(std::string, reshard_after_forward, "true",
           "FSDP2's reshard_after_forward: true frees each unit's unsharded parameters after "
           "its forward, false keeps them to its backward, a number N (a factor of --dp) keeps "
-          "1/N of them on each rank, gathered from N ranks in the backward (with --fsdp).");
+          "1/N of them on each rank, gathered from N ranks in the backward, auto (fully_shard's "
+          "default, None) as true but for the root, which keeps its own (with --fsdp).");
 ABSL_FLAG(std::string, mp_param_dtype, "",
           "FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32; with --fsdp): the "
           "unsharded parameters and the compute in it, the shards and the optimizer's state "

@@ -570,6 +570,9 @@ Prediction ComputeView(const Prediction& whole, const RanksPrediction& ranks,
 // FsdpReshardText: what each unit keeps between its forward and backward.
 std::string FsdpReshardText(const ParallelSpec& p) {
   const int64_t ranks = p.fsdp.PostForwardRanks(p.dp);
+  if (p.fsdp.reshard_after_forward_auto) {
+    return "resharded after each forward but the root's (fully_shard's default)";
+  }
   return ranks == p.dp ? "resharded after each forward"
          : ranks == 1  ? "not resharded after forward"
                        : absl::StrCat("resharded to ", ranks, " ranks after each forward");
@@ -614,7 +617,9 @@ rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, 
     // fully_shard's reshard_after_forward, resolved: true, false or the post-forward ranks.
     const int64_t ranks = p.fsdp.PostForwardRanks(p.dp);
     rapidjson::Value reshard;
-    if (ranks == p.dp || ranks == 1) {
+    if (p.fsdp.reshard_after_forward_auto) {
+      reshard.SetString("auto");
+    } else if (ranks == p.dp || ranks == 1) {
       reshard.SetBool(ranks == p.dp);
     } else {
       reshard.SetInt64(ranks);

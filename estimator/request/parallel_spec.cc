@@ -174,7 +174,8 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
             "(give --mp_reduce_dtype=fp32)");
       }
     }
-  } else if (!spec.fsdp.reshard_after_forward || spec.fsdp.reshard_after_forward_ranks != 0) {
+  } else if (!spec.fsdp.reshard_after_forward || spec.fsdp.reshard_after_forward_ranks != 0 ||
+             spec.fsdp.reshard_after_forward_auto) {
     return absl::InvalidArgumentError("--reshard_after_forward is FSDP2's: it needs --fsdp");
   } else if (spec.fsdp.param_dtype.has_value() || spec.fsdp.reduce_dtype.has_value()) {
     return absl::InvalidArgumentError(

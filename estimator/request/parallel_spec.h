@@ -63,19 +63,28 @@ struct FsdpOptions {
   int64_t reshard_after_forward_ranks = 0;  // 0: given as a bool
   // PostForwardRanks: the ranks a unit's parameters are spread over between its forward
   // and its backward: dp (true, or the int dp), 1 (false, or the int 1: torch warns and
-  // takes False), or the int.
+  // takes False), or the int. RootPostForwardRanks: the root unit's (1 under
+  // reshard_after_forward_auto, below).
   int64_t PostForwardRanks(int64_t dp) const {
     if (!reshard_after_forward) return 1;
     return reshard_after_forward_ranks > 0 ? reshard_after_forward_ranks : dp;
+  }
+  int64_t RootPostForwardRanks(int64_t dp) const {
+    return reshard_after_forward_auto ? 1 : PostForwardRanks(dp);
   }
   // MixedPrecisionPolicy(param_dtype, reduce_dtype): the unsharded parameters (and so
   // the compute) in param_dtype, the gradients reduced in reduce_dtype; the sharded
   // parameters, their gradients and the optimizer's state stay the model's (fp32).
   std::optional<DType> param_dtype;
   std::optional<DType> reduce_dtype;
+  // reshard_after_forward_auto: fully_shard's default, None: every unit reshards as with
+  // True but the root, which keeps its parameters to the backward (FSDPState._lazy_init,
+  // _fsdp_state.py:222: "the parameters would be freed and all-gathered immediately").
+  bool reshard_after_forward_auto = false;
   friend bool operator==(const FsdpOptions& a, const FsdpOptions& b) {
     return a.enabled == b.enabled && a.reshard_after_forward == b.reshard_after_forward &&
            a.reshard_after_forward_ranks == b.reshard_after_forward_ranks &&
+           a.reshard_after_forward_auto == b.reshard_after_forward_auto &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype;
   }
 };

@@ -139,12 +139,14 @@ absl::StatusOr<FsdpOptions> FsdpOptionsFrom(const RunRequest& request) {
   }
   if (request.reshard_after_forward == "false") {
     fsdp.reshard_after_forward = false;
+  } else if (request.reshard_after_forward == "auto") {
+    fsdp.reshard_after_forward_auto = true;
   } else if (request.reshard_after_forward != "true" &&
              !(absl::SimpleAtoi(request.reshard_after_forward,
                                 &fsdp.reshard_after_forward_ranks) &&
                fsdp.reshard_after_forward_ranks > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--reshard_after_forward must be true, false or a number of ranks, got '",
+        "--reshard_after_forward must be true, false, auto or a number of ranks, got '",
         request.reshard_after_forward, "'"));
   }
   return fsdp;

@@ -264,13 +264,16 @@ void Simulation::FsdpForwardBegins(int64_t segment) {
 }
 
 // post_forward (:657): a layer reshards after its forward (reshard_after_forward: to
-// every rank, or to its post-forward mesh; reshard, :586), the root after the model's,
-// which also releases the last kept all-gather output.
+// every rank, or to its post-forward mesh; reshard, :586), the root after the model's
+// (not under fully_shard's default, auto), which also releases the last kept all-gather
+// output.
 void Simulation::FsdpForwardEnds(int64_t segment) {
   if (segment == Where::kPrologue) return;
   const int64_t world = options_.rank.parallel.dp;
-  const int64_t post_forward = options_.rank.parallel.fsdp.PostForwardRanks(world);
+  const FsdpOptions& fsdp = options_.rank.parallel.fsdp;
   auto reshard = [&](int64_t unit) {
+    const int64_t post_forward =
+        unit == kRootUnit ? fsdp.RootPostForwardRanks(world) : fsdp.PostForwardRanks(world);
     if (post_forward == world) {
       FsdpReshard(unit);
     } else if (post_forward > 1) {
