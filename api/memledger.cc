@@ -220,6 +220,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "fsdp") status = boolean(&request.fsdp);
     else if (name == "mp_param_dtype") status = string(&request.mp_param_dtype);
     else if (name == "mp_reduce_dtype") status = string(&request.mp_reduce_dtype);
+    else if (name == "offload") status = string(&request.offload);
     else if (name == "reshard_after_forward") {
       // fully_shard's bool | int, or "auto" (its default, None).
       if (value.IsBool()) {

@@ -11,7 +11,7 @@
  * "virtual_stages", "micro_batches", "zero", "ep" (integers), "variants", "policy",
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend", "mp_param_dtype",
- * "mp_reduce_dtype" (strings),
+ * "mp_reduce_dtype", "offload" (strings),
  * "momentum", "cuda_context_mib", "ddp_bucket_mb" (numbers), "master_weights", "sp",
  * "gradient_as_bucket_view", "fsdp", "expandable_segments", "explain" (booleans),
  * "reshard_after_forward" (a boolean, or an integer: fully_shard's), "format" ("json",

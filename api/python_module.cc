@@ -385,7 +385,7 @@ PYBIND11_MODULE(memledger, m) {
         "vocab, batch, seq, variants, every, policy, attention, dtype, amp, optimizer, "
         "optimizer_impl, checkpoint_impl, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
         "micro_batches, zero, ddp_bucket_mb, gradient_as_bucket_view, fsdp, "
-        "reshard_after_forward, mp_param_dtype, mp_reduce_dtype, schedule, experts_impl, "
+        "reshard_after_forward, mp_param_dtype, mp_reduce_dtype, offload, schedule, experts_impl, "
         "routing, device, sdpa_backend, explain); with dp or pp above 1, per rank ('ranks'). "
         "Raises ValueError "
         "for bad input.");

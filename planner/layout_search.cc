@@ -676,6 +676,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
         "--routing: a routing file holds one step's batch; the search changes the batch "
         "(use balanced or worst)");
   }
+  if (request.offload != defaults.offload) {
+    return absl::InvalidArgumentError(
+        "--offload: the search's step time does not model the host's optimizer step and the "
+        "copies to and from it yet (predict --offload=cpu answers for one layout)");
+  }
   RunRequest base_request = request;
   base_request.batch = 1;
   // DDP's options are its layouts' (LayoutSearch::DdpOptionsFor), not one GPU's; so are

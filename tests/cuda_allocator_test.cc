@@ -315,6 +315,9 @@ TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
   int replayed = 0;
   FsdpOptions fsdp{true, true, 0, std::nullopt, std::nullopt};
   FsdpOptions fsdp_mixed{true, true, 2, DType::kBFloat16, DType::kFloat32};
+  FsdpOptions fsdp_offload = fsdp_mixed;
+  fsdp_offload.reshard_after_forward_ranks = 0;
+  fsdp_offload.offload = true;
   for (const ParallelSpec& parallel :
        {ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, {}},
         ParallelSpec{2, 1, 1, 1, 1, PipelineSchedule::k1F1B, {}, {}},
@@ -322,7 +325,8 @@ TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
         ParallelSpec{1, 2, 1, 4, 0, PipelineSchedule::k1F1B, {}, {}},
         ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp},
         ParallelSpec{3, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp},
-        ParallelSpec{4, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp_mixed}}) {
+        ParallelSpec{4, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp_mixed},
+        ParallelSpec{2, 1, 1, 1, 0, PipelineSchedule::k1F1B, {}, fsdp_offload}}) {
     // FSDP2's MixedPrecisionPolicy runs over fp32 parameters.
     const RunSpec spec =
         CudaSpec("tiny-llama", parallel.fsdp.param_dtype.has_value() ? "fp32" : "bf16", "auto");
@@ -343,8 +347,8 @@ TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
       }
     }
   }
-  // 3 ZeRO and 3 FSDP2 layouts of one kind of rank, pp 2 of two; 4 variants.
-  EXPECT_EQ(replayed, (3 + 2 + 3) * 4);
+  // 3 ZeRO and 4 FSDP2 layouts of one kind of rank, pp 2 of two; 4 variants.
+  EXPECT_EQ(replayed, (3 + 2 + 4) * 4);
 }
 
 // Where an FSDP2 rank's buffers go on CUDA, by hand, for the issue's Llama over 2 ranks
@@ -358,30 +362,42 @@ TEST_F(RealAllocatorTest, TheRanksPeaksAreWhatTorchsAllocatorReports) {
 // reduce-scatter copy-in 800 B (its 9 parameters' shards of 2,048, 1,024, 1,024, 2,048,
 // 5,120, 5,120, 5,120, 32 and 32 elements are 4 + 2 + 2 + 4 + 10 + 10 + 10 + 1 + 1 = 44
 // blocks of 2,048 B; 8 x (4 x 9 + 1 + 44) and 8 x (6 x 9 + 2 + 44)).
-TEST(FsdpOnCudaTest, EachBufferOnItsStream) {
+// IssueLlamaFsdpOnCuda: the issue's Llama (tests/testdata/issue_llama.config.json) over
+// 2 FSDP2 ranks on CUDA, `offload` its CPUOffloadPolicy: rank 0's kind, its variant
+// `none` with its timeline.
+absl::StatusOr<RankKind> IssueLlamaFsdpOnCuda(const std::string& offload) {
   RunRequest request;
-  request.model = "issue-llama";
-  request.model_config_json =
-      R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": false})";
+  request.model = "tests/testdata/issue_llama.config.json";
   request.device = "cuda";
   request.batch = 2;
   request.seq = 32;
   request.dp = 2;
   request.fsdp = true;
+  request.offload = offload;
   request.variants = "none";
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return spec.status();
   absl::StatusOr<RanksPrediction> ranks =
       PredictRanks(spec->config, spec->parallel, TimelineOptions(*spec));
-  ASSERT_TRUE(ranks.ok()) << ranks.status();
-  const RankVariant& rank = ranks->kinds[0].variants[0];
-  ASSERT_TRUE(rank.held.peak.has_value()) << rank.held.peak_unavailable;
+  if (!ranks.ok()) return ranks.status();
+  return ranks->kinds[0];
+}
+
+// AllocationsByStream: a rank's requests to the allocator, by stream, in order.
+std::map<int, std::vector<int64_t>> AllocationsByStream(const RankVariant& rank) {
   std::map<int, std::vector<int64_t>> by_stream;
   for (const StepTimeline::AllocatorCall& call : rank.held.timeline->allocator_calls) {
     if (call.bytes > 0) by_stream[call.stream].push_back(call.bytes);
   }
+  return by_stream;
+}
+
+TEST(FsdpOnCudaTest, EachBufferOnItsStream) {
+  absl::StatusOr<RankKind> kind = IssueLlamaFsdpOnCuda("none");
+  ASSERT_TRUE(kind.ok()) << kind.status();
+  const RankVariant& rank = kind->variants[0];
+  ASSERT_TRUE(rank.held.peak.has_value()) << rank.held.peak_unavailable;
+  std::map<int, std::vector<int64_t>> by_stream = AllocationsByStream(rank);
   EXPECT_EQ(by_stream[kFsdpAllGatherStream],
             (std::vector<int64_t>{262400, 172544, 172544, 262400, 172544, 172544}));
   EXPECT_EQ(by_stream[kFsdpReduceScatterStream],
@@ -390,6 +406,45 @@ TEST(FsdpOnCudaTest, EachBufferOnItsStream) {
   EXPECT_EQ(std::count(on_default.begin(), on_default.end(), 648), 4);  // 2 layers, twice
   EXPECT_EQ(std::count(on_default.begin(), on_default.end(), 800), 2);
   EXPECT_EQ(by_stream.size(), 3u);
+}
+
+// Under CPUOffloadPolicy (--offload=cpu), by hand: the shards (303,744 B), their
+// gradients (303,744 B) and AdamW's state (607,488 B of moments and 21 four-byte steps,
+// CPU tensors' as torch.optim keeps them) are host memory: 1,215,060 B, none of it among
+// the device's resident tensors. Each all-gather first copies its unit's shards to the
+// device on the all-gather stream, one request per parameter (a layer's 9 sum to 86,272
+// B, the root's 3 to 131,200 B), then its output as before: 6 gathers, 4 of a layer and 2
+// of the root, 48 requests. The reduce-scatter outputs are on their stream as before, now
+// freed once copied to the host.
+TEST(FsdpOnCudaTest, CpuOffloadKeepsTheShardsOnTheHost) {
+  absl::StatusOr<RankKind> kind = IssueLlamaFsdpOnCuda("cpu");
+  ASSERT_TRUE(kind.ok()) << kind.status();
+  EXPECT_EQ(kind->host_bytes, 303744 + 303744 + 607488 + 21 * 4);
+  const RankVariant& rank = kind->variants[0];
+  ASSERT_TRUE(rank.held.peak.has_value()) << rank.held.peak_unavailable;
+  for (const ResidentTensor& t : rank.held.timeline->resident_tensors) {
+    EXPECT_TRUE(t.category == MemoryCategory::kBuffer || t.category == MemoryCategory::kInput)
+        << t.name;
+  }
+  std::map<int, std::vector<int64_t>> by_stream = AllocationsByStream(rank);
+  const std::vector<int64_t>& gathers = by_stream[kFsdpAllGatherStream];
+  ASSERT_EQ(gathers.size(), 48u);
+  // Between outputs: the copies of one gather.
+  std::vector<int64_t> copied, outputs;
+  int64_t sum = 0;
+  for (int64_t bytes : gathers) {
+    if (bytes == 262400 || bytes == 172544) {
+      copied.push_back(sum);
+      outputs.push_back(bytes);
+      sum = 0;
+    } else {
+      sum += bytes;
+    }
+  }
+  EXPECT_EQ(outputs, (std::vector<int64_t>{262400, 172544, 172544, 262400, 172544, 172544}));
+  EXPECT_EQ(copied, (std::vector<int64_t>{131200, 86272, 86272, 131200, 86272, 86272}));
+  EXPECT_EQ(by_stream[kFsdpReduceScatterStream],
+            (std::vector<int64_t>{86272, 86272, 131200}));
 }
 
 }  // namespace

@@ -103,6 +103,13 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
             "post-forward mesh), got 3"},
            {"--model=tiny-llama --dp=4 --reshard_after_forward=2",
             "--reshard_after_forward is FSDP2's: it needs --fsdp"},
+           {"--model=tiny-llama --dp=2 --offload=cpu --device=cuda",
+            "--offload is FSDP2's CPUOffloadPolicy: it needs --fsdp"},
+           {"--model=tiny-llama --dp=2 --fsdp --offload=cpu",
+            "--offload=cpu moves FSDP2's shards from a GPU to host memory: it needs "
+            "--device=cuda"},
+           {"--model=tiny-llama --dp=2 --fsdp --offload=disk --device=cuda",
+            "--offload must be none or cpu, got 'disk'"},
            {"--model=tiny-llama --dp=2 --mp_param_dtype=bf16",
             "--mp_param_dtype and --mp_reduce_dtype are FSDP2's MixedPrecisionPolicy: they need "
             "--fsdp"},

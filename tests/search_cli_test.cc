@@ -414,6 +414,8 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--fsdp shards over the data-parallel ranks: it needs --gpus > 1"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --reshard_after_forward=2",
              "--reshard_after_forward is FSDP2's: it needs --fsdp"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --fsdp --offload=cpu --device=cuda",
+             "--offload: the search's step time does not model the host's optimizer step"},
         // The C ABI's lines for the same values (api_test), and predict's for --zero.
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --top=-1",
              "--top must be >= 0, got -1"},

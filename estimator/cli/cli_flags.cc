@@ -135,6 +135,10 @@ ABSL_FLAG(std::string, mp_param_dtype, "",
 ABSL_FLAG(std::string, mp_reduce_dtype, "",
           "FSDP2's MixedPrecisionPolicy reduce_dtype: the dtype gradients are reduced in "
           "(fp32 is modelled).");
+ABSL_FLAG(std::string, offload, "none",
+          "FSDP2's CPUOffloadPolicy: cpu keeps the shards, their gradients and the "
+          "optimizer's state in pinned host memory and steps there (with --fsdp and "
+          "--device=cuda); none keeps them on the device.");
 ABSL_FLAG(int64_t, ep, 1,
           "Expert-parallel ranks among the --dp ranks (a mixture of experts): each holds "
           "experts / ep whole experts, and transformers' AllToAllEP sends every routed token "
@@ -205,6 +209,7 @@ RunRequest RunRequestFromFlags() {
   request.reshard_after_forward = absl::GetFlag(FLAGS_reshard_after_forward);
   request.mp_param_dtype = absl::GetFlag(FLAGS_mp_param_dtype);
   request.mp_reduce_dtype = absl::GetFlag(FLAGS_mp_reduce_dtype);
+  request.offload = absl::GetFlag(FLAGS_offload);
   request.ep = absl::GetFlag(FLAGS_ep);
   request.experts_impl = absl::GetFlag(FLAGS_experts_impl);
   request.routing = absl::GetFlag(FLAGS_routing);
@@ -288,6 +293,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"ddp_bucket_mb", "parallelism"}, {"gradient_as_bucket_view", "parallelism"},
     {"fsdp", "parallelism"}, {"reshard_after_forward", "parallelism"},
     {"mp_param_dtype", "parallelism"}, {"mp_reduce_dtype", "parallelism"},
+    {"offload", "parallelism"},
     {"schedule", "parallelism"}, {"rank_timeout_s", "parallelism"},
     {"rank_fault", "parallelism"}, {"rank_worker", "parallelism"},
     {"gpus", "parallelism"},     {"gpus_per_node", "parallelism"},

@@ -280,6 +280,14 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
   // shard's state, one tensor each, as the runtime holds them (runtime/rank.cc,
   // HomeParameters: the optimizer steps one flat shard).
   std::vector<ResidentTensor>& tensors = resident.tensors;
+  if (parallel.fsdp.enabled && parallel.fsdp.offload) {
+    // CPUOffloadPolicy: the shards and the optimizer's state in host memory; the device
+    // holds the buffers before the step.
+    resident.parameter_bytes = 0;
+    resident.optimizer_state_bytes = 0;
+    AddBufferTensor(resident.buffer_bytes, &tensors);
+    return resident;
+  }
   if (parallel.fsdp.enabled) {
     // The shards stay in the model's dtype under a MixedPrecisionPolicy (fp32: ValidateParallel).
     const DType stored = parallel.fsdp.param_dtype.has_value() ? DType::kFloat32 : config.dtype;
@@ -370,7 +378,13 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
   const int64_t chunks = parallel.pp * parallel.virtual_stages;
   const int64_t chunk_layers = config.layers / chunks;
   const int64_t element = ElementSizeBytes(config.dtype);
-  const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, options.optimizer);
+  // Under FSDP2's CPUOffloadPolicy torch.optim steps the shards as CPU tensors (a 4-byte
+  // step each, as on the CPU).
+  const bool offload = parallel.fsdp.enabled && parallel.fsdp.offload;
+  ModelConfig state_config = config;
+  if (offload) state_config.device = Device::kCpu;
+  const OptimizerBytesPerParameter per_parameter =
+      OptimizerBytesOf(state_config, options.optimizer);
   // With expert parallelism a kind is one expert-parallel rank of every group of ep
   // data-parallel ranks, or of one group where the routing gives every group's own.
   const int64_t groups = config.RoutedGroups();
@@ -478,6 +492,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
     kind.grad_bytes = grad_bytes.value();
     kind.optimizer_state_bytes = state.value();
     kind.communication_bytes = communication.value();
+    if (offload) kind.host_bytes = (param_bytes + grad_bytes + state).value();
     kind.grads_in_communication = views;
     kind.adamw_state_bytes =
         options.optimizer.kind == OptimizerKind::kAdamW ? moments.value() : 0;
@@ -576,6 +591,12 @@ absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig&
           "block; torch rebuilds them in the first backward's order from the block of "
           "its first bucket");
     }
+  }
+  if (parallel.fsdp.enabled && parallel.fsdp.offload) {
+    whole->caveats.push_back(
+        "fsdp: CPUOffloadPolicy: the shards, their gradients and the optimizer's state are in "
+        "host memory (host_bytes), outside the device's peak; each all-gather first copies "
+        "the shards to the device, each reduce-scatter's output is copied back");
   }
   if (parallel.fsdp.enabled && config.device == Device::kCuda) {
     // tests/fsdp2_witness_test.py measures FSDP2 on Gloo CPU ranks; the CUDA step is

@@ -57,6 +57,9 @@ struct RankKind {
   // communication_bytes: held for the whole run by the data-parallel strategy: DDP's
   // Reducer buckets, one element per parameter element (TorchDdp); else 0.
   int64_t communication_bytes = 0;
+  // host_bytes: of the above, what lives in host memory, not the device's: FSDP2's
+  // CPUOffloadPolicy keeps the shards, their gradients and the optimizer's state there.
+  int64_t host_bytes = 0;
   // grads_in_communication: the .grads are views of DDP's buckets after the backward
   // (gradient_as_bucket_view): grad_bytes are not held apart.
   bool grads_in_communication = false;
@@ -66,12 +69,11 @@ struct RankKind {
   // their per-layer formula (KorthikantiSavedBytes) times the rank's layers and its
   // micro-batches in flight.
   int64_t korthikanti_saved_bytes_none = 0;
-  // Total: parameters, gradients (held apart), optimizer state, communication buffers
-  // and variant v's saved bytes.
+  // Total: on the device, parameters, gradients (held apart), optimizer state,
+  // communication buffers and variant v's saved bytes.
   int64_t Total(size_t v) const {
     return param_bytes + (grads_in_communication ? 0 : grad_bytes) + optimizer_state_bytes +
-           communication_bytes +
-           variants[v].held.saved_bytes;
+           communication_bytes - host_bytes + variants[v].held.saved_bytes;
   }
   // Load: what ranks are ordered by: the first plan's peak where one is predicted (a
   // plan is what was asked for; predict --plan shows none beside it), else the first

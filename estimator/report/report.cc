@@ -672,6 +672,7 @@ rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ra
     rank.AddMember("grad_bytes", kind.grad_bytes, a);
     rank.AddMember("optimizer_state_bytes", kind.optimizer_state_bytes, a);
     rank.AddMember("communication_bytes", kind.communication_bytes, a);
+    if (kind.host_bytes > 0) rank.AddMember("host_bytes", kind.host_bytes, a);
     rapidjson::Value saved(rapidjson::kObjectType), in_flight(rapidjson::kObjectType),
         total(rapidjson::kObjectType);
     for (size_t v = 0; v < kind.variants.size(); ++v) {
@@ -739,6 +740,11 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   if (ranks.ep > 1) {
     absl::StrAppend(&scope, "; experts over ", ranks.ep,
                     " expert-parallel ranks, this one expert-parallel rank ", most.ep_rank);
+  }
+  if (most.host_bytes > 0) {
+    absl::StrAppend(&scope, "; CPUOffloadPolicy: ", HumanBytes(most.host_bytes),
+                    " of shards, gradients and optimizer state in host memory, not in the "
+                    "totals or peaks below");
   }
   std::string out = PredictionTable(ComputeView(whole, ranks, most), scope);
   absl::StrAppendFormat(&out, "\nper kind of rank (the most loaded first), total = params + "

@@ -149,6 +149,11 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
           FamilyNames(&FamilyDef::decoder), "), not the ", FamilyName(config.family),
           " family"));
     }
+    if (spec.fsdp.offload && config.device != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          "--offload=cpu moves FSDP2's shards from a GPU to host memory: it needs "
+          "--device=cuda");
+    }
     // _get_post_forward_mesh_info (_fsdp_init.py:162): an int is a factor of the mesh.
     const int64_t ranks = spec.fsdp.reshard_after_forward_ranks;
     if (ranks != 0 && (ranks < 1 || ranks > spec.dp || spec.dp % ranks != 0)) {
@@ -174,6 +179,8 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
             "(give --mp_reduce_dtype=fp32)");
       }
     }
+  } else if (spec.fsdp.offload) {
+    return absl::InvalidArgumentError("--offload is FSDP2's CPUOffloadPolicy: it needs --fsdp");
   } else if (!spec.fsdp.reshard_after_forward || spec.fsdp.reshard_after_forward_ranks != 0 ||
              spec.fsdp.reshard_after_forward_auto) {
     return absl::InvalidArgumentError("--reshard_after_forward is FSDP2's: it needs --fsdp");

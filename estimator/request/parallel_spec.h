@@ -81,10 +81,16 @@ struct FsdpOptions {
   // True but the root, which keeps its parameters to the backward (FSDPState._lazy_init,
   // _fsdp_state.py:222: "the parameters would be freed and all-gathered immediately").
   bool reshard_after_forward_auto = false;
+  // offload: CPUOffloadPolicy(pin_memory=True): the shards, their gradients and the
+  // optimizer's state live in pinned host memory, the optimizer steps there, and each
+  // all-gather first copies the shards to the device (_fsdp_param.py:362, :1143;
+  // foreach_reduce, _fsdp_collectives.py:779).
+  bool offload = false;
   friend bool operator==(const FsdpOptions& a, const FsdpOptions& b) {
     return a.enabled == b.enabled && a.reshard_after_forward == b.reshard_after_forward &&
            a.reshard_after_forward_ranks == b.reshard_after_forward_ranks &&
            a.reshard_after_forward_auto == b.reshard_after_forward_auto &&
+           a.offload == b.offload &&
            a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype;
   }
 };

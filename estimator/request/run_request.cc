@@ -137,6 +137,12 @@ absl::StatusOr<FsdpOptions> FsdpOptionsFrom(const RunRequest& request) {
     }
     *field = *dtype;
   }
+  if (request.offload == "cpu") {
+    fsdp.offload = true;
+  } else if (request.offload != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--offload must be none or cpu, got '", request.offload, "'"));
+  }
   if (request.reshard_after_forward == "false") {
     fsdp.reshard_after_forward = false;
   } else if (request.reshard_after_forward == "auto") {
@@ -331,6 +337,7 @@ std::string RequestFlags(const RunRequest& request) {
   text("reshard_after_forward", request.reshard_after_forward, defaults.reshard_after_forward);
   text("mp_param_dtype", request.mp_param_dtype, defaults.mp_param_dtype);
   text("mp_reduce_dtype", request.mp_reduce_dtype, defaults.mp_reduce_dtype);
+  text("offload", request.offload, defaults.offload);
   number("ep", request.ep, defaults.ep);
   text("device", request.device, defaults.device);
   text("sdpa_backend", request.sdpa_backend, defaults.sdpa_backend);

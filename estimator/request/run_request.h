@@ -61,6 +61,8 @@ struct RunRequest {
   // FSDP2's MixedPrecisionPolicy: "" (none), or fp32, bf16, fp16.
   std::string mp_param_dtype;
   std::string mp_reduce_dtype;
+  // FSDP2's CPUOffloadPolicy: "none" or "cpu".
+  std::string offload = "none";
   // ep: expert-parallel ranks among the dp ranks (a mixture of experts' experts split
   // over them, AllToAllEP between them).
   int64_t ep = 1;

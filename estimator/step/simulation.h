@@ -547,6 +547,8 @@ class Simulation {
   // Under a MixedPrecisionPolicy (param_dtype other than the fp32 shards'): the gather's
   // cast input, and the reduction's dtype (reduce_dtype; the shards' otherwise).
   bool FsdpMixedPrecision() const;
+  // FsdpOffload: CPUOffloadPolicy on a CUDA step (FsdpOptions::offload).
+  bool FsdpOffload() const;
   DType FsdpReduceDType() const;
   void FsdpPostBackward(int64_t unit);
   // The hooks' points in the step: a segment's start and end in the forward, a unit's

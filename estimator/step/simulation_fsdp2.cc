@@ -180,22 +180,49 @@ void Simulation::FsdpPrefetch(int64_t unit) {
 // :445; without one the input is the output's own slice). A unit on its post-forward mesh
 // gathers its larger post-forward shards over fewer ranks (_all_gather_process_group,
 // _fsdp_param_group.py:1216): the output is the same.
+//
+// Under CPUOffloadPolicy the shards are in host memory: each parameter's all-gather input
+// is first its shard copied to the device (FSDPParam.all_gather_inputs, _fsdp_param.py
+// :1143: sharded_param_data.to(device)), cast to param_dtype under a
+// MixedPrecisionPolicy (the copy freed once cast), all of them held until the output is
+// allocated and the collective enqueued; a unit on its post-forward mesh gathers the
+// device-side post-forward shards, which need neither.
 int Simulation::FsdpAllGather(int64_t unit) {
   const int64_t world = options_.rank.parallel.dp;
   const int64_t element = ElementSizeBytes(config_.dtype);
-  const int64_t output_bytes = world * FsdpUnitAt(unit).shard_elements * element;
-  const int64_t group = fsdp_post_forward_.count(unit) == 1
-                            ? options_.rank.parallel.fsdp.PostForwardRanks(world)
-                            : world;
+  const FsdpUnit parameters = FsdpUnitAt(unit);
+  const int64_t output_bytes = world * parameters.shard_elements * element;
+  const bool post_forward = fsdp_post_forward_.count(unit) == 1;
+  const int64_t group =
+      post_forward ? options_.rank.parallel.fsdp.PostForwardRanks(world) : world;
   memory_.SetOp(Special(unit, Where::Activity::kParameterGather));
-  const int input = FsdpMixedPrecision() ? memory_.Alloc(output_bytes / group,
-                                                         MemoryCategory::kCommunication,
-                                                         kFsdpAllGatherStream)
-                                         : -1;
+  std::vector<int> inputs;
+  if (FsdpOffload() && !post_forward) {
+    // The shards' dtype: the model's (fp32 under a MixedPrecisionPolicy: ValidateParallel).
+    const int64_t stored = FsdpMixedPrecision() ? ElementSizeBytes(DType::kFloat32) : element;
+    for (const FsdpParameter& p : parameters.parameters) {
+      const int copy = memory_.Alloc(p.shard_elements * stored, MemoryCategory::kCommunication,
+                                     kFsdpAllGatherStream);
+      if (FsdpMixedPrecision()) {
+        inputs.push_back(memory_.Alloc(p.shard_elements * element,
+                                       MemoryCategory::kCommunication, kFsdpAllGatherStream));
+        memory_.Unref(copy);
+      } else {
+        inputs.push_back(copy);
+      }
+    }
+  } else if (FsdpMixedPrecision()) {
+    inputs.push_back(memory_.Alloc(output_bytes / group, MemoryCategory::kCommunication,
+                                   kFsdpAllGatherStream));
+  }
   const int output =
       memory_.Alloc(output_bytes, MemoryCategory::kCommunication, kFsdpAllGatherStream);
-  if (input >= 0) memory_.Unref(input);
+  for (int input : inputs) memory_.Unref(input);
   return output;
+}
+
+bool Simulation::FsdpOffload() const {
+  return options_.rank.parallel.fsdp.offload && memory_.cuda();
 }
 
 bool Simulation::FsdpMixedPrecision() const {
@@ -247,8 +274,16 @@ void Simulation::FsdpPostBackward(int64_t unit) {
     memory_.Unref(grad->second);
     grads_.erase(grad);
   }
-  memory_.AllocOnce(parameters.shard_elements * reduce_element, MemoryCategory::kGradient,
-                    kFsdpReduceScatterStream);
+  if (FsdpOffload()) {
+    // The reduce-scatter's output on the device, each parameter's gradient copied from it
+    // to host memory (foreach_reduce, _fsdp_collectives.py:779: new_sharded_grad.to(cpu):
+    // no device bytes), then freed as foreach_reduce returns.
+    memory_.Unref(memory_.Alloc(parameters.shard_elements * reduce_element,
+                                MemoryCategory::kGradient, kFsdpReduceScatterStream));
+  } else {
+    memory_.AllocOnce(parameters.shard_elements * reduce_element, MemoryCategory::kGradient,
+                      kFsdpReduceScatterStream);
+  }
   // On the Gloo ranks the witness's reduce-scatter averages by a division
   // (witness_common._nccl_like_collectives); NCCL averages in the collective
   // (_get_gradient_divide_factors, _fsdp_collectives.py:973: ReduceOp.AVG for fp32 and

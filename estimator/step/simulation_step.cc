@@ -83,7 +83,11 @@ absl::Status Simulation::ReduceAndStep() {
     for (const ParameterKey& parameter : parameter_order_) {
       shards.push_back(FsdpShardOf(parameter));
     }
-    return OptimizerStep(shards);
+    // Under CPUOffloadPolicy torch.optim steps the shards on the host.
+    memory_.SetOnHost(FsdpOffload());
+    absl::Status status = OptimizerStep(shards);
+    memory_.SetOnHost(false);
+    return status;
   }
   if (zero3_) {
     // The shard's gradient, reduced unit by unit in the backward, divided by dp x

@@ -292,6 +292,7 @@ class Memory {
   // Alloc makes a storage with one reference; on CUDA a block of the allocator, on
   // `stream` (CudaStream: the default stream, or one of FSDP2's collectives').
   int Alloc(int64_t bytes, MemoryCategory category, int stream = kDefaultStream) {
+    if (on_host_ && cuda_) bytes = 0;  // OnHost: no device bytes
     int block = -1;
     if (allocator_.has_value()) {
       block = Malloc(bytes, stream);
@@ -309,6 +310,9 @@ class Memory {
     return Alloc(cuda_ ? 0 : bytes, category);
   }
   bool cuda() const { return cuda_; }
+  // SetOnHost: from here on a CUDA step's allocations are the host's (FSDP2's
+  // CPUOffloadPolicy steps the optimizer on CPU tensors), until SetOnHost(false).
+  void SetOnHost(bool on) { on_host_ = on; }
   // allocator: the caching allocator's blocks are simulated (CudaBlocks::kAllocator).
   bool allocator() const { return allocator_.has_value(); }
   // itemized: every transient is allocated one by one, as recorded events or as CUDA
@@ -608,6 +612,7 @@ class Memory {
   StepTimeline* out_;
   bool record_;
   bool cuda_;
+  bool on_host_ = false;
   std::optional<CudaAllocatorSim> allocator_;  // on CUDA, with CudaBlocks::kAllocator
   struct Input {
     int block = -1;
