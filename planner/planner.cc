@@ -150,8 +150,9 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   StepOptions step;
   step.cpu_threads = options.cpu_threads;
   step.record_events = false;
-  // Under DDP the Reducer's hooks run in each layer's backward (Simulation::DdpHook): the
-  // probes run as the rank; its step ends as one process's (nothing after the backward).
+  // Under DDP the Reducer's hooks run in each layer's backward
+  // (estimator/step/data_parallel_ddp.cc): the probes run as the rank; its step ends as
+  // one process's (nothing after the backward).
   const bool ddp = TorchDdp(config, parallel);
   if (ddp) step.rank.parallel = parallel;
   absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, options.attention, step);

@@ -191,7 +191,7 @@ TEST_F(RealAllocatorTest, AgreesOnRandomStreamsAfterEveryCall) {
   RandomCallsAgree(20261202, 24, {nullptr});  // the default stream
 }
 
-// Three streams, as FSDP2's collectives use (estimator/step/simulation_fsdp2.cc; the
+// Three streams, as FSDP2's collectives use (estimator/step/data_parallel_fsdp2.cc; the
 // stub's streams are distinct handles). The real allocator's pools are ordered by stream
 // first and reuse a block only for its own stream: the simulation agrees after every
 // call, with and without expandable segments.

@@ -329,7 +329,7 @@ def _nccl_like_collectives():
 
 def reduce_expert_parallel(params, dp, ep):
     """The data-parallel reduction memledger predicts for expert-parallel ranks
-    (estimator/step/simulation_step.cc, ReduceAndStep): the gradients other than the
+    (estimator/step/data_parallel_zero.cc, Replicated): the gradients other than the
     experts' (plain tensors) concatenated into one bucket, padded with zeros to a
     multiple of dp, all-reduced over the dp ranks, divided by dp and copied back; then
     the experts' (DTensors) the same way over the dp / ep ranks that hold the same

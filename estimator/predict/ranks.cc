@@ -600,7 +600,7 @@ absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig&
   }
   if (parallel.fsdp.enabled && config.device == Device::kCuda) {
     // tests/fsdp2_witness_test.py measures FSDP2 on Gloo CPU ranks; the CUDA step is
-    // torch's source mirrored (simulation_fsdp2.cc), its allocator replay checked against
+    // torch's source mirrored (data_parallel_fsdp2.cc), its allocator replay checked against
     // torch's own (tests/cuda_allocator_test.cc), no GPU run.
     whole->caveats.push_back(
         "fsdp: FSDP2 on CUDA follows torch's source, not a GPU run: the all-gather buffers "

@@ -522,11 +522,12 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   }
   // A rank's step (data parallelism, micro-batches, a pipeline stage's chunks) composes
   // from its chunks replayed short, pass by pass, and its own reduction (ComposeRankPeak).
-  // Not under DDP, whose reduction runs in the last backward (Simulation::DdpHook), nor
-  // FSDP2, whose units hand buffers on to the next: their steps are replayed whole.
+  // Where its data-parallel program composes so (ComposesFromPasses); other steps are
+  // replayed whole.
   const ParallelSpec& parallel = options_.rank.parallel;
-  if (!options_.record_events && !allocator && !TorchDdp(*config_, parallel) &&
-      !parallel.fsdp.enabled &&
+  using liveness_internal::DataParallelOf;
+  if (!options_.record_events && !allocator &&
+      liveness_internal::ComposesFromPasses(DataParallelOf(*config_, parallel)) &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
       config_->checkpoint_impl != CheckpointImpl::kReentrant) {
     const std::vector<StageRange> chunks =
@@ -705,9 +706,11 @@ absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec&
     return s;
   }
   const ParallelSpec& parallel = options_.rank.parallel;
-  if (parallel.pp > 1 || parallel.zero >= 3) {
+  if (parallel.pp > 1 ||
+      !liveness_internal::ReducesAtStepEnd(liveness_internal::DataParallelOf(*config_, parallel))) {
     return absl::UnimplementedError(
-        "peak memory: the step's end alone is modelled for one pipeline stage with ZeRO 0-2");
+        "peak memory: the step's end alone is modelled for one pipeline stage whose "
+        "gradients are reduced after its backward (ZeRO 0-2)");
   }
   const ModelPlans& plans = *plans_;
   absl::StatusOr<StepTimeline> started = ResidentTimeline(*config_, resident);

@@ -159,7 +159,7 @@ struct StepTimeline {
 //     before its backward. Sends and receives are posted and waited together as
 //     Megatron pairs them: the received buffers exist before what was sent is freed;
 //   - with dp > 1 and no ZeRO, torch's DDP (TorchDdp): its buckets resident, each
-//     chunk's last backward copies every .grad into its bucket (Simulation::DdpHook;
+//     chunk's last backward copies every .grad into its bucket (data_parallel_ddp.cc;
 //     the .grad replaced by the bucket's view with gradient_as_bucket_view), and every
 //     parameter is stepped. With ZeRO (or expert parallelism without it) the gradients
 //     are copied into one flat bucket (padded to a multiple of dp), all-reduced in place

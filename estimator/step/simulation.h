@@ -7,8 +7,9 @@
 //                           tensors, the parameters' order;
 //   simulation_pipeline.cc  a pipeline rank's steps, and the passes it copies (from its
 //                           first micro-batch, or a stage whose chunk has its shape);
-//   simulation_step.cc      ZeRO-3's gathered units, the gradients' reduction and the
-//                           optimizer's step;
+//   simulation_step.cc      the optimizer's step;
+// and what a data-parallel rank does at its units' boundaries is its program's
+// (estimator/step/data_parallel.h);
 // and liveness.cc composes long models' peaks from a short model's stretches.
 #ifndef ESTIMATOR_STEP_SIMULATION_H_
 #define ESTIMATOR_STEP_SIMULATION_H_
@@ -32,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/block_graph.h"
 #include "estimator/spec/checked_math.h"
+#include "estimator/step/data_parallel.h"
 #include "estimator/step/op_steps.h"
 #include "estimator/step/pipeline_steps.h"
 #include "estimator/step/segment_plan.h"
@@ -39,10 +41,6 @@
 #include "estimator/saved/walker.h"
 
 namespace memledger::liveness_internal {
-
-// ParameterKey names a parameter's .grad: its segment instance and tensor (a tied
-// weight's is its owner's, the prologue's).
-using ParameterKey = std::pair<int64_t, int>;
 
 // Buffers are the engine's input buffers of one segment's backward, by tensor: a few at
 // a time, so a flat list searched in order rather than a tree of heap nodes (the step
@@ -289,26 +287,6 @@ class Simulation {
   void AccumulateGrad(const ParameterKey& parameter, const Layout& layout, const Handle& grad);
   // OptimizerStep steps tensors of these element counts, with their gradients.
   absl::Status OptimizerStep(const std::vector<int64_t>& numels);
-  absl::Status ReduceAndStep();
-  // DdpHook is the hook DDP's Reducer puts on each parameter's AccumulateGrad, run in the
-  // backward that syncs (ddp_sync_): the .grad divided into its bucket's view and, with
-  // gradient_as_bucket_view, replaced by that view (reducer.cpp,
-  // mark_variable_ready_dense).
-  void DdpHook(const ParameterKey& parameter, DType dtype);
-  // ZeRO-3 (RankStep): a unit (the prologue, a layer, the head: its segment) has its
-  // parameters gathered into one buffer for its forward and its backward; after its
-  // backward its .grads are flattened into a bucket and freed, the bucket all-reduced
-  // in place, this rank's part added into the shard's gradient (made on first use), the
-  // bucket freed and the unit released (runtime/zero_units.h, GatheredUnits).
-  // SetUpZero3: with ZeRO-3, each unit's bytes and the rank's shard.
-  void SetUpZero3(const ModelGraphs& graphs);
-  int64_t UnitBytes(int64_t segment) const;
-  void GatherUnit(int64_t segment);
-  void ReleaseUnit(int64_t segment);
-  void ReduceScatterUnit(int64_t segment);
-  // BackwardPassed: `unit`'s backward has run (its input's gradient is complete); the
-  // unit before it (or none) is gathered next.
-  void BackwardPassed(int64_t unit, std::optional<int64_t> previous);
   // InFlight is one micro-batch between its forward and its backward.
   struct InFlight {
     StageRange range;   // the model chunk
@@ -378,7 +356,7 @@ class Simulation {
   // of its kind in a single rank's model or under DDP, whose step is one process's
   // (what one more layer of that kind adds to the optimizer's step); null otherwise.
   std::array<int64_t, kNumMemoryCategories>* OptimizerLayerBytes(size_t p) {
-    if (p >= parameter_order_.size() || (options_.rank.parallel.dp > 1 && !ddp_)) {
+    if (p >= parameter_order_.size() || !data_parallel_->StepIsOneProcess()) {
       return nullptr;
     }
     const int64_t layer = parameter_order_[p].first;
@@ -506,74 +484,9 @@ class Simulation {
   // expert_shard_[p]: parameter_order_[p] is an expert-parallel rank's experts
   // (TensorDef::expert_shard).
   std::vector<bool> expert_shard_;
-  // ZeRO-3's state: each unit's parameter bytes (prologue, head, each layer kind), the
-  // gathered units' buffers, the shard's gradient (-1 until made), the unit whose
-  // backward runs.
-  // DDP (TorchDdp): its hooks run in each chunk's last micro-batch's backward (the
-  // others under no_sync, as torch.distributed.pipelining's stages and gradient
-  // accumulation run them).
-  bool ddp_ = false;
-  bool ddp_sync_ = false;
-  // FSDP2 (FsdpOptions, simulation_fsdp2.cc): fully_shard on each layer and the root
-  // (kRootUnit: the embedding, the final norm and the head). Each unit's parameters in
-  // order with their padded shards' elements and their .grads' keys; the unsharded
-  // parameters' storages by unit; a prefetched unit's all-gather output awaiting its
-  // copy-out; the forward's kept all-gather output (all_gather_state); the last
-  // reduce-scatter input (reduce_scatter_states); each parameter's shard by key.
-  static constexpr int64_t kRootUnit = Where::kHead;
-  struct FsdpParameter {
-    ParameterKey key;
-    int64_t shard_elements = 0;
-    bool padded = false;  // its rows are not a multiple of the ranks
-  };
-  struct FsdpUnit {
-    std::vector<FsdpParameter> parameters;
-    std::vector<int64_t> ShardElements() const {
-      std::vector<int64_t> elements;
-      for (const FsdpParameter& p : parameters) elements.push_back(p.shard_elements);
-      return elements;
-    }
-    int64_t shard_elements = 0;
-  };
-  void SetUpFsdp2(const ModelGraphs& graphs);
-  FsdpUnit FsdpUnitAt(int64_t unit) const;
-  // The unit's unshard (pre_forward, pre_backward), reshard, backward prefetch and
-  // post-backward reduction, as FSDPParamGroup runs them.
-  void FsdpUnshard(int64_t unit, bool forward);
-  void FsdpReshard(int64_t unit);
-  void FsdpReshardPostForward(int64_t unit, int64_t post_forward);
-  void FsdpPrefetch(int64_t unit);
-  int FsdpAllGather(int64_t unit);  // its output's storage
-  // Under a MixedPrecisionPolicy (param_dtype other than the fp32 shards'): the gather's
-  // cast input, and the reduction's dtype (reduce_dtype; the shards' otherwise).
-  bool FsdpMixedPrecision() const;
-  // FsdpOffload: CPUOffloadPolicy on a CUDA step (FsdpOptions::offload).
-  bool FsdpOffload() const;
-  DType FsdpReduceDType() const;
-  void FsdpPostBackward(int64_t unit);
-  // The hooks' points in the step: a segment's start and end in the forward, a unit's
-  // backward's start, its input's gradient made, the backward's end.
-  void FsdpForwardBegins(int64_t segment);
-  void FsdpForwardEnds(int64_t segment);
-  void FsdpBackwardBegins(int64_t unit, std::optional<int64_t> previous);
-  void FsdpBackwardEnds();
-  // FsdpShardOf: a parameter's padded shard's elements (what the rank's optimizer steps).
-  int64_t FsdpShardOf(const ParameterKey& key) const;
-  bool fsdp2_ = false;
-  std::vector<FsdpUnit> fsdp_layer_kinds_;  // a layer of kind k's unit, keyed to layer 0
-  FsdpUnit fsdp_root_;
-  std::map<int64_t, std::vector<int>> fsdp_unsharded_;
-  std::map<int64_t, int> fsdp_prefetched_;
-  std::map<int64_t, std::vector<int>> fsdp_post_forward_;  // a unit's post-forward shards
-  int fsdp_all_gather_state_ = -1;
-  int fsdp_reduce_scatter_input_ = -1;
-  bool zero3_ = false;
-  int64_t prologue_unit_bytes_ = 0, head_unit_bytes_ = 0;
-  std::vector<int64_t> layer_unit_bytes_;  // by kind
-  int64_t shard_elements_ = 0;
-  std::map<int64_t, int> gathered_;
-  int shard_grad_ = -1;
-  std::optional<int64_t> pending_unit_;
+  // data_parallel_: what the rank does at its units' boundaries (Run's, RunReduction's).
+  friend class DataParallelProgram;
+  std::unique_ptr<DataParallelProgram> data_parallel_;
 };
 
 }  // namespace memledger::liveness_internal

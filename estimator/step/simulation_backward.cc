@@ -30,13 +30,14 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
   auto it = grads_.find(parameter);
   if (it != grads_.end()) {
     memory_.Unref(grad.storage);  // .grad += new, in place
-    if (ddp_sync_) DdpHook(parameter, grad.dtype);
+    data_parallel_->GradientAccumulated(parameter, grad.dtype);
     return;
   }
   // AccumulateGrad steals a gradient nobody else holds that has the parameter's layout;
   // otherwise it clones it. A later micro-batch's backward (the shadow pass) adds into
-  // the .grad instead, unless ZeRO-3's reduce-scatter freed it with the unit's.
-  const bool once = !zero3_ && !fsdp2_;
+  // the .grad instead, unless the rank's reduction freed it with its unit's (ZeRO-3,
+  // FSDP2).
+  const bool once = data_parallel_->GradientsPersist();
   if (memory_.refs(grad.storage) == 1 && SameLayout(grad.layout, layout)) {
     memory_.MakeGradient(grad.storage, once);
     grads_.emplace(parameter, grad.storage);
@@ -47,25 +48,7 @@ void Simulation::AccumulateGrad(const ParameterKey& parameter, const Layout& lay
     memory_.Unref(grad.storage);
     grads_.emplace(parameter, clone);
   }
-  if (ddp_sync_) DdpHook(parameter, grad.dtype);
-}
-
-// The Reducer's hook on the parameter's AccumulateGrad node runs once the .grad is
-// accumulated (reducer.cpp, autograd_hook -> mark_variable_ready_dense): with no comm
-// hook, at::mul_out(bucket_view, grad, wrapped_scalar_tensor(1. / div_factor_)), an
-// 8-byte double converted to the gradient's dtype (Memory::ScalarOp); with
-// gradient_as_bucket_view, grad = bucket_view, and the .grad's own storage dies. The
-// bucket's all-reduce works in place on it (ProcessGroupGloo's and NCCL's buffers are
-// not ATen's); without the view, finalize_backward copies the averages back into the
-// .grads in place (copy_bucket_to_grad: grad.copy_(bucket_view)).
-void Simulation::DdpHook(const ParameterKey& parameter, DType dtype) {
-  memory_.ScalarOp(dtype);
-  if (!options_.rank.parallel.ddp.gradient_as_bucket_view) return;
-  int& storage = grads_.at(parameter);
-  const int64_t bytes = memory_.bytes(storage);
-  memory_.Unref(storage);
-  // A view of the resident bucket: its bytes are the bucket's, counted there.
-  storage = memory_.Adopt(bytes, MemoryCategory::kCommunication);
+  data_parallel_->GradientAccumulated(parameter, grad.dtype);
 }
 
 void Simulation::Route(Instance& inst, int tensor, const Handle& grad, Buffers& buffers,

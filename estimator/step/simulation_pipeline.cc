@@ -124,13 +124,13 @@ absl::Status Simulation::PipelineSchedule(const ModelPlans& plans,
           // The first micro-batch's (a later one's forward was copied): its shadow pass is
           // the second's. Under DDP the chunk's last backward syncs (Run replays no copies
           // then).
-          ddp_sync_ = ddp_ && j + 1 == inputs.size();
+          data_parallel_->LastBackward(j + 1 == inputs.size());
           if (absl::Status s = CapturedBackward(plans, f, output_grad, copies,
                                                 &own[step.chunk].backward);
               !s.ok()) {
             return s;
           }
-          ddp_sync_ = false;
+          data_parallel_->LastBackward(false);
         }
         last_input_grad = f.input_grad;
         last_received = f.received;
@@ -173,9 +173,9 @@ std::optional<ModelPlans::ChunkShape> Simulation::ShapeOf(size_t c) const {
   const StageRange& chunk = chunks_[c];
   // The embedding's and the head's chunks are one stage's each; a plan's layers differ.
   if (chunk.prologue || chunk.head || variant_.kind == VariantKind::kPlan) return std::nullopt;
-  // ZeRO-3's shard gradient is the rank's, made by whichever of its chunks' backwards
-  // runs first: with several chunks a chunk's first backward may or may not make it.
-  if (zero3_ && chunks_.size() > 1) return std::nullopt;
+  // What the passes depend on of the rank's data-parallel program (ZeRO-3's shard).
+  const std::optional<int64_t> shard = data_parallel_->ChunkShard(chunks_.size());
+  if (!shard.has_value()) return std::nullopt;
   const bool every_k = variant_.kind == VariantKind::kEveryK;
   const int64_t every = every_k ? std::max<int64_t>(1, variant_.every) : 1;
   const int64_t period = std::lcm(every, graphs_->Period());
@@ -187,7 +187,7 @@ std::optional<ModelPlans::ChunkShape> Simulation::ShapeOf(size_t c) const {
   shape.layers = model_chunks_.empty() ? chunk.layers : model_chunks_[c].layers;
   shape.short_layers = chunk.layers;
   shape.phase = chunk.first_layer % period;
-  shape.shard_elements = zero3_ ? shard_elements_ : 0;
+  shape.shard_elements = *shard;
   return shape;
 }
 

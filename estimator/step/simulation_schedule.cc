@@ -22,9 +22,8 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const RankStep& rank = options_.rank;
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
-  SetUpZero3(graphs);
-  SetUpFsdp2(graphs);
-  ddp_ = TorchDdp(config_, parallel);
+  data_parallel_ = MakeDataParallelProgram(*this, config_, parallel);
+  data_parallel_->SetUp(graphs);
 
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
@@ -74,17 +73,18 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const int64_t warmup =
       parallel.pp > 1 ? std::min(parallel.pp - rank.stage - 1, micro_batches) : 0;
   // With the CUDA allocator every micro-batch is replayed: its blocks need not repeat.
-  // Under DDP the last backward syncs and the ones before it do not: one more is
+  // Where the last backward syncs (DDP) and the ones before it do not, one more is
   // replayed, so that a backward without the hooks follows the first.
+  const bool syncs = data_parallel_->SyncsInLastBackward();
   int64_t simulated = memory_.allocator()
                           ? micro_batches
-                          : std::min(micro_batches, warmup + (ddp_ ? 3 : 2));
+                          : std::min(micro_batches, warmup + (syncs ? 3 : 2));
   if (interleaved) {
     simulated = micro_batches;
     const int64_t v = parallel.virtual_stages, pp = parallel.pp;
     const int64_t forwards = (pp - rank.stage - 1) * 2 + (v - 1) * pp + 2 * pp * v;
     const int64_t enough = ((forwards + v - 1) / v + pp - 1) / pp * pp;
-    if (!options_.record_events && !memory_.allocator() && micro_batches != pp && !ddp_ &&
+    if (!options_.record_events && !memory_.allocator() && micro_batches != pp && !syncs &&
         enough < micro_batches) {
       simulated = enough;
     }
@@ -123,12 +123,12 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
       f.range = chunks_.front();
       f.input_id = inputs[j];
       if (absl::Status s = CapturedForward(plans, f, copies, &forward); !s.ok()) return s;
-      ddp_sync_ = ddp_ && j + 1 == inputs.size();
+      data_parallel_->LastBackward(j + 1 == inputs.size());
       if (absl::Status s = CapturedBackward(plans, f, std::nullopt, copies, &backward);
           !s.ok()) {
         return s;
       }
-      ddp_sync_ = false;
+      data_parallel_->LastBackward(false);
     }
   }
   ParameterOrder(plans);
@@ -138,7 +138,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   // With a tape the step's end is the real rank's reduction and step (RankEnd), which
   // ComposeRankPeak puts in this stretch's place whatever it holds: not replayed here
   // (a rank whose passes were copied from another stage's has no .grads to reduce).
-  absl::Status status = tape_ != nullptr ? absl::OkStatus() : ReduceAndStep();
+  absl::Status status = tape_ != nullptr ? absl::OkStatus() : data_parallel_->ReduceAndStep();
   segments_.optimizer = memory_.EndSegment();
   memory_.FinishTape();
   if (status.ok() && memory_.overflowed()) {
@@ -149,34 +149,6 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   return status;
 }
 
-void Simulation::SetUpZero3(const ModelGraphs& graphs) {
-  const ParallelSpec& parallel = options_.rank.parallel;
-  zero3_ = parallel.zero >= 3 && parallel.dp > 1;
-  if (!zero3_) return;
-  // Each unit's parameter bytes (a tied weight is its owner's), and the rank's shard of
-  // its stage's parameters (the real stage's, when its chunks are replayed short).
-  auto parameter_bytes = [&](const BlockGraph& graph) {
-    return (ParameterCount(graph, config_) * ElementSizeBytes(config_.dtype)).value();
-  };
-  prologue_unit_bytes_ = graphs.prologue.has_value() ? parameter_bytes(*graphs.prologue) : 0;
-  head_unit_bytes_ = parameter_bytes(graphs.epilogue);
-  layer_unit_bytes_.clear();
-  for (const BlockGraph& kind : graphs.layer_kinds) {
-    layer_unit_bytes_.push_back(parameter_bytes(kind));
-  }
-  int64_t stage_bytes = 0;
-  for (const StageRange& chunk : model_chunks_.empty() ? chunks_ : model_chunks_) {
-    stage_bytes += (chunk.prologue ? prologue_unit_bytes_ : 0) +
-                   (chunk.head ? head_unit_bytes_ : 0);
-    for (size_t kind = 0; kind < layer_unit_bytes_.size(); ++kind) {
-      stage_bytes += graphs.LayersOfKind(static_cast<int>(kind), chunk.first_layer,
-                                         chunk.layers) *
-                     layer_unit_bytes_[kind];
-    }
-  }
-  shard_elements_ = ZeroShardElements(stage_bytes / ElementSizeBytes(config_.dtype), parallel.dp);
-}
-
 absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   const ModelGraphs& graphs = *plans.graphs;
   if (graphs.prologue.has_value()) prologue_graph_ = &*graphs.prologue;
@@ -184,16 +156,14 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
   chunks_ = options_.rank.parallel.pp > 1 ? options_.rank.chunks
                                           : std::vector<StageRange>{WholeModel(config_)};
-  SetUpZero3(graphs);
+  data_parallel_ = MakeDataParallelProgram(*this, config_, options_.rank.parallel);
+  data_parallel_->SetUp(graphs);
   memory_.Begin();
   ParameterOrder(plans);
-  if (zero3_) {
-    // The backward reduced every unit into the shard's gradient.
-    shard_grad_ = memory_.Alloc(shard_elements_ * ElementSizeBytes(config_.dtype),
-                                MemoryCategory::kGradient);
-  }
+  // What the backward leaves: the .grads, unless the program reduced them in it.
+  const bool grads_left = data_parallel_->PrepareStepEnd();
   for (const ParameterKey& key : parameter_order_) {
-    if (zero3_) break;
+    if (!grads_left) break;
     if (grads_.count(key) > 0) continue;
     const SegmentPlan* plan = key.first == Where::kPrologue ? plans.prologue.get()
                               : key.first == Where::kHead   ? plans.head.get()
@@ -205,7 +175,7 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   }
   memory_.SetPhase(StepPhase::kOptimizer);
   memory_.BeginSegment();
-  absl::Status status = ReduceAndStep();
+  absl::Status status = data_parallel_->ReduceAndStep();
   segments_.optimizer = memory_.EndSegment();
   if (status.ok() && memory_.overflowed()) {
     return absl::OutOfRangeError("the step's end overflows int64");
@@ -273,7 +243,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   std::vector<int>& extras = f.extras;  // the layers' model-level tensors the caller holds
   extras.reserve(kNumModelTensors);
   if (f.range.prologue && families) {
-    GatherUnit(Where::kPrologue);
+    data_parallel_->ForwardBegins(Where::kPrologue);
     f.prologue.plan = plans.prologue.get();
     f.prologue.segment = Where::kPrologue;
     // What the embedding reads is made before it (learned positions' ids); what the
@@ -288,9 +258,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
         !s.ok()) {
       return s;
     }
-    // A tied embedding's unit stays gathered: the head reads its weight, and its
-    // gradient is complete after the prologue's backward.
-    if (!config_.tie_embeddings) ReleaseUnit(Where::kPrologue);
+    data_parallel_->ForwardEnds(Where::kPrologue);
   } else if (families) {
     // A later stage makes its own (ModelImpl::Extras).
     for (const SegmentPlan* plan :
@@ -312,7 +280,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     Instance& inst = f.layers[i - f.range.first_layer];
     inst.plan = LayerPlan(plans, i);
     inst.segment = i;
-    GatherUnit(i);
+    data_parallel_->ForwardBegins(i);
     Handle y;
     if (variant_.IsCheckpointed(i)) {
       // The checkpointed layer runs without a graph (reentrant: Function.apply's
@@ -341,7 +309,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     }
     if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
     x = y;
-    ReleaseUnit(i);
+    data_parallel_->ForwardEnds(i);
     segments_.forward[i] = memory_.EndSegment();
     if (tape_ != nullptr) forward_entries_[i] = memory_.tape_size() - 1;
   }
@@ -349,7 +317,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   if (f.range.head) {
     f.head.plan = plans.head.get();
     f.head.segment = Where::kHead;
-    GatherUnit(Where::kHead);
+    data_parallel_->ForwardBegins(Where::kHead);
     // Where the decoder model's forward returns (after its final norm) its last hidden
     // states (rebound to the norm's output) and its other locals, the layers' extras,
     // die; without a decoder (the study) when the loss is computed.
@@ -366,7 +334,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
     if (forward.ok() && !returned) returns();
     decoder_returns_.reset();
     if (!forward.ok()) return forward;
-    ReleaseUnit(Where::kHead);
+    data_parallel_->ForwardEnds(Where::kHead);
   } else {
     f.output = x;  // returned to the caller, who sends it
   }
@@ -391,18 +359,15 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   memory_.BeginSegment();
   memory_.SetPhase(StepPhase::kBackward);
   const int64_t end = f.range.first_layer + f.range.layers;
-  // ZeRO-3: the unit before `unit` in this chunk, whose gathering its input's hook
-  // starts; none before the first (the embeddings' gradient ends the graph).
+  // The unit before `unit` in this chunk (ZeRO-3 gathers it as its input's hook runs,
+  // FSDP2 prefetches it); none before the first (the embeddings' gradient ends the graph).
   auto before = [&](int64_t unit) -> std::optional<int64_t> {
     if (unit == Where::kHead) return end - 1;
     if (unit > f.range.first_layer) return unit - 1;
     if (f.range.prologue && families) return Where::kPrologue;
     return std::nullopt;
   };
-  if (zero3_) {
-    pending_unit_ = f.range.head ? Where::kHead : end - 1;
-    GatherUnit(*pending_unit_);
-  }
+  data_parallel_->BackwardBegins(f.range.head ? Where::kHead : end - 1);
   memory_.SetOp(Special(Where::kHead, Where::Activity::kLossBackward));
   Handle seed;
   std::optional<Handle> grad;
@@ -410,15 +375,12 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     seed.layout = f.loss.layout;
     seed.dtype = f.loss.dtype;
     seed.storage = memory_.Alloc(memory_.bytes(f.loss.storage), MemoryCategory::kTemporary);
-    if (fsdp2_) {
-      FsdpBackwardBegins(kRootUnit,
-                         f.range.layers > 0 ? std::optional<int64_t>(end - 1) : std::nullopt);
-    }
+    data_parallel_->UnitBackwardBegins(Where::kHead, before(Where::kHead));
     Buffers buffers;
     buffers.emplace(graphs.epilogue.output, Alias(seed));
     if (absl::Status s = Backward(f.head, buffers, false); !s.ok()) return s;
     if (auto it = buffers.find(graphs.epilogue.input); it != buffers.end()) grad = it->second;
-    BackwardPassed(Where::kHead, before(Where::kHead));
+    data_parallel_->UnitBackwardPassed(Where::kHead, before(Where::kHead));
   } else {
     seed = *output_grad;  // the caller's reference, dropped when the backward returns
     grad = Alias(seed);
@@ -430,10 +392,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     memory_.BeginSegment(TapeStretch::Kind::kLayerBackward, i, pass);
     Instance& inst = f.layers[i - f.range.first_layer];
     const BlockGraph& layer = graphs.layer_kinds[KindOf(i)];
-    if (fsdp2_) {
-      FsdpBackwardBegins(
-          i, i > f.range.first_layer ? std::optional<int64_t>(i - 1) : std::nullopt);
-    }
+    data_parallel_->UnitBackwardBegins(i, before(i));
     const Handle incoming = *grad;
     grad.reset();
     Buffers layer_buffers;
@@ -469,7 +428,7 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     // model input nor on a received one (a leaf), whose unit's backward ends with the
     // graph's.
     if (i > f.range.first_layer || (f.range.prologue && families)) {
-      BackwardPassed(i, before(i));
+      data_parallel_->UnitBackwardPassed(i, before(i));
     }
     segments_.backward[i] = memory_.EndSegment();
   }
@@ -492,17 +451,11 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
   } else if (grad.has_value()) {
     memory_.Unref(grad->storage);  // the model input's: not kept
   }
-  // ZeRO-3: the backward returns; the unit whose input's hook never ran (the
-  // embeddings', the study's first layer's) reduces its gradients. A received output
-  // gradient is the caller's until then; loss.backward()'s seed died with the graph.
-  auto end_backward = [&]() {
-    if (zero3_ && pending_unit_.has_value()) ReduceScatterUnit(*pending_unit_);
-    pending_unit_.reset();
-  };
-  if (!f.range.head) end_backward();
-  if (fsdp2_) FsdpBackwardEnds();  // queued by the root: before the graph task ends
-  memory_.Unref(seed.storage);  // the graph task ends
-  if (f.range.head) end_backward();
+  // The backward returns: the engine's final callbacks run, then the graph task ends
+  // (loss.backward()'s seed dies with it; a received output gradient is the caller's).
+  data_parallel_->GraphTaskEnding(f.range.head);
+  memory_.Unref(seed.storage);
+  data_parallel_->GraphTaskEnded(f.range.head);
   // The loss, as a value: the first stays until the step ends; later ones are added
   // into it in place and freed.
   if (f.range.head) {

@@ -1,5 +1,5 @@
-// The step simulation: ZeRO-3's gathered parameter units, the gradients' reduction and
-// the optimizer's step.
+// The step simulation: the optimizer's step (a data-parallel rank's reduction around it
+// is its program's, estimator/step/data_parallel.h).
 #include "estimator/step/simulation.h"
 
 #include <algorithm>
@@ -9,155 +9,6 @@
 #include <vector>
 
 namespace memledger::liveness_internal {
-
-int64_t Simulation::UnitBytes(int64_t segment) const {
-  if (!zero3_) return 0;
-  if (segment == Where::kPrologue) return prologue_unit_bytes_;
-  if (segment == Where::kHead) return head_unit_bytes_;
-  return layer_unit_bytes_[KindOf(segment)];
-}
-
-void Simulation::GatherUnit(int64_t segment) {
-  if (fsdp2_) {
-    FsdpForwardBegins(segment);
-    return;
-  }
-  const int64_t bytes = UnitBytes(segment);
-  if (!zero3_ || bytes == 0 || gathered_.count(segment) == 1) return;
-  memory_.SetOp(Special(segment, Where::Activity::kParameterGather));
-  gathered_[segment] = memory_.Alloc(bytes, MemoryCategory::kParameter);
-}
-
-void Simulation::ReleaseUnit(int64_t segment) {
-  if (fsdp2_) {
-    FsdpForwardEnds(segment);
-    return;
-  }
-  auto it = gathered_.find(segment);
-  if (it == gathered_.end()) return;
-  memory_.Unref(it->second);
-  gathered_.erase(it);
-}
-
-void Simulation::ReduceScatterUnit(int64_t segment) {
-  const int64_t bytes = UnitBytes(segment);
-  if (!zero3_ || bytes == 0) return;
-  memory_.SetOp(Special(segment, Where::Activity::kUnitReduction));
-  const int bucket = memory_.Alloc(bytes, MemoryCategory::kTemporary);
-  // The unit's .grads die in its tensors' order.
-  std::vector<std::pair<int, int>> unit_grads;  // (tensor, storage)
-  for (const auto& [key, storage] : grads_) {
-    if (key.first == segment) unit_grads.emplace_back(key.second, storage);
-  }
-  std::sort(unit_grads.begin(), unit_grads.end());
-  for (const auto& [tensor, storage] : unit_grads) {
-    memory_.Unref(storage);
-    grads_.erase(ParameterKey{segment, tensor});
-  }
-  if (shard_grad_ < 0) {  // the first backward's alone (Memory::AllocOnce)
-    shard_grad_ = memory_.AllocOnce(shard_elements_ * ElementSizeBytes(config_.dtype),
-                                    MemoryCategory::kGradient);
-  }
-  memory_.Unref(bucket);
-  ReleaseUnit(segment);
-}
-
-void Simulation::BackwardPassed(int64_t unit, std::optional<int64_t> previous) {
-  // FSDP2's post_backward, where the unit's input's gradient is made; the root's is the
-  // backward's final callback (FsdpBackwardEnds).
-  if (fsdp2_ && unit != kRootUnit) FsdpPostBackward(unit);
-  if (!zero3_) return;
-  ReduceScatterUnit(unit);
-  pending_unit_ = previous;
-  if (previous.has_value()) GatherUnit(*previous);
-}
-
-// ReduceAndStep: the optimizer's step on every parameter, or on a data-parallel rank the
-// gradients' reduction and the ZeRO shard's step (RankStep).
-absl::Status Simulation::ReduceAndStep() {
-  const int64_t element = ElementSizeBytes(config_.dtype);
-  if (fsdp2_) {
-    // Reduced unit by unit in the backward: the optimizer steps each parameter's shard.
-    std::vector<int64_t> shards;
-    shards.reserve(parameter_order_.size());
-    for (const ParameterKey& parameter : parameter_order_) {
-      shards.push_back(FsdpShardOf(parameter));
-    }
-    // Under CPUOffloadPolicy torch.optim steps the shards on the host.
-    memory_.SetOnHost(FsdpOffload());
-    absl::Status status = OptimizerStep(shards);
-    memory_.SetOnHost(false);
-    return status;
-  }
-  if (zero3_) {
-    // The shard's gradient, reduced unit by unit in the backward, divided by dp x
-    // micro-batches, stepped and freed; the parameters stay sharded.
-    memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
-    memory_.ScalarOp(config_.dtype);
-    absl::Status status = OptimizerStep({shard_elements_});
-    if (shard_grad_ >= 0) memory_.Unref(shard_grad_);
-    return status;
-  }
-  std::vector<int64_t> numels;
-  numels.reserve(parameter_order_.size());
-  for (const ParameterKey& parameter : parameter_order_) {
-    numels.push_back(memory_.bytes(grads_.at(parameter)) / element);
-  }
-  const ParallelSpec& data = options_.rank.parallel;
-  // DDP reduced in the backward, into its resident buckets and back (DdpHook).
-  if (data.dp <= 1 || ddp_) return OptimizerStep(numels);
-  memory_.SetOp(Special(Where::kHead, Where::Activity::kGradientReduction));
-  // A bucket of n elements over `ranks`: at::cat of the .grads' flat views and, when n
-  // is not a multiple of ranks, a block of zeros (which dies with the list of pieces).
-  auto make_bucket = [&](int64_t n, int64_t ranks) {
-    const int64_t padded = ZeroShardElements(n, ranks) * ranks;
-    const int padding =
-        padded > n ? memory_.Alloc((padded - n) * element, MemoryCategory::kTemporary) : -1;
-    const int bucket = memory_.Alloc(padded * element, MemoryCategory::kTemporary);
-    if (padding >= 0) memory_.Unref(padding);
-    return bucket;
-  };
-  if (config_.moe.ep > 1) {
-    // Expert parallelism (ZeRO 0): the experts' gradients and the rest are reduced
-    // apart, each a bucket over its own ranks as below: the rest over all dp ranks, the
-    // experts over the dp / ep ranks that hold the same experts (Megatron's expert
-    // data-parallel group; one rank when dp == ep, where nothing is exchanged but the
-    // bucket is still made and divided by dp).
-    for (const bool experts : {false, true}) {
-      int64_t group_n = 0;
-      for (size_t p = 0; p < numels.size(); ++p) {
-        if (expert_shard_[p] == experts) group_n += numels[p];
-      }
-      const int bucket = make_bucket(group_n, experts ? data.dp / config_.moe.ep : data.dp);
-      memory_.ScalarOp(config_.dtype);  // bucket.div_(dp)
-      memory_.Unref(bucket);            // copied back into the .grads
-    }
-    return OptimizerStep(numels);
-  }
-  int64_t n = 0;
-  for (int64_t numel : numels) n += numel;
-  const int64_t shard = ZeroShardElements(n, data.dp);
-  const int bucket = make_bucket(n, data.dp);
-  auto free_grads = [&]() {
-    for (const ParameterKey& parameter : parameter_order_) memory_.Unref(grads_.at(parameter));
-  };
-  // The all-reduce works in place (Gloo's own buffers are not ATen's).
-  if (data.zero == 2) {
-    // The shard's copy, divided by dp; then the bucket and the .grads freed.
-    const int mine = memory_.Alloc(shard * element, MemoryCategory::kGradient);
-    memory_.ScalarOp(config_.dtype);
-    memory_.Unref(bucket);
-    free_grads();
-    absl::Status status = OptimizerStep({shard});
-    memory_.Unref(mine);
-    return status;
-  }
-  memory_.ScalarOp(config_.dtype);  // bucket.div_(dp)
-  free_grads();
-  absl::Status status = OptimizerStep({shard});  // on a view of the bucket
-  memory_.Unref(bucket);
-  return status;
-}
 
 // OptimizerStep is torch.optim's step() of the pinned release, in the implementation the
 // spec names, on a step whose state exists (torch/optim/adam.py, sgd.py; AdamW is Adam
@@ -173,9 +24,9 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   // each parameter is copied back from its master (in place) and the master's .grad
   // dies.
   // FSDP2's MixedPrecisionPolicy steps the fp32 shards too.
-  const DType dtype =
-      optimizer_.master_weights || (fsdp2_ && FsdpMixedPrecision()) ? DType::kFloat32
-                                                                    : config_.dtype;
+  const DType dtype = optimizer_.master_weights || data_parallel_->StepsFp32()
+                          ? DType::kFloat32
+                          : config_.dtype;
   std::vector<int> master_grads;
   if (optimizer_.master_weights) {
     for (size_t p = 0; p < numels.size(); ++p) {
