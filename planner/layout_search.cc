@@ -332,9 +332,8 @@ class Search {
     in.tp = shape.tp;
     in.pp = shape.pp;
     in.dp = shape.dp;
-    // FSDP2 moves what ZeRO-3 does: each unit's parameters gathered in the forward and
-    // the backward, its gradients reduce-scattered.
-    in.zero = shape.fsdp ? 3 : shape.zero;
+    in.gathers_parameters =
+        RankShardsOf(DataParallelOf(shape.dp, shape.zero, shape.ep, shape.fsdp)).parameters;
     in.ep = shape.ep;
     in.sp = shape.sp;
     in.micro_batch_size = shape.micro_batch_size;

@@ -81,7 +81,7 @@ StepTime PredictStepTime(const GpuSpec& gpu, double mfu, const StepTimeInput& in
   // A data group's ranks are tp apart: it spans tp x dp GPUs.
   const double dp_bandwidth = bandwidth(in.tp * in.dp);
   const double zero3 =
-      in.zero >= 3 ? 3 * RingFraction(in.dp) * parameter_bytes / dp_bandwidth : 0.0;
+      in.gathers_parameters ? 3 * RingFraction(in.dp) * parameter_bytes / dp_bandwidth : 0.0;
   // An expert-parallel group is ep adjacent data-parallel ranks (transformers' mesh
   // ("edp", "ep", "tp")): it spans tp x ep GPUs. Each all-to-all sends what the rank's
   // tokens route to the other ranks' experts.
@@ -105,7 +105,7 @@ StepTime PredictStepTime(const GpuSpec& gpu, double mfu, const StepTimeInput& in
   // tp x ep GPUs apart (the group spans tp x dp of them); the rest over every
   // data-parallel rank.
   const double expert_bytes = static_cast<double>(in.expert_parameters) * element;
-  t.dp_s = in.zero < 3 ? 2 * RingFraction(in.dp) * (parameter_bytes - expert_bytes) /
+  t.dp_s = !in.gathers_parameters ? 2 * RingFraction(in.dp) * (parameter_bytes - expert_bytes) /
                                  dp_bandwidth +
                              2 * RingFraction(in.dp / std::max<int64_t>(in.ep, 1)) *
                                  expert_bytes / dp_bandwidth

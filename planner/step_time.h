@@ -10,7 +10,7 @@
 //              (b, s, h) (Megatron's scatter-gather), over NVLink within a node, else
 //              the network; without sequence parallelism an all-gather over NVLink
 //              restores the rest
-//   zero3    = ZeRO-3's two all-gathers and one reduce-scatter of the stage's
+//   zero3    = ZeRO-3's (and FSDP2's) two all-gathers and one reduce-scatter of the stage's
 //              parameters per micro-batch, (dp - 1) / dp of them each
 //   ep       = expert parallelism's all-to-alls (transformers' AllToAllEP): per sparse
 //              layer two in the forward (the routed tokens out, the results back), two
@@ -67,8 +67,12 @@ absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name);
 
 // StepTimeInput is one layout's shape and what its slowest stage does per micro-batch.
 struct StepTimeInput {
-  int64_t tp = 1, pp = 1, dp = 1, zero = 0, ep = 1;
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1;
   bool sp = false;
+  // gathers_parameters: the data-parallel ranks hold their shards of the parameters and
+  // gather each unit's in the forward and the backward, reduce-scattering its gradients
+  // (ZeRO 3, FSDP2: RankShards::parameters).
+  bool gathers_parameters = false;
   int64_t micro_batch_size = 1, micro_batches = 1, virtual_stages = 1;
   int64_t gpus_per_node = 8;
   int64_t seq = 0, width = 0;

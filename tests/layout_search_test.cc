@@ -44,8 +44,7 @@ StepTimeInput RoundLayout() {
   StepTimeInput in;
   in.tp = 2;
   in.pp = 2;
-  in.dp = 2;
-  in.zero = 1;
+  in.dp = 2;  // ZeRO 1: the parameters whole
   in.micro_batches = 4;
   in.gpus_per_node = 4;
   in.seq = 1000;
@@ -82,7 +81,7 @@ TEST(StepTimeTest, OneFOneBByHand) {
 
 TEST(StepTimeTest, ZeroThreeInterleavedAndSequenceParallelByHand) {
   StepTimeInput in = RoundLayout();
-  in.zero = 3;
+  in.gathers_parameters = true;  // ZeRO 3
   in.virtual_stages = 2;
   in.sp = true;
   const StepTime t = PredictStepTime(RoundGpu(), 0.5, in);
@@ -112,7 +111,6 @@ TEST(StepTimeTest, ExpertParallelAllToAllsAndTheExpertsOwnReductionByHand) {
   in.tp = 1;
   in.pp = 1;
   in.dp = 8;
-  in.zero = 0;
   in.ep = 4;
   in.ep_all_to_alls = 14;
   in.routed_rows = 2000;

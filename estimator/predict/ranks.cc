@@ -265,8 +265,10 @@ void AddDdpBuckets(const DdpOptions& ddp, std::vector<ResidentTensor>* tensors) 
 absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const ParallelSpec& parallel,
                                            const RankKind& kind, AttentionMode attention,
                                            const OptimizerSpec& optimizer) {
-  const bool flat = parallel.zero == 1 || parallel.zero == 2;
-  // FSDP2's sharded parameters are tensors of their own (kind.param_bytes).
+  // ZeRO 1 and 2 keep the whole flat buffer (padded); ZeRO 3 and FSDP2 their shards
+  // (kind.param_bytes).
+  const RankShards shards = RankShardsOf(DataParallelOf(config, parallel));
+  const bool flat = shards.flat && !shards.parameters;
   const CheckedInt64 flat_bytes = CheckedInt64(ZeroShardElements(kind.n_params, parallel.dp)) *
                                   parallel.dp * ElementSizeBytes(config.dtype);
   if (flat_bytes.overflowed()) return absl::OutOfRangeError("the parameters' bytes overflow int64");
@@ -300,11 +302,11 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
       tensors.clear();  // not one by one: the peak says so
       return resident;
     }
-  } else if (parallel.zero == 0) {
+  } else if (!shards.flat) {
     tensors = ResidentTensors(*graphs, config, optimizer, kind.chunks, kind.param_bytes,
                               kind.optimizer_state_bytes);
     if (tensors.empty()) return resident;  // not one by one: the peak says so
-    if (kind.communication_bytes > 0) AddDdpBuckets(parallel.ddp, &tensors);
+    if (shards.buckets) AddDdpBuckets(parallel.ddp, &tensors);
   } else {
     tensors.push_back({"flat parameters", MemoryCategory::kParameter, resident.parameter_bytes});
     const OptimizerBytesPerParameter per = OptimizerBytesOf(config, optimizer);
@@ -460,26 +462,25 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
                                        : static_cast<double>(v.held.saved_bytes) /
                                              static_cast<double>(kind.saved_bytes_none);
     }
-    // ZeRO: the optimizer's state (1), the gradients (2) and the parameters (3) sharded.
-    // FSDP2: every parameter its own padded Shard(0) (rank 0's), stepped tensor by tensor.
+    // What the strategy shards (RankShardsOf): ZeRO's ceil(n / dp) of one flat buffer,
+    // stepped as one tensor; FSDP2's padded Shard(0) of every parameter (rank 0's),
+    // stepped tensor by tensor.
+    const RankShards shards = RankShardsOf(DataParallelOf(config, parallel));
     const int64_t n = n_params.value();
     const int64_t shard = parallel.fsdp.enabled
                               ? Fsdp2ModelShardElements(config, options.attention, parallel.dp)
                               : ZeroShardElements(n, parallel.dp);
-    const bool sharded_parameters = parallel.zero >= 3 || parallel.fsdp.enabled;
-    CheckedInt64 param_bytes = CheckedInt64(sharded_parameters ? shard : n) * element;
-    CheckedInt64 grad_bytes =
-        CheckedInt64(parallel.zero >= 2 || parallel.fsdp.enabled ? shard : n) * element;
-    const int64_t stepped = parallel.zero >= 1 || parallel.fsdp.enabled ? shard : n;
-    // A ZeRO rank steps its shard as one flat tensor.
-    const int64_t stepped_tensors = parallel.zero >= 1 ? 1 : n_param_tensors;
+    CheckedInt64 param_bytes = CheckedInt64(shards.parameters ? shard : n) * element;
+    CheckedInt64 grad_bytes = CheckedInt64(shards.gradients ? shard : n) * element;
+    const int64_t stepped = shards.optimizer_state ? shard : n;
+    const int64_t stepped_tensors = shards.flat ? 1 : n_param_tensors;
     CheckedInt64 moments = CheckedInt64(stepped) * per_parameter.moments;
     CheckedInt64 state = moments + CheckedInt64(stepped) * per_parameter.master +
                          CheckedInt64(stepped_tensors) * per_parameter.per_tensor;
     // DDP's Reducer: buckets of every parameter's element in the gradients' dtype (the
     // parameters').
-    const CheckedInt64 communication = TorchDdp(config, parallel) ? param_bytes : CheckedInt64(0);
-    const bool views = TorchDdp(config, parallel) && parallel.ddp.gradient_as_bucket_view;
+    const CheckedInt64 communication = shards.buckets ? param_bytes : CheckedInt64(0);
+    const bool views = shards.buckets && parallel.ddp.gradient_as_bucket_view;
     CheckedInt64 total =
         param_bytes + (views ? CheckedInt64(0) : grad_bytes) + state + communication;
     for (const RankVariant& v : kind.variants) total += v.held.saved_bytes;

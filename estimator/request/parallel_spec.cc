@@ -27,6 +27,50 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(absl::string_view name) {
       absl::StrCat("--schedule must be 1f1b or interleaved, got '", name, "'"));
 }
 
+DataParallel DataParallelOf(int64_t dp, int64_t zero, int64_t ep, bool fsdp) {
+  if (dp <= 1) return DataParallel::kOneRank;
+  if (fsdp) return DataParallel::kFsdp2;
+  if (zero >= 3) return DataParallel::kZero3;
+  if (TorchDdp(dp, zero, ep, fsdp)) return DataParallel::kDdp;
+  // Expert parallelism without ZeRO (ValidateParallel refuses it with ZeRO).
+  if (ep > 1) return DataParallel::kReplicated;
+  return zero == 2 ? DataParallel::kZero2 : DataParallel::kZero1;
+}
+
+// One row per strategy: ZeRO's stages shard the optimizer's state (1), the gradients
+// too (2), the parameters too (3); FSDP2 shards all three, parameter by parameter.
+RankShards RankShardsOf(DataParallel data_parallel) {
+  switch (data_parallel) {
+    case DataParallel::kOneRank:
+    case DataParallel::kReplicated:
+      return {};
+    case DataParallel::kDdp:
+      return {.buckets = true};
+    case DataParallel::kZero1:
+      return {.optimizer_state = true, .flat = true};
+    case DataParallel::kZero2:
+      return {.gradients = true, .optimizer_state = true, .flat = true};
+    case DataParallel::kZero3:
+      return {.parameters = true, .gradients = true, .optimizer_state = true, .flat = true};
+    case DataParallel::kFsdp2:
+      return {.parameters = true, .gradients = true, .optimizer_state = true};
+  }
+  return {};
+}
+
+const char* DataParallelName(DataParallel data_parallel) {
+  switch (data_parallel) {
+    case DataParallel::kOneRank: return "none";
+    case DataParallel::kDdp: return "ddp";
+    case DataParallel::kReplicated: return "replicated";
+    case DataParallel::kZero1:
+    case DataParallel::kZero2:
+    case DataParallel::kZero3: return "zero";
+    case DataParallel::kFsdp2: return "fsdp2";
+  }
+  return "?";
+}
+
 namespace {
 std::atomic<int64_t> validate_parallel_calls{0};
 }  // namespace

@@ -133,15 +133,44 @@ inline bool TorchDdp(const ModelConfig& config, const ParallelSpec& spec) {
   return TorchDdp(spec.dp, spec.zero, config.moe.ep, spec.fsdp.enabled);
 }
 
+// DataParallel is how the data-parallel ranks run: the strategy whose program a rank's
+// step runs (estimator/step/data_parallel_program.h) and whose shards it holds
+// (RankShardsOf).
+enum class DataParallel : uint8_t {
+  kOneRank,     // dp == 1
+  kDdp,         // TorchDdp
+  kReplicated,  // dp > 1 beside expert parallelism, without ZeRO
+  kZero1,       // --zero=1
+  kZero2,       // --zero=2
+  kZero3,       // --zero=3
+  kFsdp2,       // --fsdp
+};
+DataParallel DataParallelOf(int64_t dp, int64_t zero, int64_t ep, bool fsdp);
+inline DataParallel DataParallelOf(const ModelConfig& config, const ParallelSpec& spec) {
+  return DataParallelOf(spec.dp, spec.zero, config.moe.ep, spec.fsdp.enabled);
+}
+
+// RankShards: what a data-parallel rank holds of its stage's n parameters, their
+// gradients and the optimizer's state: each all n, or its shard (ZeRO's ceil(n / dp) of
+// one flat buffer, FSDP2's padded Shard(0) of each parameter); and DDP's buckets.
+struct RankShards {
+  bool parameters = false;
+  bool gradients = false;
+  bool optimizer_state = false;
+  // flat: ZeRO's one flat buffer of the whole stage's parameters (padded to a multiple
+  // of dp), its shard stepped as one tensor.
+  bool flat = false;
+  // buckets: DDP's Reducer keeps a bucket element for every parameter element, resident.
+  bool buckets = false;
+};
+RankShards RankShardsOf(DataParallel data_parallel);
+
 // DataParallelName: how the data-parallel ranks run, as the JSON's data_parallel says it
 // (predict's, the search's, verify's): "none" (one rank), "ddp" (TorchDdp), "fsdp2",
 // "zero" (--zero) or "replicated" (beside expert parallelism).
+const char* DataParallelName(DataParallel data_parallel);
 inline const char* DataParallelName(int64_t dp, int64_t zero, int64_t ep, bool fsdp) {
-  return dp <= 1                        ? "none"
-         : fsdp                         ? "fsdp2"
-         : TorchDdp(dp, zero, ep, fsdp) ? "ddp"
-         : zero > 0                     ? "zero"
-                                        : "replicated";
+  return DataParallelName(DataParallelOf(dp, zero, ep, fsdp));
 }
 
 // kMaxDdpBucketMib bounds --ddp_bucket_mb (1 TiB: one bucket holds any model).

@@ -4,7 +4,7 @@
 // torch.distributed.pipelining's stages and gradient accumulation run them).
 #include <memory>
 
-#include "estimator/step/data_parallel.h"
+#include "estimator/step/data_parallel_program.h"
 
 namespace memledger::liveness_internal {
 namespace {

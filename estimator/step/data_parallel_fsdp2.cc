@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "estimator/parallel/fsdp2_shards.h"
-#include "estimator/step/data_parallel.h"
+#include "estimator/step/data_parallel_program.h"
 #include "estimator/step/liveness.h"
 #include "estimator/step/segment_plan.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "estimator/graph/family.h"
-#include "estimator/step/data_parallel.h"
+#include "estimator/step/data_parallel_program.h"
 #include "estimator/step/segment_plan.h"
 
 namespace memledger::liveness_internal {
@@ -74,7 +74,7 @@ class Replicated : public StepEndBucket {
 // and steps the copy.
 class Zero : public StepEndBucket {
  public:
-  using StepEndBucket::StepEndBucket;
+  Zero(Simulation& simulation, int64_t stage) : StepEndBucket(simulation), stage_(stage) {}
   absl::Status ReduceAndStep() override {
     const std::vector<int64_t> numels = BeginReduction();
     int64_t n = 0;
@@ -84,7 +84,7 @@ class Zero : public StepEndBucket {
     auto free_grads = [&]() {
       for (const ParameterKey& parameter : parameter_order()) memory().Unref(grads().at(parameter));
     };
-    if (parallel().zero == 2) {
+    if (stage_ == 2) {
       const int64_t element = ElementSizeBytes(config().dtype);
       const int mine = memory().Alloc(shard * element, MemoryCategory::kGradient);
       memory().ScalarOp(config().dtype);
@@ -100,6 +100,9 @@ class Zero : public StepEndBucket {
     memory().Unref(bucket);
     return status;
   }
+
+ private:
+  int64_t stage_;  // 1 or 2
 };
 
 // Zero3: a unit (the prologue, a layer, the head: its segment) has its parameters
@@ -244,8 +247,8 @@ class Zero3 : public DataParallelProgram {
 std::unique_ptr<DataParallelProgram> MakeReplicatedProgram(Simulation& simulation) {
   return std::make_unique<Replicated>(simulation);
 }
-std::unique_ptr<DataParallelProgram> MakeZeroProgram(Simulation& simulation) {
-  return std::make_unique<Zero>(simulation);
+std::unique_ptr<DataParallelProgram> MakeZeroProgram(Simulation& simulation, int64_t stage) {
+  return std::make_unique<Zero>(simulation, stage);
 }
 std::unique_ptr<DataParallelProgram> MakeZero3Program(Simulation& simulation) {
   return std::make_unique<Zero3>(simulation);

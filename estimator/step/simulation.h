@@ -9,7 +9,7 @@
 //                           first micro-batch, or a stage whose chunk has its shape);
 //   simulation_step.cc      the optimizer's step;
 // and what a data-parallel rank does at its units' boundaries is its program's
-// (estimator/step/data_parallel.h);
+// (estimator/step/data_parallel_program.h);
 // and liveness.cc composes long models' peaks from a short model's stretches.
 #ifndef ESTIMATOR_STEP_SIMULATION_H_
 #define ESTIMATOR_STEP_SIMULATION_H_
@@ -33,7 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/block_graph.h"
 #include "estimator/spec/checked_math.h"
-#include "estimator/step/data_parallel.h"
+#include "estimator/step/data_parallel_program.h"
 #include "estimator/step/op_steps.h"
 #include "estimator/step/pipeline_steps.h"
 #include "estimator/step/segment_plan.h"

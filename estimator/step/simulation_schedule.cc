@@ -22,7 +22,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const RankStep& rank = options_.rank;
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
-  data_parallel_ = MakeDataParallelProgram(*this, config_, parallel);
+  data_parallel_ = MakeDataParallelProgram(*this, DataParallelOf(config_, parallel));
   data_parallel_->SetUp(graphs);
 
   // The model input (the study's hidden states, the families' token ids): resident, held
@@ -156,7 +156,8 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   segments_.optimizer_layer_bytes.assign(graphs.layer_kinds.size(), {});
   chunks_ = options_.rank.parallel.pp > 1 ? options_.rank.chunks
                                           : std::vector<StageRange>{WholeModel(config_)};
-  data_parallel_ = MakeDataParallelProgram(*this, config_, options_.rank.parallel);
+  data_parallel_ =
+      MakeDataParallelProgram(*this, DataParallelOf(config_, options_.rank.parallel));
   data_parallel_->SetUp(graphs);
   memory_.Begin();
   ParameterOrder(plans);

@@ -1,5 +1,5 @@
 // The step simulation: the optimizer's step (a data-parallel rank's reduction around it
-// is its program's, estimator/step/data_parallel.h).
+// is its program's, estimator/step/data_parallel_program.h).
 #include "estimator/step/simulation.h"
 
 #include <algorithm>

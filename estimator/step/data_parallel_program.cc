@@ -1,5 +1,5 @@
 // The data-parallel programs' registry, what each shares, and one rank's.
-#include "estimator/step/data_parallel.h"
+#include "estimator/step/data_parallel_program.h"
 
 #include <memory>
 #include <vector>
@@ -8,19 +8,9 @@
 
 namespace memledger::liveness_internal {
 
-DataParallel DataParallelOf(const ModelConfig& config, const ParallelSpec& parallel) {
-  if (parallel.dp <= 1) return DataParallel::kOneRank;
-  if (parallel.fsdp.enabled) return DataParallel::kFsdp2;
-  if (parallel.zero >= 3) return DataParallel::kZero3;
-  if (TorchDdp(config, parallel)) return DataParallel::kDdp;
-  // Expert parallelism without ZeRO (ValidateParallel refuses it with ZeRO).
-  if (config.moe.ep > 1) return DataParallel::kReplicated;
-  return DataParallel::kZero;
-}
-
 bool ReducesAtStepEnd(DataParallel program) {
   return program == DataParallel::kOneRank || program == DataParallel::kReplicated ||
-         program == DataParallel::kZero;
+         program == DataParallel::kZero1 || program == DataParallel::kZero2;
 }
 
 bool ComposesFromPasses(DataParallel program) {
@@ -28,13 +18,13 @@ bool ComposesFromPasses(DataParallel program) {
 }
 
 std::unique_ptr<DataParallelProgram> MakeDataParallelProgram(Simulation& simulation,
-                                                             const ModelConfig& config,
-                                                             const ParallelSpec& parallel) {
-  switch (DataParallelOf(config, parallel)) {
+                                                             DataParallel data_parallel) {
+  switch (data_parallel) {
     case DataParallel::kOneRank: return MakeOneRankProgram(simulation);
     case DataParallel::kDdp: return MakeDdpProgram(simulation);
     case DataParallel::kReplicated: return MakeReplicatedProgram(simulation);
-    case DataParallel::kZero: return MakeZeroProgram(simulation);
+    case DataParallel::kZero1: return MakeZeroProgram(simulation, 1);
+    case DataParallel::kZero2: return MakeZeroProgram(simulation, 2);
     case DataParallel::kZero3: return MakeZero3Program(simulation);
     case DataParallel::kFsdp2: return MakeFsdp2Program(simulation);
   }

@@ -4,7 +4,7 @@
 // a parameter's gradient is accumulated, the backward returns, the optimizer steps.
 // Each strategy says there what the rank gathers, reduces, keeps and frees, mirrored
 // from the code that runs it (each file cites its lines):
-//   one rank           nothing: every .grad stepped (data_parallel.cc);
+//   one rank           nothing: every .grad stepped (data_parallel_program.cc);
 //   DDP                torch's Reducer hooks (data_parallel_ddp.cc);
 //   replicated ranks   beside expert parallelism: two buckets at the step's end
 //                      (data_parallel_zero.cc);
@@ -12,10 +12,11 @@
 //                      (data_parallel_zero.cc);
 //   ZeRO 3             units gathered and reduced one by one (data_parallel_zero.cc);
 //   FSDP2              torch's fully_shard (data_parallel_fsdp2.cc).
-// The simulation does not know which runs: it asks the program, and DataParallelOf is
-// the one place that chooses it (a line per strategy).
-#ifndef ESTIMATOR_STEP_DATA_PARALLEL_H_
-#define ESTIMATOR_STEP_DATA_PARALLEL_H_
+// The simulation does not know which runs: it asks the program, and
+// MakeDataParallelProgram makes the one DataParallelOf (estimator/request/parallel_spec.h)
+// names, a line per strategy.
+#ifndef ESTIMATOR_STEP_DATA_PARALLEL_PROGRAM_H_
+#define ESTIMATOR_STEP_DATA_PARALLEL_PROGRAM_H_
 
 #include <cstdint>
 #include <memory>
@@ -38,16 +39,6 @@ using ParameterKey = std::pair<int64_t, int>;
 
 class Simulation;
 
-// DataParallel is which program a data-parallel rank runs.
-enum class DataParallel : uint8_t {
-  kOneRank,     // dp == 1
-  kDdp,         // TorchDdp
-  kReplicated,  // dp > 1 beside expert parallelism, no ZeRO
-  kZero,        // --zero=1 or 2
-  kZero3,       // --zero=3
-  kFsdp2,       // --fsdp
-};
-DataParallel DataParallelOf(const ModelConfig& config, const ParallelSpec& parallel);
 // ReducesAtStepEnd: the rank's gradients are reduced after its last backward, from
 // .grads its backward left (one rank, replicated ranks, ZeRO 1 and 2), so its step's end
 // is a stretch of its own (StepSimulator::ReductionStretch).
@@ -139,16 +130,15 @@ class DataParallelProgram {
 
 // MakeDataParallelProgram: the program DataParallelOf chooses, one line per strategy.
 std::unique_ptr<DataParallelProgram> MakeDataParallelProgram(Simulation& simulation,
-                                                             const ModelConfig& config,
-                                                             const ParallelSpec& parallel);
+                                                             DataParallel data_parallel);
 // The strategies' own files make them.
 std::unique_ptr<DataParallelProgram> MakeOneRankProgram(Simulation& simulation);
 std::unique_ptr<DataParallelProgram> MakeDdpProgram(Simulation& simulation);
 std::unique_ptr<DataParallelProgram> MakeReplicatedProgram(Simulation& simulation);
-std::unique_ptr<DataParallelProgram> MakeZeroProgram(Simulation& simulation);
+std::unique_ptr<DataParallelProgram> MakeZeroProgram(Simulation& simulation, int64_t stage);
 std::unique_ptr<DataParallelProgram> MakeZero3Program(Simulation& simulation);
 std::unique_ptr<DataParallelProgram> MakeFsdp2Program(Simulation& simulation);
 
 }  // namespace memledger::liveness_internal
 
-#endif  // ESTIMATOR_STEP_DATA_PARALLEL_H_
+#endif  // ESTIMATOR_STEP_DATA_PARALLEL_PROGRAM_H_
