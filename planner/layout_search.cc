@@ -332,8 +332,9 @@ class Search {
     in.tp = shape.tp;
     in.pp = shape.pp;
     in.dp = shape.dp;
-    in.gathers_parameters =
-        RankShardsOf(DataParallelOf(shape.dp, shape.zero, shape.ep, shape.fsdp)).parameters;
+    const RankShards shards =
+        RankShardsOf(DataParallelOf(shape.dp, shape.zero, shape.ep, shape.fsdp));
+    in.gathers_parameters = shards.parameters;
     in.ep = shape.ep;
     in.sp = shape.sp;
     in.micro_batch_size = shape.micro_batch_size;
@@ -375,8 +376,10 @@ class Search {
     in.expert_parameters = shape.ep > 1 ? ExpertParameters(config, base_.attention, loaded.chunks)
                                         : 0;
     in.stage_parameters = loaded.n_params;
-    in.stepped_elements =
-        shape.zero >= 1 ? ZeroShardElements(loaded.n_params, shape.dp) : loaded.n_params;
+    // A rank that shards the optimizer's state steps its shard (ZeRO's; FSDP2's
+    // per-parameter shards are as many elements, but for their padding).
+    in.stepped_elements = shards.optimizer_state ? ZeroShardElements(loaded.n_params, shape.dp)
+                                                 : loaded.n_params;
     in.optimizer_state_bytes = loaded.optimizer_state_bytes;
     layout.time = PredictStepTime(options_.gpu, options_.mfu, in);
     // Per GPU: every rank's FLOPs, micro_batches times, over the GPUs.
@@ -819,10 +822,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   for (size_t i = 0; i < evaluated.size(); ++i) {
     const Evaluated& e = evaluated[i];
     if (e.fits.empty() || !(e.none_time_s < best_s)) continue;
-    // The stage planner plans ZeRO 0-2, and expert-parallel ranks only where they
-    // receive alike (PlannedLayout).
-    if (shapes[i].zero >= 3 ||
-        (shapes[i].ep > 1 && base->config.moe.routing != RoutingSource::kBalanced)) {
+    // The stage planner plans every data-parallel program but ZeRO 3's, and
+    // expert-parallel ranks only where they receive alike (PlannedLayout).
+    const Shape& shape = shapes[i];
+    if (DataParallelOf(shape.dp, shape.zero, shape.ep, shape.fsdp) == DataParallel::kZero3 ||
+        (shape.ep > 1 && base->config.moe.routing != RoutingSource::kBalanced)) {
       continue;
     }
     double fastest = std::numeric_limits<double>::infinity();

@@ -458,6 +458,14 @@ TEST(LayoutSearchTest, FsdpLaysOutFsdp2OverEveryGpu) {
                          PredictRanks(spec.config, spec.parallel, options));
     ASSERT_TRUE(ranks.kinds[0].variants[0].held.peak.has_value());
     EXPECT_EQ(l.peak_bytes, ranks.kinds[0].variants[0].held.peak->bytes) << l.flags;
+    // The rank steps its quarter of the parameters (RankShards::optimizer_state), not
+    // all of them: the step time's optimizer reads and writes 3 x the shard's fp32
+    // bytes and 2 x its state's at the round GPU's 1e12 B/s (planner/step_time.h).
+    const double shard = static_cast<double>((result.n_params + 3) / 4);
+    EXPECT_DOUBLE_EQ(
+        l.time.optimizer_s,
+        (3 * shard * 4 + 2 * static_cast<double>(ranks.kinds[0].optimizer_state_bytes)) / 1e12)
+        << l.flags;
   }
   RunRequest mixed = request;
   mixed.mp_param_dtype = "bf16";
