@@ -135,7 +135,7 @@ void BM_PredictRanksLlama3_70b(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
   config->amp = DType::kBFloat16;
-  config->tp = 8;
+  config->shard.tp = 8;
   ParallelSpec parallel;
   parallel.dp = 16;
   parallel.pp = 4;
@@ -196,7 +196,7 @@ BENCHMARK(BM_PredictRanksPeaksLlama3_70b)->ArgName("micro_batches")->Arg(8)->Arg
 void BM_PredictRanksPeaksLlama3_70bTp8(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
-  config->tp = 8;
+  config->shard.tp = 8;
   ParallelSpec parallel;
   parallel.dp = 16;
   parallel.pp = 4;
@@ -205,7 +205,7 @@ void BM_PredictRanksPeaksLlama3_70bTp8(benchmark::State& state) {
     parallel.zero = 1;
   } else {
     config->dtype = DType::kBFloat16;
-    config->sp = true;
+    config->shard.sp = true;
     parallel.zero = 3;
   }
   parallel.micro_batches = 8;
@@ -225,7 +225,7 @@ void BM_PredictRanksPeaksLlama3_70bInterleaved(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
   config->amp = DType::kBFloat16;
-  config->tp = 8;
+  config->shard.tp = 8;
   ParallelSpec parallel;
   parallel.dp = 2;
   parallel.pp = 4;

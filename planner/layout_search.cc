@@ -88,7 +88,7 @@ absl::Status CheckFixedLayout(const SearchOptions& options, const ModelConfig& c
   if (f.tp.has_value() && *f.tp > 1) {
     // The model's own checks of a tensor-parallel split (heads, kv heads, vocab, family).
     ModelConfig split = config;
-    split.tp = *f.tp;
+    split.shard.tp = *f.tp;
     if (absl::Status s = ValidateConfig(split); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -208,10 +208,10 @@ class Search {
     const size_t n = base_.variants.size();
     out.bounds.assign(n, -1);
     ModelConfig config = base_.config;
-    config.tp = shape.tp;
-    config.sp = shape.sp;
+    config.shard.tp = shape.tp;
+    config.shard.sp = shape.sp;
     config.batch = shape.micro_batch_size;
-    config.moe.ep = shape.ep;
+    config.shard.ep = shape.ep;
     ParallelSpec parallel{shape.dp, shape.pp, shape.virtual_stages, shape.micro_batches,
                           shape.zero,
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
@@ -716,7 +716,7 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
   if (options.fixed.ep.has_value()) {
     // --ep fixes the expert parallelism: the model must have it (predict's checks).
     ModelConfig with_ep = base->config;
-    with_ep.moe.ep = *options.fixed.ep;
+    with_ep.shard.ep = *options.fixed.ep;
     if (absl::Status s = ValidateConfig(with_ep); !s.ok()) return s;
   }
   if (absl::Status s = CheckFixedLayout(options, base->config); !s.ok()) return s;

@@ -176,7 +176,7 @@ std::string PlanReportTable(const PlanReport& r) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(r.prediction.optimizer.kind),
       r.prediction.optimizer.master_weights ? " with fp32 master weights" : "",
-      LayoutText(r.parallel, c.moe.ep), HumanBytes(r.budget_bytes));
+      LayoutText(r.parallel, c.shard.ep), HumanBytes(r.budget_bytes));
   const bool staged = !r.stages.empty();
   const bool searched = r.searched;
   if (staged) {

@@ -115,10 +115,11 @@ struct DistributedMeasurement {
 // RankWorkerFlag is the flag a rank process is started with: "--rank_worker=DIR:RANK".
 inline constexpr absl::string_view kRankWorkerFlag = "--rank_worker=";
 
-// MeasureDistributed starts WorldSize(config.tp, parallel) rank processes, each `command` (argv of
-// the caller's executable and its flags; the executable is run as /proc/self/exe) plus
-// kRankWorkerFlag, waits for all of them (killing all on the first failure or at the
-// timeout) and compares their gradients with a single-process run of the whole batch
+// MeasureDistributed starts WorldSize(config.shard.tp, parallel) rank processes, each
+// `command` (argv of the caller's executable and its flags; the executable is run as
+// /proc/self/exe) plus kRankWorkerFlag, waits for all of them (killing all on the first
+// failure or at the timeout) and compares their gradients with a single-process run of
+// the whole batch
 // (dp x micro_batches x config.batch sequences), their updated parameters with the
 // unsharded step (RankMeasurement::max_param_diff).
 // Errors: InvalidArgument for a bad request; Unimplemented for what the distributed

@@ -56,12 +56,12 @@ ParameterShard Split(int64_t dim, int64_t n, int64_t rank) {
 
 ParameterShard ShardOf(const ModelConfig& config, const std::string& name, int64_t r) {
   const auto shard_of = RuntimeFamilyOf(config.family).shard_of;
-  if (config.tp == 1 || shard_of == nullptr) return {};
+  if (config.shard.tp == 1 || shard_of == nullptr) return {};
   return shard_of(config, name, r);
 }
 
 bool ReplicatedUnderSequenceParallelism(const ModelConfig& config, const std::string& name) {
-  return config.sp && ShardOf(config, name, 0).pieces.empty();
+  return config.shard.sp && ShardOf(config, name, 0).pieces.empty();
 }
 
 bool GradientIsPartial(const ModelConfig& config, const std::string& name) {

@@ -38,7 +38,7 @@ absl::Status RuntimeFamilyModelled(const ModelConfig& config);
 // For the families' definitions:
 // Split: rank `rank`'s n elements along `dim`.
 ParameterShard Split(int64_t dim, int64_t n, int64_t rank);
-// ReplicatedUnderSequenceParallelism: with config.sp, a replicated parameter (a norm, a
+// ReplicatedUnderSequenceParallelism: with config.shard.sp, a replicated parameter (a norm, a
 // row-parallel bias) used on this rank's T / tp tokens only, so its gradient is partial.
 bool ReplicatedUnderSequenceParallelism(const ModelConfig& config, const std::string& name);
 

@@ -150,7 +150,7 @@ class ModelImpl : public torch::nn::Module {
   // layer (which a checkpointed one holds); Megatron's GPT does not.
   virtual bool CallsLayersWithPositionIds() const { return true; }
 
-  // SetTensorParallel makes a model built with config.tp > 1 (one rank's shard) call
+  // SetTensorParallel makes a model built with config.shard.tp > 1 (one rank's shard) call
   // `tp` at Megatron's communication points; it must outlive the model's use.
   void SetTensorParallel(TensorParallel* tp);
 
@@ -175,12 +175,12 @@ struct ParameterShard {
 // ShardOf and GradientIsPartial ask the family's RuntimeFamily (runtime/family.h),
 // which knows its parameter names.
 // ShardOf: rank `tp_rank`'s part of parameter `name` (as named_parameters() names it)
-// under Megatron's layout for config.tp ranks: q/k/v, gate/up, c_attn (per q, k, v),
+// under Megatron's layout for config.shard.tp ranks: q/k/v, gate/up, c_attn (per q, k, v),
 // c_fc and the LM head and token embedding (vocabulary rows) split by output; o_proj,
 // down_proj and both c_proj split by input; norms, biases of row-parallel linears and
 // GPT-2's position embedding replicated.
 ParameterShard ShardOf(const ModelConfig& config, const std::string& name, int64_t tp_rank);
-// GradientIsPartial: with sequence parallelism (config.sp), a replicated parameter used
+// GradientIsPartial: with sequence parallelism (config.shard.sp), a replicated parameter used
 // on a rank's T / tp tokens only (norms, row-parallel biases; not GPT-2's position
 // embedding, added before the scatter) gets a partial gradient on each rank, to be
 // all-reduced over the tensor-parallel group.
@@ -223,7 +223,7 @@ struct ModelAndInput {
 // BuildModel seeds LibTorch's generator with `seed`, builds the model of
 // `config.family`, then draws the input, so the same (config, seed) always gives the
 // same model and input; a low-precision model (and the study's input) is then
-// converted to config.dtype. With config.tp > 1 the model is one rank's shard (heads, kv
+// converted to config.dtype. With config.shard.tp > 1 the model is one rank's shard (heads, kv
 // heads, MLP columns and vocabulary rows / tp), drawn in those shapes: a rank copies its
 // parameters from the whole model's (ShardOf).
 // REQUIRES: ValidateConfig(config).ok().

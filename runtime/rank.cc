@@ -88,7 +88,7 @@ class Rank {
         parallel_(parallel),
         request_(request),
         dir_(std::move(dir)),
-        position_(PositionOf(rank, config.tp, parallel)),
+        position_(PositionOf(rank, config.shard.tp, parallel)),
         chunks_(ChunksOf(config, parallel, position_.stage)),
         first_(chunks_.front().prologue),
         last_(chunks_.back().head) {}
@@ -100,9 +100,9 @@ class Rank {
     parameters_ = built_.model->parameters();
     for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
     MakeGroups();
-    if (config_.tp > 1) {
-      tensor_parallel_ = MakeGlooTensorParallel(tp_group_, position_.tp_rank, config_.tp,
-                                                config_.sp);
+    if (config_.shard.tp > 1) {
+      tensor_parallel_ = MakeGlooTensorParallel(tp_group_, position_.tp_rank, config_.shard.tp,
+                                                config_.shard.sp);
       built_.model->SetTensorParallel(tensor_parallel_.get());
     }
     InjectFault();
@@ -164,7 +164,7 @@ class Rank {
   // its parameters from it.
   void BuildShard() {
     built_ = BuildModel(SingleProcessConfig(config_, parallel_), request_.seed);
-    if (config_.tp == 1) return;
+    if (config_.shard.tp == 1) return;
     ModelAndInput shard = BuildModel(WholeBatch(config_, parallel_), request_.seed);
     std::map<std::string, at::Tensor> source;
     for (const auto& item : built_.model->named_parameters()) source[item.key()] = item.value();
@@ -183,11 +183,11 @@ class Rank {
     Progress("joining the process groups");
     const auto timeout = std::chrono::milliseconds(request_.timeout_s * 2000);
     store_ = c10::make_intrusive<c10d::FileStore>(
-        dir_ + "/store", static_cast<int>(WorldSize(config_.tp, parallel_)));
+        dir_ + "/store", static_cast<int>(WorldSize(config_.shard.tp, parallel_)));
     const RankPosition& p = position_;
-    if (config_.tp > 1) {
+    if (config_.shard.tp > 1) {
       tp_group_ = MakeGroup(store_, absl::StrCat("tp/", p.dp_rank, "/", p.stage), p.tp_rank,
-                            config_.tp, timeout);
+                            config_.shard.tp, timeout);
     }
     if (parallel_.dp > 1) {
       dp_group_ = MakeGroup(store_, absl::StrCat("dp/", p.tp_rank, "/", p.stage), p.dp_rank,
@@ -232,9 +232,10 @@ class Rank {
     DropoutPlacement placement;
     placement.first_sequence = (position_.dp_rank * parallel_.micro_batches + j) * config_.batch;
     placement.heads = config_.heads;
-    placement.first_head = position_.tp_rank * (config_.heads / config_.tp);
+    placement.first_head = position_.tp_rank * (config_.heads / config_.shard.tp);
     placement.tokens = config_.seq;
-    placement.first_token = config_.sp ? position_.tp_rank * (config_.seq / config_.tp) : 0;
+    placement.first_token =
+        config_.shard.sp ? position_.tp_rank * (config_.seq / config_.shard.tp) : 0;
     SetDropoutPlacement(placement);
   }
 
@@ -484,7 +485,7 @@ class Rank {
     const int previous_rank = static_cast<int>((position_.stage + pp - 1) % pp);
     // The hidden states between chunks: this rank's T / tp tokens with sequence
     // parallelism, in the parameters' dtype (autocast casts inside the layers).
-    const int64_t tokens = config_.sp ? config_.seq / config_.tp : config_.seq;
+    const int64_t tokens = config_.shard.sp ? config_.seq / config_.shard.tp : config_.seq;
     const std::vector<int64_t> hidden_shape = {config_.batch, tokens, config_.width};
     const at::TensorOptions hidden_options = parameters_.front().options();
     // Tags name (micro-batch, model chunk g, direction): the activation entering chunk
@@ -684,7 +685,7 @@ class Rank {
       GatheredUnits::Context context;
       context.config = &config_;
       context.dp_group = dp_group_.get();
-      context.tp_group = config_.tp > 1 ? tp_group_.get() : nullptr;
+      context.tp_group = config_.shard.tp > 1 ? tp_group_.get() : nullptr;
       context.dp_rank = position_.dp_rank;
       context.shard = Shard();
       context.shard_param = &shard_param_;

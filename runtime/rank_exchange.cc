@@ -16,7 +16,7 @@ ModelConfig WholeBatch(const ModelConfig& config, const ParallelSpec& parallel) 
 
 ModelConfig SingleProcessConfig(const ModelConfig& config, const ParallelSpec& parallel) {
   ModelConfig whole = WholeBatch(config, parallel);
-  whole.tp = 1;
+  whole.shard.tp = 1;
   return whole;
 }
 

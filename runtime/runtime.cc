@@ -301,7 +301,7 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
           "the runtime has no core_attention recompute yet");
     }
   }
-  if (config.tp > 1 || config.sp) {
+  if (config.shard.tp > 1 || config.shard.sp) {
     return absl::UnimplementedError(
         "one process runs no tensor parallelism: --tp runs on ranks (runtime/distributed.h, "
         "verify --tp)");

@@ -290,7 +290,8 @@ TEST_F(RealAllocatorTest, ThePredictedStepsPeaksAreWhatTorchsAllocatorReports) {
     // tiny-gemma3 past its window of 512: the sliding layers' mask, efficient attention.
     const RunSpec spec = CudaSpec(c.model, c.dtype, c.sdpa_backend,
                                   std::string(c.model) == "tiny-gemma3" ? 1024 : 64);
-    ASSERT_EQ(spec.config.tp, std::string(c.model).find("--tp=2") != std::string::npos ? 2 : 1);
+    ASSERT_EQ(spec.config.shard.tp,
+              std::string(c.model).find("--tp=2") != std::string::npos ? 2 : 1);
     absl::StatusOr<Prediction> p = Predict(spec.config, TimelineOptions(spec));
     ASSERT_TRUE(p.ok()) << p.status();
     for (const VariantPrediction& v : p->variants) {

@@ -60,8 +60,8 @@ ModelConfig Megatron(const PaperModel& m, int64_t tp, bool sp = false) {
   config->batch = m.batch;
   config->seq = kSeq;
   config->dtype = DType::kFloat16;
-  config->tp = tp;
-  config->sp = sp;
+  config->shard.tp = tp;
+  config->shard.sp = sp;
   return *config;
 }
 
@@ -153,12 +153,12 @@ TEST(KorthikantiTest, TensorParallelInputIsChecked) {
   options.attention = AttentionMode::kMath;
   EXPECT_STATUS(Predict(config, options), absl::StatusCode::kInvalidArgument,
                 "--heads 64 is not divisible by --tp 5");
-  config.tp = 8;
+  config.shard.tp = 8;
   options.attention = AttentionMode::kFlash;
   EXPECT_STATUS(Predict(config, options), absl::StatusCode::kInvalidArgument,
                 "megatron-gpt needs --attention=math");
   ModelConfig study;
-  study.tp = 2;
+  study.shard.tp = 2;
   EXPECT_STATUS(Predict(study, PredictOptions()), absl::StatusCode::kInvalidArgument,
                 "not the study family");
   ModelConfig sp = Megatron(kModels[0], 1, /*sp=*/true);

@@ -197,8 +197,8 @@ std::map<Key, RankPeaks> BruteForceOf(const RunRequest& request) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
               ModelConfig config = base.config;
-              config.tp = tp;
-              config.sp = sp;
+              config.shard.tp = tp;
+              config.shard.sp = sp;
               config.batch = mbs;
               ParallelSpec parallel{dp, pp, v, m, zero,
                                     v > 1 ? PipelineSchedule::kInterleaved

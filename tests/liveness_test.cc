@@ -130,7 +130,7 @@ TEST(SimulateStepTest, VocabularyParallelOpsAllocateWhatMegatronsDo) {
   ModelConfig config = *ModelFromPreset("tiny-llama");
   config.batch = 2;
   config.seq = 8;
-  config.tp = 2;
+  config.shard.tp = 2;
   StepOptions options;
   options.record_events = true;
   ASSERT_OK_AND_ASSIGN(StepTimeline t,
@@ -259,8 +259,8 @@ TEST(SimulateStepTest, TheLastLayersStretchesAreTheMiddleOnes) {
         run.dtype = DType::kBFloat16;
         optimizer.master_weights = true;
       } else if (setting == 3) {
-        run.tp = 2;
-        run.sp = true;
+        run.shard.tp = 2;
+        run.shard.sp = true;
       }
       if (setting == 4 && model.moe.Sparse()) {
         run.moe.impl = ExpertsImpl::kEager;

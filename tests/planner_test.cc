@@ -390,7 +390,7 @@ TEST(PlannerTest, ExpertParallelRanksUnderBalancedRoutingComposeToEveryRanksPeak
   for (ExpertsImpl impl : {ExpertsImpl::kEager, ExpertsImpl::kGroupedMm}) {
     for (const auto& [dp, ep] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}}) {
       ModelConfig config = DenseFirstMoe(3, impl);
-      config.moe.ep = ep;
+      config.shard.ep = ep;
       SCOPED_TRACE(::testing::Message() << "impl " << static_cast<int>(impl) << " dp " << dp
                                         << " ep " << ep);
       PlannerOptions options;

@@ -103,11 +103,11 @@ TEST(PredictTest, ValidatesItsConfigOnce) {
 // order) and the gpt2 family's Megatron preset.
 TEST(PredictTest, ARefusalListsTheRegistrysModels) {
   ASSERT_OK_AND_ASSIGN(ModelConfig dense, ModelFromPreset("tiny-llama"));
-  dense.moe.ep = 2;
+  dense.shard.ep = 2;
   EXPECT_STATUS(ValidateConfig(dense), absl::StatusCode::kInvalidArgument,
                 "--ep (expert parallelism) needs a mixture-of-experts model (qwen3-30b-a3b, "
                 "mixtral-8x7b, tiny-qwen3-moe or a config.json with experts)");
-  dense.moe.ep = 1;
+  dense.shard.ep = 1;
   dense.megatron = true;
   EXPECT_STATUS(ValidateConfig(dense), absl::StatusCode::kInvalidArgument,
                 "Megatron's ops (dropout, fused softmax) are modelled for the gpt2 family "
@@ -122,10 +122,10 @@ TEST(PredictTest, ARefusalListsTheRegistrysModels) {
 TEST(PredictTest, KorthikantiPerTensorParallelRank) {
   ModelConfig config{/*layers=*/2, /*width=*/64, /*heads=*/4, /*batch=*/2, /*seq=*/16};
   EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 262144);
-  config.tp = 2;
+  config.shard.tp = 2;
   EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 163840);
   EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kMath), 163840 + 16384);
-  config.sp = true;
+  config.shard.sp = true;
   EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 131072);
 }
 
@@ -634,8 +634,8 @@ TEST(PredictTensorParallelTest, OneRanksComposedPeakIsItsReplayedStep) {
       config.layers = 6;
       config.batch = 2;
       config.seq = 16;
-      config.tp = 2;
-      config.sp = sp;
+      config.shard.tp = 2;
+      config.shard.sp = sp;
       config.use_cache = false;  // ranks keep no DynamicCache (PredictRanks)
       SCOPED_TRACE(absl::StrCat(model, sp ? " --sp" : ""));
       ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));

@@ -324,13 +324,13 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     config.seq = 8;
     config.dtype = c.dtype;
     config.amp = c.amp;
-    config.tp = c.tp;
-    config.sp = c.sp;
+    config.shard.tp = c.tp;
+    config.shard.sp = c.sp;
     if (c.ep > 1) {
       // Every rank's own routing of the 2 x 8 tokens' 32 pairs over the 4 experts: an
       // even split with 1 + l % 3 + 2 r tokens moved from one expert to the next.
       config.moe.impl = ExpertsImpl::kEager;
-      config.moe.ep = c.ep;
+      config.shard.ep = c.ep;
       config.moe.routing = RoutingSource::kGiven;
       for (int64_t r = 0; r < c.ep; ++r) {
         for (int64_t l = 0; l < c.layers; ++l) {
@@ -481,7 +481,7 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
 // model's two rotary buffers, d_head 8 / 2 fp32 each (32 B) = 199,348 B.
 TEST(PredictRanksTest, TensorParallelPeakByHand) {
   ModelConfig config = TinyLlama(2);
-  config.tp = 2;
+  config.shard.tp = 2;
   PredictOptions options = Variants("none,full");
   options.peak = true;
   ParallelSpec parallel;
@@ -652,7 +652,7 @@ TEST(PredictRanksTest, ValidatesTheConfigAndTheLayoutOnce) {
                         Case{"tiny-llama", fsdp, 1}}) {
     SCOPED_TRACE(c.preset);
     ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.preset));
-    config.moe.ep = c.ep;
+    config.shard.ep = c.ep;
     PredictOptions options = Variants("none,full");
     options.peak = true;
     const int64_t configs = ValidateConfigCalls(), layouts = ValidateParallelCalls();

@@ -191,7 +191,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
   if (!spec.ok()) return memledger::ReportError(spec.status());
   if (absl::Status s = CheckMeasurable(*spec); !s.ok()) return memledger::ReportError(s);
-  if (spec->parallel.Distributed() || spec->config.tp > 1) return VerifyOnRanks(*spec, argc, argv);
+  if (spec->parallel.Distributed() || spec->config.shard.tp > 1) {
+    return VerifyOnRanks(*spec, argc, argv);
+  }
   if (spec->parallel.micro_batches > 1) {
     return memledger::ReportError(absl::InvalidArgumentError(absl::StrCat(
         "--micro_batches ", spec->parallel.micro_batches,

@@ -76,12 +76,13 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
   // Every rank process, and the reference, holds the whole model and batch.
   ModelConfig whole_batch = config;
   whole_batch.batch = config.batch * parallel.dp * parallel.micro_batches;
-  whole_batch.tp = 1;
-  whole_batch.sp = false;
+  whole_batch.shard.tp = 1;
+  whole_batch.shard.sp = false;
   absl::StatusOr<Prediction> whole = Predict(whole_batch, options);
   if (!whole.ok()) return whole.status();
   const CheckedInt64 footprint =
-      CheckedInt64(PredictedFootprintBytes(*whole)) * (config.tp * parallel.dp * parallel.pp + 1);
+      CheckedInt64(PredictedFootprintBytes(*whole)) *
+      (config.shard.tp * parallel.dp * parallel.pp + 1);
   if (absl::Status s =
           CheckFootprint(footprint.overflowed() ? INT64_MAX : footprint.value(), max_memory_bytes);
       !s.ok()) {
@@ -361,11 +362,11 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
   std::string out = absl::StrFormat(
       "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; tp %d, dp "
       "%d (%s), pp %d with %d micro-batches (%s); %s, torch %s\n",
-      c.tp * p.dp * p.pp,
+      c.shard.tp * p.dp * p.pp,
       !FamilyOf(c.family).decoder ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
-      c.width, c.batch, c.seq, c.tp, p.dp,
+      c.width, c.batch, c.seq, c.shard.tp, p.dp,
       p.zero > 0 ? absl::StrCat("ZeRO-", p.zero)
-                 : std::string(DataParallelName(p.dp, p.zero, c.moe.ep, p.fsdp.enabled)),
+                 : std::string(DataParallelName(p.dp, p.zero, c.shard.ep, p.fsdp.enabled)),
       p.pp, p.micro_batches, pipeline,
       OptimizerName(r.request.optimizer.kind), kTorchRelease);
   for (const RankCheck& check : r.ranks) {

@@ -241,7 +241,7 @@ absl::StatusOr<std::vector<WitnessBuckets>> RunRanksWitness(const WitnessCommand
                                                             const OptimizerSpec& optimizer) {
   // witness_ranks.py runs transformers' model whole on each rank, under torch's DDP or
   // FSDP2.
-  if (config.tp > 1 || parallel.pp > 1 || parallel.zero > 0 || config.moe.ep > 1 ||
+  if (config.shard.tp > 1 || parallel.pp > 1 || parallel.zero > 0 || config.shard.ep > 1 ||
       parallel.micro_batches > 1 || parallel.dp < 2) {
     return absl::InvalidArgumentError(
         "--witness=transformers on ranks runs torch's DDP and FSDP2: --dp without --tp, "

@@ -122,8 +122,8 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           family.name, " needs --head_dim = --width / --heads and --kv_heads = --heads"));
     }
   }
-  if (config.tp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 1, got ", config.tp));
+  if (config.shard.tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 1, got ", config.shard.tp));
   }
   if (config.use_cache && !family.decoder) {  // ModelConfig::KeepsKvCache trusts this
     return absl::InvalidArgumentError(absl::StrCat(
@@ -141,7 +141,7 @@ absl::Status ValidateConfig(const ModelConfig& config) {
         "q/k norms (Qwen3's q_norm and k_norm) are not modelled for the ", family.name,
         " family"));
   }
-  if (config.tp > 1) {
+  if (config.shard.tp > 1) {
     if (!family.decoder) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--tp: tensor parallelism is modelled for the decoder families (",
@@ -153,14 +153,14 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           {"kv_heads", config.KvHeads()},
           {"intermediate", config.Intermediate()},
           {"vocab", config.vocab}}) {
-      if (value % config.tp != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", value,
-                                                       " is not divisible by --tp ", config.tp));
+      if (value % config.shard.tp != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " ", value, " is not divisible by --tp ", config.shard.tp));
       }
     }
   }
-  if (config.sp) {
-    if (!family.decoder || config.tp < 2) {
+  if (config.shard.sp) {
+    if (!family.decoder || config.shard.tp < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--sp (sequence parallelism) needs --tp >= 2 and a ",
           FamilyNames(&FamilyDef::decoder), " family model"));
@@ -172,16 +172,16 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           "--sp with --amp is not modelled (the gather-linear's autocast casts); use "
           "--dtype=bf16 or fp16 instead");
     }
-    if (config.seq % config.tp != 0) {
+    if (config.seq % config.shard.tp != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--sp: --seq ", config.seq, " is not divisible by --tp ", config.tp));
+          "--sp: --seq ", config.seq, " is not divisible by --tp ", config.shard.tp));
     }
   }
-  if (config.moe.ep < 1 || config.moe.ep_rank < 0 || config.moe.ep_rank >= config.moe.ep) {
+  if (config.shard.ep < 1 || config.shard.ep_rank < 0 || config.shard.ep_rank >= config.shard.ep) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--ep must be >= 1, got ", config.moe.ep));
+        absl::StrCat("--ep must be >= 1, got ", config.shard.ep));
   }
-  if (config.moe.ep > 1 && !config.moe.Sparse()) {
+  if (config.shard.ep > 1 && !config.moe.Sparse()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--ep (expert parallelism) needs a mixture-of-experts model (",
         MixtureOfExpertsModels(), ")"));

@@ -139,11 +139,11 @@ class ValidConfig {
     return without;
   }
   // ForExpertRank: the same model as one expert-parallel rank of its layout sees it.
-  // REQUIRES: 0 <= group < RoutedGroups() and 0 <= rank < moe.ep (ValidateConfig's range).
+  // REQUIRES: 0 <= group < RoutedGroups() and 0 <= rank < shard.ep (ValidateConfig's range).
   ValidConfig ForExpertRank(int64_t group, int64_t rank) const {
     ValidConfig on_rank = *this;
-    on_rank.config_.moe.ep_group = group;
-    on_rank.config_.moe.ep_rank = rank;
+    on_rank.config_.shard.ep_group = group;
+    on_rank.config_.shard.ep_rank = rank;
     return on_rank;
   }
   // AsOneProcess: the whole model in one process: every expert, on expert-parallel rank
@@ -151,12 +151,12 @@ class ValidConfig {
   ValidConfig AsOneProcess() const {
     ValidConfig whole = *this;
     MoeSpec& moe = whole.config_.moe;
-    if (moe.ep > 1 && moe.routing == RoutingSource::kGiven) {
+    if (config_.shard.ep > 1 && moe.routing == RoutingSource::kGiven) {
       moe.routing_rows.resize(static_cast<size_t>(config_.SparseLayers()));
     }
-    moe.ep = 1;
-    moe.ep_group = 0;
-    moe.ep_rank = 0;
+    whole.config_.shard.ep = 1;
+    whole.config_.shard.ep_group = 0;
+    whole.config_.shard.ep_rank = 0;
     return whole;
   }
   // InParameterDType: the same model with its parameters in `dtype` (FSDP2's

@@ -29,7 +29,7 @@ class GraphBuilder {
   // dtype (kFloat32: no autocast).
   explicit GraphBuilder(const ModelConfig& config)
       : config_(config), dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron),
-        dropout_(config.dropout), sp_(config.sp), tp_(config.tp > 1),
+        dropout_(config.dropout), sp_(config.shard.sp), tp_(config.shard.tp > 1),
         cuda_(config.device == Device::kCuda) {}
 
   int Input(std::string name, std::vector<SymDim> shape) {
@@ -789,7 +789,7 @@ class GraphBuilder {
     HeldToEnd(h);
     int weight = config_.tie_embeddings ? TiedParam("embed_tokens.weight", {kV, kD})
                                         : Param("lm_head.weight", {kV, kD});
-    int logits = config_.sp ? Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+    int logits = config_.shard.sp ? Op1(OpType::kGatherLinear, "lm_head", {h, weight},
                                   {.shape = {kB, kT, kV}}, OpKind::kMatmul)
                             : MatmulFolded("lm_head", h, weight, kD, kV);
     return CrossEntropy(logits, input_ids);

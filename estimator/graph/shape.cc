@@ -22,19 +22,19 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
     // A tensor-parallel rank holds heads, kv heads, MLP columns and vocabulary rows / tp
     // (ValidateConfig makes the divisions exact); a head keeps its width.
     case Symbol::kHeads:
-      return config.heads / config.tp;
+      return config.heads / config.shard.tp;
     case Symbol::kKvHeads:
-      return config.KvHeads() / config.tp;
+      return config.KvHeads() / config.shard.tp;
     case Symbol::kHeadDim:
       return config.HeadDim();
     case Symbol::kIntermediate:
-      return config.Intermediate() / config.tp;
+      return config.Intermediate() / config.shard.tp;
     case Symbol::kVocab:
-      return config.vocab / config.tp;
+      return config.vocab / config.shard.tp;
     case Symbol::kPositions:
       return config.max_positions;
     case Symbol::kSeqShard:
-      return config.sp ? config.seq / config.tp : config.seq;
+      return config.shard.sp ? config.seq / config.shard.tp : config.seq;
     case Symbol::kExperts:
       return config.moe.experts;
     case Symbol::kTopK:
@@ -42,7 +42,7 @@ int64_t SymbolValue(Symbol symbol, const ModelConfig& config) {
     case Symbol::kExpertWidth:
       return config.moe.intermediate;
     case Symbol::kLocalExperts:  // ValidateConfig makes the division exact
-      return config.moe.experts / config.moe.ep;
+      return config.moe.experts / config.shard.ep;
   }
   return 0;
 }

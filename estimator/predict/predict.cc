@@ -786,8 +786,8 @@ int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention
   // s*b*h/t*(34 + 5*a*s/h). Without the masks, elements per token and width: 4 + 12/t,
   // or 16/t; the attention term 2/t.
   const int64_t element = ElementSizeBytes(config.dtype);
-  const int64_t t = config.tp;
-  const int64_t per_width = config.sp || t == 1 ? 16 : 4 * t + 12;  // x 1/t
+  const int64_t t = config.shard.tp;
+  const int64_t per_width = config.shard.sp || t == 1 ? 16 : 4 * t + 12;  // x 1/t
   CheckedInt64 bytes = CheckedInt64(config.layers) * element * per_width * config.batch *
                        config.seq * config.width;
   if (attention == AttentionMode::kMath) {

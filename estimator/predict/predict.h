@@ -206,7 +206,7 @@ absl::StatusOr<StagePrediction> PredictValidStage(const ValidConfig& config,
                                                   const StageRange& stage);
 
 // KorthikantiSavedBytes is Korthikanti et al.'s activation memory for `none` in the
-// model's dtype, without dropout masks, per GPU of config.tp (and config.sp) tensor
+// model's dtype, without dropout masks, per GPU of config.shard.tp (and config.shard.sp) tensor
 // parallelism (see the definition for the derivation); -1 on overflow.
 int64_t KorthikantiSavedBytes(const ModelConfig& config, AttentionMode attention);
 

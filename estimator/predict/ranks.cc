@@ -391,7 +391,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
   // data-parallel ranks, or of one group where the routing gives every group's own.
   const int64_t groups = config.RoutedGroups();
   const CheckedInt64 ranks_per_stage =
-      CheckedInt64(config.tp) * (parallel.dp / config.moe.ep / groups);
+      CheckedInt64(config.shard.tp) * (parallel.dp / config.shard.ep / groups);
   ModelConfig chunk_config = config;
   chunk_config.layers = chunk_layers;
   const int64_t korthikanti_chunk = KorthikantiSavedBytes(chunk_config, options.attention);
@@ -401,11 +401,11 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
 
   RanksPrediction prediction;
   prediction.parallel = parallel;
-  prediction.ep = config.moe.ep;
+  prediction.ep = config.shard.ep;
   prediction.ep_groups = groups;
   // Every stage's step simulator (PredictRankPeaks), one per expert-parallel rank (and
   // group): their graphs differ.
-  const int64_t per_stage = config.moe.ep * groups;
+  const int64_t per_stage = config.shard.ep * groups;
   std::vector<std::optional<absl::StatusOr<StepSimulator>>> simulators(
       static_cast<size_t>(per_stage));
   // With expert parallelism each expert-parallel rank is its own kind: its experts and
@@ -413,12 +413,12 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
   for (int64_t kind_index = 0; kind_index < parallel.pp * per_stage; ++kind_index) {
     const int64_t stage = kind_index / per_stage;
     const ValidConfig on_rank =
-        valid.ForExpertRank(kind_index % per_stage / config.moe.ep, kind_index % config.moe.ep);
+        valid.ForExpertRank(kind_index % per_stage / config.shard.ep, kind_index % config.shard.ep);
     config = *on_rank;
     RankKind kind;
     kind.stage = stage;
-    kind.ep_rank = config.moe.ep_rank;
-    kind.ep_group = config.moe.ep_group;
+    kind.ep_rank = config.shard.ep_rank;
+    kind.ep_group = config.shard.ep_group;
     kind.ranks = ranks_per_stage.value();
     std::vector<StagePrediction> predicted;
     CheckedInt64 n_params = 0;
@@ -501,7 +501,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
       if (absl::Status s = PredictRankPeaks(FsdpComputeConfig(on_rank, parallel), parallel,
                                             options,
                                             &simulators[static_cast<size_t>(
-                                                kind.ep_group * config.moe.ep + kind.ep_rank)],
+                                                kind.ep_group * config.shard.ep + kind.ep_rank)],
                                             &kind);
           !s.ok()) {
         return s;

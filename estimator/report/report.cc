@@ -141,8 +141,8 @@ rapidjson::Value ConfigJson(const ModelConfig& config, Allocator& allocator) {
       json.AddMember("moe", spec, allocator);
     }
     // Sizes above are the whole model's; with tp > 1 every bucket is one rank's.
-    if (config.tp > 1) json.AddMember("tp", config.tp, allocator);
-    if (config.sp) json.AddMember("sp", true, allocator);
+    if (config.shard.tp > 1) json.AddMember("tp", config.shard.tp, allocator);
+    if (config.shard.sp) json.AddMember("sp", true, allocator);
   }
   return json;
 }
@@ -372,11 +372,11 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   if (c.moe.Sparse()) absl::StrAppend(&out, MoeLine(c.moe), "\n\n");
   if (!scope.empty()) {
     absl::StrAppend(&out, scope, "\n\n");
-  } else if (c.tp > 1) {
+  } else if (c.shard.tp > 1) {
     absl::StrAppendFormat(&out,
                           "one of %d tensor-parallel ranks%s: every number below is that "
                           "rank's\n\n",
-                          c.tp, c.sp ? " with sequence parallelism" : "");
+                          c.shard.tp, c.shard.sp ? " with sequence parallelism" : "");
   }
   absl::StrAppendFormat(&out, "%-22s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "n_params (count)", p.n_params, "");
@@ -591,20 +591,20 @@ std::string LayersText(const RankKind& kind) {
 rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, Allocator& a) {
   rapidjson::Value parallel(rapidjson::kObjectType);
   parallel.AddMember("dp", p.dp, a);
-  parallel.AddMember("tp", config.tp, a);
-  parallel.AddMember("sp", config.sp, a);
+  parallel.AddMember("tp", config.shard.tp, a);
+  parallel.AddMember("sp", config.shard.sp, a);
   parallel.AddMember("pp", p.pp, a);
   parallel.AddMember("virtual_stages", p.virtual_stages, a);
   parallel.AddMember("micro_batches", p.micro_batches, a);
   parallel.AddMember("schedule", rapidjson::StringRef(PipelineScheduleName(p.schedule).data()), a);
   parallel.AddMember("zero", p.zero, a);
-  parallel.AddMember("world_size", p.dp * config.tp * p.pp, a);
+  parallel.AddMember("world_size", p.dp * config.shard.tp * p.pp, a);
   // How the data-parallel ranks run: torch's DDP, torch's FSDP2, ZeRO (--zero), replicas
   // beside expert parallelism, or one replica; with the options that change their bytes.
   const bool ddp = TorchDdp(config, p);
   parallel.AddMember(
       "data_parallel",
-      rapidjson::StringRef(DataParallelName(p.dp, p.zero, config.moe.ep, p.fsdp.enabled)), a);
+      rapidjson::StringRef(DataParallelName(p.dp, p.zero, config.shard.ep, p.fsdp.enabled)), a);
   if (ddp) {
     const DdpBucketCaps caps = DdpBucketCapsOf(p.ddp.bucket_cap_mb);
     rapidjson::Value options(rapidjson::kObjectType);
@@ -718,7 +718,7 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   std::string scope = absl::StrFormat(
       "%d ranks (dp %d x tp %d x pp %d, %s%s, %d micro-batches, %s); every number "
       "below up to the rank table is the most loaded rank's: pipeline stage %d, %s",
-      p.dp * whole.config.tp * p.pp, p.dp, whole.config.tp, p.pp,
+      p.dp * whole.config.shard.tp * p.pp, p.dp, whole.config.shard.tp, p.pp,
       PipelineScheduleName(p.schedule),
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
       p.micro_batches,

@@ -101,12 +101,12 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     return absl::InvalidArgumentError(absl::StrCat(
         "--zero=", spec.zero, " shards over data-parallel ranks: it needs --dp > 1"));
   }
-  if (config.moe.ep > 1) {
+  if (config.shard.ep > 1) {
     // Expert parallelism splits the data-parallel ranks (transformers 5.23 asks ep_size
     // to divide its data-parallel world, distributed/configuration_utils.py).
-    if (spec.dp % config.moe.ep != 0) {
+    if (spec.dp % config.shard.ep != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--ep ", config.moe.ep, " must divide --dp ", spec.dp,
+          "--ep ", config.shard.ep, " must divide --dp ", spec.dp,
           " (expert-parallel ranks are data-parallel ranks)"));
     }
     if (spec.zero > 0) {
@@ -114,10 +114,10 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
           "--ep with --zero is not modelled yet (experts' state shards over other ranks)");
     }
     const int64_t groups = config.RoutedGroups();
-    if (groups > 1 && groups != spec.dp / config.moe.ep) {
+    if (groups > 1 && groups != spec.dp / config.shard.ep) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--routing gives ", groups, " expert-parallel groups' rows; --dp ", spec.dp,
-          " / --ep ", config.moe.ep, " has ", spec.dp / config.moe.ep));
+          " / --ep ", config.shard.ep, " has ", spec.dp / config.shard.ep));
     }
   }
   if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
@@ -179,8 +179,8 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
       return absl::InvalidArgumentError(
           "--fsdp is torch's FSDP2, --zero DeepSpeed's and Megatron's sharding: give one");
     }
-    const char* beside = config.moe.ep > 1 ? "--ep"
-                         : config.tp > 1   ? "--tp"
+    const char* beside = config.shard.ep > 1 ? "--ep"
+                         : config.shard.tp > 1   ? "--tp"
                          : spec.pp > 1     ? "--pp"
                                            : nullptr;
     if (beside != nullptr) {
@@ -239,7 +239,7 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     return absl::InvalidArgumentError(absl::StrCat(
         spec.ddp.bucket_cap_mb.has_value() ? "--ddp_bucket_mb" : "--gradient_as_bucket_view",
         " is an option of torch's DistributedDataParallel: it needs --dp > 1 without --zero",
-        config.moe.ep > 1 ? " or --ep" : spec.fsdp.enabled ? " or --fsdp" : ""));
+        config.shard.ep > 1 ? " or --ep" : spec.fsdp.enabled ? " or --fsdp" : ""));
   }
   if (spec.ddp.bucket_cap_mb.has_value() &&
       !(*spec.ddp.bucket_cap_mb > 0 && *spec.ddp.bucket_cap_mb <= kMaxDdpBucketMib)) {

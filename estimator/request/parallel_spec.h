@@ -1,5 +1,5 @@
 // ParallelSpec: how a training run is laid out over ranks beyond tensor parallelism
-// (ModelConfig::tp and ::sp, which change the graphs one rank runs): data parallelism
+// (ModelConfig::shard, which changes the graphs one rank runs): data parallelism
 // with ZeRO's sharding, and pipeline parallelism with its schedule.
 //
 // Example:
@@ -130,7 +130,7 @@ inline bool TorchDdp(int64_t dp, int64_t zero, int64_t ep, bool fsdp = false) {
   return dp > 1 && zero == 0 && ep <= 1 && !fsdp;
 }
 inline bool TorchDdp(const ModelConfig& config, const ParallelSpec& spec) {
-  return TorchDdp(spec.dp, spec.zero, config.moe.ep, spec.fsdp.enabled);
+  return TorchDdp(spec.dp, spec.zero, config.shard.ep, spec.fsdp.enabled);
 }
 
 // DataParallel is how the data-parallel ranks run: the strategy whose program a rank's
@@ -147,7 +147,7 @@ enum class DataParallel : uint8_t {
 };
 DataParallel DataParallelOf(int64_t dp, int64_t zero, int64_t ep, bool fsdp);
 inline DataParallel DataParallelOf(const ModelConfig& config, const ParallelSpec& spec) {
-  return DataParallelOf(spec.dp, spec.zero, config.moe.ep, spec.fsdp.enabled);
+  return DataParallelOf(spec.dp, spec.zero, config.shard.ep, spec.fsdp.enabled);
 }
 
 // RankShards: what a data-parallel rank holds of its stage's n parameters, their

@@ -231,9 +231,9 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   spec.optimizer.master_weights = request.master_weights;
   spec.config.batch = request.batch;
   spec.config.seq = request.seq;
-  spec.config.tp = request.tp;
-  spec.config.sp = request.sp;
-  spec.config.moe.ep = request.ep;
+  spec.config.shard.tp = request.tp;
+  spec.config.shard.sp = request.sp;
+  spec.config.shard.ep = request.ep;
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.checkpoint_impl,
                              ParseCheckpointImpl(request.checkpoint_impl));
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.sdpa_backend, ParseSdpaBackend(request.sdpa_backend));

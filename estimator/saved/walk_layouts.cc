@@ -405,7 +405,7 @@ absl::Status Walk::Layouts(const OpDef& op) {
       std::copy(in.sizes.begin(), in.sizes.begin() + in.ndim, sizes);
       // num_classes = num_experts + 1: the experts the module holds (E / ep with expert
       // parallelism) and the padding class.
-      sizes[in.ndim] = config_.moe.experts / config_.moe.ep + 1;
+      sizes[in.ndim] = config_.moe.experts / config_.shard.ep + 1;
       NewContiguous(out, sizes, in.ndim + 1);
       return absl::OkStatus();
     }

@@ -206,19 +206,11 @@ struct MoeSpec {
   std::vector<int64_t> dense_layers = {};
   RoutingSource routing = RoutingSource::kBalanced;
   // routing_rows: with kGiven, the tokens each expert receives, one row of `experts`
-  // counts per sparse layer in layer order, each row summing to B x T x k. With ep > 1
-  // it may hold every expert-parallel rank's rows, rank by rank (ep x sparse layers),
-  // or every data-parallel rank's (dp x sparse layers: dp / ep groups of ep ranks).
+  // counts per sparse layer in layer order, each row summing to B x T x k. With expert
+  // parallelism (RankShard::ep > 1) it may hold every expert-parallel rank's rows, rank
+  // by rank (ep x sparse layers), or every data-parallel rank's (dp x sparse layers:
+  // dp / ep groups of ep ranks).
   std::vector<std::vector<int64_t>> routing_rows = {};
-  // ep: expert parallelism (--ep), as transformers 5.23 trains it
-  // (distributed/expert_parallel.py): each of ep ranks holds experts / ep whole experts
-  // (MoEParamShard, Shard(0)) and AllToAllEP sends every (token, expert) pair to its
-  // expert's rank and the results back. ep_rank: the rank whose graphs these are;
-  // ep_group: its group of ep data-parallel ranks (data-parallel rank / ep), whose
-  // batches its experts receive where routing_rows gives every data-parallel rank's.
-  int64_t ep = 1;
-  int64_t ep_rank = 0;
-  int64_t ep_group = 0;
 
   bool Sparse() const { return experts > 0; }
   // DeriveSparseLayers sets sparse_layers for `layers` layers from sparse_step and
@@ -253,6 +245,32 @@ struct MoeSpec {
                             layer % static_cast<int64_t>(sparse_layers.size()))]);
   }
   friend bool operator==(const MoeSpec&, const MoeSpec&) = default;
+};
+
+// RankShard is the part of the model one rank's graphs hold, where the layout splits
+// the model itself (tensor, sequence and expert parallelism; the layout's other
+// dimensions, estimator/request/parallel_spec.h, split the batch, the layers and the
+// parameters' storage, not a rank's graphs). Left at its defaults: the whole model.
+struct RankShard {
+  // tp: tensor parallelism, Megatron-style. The model is one rank's shard: q/k/v, the
+  // MLP's first projection and the vocabulary split column-wise (heads, kv heads,
+  // intermediate and vocab / tp per rank), the attention output and the MLP's second
+  // projection row-wise; norms, residuals and dropouts replicated.
+  int64_t tp = 1;
+  // sp: Megatron's sequence parallelism with tp > 1: the norms, dropouts and residuals
+  // hold T / tp tokens; a column-parallel linear all-gathers its input (keeping the
+  // shard for backward) and a row-parallel one reduce-scatters its output (megatron-gpt).
+  bool sp = false;
+  // ep: expert parallelism (--ep), as transformers 5.23 trains it
+  // (distributed/expert_parallel.py): each of ep ranks holds experts / ep whole experts
+  // (MoEParamShard, Shard(0)) and AllToAllEP sends every (token, expert) pair to its
+  // expert's rank and the results back. ep_rank: the rank whose graphs these are;
+  // ep_group: its group of ep data-parallel ranks (data-parallel rank / ep), whose
+  // batches its experts receive where routing_rows gives every data-parallel rank's.
+  int64_t ep = 1;
+  int64_t ep_rank = 0;
+  int64_t ep_group = 0;
+  friend bool operator==(const RankShard&, const RankShard&) = default;
 };
 
 struct ModelConfig {
@@ -301,15 +319,8 @@ struct ModelConfig {
   // branches, each keeping a bool mask for backward, and the fused causal softmax (no
   // mask tensor). Needs math attention.
   bool megatron = false;
-  // tp: tensor parallelism, Megatron-style. The model is one rank's shard: q/k/v, the
-  // MLP's first projection and the vocabulary split column-wise (heads, kv heads,
-  // intermediate and vocab / tp per rank), the attention output and the MLP's second
-  // projection row-wise; norms, residuals and dropouts replicated.
-  int64_t tp = 1;
-  // sp: Megatron's sequence parallelism with tp > 1: the norms, dropouts and residuals
-  // hold T / tp tokens; a column-parallel linear all-gathers its input (keeping the
-  // shard for backward) and a row-parallel one reduce-scatters its output (megatron-gpt).
-  bool sp = false;
+  // shard: the part of the model this rank's graphs hold.
+  RankShard shard = {};
   // dropout: transformers' GPT-2's training-mode dropout probabilities (config.json's
   // resid_pdrop, embd_pdrop, attn_pdrop; GPT2Config's default is 0.1 each). Only
   // whether each is above 0 moves memory: each dropout keeps its noise, and attention
@@ -366,11 +377,12 @@ struct ModelConfig {
   }
   // ExpertLoad is the tokens each expert receives in sparse layer `sparse_index` (the
   // index among the sparse layers), as moe.routing says: from this rank's batch
-  // (moe.ep_rank's rows where the routing gives every rank's).
+  // (shard.ep_rank's rows where the routing gives every rank's).
   std::vector<int64_t> ExpertLoad(int64_t sparse_index) const {
-    return ExpertLoadFrom(moe.ep_rank, sparse_index);
+    return ExpertLoadFrom(shard.ep_rank, sparse_index);
   }
-  // ExpertLoadFrom: ExpertLoad of expert-parallel rank `source`'s batch (in moe.ep_group).
+  // ExpertLoadFrom: ExpertLoad of expert-parallel rank `source`'s batch (in
+  // shard.ep_group).
   // Balanced and worst routings route every rank's batch alike.
   std::vector<int64_t> ExpertLoadFrom(int64_t source, int64_t sparse_index) const {
     const int64_t tokens = batch * seq, pairs = tokens * moe.top_k;
@@ -389,24 +401,24 @@ struct ModelConfig {
         // Rank by rank where the rows are every rank's (ep_group is 0 unless they are
         // every group's too).
         const bool by_rank = static_cast<int64_t>(moe.routing_rows.size()) > per_rank;
-        const int64_t rank = by_rank ? moe.ep_group * moe.ep + source : 0;
+        const int64_t rank = by_rank ? shard.ep_group * shard.ep + source : 0;
         load = moe.routing_rows[static_cast<size_t>(rank * per_rank + sparse_index)];
         break;
       }
     }
     return load;
   }
-  // ReceivedLoad: with expert parallelism, the tokens each of moe.ep_rank's experts
+  // ReceivedLoad: with expert parallelism, the tokens each of shard.ep_rank's experts
   // (experts / ep of them, from expert ep_rank x experts / ep on) receives in sparse
   // layer `sparse_index`, from every rank's batch (AllToAllEP's recv_counts, summed
   // over the sources).
   std::vector<int64_t> ReceivedLoad(int64_t sparse_index) const {
-    const int64_t local = moe.experts / moe.ep;
+    const int64_t local = moe.experts / shard.ep;
     std::vector<int64_t> received(static_cast<size_t>(local), 0);
-    for (int64_t source = 0; source < moe.ep; ++source) {
+    for (int64_t source = 0; source < shard.ep; ++source) {
       const std::vector<int64_t> sent = ExpertLoadFrom(source, sparse_index);
       for (int64_t j = 0; j < local; ++j) {
-        received[static_cast<size_t>(j)] += sent[static_cast<size_t>(moe.ep_rank * local + j)];
+        received[static_cast<size_t>(j)] += sent[static_cast<size_t>(shard.ep_rank * local + j)];
       }
     }
     return received;
@@ -414,9 +426,9 @@ struct ModelConfig {
   // RoutedGroups: the expert-parallel groups whose batches routing_rows gives (1 unless
   // it gives every data-parallel rank's, dp / ep groups then).
   int64_t RoutedGroups() const {
-    const int64_t per_group = moe.ep * SparseLayers();
+    const int64_t per_group = shard.ep * SparseLayers();
     const int64_t rows = static_cast<int64_t>(moe.routing_rows.size());
-    return moe.routing == RoutingSource::kGiven && moe.ep > 1 && per_group > 0 &&
+    return moe.routing == RoutingSource::kGiven && shard.ep > 1 && per_group > 0 &&
                    rows > per_group
                ? rows / per_group
                : 1;
@@ -424,12 +436,12 @@ struct ModelConfig {
   // RoutingSizesGraphs: the graphs' sizes depend on the routing: the eager experts'
   // per-expert rows, or with expert parallelism the rows a rank receives.
   bool RoutingSizesGraphs() const {
-    return moe.Sparse() && (moe.impl == ExpertsImpl::kEager || moe.ep > 1);
+    return moe.Sparse() && (moe.impl == ExpertsImpl::kEager || shard.ep > 1);
   }
   // RunLoad: the tokens each expert this rank runs receives in sparse layer
   // `sparse_index`: ExpertLoad, or with expert parallelism ReceivedLoad.
   std::vector<int64_t> RunLoad(int64_t sparse_index) const {
-    return moe.ep > 1 ? ReceivedLoad(sparse_index) : ExpertLoad(sparse_index);
+    return shard.ep > 1 ? ReceivedLoad(sparse_index) : ExpertLoad(sparse_index);
   }
   // LayersAlone is this model with only `kept` of its layers (model indices, in order),
   // each keeping its attention span, sparseness and routing row, and its batch `scale`
@@ -494,7 +506,7 @@ struct ModelConfig {
            a.o_bias == b.o_bias && a.mlp_bias == b.mlp_bias &&
            a.qk_norm == b.qk_norm && a.layer_attention == b.layer_attention &&
            a.sliding_window == b.sliding_window && a.moe == b.moe &&
-           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.tp == b.tp && a.sp == b.sp &&
+           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.shard == b.shard &&
            a.dropout == b.dropout && a.use_cache == b.use_cache &&
            a.checkpoint_impl == b.checkpoint_impl && a.device == b.device &&
            a.sdpa_backend == b.sdpa_backend && a.expandable_segments == b.expandable_segments &&

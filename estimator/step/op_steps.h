@@ -8,7 +8,7 @@
 // validate_outputs, the input buffers) is Simulation::Node's.
 //
 // Example (as Simulation::Node runs a node):
-//   OpCall call(memory, plan, inst.ids, op, options, config.tp);
+//   OpCall call(memory, plan, inst.ids, op, options, config.shard.tp);
 //   if (const OpSteps& steps = StepsOf(op.type); steps.backward != nullptr) {
 //     steps.backward(call, incoming, grads);  // grads[i]: input i's gradient
 //   }

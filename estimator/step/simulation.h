@@ -390,7 +390,7 @@ class Simulation {
 
   // OpCallOf: op `op` of `inst` as its rows see it (op_steps.h).
   OpCall OpCallOf(const Instance& inst, const OpDef& op) {
-    return OpCall(memory_, *inst.plan, inst.ids, op, options_, config_.tp);
+    return OpCall(memory_, *inst.plan, inst.ids, op, options_, config_.shard.tp);
   }
   Handle NewGrad(const Layout& layout, DType dtype) {
     return liveness_internal::NewGrad(memory_, layout, dtype);

@@ -27,7 +27,7 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   // GPT2Model.forward's inputs_embeds and position_embeds live to its return
   // (modeling_gpt2.py:567-575); Megatron's embedding adds them inside its module.
   if (!config.megatron) g.HeldByDecoder({tokens, positions});
-  if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
+  if (config.shard.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});
   }
@@ -97,7 +97,7 @@ BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
   g.HeldToEnd(h);  // GPT2LMHeadModel's `hidden_states` local, to its return
   int weight = g.TiedParam("wte.weight", {kV, kD});
   // With sequence parallelism the vocabulary-parallel head gathers its input too.
-  int logits = config.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
+  int logits = config.shard.sp ? g.Op1(OpType::kGatherLinear, "lm_head", {h, weight},
                                  {.shape = {kB, kT, kV}}, OpKind::kMatmul)
                          : g.MatmulFolded("lm_head", h, weight, kD, kV);
   return g.Finish(g.CrossEntropy(logits, input_ids));

@@ -29,7 +29,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
-  if (config.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
+  if (config.shard.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});
   }
@@ -437,13 +437,13 @@ absl::Status ValidateLlama(const ModelConfig& config) {
         "a mixture of experts needs 1 <= experts per token (", moe.top_k, ") <= experts (",
         moe.experts, ") and an expert width >= 1 (", moe.intermediate, ")"));
   }
-  if (config.tp > 1) {
+  if (config.shard.tp > 1) {
     return absl::InvalidArgumentError(
         "tensor parallelism of a mixture of experts is not modelled yet (use --tp=1)");
   }
-  if (moe.ep > 1 && moe.experts % moe.ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--ep ", moe.ep, " does not divide the ",
-                                                   moe.experts, " experts"));
+  if (config.shard.ep > 1 && moe.experts % config.shard.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ep ", config.shard.ep, " does not divide the ", moe.experts, " experts"));
   }
   if (moe.impl == ExpertsImpl::kEager && moe.experts > kMaxEagerExperts) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -467,10 +467,10 @@ absl::Status ValidateLlama(const ModelConfig& config) {
     const int64_t tokens = config.batch * config.seq, pairs = checked_pairs.value();
     const int64_t sparse = config.SparseLayers();
     const int64_t rows = static_cast<int64_t>(moe.routing_rows.size());
-    if (rows != sparse && (moe.ep == 1 || rows % (moe.ep * sparse) != 0)) {
+    if (rows != sparse && (config.shard.ep == 1 || rows % (config.shard.ep * sparse) != 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--routing has ", rows, " rows for the model's ", sparse, " sparse layers",
-          moe.ep > 1 ? absl::StrCat(" (or a multiple of ", moe.ep * sparse,
+          config.shard.ep > 1 ? absl::StrCat(" (or a multiple of ", config.shard.ep * sparse,
                                     ", every --ep rank's of each expert-parallel group)")
                      : ""));
     }

@@ -233,7 +233,7 @@ int AllToAllEp(GraphBuilder& g, const ModelConfig& config, int flat, const Route
   const int recv_counts = g.Op1(OpType::kZerosLike, "ep.recv_counts", {send_counts});
   // torch.stack([send_counts.sum(dim=1), recv_counts.sum(dim=1)]).tolist(): two (ep)
   // sums and their (2, ep) stack, read back to the host and freed.
-  const SymDim ranks = Sym(moe.ep);
+  const SymDim ranks = Sym(config.shard.ep);
   const int send_grid = g.Op1(OpType::kView, "ep.send_grid", {send_counts},
                               {.shape = {ranks, kEl}});
   const int recv_grid = g.Op1(OpType::kView, "ep.recv_grid", {recv_counts},
@@ -326,7 +326,7 @@ int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x,
                    const std::vector<int64_t>& load) {
   // The experts' 3-D parameters (E, 2 F_e, d) and (E, d, F_e), and the router's (E, d).
   // An expert-parallel rank holds E / ep of the experts (MoEParamShard's Shard(0)).
-  const bool sharded = config.moe.ep > 1;
+  const bool sharded = config.shard.ep > 1;
   auto expert_param = [&](const std::string& name, std::vector<SymDim> shape) {
     return sharded ? g.ExpertShardParam(name, std::move(shape)) : g.Param(name, std::move(shape));
   };
@@ -336,7 +336,7 @@ int SparseMoeBlock(GraphBuilder& g, const ModelConfig& config, int x,
   // hidden_states.view(-1, hidden_dim)
   const int flat = g.Op1(OpType::kView, "moe.flatten", {x}, {.shape = {kB * kT, kD}});
   const RouterOut r = Router(g, config, flat, router);
-  const int experts = config.moe.ep > 1 ? AllToAllEp(g, config, flat, r, gate_up, down, load)
+  const int experts = config.shard.ep > 1 ? AllToAllEp(g, config, flat, r, gate_up, down, load)
                       : config.moe.impl == ExpertsImpl::kEager
                           ? EagerExperts(g, flat, r, gate_up, down, load)
                           : GroupedMmExperts(g, flat, r, gate_up, down);

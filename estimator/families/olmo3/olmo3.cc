@@ -114,7 +114,7 @@ ModelGraphs BuildOlmo3Graphs(const ModelConfig& config, AttentionMode mode) {
 
 // What OLMo 3 models that the shared checks do not refuse.
 absl::Status ValidateOlmo3(const ModelConfig& config) {
-  if (config.tp > 1) {
+  if (config.shard.tp > 1) {
     // Its q/k norms span every head: Megatron's split of the heads is not its layout
     // (transformers' own tp plan gathers q, k and v, configuration_olmo3.py).
     return absl::InvalidArgumentError(

@@ -49,11 +49,11 @@ TORCH_MODULE(GemmaRmsNorm);
 
 class Gemma3LayerImpl : public DecoderLayer {
  public:
-  // With c.tp > 1, one rank's shard: heads, kv heads and MLP columns / tp.
+  // With c.shard.tp > 1, one rank's shard: heads, kv heads and MLP columns / tp.
   Gemma3LayerImpl(const ModelConfig& c, bool sliding)
-      : sliding_(sliding), heads_(c.heads / c.tp), kv_heads_(c.KvHeads() / c.tp),
+      : sliding_(sliding), heads_(c.heads / c.shard.tp), kv_heads_(c.KvHeads() / c.shard.tp),
         head_dim_(c.HeadDim()) {
-    const int64_t d = c.width, f = c.Intermediate() / c.tp;
+    const int64_t d = c.width, f = c.Intermediate() / c.shard.tp;
     auto linear = [](int64_t in, int64_t out) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
     };
@@ -135,7 +135,7 @@ class Gemma3Model : public ModelImpl {
  public:
   explicit Gemma3Model(const ModelConfig& c)
       : config_(c), rotary_(c, 1e6, 1e4) {
-    const int64_t vocab = c.vocab / c.tp;  // a tensor-parallel rank's rows
+    const int64_t vocab = c.vocab / c.shard.tp;  // a tensor-parallel rank's rows
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, c.width));
     // Gemma3TextScaledWordEmbedding's embed_scale: sqrt(hidden_size), 0-dim.
     embed_scale = register_buffer("embed_scale", at::scalar_tensor(std::sqrt(c.width)));

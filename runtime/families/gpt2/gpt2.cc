@@ -47,12 +47,12 @@ struct Conv1DParams {
 
 class Gpt2LayerImpl : public DecoderLayer {
  public:
-  // With c.tp > 1, one rank's shard: heads and MLP columns / tp. With c.megatron,
+  // With c.shard.tp > 1, one rank's shard: heads and MLP columns / tp. With c.megatron,
   // Megatron's dropouts (sites named by `index`) and fused causal softmax.
   Gpt2LayerImpl(const ModelConfig& c, int64_t index)
-      : heads_(c.heads / c.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_),
+      : heads_(c.heads / c.shard.tp), head_dim_(c.HeadDim()), attention_width_(heads_ * head_dim_),
         index_(c.megatron ? index : -1), dropout_(c.dropout) {
-    const int64_t d = c.width, f = c.Intermediate() / c.tp, a = attention_width_;
+    const int64_t d = c.width, f = c.Intermediate() / c.shard.tp, a = attention_width_;
     auto norm = [&](const char* name) {
       return register_module(
           name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(c.norm_eps)));
@@ -157,7 +157,7 @@ class Gpt2Model : public ModelImpl {
  public:
   explicit Gpt2Model(const ModelConfig& c) {
     // A tensor-parallel rank's rows of the vocabulary.
-    wte = register_module("wte", torch::nn::Embedding(c.vocab / c.tp, c.width));
+    wte = register_module("wte", torch::nn::Embedding(c.vocab / c.shard.tp, c.width));
     wpe = register_module("wpe", torch::nn::Embedding(c.max_positions, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) {
@@ -222,8 +222,8 @@ class Gpt2Model : public ModelImpl {
 // split by output, both c_proj by input, the vocabulary rows of wte; the norms, the
 // row-parallel biases and the position embedding replicated.
 ParameterShard Gpt2ShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
-  const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, f = c.Intermediate() / c.tp,
-                v = c.vocab / c.tp, width = c.heads * hd;
+  const int64_t hd = c.HeadDim(), q = c.heads / c.shard.tp * hd, f = c.Intermediate() / c.shard.tp,
+                v = c.vocab / c.shard.tp, width = c.heads * hd;
   if (absl::EndsWith(name, "c_attn_weight") || absl::EndsWith(name, "c_attn_bias")) {
     const int64_t dim = absl::EndsWith(name, "weight") ? 1 : 0;
     return ParameterShard{dim, {{r * q, q}, {width + r * q, q}, {2 * width + r * q, q}}};

@@ -53,9 +53,9 @@ class LlamaLayerImpl : public DecoderLayer {
   // A sparse layer runs the model's SparseMoeBlock ("mlp") where a dense one runs
   // LlamaMLP.
   LlamaLayerImpl(const ModelConfig& c, bool sparse)
-      : heads_(c.heads / c.tp), kv_heads_(c.KvHeads() / c.tp), head_dim_(c.HeadDim()) {
+      : heads_(c.heads / c.shard.tp), kv_heads_(c.KvHeads() / c.shard.tp), head_dim_(c.HeadDim()) {
     const int64_t d = c.width, q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_,
-                  intermediate = c.Intermediate() / c.tp;
+                  intermediate = c.Intermediate() / c.shard.tp;
     auto linear = [](int64_t in, int64_t out, bool bias) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
     };
@@ -136,7 +136,7 @@ class LlamaLayerImpl : public DecoderLayer {
 class LlamaModel : public ModelImpl {
  public:
   explicit LlamaModel(const ModelConfig& c) : head_dim_(c.HeadDim()) {
-    const int64_t vocab = c.vocab / c.tp;  // a tensor-parallel rank's rows
+    const int64_t vocab = c.vocab / c.shard.tp;  // a tensor-parallel rank's rows
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(vocab, c.width));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) {
@@ -203,8 +203,8 @@ class LlamaModel : public ModelImpl {
 // and the vocabulary rows split by output, o_proj and down_proj by input; their biases
 // and the norms replicated.
 ParameterShard LlamaShardOf(const ModelConfig& c, const std::string& name, int64_t r) {
-  const int64_t hd = c.HeadDim(), q = c.heads / c.tp * hd, kv = c.KvHeads() / c.tp * hd,
-                f = c.Intermediate() / c.tp, v = c.vocab / c.tp;
+  const int64_t hd = c.HeadDim(), q = c.heads / c.shard.tp * hd, kv = c.KvHeads() / c.shard.tp * hd,
+                f = c.Intermediate() / c.shard.tp, v = c.vocab / c.shard.tp;
   if (absl::EndsWith(name, "q_proj.weight") || absl::EndsWith(name, "q_proj.bias")) {
     return Split(0, q, r);
   }
@@ -225,7 +225,7 @@ bool LlamaGradientIsPartial(const ModelConfig& c, const std::string& name) {
   // Qwen3's q_norm and k_norm weights are replicated, but each rank normalises its own
   // heads only: transformers' tensor-parallel plan marks them
   // "replicated_with_grad_allreduce" (configuration_qwen3.py, base_model_tp_plan).
-  if (c.tp > 1 &&
+  if (c.shard.tp > 1 &&
       (absl::EndsWith(name, "q_norm.weight") || absl::EndsWith(name, "k_norm.weight"))) {
     return true;
   }
