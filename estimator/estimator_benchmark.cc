@@ -135,12 +135,13 @@ void BM_PredictRanksLlama3_70b(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
   config->amp = DType::kBFloat16;
-  config->shard.tp = 8;
   ParallelSpec parallel;
+  parallel.tp = 8;
   parallel.dp = 16;
   parallel.pp = 4;
   parallel.zero = 1;
   parallel.micro_batches = 8;
+  config->shard = ShardOf(parallel);
   PredictOptions options;
   options.peak = false;
   for (auto _ : state) {
@@ -196,8 +197,8 @@ BENCHMARK(BM_PredictRanksPeaksLlama3_70b)->ArgName("micro_batches")->Arg(8)->Arg
 void BM_PredictRanksPeaksLlama3_70bTp8(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
-  config->shard.tp = 8;
   ParallelSpec parallel;
+  parallel.tp = 8;
   parallel.dp = 16;
   parallel.pp = 4;
   if (state.range(0) == 0) {
@@ -205,10 +206,11 @@ void BM_PredictRanksPeaksLlama3_70bTp8(benchmark::State& state) {
     parallel.zero = 1;
   } else {
     config->dtype = DType::kBFloat16;
-    config->shard.sp = true;
+    parallel.sp = true;
     parallel.zero = 3;
   }
   parallel.micro_batches = 8;
+  config->shard = ShardOf(parallel);
   RunRankPeaks(state, *config, parallel);
 }
 BENCHMARK(BM_PredictRanksPeaksLlama3_70bTp8)
@@ -225,14 +227,15 @@ void BM_PredictRanksPeaksLlama3_70bInterleaved(benchmark::State& state) {
   std::optional<ModelConfig> config = Llama3_70b(state);
   if (!config.has_value()) return;
   config->amp = DType::kBFloat16;
-  config->shard.tp = 8;
   ParallelSpec parallel;
+  parallel.tp = 8;
   parallel.dp = 2;
   parallel.pp = 4;
   parallel.zero = 1;
   parallel.virtual_stages = 2;
   parallel.schedule = PipelineSchedule::kInterleaved;
   parallel.micro_batches = 64;
+  config->shard = ShardOf(parallel);
   PredictOptions options;
   options.timeline = state.range(0) == 1;
   for (auto _ : state) {

@@ -207,16 +207,15 @@ class Search {
     Evaluated out;
     const size_t n = base_.variants.size();
     out.bounds.assign(n, -1);
-    ModelConfig config = base_.config;
-    config.shard.tp = shape.tp;
-    config.shard.sp = shape.sp;
-    config.batch = shape.micro_batch_size;
-    config.shard.ep = shape.ep;
     ParallelSpec parallel{shape.dp, shape.pp, shape.virtual_stages, shape.micro_batches,
                           shape.zero,
                           shape.virtual_stages > 1 ? PipelineSchedule::kInterleaved
                                                    : PipelineSchedule::k1F1B,
-                          DdpOptionsFor(shape), shape.fsdp ? fsdp_ : FsdpOptions{}};
+                          DdpOptionsFor(shape), shape.fsdp ? fsdp_ : FsdpOptions{},
+                          shape.tp, shape.sp, shape.ep};
+    ModelConfig config = base_.config;
+    config.batch = shape.micro_batch_size;
+    config.shard = ShardOf(parallel);
     // The candidate's one validation: its config, its layout, its run; its two
     // predictions below take the proof.
     absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);

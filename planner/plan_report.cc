@@ -28,7 +28,7 @@ std::string Flops(int64_t flops) { return absl::StrFormat("%.3g", static_cast<do
 // LayoutText: "; one of 8 data-parallel ranks with ZeRO-1", "; 4 pipeline stages of 8
 // micro-batches", "; one of 8 data-parallel ranks, each with 1 / 8 of the experts (every
 // expert-parallel rank alike)", or nothing for one process.
-std::string LayoutText(const ParallelSpec& p, int64_t ep) {
+std::string LayoutText(const ParallelSpec& p) {
   std::string out;
   if (p.pp > 1 || p.micro_batches > 1) {
     out = p.pp > 1 ? absl::StrCat("; ", p.pp, " pipeline stages of ", p.micro_batches,
@@ -40,8 +40,8 @@ std::string LayoutText(const ParallelSpec& p, int64_t ep) {
                     " data-parallel ranks",
                     p.zero > 0 ? absl::StrCat(" with ZeRO-", p.zero) : std::string());
   }
-  if (ep > 1) {
-    absl::StrAppend(&out, ", each with 1 / ", ep,
+  if (p.ep > 1) {
+    absl::StrAppend(&out, ", each with 1 / ", p.ep,
                     " of the experts (every expert-parallel rank alike)");
   }
   return out;
@@ -84,7 +84,7 @@ rapidjson::Document PlanReportJson(const PlanReport& r) {
                      p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
   doc.AddMember("budget_bytes", r.budget_bytes, a);
-  if (r.parallel.dp > 1) doc.AddMember("parallel", ParallelJson(p.config, r.parallel, a), a);
+  if (r.parallel.dp > 1) doc.AddMember("parallel", ParallelJson(r.parallel, a), a);
   rapidjson::Value plan(rapidjson::kArrayType);
   for (const LayerChoice& choice : r.plan.layers) plan.PushBack(String(choice.Name(), a), a);
   doc.AddMember("plan", plan, a);
@@ -176,7 +176,7 @@ std::string PlanReportTable(const PlanReport& r) {
       c.amp == DType::kFloat32 ? "" : absl::StrCat(" with ", AmpName(c.amp), " autocast"),
       OptimizerName(r.prediction.optimizer.kind),
       r.prediction.optimizer.master_weights ? " with fp32 master weights" : "",
-      LayoutText(r.parallel, c.shard.ep), HumanBytes(r.budget_bytes));
+      LayoutText(r.parallel), HumanBytes(r.budget_bytes));
   const bool staged = !r.stages.empty();
   const bool searched = r.searched;
   if (staged) {

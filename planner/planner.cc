@@ -153,7 +153,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   // Under DDP the Reducer's hooks run in each layer's backward
   // (estimator/step/data_parallel_ddp.cc): the probes run as the rank; its step ends as
   // one process's (nothing after the backward).
-  const bool ddp = TorchDdp(config, parallel);
+  const bool ddp = TorchDdp(parallel);
   if (ddp) step.rank.parallel = parallel;
   absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, options.attention, step);
   if (!simulator.ok()) return simulator.status();

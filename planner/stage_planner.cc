@@ -182,6 +182,9 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   planner_options.cpu_threads = options.cpu_threads;
   planner_options.parallel.dp = parallel.dp;
   planner_options.parallel.zero = parallel.zero;
+  planner_options.parallel.tp = parallel.tp;  // the guide's model is the rank's shard
+  planner_options.parallel.sp = parallel.sp;
+  planner_options.parallel.ep = parallel.ep;
   std::vector<std::pair<ModelConfig, std::unique_ptr<Planner>>> planners;
   std::vector<Guide> guides;
   for (const RankKind& kind : full->kinds) {

@@ -94,17 +94,17 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
     const std::vector<std::string> parts = absl::StrSplit(request.fault, ':');
     int64_t rank = -1;
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) || rank < 0 ||
-        rank >= WorldSize(config.shard.tp, parallel) ||
+        rank >= WorldSize(parallel) ||
         (parts[1] != "exit" && parts[1] != "hang")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--rank_fault must be RANK:exit or RANK:hang with RANK below the world size, got '",
           request.fault, "'"));
     }
   }
-  if (WorldSize(config.shard.tp, parallel) > kMaxRanks) {
+  if (WorldSize(parallel) > kMaxRanks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "verify runs at most ", kMaxRanks, " rank processes on this machine, --tp x --dp x --pp ",
-        "asks for ", WorldSize(config.shard.tp, parallel), " (predict answers for any size)"));
+        "asks for ", WorldSize(parallel), " (predict answers for any size)"));
   }
   return absl::OkStatus();
 }
@@ -313,7 +313,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
                                                       const std::vector<std::string>& command) {
   TempDir dir;
   if (dir.path().empty()) return absl::InternalError("cannot create a directory for the ranks");
-  const int64_t world = WorldSize(config.shard.tp, parallel);
+  const int64_t world = WorldSize(parallel);
   {
     RankProcesses processes;
     for (int64_t r = 0; r < world; ++r) {
@@ -365,7 +365,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
   std::map<std::pair<int64_t, int64_t>, at::Tensor> stepped;
   auto shard_of = [&](const RankPosition& p) { return std::make_pair(p.stage, p.tp_rank); };
   for (int64_t r = 0; r < world; ++r) {
-    const auto stage = shard_of(PositionOf(r, config.shard.tp, parallel));
+    const auto stage = shard_of(PositionOf(r, parallel));
     const RankResult& result = results[r];
     const int64_t n = result.measurement.n_params;
     if (stepped.count(stage) == 0) stepped[stage] = at::zeros({n}, at::kFloat);
@@ -377,7 +377,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
   }
   for (auto& [stage, flat] : stepped) {
     // dp rank 0 of them: rank = tp_rank + tp x dp x stage.
-    const RankResult& any = results[stage.second + config.shard.tp * parallel.dp * stage.first];
+    const RankResult& any = results[stage.second + parallel.tp * parallel.dp * stage.first];
     std::vector<at::Tensor> params;
     int64_t offset = 0;
     for (const std::string& name : any.owned) {
@@ -398,7 +398,7 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
   for (int64_t r = 0; r < world; ++r) {
     RankResult& result = results[r];
     RankMeasurement& m = result.measurement;
-    m.position = PositionOf(r, config.shard.tp, parallel);
+    m.position = PositionOf(r, parallel);
     std::vector<at::Tensor> grads;
     for (const std::string& name : result.owned) {
       grads.push_back(TakeShard(reference_grads[name], ShardOf(config, name, m.position.tp_rank)));
@@ -422,13 +422,13 @@ absl::StatusOr<DistributedMeasurement> MeasureOrThrow(const ModelConfig& config,
 
 }  // namespace
 
-RankPosition PositionOf(int64_t rank, int64_t tp, const ParallelSpec& parallel) {
-  const int64_t outer = rank / tp;  // dp_rank + dp x stage
-  return RankPosition{rank, rank % tp, outer % parallel.dp, outer / parallel.dp};
+RankPosition PositionOf(int64_t rank, const ParallelSpec& parallel) {
+  const int64_t outer = rank / parallel.tp;  // dp_rank + dp x stage
+  return RankPosition{rank, rank % parallel.tp, outer % parallel.dp, outer / parallel.dp};
 }
 
-int64_t WorldSize(int64_t tp, const ParallelSpec& parallel) {
-  return tp * parallel.dp * parallel.pp;
+int64_t WorldSize(const ParallelSpec& parallel) {
+  return parallel.tp * parallel.dp * parallel.pp;
 }
 
 absl::StatusOr<DistributedMeasurement> MeasureDistributed(const ModelConfig& config,
@@ -450,7 +450,7 @@ int RunRankWorker(const ModelConfig& config, const ParallelSpec& parallel,
   const size_t colon = worker.rfind(':');
   int64_t rank = -1;
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(worker.substr(colon + 1), &rank) ||
-      rank < 0 || rank >= WorldSize(config.shard.tp, parallel)) {
+      rank < 0 || rank >= WorldSize(parallel)) {
     std::cerr << "memledger rank: bad " << kRankWorkerFlag << worker << "\n";
     return 2;
   }

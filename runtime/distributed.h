@@ -45,8 +45,8 @@ struct RankPosition {
   int64_t dp_rank = 0;
   int64_t stage = 0;  // pipeline rank
 };
-RankPosition PositionOf(int64_t rank, int64_t tp, const ParallelSpec& parallel);
-int64_t WorldSize(int64_t tp, const ParallelSpec& parallel);  // tp x dp x pp
+RankPosition PositionOf(int64_t rank, const ParallelSpec& parallel);
+int64_t WorldSize(const ParallelSpec& parallel);  // tp x dp x pp
 
 // kMaxRanks bounds the rank processes one machine starts: each loads LibTorch and builds
 // the whole model.
@@ -115,7 +115,7 @@ struct DistributedMeasurement {
 // RankWorkerFlag is the flag a rank process is started with: "--rank_worker=DIR:RANK".
 inline constexpr absl::string_view kRankWorkerFlag = "--rank_worker=";
 
-// MeasureDistributed starts WorldSize(config.shard.tp, parallel) rank processes, each
+// MeasureDistributed starts WorldSize(parallel) rank processes, each
 // `command` (argv of the caller's executable and its flags; the executable is run as
 // /proc/self/exe) plus kRankWorkerFlag, waits for all of them (killing all on the first
 // failure or at the timeout) and compares their gradients with a single-process run of

@@ -88,7 +88,7 @@ class Rank {
         parallel_(parallel),
         request_(request),
         dir_(std::move(dir)),
-        position_(PositionOf(rank, config.shard.tp, parallel)),
+        position_(PositionOf(rank, parallel)),
         chunks_(ChunksOf(config, parallel, position_.stage)),
         first_(chunks_.front().prologue),
         last_(chunks_.back().head) {}
@@ -100,9 +100,9 @@ class Rank {
     parameters_ = built_.model->parameters();
     for (const at::Tensor& p : parameters_) parameter_storages_.insert(StorageKey(p));
     MakeGroups();
-    if (config_.shard.tp > 1) {
-      tensor_parallel_ = MakeGlooTensorParallel(tp_group_, position_.tp_rank, config_.shard.tp,
-                                                config_.shard.sp);
+    if (parallel_.tp > 1) {
+      tensor_parallel_ =
+          MakeGlooTensorParallel(tp_group_, position_.tp_rank, parallel_.tp, parallel_.sp);
       built_.model->SetTensorParallel(tensor_parallel_.get());
     }
     InjectFault();
@@ -183,11 +183,11 @@ class Rank {
     Progress("joining the process groups");
     const auto timeout = std::chrono::milliseconds(request_.timeout_s * 2000);
     store_ = c10::make_intrusive<c10d::FileStore>(
-        dir_ + "/store", static_cast<int>(WorldSize(config_.shard.tp, parallel_)));
+        dir_ + "/store", static_cast<int>(WorldSize(parallel_)));
     const RankPosition& p = position_;
-    if (config_.shard.tp > 1) {
+    if (parallel_.tp > 1) {
       tp_group_ = MakeGroup(store_, absl::StrCat("tp/", p.dp_rank, "/", p.stage), p.tp_rank,
-                            config_.shard.tp, timeout);
+                            parallel_.tp, timeout);
     }
     if (parallel_.dp > 1) {
       dp_group_ = MakeGroup(store_, absl::StrCat("dp/", p.tp_rank, "/", p.stage), p.dp_rank,
@@ -705,7 +705,7 @@ class Rank {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
       units_->ReleaseAll();
     }
-    const bool ddp = TorchDdp(config_, parallel_);
+    const bool ddp = TorchDdp(parallel_);
     if (ddp) {
       if (ddp_ == nullptr) MakeDdp();
       ddp_->BeforeStep();

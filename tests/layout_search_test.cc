@@ -196,14 +196,13 @@ std::map<Key, RankPeaks> BruteForceOf(const RunRequest& request) {
           for (int64_t zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
-              ModelConfig config = base.config;
-              config.shard.tp = tp;
-              config.shard.sp = sp;
-              config.batch = mbs;
               ParallelSpec parallel{dp, pp, v, m, zero,
                                     v > 1 ? PipelineSchedule::kInterleaved
                                           : PipelineSchedule::k1F1B,
-                                    {}, {}};
+                                    {}, {}, tp, sp};
+              ModelConfig config = base.config;
+              config.shard = ShardOf(parallel);
+              config.batch = mbs;
               if (!ValidateConfig(config).ok() || !ValidateParallel(config, parallel).ok() ||
                   !ValidateRun(config, base.attention, base.variants, base.optimizer).ok()) {
                 continue;

@@ -389,12 +389,13 @@ TEST(PlannerTest, ExpertParallelRanksUnderBalancedRoutingComposeToEveryRanksPeak
   int compared = 0;
   for (ExpertsImpl impl : {ExpertsImpl::kEager, ExpertsImpl::kGroupedMm}) {
     for (const auto& [dp, ep] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}}) {
-      ModelConfig config = DenseFirstMoe(3, impl);
-      config.shard.ep = ep;
-      SCOPED_TRACE(::testing::Message() << "impl " << static_cast<int>(impl) << " dp " << dp
-                                        << " ep " << ep);
       PlannerOptions options;
       options.parallel.dp = dp;
+      options.parallel.ep = ep;
+      ModelConfig config = DenseFirstMoe(3, impl);
+      config.shard = ShardOf(options.parallel);
+      SCOPED_TRACE(::testing::Message() << "impl " << static_cast<int>(impl) << " dp " << dp
+                                        << " ep " << ep);
       options.choices = {LayerChoice{false, {}}, LayerChoice{true, {}},
                          LayerChoice{true, SavePolicy{OpKind::kMatmul}}};
       ASSERT_OK_AND_ASSIGN(Planner planner, Planner::Create(config, options));
@@ -405,7 +406,7 @@ TEST(PlannerTest, ExpertParallelRanksUnderBalancedRoutingComposeToEveryRanksPeak
         predict.variants = {PlanVariant(choices)};
         ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,
                              PredictRanks(config, options.parallel, predict));
-        ASSERT_EQ(ranks.ep, ep);
+        ASSERT_EQ(ranks.parallel.ep, ep);
         for (const RankKind& kind : ranks.kinds) {
           const VariantPrediction& held = kind.variants[0].held;
           ASSERT_TRUE(held.peak.has_value()) << held.peak_unavailable;

@@ -634,13 +634,15 @@ TEST(PredictTensorParallelTest, OneRanksComposedPeakIsItsReplayedStep) {
       config.layers = 6;
       config.batch = 2;
       config.seq = 16;
-      config.shard.tp = 2;
-      config.shard.sp = sp;
+      ParallelSpec tensor_parallel;
+      tensor_parallel.tp = 2;
+      tensor_parallel.sp = sp;
+      config.shard = ShardOf(tensor_parallel);
       config.use_cache = false;  // ranks keep no DynamicCache (PredictRanks)
       SCOPED_TRACE(absl::StrCat(model, sp ? " --sp" : ""));
       ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, PredictOptions()));
       ASSERT_OK_AND_ASSIGN(RanksPrediction ranks,
-                           PredictRanks(config, ParallelSpec(), PredictOptions()));
+                           PredictRanks(config, tensor_parallel, PredictOptions()));
       ASSERT_EQ(ranks.kinds[0].variants.size(), p.variants.size());
       for (size_t v = 0; v < p.variants.size(); ++v) {
         ASSERT_TRUE(p.variants[v].peak.has_value()) << p.variants[v].peak_unavailable;

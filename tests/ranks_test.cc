@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@
 #include "estimator/step/liveness.h"
 #include "estimator/request/model_presets.h"
 #include "estimator/request/parallel_spec.h"
+#include "estimator/request/run_request.h"
 #include "estimator/predict/predict.h"
 #include "tests/status_matchers.h"
 
@@ -324,13 +326,10 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     config.seq = 8;
     config.dtype = c.dtype;
     config.amp = c.amp;
-    config.shard.tp = c.tp;
-    config.shard.sp = c.sp;
     if (c.ep > 1) {
       // Every rank's own routing of the 2 x 8 tokens' 32 pairs over the 4 experts: an
       // even split with 1 + l % 3 + 2 r tokens moved from one expert to the next.
       config.moe.impl = ExpertsImpl::kEager;
-      config.shard.ep = c.ep;
       config.moe.routing = RoutingSource::kGiven;
       for (int64_t r = 0; r < c.ep; ++r) {
         for (int64_t l = 0; l < c.layers; ++l) {
@@ -355,6 +354,10 @@ TEST(PredictRanksTest, ComposedRankPeakEqualsTheWholeReplay) {
     parallel.zero = c.zero;
     parallel.virtual_stages = c.virtual_stages;
     if (c.virtual_stages > 1) parallel.schedule = PipelineSchedule::kInterleaved;
+    parallel.tp = c.tp;
+    parallel.sp = c.sp;
+    parallel.ep = c.ep;
+    config.shard = ShardOf(parallel);
     ASSERT_OK_AND_ASSIGN(RanksPrediction composed, PredictRanks(config, parallel, options));
     options.timeline = true;  // every event: the whole step replayed
     ASSERT_OK_AND_ASSIGN(RanksPrediction whole, PredictRanks(config, parallel, options));
@@ -481,12 +484,13 @@ TEST(PredictRanksTest, DataParallelPeakByHand) {
 // model's two rotary buffers, d_head 8 / 2 fp32 each (32 B) = 199,348 B.
 TEST(PredictRanksTest, TensorParallelPeakByHand) {
   ModelConfig config = TinyLlama(2);
-  config.shard.tp = 2;
   PredictOptions options = Variants("none,full");
   options.peak = true;
   ParallelSpec parallel;
+  parallel.tp = 2;
   parallel.dp = 2;
   parallel.zero = 1;
+  config.shard = ShardOf(parallel);
   ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, parallel, options));
   ASSERT_EQ(ranks.kinds.size(), 1u);
   EXPECT_EQ(ranks.kinds[0].n_params, 12448);
@@ -635,7 +639,6 @@ TEST(PredictRanksTest, ValidatesTheConfigAndTheLayoutOnce) {
   struct Case {
     const char* preset;
     ParallelSpec parallel;
-    int64_t ep;
   };
   ParallelSpec pipeline;
   pipeline.dp = 2;
@@ -643,16 +646,17 @@ TEST(PredictRanksTest, ValidatesTheConfigAndTheLayoutOnce) {
   pipeline.micro_batches = 4;
   ParallelSpec experts;
   experts.dp = 2;
+  experts.ep = 2;
   ParallelSpec fsdp;
   fsdp.dp = 2;
   fsdp.fsdp.enabled = true;
   fsdp.fsdp.param_dtype = DType::kBFloat16;
   fsdp.fsdp.reduce_dtype = DType::kFloat32;
-  for (const Case& c : {Case{"tiny-llama", pipeline, 1}, Case{"tiny-qwen3-moe", experts, 2},
-                        Case{"tiny-llama", fsdp, 1}}) {
+  for (const Case& c : {Case{"tiny-llama", pipeline}, Case{"tiny-qwen3-moe", experts},
+                        Case{"tiny-llama", fsdp}}) {
     SCOPED_TRACE(c.preset);
     ASSERT_OK_AND_ASSIGN(ModelConfig config, ModelFromPreset(c.preset));
-    config.shard.ep = c.ep;
+    config.shard = ShardOf(c.parallel);
     PredictOptions options = Variants("none,full");
     options.peak = true;
     const int64_t configs = ValidateConfigCalls(), layouts = ValidateParallelCalls();
@@ -862,6 +866,33 @@ TEST(PredictRanksTest, BadLayoutsNameTheFlag) {
   study_pipeline.pp = 2;
   EXPECT_STATUS(PredictRanks(ModelConfig(), study_pipeline, options),
                 absl::StatusCode::kInvalidArgument, "not the study family");
+}
+
+// The layout is the one home of every parallel dimension: a rank's graphs take their
+// part of the model from it (ShardOf), at the edge; a config whose shard says otherwise
+// is refused, naming both, rather than predicted as another layout.
+TEST(PredictRanksTest, TheConfigsShardIsTheLayouts) {
+  RunRequest request;
+  request.model = "tiny-llama";
+  request.tp = 2;
+  request.sp = true;
+  request.dp = 2;
+  ASSERT_OK_AND_ASSIGN(RunSpec spec, RunSpecFromRequest(request));
+  EXPECT_EQ((std::tuple{spec.parallel.tp, spec.parallel.sp, spec.parallel.ep}),
+            (std::tuple{2, true, 1}));
+  EXPECT_EQ((std::tuple{spec.config.shard.tp, spec.config.shard.sp, spec.config.shard.ep}),
+            (std::tuple{2, true, 1}));
+  const PredictOptions options = Variants("none");
+  ParallelSpec without_tp = spec.parallel;
+  without_tp.tp = 1;
+  without_tp.sp = false;
+  EXPECT_STATUS(PredictRanks(spec.config, without_tp, options), absl::StatusCode::kInternal,
+                "the config's shard (tp 2, sp 1, ep 1) is not the layout's (--tp 1, --sp 0");
+  ModelConfig whole = spec.config;
+  whole.shard = RankShard();
+  EXPECT_STATUS(PredictRanks(whole, spec.parallel, options), absl::StatusCode::kInternal,
+                "set it with ShardOf");
+  EXPECT_TRUE(PredictRanks(spec.config, spec.parallel, options).ok());
 }
 
 }  // namespace

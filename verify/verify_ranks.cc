@@ -82,7 +82,7 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
   if (!whole.ok()) return whole.status();
   const CheckedInt64 footprint =
       CheckedInt64(PredictedFootprintBytes(*whole)) *
-      (config.shard.tp * parallel.dp * parallel.pp + 1);
+      (parallel.tp * parallel.dp * parallel.pp + 1);
   if (absl::Status s =
           CheckFootprint(footprint.overflowed() ? INT64_MAX : footprint.value(), max_memory_bytes);
       !s.ok()) {
@@ -260,7 +260,7 @@ rapidjson::Document RanksVerifyJson(const RanksVerifyReport& r) {
   rapidjson::Document doc =
       StudyJsonHead(r.config, r.request.attention, r.request.optimizer, buckets);
   Allocator& a = doc.GetAllocator();
-  doc.AddMember("parallel", ParallelJson(r.config, r.parallel, a), a);
+  doc.AddMember("parallel", ParallelJson(r.parallel, a), a);
   doc.AddMember("backend", "gloo", a);
   if (most != nullptr) {
     doc.AddMember("most_loaded_rank", most->position.rank, a);
@@ -362,11 +362,11 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
   std::string out = absl::StrFormat(
       "memledger verify on %d Gloo ranks: %s%d layers, width %d, batch %d, seq %d; tp %d, dp "
       "%d (%s), pp %d with %d micro-batches (%s); %s, torch %s\n",
-      c.shard.tp * p.dp * p.pp,
+      p.tp * p.dp * p.pp,
       !FamilyOf(c.family).decoder ? "" : absl::StrCat(FamilyName(c.family), " family, "), c.layers,
-      c.width, c.batch, c.seq, c.shard.tp, p.dp,
+      c.width, c.batch, c.seq, p.tp, p.dp,
       p.zero > 0 ? absl::StrCat("ZeRO-", p.zero)
-                 : std::string(DataParallelName(p.dp, p.zero, c.shard.ep, p.fsdp.enabled)),
+                 : std::string(DataParallelName(DataParallelOf(p))),
       p.pp, p.micro_batches, pipeline,
       OptimizerName(r.request.optimizer.kind), kTorchRelease);
   for (const RankCheck& check : r.ranks) {

@@ -267,7 +267,7 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
                                            const OptimizerSpec& optimizer) {
   // ZeRO 1 and 2 keep the whole flat buffer (padded); ZeRO 3 and FSDP2 their shards
   // (kind.param_bytes).
-  const RankShards shards = RankShardsOf(DataParallelOf(config, parallel));
+  const RankShards shards = RankShardsOf(DataParallelOf(parallel));
   const bool flat = shards.flat && !shards.parameters;
   const CheckedInt64 flat_bytes = CheckedInt64(ZeroShardElements(kind.n_params, parallel.dp)) *
                                   parallel.dp * ElementSizeBytes(config.dtype);
@@ -391,7 +391,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
   // data-parallel ranks, or of one group where the routing gives every group's own.
   const int64_t groups = config.RoutedGroups();
   const CheckedInt64 ranks_per_stage =
-      CheckedInt64(config.shard.tp) * (parallel.dp / config.shard.ep / groups);
+      CheckedInt64(parallel.tp) * (parallel.dp / parallel.ep / groups);
   ModelConfig chunk_config = config;
   chunk_config.layers = chunk_layers;
   const int64_t korthikanti_chunk = KorthikantiSavedBytes(chunk_config, options.attention);
@@ -401,11 +401,10 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
 
   RanksPrediction prediction;
   prediction.parallel = parallel;
-  prediction.ep = config.shard.ep;
   prediction.ep_groups = groups;
   // Every stage's step simulator (PredictRankPeaks), one per expert-parallel rank (and
   // group): their graphs differ.
-  const int64_t per_stage = config.shard.ep * groups;
+  const int64_t per_stage = parallel.ep * groups;
   std::vector<std::optional<absl::StatusOr<StepSimulator>>> simulators(
       static_cast<size_t>(per_stage));
   // With expert parallelism each expert-parallel rank is its own kind: its experts and
@@ -413,7 +412,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
   for (int64_t kind_index = 0; kind_index < parallel.pp * per_stage; ++kind_index) {
     const int64_t stage = kind_index / per_stage;
     const ValidConfig on_rank =
-        valid.ForExpertRank(kind_index % per_stage / config.shard.ep, kind_index % config.shard.ep);
+        valid.ForExpertRank(kind_index % per_stage / parallel.ep, kind_index % parallel.ep);
     config = *on_rank;
     RankKind kind;
     kind.stage = stage;
@@ -465,7 +464,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
     // What the strategy shards (RankShardsOf): ZeRO's ceil(n / dp) of one flat buffer,
     // stepped as one tensor; FSDP2's padded Shard(0) of every parameter (rank 0's),
     // stepped tensor by tensor.
-    const RankShards shards = RankShardsOf(DataParallelOf(config, parallel));
+    const RankShards shards = RankShardsOf(DataParallelOf(parallel));
     const int64_t n = n_params.value();
     const int64_t shard = parallel.fsdp.enabled
                               ? Fsdp2ModelShardElements(config, options.attention, parallel.dp)
@@ -554,7 +553,7 @@ absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig&
   // batch where the routing gives every rank's.
   absl::StatusOr<Prediction> whole = PredictValid(whole_valid, whole_options);
   if (!whole.ok()) return whole.status();
-  if (model.KeepsKvCache() && (TorchDdp(config, parallel) || parallel.fsdp.enabled)) {
+  if (model.KeepsKvCache() && (TorchDdp(parallel) || parallel.fsdp.enabled)) {
     // transformers' model, whole on each rank, keeps its DynamicCache in training as one
     // process does; the ranks are predicted without it. Where the cache holds bytes of
     // its own (GPT-2's concatenated keys and values: not Llama's, which holds the
@@ -577,7 +576,7 @@ absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig&
           "(use_cache false in the config.json matches)"));
     }
   }
-  if (TorchDdp(config, parallel)) {
+  if (TorchDdp(parallel)) {
     // torch's DistributedDataParallel (tests/ddp_witness_test.py measures it on Gloo
     // ranks of the real stack): what is assumed where torch leaves a choice.
     if (parallel.micro_batches > 1) {

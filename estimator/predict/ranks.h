@@ -6,8 +6,8 @@
 //
 // Example:
 //   ModelConfig config = *ModelFromPreset("llama-3-70b");
-//   config.shard.tp = 8;
-//   ParallelSpec parallel{.dp = 16, .pp = 4, .micro_batches = 8, .zero = 1};
+//   ParallelSpec parallel{.dp = 16, .pp = 4, .micro_batches = 8, .zero = 1, .tp = 8};
+//   config.shard = ShardOf(parallel);
 //   absl::StatusOr<RanksPrediction> r = PredictRanks(config, parallel, PredictOptions());
 //   // r->kinds[0]: the most loaded pipeline stage; its ranks (tp x dp) hold the same.
 #ifndef ESTIMATOR_PREDICT_RANKS_H_
@@ -92,8 +92,7 @@ struct RankKind {
 };
 
 struct RanksPrediction {
-  ParallelSpec parallel;
-  int64_t ep = 1;  // expert-parallel ranks (ModelConfig::shard.ep)
+  ParallelSpec parallel;  // the layout (its ep: the expert-parallel ranks)
   int64_t ep_groups = 1;  // their groups routed apart (ModelConfig::RoutedGroups)
   // kinds: one per pipeline stage, the most loaded first (by Load: a plan's peak, else
   // the first variant's, or its Total where there is none; the earlier stage on ties).

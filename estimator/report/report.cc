@@ -588,23 +588,23 @@ std::string LayersText(const RankKind& kind) {
 
 }  // namespace
 
-rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, Allocator& a) {
+rapidjson::Value ParallelJson(const ParallelSpec& p, Allocator& a) {
   rapidjson::Value parallel(rapidjson::kObjectType);
   parallel.AddMember("dp", p.dp, a);
-  parallel.AddMember("tp", config.shard.tp, a);
-  parallel.AddMember("sp", config.shard.sp, a);
+  parallel.AddMember("tp", p.tp, a);
+  parallel.AddMember("sp", p.sp, a);
   parallel.AddMember("pp", p.pp, a);
   parallel.AddMember("virtual_stages", p.virtual_stages, a);
   parallel.AddMember("micro_batches", p.micro_batches, a);
   parallel.AddMember("schedule", rapidjson::StringRef(PipelineScheduleName(p.schedule).data()), a);
   parallel.AddMember("zero", p.zero, a);
-  parallel.AddMember("world_size", p.dp * config.shard.tp * p.pp, a);
+  parallel.AddMember("world_size", p.dp * p.tp * p.pp, a);
   // How the data-parallel ranks run: torch's DDP, torch's FSDP2, ZeRO (--zero), replicas
   // beside expert parallelism, or one replica; with the options that change their bytes.
-  const bool ddp = TorchDdp(config, p);
+  const bool ddp = TorchDdp(p);
   parallel.AddMember(
       "data_parallel",
-      rapidjson::StringRef(DataParallelName(p.dp, p.zero, config.shard.ep, p.fsdp.enabled)), a);
+      rapidjson::StringRef(DataParallelName(DataParallelOf(p))), a);
   if (ddp) {
     const DdpBucketCaps caps = DdpBucketCapsOf(p.ddp.bucket_cap_mb);
     rapidjson::Value options(rapidjson::kObjectType);
@@ -642,15 +642,17 @@ rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& p, 
 rapidjson::Document RanksJson(const Prediction& whole, const RanksPrediction& ranks) {
   rapidjson::Document doc = PredictionJson(ComputeView(whole, ranks, ranks.kinds.front()));
   Allocator& a = doc.GetAllocator();
-  rapidjson::Value parallel = ParallelJson(whole.config, ranks.parallel, a);
-  parallel.AddMember("ep", ranks.ep, a);
+  rapidjson::Value parallel = ParallelJson(ranks.parallel, a);
+  parallel.AddMember("ep", ranks.parallel.ep, a);
   doc.AddMember("parallel", parallel, a);
   rapidjson::Value kinds(rapidjson::kArrayType);
   for (const RankKind& kind : ranks.kinds) {
     rapidjson::Value rank(rapidjson::kObjectType);
     rank.AddMember("stage", kind.stage, a);
-    if (ranks.ep > 1) rank.AddMember("ep_rank", kind.ep_rank, a);
-    if (ranks.ep_groups > 1) rank.AddMember("dp_rank", kind.ep_group * ranks.ep + kind.ep_rank, a);
+    if (ranks.parallel.ep > 1) rank.AddMember("ep_rank", kind.ep_rank, a);
+    if (ranks.ep_groups > 1) {
+      rank.AddMember("dp_rank", kind.ep_group * ranks.parallel.ep + kind.ep_rank, a);
+    }
     rank.AddMember("ranks", kind.ranks, a);
     rapidjson::Value layers(rapidjson::kArrayType);
     for (const StageRange& chunk : kind.chunks) {
@@ -718,7 +720,7 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   std::string scope = absl::StrFormat(
       "%d ranks (dp %d x tp %d x pp %d, %s%s, %d micro-batches, %s); every number "
       "below up to the rank table is the most loaded rank's: pipeline stage %d, %s",
-      p.dp * whole.config.shard.tp * p.pp, p.dp, whole.config.shard.tp, p.pp,
+      p.dp * p.tp * p.pp, p.dp, p.tp, p.pp,
       PipelineScheduleName(p.schedule),
       p.virtual_stages > 1 ? absl::StrCat(" x ", p.virtual_stages, " chunks") : "",
       p.micro_batches,
@@ -737,8 +739,8 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
                          ", ", FsdpReshardText(p))
                        : absl::StrCat("ZeRO-", p.zero),
       most.stage, LayersText(most));
-  if (ranks.ep > 1) {
-    absl::StrAppend(&scope, "; experts over ", ranks.ep,
+  if (ranks.parallel.ep > 1) {
+    absl::StrAppend(&scope, "; experts over ", ranks.parallel.ep,
                     " expert-parallel ranks, this one expert-parallel rank ", most.ep_rank);
   }
   if (most.host_bytes > 0) {
@@ -754,7 +756,7 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
                             ? " (the .grads are views of the buckets: not counted twice)"
                             : "");
   absl::StrAppendFormat(&out, "%-6s %6s %-16s %12s %12s %12s",
-                        ranks.ep_groups > 1 ? "st/dp" : ranks.ep > 1 ? "st/ep" : "stage",
+                        ranks.ep_groups > 1 ? "st/dp" : ranks.parallel.ep > 1 ? "st/ep" : "stage",
                         "ranks", "layers", "params", "grads",
                         "opt state");
   if (ddp) absl::StrAppendFormat(&out, " %12s", "DDP buckets");
@@ -769,7 +771,8 @@ std::string RanksTable(const Prediction& whole, const RanksPrediction& ranks) {
   absl::StrAppend(&out, "\n");
   for (const RankKind& kind : ranks.kinds) {
     const std::string where =
-        ranks.ep > 1 ? absl::StrCat(kind.stage, "/", kind.ep_group * ranks.ep + kind.ep_rank)
+        ranks.parallel.ep > 1
+            ? absl::StrCat(kind.stage, "/", kind.ep_group * ranks.parallel.ep + kind.ep_rank)
                      : absl::StrCat(kind.stage);
     absl::StrAppendFormat(&out, "%-6s %6d %-16s %12s %12s %12s", where, kind.ranks,
                           LayersText(kind).substr(7), HumanBytes(kind.param_bytes),

@@ -52,8 +52,8 @@ std::string PredictionTable(const Prediction& prediction, const std::string& sco
 Prediction RankView(const Prediction& whole, const RankKind& kind);
 
 // ParallelJson is the layout: dp, tp, sp, pp, virtual_stages, micro_batches, schedule,
-// zero and world_size.
-rapidjson::Value ParallelJson(const ModelConfig& config, const ParallelSpec& parallel,
+// zero, world_size and how the data-parallel ranks run.
+rapidjson::Value ParallelJson(const ParallelSpec& parallel,
                               rapidjson::Document::AllocatorType& allocator);
 
 // RanksJson is PredictionJson of the most loaded rank (RankView of ranks.kinds[0]) plus

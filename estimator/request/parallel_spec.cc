@@ -81,6 +81,17 @@ int64_t ValidateParallelCalls() {
 
 absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec) {
   validate_parallel_calls.fetch_add(1, std::memory_order_relaxed);
+  // The rank's graphs hold the part of the model the layout gives it (any expert-parallel
+  // rank's: ForExpertRank picks it after).
+  RankShard shard = config.shard;
+  shard.ep_rank = 0;
+  shard.ep_group = 0;
+  if (!(shard == ShardOf(spec))) {
+    return absl::InternalError(absl::StrCat(
+        "the config's shard (tp ", config.shard.tp, ", sp ", config.shard.sp, ", ep ",
+        config.shard.ep, ") is not the layout's (--tp ", spec.tp, ", --sp ", spec.sp,
+        ", --ep ", spec.ep, "): set it with ShardOf"));
+  }
   for (const auto& [flag, value] :
        {std::pair<const char*, int64_t>{"dp", spec.dp},
         {"pp", spec.pp},
@@ -101,12 +112,12 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     return absl::InvalidArgumentError(absl::StrCat(
         "--zero=", spec.zero, " shards over data-parallel ranks: it needs --dp > 1"));
   }
-  if (config.shard.ep > 1) {
+  if (spec.ep > 1) {
     // Expert parallelism splits the data-parallel ranks (transformers 5.23 asks ep_size
     // to divide its data-parallel world, distributed/configuration_utils.py).
-    if (spec.dp % config.shard.ep != 0) {
+    if (spec.dp % spec.ep != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--ep ", config.shard.ep, " must divide --dp ", spec.dp,
+          "--ep ", spec.ep, " must divide --dp ", spec.dp,
           " (expert-parallel ranks are data-parallel ranks)"));
     }
     if (spec.zero > 0) {
@@ -114,10 +125,10 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
           "--ep with --zero is not modelled yet (experts' state shards over other ranks)");
     }
     const int64_t groups = config.RoutedGroups();
-    if (groups > 1 && groups != spec.dp / config.shard.ep) {
+    if (groups > 1 && groups != spec.dp / spec.ep) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--routing gives ", groups, " expert-parallel groups' rows; --dp ", spec.dp,
-          " / --ep ", config.shard.ep, " has ", spec.dp / config.shard.ep));
+          " / --ep ", spec.ep, " has ", spec.dp / spec.ep));
     }
   }
   if (spec.pp > 1 && !FamilyOf(config.family).decoder) {
@@ -179,8 +190,8 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
       return absl::InvalidArgumentError(
           "--fsdp is torch's FSDP2, --zero DeepSpeed's and Megatron's sharding: give one");
     }
-    const char* beside = config.shard.ep > 1 ? "--ep"
-                         : config.shard.tp > 1   ? "--tp"
+    const char* beside = spec.ep > 1 ? "--ep"
+                         : spec.tp > 1   ? "--tp"
                          : spec.pp > 1     ? "--pp"
                                            : nullptr;
     if (beside != nullptr) {
@@ -235,11 +246,11 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
   }
   // DDP's options change nothing elsewhere: given without DDP they would be ignored.
   const bool ddp_options = spec.ddp.bucket_cap_mb.has_value() || spec.ddp.gradient_as_bucket_view;
-  if (ddp_options && !TorchDdp(config, spec)) {
+  if (ddp_options && !TorchDdp(spec)) {
     return absl::InvalidArgumentError(absl::StrCat(
         spec.ddp.bucket_cap_mb.has_value() ? "--ddp_bucket_mb" : "--gradient_as_bucket_view",
         " is an option of torch's DistributedDataParallel: it needs --dp > 1 without --zero",
-        config.shard.ep > 1 ? " or --ep" : spec.fsdp.enabled ? " or --fsdp" : ""));
+        spec.ep > 1 ? " or --ep" : spec.fsdp.enabled ? " or --fsdp" : ""));
   }
   if (spec.ddp.bucket_cap_mb.has_value() &&
       !(*spec.ddp.bucket_cap_mb > 0 && *spec.ddp.bucket_cap_mb <= kMaxDdpBucketMib)) {

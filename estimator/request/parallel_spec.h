@@ -1,12 +1,15 @@
-// ParallelSpec: how a training run is laid out over ranks beyond tensor parallelism
-// (ModelConfig::shard, which changes the graphs one rank runs): data parallelism
-// with ZeRO's sharding, and pipeline parallelism with its schedule.
+// ParallelSpec: how a training run is laid out over ranks, every dimension in one place:
+// data parallelism (DDP, FSDP2 or ZeRO 1-3), tensor parallelism and its sequence
+// parallelism, pipeline parallelism with its schedule, and expert parallelism. Those
+// that split the model itself (tp, sp, ep) give a rank's graphs their part of it
+// (ModelConfig::shard = ShardOf(spec)); ValidateParallel checks that the two agree.
 //
 // Example:
 //   ParallelSpec spec;
 //   spec.dp = 16;
 //   spec.pp = 4;
 //   spec.zero = 1;
+//   config.shard = ShardOf(spec);
 //   absl::Status s = ValidateParallel(config, spec);  // "--layers 30 is not divisible..."
 #ifndef ESTIMATOR_REQUEST_PARALLEL_SPEC_H_
 #define ESTIMATOR_REQUEST_PARALLEL_SPEC_H_
@@ -110,6 +113,12 @@ struct ParallelSpec {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   DdpOptions ddp;  // with dp > 1 and no ZeRO (TorchDdp)
   FsdpOptions fsdp;
+  // The model itself split over ranks (RankShard says how): tp tensor-parallel ranks
+  // (Megatron's), with sequence parallelism (sp), and ep expert-parallel ranks among the
+  // data-parallel ones.
+  int64_t tp = 1;
+  bool sp = false;
+  int64_t ep = 1;
 
   // Distributed: more than tensor parallelism.
   bool Distributed() const { return dp > 1 || pp > 1; }
@@ -119,9 +128,19 @@ struct ParallelSpec {
   friend bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
     return a.dp == b.dp && a.pp == b.pp && a.virtual_stages == b.virtual_stages &&
            a.micro_batches == b.micro_batches && a.zero == b.zero && a.schedule == b.schedule &&
-           a.ddp == b.ddp && a.fsdp == b.fsdp;
+           a.ddp == b.ddp && a.fsdp == b.fsdp && a.tp == b.tp && a.sp == b.sp && a.ep == b.ep;
   }
 };
+
+// ShardOf: the part of the model a rank of this layout holds in its graphs (expert-
+// parallel rank 0 of group 0's; ValidConfig::ForExpertRank picks another).
+inline RankShard ShardOf(const ParallelSpec& spec) {
+  RankShard shard;
+  shard.tp = spec.tp;
+  shard.sp = spec.sp;
+  shard.ep = spec.ep;
+  return shard;
+}
 
 // TorchDdp: the data-parallel ranks run torch's DistributedDataParallel: dp > 1 without
 // ZeRO or FSDP2, and without expert parallelism (whose experts reduce over their own
@@ -129,8 +148,8 @@ struct ParallelSpec {
 inline bool TorchDdp(int64_t dp, int64_t zero, int64_t ep, bool fsdp = false) {
   return dp > 1 && zero == 0 && ep <= 1 && !fsdp;
 }
-inline bool TorchDdp(const ModelConfig& config, const ParallelSpec& spec) {
-  return TorchDdp(spec.dp, spec.zero, config.shard.ep, spec.fsdp.enabled);
+inline bool TorchDdp(const ParallelSpec& spec) {
+  return TorchDdp(spec.dp, spec.zero, spec.ep, spec.fsdp.enabled);
 }
 
 // DataParallel is how the data-parallel ranks run: the strategy whose program a rank's
@@ -146,8 +165,8 @@ enum class DataParallel : uint8_t {
   kFsdp2,       // --fsdp
 };
 DataParallel DataParallelOf(int64_t dp, int64_t zero, int64_t ep, bool fsdp);
-inline DataParallel DataParallelOf(const ModelConfig& config, const ParallelSpec& spec) {
-  return DataParallelOf(spec.dp, spec.zero, config.shard.ep, spec.fsdp.enabled);
+inline DataParallel DataParallelOf(const ParallelSpec& spec) {
+  return DataParallelOf(spec.dp, spec.zero, spec.ep, spec.fsdp.enabled);
 }
 
 // RankShards: what a data-parallel rank holds of its stage's n parameters, their
@@ -195,7 +214,7 @@ inline constexpr int64_t kMaxChunkMicroBatches = 65536;
 
 // ValidateParallel returns InvalidArgument naming the flag, e.g. "--zero=1 shards over
 // data-parallel ranks: it needs --dp > 1" or "--layers 30 is not divisible by --pp 4 x
-// --virtual_stages 1".
+// --virtual_stages 1"; Internal where config.shard is not the layout's (ShardOf).
 absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spec);
 // ValidateParallelCalls: how many times ValidateParallel has run in this process, for
 // the tests that a request validates its layout once.

@@ -231,9 +231,11 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   spec.optimizer.master_weights = request.master_weights;
   spec.config.batch = request.batch;
   spec.config.seq = request.seq;
-  spec.config.shard.tp = request.tp;
-  spec.config.shard.sp = request.sp;
-  spec.config.shard.ep = request.ep;
+  // The layout's dimensions that split the model give the config its shard.
+  spec.parallel.tp = request.tp;
+  spec.parallel.sp = request.sp;
+  spec.parallel.ep = request.ep;
+  spec.config.shard = ShardOf(spec.parallel);
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.checkpoint_impl,
                              ParseCheckpointImpl(request.checkpoint_impl));
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.sdpa_backend, ParseSdpaBackend(request.sdpa_backend));
@@ -264,10 +266,14 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   MEMLEDGER_ASSIGN_OR_RETURN(schedule, ParsePipelineSchedule(request.schedule));
   absl::StatusOr<FsdpOptions> fsdp = FsdpOptionsFrom(request);
   if (!fsdp.ok()) return fsdp.status();
-  spec.parallel = ParallelSpec{request.dp, request.pp, request.virtual_stages,
-                               request.micro_batches, request.zero, schedule,
-                               DdpOptions{request.ddp_bucket_mb, request.gradient_as_bucket_view},
-                               *fsdp};
+  spec.parallel.dp = request.dp;
+  spec.parallel.pp = request.pp;
+  spec.parallel.virtual_stages = request.virtual_stages;
+  spec.parallel.micro_batches = request.micro_batches;
+  spec.parallel.zero = request.zero;
+  spec.parallel.schedule = schedule;
+  spec.parallel.ddp = DdpOptions{request.ddp_bucket_mb, request.gradient_as_bucket_view};
+  spec.parallel.fsdp = *fsdp;
   if (absl::Status s = ValidateParallel(spec.config, spec.parallel); !s.ok()) return s;
 
   MEMLEDGER_ASSIGN_OR_RETURN(spec.attention, ParseAttentionMode(request.attention));

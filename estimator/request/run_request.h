@@ -43,9 +43,11 @@ struct RunRequest {
   std::string checkpoint_impl = "non_reentrant";  // torch.utils.checkpoint's use_reentrant
   double momentum = 0;
   bool master_weights = false;
-  int64_t tp = 1;  // tensor-parallel ranks; the prediction is one rank's
-  bool sp = false;  // sequence parallelism (with tp)
-  // Data and pipeline parallelism (ParallelSpec): predict reports every kind of rank.
+  // The layout (ParallelSpec): tensor-parallel ranks (the prediction is one rank's) and
+  // sequence parallelism with them; data and pipeline parallelism, where predict reports
+  // every kind of rank.
+  int64_t tp = 1;
+  bool sp = false;
   int64_t dp = 1;
   int64_t pp = 1;
   int64_t virtual_stages = 1;

@@ -59,7 +59,7 @@ class Replicated : public StepEndBucket {
       for (size_t p = 0; p < numels.size(); ++p) {
         if (expert_shard()[p] == experts) group_n += numels[p];
       }
-      const int64_t ranks = experts ? parallel().dp / config().shard.ep : parallel().dp;
+      const int64_t ranks = experts ? parallel().dp / parallel().ep : parallel().dp;
       const int bucket = MakeBucket(group_n, ranks);
       memory().ScalarOp(config().dtype);  // bucket.div_(dp)
       memory().Unref(bucket);             // copied back into the .grads

@@ -526,7 +526,7 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   // replayed whole.
   const ParallelSpec& parallel = options_.rank.parallel;
   if (!options_.record_events && !allocator &&
-      liveness_internal::ComposesFromPasses(DataParallelOf(*config_, parallel)) &&
+      liveness_internal::ComposesFromPasses(DataParallelOf(parallel)) &&
       (parallel.dp > 1 || parallel.micro_batches > 1 || parallel.pp > 1) &&
       config_->checkpoint_impl != CheckpointImpl::kReentrant) {
     const std::vector<StageRange> chunks =
@@ -706,7 +706,7 @@ absl::StatusOr<StepStretch> StepSimulator::ReductionStretch(const OptimizerSpec&
   }
   const ParallelSpec& parallel = options_.rank.parallel;
   if (parallel.pp > 1 ||
-      !liveness_internal::ReducesAtStepEnd(DataParallelOf(*config_, parallel))) {
+      !liveness_internal::ReducesAtStepEnd(DataParallelOf(parallel))) {
     return absl::UnimplementedError(
         "peak memory: the step's end alone is modelled for one pipeline stage whose "
         "gradients are reduced after its backward (ZeRO 0-2)");

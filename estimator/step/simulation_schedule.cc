@@ -22,7 +22,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   const RankStep& rank = options_.rank;
   const ParallelSpec& parallel = rank.parallel;
   chunks_ = parallel.pp > 1 ? rank.chunks : std::vector<StageRange>{WholeModel(config_)};
-  data_parallel_ = MakeDataParallelProgram(*this, DataParallelOf(config_, parallel));
+  data_parallel_ = MakeDataParallelProgram(*this, DataParallelOf(parallel));
   data_parallel_->SetUp(graphs);
 
   // The model input (the study's hidden states, the families' token ids): resident, held
@@ -157,7 +157,7 @@ absl::Status Simulation::RunReduction(const ModelPlans& plans) {
   chunks_ = options_.rank.parallel.pp > 1 ? options_.rank.chunks
                                           : std::vector<StageRange>{WholeModel(config_)};
   data_parallel_ =
-      MakeDataParallelProgram(*this, DataParallelOf(config_, options_.rank.parallel));
+      MakeDataParallelProgram(*this, DataParallelOf(options_.rank.parallel));
   data_parallel_->SetUp(graphs);
   memory_.Begin();
   ParameterOrder(plans);
