@@ -86,6 +86,8 @@ class Rank {
        std::string dir, int64_t rank)
       : config_(config),
         parallel_(parallel),
+        data_parallel_(DataParallelOf(parallel)),
+        shards_(RankShardsOf(data_parallel_)),
         request_(request),
         dir_(std::move(dir)),
         position_(PositionOf(rank, parallel)),
@@ -318,7 +320,7 @@ class Rank {
   // all-gather after the step writes the others' shards into it. ZeRO-3 keeps only a
   // shard of its own (Step).
   void HomeParameters() {
-    if (parallel_.zero != 1 && parallel_.zero != 2) return;
+    if (!shards_.flat || shards_.parameters) return;
     flat_params_ = Flat(owned_, Shard() * parallel_.dp);
     int64_t offset = 0;
     for (const at::Tensor& p : owned_) {
@@ -392,7 +394,7 @@ class Rank {
   Piece ReduceGradients(bool for_step, const std::string& path) {
     at::Tensor flat = Bucket();
     Piece piece;
-    if (parallel_.zero >= 2) {
+    if (shards_.gradients) {
       at::Tensor mine = ReduceScatter(flat, parallel_.dp);
       flat = at::Tensor();
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
@@ -422,7 +424,7 @@ class Rank {
     shard_param_.mutable_grad() = std::move(grad);
     optimizer_->Step();
     shard_param_.mutable_grad() = at::Tensor();
-    if (parallel_.zero != 3) GatherShards();
+    if (!shards_.parameters) GatherShards();
   }
 
   // Step runs the optimizer on `none`'s reduced gradients: on every owned parameter
@@ -432,7 +434,7 @@ class Rank {
   // rank's updated parameters.
   Piece Step() {
     const std::string path = RankFile(dir_, position_.rank, "params");
-    if (parallel_.zero == 0) {
+    if (!shards_.optimizer_state) {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::zeros_like(p);
       Unflatten(step_grads_, OwnedGrads());
       step_grads_ = at::Tensor();
@@ -443,14 +445,14 @@ class Rank {
       return WritePiece(path, Flat(owned_, n_params_), 0, n_params_);
     }
     const int64_t offset = position_.dp_rank * Shard();
-    if (parallel_.zero == 3) {
+    if (shards_.parameters) {
       shard_param_ = Flat(owned_, Shard() * parallel_.dp)
                          .narrow(0, offset, Shard())
                          .clone()
                          .requires_grad_(true);
     }
-    at::Tensor grad = parallel_.zero >= 2 ? step_grads_
-                                          : step_grads_.narrow(0, offset, Shard()).clone();
+    at::Tensor grad = shards_.gradients ? step_grads_
+                                        : step_grads_.narrow(0, offset, Shard()).clone();
     step_grads_ = at::Tensor();
     for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
     optimizer_ =
@@ -458,7 +460,7 @@ class Rank {
     StepShard(std::move(grad));
     RecordOptimizer();
     const Piece piece = WritePiece(path, shard_param_, offset, n_params_);
-    if (parallel_.zero == 3) {
+    if (shards_.parameters) {
       // The rank keeps only its shard; a forward would all-gather the parameters again.
       for (const at::Tensor& p : owned_) p.set_data(at::empty({0}, p.options()));
       param_bytes_ = TensorBytes(shard_param_);
@@ -680,7 +682,7 @@ class Rank {
       inputs.push_back(reads_input ? MicroBatch(j)
                                    : at::empty({config_.batch, config_.seq, 0}, at::kLong));
     }
-    if (parallel_.zero == 3 && units_ == nullptr) {
+    if (data_parallel_ == DataParallel::kZero3 && units_ == nullptr) {
       // The parameters become views of their units' flat buffers, released (0 bytes).
       GatheredUnits::Context context;
       context.config = &config_;
@@ -705,7 +707,7 @@ class Rank {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
       units_->ReleaseAll();
     }
-    const bool ddp = TorchDdp(parallel_);
+    const bool ddp = data_parallel_ == DataParallel::kDdp;
     if (ddp) {
       if (ddp_ == nullptr) MakeDdp();
       ddp_->BeforeStep();
@@ -735,18 +737,18 @@ class Rank {
       step.unit_grad_diff = MaxAbsDiff(mine, whole_step_grad);  // allocates nothing
       mine.div_(static_cast<double>(divisor));
       StepShard(std::move(mine));
-    } else if (parallel_.dp == 1 || ddp) {
+    } else if (data_parallel_ == DataParallel::kOneRank || ddp) {
       optimizer_->Step();  // DDP reduced the .grads in the backward
     } else {
       at::Tensor bucket = Bucket();
-      if (parallel_.zero == 2) {
+      if (data_parallel_ == DataParallel::kZero2) {
         at::Tensor mine = ReduceScatter(bucket, divisor);
         bucket = at::Tensor();
         for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
         StepShard(std::move(mine));
       } else {
         AllReduceBucket(bucket, divisor);
-        if (parallel_.zero == 0) {
+        if (data_parallel_ == DataParallel::kReplicated) {
           Unflatten(bucket, OwnedGrads());
           bucket = at::Tensor();
           optimizer_->Step();
@@ -791,6 +793,10 @@ class Rank {
 
   const ModelConfig config_;
   const ParallelSpec parallel_;
+  // How the data-parallel ranks run, and what this rank holds sharded (the estimator's
+  // step and predict read the same: estimator/request/parallel_spec.h).
+  const DataParallel data_parallel_;
+  const RankShards shards_;
   const DistributedRequest request_;
   const std::string dir_;
   const RankPosition position_;
