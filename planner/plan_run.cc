@@ -38,12 +38,12 @@ absl::Status ValidatePlanRunOptions(const PlanRunOptions& options) {
 }
 
 absl::Status PlannedLayout(const RunSpec& spec) {
-  if (spec.parallel.zero >= 3) {
+  if (DataParallelOf(spec.parallel) == DataParallel::kZero3) {
     return absl::InvalidArgumentError(
         "--zero=3: the planner plans ZeRO 0-2 (ZeRO-3's gathers per layer unit are not "
         "planned yet)");
   }
-  if (spec.config.shard.ep > 1 && spec.config.moe.routing != RoutingSource::kBalanced) {
+  if (spec.parallel.ep > 1 && spec.config.moe.routing != RoutingSource::kBalanced) {
     // Each expert-parallel rank receives its own tokens: the ranks' steps differ, and
     // one plan (their all-to-alls must rerun together) would have to fit them all.
     return absl::InvalidArgumentError(

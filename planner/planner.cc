@@ -110,8 +110,9 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   // data-parallel rank's as PredictRanks does).
   const ParallelSpec& parallel = options.parallel;
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
-  if (parallel.pp > 1 || parallel.micro_batches > 1 || parallel.zero >= 3 ||
-      parallel.fsdp.enabled) {
+  const DataParallel data_parallel = DataParallelOf(parallel);
+  if (parallel.pp > 1 || parallel.micro_batches > 1 || data_parallel == DataParallel::kZero3 ||
+      data_parallel == DataParallel::kFsdp2) {
     return absl::UnimplementedError(
         "the checkpoint planner plans one data-parallel rank with ZeRO 0-2 and one "
         "micro-batch, not --pp, --micro_batches, --zero=3 or --fsdp yet");
