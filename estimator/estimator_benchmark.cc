@@ -61,8 +61,8 @@ void BM_PredictSizes(benchmark::State& state) {
 BENCHMARK(BM_PredictSizes)->ArgName("log2_scale")->Arg(0)->Arg(6);
 
 void BM_PredictGpt3(benchmark::State& state) {
-  ModelConfig config{/*layers=*/96, /*width=*/12288, /*heads=*/96,
-                     /*batch=*/1, /*seq=*/2048};
+  ModelConfig config = StudyModel(/*layers=*/96, /*width=*/12288, /*heads=*/96,
+                                  /*batch=*/1, /*seq=*/2048);
   RunPredict(state, config);
 }
 BENCHMARK(BM_PredictGpt3);

@@ -29,8 +29,10 @@ namespace {
 
 // One study block, width 8, 2 heads (d_head 4), batch 1, seq 4: 4 tokens; fp32; SGD
 // without momentum (no optimizer state, no step temporaries); one CPU thread.
-ModelConfig TinyBlock() { return ModelConfig{/*layers=*/1, /*width=*/8, /*heads=*/2,
-                                             /*batch=*/1, /*seq=*/4}; }
+ModelConfig TinyBlock() {
+  return StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/2,
+                    /*batch=*/1, /*seq=*/4);
+}
 
 OptimizerSpec PlainSgd() {
   OptimizerSpec sgd;
@@ -161,7 +163,8 @@ TEST(SimulateStepTest, VocabularyParallelOpsAllocateWhatMegatronsDo) {
 TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
   ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
-  ModelConfig study{/*layers=*/1, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  ModelConfig study = StudyModel(/*layers=*/1, /*width=*/32, /*heads=*/2,
+                                 /*batch=*/2, /*seq=*/16);
   ASSERT_OK_AND_ASSIGN(
       std::vector<Variant> variants,
       ParseVariants("none,full,every_k,selective", /*every=*/2, "matmul"));
@@ -232,7 +235,8 @@ TEST(SimulateStepTest, ComposedPeakEqualsTheWholeSimulation) {
 // checkpoints' stretches are not cut per layer; their composed peaks are compared in
 // EveryKComposesFromItsShortestModel.)
 TEST(SimulateStepTest, TheLastLayersStretchesAreTheMiddleOnes) {
-  ModelConfig study{/*layers=*/4, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  ModelConfig study = StudyModel(/*layers=*/4, /*width=*/32, /*heads=*/2,
+                                 /*batch=*/2, /*seq=*/16);
   std::vector<std::pair<std::string, ModelConfig>> models = {{"study", study}};
   for (const char* preset : {"tiny-llama", "tiny-gpt2", "tiny-qwen3", "tiny-qwen3-moe"}) {
     ASSERT_OK_AND_ASSIGN(ModelConfig model, ModelFromPreset(preset));
@@ -512,7 +516,8 @@ TEST(SimulateStepTest, CudaRequestsComposeToTheExpandableAllocatorsPeak) {
   ASSERT_OK_AND_ASSIGN(ModelConfig llama, ModelFromPreset("tiny-llama"));
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelFromPreset("tiny-gpt2"));
   ASSERT_OK_AND_ASSIGN(ModelConfig gemma, ModelFromPreset("tiny-gemma3"));
-  ModelConfig study{/*layers=*/1, /*width=*/64, /*heads=*/2, /*batch=*/2, /*seq=*/64};
+  ModelConfig study = StudyModel(/*layers=*/1, /*width=*/64, /*heads=*/2,
+                                 /*batch=*/2, /*seq=*/64);
   ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
                        ParseVariants("none,full,every_k,selective", /*every=*/3, ""));
   int compared = 0;
@@ -571,7 +576,8 @@ TEST(SimulateStepTest, CudaRequestsComposeToTheExpandableAllocatorsPeak) {
 // the same d as L + k and L + 2k, so L + n k layers peak at peak(L) + n d, in the same
 // op, which names layer L + n k - 1 when the short models' ops name their last layer.
 TEST(SimulateStepTest, ComposedPeakOfBillionsOfLayersExtrapolatesTheWholeSimulation) {
-  const ModelConfig study{/*layers=*/1, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  const ModelConfig study = StudyModel(/*layers=*/1, /*width=*/32, /*heads=*/2,
+                                       /*batch=*/2, /*seq=*/16);
   ASSERT_OK_AND_ASSIGN(std::vector<Variant> variants,
                        ParseVariants("none,full,every_k,selective", /*every=*/3, "matmul"));
   constexpr int64_t kShort = 40;
@@ -716,8 +722,8 @@ TEST(SimulateStepTest, ABf16ModelsOptimizerStepWrapsBf16Scalars) {
 // tokens saves 2,272 B per 4 tokens (8.18e18 B in all) and, in fc2's backward, holds
 // its gradients beside them (about 2,784 B per 4 tokens, 1.0e19 > 2^63).
 TEST(SimulateStepTest, AStepThatOverflowsInt64IsOutOfRange) {
-  const ModelConfig huge{/*layers=*/1, /*width=*/8, /*heads=*/2,
-                         /*batch=*/3600000000000000, /*seq=*/4};
+  const ModelConfig huge = StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/2,
+                                      /*batch=*/3600000000000000, /*seq=*/4);
   PredictOptions options;
   options.variants = {Variant()};
   absl::StatusOr<Prediction> p = Predict(huge, options);

@@ -28,7 +28,8 @@ namespace {
 // Any named local kept to the end of forward() (ln1's or fc1's output, qkv, ...) would
 // raise the peak or leave more than the output alive.
 TEST(ModelTest, GraphFreeBlockForwardFreesEachIntermediateAtItsLastUse) {
-  ModelConfig tiny{/*layers=*/1, /*width=*/8, /*heads=*/2, /*batch=*/1, /*seq=*/4};
+  ModelConfig tiny = StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/2,
+                                /*batch=*/1, /*seq=*/4);
   ModelAndInput built = BuildModel(tiny, /*seed=*/0);
   const int threads = at::get_num_threads();
   at::set_num_threads(1);

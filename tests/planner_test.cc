@@ -28,7 +28,7 @@ namespace memledger {
 namespace {
 
 ModelConfig SmallStudy(int64_t layers) {
-  return ModelConfig{layers, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16};
+  return StudyModel(layers, /*width=*/32, /*heads=*/2, /*batch=*/2, /*seq=*/16);
 }
 
 ModelConfig Preset(const char* name, int64_t layers) {
@@ -198,7 +198,8 @@ OptimizerSpec Foreach() {
 std::vector<Case> Cases(int64_t layers) {
   // Wide and short: parameters outweigh activations, so AdamW's step temporaries
   // (2 x the largest parameter) make the peak, after the backward.
-  const ModelConfig wide{layers, /*width=*/128, /*heads=*/2, /*batch=*/1, /*seq=*/4};
+  const ModelConfig wide =
+      StudyModel(layers, /*width=*/128, /*heads=*/2, /*batch=*/1, /*seq=*/4);
   return {
       {"study flash", SmallStudy(layers), AttentionMode::kFlash, false, {}},
       {"study math", SmallStudy(layers), AttentionMode::kMath, false, {}},
@@ -537,7 +538,7 @@ TEST(PlannerTest, DataParallelPlansComposeToTheRanksPeak) {
     for (const Rank& r : {Rank{"tiny-llama", Larger(Preset("tiny-llama", layers)), {}},
                           Rank{"tiny-llama bf16, master weights",
                                Bf16(Larger(Preset("tiny-llama", layers))), MasterWeights()},
-                          Rank{"wide study", ModelConfig{layers, 128, 2, 1, 4}, {}},
+                          Rank{"wide study", StudyModel(layers, 128, 2, 1, 4), {}},
                           Rank{"gemma3 [S F]",
                                Gemma(layers, {LayerAttention::kSliding, LayerAttention::kFull}),
                                {}},

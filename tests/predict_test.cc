@@ -27,8 +27,9 @@ namespace memledger {
 namespace {
 
 ModelConfig Config(int64_t layers, int64_t width, int64_t heads, int64_t batch, int64_t seq) {
-  ModelConfig config{/*layers=*/layers, /*width=*/width, /*heads=*/heads,
-                     /*batch=*/batch, /*seq=*/seq};
+  ModelConfig config =
+      StudyModel(/*layers=*/layers, /*width=*/width, /*heads=*/heads,
+                 /*batch=*/batch, /*seq=*/seq);
   return config;
 }
 
@@ -120,7 +121,8 @@ TEST(PredictTest, ARefusalListsTheRegistrysModels) {
 // sequence parallelism 16/2 = 8, 131,072; math attention adds 2 a s^2 b / t elements,
 // 2 x 4 x 2 x (4 x 256 x 2) / 2 = 16,384.
 TEST(PredictTest, KorthikantiPerTensorParallelRank) {
-  ModelConfig config{/*layers=*/2, /*width=*/64, /*heads=*/4, /*batch=*/2, /*seq=*/16};
+  ModelConfig config = StudyModel(/*layers=*/2, /*width=*/64, /*heads=*/4,
+                                  /*batch=*/2, /*seq=*/16);
   EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 262144);
   config.shard.tp = 2;
   EXPECT_EQ(KorthikantiSavedBytes(config, AttentionMode::kFlash), 163840);
@@ -595,7 +597,8 @@ TEST(PredictPrecisionTest, AutocastKeepsCastCopiesOfInputsAndWeights) {
   // input copy 16 B; fc1 out bf16 64 B (gelu); gelu out bf16 64 B (fc2); the loss's y
   // fp32 32 B: 340 B x 2 tokens = 680. Each matmul keeps its bf16 weight copy (no
   // parameter): qkv 24 x 8 x 2 = 384, proj 128, fc1 512, fc2 512 = 1,536. none = 2,216.
-  ModelConfig config{/*layers=*/1, /*width=*/8, /*heads=*/1, /*batch=*/1, /*seq=*/2};
+  ModelConfig config = StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/1,
+                                  /*batch=*/1, /*seq=*/2);
   config.amp = DType::kBFloat16;
   PredictOptions options;
   options.variants = Variants("none");

@@ -22,8 +22,8 @@ namespace {
 
 // Layers 3, width 16, heads 2, batch 2, seq 8: BT = 16 tokens, 4 * BT = 64 B/element.
 ModelConfig SmallConfig() {
-  ModelConfig config{/*layers=*/3, /*width=*/16, /*heads=*/2,
-                     /*batch=*/2, /*seq=*/8};
+  ModelConfig config = StudyModel(/*layers=*/3, /*width=*/16, /*heads=*/2,
+                                  /*batch=*/2, /*seq=*/8);
   return config;
 }
 
@@ -103,8 +103,8 @@ TEST(MeasureTest, MathSavedBytesAddTheAttentionMatrices) {
 
 TEST(MeasureTest, OneLayerOneHeadToy) {
   // L=1, d=8, H=1, B=1, T=2: BT = 2. none = 4 B x 2 x ((16*8 + 4 + 1) + 8) = 1,128.
-  ModelConfig config{/*layers=*/1, /*width=*/8, /*heads=*/1,
-                     /*batch=*/1, /*seq=*/2};
+  ModelConfig config = StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/1,
+                                  /*batch=*/1, /*seq=*/2);
   Measurement m = MeasureOrDie(config, AttentionMode::kFlash,
                                {MakeVariant(VariantKind::kNone)});
   EXPECT_EQ(m.variants[0].saved_bytes, 1128);
@@ -189,8 +189,8 @@ TEST(MeasureTest, LibTorchErrorBecomesAStatus) {
   // The input alone would be 2^45 x 1 x 8 floats = 1 PiB, beyond the 128 TiB address
   // space even with memory overcommit: LibTorch's allocator throws a
   // c10::Error, which must come back as a Status, not an exception.
-  ModelConfig huge{/*layers=*/1, /*width=*/8, /*heads=*/1,
-                   /*batch=*/int64_t{1} << 45, /*seq=*/1};
+  ModelConfig huge = StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/1,
+                                /*batch=*/int64_t{1} << 45, /*seq=*/1);
   absl::StatusOr<Measurement> m = Measure(huge, AttentionMode::kFlash, StudyVariants(),
                                           NoTiming());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInternal) << m.status();
@@ -201,7 +201,8 @@ TEST(MeasureTest, LibTorchErrorBecomesAStatus) {
 // momentum), measured by the counting allocator: the peak that liveness_test derives by
 // hand, 3616 resident bytes (parameters 3488, input 128) + 4104, in qkv's backward.
 TEST(MeasureTest, TinyBlockStepPeakByHand) {
-  const ModelConfig tiny{/*layers=*/1, /*width=*/8, /*heads=*/2, /*batch=*/1, /*seq=*/4};
+  const ModelConfig tiny = StudyModel(/*layers=*/1, /*width=*/8, /*heads=*/2,
+                                      /*batch=*/1, /*seq=*/4);
   RunOptions options = NoTiming();
   options.optimizer.kind = OptimizerKind::kSgd;
   absl::StatusOr<Measurement> m =

@@ -77,8 +77,9 @@ class VerifyGridTest : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(VerifyGridTest, MeasuredEqualsPredicted) {
   const GridCase& c = GetParam();
-  ModelConfig config{/*layers=*/c.layers, /*width=*/c.width, /*heads=*/c.heads,
-                     /*batch=*/c.batch, /*seq=*/c.seq};
+  ModelConfig config =
+      StudyModel(/*layers=*/c.layers, /*width=*/c.width, /*heads=*/c.heads,
+                 /*batch=*/c.batch, /*seq=*/c.seq);
   VerifyOptions options;
   options.attention = c.attention;
   ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants(c.variants, /*every=*/2, c.policy));
@@ -434,7 +435,8 @@ TEST_P(VerifyPolicyTest, MeasuredEqualsPredicted) {
     if (attention == AttentionMode::kMath && bit == 1) GTEST_SKIP() << "no flash op in math";
     policy += std::string(policy.empty() ? "" : ",") + kinds[bit];
   }
-  const ModelConfig config{/*layers=*/3, /*width=*/24, /*heads=*/3, /*batch=*/2, /*seq=*/5};
+  const ModelConfig config = StudyModel(/*layers=*/3, /*width=*/24, /*heads=*/3,
+                                        /*batch=*/2, /*seq=*/5);
   VerifyOptions options;
   options.attention = attention;
   ASSERT_OK_AND_ASSIGN(options.variants, ParseVariants("none,every_2,selective", 2, policy));
@@ -453,7 +455,8 @@ INSTANTIATE_TEST_SUITE_P(Policies, VerifyPolicyTest,
 // largest parameter) make the peak; SGD's (none, or a momentum scalar) leave it in the
 // backward. Exact either way.
 TEST(VerifyOptimizerTest, OptimizerStepPeaksAreExact) {
-  const ModelConfig config{/*layers=*/2, /*width=*/256, /*heads=*/4, /*batch=*/1, /*seq=*/4};
+  const ModelConfig config = StudyModel(/*layers=*/2, /*width=*/256,
+                                        /*heads=*/4, /*batch=*/1, /*seq=*/4);
   struct Case {
     OptimizerKind kind;
     double momentum;
@@ -485,9 +488,10 @@ class VerifySweepTest
 
 TEST_P(VerifySweepTest, MeasuredEqualsPredicted) {
   const auto& [layers, width_heads, batch_seq, attention] = GetParam();
-  ModelConfig config{/*layers=*/layers, /*width=*/width_heads.first,
-                     /*heads=*/width_heads.second, /*batch=*/batch_seq.first,
-                     /*seq=*/batch_seq.second};
+  ModelConfig config =
+      StudyModel(/*layers=*/layers, /*width=*/width_heads.first,
+                 /*heads=*/width_heads.second, /*batch=*/batch_seq.first,
+                 /*seq=*/batch_seq.second);
   VerifyOptions options;
   options.attention = attention;
   ASSERT_OK_AND_ASSIGN(options.variants,

@@ -23,7 +23,8 @@ bool NamesBucket(const VerifyReport& report, const std::string& bucket) {
 TEST(VerifyMismatchTest, AWrongKeepRuleFailsTheBucketsItAffects) {
   // 2 layers, width 16, 2 heads, batch 2, seq 8: 16 tokens. gelu really keeps its input,
   // fc1's output: 16 x 64 x 4 B = 4096 bytes per plain block.
-  const ModelConfig config{/*layers=*/2, /*width=*/16, /*heads=*/2, /*batch=*/2, /*seq=*/8};
+  const ModelConfig config = StudyModel(/*layers=*/2, /*width=*/16, /*heads=*/2,
+                                        /*batch=*/2, /*seq=*/8);
   RuleTable wrong = RuleTable::Pinned();
   OpSemantics gelu = wrong.Of(OpType::kGelu);
   gelu.keeps.clear();
@@ -72,7 +73,8 @@ TEST(VerifyMismatchTest, AWrongKeepRuleFailsTheBucketsItAffects) {
 }
 
 TEST(VerifyMismatchTest, ThePinnedRulesPassOnTheSameConfig) {
-  const ModelConfig config{/*layers=*/2, /*width=*/16, /*heads=*/2, /*batch=*/2, /*seq=*/8};
+  const ModelConfig config = StudyModel(/*layers=*/2, /*width=*/16, /*heads=*/2,
+                                        /*batch=*/2, /*seq=*/8);
   VerifyOptions options;
   options.run.skip_timing = true;
   ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(config, options));

@@ -35,7 +35,7 @@ ModelConfig Family(const char* preset) {
 
 std::vector<PlanCase> Cases() {
   return {
-      {"study flash", ModelConfig{4, 32, 2, 2, 16}, AttentionMode::kFlash,
+      {"study flash", StudyModel(4, 32, 2, 2, 16), AttentionMode::kFlash,
        {"selective:matmul,gelu", "none", "full", "selective:attention,layer_norm"}},
       {"tiny-llama flash", Family("tiny-llama"), AttentionMode::kFlash,
        {"selective:silu", "full", "none", "selective:matmul,attention"}},

@@ -43,7 +43,7 @@ std::string FamilyNames(bool FamilyDef::*capability, absl::string_view conjuncti
 
 namespace {
 
-std::vector<absl::string_view> PresetsWith(bool (*has)(const ModelConfig& config)) {
+std::vector<absl::string_view> PresetsWith(bool (*has)(const ModelArchitecture& architecture)) {
   std::vector<absl::string_view> names;
   for (const FamilyDef* family : Families()) {
     for (const auto& [name, config] : family->presets) {
@@ -55,14 +55,14 @@ std::vector<absl::string_view> PresetsWith(bool (*has)(const ModelConfig& config
 
 }  // namespace
 
-std::string PresetNamesWith(bool (*has)(const ModelConfig& config),
+std::string PresetNamesWith(bool (*has)(const ModelArchitecture& architecture),
                             absl::string_view conjunction) {
   return JoinNames(PresetsWith(has), conjunction);
 }
 
 std::string MixtureOfExpertsModels() {
   std::vector<absl::string_view> names =
-      PresetsWith([](const ModelConfig& c) { return c.moe.Sparse(); });
+      PresetsWith([](const ModelArchitecture& c) { return c.moe.Sparse(); });
   names.push_back("a config.json with experts");
   return JoinNames(names, "or");
 }
@@ -134,7 +134,7 @@ absl::Status ValidateConfig(const ModelConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Megatron's ops (dropout, fused softmax) are modelled for the ",
         FamilyNames(&FamilyDef::megatron), " family only (--model=",
-        PresetNamesWith([](const ModelConfig& c) { return c.megatron; }), ")"));
+        PresetNamesWith([](const ModelArchitecture& c) { return c.megatron; }), ")"));
   }
   if (config.qk_norm && !family.qk_norm) {
     return absl::InvalidArgumentError(absl::StrCat(

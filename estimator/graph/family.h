@@ -76,9 +76,9 @@ struct FamilyDef {
   // (tests/config_keys_test.py checks them against transformers' own). `read` sees the
   // key each alias sets, never the alias.
   std::vector<ConfigAlias> config_aliases = {};
-  absl::StatusOr<ModelConfig> (*read)(const ConfigJsonReader& r,
-                                      absl::string_view model_type) = nullptr;
-  absl::Status (*write)(const ModelConfig& config, ConfigJsonWriter& w) = nullptr;
+  absl::StatusOr<ModelArchitecture> (*read)(const ConfigJsonReader& r,
+                                            absl::string_view model_type) = nullptr;
+  absl::Status (*write)(const ModelArchitecture& architecture, ConfigJsonWriter& w) = nullptr;
   // inert_config_keys: the keys of its transformers configuration classes that `read`
   // does not read because they change no memory, each with why (--config_keys reports
   // them; tests/config_keys_test.py walks the classes' attributes against them).
@@ -87,8 +87,9 @@ struct FamilyDef {
   // (the study's layers (12 d^2 + 13 d)), which the graphs and the runtime's model must
   // agree with; nullopt where it overflows int64; nullptr for none.
   std::optional<int64_t> (*expected_parameters)(const ModelConfig& config) = nullptr;
-  // presets: its built-in models (--model=NAME), with the study's batch and seq.
-  std::vector<std::pair<std::string, ModelConfig>> presets = {};
+  // presets: its built-in models (--model=NAME), the architectures alone (a run takes
+  // the study's batch and seq unless told otherwise).
+  std::vector<std::pair<std::string, ModelArchitecture>> presets = {};
 };
 
 const FamilyDef& FamilyOf(Family family);
@@ -101,7 +102,7 @@ absl::string_view FamilyName(Family family);  // FamilyOf(family).name
 std::string FamilyNames(bool FamilyDef::*capability, absl::string_view conjunction = "or");
 // PresetNamesWith: the built-in models (FamilyDef::presets) whose config `has` it, joined
 // as FamilyNames joins: "megatron-gpt".
-std::string PresetNamesWith(bool (*has)(const ModelConfig& config),
+std::string PresetNamesWith(bool (*has)(const ModelArchitecture& architecture),
                             absl::string_view conjunction = "or");
 // MixtureOfExpertsModels: the models a flag for experts applies to, from the registry:
 // "qwen3-30b-a3b, mixtral-8x7b, tiny-qwen3-moe or a config.json with experts".

@@ -46,8 +46,8 @@ std::string ModelFlagHelp() {
 
 absl::StatusOr<ModelConfig> ModelFromPreset(absl::string_view name) {
   for (const FamilyDef* family : Families()) {
-    for (const auto& [preset, config] : family->presets) {
-      if (preset == name) return config;
+    for (const auto& [preset, architecture] : family->presets) {
+      if (preset == name) return ModelConfigOf(architecture);
     }
   }
   return absl::NotFoundError(absl::StrCat("no built-in model '", name, "' (known: ",
@@ -305,7 +305,7 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
       stored.CopyFrom(doc, stored.GetAllocator());
       ConfigJsonReader reader(stored, source);
       ApplyConfigAliases(*family, model_type, stored, reader);
-      absl::StatusOr<ModelConfig> config = family->read(reader, model_type);
+      absl::StatusOr<ModelArchitecture> config = family->read(reader, model_type);
       reader.Consult("model_type");
       if (consulted != nullptr) *consulted = reader.Consulted();
       if (family_out != nullptr) *family_out = family;
@@ -319,7 +319,7 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
                             absl::StrCat(config->vocab, " x hidden size ", config->width,
                                          ": the embedding's bytes overflow int64"));
       }
-      return config;
+      return ModelConfigOf(*config);
     }
   }
   return file_reader.Error("model_type",
@@ -327,7 +327,7 @@ absl::StatusOr<ModelConfig> ReadHfConfig(absl::string_view json, absl::string_vi
                                         absl::StrJoin(known, ", "), ")"));
 }
 
-absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c) {
+absl::StatusOr<std::string> HfConfigJson(const ModelArchitecture& c) {
   const FamilyDef& family = FamilyOf(c.family);
   if (family.write == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("the ", family.name,

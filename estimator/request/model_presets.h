@@ -45,10 +45,10 @@ absl::StatusOr<ModelConfig> ModelFromHfConfigJson(absl::string_view json,
 absl::StatusOr<std::string> ConfigKeysJson(absl::string_view json, absl::string_view source);
 
 // HfConfigJson is ModelFromHfConfigJson's inverse (FamilyDef::write): the transformers
-// config.json of `config`, which the real-stack witness builds with
+// config.json of `architecture`, which the real-stack witness builds with
 // AutoModelForCausalLM.from_config. InvalidArgument for a family that writes none (the
 // study) and megatron-gpt, which are not transformers models.
-absl::StatusOr<std::string> HfConfigJson(const ModelConfig& config);
+absl::StatusOr<std::string> HfConfigJson(const ModelArchitecture& architecture);
 
 // ModelFromFlag is --model: a preset name, or else the path of a config.json.
 absl::StatusOr<ModelConfig> ModelFromFlag(absl::string_view value);

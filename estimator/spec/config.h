@@ -115,10 +115,6 @@ absl::string_view CheckpointImplName(CheckpointImpl impl);  // "non_reentrant", 
 // ParseCheckpointImpl parses --checkpoint_impl.
 absl::StatusOr<CheckpointImpl> ParseCheckpointImpl(absl::string_view name);
 
-// ModelConfig is the model spec plus the input's batch and seq. The first five fields
-// are the study's; the others describe the decoder families and, left at 0, take the
-// study's values (kv_heads = heads, head_dim = width / heads, intermediate = 4 width).
-// REQUIRES (checked by ValidateConfig): sizes >= 1; family-specific consistency.
 // SmallestPeriod is the shortest prefix p of `per_layer` with per_layer[i] ==
 // p[i % |p|]: a per-layer list as the repeating period ModelConfig keeps.
 template <typename T>
@@ -273,12 +269,15 @@ struct RankShard {
   friend bool operator==(const RankShard&, const RankShard&) = default;
 };
 
-struct ModelConfig {
+// ModelArchitecture is the model itself: what its config.json says (a preset, a
+// family's reader, HfConfigJson). The first three sizes are the study's; the others
+// describe the decoder families and, left at 0, take the study's values (kv_heads =
+// heads, head_dim = width / heads, intermediate = 4 width).
+// REQUIRES (checked by ValidateConfig): sizes >= 1; family-specific consistency.
+struct ModelArchitecture {
   int64_t layers = 6;
   int64_t width = 128;  // hidden size d
   int64_t heads = 4;
-  int64_t batch = 16;
-  int64_t seq = 64;
   Family family = Family{};  // the registry's first line: the study, whose sizes these are
   int64_t kv_heads = 0;       // key/value heads (grouped-query attention when < heads)
   int64_t head_dim = 0;       // per-head width
@@ -306,21 +305,11 @@ struct ModelConfig {
   // moe: transformers' sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral) on some or
   // all layers; experts 0: a dense model.
   MoeSpec moe = {};
-  // dtype: parameters, gradients and activations ("pure" low precision when not fp32);
-  // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
-  // upcast, the logits' .float() before the loss).
-  DType dtype = DType::kFloat32;
-  // amp: autocast's lower-precision dtype (bf16 or fp16) over an fp32 model; kFloat32
-  // means no autocast. Matmuls and SDPA run in it (on cast copies of their fp32 inputs
-  // and weights), norms, pow, rsqrt and losses in fp32, the rest in their inputs' dtype.
-  DType amp = DType::kFloat32;
   // megatron: Megatron-LM's ops in the gpt2 family (--model=megatron-gpt): dropouts
   // (p = 0.1) after the embeddings, the attention probabilities and both residual
   // branches, each keeping a bool mask for backward, and the fused causal softmax (no
   // mask tensor). Needs math attention.
   bool megatron = false;
-  // shard: the part of the model this rank's graphs hold.
-  RankShard shard = {};
   // dropout: transformers' GPT-2's training-mode dropout probabilities (config.json's
   // resid_pdrop, embd_pdrop, attn_pdrop; GPT2Config's default is 0.1 each). Only
   // whether each is above 0 moves memory: each dropout keeps its noise, and attention
@@ -341,19 +330,6 @@ struct ModelConfig {
   // (utils/generic.py:1041-1045), so Predict applies it to the variants that checkpoint
   // no layer; the graphs have the cache exactly when it is true.
   bool use_cache = false;
-  // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
-  // non-reentrant).
-  CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
-  // device: where the step runs; sdpa_backend: the SDPA kernel asked for;
-  // expandable_segments: on CUDA, the caching allocator's expandable segments
-  // (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
-  Device device = Device::kCpu;
-  SdpaBackend sdpa_backend = SdpaBackend::kAuto;
-  bool expandable_segments = false;
-  // cuda_context_bytes: on CUDA, what the CUDA context holds on the device, outside the
-  // caching allocator (no max_memory_* counts it; nvidia-smi does).
-  int64_t cuda_context_bytes = kCudaContextBytes;
-
   // KeepsKvCache: use_cache for a family transformers builds (not the study or
   // megatron-gpt, which have no DynamicCache).
   bool KeepsKvCache() const { return use_cache && !megatron; }
@@ -374,6 +350,84 @@ struct ModelConfig {
     int64_t n = 0;
     for (int64_t i = 0; i < layers; ++i) n += moe.IsSparse(i);
     return n;
+  }
+  // LayerAttentionPeriod is layer_attention over the layers the model has: a model
+  // shorter than the period has only its first `layers` types (transformers'
+  // layer_types are per layer), so a type no layer has is not in it.
+  std::vector<LayerAttention> LayerAttentionPeriod() const {
+    if (static_cast<int64_t>(layer_attention.size()) <= layers) return layer_attention;
+    return SmallestPeriod(std::vector<LayerAttention>(
+        layer_attention.begin(), layer_attention.begin() + static_cast<size_t>(layers)));
+  }
+  LayerAttention AttentionOf(int64_t layer) const {
+    return layer_attention.empty()
+               ? LayerAttention::kFull
+               : layer_attention[static_cast<size_t>(
+                     layer % static_cast<int64_t>(layer_attention.size()))];
+  }
+
+
+  friend bool operator==(const ModelArchitecture& a, const ModelArchitecture& b) {
+    return a.layers == b.layers && a.width == b.width && a.heads == b.heads &&
+           a.family == b.family && a.KvHeads() == b.KvHeads() && a.HeadDim() == b.HeadDim() &&
+           a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
+           a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
+           a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
+           a.o_bias == b.o_bias && a.mlp_bias == b.mlp_bias && a.qk_norm == b.qk_norm &&
+           a.layer_attention == b.layer_attention && a.sliding_window == b.sliding_window &&
+           a.moe == b.moe && a.megatron == b.megatron && a.dropout == b.dropout &&
+           a.use_cache == b.use_cache;
+  }
+};
+
+// RunShape is what one step trains on and in: a micro-batch of `batch` sequences of
+// `seq` tokens, the dtypes, and how checkpointed layers run.
+struct RunShape {
+  int64_t batch = 16;
+  int64_t seq = 64;
+  // dtype: parameters, gradients and activations ("pure" low precision when not fp32);
+  // PyTorch still keeps some tensors in fp32 (SDPA's logsumexp, transformers' RMSNorm
+  // upcast, the logits' .float() before the loss).
+  DType dtype = DType::kFloat32;
+  // amp: autocast's lower-precision dtype (bf16 or fp16) over an fp32 model; kFloat32
+  // means no autocast. Matmuls and SDPA run in it (on cast copies of their fp32 inputs
+  // and weights), norms, pow, rsqrt and losses in fp32, the rest in their inputs' dtype.
+  DType amp = DType::kFloat32;
+  // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
+  // non-reentrant).
+  CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
+  friend bool operator==(const RunShape&, const RunShape&) = default;
+};
+
+// DeviceOptions is where the step runs and what the device's allocator and kernels are
+// asked for.
+struct DeviceOptions {
+  // device: where the step runs; sdpa_backend: the SDPA kernel asked for;
+  // expandable_segments: on CUDA, the caching allocator's expandable segments
+  // (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+  Device device = Device::kCpu;
+  SdpaBackend sdpa_backend = SdpaBackend::kAuto;
+  bool expandable_segments = false;
+  // cuda_context_bytes: on CUDA, what the CUDA context holds on the device, outside the
+  // caching allocator (no max_memory_* counts it; nvidia-smi does).
+  int64_t cuda_context_bytes = kCudaContextBytes;
+  friend bool operator==(const DeviceOptions&, const DeviceOptions&) = default;
+};
+
+// ModelConfig is what one rank's step is predicted for: the architecture, the run's
+// shape, the device's options, and `shard`, the rank's part of the model under the
+// layout (ShardOf(ParallelSpec), estimator/request/parallel_spec.h). A function that
+// needs only one of these concerns takes it alone.
+struct ModelConfig : ModelArchitecture, RunShape, DeviceOptions {
+  // shard: the part of the model this rank's graphs hold.
+  RankShard shard = {};
+
+  // SlidingWindowMasked: the sliding-window layers attend through a materialized mask
+  // (transformers skips it while seq < sliding_window).
+  bool SlidingWindowMasked() const {
+    bool sliding = false;
+    for (LayerAttention type : LayerAttentionPeriod()) sliding = sliding || type == LayerAttention::kSliding;
+    return sliding && seq >= sliding_window;
   }
   // ExpertLoad is the tokens each expert receives in sparse layer `sparse_index` (the
   // index among the sparse layers), as moe.routing says: from this rank's batch
@@ -474,45 +528,35 @@ struct ModelConfig {
     }
     return out;
   }
-  // LayerAttentionPeriod is layer_attention over the layers the model has: a model
-  // shorter than the period has only its first `layers` types (transformers'
-  // layer_types are per layer), so a type no layer has is not in it.
-  std::vector<LayerAttention> LayerAttentionPeriod() const {
-    if (static_cast<int64_t>(layer_attention.size()) <= layers) return layer_attention;
-    return SmallestPeriod(std::vector<LayerAttention>(
-        layer_attention.begin(), layer_attention.begin() + static_cast<size_t>(layers)));
-  }
-  // SlidingWindowMasked: the sliding-window layers attend through a materialized mask
-  // (transformers skips it while seq < sliding_window).
-  bool SlidingWindowMasked() const {
-    bool sliding = false;
-    for (LayerAttention type : LayerAttentionPeriod()) sliding = sliding || type == LayerAttention::kSliding;
-    return sliding && seq >= sliding_window;
-  }
-  LayerAttention AttentionOf(int64_t layer) const {
-    return layer_attention.empty()
-               ? LayerAttention::kFull
-               : layer_attention[static_cast<size_t>(
-                     layer % static_cast<int64_t>(layer_attention.size()))];
-  }
 
   friend bool operator==(const ModelConfig& a, const ModelConfig& b) {
-    return a.layers == b.layers && a.width == b.width && a.heads == b.heads &&
-           a.batch == b.batch && a.seq == b.seq && a.family == b.family &&
-           a.KvHeads() == b.KvHeads() && a.HeadDim() == b.HeadDim() &&
-           a.Intermediate() == b.Intermediate() && a.vocab == b.vocab &&
-           a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
-           a.tie_embeddings == b.tie_embeddings && a.qkv_bias == b.qkv_bias &&
-           a.o_bias == b.o_bias && a.mlp_bias == b.mlp_bias &&
-           a.qk_norm == b.qk_norm && a.layer_attention == b.layer_attention &&
-           a.sliding_window == b.sliding_window && a.moe == b.moe &&
-           a.dtype == b.dtype && a.amp == b.amp && a.megatron == b.megatron && a.shard == b.shard &&
-           a.dropout == b.dropout && a.use_cache == b.use_cache &&
-           a.checkpoint_impl == b.checkpoint_impl && a.device == b.device &&
-           a.sdpa_backend == b.sdpa_backend && a.expandable_segments == b.expandable_segments &&
-           a.cuda_context_bytes == b.cuda_context_bytes;
+    return static_cast<const ModelArchitecture&>(a) == static_cast<const ModelArchitecture&>(b) &&
+           static_cast<const RunShape&>(a) == static_cast<const RunShape&>(b) &&
+           static_cast<const DeviceOptions&>(a) == static_cast<const DeviceOptions&>(b) &&
+           a.shard == b.shard;
   }
 };
+
+// ModelConfigOf: `architecture` on the study's batch and seq, in fp32, on the CPU, the
+// whole model on one rank (a preset's or a config.json's run until flags say otherwise).
+inline ModelConfig ModelConfigOf(const ModelArchitecture& architecture) {
+  ModelConfig config;
+  static_cast<ModelArchitecture&>(config) = architecture;
+  return config;
+}
+
+// StudyModel: the study's block stack, `layers` blocks of `width` with `heads` heads, on
+// micro-batches of `batch` sequences of `seq` tokens; everything else at its default.
+inline ModelConfig StudyModel(int64_t layers, int64_t width, int64_t heads, int64_t batch,
+                              int64_t seq) {
+  ModelConfig config;
+  config.layers = layers;
+  config.width = width;
+  config.heads = heads;
+  config.batch = batch;
+  config.seq = seq;
+  return config;
+}
 
 // OptimizerKind is the optimizer whose state the step holds.
 enum class OptimizerKind : uint8_t {

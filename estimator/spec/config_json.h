@@ -296,11 +296,11 @@ class ConfigJsonWriter {
     for (const std::string& value : values) w_->String(value.c_str());
     w_->EndArray();
   }
-  // LayerTypes writes ConfigJsonReader::LayerTypes' list for `config`'s layers.
-  void LayerTypes(const char* key, const ModelConfig& config) {
+  // LayerTypes writes ConfigJsonReader::LayerTypes' list for `architecture`'s layers.
+  void LayerTypes(const char* key, const ModelArchitecture& architecture) {
     std::vector<std::string> types;
-    for (int64_t i = 0; i < config.layers; ++i) {
-      types.push_back(config.AttentionOf(i) == LayerAttention::kSliding ? "sliding_attention"
+    for (int64_t i = 0; i < architecture.layers; ++i) {
+      types.push_back(architecture.AttentionOf(i) == LayerAttention::kSliding ? "sliding_attention"
                                                                          : "full_attention");
     }
     Strings(key, types);

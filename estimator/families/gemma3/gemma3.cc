@@ -132,7 +132,7 @@ ModelGraphs BuildGemma3Graphs(const ModelConfig& config, AttentionMode mode) {
 // A published Gemma 3 checkpoint's config.json is the multimodal Gemma3Config
 // (model_type "gemma3"): its text model is its text_config, which memledger models
 // (Gemma3ForConditionalGeneration's language model; the vision tower is not).
-absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::string_view type) {
+absl::StatusOr<ModelArchitecture> ReadGemma3(const ConfigJsonReader& outer, absl::string_view type) {
   std::optional<ConfigJsonReader> text;
   if (type == "gemma3") {
     absl::StatusOr<ConfigJsonReader> nested = outer.Nested("text_config");
@@ -145,7 +145,7 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
     }
   }
   const ConfigJsonReader& r = text.has_value() ? *text : outer;
-  ModelConfig c;
+  ModelArchitecture c;
   c.family = Family::kGemma3;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 2304));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 9216));
@@ -214,7 +214,7 @@ absl::StatusOr<ModelConfig> ReadGemma3(const ConfigJsonReader& outer, absl::stri
   return c;
 }
 
-absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
+absl::Status WriteGemma3(const ModelArchitecture& c, ConfigJsonWriter& w) {
   w.String("model_type", "gemma3_text");
   w.Int("hidden_size", c.width);
   w.Int("intermediate_size", c.Intermediate());
@@ -230,9 +230,9 @@ absl::Status WriteGemma3(const ModelConfig& c, ConfigJsonWriter& w) {
   return absl::OkStatus();
 }
 
-ModelConfig Gemma3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+ModelArchitecture Gemma3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
                    int64_t head_dim, int64_t intermediate, int64_t vocab, int64_t window) {
-  ModelConfig c;
+  ModelArchitecture c;
   c.family = Family::kGemma3;
   c.layers = layers;
   c.width = width;
@@ -250,7 +250,7 @@ ModelConfig Gemma3(int64_t layers, int64_t width, int64_t heads, int64_t kv_head
   return c;
 }
 
-std::vector<std::pair<std::string, ModelConfig>> Gemma3Presets() {
+std::vector<std::pair<std::string, ModelArchitecture>> Gemma3Presets() {
   // google/gemma-3-27b-pt's text_config: 62 layers of 5376, 32 heads of 128 over 16 kv
   // heads, intermediate 21504, vocabulary 262208, window 1024, 5 sliding : 1 full.
   // Small enough to verify in a test: 6 layers (one period), 4 heads of 16 over 2.

@@ -104,9 +104,9 @@ BlockGraph BuildGpt2Epilogue(const ModelConfig& config) {
 }
 
 
-ModelConfig Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
+ModelArchitecture Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
                  int64_t positions) {
-  ModelConfig c;
+  ModelArchitecture c;
   c.family = Family::kGpt2;
   c.layers = layers;
   c.width = width;
@@ -123,8 +123,8 @@ ModelConfig Gpt2(int64_t layers, int64_t width, int64_t heads, int64_t vocab,
 }
 
 
-absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_view) {
-  ModelConfig c;
+absl::StatusOr<ModelArchitecture> ReadGpt2(const ConfigJsonReader& r, absl::string_view) {
+  ModelArchitecture c;
   c.family = Family::kGpt2;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("n_embd"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.layers, r.Positive("n_layer"));
@@ -174,7 +174,7 @@ absl::StatusOr<ModelConfig> ReadGpt2(const ConfigJsonReader& r, absl::string_vie
 }
 
 
-absl::Status WriteGpt2(const ModelConfig& c, ConfigJsonWriter& w) {
+absl::Status WriteGpt2(const ModelArchitecture& c, ConfigJsonWriter& w) {
   if (c.megatron) return absl::InvalidArgumentError("megatron-gpt is not a transformers model");
   w.String("model_type", "gpt2");
   w.Int("n_embd", c.width);
@@ -192,13 +192,13 @@ absl::Status WriteGpt2(const ModelConfig& c, ConfigJsonWriter& w) {
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, ModelConfig>> Gpt2Presets() {
-  ModelConfig gpt2 = Gpt2(12, 768, 12, 50257, 1024);
+std::vector<std::pair<std::string, ModelArchitecture>> Gpt2Presets() {
+  ModelArchitecture gpt2 = Gpt2(12, 768, 12, 50257, 1024);
   gpt2.dropout = {.resid = 0.1, .embd = 0.1, .attn = 0.1};  // openai-community/gpt2's
   // Korthikanti et al.'s setup: a GPT block with Megatron's dropouts (sizes from the
   // flags; GPT-2's by default, vocabulary padded to 51200 so that --tp up to 64
   // divides it, 2048 learned positions).
-  ModelConfig megatron = Gpt2(12, 768, 12, 51200, 2048);
+  ModelArchitecture megatron = Gpt2(12, 768, 12, 51200, 2048);
   megatron.megatron = true;
   megatron.use_cache = false;  // Megatron-LM's GPT has no DynamicCache
   return {{"gpt2", gpt2}, {"tiny-gpt2", Gpt2(2, 32, 4, 96, 128)}, {"megatron-gpt", megatron}};

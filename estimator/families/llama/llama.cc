@@ -112,9 +112,9 @@ BlockGraph BuildLlamaEpilogue(const ModelConfig& config) {
 }
 
 
-ModelConfig Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+ModelArchitecture Llama(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
                   int64_t intermediate, int64_t vocab, double eps) {
-  ModelConfig c;
+  ModelArchitecture c;
   c.family = Family::kLlama;
   c.layers = layers;
   c.width = width;
@@ -177,8 +177,8 @@ absl::StatusOr<MoeSpec> ReadMoe(const ConfigJsonReader& r, int64_t layers,
   return moe;
 }
 
-absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_view model_type) {
-  ModelConfig c;
+absl::StatusOr<ModelArchitecture> ReadLlama(const ConfigJsonReader& r, absl::string_view model_type) {
+  ModelArchitecture c;
   c.family = Family::kLlama;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size"));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size"));
@@ -261,7 +261,7 @@ absl::StatusOr<ModelConfig> ReadLlama(const ConfigJsonReader& r, absl::string_vi
 }
 
 
-absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
+absl::Status WriteLlama(const ModelArchitecture& c, ConfigJsonWriter& w) {
   // Which model_type builds these projections: attention_bias is q, k, v and o together
   // (llama, qwen3, qwen3_moe), Qwen2 q, k and v alone; only llama has mlp_bias.
   const bool attention_bias = c.qkv_bias && c.o_bias;
@@ -323,35 +323,35 @@ absl::Status WriteLlama(const ModelConfig& c, ConfigJsonWriter& w) {
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, ModelConfig>> LlamaPresets() {
+std::vector<std::pair<std::string, ModelArchitecture>> LlamaPresets() {
   // The published config.json sizes (max positions informational for RoPE models).
-  ModelConfig qwen = Llama(28, 3584, 28, 4, 18944, 152064, 1e-6);
+  ModelArchitecture qwen = Llama(28, 3584, 28, 4, 18944, 152064, 1e-6);
   qwen.qkv_bias = true;
   // Qwen/Qwen3-8B's config.json: head_dim 128, untied head, rms_norm_eps 1e-6.
-  ModelConfig qwen3 = Llama(36, 4096, 32, 8, 12288, 151936, 1e-6);
+  ModelArchitecture qwen3 = Llama(36, 4096, 32, 8, 12288, 151936, 1e-6);
   qwen3.head_dim = 128;
   qwen3.qk_norm = true;
   // Small enough to verify in a test: grouped-query attention (4 heads, 2 kv heads).
-  ModelConfig tiny = Llama(2, 32, 4, 2, 64, 96, 1e-5);
+  ModelArchitecture tiny = Llama(2, 32, 4, 2, 64, 96, 1e-5);
   // Qwen3 in small: q/k norms, and 4 heads of 16 = 64 wide on a 32-wide model.
-  ModelConfig tiny_qwen3 = Llama(2, 32, 4, 2, 64, 96, 1e-6);
+  ModelArchitecture tiny_qwen3 = Llama(2, 32, 4, 2, 64, 96, 1e-6);
   tiny_qwen3.head_dim = 16;
   tiny_qwen3.qk_norm = true;
   // Qwen/Qwen3-30B-A3B's config.json: 48 layers, 128 experts (8 per token) of width 768,
   // head_dim 128, norm_topk_prob true, untied.
-  ModelConfig qwen3_moe = Llama(48, 2048, 32, 4, 6144, 151936, 1e-6);
+  ModelArchitecture qwen3_moe = Llama(48, 2048, 32, 4, 6144, 151936, 1e-6);
   qwen3_moe.head_dim = 128;
   qwen3_moe.qk_norm = true;
   qwen3_moe.moe = {.experts = 128, .top_k = 8, .intermediate = 768, .norm_topk_prob = true};
   // mistralai/Mixtral-8x7B-v0.1's config.json: 8 experts (2 per token) of width 14336.
-  ModelConfig mixtral = Llama(32, 4096, 32, 8, 14336, 32000, 1e-5);
+  ModelArchitecture mixtral = Llama(32, 4096, 32, 8, 14336, 32000, 1e-5);
   mixtral.moe = {.experts = 8, .top_k = 2, .intermediate = 14336, .block = MoeBlock::kMixtral};
   // Small: 4 experts (2 per token) of width 32 on Qwen3-MoE's tiny attention.
-  ModelConfig tiny_moe = tiny_qwen3;
+  ModelArchitecture tiny_moe = tiny_qwen3;
   tiny_moe.moe = {.experts = 4, .top_k = 2, .intermediate = 32, .norm_topk_prob = true};
   // meta-llama/Llama-3.1-8B's config.json: Llama 3's sizes and 131,072 positions; its
   // llama3 rope scaling changes how inv_freq is computed, not a tensor's size.
-  ModelConfig llama31 = Llama(32, 4096, 32, 8, 14336, 128256, 1e-5);
+  ModelArchitecture llama31 = Llama(32, 4096, 32, 8, 14336, 128256, 1e-5);
   llama31.max_positions = 131072;
   return {{"llama-2-7b", Llama(32, 4096, 32, 32, 11008, 32000, 1e-5)},
           {"llama-3-8b", Llama(32, 4096, 32, 8, 14336, 128256, 1e-5)},

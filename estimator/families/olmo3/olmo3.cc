@@ -129,8 +129,8 @@ absl::Status ValidateOlmo3(const ModelConfig& config) {
 // Olmo3Config (configuration_olmo3.py, "C:"): its keys and defaults (C:65-99); without
 // layer_types, layer i is full attention iff (i + 1) % 4 == 0 (C:93-96). rope_scaling's
 // linear and yarn types change no tensor's size (the tables stay (T, d_head)).
-absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_view) {
-  ModelConfig c;
+absl::StatusOr<ModelArchitecture> ReadOlmo3(const ConfigJsonReader& r, absl::string_view) {
+  ModelArchitecture c;
   c.family = Family::kOlmo3;
   MEMLEDGER_ASSIGN_OR_RETURN(c.width, r.Positive("hidden_size", 4096));
   MEMLEDGER_ASSIGN_OR_RETURN(c.intermediate, r.Positive("intermediate_size", 11008));
@@ -186,7 +186,7 @@ absl::StatusOr<ModelConfig> ReadOlmo3(const ConfigJsonReader& r, absl::string_vi
   return c;
 }
 
-absl::Status WriteOlmo3(const ModelConfig& c, ConfigJsonWriter& w) {
+absl::Status WriteOlmo3(const ModelArchitecture& c, ConfigJsonWriter& w) {
   w.String("model_type", "olmo3");
   w.Int("hidden_size", c.width);
   w.Int("intermediate_size", c.Intermediate());
@@ -201,9 +201,9 @@ absl::Status WriteOlmo3(const ModelConfig& c, ConfigJsonWriter& w) {
   return absl::OkStatus();
 }
 
-ModelConfig Olmo3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+ModelArchitecture Olmo3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
                   int64_t intermediate, int64_t vocab, double eps) {
-  ModelConfig c;
+  ModelArchitecture c;
   c.family = Family::kOlmo3;
   c.layers = layers;
   c.width = width;
@@ -221,13 +221,13 @@ ModelConfig Olmo3(int64_t layers, int64_t width, int64_t heads, int64_t kv_heads
   return c;
 }
 
-std::vector<std::pair<std::string, ModelConfig>> Olmo3Presets() {
+std::vector<std::pair<std::string, ModelArchitecture>> Olmo3Presets() {
   // allenai's OLMo 3 base models, as their config.json files are reported (not read here;
   // see docs/families.md): 7B, 32 layers of 4096, 32 heads (no grouping), MLP 11008; 32B,
   // 64 layers of 5120, 40 heads over 8 kv heads, MLP 27648; both a vocabulary of 100278,
   // rms_norm_eps 1e-6, window 4096, 3 sliding : 1 full, untied.
   // Small enough to verify in a test: 4 layers (one period), 4 heads of 16 over 2.
-  ModelConfig tiny = Olmo3(4, 64, 4, 2, 128, 128, 1e-6);
+  ModelArchitecture tiny = Olmo3(4, 64, 4, 2, 128, 128, 1e-6);
   tiny.sliding_window = 512;
   return {{"olmo-3-7b", Olmo3(32, 4096, 32, 32, 11008, 100278, 1e-6)},
           {"olmo-3-32b", Olmo3(64, 5120, 40, 8, 27648, 100278, 1e-6)},

@@ -64,7 +64,7 @@ const FamilyDef& StudyFamily() {
         if (n.overflowed()) return std::nullopt;
         return n.value();
       },
-      .presets = {{"study", ModelConfig()}},  // the study's defaults: 6 x 128, 4 heads
+      .presets = {{"study", ModelArchitecture()}},  // the study's defaults: 6 x 128, 4 heads
   };
   return kDef;
 }
