@@ -369,6 +369,7 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
       start.extras = layer_extras = plain_extras = LayerExtras();
     });
     end(ParameterUnits::kHead);
+    if (units != nullptr) units->LossMade(result.loss);
   } else {
     result.loss = std::move(x);
   }

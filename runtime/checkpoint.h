@@ -68,6 +68,9 @@ class ParameterUnits {
   virtual ~ParameterUnits() = default;
   virtual void Gather(int64_t unit) = 0;
   virtual void Release(int64_t unit) = 0;
+  // LossMade: the head's forward returned `loss`, from which the backward will start
+  // (FSDP2 hooks the root's pre-backward on it).
+  virtual void LossMade(const at::Tensor& /*loss*/) {}
   // BeginBackward: the stage's backward is about to start from `last`, its last unit.
   virtual void BeginBackward(int64_t last) = 0;
   // BackwardPassed: `unit`'s backward has run; `previous` is next.

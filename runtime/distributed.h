@@ -9,7 +9,8 @@
 //     send/recv between the ranks of neighbouring model chunks;
 //   - gradients reduced over its data-parallel group (an all-reduce, or ZeRO-2/3's
 //     reduce-scatter into a shard), the optimizer stepped on its ZeRO shard and the
-//     result all-gathered;
+//     result all-gathered; torch's DDP (runtime/ddp_reducers.h) or FSDP2
+//     (runtime/fsdp2_units.h) in the counted steps;
 // and measures its own buckets and, where RankStepModelled (estimator/request/parallel_spec.h),
 // each variant's whole step under the counting allocator. The parent gathers every rank's gradients and compares
 // them with one process training on the whole batch, and every rank's updated

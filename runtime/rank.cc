@@ -36,6 +36,7 @@
 #include "runtime/counting_allocator.h"
 #include "runtime/ddp_reducers.h"
 #include "runtime/dropout.h"
+#include "runtime/fsdp2_units.h"
 #include "runtime/gloo_collectives.h"
 #include "runtime/megatron_functions.h"
 #include "runtime/megatron_schedule.h"
@@ -394,7 +395,9 @@ class Rank {
   Piece ReduceGradients(bool for_step, const std::string& path) {
     at::Tensor flat = Bucket();
     Piece piece;
-    if (shards_.gradients) {
+    // FSDP2's shards are per parameter, not a range of the flat buffer: its ranks check
+    // the whole mean gradient, and Step takes each parameter's rows from it.
+    if (shards_.gradients && shards_.flat) {
       at::Tensor mine = ReduceScatter(flat, parallel_.dp);
       flat = at::Tensor();
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
@@ -434,6 +437,7 @@ class Rank {
   // rank's updated parameters.
   Piece Step() {
     const std::string path = RankFile(dir_, position_.rank, "params");
+    if (data_parallel_ == DataParallel::kFsdp2) return StepFsdp2(path);
     if (!shards_.optimizer_state) {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::zeros_like(p);
       Unflatten(step_grads_, OwnedGrads());
@@ -467,6 +471,34 @@ class Rank {
     }
     for (const at::Tensor& p : owned_) param_bytes_ += TensorBytes(p);
     return piece;
+  }
+
+  // StepFsdp2: the parameters sharded as fully_shard shards them (Fsdp2Units: the
+  // model's tensors become views of freed unsharded storages), each local shard's
+  // gradient its rows of the mean gradient, the optimizer over the local shards; the
+  // updated shards assembled into the whole parameters for the check.
+  Piece StepFsdp2(const std::string& path) {
+    std::vector<at::Tensor> grads = OwnedGrads();
+    for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+    step_grads_ = at::Tensor();
+    Fsdp2Units::Context context;
+    context.config = &config_;
+    context.fsdp = parallel_.fsdp;
+    context.dp_group = dp_group_.get();
+    context.dp_rank = position_.dp_rank;
+    context.dp = parallel_.dp;
+    fsdp_ = std::make_unique<Fsdp2Units>(context, owned_, owned_names_);
+    const std::vector<at::Tensor>& locals = fsdp_->Locals();
+    for (size_t i = 0; i < locals.size(); ++i) {
+      locals[i].mutable_grad() = fsdp_->LocalRows(i, grads[i]);
+    }
+    grads.clear();
+    optimizer_ = std::make_unique<OptimizerRunner>(request_.optimizer, locals);
+    optimizer_->Step();
+    for (const at::Tensor& local : locals) local.mutable_grad() = at::Tensor();
+    RecordOptimizer();
+    param_bytes_ = grad_bytes_ = fsdp_->ShardBytes();
+    return WritePiece(path, fsdp_->WholeParameters(), 0, n_params_);
   }
 
   // RunPipeline runs the rank's micro-batches as PipelineSteps lists them
@@ -665,7 +697,8 @@ class Rank {
   // Megatron's order (RunPipeline), gradients accumulating; without ZeRO, torch's DDP
   // (DdpReducers: its Reducer's hooks reduce the .grads in each chunk's last backward);
   // the tied embedding's gradients all-reduced in place between the first and last
-  // stage; with ZeRO the gradients copied into the bucket and all-reduced (ZeRO 1) or
+  // stage; with FSDP2 (Fsdp2Units) each unit unsharded around its forward and backward
+  // and its gradients reduce-scattered after its backward; with ZeRO the gradients copied into the bucket and all-reduced (ZeRO 1) or
   // reduce-scattered (ZeRO 2) and divided by dp x micro-batches (the mean, which the
   // verified schedule takes by scaling each loss instead); the .grads freed; the
   // optimizer's step; the updated shards all-gathered.
@@ -707,6 +740,23 @@ class Rank {
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
       units_->ReleaseAll();
     }
+    // FSDP2's reference likewise: every unit unsharded, one reduction at the end, each
+    // local shard's rows of the mean.
+    std::vector<at::Tensor> fsdp_reference;
+    if (fsdp_ != nullptr) {
+      fsdp_->UnshardAll();
+      RunPipeline(variant, inputs, PipelineRun());
+      at::Tensor bucket = Bucket();
+      AllReduce(dp_group_.get(), bucket);
+      bucket.div_(static_cast<double>(parallel_.dp));
+      int64_t offset = 0;
+      for (size_t i = 0; i < owned_.size(); ++i) {
+        fsdp_reference.push_back(fsdp_->LocalRows(i, bucket.narrow(0, offset, owned_[i].numel())));
+        offset += owned_[i].numel();
+      }
+      for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
+      fsdp_->ReshardAll();
+    }
     const bool ddp = data_parallel_ == DataParallel::kDdp;
     if (ddp) {
       if (ddp_ == nullptr) MakeDdp();
@@ -722,10 +772,10 @@ class Rank {
     counting.MarkPhase("forward");
     PipelineRun run;
     run.counting = &counting;
-    run.units = units_.get();
+    run.units = fsdp_ != nullptr ? static_cast<ParameterUnits*>(fsdp_.get()) : units_.get();
     run.ddp = ddp_.get();
     const at::Tensor total_loss = RunPipeline(variant, inputs, run).total_loss;
-    if (units_ == nullptr) {
+    if (units_ == nullptr && fsdp_ == nullptr) {
       AllReducePartialGradients();  // in place
       ExchangeTiedGradients();      // in place
     }
@@ -737,6 +787,15 @@ class Rank {
       step.unit_grad_diff = MaxAbsDiff(mine, whole_step_grad);  // allocates nothing
       mine.div_(static_cast<double>(divisor));
       StepShard(std::move(mine));
+    } else if (fsdp_ != nullptr) {
+      // FSDP2: each local shard's gradient, reduced unit by unit in the backward.
+      const std::vector<at::Tensor>& locals = fsdp_->Locals();
+      step.unit_grad_diff = 0;
+      for (size_t i = 0; i < locals.size(); ++i) {
+        step.unit_grad_diff =  // allocates nothing
+            std::max(step.unit_grad_diff, MaxAbsDiff(locals[i].grad(), fsdp_reference[i]));
+      }
+      optimizer_->Step();
     } else if (data_parallel_ == DataParallel::kOneRank || ddp) {
       optimizer_->Step();  // DDP reduced the .grads in the backward
     } else {
@@ -762,6 +821,9 @@ class Rank {
     }
     step.peak = counting.peak();
     step.peak_bytes = step.resident_bytes + step.peak.bytes;
+    if (fsdp_ != nullptr) {
+      for (const at::Tensor& local : fsdp_->Locals()) local.mutable_grad() = at::Tensor();
+    }
     return step;
   }
 
@@ -812,6 +874,7 @@ class Rank {
   std::unique_ptr<TensorParallel> tensor_parallel_;
   std::unique_ptr<GatheredUnits> units_;  // ZeRO-3's, for the counted steps
   std::unique_ptr<DdpReducers> ddp_;       // DDP's, for the counted steps
+  std::unique_ptr<Fsdp2Units> fsdp_;       // FSDP2's, from the first step on
   std::vector<at::Tensor> owned_;
   std::vector<std::string> owned_names_;
   std::vector<std::vector<int64_t>> owned_sizes_;

@@ -490,6 +490,56 @@ TEST(VerifyRanksTest, ZeroThreeGathersUnitByUnitOnPipelineStages) {
       {"none", "full", "every_2", "selective"});
 }
 
+TEST(VerifyRanksTest, Fsdp2RanksAreExactUnitByUnit) {
+  // The ranks' FSDP2 (runtime/fsdp2_units.h) on tiny-llama over dp 2: every parameter's
+  // rows are even (embedding and head 96, q and o 32, k and v 16, gate and up 64, down
+  // and the norms 32), so each rank holds half of its 24,736: 12,368 fp32 = 49,472 B of
+  // parameters, and as many of reduced gradients. Every peak exact on both ranks, the
+  // gradients reduced unit by unit equal to one reduction at the end.
+  rapidjson::Document doc =
+      PassingRun("--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --fsdp", 2);
+  if (HasFailure()) return;
+  ExpectPeaksExact(doc, {"none", "full", "every_2", "selective"});
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(Rank(doc, rank)["measured"]["param_bytes"].GetInt64(), 49472);
+    EXPECT_EQ(Rank(doc, rank)["measured"]["grad_bytes"].GetInt64(), 49472);
+    for (const char* variant : {"none", "full"}) {
+      EXPECT_LE(Rank(doc, rank)["unit_grad_diff"][variant].GetDouble(), 1e-6) << variant;
+    }
+  }
+  // reshard_after_forward=False keeps each layer's unsharded parameters from its forward
+  // to its backward: a higher peak without checkpoints, exact too.
+  rapidjson::Document kept = PassingRun(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --fsdp "
+      "--reshard_after_forward=false --variants=none",
+      2);
+  if (HasFailure()) return;
+  ExpectPeaksExact(kept, {"none"});
+  EXPECT_GT(Rank(kept, 0)["measured"]["peak_bytes.none"].GetInt64(),
+            Rank(doc, 0)["measured"]["peak_bytes.none"].GetInt64());
+}
+
+TEST(VerifyRanksTest, Fsdp2PaddedRanksHoldLessThanTheFullest) {
+  // Over dp 3, ceil(rows / 3) rows per rank: rank 2 owns one row fewer of q, o, down and
+  // the three norms (32 rows: 11, 11, 10) and two fewer of k and v (16: 6, 6, 4) and of
+  // gate and up (64: 22, 22, 20); per layer 32 + 2 x 64 + 32 + 2 x 64 + 64 + 2 = 386
+  // elements, 2 layers and the final norm 773. AdamW's state is zeros_like the local
+  // rows, not the padded shard: 773 x 2 moments x 4 B = 6,184 B less on rank 2, at its
+  // peak too. The prediction is rank 0's, the fullest, exact.
+  CommandResult r = Verify(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=3 --fsdp --variants=none");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  rapidjson::Document doc = Parse(r);
+  if (HasFailure()) return;
+  EXPECT_EQ(Rank(doc, 0)["ratio"]["peak_bytes.none"].GetDouble(), 1.0);
+  EXPECT_EQ(Rank(doc, 0)["ratio"]["adamw_state_bytes"].GetDouble(), 1.0);
+  const rapidjson::Value& last = Rank(doc, 2);
+  EXPECT_EQ(last["measured"]["adamw_state_bytes"].GetInt64(),
+            last["predicted"]["adamw_state_bytes"].GetInt64() - 6184);
+  EXPECT_EQ(last["measured"]["peak_bytes.none"].GetInt64(),
+            last["predicted"]["peak_bytes.none"].GetInt64() - 6184);
+}
+
 TEST(VerifyRanksTest, LowPrecisionRanksDefaultToALooserGradientTolerance) {
   // bf16 ranks sum gradients in another order than one process: unless --grad_tolerance
   // is given, 2 sqrt(n) eps (RankGradTolerance). tiny-llama's longest reduction is its
@@ -533,11 +583,14 @@ TEST(VerifyRanksTest, WhatTheRanksDoNotRunIsRefused) {
       "verify/verify --model=megatron-gpt --layers=2 --width=64 --heads=4 --batch=1 --seq=16 "
       "--attention=math --skip_timing --dp=2 --variants=none,core_attention");
   EXPECT_EQ(core.exit_code, 3) << core.output;
-  // FSDP2 is torch's Python; the ranks have no rendition of it yet.
+  // The ranks' FSDP2 runs in the parameters' dtype: a MixedPrecisionPolicy is measured
+  // against torch's own only (verify --witness=transformers).
   CommandResult fsdp = memledger::testing::RunCommand(
-      "verify/verify --model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --fsdp");
+      "verify/verify --model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=2 --fsdp "
+      "--mp_param_dtype=bf16 --mp_reduce_dtype=fp32");
   EXPECT_EQ(fsdp.exit_code, 3) << fsdp.output;
-  EXPECT_NE(fsdp.output.find("the rank runtime does not run FSDP2 yet"), std::string::npos)
+  EXPECT_NE(fsdp.output.find("the rank runtime runs FSDP2 without a MixedPrecisionPolicy"),
+            std::string::npos)
       << fsdp.output;
   EXPECT_NE(core.output.find("no core_attention recompute yet"), std::string::npos) << core.output;
   // Each rank would route its own tokens; one process runs the eager experts.

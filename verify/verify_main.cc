@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
@@ -49,7 +50,8 @@ ABSL_FLAG(std::string, witness, "none",
           "transformers 5.23.0's AutoModelForCausalLM or the unchanged study, "
           "torch.utils.checkpoint, torch.optim) and show it as a third column; every "
           "bucket must agree. With --dp, on as many Gloo ranks under torch's DDP or (with "
-          "--fsdp, then alone) FSDP2, a column per rank. none: only memledger's runtime.");
+          "--fsdp) FSDP2, a column per rank beside memledger's ranks (alone where they do "
+          "not run the layout). none: only memledger's runtime.");
 ABSL_FLAG(std::string, witness_python, "",
           "With --witness=transformers: the reference stack's Python (default: "
           "MEMLEDGER_REFERENCE_PYTHON with MEMLEDGER_TORCH_DIR, as ./bazelw sets them).");
@@ -154,11 +156,13 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   absl::StatusOr<std::optional<memledger::WitnessCommand>> witness = WitnessFromFlags(argv[0]);
   if (!witness.ok()) return memledger::ReportError(witness.status());
   absl::StatusOr<memledger::RanksVerifyReport> report =
-      spec.parallel.fsdp.enabled && witness->has_value()
-          ? memledger::PredictedRanksReport(spec.config, spec.parallel, request)
-          : memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance,
-                                   *max_memory_bytes,
-                                   std::vector<std::string>(argv, argv + argc));
+      memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance, *max_memory_bytes,
+                             std::vector<std::string>(argv, argv + argc));
+  if (absl::IsUnimplemented(report.status()) && witness->has_value()) {
+    // What the rank runtime does not run (FSDP2's MixedPrecisionPolicy, a post-forward
+    // mesh) the real stack still measures.
+    report = memledger::PredictedRanksReport(spec.config, spec.parallel, request);
+  }
   if (!report.ok()) return memledger::ReportError(report.status());
   if (witness->has_value()) {
     absl::StatusOr<std::vector<memledger::WitnessBuckets>> measured = memledger::RunRanksWitness(

@@ -97,6 +97,7 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
   report.parallel = parallel;
   report.request = request;
   report.grad_tolerance = grad_tolerance;
+  const bool fullest_only = DataParallelOf(parallel) == DataParallel::kFsdp2;
   for (runtime::RankMeasurement& m : measurement->ranks) {
     const RankKind* kind = KindOfStage(*prediction, m.position.stage);
     if (kind == nullptr) {
@@ -133,8 +134,12 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
         }
       }
     }
+    // FSDP2's prediction is rank 0's, the fullest: a later rank whose last rows are
+    // padding steps fewer elements (torch.optim's state is zeros_like the local shard,
+    // not the padded one), so it holds at most that.
+    const bool at_most = fullest_only && m.position.dp_rank > 0;
     for (const BucketCheck& bucket : check.buckets) {
-      if (!bucket.exact()) {
+      if (!bucket.exact() && !(at_most && bucket.measured <= bucket.predicted)) {
         report.failures.push_back(absl::StrCat(RankName(m.position), " ", MismatchLine(bucket)));
       }
     }
@@ -422,10 +427,14 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
   std::vector<std::string> failures = r.failures;
   failures.insert(failures.end(), r.witness_failures.begin(), r.witness_failures.end());
   return out + Verdict(r.measured
-                           ? absl::StrFormat("every rank's buckets measured == predicted; "
+                           ? absl::StrFormat("%s; "
                                              "gradients within %g of one process on the "
                                              "whole batch; the sharded step equals the "
                                              "unsharded one%s.",
+                                             r.parallel.fsdp.enabled
+                                                 ? "rank 0's buckets measured == predicted, "
+                                                   "the other ranks' at most that"
+                                                 : "every rank's buckets measured == predicted",
                                              r.grad_tolerance,
                                              r.witness.empty() ? "" : "; the real stack's too")
                            : std::string("every rank of the real stack measured what is "
