@@ -445,15 +445,16 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
   const absl::StatusOr<int64_t> budget = BudgetBytes(*keys.budget_gib);
   if (!budget.ok()) return budget.status();
   if (absl::Status s = CheckCpuThreads(keys.cpu_threads); !s.ok()) return s;
-  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(*request);
-  if (!spec.ok()) return spec.status();
+  absl::StatusOr<ValidRun> run = ValidRunFromRequest(*request);
+  if (!run.ok()) return run.status();
+  const RunSpec* spec = &run->spec();
   PlanRunOptions options;
   options.budget_bytes = *budget;
   options.frontier_points = keys.frontier_points;  // RunPlanner checks it
   options.cpu_threads = static_cast<int>(keys.cpu_threads);
   options.flops_per_second = keys.flops_per_second;
   options.timeline = format == "svg";
-  absl::StatusOr<PlanReport> report = RunPlanner(*spec, options);
+  absl::StatusOr<PlanReport> report = RunPlanner(*run, options);
   if (!report.ok()) return report.status();
   if (format == "table") return PlanReportTable(*report);
   if (format == "svg") return PlanTimelineSvg(*spec, *report);

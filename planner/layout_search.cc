@@ -403,15 +403,15 @@ class Search {
   // Planned is `shape` with a checkpoint plan per stage (RunStagePlanner) within the
   // budget, timed as the variants are; nullopt when no plan fits.
   absl::StatusOr<std::optional<SearchedLayout>> Planned(const Shape& shape) const {
-    absl::StatusOr<ValidRun> run = ValidRunFromRequest(RequestFor(shape));
-    if (!run.ok()) return run.status();
-    RunSpec planned = run->spec();
-    RunSpec* spec = &planned;
-    spec->variants.clear();  // no fixed variants beside the plan: the search has them
+    absl::StatusOr<ValidRun> validated = ValidRunFromRequest(RequestFor(shape));
+    if (!validated.ok()) return validated.status();
+    // No fixed variants beside the plan: the search has them.
+    const ValidRun run = validated->WithoutVariants();
+    const RunSpec* spec = &run.spec();
     PlanRunOptions plan_options;
     plan_options.budget_bytes = options_.budget_bytes;
     plan_options.frontier_points = 0;
-    absl::StatusOr<PlanReport> report = RunStagePlanner(*spec, plan_options);
+    absl::StatusOr<PlanReport> report = RunStagePlanner(run, plan_options);
     if (absl::IsResourceExhausted(report.status())) return std::nullopt;
     if (!report.ok()) return report.status();
     const Variant plan = PlanVariant(report->plan.layers);
@@ -425,10 +425,10 @@ class Search {
     options.optimizer = base_.optimizer;
     options.variants = {plan};
     absl::StatusOr<RanksPrediction> ranks =
-        PredictValidRanks(run->config().WithoutCache(), spec->parallel, options);
+        PredictValidRanks(run.config().WithoutCache(), spec->parallel, options);
     if (!ranks.ok()) return ranks.status();
     // On CUDA the planner replayed its plan through the allocator, and so does this.
-    return Replayed(shape, run->config(), plan, *ranks);
+    return Replayed(shape, run.config(), plan, *ranks);
   }
 
   // Check replays `layout` (a standard variant's, found as requests) through the caching

@@ -65,7 +65,9 @@ absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanRepor
       absl::StrCat(PredictedStepTitle(spec.config.device), ": the plan"), report.plan_step);
 }
 
-absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options) {
+absl::StatusOr<PlanReport> RunPlanner(const ValidRun& run, const PlanRunOptions& options) {
+  const RunSpec& spec = run.spec();
+  const ValidConfig& valid = run.config();
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
   if (absl::Status s = PlannedLayout(spec); !s.ok()) return s;
   const ParallelSpec& parallel = spec.parallel;
@@ -75,13 +77,13 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   }
   // Pipeline stages and accumulated micro-batches hold several micro-batches at once:
   // their plans are searched for and replayed stage by stage.
-  if (parallel.pp > 1 || parallel.micro_batches > 1) return RunStagePlanner(spec, options);
+  if (parallel.pp > 1 || parallel.micro_batches > 1) return RunStagePlanner(run, options);
   PlannerOptions planner_options;
   planner_options.attention = spec.attention;
   planner_options.optimizer = spec.optimizer;
   planner_options.cpu_threads = options.cpu_threads;
   planner_options.parallel = parallel;
-  absl::StatusOr<Planner> planner = Planner::Create(spec.config, planner_options);
+  absl::StatusOr<Planner> planner = Planner::Create(valid, planner_options);
   if (absl::IsUnimplemented(planner.status())) {
     // Not composed yet (autocast): the input is what cannot be planned.
     return absl::InvalidArgumentError(planner.status().message());
@@ -101,12 +103,12 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
   // predicted: one process's prediction, or a data-parallel rank's (its buckets and
   // peaks, as PredictRanks replays them).
   auto predicted = [&](const PredictOptions& o) -> absl::StatusOr<Prediction> {
-    if (!parallel.Distributed()) return Predict(spec.config, o);
+    if (!parallel.Distributed()) return PredictValid(valid, o);
     PredictOptions whole_options = o;
     whole_options.peak = false;
-    absl::StatusOr<Prediction> whole = Predict(spec.config, whole_options);
+    absl::StatusOr<Prediction> whole = PredictValid(valid, whole_options);
     if (!whole.ok()) return whole.status();
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(spec.config, parallel, o);
+    absl::StatusOr<RanksPrediction> ranks = PredictValidRanks(valid.WithoutCache(), parallel, o);
     if (!ranks.ok()) return ranks.status();
     Prediction rank = RankView(*whole, ranks->kinds[0]);
     for (size_t v = 0; v < rank.variants.size(); ++v) {
@@ -123,7 +125,7 @@ absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions&
     cost.name = v.variant.Name();
     if (v.peak.has_value()) cost.peak_bytes = v.peak->bytes;
     cost.peak_reserved_bytes = v.peak_reserved_bytes;
-    absl::StatusOr<VariantRecompute> recompute = RecomputeOf(spec.config, spec.attention, v.variant);
+    absl::StatusOr<VariantRecompute> recompute = RecomputeOf(valid, spec.attention, v.variant);
     if (!recompute.ok()) return recompute.status();
     cost.recompute_flops = recompute->recompute_flops;
     cost.overhead = recompute->overhead;

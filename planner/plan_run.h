@@ -4,7 +4,7 @@
 // Example:
 //   PlanRunOptions options;
 //   options.budget_bytes = int64_t{80} << 30;
-//   absl::StatusOr<PlanReport> report = RunPlanner(spec, options);
+//   absl::StatusOr<PlanReport> report = RunPlanner(run, options);  // a ValidRun
 //   if (absl::IsResourceExhausted(report.status())) ...  // no plan fits; the message
 //                                                         // names the smallest budget
 #ifndef PLANNER_PLAN_RUN_H_
@@ -52,7 +52,9 @@ absl::StatusOr<std::string> PlanTimelineSvg(const RunSpec& spec, const PlanRepor
 // outside the allocator (PlanReport::plan_device_bytes): a plan whose replay exceeds it
 // is made again for a lower composed budget, so the plan returned fits, though a plan
 // of less recompute may exist (the reserved peak is not monotone in the plan).
-absl::StatusOr<PlanReport> RunPlanner(const RunSpec& spec, const PlanRunOptions& options);
+// `run` was validated once where it entered (ValidRunFromFlags, ValidRunFromRequest):
+// what the plan predicts and simulates takes its proof.
+absl::StatusOr<PlanReport> RunPlanner(const ValidRun& run, const PlanRunOptions& options);
 
 }  // namespace memledger
 

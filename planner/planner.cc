@@ -39,10 +39,19 @@ std::vector<LayerChoice> AllChoices(const ModelConfig& config, AttentionMode att
 
 absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
                                         const PlannerOptions& options) {
+  absl::StatusOr<ValidConfig> valid = ValidConfig::Of(model);
+  if (!valid.ok()) return valid.status();
+  if (absl::Status s = ValidateParallel(model, options.parallel); !s.ok()) return s;
+  return Create(*valid, options);
+}
+
+absl::StatusOr<Planner> Planner::Create(const ValidConfig& valid_model,
+                                        const PlannerOptions& options) {
+  const ModelConfig& model = *valid_model;
   // The plans are composed without transformers' use_cache, which only the plan that
   // checkpoints nothing keeps (see ModelConfig::use_cache; its peak is replayed below).
-  ModelConfig config = model;
-  config.use_cache = false;
+  const ValidConfig valid = valid_model.WithoutCache();
+  const ModelConfig& config = *valid;
   auto tables = std::make_shared<Tables>();
   tables->config = config;
   tables->options = options;
@@ -62,9 +71,8 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   if (tables->choices.size() > 64) {
     return absl::InvalidArgumentError("checkpoint planner: at most 64 layer choices");
   }
-  // The config and the optimizer, then every choice's policy.
-  if (absl::Status s =
-          ValidateRun(config, options.attention, {Variant()}, options.optimizer).status();
+  // The optimizer (the config is valid), then every choice's policy.
+  if (absl::Status s = ValidateRunOf(valid, options.attention, {Variant()}, options.optimizer);
       !s.ok()) {
     return s;
   }
@@ -91,7 +99,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     }
   }
 
-  absl::StatusOr<StepFlops> flops = CountStepFlops(config, options.attention);
+  absl::StatusOr<StepFlops> flops = CountStepFlops(valid, options.attention);
   if (!flops.ok()) return flops.status();
   tables->flops = *flops;
   tables->recompute.assign(tables->kinds, {});
@@ -100,7 +108,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     for (const LayerChoice& choice : tables->choices) {
       absl::StatusOr<int64_t> recompute =
           first < 0 ? absl::StatusOr<int64_t>(0)
-                    : RecomputeFlops(config, options.attention, choice, first);
+                    : RecomputeFlops(valid, options.attention, choice, first);
       if (!recompute.ok()) return recompute.status();
       tables->recompute[kind].push_back(*recompute);
     }
@@ -109,7 +117,6 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   // Resident bytes: parameters, optimizer state and buffers, as Predict counts them (a
   // data-parallel rank's as PredictRanks does).
   const ParallelSpec& parallel = options.parallel;
-  if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
   const DataParallel data_parallel = DataParallelOf(parallel);
   if (parallel.pp > 1 || parallel.micro_batches > 1 || data_parallel == DataParallel::kZero3 ||
       data_parallel == DataParallel::kFsdp2) {
@@ -122,13 +129,13 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   predict.optimizer = options.optimizer;
   predict.variants = {Variant()};
   predict.peak = false;
-  absl::StatusOr<Prediction> buckets = Predict(config, predict);
+  absl::StatusOr<Prediction> buckets = PredictValid(valid, predict);
   if (!buckets.ok()) return buckets.status();
   // On CUDA tensor by tensor, each a request the probes count rounded (their stretches
   // are of CudaBlocks::kRequests: the allocator's blocks would not compose).
   ResidentBytes resident = ResidentOf(*buckets);
   if (parallel.dp > 1) {
-    absl::StatusOr<RanksPrediction> ranks = PredictRanks(config, parallel, predict);
+    absl::StatusOr<RanksPrediction> ranks = PredictValidRanks(valid, parallel, predict);
     if (!ranks.ok()) return ranks.status();
     absl::StatusOr<ResidentBytes> rank =
         RankResident(config, parallel, ranks->kinds[0], options.attention, options.optimizer);
@@ -141,8 +148,10 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     cached.cpu_threads = options.cpu_threads;
     cached.record_events = false;
     cached.cuda_blocks = CudaBlocks::kRequests;  // as the probes count
-    absl::StatusOr<StepTimeline> none =
-        SimulateStep(model, options.attention, Variant(), options.optimizer, resident, cached);
+    absl::StatusOr<StepSimulator> with_cache =
+        StepSimulator::Create(valid_model, options.attention, cached);
+    if (!with_cache.ok()) return with_cache.status();
+    absl::StatusOr<StepTimeline> none = with_cache->Simulate(Variant(), options.optimizer, resident);
     if (!none.ok()) return none.status();
     tables->cached_none_peak = none->peak.bytes;
   }
@@ -156,7 +165,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
   // one process's (nothing after the backward).
   const bool ddp = TorchDdp(parallel);
   if (ddp) step.rank.parallel = parallel;
-  absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(config, options.attention, step);
+  absl::StatusOr<StepSimulator> simulator = StepSimulator::Create(valid, options.attention, step);
   if (!simulator.ok()) return simulator.status();
   if (absl::Status s = tables->RecordProbes(*simulator, options.optimizer, resident); !s.ok()) {
     return s;
@@ -167,7 +176,7 @@ absl::StatusOr<Planner> Planner::Create(const ModelConfig& model,
     // whole model's parameters, whatever the plan.
     StepOptions rank = step;
     rank.rank.parallel = parallel;
-    absl::StatusOr<StepSimulator> whole = StepSimulator::Create(config, options.attention, rank);
+    absl::StatusOr<StepSimulator> whole = StepSimulator::Create(valid, options.attention, rank);
     if (!whole.ok()) return whole.status();
     absl::StatusOr<StepStretch> end = whole->ReductionStretch(options.optimizer, resident);
     if (!end.ok()) return end.status();

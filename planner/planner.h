@@ -93,7 +93,13 @@ class Planner {
   // transformers' use_cache, the plan that checkpoints nothing keeps the DynamicCache
   // (its peak is replayed once, as predict's --variants=none counts it); every other
   // plan runs without it (gradient checkpointing turns it off).
+  // This one validates the config and the layout (options.parallel) once.
   static absl::StatusOr<Planner> Create(const ModelConfig& config,
+                                        const PlannerOptions& options);
+  // Create of a config and layout its caller validated (a ValidRun's, the stage
+  // planner's stage): nothing is checked again. REQUIRES: ValidateParallel(*config,
+  // options.parallel).ok().
+  static absl::StatusOr<Planner> Create(const ValidConfig& config,
                                         const PlannerOptions& options);
 
   // Solve returns the plan with the least recompute FLOPs whose peak <= budget_bytes

@@ -66,8 +66,10 @@ constexpr char kUsage[] =
 
 int main(int argc, char** argv) {
   memledger::ParseCommandLineOrExit(argc, argv, kUsage);
-  absl::StatusOr<memledger::RunSpec> spec = memledger::RunSpecFromFlags();
-  if (!spec.ok()) return memledger::ReportError(spec.status());
+  // The request validated once, here: the plan takes the proof (RunPlanner).
+  absl::StatusOr<memledger::ValidRun> run = memledger::ValidRunFromFlags();
+  if (!run.ok()) return memledger::ReportError(run.status());
+  const memledger::RunSpec* spec = &run->spec();
   if (spec->format != "json" && spec->format != "table") {
     return memledger::ReportError(absl::InvalidArgumentError(
         absl::StrCat("--format must be json or table, got '", spec->format, "'")));
@@ -92,7 +94,7 @@ int main(int argc, char** argv) {
   options.flops_per_second = absl::GetFlag(FLAGS_flops_per_second);
   const std::string timeline_path = absl::GetFlag(FLAGS_timeline_svg);
   options.timeline = !timeline_path.empty();
-  absl::StatusOr<memledger::PlanReport> planned = memledger::RunPlanner(*spec, options);
+  absl::StatusOr<memledger::PlanReport> planned = memledger::RunPlanner(*run, options);
   if (absl::IsResourceExhausted(planned.status())) {
     std::cerr << "error: " << memledger::EscapeForMessage(planned.status().message()) << "\n";
     return 3;

@@ -62,9 +62,11 @@ RanksPrediction OneProcess(const Prediction& p) {
 
 }  // namespace
 
-absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOptions& options) {
+absl::StatusOr<PlanReport> RunStagePlanner(const ValidRun& run, const PlanRunOptions& options) {
   if (absl::Status s = ValidatePlanRunOptions(options); !s.ok()) return s;
-  const ModelConfig& config = spec.config;
+  const RunSpec& spec = run.spec();
+  const ValidConfig& valid = run.config();
+  const ModelConfig& config = *valid;
   const ParallelSpec& parallel = spec.parallel;
   if (absl::Status s = PlannedLayout(spec); !s.ok()) return s;
   if (options.timeline && (parallel.Distributed() || parallel.micro_batches > 1)) {
@@ -93,11 +95,11 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
     o.cuda_blocks = blocks;
     absl::StatusOr<RanksPrediction> ranks;
     if (one_process) {
-      absl::StatusOr<Prediction> p = Predict(config, o);
+      absl::StatusOr<Prediction> p = PredictValid(valid, o);
       if (!p.ok()) return p.status();
       ranks = OneProcess(*p);
     } else {
-      ranks = PredictRanks(config, parallel, o);
+      ranks = PredictValidRanks(valid.WithoutCache(), parallel, o);
     }
     if (!ranks.ok()) return ranks.status();
     for (const RankKind& kind : ranks->kinds) {
@@ -124,7 +126,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   PredictOptions whole_options = predict;
   whole_options.variants = spec.variants.empty() ? std::vector<Variant>{Variant()} : spec.variants;
   whole_options.peak = false;
-  absl::StatusOr<Prediction> whole = Predict(config, whole_options);
+  absl::StatusOr<Prediction> whole = PredictValid(valid, whole_options);
   if (!whole.ok()) return whole.status();
   // No fixed variants (the layout search's plans): the whole model's buckets only.
   absl::StatusOr<RanksPrediction> fixed =
@@ -143,7 +145,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
     cost.peak_bytes = most->variants[v].held.peak->bytes;
     cost.peak_reserved_bytes = most->variants[v].held.peak_reserved_bytes;
     absl::StatusOr<VariantRecompute> recompute =
-        RecomputeOf(config, spec.attention, spec.variants[v]);
+        RecomputeOf(valid, spec.attention, spec.variants[v]);
     if (!recompute.ok()) return recompute.status();
     cost.recompute_flops = recompute->recompute_flops;
     cost.overhead = recompute->overhead;
@@ -222,7 +224,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
     return *most;
   };
 
-  absl::StatusOr<StepFlops> flops = CountStepFlops(config, spec.attention);
+  absl::StatusOr<StepFlops> flops = CountStepFlops(valid, spec.attention);
   if (!flops.ok()) return flops.status();
   // Plan every stage, replay them all, and move each stage's budget: up while its plan
   // fits (towards none's peak), down by the excess while it does not (to its guide's
@@ -362,7 +364,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
   const Variant planned = PlanVariant(plan);
   for (StagePlan& stage : report.stages) {
     for (const StageRange& chunk : stage.chunks) {
-      absl::StatusOr<StageFlopsCount> count = StageFlops(config, spec.attention, planned, chunk);
+      absl::StatusOr<StageFlopsCount> count = StageFlops(valid, spec.attention, planned, chunk);
       if (!count.ok()) return count.status();
       stage.recompute_flops += count->recompute;
     }
@@ -375,7 +377,7 @@ absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOpt
       PredictOptions o = predict;
       o.variants = {PlanVariant(plan)};
       o.timeline = true;
-      absl::StatusOr<Prediction> drawn = Predict(config, o);
+      absl::StatusOr<Prediction> drawn = PredictValid(valid, o);
       if (!drawn.ok()) return drawn.status();
       report.plan_step = drawn->variants;
     }

@@ -23,7 +23,7 @@
 //   RunSpec spec = ...;  // --pp=4 --micro_batches=8 --dp=8 --zero=1
 //   PlanRunOptions options;
 //   options.budget_bytes = int64_t{40} << 30;
-//   absl::StatusOr<PlanReport> report = RunStagePlanner(spec, options);
+//   absl::StatusOr<PlanReport> report = RunStagePlanner(run, options);  // a ValidRun
 //   // report->stages: each stage's layers, choices, replayed peak and recompute.
 #ifndef PLANNER_STAGE_PLANNER_H_
 #define PLANNER_STAGE_PLANNER_H_
@@ -38,7 +38,7 @@ namespace memledger {
 // RunStagePlanner: InvalidArgument for bad input (ZeRO-3, --timeline_svg, and what
 // RunPlanner refuses); ResourceExhausted when some stage exceeds the budget even with
 // every layer fully checkpointed, naming the stage and what it needs.
-absl::StatusOr<PlanReport> RunStagePlanner(const RunSpec& spec, const PlanRunOptions& options);
+absl::StatusOr<PlanReport> RunStagePlanner(const ValidRun& run, const PlanRunOptions& options);
 
 }  // namespace memledger
 

@@ -604,4 +604,31 @@ TEST(PlannerCliTest, LowPrecisionPlansVerifyInLibTorch) {
   }
 }
 
+// The planner validates a request once where it reads it (ValidRunFromFlags): the plan,
+// the fixed variants' predictions, FLOPs and the probes' simulations take the proof.
+// The stage planner guides each stage with the planner on the stage's layers alone
+// (ModelConfig::LayersAlone), a model of its own, validated once per distinct stage:
+// tiny-llama's 2 layers over 2 stages are 2 one-layer models, 1 + 2; one stage with 2
+// micro-batches in flight, 1 + 1. Counted by the binary at exit
+// (MEMLEDGER_COUNT_VALIDATIONS).
+TEST(PlannerCliTest, ARequestIsValidatedOnce) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--model=tiny-llama --budget_gib=0.01", "validations: config 1, layout 1\n"},
+      {"--model=tiny-llama --budget_gib=0.01 --dp=2", "validations: config 1, layout 1\n"},
+      {"--model=tiny-llama --budget_gib=0.01 --dp=2 --zero=2",
+       "validations: config 1, layout 1\n"},
+      {"--model=tiny-llama --budget_gib=0.01 --pp=2 --micro_batches=2",
+       "validations: config 3, layout 3\n"},
+      {"--model=tiny-llama --budget_gib=0.01 --micro_batches=2",
+       "validations: config 2, layout 2\n"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    const CommandResult r = RunCommand(
+        std::string("MEMLEDGER_COUNT_VALIDATIONS=1 planner/planner ") + flags + " 2>&1 >/dev/null",
+        /*merge_stderr=*/false);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    EXPECT_EQ(r.output, expected) << flags;
+  }
+}
+
 }  // namespace

@@ -21,6 +21,8 @@
 #include "absl/strings/strip.h"
 #include "estimator/cli/message_escape.h"
 #include "estimator/cli/output_files.h"
+#include "estimator/graph/family.h"
+#include "estimator/request/parallel_spec.h"
 #include "estimator/request/model_presets.h"
 #include "estimator/request/run_request.h"
 
@@ -467,6 +469,15 @@ void ParseCommandLineOrExit(int argc, char** argv, const char* usage) {
     std::exit(0);
   }
   CheckFlagsOrExit(argc, argv);
+  // MEMLEDGER_COUNT_VALIDATIONS set: at exit, stderr says how many times the request's
+  // config and layout were validated (predict_cli_test and planner_cli_test hold a
+  // request to one of each).
+  if (std::getenv("MEMLEDGER_COUNT_VALIDATIONS") != nullptr) {
+    std::atexit([] {
+      std::cerr << "validations: config " << ValidateConfigCalls() << ", layout "
+                << ValidateParallelCalls() << "\n";
+    });
+  }
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::vector<std::string> extra(positional.begin() + 1, positional.end());

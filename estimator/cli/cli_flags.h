@@ -76,7 +76,10 @@ int ReportError(const absl::Status& status);
 // Abseil's own flags. Where standard output cannot take the help (or --version), it
 // exits 2 with one line instead. It ignores SIGXFSZ and SIGPIPE for the rest of the run
 // (and the processes it starts): a file-size limit or a closed pipe fails the write,
-// which the output writer reports, instead of killing the process mid-file.
+// which the output writer reports, instead of killing the process mid-file. With
+// MEMLEDGER_COUNT_VALIDATIONS set in the environment, the program says on stderr at exit
+// how many times it validated a config and a layout (ValidateConfigCalls,
+// ValidateParallelCalls).
 void ParseCommandLineOrExit(int argc, char** argv, const char* usage);
 
 }  // namespace memledger

@@ -161,14 +161,6 @@ int PrintRanks(memledger::OutputFiles& outputs, const memledger::ValidRun& run,
 int main(int argc, char** argv) {
   const std::string usage = Usage();
   memledger::ParseCommandLineOrExit(argc, argv, usage.c_str());
-  // MEMLEDGER_COUNT_VALIDATIONS set: at exit, stderr says how many times the request's
-  // config and layout were validated (predict_cli_test holds a request to one of each).
-  if (std::getenv("MEMLEDGER_COUNT_VALIDATIONS") != nullptr) {
-    std::atexit([] {
-      std::cerr << "validations: config " << memledger::ValidateConfigCalls() << ", layout "
-                << memledger::ValidateParallelCalls() << "\n";
-    });
-  }
   // Every file is written, or (on an error) none.
   memledger::OutputFiles outputs;
   // An output that is another output or an input is refused before the work.

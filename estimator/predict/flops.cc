@@ -297,16 +297,27 @@ absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode 
   return ValidRecomputeFlops(*valid, attention, choice, layer);
 }
 
+absl::StatusOr<int64_t> RecomputeFlops(const ValidConfig& config, AttentionMode attention,
+                                       const LayerChoice& choice, int64_t layer) {
+  return ValidRecomputeFlops(config, attention, choice, layer);
+}
+
 absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, AttentionMode attention,
                                              const Variant& variant) {
   absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
   if (!valid.ok()) return valid.status();
-  absl::StatusOr<StepFlops> step = CountValidStepFlops(*valid, attention);
+  return RecomputeOf(*valid, attention, variant);
+}
+
+absl::StatusOr<VariantRecompute> RecomputeOf(const ValidConfig& valid, AttentionMode attention,
+                                             const Variant& variant) {
+  const ModelConfig& config = *valid;
+  absl::StatusOr<StepFlops> step = CountValidStepFlops(valid, attention);
   if (!step.ok()) return step.status();
   // Layers of one kind and choice cost the same: each distinct pair counted once.
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
   absl::StatusOr<int64_t> recompute =
-      RangeRecompute(*valid, attention, *graphs, variant, 0, config.layers);
+      RangeRecompute(valid, attention, *graphs, variant, 0, config.layers);
   if (!recompute.ok()) return recompute.status();
   VariantRecompute out;
   out.recompute_flops = *recompute;

@@ -45,6 +45,9 @@ absl::StatusOr<StepFlops> CountStepFlops(const ValidConfig& config, AttentionMod
 // forward less the ops its selective cache serves (0 when not checkpointed).
 absl::StatusOr<int64_t> RecomputeFlops(const ModelConfig& config, AttentionMode attention,
                                        const LayerChoice& choice, int64_t layer = 0);
+// The same for a config its caller validated.
+absl::StatusOr<int64_t> RecomputeFlops(const ValidConfig& config, AttentionMode attention,
+                                       const LayerChoice& choice, int64_t layer = 0);
 
 // VariantRecompute is what a variant recomputes over its layers, and the overhead
 // (step + recompute) / step of its forward and backward.
@@ -56,6 +59,9 @@ struct VariantRecompute {
 
 // RecomputeOf counts `variant`'s recompute layer by layer.
 absl::StatusOr<VariantRecompute> RecomputeOf(const ModelConfig& config, AttentionMode attention,
+                                             const Variant& variant);
+// The same for a config its caller validated.
+absl::StatusOr<VariantRecompute> RecomputeOf(const ValidConfig& config, AttentionMode attention,
                                              const Variant& variant);
 
 // StageFlops is one micro-batch's arithmetic on one rank of a pipeline stage: its layers'

@@ -121,6 +121,13 @@ class ValidRun {
  public:
   const RunSpec& spec() const { return spec_; }
   const ValidConfig& config() const { return config_; }
+  // WithoutVariants: the same run with no fixed variants (the search's plans, which it
+  // shows beside its own): fewer variants cannot make a valid run invalid.
+  ValidRun WithoutVariants() const {
+    ValidRun without = *this;
+    without.spec_.variants.clear();
+    return without;
+  }
   // SetFormat: the CLIs' --format (json, table, csv or jsonl), which no check depends on.
   void SetFormat(const std::string& format) {
     spec_.format = format;
