@@ -69,20 +69,14 @@ absl::Status ValidateDistributed(const ModelConfig& config, const ParallelSpec& 
   }
   if (absl::Status s = ValidateParallel(config, parallel); !s.ok()) return s;
   if (parallel.fsdp.enabled) {
-    // The ranks' FSDP2 (runtime/fsdp2_units.h) runs in the parameters' dtype and
-    // reshards to every rank or to none; the rest is measured against torch's own
-    // (verify --witness=transformers, tests/fsdp2_witness_test.py).
+    // The ranks' FSDP2 (runtime/fsdp2_units.h) runs in the parameters' dtype; a
+    // MixedPrecisionPolicy is measured against torch's own (verify
+    // --witness=transformers, tests/fsdp2_witness_test.py).
     const FsdpOptions& fsdp = parallel.fsdp;
     if (fsdp.param_dtype.has_value() || fsdp.reduce_dtype.has_value()) {
       return absl::UnimplementedError(
           "the rank runtime runs FSDP2 without a MixedPrecisionPolicy: verify "
           "--mp_param_dtype with --witness=transformers measures torch's own");
-    }
-    const int64_t post_forward = fsdp.PostForwardRanks(parallel.dp);
-    if (post_forward != 1 && post_forward != parallel.dp) {
-      return absl::UnimplementedError(
-          "the rank runtime reshards FSDP2 to every rank or to none: verify "
-          "--reshard_after_forward=N with --witness=transformers measures torch's own");
     }
   }
   for (const Variant& v : request.variants) {

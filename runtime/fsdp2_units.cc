@@ -68,11 +68,27 @@ void Fsdp2Units::Resize(at::Tensor& storage_of, int64_t elements) {
 // shards, whose slice of this rank is the input (all_gather_copy_in). Gloo's
 // all-gather copies: the others' slices are zeroed and the output all-reduced in place
 // (x + 0 is exact); NCCL's all_gather_into_tensor holds the same bytes.
+//
+// A unit on its post-forward mesh of N ranks gathers from them alone (its
+// _all_gather_process_group, _fsdp_param_group.py:1216): the same output, of N slices of
+// each parameter's padded unsharded storage, each rank's its post-forward shards.
 at::Tensor Fsdp2Units::AllGather(Unit& u) {
   at::NoGradGuard no_grad;
   const at::Tensor& any = parameters_[u.parameters.front()].sharded;
   at::Tensor output = at::empty({context_.dp * u.shard_elements}, any.options());
   output.zero_();
+  if (u.post_forward) {
+    const int64_t n = context_.fsdp.PostForwardRanks(context_.dp);
+    const int64_t per_rank = context_.dp * u.shard_elements / n;
+    for (size_t i : u.parameters) {
+      const Parameter& p = parameters_[i];
+      output.narrow(0, (context_.dp_rank % n) * per_rank + p.offset * context_.dp / n,
+                    p.post_forward.numel())
+          .copy_(p.post_forward);
+    }
+    AllReduce(context_.post_forward_group, output);
+    return output;
+  }
   for (size_t i : u.parameters) {
     const Parameter& p = parameters_[i];
     output.narrow(0, context_.dp_rank * u.shard_elements + p.offset, p.shard_elements)
@@ -98,11 +114,21 @@ void Fsdp2Units::Unshard(int64_t unit, bool forward) {
     Parameter& p = parameters_[i];
     Resize(p.unsharded, context_.dp * p.shard_elements);
   }
-  const at::Tensor by_rank = output.view({context_.dp, u.shard_elements});
+  // Gathered from every rank, or from the post-forward mesh's n (whose slices are dp / n
+  // of each parameter's padded shards), the copy-out is the same split.
+  const int64_t n = u.post_forward ? context_.fsdp.PostForwardRanks(context_.dp) : context_.dp;
+  const int64_t per_shard = context_.dp / n;  // padded shards per slice
+  const at::Tensor by_rank = output.view({n, per_shard * u.shard_elements});
   for (size_t i : u.parameters) {
     Parameter& p = parameters_[i];
-    p.unsharded.view({context_.dp, p.shard_elements})
-        .copy_(by_rank.narrow(1, p.offset, p.shard_elements));
+    p.unsharded.view({n, per_shard * p.shard_elements})
+        .copy_(by_rank.narrow(1, per_shard * p.offset, per_shard * p.shard_elements));
+  }
+  // _to_unsharded (FSDPParam.to_unsharded, _fsdp_param.py:1015): the post-forward shards
+  // let go.
+  if (u.post_forward) {
+    for (size_t i : u.parameters) parameters_[i].post_forward = at::Tensor();
+    u.post_forward = false;
   }
   u.unsharded = true;
   if (forward) all_gather_state_ = std::move(output);
@@ -115,6 +141,23 @@ void Fsdp2Units::Reshard(int64_t unit) {
   if (!u.unsharded) return;
   for (size_t i : u.parameters) Resize(parameters_[i].unsharded, 0);
   u.unsharded = false;
+}
+
+// reshard to the post-forward mesh (FSDPParam.to_sharded_post_forward, _fsdp_param.py:970):
+// each parameter in turn clones its mesh rank's 1 / n of the unsharded storage, then
+// frees the storage.
+void Fsdp2Units::ReshardPostForward(int64_t unit, int64_t ranks) {
+  Unit& u = UnitAt(unit);
+  if (!u.unsharded) return;
+  at::NoGradGuard no_grad;
+  for (size_t i : u.parameters) {
+    Parameter& p = parameters_[i];
+    const int64_t slice = context_.dp * p.shard_elements / ranks;
+    p.post_forward = p.unsharded.narrow(0, (context_.dp_rank % ranks) * slice, slice).clone();
+    Resize(p.unsharded, 0);
+  }
+  u.unsharded = false;
+  u.post_forward = true;
 }
 
 // _prefetch_unshard in the backward (_backward_prefetch, :1061): the all-gather alone;
@@ -198,9 +241,11 @@ void Fsdp2Units::Release(int64_t unit) {
   if (unit == kPrologue) return;
   const int64_t ranks = unit == kHead ? context_.fsdp.RootPostForwardRanks(context_.dp)
                                       : context_.fsdp.PostForwardRanks(context_.dp);
-  TORCH_CHECK(ranks == 1 || ranks == context_.dp,
-              "FSDP2: the runtime reshards to every rank or to none");
-  if (ranks == context_.dp) Reshard(unit);
+  if (ranks == context_.dp) {
+    Reshard(unit);
+  } else if (ranks > 1) {
+    ReshardPostForward(unit, ranks);
+  }
   if (unit == kHead) all_gather_state_ = at::Tensor();
 }
 

@@ -33,9 +33,10 @@ namespace memledger::runtime::distributed_internal {
 // The step's events, at the points ForwardStage and RunPipeline call them:
 //  - Gather (a segment's forward begins): the unit unshards (Unshard); the head runs on
 //    the root's parameters.
-//  - Release (a segment's forward ends): a layer reshards after its forward; the head's
-//    end reshards the root (not under fully_shard's default, auto) and releases the last
-//    kept all-gather output.
+//  - Release (a segment's forward ends): a layer reshards after its forward (to every
+//    rank, or to its post-forward mesh of reshard_after_forward ranks, keeping a slice of
+//    each unsharded parameter); the head's end reshards the root (not under
+//    fully_shard's default, auto) and releases the last kept all-gather output.
 //  - LossMade: the head's pre-backward hook on the loss, after loss.backward()'s seed:
 //    the root unshards, the last layer is prefetched, and the root's post-backward is
 //    queued as the engine's final callback (_fsdp_state.py:422).
@@ -50,6 +51,10 @@ class Fsdp2Units : public ParameterUnits {
     c10d::ProcessGroupGloo* dp_group = nullptr;
     int64_t dp_rank = 0;
     int64_t dp = 1;
+    // With reshard_after_forward an int N (1 < N < dp): the post-forward mesh's group,
+    // the N consecutive data-parallel ranks this one is among (_get_post_forward_mesh_info,
+    // _fsdp_init.py:188: the mesh viewed as (-1, N)).
+    c10d::ProcessGroupGloo* post_forward_group = nullptr;
   };
 
   // `owned`: the model's parameters in its order, with their names (whose units
@@ -89,6 +94,7 @@ class Fsdp2Units : public ParameterUnits {
     at::Tensor unsharded;      // its padded storage, dp x shard_elements
     at::Tensor sharded;        // this rank's padded shard, shard_elements
     at::Tensor local;          // the rows it owns: the optimizer's
+    at::Tensor post_forward;   // on the post-forward mesh: its slice of `unsharded`
     std::vector<int64_t> sizes;
     int64_t numel = 0;
     int64_t rows = 0, row_elements = 0, shard_rows = 0, local_rows = 0;
@@ -99,13 +105,15 @@ class Fsdp2Units : public ParameterUnits {
     std::vector<size_t> parameters;  // indices into parameters_
     int64_t shard_elements = 0;
     bool unsharded = false;
-    at::Tensor prefetched;     // an all-gather output awaiting its copy-out
+    bool post_forward = false;  // resharded to the post-forward mesh
+    at::Tensor prefetched;      // an all-gather output awaiting its copy-out
   };
   int64_t RootOr(int64_t unit) const;  // kPrologue and kHead are the root's
   Unit& UnitAt(int64_t unit) { return units_.at(RootOr(unit)); }
   at::Tensor AllGather(Unit& u);
   void Unshard(int64_t unit, bool forward);
   void Reshard(int64_t unit);
+  void ReshardPostForward(int64_t unit, int64_t ranks);
   void Prefetch(int64_t unit);
   void PostBackward(int64_t unit);
   void RootPostBackward();

@@ -196,6 +196,15 @@ class Rank {
       dp_group_ = MakeGroup(store_, absl::StrCat("dp/", p.tp_rank, "/", p.stage), p.dp_rank,
                             parallel_.dp, timeout);
     }
+    // FSDP2's post-forward mesh (reshard_after_forward=N): groups of N consecutive
+    // data-parallel ranks.
+    const int64_t post_forward = parallel_.fsdp.PostForwardRanks(parallel_.dp);
+    if (parallel_.fsdp.enabled && post_forward > 1 && post_forward < parallel_.dp) {
+      post_forward_group_ =
+          MakeGroup(store_, absl::StrCat("post_forward/", p.tp_rank, "/", p.stage, "/",
+                                         p.dp_rank / post_forward),
+                    p.dp_rank % post_forward, post_forward, timeout);
+    }
     if (parallel_.pp > 1) {
       pp_group_ = MakeGroup(store_, absl::StrCat("pp/", p.tp_rank, "/", p.dp_rank), p.stage,
                             parallel_.pp, timeout);
@@ -487,6 +496,7 @@ class Rank {
     context.dp_group = dp_group_.get();
     context.dp_rank = position_.dp_rank;
     context.dp = parallel_.dp;
+    context.post_forward_group = post_forward_group_.get();
     fsdp_ = std::make_unique<Fsdp2Units>(context, owned_, owned_names_);
     const std::vector<at::Tensor>& locals = fsdp_->Locals();
     for (size_t i = 0; i < locals.size(); ++i) {
@@ -870,7 +880,7 @@ class Rank {
   std::vector<at::Tensor> parameters_;
   std::unordered_set<const void*> parameter_storages_;
   c10::intrusive_ptr<c10d::Store> store_;
-  GroupPtr tp_group_, dp_group_, pp_group_, embedding_group_;
+  GroupPtr tp_group_, dp_group_, pp_group_, embedding_group_, post_forward_group_;
   std::unique_ptr<TensorParallel> tensor_parallel_;
   std::unique_ptr<GatheredUnits> units_;  // ZeRO-3's, for the counted steps
   std::unique_ptr<DdpReducers> ddp_;       // DDP's, for the counted steps

@@ -517,6 +517,18 @@ TEST(VerifyRanksTest, Fsdp2RanksAreExactUnitByUnit) {
   ExpectPeaksExact(kept, {"none"});
   EXPECT_GT(Rank(kept, 0)["measured"]["peak_bytes.none"].GetInt64(),
             Rank(doc, 0)["measured"]["peak_bytes.none"].GetInt64());
+  // reshard_after_forward=2 over 4 ranks: each unit keeps a half of its unsharded
+  // parameters after its forward and gathers them from its pair of ranks (the
+  // post-forward mesh's group) in the backward; exact on every rank, its gradients right.
+  rapidjson::Document pairs = PassingRun(
+      "--model=tiny-llama --batch=2 --seq=8 --skip_timing --dp=4 --fsdp "
+      "--reshard_after_forward=2 --variants=none,full",
+      4);
+  if (HasFailure()) return;
+  ExpectPeaksExact(pairs, {"none", "full"});
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_LE(Rank(pairs, rank)["unit_grad_diff"]["none"].GetDouble(), 1e-6);
+  }
 }
 
 TEST(VerifyRanksTest, Fsdp2PaddedRanksHoldLessThanTheFullest) {

@@ -159,8 +159,8 @@ int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
       memledger::VerifyRanks(spec.config, spec.parallel, request, *tolerance, *max_memory_bytes,
                              std::vector<std::string>(argv, argv + argc));
   if (absl::IsUnimplemented(report.status()) && witness->has_value()) {
-    // What the rank runtime does not run (FSDP2's MixedPrecisionPolicy, a post-forward
-    // mesh) the real stack still measures.
+    // What the rank runtime does not run (FSDP2's MixedPrecisionPolicy) the real stack
+    // still measures.
     report = memledger::PredictedRanksReport(spec.config, spec.parallel, request);
   }
   if (!report.ok()) return memledger::ReportError(report.status());
