@@ -282,12 +282,35 @@ void Fsdp2Units::ReshardAll() {
   for (auto& [unit, u] : units_) Reshard(unit);
 }
 
-at::Tensor Fsdp2Units::LocalRows(size_t i, const at::Tensor& full) const {
-  const Parameter& p = parameters_[i];
-  return full.reshape({-1})
-      .narrow(0, context_.dp_rank * p.shard_elements, p.local_rows * p.row_elements)
-      .view(p.local.sizes())
-      .clone();
+std::vector<at::Tensor> Fsdp2Units::LocalRowsOf(const std::vector<at::Tensor>& full) const {
+  TORCH_CHECK(full.size() == parameters_.size(), "FSDP2: one tensor per parameter");
+  std::vector<at::Tensor> rows;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const Parameter& p = parameters_[i];
+    rows.push_back(full[i]
+                       .reshape({-1})
+                       .narrow(0, context_.dp_rank * p.shard_elements, p.local_rows * p.row_elements)
+                       .view(p.local.sizes())
+                       .clone());
+  }
+  return rows;
+}
+
+void Fsdp2Units::SetGradients(const std::vector<at::Tensor>& grads) const {
+  for (size_t i = 0; i < locals_.size(); ++i) locals_[i].mutable_grad() = grads[i];
+}
+
+void Fsdp2Units::ClearGradients() const {
+  for (const at::Tensor& local : locals_) local.mutable_grad() = at::Tensor();
+}
+
+double Fsdp2Units::MaxGradientDiff(const std::vector<at::Tensor>& reference) const {
+  double worst = 0;
+  for (size_t i = 0; i < locals_.size(); ++i) {
+    const double diff = MaxAbsDiff(locals_[i].grad(), reference[i]);
+    if (!(diff <= worst)) worst = diff;  // a NaN stays
+  }
+  return worst;
 }
 
 int64_t Fsdp2Units::ShardBytes() const {

@@ -79,8 +79,16 @@ class Fsdp2Units : public ParameterUnits {
   // order; after a counted step's backward their .grads are views of their units'
   // reduce-scatter outputs, the mean over the ranks.
   const std::vector<at::Tensor>& Locals() const { return locals_; }
-  // LocalRows: this rank's rows of `full` (a tensor of parameter i's shape), as a copy.
-  at::Tensor LocalRows(size_t i, const at::Tensor& full) const;
+  // LocalRowsOf: this rank's rows of each of `full` (one tensor of each parameter's
+  // shape, in order), as copies.
+  std::vector<at::Tensor> LocalRowsOf(const std::vector<at::Tensor>& full) const;
+  // SetGradients makes `grads` (LocalRowsOf's) the local tensors' .grads;
+  // ClearGradients frees them (zero_grad(set_to_none)).
+  void SetGradients(const std::vector<at::Tensor>& grads) const;
+  void ClearGradients() const;
+  // MaxGradientDiff: max |.grad - reference| over the local tensors (MaxAbsDiff: it
+  // allocates nothing, so a counted step may compare).
+  double MaxGradientDiff(const std::vector<at::Tensor>& reference) const;
   // ShardBytes: the padded shards' bytes, what the rank's parameters (and, reduced,
   // their gradients) hold.
   int64_t ShardBytes() const;

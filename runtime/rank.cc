@@ -498,14 +498,11 @@ class Rank {
     context.dp = parallel_.dp;
     context.post_forward_group = post_forward_group_.get();
     fsdp_ = std::make_unique<Fsdp2Units>(context, owned_, owned_names_);
-    const std::vector<at::Tensor>& locals = fsdp_->Locals();
-    for (size_t i = 0; i < locals.size(); ++i) {
-      locals[i].mutable_grad() = fsdp_->LocalRows(i, grads[i]);
-    }
+    fsdp_->SetGradients(fsdp_->LocalRowsOf(grads));
     grads.clear();
-    optimizer_ = std::make_unique<OptimizerRunner>(request_.optimizer, locals);
+    optimizer_ = std::make_unique<OptimizerRunner>(request_.optimizer, fsdp_->Locals());
     optimizer_->Step();
-    for (const at::Tensor& local : locals) local.mutable_grad() = at::Tensor();
+    fsdp_->ClearGradients();
     RecordOptimizer();
     param_bytes_ = grad_bytes_ = fsdp_->ShardBytes();
     return WritePiece(path, fsdp_->WholeParameters(), 0, n_params_);
@@ -756,14 +753,11 @@ class Rank {
     if (fsdp_ != nullptr) {
       fsdp_->UnshardAll();
       RunPipeline(variant, inputs, PipelineRun());
-      at::Tensor bucket = Bucket();
-      AllReduce(dp_group_.get(), bucket);
-      bucket.div_(static_cast<double>(parallel_.dp));
-      int64_t offset = 0;
-      for (size_t i = 0; i < owned_.size(); ++i) {
-        fsdp_reference.push_back(fsdp_->LocalRows(i, bucket.narrow(0, offset, owned_[i].numel())));
-        offset += owned_[i].numel();
-      }
+      std::vector<at::Tensor> grads = OwnedGrads();
+      for (at::Tensor& g : grads) AllReduce(dp_group_.get(), g);
+      for (at::Tensor& g : grads) g.div_(static_cast<double>(parallel_.dp));
+      fsdp_reference = fsdp_->LocalRowsOf(grads);
+      grads.clear();
       for (const at::Tensor& p : owned_) p.mutable_grad() = at::Tensor();
       fsdp_->ReshardAll();
     }
@@ -799,12 +793,7 @@ class Rank {
       StepShard(std::move(mine));
     } else if (fsdp_ != nullptr) {
       // FSDP2: each local shard's gradient, reduced unit by unit in the backward.
-      const std::vector<at::Tensor>& locals = fsdp_->Locals();
-      step.unit_grad_diff = 0;
-      for (size_t i = 0; i < locals.size(); ++i) {
-        step.unit_grad_diff =  // allocates nothing
-            std::max(step.unit_grad_diff, MaxAbsDiff(locals[i].grad(), fsdp_reference[i]));
-      }
+      step.unit_grad_diff = fsdp_->MaxGradientDiff(fsdp_reference);  // allocates nothing
       optimizer_->Step();
     } else if (data_parallel_ == DataParallel::kOneRank || ddp) {
       optimizer_->Step();  // DDP reduced the .grads in the backward
@@ -831,9 +820,7 @@ class Rank {
     }
     step.peak = counting.peak();
     step.peak_bytes = step.resident_bytes + step.peak.bytes;
-    if (fsdp_ != nullptr) {
-      for (const at::Tensor& local : fsdp_->Locals()) local.mutable_grad() = at::Tensor();
-    }
+    if (fsdp_ != nullptr) fsdp_->ClearGradients();
     return step;
   }
 
