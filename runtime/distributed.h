@@ -85,10 +85,10 @@ struct RankVariantMeasurement {
   // "backward" or "optimizer", which includes the gradients' reduction and the
   // all-gather) and the op running then. peak_bytes is -1 where not measured.
   int64_t peak_bytes = -1;
-  // unit_grad_diff: with ZeRO-3, the counted step's shard gradient (reduced unit by unit
-  // as its backward passes them) against the same step's without gathering (all
-  // parameters present, one reduction at the end), on the same parameters; -1 where not
-  // run.
+  // unit_grad_diff: with ZeRO-3 or FSDP2, the counted step's shard gradient (reduced
+  // unit by unit as its backward passes them) against the same step's without gathering
+  // (all parameters present, one reduction at the end), on the same parameters; -1
+  // where not run.
   double unit_grad_diff = -1;
   std::string peak_phase;
   std::string peak_op;

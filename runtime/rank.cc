@@ -61,7 +61,7 @@ struct CountedStep {
   int64_t resident_bytes = 0;  // what exists before it
   int64_t peak_bytes = 0;      // resident_bytes + the step's largest live bytes
   PeakPoint peak;              // where; its bytes are the step's own
-  double unit_grad_diff = -1;  // ZeRO-3 (RankVariantMeasurement::unit_grad_diff)
+  double unit_grad_diff = -1;  // ZeRO-3, FSDP2 (RankVariantMeasurement::unit_grad_diff)
 };
 
 // PipelineRun is how Rank::RunPipeline runs a schedule: the verified one records each
@@ -705,10 +705,11 @@ class Rank {
   // (DdpReducers: its Reducer's hooks reduce the .grads in each chunk's last backward);
   // the tied embedding's gradients all-reduced in place between the first and last
   // stage; with FSDP2 (Fsdp2Units) each unit unsharded around its forward and backward
-  // and its gradients reduce-scattered after its backward; with ZeRO the gradients copied into the bucket and all-reduced (ZeRO 1) or
-  // reduce-scattered (ZeRO 2) and divided by dp x micro-batches (the mean, which the
-  // verified schedule takes by scaling each loss instead); the .grads freed; the
-  // optimizer's step; the updated shards all-gathered.
+  // and its gradients reduce-scattered after its backward; with ZeRO the gradients
+  // copied into the bucket and all-reduced (ZeRO 1) or reduce-scattered (ZeRO 2) and
+  // divided by dp x micro-batches (the mean, which the verified schedule takes by
+  // scaling each loss instead); the .grads freed; the optimizer's step; the updated
+  // shards all-gathered.
   // Before it: the parameters (the padded flat buffer with ZeRO), the optimizer's state
   // and the micro-batches.
   CountedStep MeasureStep(const Variant& variant) {

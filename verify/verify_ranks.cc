@@ -151,9 +151,10 @@ absl::StatusOr<RanksVerifyReport> VerifyRanks(const ModelConfig& config,
       }
       if (v.unit_grad_diff != -1 && !(v.unit_grad_diff <= grad_tolerance)) {
         report.failures.push_back(absl::StrFormat(
-            "%s: ZeRO-3's unit-by-unit gradients of %s differ from the step's without "
+            "%s: %s's unit-by-unit gradients of %s differ from the step's without "
             "gathering by %g > tolerance %g",
-            RankName(m.position), v.variant.Name(), v.unit_grad_diff, grad_tolerance));
+            RankName(m.position), parallel.fsdp.enabled ? "FSDP2" : "ZeRO-3",
+            v.variant.Name(), v.unit_grad_diff, grad_tolerance));
       }
     }
     if (!(m.max_param_diff <= grad_tolerance)) {
