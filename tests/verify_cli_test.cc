@@ -79,24 +79,26 @@ TEST(VerifyCliTest, WitnessAddsTheRealStacksColumn) {
 // On --dp ranks --witness=transformers runs the real stack on as many Gloo ranks
 // (verify/witness_ranks.py: torch's DDP, or FSDP2's fully_shard) and shows a column per
 // rank. The issue's Llama (tests/issue_llama.py, as tests/testdata/issue_llama.config.json):
-// FSDP2, which the LibTorch ranks do not run, is checked against the real stack alone,
-// 2,419,740 B a rank as tests/fsdp2_witness_test.py measures it; DDP against both, 3,503,004
-// B (tests/ddp_witness_test.py).
+// FSDP2 against the real stack and memledger's LibTorch ranks (runtime/fsdp2_units.h),
+// 2,419,740 B a rank as tests/fsdp2_witness_test.py measures it; DDP against both,
+// 3,503,004 B (tests/ddp_witness_test.py); FSDP2's MixedPrecisionPolicy, which the
+// LibTorch ranks do not run, against the real stack alone, 1,904,796 B.
 TEST(VerifyCliTest, WitnessOnRanksIsAColumnPerRank) {
   const std::string run =
       "--model=tests/testdata/issue_llama.config.json --batch=2 --seq=32 --dp=2 "
       "--variants=none --optimizer_impl=for_loop --skip_timing --witness=transformers "
       "--witness_python=external/reference_stack/python";
   for (const auto& [flags, peak, measured] :
-       {std::tuple{" --fsdp", int64_t{2419740}, false},
-        std::tuple{"", int64_t{3503004}, true}}) {
+       {std::tuple{" --fsdp", int64_t{2419740}, true}, std::tuple{"", int64_t{3503004}, true},
+        std::tuple{" --fsdp --mp_param_dtype=bf16 --mp_reduce_dtype=fp32", int64_t{1904796},
+                   false}}) {
     CommandResult r = Verify(run + flags, /*merge_stderr=*/false);
     ASSERT_EQ(r.exit_code, 0) << flags << r.output;
     rapidjson::Document doc;
     doc.Parse(r.output.c_str());
     ASSERT_FALSE(doc.HasParseError()) << r.output;
     EXPECT_TRUE(doc["passed"].GetBool()) << r.output;
-    EXPECT_EQ(doc["ranks_measured"].GetBool(), measured);
+    EXPECT_EQ(doc["ranks_measured"].GetBool(), measured) << flags;
     bool found = false;
     for (const rapidjson::Value& row : doc["witness"]["buckets"].GetArray()) {
       if (std::string(row["bucket"].GetString()) != "peak_bytes.none") continue;

@@ -127,7 +127,8 @@ absl::StatusOr<std::optional<memledger::WitnessCommand>> WitnessFromFlags(const 
 // VerifyOnRanks: --dp, --tp, --pp. verify starts the rank processes as itself plus
 // --rank_worker; that flag makes this process one of them. With --witness=transformers
 // the real stack runs on as many Gloo ranks too (torch's DDP or FSDP2), a column per
-// rank; FSDP2, which the LibTorch ranks do not run, is checked against it alone.
+// rank; FSDP2's MixedPrecisionPolicy, which the LibTorch ranks do not run, is checked
+// against it alone.
 int VerifyOnRanks(const memledger::RunSpec& spec, int argc, char** argv) {
   memledger::runtime::DistributedRequest request;
   request.attention = spec.attention;

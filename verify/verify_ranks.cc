@@ -410,8 +410,9 @@ std::string RanksVerifyTable(const RanksVerifyReport& r) {
   }
   if (!r.measured) {
     absl::StrAppend(&out,
-                    "\nthe LibTorch ranks do not run FSDP2: the prediction is checked against "
-                    "the real stack only\n");
+                    "\nthe LibTorch ranks do not run this layout (FSDP2's "
+                    "MixedPrecisionPolicy): the prediction is checked against the real stack "
+                    "only\n");
   }
   if (!r.witness.empty()) {
     absl::StrAppendFormat(&out, "\n%s\n%-28s %16s", WitnessSource(r), "bucket", "predicted");

@@ -61,7 +61,8 @@ struct RanksVerifyReport {
 };
 
 // PredictedRanksReport is a report of the prediction alone, for a layout the LibTorch
-// ranks do not run (FSDP2), which AddRanksWitness checks against the real stack.
+// ranks do not run (FSDP2's MixedPrecisionPolicy), which AddRanksWitness checks against
+// the real stack.
 absl::StatusOr<RanksVerifyReport> PredictedRanksReport(const ModelConfig& config,
                                                        const ParallelSpec& parallel,
                                                        const runtime::DistributedRequest& request);
