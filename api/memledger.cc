@@ -209,6 +209,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "optimizer") status = string(&request.optimizer);
     else if (name == "optimizer_impl") status = string(&request.optimizer_impl);
     else if (name == "checkpoint_impl") status = string(&request.checkpoint_impl);
+    else if (name == "freeze") status = string(&request.freeze);
     else if (name == "experts_impl") status = string(&request.experts_impl);
     else if (name == "routing") status = string(&request.routing);
     else if (name == "momentum") status = NumberKey(name, value, &request.momentum);

@@ -9,7 +9,7 @@
  * "llama-3-8b", a config.json path, or a config.json's object itself), "layers", "width", "heads", "kv_heads",
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
  * "virtual_stages", "micro_batches", "zero", "ep" (integers), "variants", "policy",
- * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl",
+ * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl", "freeze",
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend", "mp_param_dtype",
  * "mp_reduce_dtype", "offload" (strings),
  * "momentum", "cuda_context_mib", "ddp_bucket_mb" (numbers), "master_weights", "sp",

@@ -37,7 +37,7 @@ NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib"
            "flops_per_second"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
-           "optimizer_impl", "checkpoint_impl", "schedule", "format", "experts_impl",
+           "optimizer_impl", "checkpoint_impl", "freeze", "schedule", "format", "experts_impl",
            "routing", "gpu", "device", "sdpa_backend", "sweep", "plan"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
 # (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
@@ -68,6 +68,7 @@ GROUPS = [
     ("input", ["batch", "seq", "sweep (predict)", "routing", "global_batch (search)"]),
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
+    ("fine-tuning", ["freeze"]),
     ("checkpointing", ["variants", "plan", "every", "policy", "checkpoint_impl", "budget_gib",
                        "frontier_points (plan)", "flops_per_second (plan)",
                        "planned_layouts (search)"]),

@@ -321,6 +321,7 @@ ForwardResult ForwardStage(const ModelImpl& model, const StageRange& stage,
   };
   // The forward, loss included, under autocast when the model trains with it.
   ScopedAutocast autocast(AutocastDtype(model.amp));
+  model.hook_input_embeddings = variant.CheckpointsAnyLayer();
   ModelStart start;
   if (stage.prologue) {
     begin(ParameterUnits::kPrologue, at::Tensor());

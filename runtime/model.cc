@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "runtime/attention.h"
+#include "estimator/graph/block_graph.h"
 #include "estimator/graph/family.h"
 #include "runtime/family.h"
 #include "runtime/last_use.h"
@@ -68,6 +69,18 @@ ModelAndInput BuildModel(const ModelConfig& config, int64_t seed) {
   built.input = FamilyOf(config.family).decoder
                     ? at::randint(config.vocab, {config.batch, config.seq}, at::kLong)
                     : at::randn({config.batch, config.seq, config.width});
+  // --freeze: requires_grad_(False) on the parameters the estimator's graphs freeze, as
+  // named_parameters() names them.
+  if (config.freeze.any()) {
+    const auto named = built.model->named_parameters();
+    for (const std::string& name :
+         FrozenParameterNames(*ModelGraphsFor(config, AttentionMode::kMath))) {
+      const at::Tensor* parameter = named.find(name);
+      TORCH_CHECK(parameter != nullptr, "--freeze: the runtime's model has no parameter ",
+                  name);
+      parameter->requires_grad_(false);
+    }
+  }
   built.model->amp = config.amp;
   built.model->checkpoint_impl = config.checkpoint_impl;
   built.model->use_cache = config.KeepsKvCache();

@@ -123,6 +123,26 @@ class ModelImpl : public torch::nn::Module {
   }
   // Prologue maps the model input to the first hidden states and the layers' extras.
   virtual ModelStart Prologue(const at::Tensor& input) const = 0;
+  // InputEmbeddings is what a prologue calls on its input embeddings' output
+  // (get_input_embeddings()'s): enable_input_require_grads' forward hook, which
+  // transformers' activation_checkpointing_enable registers (modeling_utils.py:3180-3189,
+  // 2143-2144), while hook_input_embeddings is set (ForwardStage, for a variant that
+  // checkpoints): output.requires_grad_(True), which makes the output of frozen
+  // embeddings a leaf that requires grad (the estimator's Freeze).
+  at::Tensor InputEmbeddings(at::Tensor output) const {
+    if (hook_input_embeddings && !output.requires_grad()) output.requires_grad_(true);
+    return output;
+  }
+  mutable bool hook_input_embeddings = false;
+  // TrainableParameters: parameters() less the frozen ones (requires_grad false), which
+  // get no .grad and which torch.optim does not step.
+  std::vector<at::Tensor> TrainableParameters() const {
+    std::vector<at::Tensor> trainable;
+    for (const at::Tensor& p : parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    return trainable;
+  }
   // Epilogue maps the last hidden states (and the model input, for labels) to the loss.
   // Where the decoder model's forward (LlamaModel, GPT2Model) returns, after its final
   // norm, it drops `hidden` (rebound to the norm's output there) and calls

@@ -50,7 +50,7 @@ constexpr uint64_t kVariantSeed = 0;
 VariantRun RunVariant(const ModelImpl& model, const at::Tensor& input, AttentionMode mode,
                       const Variant& variant,
                       const std::unordered_set<const void*>& parameter_storages) {
-  const std::vector<at::Tensor> parameters = model.parameters();
+  const std::vector<at::Tensor> parameters = model.TrainableParameters();
   ZeroGrads(parameters);
   SavedTensorRecorder recorder(parameter_storages);
   ForwardResult forward;
@@ -118,7 +118,7 @@ double Median(std::vector<double> values) {
 // repetitions of one iteration each, after one untimed warm-up.
 double TimeVariant(const ModelImpl& model, const at::Tensor& input, AttentionMode mode,
                    const Variant& variant, int repetitions) {
-  const std::vector<at::Tensor> parameters = model.parameters();
+  const std::vector<at::Tensor> parameters = model.TrainableParameters();
   auto step = [&]() {
     ZeroGrads(parameters);
     ForwardWithVariant(model, input, mode, variant).loss.backward();
@@ -255,13 +255,15 @@ absl::StatusOr<Measurement> MeasureOrThrow(const ModelConfig& config,
 
   // Gradient and optimizer-state bytes from one real optimizer step on the reference
   // gradients. It comes last (the study steps first) so that no extra forward+backward
-  // is needed and every variant runs on the same parameters as the reference.
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    parameters[i].mutable_grad() = reference.grads[i];
-    m.grad_bytes += TensorBytes(parameters[i].grad());
+  // is needed and every variant runs on the same parameters as the reference. The frozen
+  // parameters have neither.
+  const std::vector<at::Tensor> trainable = model.TrainableParameters();
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    trainable[i].mutable_grad() = reference.grads[i];
+    m.grad_bytes += TensorBytes(trainable[i].grad());
   }
   m.optimizer = options.optimizer;
-  OptimizerRunner optimizer(options.optimizer, parameters);
+  OptimizerRunner optimizer(options.optimizer, trainable);
   optimizer.Step();
   const OptimizerStateBytes state = optimizer.StateBytes();
   m.optimizer_state_bytes = state.total;

@@ -46,13 +46,15 @@ KERNELS = (("flash", "bf16", "none"), ("flash", "fp16", "none"),
 VARIANTS = ("none", "full", "every_2", "selective")
 
 
-def run(model, backend, dtype, amp, variant, tmp, seq=16):
+def run(model, backend, dtype, amp, variant, tmp, seq=16, freeze=()):
     """(predicted, measured): each {"saved_bytes": N, "by_dtype": {...}}."""
     model_case, model_flags = real_stack_test.model_case_and_flags(model, tmp)
     case = {**witness.DEFAULTS, "batch": 2, "seq": seq, "variant": variant, "dtype": dtype,
-            "amp": amp, "device": "cuda", "sdpa_backend": backend, **model_case}
+            "amp": amp, "device": "cuda", "sdpa_backend": backend, "freeze": list(freeze),
+            **model_case}
     flags = ["--batch=2", f"--seq={seq}", f"--variants={variant}", f"--dtype={dtype}",
-             f"--amp={amp}", "--device=cuda", f"--sdpa_backend={backend}", *model_flags]
+             f"--amp={amp}", "--device=cuda", f"--sdpa_backend={backend}",
+             "--freeze=" + ",".join(freeze), *model_flags]
     measured = witness.measure(case)
     out = subprocess.run([PREDICT] + flags, capture_output=True, text=True)
     if out.returncode != 0:
@@ -92,6 +94,30 @@ class FakeCudaTest(unittest.TestCase):
                           flush=True)
         print(f"{count} cases")
         self.assertGreater(count + skipped, 200)
+        self.assertEqual(failures, [], "\n".join(failures))
+
+    def test_frozen_embeddings_and_head(self):
+        # --freeze on CUDA: the frozen LM head's matmul saves no input for its weight's
+        # gradient, and without checkpointing the first layer saves nothing for its
+        # input's; with checkpointing the hook's leaf requires grad (real_stack_test has
+        # the CPU's whole step).
+        failures, count = [], 0
+        for model, freeze in (("llama_gqa", ("embeddings", "lm_head")),
+                              ("gpt2_nodrop", ("embeddings",)), ("qwen3", ("lm_head",))):
+            for backend, dtype, amp in (("flash", "bf16", "none"), ("efficient", "fp32", "bf16")):
+                for variant in ("none", "full", "selective"):
+                    predicted, measured = run(model, backend, dtype, amp, variant, self.tmp,
+                                              freeze=freeze)
+                    unfrozen, _ = run(model, backend, dtype, amp, variant, self.tmp)
+                    count += 1
+                    name = f"{model}/{backend}/{dtype}/amp{amp}/{variant}/{'+'.join(freeze)}"
+                    if predicted != measured:
+                        failures.append(f"{name}: predicted {predicted}, measured {measured}")
+                    # The frozen head's input (B x T x d) is saved no more.
+                    if "lm_head" in freeze and not (
+                            predicted["saved_bytes"] < unfrozen["saved_bytes"]):
+                        failures.append(f"{name}: saves no less than unfrozen")
+        self.assertEqual(count, 18)
         self.assertEqual(failures, [], "\n".join(failures))
 
     def test_gemma3_and_its_sliding_window_mask(self):

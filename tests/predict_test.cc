@@ -323,6 +323,33 @@ TEST(PredictFamiliesTest, TinyLlamaByHand) {
   EXPECT_EQ(p.variants[0].held_after_forward_bytes, 5316612 - 8192);
 }
 
+TEST(PredictFamiliesTest, FrozenEmbeddingsAndHeadByHand) {
+  // tiny-llama as in TinyLlamaByHand (N = 1024 tokens, d = 32, V = 96), its embedding and
+  // LM head frozen: 2 x 96 x 32 = 6,144 parameters in 2 tensors without a gradient or
+  // AdamW's state (exp_avg, exp_avg_sq: 8 B a parameter; step: 4 B a tensor).
+  PredictOptions options;
+  options.variants = Variants("none,full");
+  ASSERT_OK_AND_ASSIGN(Prediction all, Predict(Preset("tiny-llama"), options));
+  ModelConfig frozen = Preset("tiny-llama");
+  frozen.freeze = {.embeddings = true, .lm_head = true};
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(frozen, options));
+  EXPECT_EQ(p.param_bytes, all.param_bytes);
+  EXPECT_EQ(p.n_trainable_params, all.n_params - 6144);
+  EXPECT_EQ(p.frozen_param_bytes, 6144 * 4);
+  EXPECT_EQ(p.grad_bytes, all.grad_bytes - 6144 * 4);
+  EXPECT_EQ(p.optimizer_state_bytes, all.optimizer_state_bytes - 6144 * 8 - 2 * 4);
+  // none: the embedding keeps no token ids (8,192 B), the head's matmul not its input h
+  // (32 x 4,096 = 131,072 B), and the first layer, whose input needs no gradient, neither
+  // its input nor its rsqrt (33 x 4,096 = 135,168 B): its norm's x * rsqrt has no node.
+  EXPECT_EQ(p.variants[0].saved_bytes, 5316612 - 8192 - 131072 - 135168);
+  EXPECT_EQ(p.variants[0].held_after_forward_bytes, p.variants[0].saved_bytes);
+  // full: the checkpoints' hook makes the embeddings' output a leaf that requires grad,
+  // which the first checkpoint saves as before: less only the ids and h. Held after the
+  // forward as TinyLlamaByHand's, the ids being saved by nobody now.
+  EXPECT_EQ(p.variants[1].saved_bytes, 1069060 - 8192 - 131072);
+  EXPECT_EQ(p.variants[1].held_after_forward_bytes, 1075588 - 131072);
+}
+
 TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   // tiny-gpt2: L=2, d=32, H=4, F=128, V=96, 128 positions; B=16, T=64: N = 1024.
   // Per layer and token: x 32, mean+rstd 2, ln_1 out 32 (c_attn addmm), c_attn out 96

@@ -207,6 +207,8 @@ def case_id(case):
         parts.append(f"seq{case['seq']}")
     if case["batch"] != 2:
         parts.append(f"batch{case['batch']}")
+    if case["freeze"]:
+        parts.append("freeze_" + "+".join(case["freeze"]))
     return "/".join(parts)
 
 
@@ -216,8 +218,11 @@ def run_case(case, tmp):
                "variant": case["variant"], "checkpoint_impl": case["checkpoint_impl"],
                "dtype": case["dtype"], "amp": case["amp"], "optimizer": case["optimizer"],
                "optimizer_impl": case["optimizer_impl"], "momentum": case["momentum"],
-               "mkldnn": case["mkldnn"], "same_token": case["same_token"]}
+               "mkldnn": case["mkldnn"], "same_token": case["same_token"],
+               "freeze": case["freeze"]}
     flags = []
+    if case["freeze"]:
+        flags.append("--freeze=" + ",".join(case["freeze"]))
     if case["experts_impl"]:
         # The eager experts' sizes are the step's routing: the witness reports it, and
         # predict reads it (--routing=PATH).
@@ -270,14 +275,14 @@ def mismatches(predicted, measured):
 
 def c(model, variant="none", checkpoint_impl="non_reentrant", dtype="fp32", amp="none",
       optimizer="adamw", optimizer_impl="for_loop", momentum=0.0, batch=2, seq=16,
-      mkldnn=None, experts_impl=None, same_token=False):
+      mkldnn=None, experts_impl=None, same_token=False, freeze=()):
     # Low precision runs with oneDNN off unless told (see KNOWN_GAPS).
     if mkldnn is None:
         mkldnn = dtype == "fp32" and amp == "none"
     return dict(model=model, variant=variant, checkpoint_impl=checkpoint_impl, dtype=dtype,
                 amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
                 momentum=momentum, batch=batch, seq=seq, mkldnn=mkldnn,
-                experts_impl=experts_impl, same_token=same_token)
+                experts_impl=experts_impl, same_token=same_token, freeze=tuple(freeze))
 
 
 # The covering set. Every family, variant, dtype and optimizer implementation appears;
@@ -409,6 +414,27 @@ CASES = [
     c("llama_all_bias", dtype="bf16", optimizer="sgd", seq=8),
     c("llama_all_bias", "selective", amp="bf16", optimizer="sgd", seq=8),
     c("qwen3_bias"), c("qwen3_bias", "full", amp="bf16"),
+    # Frozen embeddings and LM head (--freeze; requires_grad_(False) in the witness): no
+    # gradient nor optimizer state for them, and their matmuls save nothing for the
+    # weight's gradient. Without checkpointing the first layer's input needs no gradient;
+    # with it, activation_checkpointing_enable's enable_input_require_grads hook makes the
+    # embeddings' output a leaf that does, held with its .grad until the loss dies. A
+    # tied head freezes the embedding (qwen2_tied, and GPT-2's wte but not wpe); GPT-2's
+    # leaf is wte's output, before its position embeddings and dropout; Gemma 3's the
+    # scaled lookup. Each family, variant, implementation, dtype and autocast.
+    c("llama_gqa", freeze=["embeddings"]), c("llama_gqa", "full", freeze=["embeddings"]),
+    c("llama_gqa", freeze=["lm_head"]), c("llama_gqa", "selective", freeze=["lm_head"]),
+    c("llama_gqa", "every_2", "reentrant", freeze=["embeddings", "lm_head"]),
+    c("llama_gqa", "full", dtype="bf16", freeze=["embeddings", "lm_head"]),
+    c("llama_mha", amp="bf16", freeze=["embeddings", "lm_head"]),
+    c("qwen2_tied", "full", freeze=["lm_head"]), c("qwen3_tied", freeze=["embeddings"]),
+    c("qwen3", "selective", amp="bf16", freeze=["embeddings"]),
+    c("gpt2", freeze=["embeddings"]), c("gpt2", "full", freeze=["embeddings"]),
+    c("gpt2", "every_2", "reentrant", freeze=["lm_head"]),
+    c("gemma3", "selective", freeze=["embeddings"]), c("gemma3_window", freeze=["lm_head"]),
+    c("olmo3", "full", freeze=["embeddings", "lm_head"]),
+    c("qwen3_moe", "full", freeze=["embeddings"]), c("mixtral", freeze=["lm_head"]),
+    c("llama_forward", dtype="bf16", optimizer="sgd", seq=8, freeze=["embeddings"]),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -133,6 +133,22 @@ TEST(VerifyCliTest, Olmo3IsMeasuredAsPredicted) {
   }
 }
 
+// --freeze: the runtime freezes the parameters the estimator's graphs do and runs
+// enable_input_require_grads' hook under checkpointing, so each variant measures what
+// it predicts (against the real stack: real_stack_test's freeze cases).
+TEST(VerifyCliTest, FrozenEmbeddingsAndHeadAreMeasuredAsPredicted) {
+  for (const char* flags :
+       {"--model=tiny-llama --freeze=embeddings,lm_head", "--model=tiny-gpt2 --freeze=embeddings",
+        "--model=tiny-gemma3 --freeze=lm_head --dtype=bf16"}) {
+    CommandResult r = Verify(std::string(flags) +
+                             " --batch=2 --seq=8 --variants=none,full,selective --skip_timing "
+                             "--format=table");
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find("OK: every bucket measured == predicted"), std::string::npos)
+        << flags << "\n" << r.output;
+  }
+}
+
 TEST(VerifyCliTest, MegatronGptRunsWithItsDropoutAndFusedSoftmax) {
   // megatron-gpt's dropouts (each keeps a bool mask) and fused causal softmax (keeps its
   // output, no mask tensor), measured in one process against the Korthikanti-style walk.

@@ -157,6 +157,7 @@ class TransformersModel:
             config, attn_implementation=case.get("attn_implementation", "sdpa"),
             dtype=torch_dtype(case["dtype"]), **kwargs)
         self.model.train()
+        freeze(self.model, case.get("freeze", ()))
         if case.get("ep", 1) > 1:
             expert_parallel(self.model, config, case["ep"])
         if case.get("fsdp"):
@@ -208,6 +209,26 @@ class TransformersModel:
     def loss(self, counter):
         del counter  # transformers' checkpointing carries its own policy (set_variant)
         return self.forward(input_ids=self.ids, labels=self.ids).loss
+
+
+FREEZABLE = ("embeddings", "lm_head")
+
+
+def freeze(model, parts):
+    """requires_grad_(False) on `parts` of the model, as a fine-tuning script does:
+    "embeddings", every input embedding table (nn.Embedding: GPT-2's wte and wpe, the
+    others' embed_tokens), and "lm_head", the output embeddings' weight. A tied head is
+    the embedding's own Parameter, so freezing either freezes both."""
+    torch = _torch()
+    for part in parts:
+        if part == "embeddings":
+            tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        elif part == "lm_head":
+            tables = [model.get_output_embeddings()]
+        else:
+            raise UsageError(f"--freeze {part!r}: expected one of {', '.join(FREEZABLE)}")
+        for table in tables:
+            table.weight.requires_grad_(False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -713,6 +734,8 @@ def parse_case(argv):
     precision = parser.add_argument_group("precision")
     precision.add_argument("--dtype", default="fp32", choices=DTYPES)
     precision.add_argument("--amp", default="none", choices=("none", "bf16", "fp16"))
+    model.add_argument("--freeze", default="", help="comma-separated parts whose "
+                       "parameters do not train: " + ", ".join(FREEZABLE))
     ckpt = parser.add_argument_group("checkpointing")
     ckpt.add_argument("--variant", default="none", help="none, full, every_<k>, selective")
     ckpt.add_argument("--policy", default="matmul",
@@ -738,6 +761,7 @@ def parse_case(argv):
     if args.cases:
         return None, args.cases
     case = {k: v for k, v in vars(args).items() if k not in ("cases", "config")}
+    case["freeze"] = [part for part in args.freeze.split(",") if part]
     if args.config:
         case["config"] = read_config(args.config)
     elif not args.study:

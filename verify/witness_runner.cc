@@ -55,6 +55,13 @@ std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
   text("amp", std::string(AmpName(config.amp)));
   text("variant", variant.Name());
   text("checkpoint_impl", std::string(CheckpointImplName(config.checkpoint_impl)));
+  if (config.freeze.any()) {  // witness.py's freeze(): the parts' names
+    rapidjson::Value parts(rapidjson::kArrayType);
+    for (absl::string_view part : absl::StrSplit(FreezeName(config.freeze), ',')) {
+      parts.PushBack(rapidjson::Value(part.data(), static_cast<rapidjson::SizeType>(part.size()), a), a);
+    }
+    doc.AddMember("freeze", parts, a);
+  }
   text("policy", SavePolicyName(variant.policy));
   text("optimizer", std::string(OptimizerName(optimizer.kind)));
   text("optimizer_impl", std::string(OptimizerImplName(optimizer.impl)));

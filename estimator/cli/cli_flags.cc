@@ -93,6 +93,12 @@ ABSL_FLAG(std::string, checkpoint_impl, "non_reentrant",
           "torch.utils.checkpoint's implementation (use_reentrant): non_reentrant, the "
           "default of torch and transformers 5.23, or reentrant, whose checkpoints hold "
           "their RNG state and call arguments until the loss dies.");
+ABSL_FLAG(std::string, freeze, "",
+          "Parameters that do not train (requires_grad_(False)), comma-separated: "
+          "embeddings (every input embedding table: embed_tokens, GPT-2's wte and wpe) "
+          "and lm_head. They keep no gradient and no optimizer state, and their matmuls "
+          "save nothing for the weight's gradient. A tied head is the embedding itself. "
+          "Empty or none: everything trains.");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,
@@ -196,6 +202,7 @@ RunRequest RunRequestFromFlags() {
   request.optimizer_impl = absl::GetFlag(FLAGS_optimizer_impl);
   request.momentum = absl::GetFlag(FLAGS_momentum);
   request.checkpoint_impl = absl::GetFlag(FLAGS_checkpoint_impl);
+  request.freeze = absl::GetFlag(FLAGS_freeze);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);
   request.sp = absl::GetFlag(FLAGS_sp);
@@ -285,6 +292,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"seed", "input"},           {"dtype", "precision"},      {"amp", "precision"},
     {"master_weights", "precision"}, {"optimizer", "optimizer"},
     {"optimizer_impl", "optimizer"}, {"momentum", "optimizer"},
+    {"freeze", "fine-tuning"},
     {"variants", "checkpointing"},   {"every", "checkpointing"},
     {"policy", "checkpointing"},     {"checkpoint_impl", "checkpointing"},
     {"plan", "checkpointing"},       {"budget_gib", "checkpointing"},

@@ -36,6 +36,7 @@ ABSL_DECLARE_FLAG(std::string, optimizer);
 ABSL_DECLARE_FLAG(std::string, optimizer_impl);
 ABSL_DECLARE_FLAG(double, momentum);
 ABSL_DECLARE_FLAG(std::string, checkpoint_impl);
+ABSL_DECLARE_FLAG(std::string, freeze);
 ABSL_DECLARE_FLAG(bool, master_weights);
 ABSL_DECLARE_FLAG(int64_t, tp);
 ABSL_DECLARE_FLAG(bool, sp);

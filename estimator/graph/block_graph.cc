@@ -1,5 +1,6 @@
 #include "estimator/graph/block_graph.h"
 
+#include <algorithm>
 #include <array>
 #include <compare>
 #include <initializer_list>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "estimator/graph/family.h"
 #include "estimator/graph/sdpa_kernel.h"
@@ -39,8 +41,88 @@ const char* ModelTensorName(ModelTensor id) {
   return "?";
 }
 
+namespace {
+
+// FreezeByName freezes `graph`'s parameters named `name`.
+void FreezeByName(BlockGraph& graph, const std::string& name) {
+  for (TensorDef& tensor : graph.tensors) {
+    if (tensor.is_parameter && tensor.name == name) tensor.frozen = true;
+  }
+}
+
+// FreezeParameters marks what `freeze` names as frozen: the embeddings are every
+// parameter of the prologue, the LM head's weight the parameter the head's "lm_head"
+// call reads (its ops "lm_head", "lm_head.weight_t", an autocast's "lm_head.weight").
+// A tied weight is one Parameter in both segments: frozen in both.
+void FreezeParameters(const Freeze& freeze, ModelGraphs& graphs) {
+  std::vector<std::string> names;
+  if (freeze.embeddings && graphs.prologue.has_value()) {
+    for (const TensorDef& tensor : graphs.prologue->tensors) {
+      if (tensor.is_parameter) names.push_back(tensor.name);
+    }
+  }
+  if (freeze.lm_head) {
+    for (const OpDef& op : graphs.epilogue.ops) {
+      if (op.name != "lm_head" && !absl::StartsWith(op.name, "lm_head.")) continue;
+      for (int input : op.inputs) {
+        if (graphs.epilogue.tensors[input].is_parameter) {
+          names.push_back(graphs.epilogue.tensors[input].name);
+        }
+      }
+    }
+  }
+  for (const std::string& name : names) {
+    if (graphs.prologue.has_value()) FreezeByName(*graphs.prologue, name);
+    FreezeByName(graphs.epilogue, name);
+  }
+}
+
+}  // namespace
+
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
-  return FamilyOf(config.family).graphs(config, mode);
+  ModelGraphs graphs = FamilyOf(config.family).graphs(config, mode);
+  FreezeParameters(config.freeze, graphs);
+  if (graphs.prologue.has_value()) {
+    const std::vector<bool> grad = graphs.prologue->RequiresGrad();
+    graphs.prologue_output_requires_grad = grad[graphs.prologue->output];
+    const int embeddings = graphs.prologue->input_embeddings;
+    graphs.input_embeddings_leaf = embeddings >= 0 && !grad[embeddings];
+  }
+  return graphs;
+}
+
+std::vector<std::string> FrozenParameterNames(const ModelGraphs& graphs) {
+  std::vector<std::string> names;
+  auto add = [&](const BlockGraph& graph) {
+    for (const TensorDef& tensor : graph.tensors) {
+      if (tensor.frozen && std::find(names.begin(), names.end(), tensor.name) == names.end()) {
+        names.push_back(tensor.name);
+      }
+    }
+  };
+  if (graphs.prologue.has_value()) add(*graphs.prologue);
+  for (const BlockGraph& kind : graphs.layer_kinds) add(kind);
+  add(graphs.epilogue);
+  return names;
+}
+
+std::vector<bool> BlockGraph::RequiresGrad() const {
+  std::vector<bool> grad(tensors.size(), false);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    grad[t] = tensors[t].is_parameter && !tensors[t].frozen;
+  }
+  for (const OpDef& op : ops) {
+    bool any = false;
+    for (int i : RuleTable::Pinned().Of(op.type).differentiable_inputs) {
+      any = any || grad[op.inputs[i]];
+    }
+    for (int out : op.outputs) {
+      const DType dtype = tensors[out].dtype;
+      grad[out] = any && dtype != DType::kInt64 && dtype != DType::kInt32 &&
+                      dtype != DType::kBool;
+    }
+  }
+  return grad;
 }
 
 // Elements is a parameter's, buffer's or global's element count for `symbols`.
@@ -92,10 +174,15 @@ int64_t ModelGraphs::FirstOfKind(int kind) const {
 ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& config,
                                 const StageRange& stage) {
   ParameterCensus census;
+  const SymbolValues symbols(config);
   auto add = [&](const BlockGraph& graph, int64_t copies, bool tied) {
     census.elements += CheckedInt64(copies) * ParameterCount(graph, config, tied);
     for (const TensorDef& tensor : graph.tensors) {
-      if (tensor.is_parameter && tensor.is_tied == tied) census.tensors += copies;
+      if (!tensor.is_parameter || tensor.is_tied != tied) continue;
+      census.tensors += copies;
+      if (tensor.frozen) continue;
+      census.trainable_tensors += copies;
+      census.trainable_elements += CheckedInt64(copies) * Elements(tensor, symbols);
     }
   };
   for (size_t kind = 0; kind < graphs.layer_kinds.size(); ++kind) {
@@ -165,6 +252,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     // The eager experts' sizes: every sparse layer's tokens per expert.
     std::vector<std::vector<int64_t>> expert_loads;
     bool sliding_masked;
+    Freeze freeze;
     Device device;
     // The kernels SDPA runs for an unmasked and a masked call (-1: none can).
     std::array<int, 2> sdpa_kernels;
@@ -192,6 +280,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.shard.ep,
                      ExpertLoads(config),
                      config.SlidingWindowMasked(),
+                     config.freeze,
                      config.device,
                      {SdpaKernelKey(config, mode, false), SdpaKernelKey(config, mode, true)}};
   // The graphs this thread asked for last, found without the lock: a batch of

@@ -51,6 +51,9 @@ struct TensorDef {
   std::string name;  // "ln1.out", "qkv.weight"
   DType dtype = DType::kFloat32;
   bool is_parameter = false;
+  // frozen: a parameter that does not train (ModelConfig::freeze): it requires no grad,
+  // so it gets no gradient and no optimizer state.
+  bool frozen = false;
   // global: which model-level storage it is (kNone: none), made before the segments run
   // and shared by them; never requires grad, and counts once for the whole model however
   // many segments keep it.
@@ -131,6 +134,10 @@ struct BlockGraph {
   // inputs_embeds (the first layer's input, modeling_llama.py:370-388), GPT2Model's
   // inputs_embeds and position_embeds.
   std::vector<int> decoder_locals;
+  // input_embeddings: in a prologue, the tensor the model's input embeddings module
+  // (get_input_embeddings()) returns, which enable_input_require_grads' hook marks as
+  // requiring grad (WalkOptions::input_embeddings_hooked); -1: none.
+  int input_embeddings = -1;
   // returns: in a graph of the model's own tensors (ModelGraphs::tensors_before_prologue,
   // tensors_after_prologue), the tensors it hands the decoder model, by model-level id:
   // they outlive the graph (the decoder holds them to its return), and the segments read
@@ -139,6 +146,11 @@ struct BlockGraph {
   // walk_memo: what walks of this graph kept (estimator/graph/walk_memo.h); ModelGraphsFor
   // sets it on the graphs it caches, which never change after. Null: no memo.
   std::shared_ptr<WalkMemo> walk_memo;
+  // RequiresGrad: which tensors require grad in a forward with grad, the graph's input
+  // not (a prologue's case): a parameter that trains, and what an op makes from a
+  // differentiable input that requires grad (RuleTable::Pinned()), integers and bools
+  // never.
+  std::vector<bool> RequiresGrad() const;
   // Parameters returns the parameter tensors in that order.
   std::vector<int> Parameters() const;
   // ForEachParameter calls f(tensor) for each parameter, in that order, copying nothing
@@ -174,6 +186,22 @@ struct ModelGraphs {
   BlockGraph tensors_before_prologue;
   BlockGraph tensors_after_prologue;
 
+  // prologue_output_requires_grad: the prologue's output requires grad (an embedding
+  // trains); input_embeddings_leaf: what the input embeddings return does not (their
+  // weights are frozen), so enable_input_require_grads' hook makes it a leaf that does.
+  // Set by BuildModelGraphs.
+  bool prologue_output_requires_grad = false;
+  bool input_embeddings_leaf = false;
+  // FirstInputRequiresGrad: whether the first layer's input requires grad. The study's
+  // is the model input: no. The families' is the embeddings' output: yes while an
+  // embedding trains; with the embeddings frozen only under checkpointing
+  // (`checkpointing`), whose hook makes it a leaf that does (Freeze,
+  // WalkOptions::input_embeddings_hooked).
+  bool FirstInputRequiresGrad(bool checkpointing) const {
+    return prologue_output_requires_grad || (checkpointing && input_embeddings_leaf);
+  }
+  // HookedPrologueDiffers: the hook changes the prologue's walk.
+  bool HookedPrologueDiffers() const { return input_embeddings_leaf; }
   int KindOf(int64_t layer) const {
     return pattern[static_cast<size_t>(layer % static_cast<int64_t>(pattern.size()))];
   }
@@ -185,6 +213,10 @@ struct ModelGraphs {
   // FirstOfKind is the first layer of `kind`.
   int64_t FirstOfKind(int kind) const;
 };
+
+// FrozenParameterNames: the names of the frozen parameters (TensorDef::frozen), each once,
+// as the runtime's named_parameters() names them.
+std::vector<std::string> FrozenParameterNames(const ModelGraphs& graphs);
 
 // BuildModelGraphs returns the graphs of `config.family` with `mode` attention, as the
 // family's PyTorch code runs them (docs/DESIGN.md, "Model families").
@@ -200,10 +232,13 @@ CheckedInt64 ParameterCount(const BlockGraph& graph, const ModelConfig& config,
                             bool tied = false);
 
 // ParameterCensus is a stage's parameters: their elements, and how many tensors they are
-// (torch.optim keeps per-tensor state: Adam's `step`).
+// (torch.optim keeps per-tensor state: Adam's `step`); of them, those that train (not
+// TensorDef::frozen), which alone have gradients and optimizer state.
 struct ParameterCensus {
   CheckedInt64 elements = 0;
   int64_t tensors = 0;
+  CheckedInt64 trainable_elements = 0;
+  int64_t trainable_tensors = 0;
 };
 
 // BufferBytes sums the model's buffers (TensorDef::is_buffer), which every rank's model

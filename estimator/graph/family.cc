@@ -130,6 +130,19 @@ absl::Status ValidateConfig(const ModelConfig& config) {
         "use_cache (transformers' DynamicCache) is for the decoder families, not the ",
         family.name, " family"));
   }
+  if (config.freeze.any()) {
+    // Frozen parameters are modelled for one process's transformers model (Freeze).
+    if (!family.decoder || config.megatron) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--freeze ", FreezeName(config.freeze), " needs a transformers model (", 
+          FamilyNames(&FamilyDef::decoder), "), not the ", family.name, " family",
+          config.megatron ? "'s Megatron model" : ""));
+    }
+    if (config.shard.tp > 1 || config.shard.sp || config.shard.ep > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--freeze is modelled on one process: not with --tp, --sp or --ep yet"));
+    }
+  }
   if (config.megatron && !family.megatron) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Megatron's ops (dropout, fused softmax) are modelled for the ",

@@ -644,6 +644,10 @@ class GraphBuilder {
 
   // VocabEmbedding is the token embedding: an embedding, or with tensor parallelism
   // Megatron's vocabulary-parallel one over this rank's V / tp rows.
+  // InputEmbeddings marks what the input embeddings module returns
+  // (BlockGraph::input_embeddings).
+  void InputEmbeddings(int tensor) { graph_.input_embeddings = tensor; }
+
   int VocabEmbedding(const std::string& name, int weight, int input_ids) {
     if (!tp_) return Op1(OpType::kEmbedding, name, {weight, input_ids});
     std::vector<int> outputs = Op(OpType::kVocabParallelEmbedding, name, {weight, input_ids},

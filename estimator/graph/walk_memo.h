@@ -36,6 +36,7 @@ class WalkMemo {
   struct Options {
     bool checkpointed = false;
     bool input_requires_grad = true;
+    bool input_embeddings_hooked = false;
     bool recompute_core_attention = false;
     bool non_reentrant = false;
     SavePolicy policy;

@@ -24,7 +24,8 @@ namespace {
 
 // BlockWalks memoizes the layer walks of one Predict call: a layer's walk depends only
 // on its kind (its graph), whether it is checkpointed (and with which policy) and whether
-// it is the first.
+// its input requires grad (every layer's but the first's may not:
+// ModelGraphs::FirstInputRequiresGrad).
 class BlockWalks {
  public:
   BlockWalks(const ModelGraphs& graphs, const ValidConfig& config, bool breakdown,
@@ -37,13 +38,11 @@ class BlockWalks {
   // Get walks a layer of `kind`; `core`: Megatron's selective recompute of the core
   // attention (for a layer that is not checkpointed).
   absl::StatusOr<const BlockWalk*> Get(int kind, bool checkpointed, const SavePolicy& policy,
-                                       bool first, bool core = false) {
+                                       bool input_requires_grad, bool core = false) {
     core = core && !checkpointed;
-    // A decoder's first layer reads the embedding's output, which requires grad, as every
-    // later layer's input does: its walk is theirs.
-    first = first && !FamilyOf(config_->family).decoder;
     for (Entry& entry : entries_) {
-      if (entry.kind == kind && entry.checkpointed == checkpointed && entry.first == first &&
+      if (entry.kind == kind && entry.checkpointed == checkpointed &&
+          entry.input_requires_grad == input_requires_grad &&
           entry.core == core && (!checkpointed || entry.policy == policy)) {
         return &entry.walk;
       }
@@ -51,15 +50,15 @@ class BlockWalks {
     WalkOptions options;
     options.checkpointed = checkpointed;
     options.recompute_core_attention = core;
-    // The study's first block reads the model input, which does not require grad.
-    options.input_requires_grad = !first;
+    options.input_requires_grad = input_requires_grad;
     options.policy = policy;
     options.record_storages = breakdown_;
     options.rules = rules_;
     const BlockGraph& graph = graphs_.layer_kinds[kind];
     absl::StatusOr<BlockWalk> walk = WalkBlock(graph, config_, options, LayoutsOf(kind).get());
     if (!walk.ok()) return walk.status();
-    entries_.push_back(Entry{kind, checkpointed, first, core, policy, *std::move(walk)});
+    entries_.push_back(
+        Entry{kind, checkpointed, input_requires_grad, core, policy, *std::move(walk)});
     return &entries_.back().walk;
   }
 
@@ -78,7 +77,7 @@ class BlockWalks {
   struct Entry {
     int kind;
     bool checkpointed;
-    bool first;
+    bool input_requires_grad;
     bool core;
     SavePolicy policy;
     BlockWalk walk;
@@ -96,8 +95,14 @@ class BlockWalks {
 };
 
 // Segments are the prologue and epilogue walks of one Predict call, and their layouts.
+// hooked_prologue: the prologue's walk under enable_input_require_grads' hook, which the
+// variants that checkpoint have; made only where it differs (the embeddings frozen).
 struct Segments {
-  std::optional<BlockWalk> prologue;
+  std::optional<BlockWalk> prologue, hooked_prologue;
+  // Prologue: the prologue's walk for a variant that checkpoints (`checkpointing`) or not.
+  const std::optional<BlockWalk>& Prologue(bool checkpointing) const {
+    return checkpointing && hooked_prologue.has_value() ? hooked_prologue : prologue;
+  }
   BlockWalk epilogue;
   std::shared_ptr<const BlockLayouts> prologue_layouts, epilogue_layouts;
 };
@@ -176,7 +181,7 @@ struct LayerCensus {
   struct Kind {
     const BlockWalk* walk = nullptr;
     bool checkpointed = false;
-    bool first = false;
+    bool input_requires_grad = true;
     int64_t count = 0;
     int layer_kind = 0;  // into ModelGraphs::layer_kinds
   };
@@ -206,13 +211,16 @@ absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t lo, i
   const int64_t k = variant.kind == VariantKind::kEveryK ? variant.every : 1;
   const int64_t m = std::lcm(k, graphs.Period());
   const SavePolicy policy = variant.PolicyAt(0);
+  const bool first_input_grad = graphs.FirstInputRequiresGrad(variant.CheckpointsAnyLayer());
   auto walk_of = [&](int64_t i, bool first) {
-    return walks.Get(graphs.KindOf(i), checkpoints && i % k == 0, policy, first, core);
+    return walks.Get(graphs.KindOf(i), checkpoints && i % k == 0, policy,
+                     !first || first_input_grad, core);
   };
   absl::StatusOr<const BlockWalk*> first = walk_of(lo, /*first=*/lo == 0);
   if (!first.ok()) return first.status();
   LayerCensus census;
-  census.kinds.push_back({*first, checkpoints && lo % k == 0, lo == 0, 1, graphs.KindOf(lo)});
+  census.kinds.push_back({*first, checkpoints && lo % k == 0, lo != 0 || first_input_grad, 1,
+                          graphs.KindOf(lo)});
   const int64_t hi = lo + n - 1;  // the last layer
   census.last = *first;
   // One period of layers after the first (fewer when the stage is shorter): each stands
@@ -224,7 +232,7 @@ absl::StatusOr<LayerCensus> PeriodicCensus(const Variant& variant, int64_t lo, i
     auto kind = std::find_if(census.kinds.begin() + 1, census.kinds.end(),
                              [&](const LayerCensus::Kind& c) { return c.walk == *walk; });
     if (kind == census.kinds.end()) {
-      census.kinds.push_back({*walk, checkpoints && i % k == 0, false, count, graphs.KindOf(i)});
+      census.kinds.push_back({*walk, checkpoints && i % k == 0, true, count, graphs.KindOf(i)});
     } else {
       kind->count += count;
     }
@@ -251,15 +259,19 @@ absl::StatusOr<LayerCensus> PlanCensus(const Variant& variant, int64_t lo, int64
                                        BlockWalks& walks) {
   LayerCensus census;
   const BlockWalk* previous = nullptr;
+  const bool first_input_grad =
+      walks.graphs().FirstInputRequiresGrad(variant.CheckpointsAnyLayer());
   for (int64_t i = lo; i < lo + n; ++i) {
     const LayerChoice choice = variant.At(i);
-    absl::StatusOr<const BlockWalk*> walk =
-        walks.Get(walks.graphs().KindOf(i), choice.checkpointed, choice.policy, i == 0);
+    const bool input_requires_grad = i != 0 || first_input_grad;
+    absl::StatusOr<const BlockWalk*> walk = walks.Get(
+        walks.graphs().KindOf(i), choice.checkpointed, choice.policy, input_requires_grad);
     if (!walk.ok()) return walk.status();
     auto kind = std::find_if(census.kinds.begin(), census.kinds.end(),
                              [&](const LayerCensus::Kind& k) { return k.walk == *walk; });
     if (kind == census.kinds.end()) {
-      census.kinds.push_back({*walk, choice.checkpointed, i == 0, 1, walks.graphs().KindOf(i)});
+      census.kinds.push_back({*walk, choice.checkpointed, input_requires_grad, 1,
+                              walks.graphs().KindOf(i)});
     } else {
       ++kind->count;
     }
@@ -290,7 +302,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   // that requires grad, kept if its first layer keeps it); one without the head sends
   // its output (kept only if its last layer keeps it).
   Segments segments;
-  if (stage.prologue) segments.prologue = whole.prologue;
+  if (stage.prologue) segments.prologue = whole.Prologue(variant.CheckpointsAnyLayer());
   BlockWalk no_head;
   const BlockWalk& epilogue = stage.head ? whole.epilogue : no_head;
 
@@ -345,7 +357,9 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   // The module buffers some node saves: resident before the step, not held by it.
   CheckedInt64 saved_buffers = epilogue.buffer_bytes;
   if (segments.prologue.has_value()) {
-    held_unsaved += segments.prologue->held_bytes;
+    // A held output (the hook's leaf) that the first layer keeps counts as saved there.
+    const bool output_saved = segments.prologue->holds_output && f.keeps_input;
+    held_unsaved += segments.prologue->held_bytes - (output_saved ? f.boundary_bytes : 0);
     saved_buffers += segments.prologue->buffer_bytes;
   }
   for (const LayerCensus::Kind& kind : census.kinds) {
@@ -389,8 +403,7 @@ absl::StatusOr<VariantPrediction> PredictVariant(const Variant& variant,
   prediction.weight_copy_bytes = weight_copies.value();
   if (breakdown) {
     for (const LayerCensus::Kind& kind : census.kinds) {
-      prediction.blocks.push_back(BlockKind{kind.checkpointed,
-                                            !kind.first || FamilyOf(config.family).decoder,
+      prediction.blocks.push_back(BlockKind{kind.checkpointed, kind.input_requires_grad,
                                             kind.count, *kind.walk, kind.layer_kind});
     }
     prediction.prologue = segments.prologue;
@@ -414,6 +427,13 @@ absl::StatusOr<Segments> WalkSegments(const ModelGraphs& graphs, const ValidConf
   if (graphs.prologue.has_value()) {
     MEMLEDGER_ASSIGN_OR_RETURN(segments.prologue,
                                walk(*graphs.prologue, &segments.prologue_layouts));
+    if (graphs.HookedPrologueDiffers()) {
+      WalkOptions hooked = segment_options;
+      hooked.input_embeddings_hooked = true;
+      MEMLEDGER_ASSIGN_OR_RETURN(
+          segments.hooked_prologue,
+          WalkBlock(*graphs.prologue, config, hooked, segments.prologue_layouts.get()));
+    }
   }
   MEMLEDGER_ASSIGN_OR_RETURN(segments.epilogue, walk(graphs.epilogue, &segments.epilogue_layouts));
   return segments;
@@ -446,6 +466,7 @@ std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const Mod
       const int64_t bytes = numel.value() * ElementSizeBytes(def.dtype);
       parameters.push_back({name, MemoryCategory::kParameter, bytes});
       parameters_sum += bytes;
+      if (def.frozen) continue;  // no optimizer state
       auto add = [&](const char* what, int64_t b) {
         if (b <= 0) return;
         state.push_back({absl::StrCat(name, " ", what), MemoryCategory::kOptimizerState, b});
@@ -550,9 +571,13 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
   const OptimizerSpec& optimizer = options.optimizer;
   const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, optimizer);
   CheckedInt64 param_bytes = n_params * element;
-  CheckedInt64 moment_bytes = n_params * per_parameter.moments;
-  CheckedInt64 state_bytes = moment_bytes + n_params * per_parameter.master +
-                             CheckedInt64(census.tensors) * per_parameter.per_tensor;
+  // Only the parameters that train have gradients and optimizer state (torch.optim
+  // skips a parameter whose .grad is None: adamw.py, _init_group).
+  const CheckedInt64 trainable = census.trainable_elements;
+  const CheckedInt64 grad_bytes = trainable * element;
+  CheckedInt64 moment_bytes = trainable * per_parameter.moments;
+  CheckedInt64 state_bytes = moment_bytes + trainable * per_parameter.master +
+                             CheckedInt64(census.trainable_tensors) * per_parameter.per_tensor;
   const CheckedInt64 buffer_bytes = BufferBytes(*graphs, config);
   if (param_bytes.overflowed() || state_bytes.overflowed() || buffer_bytes.overflowed()) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -563,7 +588,9 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
   prediction.caveats = Caveats(config, options.variants);
   prediction.n_params = n_params.value();
   prediction.param_bytes = param_bytes.value();
-  prediction.grad_bytes = param_bytes.value();
+  prediction.n_trainable_params = trainable.value();
+  prediction.frozen_param_bytes = param_bytes.value() - grad_bytes.value();
+  prediction.grad_bytes = grad_bytes.value();
   prediction.buffer_bytes = buffer_bytes.value();
   prediction.optimizer_state_bytes = state_bytes.value();
   prediction.adamw_state_bytes =

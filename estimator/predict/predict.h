@@ -120,7 +120,11 @@ struct Prediction {
   OptimizerSpec optimizer;
   int64_t n_params = 0;  // study: layers * (12 d^2 + 13 d); tied weights count once
   int64_t param_bytes = 0;  // in the model's dtype
-  int64_t grad_bytes = 0;   // .grad, in the parameters' dtype
+  int64_t grad_bytes = 0;   // .grad, in the parameters' dtype: the trainable ones'
+  // The parameters that train, and the bytes of those that do not (--freeze): part of
+  // param_bytes, with no gradient and no optimizer state.
+  int64_t n_trainable_params = 0;
+  int64_t frozen_param_bytes = 0;
   // buffer_bytes: the modules' buffers (RoPE's inverse frequencies), resident all step.
   int64_t buffer_bytes = 0;
   // communication_bytes: a data-parallel rank's strategy's buffers held for the whole

@@ -210,6 +210,11 @@ rapidjson::Document PredictionJson(const Prediction& p) {
                     {p.n_params, p.param_bytes, p.grad_bytes, p.optimizer_state_bytes,
                      p.adamw_state_bytes});
   Allocator& a = doc.GetAllocator();
+  // What trains (--freeze): the frozen parameters are in param_bytes, with no gradient
+  // and no optimizer state.
+  doc.AddMember("freeze", String(FreezeName(p.config.freeze), a), a);
+  doc.AddMember("n_trainable_params", p.n_trainable_params, a);
+  doc.AddMember("frozen_param_bytes", p.frozen_param_bytes, a);
   doc.AddMember("buffer_bytes", p.buffer_bytes, a);
   doc.AddMember("communication_bytes", p.communication_bytes, a);
   rapidjson::Value saved(rapidjson::kObjectType), ratio(rapidjson::kObjectType),
@@ -380,14 +385,21 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   }
   absl::StrAppendFormat(&out, "%-22s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "n_params (count)", p.n_params, "");
+  if (c.freeze.any()) {
+    absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "trainable (count)",
+                          p.n_trainable_params, absl::StrCat("frozen: ", FreezeName(c.freeze)));
+  }
   for (const auto& [name, bytes] :
        {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
+        {"frozen_param_bytes", p.frozen_param_bytes},
         {"grad_bytes", p.grad_bytes},
         {"optimizer_state_bytes", p.optimizer_state_bytes},
         {"buffer_bytes", p.buffer_bytes},
         {"communication_bytes", p.communication_bytes}}) {
-    // A rank's strategy's buffers; one process has none (the row would be a 0).
+    // A rank's strategy's buffers; one process has none (the row would be a 0). Frozen
+    // parameters only where something is frozen.
     if (bytes == 0 && name == std::string("communication_bytes")) continue;
+    if (!c.freeze.any() && name == std::string("frozen_param_bytes")) continue;
     absl::StrAppendFormat(&out, "%-22s %20d %14s\n", name, bytes, HumanBytes(bytes));
   }
   absl::StrAppendFormat(&out, "\n%-22s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",

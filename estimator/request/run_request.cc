@@ -238,6 +238,7 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   spec.config.shard = ShardOf(spec.parallel);
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.checkpoint_impl,
                              ParseCheckpointImpl(request.checkpoint_impl));
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.freeze, ParseFreeze(request.freeze));
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.sdpa_backend, ParseSdpaBackend(request.sdpa_backend));
   if (request.expandable_segments && spec.config.device != Device::kCuda) {
     return absl::InvalidArgumentError(
@@ -326,6 +327,7 @@ std::string RequestFlags(const RunRequest& request) {
   text("optimizer_impl", request.optimizer_impl, defaults.optimizer_impl);
   if (request.momentum != defaults.momentum) absl::StrAppend(&out, " --momentum=", request.momentum);
   text("checkpoint_impl", request.checkpoint_impl, defaults.checkpoint_impl);
+  text("freeze", request.freeze, defaults.freeze);
   if (request.master_weights) absl::StrAppend(&out, " --master_weights");
   number("tp", request.tp, defaults.tp);
   if (request.sp) absl::StrAppend(&out, " --sp");

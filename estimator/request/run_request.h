@@ -41,6 +41,7 @@ struct RunRequest {
   std::string optimizer = "adamw";
   std::string optimizer_impl = "auto";  // torch.optim's for_loop, foreach or fused
   std::string checkpoint_impl = "non_reentrant";  // torch.utils.checkpoint's use_reentrant
+  std::string freeze;  // parameters that do not train: embeddings, lm_head (comma-separated)
   double momentum = 0;
   bool master_weights = false;
   // The layout (ParallelSpec): tensor-parallel ranks (the prediction is one rank's) and

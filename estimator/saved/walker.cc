@@ -79,7 +79,8 @@ absl::Status Walk::ApplyOps(bool walk_ops) {
   for (size_t i = 0; i < graph_.tensors.size(); ++i) {
     const TensorDef& def = graph_.tensors[i];
     const bool is_input = static_cast<int>(i) == graph_.input;
-    requires_grad_[i] = def.is_parameter || (is_input && options_.input_requires_grad);
+    requires_grad_[i] =
+        (def.is_parameter && !def.frozen) || (is_input && options_.input_requires_grad);
   }
   if (options_.checkpointed) {
     // torch.utils.checkpoint saves the block's positional tensor argument, the hidden
@@ -123,7 +124,7 @@ WalkMemo::Facts Walk::Facts() const {
 
 WalkMemo::Options Walk::MemoOptions() const {
   return {options_.checkpointed, options_.input_requires_grad,
-          options_.recompute_core_attention,
+          options_.input_embeddings_hooked, options_.recompute_core_attention,
           config_.checkpoint_impl == CheckpointImpl::kNonReentrant, options_.policy,
           options_.record_layouts};
 }
@@ -189,6 +190,13 @@ absl::Status Walk::Apply(int op_index) {
     const DType dtype = graph_.tensors[out].dtype;
     requires_grad_[out] = has_grad_fn && dtype != DType::kInt64 && dtype != DType::kInt32 &&
                           dtype != DType::kBool;
+    if (out == graph_.input_embeddings && options_.input_embeddings_hooked &&
+        !requires_grad_[out]) {
+      // The hook's leaf; its AccumulateGrad node, not the op's (it has none), holds it:
+      // no node keep (the step simulation holds it itself, InFlight::leaf).
+      requires_grad_[out] = true;
+      Keep(-1, out, KeepReason::kLeafHeld);
+    }
   }
 
   if (options_.checkpointed) {
@@ -237,8 +245,8 @@ void Walk::Keep(int op, int tensor, KeepReason reason) {
     node_keepers_[(*laid_)[tensor].storage] += op >= 0;
   }
   if (storage.is_parameter) return;  // parameters are accounted elsewhere
-  const bool held =
-      reason == KeepReason::kCheckpointHeld || reason == KeepReason::kWrappedNumber;
+  const bool held = reason == KeepReason::kCheckpointHeld ||
+                    reason == KeepReason::kWrappedNumber || reason == KeepReason::kLeafHeld;
   bool& flag = reason == KeepReason::kSelectiveCache ? storage.cached
                : held                                ? storage.held
                                                      : storage.kept;
@@ -256,6 +264,8 @@ BlockWalk Walk::Summarize() {
   const int output_storage = (*laid_)[graph_.output].storage;
   walk.keeps_input = input_storage >= 0 && storages_[input_storage].kept;
   walk.keeps_output = output_storage >= 0 && storages_[output_storage].kept;
+  walk.holds_output = output_storage >= 0 && storages_[output_storage].held &&
+                      !storages_[output_storage].kept && !storages_[output_storage].is_global;
   const int boundary_storage = input_storage >= 0 ? input_storage : output_storage;
   walk.boundary_bytes = storages_[boundary_storage].bytes;
   walk.boundary_dtype = graph_.tensors[storages_[boundary_storage].owner].dtype;
@@ -318,6 +328,8 @@ const char* KeepReasonName(KeepReason reason) {
       return "checkpoint_held";
     case KeepReason::kWrappedNumber:
       return "wrapped_number";
+    case KeepReason::kLeafHeld:
+      return "leaf_held";
   }
   return "?";
 }

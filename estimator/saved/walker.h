@@ -32,6 +32,13 @@ struct WalkOptions {
   // input_requires_grad is false for the study's first block, whose input is the model
   // input.
   bool input_requires_grad = true;
+  // input_embeddings_hooked: a prologue walked with enable_input_require_grads' forward
+  // hook, which transformers' activation_checkpointing_enable registers
+  // (modeling_utils.py:3180-3189): `output.requires_grad_(True)` on what the input
+  // embeddings return (BlockGraph::input_embeddings). When the embeddings are frozen that
+  // output is a leaf, which then requires grad: its AccumulateGrad node holds it, and its
+  // .grad, until the graph dies (KeepReason::kLeafHeld). Otherwise a no-op.
+  bool input_embeddings_hooked = false;
   // policy: the selective must-save op kinds; empty means plain full checkpointing.
   SavePolicy policy;
   // record_storages fills BlockWalk::storages (the per-op breakdown).
@@ -58,9 +65,13 @@ enum class KeepReason : uint8_t {
   // a wrapped Python number a backward node keeps (KeepRule::wrapped_number): held, but
   // never packed, so no saved-tensor hook sees it. In held_after_forward_bytes only.
   kWrappedNumber,
+  // a leaf made to require grad by enable_input_require_grads' hook
+  // (WalkOptions::input_embeddings_hooked): its AccumulateGrad node holds it until the
+  // graph dies, and no saved-tensor hook sees it. In held_after_forward_bytes only.
+  kLeafHeld,
 };
 
-// "autograd", "checkpoint", "cache", "checkpoint_held", "wrapped_number"
+// "autograd", "checkpoint", "cache", "checkpoint_held", "wrapped_number", "leaf_held"
 const char* KeepReasonName(KeepReason reason);
 
 // KeptStorage is one counted storage: the first op and tensor that kept it.
@@ -109,6 +120,9 @@ struct WalkedStorage {
 struct BlockWalk {
   bool keeps_input = false;
   bool keeps_output = false;
+  // holds_output: the output storage is held and not kept (the hook's leaf,
+  // KeepReason::kLeafHeld): in held_bytes.
+  bool holds_output = false;
   // nbytes of the input storage (= the output's for a layer; the output's for the
   // prologue, which has no input)
   int64_t boundary_bytes = 0;

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -146,6 +147,32 @@ absl::StatusOr<CheckpointImpl> ParseCheckpointImpl(absl::string_view name) {
   if (name == "reentrant") return CheckpointImpl::kReentrant;
   return absl::InvalidArgumentError(absl::StrCat(
       "--checkpoint_impl must be non_reentrant or reentrant, got '", name, "'"));
+}
+
+std::string FreezeName(const Freeze& freeze) {
+  std::vector<absl::string_view> parts;
+  if (freeze.embeddings) parts.push_back("embeddings");
+  if (freeze.lm_head) parts.push_back("lm_head");
+  return absl::StrJoin(parts, ",");
+}
+
+absl::StatusOr<Freeze> ParseFreeze(absl::string_view list) {
+  Freeze freeze;
+  if (list.empty() || list == "none") return freeze;
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    if (part == "embeddings") {
+      freeze.embeddings = true;
+    } else if (part == "lm_head") {
+      freeze.lm_head = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--freeze lists embeddings and lm_head (comma-separated) or none, got '",
+          part, "'",
+          absl::StartsWith(part, "layers") ? ": frozen decoder layers are not modelled yet"
+                                           : ""));
+    }
+  }
+  return freeze;
 }
 
 absl::string_view OptimizerImplName(OptimizerImpl impl) {

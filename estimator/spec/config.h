@@ -115,6 +115,28 @@ absl::string_view CheckpointImplName(CheckpointImpl impl);  // "non_reentrant", 
 // ParseCheckpointImpl parses --checkpoint_impl.
 absl::StatusOr<CheckpointImpl> ParseCheckpointImpl(absl::string_view name);
 
+// Freeze is which parameters do not train (requires_grad_(False), as a fine-tuning
+// script sets it): no gradient, no optimizer state, and their matmuls compute only the
+// input's gradient, so what those saved for the weight's is not saved (derivatives.yaml).
+// A tied LM head is the embedding's own Parameter: freezing either freezes both.
+struct Freeze {
+  // embeddings: every input embedding table (the prologue's parameters: embed_tokens,
+  // GPT-2's wte and wpe). The first layer's input then requires no gradient, unless
+  // checkpointing is on: transformers' activation_checkpointing_enable registers
+  // enable_input_require_grads' hook, which makes the embedding's output a leaf that
+  // requires grad (modeling_utils.py:3180-3189, 2143-2144).
+  bool embeddings = false;
+  bool lm_head = false;  // the LM head's weight
+  bool any() const { return embeddings || lm_head; }
+  friend bool operator==(const Freeze&, const Freeze&) = default;
+  friend auto operator<=>(const Freeze&, const Freeze&) = default;
+};
+// FreezeName: "embeddings,lm_head", "embeddings", "lm_head" or "" (nothing frozen).
+std::string FreezeName(const Freeze& freeze);
+// ParseFreeze parses --freeze: a comma-separated list of embeddings and lm_head; empty
+// or "none" freezes nothing.
+absl::StatusOr<Freeze> ParseFreeze(absl::string_view list);
+
 // SmallestPeriod is the shortest prefix p of `per_layer` with per_layer[i] ==
 // p[i % |p|]: a per-layer list as the repeating period ModelConfig keeps.
 template <typename T>
@@ -396,6 +418,8 @@ struct RunShape {
   // checkpoint_impl: how checkpointed layers run (transformers 5.23 and torch default to
   // non-reentrant).
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
+  // freeze: the parameters that do not train (--freeze).
+  Freeze freeze;
   friend bool operator==(const RunShape&, const RunShape&) = default;
 };
 

@@ -430,9 +430,10 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ValidConfig& valid,
   const RuleTable* rules = options.rules;
   auto make = [&](const BlockGraph& graph, bool input_requires_grad,
                   std::unique_ptr<SegmentPlan>* plan,
-                  const std::shared_ptr<const BlockLayouts>& laid_out = nullptr) {
+                  const std::shared_ptr<const BlockLayouts>& laid_out = nullptr,
+                  bool hooked = false) {
     absl::StatusOr<std::unique_ptr<SegmentPlan>> made =
-        MakePlan(graph, valid, input_requires_grad, rules, laid_out.get());
+        MakePlan(graph, valid, input_requires_grad, rules, laid_out.get(), hooked);
     if (made.ok()) *plan = *std::move(made);
     return made.status();
   };
@@ -440,6 +441,13 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ValidConfig& valid,
     if (absl::Status s = make(*graphs.prologue, false, &plans->prologue, layouts.prologue);
         !s.ok()) {
       return s;
+    }
+    if (graphs.HookedPrologueDiffers()) {
+      if (absl::Status s = make(*graphs.prologue, false, &plans->hooked_prologue,
+                                layouts.prologue, /*hooked=*/true);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   for (const auto& [graph, plan] :
@@ -458,13 +466,13 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ValidConfig& valid,
     }
   }
   // The study's first layer reads the model input, which needs no gradient: a plan of
-  // its own. The families' first layer reads the embeddings, as every other layer reads
-  // its input: its kind's plan.
-  if (families) {
-    plans->first = plans->rest[graphs.KindOf(0)].get();
-  } else {
-    if (absl::Status s = make(graphs.Layer(0), false, &plans->study_first); !s.ok()) return s;
-    plans->first = plans->study_first.get();
+  // its own, as the families' does when their embeddings are frozen (without the hook of
+  // a variant that checkpoints). Otherwise the first layer reads what requires grad, as
+  // every other layer does: its kind's plan.
+  if (!graphs.FirstInputRequiresGrad(/*checkpointing=*/false)) {
+    if (absl::Status s = make(graphs.Layer(0), false, &plans->first_without_grad); !s.ok()) {
+      return s;
+    }
   }
   if (absl::Status s = make(graphs.epilogue, true, &plans->head, layouts.epilogue); !s.ok()) {
     return s;

@@ -16,7 +16,8 @@ namespace {
 
 // Derive fills `structure` from `graph` and its walk.
 absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTable* rules,
-                    SegmentStructure& structure) {
+                    int leaf, SegmentStructure& structure) {
+  structure.leaf = leaf;
   const std::vector<WalkedTensor>& tensors = walk.tensor_layouts;
   for (const OpDef& op : graph.ops) {
     if (op.inputs.size() > 4) {  // Node keeps at most four gradients
@@ -94,7 +95,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
       return std::make_pair(a->is_output, a->saved_name) <
              std::make_pair(b->is_output, b->saved_name);
     });
-    const bool has_node = tensors[op.outputs[0]].requires_grad;
+    const bool has_node = tensors[op.outputs[0]].requires_grad && op.outputs[0] != leaf;
     for (const KeepRule* rule : keeps) {
       if (rule->needs_grad_of_input >= 0 &&
           !tensors[op.inputs[rule->needs_grad_of_input]].requires_grad) {
@@ -151,7 +152,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   for (int i = static_cast<int>(graph.ops.size()) - 1; i >= 0; --i) {
     const OpDef& op = graph.ops[i];
     const int out = op.outputs[0];
-    if (!tensors[out].requires_grad || structure.same_as[out] >= 0) continue;
+    if (!tensors[out].requires_grad || structure.same_as[out] >= 0 || out == leaf) continue;
     using Kind = SegmentStructure::BackwardStep::Kind;
     SegmentStructure::BackwardStep step;
     step.op = i;
@@ -233,6 +234,7 @@ class StructureMemo {
   struct Key {
     const WalkMemo* graph = nullptr;
     bool input_requires_grad = false;
+    bool input_embeddings_hooked = false;
     std::vector<int> storage_of;
     std::vector<bool> contiguous;
     friend bool operator==(const Key&, const Key&) = default;
@@ -265,9 +267,11 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
                                                       const ValidConfig& config,
                                                       bool input_requires_grad,
                                                       const RuleTable* rules,
-                                                      const BlockLayouts* layouts) {
+                                                      const BlockLayouts* layouts,
+                                                      bool input_embeddings_hooked) {
   WalkOptions options;
   options.input_requires_grad = input_requires_grad;
+  options.input_embeddings_hooked = input_embeddings_hooked;
   options.record_layouts = true;
   options.rules = rules;
   // From the graph's layouts, so that a cached graph's memo serves the walk (walk_memo.h);
@@ -288,6 +292,7 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
   if (memoizable) {
     key.graph = graph.walk_memo.get();
     key.input_requires_grad = input_requires_grad;
+    key.input_embeddings_hooked = input_embeddings_hooked;
     key.storage_of.reserve(graph.tensors.size());
     for (const WalkedTensor& t : plan->walk.tensor_layouts) key.storage_of.push_back(t.storage);
     for (const OpDef& op : graph.ops) {
@@ -298,7 +303,8 @@ absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
     if (plan->structure != nullptr) return plan;
   }
   auto structure = std::make_shared<SegmentStructure>();
-  if (absl::Status s = Derive(graph, plan->walk, rules, *structure); !s.ok()) return s;
+  const int leaf = input_embeddings_hooked ? graph.input_embeddings : -1;
+  if (absl::Status s = Derive(graph, plan->walk, rules, leaf, *structure); !s.ok()) return s;
   plan->structure = structure;
   if (memoizable) StructureMemo::Get().Remember(std::move(key), std::move(structure));
   return plan;

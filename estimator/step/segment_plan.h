@@ -67,6 +67,11 @@ struct SegmentStructure {
   // first_pack_op: the first op that packs; its node is the last in the backward to hold
   // a hook, and the checkpoint's frame dies when it releases its variables.
   int first_pack_op = -1;
+  // leaf: a tensor made to require grad by enable_input_require_grads' hook (a hooked
+  // prologue's input embeddings, WalkOptions::input_embeddings_hooked), -1: none. The op
+  // that makes it has no node; its gradient goes to its AccumulateGrad, which holds it
+  // and its .grad until the graph dies.
+  int leaf = -1;
   // same_as: for the output of an op that returns its input itself (.to() of the same
   // dtype, contiguous() of a contiguous tensor), that input; -1 otherwise. Such an op
   // makes no backward node: gradients go straight to the input.
@@ -127,15 +132,18 @@ struct SegmentPlan {
 // MakePlan walks `graph` with layouts and derives the plan; Internal for an op with more
 // than three inputs (a backward node keeps at most three gradients).
 // `layouts`: LayoutBlock(graph, config)'s, if the caller has them (null: made here).
+// `input_embeddings_hooked`: a prologue's walk under enable_input_require_grads' hook
+// (WalkOptions::input_embeddings_hooked).
 absl::StatusOr<std::unique_ptr<SegmentPlan>> MakePlan(const BlockGraph& graph,
                                                       const ValidConfig& config,
                                                       bool input_requires_grad,
                                                       const RuleTable* rules,
-                                                      const BlockLayouts* layouts = nullptr);
+                                                      const BlockLayouts* layouts = nullptr,
+                                                      bool input_embeddings_hooked = false);
 
 // ModelPlans are a model's segment plans, made once and shared by every variant's
 // simulation: the prologue (families), the first layer (whose input needs no gradient in
-// the study), each kind of the other layers and the head.
+// the study, or with frozen embeddings), each kind of the other layers and the head.
 struct ModelPlans {
   // reductions: a rank's step end (Simulation::RunReduction's stretch), per optimizer
   // and rank (StepSimulator::ForRank shares the plans between a layout's stages), the
@@ -173,17 +181,26 @@ struct ModelPlans {
   mutable std::vector<std::shared_ptr<const ChunkPasses>> chunk_passes;
   std::shared_ptr<const ModelGraphs> graphs;
   std::unique_ptr<SegmentPlan> prologue;
+  // hooked_prologue: the prologue under enable_input_require_grads' hook, which the
+  // variants that checkpoint run (ModelGraphs::HookedPrologueDiffers); null where the
+  // hook changes nothing.
+  std::unique_ptr<SegmentPlan> hooked_prologue;
   // The model's own tensors' graphs (ModelGraphs::tensors_before_prologue,
   // tensors_after_prologue); null where a graph has no ops.
   std::unique_ptr<SegmentPlan> tensors_before_prologue, tensors_after_prologue;
-  // first: the first layer's plan: the study's own (its input needs no gradient), the
-  // families' that of its kind in `rest` (their first layer reads the embeddings).
-  const SegmentPlan* first = nullptr;
-  std::unique_ptr<SegmentPlan> study_first;
+  // first_without_grad: the first layer's plan where its input needs no gradient (the
+  // study's model input; frozen embeddings without the hook); null where it always does.
+  std::unique_ptr<SegmentPlan> first_without_grad;
   std::vector<std::unique_ptr<SegmentPlan>> rest;  // by layer kind
   std::unique_ptr<SegmentPlan> head;
-  const SegmentPlan* Layer(int64_t i) const {
-    return i == 0 ? first : rest[graphs->KindOf(i)].get();
+  // Prologue and First: the prologue's and the first layer's plans for a variant that
+  // checkpoints (`checkpointing`: Variant::CheckpointsAnyLayer) or not.
+  const SegmentPlan* Prologue(bool checkpointing) const {
+    return checkpointing && hooked_prologue != nullptr ? hooked_prologue.get() : prologue.get();
+  }
+  const SegmentPlan* First(bool checkpointing) const {
+    return graphs->FirstInputRequiresGrad(checkpointing) ? rest[graphs->KindOf(0)].get()
+                                                         : first_without_grad.get();
   }
 };
 

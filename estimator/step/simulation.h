@@ -292,6 +292,11 @@ class Simulation {
     StageRange range;   // the model chunk
     int input_id = -1;  // the model input, where the chunk reads it
     Handle received;    // a later stage's received input (a leaf that requires grad)
+    // leaf: the hooked prologue's leaf (SegmentStructure::leaf), held by its
+    // AccumulateGrad node with leaf_grad, its .grad, until the graph dies with the loss
+    // (after the step); -1: none.
+    int leaf = -1;
+    Handle leaf_grad;
     Instance prologue, head;
     std::vector<Instance> layers;  // the chunk's
     std::vector<int> checkpoint_inputs;
@@ -348,8 +353,9 @@ class Simulation {
   const SegmentPlan* LayerPlan(const ModelPlans& plans, int64_t i) const {
     // The first layer's own plan is the pattern's first kind (the study's reads an input
     // without a gradient); a probe may start with another kind.
-    return i == 0 && KindOf(0) == graphs_->KindOf(0) ? plans.first
-                                                    : plans.rest[KindOf(i)].get();
+    return i == 0 && KindOf(0) == graphs_->KindOf(0)
+               ? plans.First(variant_.CheckpointsAnyLayer())
+               : plans.rest[KindOf(i)].get();
   }
   // OptimizerLayerBytes is where stepped tensor p's bytes count in
   // Segments::optimizer_layer_bytes: its kind's, when p is a parameter of the first layer

@@ -28,10 +28,12 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   // The model input (the study's hidden states, the families' token ids): resident, held
   // by the caller for the whole step; one per micro-batch, on a stage that reads it (the
   // embedding's, and the families' head, whose labels are the ids shifted).
-  const SegmentPlan& input_plan = families ? *plans.prologue : *plans.first;
+  const bool checkpointing = variant_.CheckpointsAnyLayer();
+  const SegmentPlan& input_plan =
+      families ? *plans.Prologue(checkpointing) : *plans.First(checkpointing);
   int input_storage = input_plan.structure->input_storage;
-  for (size_t s = 0; families && s < plans.prologue->walk.storage_list.size(); ++s) {
-    const WalkedStorage& storage = plans.prologue->walk.storage_list[s];
+  for (size_t s = 0; families && s < input_plan.walk.storage_list.size(); ++s) {
+    const WalkedStorage& storage = input_plan.walk.storage_list[s];
     if (graphs.prologue->tensors[storage.owner].global == ModelTensor::kInputIds) {
       input_storage = static_cast<int>(s);
     }
@@ -96,7 +98,7 @@ absl::Status Simulation::Run(const ModelPlans& plans) {
   }
   // The hidden states a stage receives or sends: the layers' input.
   const BlockGraph& layer = graphs.Layer(0);
-  hidden_.layout = plans.first->walk.tensor_layouts[layer.input].layout;
+  hidden_.layout = plans.First(checkpointing)->walk.tensor_layouts[layer.input].layout;
   hidden_.dtype = layer.tensors[layer.input].dtype;
 
   if (parallel.pp > 1) {
@@ -196,6 +198,8 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
   auto visit = [&](const SegmentPlan* plan, int64_t segment) {
     const BlockGraph& graph = *plan->graph;
     graph.ForEachParameter([&](int t) {
+      // A frozen parameter has no .grad, so torch.optim steps it not.
+      if (graph.tensors[t].frozen) return;
       if (!graph.tensors[t].is_tied || !has_embedding) {
         parameter_order_.push_back(KeyOf(graph, segment, t));
         expert_shard_.push_back(graph.tensors[t].expert_shard);
@@ -205,7 +209,9 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
   // The segments in the model's order; their parameter counts first, to make room once.
   auto segments = [&](auto&& f) {
     for (const StageRange& chunk : chunks_) {
-      if (chunk.prologue && families) f(plans.prologue.get(), Where::kPrologue);
+      if (chunk.prologue && families) {
+        f(plans.Prologue(variant_.CheckpointsAnyLayer()), Where::kPrologue);
+      }
       for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
         f(LayerPlan(plans, i), i);
       }
@@ -226,7 +232,7 @@ void Simulation::ParameterOrder(const ModelPlans& plans) {
 absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   const ModelGraphs& graphs = *plans.graphs;
   const bool families = graphs.prologue.has_value();
-  const SegmentPlan* const first = plans.first;
+  const SegmentPlan* const first = plans.First(variant_.CheckpointsAnyLayer());
   const BlockGraph& layer = graphs.Layer(0);
   const int input_id = f.input_id;
   Handle x;
@@ -245,7 +251,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
   extras.reserve(kNumModelTensors);
   if (f.range.prologue && families) {
     data_parallel_->ForwardBegins(Where::kPrologue);
-    f.prologue.plan = plans.prologue.get();
+    f.prologue.plan = plans.Prologue(variant_.CheckpointsAnyLayer());
     f.prologue.segment = Where::kPrologue;
     // What the embedding reads is made before it (learned positions' ids); what the
     // layers read after it and the DynamicCache (RoPE's position ids and tables, masks).
@@ -254,6 +260,10 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       return s;
     }
     if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
+    if (const int leaf = f.prologue.plan->structure->leaf; leaf >= 0) {
+      f.leaf = f.prologue.ids[TensorOf(f.prologue, leaf).storage];
+      memory_.Ref(f.leaf);  // its AccumulateGrad node's
+    }
     if (config_.KeepsKvCache()) DynamicCacheLayers();
     if (absl::Status s = MakeModelTensors(plans.tensors_after_prologue.get(), &extras);
         !s.ok()) {
@@ -439,6 +449,19 @@ absl::Status Simulation::BackwardPass(const ModelPlans& plans, InFlight& f,
     prologue_buffers.emplace(graphs.prologue->output, *grad);
     grad.reset();
     if (absl::Status s = Backward(f.prologue, prologue_buffers, false); !s.ok()) return s;
+    // The hook's leaf: its AccumulateGrad steals a gradient nobody else holds that has
+    // its layout, else clones it (accumulate_grad.h); the .grad stays with the leaf.
+    const int leaf = f.prologue.plan->structure->leaf;
+    if (auto it = prologue_buffers.find(leaf); leaf >= 0 && it != prologue_buffers.end()) {
+      const Layout& layout = TensorOf(f.prologue, leaf).layout;
+      if (memory_.refs(it->second.storage) == 1 && SameLayout(it->second.layout, layout)) {
+        f.leaf_grad = it->second;
+      } else {
+        f.leaf_grad = NewGrad(layout, it->second.dtype);
+        memory_.Unref(it->second.storage);
+      }
+      prologue_buffers.erase(it);
+    }
   }
   if (f.received.defined() && grad.has_value()) {
     // The received leaf's AccumulateGrad: its .grad is the gradient if nothing else

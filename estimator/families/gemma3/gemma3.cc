@@ -49,6 +49,7 @@ BlockGraph BuildGemma3Prologue(const ModelConfig& config) {
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
   int scaled = g.Op1(OpType::kMulTensor, "embed_tokens.scale", {embeddings, scale});
+  g.InputEmbeddings(scaled);  // Gemma3TextScaledWordEmbedding returns the scaled lookup
   if (config.shard.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
     scaled = g.Op1(OpType::kScatter, "embeddings.scatter", {scaled}, {.shape = {kB, kTs, kD}});
   }

@@ -21,6 +21,7 @@ BlockGraph BuildGpt2Prologue(const ModelConfig& config) {
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int position_ids = g.Global(ModelTensor::kPositionIds, DType::kInt64, {Sym(1), kT});
   int tokens = g.VocabEmbedding("wte", g.Param("wte.weight", {kV, kD}), input_ids);
+  g.InputEmbeddings(tokens);  // GPT2Model.get_input_embeddings() is wte
   int positions =
       g.Op1(OpType::kEmbedding, "wpe", {g.Param("wpe.weight", {kP, kD}), position_ids});
   int embeddings = g.Op1(OpType::kAdd, "embeddings", {tokens, positions});

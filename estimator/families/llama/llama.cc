@@ -29,6 +29,7 @@ BlockGraph BuildLlamaPrologue(const ModelConfig& config) {
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
+  g.InputEmbeddings(embeddings);
   if (config.shard.sp) {  // Megatron scatters the embeddings to the sequence-parallel region
     embeddings = g.Op1(OpType::kScatter, "embeddings.scatter", {embeddings},
                        {.shape = {kB, kTs, kD}});

@@ -42,6 +42,7 @@ BlockGraph BuildOlmo3Prologue(const ModelConfig& config) {
   int input_ids = g.Global(ModelTensor::kInputIds, DType::kInt64, {kB, kT});
   int weight = g.Param("embed_tokens.weight", {kV, kD});
   int embeddings = g.VocabEmbedding("embed_tokens", weight, input_ids);
+  g.InputEmbeddings(embeddings);
   g.HeldByDecoder({embeddings});  // Olmo3Model.forward's inputs_embeds (M:397)
   return g.Finish(embeddings);
 }

@@ -159,7 +159,8 @@ class Gemma3Model : public ModelImpl {
     at::Tensor embeddings = tensor_parallel != nullptr
                                 ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
                                 : embed_tokens.ptr()->forward(input_ids);
-    start.hidden = Last(embeddings) * embed_scale;
+    // Gemma3TextScaledWordEmbedding returns the scaled lookup.
+    start.hidden = InputEmbeddings(Last(embeddings) * embed_scale);
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
     start.hidden = ToSequenceParallel(tensor_parallel, std::move(start.hidden));
     start.decoder_locals = {start.hidden};  // Gemma3TextModel.forward's inputs_embeds

@@ -176,9 +176,9 @@ class Gpt2Model : public ModelImpl {
     // GPT2Model.forward: inputs_embeds = wte(input_ids), position_embeds = wpe(...), in
     // that order (their backward nodes' order, which the estimator's step simulation
     // follows); both are its locals until it returns (modeling_gpt2.py:567-575).
-    at::Tensor tokens = tensor_parallel != nullptr
-                            ? tensor_parallel->VocabEmbedding(input_ids, wte->weight)
-                            : wte.ptr()->forward(input_ids);
+    at::Tensor tokens = InputEmbeddings(
+        tensor_parallel != nullptr ? tensor_parallel->VocabEmbedding(input_ids, wte->weight)
+                                   : wte.ptr()->forward(input_ids));
     at::Tensor positions = wpe.ptr()->forward(position_ids);
     at::Tensor embeddings = ToSequenceParallel(tensor_parallel, tokens + positions);
     ModelStart start{EmbeddingDropout(std::move(embeddings)), std::move(extras), {}};

@@ -156,9 +156,10 @@ class LlamaModel : public ModelImpl {
 
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     ModelStart start;
-    start.hidden = tensor_parallel != nullptr
-                       ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
-                       : embed_tokens.ptr()->forward(input_ids);
+    start.hidden = InputEmbeddings(
+        tensor_parallel != nullptr
+            ? tensor_parallel->VocabEmbedding(input_ids, embed_tokens->weight)
+            : embed_tokens.ptr()->forward(input_ids));
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
     start.hidden = ToSequenceParallel(tensor_parallel, std::move(start.hidden));
     start.decoder_locals = {start.hidden};  // inputs_embeds

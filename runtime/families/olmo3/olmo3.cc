@@ -131,7 +131,7 @@ class Olmo3Model : public ModelImpl {
 
   ModelStart Prologue(const at::Tensor& input_ids) const override {
     ModelStart start;
-    start.hidden = embed_tokens.ptr()->forward(input_ids);
+    start.hidden = InputEmbeddings(embed_tokens.ptr()->forward(input_ids));
     start.extras = Extras(input_ids.size(1), start.hidden.scalar_type());
     start.decoder_locals = {start.hidden};  // Olmo3Model.forward's inputs_embeds
     return start;
