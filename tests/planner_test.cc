@@ -72,6 +72,21 @@ TEST(FlopsTest, StudyBlockByHand) {
   EXPECT_EQ(matmul, forward - (24 * n * d * d + 9 * n * d));
 }
 
+// A frozen LM head (--freeze=lm_head): its matmul's backward computes the input's
+// gradient only, one product less. tiny-llama, N = 2 x 16 tokens, d = 32, V = 96: the
+// head's forward product is 2 N d V = 196,608 FLOPs, and so is what the backward saves.
+TEST(FlopsTest, AFrozenWeightsProductHasOneGradientLess) {
+  ModelConfig config = Preset("tiny-llama", 2);
+  ASSERT_OK_AND_ASSIGN(StepFlops all, CountStepFlops(config, AttentionMode::kFlash));
+  config.freeze.lm_head = true;
+  ASSERT_OK_AND_ASSIGN(StepFlops frozen, CountStepFlops(config, AttentionMode::kFlash));
+  const int64_t head = 2 * (2 * 16) * 32 * 96;
+  EXPECT_EQ(frozen.other_forward, all.other_forward);
+  EXPECT_EQ(frozen.other_backward, all.other_backward - head);
+  EXPECT_EQ(frozen.layer_backward, all.layer_backward);
+  EXPECT_EQ(frozen.total, all.total - head);
+}
+
 // On --device=cuda the attention is SDPA's CUDA kernel (fp32: the memory-efficient one;
 // bf16: cuDNN's on sm90), which counts as the CPU's flash kernel does: the same study
 // block by hand as above.

@@ -30,41 +30,48 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     return layout.sizes[dim < 0 ? layout.ndim + dim : dim];
   };
   auto numel = [&](int tensor) { return tensors[tensor].layout.Numel(); };
+  // A product's backward computes a gradient only for an operand that requires grad (a
+  // frozen weight's is not: --freeze): one product of the forward's cost each.
+  auto operands = [&](int a, int b) {
+    return CheckedInt64((tensors[op.inputs[a]].requires_grad ? 1 : 0) +
+                        (tensors[op.inputs[b]].requires_grad ? 1 : 0));
+  };
   OpFlops f;
   switch (op.type) {
     case OpType::kAddmm: {  // (bias, mat1 (M, K), mat2 (K, N))
       const CheckedInt64 m = size(op.inputs[1], 0), k = size(op.inputs[1], 1),
                          n = size(op.inputs[2], 1);
       f.forward = CheckedInt64(2) * m * k * n + m * n;
-      f.backward = CheckedInt64(4) * m * k * n + m * n;
+      f.backward = CheckedInt64(2) * m * k * n * operands(1, 2) +
+                   (tensors[op.inputs[0]].requires_grad ? m * n : CheckedInt64(0));
       return f;
     }
     case OpType::kMm: {  // (M, K) x (K, N)
       const CheckedInt64 m = size(op.inputs[0], 0), k = size(op.inputs[0], 1),
                          n = size(op.inputs[1], 1);
       f.forward = CheckedInt64(2) * m * k * n;
-      f.backward = CheckedInt64(2) * f.forward;
+      f.backward = operands(0, 1) * f.forward;
       return f;
     }
     case OpType::kBmm: {  // (b, M, K) x (b, K, N)
       const CheckedInt64 b = size(op.inputs[0], 0), m = size(op.inputs[0], 1),
                          k = size(op.inputs[0], 2), n = size(op.inputs[1], 2);
       f.forward = CheckedInt64(2) * b * m * k * n;
-      f.backward = CheckedInt64(2) * f.forward;
+      f.backward = operands(0, 1) * f.forward;
       return f;
     }
     case OpType::kGroupedMm: {  // rows (S, K), each times one expert's (K, N)
       const CheckedInt64 m = size(op.inputs[0], 0), k = size(op.inputs[0], 1),
                          n = size(op.inputs[1], 2);
       f.forward = CheckedInt64(2) * m * k * n;
-      f.backward = CheckedInt64(2) * f.forward;
+      f.backward = operands(0, 1) * f.forward;
       return f;
     }
     case OpType::kGatherLinear: {  // (B, T, out) from an input of width in
       const CheckedInt64 rows = numel(op.outputs[0]).value() / size(op.outputs[0], -1);
       const CheckedInt64 k = size(op.inputs[0], -1), n = size(op.outputs[0], -1);
       f.forward = CheckedInt64(2) * rows * k * n;
-      f.backward = CheckedInt64(2) * f.forward;
+      f.backward = operands(0, 1) * f.forward;
       return f;
     }
     case OpType::kFlashAttentionMasked:  // the kernel computes every block, masked or not
