@@ -210,6 +210,10 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "optimizer_impl") status = string(&request.optimizer_impl);
     else if (name == "checkpoint_impl") status = string(&request.checkpoint_impl);
     else if (name == "freeze") status = string(&request.freeze);
+    else if (name == "lora_targets") status = string(&request.lora_targets);
+    else if (name == "lora_rank") status = integer(&request.lora_rank);
+    else if (name == "lora_alpha") status = NumberKey(name, value, &request.lora_alpha);
+    else if (name == "lora_dropout") status = NumberKey(name, value, &request.lora_dropout);
     else if (name == "experts_impl") status = string(&request.experts_impl);
     else if (name == "routing") status = string(&request.routing);
     else if (name == "momentum") status = NumberKey(name, value, &request.momentum);

@@ -10,6 +10,7 @@
  * "head_dim", "intermediate", "vocab", "batch", "seq", "every", "tp", "dp", "pp",
  * "virtual_stages", "micro_batches", "zero", "ep" (integers), "variants", "policy",
  * "attention", "dtype", "amp", "optimizer", "optimizer_impl", "checkpoint_impl", "freeze",
+ * "lora_targets", "lora_rank" (integer), "lora_alpha", "lora_dropout" (numbers),
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend", "mp_param_dtype",
  * "mp_reduce_dtype", "offload" (strings),
  * "momentum", "cuda_context_mib", "ddp_bucket_mb" (numbers), "master_weights", "sp",

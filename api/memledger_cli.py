@@ -32,12 +32,13 @@ except ImportError:
 INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
             "zero", "ep", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
-            "max_virtual_stages", "threads", "top", "planned_layouts", "checked_layouts"}
+            "max_virtual_stages", "threads", "top", "planned_layouts", "checked_layouts",
+            "lora_rank"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
-           "flops_per_second"}
+           "flops_per_second", "lora_alpha", "lora_dropout"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
-           "optimizer_impl", "checkpoint_impl", "freeze", "schedule", "format", "experts_impl",
+           "optimizer_impl", "checkpoint_impl", "freeze", "lora_targets", "schedule", "format", "experts_impl",
            "routing", "gpu", "device", "sdpa_backend", "sweep", "plan"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
 # (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
@@ -68,7 +69,7 @@ GROUPS = [
     ("input", ["batch", "seq", "sweep (predict)", "routing", "global_batch (search)"]),
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
-    ("fine-tuning", ["freeze"]),
+    ("fine-tuning", ["freeze", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"]),
     ("checkpointing", ["variants", "plan", "every", "policy", "checkpoint_impl", "budget_gib",
                        "frontier_points (plan)", "flops_per_second (plan)",
                        "planned_layouts (search)"]),

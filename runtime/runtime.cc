@@ -303,6 +303,11 @@ absl::StatusOr<Measurement> Measure(const ModelConfig& config, AttentionMode att
           "the runtime has no core_attention recompute yet");
     }
   }
+  if (config.lora.enabled()) {
+    return absl::UnimplementedError(
+        "the runtime runs no LoRA adapters yet: --lora_rank is checked against peft "
+        "(tests/real_stack_test.py), not measured by verify");
+  }
   if (config.shard.tp > 1 || config.shard.sp) {
     return absl::UnimplementedError(
         "one process runs no tensor parallelism: --tp runs on ranks (runtime/distributed.h, "

@@ -350,6 +350,25 @@ TEST(PredictFamiliesTest, FrozenEmbeddingsAndHeadByHand) {
   EXPECT_EQ(p.variants[1].held_after_forward_bytes, 1075588 - 131072);
 }
 
+TEST(PredictFamiliesTest, LoraAdaptersAloneTrainByHand) {
+  // tiny-llama (L = 2, d = 32, 4 heads of 8, 2 kv heads) with peft's default LoRA, r 8
+  // on q_proj (32 -> 32) and v_proj (32 -> 16): lora_A (r, in) and lora_B (out, r) each,
+  // 8 x 32 + 32 x 8 + 8 x 32 + 16 x 8 = 896 parameters a layer in 4 tensors, the only
+  // ones that train (every base parameter is frozen).
+  PredictOptions options;
+  options.variants = Variants("none");
+  ASSERT_OK_AND_ASSIGN(Prediction all, Predict(Preset("tiny-llama"), options));
+  ModelConfig lora = Preset("tiny-llama");
+  lora.lora.rank = 8;
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(lora, options));
+  EXPECT_EQ(p.n_params, all.n_params + 2 * 896);
+  EXPECT_EQ(p.n_trainable_params, 2 * 896);
+  EXPECT_EQ(p.frozen_param_bytes, all.param_bytes);
+  EXPECT_EQ(p.grad_bytes, 2 * 896 * 4);
+  // AdamW: exp_avg and exp_avg_sq (8 B a parameter) and a 4-byte step per tensor.
+  EXPECT_EQ(p.optimizer_state_bytes, 2 * 896 * 8 + 2 * 4 * 4);
+}
+
 TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   // tiny-gpt2: L=2, d=32, H=4, F=128, V=96, 128 positions; B=16, T=64: N = 1024.
   // Per layer and token: x 32, mean+rstd 2, ln_1 out 32 (c_attn addmm), c_attn out 96

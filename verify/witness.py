@@ -158,6 +158,8 @@ class TransformersModel:
             dtype=torch_dtype(case["dtype"]), **kwargs)
         self.model.train()
         freeze(self.model, case.get("freeze", ()))
+        if case.get("lora"):
+            self.model = lora(self.model, case["lora"])
         if case.get("ep", 1) > 1:
             expert_parallel(self.model, config, case["ep"])
         if case.get("fsdp"):
@@ -229,6 +231,19 @@ def freeze(model, parts):
             raise UsageError(f"--freeze {part!r}: expected one of {', '.join(FREEZABLE)}")
         for table in tables:
             table.weight.requires_grad_(False)
+
+
+def lora(model, spec):
+    """peft's get_peft_model(model, LoraConfig(...)) as a fine-tuning script calls it:
+    every base parameter frozen (_mark_only_adapters_as_trainable), each target module
+    wrapped in lora.Linear with lora_A (r x in), lora_B (out x r) and its dropout."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = spec["targets"]
+    config = LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
+                        target_modules=targets if targets == "all-linear" else list(targets),
+                        use_dora=spec.get("dora", False))
+    return get_peft_model(model, config)
 
 
 # ---------------------------------------------------------------------------------------

@@ -62,6 +62,22 @@ std::string CaseJson(const ModelConfig& config, const std::string& hf_config,
     }
     doc.AddMember("freeze", parts, a);
   }
+  if (config.lora.enabled()) {  // witness.py's lora(): peft's LoraConfig
+    rapidjson::Value lora(rapidjson::kObjectType);
+    lora.AddMember("r", config.lora.rank, a);
+    lora.AddMember("alpha", config.lora.alpha, a);
+    lora.AddMember("dropout", config.lora.dropout, a);
+    if (config.lora.targets == std::vector<std::string>{"all-linear"}) {
+      lora.AddMember("targets", "all-linear", a);
+    } else {
+      rapidjson::Value targets(rapidjson::kArrayType);
+      for (const std::string& target : config.lora.targets) {
+        targets.PushBack(rapidjson::Value(target.c_str(), a), a);
+      }
+      lora.AddMember("targets", targets, a);
+    }
+    doc.AddMember("lora", lora, a);
+  }
   text("policy", SavePolicyName(variant.policy));
   text("optimizer", std::string(OptimizerName(optimizer.kind)));
   text("optimizer_impl", std::string(OptimizerImplName(optimizer.impl)));

@@ -99,6 +99,19 @@ ABSL_FLAG(std::string, freeze, "",
           "and lm_head. They keep no gradient and no optimizer state, and their matmuls "
           "save nothing for the weight's gradient. A tied head is the embedding itself. "
           "Empty or none: everything trains.");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "peft's LoRA (get_peft_model with LoraConfig(r=...)): the adapters' rank r; every "
+          "base parameter is then frozen and only lora_A (r x in) and lora_B (out x r) of "
+          "each target train. 0: no adapters.");
+ABSL_FLAG(double, lora_alpha, 8,
+          "LoraConfig's lora_alpha (the scaling alpha / r, which changes no memory).");
+ABSL_FLAG(double, lora_dropout, 0,
+          "LoraConfig's lora_dropout: nn.Dropout(p) on each adapter's input (its own noise "
+          "per target); 0 is an Identity.");
+ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",
+          "LoraConfig's target_modules: the nn.Linear modules to adapt by name (q_proj, "
+          "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), comma-separated, or "
+          "all-linear (every nn.Linear but the LM head). The default is peft's for Llama.");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,
@@ -203,6 +216,10 @@ RunRequest RunRequestFromFlags() {
   request.momentum = absl::GetFlag(FLAGS_momentum);
   request.checkpoint_impl = absl::GetFlag(FLAGS_checkpoint_impl);
   request.freeze = absl::GetFlag(FLAGS_freeze);
+  request.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+  request.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+  request.lora_dropout = absl::GetFlag(FLAGS_lora_dropout);
+  request.lora_targets = absl::GetFlag(FLAGS_lora_targets);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);
   request.sp = absl::GetFlag(FLAGS_sp);
@@ -292,7 +309,9 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"seed", "input"},           {"dtype", "precision"},      {"amp", "precision"},
     {"master_weights", "precision"}, {"optimizer", "optimizer"},
     {"optimizer_impl", "optimizer"}, {"momentum", "optimizer"},
-    {"freeze", "fine-tuning"},
+    {"freeze", "fine-tuning"},      {"lora_rank", "fine-tuning"},
+    {"lora_alpha", "fine-tuning"},  {"lora_dropout", "fine-tuning"},
+    {"lora_targets", "fine-tuning"},
     {"variants", "checkpointing"},   {"every", "checkpointing"},
     {"policy", "checkpointing"},     {"checkpoint_impl", "checkpointing"},
     {"plan", "checkpointing"},       {"budget_gib", "checkpointing"},

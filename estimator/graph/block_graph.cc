@@ -77,11 +77,25 @@ void FreezeParameters(const Freeze& freeze, ModelGraphs& graphs) {
   }
 }
 
+// FreezeAllButAdapters: peft's get_peft_model trains the adapters alone
+// (_mark_only_adapters_as_trainable, bias="none"): every other parameter is frozen.
+void FreezeAllButAdapters(ModelGraphs& graphs) {
+  auto freeze = [](BlockGraph& graph) {
+    for (TensorDef& tensor : graph.tensors) {
+      if (tensor.is_parameter && !absl::StrContains(tensor.name, ".lora_")) tensor.frozen = true;
+    }
+  };
+  if (graphs.prologue.has_value()) freeze(*graphs.prologue);
+  for (BlockGraph& kind : graphs.layer_kinds) freeze(kind);
+  freeze(graphs.epilogue);
+}
+
 }  // namespace
 
 ModelGraphs BuildModelGraphs(const ModelConfig& config, AttentionMode mode) {
   ModelGraphs graphs = FamilyOf(config.family).graphs(config, mode);
   FreezeParameters(config.freeze, graphs);
+  if (config.lora.enabled()) FreezeAllButAdapters(graphs);
   if (graphs.prologue.has_value()) {
     const std::vector<bool> grad = graphs.prologue->RequiresGrad();
     graphs.prologue_output_requires_grad = grad[graphs.prologue->output];
@@ -253,6 +267,9 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     std::vector<std::vector<int64_t>> expert_loads;
     bool sliding_masked;
     Freeze freeze;
+    int64_t lora_rank;
+    bool lora_dropout;
+    std::vector<std::string> lora_targets;
     Device device;
     // The kernels SDPA runs for an unmasked and a masked call (-1: none can).
     std::array<int, 2> sdpa_kernels;
@@ -281,6 +298,9 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      ExpertLoads(config),
                      config.SlidingWindowMasked(),
                      config.freeze,
+                     config.lora.rank,
+                     config.lora.dropout > 0,
+                     config.lora.enabled() ? config.lora.targets : std::vector<std::string>(),
                      config.device,
                      {SdpaKernelKey(config, mode, false), SdpaKernelKey(config, mode, true)}};
   // The graphs this thread asked for last, found without the lock: a batch of

@@ -7,8 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "estimator/graph/block_graph.h"
 #include "estimator/graph/sdpa_kernel.h"
 
 namespace memledger {
@@ -129,6 +131,40 @@ absl::Status ValidateConfig(const ModelConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "use_cache (transformers' DynamicCache) is for the decoder families, not the ",
         family.name, " family"));
+  }
+  if (config.lora.enabled()) {
+    // peft's LoRA on the nn.Linear modules of one process's transformers model.
+    if (config.lora.rank > kMaxLoraRank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora_rank must be from 0 to ", kMaxLoraRank, ", got ", config.lora.rank));
+    }
+    if (!(config.lora.dropout >= 0 && config.lora.dropout < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora_dropout must be in [0, 1), got ", config.lora.dropout));
+    }
+    if (!family.lora || config.megatron) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora_rank: LoRA is modelled on the nn.Linear layers of the ",
+          FamilyNames(&FamilyDef::lora), " families, not the ", family.name, " family",
+          family.fused_qkv ? "'s Conv1D" : ""));
+    }
+    if (config.shard.tp > 1 || config.shard.sp || config.shard.ep > 1) {
+      return absl::InvalidArgumentError(
+          "--lora_rank: LoRA is modelled on one process: not with --tp, --sp or --ep yet");
+    }
+    if (config.moe.Sparse() && config.lora.Targets("gate")) {
+      // peft 0.21.2's all-linear wraps the experts' 3-D parameters (lora.ParamWrapper) and
+      // the router too.
+      return absl::InvalidArgumentError(
+          "--lora_targets all-linear on a mixture of experts (peft adapts the experts' "
+          "parameters and the router) is not modelled yet: name the attention's and dense "
+          "layers' modules");
+    }
+    if (config.dtype != DType::kFloat32) {
+      return absl::InvalidArgumentError(
+          "--lora_rank with --dtype=bf16 or fp16 is not modelled yet: peft keeps the "
+          "adapters in fp32 (autocast_adapter_dtype) and casts around them; use --amp");
+    }
   }
   if (config.freeze.any()) {
     // Frozen parameters are modelled for one process's transformers model (Freeze).
@@ -288,6 +324,24 @@ absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
                            const OptimizerSpec& optimizer) {
   const ModelConfig& config = *valid;
   if (absl::Status s = ValidateDevice(config, attention); !s.ok()) return s;
+  if (config.lora.enabled()) {
+    // peft refuses targets that match no module ("Target modules ... not found in the
+    // base model", tuners/tuners_utils.py, inject_adapter).
+    const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
+    bool adapted = false;
+    for (const BlockGraph& kind : graphs->layer_kinds) {
+      for (const TensorDef& tensor : kind.tensors) {
+        adapted = adapted || (tensor.is_parameter && absl::StrContains(tensor.name, ".lora_A."));
+      }
+    }
+    if (!adapted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora_targets ", LoraTargetsName(config.lora),
+          ": no nn.Linear of the model has that name (peft: target modules not found in the "
+          "base model); the layers' are q_proj, k_proj, v_proj, o_proj, gate_proj, "
+          "up_proj and down_proj, or all-linear"));
+    }
+  }
   if (config.SlidingWindowMasked() && attention == AttentionMode::kMath) {
     // masking_utils.py, _ignore_causal_mask_sdpa: from seq >= sliding_window on, the
     // sliding layers attend through a mask, modelled for SDPA's flash kernel.

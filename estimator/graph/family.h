@@ -62,6 +62,9 @@ struct FamilyDef {
   bool megatron = false;  // has Megatron-LM's rendition (ModelConfig::megatron)
   // dropouts: transformers' dropout probabilities are modelled (ModelConfig::dropout).
   bool dropouts = false;
+  // lora: its projections are nn.Linear modules (GraphBuilder::NnLinear), which peft's
+  // LoRA adapts (ModelConfig::lora); GPT-2's are Conv1D.
+  bool lora = false;
   // graphs builds the family's segments (estimator/graph/graph_builder.h).
   ModelGraphs (*graphs)(const ModelConfig& config, AttentionMode mode) = nullptr;
   // validate: the family's own checks after ValidateConfig's (what it does not model

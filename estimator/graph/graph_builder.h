@@ -261,6 +261,30 @@ class GraphBuilder {
     return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
 
+  // NnLinear is a transformers model's nn.Linear module `name` (with or without bias),
+  // or, where config.lora targets it, peft's lora.Linear around it (peft 0.21.2,
+  // tuners/lora/layer.py, Linear.forward): result = base_layer(x), then
+  // result + lora_B(lora_A(dropout(x))) * scaling. Each adapter is an nn.Linear without
+  // bias, lora_A (r, in) and lora_B (out, r), registered after the base layer; the
+  // dropout (p > 0) draws its own noise from x; `* scaling` is a Python float, which
+  // MulBackward0 keeps as a wrapped number.
+  int NnLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
+    const int result = bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
+    if (!config_.lora.Targets(name)) return result;
+    const SymDim r = Sym(config_.lora.rank);
+    // x = self._cast_input_dtype(x, lora_A.weight.dtype) (tuners_utils.py): x.to() the
+    // adapter's dtype, the model's: a copy of an autocast op's lower-precision output
+    // (o_proj's and down_proj's inputs), which autocast casts back for lora_A.
+    x = ToDtype(name + ".lora_input", x, dtype_);
+    const int dropped = Dropout(name + ".lora_dropout", x, config_.lora.dropout);
+    const int a = MatmulFolded(name + ".lora_A", dropped, Param(name + ".lora_A.weight", {r, in}),
+                               in, r);
+    const int b =
+        MatmulFolded(name + ".lora_B", a, Param(name + ".lora_B.weight", {out, r}), r, out);
+    const int scaled = MulWrapped(name + ".lora_scaling", b);
+    return Op1(OpType::kAdd, name + ".lora", {result, scaled});
+  }
+
   // LinearNoBias: at::linear without bias is at::matmul(x, weight.t()), which folds the
   // (B, T, in) input: _unsafe_view(mm(x.reshape(B*T, in), weight.t()), (B, T, out)).
   int LinearNoBias(const std::string& name, int x, SymDim in, SymDim out) {
@@ -306,7 +330,7 @@ class GraphBuilder {
   // output columns split over tensor-parallel ranks; with sequence parallelism the
   // gather-linear of ColumnParallel.
   int ColumnParallelLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
-    if (!sp_) return bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
+    if (!sp_) return NnLinear(name, x, in, out, bias);
     std::vector<int> inputs = {x, Param(name + ".weight", {out, in})};
     if (bias) inputs.push_back(Param(name + ".bias", {out}));
     return Op1(OpType::kGatherLinear, name, inputs, {.shape = {kB, kT, out}}, OpKind::kMatmul);
@@ -319,7 +343,7 @@ class GraphBuilder {
   // parallelism, reduce-scattered; then the replicated bias added once (an add that,
   // under autocast, promotes to the bias's fp32 as the runtime's `+ bias` does).
   int RowParallelLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
-    if (!tp_) return bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
+    if (!tp_) return NnLinear(name, x, in, out, bias);
     int weight = Param(name + ".weight", {out, in});  // the module's order: weight, bias
     int bias_param = bias ? Param(name + ".bias", {out}) : -1;
     int partial = MatmulFolded(name, x, weight, in, out);
@@ -820,7 +844,8 @@ class GraphBuilder {
   // ("experts.gate_up_proj"), when it is not the graph's.
   void RegistrationOrder(const std::vector<std::string>& modules) {
     for (const std::string& module : modules) {
-      for (const std::string suffix : {"", ".weight", ".bias"}) {
+      for (const std::string suffix :
+           {"", ".weight", ".bias", ".lora_A.weight", ".lora_B.weight"}) {
         for (size_t t = 0; t < graph_.tensors.size(); ++t) {
           if (graph_.tensors[t].is_parameter && graph_.tensors[t].name == module + suffix) {
             graph_.parameter_order.push_back(static_cast<int>(t));

@@ -213,6 +213,14 @@ rapidjson::Document PredictionJson(const Prediction& p) {
   // What trains (--freeze): the frozen parameters are in param_bytes, with no gradient
   // and no optimizer state.
   doc.AddMember("freeze", String(FreezeName(p.config.freeze), a), a);
+  if (p.config.lora.enabled()) {  // peft's LoraConfig; only the adapters train
+    rapidjson::Value lora(rapidjson::kObjectType);
+    lora.AddMember("rank", p.config.lora.rank, a);
+    lora.AddMember("alpha", p.config.lora.alpha, a);
+    lora.AddMember("dropout", p.config.lora.dropout, a);
+    lora.AddMember("targets", String(LoraTargetsName(p.config.lora), a), a);
+    doc.AddMember("lora", lora, a);
+  }
   doc.AddMember("n_trainable_params", p.n_trainable_params, a);
   doc.AddMember("frozen_param_bytes", p.frozen_param_bytes, a);
   doc.AddMember("buffer_bytes", p.buffer_bytes, a);
@@ -385,9 +393,13 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   }
   absl::StrAppendFormat(&out, "%-22s %20s %14s\n", "bucket", "bytes", "");
   absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "n_params (count)", p.n_params, "");
-  if (c.freeze.any()) {
-    absl::StrAppendFormat(&out, "%-22s %20d %14s\n", "trainable (count)",
-                          p.n_trainable_params, absl::StrCat("frozen: ", FreezeName(c.freeze)));
+  if (p.n_trainable_params != p.n_params) {
+    const std::string what =
+        c.lora.enabled()
+            ? absl::StrCat("LoRA r=", c.lora.rank, " on ", LoraTargetsName(c.lora))
+            : absl::StrCat("frozen: ", FreezeName(c.freeze));
+    absl::StrAppendFormat(&out, "%-22s %20d   %s\n", "trainable (count)", p.n_trainable_params,
+                          what);
   }
   for (const auto& [name, bytes] :
        {std::pair<const char*, int64_t>{"param_bytes", p.param_bytes},
@@ -399,7 +411,7 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
     // A rank's strategy's buffers; one process has none (the row would be a 0). Frozen
     // parameters only where something is frozen.
     if (bytes == 0 && name == std::string("communication_bytes")) continue;
-    if (!c.freeze.any() && name == std::string("frozen_param_bytes")) continue;
+    if (bytes == 0 && name == std::string("frozen_param_bytes")) continue;
     absl::StrAppendFormat(&out, "%-22s %20d %14s\n", name, bytes, HumanBytes(bytes));
   }
   absl::StrAppendFormat(&out, "\n%-22s %20s %14s %10s %14s\n", "saved_bytes", "bytes", "",

@@ -102,10 +102,11 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     }
   }
   if (absl::Status s = CheckZeroStage(spec.zero); !s.ok()) return s;
-  if (config.freeze.any() && spec.Accumulates()) {
-    return absl::InvalidArgumentError(
-        "--freeze is modelled on one process and one micro-batch: not with --dp, --pp or "
-        "--micro_batches above 1 yet");
+  if ((config.freeze.any() || config.lora.enabled()) && spec.Accumulates()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.lora.enabled() ? "--lora_rank" : "--freeze",
+        " is modelled on one process and one micro-batch: not with --dp, --pp or "
+        "--micro_batches above 1 yet"));
   }
   if (spec.Accumulates() && config.layers > kMaxRankLayers) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -239,6 +239,22 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.checkpoint_impl,
                              ParseCheckpointImpl(request.checkpoint_impl));
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.freeze, ParseFreeze(request.freeze));
+  const RunRequest defaults;
+  if (request.lora_rank < 0 || request.lora_rank > kMaxLoraRank) {
+    return absl::InvalidArgumentError(absl::StrCat("--lora_rank must be from 0 to ",
+                                                   kMaxLoraRank, ", got ", request.lora_rank));
+  }
+  if (request.lora_rank == 0 &&
+      (request.lora_alpha != defaults.lora_alpha || request.lora_dropout != defaults.lora_dropout ||
+       request.lora_targets != defaults.lora_targets)) {
+    return absl::InvalidArgumentError(
+        "--lora_alpha, --lora_dropout and --lora_targets describe LoRA adapters: they need "
+        "--lora_rank >= 1");
+  }
+  spec.config.lora.rank = request.lora_rank;
+  spec.config.lora.alpha = request.lora_alpha;
+  spec.config.lora.dropout = request.lora_dropout;
+  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.lora.targets, ParseLoraTargets(request.lora_targets));
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.sdpa_backend, ParseSdpaBackend(request.sdpa_backend));
   if (request.expandable_segments && spec.config.device != Device::kCuda) {
     return absl::InvalidArgumentError(
@@ -328,6 +344,16 @@ std::string RequestFlags(const RunRequest& request) {
   if (request.momentum != defaults.momentum) absl::StrAppend(&out, " --momentum=", request.momentum);
   text("checkpoint_impl", request.checkpoint_impl, defaults.checkpoint_impl);
   text("freeze", request.freeze, defaults.freeze);
+  number("lora_rank", request.lora_rank, defaults.lora_rank);
+  if (request.lora_rank > 0) {
+    if (request.lora_alpha != defaults.lora_alpha) {
+      absl::StrAppend(&out, " --lora_alpha=", request.lora_alpha);
+    }
+    if (request.lora_dropout != defaults.lora_dropout) {
+      absl::StrAppend(&out, " --lora_dropout=", request.lora_dropout);
+    }
+    text("lora_targets", request.lora_targets, defaults.lora_targets);
+  }
   if (request.master_weights) absl::StrAppend(&out, " --master_weights");
   number("tp", request.tp, defaults.tp);
   if (request.sp) absl::StrAppend(&out, " --sp");

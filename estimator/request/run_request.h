@@ -42,6 +42,11 @@ struct RunRequest {
   std::string optimizer_impl = "auto";  // torch.optim's for_loop, foreach or fused
   std::string checkpoint_impl = "non_reentrant";  // torch.utils.checkpoint's use_reentrant
   std::string freeze;  // parameters that do not train: embeddings, lm_head (comma-separated)
+  // peft's LoRA (LoraConfig's r, lora_alpha, lora_dropout, target_modules); rank 0: none.
+  int64_t lora_rank = 0;
+  double lora_alpha = 8;
+  double lora_dropout = 0;
+  std::string lora_targets = "q_proj,v_proj";
   double momentum = 0;
   bool master_weights = false;
   // The layout (ParallelSpec): tensor-parallel ranks (the prediction is one rank's) and

@@ -1,10 +1,12 @@
 #include "estimator/spec/config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -173,6 +175,29 @@ absl::StatusOr<Freeze> ParseFreeze(absl::string_view list) {
     }
   }
   return freeze;
+}
+
+std::string LoraTargetsName(const Lora& lora) { return absl::StrJoin(lora.targets, ","); }
+
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(absl::string_view list) {
+  std::vector<std::string> targets;
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    const bool name = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+    });
+    if (part != "all-linear" && !name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora_targets lists module names (q_proj,v_proj) or all-linear, got '", list,
+          "'"));
+    }
+    targets.emplace_back(part);
+  }
+  if (targets.size() > 1 &&
+      std::find(targets.begin(), targets.end(), "all-linear") != targets.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lora_targets all-linear stands alone, got '", list, "'"));
+  }
+  return targets;
 }
 
 absl::string_view OptimizerImplName(OptimizerImpl impl) {

@@ -137,6 +137,38 @@ std::string FreezeName(const Freeze& freeze);
 // or "none" freezes nothing.
 absl::StatusOr<Freeze> ParseFreeze(absl::string_view list);
 
+// Lora is peft's LoraConfig for get_peft_model (peft 0.21.2, tuners/lora): every base
+// parameter frozen (_mark_only_adapters_as_trainable), and each nn.Linear the targets name
+// wrapped in lora.Linear, whose forward adds lora_B(lora_A(dropout(x))) * scaling to the
+// base layer's output (tuners/lora/layer.py, Linear.forward).
+struct Lora {
+  int64_t rank = 0;      // r; 0: no adapters
+  double alpha = 8;      // lora_alpha: the scaling alpha / r, which changes no memory
+  double dropout = 0;    // lora_dropout: nn.Dropout(p) on the adapter's input; 0: Identity
+  // target_modules: module names (a module matches its own name or a name ending in
+  // ".name"), or {"all-linear"}: every nn.Linear but the output layer.
+  std::vector<std::string> targets = {"q_proj", "v_proj"};
+  bool enabled() const { return rank > 0; }
+  bool Targets(absl::string_view module) const {
+    if (!enabled()) return false;
+    for (const std::string& target : targets) {
+      if (target == "all-linear" || module == target ||
+          (module.size() > target.size() && module[module.size() - target.size() - 1] == '.' &&
+           module.substr(module.size() - target.size()) == target)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  friend bool operator==(const Lora&, const Lora&) = default;
+};
+// kMaxLoraRank bounds --lora_rank (peft takes any r; the published recipes use 8 to 256).
+inline constexpr int64_t kMaxLoraRank = 65536;
+// LoraTargetsName: "q_proj,v_proj", "all-linear".
+std::string LoraTargetsName(const Lora& lora);
+// ParseLoraTargets parses --lora_targets: comma-separated module names, or all-linear.
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(absl::string_view list);
+
 // SmallestPeriod is the shortest prefix p of `per_layer` with per_layer[i] ==
 // p[i % |p|]: a per-layer list as the repeating period ModelConfig keeps.
 template <typename T>
@@ -420,6 +452,9 @@ struct RunShape {
   CheckpointImpl checkpoint_impl = CheckpointImpl::kNonReentrant;
   // freeze: the parameters that do not train (--freeze).
   Freeze freeze;
+  // lora: peft's LoRA adapters (--lora_rank and the others); with them only the
+  // adapters train.
+  Lora lora;
   friend bool operator==(const RunShape&, const RunShape&) = default;
 };
 

@@ -136,7 +136,10 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       }
       inst.ids[s] = id;
       if (pass.early_stop) local[s] = true;
-      if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy && !replayed &&
+      // Autocast caches the cast of a leaf that requires grad (autocast_mode.cpp,
+      // cached_cast: arg.requires_grad() && arg.is_leaf()): not a frozen weight's.
+      if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy &&
+          !inst.plan->graph->tensors[op.inputs[0]].frozen && !replayed &&
           !(pass.replay && CallIsReplayed(inst, op))) {
         memory_.Ref(id);
         forward_holds_.emplace_back(id, inst.segment);

@@ -270,6 +270,7 @@ const FamilyDef& Gemma3Family() {
       .decoder = true,
       .rope = true,
       .layer_types = true,
+      .lora = true,
       .graphs = BuildGemma3Graphs,
       .model_types = {"gemma3_text", "gemma3"},
       // Gemma3Config.attribute_map (configuration_gemma3.py:196-200); Gemma3TextConfig

@@ -506,6 +506,7 @@ const FamilyDef& LlamaFamily() {
       .rope = true,
       .qk_norm = true,
       .projection_biases = true,
+      .lora = true,
       .graphs = BuildLlamaGraphs,
       .validate = ValidateLlama,
       .model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"},

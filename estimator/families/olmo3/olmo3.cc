@@ -246,6 +246,7 @@ const FamilyDef& Olmo3Family() {
       .decoder = true,
       .rope = true,
       .layer_types = true,
+      .lora = true,
       .graphs = BuildOlmo3Graphs,
       .validate = ValidateOlmo3,
       .model_types = {"olmo3"},
