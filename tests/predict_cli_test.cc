@@ -76,25 +76,6 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--device=cuda --model=tiny-qwen3-moe", "--device=cuda: a mixture of experts"},
            {"--ep=2 --dp=2", "--ep (expert parallelism) needs a mixture-of-experts model"},
            {"--ep=0", "--ep must be >= 1, got 0"},
-           {"--model=tiny-llama --freeze=layers:0-1",
-            "--freeze lists embeddings and lm_head (comma-separated) or none, got "
-            "'layers:0-1': frozen decoder layers are not modelled yet"},
-           {"--freeze=embeddings", "--freeze embeddings needs a transformers model"},
-           {"--model=tiny-llama --freeze=lm_head --dp=2",
-            "--freeze is modelled on one process and one micro-batch"},
-           {"--model=tiny-llama --lora_rank=-1", "--lora_rank must be from 0 to 65536, got -1"},
-           {"--model=tiny-llama --lora_dropout=0.1",
-            "--lora_alpha, --lora_dropout and --lora_targets describe LoRA adapters: they "
-            "need --lora_rank >= 1"},
-           {"--model=tiny-llama --lora_rank=8 --lora_dropout=1",
-            "--lora_dropout must be in [0, 1), got 1"},
-           {"--model=tiny-llama --lora_rank=8 --lora_targets=qkv",
-            "--lora_targets qkv: no nn.Linear of the model has that name"},
-           {"--model=tiny-gpt2 --lora_rank=8", "not the gpt2 family's Conv1D"},
-           {"--model=tiny-qwen3-moe --lora_rank=8 --lora_targets=all-linear",
-            "--lora_targets all-linear on a mixture of experts"},
-           {"--model=tiny-llama --lora_rank=8 --micro_batches=2",
-            "--lora_rank is modelled on one process and one micro-batch"},
            // The search's and the C ABI's line for the same value (search_cli_test,
            // api_test): the search said "--zero 4 must be 0, 1, 2 or 3".
            {"--dp=2 --zero=4", "--zero must be 0, 1, 2 or 3, got 4"},
@@ -410,8 +391,7 @@ TEST(PredictCliTest, HelpListsEveryFlagByGroup) {
   CommandResult help = Predict("--help");
   ASSERT_EQ(help.exit_code, 0) << help.output;
   for (const char* group : {"\nmodel:\n", "\ninput:\n", "\nprecision:\n", "\noptimizer:\n",
-                            "\nfine-tuning:\n", "\ncheckpointing:\n", "\nparallelism:\n",
-                            "\ndevice:\n",
+                            "\ncheckpointing:\n", "\nparallelism:\n", "\ndevice:\n",
                             "\noutput:\n"}) {
     EXPECT_NE(help.output.find(group), std::string::npos) << group << help.output;
   }

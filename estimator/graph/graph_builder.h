@@ -261,20 +261,16 @@ class GraphBuilder {
     return Op1(OpType::kView, name + ".unflatten", {mm}, {.shape = {kB, kT, out}});
   }
 
-  // NnLinear is a transformers model's nn.Linear module `name` (with or without bias),
-  // or, where config.lora targets it, peft's lora.Linear around it (peft 0.21.2,
-  // tuners/lora/layer.py, Linear.forward): result = base_layer(x), then
-  // result + lora_B(lora_A(dropout(x))) * scaling. Each adapter is an nn.Linear without
-  // bias, lora_A (r, in) and lora_B (out, r), registered after the base layer; the
-  // dropout (p > 0) draws its own noise from x; `* scaling` is a Python float, which
-  // MulBackward0 keeps as a wrapped number.
+  // NnLinear is a model's nn.Linear module `name`, or where config.lora targets it peft's
+  // lora.Linear (peft 0.21.2, tuners/lora/layer.py, Linear.forward): base_layer(x) +
+  // lora_B(lora_A(dropout(x))) * scaling; lora_A (r, in) and lora_B (out, r) registered
+  // after the base layer, the dropout (p > 0) its own noise, `* scaling` a Python float.
   int NnLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
     const int result = bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
     if (!config_.lora.Targets(name)) return result;
     const SymDim r = Sym(config_.lora.rank);
-    // x = self._cast_input_dtype(x, lora_A.weight.dtype) (tuners_utils.py): x.to() the
-    // adapter's dtype, the model's: a copy of an autocast op's lower-precision output
-    // (o_proj's and down_proj's inputs), which autocast casts back for lora_A.
+    // _cast_input_dtype (tuners_utils.py): x.to() the adapter's dtype, a copy of an
+    // autocast op's bf16 output (o_proj's, down_proj's input), cast back for lora_A.
     x = ToDtype(name + ".lora_input", x, dtype_);
     const int dropped = Dropout(name + ".lora_dropout", x, config_.lora.dropout);
     const int a = MatmulFolded(name + ".lora_A", dropped, Param(name + ".lora_A.weight", {r, in}),

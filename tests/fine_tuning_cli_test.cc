@@ -1,0 +1,77 @@
+// predict with frozen parameters and peft's LoRA as a user runs it: the refusals, one
+// line each naming the flag, and what the table and the JSON say of what trains (the
+// numbers themselves are checked against the real stack by real_stack_test and by hand
+// in predict_test).
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "rapidjson/document.h"
+#include "tests/subprocess.h"
+
+namespace {
+
+using memledger::testing::CommandResult;
+
+CommandResult Predict(const std::string& args) {
+  return memledger::testing::RunCommand("estimator/predict " + args);
+}
+
+TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
+  for (const auto& [args, flag] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"--model=tiny-llama --freeze=layers:0-1",
+            "--freeze lists embeddings and lm_head (comma-separated) or none, got "
+            "'layers:0-1': frozen decoder layers are not modelled yet"},
+           {"--freeze=embeddings", "--freeze embeddings needs a transformers model"},
+           {"--model=tiny-llama --freeze=lm_head --dp=2",
+            "--freeze is modelled on one process and one micro-batch"},
+           {"--model=tiny-llama --lora_rank=-1", "--lora_rank must be from 0 to 65536, got -1"},
+           {"--model=tiny-llama --lora_dropout=0.1",
+            "--lora_alpha, --lora_dropout and --lora_targets describe LoRA adapters: they "
+            "need --lora_rank >= 1"},
+           {"--model=tiny-llama --lora_rank=8 --lora_dropout=1",
+            "--lora_dropout must be in [0, 1), got 1"},
+           {"--model=tiny-llama --lora_rank=8 --lora_targets=qkv",
+            "--lora_targets qkv: no nn.Linear of the model has that name"},
+           {"--model=tiny-gpt2 --lora_rank=8", "not the gpt2 family's Conv1D"},
+           {"--model=tiny-qwen3-moe --lora_rank=8 --lora_targets=all-linear",
+            "--lora_targets all-linear on a mixture of experts"},
+           {"--model=tiny-llama --lora_rank=8 --micro_batches=2",
+            "--lora_rank is modelled on one process and one micro-batch"},
+       }) {
+    CommandResult r = Predict(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
+  }
+}
+
+// tiny-llama with peft's default LoRA, r 8 on q_proj (32 -> 32) and v_proj (32 -> 16):
+// (8 x 32 + 32 x 8) + (8 x 32 + 16 x 8) = 896 parameters a layer, 1,792 in its 2 layers.
+TEST(FineTuningCliTest, JsonAndTableSayWhatTrains) {
+  CommandResult json = Predict("--model=tiny-llama --variants=none --lora_rank=8");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  rapidjson::Document doc;
+  doc.Parse(json.output.c_str());
+  ASSERT_FALSE(doc.HasParseError()) << json.output;
+  EXPECT_EQ(doc["n_trainable_params"].GetInt64(), 1792);
+  EXPECT_EQ(doc["grad_bytes"].GetInt64(), 1792 * 4);
+  EXPECT_EQ(doc["lora"]["rank"].GetInt64(), 8);
+  EXPECT_STREQ(doc["lora"]["targets"].GetString(), "q_proj,v_proj");
+  EXPECT_EQ(doc["frozen_param_bytes"].GetInt64(),
+            doc["param_bytes"].GetInt64() - 1792 * 4);
+  CommandResult table =
+      Predict("--model=tiny-llama --variants=none --freeze=embeddings,lm_head --format=table");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("frozen: embeddings,lm_head"), std::string::npos) << table.output;
+  // Embedding and head: 2 x 96 x 32 fp32 = 24,576 B.
+  EXPECT_NE(table.output.find("frozen_param_bytes"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("24576"), std::string::npos) << table.output;
+  CommandResult help = Predict("--help");
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("\nfine-tuning:\n  --freeze"), std::string::npos) << help.output;
+}
+
+}  // namespace
