@@ -271,14 +271,16 @@ class GraphBuilder {
     const SymDim r = Sym(config_.lora.rank);
     // _cast_input_dtype (tuners_utils.py): x.to() the adapter's dtype, a copy of an
     // autocast op's bf16 output (o_proj's, down_proj's input), cast back for lora_A.
-    x = ToDtype(name + ".lora_input", x, dtype_);
-    const int dropped = Dropout(name + ".lora_dropout", x, config_.lora.dropout);
+    const int cast = ToDtype(name + ".lora_input", x, dtype_);
+    const int dropped = Dropout(name + ".lora_dropout", cast, config_.lora.dropout);
     const int a = MatmulFolded(name + ".lora_A", dropped, Param(name + ".lora_A.weight", {r, in}),
                                in, r);
     const int b =
         MatmulFolded(name + ".lora_B", a, Param(name + ".lora_B.weight", {out, r}), r, out);
     const int scaled = MulWrapped(name + ".lora_scaling", b);
-    return Op1(OpType::kAdd, name + ".lora", {result, scaled});
+    const int sum = Op1(OpType::kAdd, name + ".lora", {result, scaled});
+    HeldThroughHere({x, cast});  // the call's argument and forward's local `x`, to its return
+    return sum;
   }
 
   // LinearNoBias: at::linear without bias is at::matmul(x, weight.t()), which folds the
