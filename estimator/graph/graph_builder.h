@@ -269,8 +269,7 @@ class GraphBuilder {
     const int result = bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
     if (!config_.lora.Targets(name)) return result;
     const SymDim r = Sym(config_.lora.rank);
-    // _cast_input_dtype (tuners_utils.py): x.to() the adapter's dtype, a copy of an
-    // autocast op's bf16 output (o_proj's, down_proj's input), cast back for lora_A.
+    // _cast_input_dtype: x.to() the adapter's dtype (a copy of o_proj's bf16 input).
     const int cast = ToDtype(name + ".lora_input", x, dtype_);
     const int dropped = Dropout(name + ".lora_dropout", cast, config_.lora.dropout);
     const int a = MatmulFolded(name + ".lora_A", dropped, Param(name + ".lora_A.weight", {r, in}),
@@ -666,8 +665,7 @@ class GraphBuilder {
 
   // VocabEmbedding is the token embedding: an embedding, or with tensor parallelism
   // Megatron's vocabulary-parallel one over this rank's V / tp rows.
-  // InputEmbeddings marks what the input embeddings module returns
-  // (BlockGraph::input_embeddings).
+  // InputEmbeddings marks what the input embeddings return (BlockGraph::input_embeddings).
   void InputEmbeddings(int tensor) { graph_.input_embeddings = tensor; }
 
   int VocabEmbedding(const std::string& name, int weight, int input_ids) {
