@@ -212,17 +212,23 @@ ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& co
   return census;
 }
 
-CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
+std::vector<CheckedInt64> BufferSizes(const ModelGraphs& graphs, const ModelConfig& config) {
   const SymbolValues symbols(config);
-  CheckedInt64 bytes = 0;
+  std::vector<CheckedInt64> sizes;
   std::vector<const BlockGraph*> segments = {&graphs.epilogue};
   if (graphs.prologue.has_value()) segments.push_back(&*graphs.prologue);
   for (const BlockGraph& kind : graphs.layer_kinds) segments.push_back(&kind);
   for (const BlockGraph* graph : segments) {
     for (const TensorDef& tensor : graph->tensors) {
-      if (tensor.is_buffer) bytes += Elements(tensor, symbols) * ElementSizeBytes(tensor.dtype);
+      if (tensor.is_buffer) sizes.push_back(Elements(tensor, symbols) * ElementSizeBytes(tensor.dtype));
     }
   }
+  return sizes;
+}
+
+CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config) {
+  CheckedInt64 bytes = 0;
+  for (const CheckedInt64& size : BufferSizes(graphs, config)) bytes += size;
   return bytes;
 }
 

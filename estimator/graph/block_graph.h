@@ -244,6 +244,8 @@ struct ParameterCensus {
 // BufferBytes sums the model's buffers (TensorDef::is_buffer), which every rank's model
 // holds whatever layers it runs.
 CheckedInt64 BufferBytes(const ModelGraphs& graphs, const ModelConfig& config);
+// BufferSizes is each of those buffers' bytes, one storage each, in the graphs' order.
+std::vector<CheckedInt64> BufferSizes(const ModelGraphs& graphs, const ModelConfig& config);
 
 // StageParameters counts the parameters a stage holds: its layers', the embedding's with
 // the prologue, the head's with the head, and a tied head weight's own copy on a stage

@@ -685,12 +685,18 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
 
 }  // namespace
 
-void AddBufferTensor(int64_t bytes, std::vector<ResidentTensor>* tensors) {
-  if (bytes <= 0) return;
+void AddBufferTensors(const ModelGraphs& graphs, const ModelConfig& config,
+                      std::vector<ResidentTensor>* tensors) {
+  std::vector<ResidentTensor> buffers;
+  for (const CheckedInt64& bytes : BufferSizes(graphs, config)) {
+    if (!bytes.overflowed() && bytes.value() > 0) {
+      buffers.push_back(ResidentTensor{"buffer", MemoryCategory::kBuffer, bytes.value()});
+    }
+  }
   auto state = std::find_if(tensors->begin(), tensors->end(), [](const ResidentTensor& t) {
     return t.category == MemoryCategory::kOptimizerState;
   });
-  tensors->insert(state, ResidentTensor{"buffers", MemoryCategory::kBuffer, bytes});
+  tensors->insert(state, buffers.begin(), buffers.end());
 }
 
 ResidentBytes ResidentOf(const Prediction& prediction) {
@@ -701,7 +707,7 @@ ResidentBytes ResidentOf(const Prediction& prediction) {
   resident.tensors =
       ResidentTensors(*prediction.graphs, config, prediction.optimizer, {WholeModel(config)},
                       prediction.param_bytes, prediction.optimizer_state_bytes);
-  AddBufferTensor(prediction.buffer_bytes, &resident.tensors);
+  AddBufferTensors(*prediction.graphs, config, &resident.tensors);
   return resident;
 }
 

@@ -160,13 +160,15 @@ std::vector<ResidentTensor> ResidentTensors(const ModelGraphs& graphs, const Mod
                                             const std::vector<StageRange>& chunks,
                                             int64_t param_bytes, int64_t state_bytes);
 
-// AddBufferTensor puts the model's buffers (one block of `bytes`, if any) among resident
+// AddBufferTensors puts the model's buffers (BufferSizes: each its own storage, so its
+// own CUDA block, as RoPE's inv_freq and its clone original_inv_freq are) among resident
 // tensors, before the optimizer's state: where the step finds them allocated.
-void AddBufferTensor(int64_t bytes, std::vector<ResidentTensor>* tensors);
+void AddBufferTensors(const ModelGraphs& graphs, const ModelConfig& config,
+                      std::vector<ResidentTensor>* tensors);
 
 // ResidentOf is what exists before the predicted process's step, as `prediction` counts
 // it (param_bytes, optimizer_state_bytes, buffer_bytes) and, on --device=cuda, tensor by
-// tensor (ResidentTensors, then AddBufferTensor), as a CUDA step's simulation needs it.
+// tensor (ResidentTensors, then AddBufferTensors), as a CUDA step's simulation needs it.
 ResidentBytes ResidentOf(const Prediction& prediction);
 
 // Caveats lists, for a run of `config` under `variants`, what the real stack does that

@@ -287,7 +287,7 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
     // holds the buffers before the step.
     resident.parameter_bytes = 0;
     resident.optimizer_state_bytes = 0;
-    AddBufferTensor(resident.buffer_bytes, &tensors);
+    AddBufferTensors(*graphs, config, &tensors);
     return resident;
   }
   if (parallel.fsdp.enabled) {
@@ -322,7 +322,7 @@ absl::StatusOr<ResidentBytes> RankResident(const ModelConfig& config, const Para
       if (bytes > 0) tensors.push_back({name, MemoryCategory::kOptimizerState, bytes});
     }
   }
-  AddBufferTensor(resident.buffer_bytes, &tensors);
+  AddBufferTensors(*graphs, config, &tensors);
   return resident;
 }
 
