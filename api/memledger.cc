@@ -204,6 +204,9 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "device") status = string(&request.device);
     else if (name == "sdpa_backend") status = string(&request.sdpa_backend);
     else if (name == "expandable_segments") status = boolean(&request.expandable_segments);
+    else if (name == "cublas_workspace_config") {
+      status = string(&request.cublas_workspace_config);
+    }
     else if (name == "dtype") status = string(&request.dtype);
     else if (name == "amp") status = string(&request.amp);
     else if (name == "optimizer") status = string(&request.optimizer);

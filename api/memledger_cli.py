@@ -39,7 +39,8 @@ NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib"
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "freeze", "lora_targets", "schedule", "format", "experts_impl",
-           "routing", "gpu", "device", "sdpa_backend", "sweep", "plan"}
+           "routing", "gpu", "device", "sdpa_backend", "cublas_workspace_config", "sweep",
+           "plan"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
 # (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
 # (memledger_snapshot), search's chart.
@@ -77,6 +78,7 @@ GROUPS = [
                      "ep", "schedule", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
+                "cublas_workspace_config",
                 "cpu_threads", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)", "checked_layouts (search)"]),
     ("output", ["format (json or table; csv or jsonl with --sweep)", "json_out",

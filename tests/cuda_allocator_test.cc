@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -22,6 +23,8 @@
 #include "estimator/predict/predict.h"
 #include "estimator/predict/ranks.h"
 #include "estimator/request/run_request.h"
+#include "estimator/spec/config.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace memledger {
@@ -446,6 +449,60 @@ TEST(FsdpOnCudaTest, CpuOffloadKeepsTheShardsOnTheHost) {
   EXPECT_EQ(copied, (std::vector<int64_t>{131200, 86272, 86272, 131200, 86272, 86272}));
   EXPECT_EQ(by_stream[kFsdpReduceScatterStream],
             (std::vector<int64_t>{86272, 86272, 131200}));
+}
+
+// --cublas_workspace_config reads CUBLAS_WORKSPACE_CONFIG as parseChosenWorkspaceSize
+// does: SIZE KiB times COUNT, summed over the pairs.
+TEST(CublasWorkspaceTest, ConfigIsSizeTimesCountKibSummed) {
+  EXPECT_EQ(*ParseCublasWorkspaceConfig(":4096:8"), 4096 * 1024 * 8);  // 32 MiB
+  // The pre-Hopper default: 8 MiB + 128 KiB = 8,519,680 B.
+  EXPECT_EQ(*ParseCublasWorkspaceConfig(":4096:2:16:8"), 8519680);
+  EXPECT_EQ(*ParseCublasWorkspaceConfig(":0:0"), 0);
+  for (const char* bad : {"", "4096:8", ":4096", ":4096:8:", ":-1:8", ": 4:8", ":4x:8",
+                          ":1000000000:1", ":999999999:999999999"}) {
+    absl::StatusOr<int64_t> parsed = ParseCublasWorkspaceConfig(bad);
+    EXPECT_FALSE(parsed.ok()) << bad;
+    EXPECT_THAT(std::string(parsed.status().message()),
+                testing::HasSubstr("--cublas_workspace_config must be")) << bad;
+  }
+}
+
+// Each GEMM asks the allocator for the workspace after its output and frees it (a
+// request of exactly its size): the issue's Llama in one process, variant none, runs
+// 15 GEMMs forward (q, k, v, o, gate, up and down in each of 2 layers, and lm_head) and
+// two for each backward (the input's gradient, every input requiring grad, and the
+// weight's): 45. :7:3 is 21,504 B, no tensor's size here; :0:0 asks for none.
+TEST(CublasWorkspaceTest, EachGemmRequestsTheConfiguredWorkspace) {
+  auto calls = [](const std::string& config) {
+    RunRequest request;
+    request.model = "tests/testdata/issue_llama.config.json";
+    request.device = "cuda";
+    request.sdpa_backend = "efficient";
+    request.batch = 2;
+    request.seq = 32;
+    request.variants = "none";
+    request.cublas_workspace_config = config;
+    absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<Prediction> p = Predict(spec->config, TimelineOptions(*spec));
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::vector<int64_t> sizes;
+    for (const StepTimeline::AllocatorCall& call : p->variants[0].timeline->allocator_calls) {
+      if (call.bytes > 0) sizes.push_back(call.bytes);
+    }
+    return sizes;
+  };
+  const std::vector<int64_t> with = calls(":7:3");
+  const std::vector<int64_t> without = calls(":0:0");
+  EXPECT_EQ(std::count(with.begin(), with.end(), 7 * 1024 * 3), 45);
+  EXPECT_EQ(with.size(), without.size() + 45);
+  // Not on the CPU, where no cuBLAS runs.
+  RunRequest cpu;
+  cpu.model = "tiny-llama";
+  cpu.cublas_workspace_config = ":0:0";
+  EXPECT_THAT(std::string(RunSpecFromRequest(cpu).status().message()),
+              testing::HasSubstr("--cublas_workspace_config sizes cuBLAS's workspace: it "
+                                 "needs --device=cuda"));
 }
 
 }  // namespace

@@ -77,6 +77,10 @@ ABSL_FLAG(double, cuda_context_mib, 273.75,
           "With --device=cuda: the CUDA context's device memory, outside the caching "
           "allocator (its own bucket; default: PyTorch PR #86509's measurement with lazy "
           "module loading, 287,047,680 B).");
+ABSL_FLAG(std::string, cublas_workspace_config, "",
+          "With --device=cuda: CUBLAS_WORKSPACE_CONFIG as the run sets it, :SIZE:COUNT "
+          "pairs in KiB (:4096:8, the default on compute capability 9 to 12, is 32 MiB per "
+          "GEMM; :16:8 is 128 KiB; :0:0 none); empty: unset.");
 ABSL_FLAG(std::string, dtype, "fp32",
           "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
           "(pure low precision; PyTorch still keeps some tensors in fp32).");
@@ -209,6 +213,7 @@ RunRequest RunRequestFromFlags() {
   request.sdpa_backend = absl::GetFlag(FLAGS_sdpa_backend);
   request.expandable_segments = absl::GetFlag(FLAGS_expandable_segments);
   request.cuda_context_mib = absl::GetFlag(FLAGS_cuda_context_mib);
+  request.cublas_workspace_config = absl::GetFlag(FLAGS_cublas_workspace_config);
   request.dtype = absl::GetFlag(FLAGS_dtype);
   request.amp = absl::GetFlag(FLAGS_amp);
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -330,6 +335,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"planned_layouts", "checkpointing"},
     {"device", "device"},        {"sdpa_backend", "device"},
     {"expandable_segments", "device"}, {"cuda_context_mib", "device"},
+    {"cublas_workspace_config", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
     {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
     {"checked_layouts", "device"},

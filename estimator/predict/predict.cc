@@ -718,11 +718,12 @@ std::vector<std::string> Caveats(const ModelConfig& config,
     // What the CUDA step's simulation leaves out (its saved bytes are checked against
     // the real stack's forward on fake CUDA, its allocator against PyTorch's own; its
     // kernels' workspaces come from their sources, and no GPU has checked the peak).
-    caveats.push_back(
+    caveats.push_back(absl::StrCat(
         "cuda: the peak is not checked on a GPU yet; kernel workspaces it leaves out: the "
         "memory-efficient and cuDNN attention backward's, layer norm's and reductions' "
         "partial buffers, the embedding backward's sort; cuBLASLt's 1 MiB workspace is "
-        "counted as cuBLAS's 32 MiB");
+        "counted as cuBLAS's ",
+        config.cublas_workspace_bytes, " B (--cublas_workspace_config)"));
     caveats.push_back(
         "cuda: peak_reserved_bytes starts from a fresh allocator holding the resident "
         "tensors; a warm-up step's cached segments can make max_memory_reserved() larger");

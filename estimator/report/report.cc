@@ -162,6 +162,8 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
   doc.AddMember("sdpa_kernel", String(SdpaKernelsName(config, attention).value_or("?"), a), a);
   if (config.device == Device::kCuda) {
     doc.AddMember("expandable_segments", config.expandable_segments, a);
+    // Each GEMM's cuBLAS workspace (--cublas_workspace_config), a transient in the peak.
+    doc.AddMember("cublas_workspace_bytes", config.cublas_workspace_bytes, a);
     // What the device holds outside the caching allocator, which no max_memory_* counts.
     rapidjson::Value outside(rapidjson::kObjectType);
     outside.AddMember("cuda_context", config.cuda_context_bytes, a);

@@ -274,6 +274,14 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   }
   spec.config.cuda_context_bytes =
       static_cast<int64_t>(std::llround(request.cuda_context_mib * (1 << 20)));
+  if (!request.cublas_workspace_config.empty()) {
+    if (spec.config.device != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          "--cublas_workspace_config sizes cuBLAS's workspace: it needs --device=cuda");
+    }
+    MEMLEDGER_ASSIGN_OR_RETURN(spec.config.cublas_workspace_bytes,
+                               ParseCublasWorkspaceConfig(request.cublas_workspace_config));
+  }
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
   spec.routing = request.routing;
   // The config first: the layout's and the variants' checks ask it.
@@ -379,6 +387,8 @@ std::string RequestFlags(const RunRequest& request) {
   if (request.cuda_context_mib != defaults.cuda_context_mib) {
     absl::StrAppend(&out, " --cuda_context_mib=", request.cuda_context_mib);
   }
+  text("cublas_workspace_config", request.cublas_workspace_config,
+       defaults.cublas_workspace_config);
   text("experts_impl", request.experts_impl, defaults.experts_impl);
   text("routing", request.routing, defaults.routing);
   return out;

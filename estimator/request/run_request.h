@@ -81,6 +81,8 @@ struct RunRequest {
   std::string sdpa_backend = "auto";  // auto, flash, efficient, cudnn or math
   bool expandable_segments = false;   // with device cuda
   double cuda_context_mib = static_cast<double>(kCudaContextBytes) / (1 << 20);
+  // CUBLAS_WORKSPACE_CONFIG's value (":4096:8", ":16:8", ":0:0"); empty: unset.
+  std::string cublas_workspace_config;
   std::string experts_impl = "grouped_mm";
   std::string routing = "balanced";
   // plan: a checkpoint plan (ReadPlan: a //planner file, or inline runs such as

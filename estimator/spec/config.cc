@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "estimator/spec/checked_math.h"
 
 namespace memledger {
 
@@ -55,6 +56,38 @@ absl::StatusOr<Device> ParseDevice(absl::string_view name) {
   if (name == "cuda") return Device::kCuda;
   return absl::InvalidArgumentError(
       absl::StrCat("--device must be cpu or cuda, got '", name, "'"));
+}
+
+absl::StatusOr<int64_t> ParseCublasWorkspaceConfig(absl::string_view config) {
+  // parseChosenWorkspaceSize (aten/src/ATen/cuda/CublasHandlePool.cpp) sums every
+  // ":SIZE:COUNT" it finds, SIZE KiB times COUNT, and warns and falls back to the default
+  // when it finds none; here the whole value must be such pairs, or it is refused.
+  const std::string message = absl::StrCat(
+      "--cublas_workspace_config must be CUBLAS_WORKSPACE_CONFIG's :SIZE:COUNT pairs "
+      "(KiB, for example :4096:8 or :0:0), got '", config, "'");
+  std::vector<absl::string_view> parts = absl::StrSplit(config, ':');
+  // ":4096:8:16:8" splits into "", "4096", "8", "16", "8".
+  if (parts.size() < 3 || parts.size() % 2 != 1 || !parts[0].empty()) {
+    return absl::InvalidArgumentError(message);
+  }
+  CheckedInt64 total = 0;
+  for (size_t i = 1; i < parts.size(); i += 2) {
+    int64_t size = 0;
+    int64_t count = 0;
+    // Digits only (SimpleAtoi would take a sign or spaces), and at most 1 TiB in all.
+    auto digits = [](absl::string_view s) {
+      return !s.empty() && s.size() <= 9 && std::all_of(s.begin(), s.end(), absl::ascii_isdigit);
+    };
+    if (!digits(parts[i]) || !digits(parts[i + 1]) || !absl::SimpleAtoi(parts[i], &size) ||
+        !absl::SimpleAtoi(parts[i + 1], &count)) {
+      return absl::InvalidArgumentError(message);
+    }
+    total += CheckedInt64(size) * 1024 * count;
+    if (total.overflowed() || total.value() > int64_t{1} << 40) {
+      return absl::InvalidArgumentError(message);
+    }
+  }
+  return total.value();
 }
 
 absl::string_view SdpaBackendName(SdpaBackend backend) {

@@ -68,11 +68,18 @@ absl::string_view ModelDTypeName(DType dtype);  // "fp32", "bf16", "fp16"
 enum class Device : uint8_t { kCpu, kCuda };
 absl::string_view DeviceName(Device device);  // "cpu", "cuda"
 absl::StatusOr<Device> ParseDevice(absl::string_view name);  // --device
+// ParseCublasWorkspaceConfig is --cublas_workspace_config: CUBLAS_WORKSPACE_CONFIG's
+// ":SIZE:COUNT" pairs, in bytes.
+absl::StatusOr<int64_t> ParseCublasWorkspaceConfig(absl::string_view config);
 
 // kCudaContextBytes: the CUDA context's device memory with lazy module loading (torch
 // sets CUDA_MODULE_LOADING=LAZY since 1.13, the default from CUDA 12.2), as PyTorch's PR
 // #86509 measured it: 287,047,680 B (666,632,192 B eager). --cuda_context_mib changes it.
 inline constexpr int64_t kCudaContextBytes = 287047680;
+// kCublasWorkspaceBytes: the cuBLAS workspace each GEMM allocates from the caching
+// allocator when CUBLAS_WORKSPACE_CONFIG is unset: 32 MiB (:4096:8) for compute capability
+// 9 to 12 (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize).
+inline constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 
 // SdpaBackend is --sdpa_backend: the kernel F.scaled_dot_product_attention runs.
 // kAuto is what the pinned torch selects for the call (estimator/graph/sdpa_kernel.h).
@@ -470,6 +477,9 @@ struct DeviceOptions {
   // cuda_context_bytes: on CUDA, what the CUDA context holds on the device, outside the
   // caching allocator (no max_memory_* counts it; nvidia-smi does).
   int64_t cuda_context_bytes = kCudaContextBytes;
+  // cublas_workspace_bytes: on CUDA, each GEMM's cuBLAS workspace
+  // (CUBLAS_WORKSPACE_CONFIG: the sum of its :SIZE:COUNT KiB).
+  int64_t cublas_workspace_bytes = kCublasWorkspaceBytes;
   friend bool operator==(const DeviceOptions&, const DeviceOptions&) = default;
 };
 

@@ -117,15 +117,8 @@ class OpCall {
   Handle ScaledPowerGrad(const Layout& layout, DType dtype);
   // Temporary allocates `bytes` that the op frees before it returns (Memory::Unref).
   int Temporary(int64_t bytes) { return memory_.Alloc(bytes, MemoryCategory::kTemporary); }
-  // CublasWorkspace: on CUDA, the cuBLAS workspace each GEMM allocates from the caching
-  // allocator after its output and frees when it is done. The wheel sizes it 32 MiB for
-  // compute capability 9 to 12 (at::cuda::parseChosenWorkspaceSize, as
-  // CUBLAS_WORKSPACE_CONFIG=:4096:8) and, without TORCH_CUBLAS_WORKSPACE_CACHE=1,
-  // allocates it per operation (getCurrentCUDABlasHandleWithWorkspace).
-  static constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
-  void CublasWorkspace() {
-    if (memory_.cuda()) memory_.Transient(kCublasWorkspaceBytes);
-  }
+  // CublasWorkspace: on CUDA, the GEMM's cuBLAS workspace (Memory::CublasWorkspace).
+  void CublasWorkspace() { memory_.CublasWorkspace(); }
 
  private:
   Memory& memory_;

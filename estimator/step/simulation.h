@@ -98,7 +98,8 @@ class Simulation {
         options_(options),
         rules_(options.rules != nullptr ? *options.rules : RuleTable::Pinned()), out_(out),
         memory_(out, options.record_events, optimizer, config.device == Device::kCuda,
-                config.expandable_segments, options.cuda_blocks) {}
+                config.expandable_segments, options.cuda_blocks,
+                config.cublas_workspace_bytes) {}
 
   absl::Status Run(const ModelPlans& plans);
   // RunReduction is the step's end alone, from the .grads the backward leaves (one per

@@ -182,9 +182,12 @@ class Memory {
   // block of PyTorch's caching allocator (estimator/step/cuda_allocator.h), or its request
   // rounded to the allocator's 512 B.
   // expandable_segments: the allocator's (estimator/step/cuda_allocator.h).
+  // cublas_workspace_bytes: on CUDA, each GEMM's cuBLAS workspace (CublasWorkspace).
   Memory(StepTimeline* out, bool record, const OptimizerSpec& optimizer, bool cuda = false,
-         bool expandable_segments = false, CudaBlocks blocks = CudaBlocks::kAllocator)
-      : out_(out), record_(record), cuda_(cuda), optimizer_(optimizer) {
+         bool expandable_segments = false, CudaBlocks blocks = CudaBlocks::kAllocator,
+         int64_t cublas_workspace_bytes = 0)
+      : out_(out), record_(record), cuda_(cuda),
+        cublas_workspace_bytes_(cublas_workspace_bytes), optimizer_(optimizer) {
     if (cuda && blocks == CudaBlocks::kAllocator) allocator_.emplace(expandable_segments);
     // A step makes thousands of storages: this thread's vector of the last step, its
     // pages already faulted in, serves again (its room kept, count_ from 0).
@@ -310,6 +313,14 @@ class Memory {
     return Alloc(cuda_ ? 0 : bytes, category);
   }
   bool cuda() const { return cuda_; }
+  // CublasWorkspace: on CUDA, the cuBLAS workspace a GEMM allocates from the caching
+  // allocator after its output and frees when it is done. Without
+  // TORCH_CUBLAS_WORKSPACE_CACHE=1 the wheel allocates it per operation
+  // (aten/src/ATen/cuda/CublasHandlePool.cpp, getCurrentCUDABlasHandleWithWorkspace);
+  // CUBLAS_WORKSPACE_CONFIG=:0:0 asks for none, and then nothing is allocated.
+  void CublasWorkspace() {
+    if (cuda_ && cublas_workspace_bytes_ > 0) Transient(cublas_workspace_bytes_);
+  }
   // SetOnHost: from here on a CUDA step's allocations are the host's (FSDP2's
   // CPUOffloadPolicy steps the optimizer on CPU tensors), until SetOnHost(false).
   void SetOnHost(bool on) { on_host_ = on; }
@@ -612,6 +623,7 @@ class Memory {
   StepTimeline* out_;
   bool record_;
   bool cuda_;
+  int64_t cublas_workspace_bytes_;
   bool on_host_ = false;
   std::optional<CudaAllocatorSim> allocator_;  // on CUDA, with CudaBlocks::kAllocator
   struct Input {
