@@ -235,8 +235,9 @@ def _verify_params_in_python(dist):
 def fsdp2(model, case):
     """torch 2.15's FSDP2 as torchtitan applies it: `fully_shard` on each decoder layer,
     then on the whole model (the root unit: the embedding, the final norm, lm_head), over
-    a 1-D mesh of every rank, with case["reshard_after_forward"] and, when
-    case["mp_param_dtype"] is set, MixedPrecisionPolicy(param_dtype, reduce_dtype).
+    a 1-D mesh of every rank, with case["reshard_after_forward"], when
+    case["mp_param_dtype"] is set MixedPrecisionPolicy(param_dtype, reduce_dtype), and with
+    case["offload"] == "cpu" CPUOffloadPolicy(pin_memory=True).
 
     Gloo stands in for NCCL through FSDP2's own hooks for it (set_custom_all_gather,
     set_custom_reduce_scatter), with collectives that allocate what NCCL's do, nothing
@@ -248,10 +249,22 @@ def fsdp2(model, case):
     172,544 B, or the root unit's, 262,400 B, on either rank)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    # On fake CUDA (verify/witness_fake_fsdp2.py) the mesh is CUDA's and the process
+    # group torch's fake one, whose collectives allocate nothing, as NCCL's.
+    device = case.get("device", "cpu")
+    if device == "cpu":
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+    else:
+        # The mesh reads its rank map as real numbers, outside FakeTensorMode.
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            mesh = init_device_mesh(device, (dist.get_world_size(),))
     kwargs = {"mesh": mesh, "reshard_after_forward": case.get("reshard_after_forward", True)}
+    if case.get("offload", "none") == "cpu":
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     if case.get("mp_param_dtype"):
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch_dtype(case["mp_param_dtype"]),
@@ -267,6 +280,8 @@ def fsdp2(model, case):
     units = [*layers, model]
     for unit in units:
         fully_shard(unit, **kwargs)
+    if device != "cpu":
+        return
     all_gather, reduce_scatter = _nccl_like_collectives()
     for unit in units:
         unit.set_custom_all_gather(all_gather)

@@ -595,15 +595,18 @@ absl::StatusOr<DistributedPrediction> PredictValidDistributed(const ValidConfig&
   if (parallel.fsdp.enabled && parallel.fsdp.offload) {
     whole->caveats.push_back(
         "fsdp: CPUOffloadPolicy: the shards, their gradients and the optimizer's state are in "
-        "host memory (host_bytes), outside the device's peak; each all-gather first copies "
-        "the shards to the device, each reduce-scatter's output is copied back");
+        "host memory (host_bytes, the tensors' bytes: pinned memory's power-of-two blocks "
+        "are not counted), outside the device's peak; each all-gather first copies the "
+        "shards to the device, each reduce-scatter's output is copied back");
   }
   if (parallel.fsdp.enabled && config.device == Device::kCuda) {
     // tests/fsdp2_witness_test.py measures FSDP2 on Gloo CPU ranks; the CUDA step is
     // torch's source mirrored (data_parallel_fsdp2.cc), its allocator replay checked against
-    // torch's own (tests/cuda_allocator_test.cc), no GPU run.
+    // torch's own (tests/cuda_allocator_test.cc), its peak against fully_shard on fake CUDA
+    // tensors (tests/fsdp2_offload_witness_test.py), no GPU run.
     whole->caveats.push_back(
-        "fsdp: FSDP2 on CUDA follows torch's source, not a GPU run: the all-gather buffers "
+        "fsdp: FSDP2 on CUDA follows torch's source, checked on fake CUDA tensors, not a GPU "
+        "run: the all-gather buffers "
         "on its copy-in stream and the sharded gradients on its reduce-scatter stream (each "
         "stream's blocks cached apart), NCCL averaging in the collective, the copy kernels' "
         "metadata as an H100's 132 SMs size it; NCCL's own buffers are outside the "

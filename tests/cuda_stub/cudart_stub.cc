@@ -5,7 +5,8 @@
 // caching allocator without a GPU. One 80 GiB sm90 device; cudaMalloc hands out
 // increasing fake addresses, never touched; events and streams succeed at once and no
 // stream is ever capturing. What the native allocator on one stream never calls (IPC,
-// memory pools, graphs, copies) says cudaErrorNotSupported. The driver functions of
+// memory pools, graphs, copies) says cudaErrorNotSupported; cudart_unused.c names the
+// rest of what the wheel imports, so that Python's `import torch` loads over it too. The driver functions of
 // expandable segments (cuMemAddressReserve, cuMemCreate, cuMemMap, ...) come through
 // cudaGetDriverEntryPointByVersion, as c10/cuda/driver_api.cpp asks for them.
 #include <cuda.h>
@@ -96,7 +97,17 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int* v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int* v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) { *v = 0; return cudaSuccess; }
+// Every pointer is the device's (torch asks when it meets a pointer it did not allocate).
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::memset(a, 0, sizeof(*a));
+  a->type = cudaMemoryTypeDevice;
+  a->devicePointer = const_cast<void*>(p);
+  return cudaSuccess;
+}
 const char* cudaGetErrorName(cudaError_t) { return "stub"; }
 const char* cudaGetErrorString(cudaError_t) { return "stub"; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
@@ -108,12 +119,17 @@ cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { *ms = 0; return cudaSuccess; }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t, cudaStream_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* s) { *s = cudaStreamCaptureStatusNone; return cudaSuccess; }
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { static int n; *s = reinterpret_cast<cudaStream_t>(uintptr_t{0x3000} + (++n)); return cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) { static int n; *s = reinterpret_cast<cudaStream_t>(uintptr_t{0x2000} + (++n)); return cudaSuccess; }
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult* status) {
   for (const Entry& e : kDriver) {
