@@ -35,12 +35,15 @@ INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", 
             "max_virtual_stages", "threads", "top", "planned_layouts", "checked_layouts",
             "lora_rank"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
-           "flops_per_second", "lora_alpha", "lora_dropout"}
-BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments"}
+           "flops_per_second", "lora_alpha", "lora_dropout", "ddp_bucket_mb"}
+BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments", "fsdp",
+            "gradient_as_bucket_view"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "freeze", "lora_targets", "schedule", "format", "experts_impl",
            "routing", "gpu", "device", "sdpa_backend", "cublas_workspace_config", "sweep",
-           "plan"}
+           "plan", "mp_param_dtype", "mp_reduce_dtype", "offload",
+           # true, false, a number of ranks or auto: the C ABI reads the string.
+           "reshard_after_forward"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
 # (--json_out), predict's timeline chart ("format": "svg") and memory snapshot
 # (memledger_snapshot), search's chart.
@@ -75,7 +78,9 @@ GROUPS = [
                        "frontier_points (plan)", "flops_per_second (plan)",
                        "planned_layouts (search)"]),
     ("parallelism", ["tp", "sp", "dp", "pp", "virtual_stages", "micro_batches", "zero",
-                     "ep", "schedule", "gpus (search)", "gpus_per_node (search)",
+                     "ep", "schedule", "ddp_bucket_mb", "gradient_as_bucket_view", "fsdp",
+                     "reshard_after_forward", "mp_param_dtype", "mp_reduce_dtype",
+                     "offload", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
                 "cublas_workspace_config",

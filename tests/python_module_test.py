@@ -3,6 +3,7 @@ dict, bad input raises ValueError with the CLI's message, a sweep finds the larg
 batch that fits a budget, and plan() returns the checkpoint planner's answer. Expected numbers come from hand arithmetic in the C++ tests
 (model_presets_test, predict_test)."""
 
+import json
 import os
 import stat
 import subprocess
@@ -440,6 +441,26 @@ class CommandTest(unittest.TestCase):
         self.refused(["predict", os.fsdecode(b"--model=a\xff")], "--model=a\\xff: not valid UTF-8")
         self.refused(["predict", "--model=tiny-llama", "--json_out=/nonexistent/\r.json"],
                      "--json_out=/nonexistent/\\r.json: cannot create a temporary file")
+
+    def test_data_parallel_flags_reach_the_prediction(self):
+        # The Bazel CLI's DDP and FSDP2 flags (they were unknown to this command).
+        code, out, err = command(
+            ["predict", "--model=tiny-llama", "--batch=2", "--seq=32", "--dp=2", "--fsdp",
+             "--reshard_after_forward=false", "--mp_param_dtype=bf16",
+             "--mp_reduce_dtype=fp32", "--device=cuda", "--offload=cpu", "--variants=none"],
+            self.dir)
+        self.assertEqual(code, 0, err)
+        parallel = json.loads(out)["parallel"]
+        self.assertEqual(parallel["data_parallel"], "fsdp2")
+        self.assertEqual(parallel["fsdp"]["reshard_after_forward"], False)
+        code, out, err = command(
+            ["predict", "--model=tiny-llama", "--dp=2", "--ddp_bucket_mb=0.1",
+             "--gradient_as_bucket_view", "--variants=none"], self.dir)
+        self.assertEqual(code, 0, err)
+        code, out, _ = command(["predict", "--help"], self.dir)
+        for flag in ("--fsdp", "--offload", "--reshard_after_forward", "--mp_param_dtype",
+                     "--ddp_bucket_mb", "--gradient_as_bucket_view"):
+            self.assertIn(flag, out.decode())
 
     def test_bad_numbers_name_their_flag(self):
         self.refused(["plan", "--model=tiny-llama", "--budget_gib=1e-12"],
