@@ -1,7 +1,7 @@
 """FSDP2 on CUDA, CPUOffloadPolicy among it, exact against torch's own fully_shard run on
 fake CUDA tensors.
 
-verify/witness_fake_fsdp2.py trains the issue's 2-layer Llama (tests/issue_llama.py) as
+verify/witness_fake_step.py trains the issue's 2-layer Llama (tests/issue_llama.py) as
 rank 0 of 2 under torch's fake process group, every tensor a fake CUDA (or host) tensor:
 FSDP2's own Python decides each shard's device, each copy to and from the host, each
 all-gather buffer and each free; the meta kernels state each CUDA kernel's outputs. The
@@ -39,7 +39,7 @@ HERE = Path(os.path.realpath(__file__)).parent
 sys.path.insert(0, str(HERE))
 from issue_llama import CONFIG, PARAM_BYTES, TENSORS  # noqa: E402  (tests/issue_llama.py)
 
-WITNESS = HERE.parent / "verify" / "witness_fake_fsdp2.py"
+WITNESS = HERE.parent / "verify" / "witness_fake_step.py"
 CONFIG_PATH = HERE / "testdata" / "issue_llama.config.json"
 PREDICT = CUDART = CUDA = None  # set from argv
 

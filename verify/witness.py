@@ -637,8 +637,9 @@ DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16
 
 def measure_fake_cuda(case):
     """The forward of `case` on fake CUDA tensors: what autograd keeps on the device,
-    by dtype. Fake tensors run the ops' meta kernels, so nothing is computed; the
-    backward cannot run without a GPU (the engine asks the device for its context)."""
+    by dtype. Fake tensors run the ops' meta kernels, so nothing is computed. The
+    backward needs a CUDA runtime that answers (the engine asks the device for its
+    context): verify/witness_fake_step.py runs whole steps over tests/cuda_stub's."""
     torch = _torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
 

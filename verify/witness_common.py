@@ -251,7 +251,7 @@ def fsdp2(model, case):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    # On fake CUDA (verify/witness_fake_fsdp2.py) the mesh is CUDA's and the process
+    # On fake CUDA (verify/witness_fake_step.py) the mesh is CUDA's and the process
     # group torch's fake one, whose collectives allocate nothing, as NCCL's.
     device = case.get("device", "cpu")
     if device == "cpu":

@@ -716,10 +716,12 @@ std::vector<std::string> Caveats(const ModelConfig& config,
   std::vector<std::string> caveats;
   if (config.device == Device::kCuda) {
     // What the CUDA step's simulation leaves out (its saved bytes are checked against
-    // the real stack's forward on fake CUDA, its allocator against PyTorch's own; its
-    // kernels' workspaces come from their sources, and no GPU has checked the peak).
+    // the real stack's forward on fake CUDA, its peak against the real stack's whole step
+    // on fake CUDA (tests/fake_cuda_step_test.py), its allocator against PyTorch's own;
+    // its kernels' workspaces come from their sources, and no GPU has checked the peak).
     caveats.push_back(absl::StrCat(
-        "cuda: the peak is not checked on a GPU yet; kernel workspaces it leaves out: the "
+        "cuda: the peak is checked on fake CUDA tensors, not on a GPU yet; kernel "
+        "workspaces it leaves out: the "
         "memory-efficient and cuDNN attention backward's, layer norm's and reductions' "
         "partial buffers, the embedding backward's sort; cuBLASLt's 1 MiB workspace is "
         "counted as cuBLAS's ",

@@ -5,7 +5,7 @@
 // caching allocator without a GPU. One 80 GiB sm90 device; cudaMalloc hands out
 // increasing fake addresses, never touched; events and streams succeed at once and no
 // stream is ever capturing. What the native allocator on one stream never calls (IPC,
-// memory pools, graphs, copies) says cudaErrorNotSupported; cudart_unused.c names the
+// memory pools, graphs, copies to the host) says cudaErrorNotSupported; cudart_unused.c names the
 // rest of what the wheel imports, so that Python's `import torch` loads over it too. The driver functions of
 // expandable segments (cuMemAddressReserve, cuMemCreate, cuMemMap, ...) come through
 // cudaGetDriverEntryPointByVersion, as c10/cuda/driver_api.cpp asks for them.
@@ -166,7 +166,16 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) { return cudaErrorNotSupported; }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaErrorNotSupported; }
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaErrorNotSupported; }
-cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind) { return cudaErrorNotSupported; }
-cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) { return cudaErrorNotSupported; }
+// Fake tensors' constants (a torch.tensor(x) made under a CUDA default device: Gemma 3's
+// embed_scale, a sliding window's size) are real device tensors that FakeTensorMode
+// copies and clones: a copy to or within the device, and a kernel, do nothing and
+// succeed. Nothing is ever read back: a copy to the host is refused.
+cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind kind) {
+  return kind == cudaMemcpyDeviceToHost ? cudaErrorNotSupported : cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind kind, cudaStream_t) {
+  return kind == cudaMemcpyDeviceToHost ? cudaErrorNotSupported : cudaSuccess;
+}
+cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) { return cudaErrorNotSupported; }
 }

@@ -39,7 +39,6 @@ int cudaIpcOpenEventHandle(void) { return 801; }
 int cudaKernelSetAttributeForDevice(void) { return 801; }
 int cudaLaunchCooperativeKernel(void) { return 801; }
 int cudaLaunchHostFunc(void) { return 801; }
-int cudaLaunchKernel(void) { return 801; }
 int cudaLaunchKernelExC(void) { return 801; }
 int cudaLibraryGetGlobal(void) { return 801; }
 int cudaLibraryGetKernel(void) { return 801; }

@@ -1,13 +1,14 @@
-"""The FSDP2 witness on CUDA without a GPU: one rank of torch's fully_shard, its whole
-training step on fake CUDA tensors, as torch runs it with NCCL.
+"""The whole training step on CUDA without a GPU: one process, or one rank of torch's
+FSDP2, trained on fake CUDA tensors as torch runs it.
 
-The rank is rank 0 of `dp` under torch's fake process group
-(torch.testing._internal.distributed.fake_pg: collectives that move and allocate nothing,
-as NCCL's in-place ones allocate nothing of the caching allocator's) and builds the
-transformers model under FakeTensorMode on device cuda, shards it as
-witness_common.fsdp2 does (fully_shard per decoder layer, then the root; with
-"offload": "cpu" CPUOffloadPolicy(pin_memory=True)), and trains a warm-up step and then
-the measured one with torch.optim. Fake tensors run the ops' meta kernels, PyTorch's own
+The model is the transformers model of witness.py's case, built under FakeTensorMode on
+device cuda. With "dp" above 1 the process is rank 0 of `dp` under torch's fake process
+group (torch.testing._internal.distributed.fake_pg: collectives that move and allocate
+nothing, as NCCL's in-place ones allocate nothing of the caching allocator's) and shards
+the model as witness_common.fsdp2 does (fully_shard per decoder layer, then the root;
+with "offload": "cpu" CPUOffloadPolicy(pin_memory=True)). It trains a warm-up step, then
+the measured one, with torch.optim (and CUDA autocast turned on by hand, as
+witness.measure_fake_cuda does). Fake tensors run the ops' meta kernels, PyTorch's own
 statement of each CUDA kernel's outputs, and FSDP2's own Python decides every copy,
 all-gather buffer and free.
 
@@ -17,23 +18,26 @@ storage counts as the caching allocator's block for it: its request rounded up t
 512 B (kMinBlockSize; below 1 MiB each request is its own split block of the small
 pool). Host storages count their bytes.
 
-What fake tensors cannot show, so the comparison must leave it out on both sides:
-kernels' workspaces (cuBLAS's: run predict with --cublas_workspace_config=:0:0, as
-CUBLAS_WORKSPACE_CONFIG=:0:0 makes a GPU run; FSDP2's copy kernels' metadata, which is
+What fake tensors cannot show, so the comparison must leave it out on both sides: what
+kernels allocate for themselves (cuBLAS's workspace: run predict with
+--cublas_workspace_config=:0:0, as CUBLAS_WORKSPACE_CONFIG=:0:0 makes a GPU run; the
+flash and cuDNN attention backward's buffers; FSDP2's copy kernels' metadata, which is
 transient inside those ops), and the pinned host allocator's power-of-two blocks
 (host_bytes counts the tensors' bytes).
 
 The process needs a CUDA build of torch that loads without a GPU: the stub runtime
 and driver of tests/cuda_stub (LD_PRELOAD=libcudart.so.13, LD_LIBRARY_PATH holding
-libcuda.so.1). tests/fsdp2_offload_witness_test.py runs it so.
+libcuda.so.1). tests/fake_cuda_step_test.py and tests/fsdp2_offload_witness_test.py run
+it so.
 
 Usage:
-    python verify/witness_fake_fsdp2.py --cases=cases.jsonl  # one JSON line per case
+    python verify/witness_fake_step.py --cases=cases.jsonl  # one JSON line per case
 
-Each case is witness.py's (a transformers "config", "batch", "seq", "variant", ...)
-with "dp" (the world size), "reshard_after_forward", "offload" ("none" or "cpu") and
-"sdpa_backend" (the kernel witness.forced_sdpa calls). Bad input: one line on stderr,
-exit 2.
+Each case is witness.py's (a transformers "config", "batch", "seq", "variant", "dtype",
+"amp", ...) with "sdpa_backend" (the kernel witness.forced_sdpa calls) and, for FSDP2,
+"dp" (the world size, every case of a run the same), "reshard_after_forward", "offload"
+("none" or "cpu"), "mp_param_dtype" and "mp_reduce_dtype". Bad input: one line on
+stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ def fake_pinning():
 
 
 def measure(case):
-    """The measured step of `case` on rank 0: the device's peak (blocks) and its phase,
+    """The measured step of `case` (on rank 0): the device's peak (blocks) and its phase,
     and what the host holds after the optimizer's step."""
     torch = witness._torch()
     import torch.distributed as dist
@@ -162,12 +166,13 @@ def measure(case):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    case = {**witness.DEFAULTS, **case, "device": "cuda", "fsdp": True}
-    if not dist.is_initialized():
+    case = {**witness.DEFAULTS, **case, "device": "cuda"}
+    case["fsdp"] = case.get("dp", 1) > 1
+    if case["fsdp"] and not dist.is_initialized():
         dist.init_process_group(backend="fake", store=FakeStore(), rank=0,
                                 world_size=case["dp"])
-    elif dist.get_world_size() != case["dp"]:
-        raise witness.UsageError("every case of one run needs the same dp")
+    elif case["fsdp"] and dist.get_world_size() != case["dp"]:
+        raise witness.UsageError("every FSDP2 case of one run needs the same dp")
     torch.manual_seed(case.get("seed", 0))
     # As witness.measure_fake_cuda: transformers cannot read fake position ids as one
     # sequence per row, and would build a packed-sequence mask.
@@ -181,7 +186,10 @@ def measure(case):
             params = list(target.parameters())
             opt = witness.make_optimizer(params, case)
             # The warm-up step makes the optimizer's state, as witness.measure's does.
-            target.loss(None).backward()
+            with witness.cuda_autocast(case["amp"]):
+                loss = target.loss(None)
+            loss.backward()
+            del loss
             opt.step()
             opt.zero_grad(set_to_none=True)
             policy = [op for kind in case.get("policy", "matmul").split(",") if kind
@@ -193,11 +201,11 @@ def measure(case):
             resident = counter.now()
             with counter.mode():
                 counter.phase = "forward"
-                loss = target.loss(None)
+                with witness.cuda_autocast(case["amp"]):
+                    loss = target.loss(None)
                 after_forward = counter.now()
                 counter.phase = "backward"
                 loss.backward()
-                del loss
                 after_backward = counter.now()
                 counter.phase = "optimizer"
                 opt.step()
@@ -212,13 +220,16 @@ def measure(case):
                     if witness.local(t).device.type == "cpu":
                         host[storage._cdata] = storage.nbytes()
                 host_bytes = sum(host.values())
+                # The loss lives to the step's end, as witness.measure's does.
+                del loss
                 opt.zero_grad(set_to_none=True)
     finally:
         masking_utils.find_packed_sequence_indices = packed
     peak, phase = counter.peak["cuda"]
     return {
         "case": {k: v for k, v in case.items() if k != "config"},
-        "device": "cuda (fake), rank 0 of a fake process group",
+        "device": ("cuda (fake), rank 0 of a fake process group" if case["fsdp"]
+                   else "cuda (fake)"),
         "torch": torch.__version__.split("+")[0],
         "resident": resident,
         "after_forward": after_forward,
@@ -241,13 +252,15 @@ def main(argv=None):
             raise witness.UsageError(f"--cases {args.cases}: not a file")
         cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for case in cases:
-            if "config" not in case or not isinstance(case.get("dp"), int) or case["dp"] < 2:
-                raise witness.UsageError("--cases: every case needs a config and dp >= 2")
+            if "config" not in case:
+                raise witness.UsageError("--cases: every case needs a transformers config")
+            if not isinstance(case.get("dp", 1), int) or case.get("dp", 1) < 1:
+                raise witness.UsageError("--cases: dp must be a number of ranks from 1")
         for case in cases:
             print(json.dumps(measure(case)), flush=True)
         return 0
     except witness.UsageError as e:
-        print(f"witness_fake_fsdp2: {e}", file=sys.stderr)
+        print(f"witness_fake_step: {e}", file=sys.stderr)
         return 2
 
 
