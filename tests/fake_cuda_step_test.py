@@ -42,6 +42,7 @@ HERE = Path(os.path.realpath(__file__)).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "verify"))
 import real_stack_test  # noqa: E402  (the families' small configs)
+import witness_fake_step  # noqa: E402  (verify/witness_fake_step.py)
 
 WITNESS = HERE.parent / "verify" / "witness_fake_step.py"
 PREDICT = CUDART = CUDA = None  # set from argv
@@ -93,10 +94,7 @@ class FakeCudaStepTest(unittest.TestCase):
         grid = cases(tmp)
         path = Path(tmp, "cases.jsonl")
         path.write_text("".join(json.dumps(case) + "\n" for case, _, _ in grid))
-        env = {**os.environ, "LD_PRELOAD": CUDART,
-               "LD_LIBRARY_PATH": os.pathsep.join(
-                   p for p in (os.path.dirname(CUDA), os.environ.get("LD_LIBRARY_PATH"))
-                   if p)}
+        env = witness_fake_step.stub_environment(CUDART, CUDA)
         out = subprocess.run([sys.executable, str(WITNESS), f"--cases={path}"],
                              capture_output=True, text=True, env=env)
         self.assertEqual(out.returncode, 0, out.stderr[-4000:])

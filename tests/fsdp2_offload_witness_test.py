@@ -37,6 +37,8 @@ from pathlib import Path
 
 HERE = Path(os.path.realpath(__file__)).parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "verify"))
+import witness_fake_step  # noqa: E402  (verify/witness_fake_step.py)
 from issue_llama import CONFIG, PARAM_BYTES, TENSORS  # noqa: E402  (tests/issue_llama.py)
 
 WITNESS = HERE.parent / "verify" / "witness_fake_step.py"
@@ -76,10 +78,7 @@ class Fsdp2OffloadWitnessTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.cases = [{**BASE, **case} for case in CASES]
-        env = {**os.environ, "LD_PRELOAD": CUDART,
-               "LD_LIBRARY_PATH": os.pathsep.join(
-                   p for p in (os.path.dirname(CUDA), os.environ.get("LD_LIBRARY_PATH"))
-                   if p)}
+        env = witness_fake_step.stub_environment(CUDART, CUDA)
         with tempfile.TemporaryDirectory() as tmp:
             cases = Path(tmp, "cases.jsonl")
             cases.write_text("".join(json.dumps(case) + "\n" for case in cls.cases))

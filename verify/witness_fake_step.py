@@ -63,6 +63,14 @@ BLOCK = 512
 HOST_OUTPUTS = {"aten._scaled_dot_product_efficient_attention.default": (2, 3)}
 
 
+def stub_environment(libcudart, libcuda):
+    """os.environ for a process that runs this witness over tests/cuda_stub: the stub
+    runtime preloaded, the stub driver's folder searched first."""
+    search = [os.path.dirname(os.path.realpath(libcuda)), os.environ.get("LD_LIBRARY_PATH")]
+    return {**os.environ, "LD_PRELOAD": os.path.realpath(libcudart),
+            "LD_LIBRARY_PATH": os.pathsep.join(p for p in search if p)}
+
+
 def block_bytes(nbytes):
     return -(-nbytes // BLOCK) * BLOCK
 
