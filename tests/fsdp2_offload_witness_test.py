@@ -10,7 +10,8 @@ predict --device=cuda --dp=2 --fsdp must give the same peak, in the same phase, 
 same host bytes, on every case below:
 
 * CPUOffloadPolicy(pin_memory=True) with reshard_after_forward True and False, under no,
-  full and selective checkpointing, and with MixedPrecisionPolicy(bf16, fp32);
+  full and selective checkpointing, and with MixedPrecisionPolicy(bf16, fp32) (with the
+  memory-efficient kernel, and with cuDNN's, which auto picks for bf16);
 * the same model without offloading, which tests/fsdp2_witness_test.py measures on Gloo
   ranks on the CPU: here its CUDA rendition (the all-gather and reduce-scatter streams'
   buffers, the efficient kernel's outputs) is checked too.
@@ -53,6 +54,9 @@ CASES = [
     {"offload": "cpu", "variant": "full"},
     {"offload": "cpu", "variant": "selective"},
     {"offload": "cpu", "mp_param_dtype": "bf16", "mp_reduce_dtype": "fp32"},
+    # The kernel auto picks for the bf16 compute on sm90 (checked below: predict says so).
+    {"offload": "cpu", "mp_param_dtype": "bf16", "mp_reduce_dtype": "fp32",
+     "sdpa_backend": "cudnn"},
     {"offload": "none"},
     {"offload": "none", "reshard_after_forward": False},
 ]
@@ -61,7 +65,11 @@ CASES = [
 def flags(case):
     out = [f"--model={CONFIG_PATH}", "--batch=2", "--seq=32", "--dp=2", "--fsdp",
            "--device=cuda", "--cublas_workspace_config=:0:0", "--optimizer_impl=for_loop",
-           f"--sdpa_backend={case['sdpa_backend']}", f"--variants={case['variant']}",
+           # An explicit cudnn is refused on the fp32 model beneath a bf16
+           # MixedPrecisionPolicy; auto gives it to the ranks' bf16 compute.
+           "--sdpa_backend=" + ("auto" if case["sdpa_backend"] == "cudnn"
+                                else case["sdpa_backend"]),
+           f"--variants={case['variant']}",
            f"--offload={case['offload']}",
            f"--reshard_after_forward={str(case['reshard_after_forward']).lower()}"]
     for key in ("mp_param_dtype", "mp_reduce_dtype"):
@@ -97,6 +105,7 @@ class Fsdp2OffloadWitnessTest(unittest.TestCase):
     def test_peak_phase_and_host_bytes_are_exact_on_the_rank(self):
         failures = []
         for case, measured, predicted in zip(self.cases, self.measured, self.predicted):
+            self.assertEqual(predicted["sdpa_kernel"], case["sdpa_backend"], name(case))
             rank = predicted["ranks"][0]
             peak = rank["peak"][case["variant"]]
             got = {"peak_bytes": peak["bytes"], "peak_phase": peak["phase"],

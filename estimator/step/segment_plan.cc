@@ -208,7 +208,12 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
     const OpDef& op = graph.ops[i];
     SegmentStructure::ForwardStep step;
     step.op = static_cast<int>(i);
-    step.n_outputs = static_cast<int>(std::min(op.outputs.size(), step.outputs.size()));
+    if (op.outputs.size() > step.outputs.size()) {
+      return absl::InternalError(absl::StrCat("estimator graph op '", op.name, "' has ",
+                                              op.outputs.size(), " outputs; a step makes ",
+                                              step.outputs.size(), " at most"));
+    }
+    step.n_outputs = static_cast<int>(op.outputs.size());
     for (int o = 0; o < step.n_outputs; ++o) {
       SegmentStructure::ForwardStep::Output& output = step.outputs[o];
       output.tensor = op.outputs[o];

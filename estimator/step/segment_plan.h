@@ -101,8 +101,10 @@ struct SegmentStructure {
       bool unread = false;
     };
     int op = 0;
-    int n_outputs = 0;  // Forward makes at most three outputs of an op
-    std::array<Output, 3> outputs{};
+    // An op has at most four outputs: CUDA's fused attention (out, logsumexp, and the
+    // philox seed and offset, or flash's rng_state and its unused fourth).
+    int n_outputs = 0;
+    std::array<Output, 4> outputs{};
   };
   std::vector<ForwardStep> forward_steps;
   // backward_steps: the ops that have a backward node (an output that requires grad,
