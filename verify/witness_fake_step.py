@@ -117,7 +117,6 @@ class StorageCounter:
                 self.peak[device] = (value, self.phase)
 
     def mode(self):
-        torch = witness._torch()
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_flatten
 
@@ -137,7 +136,6 @@ class StorageCounter:
                 counter.observe()
                 return result
 
-        del torch
         return Mode()
 
 
