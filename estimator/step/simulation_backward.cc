@@ -113,7 +113,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
   // bias) is reduced with sum_to; one whose dtype differs (autocast's bf16 matmul output
   // met an fp32 tensor) is cast to the input's.
   for (size_t i = 0; i < n_inputs; ++i) {
-    if (!grads[i].defined()) continue;
+    if (!grads[i].defined() || !call.needs(static_cast<int>(i))) continue;
     if (!SameSizes(grads[i].layout, layout_of(i))) {
       Handle reduced = NewGrad(layout_of(i), grads[i].dtype);
       memory_.Unref(grads[i].storage);
@@ -139,7 +139,16 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
     }
   }
   for (size_t i = 0; i < n_inputs; ++i) {
-    if (grads[i].defined()) Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
+    if (grads[i].defined() && call.needs(static_cast<int>(i))) {
+      Route(inst, op.inputs[i], grads[i], buffers, capture_parameters);
+    }
+  }
+  // A gradient the formula made for an input that requires none (the CPU flash
+  // backward makes all three; a frozen k_proj's k takes none) has no edge:
+  // validate_outputs skips it and it dies with the node's outputs, once the others are
+  // in their buffers (engine.cpp, validate_outputs and evaluate_function).
+  for (size_t i = 0; i < n_inputs; ++i) {
+    if (grads[i].defined() && !call.needs(static_cast<int>(i))) memory_.Unref(grads[i].storage);
   }
   return absl::OkStatus();
 }
