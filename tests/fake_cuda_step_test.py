@@ -8,8 +8,9 @@ then the measured one with AdamW, and counts every live storage as the caching
 allocator's 512 B block. predict's peak_bytes and peak phase must equal it, byte for
 byte, for every case below: each family of tests/real_stack_test.py that runs on CUDA,
 SDPA's math kernel, in fp32, bf16 and under bf16 autocast, across checkpointing
-variants; cuDNN's in bf16 and under autocast; and the memory-efficient kernel where its
-backward's own buffers are not at the peak.
+variants; cuDNN's in bf16 and under autocast; the memory-efficient kernel where its
+backward's own buffers are not at the peak; and peft's LoRA on llama and qwen3, on fp32
+and bf16 models and under autocast.
 
 Left out, and why:
 * what kernels allocate for themselves, which meta kernels do not: cuBLAS's workspace
@@ -69,23 +70,39 @@ GRID = [
     ("gemma3", MATH + CUDNN, CHECKPOINTED),
     ("olmo3", MATH, CHECKPOINTED),
 ]
+# peft's LoRA on CUDA (real_stack_test.L's adapters): (model, kernels, variants, lora).
+# On a bf16 model the adapters are fp32 (autocast_adapter_dtype), as on the CPU.
+LORA_GRID = [
+    ("llama_gqa", MATH[1:] + CUDNN, ("none", "full"), real_stack_test.L(8, "all-linear", 0.1)),
+    ("qwen3", MATH[:2], ("none", "selective"), real_stack_test.L(16)),
+]
 
 
 def cases(tmp):
-    """(witness case, predict flags, name) for every point of GRID."""
+    """(witness case, predict flags, name) for every point of GRID and LORA_GRID."""
     out = []
-    for model, kernels, variants in GRID:
+    for model, kernels, variants, lora in [(*g, None) for g in GRID] + LORA_GRID:
         model_case, model_flags = real_stack_test.model_case_and_flags(model, tmp)
+        lora_case, lora_flags, lora_name = {}, [], ""
+        if lora is not None:
+            r, targets = lora["r"], lora["targets"]
+            lora_case = {"lora": {"r": r, "alpha": 2 * r, "dropout": lora["dropout"],
+                                  "targets": targets if targets == "all-linear"
+                                  else targets.split(",")}}
+            lora_flags = [f"--lora_rank={r}", f"--lora_alpha={2 * r}",
+                          f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
+            lora_name = f" lora r{r} {targets} dropout {lora['dropout']}"
         for backend, dtype, amp in kernels:
             for variant in variants:
-                case = {**model_case, "batch": 2, "seq": 16, "variant": variant,
+                case = {**model_case, **lora_case, "batch": 2, "seq": 16, "variant": variant,
                         "dtype": dtype, "amp": amp, "sdpa_backend": backend,
                         "optimizer_impl": "for_loop"}
-                flags = [*model_flags, "--batch=2", "--seq=16", f"--variants={variant}",
-                         f"--dtype={dtype}", f"--amp={amp}", "--device=cuda",
-                         f"--sdpa_backend={backend}", "--cublas_workspace_config=:0:0",
-                         "--optimizer_impl=for_loop"]
-                out.append((case, flags, f"{model} {backend} {dtype} amp={amp} {variant}"))
+                flags = [*model_flags, *lora_flags, "--batch=2", "--seq=16",
+                         f"--variants={variant}", f"--dtype={dtype}", f"--amp={amp}",
+                         "--device=cuda", f"--sdpa_backend={backend}",
+                         "--cublas_workspace_config=:0:0", "--optimizer_impl=for_loop"]
+                out.append((case, flags,
+                            f"{model} {backend} {dtype} amp={amp} {variant}{lora_name}"))
     return out
 
 
@@ -93,7 +110,7 @@ class FakeCudaStepTest(unittest.TestCase):
     def test_peak_and_phase_are_exact(self):
         tmp = tempfile.mkdtemp()
         grid = cases(tmp)
-        self.assertEqual(len(grid), 180)
+        self.assertEqual(len(grid), 180 + 12)
         # Bazel's shards (tests/BUILD.bazel): every n-th case.
         shards = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
         grid = grid[int(os.environ.get("TEST_SHARD_INDEX", "0"))::shards]

@@ -40,6 +40,8 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
             "--lora_targets all-linear on a mixture of experts"},
            {"--model=tiny-llama --lora_rank=8 --micro_batches=2",
             "--lora_rank is modelled on one process and one micro-batch"},
+           {"--model=tiny-llama --lora_rank=8 --dtype=bf16 --master_weights",
+            "--master_weights with --lora_rank: peft's adapters, all that trains, are fp32"},
        }) {
     CommandResult r = Predict(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;

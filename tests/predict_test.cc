@@ -367,6 +367,16 @@ TEST(PredictFamiliesTest, LoraAdaptersAloneTrainByHand) {
   EXPECT_EQ(p.grad_bytes, 2 * 896 * 4);
   // AdamW: exp_avg and exp_avg_sq (8 B a parameter) and a 4-byte step per tensor.
   EXPECT_EQ(p.optimizer_state_bytes, 2 * 896 * 8 + 2 * 4 * 4);
+
+  // On a bf16 model get_peft_model upcasts the adapters to fp32 (autocast_adapter_dtype):
+  // the base's 2 B a parameter, the adapters' 4 B, and their gradients and AdamW's
+  // moments in fp32 too.
+  lora.dtype = DType::kBFloat16;
+  ASSERT_OK_AND_ASSIGN(Prediction bf16, Predict(lora, options));
+  EXPECT_EQ(bf16.frozen_param_bytes, all.param_bytes / 2);
+  EXPECT_EQ(bf16.param_bytes, all.param_bytes / 2 + 2 * 896 * 4);
+  EXPECT_EQ(bf16.grad_bytes, 2 * 896 * 4);
+  EXPECT_EQ(bf16.optimizer_state_bytes, 2 * 896 * 8 + 2 * 4 * 4);
 }
 
 TEST(PredictFamiliesTest, TinyGpt2ByHand) {

@@ -477,6 +477,18 @@ CASES = [
     # node; the peak is the optimizer's, after the last layer's backward (it was 4,096 B
     # high while grad_k lived on).
     c("llama_gqa", optimizer_impl="foreach", lora=L(128)),
+    # On a bf16 (or fp16) model the adapters are fp32 (get_peft_model's
+    # autocast_adapter_dtype): peft casts x up for them and the sum back.
+    c("llama_gqa", dtype="bf16", lora=L(8)), c("llama_gqa", "full", dtype="bf16", lora=L(8, "all-linear")),
+    c("llama_gqa", "selective", dtype="bf16", lora=L(8, "all-linear", 0.1)),
+    c("llama_gqa", "every_2", dtype="bf16", lora=L(64, "all-linear", 0.1)),
+    c("llama_gqa", dtype="bf16", optimizer_impl="foreach", lora=L(64)),
+    c("llama_gqa", "full", "reentrant", dtype="bf16", lora=L(8, "all-linear", 0.1)),
+    c("llama_gqa", dtype="fp16", optimizer_impl="foreach", lora=L(8, "all-linear")),
+    c("qwen3", "selective", dtype="bf16", lora=L(8, "all-linear")),
+    c("gemma3", dtype="bf16", lora=L(8, "all-linear", 0.1)),
+    c("olmo3", "full", dtype="bf16", lora=L(16, "all-linear")),
+    c("qwen3_moe", dtype="bf16", lora=L(8, "q_proj,k_proj,v_proj,o_proj", 0.1)),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -163,6 +163,41 @@ def fake_pinning():
         torch.Tensor.pin_memory, torch.Tensor.is_pinned = pin, is_pinned
 
 
+@contextlib.contextmanager
+def fake_adapters():
+    """peft moves each new lora.Linear to its base layer's device (_replace_module's
+    module.to(weight.device)) and each adapter to its dtype too
+    (_move_adapter_to_device_of_base_layer), then get_peft_model's autocast_adapter_dtype
+    upcasts a bf16 or fp16 adapter back to fp32. On fake tensors module._apply swaps every
+    parameter for its converted self (torch.utils.swap_tensors), which a fresh fake
+    parameter refuses ("has weakref associated with it"). The adapters are made on the
+    fake device already (the case's torch.device), in fp32, where peft's moves and upcast
+    leave them: the dtype move is skipped, and a swap for a tensor of the same storage,
+    dtype and shape (a move to the device it is on) is the no-op it means. Only the
+    model's making changes; its step is peft's."""
+    torch = witness._torch()
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # no peft: no adapters to make
+        yield
+        return
+    move, swap = BaseTunerLayer._move_adapter_to_device_of_base_layer, torch.utils.swap_tensors
+
+    def same_or_swap(t1, t2):
+        if (t1.untyped_storage()._cdata == t2.untyped_storage()._cdata and
+                t1.dtype == t2.dtype and t1.shape == t2.shape):
+            return None
+        return swap(t1, t2)
+
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, *a, **k: None
+    torch.utils.swap_tensors = same_or_swap
+    try:
+        yield
+    finally:
+        BaseTunerLayer._move_adapter_to_device_of_base_layer = move
+        torch.utils.swap_tensors = swap
+
+
 def measure(case):
     """The measured step of `case` (on rank 0): the device's peak (blocks) and its phase,
     and what the host holds after the optimizer's step."""
@@ -188,7 +223,8 @@ def measure(case):
     try:
         with FakeTensorMode(), torch.device("cuda"), fake_pinning(), \
                 witness.forced_sdpa(case["sdpa_backend"]):
-            target = witness.TransformersModel(case)
+            with fake_adapters():
+                target = witness.TransformersModel(case)
             params = list(target.parameters())
             opt = witness.make_optimizer(params, case)
             # The warm-up step makes the optimizer's state, as witness.measure's does.

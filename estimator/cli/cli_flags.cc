@@ -106,7 +106,8 @@ ABSL_FLAG(std::string, freeze, "",
 ABSL_FLAG(int64_t, lora_rank, 0,
           "peft's LoRA (get_peft_model with LoraConfig(r=...)): the adapters' rank r; every "
           "base parameter is then frozen and only lora_A (r x in) and lora_B (out x r) of "
-          "each target train. 0: no adapters.");
+          "each target train, in fp32 on any --dtype (autocast_adapter_dtype). 0: no "
+          "adapters.");
 ABSL_FLAG(double, lora_alpha, 8,
           "LoraConfig's lora_alpha (the scaling alpha / r, which changes no memory).");
 ABSL_FLAG(double, lora_dropout, 0,

@@ -194,7 +194,10 @@ ParameterCensus StageParameters(const ModelGraphs& graphs, const ModelConfig& co
     for (const TensorDef& tensor : graph.tensors) {
       if (!tensor.is_parameter || tensor.is_tied != tied) continue;
       census.tensors += copies;
-      if (tensor.frozen) continue;
+      if (tensor.frozen) {
+        census.frozen_elements += CheckedInt64(copies) * Elements(tensor, symbols);
+        continue;
+      }
       census.trainable_tensors += copies;
       census.trainable_elements += CheckedInt64(copies) * Elements(tensor, symbols);
     }

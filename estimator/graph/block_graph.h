@@ -239,6 +239,7 @@ struct ParameterCensus {
   int64_t tensors = 0;
   CheckedInt64 trainable_elements = 0;
   int64_t trainable_tensors = 0;
+  CheckedInt64 frozen_elements = 0;  // elements less trainable_elements
 };
 
 // BufferBytes sums the model's buffers (TensorDef::is_buffer), which every rank's model

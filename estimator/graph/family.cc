@@ -160,11 +160,6 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           "parameters and the router) is not modelled yet: name the attention's and dense "
           "layers' modules");
     }
-    if (config.dtype != DType::kFloat32) {
-      return absl::InvalidArgumentError(
-          "--lora_rank with --dtype=bf16 or fp16 is not modelled yet: peft keeps the "
-          "adapters in fp32 (autocast_adapter_dtype) and casts around them; use --amp");
-    }
   }
   if (config.freeze.any()) {
     // Frozen parameters are modelled for one process's transformers model (Freeze).
@@ -375,6 +370,11 @@ absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
   if (optimizer.momentum > 0 && optimizer.kind != OptimizerKind::kSgd) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--momentum applies to --optimizer=sgd, not ", OptimizerName(optimizer.kind)));
+  }
+  if (optimizer.master_weights && config.lora.enabled()) {
+    return absl::InvalidArgumentError(
+        "--master_weights with --lora_rank: peft's adapters, all that trains, are fp32 "
+        "already (autocast_adapter_dtype), their own masters");
   }
   if (optimizer.master_weights && config.dtype == DType::kFloat32) {
     return absl::InvalidArgumentError(

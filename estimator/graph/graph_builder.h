@@ -21,8 +21,6 @@
 
 namespace memledger {
 
-// GraphBuilder appends tensors and ops in execution order. Composite helpers expand a
-// torch::nn / transformers call into the ATen ops the pinned PyTorch runs for it.
 class GraphBuilder {
  public:
   // The model's dtype (its parameters and hidden states) and autocast's lower-precision
@@ -264,22 +262,25 @@ class GraphBuilder {
   // NnLinear is a model's nn.Linear module `name`, or where config.lora targets it peft's
   // lora.Linear (peft 0.21.2, tuners/lora/layer.py, Linear.forward): base_layer(x) +
   // lora_B(lora_A(dropout(x))) * scaling; lora_A (r, in) and lora_B (out, r) registered
-  // after the base layer, the dropout (p > 0) its own noise, `* scaling` a Python float.
+  // after the base layer in fp32 (kLoraAdapterDtype), the dropout (p > 0) its own noise,
+  // `* scaling` a Python float; a bf16 model's fp32 sum is cast back (result.to()).
   int NnLinear(const std::string& name, int x, SymDim in, SymDim out, bool bias) {
     const int result = bias ? Linear(name, x, in, out) : LinearNoBias(name, x, in, out);
     if (!config_.lora.Targets(name)) return result;
     const SymDim r = Sym(config_.lora.rank);
-    // _cast_input_dtype: x.to() the adapter's dtype (a copy of o_proj's bf16 input).
-    const int cast = ToDtype(name + ".lora_input", x, dtype_);
+    const DType adapter = kLoraAdapterDtype;
+    // _cast_input_dtype: x.to() the adapter's dtype (a copy of a bf16 input).
+    const int cast = ToDtype(name + ".lora_input", x, adapter);
     const int dropped = Dropout(name + ".lora_dropout", cast, config_.lora.dropout);
-    const int a = MatmulFolded(name + ".lora_A", dropped, Param(name + ".lora_A.weight", {r, in}),
-                               in, r);
-    const int b =
-        MatmulFolded(name + ".lora_B", a, Param(name + ".lora_B.weight", {out, r}), r, out);
+    const int a = MatmulFolded(name + ".lora_A", dropped,
+                               AddTensor(name + ".lora_A.weight", adapter, true, {r, in}), in, r);
+    const int b = MatmulFolded(name + ".lora_B", a,
+                               AddTensor(name + ".lora_B.weight", adapter, true, {out, r}), r, out);
     const int scaled = MulWrapped(name + ".lora_scaling", b);
     const int sum = Op1(OpType::kAdd, name + ".lora", {result, scaled});
+    const int back = ToDtype(name + ".lora_result", sum, graph_.tensors[result].dtype);
     HeldThroughHere({x, cast});  // the call's argument and forward's local `x`, to its return
-    return sum;
+    return back;
   }
 
   // LinearNoBias: at::linear without bias is at::matmul(x, weight.t()), which folds the

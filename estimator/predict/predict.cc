@@ -566,15 +566,17 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
                                               " parameters, expected ", *count));
     }
   }
-  // Parameters and their gradients are in the model's dtype.
-  const int64_t element = ElementSizeBytes(config.dtype);
+  // Frozen parameters are in the model's dtype; those that train, and their gradients,
+  // in TrainableDtype (LoRA's fp32 adapters on a bf16 model).
+  const int64_t element = ElementSizeBytes(config.TrainableDtype());
   const OptimizerSpec& optimizer = options.optimizer;
   const OptimizerBytesPerParameter per_parameter = OptimizerBytesOf(config, optimizer);
-  CheckedInt64 param_bytes = n_params * element;
   // Only the parameters that train have gradients and optimizer state (torch.optim
   // skips a parameter whose .grad is None: adamw.py, _init_group).
   const CheckedInt64 trainable = census.trainable_elements;
   const CheckedInt64 grad_bytes = trainable * element;
+  CheckedInt64 param_bytes =
+      census.frozen_elements * ElementSizeBytes(config.dtype) + grad_bytes;
   CheckedInt64 moment_bytes = trainable * per_parameter.moments;
   CheckedInt64 state_bytes = moment_bytes + trainable * per_parameter.master +
                              CheckedInt64(census.trainable_tensors) * per_parameter.per_tensor;
@@ -745,7 +747,7 @@ OptimizerBytesPerParameter OptimizerBytesOf(const ModelConfig& config,
   // fp32 master copies.
   const int64_t fp32 = ElementSizeBytes(DType::kFloat32);
   const int64_t state_element =
-      optimizer.master_weights ? fp32 : ElementSizeBytes(config.dtype);
+      optimizer.master_weights ? fp32 : ElementSizeBytes(config.TrainableDtype());
   int64_t states = 0;
   int64_t per_tensor = 0;
   switch (optimizer.kind) {

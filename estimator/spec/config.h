@@ -169,6 +169,10 @@ struct Lora {
   }
   friend bool operator==(const Lora&, const Lora&) = default;
 };
+// kLoraAdapterDtype: the adapters' dtype on any model. get_peft_model's
+// autocast_adapter_dtype (default True) upcasts bf16 and fp16 adapters to fp32
+// (peft 0.21.2, tuners/tuners_utils.py, cast_adapter_dtype).
+inline constexpr DType kLoraAdapterDtype = DType::kFloat32;
 // kMaxLoraRank bounds --lora_rank (peft takes any r; the published recipes use 8 to 256).
 inline constexpr int64_t kMaxLoraRank = 65536;
 // LoraTargetsName: "q_proj,v_proj", "all-linear".
@@ -490,6 +494,11 @@ struct DeviceOptions {
 struct ModelConfig : ModelArchitecture, RunShape, DeviceOptions {
   // shard: the part of the model this rank's graphs hold.
   RankShard shard = {};
+
+  // TrainableDtype: the dtype of the parameters that train, and so of their gradients
+  // and (without master weights) their optimizer state: with LoRA only the adapters
+  // train, in kLoraAdapterDtype whatever the model's dtype.
+  DType TrainableDtype() const { return lora.enabled() ? kLoraAdapterDtype : dtype; }
 
   // SlidingWindowMasked: the sliding-window layers attend through a materialized mask
   // (transformers skips it while seq < sliding_window).

@@ -64,7 +64,7 @@ absl::Status DataParallelProgram::OptimizerStep(const std::vector<int64_t>& nume
   return simulation_.OptimizerStep(numels);
 }
 std::vector<int64_t> DataParallelProgram::GradientNumels() {
-  const int64_t element = ElementSizeBytes(config().dtype);
+  const int64_t element = ElementSizeBytes(config().TrainableDtype());
   std::vector<int64_t> numels;
   numels.reserve(parameter_order().size());
   for (const ParameterKey& parameter : parameter_order()) {

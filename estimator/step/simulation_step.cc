@@ -26,7 +26,7 @@ absl::Status Simulation::OptimizerStep(const std::vector<int64_t>& numels) {
   // FSDP2's MixedPrecisionPolicy steps the fp32 shards too.
   const DType dtype = optimizer_.master_weights || data_parallel_->StepsFp32()
                           ? DType::kFloat32
-                          : config_.dtype;
+                          : config_.TrainableDtype();
   std::vector<int> master_grads;
   if (optimizer_.master_weights) {
     for (size_t p = 0; p < numels.size(); ++p) {
