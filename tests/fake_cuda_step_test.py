@@ -70,39 +70,48 @@ GRID = [
     ("gemma3", MATH + CUDNN, CHECKPOINTED),
     ("olmo3", MATH, CHECKPOINTED),
 ]
-# peft's LoRA on CUDA (real_stack_test.L's adapters): (model, kernels, variants, lora).
-# On a bf16 model the adapters are fp32 (autocast_adapter_dtype), as on the CPU.
-LORA_GRID = [
-    ("llama_gqa", MATH[1:] + CUDNN, ("none", "full"), real_stack_test.L(8, "all-linear", 0.1)),
-    ("qwen3", MATH[:2], ("none", "selective"), real_stack_test.L(16)),
+# With options (model, kernels, variants, options): peft's LoRA on CUDA
+# (real_stack_test.L's adapters; on a bf16 model they are fp32, autocast_adapter_dtype, as
+# on the CPU), and batch 4 at seq 64, where the attention's (B, H, T, T) matrices make
+# the forward's and the recompute's peaks: what the math kernel holds to its return
+# (attn; autocast's casts of q, k, v, held by its wrapper) is then at the peak.
+LARGER = {"batch": 4, "seq": 64}
+OPTION_GRID = [
+    ("llama_gqa", MATH[1:] + CUDNN, ("none", "full"),
+     {"lora": real_stack_test.L(8, "all-linear", 0.1)}),
+    ("qwen3", MATH[:2], ("none", "selective"), {"lora": real_stack_test.L(16)}),
+    ("llama_gqa", MATH[2:], ("full",), LARGER),
+    ("qwen3", MATH, ("none", "full"), LARGER),
 ]
 
 
 def cases(tmp):
-    """(witness case, predict flags, name) for every point of GRID and LORA_GRID."""
+    """(witness case, predict flags, name) for every point of GRID and OPTION_GRID."""
     out = []
-    for model, kernels, variants, lora in [(*g, None) for g in GRID] + LORA_GRID:
+    for model, kernels, variants, options in [(*g, {}) for g in GRID] + OPTION_GRID:
         model_case, model_flags = real_stack_test.model_case_and_flags(model, tmp)
-        lora_case, lora_flags, lora_name = {}, [], ""
-        if lora is not None:
+        batch, seq = options.get("batch", 2), options.get("seq", 16)
+        extra_case, extra_flags = {}, []
+        name = "" if (batch, seq) == (2, 16) else f" batch {batch} seq {seq}"
+        if "lora" in options:
+            lora = options["lora"]
             r, targets = lora["r"], lora["targets"]
-            lora_case = {"lora": {"r": r, "alpha": 2 * r, "dropout": lora["dropout"],
+            extra_case["lora"] = {"r": r, "alpha": 2 * r, "dropout": lora["dropout"],
                                   "targets": targets if targets == "all-linear"
-                                  else targets.split(",")}}
-            lora_flags = [f"--lora_rank={r}", f"--lora_alpha={2 * r}",
-                          f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
-            lora_name = f" lora r{r} {targets} dropout {lora['dropout']}"
+                                  else targets.split(",")}
+            extra_flags += [f"--lora_rank={r}", f"--lora_alpha={2 * r}",
+                            f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
+            name += f" lora r{r} {targets} dropout {lora['dropout']}"
         for backend, dtype, amp in kernels:
             for variant in variants:
-                case = {**model_case, **lora_case, "batch": 2, "seq": 16, "variant": variant,
-                        "dtype": dtype, "amp": amp, "sdpa_backend": backend,
-                        "optimizer_impl": "for_loop"}
-                flags = [*model_flags, *lora_flags, "--batch=2", "--seq=16",
+                case = {**model_case, **extra_case, "batch": batch, "seq": seq,
+                        "variant": variant, "dtype": dtype, "amp": amp,
+                        "sdpa_backend": backend, "optimizer_impl": "for_loop"}
+                flags = [*model_flags, *extra_flags, f"--batch={batch}", f"--seq={seq}",
                          f"--variants={variant}", f"--dtype={dtype}", f"--amp={amp}",
                          "--device=cuda", f"--sdpa_backend={backend}",
                          "--cublas_workspace_config=:0:0", "--optimizer_impl=for_loop"]
-                out.append((case, flags,
-                            f"{model} {backend} {dtype} amp={amp} {variant}{lora_name}"))
+                out.append((case, flags, f"{model} {backend} {dtype} amp={amp} {variant}{name}"))
     return out
 
 
@@ -110,7 +119,7 @@ class FakeCudaStepTest(unittest.TestCase):
     def test_peak_and_phase_are_exact(self):
         tmp = tempfile.mkdtemp()
         grid = cases(tmp)
-        self.assertEqual(len(grid), 180 + 12)
+        self.assertEqual(len(grid), 180 + 12 + 7)
         # Bazel's shards (tests/BUILD.bazel): every n-th case.
         shards = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
         grid = grid[int(os.environ.get("TEST_SHARD_INDEX", "0"))::shards]

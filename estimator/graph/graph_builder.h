@@ -536,7 +536,7 @@ class GraphBuilder {
   // check_for_dropout), so SDPA runs ATen's _scaled_dot_product_attention_math
   // (attention.cpp), op by op:
   //   query_acc, key_acc, value_acc = fp32 copies of bf16/fp16 q, k, v (the tensors
-  //     themselves in fp32), alive to its return, as are query and attn_mask;
+  //     themselves in fp32), alive to its return, as are query, attn_mask and attn;
   //   query = query_acc * sqrt(scale);
   //   attn_mask = where(ones(L, S, bool).tril(), 0, -inf) in query's dtype;
   //   attn = matmul(query, key_acc.transpose(-2, -1) * sqrt(scale)); attn.add_(mask);
@@ -544,15 +544,14 @@ class GraphBuilder {
   //   return (matmul(attn, value_acc).to(origin), attn.to(origin)), the second made
   //     first (GCC evaluates make_tuple's arguments right to left) and dropped by SDPA.
   // With enable_gqa, pre_process_group_query_attention_input repeat_interleaves
-  // key_acc and value_acc to the query's heads (copies, alive to its return) after
-  // the mask and before the first matmul.
-  // Autocast casts q, k, v (SDPA is on the lower-precision list, CPU's and CUDA's);
+  // key_acc and value_acc to the query's heads (copies, alive to its return) after the
+  // mask and before the first matmul. Autocast casts q, k, v (SDPA is on the lower-
+  // precision list, CPU's and CUDA's), which its wrapper holds until the kernel returns;
   // the kernel's own ops run without autocast.
   int SdpaMathAttention(int q, int k, int v, bool enable_gqa) {
     Composite call(this);
-    q = Lower("attention.q", q);
-    k = Lower("attention.k", k);
-    v = Lower("attention.v", v);
+    const int q_in = q, k_in = k, v_in = v;
+    q = Lower("attention.q", q), k = Lower("attention.k", k), v = Lower("attention.v", v);
     const DType origin = graph_.tensors[q].dtype;
     const std::vector<SymDim> bhtd = {kB, kH, kT, kDHead};
     const int q_acc = ToDtype("attention.query_acc", q, DType::kFloat32);
@@ -574,8 +573,9 @@ class GraphBuilder {
     const int values = BatchedMatmul("attention.values", attn, {kB, kH, kT, kT}, v_all, bhtd,
                                      /*autocast=*/false);
     const int out = ToDtype("attention.out", values, origin);
-    HeldThroughHere({q_acc, k_acc, v_acc, query, mask, weights});
+    HeldThroughHere({q_acc, k_acc, v_acc, query, mask, attn, weights});
     if (enable_gqa) HeldThroughHere({k_all, v_all});
+    if (q != q_in || k != k_in || v != v_in) HeldThroughHere({q, k, v});
     return out;
   }
 
