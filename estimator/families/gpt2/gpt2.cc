@@ -47,7 +47,8 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   // the backward's end anyway. Megatron's blocks are called without them.
   if (!config.megatron) g.Global(ModelTensor::kPositionIds, DType::kInt64, {Sym(1), kT});
   const SymDim attention_width = kH * kDHead;
-  int qkv = g.ColumnParallel("c_attn", g.LayerNorm("ln_1", x), kD, 3 * attention_width);
+  const int ln1 = g.LayerNorm("ln_1", x);
+  int qkv = g.ColumnParallel("c_attn", ln1, kD, 3 * attention_width);
   // qkv.split(width, 2): three parts with one backward node.
   auto head = [&](const std::string& name, int index) {
     int part = g.Op1(OpType::kSlice, name, {qkv},
@@ -78,7 +79,11 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   // after resid_dropout (modeling_gpt2.py); views of c_attn's output.
   if (!config.megatron) g.HeldThroughHere({q, k, v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
-  int fc = g.ColumnParallel("c_fc", g.LayerNorm("ln_2", x1), kD, kF);
+  // GPT2Block.forward's `hidden_states`, ln_1's output, until `hidden_states =
+  // attn_output + residual` rebinds it; ln_2's likewise, through the MLP to its add.
+  if (!config.megatron) g.HeldThroughHere({ln1});
+  const int ln2 = g.LayerNorm("ln_2", x1);
+  int fc = g.ColumnParallel("c_fc", ln2, kD, kF);
   // transformers' GPT-2 runs gelu_new, a chain of Python ops; Megatron's GPT one
   // gelu(approximate='tanh').
   int gelu = config.megatron ? g.Op1(OpType::kGelu, "gelu_tanh", {fc}, {}, OpKind::kGelu)
@@ -86,6 +91,7 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   int mlp_out =
       g.Dropout("mlp.dropout", g.RowParallel("mlp.c_proj", gelu, kF, kD), config.dropout.resid);
   int x2 = g.Op1(OpType::kAdd, "residual2", {x1, mlp_out});
+  if (!config.megatron) g.HeldThroughHere({ln2});
   return g.Finish(x2);
 }
 
