@@ -207,6 +207,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
     else if (name == "cublas_workspace_config") {
       status = string(&request.cublas_workspace_config);
     }
+    else if (name == "offload_activations") status = string(&request.offload_activations);
     else if (name == "dtype") status = string(&request.dtype);
     else if (name == "amp") status = string(&request.amp);
     else if (name == "optimizer") status = string(&request.optimizer);

@@ -41,7 +41,7 @@ BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments", "fsdp",
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "freeze", "lora_targets", "schedule", "format", "experts_impl",
            "routing", "gpu", "device", "sdpa_backend", "cublas_workspace_config", "sweep",
-           "plan", "mp_param_dtype", "mp_reduce_dtype", "offload",
+           "plan", "mp_param_dtype", "mp_reduce_dtype", "offload", "offload_activations",
            # true, false, a number of ranks or auto: the C ABI reads the string.
            "reshard_after_forward"}
 # Files the command writes itself from the C ABI's answers, per command: the JSON
@@ -83,7 +83,7 @@ GROUPS = [
                      "offload", "gpus (search)", "gpus_per_node (search)",
                      "max_virtual_stages (search)"]),
     ("device", ["device", "sdpa_backend", "expandable_segments", "cuda_context_mib",
-                "cublas_workspace_config",
+                "cublas_workspace_config", "offload_activations",
                 "cpu_threads", "gpu (search)", "gpu_memory_gib (search)",
                 "mfu (search)", "threads (search)", "checked_layouts (search)"]),
     ("output", ["format (json or table; csv or jsonl with --sweep)", "json_out",

@@ -386,7 +386,8 @@ PYBIND11_MODULE(memledger, m) {
         "optimizer_impl, checkpoint_impl, freeze, lora_rank, lora_alpha, lora_dropout, lora_targets, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
         "micro_batches, zero, ddp_bucket_mb, gradient_as_bucket_view, fsdp, "
         "reshard_after_forward, mp_param_dtype, mp_reduce_dtype, offload, schedule, experts_impl, "
-        "routing, device, sdpa_backend, explain); with dp or pp above 1, per rank ('ranks'). "
+        "routing, device, sdpa_backend, cublas_workspace_config, offload_activations, "
+        "explain); with dp or pp above 1, per rank ('ranks'). "
         "Raises ValueError "
         "for bad input.");
   m.def("plan", &Plan,

@@ -9,8 +9,9 @@ allocator's 512 B block. predict's peak_bytes and peak phase must equal it, byte
 byte, for every case below: each family of tests/real_stack_test.py that runs on CUDA,
 SDPA's math kernel, in fp32, bf16 and under bf16 autocast, across checkpointing
 variants; cuDNN's in bf16 and under autocast; the memory-efficient kernel where its
-backward's own buffers are not at the peak; and peft's LoRA on llama and qwen3, on fp32
-and bf16 models and under autocast.
+backward's own buffers are not at the peak; peft's LoRA on llama and qwen3, on fp32
+and bf16 models and under autocast; and the forward under save_on_cpu
+(--offload_activations=cpu), with the host bytes it holds.
 
 Left out, and why:
 * what kernels allocate for themselves, which meta kernels do not: cuBLAS's workspace
@@ -83,6 +84,22 @@ OPTION_GRID = [
     ("llama_gqa", MATH[2:], ("full",), LARGER),
     ("qwen3", MATH, ("none", "full"), LARGER),
 ]
+# save_on_cpu around the forward (--offload_activations=cpu), where the nodes keep nothing
+# on the device: what the Python locals and the kernels hold is the peak. The host bytes
+# are compared too. Not the memory-efficient kernel, whose backward's own buffers fake
+# tensors cannot show and which is then the peak; not gemma3's or olmo3's sliding
+# window without checkpointing (see the module's docstring).
+OFFLOADED = {**LARGER, "offload_activations": "cpu"}
+OPTION_GRID += [
+    ("llama_gqa", MATH, ("none", "selective"), OFFLOADED),
+    ("llama_gqa", CUDNN[:1], ("none", "full"), OFFLOADED),
+    ("qwen3", MATH[2:], ("none", "every_2"), OFFLOADED),
+    ("gpt2_nodrop", MATH[1:2], ("none",), OFFLOADED),
+    ("gpt2", MATH[:1], ("full",), OFFLOADED),
+    ("gemma3", MATH[:1], ("full",), OFFLOADED),
+    ("olmo3", MATH[:1], ("full",), OFFLOADED),
+    ("llama_gqa", MATH[1:2], ("none",), {**OFFLOADED, "lora": real_stack_test.L(8, "all-linear")}),
+]
 
 
 def cases(tmp):
@@ -102,6 +119,10 @@ def cases(tmp):
             extra_flags += [f"--lora_rank={r}", f"--lora_alpha={2 * r}",
                             f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
             name += f" lora r{r} {targets} dropout {lora['dropout']}"
+        if "offload_activations" in options:
+            extra_case["offload_activations"] = options["offload_activations"]
+            extra_flags.append(f"--offload_activations={options['offload_activations']}")
+            name += f" offload_activations {options['offload_activations']}"
         for backend, dtype, amp in kernels:
             for variant in variants:
                 case = {**model_case, **extra_case, "batch": batch, "seq": seq,
@@ -119,7 +140,7 @@ class FakeCudaStepTest(unittest.TestCase):
     def test_peak_and_phase_are_exact(self):
         tmp = tempfile.mkdtemp()
         grid = cases(tmp)
-        self.assertEqual(len(grid), 180 + 12 + 7)
+        self.assertEqual(len(grid), 180 + 12 + 7 + 15)
         # Bazel's shards (tests/BUILD.bazel): every n-th case.
         shards = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
         grid = grid[int(os.environ.get("TEST_SHARD_INDEX", "0"))::shards]
@@ -139,10 +160,18 @@ class FakeCudaStepTest(unittest.TestCase):
             if run.returncode != 0:
                 failures.append(f"{name}: predict failed: {run.stderr.strip()}")
                 continue
-            peak = json.loads(run.stdout)["peak"][case["variant"]]
+            predicted = json.loads(run.stdout)
+            peak = predicted["peak"][case["variant"]]
             if (peak["bytes"], peak["phase"]) != (m["peak_bytes"], m["peak_phase"]):
                 failures.append(f"{name}: predicted {peak['bytes']} ({peak['phase']}), "
                                 f"measured {m['peak_bytes']} ({m['peak_phase']})")
+            if "offload_activations" in case:
+                # What the host holds when the forward returns, beyond what it held before.
+                host = m["after_forward"]["cpu"] - m["resident"]["cpu"]
+                offloaded = predicted["offloaded_bytes"][case["variant"]]
+                if offloaded != host:
+                    failures.append(f"{name}: offloaded_bytes predicted {offloaded}, "
+                                    f"measured {host}")
         self.assertEqual(failures, [], f"{len(failures)} of {len(grid)}:\n" +
                          "\n".join(failures))
 

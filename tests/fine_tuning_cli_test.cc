@@ -1,7 +1,7 @@
-// predict with frozen parameters and peft's LoRA as a user runs it: the refusals, one
-// line each naming the flag, and what the table and the JSON say of what trains (the
-// numbers themselves are checked against the real stack by real_stack_test and by hand
-// in predict_test).
+// predict with frozen parameters, peft's LoRA and activation offloading as a user runs
+// it: the refusals, one line each naming the flag, and what the table and the JSON say
+// of what trains (the numbers themselves are checked against the real stack by
+// real_stack_test and fake_cuda_step_test, and by hand in predict_test).
 #include <gtest/gtest.h>
 
 #include <initializer_list>
@@ -40,6 +40,19 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
             "--lora_targets all-linear on a mixture of experts"},
            {"--model=tiny-llama --lora_rank=8 --micro_batches=2",
             "--lora_rank is modelled on one process and one micro-batch"},
+           {"--model=tiny-llama --offload_activations=gpu --device=cuda",
+            "--offload_activations must be none or cpu, got 'gpu'"},
+           {"--model=tiny-llama --offload_activations=cpu",
+            "--offload_activations=cpu copies what autograd saves from a GPU to host memory: "
+            "it needs --device=cuda"},
+           {"--model=tiny-llama --offload_activations=cpu --device=cuda --dp=2",
+            "--offload_activations is modelled on one process and one micro-batch"},
+           {"--model=tiny-llama --offload_activations=cpu --device=cuda --tp=2",
+            "--offload_activations is modelled on one process: not with --tp"},
+           {"--model=tiny-llama --offload_activations=cpu --device=cuda "
+            "--checkpoint_impl=reentrant",
+            "--offload_activations with --checkpoint_impl=reentrant (variant full) is not "
+            "modelled yet"},
            {"--model=tiny-llama --lora_rank=8 --dtype=bf16 --master_weights",
             "--master_weights with --lora_rank: peft's adapters, all that trains, are fp32"},
        }) {

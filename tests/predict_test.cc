@@ -379,6 +379,34 @@ TEST(PredictFamiliesTest, LoraAdaptersAloneTrainByHand) {
   EXPECT_EQ(bf16.optimizer_state_bytes, 2 * 896 * 8 + 2 * 4 * 4);
 }
 
+TEST(PredictFamiliesTest, OffloadedActivationsByHand) {
+  // tiny-llama (L = 2, d = 32, V = 96) on CUDA, B = 4, T = 128 (N = 512 tokens), the
+  // forward under save_on_cpu: each SavedVariable is its own host copy, a weight's too.
+  // Under full checkpointing the layers pack only their inputs (save_inputs): 2 x N x 32
+  // x 4 = 131,072 B. The embedding packs its token ids (N x 8 = 4,096). The head: the
+  // final RMSNorm's pow keeps x (65,536), rsqrt its result (N x 4 = 2,048), x * rsqrt
+  // both (67,584), weight * normed both (128 + 65,536); lm_head's mm its flat input and
+  // W^T (65,536 + 96 x 32 x 4 = 12,288); log_softmax its result (N x 96 x 4 = 196,608),
+  // nll_loss the same log-probabilities again, the shifted labels (4,096) and
+  // total_weight (4): 675,972. In all 811,140 B.
+  ModelConfig config = Preset("tiny-llama");
+  config.batch = 4;
+  config.seq = 128;
+  config.device = Device::kCuda;
+  config.offload_activations = true;
+  PredictOptions options;
+  options.variants = Variants("none,full");
+  ASSERT_OK_AND_ASSIGN(Prediction p, Predict(config, options));
+  EXPECT_EQ(p.variants[1].offloaded_bytes, 811140);
+  // Without checkpointing every layer's saves go to the host instead of its input:
+  // more than the layers' inputs alone.
+  EXPECT_GT(p.variants[0].offloaded_bytes, 811140);
+  config.offload_activations = false;
+  ASSERT_OK_AND_ASSIGN(Prediction kept, Predict(config, options));
+  EXPECT_EQ(kept.variants[0].offloaded_bytes, 0);
+  EXPECT_LT(p.variants[0].peak->bytes, kept.variants[0].peak->bytes);
+}
+
 TEST(PredictFamiliesTest, TinyGpt2ByHand) {
   // tiny-gpt2: L=2, d=32, H=4, F=128, V=96, 128 positions; B=16, T=64: N = 1024.
   // Per layer and token: x 32, mean+rstd 2, ln_1 out 32 (c_attn addmm), c_attn out 96

@@ -462,6 +462,23 @@ class CommandTest(unittest.TestCase):
                      "--ddp_bucket_mb", "--gradient_as_bucket_view"):
             self.assertIn(flag, out.decode())
 
+    def test_offloaded_activations_reach_the_prediction(self):
+        # tiny-llama, batch 4, seq 128, full checkpointing under save_on_cpu: 811,140 B of
+        # host copies when the forward returns (by hand in predict_test's
+        # OffloadedActivationsByHand).
+        code, out, err = command(
+            ["predict", "--model=tiny-llama", "--batch=4", "--seq=128", "--device=cuda",
+             "--offload_activations=cpu", "--variants=full"], self.dir)
+        self.assertEqual(code, 0, err)
+        prediction = json.loads(out)
+        self.assertEqual(prediction["offload_activations"], "cpu")
+        self.assertEqual(prediction["offloaded_bytes"], {"full": 811140})
+        self.refused(["predict", "--model=tiny-llama", "--offload_activations=cpu"],
+                     "--offload_activations=cpu copies what autograd saves from a GPU to host "
+                     "memory: it needs --device=cuda")
+        code, out, _ = command(["predict", "--help"], self.dir)
+        self.assertIn("--offload_activations", out.decode())
+
     def test_bad_numbers_name_their_flag(self):
         self.refused(["plan", "--model=tiny-llama", "--budget_gib=1e-12"],
                      "--budget_gib 1e-12 is less than one byte")

@@ -8,9 +8,10 @@ nothing, as NCCL's in-place ones allocate nothing of the caching allocator's) an
 the model as witness_common.fsdp2 does (fully_shard per decoder layer, then the root;
 with "offload": "cpu" CPUOffloadPolicy(pin_memory=True)). It trains a warm-up step, then
 the measured one, with torch.optim (and CUDA autocast turned on by hand, as
-witness.measure_fake_cuda does). Fake tensors run the ops' meta kernels, PyTorch's own
-statement of each CUDA kernel's outputs, and FSDP2's own Python decides every copy,
-all-gather buffer and free.
+witness.measure_fake_cuda does); with "offload_activations": "cpu" both forwards run
+under torch's save_on_cpu(pin_memory=True) (`offloaded`). Fake tensors run the ops' meta
+kernels, PyTorch's own statement of each CUDA kernel's outputs, and FSDP2's own Python
+decides every copy, all-gather buffer and free.
 
 What is counted: every storage alive, by device, through a TorchDispatchMode that sees
 each op's inputs and outputs and a weakref finalizer per storage (its free). A CUDA
@@ -198,6 +199,30 @@ def fake_adapters():
         torch.utils.swap_tensors = swap
 
 
+def offloaded(case):
+    """The forward's saved-tensor hooks: with offload_activations "cpu", torch's
+    save_on_cpu(pin_memory=True), which copies every tensor autograd saves to pinned host
+    memory and back to the device when its node runs (torch/autograd/graph.py).
+
+    Its pack_to_cpu makes the host copy with torch.empty and no device: the default
+    device, which is the CPU in a training script but the witness's torch.device("cuda")
+    context here, where a checkpoint's save_inputs (called from Python, not inside an op)
+    would pack onto the device. The pack runs under torch.device("cpu"), a script's
+    default; the hooks are torch's own."""
+    torch = witness._torch()
+    if case.get("offload_activations", "none") != "cpu":
+        return contextlib.nullcontext()
+    hooks = torch.autograd.graph.save_on_cpu(pin_memory=True)
+    pack = hooks.pack_hook
+
+    def pack_on_host(tensor):
+        with torch.device("cpu"):
+            return pack(tensor)
+
+    hooks.pack_hook = pack_on_host
+    return hooks
+
+
 def measure(case):
     """The measured step of `case` (on rank 0): the device's peak (blocks) and its phase,
     and what the host holds after the optimizer's step."""
@@ -228,7 +253,7 @@ def measure(case):
             params = list(target.parameters())
             opt = witness.make_optimizer(params, case)
             # The warm-up step makes the optimizer's state, as witness.measure's does.
-            with witness.cuda_autocast(case["amp"]):
+            with witness.cuda_autocast(case["amp"]), offloaded(case):
                 loss = target.loss(None)
             loss.backward()
             del loss
@@ -243,7 +268,7 @@ def measure(case):
             resident = counter.now()
             with counter.mode():
                 counter.phase = "forward"
-                with witness.cuda_autocast(case["amp"]):
+                with witness.cuda_autocast(case["amp"]), offloaded(case):
                     loss = target.loss(None)
                 after_forward = counter.now()
                 counter.phase = "backward"
@@ -280,6 +305,8 @@ def measure(case):
         "peak_bytes": peak,
         "peak_phase": phase,
         "host_bytes": host_bytes,
+        "host_peak_bytes": counter.peak["cpu"][0],
+        "host_peak_phase": counter.peak["cpu"][1],
     }
 
 

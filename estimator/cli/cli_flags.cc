@@ -81,6 +81,12 @@ ABSL_FLAG(std::string, cublas_workspace_config, "",
           "With --device=cuda: CUBLAS_WORKSPACE_CONFIG as the run sets it, :SIZE:COUNT "
           "pairs in KiB (:4096:8, the default on compute capability 9 to 12, is 32 MiB per "
           "GEMM; :16:8 is 128 KiB; :0:0 none); empty: unset.");
+ABSL_FLAG(std::string, offload_activations, "none",
+          "With --device=cuda: cpu runs the forward under "
+          "torch.autograd.graph.save_on_cpu(pin_memory=True), which copies every tensor "
+          "autograd saves (a weight's too, once per node) to pinned host memory and back "
+          "to the device as its node runs; a checkpoint holds its input there. none: "
+          "saved tensors stay on the device.");
 ABSL_FLAG(std::string, dtype, "fp32",
           "The model's dtype, for parameters, gradients and activations: fp32, bf16 or fp16 "
           "(pure low precision; PyTorch still keeps some tensors in fp32).");
@@ -215,6 +221,7 @@ RunRequest RunRequestFromFlags() {
   request.expandable_segments = absl::GetFlag(FLAGS_expandable_segments);
   request.cuda_context_mib = absl::GetFlag(FLAGS_cuda_context_mib);
   request.cublas_workspace_config = absl::GetFlag(FLAGS_cublas_workspace_config);
+  request.offload_activations = absl::GetFlag(FLAGS_offload_activations);
   request.dtype = absl::GetFlag(FLAGS_dtype);
   request.amp = absl::GetFlag(FLAGS_amp);
   request.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -336,7 +343,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"planned_layouts", "checkpointing"},
     {"device", "device"},        {"sdpa_backend", "device"},
     {"expandable_segments", "device"}, {"cuda_context_mib", "device"},
-    {"cublas_workspace_config", "device"},
+    {"cublas_workspace_config", "device"},   {"offload_activations", "device"},
     {"gpu", "device"},           {"gpu_memory_gib", "device"}, {"mfu", "device"},
     {"cpu_threads", "device"},   {"max_memory_gib", "device"},  {"threads", "device"},
     {"checked_layouts", "device"},

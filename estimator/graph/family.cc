@@ -174,6 +174,11 @@ absl::Status ValidateConfig(const ModelConfig& config) {
           "--freeze is modelled on one process: not with --tp, --sp or --ep yet"));
     }
   }
+  if (config.offload_activations && (config.shard.tp > 1 || config.shard.sp ||
+                                     config.shard.ep > 1)) {
+    return absl::InvalidArgumentError(
+        "--offload_activations is modelled on one process: not with --tp, --sp or --ep yet");
+  }
   if (config.megatron && !family.megatron) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Megatron's ops (dropout, fused softmax) are modelled for the ",
@@ -386,6 +391,12 @@ absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
   }
   for (size_t i = 0; i < variants.size(); ++i) {
     const Variant& variant = variants[i];
+    if (config.offload_activations && config.checkpoint_impl == CheckpointImpl::kReentrant &&
+        variant.CheckpointsAnyLayer()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--offload_activations with --checkpoint_impl=reentrant (variant ", variant.Name(),
+          ") is not modelled yet: use non_reentrant, transformers' default"));
+    }
     for (size_t j = 0; j < i; ++j) {
       if (variants[j].Name() == variant.Name()) {
         return absl::InvalidArgumentError(

@@ -656,6 +656,7 @@ absl::StatusOr<Prediction> PredictGraphs(const ValidConfig& valid,
       if (timeline.ok()) {
         v->peak = timeline->peak;
         v->peak_reserved_bytes = timeline->peak_reserved_bytes;
+        v->offloaded_bytes = timeline->offloaded_bytes;
         if (options.timeline && config.device != Device::kCuda) {
           timeline->resident_tensors =
               ResidentTensors(*graphs, config, optimizer, {WholeModel(config)},

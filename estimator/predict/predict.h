@@ -103,6 +103,9 @@ struct VariantPrediction {
   // On --device=cuda: max_memory_reserved() for the step, the caching allocator's
   // segments at most (peak->bytes counts its blocks, as max_memory_allocated() does).
   int64_t peak_reserved_bytes = 0;
+  // offloaded_bytes: with --offload_activations=cpu, the host memory save_on_cpu holds
+  // when the forward returns (StepTimeline::offloaded_bytes).
+  int64_t offloaded_bytes = 0;
   std::string peak_unavailable;
   // timeline: every allocation of the step, if PredictOptions::timeline.
   std::shared_ptr<const StepTimeline> timeline;

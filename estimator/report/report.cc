@@ -164,6 +164,10 @@ rapidjson::Document StudyJsonHead(const ModelConfig& config, AttentionMode atten
     doc.AddMember("expandable_segments", config.expandable_segments, a);
     // Each GEMM's cuBLAS workspace (--cublas_workspace_config), a transient in the peak.
     doc.AddMember("cublas_workspace_bytes", config.cublas_workspace_bytes, a);
+    // Where autograd's saved tensors live between forward and backward
+    // (--offload_activations: "cpu" under save_on_cpu).
+    doc.AddMember("offload_activations",
+                  rapidjson::StringRef(config.offload_activations ? "cpu" : "none"), a);
     // What the device holds outside the caching allocator, which no max_memory_* counts.
     rapidjson::Value outside(rapidjson::kObjectType);
     outside.AddMember("cuda_context", config.cuda_context_bytes, a);
@@ -249,7 +253,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
     // On CUDA peak_bytes counts the caching allocator's blocks (max_memory_allocated)
     // and peak_reserved_bytes its segments (max_memory_reserved).
     rapidjson::Value peak_bytes(rapidjson::kObjectType), peaks(rapidjson::kObjectType),
-        reserved(rapidjson::kObjectType);
+        reserved(rapidjson::kObjectType), offloaded(rapidjson::kObjectType);
     std::string unavailable;
     for (const VariantPrediction& v : p.variants) {
       if (!v.peak.has_value()) {
@@ -260,11 +264,14 @@ rapidjson::Document PredictionJson(const Prediction& p) {
       peaks.AddMember(String(v.variant.Name(), a), PeakJson(*v.peak, a), a);
       reserved.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.peak_reserved_bytes),
                          a);
+      offloaded.AddMember(String(v.variant.Name(), a), rapidjson::Value(v.offloaded_bytes), a);
     }
     if (!peak_bytes.ObjectEmpty()) {
       doc.AddMember("peak_bytes", peak_bytes, a);
       doc.AddMember("peak", peaks, a);
       if (p.config.device == Device::kCuda) doc.AddMember("peak_reserved_bytes", reserved, a);
+      // Host memory, beside the device's peak (--offload_activations=cpu).
+      if (p.config.offload_activations) doc.AddMember("offloaded_bytes", offloaded, a);
     }
     if (!unavailable.empty()) doc.AddMember("peak_unavailable", String(unavailable, a), a);
   }
@@ -475,14 +482,25 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
                             v.peak->op);
     }
     if (c.device == Device::kCuda) {
+      // One row per variant with a peak: `bytes` of it.
+      auto rows = [&](int64_t VariantPrediction::*bytes) {
+        for (const VariantPrediction& v : p.variants) {
+          if (!v.peak.has_value()) continue;
+          absl::StrAppendFormat(&out, "%-22s %20d %14s\n", v.variant.Name(), v.*bytes,
+                                HumanBytes(v.*bytes));
+        }
+      };
       absl::StrAppendFormat(&out,
                             "(on cuda: the caching allocator's blocks, as "
                             "max_memory_allocated() counts them)\n\n%-22s %20s %14s\n",
                             "peak_reserved_bytes", "bytes", "");
-      for (const VariantPrediction& v : p.variants) {
-        if (!v.peak.has_value()) continue;
-        absl::StrAppendFormat(&out, "%-22s %20d %14s\n", v.variant.Name(),
-                              v.peak_reserved_bytes, HumanBytes(v.peak_reserved_bytes));
+      rows(&VariantPrediction::peak_reserved_bytes);
+      if (c.offload_activations) {
+        absl::StrAppendFormat(&out,
+                              "\n%-22s %20s %14s  (host memory: save_on_cpu's copies when "
+                              "the forward returns)\n",
+                              "offloaded_bytes", "bytes", "");
+        rows(&VariantPrediction::offloaded_bytes);
       }
       absl::StrAppendFormat(&out,
                             "\noutside the allocator (no max_memory_* counts it)\n"

@@ -102,9 +102,12 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     }
   }
   if (absl::Status s = CheckZeroStage(spec.zero); !s.ok()) return s;
-  if ((config.freeze.any() || config.lora.enabled()) && spec.Accumulates()) {
+  if ((config.freeze.any() || config.lora.enabled() || config.offload_activations) &&
+      spec.Accumulates()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        config.lora.enabled() ? "--lora_rank" : "--freeze",
+        config.offload_activations ? "--offload_activations"
+        : config.lora.enabled()    ? "--lora_rank"
+                                   : "--freeze",
         " is modelled on one process and one micro-batch: not with --dp, --pp or "
         "--micro_batches above 1 yet"));
   }

@@ -282,6 +282,17 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
     MEMLEDGER_ASSIGN_OR_RETURN(spec.config.cublas_workspace_bytes,
                                ParseCublasWorkspaceConfig(request.cublas_workspace_config));
   }
+  if (request.offload_activations == "cpu") {
+    if (spec.config.device != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          "--offload_activations=cpu copies what autograd saves from a GPU to host memory: "
+          "it needs --device=cuda");
+    }
+    spec.config.offload_activations = true;
+  } else if (request.offload_activations != "none") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--offload_activations must be none or cpu, got '", request.offload_activations, "'"));
+  }
   if (absl::Status s = ApplyExperts(request, spec.config); !s.ok()) return s;
   spec.routing = request.routing;
   // The config first: the layout's and the variants' checks ask it.
@@ -389,6 +400,7 @@ std::string RequestFlags(const RunRequest& request) {
   }
   text("cublas_workspace_config", request.cublas_workspace_config,
        defaults.cublas_workspace_config);
+  text("offload_activations", request.offload_activations, defaults.offload_activations);
   text("experts_impl", request.experts_impl, defaults.experts_impl);
   text("routing", request.routing, defaults.routing);
   return out;

@@ -83,6 +83,8 @@ struct RunRequest {
   double cuda_context_mib = static_cast<double>(kCudaContextBytes) / (1 << 20);
   // CUBLAS_WORKSPACE_CONFIG's value (":4096:8", ":16:8", ":0:0"); empty: unset.
   std::string cublas_workspace_config;
+  // offload_activations: none, or cpu (the forward under save_on_cpu; with device cuda).
+  std::string offload_activations = "none";
   std::string experts_impl = "grouped_mm";
   std::string routing = "balanced";
   // plan: a checkpoint plan (ReadPlan: a //planner file, or inline runs such as

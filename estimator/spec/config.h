@@ -484,6 +484,12 @@ struct DeviceOptions {
   // cublas_workspace_bytes: on CUDA, each GEMM's cuBLAS workspace
   // (CUBLAS_WORKSPACE_CONFIG: the sum of its :SIZE:COUNT KiB).
   int64_t cublas_workspace_bytes = kCublasWorkspaceBytes;
+  // offload_activations: on CUDA, the forward runs under
+  // torch.autograd.graph.save_on_cpu(pin_memory=True) (--offload_activations=cpu):
+  // every tensor autograd saves is copied to pinned host memory, each SavedVariable its
+  // own copy (a weight's too), and back to the device, a copy per node, when its node
+  // runs.
+  bool offload_activations = false;
   friend bool operator==(const DeviceOptions&, const DeviceOptions&) = default;
 };
 

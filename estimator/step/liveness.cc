@@ -480,6 +480,48 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(const ValidConfig& valid,
   return StepSimulator(valid, attention, options, std::move(plans));
 }
 
+namespace {
+
+// OffloadedBytes is what save_on_cpu holds in host memory when the forward returns
+// (DeviceOptions::offload_activations; the hooks are off in the backward): a copy of
+// each SavedVariable outside the checkpoints (SegmentStructure::packed_tensors, at its
+// sizes' bytes), and each non-reentrant checkpoint's input (save_inputs packs it before
+// the checkpoint's own hook is entered). A selective checkpoint's cache bypasses the
+// hooks (checkpoint.py, respect_saved_tensors_hooks's default) and stays on the device.
+int64_t OffloadedBytes(const ModelPlans& plans, const Variant& variant, int64_t layers) {
+  auto bytes_of = [](const SegmentPlan& plan, int t) {
+    return CheckedInt64(NumelOf(plan.walk.tensor_layouts[t].layout)) *
+           ElementSizeBytes(plan.graph->tensors[t].dtype);
+  };
+  auto packed = [&](const SegmentPlan* plan) {
+    CheckedInt64 bytes = 0;
+    if (plan == nullptr) return bytes;
+    for (const std::vector<int>& tensors : plan->structure->packed_tensors) {
+      for (int t : tensors) bytes += bytes_of(*plan, t);
+    }
+    return bytes;
+  };
+  const ModelGraphs& graphs = *plans.graphs;
+  const bool checkpointing = variant.CheckpointsAnyLayer();
+  CheckedInt64 total = packed(plans.Prologue(checkpointing)) + packed(plans.head.get());
+  std::vector<std::optional<CheckedInt64>> by_kind(plans.rest.size());
+  for (int64_t i = 0; i < layers; ++i) {
+    const int kind = graphs.KindOf(i);
+    const SegmentPlan* plan = i == 0 ? plans.First(checkpointing) : plans.rest[kind].get();
+    if (variant.IsCheckpointed(i)) {
+      total += bytes_of(*plan, plan->graph->input);
+    } else if (i == 0) {
+      total += packed(plan);
+    } else {
+      if (!by_kind[kind].has_value()) by_kind[kind] = packed(plan);
+      total += *by_kind[kind];
+    }
+  }
+  return total.overflowed() ? -1 : total.value();
+}
+
+}  // namespace
+
 absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
                                                      const OptimizerSpec& optimizer,
                                                      const ResidentBytes& resident) const {
@@ -499,6 +541,9 @@ absl::StatusOr<StepTimeline> StepSimulator::Simulate(const Variant& variant,
   absl::StatusOr<StepTimeline> started = ResidentTimeline(*config_, resident);
   if (!started.ok()) return started.status();
   StepTimeline& timeline = *started;
+  if (config_->offload_activations) {
+    timeline.offloaded_bytes = OffloadedBytes(plans, variant, config_->layers);
+  }
   // The caching allocator's blocks depend on everything before them: such a step is
   // replayed whole. Rounded requests (CudaBlocks::kRequests) compose as CPU bytes do.
   const bool allocator =

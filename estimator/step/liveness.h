@@ -126,6 +126,9 @@ struct StepTimeline {
   // that first holds the resident tensors; peak.bytes then counts blocks, as
   // max_memory_allocated() does. 0 on the CPU.
   int64_t peak_reserved_bytes = 0;
+  // offloaded_bytes: with DeviceOptions::offload_activations, the host memory save_on_cpu
+  // holds when the forward returns (the tensors' bytes; 0 otherwise).
+  int64_t offloaded_bytes = 0;
   // outside_allocator_bytes: on CUDA, the device memory outside the caching allocator
   // (the CUDA context's), which neither peak counts.
   int64_t outside_allocator_bytes = 0;

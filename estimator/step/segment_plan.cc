@@ -87,6 +87,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   structure.unpacked_releases.resize(graph.ops.size());
   structure.unpacked_keeps.assign(walk.storage_list.size(), 0);
   structure.packs.assign(graph.ops.size(), false);
+  structure.packed_tensors.resize(graph.ops.size());
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const OpDef& op = graph.ops[i];
     std::vector<const KeepRule*> keeps;
@@ -102,6 +103,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
         continue;
       }
       const int tensor = rule->is_output ? op.outputs[rule->index] : op.inputs[rule->index];
+      if (has_node && !rule->wrapped_number) structure.packed_tensors[i].push_back(tensor);
       const int s = tensors[tensor].storage;
       if (s < 0) continue;
       structure.releases[i].push_back(s);

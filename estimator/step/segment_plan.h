@@ -59,6 +59,10 @@ struct SegmentStructure {
   std::vector<int> unpacked_keeps;
   // packs: per op, whether its node packs a tensor (a parameter too) into the hook.
   std::vector<bool> packs;
+  // packed_tensors: per op with a node, the tensors it packs (parameters and views
+  // too), one per SavedVariable in Functions.h's order: under save_on_cpu each is its
+  // own host copy, unpacked to a device copy of its own when the node runs.
+  std::vector<std::vector<int>> packed_tensors;
   // The recompute's early stop (_StopRecomputationError, raised by the pack that fills
   // the last holder): the last op that packs, and whether its last pack is an output
   // (saved after the kernel ran) or an input (saved before: the kernel never runs).

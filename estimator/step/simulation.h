@@ -154,7 +154,11 @@ class Simulation {
     // the call's other tensors (the partial's keyword arguments), the forward's RNG
     // state and the selective cache until the node that releases the last hook.
     struct Frame {
-      int input = -1;
+      int input = -1;  // -1: offloaded (input_offloaded)
+      // input_offloaded: save_inputs packed the layer input into save_on_cpu's hook
+      // (StepOptions... DeviceOptions::offload_activations): the frame holds its host
+      // copy, and the recompute unpacks a device copy of it.
+      bool input_offloaded = false;
       int rng_state = -1;
       std::vector<int> held;
       // forward_ids: the forward's ids, for what its nodes hold without the hooks.
@@ -182,6 +186,20 @@ class Simulation {
     bool early_stop = false;
   };
   static Pass Graph() { return Pass(); }
+  // Saving: a forward with grad outside the checkpoints. Under save_on_cpu
+  // (DeviceOptions::offload_activations) every pack goes to the host, and the nodes hold
+  // on the device only what SavedVariable stores without the hooks (wrapped numbers).
+  Pass Saving() const {
+    Pass pass;
+    if (config_.offload_activations) pass.keeps = Pass::Keeps::kUnpacked;
+    return pass;
+  }
+  // Offloaded: `inst`'s nodes hold host copies of what they saved (a Saving() forward
+  // under save_on_cpu; not a checkpoint's recompute or frame, whose hooks are the
+  // checkpoint's).
+  bool Offloaded(const Instance& inst) const {
+    return config_.offload_activations && !inst.frame.has_value() && !inst.recompute;
+  }
 
   absl::Status Unimplemented(const std::string& what) {
     return absl::UnimplementedError(absl::StrCat(

@@ -85,6 +85,18 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
     if (absl::Status s = Recompute(inst); !s.ok()) return s;
     memory_.SetOp(At(inst, op_index, node));
   }
+  // Under save_on_cpu the node's apply() unpacks each saved tensor first: a device copy
+  // of its host copy (unpack_from_cpu's tensor.to(device)), one per SavedVariable, its
+  // sizes contiguous (pack_to_cpu's torch.empty(tensor.size())).
+  const bool offloaded = Offloaded(inst);
+  absl::InlinedVector<int, 4> unpacked;
+  if (offloaded) {
+    for (int t : structure.packed_tensors[op_index]) {
+      unpacked.push_back(memory_.Alloc(NumelOf(TensorOf(inst, t).layout) *
+                                           ElementSizeBytes(plan.graph->tensors[t].dtype),
+                                       MemoryCategory::kActivation));
+    }
+  }
 
   auto layout_of = [&](int input) -> const Layout& {
     return TensorOf(inst, op.inputs[input]).layout;
@@ -109,6 +121,7 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
       if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
     }
   }
+  for (int copy : unpacked) memory_.Unref(copy);
   // validate_outputs: a gradient whose shape differs from its input's (a broadcast
   // bias) is reduced with sum_to; one whose dtype differs (autocast's bf16 matmul output
   // met an fp32 tensor) is cast to the input's.
@@ -134,7 +147,8 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
     }
     if (op_index == structure.first_pack_op) FrameDies(inst);
   } else {
-    for (int s : structure.releases[op_index]) {
+    // Offloaded, the node held on the device only what it stored without the hooks.
+    for (int s : offloaded ? structure.unpacked_releases[op_index] : structure.releases[op_index]) {
       if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
     }
   }
@@ -342,11 +356,15 @@ absl::Status Simulation::Recompute(Instance& inst) {
   // recompute_fn runs under torch.random.fork_rng, which keeps the current RNG state
   // meanwhile (checkpoint.py, _checkpoint_without_reentrant_generator).
   const int forked = memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kTemporary);
-  // The layer input, unpacked from _NoopSaveInputs (ctx.get_args(ctx.saved_tensors)).
+  // The layer input, unpacked from the frame (get_inputs()): under save_on_cpu a device
+  // copy of its host copy, which only what the recompute keeps holds once it is done.
   Handle x;
-  x.storage = frame.input;
   x.layout = TensorOf(inst, graph.input).layout;
   x.dtype = graph.tensors[graph.input].dtype;
+  x.storage = frame.input_offloaded
+                  ? memory_.Alloc(NumelOf(x.layout) * ElementSizeBytes(x.dtype),
+                                  MemoryCategory::kActivation)
+                  : frame.input;
   Pass pass;
   pass.replay = !variant_.PolicyAt(inst.segment).empty();
   pass.early_stop = true;
@@ -356,6 +374,7 @@ absl::Status Simulation::Recompute(Instance& inst) {
   inst.recompute = false;
   if (!status.ok()) return status;
   if (y.defined()) memory_.Unref(y.storage);  // no early stop: the output is dropped
+  if (frame.input_offloaded) memory_.Unref(x.storage);  // recompute_fn's args
   ReleaseForwardHolds(/*forward_end=*/false);  // the recompute's autocast scope ends
   memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
   memory_.Unref(forked);
@@ -365,7 +384,7 @@ absl::Status Simulation::Recompute(Instance& inst) {
 void Simulation::FrameDies(Instance& inst) {
   Instance::Frame& frame = *inst.frame;
   frame.alive = false;
-  memory_.Release(frame.input);
+  if (!frame.input_offloaded) memory_.Release(frame.input);
   for (int held : frame.held) memory_.Release(held);
   memory_.Unref(frame.rng_state);
   // The selective cache's entries the recompute never reached (those after the early

@@ -259,7 +259,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = Forward(f.prologue, nullptr, Graph(), &x); !s.ok()) return s;
+    if (absl::Status s = Forward(f.prologue, nullptr, Saving(), &x); !s.ok()) return s;
     if (const int leaf = f.prologue.plan->structure->leaf; leaf >= 0) {
       f.leaf = f.prologue.ids[TensorOf(f.prologue, leaf).storage];
       memory_.Ref(f.leaf);  // its AccumulateGrad node's
@@ -307,15 +307,19 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       f.rng_states[i - f.range.first_layer] =
           memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kActivation);
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
-      memory_.Keep(x.storage);
+      // save_inputs packs x (checkpoint.py, _make_saved_tensor) before the checkpoint's
+      // own hook is entered: under save_on_cpu into a host copy, the device's let go.
+      const bool offloaded = config_.offload_activations && !reentrant;
+      if (!offloaded) memory_.Keep(x.storage);
       std::vector<int> held = CallArguments(inst);
       for (int h : held) memory_.Keep(h);
       f.checkpoint_inputs[i - f.range.first_layer] = x.storage;
       if (!reentrant) {
-        inst.frame = Instance::Frame{x.storage, f.rng_states[i - f.range.first_layer],
-                                     std::move(held), inst.ids, false};
+        inst.frame = Instance::Frame{offloaded ? -1 : x.storage, offloaded,
+                                     f.rng_states[i - f.range.first_layer], std::move(held),
+                                     inst.ids, false};
       }
-    } else if (absl::Status s = Forward(inst, &x, Graph(), &y); !s.ok()) {
+    } else if (absl::Status s = Forward(inst, &x, Saving(), &y); !s.ok()) {
       return s;
     }
     if (x.storage != input_id) memory_.Unref(x.storage);  // x = layer(x)
@@ -341,7 +345,7 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       returned = true;
     };
     decoder_returns_.emplace(returns);
-    absl::Status forward = Forward(f.head, &x, Graph(), &f.loss);
+    absl::Status forward = Forward(f.head, &x, Saving(), &f.loss);
     if (forward.ok() && !returned) returns();
     decoder_returns_.reset();
     if (!forward.ok()) return forward;
