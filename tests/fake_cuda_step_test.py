@@ -92,6 +92,7 @@ OPTION_GRID = [
 OFFLOADED = {**LARGER, "offload_activations": "cpu"}
 OPTION_GRID += [
     ("llama_gqa", MATH, ("none", "selective"), OFFLOADED),
+    ("llama_gqa", MATH[:1], ("full", "every_2"), {**OFFLOADED, "checkpoint_impl": "reentrant"}),
     ("llama_gqa", CUDNN[:1], ("none", "full"), OFFLOADED),
     ("qwen3", MATH[2:], ("none", "every_2"), OFFLOADED),
     ("gpt2_nodrop", MATH[1:2], ("none",), OFFLOADED),
@@ -119,6 +120,10 @@ def cases(tmp):
             extra_flags += [f"--lora_rank={r}", f"--lora_alpha={2 * r}",
                             f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
             name += f" lora r{r} {targets} dropout {lora['dropout']}"
+        if "checkpoint_impl" in options:
+            extra_case["checkpoint_impl"] = options["checkpoint_impl"]
+            extra_flags.append(f"--checkpoint_impl={options['checkpoint_impl']}")
+            name += f" {options['checkpoint_impl']}"
         if "offload_activations" in options:
             extra_case["offload_activations"] = options["offload_activations"]
             extra_flags.append(f"--offload_activations={options['offload_activations']}")
@@ -140,7 +145,7 @@ class FakeCudaStepTest(unittest.TestCase):
     def test_peak_and_phase_are_exact(self):
         tmp = tempfile.mkdtemp()
         grid = cases(tmp)
-        self.assertEqual(len(grid), 180 + 12 + 7 + 15)
+        self.assertEqual(len(grid), 180 + 12 + 7 + 17)
         # Bazel's shards (tests/BUILD.bazel): every n-th case.
         shards = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
         grid = grid[int(os.environ.get("TEST_SHARD_INDEX", "0"))::shards]

@@ -49,10 +49,6 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
             "--offload_activations is modelled on one process and one micro-batch"},
            {"--model=tiny-llama --offload_activations=cpu --device=cuda --tp=2",
             "--offload_activations is modelled on one process: not with --tp"},
-           {"--model=tiny-llama --offload_activations=cpu --device=cuda "
-            "--checkpoint_impl=reentrant",
-            "--offload_activations with --checkpoint_impl=reentrant (variant full) is not "
-            "modelled yet"},
            {"--model=tiny-llama --lora_rank=8 --dtype=bf16 --master_weights",
             "--master_weights with --lora_rank: peft's adapters, all that trains, are fp32"},
        }) {

@@ -391,12 +391,6 @@ absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
   }
   for (size_t i = 0; i < variants.size(); ++i) {
     const Variant& variant = variants[i];
-    if (config.offload_activations && config.checkpoint_impl == CheckpointImpl::kReentrant &&
-        variant.CheckpointsAnyLayer()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--offload_activations with --checkpoint_impl=reentrant (variant ", variant.Name(),
-          ") is not modelled yet: use non_reentrant, transformers' default"));
-    }
     for (size_t j = 0; j < i; ++j) {
       if (variants[j].Name() == variant.Name()) {
         return absl::InvalidArgumentError(

@@ -156,8 +156,8 @@ class Simulation {
     struct Frame {
       int input = -1;  // -1: offloaded (input_offloaded)
       // input_offloaded: save_inputs packed the layer input into save_on_cpu's hook
-      // (StepOptions... DeviceOptions::offload_activations): the frame holds its host
-      // copy, and the recompute unpacks a device copy of it.
+      // (DeviceOptions::offload_activations): the frame holds its host copy, and the
+      // recompute unpacks a device copy of it.
       bool input_offloaded = false;
       int rng_state = -1;
       std::vector<int> held;

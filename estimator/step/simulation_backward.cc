@@ -295,12 +295,19 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   const SegmentPlan& plan = *inst.plan;
   const BlockGraph& graph = *plan.graph;
   memory_.SetOp(Special(inst.segment, Where::Activity::kCheckpointNode));
-  // get_saved_variables() and x.detach(): two more references to the input.
+  // get_saved_variables() and x.detach(): two more references to the input; under
+  // save_on_cpu the first is a device copy of its host copy (unpack_from_cpu).
+  const bool offloaded = config_.offload_activations;
   Handle x;
-  x.storage = saved_input;
   x.layout = TensorOf(inst, graph.input).layout;
   x.dtype = graph.tensors[graph.input].dtype;
-  memory_.Ref(saved_input);
+  if (offloaded) {
+    saved_input = memory_.Alloc(NumelOf(x.layout) * ElementSizeBytes(x.dtype),
+                                MemoryCategory::kActivation);
+  } else {
+    memory_.Ref(saved_input);
+  }
+  x.storage = saved_input;
   memory_.Ref(saved_input);
   Handle y;
   inst.recompute = true;
@@ -330,7 +337,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   // Then the outer engine: the incoming gradient dies, the saved input is released, and
   // the captured gradients are routed (the input's, then every parameter's).
   memory_.Unref(incoming.storage);
-  memory_.Release(saved_input);
+  if (!offloaded) memory_.Release(saved_input);
   // CheckpointFunction keeps its RNG state and run_function (the call's bound
   // arguments) on its ctx, which lives as long as the graph: until the loss dies, after
   // the step (checkpoint.py:241-252).

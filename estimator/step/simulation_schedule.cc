@@ -307,9 +307,10 @@ absl::Status Simulation::ForwardPass(const ModelPlans& plans, InFlight& f) {
       f.rng_states[i - f.range.first_layer] =
           memory_.HostAlloc(kCpuRngStateBytes, MemoryCategory::kActivation);
       if (absl::Status s = Forward(inst, &x, pass, &y); !s.ok()) return s;
-      // save_inputs packs x (checkpoint.py, _make_saved_tensor) before the checkpoint's
-      // own hook is entered: under save_on_cpu into a host copy, the device's let go.
-      const bool offloaded = config_.offload_activations && !reentrant;
+      // save_inputs (non-reentrant: checkpoint.py, _make_saved_tensor, before the
+      // checkpoint's own hook is entered) or CheckpointFunction's save_for_backward
+      // (reentrant) packs x: under save_on_cpu into a host copy, the device's let go.
+      const bool offloaded = config_.offload_activations;
       if (!offloaded) memory_.Keep(x.storage);
       std::vector<int> held = CallArguments(inst);
       for (int h : held) memory_.Keep(h);
