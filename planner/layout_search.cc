@@ -180,6 +180,7 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
 struct Evaluated {
   std::vector<SearchedLayout> fits;
   int64_t invalid = 0, too_big = 0, unmodelled = 0;
+  std::string refusal;  // why the shape was refused (invalid), where it was
   bool simulated = false;
   // What did not fit: the simulated peaks, and the bounds of those never simulated.
   int64_t smallest_peak = std::numeric_limits<int64_t>::max();
@@ -219,9 +220,14 @@ class Search {
     // The candidate's one validation: its config, its layout, its run; its two
     // predictions below take the proof.
     absl::StatusOr<ValidConfig> valid = ValidConfig::Of(config);
-    if (!valid.ok() || !ValidateParallel(config, parallel).ok() ||
-        !ValidateRunOf(*valid, base_.attention, base_.variants, base_.optimizer).ok()) {
+    absl::Status checked = valid.status();
+    if (checked.ok()) checked = ValidateParallel(config, parallel);
+    if (checked.ok()) {
+      checked = ValidateRunOf(*valid, base_.attention, base_.variants, base_.optimizer);
+    }
+    if (!checked.ok()) {
       out.invalid = static_cast<int64_t>(n);
+      out.refusal = std::string(checked.message());
       return out;
     }
     const ValidConfig ranks_config = valid->WithoutCache();  // a rank keeps no DynamicCache
@@ -682,6 +688,11 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
         "--offload: the search's step time does not model the host's optimizer step and the "
         "copies to and from it yet (predict --offload=cpu answers for one layout)");
   }
+  if (request.offload_activations != defaults.offload_activations) {
+    return absl::InvalidArgumentError(
+        "--offload_activations: the search's step time does not model the copies to and "
+        "from host memory yet (predict and plan take it)");
+  }
   RunRequest base_request = request;
   base_request.batch = 1;
   // DDP's options are its layouts' (LayoutSearch::DdpOptionsFor), not one GPU's; so are
@@ -769,7 +780,9 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     result.adamw_state_bytes = p->adamw_state_bytes;
   }
   int64_t smallest = std::numeric_limits<int64_t>::max();
+  std::string refusal;  // the first refused shape's reason
   for (const Evaluated& e : evaluated) {
+    if (refusal.empty()) refusal = e.refusal;
     result.candidates += static_cast<int64_t>(base->variants.size());
     result.invalid += e.invalid;
     result.too_big += e.too_big;
@@ -797,7 +810,8 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     if (smallest == std::numeric_limits<int64_t>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "no layout of ", options.gpus, " GPUs is modelled for this model (", result.invalid,
-          " refused, ", result.unmodelled, " without a simulated peak)"));
+          " refused, ", result.unmodelled, " without a simulated peak)",
+          refusal.empty() ? "" : "; the first refused: ", refusal));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "no layout of ", options.gpus, " GPUs fits ", HumanBytes(options.budget_bytes),

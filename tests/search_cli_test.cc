@@ -416,6 +416,15 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--reshard_after_forward is FSDP2's: it needs --fsdp"},
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --fsdp --offload=cpu --device=cuda",
              "--offload: the search's step time does not model the host's optimizer step"},
+        Case{"--model=tiny-llama --gpus=1 --global_batch=4 --offload_activations=cpu "
+             "--device=cuda",
+             "--offload_activations: the search's step time does not model the copies to and "
+             "from host memory yet"},
+        // A flag modelled on one process only refuses every layout of several GPUs: the
+        // search says the first refusal's reason.
+        Case{"--model=tiny-llama --gpus=2 --global_batch=4 --lora_rank=8",
+             "without a simulated peak); the first refused: --lora_rank is modelled on one "
+             "process and one micro-batch"},
         // The C ABI's lines for the same values (api_test), and predict's for --zero.
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --top=-1",
              "--top must be >= 0, got -1"},
