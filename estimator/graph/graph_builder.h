@@ -23,8 +23,7 @@ namespace memledger {
 
 class GraphBuilder {
  public:
-  // The model's dtype (its parameters and hidden states) and autocast's lower-precision
-  // dtype (kFloat32: no autocast).
+  // The model's dtype (parameters, hidden states); autocast's (kFloat32: no autocast).
   explicit GraphBuilder(const ModelConfig& config)
       : config_(config), dtype_(config.dtype), amp_(config.amp), megatron_(config.megatron),
         dropout_(config.dropout), sp_(config.shard.sp), tp_(config.shard.tp > 1),
@@ -45,12 +44,11 @@ class GraphBuilder {
   }
 
   // Lower is autocast's cast of an fp32 argument of a lower-precision op (matmuls,
-  // SDPA): a copy in the autocast dtype (of a weight, too: the copy is no parameter).
-  // Without autocast, or for a tensor already in lower precision, the tensor itself.
-  // CPU autocast in 2.15 casts nothing else our graphs run: pow, rsqrt, layer_norm,
-  // softmax and log_softmax run in their input's dtype (unlike CUDA's fp32 list), and
-  // nll_loss, on its fp32 list, already gets fp32 log-probabilities
-  // (//tests:autocast_test checks this against LibTorch).
+  // SDPA): a copy in the autocast dtype (of a weight, too: the copy is no parameter);
+  // without autocast, or for a lower-precision tensor, the tensor itself. CPU autocast
+  // in 2.15 casts nothing else our graphs run: pow, rsqrt, layer_norm, softmax and
+  // log_softmax run in their input's dtype (unlike CUDA's fp32 list), and nll_loss, on
+  // its fp32 list, gets fp32 log-probabilities (//tests:autocast_test checks LibTorch).
   int Lower(const std::string& name, int x) {
     if (amp_ == DType::kFloat32 || graph_.tensors[x].dtype != DType::kFloat32) return x;
     return ToDtype(name + ".autocast", x, amp_);
@@ -560,8 +558,8 @@ class GraphBuilder {
     const int query = Op1(OpType::kMulScalar, "attention.query_scaled", {q_acc});
     const int mask = Op(OpType::kSdpaCausalMask, "attention.causal_mask", {}, {"out"},
                         {.shape = {kT, kT}}, std::nullopt, DType::kFloat32)[0];
-    const int k_all = enable_gqa ? RepeatKv("attention.key_repeated", k_acc) : k_acc;
-    const int v_all = enable_gqa ? RepeatKv("attention.value_repeated", v_acc) : v_acc;
+    const int k_all = enable_gqa ? RepeatKv("attention.key_repeated", k_acc, true) : k_acc;
+    const int v_all = enable_gqa ? RepeatKv("attention.value_repeated", v_acc, true) : v_acc;
     const int k_t = Op1(OpType::kTranspose, "attention.key_t", {k_all}, {.dim = 2, .dim1 = 3});
     const int key = Op1(OpType::kMulScalar, "attention.key_scaled", {k_t});
     int attn = BatchedMatmul("attention.scores", query, bhtd, key, {kB, kH, kDHead, kT},
@@ -655,12 +653,14 @@ class GraphBuilder {
     return {merged, locals.q, locals.k, locals.v};
   }
 
-  // RepeatKv is transformers' repeat_kv: (B, kv, T, d_head) to (B, H, T, d_head) by
-  // x[:, :, None].expand(B, kv, H / kv, T, d_head).reshape(B, H, T, d_head), a copy.
-  int RepeatKv(const std::string& name, int x) {
+  // RepeatKv is transformers' repeat_kv, x[:, :, None].expand(B, kv, H / kv, T, d_head)
+  // .reshape(B, H, T, d_head): a copy (a view of one kv head). `interleave`: ATen's
+  // repeat_interleave, whose clone copies one kv head too, then flattens it.
+  int RepeatKv(const std::string& name, int x, bool interleave = false) {
     int unsqueezed = Op1(OpType::kUnsqueeze, name + ".unsqueeze", {x}, {.dim = 2});
     int expanded = Op1(OpType::kExpand, name + ".expand", {unsqueezed},
                        {.shape = {kB, kKv, kH / kKv, kT, kDHead}});
+    if (interleave) expanded = Op1(OpType::kContiguous, name + ".clone", {expanded});
     return Op1(OpType::kReshape, name, {expanded}, {.shape = {kB, kH, kT, kDHead}});
   }
 
