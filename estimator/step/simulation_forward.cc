@@ -44,6 +44,12 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     for (int k = keeps_of(structure.input_storage); k > 0; --k) memory_.Keep(input->storage);
   }
   memory_.SetOp(At(inst, -1, nullptr));
+  // A sliding-window layer's first cache update on CUDA: lazy_initialization moves the
+  // DynamicSlidingWindowLayer's window size to the keys' device
+  // (`self._sliding_window_tensor.to(self.device)`, cache_utils.py), an 8-byte tensor
+  // the cache holds, before its first cat; on the CPU the same tensor.
+  bool window_moved = !memory_.cuda() || inst.segment < 0 ||
+                      config_.AttentionOf(inst.segment) != LayerAttention::kSliding;
   // Not the views that touch no memory (SegmentStructure::inert; their view types are
   // none that this loop gives a temporary or a workspace).
   for (const SegmentStructure::ForwardStep& step : structure.forward_steps) {
@@ -105,6 +111,12 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
                                             ElementSizeBytes(common),
                                         MemoryCategory::kTemporary));
       }
+    }
+    if (op.type == OpType::kKvCacheCat && !replayed && !window_moved) {
+      forward_holds_.emplace_back(
+          memory_.Alloc(ElementSizeBytes(DType::kInt64), MemoryCategory::kTemporary),
+          inst.segment);
+      window_moved = true;
     }
     // CPU dropout makes its noise (output 1) first, scales it in place by a Python
     // number (wrapped, then gone), then the product (the step's order).

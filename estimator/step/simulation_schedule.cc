@@ -532,7 +532,8 @@ void Simulation::DynamicCacheLayers() {
   const int64_t sliding = config_.SlidingLayers(layers);
   const int64_t storages = memory_.recording() ? sliding : std::min<int64_t>(sliding, 1);
   for (int64_t i = 0; i < storages; ++i) {
-    // torch.tensor(...) without a device: a host tensor beside a CUDA model.
+    // torch.tensor(...) without a device: a host tensor beside a CUDA model, until the
+    // layer's first update moves it to the device (Forward makes that copy).
     const int id = memory_.HostAlloc(ElementSizeBytes(DType::kInt64) * (sliding / storages),
                                      MemoryCategory::kTemporary);
     forward_holds_.emplace_back(id, Where::kPrologue);
