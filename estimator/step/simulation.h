@@ -200,6 +200,12 @@ class Simulation {
   bool Offloaded(const Instance& inst) const {
     return config_.offload_activations && !inst.frame.has_value() && !inst.recompute;
   }
+  // Unpacked is save_on_cpu's unpack of a saved tensor of `layout`: a device copy of its
+  // host copy (unpack_from_cpu's tensor.to(device)), contiguous (pack_to_cpu's
+  // torch.empty(tensor.size())).
+  int Unpacked(const Layout& layout, DType dtype) {
+    return memory_.Alloc(NumelOf(layout) * ElementSizeBytes(dtype), MemoryCategory::kActivation);
+  }
 
   absl::Status Unimplemented(const std::string& what) {
     return absl::UnimplementedError(absl::StrCat(

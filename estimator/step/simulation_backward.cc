@@ -85,16 +85,13 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
     if (absl::Status s = Recompute(inst); !s.ok()) return s;
     memory_.SetOp(At(inst, op_index, node));
   }
-  // Under save_on_cpu the node's apply() unpacks each saved tensor first: a device copy
-  // of its host copy (unpack_from_cpu's tensor.to(device)), one per SavedVariable, its
-  // sizes contiguous (pack_to_cpu's torch.empty(tensor.size())).
+  // Under save_on_cpu the node's apply() first unpacks each saved tensor, one copy per
+  // SavedVariable.
   const bool offloaded = Offloaded(inst);
   absl::InlinedVector<int, 4> unpacked;
   if (offloaded) {
     for (int t : structure.packed_tensors[op_index]) {
-      unpacked.push_back(memory_.Alloc(NumelOf(TensorOf(inst, t).layout) *
-                                           ElementSizeBytes(plan.graph->tensors[t].dtype),
-                                       MemoryCategory::kActivation));
+      unpacked.push_back(Unpacked(TensorOf(inst, t).layout, plan.graph->tensors[t].dtype));
     }
   }
 
@@ -148,7 +145,9 @@ absl::Status Simulation::Node(Instance& inst, int op_index, const char* node,
     if (op_index == structure.first_pack_op) FrameDies(inst);
   } else {
     // Offloaded, the node held on the device only what it stored without the hooks.
-    for (int s : offloaded ? structure.unpacked_releases[op_index] : structure.releases[op_index]) {
+    const std::vector<int>& held =
+        offloaded ? structure.unpacked_releases[op_index] : structure.releases[op_index];
+    for (int s : held) {
       if (inst.ids[s] >= 0) memory_.Release(inst.ids[s]);
     }
   }
@@ -302,8 +301,7 @@ absl::Status Simulation::CheckpointBackward(Instance& inst, int saved_input, Han
   x.layout = TensorOf(inst, graph.input).layout;
   x.dtype = graph.tensors[graph.input].dtype;
   if (offloaded) {
-    saved_input = memory_.Alloc(NumelOf(x.layout) * ElementSizeBytes(x.dtype),
-                                MemoryCategory::kActivation);
+    saved_input = Unpacked(x.layout, x.dtype);
   } else {
     memory_.Ref(saved_input);
   }
@@ -368,10 +366,7 @@ absl::Status Simulation::Recompute(Instance& inst) {
   Handle x;
   x.layout = TensorOf(inst, graph.input).layout;
   x.dtype = graph.tensors[graph.input].dtype;
-  x.storage = frame.input_offloaded
-                  ? memory_.Alloc(NumelOf(x.layout) * ElementSizeBytes(x.dtype),
-                                  MemoryCategory::kActivation)
-                  : frame.input;
+  x.storage = frame.input_offloaded ? Unpacked(x.layout, x.dtype) : frame.input;
   Pass pass;
   pass.replay = !variant_.PolicyAt(inst.segment).empty();
   pass.early_stop = true;
