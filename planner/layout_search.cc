@@ -241,6 +241,7 @@ class Search {
     absl::StatusOr<RanksPrediction> ranks = PredictValidRanks(ranks_config, parallel, options);
     if (!ranks.ok()) {
       out.invalid = static_cast<int64_t>(n);
+      out.refusal = std::string(ranks.status().message());
       return out;
     }
     // The time no checkpointing of this shape beats: its step without recompute.
@@ -272,6 +273,7 @@ class Search {
     out.simulated = true;
     if (!peaks.ok()) {
       out.unmodelled += static_cast<int64_t>(maybe.size());
+      out.refusal = std::string(peaks.status().message());
       return out;
     }
     for (size_t i = 0; i < maybe.size(); ++i) {
@@ -282,6 +284,7 @@ class Search {
         const VariantPrediction& held = kind.variants[i].held;
         if (!held.peak.has_value()) {
           loaded = nullptr;
+          if (out.refusal.empty()) out.refusal = held.peak_unavailable;
           break;
         }
         if (held.peak->bytes > peak) {
@@ -805,7 +808,9 @@ absl::StatusOr<SearchResult> SearchLayouts(const RunRequest& request,
     std::sort(bounded.begin(), bounded.end());
     for (const auto& [bound, i] : bounded) {
       if (bound >= smallest) break;
-      smallest = std::min(smallest, search.Evaluate(shapes[i], /*simulate_all=*/true).smallest_peak);
+      const Evaluated all = search.Evaluate(shapes[i], /*simulate_all=*/true);
+      smallest = std::min(smallest, all.smallest_peak);
+      if (refusal.empty()) refusal = all.refusal;
     }
     if (smallest == std::numeric_limits<int64_t>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -828,6 +828,48 @@ TEST(PredictRanksTest, PeakUnavailableNamesWhatIsNotModelled) {
   }
 }
 
+// LoRA and --freeze are one process's (ValidateParallel): its one rank (the layout the
+// search lists on one GPU) holds what predict does. tiny-llama's adapters at r 8 on
+// q_proj (A 8 x 32, B 32 x 8) and v_proj (A 8 x 32, B 16 x 8): 896 a layer, 1,792 in
+// 2 layers, in fp32 (autocast_adapter_dtype): 7,168 B of gradients and 1,792 x 8 B of
+// AdamW's moments with, on the CPU, a 4 B step for each of the 8 adapter tensors; the
+// frozen 24,736 (2 x 9,280 + 3,072 + 3,104) in bf16: 49,472 B. The whole model's peak
+// is predict's, whose LoRA step the real stack measures (real_stack_test,
+// fake_cuda_step_test). The ranks once counted every parameter as training: the bound
+// kept the search from simulating the layout, and on CUDA the peak was refused.
+TEST(PredictRanksTest, LoraOnOneProcessHoldsWhatPredictDoes) {
+  for (const Device device : {Device::kCpu, Device::kCuda}) {
+    SCOPED_TRACE(device == Device::kCuda ? "cuda" : "cpu");
+    ModelConfig config = TinyLlama(2);
+    config.dtype = DType::kBFloat16;
+    config.device = device;
+    config.lora.rank = 8;
+    config.freeze.lm_head = true;  // already frozen under LoRA: no change
+    PredictOptions options = Variants("none,full");
+    options.peak = true;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(config, ParallelSpec(), options));
+    ASSERT_EQ(ranks.kinds.size(), 1u);
+    const RankKind& rank = ranks.kinds[0];
+    EXPECT_EQ(rank.n_params, 24736 + 1792);
+    EXPECT_EQ(rank.param_bytes, 49472 + 7168);
+    EXPECT_EQ(rank.grad_bytes, 7168);
+    EXPECT_EQ(rank.adamw_state_bytes, 1792 * 8);
+    // On CUDA each `step` is a host tensor (not capturable, not fused: adam.py's
+    // _init_group), outside the device's bytes.
+    EXPECT_EQ(rank.optimizer_state_bytes, 1792 * 8 + (device == Device::kCpu ? 8 * 4 : 0));
+    EXPECT_EQ(rank.communication_bytes, 0);
+    ASSERT_OK_AND_ASSIGN(Prediction whole, Predict(config, options));
+    ASSERT_EQ(rank.variants.size(), whole.variants.size());
+    for (size_t v = 0; v < whole.variants.size(); ++v) {
+      const VariantPrediction& held = rank.variants[v].held;
+      ASSERT_TRUE(held.peak.has_value()) << held.peak_unavailable;
+      ASSERT_TRUE(whole.variants[v].peak.has_value());
+      EXPECT_EQ(held.peak->bytes, whole.variants[v].peak->bytes) << v;
+      EXPECT_EQ(held.saved_bytes, whole.variants[v].saved_bytes) << v;
+    }
+  }
+}
+
 TEST(PredictRanksTest, BadLayoutsNameTheFlag) {
   const ModelConfig config = TinyLlama(8);
   const PredictOptions options = Variants("none");

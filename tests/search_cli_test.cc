@@ -150,6 +150,34 @@ TEST(SearchCliTest, OnCudaTheCheckedLayoutsReproduceWithPredict) {
   }
 }
 
+// LoRA is one process's: on one GPU the search lists its step, and on CUDA every
+// layout reproduces with predict (whose LoRA step the real stack measures). The ranks once counted every base weight as training; every layout was then
+// refused with no reason said ("0 refused, 0 without a simulated peak").
+TEST(SearchCliTest, LoraOnOneGpuReproducesWithPredict) {
+  rapidjson::Document doc;
+  ASSERT_NO_FATAL_FAILURE(SearchJson(
+      "--model=tiny-llama --layers=4 --seq=8 --gpus=1 --global_batch=4 --batch=4 "
+      "--dtype=bf16 --lora_rank=8 --lora_targets=all-linear --device=cuda "
+      "--checked_layouts=8",
+      &doc));
+  const rapidjson::Value& layouts = doc["layouts"];
+  ASSERT_EQ(layouts.Size(), 4u);  // none, selective, every_2, full
+  for (const rapidjson::Value& l : layouts.GetArray()) {
+    const std::string flags = l["flags"].GetString();
+    EXPECT_NE(flags.find("--lora_rank=8"), std::string::npos) << flags;
+    CommandResult p = RunCommand("estimator/predict " + flags, false);
+    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
+    rapidjson::Document predicted;
+    predicted.Parse(p.output.c_str());
+    ASSERT_FALSE(predicted.HasParseError()) << p.output;
+    const char* variant = l["checkpoint"].GetString();
+    EXPECT_EQ(predicted["peak_bytes"][variant].GetInt64(), l["peak_bytes"].GetInt64()) << flags;
+    EXPECT_EQ(predicted["peak_reserved_bytes"][variant].GetInt64(),
+              l["peak_reserved_bytes"].GetInt64())
+        << flags;
+  }
+}
+
 // Where no layout fits without checkpoints, the fastest are also planned per stage: a
 // plan (layers that differ in checkpointing) joins the ranking with its choices inline in
 // the flags. Each plan reproduces with predict, and the best on 4 Gloo ranks in

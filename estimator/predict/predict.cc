@@ -794,7 +794,7 @@ absl::StatusOr<StagePrediction> PredictValidStage(const ValidConfig& valid,
   std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, options.attention);
   const ParameterCensus census = StageParameters(*graphs, config, stage);
   const CheckedInt64 n_params = census.elements;
-  if (n_params.overflowed()) {
+  if (n_params.overflowed() || census.trainable_elements.overflowed()) {
     return absl::OutOfRangeError("stage: parameter count overflows int64");
   }
   absl::StatusOr<Segments> segments = WalkSegments(*graphs, valid, options);
@@ -803,6 +803,8 @@ absl::StatusOr<StagePrediction> PredictValidStage(const ValidConfig& valid,
   StagePrediction prediction;
   prediction.n_params = n_params.value();
   prediction.n_param_tensors = census.tensors;
+  prediction.n_trainable_params = census.trainable_elements.value();
+  prediction.n_trainable_tensors = census.trainable_tensors;
   for (const Variant& variant : options.variants) {
     absl::StatusOr<VariantPrediction> v =
         PredictVariant(variant, config, *segments, options.breakdown, walks, stage);

@@ -420,8 +420,8 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
     kind.ep_group = config.shard.ep_group;
     kind.ranks = ranks_per_stage.value();
     std::vector<StagePrediction> predicted;
-    CheckedInt64 n_params = 0;
-    int64_t n_param_tensors = 0;
+    CheckedInt64 n_params = 0, n_trainable = 0;
+    int64_t n_param_tensors = 0, n_trainable_tensors = 0;
     for (int64_t local = 0; local < parallel.virtual_stages; ++local) {
       const int64_t global = local * parallel.pp + stage;
       const StageRange range{global * chunk_layers, chunk_layers, global == 0,
@@ -433,6 +433,8 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
       kind.chunks.push_back(range);
       n_params += chunk->n_params;
       n_param_tensors += chunk->n_param_tensors;
+      n_trainable += chunk->n_trainable_params;
+      n_trainable_tensors += chunk->n_trainable_tensors;
       predicted.push_back(*std::move(chunk));
     }
     for (size_t v = 0; v < chunk_options.variants.size(); ++v) {
@@ -469,21 +471,32 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
     const int64_t shard = parallel.fsdp.enabled
                               ? Fsdp2ModelShardElements(config, options.attention, parallel.dp)
                               : ZeroShardElements(n, parallel.dp);
-    CheckedInt64 param_bytes = CheckedInt64(shards.parameters ? shard : n) * element;
-    CheckedInt64 grad_bytes = CheckedInt64(shards.gradients ? shard : n) * element;
-    const int64_t stepped = shards.optimizer_state ? shard : n;
-    const int64_t stepped_tensors = shards.flat ? 1 : n_param_tensors;
+    // Unsharded, only the parameters that train have gradients and optimizer state, in
+    // TrainableDtype (LoRA's fp32 adapters); the frozen stay in the model's dtype
+    // (--freeze and LoRA are one process's: ValidateParallel). Sharded, every parameter
+    // trains.
+    const int64_t trainable = n_trainable.value();
+    const int64_t trainable_element = ElementSizeBytes(config.TrainableDtype());
+    CheckedInt64 param_bytes =
+        shards.parameters ? CheckedInt64(shard) * element
+                          : CheckedInt64(n - trainable) * element +
+                                CheckedInt64(trainable) * trainable_element;
+    CheckedInt64 grad_bytes =
+        CheckedInt64(shards.gradients ? shard : trainable) * trainable_element;
+    const int64_t stepped = shards.optimizer_state ? shard : trainable;
+    const int64_t stepped_tensors = shards.flat ? 1 : n_trainable_tensors;
     CheckedInt64 moments = CheckedInt64(stepped) * per_parameter.moments;
     CheckedInt64 state = moments + CheckedInt64(stepped) * per_parameter.master +
                          CheckedInt64(stepped_tensors) * per_parameter.per_tensor;
-    // DDP's Reducer: buckets of every parameter's element in the gradients' dtype (the
-    // parameters').
-    const CheckedInt64 communication = shards.buckets ? param_bytes : CheckedInt64(0);
+    // DDP's Reducer: buckets of every gradient's element (of the parameters that
+    // require grad) in its dtype.
+    const CheckedInt64 communication = shards.buckets ? grad_bytes : CheckedInt64(0);
     const bool views = shards.buckets && parallel.ddp.gradient_as_bucket_view;
     CheckedInt64 total =
         param_bytes + (views ? CheckedInt64(0) : grad_bytes) + state + communication;
     for (const RankVariant& v : kind.variants) total += v.held.saved_bytes;
-    if (n_params.overflowed() || total.overflowed() || moments.overflowed()) {
+    if (n_params.overflowed() || n_trainable.overflowed() || total.overflowed() ||
+        moments.overflowed()) {
       return absl::OutOfRangeError(
           absl::StrCat("pipeline stage ", stage, ": its bytes overflow int64"));
     }
