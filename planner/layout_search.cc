@@ -118,11 +118,10 @@ std::vector<int64_t> MicroBatchSizes(int64_t sequences) {
   return out;
 }
 
-// Shapes enumerates every layout of `gpus` GPUs: tp divides a node's GPUs, pp the layers,
-// dp x micro_batch_size the global batch; the family's and the parallel spec's own
-// checks refuse the rest when evaluated.
-// Shapes: the layouts of options.gpus. With `fsdp` every one runs FSDP2 over all of them
-// (fully_shard over the data-parallel ranks, modelled without tp, pp or ep: ValidateParallel).
+// Shapes enumerates every layout of options.gpus: tp divides a node's GPUs, pp the layers,
+// dp x micro_batch_size the global batch; the family's and the parallel spec's own checks
+// refuse the rest when evaluated. With `fsdp` every one runs FSDP2 over the data-parallel
+// ranks (modelled without tp, pp or ep: ValidateParallel).
 std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& options, bool fsdp) {
   const LayoutConstraints& fixed = options.fixed;
   auto allowed = [](const std::optional<int64_t>& want, int64_t value) {
@@ -180,13 +179,12 @@ std::vector<Shape> Shapes(const ModelConfig& config, const SearchOptions& option
 struct Evaluated {
   std::vector<SearchedLayout> fits;
   int64_t invalid = 0, too_big = 0, unmodelled = 0;
-  std::string refusal;  // why the shape was refused (invalid), where it was
+  std::string refusal;  // why the shape was refused or has no peak, where it was
   bool simulated = false;
   // What did not fit: the simulated peaks, and the bounds of those never simulated.
   int64_t smallest_peak = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> bounds;  // by variant; -1 where simulated or invalid
-  // none_time_s: the shape's modelled step time without recompute, which no plan of it
-  // beats (infinite when invalid).
+  // The modelled step time without recompute, which no plan beats (infinite: invalid).
   double none_time_s = std::numeric_limits<double>::infinity();
 };
 
@@ -244,8 +242,7 @@ class Search {
       out.refusal = std::string(ranks.status().message());
       return out;
     }
-    // The time no checkpointing of this shape beats: its step without recompute.
-    if (absl::StatusOr<SearchedLayout> fastest =
+    if (absl::StatusOr<SearchedLayout> fastest =  // its step without recompute
             Layout(shape, *valid, Variant(), *ranks, ranks->kinds[0], 0);
         fastest.ok()) {
       out.none_time_s = fastest->time.total_s;

@@ -150,6 +150,10 @@ struct SearchResult {
   int64_t outside_allocator_bytes = 0;
   int64_t checked = 0;
   int64_t dropped_when_checked = 0;
+  // search --longest_seq's (planner/longest_seq.h): the bound --seq was bisected up to
+  // and the searches that took (config.seq is the longest that fits); 0 otherwise.
+  int64_t longest_seq_up_to = 0;
+  int64_t longest_seq_searches = 0;
 };
 
 // SearchLayouts: InvalidArgument for bad options (naming the flag: gpus not a multiple

@@ -18,6 +18,7 @@
 #include "estimator/report/units.h"
 #include "estimator/spec/option_checks.h"
 #include "planner/layout_search.h"
+#include "planner/longest_seq.h"
 #include "planner/search_report.h"
 #include "planner/step_time.h"
 
@@ -51,6 +52,11 @@ ABSL_FLAG(int64_t, checked_layouts, 10,
           "request (exact allocated bytes with expandable segments), are replayed through "
           "the caching allocator's simulation until this many fit the GPU (reserved peak "
           "plus the CUDA context); those that do not are dropped. 0: none replayed.");
+ABSL_FLAG(int64_t, longest_seq, 0,
+          "Search for the longest sequence instead: the largest --seq up to this (GPT-2: "
+          "its learned positions) at which some layout fits, by bisection (a step's peak "
+          "grows with its sequence); the layouts listed are those at that length. 0: "
+          "search at --seq.");
 ABSL_FLAG(std::string, chart_svg, "",
           "Also draw every layout that fits (peak against step time, the budget, the "
           "front) as an SVG chart to this file.");
@@ -150,7 +156,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<memledger::SearchOptions> searched = memledger::SearchOptionsFrom(search);
   if (!searched.ok()) return memledger::ReportError(searched.status());
   const memledger::SearchOptions& options = *searched;
-  absl::StatusOr<memledger::SearchResult> result = memledger::SearchLayouts(request, options);
+  const int64_t longest_seq = absl::GetFlag(FLAGS_longest_seq);
+  if (longest_seq != 0 && Given(argc, argv, "seq")) {
+    return memledger::ReportError(absl::InvalidArgumentError(
+        "--longest_seq bisects --seq: give one of them, not both"));
+  }
+  absl::StatusOr<memledger::SearchResult> result =
+      longest_seq != 0 ? memledger::SearchLongestSequence(request, options, longest_seq)
+                       : memledger::SearchLayouts(request, options);
   if (absl::IsResourceExhausted(result.status())) {
     std::cerr << "error: " << memledger::EscapeForMessage(result.status().message()) << "\n";
     return 3;

@@ -61,6 +61,13 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
   search.AddMember("budget_bytes", o.budget_bytes, a);
   search.AddMember("global_batch", o.global_batch, a);
   search.AddMember("seq", r.config.seq, a);
+  if (r.longest_seq_up_to > 0) {
+    // --longest_seq: seq is the longest that fits, bisected up to up_to.
+    rapidjson::Value longest(rapidjson::kObjectType);
+    longest.AddMember("up_to", r.longest_seq_up_to, a);
+    longest.AddMember("searches", r.longest_seq_searches, a);
+    search.AddMember("longest_seq", longest, a);
+  }
   search.AddMember("mfu", o.mfu, a);
   search.AddMember("max_virtual_stages", o.max_virtual_stages, a);
   search.AddMember("time_model", rapidjson::StringRef(kTimeModelNote), a);
@@ -154,6 +161,15 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
       OptimizerName(r.optimizer.kind),
       r.optimizer.master_weights ? " with fp32 master weights" : "", o.gpus, o.gpu.name,
       o.gpus_per_node, HumanBytes(o.budget_bytes), o.mfu);
+  if (r.longest_seq_up_to > 0) {
+    absl::StrAppendFormat(&out,
+                          "the longest sequence that fits: %d (--seq bisected over 1..%d in %d "
+                          "search%s%s); the layouts at it:\n",
+                          c.seq, r.longest_seq_up_to, r.longest_seq_searches,
+                          r.longest_seq_searches == 1 ? "" : "es",
+                          c.seq < r.longest_seq_up_to ? absl::StrCat("; ", c.seq + 1, " does not fit")
+                                                      : "");
+  }
   absl::StrAppendFormat(&out,
                         "%d candidates (layouts x checkpointing): %d fit, %d too big, %d "
                         "refused, %d without a simulated peak; %d layouts simulated; %d "

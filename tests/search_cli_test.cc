@@ -316,6 +316,7 @@ TEST(SearchCliTest, HelpListsEveryFlagByGroup) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* flag : {"--gpus ", "--gpus_per_node", "--gpu_memory_gib", "--global_batch",
                            "--gpu ", "--mfu", "--max_virtual_stages", "--top", "--chart_svg",
+                           "--longest_seq",
                            "--model", "--dtype", "--amp", "--master_weights", "--variants"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
@@ -343,6 +344,34 @@ TEST(SearchCliTest, NoLayoutFitsExitsThree) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("no layout of 4 GPUs fits"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the smallest peak of any layout is"), std::string::npos);
+}
+
+// --longest_seq answers with the longest sequence and the layouts at it (the bisection
+// against a brute force: longest_seq_test): at the bound when that fits, in one search;
+// exit 3 when not even one token fits.
+TEST(SearchCliTest, LongestSeqSaysTheLengthAndItsLayouts) {
+  const std::string tiny =
+      "--model=tiny-llama --layers=4 --gpus=2 --gpus_per_node=2 --global_batch=4 ";
+  rapidjson::Document doc;
+  ASSERT_NO_FATAL_FAILURE(SearchJson(tiny + "--gpu_memory_gib=1 --longest_seq=48", &doc));
+  EXPECT_EQ(doc["search"]["seq"].GetInt64(), 48);
+  EXPECT_EQ(doc["search"]["longest_seq"]["up_to"].GetInt64(), 48);
+  EXPECT_EQ(doc["search"]["longest_seq"]["searches"].GetInt64(), 1);
+  ASSERT_GT(doc["layouts"].Size(), 0u);
+  EXPECT_NE(std::string(doc["layouts"][0]["flags"].GetString()).find("--seq=48"),
+            std::string::npos);
+  CommandResult table = Search(tiny + "--gpu_memory_gib=1 --longest_seq=48 --format=table");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("the longest sequence that fits: 48 (--seq bisected over 1..48 "
+                              "in 1 search); the layouts at it:"),
+            std::string::npos)
+      << table.output;
+  CommandResult none = Search(tiny + "--gpu_memory_gib=0.000001 --longest_seq=48");
+  EXPECT_EQ(none.exit_code, 3) << none.output;
+  EXPECT_NE(none.output.find("--longest_seq: not even a sequence of 1 fits: no layout of 2 GPUs "
+                             "fits"),
+            std::string::npos)
+      << none.output;
 }
 
 TEST(SearchCliTest, AFullStandardOutputIsAnError) {
@@ -485,6 +514,10 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --max_virtual_stages="
              "9223372036854775807",
              "--max_virtual_stages must be between 1 and 1024, got 9223372036854775807"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --longest_seq=-1",
+             "--longest_seq must be >= 1, got -1"},
+        Case{"--model=tiny-llama --gpus=4 --global_batch=4 --seq=8 --longest_seq=64",
+             "--longest_seq bisects --seq: give one of them, not both"},
         Case{"--model=nope --gpus=4 --global_batch=4", "--model"}}) {
     CommandResult r = Search(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;

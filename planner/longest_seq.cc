@@ -1,0 +1,69 @@
+#include "planner/longest_seq.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace memledger {
+
+absl::StatusOr<SearchResult> SearchLongestSequence(RunRequest request,
+                                                   const SearchOptions& options,
+                                                   int64_t up_to) {
+  if (up_to < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--longest_seq must be >= 1, got ", up_to));
+  }
+  request.seq = 1;
+  absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
+  if (!spec.ok()) return spec.status();
+  // GPT-2's learned positions bound its sequence (RoPE's do not: max_positions 0).
+  const int64_t positions = spec->config.max_positions;
+  const int64_t upper = positions > 0 ? std::min(up_to, positions) : up_to;
+  int64_t searches = 0;
+  absl::Status at_one;  // why no layout fits a sequence of 1, once searched
+  // The search at `seq`: a layout fits where it is ok, none where ResourceExhausted.
+  auto search_at = [&](int64_t seq) {
+    request.seq = seq;
+    ++searches;
+    absl::StatusOr<SearchResult> result = SearchLayouts(request, options);
+    if (seq == 1) at_one = result.status();
+    return result;
+  };
+  // Sequence parallelism splits the sequence over the tensor-parallel ranks, so a
+  // length that is not a multiple of tp rules those layouts out: what fits is a prefix
+  // of the multiples of `granule` (every tensor-parallel size divides it), not of every
+  // length. Bisect over those, then try the lengths up to the next one, longest first.
+  const int64_t granule = std::max<int64_t>(1, std::min(options.gpus, options.gpus_per_node));
+  absl::StatusOr<SearchResult> best = absl::ResourceExhaustedError("no length searched");
+  int64_t fits = 0, fails = upper / granule + 1;  // in granules; 0 fits trivially
+  for (int64_t probe = fails - 1; probe > fits && fails - fits > 1;
+       probe = fits + (fails - fits) / 2) {
+    absl::StatusOr<SearchResult> at = search_at(probe * granule);
+    if (at.ok()) {
+      fits = probe;
+      best = std::move(at);
+    } else if (absl::IsResourceExhausted(at.status())) {
+      fails = probe;
+    } else {
+      return at.status();
+    }
+  }
+  for (int64_t seq = std::min(upper, (fits + 1) * granule - 1); seq > fits * granule; --seq) {
+    absl::StatusOr<SearchResult> at = search_at(seq);
+    if (at.ok() || !absl::IsResourceExhausted(at.status())) {
+      best = std::move(at);
+      break;
+    }
+  }
+  if (absl::IsResourceExhausted(best.status()) && absl::IsResourceExhausted(at_one)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--longest_seq: not even a sequence of 1 fits: ", at_one.message()));
+  }
+  if (!best.ok()) return best.status();
+  SearchResult result = *std::move(best);
+  result.longest_seq_up_to = upper;
+  result.longest_seq_searches = searches;
+  return result;
+}
+
+}  // namespace memledger
