@@ -79,6 +79,8 @@ BlockGraph BuildGpt2Layer(const ModelConfig& config, AttentionMode mode) {
   // after resid_dropout (modeling_gpt2.py); views of c_attn's output.
   if (!config.megatron) g.HeldThroughHere({q, k, v});
   int x1 = g.Op1(OpType::kAdd, "residual1", {x, attn_out});
+  // GPT2Block.forward's `attn_output` local, never rebound: to the block's return.
+  if (!config.megatron) g.HeldToEnd(attn_out);
   // GPT2Block.forward's `hidden_states`, ln_1's output, until `hidden_states =
   // attn_output + residual` rebinds it; ln_2's likewise, through the MLP to its add.
   if (!config.megatron) g.HeldThroughHere({ln1});

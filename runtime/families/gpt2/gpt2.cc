@@ -77,7 +77,12 @@ class Gpt2LayerImpl : public DecoderLayer {
     // With tensor parallelism, ColumnParallel and RowParallel convolutions; with sequence
     // parallelism x holds this rank's T / tp tokens and attention all of them.
     const int64_t b = x.size(0);
-    at::Tensor qkv = ColumnParallel(c_attn, LayerNormOp(*ln_1, x, cache), cache);
+    // GPT2Block.forward's locals (modeling_gpt2.py): `hidden_states`, ln_1's output, until
+    // `hidden_states = attn_output + residual` rebinds it, ln_2's to the return, and
+    // `attn_output` to the return too. Megatron's block holds none of them.
+    const bool python_locals = index_ < 0;
+    at::Tensor normed1 = LayerNormOp(*ln_1, x, cache);
+    at::Tensor qkv = ColumnParallel(c_attn, python_locals ? normed1 : Last(normed1), cache);
     const int64_t t = qkv.size(1);
     std::vector<at::Tensor> parts = Last(qkv).split(attention_width_, 2);
     for (at::Tensor& part : parts) part = part.view({b, t, heads_, head_dim_}).transpose(1, 2);
@@ -105,8 +110,10 @@ class Gpt2LayerImpl : public DecoderLayer {
     // GPT2Attention.forward's query_states, key_states, value_states live to its return,
     // after resid_dropout (modeling_gpt2.py).
     parts.clear();
-    at::Tensor x1 = x + Last(projected);
-    at::Tensor fc = ColumnParallel(c_fc, LayerNormOp(*ln_2, x1, cache), cache);
+    at::Tensor x1 = x + (python_locals ? projected : Last(projected));
+    normed1.reset();
+    at::Tensor normed2 = LayerNormOp(*ln_2, x1, cache);
+    at::Tensor fc = ColumnParallel(c_fc, python_locals ? normed2 : Last(normed2), cache);
     // transformers' GPT-2 runs gelu_new (NewGELU); Megatron's GPT gelu(tanh).
     at::Tensor m = index_ >= 0 ? GeluOp(Last(fc), "tanh", cache) : NewGelu(Last(fc));
     at::Tensor out = Dropout(RowParallel(mlp_c_proj, Last(m), cache), DropoutKind::kMlpOut,
