@@ -9,11 +9,13 @@
 #include <utility>
 
 #include "rapidjson/document.h"
+#include "tests/json_output.h"
 #include "tests/subprocess.h"
 
 namespace {
 
 using memledger::testing::CommandResult;
+using memledger::testing::JsonOutput;
 
 CommandResult Predict(const std::string& args) {
   return memledger::testing::RunCommand("estimator/predict " + args);
@@ -34,8 +36,16 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--model=tiny-llama --lora_rank=8 --lora_dropout=1",
             "--lora_dropout must be in [0, 1), got 1"},
            {"--model=tiny-llama --lora_rank=8 --lora_targets=qkv",
-            "--lora_targets qkv: no nn.Linear of the model has that name"},
-           {"--model=tiny-gpt2 --lora_rank=8", "not the gpt2 family's Conv1D"},
+            "--lora_targets qkv: no linear layer of the model has that name (peft: target "
+            "modules not found in the base model); the layers' are q_proj, k_proj, v_proj, "
+            "o_proj, gate_proj, up_proj and down_proj, or all-linear"},
+           {"--model=tiny-gpt2 --lora_rank=8 --lora_targets=q_proj",
+            "the layers' are c_attn, c_proj (attn.c_proj and mlp.c_proj) and c_fc, or "
+            "all-linear"},
+           {"--model=megatron-gpt --lora_rank=8", "not the gpt2 family's Megatron model"},
+           {"--model=tiny-olmo3 --lora_rank=8",
+            "--lora_targets: peft 0.21.2 has no default target modules for the olmo3 family: "
+            "name them, or all-linear"},
            {"--model=tiny-qwen3-moe --lora_rank=8 --lora_targets=all-linear",
             "--lora_targets all-linear on a mixture of experts"},
            {"--model=tiny-llama --lora_rank=8 --micro_batches=2",
@@ -62,17 +72,20 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
 // tiny-llama with peft's default LoRA, r 8 on q_proj (32 -> 32) and v_proj (32 -> 16):
 // (8 x 32 + 32 x 8) + (8 x 32 + 16 x 8) = 896 parameters a layer, 1,792 in its 2 layers.
 TEST(FineTuningCliTest, JsonAndTableSayWhatTrains) {
-  CommandResult json = Predict("--model=tiny-llama --variants=none --lora_rank=8");
-  ASSERT_EQ(json.exit_code, 0) << json.output;
   rapidjson::Document doc;
-  doc.Parse(json.output.c_str());
-  ASSERT_FALSE(doc.HasParseError()) << json.output;
+  ASSERT_TRUE(JsonOutput(Predict("--model=tiny-llama --variants=none --lora_rank=8"), &doc));
   EXPECT_EQ(doc["n_trainable_params"].GetInt64(), 1792);
   EXPECT_EQ(doc["grad_bytes"].GetInt64(), 1792 * 4);
   EXPECT_EQ(doc["lora"]["rank"].GetInt64(), 8);
   EXPECT_STREQ(doc["lora"]["targets"].GetString(), "q_proj,v_proj");
   EXPECT_EQ(doc["frozen_param_bytes"].GetInt64(),
             doc["param_bytes"].GetInt64() - 1792 * 4);
+  // GPT-2's default target is its Conv1D c_attn (32 -> 96): 8 x 32 + 96 x 8 = 1,024 a
+  // layer, 2,048 in tiny-gpt2's 2 layers.
+  rapidjson::Document gpt2_doc;
+  ASSERT_TRUE(JsonOutput(Predict("--model=tiny-gpt2 --variants=none --lora_rank=8"), &gpt2_doc));
+  EXPECT_EQ(gpt2_doc["n_trainable_params"].GetInt64(), 2048);
+  EXPECT_STREQ(gpt2_doc["lora"]["targets"].GetString(), "c_attn");
   CommandResult table =
       Predict("--model=tiny-llama --variants=none --freeze=embeddings,lm_head --format=table");
   ASSERT_EQ(table.exit_code, 0) << table.output;

@@ -489,6 +489,14 @@ CASES = [
     c("gemma3", dtype="bf16", lora=L(8, "all-linear", 0.1)),
     c("olmo3", "full", dtype="bf16", lora=L(16, "all-linear")),
     c("qwen3_moe", dtype="bf16", lora=L(8, "q_proj,k_proj,v_proj,o_proj", 0.1)),
+    # GPT-2's Conv1D in peft's lora.Linear (dispatch_default sets fan_in_fan_out, which
+    # changes no forward). With the adapter's dropout on mlp.c_proj the peak is inside
+    # the block's MLP, where GPT2Block's `attn_output` local is still alive.
+    c("gpt2_nodrop", lora=L(8, "c_attn")), c("gpt2_nodrop", "full", lora=L(8, "all-linear")),
+    c("gpt2", lora=L(8, "all-linear", 0.1)), c("gpt2_nodrop", lora=L(8, "mlp.c_proj", 0.1)),
+    c("gpt2_nodrop", "selective", dtype="bf16", lora=L(8, "all-linear")),
+    c("gpt2_nodrop", "every_2", "reentrant", lora=L(16, "c_attn,c_proj")),
+    c("gpt2_nodrop", amp="bf16", lora=L(8, "c_fc,c_proj", 0.1)),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

@@ -60,6 +60,24 @@ void SearchJson(const std::string& args, rapidjson::Document* doc,
   if (output != nullptr) *output = r.output;
 }
 
+// ExpectCheckedLayoutReproduces runs predict with a CUDA layout the allocator checked:
+// its allocated and reserved peaks are the layout's; predict's JSON into `predicted` (a
+// fatal failure unless it exits 0 with JSON: callers wrap it in ASSERT_NO_FATAL_FAILURE).
+void ExpectCheckedLayoutReproduces(const rapidjson::Value& layout,
+                                   rapidjson::Document* predicted) {
+  const std::string flags = layout["flags"].GetString();
+  CommandResult p = RunCommand("estimator/predict " + flags, false);
+  ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
+  predicted->Parse(p.output.c_str());
+  ASSERT_FALSE(predicted->HasParseError()) << p.output;
+  const char* variant = layout["checkpoint"].GetString();
+  EXPECT_EQ((*predicted)["peak_bytes"][variant].GetInt64(), layout["peak_bytes"].GetInt64())
+      << flags;
+  EXPECT_EQ((*predicted)["peak_reserved_bytes"][variant].GetInt64(),
+            layout["peak_reserved_bytes"].GetInt64())
+      << flags;
+}
+
 int PlannedLayouts(const rapidjson::Document& doc) {
   int plans = 0;
   for (const rapidjson::Value& l : doc["layouts"].GetArray()) {
@@ -135,24 +153,17 @@ TEST(SearchCliTest, OnCudaTheCheckedLayoutsReproduceWithPredict) {
     }
     ASSERT_TRUE(l["checked"].GetBool()) << flags;
     EXPECT_NE(flags.find("--device=cuda"), std::string::npos) << flags;
-    CommandResult p = RunCommand("estimator/predict " + flags, false);
-    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
     rapidjson::Document predicted;
-    predicted.Parse(p.output.c_str());
-    ASSERT_FALSE(predicted.HasParseError()) << p.output;
-    const char* variant = l["checkpoint"].GetString();
-    EXPECT_EQ(predicted["peak_bytes"][variant].GetInt64(), l["peak_bytes"].GetInt64()) << flags;
-    EXPECT_EQ(predicted["peak_reserved_bytes"][variant].GetInt64(),
-              l["peak_reserved_bytes"].GetInt64())
-        << flags;
+    ASSERT_NO_FATAL_FAILURE(ExpectCheckedLayoutReproduces(l, &predicted));
     EXPECT_EQ(predicted["outside_allocator_bytes"]["cuda_context"].GetInt64(), outside);
     EXPECT_EQ(l["device_bytes"].GetInt64(), l["peak_reserved_bytes"].GetInt64() + outside);
   }
 }
 
 // LoRA is one process's: on one GPU the search lists its step, and on CUDA every
-// layout reproduces with predict (whose LoRA step the real stack measures). The ranks once counted every base weight as training; every layout was then
-// refused with no reason said ("0 refused, 0 without a simulated peak").
+// layout reproduces with predict (whose LoRA step the real stack measures). The ranks
+// once counted every base weight as training; every layout was then refused with no
+// reason said ("0 refused, 0 without a simulated peak").
 TEST(SearchCliTest, LoraOnOneGpuReproducesWithPredict) {
   rapidjson::Document doc;
   ASSERT_NO_FATAL_FAILURE(SearchJson(
@@ -165,16 +176,8 @@ TEST(SearchCliTest, LoraOnOneGpuReproducesWithPredict) {
   for (const rapidjson::Value& l : layouts.GetArray()) {
     const std::string flags = l["flags"].GetString();
     EXPECT_NE(flags.find("--lora_rank=8"), std::string::npos) << flags;
-    CommandResult p = RunCommand("estimator/predict " + flags, false);
-    ASSERT_EQ(p.exit_code, 0) << flags << ": " << p.output;
     rapidjson::Document predicted;
-    predicted.Parse(p.output.c_str());
-    ASSERT_FALSE(predicted.HasParseError()) << p.output;
-    const char* variant = l["checkpoint"].GetString();
-    EXPECT_EQ(predicted["peak_bytes"][variant].GetInt64(), l["peak_bytes"].GetInt64()) << flags;
-    EXPECT_EQ(predicted["peak_reserved_bytes"][variant].GetInt64(),
-              l["peak_reserved_bytes"].GetInt64())
-        << flags;
+    ASSERT_NO_FATAL_FAILURE(ExpectCheckedLayoutReproduces(l, &predicted));
   }
 }
 

@@ -119,10 +119,12 @@ ABSL_FLAG(double, lora_alpha, 8,
 ABSL_FLAG(double, lora_dropout, 0,
           "LoraConfig's lora_dropout: nn.Dropout(p) on each adapter's input (its own noise "
           "per target); 0 is an Identity.");
-ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",
-          "LoraConfig's target_modules: the nn.Linear modules to adapt by name (q_proj, "
-          "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), comma-separated, or "
-          "all-linear (every nn.Linear but the LM head). The default is peft's for Llama.");
+ABSL_FLAG(std::string, lora_targets, "",
+          "LoraConfig's target_modules: the linear modules to adapt by name (q_proj, "
+          "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2's Conv1D c_attn, "
+          "c_proj, c_fc), comma-separated, or all-linear (every one but the LM head). "
+          "Empty: peft's default for the model type (q_proj,v_proj; GPT-2's c_attn; "
+          "OLMo 3 has none).");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,

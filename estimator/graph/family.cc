@@ -144,9 +144,9 @@ absl::Status ValidateConfig(const ModelConfig& config) {
     }
     if (!family.lora || config.megatron) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--lora_rank: LoRA is modelled on the nn.Linear layers of the ",
+          "--lora_rank: LoRA is modelled on the linear layers of the ",
           FamilyNames(&FamilyDef::lora), " families, not the ", family.name, " family",
-          family.fused_qkv ? "'s Conv1D" : ""));
+          config.megatron ? "'s Megatron model" : ""));
     }
     if (config.shard.tp > 1 || config.shard.sp || config.shard.ep > 1) {
       return absl::InvalidArgumentError(
@@ -325,6 +325,7 @@ absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
   const ModelConfig& config = *valid;
   if (absl::Status s = ValidateDevice(config, attention); !s.ok()) return s;
   if (config.lora.enabled()) {
+    const FamilyDef& family = FamilyOf(config.family);
     // peft refuses targets that match no module ("Target modules ... not found in the
     // base model", tuners/tuners_utils.py, inject_adapter).
     const std::shared_ptr<const ModelGraphs> graphs = ModelGraphsFor(config, attention);
@@ -337,9 +338,8 @@ absl::Status ValidateRunOf(const ValidConfig& valid, AttentionMode attention,
     if (!adapted) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--lora_targets ", LoraTargetsName(config.lora),
-          ": no nn.Linear of the model has that name (peft: target modules not found in the "
-          "base model); the layers' are q_proj, k_proj, v_proj, o_proj, gate_proj, "
-          "up_proj and down_proj, or all-linear"));
+          ": no linear layer of the model has that name (peft: target modules not found in "
+          "the base model); the layers' are ", family.lora_modules, ", or all-linear"));
     }
   }
   if (config.SlidingWindowMasked() && attention == AttentionMode::kMath) {

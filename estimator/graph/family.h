@@ -62,9 +62,16 @@ struct FamilyDef {
   bool megatron = false;  // has Megatron-LM's rendition (ModelConfig::megatron)
   // dropouts: transformers' dropout probabilities are modelled (ModelConfig::dropout).
   bool dropouts = false;
-  // lora: its projections are nn.Linear modules (GraphBuilder::NnLinear), which peft's
-  // LoRA adapts (ModelConfig::lora); GPT-2's are Conv1D.
+  // lora: its projections are nn.Linear modules (GraphBuilder::NnLinear) or GPT-2's
+  // Conv1D (GraphBuilder::Conv1D), which peft's LoRA adapts (ModelConfig::lora);
+  // lora_modules names them for --lora_targets' errors.
   bool lora = false;
+  const char* lora_modules =
+      "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj";
+  // lora_default_targets: peft's target_modules when none are given
+  // (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, peft/utils/constants.py);
+  // nullptr where peft has none and asks for them.
+  const char* lora_default_targets = "q_proj,v_proj";
   // graphs builds the family's segments (estimator/graph/graph_builder.h).
   ModelGraphs (*graphs)(const ModelConfig& config, AttentionMode mode) = nullptr;
   // validate: the family's own checks after ValidateConfig's (what it does not model

@@ -254,7 +254,19 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   spec.config.lora.rank = request.lora_rank;
   spec.config.lora.alpha = request.lora_alpha;
   spec.config.lora.dropout = request.lora_dropout;
-  MEMLEDGER_ASSIGN_OR_RETURN(spec.config.lora.targets, ParseLoraTargets(request.lora_targets));
+  if (request.lora_rank > 0) {
+    // No targets: peft's for the model type (LoraConfig's target_modules=None), which it
+    // refuses where it has none (_prepare_adapter_config).
+    if (request.lora_targets.empty() && family.lora_default_targets == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora_targets: peft 0.21.2 has no default target modules for the ",
+                       family.name, " family: name them, or all-linear"));
+    }
+    MEMLEDGER_ASSIGN_OR_RETURN(spec.config.lora.targets,
+                               ParseLoraTargets(request.lora_targets.empty()
+                                                    ? family.lora_default_targets
+                                                    : request.lora_targets));
+  }
   MEMLEDGER_ASSIGN_OR_RETURN(spec.config.sdpa_backend, ParseSdpaBackend(request.sdpa_backend));
   if (request.expandable_segments && spec.config.device != Device::kCuda) {
     return absl::InvalidArgumentError(

@@ -46,7 +46,7 @@ struct RunRequest {
   int64_t lora_rank = 0;
   double lora_alpha = 8;
   double lora_dropout = 0;
-  std::string lora_targets = "q_proj,v_proj";
+  std::string lora_targets;  // empty: peft's for the family (FamilyDef::lora_default_targets)
   double momentum = 0;
   bool master_weights = false;
   // The layout (ParallelSpec): tensor-parallel ranks (the prediction is one rank's) and

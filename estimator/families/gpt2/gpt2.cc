@@ -226,6 +226,9 @@ const FamilyDef& Gpt2Family() {
       .learned_positions = true,
       .megatron = true,
       .dropouts = true,
+      .lora = true,  // transformers' model; not its Megatron rendition (--megatron)
+      .lora_modules = "c_attn, c_proj (attn.c_proj and mlp.c_proj) and c_fc",
+      .lora_default_targets = "c_attn",
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
         ModelGraphs graphs;
         graphs.prologue = BuildGpt2Prologue(config);

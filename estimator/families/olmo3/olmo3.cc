@@ -247,6 +247,7 @@ const FamilyDef& Olmo3Family() {
       .rope = true,
       .layer_types = true,
       .lora = true,
+      .lora_default_targets = nullptr,  // peft 0.21.2 lists none for olmo3
       .graphs = BuildOlmo3Graphs,
       .validate = ValidateOlmo3,
       .model_types = {"olmo3"},
