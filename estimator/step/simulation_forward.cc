@@ -149,10 +149,14 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       inst.ids[s] = id;
       if (pass.early_stop) local[s] = true;
       // Autocast caches the cast of a leaf that requires grad (autocast_mode.cpp,
-      // cached_cast: arg.requires_grad() && arg.is_leaf()): not a frozen weight's.
+      // cached_cast: arg.requires_grad() && arg.is_leaf()): not a frozen weight's. A
+      // selective checkpoint's replay under torch's dispatch mode runs the module's
+      // forward, so autocast casts a cached call's arguments too (a bias's cast, which
+      // nothing saves, stays to the recompute's end); memledger's runtime does not
+      // (CallIsReplayed).
       if (config_.amp != DType::kFloat32 && storages[s].is_weight_copy &&
           !inst.plan->graph->tensors[op.inputs[0]].frozen && !replayed &&
-          !(pass.replay && CallIsReplayed(inst, op))) {
+          !(pass.replay && !options_.python_dispatch_mode && CallIsReplayed(inst, op))) {
         memory_.Ref(id);
         forward_holds_.emplace_back(id, inst.segment);
       }
