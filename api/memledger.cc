@@ -27,6 +27,7 @@
 #include "estimator/spec/input_file.h"
 #include "planner/frontier_svg.h"
 #include "planner/layout_search.h"
+#include "planner/longest_seq.h"
 #include "planner/plan_report.h"
 #include "planner/plan_run.h"
 #include "planner/search_report.h"
@@ -480,6 +481,8 @@ absl::StatusOr<std::string> PlanJson(const char* request_json) {
 struct SearchKeys {
   SearchRequest search;
   int64_t top = 20;  // the table's rows
+  int64_t longest_seq = 0;  // > 0: the longest sequence up to it (planner/longest_seq.h)
+  bool seq_given = false;
 
   CallKeys Reader() {
     return {"search", [this](const std::string& key,
@@ -498,6 +501,8 @@ struct SearchKeys {
                 return IntegerKey(key, value, &search.checked_layouts);
               }
               if (key == "top") return IntegerKey(key, value, &top);
+              if (key == "longest_seq") return IntegerKey(key, value, &longest_seq);
+              if (key == "seq") seq_given = true;  // and read as the run's
               if (key == "mfu") return NumberKey(key, value, &search.mfu);
               if (key == "gpu") return StringKey(key, value, &search.gpu);
               if (key == "gpu_memory_gib") {
@@ -550,7 +555,12 @@ absl::StatusOr<std::string> SearchCall(const char* request_json) {
   if (absl::Status s = CheckTop(keys.top); !s.ok()) return s;
   absl::StatusOr<SearchOptions> options = SearchOptionsFrom(keys.search);
   if (!options.ok()) return options.status();
-  absl::StatusOr<SearchResult> result = SearchLayouts(*request, *options);
+  if (keys.longest_seq != 0 && keys.seq_given) {
+    return KeyError("longest_seq", "bisects \"seq\": give one of them, not both");
+  }
+  absl::StatusOr<SearchResult> result =
+      keys.longest_seq != 0 ? SearchLongestSequence(*request, *options, keys.longest_seq)
+                            : SearchLayouts(*request, *options);
   if (!result.ok()) return result.status();
   if (format == "table") return SearchTable(*result, *options, static_cast<size_t>(keys.top));
   if (format == "svg") return SearchSvg(*result, *options);

@@ -38,7 +38,8 @@
  * follow from the layout; "tp", "sp", "pp", "dp", "zero", "virtual_stages" and "batch",
  * the micro-batch size, fix that part of the layout) plus "gpus" and "global_batch"
  * (integers, required), "gpus_per_node", "max_virtual_stages", "threads",
- * "planned_layouts", "checked_layouts", "top" (integers), "gpu_memory_gib", "mfu"
+ * "planned_layouts", "checked_layouts", "top", "longest_seq" (integers: instead of
+ * "seq", the longest sequence up to it that a layout fits), "gpu_memory_gib", "mfu"
  * (numbers) and "gpu" (a string), and returns the layout search's JSON
  * (`//planner:search --format=json`: every layout that fits, fastest first, with the
  * flags that reproduce it); "format" may also be "table" or "svg" (its --chart_svg

@@ -33,7 +33,7 @@ INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", 
             "batch", "seq", "every", "tp", "dp", "pp", "virtual_stages", "micro_batches",
             "zero", "ep", "frontier_points", "cpu_threads", "gpus", "gpus_per_node", "global_batch",
             "max_virtual_stages", "threads", "top", "planned_layouts", "checked_layouts",
-            "lora_rank"}
+            "lora_rank", "longest_seq"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
            "flops_per_second", "lora_alpha", "lora_dropout", "ddp_bucket_mb"}
 BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments", "fsdp",
@@ -64,13 +64,15 @@ OWN = {
     "predict": {"explain", "sweep", "budget_gib", "cpu_threads"},
     "plan": {"budget_gib", "frontier_points", "cpu_threads", "flops_per_second"},
     "search": {"gpus", "gpus_per_node", "global_batch", "max_virtual_stages", "threads",
-               "top", "gpu", "gpu_memory_gib", "mfu", "planned_layouts", "checked_layouts"},
+               "top", "gpu", "gpu_memory_gib", "mfu", "planned_layouts", "checked_layouts",
+               "longest_seq"},
 }
 RUN_KEYS = (INTEGERS | NUMBERS | BOOLEANS | STRINGS) - set().union(*OWN.values())
 GROUPS = [
     ("model", ["model", "layers", "width", "heads", "kv_heads", "head_dim", "intermediate",
                "vocab", "attention", "experts_impl"]),
-    ("input", ["batch", "seq", "sweep (predict)", "routing", "global_batch (search)"]),
+    ("input", ["batch", "seq", "sweep (predict)", "routing", "global_batch (search)",
+               "longest_seq (search)"]),
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
     ("fine-tuning", ["freeze", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"]),

@@ -329,7 +329,21 @@ TEST(ApiTest, SearchReturnsTheLayoutsThatFit) {
                       memledger_search);
   EXPECT_EQ(tight.code, MEMLEDGER_NO_LAYOUT);
   EXPECT_NE(tight.error.find("the smallest peak of any layout is"), std::string::npos);
+  // "longest_seq": search --longest_seq's answer (search_cli_test), at its bound here.
+  Result longest = Call(R"({"model": "tiny-llama", "gpus": 2, "global_batch": 2,
+                            "gpu_memory_gib": 1, "longest_seq": 40})",
+                        memledger_search);
+  ASSERT_EQ(longest.code, MEMLEDGER_OK) << longest.error;
+  rapidjson::Document longest_doc;
+  longest_doc.Parse(longest.response.c_str());
+  ASSERT_FALSE(longest_doc.HasParseError());
+  EXPECT_EQ(longest_doc["search"]["seq"].GetInt64(), 40);
+  EXPECT_EQ(longest_doc["search"]["longest_seq"]["up_to"].GetInt64(), 40);
   for (const auto& [request, message] : std::initializer_list<std::pair<const char*, const char*>>{
+           {R"({"gpus": 2, "global_batch": 2, "seq": 8, "longest_seq": 40})",
+            "request: \"longest_seq\" bisects \"seq\": give one of them, not both"},
+           {R"({"gpus": 2, "global_batch": 2, "longest_seq": -3})",
+            "--longest_seq must be >= 1, got -3"},
            {R"({"global_batch": 2})", "--gpus must be from 1 to 1048576, got 0"},
            {R"({"gpus": 2})", "--global_batch must be >= 1, got 0"},
            {R"({"gpus": 2, "global_batch": 2, "micro_batches": 2})",
