@@ -162,13 +162,15 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
       r.optimizer.master_weights ? " with fp32 master weights" : "", o.gpus, o.gpu.name,
       o.gpus_per_node, HumanBytes(o.budget_bytes), o.mfu);
   if (r.longest_seq_up_to > 0) {
+    // Every length above the one found, up to the next that bisection ruled out, was
+    // searched (SearchLongestSequence): the next does not fit.
+    const std::string next =
+        c.seq < r.longest_seq_up_to ? absl::StrCat("; ", c.seq + 1, " does not fit") : "";
     absl::StrAppendFormat(&out,
                           "the longest sequence that fits: %d (--seq bisected over 1..%d in %d "
                           "search%s%s); the layouts at it:\n",
                           c.seq, r.longest_seq_up_to, r.longest_seq_searches,
-                          r.longest_seq_searches == 1 ? "" : "es",
-                          c.seq < r.longest_seq_up_to ? absl::StrCat("; ", c.seq + 1, " does not fit")
-                                                      : "");
+                          r.longest_seq_searches == 1 ? "" : "es", next);
   }
   absl::StrAppendFormat(&out,
                         "%d candidates (layouts x checkpointing): %d fit, %d too big, %d "
