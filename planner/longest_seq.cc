@@ -19,6 +19,11 @@ absl::StatusOr<SearchResult> SearchLongestSequence(RunRequest request,
   // GPT-2's learned positions bound its sequence (RoPE's do not: max_positions 0).
   const int64_t positions = spec->config.max_positions;
   const int64_t upper = positions > 0 ? std::min(up_to, positions) : up_to;
+  // No layout fits where the search says so, or where the step's bytes or FLOPs
+  // overflow int64 (OutOfRange): no GPU holds that.
+  auto none_fits = [](const absl::Status& status) {
+    return absl::IsResourceExhausted(status) || absl::IsOutOfRange(status);
+  };
   int64_t searches = 0;
   absl::Status at_one;  // why no layout fits a sequence of 1, once searched
   // The search at `seq`: a layout fits where it is ok, none where ResourceExhausted.
@@ -42,22 +47,30 @@ absl::StatusOr<SearchResult> SearchLongestSequence(RunRequest request,
     if (at.ok()) {
       fits = probe;
       best = std::move(at);
-    } else if (absl::IsResourceExhausted(at.status())) {
+    } else if (none_fits(at.status())) {
       fails = probe;
     } else {
       return at.status();
     }
   }
-  for (int64_t seq = std::min(upper, (fits + 1) * granule - 1); seq > fits * granule; --seq) {
+  // The lengths above the last multiple that fits, below the next (none past `upper`;
+  // written so that no product can overflow).
+  const int64_t last = fits * granule;
+  const int64_t scan_from = upper - last < granule ? upper : last + granule - 1;
+  for (int64_t seq = scan_from; seq > last; --seq) {
     absl::StatusOr<SearchResult> at = search_at(seq);
-    if (at.ok() || !absl::IsResourceExhausted(at.status())) {
+    if (at.ok() || !none_fits(at.status())) {
       best = std::move(at);
       break;
     }
   }
-  if (absl::IsResourceExhausted(best.status()) && absl::IsResourceExhausted(at_one)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("--longest_seq: not even a sequence of 1 fits: ", at_one.message()));
+  if (!best.ok() && none_fits(best.status())) {
+    // Nothing fit, down to a sequence of 1: what its search said.
+    if (absl::IsResourceExhausted(at_one)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("--longest_seq: not even a sequence of 1 fits: ", at_one.message()));
+    }
+    return at_one;
   }
   if (!best.ok()) return best.status();
   SearchResult result = *std::move(best);

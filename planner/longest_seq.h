@@ -22,8 +22,9 @@ namespace memledger {
 // SearchLongestSequence: the search at the longest request.seq in [1, up_to] (capped at
 // the model's learned positions, GPT-2's) at which a layout fits, with
 // SearchResult::longest_seq_up_to and longest_seq_searches set; request.seq is ignored.
-// InvalidArgument for up_to < 1 or a search's bad input; ResourceExhausted when not
-// even one token fits, naming the smallest memory that would.
+// A length whose step overflows int64 fits nothing. InvalidArgument for up_to < 1 or a
+// search's bad input; ResourceExhausted when not even one token fits, naming the
+// smallest memory that would.
 absl::StatusOr<SearchResult> SearchLongestSequence(RunRequest request,
                                                    const SearchOptions& options,
                                                    int64_t up_to);

@@ -138,6 +138,22 @@ TEST(LongestSeqTest, TheBoundAndTheModelsPositionsCap) {
   EXPECT_EQ(found.longest_seq_searches, 1);
 }
 
+// A bound far past what any GPU holds: lengths whose step's FLOPs or bytes overflow
+// int64 fit nothing, and the answer fits while the next length does not.
+TEST(LongestSeqTest, AnyBoundAnswers) {
+  RunRequest request;
+  request.model = "tiny-llama";
+  const SearchOptions options = Options(1, 1, int64_t{1} << 30);
+  ASSERT_OK_AND_ASSIGN(SearchResult found,
+                       SearchLongestSequence(request, options, int64_t{1} << 62));
+  const int64_t longest = found.config.seq;
+  EXPECT_GT(longest, 1024);
+  request.seq = longest;
+  EXPECT_OK(SearchLayouts(request, options).status());
+  request.seq = longest + 1;
+  EXPECT_TRUE(absl::IsResourceExhausted(SearchLayouts(request, options).status()));
+}
+
 TEST(LongestSeqTest, BadBoundsAndNothingThatFitsSayWhy) {
   RunRequest request;
   request.model = "tiny-llama";
