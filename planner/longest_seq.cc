@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "estimator/graph/family.h"
 
 namespace memledger {
 
@@ -16,9 +17,11 @@ absl::StatusOr<SearchResult> SearchLongestSequence(RunRequest request,
   request.seq = 1;
   absl::StatusOr<RunSpec> spec = RunSpecFromRequest(request);
   if (!spec.ok()) return spec.status();
-  // GPT-2's learned positions bound its sequence (RoPE's do not: max_positions 0).
+  // Learned positions (GPT-2's) bound the sequence; RoPE's max_position_embeddings does
+  // not (predict runs past it).
   const int64_t positions = spec->config.max_positions;
-  const int64_t upper = positions > 0 ? std::min(up_to, positions) : up_to;
+  const bool learned = FamilyOf(spec->config.family).learned_positions;
+  const int64_t upper = learned && positions > 0 ? std::min(up_to, positions) : up_to;
   // No layout fits where the search says so, or where the step's bytes or FLOPs
   // overflow int64 (OutOfRange): no GPU holds that.
   auto none_fits = [](const absl::Status& status) {
