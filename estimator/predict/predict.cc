@@ -802,7 +802,6 @@ absl::StatusOr<StagePrediction> PredictValidStage(const ValidConfig& valid,
   BlockWalks walks(*graphs, valid, options.breakdown, options.rules);
   StagePrediction prediction;
   prediction.n_params = n_params.value();
-  prediction.n_param_tensors = census.tensors;
   prediction.n_trainable_params = census.trainable_elements.value();
   prediction.n_trainable_tensors = census.trainable_tensors;
   for (const Variant& variant : options.variants) {

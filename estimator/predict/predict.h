@@ -198,9 +198,9 @@ struct StagePrediction {
   // n_params: a stage with the head but not the embedding holds its own copy of a tied
   // embedding weight (Megatron keeps one on the last stage and all-reduces its grads).
   int64_t n_params = 0;
-  int64_t n_param_tensors = 0;  // the tensors those elements are in
-  // Of them those that train (ParameterCensus): with --freeze or LoRA the rest keep no
-  // gradient and no optimizer state, and stay in the model's dtype.
+  // Of them those that train (ParameterCensus), and the tensors they are in: with
+  // --freeze or LoRA the rest keep no gradient and no optimizer state, and stay in the
+  // model's dtype.
   int64_t n_trainable_params = 0;
   int64_t n_trainable_tensors = 0;
   std::vector<VariantPrediction> variants;

@@ -421,7 +421,7 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
     kind.ranks = ranks_per_stage.value();
     std::vector<StagePrediction> predicted;
     CheckedInt64 n_params = 0, n_trainable = 0;
-    int64_t n_param_tensors = 0, n_trainable_tensors = 0;
+    int64_t n_trainable_tensors = 0;
     for (int64_t local = 0; local < parallel.virtual_stages; ++local) {
       const int64_t global = local * parallel.pp + stage;
       const StageRange range{global * chunk_layers, chunk_layers, global == 0,
@@ -432,7 +432,6 @@ absl::StatusOr<RanksPrediction> PredictValidRanks(const ValidConfig& valid,
       if (!chunk.ok()) return chunk.status();
       kind.chunks.push_back(range);
       n_params += chunk->n_params;
-      n_param_tensors += chunk->n_param_tensors;
       n_trainable += chunk->n_trainable_params;
       n_trainable_tensors += chunk->n_trainable_tensors;
       predicted.push_back(*std::move(chunk));
