@@ -65,6 +65,23 @@ from witness_common import (  # noqa: E402  (verify/witness_common.py)
     torch_dtype, unique_storage_bytes, _torch)
 
 
+def saved_at_forward_end(seen):
+    """The bytes of the packed storages still alive as the forward ends, which the
+    backward unpacks: seen maps a storage to (nbytes, ..., its StorageWeakRef). A node the
+    loss never reaches (DoRA's lora_weight branch, read only detached) dies with the
+    forward's locals, and what it saved with it; its storage's address may then be reused."""
+    return sum(entry[0] for entry in seen.values() if not entry[-1].expired())
+
+
+# pack_without_cycle: the witnesses' pack hooks return `t.detach()`, not `t`. Without
+# hooks, a node that saves its own output keeps it without its grad_fn (saved_variable.cpp:
+# an output's data, the grad_fn weakly); a hook that returned the tensor itself would tie
+# such a node to itself, a cycle that only Python's gc frees, at no fixed time. Only a
+# node the loss never reaches outlives its forward so (DoRA's weight norm of a Conv1D,
+# whose transposed weight peft wraps in a new Parameter that requires grad); every other
+# node lets go of what it saved when the backward runs it.
+
+
 # ---------------------------------------------------------------------------------------
 # Models
 
@@ -462,18 +479,20 @@ def _measure(case):
     input_bytes = unique_storage_bytes(target.inputs())
 
     seen = {}
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     def pack(t):
         s = t.untyped_storage()
         if s.data_ptr() not in param_ptrs:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
+            seen[s.data_ptr()] = (s.nbytes(), StorageWeakRef(s))
+        return t.detach()  # as pack_without_cycle
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         opt.zero_grad(set_to_none=True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
             loss = target.loss(counter)
+        saved = saved_at_forward_end(seen)
         _mark("memledger.forward_end")
         loss_bytes = element_bytes(loss)
         loss.backward()
@@ -500,7 +519,7 @@ def _measure(case):
             peak = (live, phase)
     reducer_bytes = getattr(target, "reducer_bytes", 0)
     resident = param_bytes + buffer_bytes + optimizer_state_bytes + input_bytes + reducer_bytes
-    saved = sum(seen.values()) + counter.bytes
+    saved += counter.bytes
     if routing_copy is not None:
         routing_rows = routing_copy.routing(autocast)
     routing = {"routing": {"layers": routing_rows}} if routing_rows is not None else {}
@@ -670,18 +689,20 @@ def measure_fake_cuda(case):
         set_variant(target, case, counter)
         param_storages = {p.untyped_storage()._cdata for p in params}
         seen = {}
+        from torch.multiprocessing.reductions import StorageWeakRef
 
         def pack(t):
             s = t.untyped_storage()
             if s._cdata not in param_storages:
                 seen[s._cdata] = (s.nbytes(), str(t.dtype).removeprefix("torch."),
-                                  t.device.type)
-            return t
+                                  t.device.type, StorageWeakRef(s))
+            return t.detach()  # as pack_without_cycle
 
         with forced_sdpa(case["sdpa_backend"]), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 cuda_autocast(case.get("amp", "none")):
             loss = target.loss(counter)
+        seen = {k: v for k, v in seen.items() if not v[-1].expired()}  # as saved_at_forward_end
         del loss
     torch.set_default_dtype(default_dtype)
     if packed is not None:
@@ -689,7 +710,7 @@ def measure_fake_cuda(case):
     by_dtype = dict(counter.by_dtype)
     off_device = 0
     host_storages = {t.untyped_storage()._cdata for t in host_tensors}
-    for storage, (nbytes, dtype, device) in seen.items():
+    for storage, (nbytes, dtype, device, _) in seen.items():
         # Kernels save their outputs before returning them, so which storages a GPU
         # keeps on the host is known only now.
         if device != "cuda" or storage in host_storages:
