@@ -226,6 +226,7 @@ absl::StatusOr<RunRequest> RequestFromJson(const rapidjson::Value& doc, const Ca
       status = NumberKey(name, value, &request.cuda_context_mib);
     }
     else if (name == "master_weights") status = boolean(&request.master_weights);
+    else if (name == "use_dora") status = boolean(&request.use_dora);
     else if (name == "gradient_as_bucket_view") status = boolean(&request.gradient_as_bucket_view);
     else if (name == "fsdp") status = boolean(&request.fsdp);
     else if (name == "mp_param_dtype") status = string(&request.mp_param_dtype);

@@ -14,7 +14,7 @@
  * "schedule", "experts_impl", "routing", "device", "sdpa_backend",
  * "cublas_workspace_config", "mp_param_dtype", "mp_reduce_dtype", "offload",
  * "offload_activations" (strings),
- * "momentum", "cuda_context_mib", "ddp_bucket_mb" (numbers), "master_weights", "sp",
+ * "momentum", "cuda_context_mib", "ddp_bucket_mb" (numbers), "master_weights", "use_dora", "sp",
  * "gradient_as_bucket_view", "fsdp", "expandable_segments", "explain" (booleans),
  * "reshard_after_forward" (a boolean, or an integer: fully_shard's), "format" ("json",
  * the default; "table": the CLI's table text; predict's "svg": its --timeline_svg chart, with

@@ -36,7 +36,7 @@ INTEGERS = {"layers", "width", "heads", "kv_heads", "head_dim", "intermediate", 
             "lora_rank", "longest_seq"}
 NUMBERS = {"momentum", "budget_gib", "gpu_memory_gib", "mfu", "cuda_context_mib",
            "flops_per_second", "lora_alpha", "lora_dropout", "ddp_bucket_mb"}
-BOOLEANS = {"master_weights", "sp", "explain", "expandable_segments", "fsdp",
+BOOLEANS = {"master_weights", "use_dora", "sp", "explain", "expandable_segments", "fsdp",
             "gradient_as_bucket_view"}
 STRINGS = {"model", "variants", "policy", "attention", "dtype", "amp", "optimizer",
            "optimizer_impl", "checkpoint_impl", "freeze", "lora_targets", "schedule", "format", "experts_impl",
@@ -75,7 +75,7 @@ GROUPS = [
                "longest_seq (search)"]),
     ("precision", ["dtype", "amp", "master_weights"]),
     ("optimizer", ["optimizer", "optimizer_impl", "momentum"]),
-    ("fine-tuning", ["freeze", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"]),
+    ("fine-tuning", ["freeze", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "use_dora"]),
     ("checkpointing", ["variants", "plan", "every", "policy", "checkpoint_impl", "budget_gib",
                        "frontier_points (plan)", "flops_per_second (plan)",
                        "planned_layouts (search)"]),

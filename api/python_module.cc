@@ -383,7 +383,7 @@ PYBIND11_MODULE(memledger, m) {
         "predict(**fields) -> dict: the prediction for the request fields of "
         "api/memledger.h (model, layers, width, heads, kv_heads, head_dim, intermediate, "
         "vocab, batch, seq, variants, every, policy, attention, dtype, amp, optimizer, "
-        "optimizer_impl, checkpoint_impl, freeze, lora_rank, lora_alpha, lora_dropout, lora_targets, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
+        "optimizer_impl, checkpoint_impl, freeze, lora_rank, lora_alpha, lora_dropout, lora_targets, use_dora, momentum, master_weights, tp, sp, dp, pp, virtual_stages, "
         "micro_batches, zero, ddp_bucket_mb, gradient_as_bucket_view, fsdp, "
         "reshard_after_forward, mp_param_dtype, mp_reduce_dtype, offload, schedule, experts_impl, "
         "routing, device, sdpa_backend, cublas_workspace_config, offload_activations, "

@@ -104,6 +104,14 @@ OPTION_GRID += [
     ("olmo3", MATH[:1], ("none", "full"), OFFLOADED),
     ("llama_gqa", MATH[1:2], ("none",), {**OFFLOADED, "lora": real_stack_test.L(8, "all-linear")}),
 ]
+# DoRA's rebuilt (out, in) adapter product and the base weight's norm on CUDA, and under
+# save_on_cpu, whose hook copies what the dead nodes save to the host (freed with them).
+OPTION_GRID += [
+    ("llama_gqa", MATH, ("none", "full"), {"lora": real_stack_test.L(8, "all-linear", dora=True)}),
+    ("qwen3", MATH[2:], ("selective",), {**LARGER, "lora": real_stack_test.L(16, dora=True)}),
+    ("llama_gqa", MATH[1:2], ("none",),
+     {**OFFLOADED, "lora": real_stack_test.L(8, "all-linear", dora=True)}),
+]
 
 
 def cases(tmp):
@@ -119,10 +127,13 @@ def cases(tmp):
             r, targets = lora["r"], lora["targets"]
             extra_case["lora"] = {"r": r, "alpha": 2 * r, "dropout": lora["dropout"],
                                   "targets": targets if targets == "all-linear"
-                                  else targets.split(",")}
+                                  else targets.split(","), "dora": lora["dora"]}
             extra_flags += [f"--lora_rank={r}", f"--lora_alpha={2 * r}",
                             f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
-            name += f" lora r{r} {targets} dropout {lora['dropout']}"
+            if lora["dora"]:
+                extra_flags.append("--use_dora")
+            name += (f" {'dora' if lora['dora'] else 'lora'} r{r} {targets} "
+                     f"dropout {lora['dropout']}")
         if "checkpoint_impl" in options:
             extra_case["checkpoint_impl"] = options["checkpoint_impl"]
             extra_flags.append(f"--checkpoint_impl={options['checkpoint_impl']}")
@@ -148,7 +159,7 @@ class FakeCudaStepTest(unittest.TestCase):
     def test_peak_and_phase_are_exact(self):
         tmp = tempfile.mkdtemp()
         grid = cases(tmp)
-        self.assertEqual(len(grid), 196 + 12 + 9 + 19)
+        self.assertEqual(len(grid), 196 + 12 + 9 + 19 + 8)
         # Bazel's shards (tests/BUILD.bazel): every n-th case.
         shards = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
         grid = grid[int(os.environ.get("TEST_SHARD_INDEX", "0"))::shards]

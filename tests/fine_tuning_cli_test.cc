@@ -31,8 +31,8 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
             "--freeze is modelled on one process and one micro-batch"},
            {"--model=tiny-llama --lora_rank=-1", "--lora_rank must be from 0 to 65536, got -1"},
            {"--model=tiny-llama --lora_dropout=0.1",
-            "--lora_alpha, --lora_dropout and --lora_targets describe LoRA adapters: they "
-            "need --lora_rank >= 1"},
+            "--lora_alpha, --lora_dropout, --lora_targets and --use_dora describe LoRA "
+            "adapters: they need --lora_rank >= 1"},
            {"--model=tiny-llama --lora_rank=8 --lora_dropout=1",
             "--lora_dropout must be in [0, 1), got 1"},
            {"--model=tiny-llama --lora_rank=8 --lora_targets=qkv",
@@ -61,6 +61,12 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
             "--offload_activations is modelled on one process: not with --tp"},
            {"--model=tiny-llama --lora_rank=8 --dtype=bf16 --master_weights",
             "--master_weights with --lora_rank: peft's adapters, all that trains, are fp32"},
+           {"--model=tiny-llama --use_dora",
+            "--lora_alpha, --lora_dropout, --lora_targets and --use_dora describe LoRA "
+            "adapters: they need --lora_rank >= 1"},
+           {"--model=tiny-gpt2 --lora_rank=8 --use_dora --lora_dropout=0.1",
+            "--use_dora with --lora_dropout on the gpt2 family's Conv1D layers is not "
+            "modelled yet"},
        }) {
     CommandResult r = Predict(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
@@ -93,9 +99,24 @@ TEST(FineTuningCliTest, JsonAndTableSayWhatTrains) {
   // Embedding and head: 2 x 96 x 32 fp32 = 24,576 B.
   EXPECT_NE(table.output.find("frozen_param_bytes"), std::string::npos) << table.output;
   EXPECT_NE(table.output.find("24576"), std::string::npos) << table.output;
+  // DoRA adds a magnitude vector per target, one element per output: 32 (q_proj) + 16
+  // (v_proj) a layer, 1,792 + 2 x 48 = 1,888 in all, each fp32.
+  rapidjson::Document dora_doc;
+  ASSERT_TRUE(JsonOutput(Predict("--model=tiny-llama --variants=none --lora_rank=8 --use_dora"),
+                         &dora_doc));
+  EXPECT_EQ(dora_doc["n_trainable_params"].GetInt64(), 1888);
+  EXPECT_EQ(dora_doc["grad_bytes"].GetInt64(), 1888 * 4);
+  EXPECT_TRUE(dora_doc["lora"]["use_dora"].GetBool());
+  EXPECT_FALSE(doc["lora"]["use_dora"].GetBool());
+  CommandResult dora_table =
+      Predict("--model=tiny-llama --variants=none --lora_rank=8 --use_dora --format=table");
+  ASSERT_EQ(dora_table.exit_code, 0) << dora_table.output;
+  EXPECT_NE(dora_table.output.find("DoRA r=8 on q_proj,v_proj"), std::string::npos)
+      << dora_table.output;
   CommandResult help = Predict("--help");
   ASSERT_EQ(help.exit_code, 0) << help.output;
   EXPECT_NE(help.output.find("\nfine-tuning:\n  --freeze"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("  --use_dora"), std::string::npos) << help.output;
 }
 
 }  // namespace

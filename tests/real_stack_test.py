@@ -212,7 +212,8 @@ def case_id(case):
     if case["lora"]:
         lora = case["lora"]
         parts.append(f"lora_r{lora['r']}_{lora['targets']}" +
-                     (f"_dropout{lora['dropout']}" if lora["dropout"] else ""))
+                     (f"_dropout{lora['dropout']}" if lora["dropout"] else "") +
+                     ("_dora" if lora["dora"] else ""))
     return "/".join(parts)
 
 
@@ -231,9 +232,12 @@ def run_case(case, tmp):
         lora = case["lora"]
         targets = lora["targets"]
         measure["lora"] = {"r": lora["r"], "alpha": 2 * lora["r"], "dropout": lora["dropout"],
-                           "targets": targets if targets == "all-linear" else targets.split(",")}
+                           "targets": targets if targets == "all-linear" else targets.split(","),
+                           "dora": lora["dora"]}
         flags += [f"--lora_rank={lora['r']}", f"--lora_alpha={2 * lora['r']}",
                   f"--lora_dropout={lora['dropout']}", f"--lora_targets={targets}"]
+        if lora["dora"]:
+            flags.append("--use_dora")
     if case["experts_impl"]:
         # The eager experts' sizes are the step's routing: the witness reports it, and
         # predict reads it (--routing=PATH).
@@ -284,9 +288,9 @@ def mismatches(predicted, measured):
             for bucket in predicted if predicted[bucket] != measured[bucket]]
 
 
-def L(r, targets="q_proj,v_proj", dropout=0.0):
-    """A LoRA case's adapters (peft's LoraConfig)."""
-    return {"r": r, "targets": targets, "dropout": dropout}
+def L(r, targets="q_proj,v_proj", dropout=0.0, dora=False):
+    """A LoRA case's adapters (peft's LoraConfig; use_dora: DoRA)."""
+    return {"r": r, "targets": targets, "dropout": dropout, "dora": dora}
 
 
 def c(model, variant="none", checkpoint_impl="non_reentrant", dtype="fp32", amp="none",
@@ -497,6 +501,29 @@ CASES = [
     c("gpt2_nodrop", "selective", dtype="bf16", lora=L(8, "all-linear")),
     c("gpt2_nodrop", "every_2", "reentrant", lora=L(16, "c_attn,c_proj")),
     c("gpt2_nodrop", amp="bf16", lora=L(8, "c_fc,c_proj", 0.1)),
+    # DoRA (use_dora): a magnitude vector per target, and each forward rebuilds
+    # lora_B(lora_A(eye(in))).T, whose nodes the loss never reaches (the weight norm reads
+    # it detached): what they save lives to DoraLinearLayer.forward's return, or, in a
+    # non-reentrant recompute, whose hook returns it, to the recompute's early stop.
+    c("llama_gqa", lora=L(8, dora=True)), c("llama_gqa", "full", lora=L(8, "all-linear", dora=True)),
+    c("llama_gqa", "selective", lora=L(64, dora=True)),
+    c("llama_gqa", dtype="bf16", lora=L(8, "all-linear", 0.1, dora=True)),
+    c("llama_gqa", "every_2", "reentrant", lora=L(8, "all-linear", dora=True)),
+    c("llama_gqa", freeze=["embeddings"], lora=L(8, dora=True)),
+    c("llama_mha", "full", amp="bf16", lora=L(8, "all-linear", 0.1, dora=True)),
+    c("qwen3", "selective", amp="bf16", lora=L(8, "all-linear", dora=True)),
+    c("qwen3", "full", dtype="bf16", lora=L(64, dora=True)),
+    c("qwen3_moe", "full", dtype="bf16", lora=L(8, "q_proj,k_proj,v_proj,o_proj", 0.1, dora=True)),
+    # qwen2's biased q, k and v: base_result - bias, a new tensor.
+    c("qwen2_tied", lora=L(8, "all-linear", dora=True)),
+    c("gemma3", "selective", lora=L(8, "all-linear", dora=True)),
+    c("olmo3", dtype="bf16", lora=L(8, "all-linear", dora=True)),
+    c("llama_gqa", dtype="fp16", optimizer_impl="foreach", lora=L(8, dora=True)),
+    # GPT-2's Conv1D: peft's transpose wraps weight.T in a new Parameter that requires
+    # grad, so the weight norm's node saves the adapted weight; `.detach()` right after
+    # the norm lets it go where the norm's return would have.
+    c("gpt2_nodrop", lora=L(8, "c_attn", dora=True)),
+    c("gpt2_nodrop", "full", lora=L(8, "all-linear", dora=True)),
 ]
 
 # What memledger does not model yet, each with the bucket it moves. A case listed here is

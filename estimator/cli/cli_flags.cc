@@ -125,6 +125,11 @@ ABSL_FLAG(std::string, lora_targets, "",
           "c_proj, c_fc), comma-separated, or all-linear (every one but the LM head). "
           "Empty: peft's default for the model type (q_proj,v_proj; GPT-2's c_attn; "
           "OLMo 3 has none).");
+ABSL_FLAG(bool, use_dora, false,
+          "LoraConfig's use_dora: weight-decomposed LoRA. Each target also trains a "
+          "magnitude vector (out, fp32), and every forward rebuilds lora_B @ lora_A as an "
+          "(out x in) matrix from an (in x in) identity and takes the adapted weight's "
+          "norm: transients the size of the weight, per target. Needs --lora_rank.");
 ABSL_FLAG(bool, master_weights, false,
           "With --dtype=bf16 or fp16: the optimizer steps fp32 copies of the parameters.");
 ABSL_FLAG(int64_t, tp, 1,
@@ -235,6 +240,7 @@ RunRequest RunRequestFromFlags() {
   request.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   request.lora_dropout = absl::GetFlag(FLAGS_lora_dropout);
   request.lora_targets = absl::GetFlag(FLAGS_lora_targets);
+  request.use_dora = absl::GetFlag(FLAGS_use_dora);
   request.master_weights = absl::GetFlag(FLAGS_master_weights);
   request.tp = absl::GetFlag(FLAGS_tp);
   request.sp = absl::GetFlag(FLAGS_sp);
@@ -326,7 +332,7 @@ constexpr std::pair<const char*, const char*> kFlagGroups[] = {
     {"optimizer_impl", "optimizer"}, {"momentum", "optimizer"},
     {"freeze", "fine-tuning"},      {"lora_rank", "fine-tuning"},
     {"lora_alpha", "fine-tuning"},  {"lora_dropout", "fine-tuning"},
-    {"lora_targets", "fine-tuning"},
+    {"lora_targets", "fine-tuning"}, {"use_dora", "fine-tuning"},
     {"variants", "checkpointing"},   {"every", "checkpointing"},
     {"policy", "checkpointing"},     {"checkpoint_impl", "checkpointing"},
     {"plan", "checkpointing"},       {"budget_gib", "checkpointing"},

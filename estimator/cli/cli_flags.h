@@ -41,6 +41,7 @@ ABSL_DECLARE_FLAG(int64_t, lora_rank);
 ABSL_DECLARE_FLAG(double, lora_alpha);
 ABSL_DECLARE_FLAG(double, lora_dropout);
 ABSL_DECLARE_FLAG(std::string, lora_targets);
+ABSL_DECLARE_FLAG(bool, use_dora);
 ABSL_DECLARE_FLAG(bool, master_weights);
 ABSL_DECLARE_FLAG(int64_t, tp);
 ABSL_DECLARE_FLAG(bool, sp);

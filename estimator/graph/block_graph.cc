@@ -127,6 +127,7 @@ std::vector<bool> BlockGraph::RequiresGrad() const {
   }
   for (const OpDef& op : ops) {
     bool any = false;
+    if (op.no_grad) continue;  // its outputs stay false
     for (int i : RuleTable::Pinned().Of(op.type).differentiable_inputs) {
       any = any || grad[op.inputs[i]];
     }
@@ -278,6 +279,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
     Freeze freeze;
     int64_t lora_rank;
     bool lora_dropout;
+    bool lora_dora;
     std::vector<std::string> lora_targets;
     Device device;
     // The kernels SDPA runs for an unmasked and a masked call (-1: none can).
@@ -309,6 +311,7 @@ std::shared_ptr<const ModelGraphs> ModelGraphsFor(const ModelConfig& config,
                      config.freeze,
                      config.lora.rank,
                      config.lora.dropout > 0,
+                     config.lora.dora,
                      config.lora.enabled() ? config.lora.targets : std::vector<std::string>(),
                      config.device,
                      {SdpaKernelKey(config, mode, false), SdpaKernelKey(config, mode, true)}};

@@ -107,6 +107,11 @@ struct OpDef {
   // core_attention: one of math attention's core ops (scores to values), which
   // Megatron's selective recompute runs again in the backward instead of keeping.
   bool core_attention = false;
+  // no_grad: the op makes no backward node and keeps nothing, as under torch.no_grad().
+  // DoRA's lora_weight branch is written so: autograd records it, but the loss never
+  // reaches its node (it is read only detached), so what it saves lives only as long as
+  // the branch's Python locals; BlockGraph::node_held_until holds that much.
+  bool no_grad = false;
 };
 
 // BlockGraph is one segment of the model: a decoder layer (hidden states (B, T, d) in,
@@ -124,6 +129,11 @@ struct BlockGraph {
   // variable not yet rebound) holds until op has run, after its last reader; op -1:
   // until the segment's forward returns (the logits, which ForCausalLM returns).
   std::vector<std::pair<int, int>> held_until;
+  // node_held_until: (tensor, op) for a tensor that a no_grad op's unreachable node
+  // (OpDef::no_grad) saves, held until op has run where the forward saves with grad:
+  // not in a checkpointed forward, whose pack hook stores a holder, nor in its
+  // non-reentrant recompute, which fills no dead holder.
+  std::vector<std::pair<int, int>> node_held_until;
   // decoder_returns_after: in an epilogue, the op after which the decoder model's forward
   // (LlamaModel, GPT2Model) returns, its final norm's last: its locals die there (the
   // last layer's output, rebound to the norm's; position ids; RoPE tables). -1: none

@@ -152,6 +152,16 @@ absl::Status ValidateConfig(const ModelConfig& config) {
       return absl::InvalidArgumentError(
           "--lora_rank: LoRA is modelled on one process: not with --tp, --sp or --ep yet");
     }
+    if (config.lora.dora && config.lora.dropout > 0 && family.lora_fan_in_fan_out) {
+      // DoraLinearLayer.forward's F.linear(x, transpose(weight, fan_in_fan_out)) with a
+      // dropout: peft's transpose wraps the weight in a new Parameter that requires grad
+      // (utils/other.py), whose gradient of the weight's size the backward then makes.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--use_dora with --lora_dropout on the ", family.name,
+          " family's Conv1D layers is not modelled yet (peft then wraps each transposed "
+          "weight in a new Parameter, which gets a gradient of the weight's size): use "
+          "--lora_dropout=0"));
+    }
     if (config.moe.Sparse() && config.lora.Targets("gate")) {
       // peft 0.21.2's all-linear wraps the experts' 3-D parameters (lora.ParamWrapper) and
       // the router too.

@@ -72,6 +72,9 @@ struct FamilyDef {
   // (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, peft/utils/constants.py);
   // nullptr where peft has none and asks for them.
   const char* lora_default_targets = "q_proj,v_proj";
+  // lora_fan_in_fan_out: the adapted layers are GPT-2's Conv1D, weight (in, out), which
+  // peft wraps with fan_in_fan_out (tuners/lora/layer.py, dispatch_default).
+  bool lora_fan_in_fan_out = false;
   // graphs builds the family's segments (estimator/graph/graph_builder.h).
   ModelGraphs (*graphs)(const ModelConfig& config, AttentionMode mode) = nullptr;
   // validate: the family's own checks after ValidateConfig's (what it does not model

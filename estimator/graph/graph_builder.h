@@ -156,7 +156,8 @@ class GraphBuilder {
     DType dtype = output_dtype.value_or(
         inputs.empty() ? DType::kFloat32 : graph_.tensors[inputs[0]].dtype);
     if (!output_dtype.has_value() &&
-        (type == OpType::kAdd || type == OpType::kMulTensor || type == OpType::kCat)) {
+        (type == OpType::kAdd || type == OpType::kMulTensor || type == OpType::kCat ||
+         type == OpType::kDivTensor || type == OpType::kSub)) {
       // Type promotion: a floating op of two dtypes runs in fp32 (bf16 + fp32 -> fp32).
       for (int input : inputs) dtype = PromoteTypes(dtype, graph_.tensors[input].dtype);
     }
@@ -266,7 +267,13 @@ class GraphBuilder {
 
   // Adapted is peft's lora.Linear around a base layer's `result` of `x`, an nn.Linear or
   // GPT-2's Conv1D (graph_builder.cc).
-  int Adapted(const std::string& name, int x, int result, SymDim in, SymDim out);
+  // fan_in_fan_out: the base weight is (in, out), GPT-2's Conv1D's.
+  int Adapted(const std::string& name, int x, int result, SymDim in, SymDim out,
+              bool fan_in_fan_out = false);
+  // Dora is DoraLinearVariant.forward's part of an Adapted layer (use_dora), from the
+  // adapter's input `x` (cast to fp32) to result + result_dora (graph_builder.cc).
+  int Dora(const std::string& name, int x, int result, int a_weight, int b_weight, SymDim in,
+           SymDim out, bool fan_in_fan_out);
 
   // LinearNoBias: at::linear without bias is at::matmul(x, weight.t()), which folds the
   // (B, T, in) input: _unsafe_view(mm(x.reshape(B*T, in), weight.t()), (B, T, out)).
@@ -819,7 +826,8 @@ class GraphBuilder {
   void RegistrationOrder(const std::vector<std::string>& modules) {
     for (const std::string& module : modules) {
       for (const std::string suffix :
-           {"", ".weight", ".bias", ".lora_A.weight", ".lora_B.weight"}) {
+           {"", ".weight", ".bias", ".lora_A.weight", ".lora_B.weight",
+            ".lora_magnitude_vector.weight"}) {
         for (size_t t = 0; t < graph_.tensors.size(); ++t) {
           if (graph_.tensors[t].is_parameter && graph_.tensors[t].name == module + suffix) {
             graph_.parameter_order.push_back(static_cast<int>(t));

@@ -249,9 +249,13 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kEqScalar:
     case OpType::kNonzero:
       return {{}, {}, {}, {}};  // integer tensors: never a backward node
+    case OpType::kAddWrappedInt:
+      // yaml:229 add.Tensor, yaml:1699 sub.Tensor with the number wrapped: grad (negated
+      // for sub's other, a number): no tensor. The model's own tensors make it under
+      // no_grad; DoRA's `mag_norm_scale - 1` with grad.
+      return {{}, {0}, {"AddBackward0", "SubBackward0"}, {}};
     // The model's own tensors, made under no_grad (its position ids, rotary tables and
     // masks): never a backward node.
-    case OpType::kAddWrappedInt:
     case OpType::kDivScalar:
     case OpType::kPowScalarBase:
     case OpType::kScalarDivide:
@@ -262,7 +266,20 @@ OpSemantics PinnedSemantics(OpType type) {
     case OpType::kGt:
     case OpType::kLe:
     case OpType::kBitwiseAnd:
+    case OpType::kEye:
       return {{}, {}, {}, {}};
+    case OpType::kLinalgVectorNorm:
+      // yaml:1363 linalg_vector_norm: self: linalg_vector_norm_backward(grad, self, ord,
+      // result, dim, keepdim). Never differentiated here: DoRA's weight norm is of
+      // detached tensors (its step row has no backward).
+      return {{In(0, "self_"), Out(0, "result_")}, {0}, {"LinalgVectorNormBackward0"}, {}};
+    case OpType::kDivTensor:
+      // yaml:589 div.Tensor: self: div_tensor_self_backward(grad, other, ...), other:
+      // div_tensor_other_backward(grad, self, other): other for either, self for other's.
+      return {{In(0, "self_", 1), In(1, "other_")}, {0, 1}, {"DivBackward0"}, {}};
+    case OpType::kSub:
+      // yaml:1699 sub.Tensor: self: grad, other: -grad * alpha: no tensor.
+      return {{}, {0, 1}, {"SubBackward0"}, {}};
     case OpType::kIndexRows:
       // yaml:847 index.Tensor: self: index_backward(grad.new_zeros(self.sizes()), indices,
       // grad); indices: non-differentiable.
@@ -451,6 +468,10 @@ const char* OpTypeName(OpType type) {
     case OpType::kGt: return "gt";
     case OpType::kLe: return "le";
     case OpType::kBitwiseAnd: return "bitwise_and";
+    case OpType::kEye: return "eye";
+    case OpType::kLinalgVectorNorm: return "linalg_vector_norm";
+    case OpType::kDivTensor: return "div";
+    case OpType::kSub: return "sub";
   }
   return "?";
 }

@@ -217,8 +217,15 @@ enum class OpType : uint8_t {
   kGt,          // self > other, broadcast: a bool per element
   kLe,          // self <= other, broadcast: a bool per element
   kBitwiseAnd,  // self & other, broadcast (bools)
+  // peft's DoRA (tuners/lora/dora.py, DoraLinearLayer.forward):
+  kEye,  // () -> eye(attributes.shape[0]) in the op's dtype: not differentiable
+  // (self (rows, cols)) -> (rows): torch.linalg.norm(self, dim=1), linalg_vector_norm's
+  // 2-norm over dim 1 in self's dtype.
+  kLinalgVectorNorm,
+  kDivTensor,  // (self, other) -> self / other, broadcast (div.Tensor)
+  kSub,        // (self, other) -> self - other, broadcast (sub.Tensor, alpha 1)
 };
-inline constexpr int kNumOpTypes = static_cast<int>(OpType::kBitwiseAnd) + 1;
+inline constexpr int kNumOpTypes = static_cast<int>(OpType::kSub) + 1;
 
 const char* OpTypeName(OpType type);  // ATen's name: "native_layer_norm", "addmm", ...
 

@@ -109,6 +109,8 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kGelu:
     case OpType::kPow:
     case OpType::kMulTensor:
+    case OpType::kDivTensor:
+    case OpType::kSub:
     case OpType::kAddScalar:
     case OpType::kRsqrt:
     case OpType::kSilu:
@@ -126,6 +128,9 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kMeanDim:
     case OpType::kSumDim:
       f.forward = numel(op.inputs[0]);
+      break;
+    case OpType::kLinalgVectorNorm:  // a square and a sum per element
+      f.forward = CheckedInt64(2) * numel(op.inputs[0]);
       break;
     case OpType::kDivInplace:      // the router's renormalised top-k weights
     case OpType::kIndexAddInplace:  // an expert's weighted rows added into the result
@@ -178,6 +183,7 @@ OpFlops FlopsOf(const OpDef& op, const std::vector<WalkedTensor>& tensors) {
     case OpType::kIndexPutInplace:
     case OpType::kAllToAll:
     case OpType::kGeScalar:
+    case OpType::kEye:
       return f;
     // The model's own tensors (position ids, rotary tables, masks): made without grad,
     // one operation per element, in no segment the step's FLOPs sum.
@@ -213,7 +219,7 @@ absl::StatusOr<OpFlops> SegmentFlops(const BlockGraph& graph, const ValidConfig&
     if (skip(op)) continue;
     const OpFlops f = FlopsOf(op, walk->tensor_layouts);
     sum.forward += f.forward;
-    sum.backward += f.backward;
+    if (!op.no_grad) sum.backward += f.backward;  // no node: no backward
   }
   if (sum.forward.overflowed() || sum.backward.overflowed()) {
     return absl::OutOfRangeError("the step's FLOPs overflow int64");

@@ -225,6 +225,7 @@ rapidjson::Document PredictionJson(const Prediction& p) {
     lora.AddMember("alpha", p.config.lora.alpha, a);
     lora.AddMember("dropout", p.config.lora.dropout, a);
     lora.AddMember("targets", String(LoraTargetsName(p.config.lora), a), a);
+    lora.AddMember("use_dora", p.config.lora.dora, a);
     doc.AddMember("lora", lora, a);
   }
   doc.AddMember("n_trainable_params", p.n_trainable_params, a);
@@ -405,7 +406,8 @@ std::string PredictionTable(const Prediction& p, const std::string& scope) {
   if (p.n_trainable_params != p.n_params) {
     const std::string what =
         c.lora.enabled()
-            ? absl::StrCat("LoRA r=", c.lora.rank, " on ", LoraTargetsName(c.lora))
+            ? absl::StrCat(c.lora.dora ? "DoRA" : "LoRA", " r=", c.lora.rank, " on ",
+                           LoraTargetsName(c.lora))
             : absl::StrCat("frozen: ", FreezeName(c.freeze));
     absl::StrAppendFormat(&out, "%-22s %20d   %s\n", "trainable (count)", p.n_trainable_params,
                           what);

@@ -246,14 +246,15 @@ absl::StatusOr<ValidRun> ValidRunFromRequest(const RunRequest& request) {
   }
   if (request.lora_rank == 0 &&
       (request.lora_alpha != defaults.lora_alpha || request.lora_dropout != defaults.lora_dropout ||
-       request.lora_targets != defaults.lora_targets)) {
+       request.lora_targets != defaults.lora_targets || request.use_dora)) {
     return absl::InvalidArgumentError(
-        "--lora_alpha, --lora_dropout and --lora_targets describe LoRA adapters: they need "
-        "--lora_rank >= 1");
+        "--lora_alpha, --lora_dropout, --lora_targets and --use_dora describe LoRA "
+        "adapters: they need --lora_rank >= 1");
   }
   spec.config.lora.rank = request.lora_rank;
   spec.config.lora.alpha = request.lora_alpha;
   spec.config.lora.dropout = request.lora_dropout;
+  spec.config.lora.dora = request.use_dora;
   if (request.lora_rank > 0) {
     // No targets: peft's for the model type (LoraConfig's target_modules=None), which it
     // refuses where it has none (_prepare_adapter_config).
@@ -384,6 +385,7 @@ std::string RequestFlags(const RunRequest& request) {
       absl::StrAppend(&out, " --lora_dropout=", request.lora_dropout);
     }
     text("lora_targets", request.lora_targets, defaults.lora_targets);
+    if (request.use_dora) absl::StrAppend(&out, " --use_dora");
   }
   if (request.master_weights) absl::StrAppend(&out, " --master_weights");
   number("tp", request.tp, defaults.tp);

@@ -47,6 +47,7 @@ struct RunRequest {
   double lora_alpha = 8;
   double lora_dropout = 0;
   std::string lora_targets;  // empty: peft's for the family (FamilyDef::lora_default_targets)
+  bool use_dora = false;     // LoraConfig's use_dora
   double momentum = 0;
   bool master_weights = false;
   // The layout (ParallelSpec): tensor-parallel ranks (the prediction is one rank's) and

@@ -146,6 +146,8 @@ absl::Status Walk::Layouts(const OpDef& op) {
     }
     case OpType::kMulTensor:
     case OpType::kAdd:
+    case OpType::kDivTensor:
+    case OpType::kSub:
     case OpType::kGt:
     case OpType::kLe:
     case OpType::kBitwiseAnd: {
@@ -452,6 +454,15 @@ absl::Status Walk::Layouts(const OpDef& op) {
       return absl::OkStatus();
     case OpType::kScalarDivide:
       NewDenseLike(out, in);  // empty_like(self), preserve_format
+      return absl::OkStatus();
+    case OpType::kEye: {
+      const Layout n = Evaluate(op.attributes.shape);
+      const int64_t sizes[] = {n.sizes[0], n.sizes[0]};
+      NewContiguous(out, sizes, 2);
+      return absl::OkStatus();
+    }
+    case OpType::kLinalgVectorNorm:  // over dim 1, without keepdim
+      NewContiguous(out, in.sizes.data(), 1);
       return absl::OkStatus();
     case OpType::kOuter: {
       const Layout& b = tensors_[op.inputs[1]].layout;

@@ -183,7 +183,7 @@ absl::Status Walk::Apply(int op_index) {
 
   bool has_grad_fn = false;
   for (int i : semantics.differentiable_inputs) {
-    has_grad_fn = has_grad_fn || requires_grad_[op.inputs[i]];
+    has_grad_fn = has_grad_fn || (!op.no_grad && requires_grad_[op.inputs[i]]);
   }
   // Integer and bool outputs (topk's indices, a mask) never require grad.
   for (int out : op.outputs) {

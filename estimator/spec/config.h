@@ -155,6 +155,10 @@ struct Lora {
   // target_modules: module names (a module matches its own name or a name ending in
   // ".name"), or {"all-linear"}: every nn.Linear but the output layer.
   std::vector<std::string> targets = {"q_proj", "v_proj"};
+  // dora: use_dora, weight-decomposed LoRA (tuners/lora/dora.py, DoraLinearLayer): each
+  // target also trains a magnitude vector (out) and its forward rebuilds the adapters'
+  // (out, in) product every step (GraphBuilder::Adapted).
+  bool dora = false;
   bool enabled() const { return rank > 0; }
   bool Targets(absl::string_view module) const {
     if (!enabled()) return false;

@@ -628,11 +628,12 @@ void SumDimBack(OpCall& c, const Handle& grad, Handle* grads) {
   grads[0] = c.ViewOf(grad, expanded);
 }
 
-// DivBackward0 computes other's gradient first, -grad * ((self / other) / other)
-// (FunctionsManual.cpp, div_tensor_other_backward): four tensors of the broadcast shape,
-// three of them temporaries of the expression; then self's, grad / other.
-// validate_outputs then reduces other's to its (N, 1) shape.
-void DivInplaceBack(OpCall& c, const Handle& grad, Handle* grads) {
+// DivBackward0 (div_ and div.Tensor) computes other's gradient first, -grad * ((self /
+// other) / other) (FunctionsManual.cpp, div_tensor_other_backward): four tensors of the
+// broadcast shape, three of them temporaries of the expression; then self's, grad /
+// other. validate_outputs then reduces either to its input's shape (the router's (N, 1)
+// sums, DoRA's (out) magnitude).
+void DivBack(OpCall& c, const Handle& grad, Handle* grads) {
   const int64_t bytes = NumelOf(grad.layout) * ElementSizeBytes(grad.dtype);
   if (c.needs(1)) {
     std::array<int, 3> temps{};
@@ -641,6 +642,13 @@ void DivInplaceBack(OpCall& c, const Handle& grad, Handle* grads) {
     for (int t : temps) c.memory().Unref(t);
   }
   if (c.needs(0)) grads[0] = c.NewGradLike(grad, grad.layout, grad.dtype);
+}
+
+// yaml:1699 sub.Tensor: self's gradient is grad itself, other's -grad (a new tensor);
+// validate_outputs reduces a broadcast one.
+void SubBack(OpCall& c, const Handle& grad, Handle* grads) {
+  if (c.needs(0)) grads[0] = c.Alias(grad);
+  if (c.needs(1)) grads[1] = c.NewGradLike(grad, grad.layout, grad.dtype);
 }
 
 // GroupedMmBackward0, mat2's gradient first (like mat2: a transposed view of the expert
@@ -784,7 +792,10 @@ constexpr OpSteps RowOf(OpType type) {
     case OpType::kSumDim:
       return Backward(SumDimBack);
     case OpType::kDivInplace:
-      return Backward(DivInplaceBack);
+    case OpType::kDivTensor:
+      return Backward(DivBack);
+    case OpType::kSub:
+      return Backward(SubBack);
     case OpType::kGroupedMm:
       return Backward(GroupedMmBack);
     case OpType::kSort:
@@ -809,8 +820,8 @@ constexpr OpSteps RowOf(OpType type) {
       return Leading(EqScalarWrapped);
     case OpType::kSdpaBoolMask:
       return Leading(SdpaBoolMaskScalars);
-    case OpType::kAddWrappedInt:
-      return Leading(WrappedInt);
+    case OpType::kAddWrappedInt:  // its backward passes the gradient to self (sub's too)
+      return OpSteps{WrappedInt, nullptr, IdentityBack};
     case OpType::kPowScalarBase:
       return Workspace(PowBaseWrapped);
     // The model's own tensors' other ops: no grad, nothing of their own (kDivScalar's
@@ -824,6 +835,12 @@ constexpr OpSteps RowOf(OpType type) {
     case OpType::kGt:
     case OpType::kLe:
     case OpType::kBitwiseAnd:
+      return OpSteps{};
+    // DoRA's weight norm (dora.py, get_weight_norm): eye()'s zero_ and diagonal fill, and
+    // the 2-norm's reduction, allocate nothing of their own on the CPU; never
+    // differentiated here (OpDef::no_grad, detached inputs).
+    case OpType::kEye:
+    case OpType::kLinalgVectorNorm:
       return OpSteps{};
     // Not differentiable here (integer ids, counts, masks) or returning their input
     // itself (add_ of a mask: the gradient passes to the input, SegmentStructure::

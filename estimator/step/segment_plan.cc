@@ -77,9 +77,24 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
   for (const auto& [tensor, until] : graph.held_until) {
     const int s = tensors[tensor].storage;
     const int op = until < 0 ? last_op : until;
-    if (s < 0 || op < 0 || structure.last_use[s] >= op) continue;
+    // A local that is a parameter, or views one (DoRA's weight.to() of its own dtype),
+    // frees nothing: parameters are resident.
+    if (s < 0 || op < 0 || walk.storage_list[s].is_parameter || walk.storage_list[s].is_buffer ||
+        structure.last_use[s] >= op) {
+      continue;
+    }
     structure.last_use[s] = op;
     structure.reads[op].push_back(s);
+  }
+  structure.node_hold_until.assign(walk.storage_list.size(), -1);
+  structure.node_releases.resize(graph.ops.size());
+  for (const auto& [tensor, until] : graph.node_held_until) {
+    const int s = tensors[tensor].storage;
+    if (s < 0 || walk.storage_list[s].is_parameter || structure.node_hold_until[s] >= 0) {
+      continue;
+    }
+    structure.node_hold_until[s] = until;
+    structure.node_releases[until].push_back(s);
   }
   const RuleTable& table = rules != nullptr ? *rules : RuleTable::Pinned();
   structure.releases.resize(graph.ops.size());
@@ -202,7 +217,7 @@ absl::Status Derive(const BlockGraph& graph, const BlockWalk& walk, const RuleTa
       inert = inert && (s < 0 || walk.storage_list[s].owner != out ||
                         walk.storage_list[s].is_parameter);
     }
-    inert = inert && structure.frees[i].empty();
+    inert = inert && structure.frees[i].empty() && structure.node_releases[i].empty();
     structure.inert[i] = inert;
   }
   for (size_t i = 0; i < graph.ops.size(); ++i) {

@@ -57,6 +57,12 @@ struct SegmentStructure {
   std::vector<std::vector<int>> packed_releases;
   std::vector<std::vector<int>> unpacked_releases;
   std::vector<int> unpacked_keeps;
+  // node_hold_until: per storage, the op after which the unreachable node of a no_grad
+  // op lets it go (BlockGraph::node_held_until), -1: none; node_releases: per op, the
+  // storages it so lets go. Only a forward that keeps what the rules say
+  // (Pass::Keeps::kAll) holds them.
+  std::vector<int> node_hold_until;
+  std::vector<std::vector<int>> node_releases;
   // packs: per op, whether its node packs a tensor (a parameter too) into the hook.
   std::vector<bool> packs;
   // packed_tensors: per op with a node, the tensors it packs (parameters and views

@@ -27,6 +27,17 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
   // (one forward at a time stops early).
   std::vector<bool>& local = early_stop_locals_;
   local.assign(pass.early_stop ? storages.size() : 0, false);
+  // An unreachable node (OpDef::no_grad) holds what it saved where the pass's nodes
+  // keep what they save: not under a non-reentrant checkpoint's pack hook, which stores
+  // holders, but in its recompute, whose hook returns the tensor (checkpoint.py,
+  // _recomputation_hook). held_by_nodes: those storages, until their release; a
+  // recompute that stops early unwinds the locals that hold the dead nodes.
+  const bool nodes_hold = pass.keeps == Pass::Keeps::kAll;
+  std::vector<int> held_by_nodes;
+  auto unwind = [&] {
+    for (int s : held_by_nodes) memory_.Unref(inst.ids[s]);
+    return StopRecompute(inst, local, output);
+  };
   for (size_t s = 0; s < storages.size(); ++s) {
     if (!storages[s].is_global) continue;
     // A model-level tensor (token ids, RoPE's tables): made once, held by the caller.
@@ -92,7 +103,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     }
     if (stop_here && !structure.last_pack_is_output) {
       for (int p : prelude) memory_.Unref(p);
-      return StopRecompute(inst, local, output);
+      return unwind();
     }
     // An elementwise op on CPU computes in its inputs' common dtype: an input of another
     // dtype is copied to it first (TensorIterator's promote_inputs_to_common_dtype), and
@@ -102,6 +113,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
     // (TensorIterator.cpp, compute_types: the temporaries only `if (common_device ==
     // kCPU)`), and cat copies each input into its slice.
     if ((op.type == OpType::kAdd || op.type == OpType::kMulTensor ||
+         op.type == OpType::kDivTensor || op.type == OpType::kSub ||
          op.type == OpType::kKvCacheCat) &&
         !replayed && !memory_.cuda()) {
       const DType common = graph.tensors[op.outputs[0]].dtype;
@@ -165,6 +177,10 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         forward_holds_.emplace_back(id, inst.segment);
       }
       for (int k = keeps_of(s); k > 0; --k) memory_.Keep(id);
+      if (nodes_hold && structure.node_hold_until[s] >= 0) {
+        memory_.Ref(id);
+        held_by_nodes.push_back(s);
+      }
     }
     // The kernel's workspace, after its outputs.
     if (steps.workspace != nullptr && !replayed) {
@@ -172,7 +188,7 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
       steps.workspace(call);
     }
     for (auto it = prelude.rbegin(); it != prelude.rend(); ++it) memory_.Unref(*it);
-    if (stop_here) return StopRecompute(inst, local, output);
+    if (stop_here) return unwind();
     // Outputs nobody reads die inside the op (SDPA's logsumexp without grad, layer
     // norm's statistics); then, by Python's reference counting, every storage whose last
     // reader this op was (the caller holds the segment's input and output).
@@ -190,6 +206,14 @@ absl::Status Simulation::Forward(Instance& inst, const Handle* input, Pass pass,
         memory_.Unref(inst.ids[s]);
       }
       if (pass.early_stop) local[s] = false;
+    }
+    if (nodes_hold) {
+      for (int s : structure.node_releases[i]) {
+        auto it = std::find(held_by_nodes.begin(), held_by_nodes.end(), s);
+        if (it == held_by_nodes.end()) continue;  // not made by this pass
+        memory_.Unref(inst.ids[s]);
+        held_by_nodes.erase(it);
+      }
     }
     if (i == graph.decoder_returns_after && decoder_returns_.has_value()) {
       (*decoder_returns_)();

@@ -229,6 +229,7 @@ const FamilyDef& Gpt2Family() {
       .lora = true,  // transformers' model; not its Megatron rendition (--megatron)
       .lora_modules = "c_attn, c_proj (attn.c_proj and mlp.c_proj) and c_fc",
       .lora_default_targets = "c_attn",
+      .lora_fan_in_fan_out = true,
       .graphs = [](const ModelConfig& config, AttentionMode mode) {
         ModelGraphs graphs;
         graphs.prologue = BuildGpt2Prologue(config);
