@@ -73,7 +73,11 @@ TEST(PredictCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--sdpa_backend=fast", "--sdpa_backend must be auto, flash, efficient, cudnn or math"},
            {"--sdpa_backend=cudnn", "--sdpa_backend=cudnn: a CUDA kernel: needs --device=cuda"},
            {"--device=cuda --attention=math", "--device=cuda: --attention=math"},
-           {"--device=cuda --model=tiny-qwen3-moe", "--device=cuda: a mixture of experts"},
+           {"--device=cuda --model=tiny-qwen3-moe --experts_impl=eager",
+            "--device=cuda: --experts_impl=eager (the experts' loop over the routing) is not "
+            "modelled yet"},
+           {"--device=cuda --model=tiny-qwen3-moe --ep=2 --dp=2",
+            "--device=cuda: expert parallelism (--ep) is not modelled yet"},
            {"--ep=2 --dp=2", "--ep (expert parallelism) needs a mixture-of-experts model"},
            {"--ep=0", "--ep must be >= 1, got 0"},
            // The search's and the C ABI's line for the same value (search_cli_test,

@@ -702,6 +702,7 @@ class GraphBuilder {
   }
 
   DType DTypeOf(int tensor) const { return graph_.tensors[tensor].dtype; }
+  bool Cuda() const { return cuda_; }  // a CUDA step's graphs
   // SetDType: an output whose dtype is not its first input's (topk's int64 indices).
   void SetDType(int tensor, DType dtype) { graph_.tensors[tensor].dtype = dtype; }
 

@@ -130,7 +130,7 @@ enum class OpType : uint8_t {
   kFloorDivide,   // self // <a Python int>, in self's (integer) dtype
   // (self, indices): self[indices] with one 1-D int64 index on dim 0 (index.Tensor).
   kIndexRows,
-  kHistc,         // (self fp32) -> (E) fp32 counts; not differentiable
+  kHistc,         // (self fp32, or int32 on CUDA) -> (E) counts in its dtype; not differentiable
   kCumsum,        // (self) -> cumsum(dtype=int32) along dim 0
   // (self (S, in), mat2 (E, in, out), offs (E) int32) -> (S, out): torch._grouped_mm,
   // rows [offs[e - 1], offs[e]) times mat2[e].

@@ -732,6 +732,15 @@ std::vector<std::string> Caveats(const ModelConfig& config,
     caveats.push_back(
         "cuda: peak_reserved_bytes starts from a fresh allocator holding the resident "
         "tensors; a warm-up step's cached segments can make max_memory_reserved() larger");
+    if (config.moe.Sparse()) {
+      // Fake tensors run no kernel, and on them index_backward takes the out-of-place
+      // index_put (FunctionsManual.cpp, for tensor-subclass-like inputs): the fake
+      // witness cannot see what a GPU's index_put_ makes.
+      caveats.push_back(
+          "cuda: the experts' router sort and index backward (index_put_ with "
+          "accumulate) sort on the GPU with int64 index buffers and cub's workspace, "
+          "not counted; grouped_mm is transformers' path on sm80 and later");
+    }
     return caveats;
   }
   if (config.dtype != DType::kFloat32 || config.amp != DType::kFloat32) {

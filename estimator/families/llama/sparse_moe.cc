@@ -78,8 +78,11 @@ int GroupedMmExperts(GraphBuilder& g, int flat, const RouterOut& r, int gate_up,
   int gathered = g.Op1(OpType::kIndexRows, "experts.gather", {flat, token_of_pair});
   const int weights_sorted =
       g.Op1(OpType::kIndexRows, "experts.gather_weights", {sample_weights, perm});
-  // histc of the sorted ids as floats (on the CPU), cumsum to int32 offsets.
-  const int histc_input = g.ToDtype("experts.histc_input", ids_sorted, DType::kFloat32);
+  // histc of the sorted ids as floats on the CPU, as int32 on CUDA (`expert_ids_g.float()
+  // if device.type in ("cpu", "mps") else expert_ids_g.int()`), cumsum to int32 offsets
+  // (the CPU's histc converted first: CumsumInt32).
+  const int histc_input = g.ToDtype("experts.histc_input", ids_sorted,
+                                    g.Cuda() ? DType::kInt32 : DType::kFloat32);
   const int per_expert = g.Op1(OpType::kHistc, "experts.tokens_per_expert", {histc_input},
                                {.shape = {rows.experts}});
   const int offsets = g.Op1(OpType::kCumsum, "experts.offsets", {per_expert}, {}, std::nullopt,
