@@ -484,6 +484,7 @@ struct SearchKeys {
   int64_t top = 20;  // the table's rows
   int64_t longest_seq = 0;  // > 0: the longest sequence up to it (planner/longest_seq.h)
   bool seq_given = false;
+  bool precision_given = false;  // a precision key (DefaultSearchPrecision)
 
   CallKeys Reader() {
     return {"search", [this](const std::string& key,
@@ -504,6 +505,10 @@ struct SearchKeys {
               if (key == "top") return IntegerKey(key, value, &top);
               if (key == "longest_seq") return IntegerKey(key, value, &longest_seq);
               if (key == "seq") seq_given = true;  // and read as the run's
+              if (key == "dtype" || key == "amp" || key == "master_weights" ||
+                  key == "mp_param_dtype" || key == "mp_reduce_dtype") {
+                precision_given = true;  // and read as the run's
+              }
               if (key == "mfu") return NumberKey(key, value, &search.mfu);
               if (key == "gpu") return StringKey(key, value, &search.gpu);
               if (key == "gpu_memory_gib") {
@@ -556,6 +561,7 @@ absl::StatusOr<std::string> SearchCall(const char* request_json) {
   if (absl::Status s = CheckTop(keys.top); !s.ok()) return s;
   absl::StatusOr<SearchOptions> options = SearchOptionsFrom(keys.search);
   if (!options.ok()) return options.status();
+  DefaultSearchPrecision(keys.precision_given, *request, *options);
   if (keys.longest_seq != 0 && keys.seq_given) {
     return KeyError("longest_seq", "bisects \"seq\": give one of them, not both");
   }

@@ -72,7 +72,35 @@ struct SearchOptions {
   // the CUDA context); those that do not are dropped. Every layout is first found with
   // its storages counted as requests, several times cheaper. 0: none checked.
   int64_t checked_layouts = 10;
+  // default_precision: how the search chose the run's precision where the request named
+  // none (DefaultSearchPrecision), said in its output; empty when the request named it.
+  std::string default_precision;
 };
+
+// DefaultSearchPrecision: where a search's request names no precision (`named`: none of
+// --dtype, --amp, --master_weights, --mp_param_dtype and --mp_reduce_dtype given), it
+// plans what large models train with rather than predict's fp32: bf16 parameters with
+// fp32 master weights in the optimizer (Megatron-LM's recipe, which every layout the
+// search tries runs, sequence parallelism too); with --fsdp FSDP2's
+// MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's; with LoRA bf16
+// weights (peft's adapters stay fp32). Sets `request` so and says which in
+// options.default_precision.
+inline void DefaultSearchPrecision(bool named, RunRequest& request, SearchOptions& options) {
+  if (named) return;
+  if (request.fsdp) {
+    request.mp_param_dtype = "bf16";
+    request.mp_reduce_dtype = "fp32";
+    options.default_precision =
+        "fp32 parameters, FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)";
+  } else if (request.lora_rank > 0) {
+    request.dtype = "bf16";
+    options.default_precision = "bf16 weights, LoRA's adapters fp32";
+  } else {
+    request.dtype = "bf16";
+    request.master_weights = true;
+    options.default_precision = "bf16 parameters, fp32 master weights";
+  }
+}
 
 // SearchRequest is the search's own flags (//planner:search's, the C ABI's keys) before
 // validation.

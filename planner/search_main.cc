@@ -74,6 +74,9 @@ constexpr char kUsage[] =
     "part of the layout.\n\n"
     "  ./bazelw run //planner:search -- --model=llama-3-70b --seq=8192 --gpus=64 "
     "--global_batch=256 --dtype=bf16 --master_weights --format=table\n\n"
+    "Without --dtype, --amp, --master_weights or --mp_param_dtype the search plans what "
+    "large models train with, and says so: bf16 parameters with fp32 master weights (with "
+    "--fsdp, FSDP2's MixedPrecisionPolicy(bf16, fp32); with --lora_rank, bf16 weights).\n"
     "Memory is exact; the step time is a model (FLOPs at the GPU's peak x --mfu, the "
     "pipeline bubble, communication at the preset's bandwidths, nothing overlapped).\n"
     "Exit status: 0 on success, 2 for bad input (an output file that cannot be written, "
@@ -155,7 +158,13 @@ int main(int argc, char** argv) {
   search.fixed = fixed;
   absl::StatusOr<memledger::SearchOptions> searched = memledger::SearchOptionsFrom(search);
   if (!searched.ok()) return memledger::ReportError(searched.status());
-  const memledger::SearchOptions& options = *searched;
+  memledger::SearchOptions options = *searched;
+  bool precision_named = false;
+  for (const char* flag : {"dtype", "amp", "master_weights", "nomaster_weights",
+                           "mp_param_dtype", "mp_reduce_dtype"}) {
+    precision_named = precision_named || Given(argc, argv, flag);
+  }
+  memledger::DefaultSearchPrecision(precision_named, request, options);
   const int64_t longest_seq = absl::GetFlag(FLAGS_longest_seq);
   if (longest_seq != 0 && Given(argc, argv, "seq")) {
     return memledger::ReportError(absl::InvalidArgumentError(

@@ -68,6 +68,9 @@ rapidjson::Document SearchJson(const SearchResult& r, const SearchOptions& o) {
     longest.AddMember("searches", r.longest_seq_searches, a);
     search.AddMember("longest_seq", longest, a);
   }
+  if (!o.default_precision.empty()) {
+    search.AddMember("default_precision", String(o.default_precision, a), a);
+  }
   search.AddMember("mfu", o.mfu, a);
   search.AddMember("max_virtual_stages", o.max_virtual_stages, a);
   search.AddMember("time_model", rapidjson::StringRef(kTimeModelNote), a);
@@ -161,6 +164,12 @@ std::string SearchTable(const SearchResult& r, const SearchOptions& o, size_t to
       OptimizerName(r.optimizer.kind),
       r.optimizer.master_weights ? " with fp32 master weights" : "", o.gpus, o.gpu.name,
       o.gpus_per_node, HumanBytes(o.budget_bytes), o.mfu);
+  if (!o.default_precision.empty()) {
+    absl::StrAppendFormat(&out,
+                          "precision: %s, the search's default (--dtype, --amp, "
+                          "--master_weights or --mp_param_dtype choose another)\n",
+                          o.default_precision);
+  }
   if (r.longest_seq_up_to > 0) {
     // Every length above the one found, up to the next that bisection ruled out, was
     // searched (SearchLongestSequence): the next does not fit.

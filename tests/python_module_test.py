@@ -327,6 +327,12 @@ class SearchTest(unittest.TestCase):
         self.assertEqual(best["micro_batch_size"] * best["micro_batches"] * best["dp"], 4)
         times = [l["step_time_s"] for l in r["layouts"]]
         self.assertEqual(times, sorted(times))
+        # No precision key: the search's default, said and carried by the flags.
+        self.assertEqual(r["search"]["default_precision"], "bf16 parameters, fp32 master weights")
+        self.assertIn("--dtype=bf16 --master_weights", best["flags"])
+        named = memledger.search(model="tiny-llama", layers=4, seq=8, gpus=4, gpus_per_node=4,
+                                 global_batch=4, gpu_memory_gib=1, dtype="fp32")
+        self.assertNotIn("default_precision", named["search"])
         with self.assertRaises(memledger.NoLayoutFits) as raised:
             memledger.search(model="tiny-llama", gpus=2, global_batch=2, gpu_memory_gib=1e-6)
         self.assertIn("the smallest peak of any layout is", str(raised.exception))

@@ -186,8 +186,10 @@ TEST(SearchCliTest, LoraOnOneGpuReproducesWithPredict) {
 // the flags. Each plan reproduces with predict, and the best on 4 Gloo ranks in
 // LibTorch, where the most loaded rank counts the planned peak.
 TEST(SearchCliTest, PlansJoinTheRankingAndReproduce) {
+  // fp32, the precision the budget below was chosen for.
   const std::string tiny =
-      "--model=tiny-llama --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=16 ";
+      "--model=tiny-llama --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 --global_batch=16 "
+      "--dtype=fp32 ";
   // 1.54 MiB; two layouts planned, each checked below.
   rapidjson::Document doc;
   std::string output;
@@ -283,16 +285,63 @@ TEST(SearchCliTest, ExpertParallelLayoutsOfAMixtureOfExperts) {
   rapidjson::Document only;
   ASSERT_NO_FATAL_FAILURE(SearchJson(moe + "--ep=2", &only));
   for (const rapidjson::Value& l : only["layouts"].GetArray()) EXPECT_EQ(l["ep"].GetInt64(), 2);
-  // At 2 MiB with ep 2 (4 layers, seq 128) some layouts must recompute: their per-stage
-  // plans (balanced routing: every expert-parallel rank alike) fit every rank.
+  // At 2 MiB with ep 2 (4 layers, seq 128, fp32) some layouts must recompute: their
+  // per-stage plans (balanced routing: every expert-parallel rank alike) fit every rank.
   rapidjson::Document plans;
   std::string planned;
   ASSERT_NO_FATAL_FAILURE(SearchJson(
       "--model=tiny-qwen3-moe --layers=4 --seq=128 --gpus=4 --gpus_per_node=4 "
-      "--global_batch=8 --gpu_memory_gib=0.002 --ep=2",
+      "--global_batch=8 --gpu_memory_gib=0.002 --ep=2 --dtype=fp32",
       &plans, &planned));
   for (const rapidjson::Value& l : plans["layouts"].GetArray()) EXPECT_EQ(l["ep"].GetInt64(), 2);
   EXPECT_GT(PlannedLayouts(plans), 0) << planned;
+}
+
+// Without a precision flag the search plans what large models train with, and says so:
+// bf16 parameters with fp32 master weights; with --fsdp FSDP2's MixedPrecisionPolicy;
+// with LoRA bf16 weights. Each layout's flags carry it, so predict reproduces it.
+TEST(SearchCliTest, DefaultPrecisionIsSaidAndCarriedByTheFlags) {
+  struct Case {
+    const char* args;
+    const char* precision;  // the table's and the JSON's words
+    const char* flags;      // what each layout's flags carry
+  };
+  for (const Case& c : {
+           Case{"", "bf16 parameters, fp32 master weights", "--dtype=bf16 --master_weights"},
+           Case{"--fsdp --dp=4 ",
+                "fp32 parameters, FSDP2's MixedPrecisionPolicy(param_dtype=bf16, "
+                "reduce_dtype=fp32)",
+                "--mp_param_dtype=bf16 --mp_reduce_dtype=fp32"},
+           Case{"--gpus=1 --lora_rank=8 ", "bf16 weights, LoRA's adapters fp32", "--dtype=bf16"},
+       }) {
+    const std::string args = std::string(kTiny) + c.args;
+    rapidjson::Document doc;
+    std::string output;
+    ASSERT_NO_FATAL_FAILURE(SearchJson(args, &doc, &output));
+    EXPECT_STREQ(doc["search"]["default_precision"].GetString(), c.precision) << args;
+    ASSERT_GT(doc["layouts"].Size(), 0u) << output;
+    const rapidjson::Value& best = doc["layouts"][0];
+    const std::string flags = best["flags"].GetString();
+    EXPECT_NE(flags.find(c.flags), std::string::npos) << flags;
+    // One GPU's prediction has no ranks; its peak_bytes are the most loaded rank's anyway.
+    rapidjson::Document predicted;
+    ASSERT_TRUE(JsonOutput(RunCommand("estimator/predict " + flags, false), &predicted));
+    EXPECT_EQ(predicted["peak_bytes"][best["checkpoint"].GetString()].GetInt64(),
+              best["peak_bytes"].GetInt64())
+        << flags;
+    CommandResult table = Search(args + "--format=table", false);
+    ASSERT_EQ(table.exit_code, 0) << table.output;
+    EXPECT_NE(table.output.find(std::string("precision: ") + c.precision +
+                                ", the search's default"),
+              std::string::npos)
+        << table.output;
+  }
+  // A precision flag is the run's own: no default, no line.
+  for (const char* named : {"--dtype=fp32", "--amp=bf16", "--dtype=bf16 --master_weights"}) {
+    rapidjson::Document doc;
+    ASSERT_NO_FATAL_FAILURE(SearchJson(std::string(kTiny) + named, &doc));
+    EXPECT_FALSE(doc["search"].HasMember("default_precision")) << named;
+  }
 }
 
 TEST(SearchCliTest, TableAndChart) {
