@@ -61,6 +61,49 @@ TEST(PredictRanksTest, DdpPeaksAsTorchsDistributedDataParallel) {
   }
 }
 
+// DDP with what trains only in its buckets (the Reducer registers the parameters that
+// require grad; tests/ddp_witness_test.py's DdpFineTuningTest measures and pins these
+// numbers), each rank the single process's step beside them:
+// - peft's LoRA, r 8 on q_proj (64 -> 64) and v_proj (64 -> 32): (8 x 64 + 64 x 8) +
+//   (8 x 64 + 32 x 8) = 1,792 fp32 parameters a layer, 3,584 in 2 layers: 14,336 B of
+//   buckets; the rank peaks at 1,516,424 B in the backward;
+// - the embeddings and the head frozen (2 x 512 x 64 x 4 = 262,144 B), full
+//   checkpointing, buckets of 0.1 MiB: 607,488 - 262,144 = 345,344 B of buckets; the rank
+//   peaks at 2,278,484 B in the backward.
+TEST(PredictRanksTest, DdpBucketsOnlyWhatTrains) {
+  struct Case {
+    const char* name;
+    ModelConfig config;
+    const char* variant;
+    std::optional<double> cap;
+    int64_t buckets, peak;
+  };
+  ModelConfig lora = IssueLlama();
+  lora.lora.rank = 8;
+  lora.lora.alpha = 16;
+  ModelConfig frozen = IssueLlama();
+  frozen.freeze.embeddings = true;
+  frozen.freeze.lm_head = true;
+  for (const Case& c : {Case{"lora", lora, "none", std::nullopt, 14336, 1516424},
+                        Case{"frozen", frozen, "full", 0.1, 345344, 2278484}}) {
+    SCOPED_TRACE(c.name);
+    PredictOptions options = Variants(c.variant);
+    options.peak = true;
+    options.optimizer.impl = OptimizerImpl::kForLoop;
+    ParallelSpec parallel;
+    parallel.dp = 2;
+    parallel.ddp.bucket_cap_mb = c.cap;
+    ASSERT_OK_AND_ASSIGN(RanksPrediction ranks, PredictRanks(c.config, parallel, options));
+    ASSERT_EQ(ranks.kinds.size(), 1u);
+    const RankKind& rank = ranks.kinds[0];
+    EXPECT_EQ(rank.communication_bytes, c.buckets);
+    EXPECT_EQ(rank.grad_bytes, c.buckets);
+    ASSERT_TRUE(rank.variants[0].held.peak.has_value()) << rank.variants[0].held.peak_unavailable;
+    EXPECT_EQ(rank.variants[0].held.peak->bytes, c.peak);
+    EXPECT_EQ(rank.variants[0].held.peak->phase, StepPhase::kBackward);
+  }
+}
+
 // torch's FSDP2 on 2 Gloo ranks of the real stack (tests/fsdp2_witness_test.py measures
 // and pins these numbers): fully_shard on each layer and the root of the issue's Llama.
 // A rank holds half of every parameter (every dim 0 even: 151,872 / 2 elements, 303,744

@@ -97,5 +97,49 @@ class DdpWitnessTest(unittest.TestCase):
                 self.assertEqual(first[r][field], last[r][field], (r, field))
 
 
+# What trains under DDP: peft's LoRA (r 8 on q_proj and v_proj, DDP's defaults) and the
+# embeddings and head frozen (full checkpointing, 0.1 MiB buckets).
+LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "targets": ["q_proj", "v_proj"]}
+FINE_TUNING = [{**case({}), "lora": LORA},
+               {**case({"bucket_cap_mb": 0.1}), "freeze": ["embeddings", "lm_head"],
+                "variant": "full"}]
+# Their trainable bytes, by hand: LoRA's (8 x 64 + 64 x 8) + (8 x 64 + 32 x 8) = 1,792
+# fp32 parameters a layer, 3,584 in 2 layers; the whole model less the embedding and the
+# head, 2 x 512 x 64 fp32 each.
+TRAINABLE_BYTES = [3584 * 4, PARAM_BYTES - 2 * 512 * 64 * 4]
+
+
+class DdpFineTuningTest(unittest.TestCase):
+    """The Reducer buckets only the parameters that require grad (reducer.cpp builds its
+    buckets from the parameters with requires_grad), and the rank's step is the single
+    process's beside them; tests/data_parallel_ranks_test.cc's DdpBucketsOnlyWhatTrains
+    holds memledger to the peaks pinned here."""
+
+    @classmethod
+    def setUpClass(cls):
+        warnings.filterwarnings("ignore")
+        cls.ranks = [result["ranks"] for result in
+                     witness_ranks.measure_ranks(FINE_TUNING, ep=1, dp=2)]
+        cls.alone = [witness.measure({**witness.DEFAULTS,
+                                      **{k: v for k, v in c.items() if k != "ddp"}})
+                     for c in FINE_TUNING]
+
+    def test_the_buckets_hold_what_trains_beside_the_single_process_step(self):
+        for c, (ranks, alone, trainable) in enumerate(
+                zip(self.ranks, self.alone, TRAINABLE_BYTES)):
+            for r, rank in enumerate(ranks):
+                self.assertEqual(rank["reducer_bytes"], trainable, (c, r))
+                self.assertEqual(rank["grad_bytes"], trainable, (c, r))
+                self.assertEqual(rank["peak_bytes"] - rank["reducer_bytes"],
+                                 alone["peak_bytes"], (c, r))
+                self.assertEqual(rank["peak_phase"], alone["peak_phase"], (c, r))
+
+    def test_the_peaks_memledger_is_held_to(self):
+        self.assertEqual([ranks[0]["peak_bytes"] for ranks in self.ranks], [1516424, 2278484])
+        for ranks in self.ranks:
+            self.assertEqual(ranks[0]["peak_bytes"], ranks[1]["peak_bytes"])
+            self.assertEqual(ranks[0]["peak_phase"], "backward")
+
+
 if __name__ == "__main__":
     unittest.main()

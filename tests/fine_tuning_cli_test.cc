@@ -27,8 +27,11 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
             "--freeze lists embeddings and lm_head (comma-separated) or none, got "
             "'layers:0-1': frozen decoder layers are not modelled yet"},
            {"--freeze=embeddings", "--freeze embeddings needs a transformers model"},
-           {"--model=tiny-llama --freeze=lm_head --dp=2",
-            "--freeze is modelled on one process and one micro-batch"},
+           {"--model=tiny-llama --freeze=lm_head --dp=2 --zero=1",
+            "--freeze is modelled on one process, or on --dp ranks under DDP: not with --pp, "
+            "--micro_batches above 1, --zero or --fsdp yet"},
+           {"--model=tiny-llama --lora_rank=8 --dp=2 --fsdp", "--lora_rank is modelled on one "
+            "process, or on --dp ranks under DDP"},
            {"--model=tiny-llama --lora_rank=-1", "--lora_rank must be from 0 to 65536, got -1"},
            {"--model=tiny-llama --lora_dropout=0.1",
             "--lora_alpha, --lora_dropout, --lora_targets and --use_dora describe LoRA "
@@ -49,7 +52,7 @@ TEST(FineTuningCliTest, BadInputExitsTwoNamingTheFlag) {
            {"--model=tiny-qwen3-moe --lora_rank=8 --lora_targets=all-linear",
             "--lora_targets all-linear on a mixture of experts"},
            {"--model=tiny-llama --lora_rank=8 --micro_batches=2",
-            "--lora_rank is modelled on one process and one micro-batch"},
+            "--lora_rank is modelled on one process, or on --dp ranks under DDP"},
            {"--model=tiny-llama --offload_activations=gpu --device=cuda",
             "--offload_activations must be none or cpu, got 'gpu'"},
            {"--model=tiny-llama --offload_activations=cpu",

@@ -102,14 +102,21 @@ absl::Status ValidateParallel(const ModelConfig& config, const ParallelSpec& spe
     }
   }
   if (absl::Status s = CheckZeroStage(spec.zero); !s.ok()) return s;
-  if ((config.freeze.any() || config.lora.enabled() || config.offload_activations) &&
-      spec.Accumulates()) {
+  // What trains, frozen parameters and peft's adapters, on one process or on DDP's
+  // ranks (its Reducer buckets only what requires grad: reducer.cpp, the parameters
+  // with requires_grad); not yet with ZeRO, FSDP2, stages or gradient accumulation.
+  const bool ddp_only = TorchDdp(spec.dp, spec.zero, spec.ep, spec.fsdp.enabled) &&
+                        spec.pp == 1 && spec.micro_batches == 1;
+  if ((config.freeze.any() || config.lora.enabled()) && spec.Accumulates() && !ddp_only) {
     return absl::InvalidArgumentError(absl::StrCat(
-        config.offload_activations ? "--offload_activations"
-        : config.lora.enabled()    ? "--lora_rank"
-                                   : "--freeze",
-        " is modelled on one process and one micro-batch: not with --dp, --pp or "
-        "--micro_batches above 1 yet"));
+        config.lora.enabled() ? "--lora_rank" : "--freeze",
+        " is modelled on one process, or on --dp ranks under DDP: not with --pp, "
+        "--micro_batches above 1, --zero or --fsdp yet"));
+  }
+  if (config.offload_activations && spec.Accumulates()) {
+    return absl::InvalidArgumentError(
+        "--offload_activations is modelled on one process and one micro-batch: not with "
+        "--dp, --pp or --micro_batches above 1 yet");
   }
   if (spec.Accumulates() && config.layers > kMaxRankLayers) {
     return absl::InvalidArgumentError(absl::StrCat(
