@@ -270,8 +270,8 @@ def fsdp2(model, case):
             param_dtype=torch_dtype(case["mp_param_dtype"]),
             reduce_dtype=torch_dtype(case.get("mp_reduce_dtype") or case["mp_param_dtype"]))
     # The decoder's layers: model.model.layers (Llama and its kin), model.transformer.h
-    # (GPT-2).
-    base = model.base_model
+    # (GPT-2); under peft's PeftModel, its base model's (get_base_model).
+    base = (model.get_base_model() if hasattr(model, "get_base_model") else model).base_model
     layers = getattr(base, "layers", None)
     if layers is None:
         layers = getattr(base, "h", None)
