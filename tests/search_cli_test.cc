@@ -529,11 +529,11 @@ TEST(SearchCliTest, BadInputExitsTwoNamingTheFlag) {
              "--device=cuda",
              "--offload_activations: the search's step time does not model the copies to and "
              "from host memory yet"},
-        // A flag modelled on one process only refuses every layout of several GPUs: the
+        // A flag modelled on one process or DDP's ranks refuses every ZeRO layout: the
         // search says the first refusal's reason.
-        Case{"--model=tiny-llama --gpus=2 --global_batch=4 --lora_rank=8",
+        Case{"--model=tiny-llama --gpus=2 --global_batch=4 --lora_rank=8 --zero=1",
              "without a simulated peak); the first refused: --lora_rank is modelled on one "
-             "process and one micro-batch"},
+             "process, or on --dp ranks under DDP"},
         // The C ABI's lines for the same values (api_test), and predict's for --zero.
         Case{"--model=tiny-llama --gpus=4 --global_batch=4 --top=-1",
              "--top must be >= 0, got -1"},
